@@ -1,0 +1,101 @@
+//! The command line: argument parsing (clap), dispatch to one file per command, and the one
+//! place that renders errors for humans. Commands print human output and progress to stderr
+//! and, with `--json`, exactly one JSON document to stdout.
+//!
+//! The CLI owns no logic of its own: each command turns validated arguments into calls to the
+//! library modules and formats their results.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::error::{Error, EXIT_BAD_INPUT, EXIT_OK};
+
+mod bench;
+mod build;
+mod check;
+mod deploy;
+mod engine;
+mod inspect;
+mod plan;
+mod push;
+
+/// Compile an ONNX model recipe into slim, reproducible OCI images, one per GPU architecture.
+#[derive(Debug, Parser)]
+#[command(name = "infer-build", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by commands that read a recipe.
+#[derive(Debug, Args, Clone)]
+pub struct MatrixArgs {
+    /// Read the compatibility matrix from DIR (holding `matrix/` and `base-images/` data files)
+    /// instead of the copy built into this binary.
+    #[arg(long, value_name = "DIR", global = false)]
+    pub matrix: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a recipe and resolve every target; exit 2 on any problem, naming file:line:col.
+    Check(check::CheckArgs),
+    /// Show the build plan: one row per target with TensorRT, CUDA, driver floor, base image and tag.
+    Plan(plan::PlanArgs),
+    /// Build one target's engine into the content-addressed engine cache.
+    Engine(engine::EngineArgs),
+    /// Assemble the images (one per target) into an OCI layout, without a Docker daemon.
+    Build(build::BuildArgs),
+    /// Show the targets, layers, sizes and annotations of an OCI layout or registry reference.
+    Inspect(inspect::InspectArgs),
+    /// Push a layout to a registry: per-target tags, the index tag and warm-up manifests.
+    Push(push::PushArgs),
+    /// Write Kubernetes YAML for each target.
+    Deploy(deploy::DeployArgs),
+    /// Load-test a V2 inference server, or sweep batching settings with `--tune`.
+    Bench(bench::BenchArgs),
+}
+
+/// Parse the process arguments, run the command and return the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help/version to stdout with exit 0 and usage errors to stderr.
+            let code = if e.use_stderr() { EXIT_BAD_INPUT } else { EXIT_OK };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match run(cli.command) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            report(&e);
+            e.exit_code()
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), Error> {
+    match command {
+        Command::Check(a) => check::run(a),
+        Command::Plan(a) => plan::run(a),
+        Command::Engine(a) => engine::run(a),
+        Command::Build(a) => build::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Push(a) => push::run(a),
+        Command::Deploy(a) => deploy::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}
+
+/// Render an error and its chain of causes once, to stderr.
+pub fn report(e: &Error) {
+    eprintln!("error: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+}

@@ -1,0 +1,19 @@
+//! `infer-build` compiles a recipe (an ONNX model, target GPUs, precision, batching and deploy
+//! settings) into slim, reproducible OCI images, one per GPU architecture.
+//!
+//! See `ARCHITECTURE.md` at the repository root for the code map and invariants.
+
+pub mod bench;
+pub mod build;
+pub mod cli;
+pub mod deploy;
+pub mod engine;
+pub mod error;
+pub mod matrix;
+pub mod oci;
+pub mod plan;
+pub mod process;
+pub mod recipe;
+pub mod registry;
+
+pub use error::Error;

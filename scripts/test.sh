@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The project's test command: format check, clippy with warnings denied, then every test of the
+# workspace (unit tests and the one integration-test binary). Tests that need Docker, the
+# registry or Python tools skip with a printed reason only where the tool is absent; `.ci/run`
+# installs them all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The statically linked runtime goes into the CPU images the end-to-end tests build and run.
+INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
+export INFER_SERVE_BIN
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace

@@ -1,6 +1,16 @@
 //! Types shared between the builder (`infer-build`) and the runtime (`infer-serve`).
 //!
 //! This crate owns the on-disk contracts between build time and run time: the runtime
-//! configuration (`runtime.toml`), the engine compatibility tuple and the warm-up description.
+//! configuration (`runtime.toml`, [`RuntimeConfig`]), the V2 datatypes ([`DataType`]), the engine
+//! compatibility tuple and the warm-up description.
 //! It must stay free of I/O beyond (de)serialisation, and must not depend on anything
 //! builder-side (recipe parsing, OCI, registry, CLI).
+
+pub mod dtype;
+pub mod runtime;
+
+pub use dtype::DataType;
+pub use runtime::{
+    Batching, ConfigError, EngineKind, EngineSection, ModelSection, RuntimeConfig, Server,
+    Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
+};

@@ -1,0 +1,190 @@
+//! The build plan: what every later stage (engine build, image assembly, registry, deploy)
+//! consumes. One [`TargetPlan`] per image. Plain data, serialized in field order (no maps), so
+//! `infer-build plan --json` is deterministic.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::matrix::{Cc, CudnnNeed, HwCompat, Platform, Precision, PrecisionApi, Version};
+
+/// The resolved plan of one recipe.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BuildPlan {
+    /// The recipe's path as given.
+    pub recipe: PathBuf,
+    /// The model's name (`[model] name`).
+    pub model: String,
+    /// The model's version (`[model] version`).
+    pub version: String,
+    /// Image repository every target is tagged in.
+    pub repository: String,
+    /// Where the compatibility data came from: `embedded` or the `--matrix` directory.
+    pub matrix: String,
+    /// The lock file beside the recipe that records base-image digests (it may not exist yet).
+    pub lock_file: PathBuf,
+    /// Targets: the CPU target first, then GPU targets by SM, platform and precision.
+    pub targets: Vec<TargetPlan>,
+}
+
+impl BuildPlan {
+    /// The target with this id.
+    pub fn target(&self, id: &str) -> Option<&TargetPlan> {
+        self.targets.iter().find(|t| t.id == id)
+    }
+
+    /// Base images that still need their digest recorded in the lock file (first pull).
+    pub fn unpinned_images(&self) -> Vec<&ImagePin> {
+        let mut v: Vec<&ImagePin> = self
+            .targets
+            .iter()
+            .flat_map(|t| std::iter::once(&t.base).chain(t.builder.as_ref()))
+            .filter(|p| p.needs_lock())
+            .collect();
+        v.sort_by(|a, b| a.reference.cmp(&b.reference));
+        v.dedup_by(|a, b| a.reference == b.reference);
+        v
+    }
+}
+
+/// CPU or GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    Cpu,
+    Gpu,
+}
+
+/// One image to build: a GPU architecture (SM) × precision × platform, or the CPU target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetPlan {
+    /// Stable id: `cpu-fp32`, `sm90-fp16`, `sm89-int8`; `sm90-sbsa-fp16` and
+    /// `sm87-jetson-fp16` for the aarch64 platforms.
+    pub id: String,
+    pub kind: TargetKind,
+    pub precision: Precision,
+    pub platform: Platform,
+    /// The OCI platform of the image (`linux/amd64`, `linux/arm64`).
+    pub oci_platform: String,
+    /// GPU targets: the architecture and the products it stands for.
+    pub gpu: Option<GpuPlan>,
+    /// GPU targets: the TensorRT release and how the engine is built.
+    pub tensorrt: Option<TensorRtPlan>,
+    /// GPU targets: the CUDA toolkit of the base image.
+    pub cuda: Option<Version>,
+    /// GPU targets: the cuDNN the TensorRT release was tested with, and whether it is needed.
+    pub cudnn: Option<CudnnPlan>,
+    /// GPU targets on x86_64/SBSA: the minimum Linux driver the image runs on.
+    /// `None` for CPU targets and Jetson (its driver comes with the L4T BSP).
+    pub driver_floor: Option<Version>,
+    /// The image the target's image is built on.
+    pub base: ImagePin,
+    /// GPU targets: an image holding trtexec of exactly this TensorRT, when the matrix knows one.
+    pub builder: Option<ImagePin>,
+    /// The rendered tag (valid OCI tag, at most 128 characters).
+    pub tag: String,
+    /// `repository:tag`.
+    pub image: String,
+    /// Things worth knowing about this target (sanitized tag, unconfirmed data, …).
+    pub notes: Vec<String>,
+}
+
+/// The GPU side of a target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuPlan {
+    /// `sm90`.
+    pub sm: String,
+    /// `9.0`.
+    pub compute_capability: Cc,
+    /// Products the engine serves (all share the SM and platform), as named in the matrix.
+    pub products: Vec<String>,
+    /// What the recipe wrote for this target (`H100`, `sm_90`), in recipe order.
+    pub requested: Vec<String>,
+    pub arch: String,
+    /// Precisions with tensor-core support on this SM.
+    pub tensor_cores: Vec<Precision>,
+    /// Largest MIG instance count among the products (0 = no MIG).
+    pub mig: u32,
+}
+
+/// The TensorRT side of a target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorRtPlan {
+    /// `10.16.1`.
+    pub version: Version,
+    /// The GA build engines are bound to, `10.16.1.11`.
+    pub build: String,
+    /// The CUDA toolkit (major.minor) of the TensorRT build used.
+    pub cuda_build: Version,
+    pub precision_api: PrecisionApi,
+    /// How the engine step gets this target's precision.
+    pub precision_mode: PrecisionMode,
+    /// Build a version-compatible engine (runs on later runtimes; lean/dispatch runtime).
+    pub version_compatible: bool,
+    /// Hardware-compatibility level, when the recipe asks for one.
+    pub hardware_compat: Option<HwCompat>,
+    /// False when a value of the release's matrix row was not confirmed from a primary source.
+    pub confirmed: bool,
+}
+
+/// How the engine build obtains the target precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionMode {
+    /// FP32: nothing to do.
+    Native,
+    /// A builder flag (`--fp16`, `--bf16`, `--int8`, `--fp8`) on TensorRT ≤ 10.x.
+    BuilderFlag,
+    /// INT8 with a calibration cache or calibration data (`[int8] calibration`, TensorRT ≤ 10.x).
+    Calibration,
+    /// The model carries Q/DQ nodes (explicit quantization, `[int8] qdq = true`).
+    Qdq,
+    /// TensorRT 11.x: the ONNX must already be in this precision (ModelOpt AutoCast for FP16).
+    StronglyTyped,
+}
+
+/// cuDNN of a target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CudnnPlan {
+    pub version: String,
+    pub need: CudnnNeed,
+}
+
+/// A base (or builder) image and how its digest is pinned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImagePin {
+    /// `docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04`, or `scratch`.
+    pub reference: String,
+    /// `sha256:…` when known; `None` until the first pull records it in the lock file.
+    pub digest: Option<String>,
+    pub pinned_by: PinnedBy,
+}
+
+impl ImagePin {
+    /// True when the digest is still to be recorded in the lock file at first pull.
+    pub fn needs_lock(&self) -> bool {
+        self.digest.is_none() && self.pinned_by == PinnedBy::Lock
+    }
+
+    /// What to pull: `reference@digest` when pinned, else the reference.
+    pub fn pull_reference(&self) -> String {
+        match &self.digest {
+            Some(d) => format!("{}@{}", self.reference, d),
+            None => self.reference.clone(),
+        }
+    }
+}
+
+/// Who pins an image's digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinnedBy {
+    /// The matrix row gives the digest (with its public source).
+    Matrix,
+    /// The recipe's `image.base` names `…@sha256:…`.
+    Recipe,
+    /// The lock file beside the recipe: `digest` is set once the first pull recorded it.
+    Lock,
+    /// Nothing to pin: `scratch`.
+    None,
+}

@@ -1,1 +1,2 @@
 pub mod support;
+pub mod recipe;

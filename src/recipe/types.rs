@@ -1,0 +1,527 @@
+//! The validated recipe: plain values, every default applied, every cross-field rule checked.
+//! Nothing here can be built except by [`super::parse`] / [`super::load`] (or by tests), so a
+//! `Recipe` in hand is a recipe that passed validation.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::diagnostic::Located;
+
+/// A validated recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recipe {
+    /// The recipe's path as given to [`super::load`] / [`super::parse`]; diagnostics name it.
+    pub file: PathBuf,
+    /// The directory relative paths in the recipe are resolved against (the recipe file's
+    /// parent; empty when the recipe is in the current directory).
+    pub dir: PathBuf,
+    pub model: Model,
+    pub targets: Targets,
+    /// Present when the recipe has an `[int8]` table.
+    pub int8: Option<Int8>,
+    pub batching: Batching,
+    pub warmup: Warmup,
+    pub image: Image,
+    pub deploy: Deploy,
+}
+
+impl Recipe {
+    /// The ONNX model's path: `dir` joined with `model.onnx`.
+    pub fn model_path(&self) -> PathBuf {
+        self.dir.join(&self.model.onnx.value)
+    }
+
+    /// Resolve a path written in the recipe (relative to the recipe's directory).
+    pub fn resolve(&self, relative: &Path) -> PathBuf {
+        self.dir.join(relative)
+    }
+
+    /// The batch sizes warm-up runs: `[warmup] batch_sizes` when given, else 1, every preferred
+    /// batch size and `max_batch_size`, sorted and without duplicates.
+    pub fn warmup_batch_sizes(&self) -> Vec<u32> {
+        if let Some(sizes) = &self.warmup.batch_sizes {
+            return sizes.clone();
+        }
+        let mut sizes = vec![1, self.batching.max_batch_size];
+        sizes.extend(&self.batching.preferred_batch_sizes);
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
+
+    /// How many targets the recipe asks for: one per GPU × precision, plus the CPU target.
+    /// (The plan may merge GPUs that share an SM into one target; this counts what is written.)
+    pub fn requested_target_count(&self) -> usize {
+        self.targets.gpus.len() * self.targets.precision.len() + usize::from(self.targets.cpu)
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// Model name as served (`/v2/models/{name}`): `[a-z0-9][a-z0-9._-]*`, at most 63 characters.
+    pub name: String,
+    /// Model version string, free-form but tag-safe (`[A-Za-z0-9._-]+`).
+    pub version: String,
+    /// The ONNX file, relative to the recipe's directory (see [`Recipe::model_path`]).
+    pub onnx: Located<PathBuf>,
+    pub description: Option<String>,
+    /// `[model.inputs.NAME]` in name order (TOML tables have no order a user could rely on).
+    pub inputs: Vec<Tensor>,
+    /// `[model.outputs.NAME]` in name order; empty when the recipe leaves outputs to the model.
+    pub outputs: Vec<Tensor>,
+}
+
+/// One model input or output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub datatype: DataType,
+    /// Dimensions including the batch dimension first; `-1` is dynamic. Always at least one
+    /// dimension; the first is `-1` (dynamic batch) or `1` with `max_batch_size = 1`.
+    pub shape: Vec<i64>,
+    /// Ranges for the dynamic non-batch dimensions (inputs only).
+    pub profile: Option<ShapeProfile>,
+}
+
+impl Tensor {
+    /// True when any dimension after the batch dimension is dynamic.
+    pub fn has_dynamic_non_batch_dims(&self) -> bool {
+        self.shape.iter().skip(1).any(|&d| d == -1)
+    }
+}
+
+/// Shape profile of one input: for each dimension after the batch dimension the smallest,
+/// the most common (what engines are tuned for) and the largest size. Fixed dimensions repeat
+/// their size. The batch dimension's range comes from `[batching]` (1, the largest preferred
+/// batch size, `max_batch_size`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeProfile {
+    pub min: Vec<i64>,
+    pub opt: Vec<i64>,
+    pub max: Vec<i64>,
+}
+
+/// Tensor element types, named as in the KServe V2 protocol (written lowercase in recipes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DataType {
+    Bool,
+    Uint8,
+    Uint16,
+    Uint32,
+    Uint64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Fp16,
+    Bf16,
+    Fp32,
+    Fp64,
+    Bytes,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 14] = [
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Uint16,
+        DataType::Uint32,
+        DataType::Uint64,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Fp16,
+        DataType::Bf16,
+        DataType::Fp32,
+        DataType::Fp64,
+        DataType::Bytes,
+    ];
+
+    /// The recipe spelling: `fp32`, `int64`, `bytes`…
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataType::Bool => "bool",
+            DataType::Uint8 => "uint8",
+            DataType::Uint16 => "uint16",
+            DataType::Uint32 => "uint32",
+            DataType::Uint64 => "uint64",
+            DataType::Int8 => "int8",
+            DataType::Int16 => "int16",
+            DataType::Int32 => "int32",
+            DataType::Int64 => "int64",
+            DataType::Fp16 => "fp16",
+            DataType::Bf16 => "bf16",
+            DataType::Fp32 => "fp32",
+            DataType::Fp64 => "fp64",
+            DataType::Bytes => "bytes",
+        }
+    }
+
+    /// The KServe V2 spelling: `FP32`, `INT64`, `BYTES`…
+    pub fn v2_name(self) -> &'static str {
+        match self {
+            DataType::Bool => "BOOL",
+            DataType::Uint8 => "UINT8",
+            DataType::Uint16 => "UINT16",
+            DataType::Uint32 => "UINT32",
+            DataType::Uint64 => "UINT64",
+            DataType::Int8 => "INT8",
+            DataType::Int16 => "INT16",
+            DataType::Int32 => "INT32",
+            DataType::Int64 => "INT64",
+            DataType::Fp16 => "FP16",
+            DataType::Bf16 => "BF16",
+            DataType::Fp32 => "FP32",
+            DataType::Fp64 => "FP64",
+            DataType::Bytes => "BYTES",
+        }
+    }
+
+    /// Bytes per element; `None` for `bytes` (variable length).
+    pub fn size(self) -> Option<usize> {
+        match self {
+            DataType::Bool | DataType::Uint8 | DataType::Int8 => Some(1),
+            DataType::Uint16 | DataType::Int16 | DataType::Fp16 | DataType::Bf16 => Some(2),
+            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => Some(4),
+            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => Some(8),
+            DataType::Bytes => None,
+        }
+    }
+
+    /// Parse the recipe spelling; the V2 upper-case spelling is accepted too.
+    pub fn parse(s: &str) -> Option<DataType> {
+        DataType::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s || d.v2_name() == s)
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[targets]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Targets {
+    /// GPUs to build for, as written (products or SM names), in recipe order, no duplicates.
+    pub gpus: Vec<Located<Gpu>>,
+    /// Precisions to build for each GPU, in recipe order, no duplicates. Defaults to `["fp16"]`
+    /// when there are GPUs (span: the `[targets]` table).
+    pub precision: Vec<Located<Precision>>,
+    /// Whether to build the CPU target (fp32, tract). Defaults to true when `gpus` is empty.
+    pub cpu: bool,
+    /// TensorRT version pin (`"10"`, `"10.8"`, `"10.8.0"`): newest matching release.
+    pub tensorrt: Option<Located<Version>>,
+    /// CUDA version pin (`"12"`, `"12.8"`).
+    pub cuda: Option<Located<Version>>,
+    /// Build version-compatible engines (run by the lean runtime of a later TensorRT).
+    pub version_compatible: Located<bool>,
+    /// Hardware-compatible engines: one engine for several GPU architectures.
+    pub hardware_compatibility: Option<Located<HardwareCompatibility>>,
+}
+
+/// A GPU as named in `targets.gpus`. Product names are not checked here (the recipe module
+/// knows no GPUs); the plan looks them up in the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Gpu {
+    /// A product name as written, such as `"L4"`, `"H100"`, `"RTX 4090"`.
+    Product(String),
+    /// A compute capability written as an SM name (`"sm_86"`, `"sm86"`): major × 10 + minor
+    /// (`86`; `100` for `sm_100`).
+    Sm(u32),
+}
+
+impl fmt::Display for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gpu::Product(p) => f.write_str(p),
+            Gpu::Sm(sm) => write!(f, "sm_{sm}"),
+        }
+    }
+}
+
+/// Engine precisions. Which GPU supports which is the matrix's business; the recipe only
+/// knows the names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+    Int8,
+    Fp8,
+    Fp4,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 6] = [
+        Precision::Fp32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::Int8,
+        Precision::Fp8,
+        Precision::Fp4,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
+            Precision::Fp8 => "fp8",
+            Precision::Fp4 => "fp4",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HardwareCompatibility {
+    /// `"ampere+"`: one engine runs on Ampere and every later architecture.
+    AmperePlus,
+    /// `"same-compute-capability"`: one engine runs on every GPU with the compute capability
+    /// it was built on.
+    SameComputeCapability,
+}
+
+impl HardwareCompatibility {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HardwareCompatibility::AmperePlus => "ampere+",
+            HardwareCompatibility::SameComputeCapability => "same-compute-capability",
+        }
+    }
+}
+
+impl fmt::Display for HardwareCompatibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A dotted numeric version as written (`"10.8"`, `"550.54.15"`, `"535.104.05"`): 1 to 4
+/// components. Compares numerically; displays as written (driver versions keep their leading
+/// zeros).
+#[derive(Debug, Clone, Eq)]
+pub struct Version {
+    pub text: String,
+    pub parts: Vec<u64>,
+}
+
+impl Version {
+    /// Parse `1` to `4` dot-separated decimal components of at most 9 digits each.
+    pub fn parse(s: &str) -> Option<Version> {
+        let parts: Option<Vec<u64>> = s
+            .split('.')
+            .map(|p| {
+                if p.is_empty() || p.len() > 9 || !p.bytes().all(|b| b.is_ascii_digit()) {
+                    None
+                } else {
+                    p.parse().ok()
+                }
+            })
+            .collect();
+        let parts = parts?;
+        if parts.is_empty() || parts.len() > 4 {
+            return None;
+        }
+        Some(Version {
+            text: s.to_string(),
+            parts,
+        })
+    }
+
+    pub fn major(&self) -> u64 {
+        self.parts.first().copied().unwrap_or(0)
+    }
+
+    pub fn minor(&self) -> Option<u64> {
+        self.parts.get(1).copied()
+    }
+
+    /// True when this version, read as a pin, matches `full`: every component written here
+    /// equals the same component of `full` (`"10.8"` matches `10.8.0.43`, not `10.9`).
+    pub fn matches(&self, full: &Version) -> bool {
+        self.parts.len() <= full.parts.len()
+            && self.parts.iter().zip(&full.parts).all(|(a, b)| a == b)
+    }
+}
+
+impl PartialEq for Version {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl PartialOrd for Version {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Version {
+    /// Numeric, component by component; missing components count as 0 (`10.8 == 10.8.0`).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let n = self.parts.len().max(other.parts.len());
+        (0..n)
+            .map(|i| {
+                let a = self.parts.get(i).copied().unwrap_or(0);
+                let b = other.parts.get(i).copied().unwrap_or(0);
+                a.cmp(&b)
+            })
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// `[int8]`: how INT8 engines get their scales.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int8 {
+    /// Calibration data directory or a TensorRT calibration cache file, relative to the
+    /// recipe's directory. Used by TensorRT ≤ 10 implicit quantization.
+    pub calibration: Option<Located<PathBuf>>,
+    /// The model already carries Q/DQ nodes (explicit quantization); no calibration needed.
+    /// Span: the key, or the `[int8]` table when defaulted.
+    pub qdq: Located<bool>,
+}
+
+/// `[batching]`: the runtime's dynamic batcher. Batch sizes count rows (the first dimension),
+/// not requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batching {
+    pub max_batch_size: u32,
+    /// Sorted ascending, no duplicates, each ≤ `max_batch_size`; empty means "any size".
+    pub preferred_batch_sizes: Vec<u32>,
+    pub max_queue_delay_us: u64,
+    /// Rows waiting in the queue before requests are refused with 503.
+    pub max_queue_size: u32,
+    pub default_timeout_ms: u64,
+    /// Model instances (engine execution contexts / tract plans) serving batches in parallel.
+    pub instances: u32,
+}
+
+/// `[warmup]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Warmup {
+    pub enabled: bool,
+    /// Explicit warm-up batch sizes; `None` means the default of [`Recipe::warmup_batch_sizes`].
+    pub batch_sizes: Option<Vec<u32>>,
+    /// A file of sample requests (V2 JSON), relative to the recipe's directory; warm-up makes
+    /// dtype-valid synthetic data when absent.
+    pub samples: Option<Located<PathBuf>>,
+}
+
+/// `[image]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// Repository the images are named after (`registry.example.com/ml/resnet50`). Defaults to
+    /// `localhost/infer-build/{model.name}` (span: the `[image]` table).
+    pub repository: Located<String>,
+    /// Tag template; placeholder names are checked here, the rendered tag by the plan.
+    pub tag: Located<String>,
+    /// Base image override (a reference, ideally pinned `@sha256:…`).
+    pub base: Option<Located<String>>,
+    /// Numeric user id the image runs as (never 0).
+    pub user: u32,
+    /// Extra image labels (sorted by key).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The placeholders a tag template may use.
+pub const TAG_PLACEHOLDERS: [&str; 8] = [
+    "model",
+    "version",
+    "target",
+    "sm",
+    "gpu",
+    "precision",
+    "tensorrt",
+    "cuda",
+];
+
+/// `[deploy]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deploy {
+    /// The fleet's NVIDIA driver version (`"550.54.15"`); resolution picks builds this driver
+    /// runs and refuses pins it cannot.
+    pub node_driver: Option<Located<Version>>,
+    pub replicas: Replicas,
+    pub resources: Resources,
+    /// p99 latency budget in milliseconds.
+    pub latency_slo_ms: Option<u32>,
+    /// Expected peak requests per second across all replicas.
+    pub peak_qps: Option<f64>,
+    /// Seconds the runtime keeps serving after SIGTERM while endpoints drain.
+    pub drain_delay_s: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replicas {
+    pub min: u32,
+    pub max: u32,
+}
+
+/// Kubernetes resource requests, as Kubernetes quantities (`"2"`, `"500m"`, `"4Gi"`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Resources {
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_numerically_and_match_as_pins() {
+        let v = |s| Version::parse(s).unwrap();
+        assert!(v("10.10") > v("10.9"));
+        assert_eq!(v("10.8"), v("10.8.0"));
+        assert!(v("10.8").matches(&v("10.8.0.43")));
+        assert!(!v("10.8").matches(&v("10.9.0")));
+        assert!(!v("10.8.1").matches(&v("10.8")));
+        assert_eq!(v("535.104.05").to_string(), "535.104.05");
+        for bad in [
+            "",
+            "10.",
+            ".1",
+            "1.2.3.4.5",
+            "a",
+            "10.x",
+            "9999999999",
+            "-1",
+        ] {
+            assert!(Version::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn datatypes_round_trip() {
+        for d in DataType::ALL {
+            assert_eq!(DataType::parse(d.as_str()), Some(d));
+            assert_eq!(DataType::parse(d.v2_name()), Some(d));
+        }
+        assert_eq!(DataType::parse("float32"), None);
+    }
+}

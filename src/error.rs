@@ -33,6 +33,8 @@ pub enum Error {
     Bench(#[from] crate::bench::Error),
     #[error(transparent)]
     Process(#[from] crate::process::Error),
+    #[error(transparent)]
+    Slim(#[from] crate::slim::Error),
     /// A usage error found by the CLI itself (conflicting flags and the like).
     #[error("{0}")]
     Usage(String),
@@ -52,6 +54,7 @@ impl Error {
             Error::Deploy(e) => e.is_bad_input(),
             Error::Bench(e) => e.is_bad_input(),
             Error::Process(e) => e.is_bad_input(),
+            Error::Slim(e) => e.is_bad_input(),
             Error::Usage(_) => true,
         };
         if bad_input {

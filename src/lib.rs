@@ -15,5 +15,6 @@ pub mod plan;
 pub mod process;
 pub mod recipe;
 pub mod registry;
+pub mod slim;
 
 pub use error::Error;

@@ -1,0 +1,318 @@
+//! Slim base definitions (`base-images/slim/*.toml`): "start from image A, add these files of
+//! image B and their shared-library closure". Pure: text in, validated [`Definition`] out.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+use super::Error;
+
+/// Which engines a definition serves (from the engine metadata).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// Built with `kVERSION_COMPATIBLE`: runs on the dispatch + lean runtime.
+    VersionCompatible,
+    /// Any other engine: needs the full `libnvinfer` of the exact version that built it.
+    Full,
+}
+
+/// A tactic source whose library is loaded at run time only when the engine uses it.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Tactic {
+    Cudnn,
+    Cublas,
+    Cublaslt,
+}
+
+/// Which side wins when a file copied from the builder exists in the base with other content.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Winner {
+    Base,
+    Builder,
+}
+
+/// An image reference: a name for people and the digest that is actually used.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ImageRef {
+    /// `registry/repository:tag`, for people and for `org.opencontainers.image.base.name`.
+    pub image: String,
+    /// `sha256:<64 hex>` of the manifest; absent when no public source gives it (unpinned).
+    #[serde(default)]
+    pub digest: Option<String>,
+}
+
+/// Files to take from the builder: by path or glob (`*` stays inside one directory, `**` crosses
+/// directories), all absolute paths inside the image.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Selection {
+    pub paths: Vec<String>,
+    /// Who wins when a selected file, or a dependency reached from it, exists in the base with
+    /// different content. Absent: such a file fails the build.
+    #[serde(default)]
+    pub on_conflict: Option<Winner>,
+    /// Take this selection only when the engine uses this tactic source.
+    #[serde(default)]
+    pub when_tactic: Option<Tactic>,
+}
+
+/// How dependencies are searched and what is never copied.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClosureSpec {
+    /// Extra library directories (ld.so.conf-style), searched after `DT_RPATH` and before
+    /// `DT_RUNPATH`, exactly as `LD_LIBRARY_PATH` is: the slim image's config gets them as its
+    /// `LD_LIBRARY_PATH`, so what is resolved here is what the loader does at run time.
+    #[serde(default)]
+    pub search_dirs: Vec<String>,
+    /// Library names (globs on the file name) left out on top of [`TOOLKIT_INJECTED`]: they
+    /// must come from the node at run time, and are listed in the build output.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Paths (globs) never copied even when selected, e.g. the builder-only
+    /// `libnvinfer_builder_resource*`; a dependency that resolves to one fails the build.
+    #[serde(default)]
+    pub drop: Vec<String>,
+}
+
+/// One slim base definition.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Definition {
+    /// Identifier, unique in `base-images/slim/`.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The engines it serves.
+    pub engine: EngineKind,
+    /// The TensorRT major (or major.minor) it carries; informational for people and `plan`.
+    #[serde(default)]
+    pub tensorrt: Option<String>,
+    /// Image A: the layers of the result start with all of its layers.
+    pub base: ImageRef,
+    /// Image B: files are taken from it.
+    pub builder: ImageRef,
+    #[serde(default)]
+    pub closure: ClosureSpec,
+    #[serde(rename = "select")]
+    pub selections: Vec<Selection>,
+}
+
+/// Libraries the NVIDIA container toolkit mounts from the node's driver at run time
+/// (libnvidia-container's compute, utility, video and graphics lists). Copying them from a
+/// builder would shadow the driver actually present on the node, so they are never copied.
+pub const TOOLKIT_INJECTED: &[&str] = &[
+    "libcuda.so*",
+    "libcudadebugger.so*",
+    "libnvidia-*.so*",
+    "libnvcuvid.so*",
+    "libnvoptix.so*",
+    "libvdpau_nvidia.so*",
+    "libGLX_nvidia.so*",
+    "libEGL_nvidia.so*",
+    "libGLESv1_CM_nvidia.so*",
+    "libGLESv2_nvidia.so*",
+];
+
+/// What the engine at hand needs, from its metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub tactics: BTreeSet<Tactic>,
+}
+
+impl Definition {
+    /// Parse and validate a definition; `origin` names the file in messages.
+    pub fn parse(origin: &str, text: &str) -> Result<Definition, Error> {
+        let def: Definition = toml::from_str(text).map_err(|e| Error::Definition {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let bad = |message: String| Error::Definition {
+            origin: origin.to_string(),
+            message,
+        };
+        if def.name.is_empty() {
+            return Err(bad("`name` is empty".into()));
+        }
+        for (key, r) in [("base", &def.base), ("builder", &def.builder)] {
+            if let Some(d) = &r.digest {
+                let hex = d.strip_prefix("sha256:").unwrap_or("");
+                if hex.len() != 64
+                    || !hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    return Err(bad(format!(
+                        "`{key}.digest` is `{d}`, expected sha256:<64 lowercase hex>"
+                    )));
+                }
+            }
+        }
+        if def.selections.is_empty() {
+            return Err(bad(
+                "no `[[select]]` entry: nothing would be taken from the builder".into(),
+            ));
+        }
+        let globs = def
+            .selections
+            .iter()
+            .flat_map(|s| s.paths.iter())
+            .chain(def.closure.drop.iter())
+            .chain(def.closure.exclude.iter());
+        for g in globs {
+            super::closure::glob(g).map_err(|e| bad(format!("bad glob `{g}`: {e}")))?;
+        }
+        for (i, s) in def.selections.iter().enumerate() {
+            if s.paths.is_empty() {
+                return Err(bad(format!("`select[{i}].paths` is empty")));
+            }
+            if let Some(p) = s.paths.iter().find(|p| !p.starts_with('/')) {
+                return Err(bad(format!(
+                    "`select[{i}].paths` entry `{p}` is not absolute"
+                )));
+            }
+        }
+        if let Some(d) = def.closure.search_dirs.iter().find(|d| !d.starts_with('/')) {
+            return Err(bad(format!(
+                "`closure.search_dirs` entry `{d}` is not absolute"
+            )));
+        }
+        Ok(def)
+    }
+
+    /// The images named without a digest: a build from them is not reproducible.
+    pub fn unpinned(&self) -> Vec<&str> {
+        [&self.base, &self.builder]
+            .into_iter()
+            .filter(|r| r.digest.is_none())
+            .map(|r| r.image.as_str())
+            .collect()
+    }
+
+    /// The selections that apply to an engine with these needs.
+    pub fn selections_for(&self, needs: &Needs) -> Vec<&Selection> {
+        self.selections
+            .iter()
+            .filter(|s| s.when_tactic.is_none_or(|t| needs.tactics.contains(&t)))
+            .collect()
+    }
+}
+
+/// The definition that serves an engine: same kind and, when both say, the same TensorRT
+/// version prefix (`"10"` serves `"10.16.1"`). The first in name order wins.
+pub fn choose<'a>(
+    defs: &'a [Definition],
+    kind: EngineKind,
+    tensorrt: Option<&str>,
+) -> Result<&'a Definition, Error> {
+    let mut fitting: Vec<&Definition> = defs
+        .iter()
+        .filter(|d| d.engine == kind)
+        .filter(|d| match (d.tensorrt.as_deref(), tensorrt) {
+            (Some(want), Some(have)) => have == want || have.starts_with(&format!("{want}.")),
+            _ => true,
+        })
+        .collect();
+    fitting.sort_by(|a, b| a.name.cmp(&b.name));
+    fitting.first().copied().ok_or_else(|| Error::NoDefinition {
+        kind,
+        tensorrt: tensorrt.unwrap_or("any").to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "t"
+engine = "version-compatible"
+tensorrt = "10"
+[base]
+image = "debian:bookworm"
+digest = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
+[builder]
+image = "builder"
+[closure]
+search_dirs = ["/opt/lib"]
+drop = ["/**/libnvinfer_builder_resource*"]
+[[select]]
+paths = ["/usr/bin/curl"]
+[[select]]
+paths = ["/usr/lib/**/libcudnn*.so*"]
+when_tactic = "cudnn"
+on_conflict = "base"
+"#;
+
+    fn check(text: &str, expected: Result<(), &str>) {
+        let got = Definition::parse("t.toml", text)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string));
+    }
+
+    #[test]
+    fn parses_and_validates() {
+        check(GOOD, Ok(()));
+        check(
+            &GOOD.replace("sha256:0000", "sha256:XX00"),
+            Err(&format!("slim definition t.toml: `base.digest` is `sha256:XX{}`, expected sha256:<64 lowercase hex>", "0".repeat(62))),
+        );
+        check(
+            &GOOD.replace("\"/usr/bin/curl\"", "\"usr/bin/curl\""),
+            Err("slim definition t.toml: `select[0].paths` entry `usr/bin/curl` is not absolute"),
+        );
+        check(
+            &GOOD.replace("\"/opt/lib\"", "\"opt\""),
+            Err("slim definition t.toml: `closure.search_dirs` entry `opt` is not absolute"),
+        );
+        check(&GOOD.replace("/usr/bin/curl", "/usr/{bin"), Err("slim definition t.toml: bad glob `/usr/{bin`: unclosed alternate group; missing '}' (maybe escape '{' with '[{]'?)"));
+        let unknown = Definition::parse("t.toml", &GOOD.replace("on_conflict", "on_clash"))
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("unknown field `on_clash`"), "{unknown}");
+    }
+
+    #[test]
+    fn tactic_selections_apply_only_when_needed() {
+        let def = Definition::parse("t.toml", GOOD).unwrap();
+        assert_eq!(def.unpinned(), vec!["builder"]);
+        assert_eq!(def.selections_for(&Needs::default()).len(), 1);
+        let needs = Needs {
+            tactics: [Tactic::Cudnn].into(),
+        };
+        assert_eq!(def.selections_for(&needs).len(), 2);
+    }
+
+    #[test]
+    fn chooses_by_engine_kind_and_version() {
+        let vc = Definition::parse("t.toml", GOOD).unwrap();
+        let mut full = vc.clone();
+        full.name = "f".into();
+        full.engine = EngineKind::Full;
+        let defs = [vc, full];
+        assert_eq!(
+            choose(&defs, EngineKind::Full, Some("10.16.1"))
+                .unwrap()
+                .name,
+            "f"
+        );
+        assert_eq!(
+            choose(&defs, EngineKind::VersionCompatible, Some("10"))
+                .unwrap()
+                .name,
+            "t"
+        );
+        assert_eq!(
+            choose(&defs, EngineKind::Full, Some("11.4"))
+                .unwrap_err()
+                .to_string(),
+            "no slim base definition serves full engines of TensorRT 11.4"
+        );
+        assert!(choose(&defs, EngineKind::Full, Some("100")).is_err());
+    }
+}

@@ -1,0 +1,909 @@
+//! The effectful edge of `slim`: read OCI image layouts, flatten their layers into a [`Tree`]
+//! (whiteouts applied), extract the selected files, and write the slim image (the base's layers
+//! plus one deterministic layer with the closure) as a new OCI layout.
+//!
+//! Registries are not touched here: images are pulled into layouts by `registry` first.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+
+use super::closure::{self, CopyItem, SlimPlan, Spec};
+use super::def::{Definition, Needs};
+use super::elf::ElfInfo;
+use super::report::{self, LayerSize, SizeReport};
+use super::tree::{self, File, Node, Source, Tree};
+use super::Error;
+
+/// ELF objects larger than this are not parsed (their facts are marked unknown, and the build
+/// fails only if the closure reaches one). TensorRT's largest runtime library is ~110 MB; the
+/// 2 GB builder resources are never a dependency.
+pub const ELF_PARSE_LIMIT: u64 = 1 << 30;
+
+/// Annotation prefix of everything this module records in manifests.
+pub const ANNOTATION: &str = "dev.infer-build.slim.";
+/// Layer descriptor annotation: the uncompressed size of the layer, for the size report.
+pub const UNCOMPRESSED_SIZE: &str = "dev.infer-build.uncompressed-size";
+
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn layout_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::Layout {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// One layer descriptor of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layer {
+    pub digest: String,
+    pub media_type: String,
+    pub size: u64,
+    /// The descriptor as found (annotations kept).
+    pub descriptor: Value,
+}
+
+/// An image read from an OCI layout.
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub layout: PathBuf,
+    pub manifest_digest: String,
+    pub manifest: Value,
+    pub config: Value,
+    pub layers: Vec<Layer>,
+}
+
+/// `dir/blobs/sha256/<hex>`, refusing anything that is not a sha256 digest.
+pub fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, Error> {
+    let hex = digest.strip_prefix("sha256:").unwrap_or("");
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(layout_err(dir, format!("unsupported digest `{digest}`")));
+    }
+    Ok(dir.join("blobs/sha256").join(hex))
+}
+
+fn read_json(dir: &Path, digest: &str) -> Result<(Value, Vec<u8>), Error> {
+    let path = blob_path(dir, digest)?;
+    let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+    let got = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    if got != digest {
+        return Err(layout_err(
+            &path,
+            format!("blob content has digest {got}, not {digest}"),
+        ));
+    }
+    let v = serde_json::from_slice(&bytes)
+        .map_err(|e| layout_err(&path, format!("invalid JSON: {e}")))?;
+    Ok((v, bytes))
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// Read the image `want` from the OCI layout at `dir`: a manifest or index digest, a
+/// `org.opencontainers.image.ref.name`, or `None` when the layout holds exactly one image. An
+/// index is followed to its `linux/amd64` manifest (else its only one).
+pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
+    let index_path = dir.join("index.json");
+    let text = fs::read(&index_path).map_err(io_err("read", &index_path))?;
+    let index: Value = serde_json::from_slice(&text)
+        .map_err(|e| layout_err(&index_path, format!("invalid JSON: {e}")))?;
+    let entries = index
+        .get("manifests")
+        .and_then(Value::as_array)
+        .ok_or_else(|| layout_err(&index_path, "no `manifests` array"))?;
+    let pick = |e: &&Value| match want {
+        None => true,
+        Some(w) if w.starts_with("sha256:") => str_field(e, "digest") == Some(w),
+        Some(w) => {
+            e.pointer("/annotations/org.opencontainers.image.ref.name")
+                .and_then(Value::as_str)
+                == Some(w)
+        }
+    };
+    let found: Vec<&Value> = entries.iter().filter(pick).collect();
+    let mut desc = match (found.as_slice(), want) {
+        ([one], _) => (*one).clone(),
+        ([], Some(w)) => return Err(layout_err(dir, format!("no image `{w}` in the layout"))),
+        ([], None) => return Err(layout_err(dir, "the layout holds no image")),
+        (_, _) => {
+            return Err(layout_err(
+                dir,
+                "the layout holds several images; name one (digest or ref name)",
+            ))
+        }
+    };
+    for _ in 0..4 {
+        let media = str_field(&desc, "mediaType").unwrap_or("");
+        let digest = str_field(&desc, "digest")
+            .ok_or_else(|| layout_err(dir, "descriptor without a digest"))?;
+        if media != INDEX && media != DOCKER_LIST {
+            let (manifest, _) = read_json(dir, digest)?;
+            return image_from_manifest(dir, digest, manifest);
+        }
+        let (idx, _) = read_json(dir, digest)?;
+        let list = idx
+            .get("manifests")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let amd64 = list.iter().find(|m| {
+            m.pointer("/platform/architecture").and_then(Value::as_str) == Some("amd64")
+                && m.pointer("/platform/os").and_then(Value::as_str) == Some("linux")
+        });
+        desc = match (amd64, list.as_slice()) {
+            (Some(m), _) | (None, [m]) => m.clone(),
+            _ => {
+                return Err(layout_err(
+                    dir,
+                    format!("index {digest} has no linux/amd64 image"),
+                ))
+            }
+        };
+    }
+    Err(layout_err(dir, "indexes nested too deep"))
+}
+
+fn image_from_manifest(dir: &Path, digest: &str, manifest: Value) -> Result<Image, Error> {
+    let media = str_field(&manifest, "mediaType").unwrap_or(MANIFEST);
+    if media != MANIFEST && media != DOCKER_MANIFEST {
+        return Err(layout_err(
+            dir,
+            format!("{digest} is a `{media}`, not an image manifest"),
+        ));
+    }
+    let config_digest = manifest
+        .pointer("/config/digest")
+        .and_then(Value::as_str)
+        .ok_or_else(|| layout_err(dir, format!("manifest {digest} has no config")))?;
+    let (config, _) = read_json(dir, config_digest)?;
+    let layers = manifest
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| layout_err(dir, format!("manifest {digest} has no layers")))?
+        .iter()
+        .map(|l| {
+            Ok(Layer {
+                digest: str_field(l, "digest")
+                    .ok_or_else(|| layout_err(dir, "layer without a digest"))?
+                    .to_string(),
+                media_type: str_field(l, "mediaType").unwrap_or("").to_string(),
+                size: l.get("size").and_then(Value::as_u64).unwrap_or(0),
+                descriptor: l.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(Image {
+        layout: dir.to_path_buf(),
+        manifest_digest: digest.to_string(),
+        manifest,
+        config,
+        layers,
+    })
+}
+
+/// Counts and hashes what is read through it.
+struct Tee<R> {
+    inner: R,
+    hash: Sha256,
+    count: u64,
+}
+
+impl<R: Read> Read for Tee<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// Counts and hashes what is written through it.
+struct HashWriter<W> {
+    inner: W,
+    hash: Sha256,
+    count: u64,
+}
+
+impl<W: Write> Write for HashWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Open layer `i` of `img` as an uncompressed tar stream; the blob's digest is checked when the
+/// stream is finished with [`finish_layer`].
+fn open_layer(img: &Image, i: usize) -> Result<(PathBuf, Tee<Box<dyn Read>>), Error> {
+    let layer = &img.layers[i];
+    let path = blob_path(&img.layout, &layer.digest)?;
+    let file = fs::File::open(&path).map_err(io_err("open", &path))?;
+    let raw = Tee {
+        inner: Box::new(io::BufReader::new(file)) as Box<dyn Read>,
+        hash: Sha256::new(),
+        count: 0,
+    };
+    let m = layer.media_type.as_str();
+    let decoded: Box<dyn Read> =
+        if m.ends_with("+gzip") || m.ends_with(".tar.gzip") || m.ends_with("tar.gzip") {
+            Box::new(flate2::read::MultiGzDecoder::new(raw))
+        } else if m.ends_with("+zstd") || m.ends_with(".zstd") {
+            Box::new(zstd::Decoder::new(raw).map_err(io_err("decompress", &path))?)
+        } else if m.ends_with(".tar") || m.ends_with(".rootfs.diff.tar") {
+            Box::new(raw)
+        } else {
+            return Err(layout_err(
+                &path,
+                format!("unsupported layer media type `{m}`"),
+            ));
+        };
+    // The raw digest is checked by re-hashing in `verify_blob`: the decoders own the raw reader.
+    Ok((
+        path,
+        Tee {
+            inner: decoded,
+            hash: Sha256::new(),
+            count: 0,
+        },
+    ))
+}
+
+/// Check that a blob's bytes have the digest that names it.
+fn verify_blob(dir: &Path, digest: &str) -> Result<(), Error> {
+    let path = blob_path(dir, digest)?;
+    let mut f = fs::File::open(&path).map_err(io_err("open", &path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err("read", &path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let got = format!("sha256:{}", hex::encode(h.finalize()));
+    if got != digest {
+        return Err(layout_err(
+            &path,
+            format!("blob content has digest {got}, not {digest}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Drain what the tar reader left (the end-of-archive blocks) and return the uncompressed size.
+fn finish_layer(path: &Path, mut tee: Tee<Box<dyn Read>>) -> Result<u64, Error> {
+    io::copy(&mut tee, &mut io::sink()).map_err(io_err("read layer", path))?;
+    Ok(tee.count)
+}
+
+/// Files whose bytes the closure needs to read (the loader configuration of the base).
+fn keep_inline(path: &str) -> bool {
+    path == "etc/ld.so.conf" || path.starts_with("etc/ld.so.conf.d/")
+}
+
+enum Pending {
+    Node(String, Node),
+    Hardlink(String, String),
+}
+
+/// Flatten the layers of `img` into one tree, applying whiteouts (`.wh.NAME` removes `NAME`,
+/// `.wh..wh..opq` empties its directory) to the layers below, as an overlay filesystem does.
+/// Returns the tree and the uncompressed size of each layer.
+pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
+    let mut t = Tree::new();
+    let mut sizes = Vec::new();
+    for i in 0..img.layers.len() {
+        verify_blob(&img.layout, &img.layers[i].digest)?;
+        let (path, tee) = open_layer(img, i)?;
+        let mut archive = tar::Archive::new(tee);
+        let mut pending = Vec::new();
+        let mut whiteouts = Vec::new();
+        let mut opaque = Vec::new();
+        for entry in archive.entries().map_err(io_err("read layer", &path))? {
+            let mut entry = entry.map_err(io_err("read layer", &path))?;
+            let raw = entry.path_bytes().into_owned();
+            let name = String::from_utf8_lossy(&raw).into_owned();
+            let p = tree::normalize(&name);
+            if p.is_empty() {
+                continue;
+            }
+            let base = tree::file_name(&p);
+            if base == ".wh..wh..opq" {
+                opaque.push(tree::parent(&p).to_string());
+                continue;
+            }
+            if let Some(hidden) = base.strip_prefix(".wh.") {
+                whiteouts.push(tree::join(tree::parent(&p), hidden));
+                continue;
+            }
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+            let kind = entry.header().entry_type();
+            let link = || -> Result<String, Error> {
+                let l = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| layout_err(&path, format!("link `{name}` without a target")))?;
+                Ok(String::from_utf8_lossy(&l).into_owned())
+            };
+            match kind {
+                tar::EntryType::Directory => pending.push(Pending::Node(p, Node::Dir { mode })),
+                tar::EntryType::Symlink => {
+                    let target = link()?;
+                    pending.push(Pending::Node(p, Node::Symlink { target }));
+                }
+                tar::EntryType::Link => {
+                    let target = tree::normalize(&link()?);
+                    pending.push(Pending::Hardlink(p, target));
+                }
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let file = read_file(&mut entry, &path, i, &p, mode)?;
+                    pending.push(Pending::Node(p, Node::File(file)));
+                }
+                // Devices, fifos and the like are not library material.
+                _ => {}
+            }
+        }
+        let tee = archive.into_inner();
+        sizes.push(finish_layer(&path, tee)?);
+        for d in opaque {
+            t.clear_dir(&d);
+        }
+        for w in whiteouts {
+            t.remove(&w);
+        }
+        for p in pending {
+            match p {
+                Pending::Node(path, node) => t.insert(&path, node),
+                Pending::Hardlink(path, target) => {
+                    if let Some(Node::File(f)) = t.get(&target).cloned() {
+                        t.insert(&path, Node::File(f));
+                    }
+                }
+            }
+        }
+    }
+    Ok((t, sizes))
+}
+
+fn read_file(
+    entry: &mut impl Read,
+    layer: &Path,
+    i: usize,
+    p: &str,
+    mode: u32,
+) -> Result<File, Error> {
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut kept: Vec<u8> = Vec::new();
+    let mut size = 0u64;
+    let mut is_elf = false;
+    let inline = keep_inline(p);
+    loop {
+        let n = entry.read(&mut buf).map_err(io_err("read layer", layer))?;
+        if n == 0 {
+            break;
+        }
+        if size == 0 {
+            is_elf = ElfInfo::is_elf(&buf[..n]);
+        }
+        hash.update(&buf[..n]);
+        size += n as u64;
+        if (is_elf || inline) && size <= ELF_PARSE_LIMIT {
+            kept.extend_from_slice(&buf[..n]);
+        }
+    }
+    let elf = if !is_elf {
+        None
+    } else if size > ELF_PARSE_LIMIT {
+        Some(Err(format!(
+            "larger than {ELF_PARSE_LIMIT} bytes, not parsed"
+        )))
+    } else {
+        Some(ElfInfo::parse(&kept))
+    };
+    let source = if inline {
+        Source::Inline(kept.into())
+    } else {
+        Source::Layer {
+            layer: i,
+            member: p.to_string(),
+        }
+    };
+    Ok(File {
+        mode,
+        size,
+        sha256: hex::encode(hash.finalize()),
+        elf,
+        source,
+    })
+}
+
+/// Write the content of every regular file of `plan.copy` under `staging`, reading each builder
+/// layer at most once. Returns builder path → staged file.
+fn extract(
+    builder: &Image,
+    plan: &SlimPlan,
+    staging: &Path,
+) -> Result<BTreeMap<String, PathBuf>, Error> {
+    let mut out = BTreeMap::new();
+    // layer → member → builder paths that take their bytes from it.
+    let mut wanted: BTreeMap<usize, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for (n, item) in plan.copy.values().enumerate() {
+        let Node::File(f) = &item.node else { continue };
+        match &f.source {
+            Source::Inline(bytes) => {
+                let p = staging.join(format!("inline-{n}"));
+                fs::write(&p, bytes).map_err(io_err("write", &p))?;
+                out.insert(item.from.clone(), p);
+            }
+            Source::Layer { layer, member } => {
+                wanted
+                    .entry(*layer)
+                    .or_default()
+                    .entry(member.clone())
+                    .or_default()
+                    .push(item.from.clone());
+            }
+        }
+    }
+    for (layer, members) in wanted {
+        let (path, tee) = open_layer(builder, layer)?;
+        let mut archive = tar::Archive::new(tee);
+        for entry in archive.entries().map_err(io_err("read layer", &path))? {
+            let mut entry = entry.map_err(io_err("read layer", &path))?;
+            let p = tree::normalize(&String::from_utf8_lossy(&entry.path_bytes()));
+            let Some(froms) = members.get(&p) else {
+                continue;
+            };
+            if !matches!(
+                entry.header().entry_type(),
+                tar::EntryType::Regular | tar::EntryType::Continuous
+            ) {
+                continue;
+            }
+            let staged = staging.join(format!(
+                "l{layer}-{}",
+                hex::encode(Sha256::digest(p.as_bytes()))
+            ));
+            let mut f = fs::File::create(&staged).map_err(io_err("create", &staged))?;
+            io::copy(&mut entry, &mut f).map_err(io_err("extract", &staged))?;
+            for from in froms {
+                out.insert(from.clone(), staged.clone());
+            }
+        }
+    }
+    for item in plan.copy.values() {
+        if matches!(item.node, Node::File(_)) && !out.contains_key(&item.from) {
+            return Err(layout_err(
+                &builder.layout,
+                format!("/{} vanished from its layer", item.from),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The uncompressed tar of the slim layer: every planned entry plus the parent directories the
+/// base lacks, sorted by path, root-owned, mtime 0.
+fn write_tar(
+    w: impl Write,
+    base: &Tree,
+    builder: &Tree,
+    plan: &SlimPlan,
+    staged: &BTreeMap<String, PathBuf>,
+) -> Result<(), Error> {
+    let mut entries: BTreeMap<String, Option<&CopyItem>> = BTreeMap::new();
+    for (dest, item) in &plan.copy {
+        let mut d = tree::parent(dest);
+        while !d.is_empty() && base.resolve(d, true).is_err() {
+            entries.entry(d.to_string()).or_insert(None);
+            d = tree::parent(d);
+        }
+        entries.insert(dest.clone(), Some(item));
+    }
+    let mut b = tar::Builder::new(w);
+    b.follow_symlinks(false);
+    let err = |e: io::Error| Error::Io {
+        op: "write slim layer",
+        path: PathBuf::from("(slim layer)"),
+        source: e,
+    };
+    for (path, item) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        match item.map(|i| (&i.node, i)) {
+            None => {
+                let mode = match builder.get(&path) {
+                    Some(Node::Dir { mode }) => *mode,
+                    _ => 0o755,
+                };
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(mode);
+                h.set_size(0);
+                b.append_data(&mut h, format!("{path}/"), io::empty())
+                    .map_err(err)?;
+            }
+            Some((Node::Symlink { target }, _)) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, &path, target).map_err(err)?;
+            }
+            Some((Node::File(f), item)) => {
+                let src = &staged[&item.from];
+                let file = fs::File::open(src).map_err(io_err("open", src))?;
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(f.mode);
+                h.set_size(f.size);
+                b.append_data(&mut h, &path, file.take(f.size))
+                    .map_err(err)?;
+            }
+            Some((Node::Dir { .. }, _)) => {}
+        }
+    }
+    b.into_inner().map_err(err)?.flush().map_err(err)?;
+    Ok(())
+}
+
+/// How to run a slim build.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    /// Build even when the definition names an image without a digest (the result is then not
+    /// reproducible from the definition alone).
+    pub allow_unpinned: bool,
+    /// What the engine needs (tactic sources).
+    pub needs: Needs,
+}
+
+/// The result of a slim build.
+#[derive(Clone, Debug)]
+pub struct Built {
+    /// The output layout and the digest of the slim image's manifest in it.
+    pub layout: PathBuf,
+    pub manifest_digest: String,
+    pub plan: SlimPlan,
+    pub report: SizeReport,
+}
+
+fn image_digest(
+    img_ref: &super::def::ImageRef,
+    allow_unpinned: bool,
+) -> Result<Option<&str>, Error> {
+    match &img_ref.digest {
+        Some(d) => Ok(Some(d.as_str())),
+        None if allow_unpinned => Ok(None),
+        None => Err(Error::Unpinned {
+            image: img_ref.image.clone(),
+        }),
+    }
+}
+
+fn open_pinned(
+    layout: &Path,
+    img_ref: &super::def::ImageRef,
+    allow_unpinned: bool,
+) -> Result<Image, Error> {
+    let want = image_digest(img_ref, allow_unpinned)?;
+    let img = read_layout(layout, want)?;
+    if let Some(w) = want {
+        // `read_layout` may have followed an index to its manifest: the index digest is the pin.
+        let top = fs::read(layout.join("index.json")).unwrap_or_default();
+        let listed = String::from_utf8_lossy(&top).contains(w);
+        if img.manifest_digest != w && !listed {
+            return Err(Error::DigestMismatch {
+                layout: layout.to_path_buf(),
+                expected: w.to_string(),
+                found: img.manifest_digest.clone(),
+            });
+        }
+    }
+    Ok(img)
+}
+
+/// Build the slim image of `def` from the base and builder images found in the given OCI
+/// layouts, into a new OCI layout at `out` (tagged `def.name`).
+pub fn build(
+    def: &Definition,
+    base_layout: &Path,
+    builder_layout: &Path,
+    out: &Path,
+    opts: &BuildOptions,
+) -> Result<Built, Error> {
+    let base = open_pinned(base_layout, &def.base, opts.allow_unpinned)?;
+    let builder = open_pinned(builder_layout, &def.builder, opts.allow_unpinned)?;
+    let (base_tree, base_sizes) = flatten(&base)?;
+    let (builder_tree, builder_sizes) = flatten(&builder)?;
+    let selections = def.selections_for(&opts.needs);
+    let plan = closure::compute(
+        &base_tree,
+        &builder_tree,
+        Spec {
+            selections: &selections,
+            closure: &def.closure,
+        },
+    )?;
+
+    fs::create_dir_all(out.join("blobs/sha256")).map_err(io_err("create", out))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".slim-staging-")
+        .tempdir_in(out)
+        .map_err(io_err("create staging dir in", out))?;
+    let staged = extract(&builder, &plan, staging.path())?;
+
+    // One pass: tar → sha256 (diff_id) → gzip → sha256 (digest) → temp file → rename.
+    let tmp = staging.path().join("layer.tar.gz");
+    let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+    let gz_out = HashWriter {
+        inner: io::BufWriter::new(file),
+        hash: Sha256::new(),
+        count: 0,
+    };
+    let gz = flate2::write::GzEncoder::new(gz_out, flate2::Compression::new(6));
+    let mut tar_out = HashWriter {
+        inner: gz,
+        hash: Sha256::new(),
+        count: 0,
+    };
+    write_tar(&mut tar_out, &base_tree, &builder_tree, &plan, &staged)?;
+    let diff_id = format!("sha256:{}", hex::encode(tar_out.hash.finalize()));
+    let uncompressed = tar_out.count;
+    let mut gz_out = tar_out.inner.finish().map_err(io_err("compress", &tmp))?;
+    gz_out.flush().map_err(io_err("write", &tmp))?;
+    let HashWriter {
+        inner,
+        hash,
+        count: layer_size,
+    } = gz_out;
+    drop(inner);
+    let layer_digest = format!("sha256:{}", hex::encode(hash.finalize()));
+    let layer_path = blob_path(out, &layer_digest)?;
+    fs::rename(&tmp, &layer_path).map_err(io_err("rename to", &layer_path))?;
+
+    for l in &base.layers {
+        copy_blob(&base.layout, out, &l.digest)?;
+    }
+
+    let mut config = base.config.clone();
+    let diff_ids = config
+        .pointer_mut("/rootfs/diff_ids")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| layout_err(base_layout, "base config has no rootfs.diff_ids"))?;
+    diff_ids.push(Value::String(diff_id));
+    if let Some(h) = config.get_mut("history").and_then(Value::as_array_mut) {
+        h.push(json!({ "created_by": format!("infer-build slim {}", def.name), "comment": format!("files from {}", def.builder.image) }));
+    }
+    if !def.closure.search_dirs.is_empty() {
+        set_library_path(&mut config, &def.closure.search_dirs);
+    }
+    let config_bytes = serde_json::to_vec(&config).map_err(|e| layout_err(out, e.to_string()))?;
+    let config_digest = write_blob(out, &config_bytes)?;
+
+    let mut layers: Vec<Value> = base
+        .layers
+        .iter()
+        .zip(&base_sizes)
+        .map(|(l, size)| {
+            let mut d = l.descriptor.clone();
+            if let Some(obj) = d.as_object_mut() {
+                let ann = obj.entry("annotations").or_insert_with(|| json!({}));
+                ann[UNCOMPRESSED_SIZE] = Value::String(size.to_string());
+                ann[format!("{ANNOTATION}from")] = Value::String("base".into());
+            }
+            d
+        })
+        .collect();
+    layers.push(json!({
+        "mediaType": LAYER_GZIP,
+        "digest": layer_digest,
+        "size": layer_size,
+        "annotations": { UNCOMPRESSED_SIZE: uncompressed.to_string(), format!("{ANNOTATION}from"): "slim" },
+    }));
+    let builder_layers = layer_sizes_of(&builder, &builder_sizes, "builder");
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": { "mediaType": CONFIG, "digest": config_digest, "size": config_bytes.len() },
+        "layers": layers,
+        "annotations": {
+            "org.opencontainers.image.base.name": def.base.image,
+            "org.opencontainers.image.base.digest": base.manifest_digest,
+            format!("{ANNOTATION}definition"): def.name,
+            format!("{ANNOTATION}builder"): format!("{}@{}", def.builder.image, builder.manifest_digest),
+            format!("{ANNOTATION}builder-size"): builder_layers.iter().map(|l| l.size).sum::<u64>().to_string(),
+            format!("{ANNOTATION}builder-uncompressed-size"): builder_layers.iter().map(|l| l.uncompressed).sum::<u64>().to_string(),
+            format!("{ANNOTATION}excluded"): plan.excluded.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(","),
+        },
+    });
+    let manifest_bytes =
+        serde_json::to_vec(&manifest).map_err(|e| layout_err(out, e.to_string()))?;
+    let manifest_digest = write_blob(out, &manifest_bytes)?;
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX,
+        "manifests": [{
+            "mediaType": MANIFEST,
+            "digest": manifest_digest,
+            "size": manifest_bytes.len(),
+            "annotations": { "org.opencontainers.image.ref.name": def.name },
+        }],
+    });
+    write_file(
+        &out.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )?;
+    write_file(
+        &out.join("index.json"),
+        &serde_json::to_vec(&index).map_err(|e| layout_err(out, e.to_string()))?,
+    )?;
+
+    let report = report_from_manifest(&manifest)
+        .ok_or_else(|| layout_err(out, "size report missing from the manifest just written"))?;
+    Ok(Built {
+        layout: out.to_path_buf(),
+        manifest_digest,
+        plan,
+        report,
+    })
+}
+
+fn layer_sizes_of(img: &Image, uncompressed: &[u64], from: &str) -> Vec<LayerSize> {
+    img.layers
+        .iter()
+        .zip(uncompressed)
+        .map(|(l, u)| LayerSize {
+            digest: l.digest.clone(),
+            media_type: l.media_type.clone(),
+            size: l.size,
+            uncompressed: *u,
+            from: from.to_string(),
+        })
+        .collect()
+}
+
+/// The size report recorded in a slim image's manifest (for `inspect` and the build summary).
+/// `None` when the manifest is not a slim image's.
+pub fn report_from_manifest(manifest: &Value) -> Option<SizeReport> {
+    let ann = |k: &str| -> Option<u64> {
+        manifest
+            .pointer(&format!("/annotations/{}", k.replace('/', "~1")))?
+            .as_str()?
+            .parse()
+            .ok()
+    };
+    let builder_size = ann(&format!("{ANNOTATION}builder-size"))?;
+    let builder_uncompressed = ann(&format!("{ANNOTATION}builder-uncompressed-size"))?;
+    let layers: Vec<LayerSize> = manifest
+        .get("layers")?
+        .as_array()?
+        .iter()
+        .map(|l| {
+            let a = l.get("annotations");
+            Some(LayerSize {
+                digest: str_field(l, "digest")?.to_string(),
+                media_type: str_field(l, "mediaType").unwrap_or("").to_string(),
+                size: l.get("size")?.as_u64()?,
+                uncompressed: a?.get(UNCOMPRESSED_SIZE)?.as_str()?.parse().ok()?,
+                from: a
+                    .and_then(|a| a.get(format!("{ANNOTATION}from")))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            })
+        })
+        .collect::<Option<_>>()?;
+    let builder = [LayerSize {
+        digest: String::new(),
+        media_type: String::new(),
+        size: builder_size,
+        uncompressed: builder_uncompressed,
+        from: "builder".into(),
+    }];
+    Some(report::size_report(&layers, &builder))
+}
+
+/// Read the size report of the slim image `want` in the layout at `dir`.
+pub fn size_report_of_layout(dir: &Path, want: Option<&str>) -> Result<Option<SizeReport>, Error> {
+    Ok(report_from_manifest(&read_layout(dir, want)?.manifest))
+}
+
+/// Prepend `dirs` to the `LD_LIBRARY_PATH` of an image config.
+fn set_library_path(config: &mut Value, dirs: &[String]) {
+    let Some(cfg) = config.as_object_mut() else {
+        return;
+    };
+    let c = cfg.entry("config").or_insert_with(|| json!({}));
+    let Some(c) = c.as_object_mut() else { return };
+    let env = c.entry("Env").or_insert_with(|| json!([]));
+    let Some(env) = env.as_array_mut() else {
+        return;
+    };
+    let mut value = dirs.join(":");
+    if let Some(pos) = env.iter().position(|e| {
+        e.as_str()
+            .is_some_and(|s| s.starts_with("LD_LIBRARY_PATH="))
+    }) {
+        let old = env.remove(pos);
+        let old = old
+            .as_str()
+            .and_then(|s| s.strip_prefix("LD_LIBRARY_PATH="))
+            .unwrap_or("");
+        if !old.is_empty() {
+            value = format!("{value}:{old}");
+        }
+    }
+    env.push(Value::String(format!("LD_LIBRARY_PATH={value}")));
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename to", path))
+}
+
+fn write_blob(dir: &Path, bytes: &[u8]) -> Result<String, Error> {
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
+    let path = blob_path(dir, &digest)?;
+    if !path.exists() {
+        write_file(&path, bytes)?;
+    }
+    Ok(digest)
+}
+
+fn copy_blob(from: &Path, to: &Path, digest: &str) -> Result<(), Error> {
+    let src = blob_path(from, digest)?;
+    let dst = blob_path(to, digest)?;
+    if dst.exists() {
+        return Ok(());
+    }
+    if fs::hard_link(&src, &dst).is_err() {
+        let tmp = dst.with_extension("tmp");
+        fs::copy(&src, &tmp).map_err(io_err("copy", &src))?;
+        fs::rename(&tmp, &dst).map_err(io_err("rename to", &dst))?;
+    }
+    Ok(())
+}
+
+/// The excluded libraries as lines for the build output.
+pub fn render_excluded(plan: &SlimPlan) -> String {
+    plan.excluded
+        .iter()
+        .map(|e| {
+            if e.needed_by.is_empty() {
+                format!("excluded {}: {}\n", e.name, e.reason)
+            } else {
+                format!(
+                    "excluded {} (needed by {}): {}\n",
+                    e.name,
+                    e.needed_by.join(" → "),
+                    e.reason
+                )
+            }
+        })
+        .collect()
+}

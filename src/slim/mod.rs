@@ -1,0 +1,79 @@
+//! Slim GPU bases: start from a small base image and add only the files a running engine needs
+//! from a (huge) builder image, with their shared-library closure.
+//!
+//! Owns: the definition format of `base-images/slim/*.toml` ([`def`]), the in-memory file tree
+//! of an image ([`tree`]), the ELF facts used by the closure ([`elf`]), the selection and
+//! closure computation with its checks ([`closure`]), the size report ([`report`]), and the
+//! effectful edge that flattens OCI layouts and writes the slim layer and image ([`image`]).
+//!
+//! Must not: talk to registries (the images are pulled into OCI layouts by `registry` first),
+//! decide which engine needs what (that comes from the engine metadata as [`def::Needs`] and
+//! [`def::EngineKind`]), or print (callers render [`report::SizeReport`] and the excluded list).
+//!
+//! Invariants:
+//! - [`closure::compute`] is pure: it sees only the two trees and the definition, and returns
+//!   every problem at once (missing dependency with its chain, conflict, unmatched glob);
+//! - the libraries the NVIDIA container toolkit injects ([`def::TOOLKIT_INJECTED`]) are never
+//!   copied, and every time one is needed it is listed in [`closure::SlimPlan::excluded`];
+//! - everything that reaches bytes is ordered (`BTreeMap`, sorted entries), so the same inputs
+//!   give the same slim layer digest.
+
+pub mod closure;
+pub mod def;
+pub mod elf;
+pub mod image;
+pub mod report;
+pub mod tree;
+
+pub use closure::{compute, Excluded, Origin, Problem, SlimPlan, Spec};
+pub use def::{Definition, EngineKind, Needs, Tactic, Winner};
+pub use report::{size_report, LayerSize, SizeReport};
+pub use tree::Tree;
+
+use std::path::PathBuf;
+
+/// Errors of the `slim` module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("slim definition {origin}: {message}")]
+    Definition { origin: String, message: String },
+    #[error("bad glob `{pattern}`: {message}")]
+    Glob { pattern: String, message: String },
+    #[error("no slim base definition serves {} engines of TensorRT {tensorrt}", match kind { EngineKind::VersionCompatible => "version-compatible", EngineKind::Full => "full" })]
+    NoDefinition { kind: EngineKind, tensorrt: String },
+    #[error("the slim closure cannot be built:\n  {}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n  "))]
+    Closure { problems: Vec<Problem> },
+    #[error("{image} is not pinned by digest; pin it or allow unpinned images explicitly")]
+    Unpinned { image: String },
+    #[error("{layout}: expected image {expected}, the layout holds {found}")]
+    DigestMismatch {
+        layout: PathBuf,
+        expected: String,
+        found: String,
+    },
+    #[error("{path}: {message}")]
+    Layout { path: PathBuf, message: String },
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// True when the user can fix this by changing their input (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Error::Definition { .. }
+            | Error::Glob { .. }
+            | Error::NoDefinition { .. }
+            | Error::Closure { .. }
+            | Error::Unpinned { .. }
+            | Error::DigestMismatch { .. }
+            | Error::Layout { .. } => true,
+            Error::Io { .. } => false,
+        }
+    }
+}

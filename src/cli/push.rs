@@ -1,17 +1,197 @@
-//! `infer-build push`.
+//! `infer-build push`: push an OCI layout to a registry (per-target tags, the index tag and
+//! warm-up artifacts). Progress bars on stderr; `--json` prints the report on stdout.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::error::Error;
+use crate::registry::auth::Keychain;
+use crate::registry::push::{BlobOutcome, Progress};
+use crate::registry::{self, ClientOptions, PushOptions, Reference};
 
 #[derive(Debug, Args)]
 pub struct PushArgs {
-    /// The recipe (TOML) or other primary input.
+    /// The OCI layout directory to push (as written by `infer-build build`).
     pub input: PathBuf,
+    /// Destination `REGISTRY[:PORT]/REPOSITORY`; tags come from the layout.
+    #[arg(long, value_name = "REGISTRY/REPO")]
+    pub to: String,
+    /// Talk plain HTTP (no TLS). Only for registries on a trusted network or loopback.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Trust the CA certificates in this PEM file (default: `$SSL_CERT_FILE`, else the web PKI).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Print the push report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Parallel blob uploads.
+    #[arg(long, default_value_t = 4)]
+    pub jobs: usize,
+    /// Blobs larger than this many bytes are uploaded in chunks of this size.
+    #[arg(long, value_name = "BYTES", default_value_t = 128 << 20)]
+    pub chunk_size: u64,
+    /// Try mounting blobs from this repository of the same registry (repeatable).
+    #[arg(long, value_name = "REPO")]
+    pub mount_from: Vec<String>,
+    /// Do not attach warm-up artifacts.
+    #[arg(long)]
+    pub no_warmup: bool,
+    /// Docker config file for credentials (default: `$DOCKER_CONFIG/config.json`, else
+    /// `~/.docker/config.json`).
+    #[arg(long, value_name = "FILE")]
+    pub docker_config: Option<PathBuf>,
 }
 
-pub fn run(_args: PushArgs) -> Result<(), Error> {
-    Err(Error::Usage("`push` is not implemented yet".into()))
+pub fn run(args: PushArgs) -> Result<(), Error> {
+    let target = Reference::parse(&args.to)?;
+    if target.tag.is_some() || target.digest.is_some() {
+        return Err(Error::Usage(format!(
+            "--to {}: give REGISTRY/REPO without a tag; tags come from the layout",
+            args.to
+        )));
+    }
+    let bars = Bars::new();
+    let progress = {
+        let bars = bars.clone();
+        Arc::new(move |p: Progress| bars.event(p))
+    };
+    let opts = PushOptions {
+        client: ClientOptions {
+            insecure: args.insecure,
+            ca_cert: args.ca_cert.clone(),
+            keychain: Keychain {
+                docker_config: args.docker_config.clone(),
+                ignore_env: false,
+            },
+            ..ClientOptions::default()
+        },
+        jobs: args.jobs,
+        chunk_size: args.chunk_size.max(1),
+        warmup: !args.no_warmup,
+        mount_from: args.mount_from.clone(),
+        locations_file: None,
+        progress: Some(progress),
+    };
+    let report = registry::push(&args.input, &target, &opts);
+    bars.finish();
+    let report = report?;
+    for t in &report.tags {
+        eprintln!(
+            "tagged {}/{}:{} {}",
+            report.registry, report.repository, t.tag, t.digest
+        );
+    }
+    for w in &report.warmup {
+        eprintln!("warm-up {} -> {} ({})", w.digest, w.subject, w.attached_via);
+        for m in &w.missing {
+            eprintln!("  left out: {m}");
+        }
+    }
+    eprintln!(
+        "uploaded {} blob bytes ({} blobs); skipped {} bytes ({} already there, {} mounted); {} manifests written",
+        report.bytes_uploaded,
+        report.blobs_uploaded,
+        report.bytes_skipped,
+        report.blobs_skipped,
+        report.blobs_mounted,
+        report.manifests_written
+    );
+    if report.bytes_uploaded == 0 {
+        eprintln!(
+            "nothing to upload: every blob was already in {}",
+            report.repository
+        );
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| Error::Usage(e.to_string()))?
+        );
+    }
+    Ok(())
+}
+
+/// One progress bar per uploading blob (bytes, rate), drawn on stderr when it is a terminal.
+#[derive(Clone)]
+struct Bars {
+    multi: MultiProgress,
+    bars: Arc<Mutex<HashMap<String, ProgressBar>>>,
+}
+
+impl Bars {
+    fn new() -> Bars {
+        Bars {
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
+            bars: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A line above the bars; plain stderr when the bars are hidden (not a terminal).
+    fn line(&self, text: String) {
+        if self.multi.is_hidden() {
+            eprintln!("{text}");
+        } else {
+            let _ = self.multi.println(text);
+        }
+    }
+
+    fn event(&self, p: Progress) {
+        let mut bars = self.bars.lock().unwrap_or_else(|p| p.into_inner());
+        match p {
+            Progress::BlobStart { digest, size } => {
+                let bar = self.multi.add(ProgressBar::new(size));
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                bar.set_message(short(&digest));
+                bars.insert(digest, bar);
+            }
+            Progress::BlobBytes { digest, bytes } => {
+                if let Some(b) = bars.get(&digest) {
+                    b.inc(bytes);
+                }
+            }
+            Progress::BlobDone { digest, size, how } => {
+                if let Some(b) = bars.remove(&digest) {
+                    b.finish_and_clear();
+                }
+                let how = match how {
+                    BlobOutcome::Uploaded => "uploaded",
+                    BlobOutcome::Mounted => "mounted",
+                    BlobOutcome::Skipped => "exists",
+                };
+                self.line(format!("{} {how} ({size} bytes)", short(&digest)));
+            }
+            Progress::Retry { what, reason } => {
+                self.line(format!("retrying {what}: {reason}"));
+            }
+            Progress::Manifest {
+                reference, written, ..
+            } => {
+                if written {
+                    self.line(format!("manifest {reference} written"));
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        for (_, b) in self.bars.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            b.finish_and_clear();
+        }
+        let _ = self.multi.clear();
+    }
+}
+
+fn short(digest: &str) -> String {
+    digest.chars().take(19).collect()
 }

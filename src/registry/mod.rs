@@ -1,15 +1,197 @@
-//! TODO(module owner): what `registry` owns and what it must not do.
+//! The registry client: the only module that talks to OCI registries.
+//!
+//! It owns the distribution-spec HTTP client (`client`: anonymous, basic and bearer-token auth,
+//! retries with backoff, TLS), the credential lookup (`auth`: environment, Docker's
+//! `config.json`, credential helpers), pushing an OCI layout (`push`), pulling a base image into
+//! a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
+//! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`).
+//!
+//! It does not build images, encode layers or decide tags: it pushes what a layout holds, under
+//! the `org.opencontainers.image.ref.name` names the layout gives. It never prints: progress
+//! goes through a callback that the CLI renders. Credentials never appear in errors, logs or
+//! `Debug` output.
+//!
+//! Invariants: every blob is streamed from disk (never a whole layer in memory); a digest is
+//! uploaded at most once per push; every object it creates (warm-up manifest, fallback index)
+//! is canonical JSON, so the same inputs give the same digests.
+
+use std::path::PathBuf;
+
+pub mod auth;
+pub mod client;
+pub mod layout;
+pub mod lock;
+pub mod pull;
+pub mod push;
+pub mod reference;
+pub mod warmup;
+
+pub use client::{Client, ClientOptions};
+pub use pull::{pull, pull_with, PulledImage};
+pub use push::{push, PushOptions, PushReport};
+pub use reference::Reference;
+pub use warmup::{referrers, Referrer};
 
 /// Errors of the `registry` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("registry: not implemented yet")]
-    NotImplemented,
+    #[error("invalid reference `{reference}`: {reason}")]
+    BadReference { reference: String, reason: String },
+    #[error("invalid OCI layout {}: {reason}", path.display())]
+    Layout { path: PathBuf, reason: String },
+    #[error("cannot read {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read CA certificates from {}: {reason}", path.display())]
+    CaCert { path: PathBuf, reason: String },
+    #[error("credentials for {registry}: {reason}")]
+    Credentials { registry: String, reason: String },
+    #[error("{registry} refused the credentials (HTTP {status}) for {what}")]
+    Unauthorized {
+        registry: String,
+        status: u16,
+        what: String,
+    },
+    #[error("{method} {url}: {source}")]
+    Transport {
+        method: String,
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    #[error("{method} {url}: unexpected HTTP {status}{}", detail_suffix(.detail))]
+    Status {
+        method: String,
+        url: String,
+        status: u16,
+        detail: String,
+    },
+    #[error("{what}: expected digest {expected}, got {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{reference}: {reason}")]
+    NotFound { reference: String, reason: String },
+    #[error("{what}: {reason}")]
+    Protocol { what: String, reason: String },
+    #[error("lock file {}: {reason}", path.display())]
+    Lock { path: PathBuf, reason: String },
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
 }
 
 impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        false
+        matches!(
+            self,
+            Error::BadReference { .. }
+                | Error::Layout { .. }
+                | Error::CaCert { .. }
+                | Error::Credentials { .. }
+                | Error::Unauthorized { .. }
+                | Error::NotFound { .. }
+                | Error::Lock { .. }
+        )
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Media types this module reads and writes.
+pub mod media {
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    /// The `artifactType` of the warm-up manifest.
+    pub const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
+    /// The media type of the warm-up manifest's one layer (the JSON document).
+    pub const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
+
+    /// The `Accept` header for manifest requests: every manifest kind we understand.
+    pub const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \
+application/vnd.oci.image.manifest.v1+json, \
+application/vnd.docker.distribution.manifest.list.v2+json, \
+application/vnd.docker.distribution.manifest.v2+json";
+
+    pub fn is_index(media_type: &str) -> bool {
+        media_type == OCI_INDEX || media_type == DOCKER_LIST
+    }
+
+    pub fn is_manifest(media_type: &str) -> bool {
+        media_type == OCI_MANIFEST || media_type == DOCKER_MANIFEST
+    }
+}
+
+/// The empty JSON object `{}`: the config blob of artifact manifests.
+pub const EMPTY_JSON: &[u8] = b"{}";
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// The hex part of a `sha256:<64 lowercase hex>` digest, or `None` when it is not one. The
+/// check matters: digests become file names in layouts and path segments in URLs.
+pub fn digest_hex(digest: &str) -> Option<&str> {
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
+}
+
+/// Canonical JSON: object keys sorted (serde_json's `Value` map is a BTreeMap here), no
+/// insignificant whitespace. Everything this module creates and hashes goes through it.
+pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
+    // Serialising a `Value` cannot fail: its map keys are strings.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_hex_accepts_only_sha256_hex() {
+        let good = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(digest_hex(&good), Some("a".repeat(64).as_str()));
+        for bad in [
+            "sha256:abc",
+            "sha512:aa",
+            "sha256:../../etc/passwd",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
+            assert_eq!(digest_hex(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys() {
+        let v = serde_json::json!({"b": 1, "a": {"d": 2, "c": [3]}});
+        assert_eq!(canonical_json(&v), br#"{"a":{"c":[3],"d":2},"b":1}"#);
+        assert_eq!(
+            sha256_digest(EMPTY_JSON),
+            "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
     }
 }

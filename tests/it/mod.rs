@@ -1,2 +1,5 @@
 pub mod support;
 pub mod recipe;
+pub mod faultproxy;
+pub mod registry;
+pub mod registry_support;

@@ -1,0 +1,647 @@
+//! The distribution-spec HTTP client: one registry, auth, retries. Built on `ureq` 3 (sync,
+//! rustls); parallelism comes from the callers' threads sharing one `Client`.
+//!
+//! Auth: `GET /v2/` at connect time learns the scheme. `Basic` challenges get the keychain's
+//! credentials on every request; `Bearer` challenges get a token from the realm for the scopes
+//! a request needs (cached per scope set, refreshed on a 401).
+//!
+//! Retries: connection errors, 408, 429 and 5xx are retried with exponential backoff and
+//! jitter, honouring `Retry-After`. Requests whose retry is not a plain resend (chunk uploads)
+//! use [`Client::attempt`] and recover themselves.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ureq::http::{self, Method, Response};
+use ureq::tls::{Certificate, RootCerts, TlsConfig};
+use ureq::SendBody;
+
+use super::auth::{parse_challenge, Challenge, Credential, Keychain};
+use super::{Error, Result};
+
+/// How a client connects.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Plain HTTP, no TLS. Never the default.
+    pub insecure: bool,
+    /// Trust exactly the certificates of this PEM file (`--ca-cert`; default `$SSL_CERT_FILE`,
+    /// else the built-in web PKI roots).
+    pub ca_cert: Option<PathBuf>,
+    pub keychain: Keychain,
+    /// Tries per request (first try included).
+    pub max_attempts: u32,
+    /// First backoff delay; it doubles per retry up to `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            insecure: false,
+            ca_cert: None,
+            keychain: Keychain::default(),
+            max_attempts: 10,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(8),
+        }
+    }
+}
+
+/// A request body. Files are streamed from `offset`, never read whole.
+pub enum Body<'a> {
+    Empty,
+    Bytes(&'a [u8]),
+    File {
+        path: &'a Path,
+        offset: u64,
+        len: u64,
+        progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    },
+}
+
+/// One request, rebuilt for every try.
+pub struct Req<'a> {
+    pub method: Method,
+    pub url: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Body<'a>,
+}
+
+impl<'a> Req<'a> {
+    pub fn new(method: Method, url: String) -> Self {
+        Req {
+            method,
+            url,
+            headers: Vec::new(),
+            body: Body::Empty,
+        }
+    }
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+    pub fn body(mut self, body: Body<'a>) -> Self {
+        self.body = body;
+        self
+    }
+}
+
+pub type Resp = Response<ureq::Body>;
+
+#[derive(Debug)]
+enum AuthMode {
+    Anonymous,
+    Basic,
+    Bearer {
+        realm: String,
+        service: Option<String>,
+    },
+}
+
+/// A client for one registry.
+pub struct Client {
+    agent: ureq::Agent,
+    registry: String,
+    base: String,
+    credential: Option<Credential>,
+    mode: Mutex<AuthMode>,
+    tokens: Mutex<HashMap<String, String>>,
+    opts: ClientOptions,
+    rng: Mutex<u64>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Client({})", self.base)
+    }
+}
+
+impl Client {
+    /// Connect to `registry` (`host[:port]`): load credentials and learn the auth scheme.
+    pub fn connect(registry: &str, opts: ClientOptions) -> Result<Client> {
+        let mut config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .user_agent(concat!("infer-build/", env!("CARGO_PKG_VERSION")))
+            .accept_encoding(ureq::config::AutoHeaderValue::None)
+            .max_idle_connections_per_host(16)
+            .timeout_connect(Some(Duration::from_secs(15)))
+            .timeout_recv_response(Some(Duration::from_secs(600)));
+        if !opts.insecure {
+            let ca = opts
+                .ca_cert
+                .clone()
+                .or_else(|| std::env::var_os("SSL_CERT_FILE").map(PathBuf::from));
+            if let Some(path) = ca {
+                config = config.tls_config(
+                    TlsConfig::builder()
+                        .root_certs(RootCerts::new_with_certs(&load_certs(&path)?))
+                        .build(),
+                );
+            }
+        }
+        let scheme = if opts.insecure { "http" } else { "https" };
+        let credential = opts.keychain.lookup(registry)?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9e37_79b9)
+            | 1;
+        let client = Client {
+            agent: config.build().new_agent(),
+            registry: registry.to_string(),
+            base: format!("{scheme}://{registry}"),
+            credential,
+            mode: Mutex::new(AuthMode::Anonymous),
+            tokens: Mutex::new(HashMap::new()),
+            opts,
+            rng: Mutex::new(seed),
+        };
+        client.ping()?;
+        Ok(client)
+    }
+
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    /// `scheme://host[:port]/v2/<path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/v2/{path}", self.base)
+    }
+
+    /// Resolve a `Location` header: absolute, or relative to the registry.
+    pub fn resolve(&self, location: &str) -> String {
+        if location.starts_with("http://") || location.starts_with("https://") {
+            location.to_string()
+        } else if location.starts_with('/') {
+            format!("{}{location}", self.base)
+        } else {
+            format!("{}/{location}", self.base)
+        }
+    }
+
+    fn ping(&self) -> Result<()> {
+        let url = self.url("");
+        let resp = self.send(&Req::new(Method::GET, url.clone()), &[])?;
+        match resp.status().as_u16() {
+            200 => Ok(()),
+            401 => Err(Error::Unauthorized {
+                registry: self.registry.clone(),
+                status: 401,
+                what: if self.credential.is_some() {
+                    "the API version check".into()
+                } else {
+                    "the API version check (no credentials found: set INFER_BUILD_REGISTRY_USER/PASSWORD or log in with docker)".into()
+                },
+            }),
+            s => Err(status_error(&Method::GET, &url, s, resp)),
+        }
+    }
+
+    /// Send with retries on connection errors, 408, 429 and 5xx. Other statuses (including the
+    /// last retryable one) are returned for the caller to judge.
+    pub fn send(&self, req: &Req, scopes: &[String]) -> Result<Resp> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let last = attempt >= self.opts.max_attempts;
+            match self.attempt(req, scopes) {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    if !retryable_status(status) || last {
+                        return Ok(resp);
+                    }
+                    let wait = retry_after(&resp);
+                    self.pause(attempt, wait);
+                }
+                Err(e) if !last && retryable_error(&e) => self.pause(attempt, None),
+                Err(e) => {
+                    return Err(Error::Transport {
+                        method: req.method.to_string(),
+                        url: req.url.clone(),
+                        source: Box::new(e),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Sleep before retry number `attempt` (1-based): `Retry-After` when the server gave one
+    /// (capped at a minute), else exponential backoff with jitter.
+    pub fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
+        let d = match retry_after {
+            Some(d) => d.min(Duration::from_secs(60)),
+            None => {
+                let exp = self
+                    .opts
+                    .backoff_base
+                    .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+                    .min(self.opts.backoff_max);
+                // "Equal jitter": half fixed, half random, so parallel uploads spread out.
+                let half = exp / 2;
+                half + half.mul_f64(self.random_unit())
+            }
+        };
+        std::thread::sleep(d);
+    }
+
+    pub fn max_attempts(&self) -> u32 {
+        self.opts.max_attempts
+    }
+
+    fn random_unit(&self) -> f64 {
+        let mut s = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        // xorshift64
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        (*s >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// One try, with authentication: a 401 is answered by (re)authenticating and resending
+    /// once. Transport errors are returned as they are.
+    pub fn attempt(&self, req: &Req, scopes: &[String]) -> std::result::Result<Resp, ureq::Error> {
+        let resp = self.run_once(req, scopes)?;
+        if resp.status().as_u16() != 401 {
+            return Ok(resp);
+        }
+        let challenge = resp
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_challenge);
+        let Some(challenge) = challenge else {
+            return Ok(resp);
+        };
+        match challenge {
+            Challenge::Basic => {
+                if self
+                    .credential
+                    .as_ref()
+                    .and_then(Credential::basic_header)
+                    .is_none()
+                {
+                    return Ok(resp);
+                }
+                let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+                if matches!(*mode, AuthMode::Basic) {
+                    return Ok(resp); // credentials already sent and refused
+                }
+                *mode = AuthMode::Basic;
+            }
+            Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            } => {
+                let mut all: Vec<String> = scopes.to_vec();
+                if let Some(s) = scope {
+                    for one in s.split(' ') {
+                        if !all.iter().any(|x| x == one) {
+                            all.push(one.to_string());
+                        }
+                    }
+                }
+                *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = AuthMode::Bearer {
+                    realm: realm.clone(),
+                    service: service.clone(),
+                };
+                match self.fetch_token(&realm, service.as_deref(), &all) {
+                    Ok(token) => {
+                        let mut tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+                        tokens.insert(scope_key(scopes), token.clone());
+                        tokens.insert(scope_key(&all), token);
+                    }
+                    Err(_) => return Ok(resp),
+                }
+            }
+        }
+        self.run_once(req, scopes)
+    }
+
+    fn auth_header(&self, scopes: &[String]) -> Option<String> {
+        let mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+        match &*mode {
+            AuthMode::Anonymous => None,
+            AuthMode::Basic => self.credential.as_ref().and_then(Credential::basic_header),
+            AuthMode::Bearer { realm, service } => {
+                let key = scope_key(scopes);
+                if let Some(t) = self
+                    .tokens
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                {
+                    return Some(format!("Bearer {t}"));
+                }
+                let (realm, service) = (realm.clone(), service.clone());
+                drop(mode);
+                // A new scope set: get its token up front instead of collecting a 401 first.
+                let token = self.fetch_token(&realm, service.as_deref(), scopes).ok()?;
+                self.tokens
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, token.clone());
+                Some(format!("Bearer {token}"))
+            }
+        }
+    }
+
+    /// Ask the token endpoint for a token covering `scopes`.
+    fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scopes: &[String],
+    ) -> std::result::Result<String, ureq::Error> {
+        let mut last_err = None;
+        for attempt in 1..=self.opts.max_attempts.min(4) {
+            let resp = match &self.credential {
+                Some(Credential::IdentityToken(refresh)) => {
+                    let mut form = vec![
+                        ("grant_type", "refresh_token".to_string()),
+                        ("refresh_token", refresh.clone()),
+                        ("client_id", "infer-build".to_string()),
+                        ("scope", scopes.join(" ")),
+                    ];
+                    if let Some(s) = service {
+                        form.push(("service", s.to_string()));
+                    }
+                    self.agent.post(realm).send_form(form)
+                }
+                other => {
+                    let mut r = self.agent.get(realm);
+                    if let Some(s) = service {
+                        r = r.query("service", s);
+                    }
+                    for s in scopes {
+                        r = r.query("scope", s);
+                    }
+                    if let Some(h) = other.as_ref().and_then(|c| c.basic_header()) {
+                        r = r.header("authorization", h);
+                    }
+                    r.call()
+                }
+            };
+            match resp {
+                Ok(mut resp) if resp.status().is_success() => {
+                    #[derive(serde::Deserialize)]
+                    struct Token {
+                        token: Option<String>,
+                        access_token: Option<String>,
+                    }
+                    let body = resp.body_mut().with_config().limit(1 << 20).read_to_vec()?;
+                    let t: Token = serde_json::from_slice(&body).map_err(|_| {
+                        ureq::Error::BadUri(
+                            "token endpoint answered something that is not JSON".into(),
+                        )
+                    })?;
+                    return t.token.or(t.access_token).ok_or_else(|| {
+                        ureq::Error::BadUri("token endpoint answered without a token".into())
+                    });
+                }
+                Ok(resp) if retryable_status(resp.status().as_u16()) => {
+                    self.pause(attempt, retry_after(&resp));
+                    last_err = Some(ureq::Error::StatusCode(resp.status().as_u16()));
+                }
+                Ok(resp) => return Err(ureq::Error::StatusCode(resp.status().as_u16())),
+                Err(e) if retryable_error(&e) => {
+                    self.pause(attempt, None);
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or(ureq::Error::StatusCode(503)))
+    }
+
+    fn run_once(&self, req: &Req, scopes: &[String]) -> std::result::Result<Resp, ureq::Error> {
+        let mut builder = http::Request::builder()
+            .method(req.method.clone())
+            .uri(&req.url);
+        for (k, v) in &req.headers {
+            builder = builder.header(*k, v);
+        }
+        if let Some(h) = self.auth_header(scopes) {
+            builder = builder.header("authorization", h);
+        }
+        match &req.body {
+            Body::Empty => {
+                let with_body = matches!(req.method, Method::POST | Method::PUT | Method::PATCH);
+                if with_body {
+                    builder = builder.header("content-length", "0");
+                }
+                let r = builder
+                    .body(())
+                    .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
+                self.agent.run(r)
+            }
+            Body::Bytes(b) => {
+                let r = builder
+                    .header("content-length", b.len().to_string())
+                    .body(*b)
+                    .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
+                self.agent.run(r)
+            }
+            Body::File {
+                path,
+                offset,
+                len,
+                progress,
+            } => {
+                let mut f = File::open(path)?;
+                f.seek(SeekFrom::Start(*offset))?;
+                let mut reader = Counting {
+                    inner: f.take(*len),
+                    progress: *progress,
+                };
+                let r = builder
+                    .header("content-length", len.to_string())
+                    .header("content-type", "application/octet-stream")
+                    .body(SendBody::from_reader(&mut reader))
+                    .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
+                self.agent.run(r)
+            }
+        }
+    }
+}
+
+struct Counting<'a, R> {
+    inner: R,
+    progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl<R: Read> Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(p) = self.progress {
+            p(n as u64);
+        }
+        Ok(n)
+    }
+}
+
+fn scope_key(scopes: &[String]) -> String {
+    let mut s = scopes.to_vec();
+    s.sort();
+    s.join(" ")
+}
+
+pub fn retryable_status(status: u16) -> bool {
+    matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
+}
+
+pub fn retryable_error(e: &ureq::Error) -> bool {
+    matches!(
+        e,
+        ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Protocol(_)
+            | ureq::Error::BodyStalled
+    )
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is treated as "use the backoff").
+pub fn retry_after(resp: &Resp) -> Option<Duration> {
+    resp.headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// The error for an unexpected status, with the registry's error code and message when the
+/// body is the distribution-spec error JSON.
+pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> Error {
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024)
+        .read_to_vec()
+        .unwrap_or_default();
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<OneError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct OneError {
+        code: Option<String>,
+        message: Option<String>,
+    }
+    let detail = serde_json::from_slice::<Errors>(&body)
+        .ok()
+        .map(|e| {
+            e.errors
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{}: {}",
+                        x.code.as_deref().unwrap_or("ERROR"),
+                        x.message.as_deref().unwrap_or("")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default();
+    Error::Status {
+        method: method.to_string(),
+        url: strip_query(url),
+        status,
+        detail,
+    }
+}
+
+/// URLs of upload sessions carry opaque state in their query: keep errors short and free of it.
+fn strip_query(url: &str) -> String {
+    url.split('?').next().unwrap_or(url).to_string()
+}
+
+fn load_certs(path: &Path) -> Result<Vec<Certificate<'static>>> {
+    let pem = std::fs::read(path).map_err(|e| Error::CaCert {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => certs.push(c),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Error::CaCert {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+    if certs.is_empty() {
+        return Err(Error::CaCert {
+            path: path.to_path_buf(),
+            reason: "no PEM certificate in the file".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// A response header as a string.
+pub fn header<'r>(resp: &'r Resp, name: &str) -> Option<&'r str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Append `key=value` to a URL that may already have a query.
+pub fn with_query(url: &str, key: &str, value: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{key}={}", encode_query(value))
+}
+
+fn encode_query(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_building() {
+        assert_eq!(
+            with_query(
+                "http://h/v2/x/blobs/uploads/u?_state=a",
+                "digest",
+                "sha256:ab"
+            ),
+            "http://h/v2/x/blobs/uploads/u?_state=a&digest=sha256%3Aab"
+        );
+        assert_eq!(with_query("/u", "from", "a/b"), "/u?from=a%2Fb");
+        assert_eq!(strip_query("http://h/u?_state=secret"), "http://h/u");
+    }
+
+    #[test]
+    fn statuses_that_retry() {
+        for (s, r) in [
+            (429, true),
+            (500, true),
+            (503, true),
+            (404, false),
+            (401, false),
+            (201, false),
+        ] {
+            assert_eq!(retryable_status(s), r, "{s}");
+        }
+    }
+}

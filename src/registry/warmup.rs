@@ -1,0 +1,536 @@
+//! The warm-up artifact attached to every per-target image, the referrers fallback tag, and
+//! listing what is attached to a manifest.
+//!
+//! The artifact is an OCI 1.1 image manifest with `artifactType`
+//! `application/vnd.infer-build.warmup.v1+json`, the empty config descriptor and `subject` =
+//! the per-target image manifest. Its one layer is a JSON document (schema
+//! `infer-build.warmup/v1`) with the image digest, the warm-up requests (from the image's
+//! `/etc/infer/runtime.toml`), start-up timings measured at build time (from
+//! `dev.infer-build.startup.*` annotations, when the build recorded them), the compatibility
+//! tuple (the image's `dev.infer-build.*` annotations) and a node selector for pre-pulling.
+//! Building it is pure apart from reading the layout; every byte is canonical JSON.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use ureq::http::Method;
+
+use super::client::{header, status_error, Client, ClientOptions, Req};
+use super::layout::{Descriptor, Layout, Manifest};
+use super::reference::Reference;
+use super::{canonical_json, digest_hex, media, sha256_digest, Error, Result, EMPTY_JSON};
+
+/// Where the runtime configuration lives in an image.
+pub const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
+/// The prefix of infer-build's annotations (the compatibility tuple).
+pub const ANNOTATION_PREFIX: &str = "dev.infer-build.";
+/// Annotations under this prefix are start-up timings measured at build time (milliseconds).
+pub const STARTUP_PREFIX: &str = "dev.infer-build.startup.";
+/// Layers bigger than this are not searched for `runtime.toml` (it sits in a small top layer).
+const MAX_SCAN_LAYER: u64 = 64 << 20;
+
+/// A warm-up artifact ready to push.
+#[derive(Debug, Clone)]
+pub struct WarmupArtifact {
+    pub payload: Vec<u8>,
+    pub payload_digest: String,
+    pub manifest: Vec<u8>,
+    pub manifest_digest: String,
+    /// Fields left out because the image does not carry them.
+    pub missing: Vec<String>,
+}
+
+/// Build the warm-up artifact for the image manifest `desc` (bytes `manifest_bytes`).
+pub fn for_image(
+    layout: &Layout,
+    desc: &Descriptor,
+    manifest_bytes: &[u8],
+    m: &Manifest,
+) -> Result<WarmupArtifact> {
+    let config: Value = match &m.config {
+        Some(c) => serde_json::from_slice(&layout.read_small(c)?).unwrap_or(Value::Null),
+        None => Value::Null,
+    };
+    let runtime = find_runtime_config(layout, m)?;
+    Ok(build(desc, manifest_bytes, m, &config, runtime.as_deref()))
+}
+
+/// Pure: the warm-up document and its artifact manifest.
+pub fn build(
+    desc: &Descriptor,
+    manifest_bytes: &[u8],
+    m: &Manifest,
+    config: &Value,
+    runtime_toml: Option<&str>,
+) -> WarmupArtifact {
+    let mut missing = Vec::new();
+    // The tuple: the image's own annotations, then the index entry's, then config labels.
+    let mut annotations: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(labels) = config.pointer("/config/Labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            if let Some(s) = v.as_str() {
+                annotations.insert(k.clone(), s.to_string());
+            }
+        }
+    }
+    annotations.extend(desc.annotations.clone());
+    annotations.extend(m.annotations.clone());
+    let tuple: BTreeMap<&String, &String> = annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX) && !k.starts_with(STARTUP_PREFIX))
+        .collect();
+    let timings: BTreeMap<String, Value> = annotations
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix(STARTUP_PREFIX)?;
+            let n = v.parse::<f64>().ok()?;
+            Some((name.to_string(), json!(n)))
+        })
+        .collect();
+    if timings.is_empty() {
+        missing.push(format!(
+            "startup_timings: the image has no `{STARTUP_PREFIX}*` annotations (not measured at build time)"
+        ));
+    }
+    if tuple.is_empty() {
+        missing.push(format!(
+            "compatibility: the image has no `{ANNOTATION_PREFIX}*` annotations"
+        ));
+    }
+
+    let requests = match runtime_toml.map(warmup_requests) {
+        Some(Ok(r)) => r,
+        Some(Err(reason)) => {
+            missing.push(format!("requests: /{RUNTIME_CONFIG_PATH}: {reason}"));
+            Value::Null
+        }
+        None => {
+            missing.push(format!("requests: the image has no /{RUNTIME_CONFIG_PATH}"));
+            Value::Null
+        }
+    };
+
+    let doc = json!({
+        "schema": "infer-build.warmup/v1",
+        "image": {"digest": desc.digest, "mediaType": desc.media_type, "size": manifest_bytes.len()},
+        "requests": requests,
+        "startup_timings_ms": if timings.is_empty() { Value::Null } else { json!(timings) },
+        "compatibility": tuple,
+        "node_selector": node_selector(config, &annotations),
+        "missing": missing,
+    });
+    let payload = canonical_json(&doc);
+    let payload_digest = sha256_digest(&payload);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_MANIFEST,
+        "artifactType": media::WARMUP_ARTIFACT,
+        "config": {"mediaType": media::OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": EMPTY_JSON.len(), "data": "e30="},
+        "layers": [{"mediaType": media::WARMUP_LAYER, "digest": payload_digest, "size": payload.len()}],
+        "subject": {"mediaType": desc.media_type, "digest": desc.digest, "size": desc.size},
+        "annotations": {"org.opencontainers.image.title": "warm-up manifest", "dev.infer-build.warmup.subject": desc.digest},
+    });
+    let manifest = canonical_json(&manifest);
+    WarmupArtifact {
+        manifest_digest: sha256_digest(&manifest),
+        payload,
+        payload_digest,
+        manifest,
+        missing,
+    }
+}
+
+/// The warm-up requests from `runtime.toml`: the model, its inputs and the batch sizes that
+/// warm-up runs (explicit `warmup.batch_sizes`, else preferred sizes and powers of two up to
+/// `batching.max_batch_size`, as the runtime does).
+fn warmup_requests(text: &str) -> std::result::Result<Value, String> {
+    let v: toml::Value =
+        toml::from_str(text).map_err(|e| format!("not valid TOML: {}", e.message()))?;
+    let v = serde_json::to_value(v).map_err(|e| e.to_string())?;
+    let sizes: Vec<u64> = match v.pointer("/warmup/batch_sizes").and_then(Value::as_array) {
+        Some(list) => list.iter().filter_map(Value::as_u64).collect(),
+        None => {
+            let max = v
+                .pointer("/batching/max_batch_size")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .max(1);
+            let mut s: Vec<u64> = v
+                .pointer("/batching/preferred_batch_sizes")
+                .and_then(Value::as_array)
+                .map(|l| l.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let mut p = 1;
+            while p <= max {
+                s.push(p);
+                p *= 2;
+            }
+            s.retain(|&x| x >= 1 && x <= max);
+            s
+        }
+    };
+    let mut sizes = sizes;
+    sizes.sort_unstable();
+    sizes.dedup();
+    Ok(json!({
+        "model": v.get("model").cloned().unwrap_or(Value::Null),
+        "inputs": v.get("inputs").cloned().unwrap_or(Value::Null),
+        "batch_sizes": sizes,
+    }))
+}
+
+/// Kubernetes node labels a pre-pull DaemonSet selects on: OS/arch from the config, GPU
+/// compute capability from a `dev.infer-build.sm` annotation (`90`, `sm_90`, `sm90`, `8.9`).
+fn node_selector(
+    config: &Value,
+    annotations: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut sel = BTreeMap::new();
+    if let Some(os) = config.get("os").and_then(Value::as_str) {
+        sel.insert("kubernetes.io/os".to_string(), os.to_string());
+    }
+    if let Some(arch) = config.get("architecture").and_then(Value::as_str) {
+        sel.insert("kubernetes.io/arch".to_string(), arch.to_string());
+    }
+    let sm = annotations
+        .iter()
+        .find(|(k, _)| {
+            k.starts_with(ANNOTATION_PREFIX)
+                && (k.ends_with(".sm") || k.ends_with(".compute-capability"))
+        })
+        .map(|(_, v)| {
+            v.trim()
+                .trim_start_matches("sm_")
+                .trim_start_matches("sm")
+                .to_string()
+        });
+    if let Some(sm) = sm {
+        let (major, minor) = match sm.split_once('.') {
+            Some((a, b)) => (a.to_string(), b.to_string()),
+            None if sm.len() >= 2 => (
+                sm[..sm.len() - 1].to_string(),
+                sm[sm.len() - 1..].to_string(),
+            ),
+            None => (String::new(), String::new()),
+        };
+        if !major.is_empty()
+            && major.bytes().all(|b| b.is_ascii_digit())
+            && minor.bytes().all(|b| b.is_ascii_digit())
+        {
+            sel.insert("nvidia.com/gpu.compute.major".into(), major);
+            sel.insert("nvidia.com/gpu.compute.minor".into(), minor);
+        }
+    }
+    sel
+}
+
+/// Look for `runtime.toml` in the image's small layers, top layer first.
+fn find_runtime_config(layout: &Layout, m: &Manifest) -> Result<Option<String>> {
+    for layer in m.layers.iter().rev() {
+        if layer.size > MAX_SCAN_LAYER {
+            continue;
+        }
+        let path = layout.check_blob(layer)?;
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let reader: Box<dyn Read> = if layer.media_type.ends_with("+gzip") {
+            Box::new(flate2::read::GzDecoder::new(file))
+        } else if layer.media_type.ends_with("+zstd") {
+            match zstd::stream::read::Decoder::new(file) {
+                Ok(d) => Box::new(d),
+                Err(_) => continue,
+            }
+        } else if layer.media_type.ends_with(".tar") || layer.media_type.ends_with("tar") {
+            Box::new(file)
+        } else {
+            continue;
+        };
+        let mut archive = tar::Archive::new(reader);
+        let Ok(entries) = archive.entries() else {
+            continue;
+        };
+        for entry in entries {
+            let Ok(mut entry) = entry else { break };
+            let name = entry
+                .path()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.trim_start_matches("./").trim_start_matches('/') == RUNTIME_CONFIG_PATH {
+                let mut text = String::new();
+                if entry
+                    .by_ref()
+                    .take(1 << 20)
+                    .read_to_string(&mut text)
+                    .is_ok()
+                {
+                    return Ok(Some(text));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The referrers fallback tag of a digest: `sha256-<hex>`.
+pub fn fallback_tag(digest: &str) -> String {
+    match digest.split_once(':') {
+        Some((alg, hex)) => format!(
+            "{}-{}",
+            &alg[..alg.len().min(32)],
+            &hex[..hex.len().min(64)]
+        ),
+        None => digest.to_string(),
+    }
+}
+
+/// The descriptor of an artifact manifest as it appears in a referrers list: `artifactType`
+/// and annotations copied from the manifest.
+pub fn referrer_descriptor(manifest: &[u8], digest: &str) -> Result<Descriptor> {
+    let m = Manifest::parse(manifest, digest)?;
+    let artifact_type = m
+        .artifact_type
+        .clone()
+        .or_else(|| m.config.as_ref().map(|c| c.media_type.clone()));
+    Ok(Descriptor {
+        media_type: m
+            .media_type
+            .clone()
+            .unwrap_or_else(|| media::OCI_MANIFEST.into()),
+        digest: digest.to_string(),
+        size: manifest.len() as u64,
+        artifact_type,
+        platform: None,
+        annotations: m.annotations,
+        extra: BTreeMap::new(),
+    })
+}
+
+/// Add `desc` to the fallback index `existing` (or a new one). `None` when it is already
+/// listed; else the new index bytes and digest. Entries are sorted by digest so the index is
+/// the same whatever order artifacts were attached in.
+pub fn merge_fallback(
+    existing: Option<&[u8]>,
+    desc: Descriptor,
+) -> Result<Option<(Vec<u8>, String)>> {
+    let mut index: Value = match existing {
+        Some(b) => serde_json::from_slice(b).map_err(|e| Error::Protocol {
+            what: "referrers fallback index".into(),
+            reason: format!("not JSON: {e}"),
+        })?,
+        None => json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": []}),
+    };
+    let list = index
+        .get_mut("manifests")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| Error::Protocol {
+            what: "referrers fallback index".into(),
+            reason: "no `manifests` list".into(),
+        })?;
+    if list
+        .iter()
+        .any(|d| d.get("digest").and_then(Value::as_str) == Some(desc.digest.as_str()))
+    {
+        return Ok(None);
+    }
+    list.push(serde_json::to_value(&desc).unwrap_or(Value::Null));
+    list.sort_by(|a, b| {
+        let d = |v: &Value| {
+            v.get("digest")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        d(a).cmp(&d(b))
+    });
+    let bytes = canonical_json(&index);
+    let digest = sha256_digest(&bytes);
+    Ok(Some((bytes, digest)))
+}
+
+/// One thing attached to a manifest.
+#[derive(Debug, Clone, Serialize)]
+pub struct Referrer {
+    pub digest: String,
+    pub media_type: String,
+    pub artifact_type: Option<String>,
+    pub size: u64,
+    pub annotations: BTreeMap<String, String>,
+    /// `referrers-api` or `fallback-tag`.
+    pub source: String,
+}
+
+/// What is attached to `reference` (a tag is resolved to its digest first): the referrers
+/// API when the registry has it, else the `sha256-<hex>` fallback tag.
+pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String, Vec<Referrer>)> {
+    let client = Client::connect(&reference.registry, opts.clone())?;
+    let scopes = vec![format!("repository:{}:pull", reference.repository)];
+    let digest = match &reference.digest {
+        Some(d) => d.clone(),
+        None => {
+            let url = client.url(&format!(
+                "{}/manifests/{}",
+                reference.repository,
+                reference.manifest_ref()
+            ));
+            let req = Req::new(Method::HEAD, url.clone()).header("accept", media::ACCEPT_MANIFESTS);
+            let resp = client.send(&req, &scopes)?;
+            match resp.status().as_u16() {
+                200 => header(&resp, "docker-content-digest")
+                    .filter(|d| digest_hex(d).is_some())
+                    .map(str::to_string)
+                    .ok_or_else(|| Error::Protocol {
+                        what: format!("HEAD {url}"),
+                        reason: "no Docker-Content-Digest header".into(),
+                    })?,
+                404 => {
+                    return Err(Error::NotFound {
+                        reference: reference.to_string(),
+                        reason: "no such manifest in the registry".into(),
+                    })
+                }
+                s => return Err(status_error(&Method::HEAD, &url, s, resp)),
+            }
+        }
+    };
+    let url = client.url(&format!("{}/referrers/{digest}", reference.repository));
+    let req = Req::new(Method::GET, url).header("accept", media::OCI_INDEX);
+    let mut resp = client.send(&req, &scopes)?;
+    let is_index = header(&resp, "content-type").is_some_and(|c| c.starts_with(media::OCI_INDEX));
+    let (bytes, source) = if resp.status().as_u16() == 200 && is_index {
+        (
+            resp.body_mut()
+                .with_config()
+                .limit(4 << 20)
+                .read_to_vec()
+                .unwrap_or_default(),
+            "referrers-api",
+        )
+    } else {
+        let tag = fallback_tag(&digest);
+        let url = client.url(&format!("{}/manifests/{tag}", reference.repository));
+        let req = Req::new(Method::GET, url.clone()).header("accept", media::OCI_INDEX);
+        let mut resp = client.send(&req, &scopes)?;
+        match resp.status().as_u16() {
+            200 => (
+                resp.body_mut()
+                    .with_config()
+                    .limit(4 << 20)
+                    .read_to_vec()
+                    .map_err(|e| Error::Transport {
+                        method: "GET".into(),
+                        url: url.clone(),
+                        source: Box::new(e),
+                    })?,
+                "fallback-tag",
+            ),
+            404 => return Ok((digest, Vec::new())),
+            s => return Err(status_error(&Method::GET, &url, s, resp)),
+        }
+    };
+    let index = Manifest::parse(&bytes, "referrers index")?;
+    let list = index
+        .manifests
+        .into_iter()
+        .map(|d| Referrer {
+            digest: d.digest,
+            media_type: d.media_type,
+            artifact_type: d.artifact_type,
+            size: d.size,
+            annotations: d.annotations,
+            source: source.to_string(),
+        })
+        .collect();
+    Ok((digest, list))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(digest: &str) -> Descriptor {
+        Descriptor {
+            media_type: media::OCI_MANIFEST.into(),
+            digest: digest.into(),
+            size: 10,
+            artifact_type: Some(media::WARMUP_ARTIFACT.into()),
+            platform: None,
+            annotations: BTreeMap::new(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn fallback_tag_schema() {
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            fallback_tag(&format!("sha256:{hex}")),
+            format!("sha256-{hex}")
+        );
+    }
+
+    #[test]
+    fn merge_fallback_appends_once_and_sorts() {
+        let b = format!("sha256:{}", "b".repeat(64));
+        let a = format!("sha256:{}", "a".repeat(64));
+        let (one, _) = merge_fallback(None, desc(&b)).unwrap().unwrap();
+        let (two, d2) = merge_fallback(Some(&one), desc(&a)).unwrap().unwrap();
+        assert!(merge_fallback(Some(&two), desc(&b)).unwrap().is_none());
+        let v: Value = serde_json::from_slice(&two).unwrap();
+        assert_eq!(v["manifests"][0]["digest"], json!(a));
+        assert_eq!(
+            v["manifests"][1]["artifactType"],
+            json!(media::WARMUP_ARTIFACT)
+        );
+        // Same set, other order: same bytes.
+        let (x, _) = merge_fallback(None, desc(&a)).unwrap().unwrap();
+        let (_, dx) = merge_fallback(Some(&x), desc(&b)).unwrap().unwrap();
+        assert_eq!(d2, dx);
+    }
+
+    #[test]
+    fn warmup_document() {
+        let image = desc(&format!("sha256:{}", "c".repeat(64)));
+        let mut m = Manifest::default();
+        m.annotations
+            .insert("dev.infer-build.sm".into(), "89".into());
+        m.annotations
+            .insert("dev.infer-build.precision".into(), "fp16".into());
+        m.annotations.insert(
+            "dev.infer-build.startup.engine-load-ms".into(),
+            "812".into(),
+        );
+        m.annotations
+            .insert("org.opencontainers.image.version".into(), "1".into());
+        let config = json!({"os": "linux", "architecture": "amd64"});
+        let runtime = "[model]\nname = \"mlp\"\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n[batching]\nmax_batch_size = 8\npreferred_batch_sizes = [6]\n";
+        let w = build(&image, b"0123456789", &m, &config, Some(runtime));
+        let doc: Value = serde_json::from_slice(&w.payload).unwrap();
+        assert_eq!(doc["requests"]["batch_sizes"], json!([1, 2, 4, 6, 8]));
+        assert_eq!(doc["requests"]["model"]["name"], json!("mlp"));
+        assert_eq!(doc["startup_timings_ms"]["engine-load-ms"], json!(812.0));
+        assert_eq!(
+            doc["compatibility"],
+            json!({"dev.infer-build.precision": "fp16", "dev.infer-build.sm": "89"})
+        );
+        assert_eq!(
+            doc["node_selector"],
+            json!({"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux", "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "9"})
+        );
+        assert_eq!(doc["missing"], json!([]));
+        let man: Value = serde_json::from_slice(&w.manifest).unwrap();
+        assert_eq!(man["subject"]["digest"], json!(image.digest));
+        assert_eq!(man["config"]["digest"], json!(sha256_digest(b"{}")));
+        assert_eq!(man["artifactType"], json!(media::WARMUP_ARTIFACT));
+        // Deterministic.
+        assert_eq!(
+            build(&image, b"0123456789", &m, &config, Some(runtime)).manifest_digest,
+            w.manifest_digest
+        );
+        // Without timings or runtime config, says so.
+        let bare = build(&image, b"x", &Manifest::default(), &json!({}), None);
+        let doc: Value = serde_json::from_slice(&bare.payload).unwrap();
+        assert_eq!(doc["startup_timings_ms"], Value::Null);
+        assert_eq!(bare.missing.len(), 3);
+    }
+}

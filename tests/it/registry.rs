@@ -1,0 +1,441 @@
+//! Push, pull and warm-up artifacts against a real `docker-registry` on loopback, read back
+//! with skopeo; faults injected by `faultproxy`.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use infer_build::registry::{
+    self, auth::Keychain, pull::PullOptions, ClientOptions, PushOptions, Reference,
+};
+use serde_json::Value;
+
+use super::faultproxy::{FaultProxy, Faults};
+use super::registry_support::{make_layout, Registry, Target};
+use super::support::{have_tool, infer_build, stderr, stdout};
+
+fn targets() -> Vec<Target> {
+    vec![
+        Target {
+            id: "sm89-fp16",
+            sm: Some("89"),
+            model_bytes: 200_000,
+        },
+        Target {
+            id: "sm90-fp16",
+            sm: Some("90"),
+            model_bytes: 200_000,
+        },
+        Target {
+            id: "cpu-fp32",
+            sm: None,
+            model_bytes: 100_000,
+        },
+    ]
+}
+
+/// Client options for tests: no credentials from the environment or `~/.docker`.
+fn plain_opts(tmp: &Path) -> ClientOptions {
+    ClientOptions {
+        insecure: true,
+        keychain: Keychain {
+            docker_config: Some(tmp.join("no-docker-config.json")),
+            ignore_env: true,
+        },
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(400),
+        ..ClientOptions::default()
+    }
+}
+
+fn skopeo(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new("skopeo")
+        .args(args)
+        .output()
+        .expect("run skopeo");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn push_cli(layout: &Path, to: &str, cache: &Path, extra: &[&str]) -> (i32, Value, String) {
+    let out = infer_build()
+        .args(["push"])
+        .arg(layout)
+        .args(["--to", to, "--json"])
+        .args(extra)
+        .env("INFER_BUILD_CACHE_DIR", cache)
+        .env("DOCKER_CONFIG", cache.join("docker"))
+        .env_remove("INFER_BUILD_REGISTRY_USER")
+        .env_remove("INFER_BUILD_REGISTRY_PASSWORD")
+        .output()
+        .unwrap();
+    let json = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json, stderr(&out))
+}
+
+#[test]
+fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
+    let test = "registry_push_skopeo_reads_back_and_second_push_uploads_nothing";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    if !have_tool("skopeo", test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let made = make_layout(&tmp.path().join("layout"), "v1", &targets(), 1);
+    let to = format!("{}/ml/mlp", reg.addr);
+    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    assert_eq!(code, 0, "{err}\n{}", reg.log());
+    assert!(json["bytes_uploaded"].as_u64().unwrap() > 500_000, "{json}");
+    assert_eq!(
+        json["blobs_uploaded"].as_u64().unwrap() as usize,
+        made.blobs.len() + 3 + 1,
+        "{json}"
+    );
+
+    // Every per-target tag and the index tag hold the local digests.
+    for (tag, digest) in &made.targets {
+        let (ok, out, e) = skopeo(&[
+            "inspect",
+            "--tls-verify=false",
+            &format!("docker://{to}:{tag}"),
+        ]);
+        assert!(ok, "{e}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["Digest"].as_str(), Some(digest.as_str()), "{tag}");
+    }
+    let (ok, raw, e) = skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{to}:v1"),
+    ]);
+    assert!(ok, "{e}");
+    assert_eq!(
+        super::registry_support::sha256(raw.as_bytes()),
+        made.index_digest
+    );
+    let copy = tmp.path().join("copy");
+    let (ok, _, e) = skopeo(&[
+        "copy",
+        "--all",
+        "--src-tls-verify=false",
+        &format!("docker://{to}:v1"),
+        &format!("oci:{}:v1", copy.display()),
+    ]);
+    assert!(ok, "skopeo copy --all failed: {e}");
+
+    // Warm-up artifacts, one per target, through the fallback tag (docker-registry 2.8 has no
+    // referrers API).
+    assert_eq!(json["warmup"].as_array().unwrap().len(), made.targets.len());
+    for (tag, digest) in &made.targets {
+        let fallback = format!("sha256-{}", &digest[7..]);
+        let (ok, raw, e) = skopeo(&[
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            &format!("docker://{to}:{fallback}"),
+        ]);
+        assert!(ok, "{tag}: {e}");
+        let index: Value = serde_json::from_str(&raw).unwrap();
+        let entry = &index["manifests"][0];
+        assert_eq!(
+            entry["artifactType"],
+            "application/vnd.infer-build.warmup.v1+json"
+        );
+        let art = entry["digest"].as_str().unwrap();
+        let (ok, raw, e) = skopeo(&[
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            &format!("docker://{to}@{art}"),
+        ]);
+        assert!(ok, "{e}");
+        let m: Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(m["subject"]["digest"].as_str(), Some(digest.as_str()));
+        let payload = reg
+            .stored_blob(m["layers"][0]["digest"].as_str().unwrap())
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(doc["image"]["digest"].as_str(), Some(digest.as_str()));
+        assert_eq!(
+            doc["requests"]["batch_sizes"],
+            serde_json::json!([1, 2, 4, 8])
+        );
+        assert_eq!(doc["node_selector"]["kubernetes.io/arch"], "amd64");
+        // The library lists it too.
+        let r = Reference::parse(&format!("{to}:{tag}")).unwrap();
+        let (d, list) = registry::referrers(&r, &plain_opts(tmp.path())).unwrap();
+        assert_eq!(&d, digest);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].digest, art);
+        assert_eq!(list[0].source, "fallback-tag");
+    }
+
+    // Second push: nothing uploaded, and it says so.
+    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json["bytes_uploaded"], 0, "{json}");
+    assert_eq!(json["blobs_uploaded"], 0, "{json}");
+    assert_eq!(json["manifests_written"], 0, "{json}");
+    assert!(err.contains("uploaded 0 blob bytes"), "{err}");
+}
+
+#[test]
+fn registry_push_survives_resets_500s_and_429s() {
+    let test = "registry_push_survives_resets_500s_and_429s";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let big = vec![
+        Target {
+            id: "sm89-fp16",
+            sm: Some("89"),
+            model_bytes: 3_000_000,
+        },
+        Target {
+            id: "sm90-fp16",
+            sm: Some("90"),
+            model_bytes: 2_500_000,
+        },
+    ];
+    let made = make_layout(&tmp.path().join("layout"), "v2", &big, 2);
+    let proxy = FaultProxy::start(
+        &reg.addr,
+        Faults {
+            seed: 0x5eed,
+            per_mille: 250,
+            max_429: 3,
+        },
+    );
+    let target = Reference::parse(&format!("{}/faulty", proxy.addr)).unwrap();
+    let opts = PushOptions {
+        client: plain_opts(tmp.path()),
+        chunk_size: 512 * 1024,
+        jobs: 3,
+        locations_file: Some(tmp.path().join("locations.json")),
+        ..PushOptions::default()
+    };
+    let report = registry::push(&made.dir, &target, &opts)
+        .unwrap_or_else(|e| panic!("push failed: {e:?}\n{}", reg.log()));
+    let s = &proxy.stats;
+    let (resets, e500, e429) = (
+        s.resets.load(Ordering::Relaxed),
+        s.errors_500.load(Ordering::Relaxed),
+        s.errors_429.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "requests {} resets {resets} 500s {e500} 429s {e429}",
+        s.requests.load(Ordering::Relaxed)
+    );
+    assert!(
+        resets > 0 && e500 > 0 && e429 > 0,
+        "the proxy injected too few faults to prove anything"
+    );
+    // Byte for byte: every layout blob equals the registry's stored copy.
+    for d in &made.blobs {
+        let local = std::fs::read(made.dir.join("blobs/sha256").join(&d[7..])).unwrap();
+        assert!(
+            reg.stored_blob(d).as_deref() == Some(&local[..]),
+            "blob {d} differs"
+        );
+    }
+    // And the tags, read directly from the registry (not through the proxy).
+    for (tag, digest) in &made.targets {
+        let t = report.tags.iter().find(|t| &t.tag == tag).unwrap();
+        assert_eq!(&t.digest, digest);
+        let r = Reference::parse(&format!("{}/faulty:{tag}", reg.addr)).unwrap();
+        let (d, list) = registry::referrers(&r, &plain_opts(tmp.path())).unwrap();
+        assert_eq!(&d, digest);
+        assert_eq!(list.len(), 1);
+    }
+}
+
+#[test]
+fn registry_tls_basic_auth_with_docker_config() {
+    let test = "registry_tls_basic_auth_with_docker_config";
+    let Some(reg) = Registry::start_tls(test) else {
+        return;
+    };
+    let tls = reg.tls.as_ref().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let made = make_layout(&tmp.path().join("layout"), "v1", &targets()[..1], 3);
+    let to = format!("{}/secure/mlp", reg.addr);
+    let ca = tls.ca.to_str().unwrap();
+
+    // No credentials: refused, exit 2, and the message says what to do.
+    let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &["--ca-cert", ca]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("refused") && err.contains("INFER_BUILD_REGISTRY_USER"),
+        "{err}"
+    );
+
+    // Unknown CA: a TLS failure, not a silent downgrade.
+    let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &[]);
+    assert_ne!(code, 0, "{err}");
+
+    // Docker config.json with `auths`.
+    let docker = tmp.path().join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    use base64::Engine as _;
+    let auth =
+        base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", tls.user, tls.password));
+    std::fs::write(
+        docker.join("config.json"),
+        format!(
+            r#"{{"auths":{{"https://{}":{{"auth":"{auth}"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--ca-cert", ca]);
+    assert_eq!(code, 0, "{err}\n{}", reg.log());
+    assert!(!err.contains(&tls.password) && !json.to_string().contains(&tls.password));
+    let (tag, digest) = &made.targets[0];
+    let (ok, out, e) = skopeo(&[
+        "inspect",
+        "--cert-dir",
+        tls.cert_dir.to_str().unwrap(),
+        "--creds",
+        &format!("{}:{}", tls.user, tls.password),
+        &format!("docker://{to}:{tag}"),
+    ]);
+    assert!(ok, "{e}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["Digest"].as_str(), Some(digest.as_str()));
+}
+
+#[test]
+fn registry_pull_tag_records_digest_in_lock_file() {
+    let test = "registry_pull_tag_records_digest_in_lock_file";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let made = make_layout(&tmp.path().join("layout"), "base", &targets()[..1], 4);
+    let opts = PushOptions {
+        client: plain_opts(tmp.path()),
+        warmup: false,
+        locations_file: Some(tmp.path().join("locations.json")),
+        ..PushOptions::default()
+    };
+    registry::push(
+        &made.dir,
+        &Reference::parse(&format!("{}/bases/cuda", reg.addr)).unwrap(),
+        &opts,
+    )
+    .unwrap();
+
+    let reference = format!("{}/bases/cuda:base", reg.addr);
+    let lock = tmp.path().join("recipe.lock");
+    let pull_opts = PullOptions {
+        client: plain_opts(tmp.path()),
+        lock: Some(lock.clone()),
+        ..PullOptions::default()
+    };
+    let dest = tmp.path().join("base-layout");
+    let pulled = registry::pull_with(&reference, &dest, &pull_opts).unwrap();
+    // The tag names an index; the amd64 manifest is what gets pinned.
+    assert_eq!(
+        pulled.index_digest.as_deref(),
+        Some(made.index_digest.as_str())
+    );
+    assert_eq!(pulled.digest, made.targets[0].1);
+    assert_eq!(
+        registry::lock::lookup(&lock, &reference)
+            .unwrap()
+            .as_deref(),
+        Some(made.targets[0].1.as_str())
+    );
+    for d in &made.blobs {
+        assert!(
+            dest.join("blobs/sha256").join(&d[7..]).is_file(),
+            "{d} not pulled"
+        );
+    }
+    if have_tool("skopeo", test) {
+        let (ok, out, e) = skopeo(&["inspect", &format!("oci:{}:base", dest.display())]);
+        assert!(ok, "{e}");
+        assert!(out.contains(&made.targets[0].1));
+    }
+
+    // The tag moves; the lock keeps the old digest until --update-lock.
+    let moved = make_layout(&tmp.path().join("layout2"), "base", &targets()[..1], 5);
+    registry::push(
+        &moved.dir,
+        &Reference::parse(&format!("{}/bases/cuda", reg.addr)).unwrap(),
+        &opts,
+    )
+    .unwrap();
+    let again = registry::pull_with(&reference, &tmp.path().join("l2"), &pull_opts).unwrap();
+    assert_eq!(again.digest, made.targets[0].1);
+    let update = PullOptions {
+        update_lock: true,
+        ..pull_opts.clone()
+    };
+    let updated = registry::pull_with(&reference, &tmp.path().join("l3"), &update).unwrap();
+    assert_eq!(updated.digest, moved.targets[0].1);
+    assert_eq!(
+        registry::lock::lookup(&lock, &reference)
+            .unwrap()
+            .as_deref(),
+        Some(moved.targets[0].1.as_str())
+    );
+}
+
+#[test]
+fn registry_push_to_second_repository_mounts() {
+    let test = "registry_push_to_second_repository_mounts";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let made = make_layout(&tmp.path().join("layout"), "v1", &targets(), 6);
+    let (code, _, err) = push_cli(
+        &made.dir,
+        &format!("{}/team-a/mlp", reg.addr),
+        tmp.path(),
+        &["--insecure"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, json, err) = push_cli(
+        &made.dir,
+        &format!("{}/team-b/mlp", reg.addr),
+        tmp.path(),
+        &["--insecure"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json["bytes_uploaded"], 0, "{json}");
+    assert_eq!(
+        json["blobs_mounted"].as_u64().unwrap() as usize,
+        made.blobs.len() + 4,
+        "{json}"
+    );
+}
+
+#[test]
+fn registry_push_rejects_bad_layouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    // No registry needed: the layout is checked before connecting.
+    let (code, _, err) = push_cli(tmp.path(), "127.0.0.1:1/x", tmp.path(), &["--insecure"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("oci-layout"), "{err}");
+    let made = make_layout(&tmp.path().join("layout"), "v1", &targets()[..1], 7);
+    std::fs::write(
+        made.dir.join("blobs/sha256").join(&made.blobs[0][7..]),
+        b"short",
+    )
+    .unwrap();
+    let (code, _, err) = push_cli(&made.dir, "127.0.0.1:1/x", tmp.path(), &["--insecure"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&made.blobs[0]), "{err}");
+    let (code, _, err) = push_cli(&made.dir, "127.0.0.1:1/x:tag", tmp.path(), &["--insecure"]);
+    assert_eq!(code, 2, "{err}");
+}

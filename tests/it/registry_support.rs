@@ -1,0 +1,328 @@
+//! A real registry for tests: Debian's `docker-registry` with its own temporary config and
+//! data directory on an ephemeral 127.0.0.1 port (plain, or TLS with htpasswd basic auth),
+//! stopped on drop. Also builds small multi-target OCI layouts like `infer-build build` writes.
+
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sha2::Digest as _;
+
+use super::support::have_tool;
+
+pub struct Registry {
+    child: Child,
+    /// `127.0.0.1:PORT`
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+    pub tls: Option<Tls>,
+}
+
+pub struct Tls {
+    /// The self-signed certificate (also the CA to trust).
+    pub ca: PathBuf,
+    /// A directory holding `ca.crt`, for skopeo's `--cert-dir`.
+    pub cert_dir: PathBuf,
+    pub user: String,
+    pub password: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Registry {
+    /// A plain-HTTP registry, or `None` (with a printed reason) when `docker-registry` is absent.
+    pub fn start(test: &str) -> Option<Registry> {
+        if !have_registry(test) {
+            return None;
+        }
+        Some(Self::spawn(None))
+    }
+
+    /// TLS (self-signed, SAN IP:127.0.0.1) with htpasswd basic auth.
+    pub fn start_tls(test: &str) -> Option<Registry> {
+        if !have_registry(test) || !have_tool("openssl", test) || !have_htpasswd(test) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let ok = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=127.0.0.1",
+            ])
+            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+            .arg("-keyout")
+            .arg(p.join("key.pem"))
+            .arg("-out")
+            .arg(p.join("cert.pem"))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl req failed");
+        let out = Command::new("htpasswd")
+            .args(["-Bbn", "bench", "s3cret-pw"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        std::fs::write(p.join("htpasswd"), &out.stdout).unwrap();
+        let cert_dir = p.join("certs");
+        std::fs::create_dir_all(&cert_dir).unwrap();
+        std::fs::copy(p.join("cert.pem"), cert_dir.join("ca.crt")).unwrap();
+        let tls = Tls {
+            ca: p.join("cert.pem"),
+            cert_dir,
+            user: "bench".into(),
+            password: "s3cret-pw".into(),
+        };
+        Some(Self::spawn_in(dir, Some(tls)))
+    }
+
+    fn spawn(tls: Option<Tls>) -> Registry {
+        Self::spawn_in(tempfile::tempdir().unwrap(), tls)
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, tls: Option<Tls>) -> Registry {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let p = dir.path();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  cache:\n    blobdescriptor: inmemory\nhttp:\n  addr: {addr}\n  secret: test-secret\n  headers:\n    X-Content-Type-Options: [nosniff]\n",
+            p.join("data").display()
+        );
+        if tls.is_some() {
+            config.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\nauth:\n  htpasswd:\n    realm: test-realm\n    path: {}\n",
+                p.join("cert.pem").display(),
+                p.join("key.pem").display(),
+                p.join("htpasswd").display()
+            ));
+        }
+        std::fs::write(p.join("config.yml"), config).unwrap();
+        let log = std::fs::File::create(p.join("registry.log")).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(p.join("config.yml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start docker-registry");
+        let start = Instant::now();
+        while TcpStream::connect(&addr).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "docker-registry did not start on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Registry {
+            child,
+            addr,
+            dir,
+            tls,
+        }
+    }
+
+    /// The registry's copy of a blob, straight from its storage directory.
+    pub fn stored_blob(&self, digest: &str) -> Option<Vec<u8>> {
+        let hex = digest.strip_prefix("sha256:")?;
+        std::fs::read(
+            self.dir
+                .path()
+                .join("data/docker/registry/v2/blobs/sha256")
+                .join(&hex[..2])
+                .join(hex)
+                .join("data"),
+        )
+        .ok()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+}
+
+fn have_registry(test: &str) -> bool {
+    let ok = Command::new("docker-registry")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipping {test}: `docker-registry` is not installed (.ci/run installs it)");
+    }
+    ok
+}
+
+fn have_htpasswd(test: &str) -> bool {
+    let ok = Command::new("htpasswd").arg("-h").output().is_ok();
+    if !ok {
+        eprintln!("skipping {test}: `htpasswd` is not installed (apt-get install apache2-utils)");
+    }
+    ok
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// Deterministic incompressible bytes.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A gzip'd tar holding `files` (path, bytes), with fixed headers.
+pub fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    {
+        let mut b = tar::Builder::new(&mut gz);
+        for (path, data) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_mtime(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_cksum();
+            b.append_data(&mut h, path, *data).unwrap();
+        }
+        b.finish().unwrap();
+    }
+    gz.finish().unwrap()
+}
+
+/// A target of a test layout.
+pub struct Target {
+    pub id: &'static str,
+    pub sm: Option<&'static str>,
+    /// Size of the target's own (incompressible) model file.
+    pub model_bytes: usize,
+}
+
+/// What `make_layout` wrote.
+pub struct MadeLayout {
+    pub dir: PathBuf,
+    pub index_digest: String,
+    /// (tag, manifest digest) per target.
+    pub targets: Vec<(String, String)>,
+    /// Every blob (config, layers) digest.
+    pub blobs: Vec<String>,
+}
+
+fn put(dir: &Path, bytes: &[u8]) -> (String, u64) {
+    let d = sha256(bytes);
+    let path = dir.join("blobs/sha256").join(&d[7..]);
+    std::fs::write(path, bytes).unwrap();
+    (d, bytes.len() as u64)
+}
+
+fn canonical(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap()
+}
+
+/// An OCI layout like `infer-build build` writes: one image per target (a shared base layer
+/// and a per-target layer with the model and `/etc/infer/runtime.toml`), an index over them
+/// tagged `tag`, and each per-target manifest tagged `tag-<id>` in `index.json`.
+pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> MadeLayout {
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let base = tar_gz(&[("bin/infer-serve", &noise(7, 300_000))]);
+    let (base_d, base_n) = put(dir, &base);
+    let mut blobs = vec![base_d.clone()];
+    let mut entries = Vec::new();
+    let mut tagged = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let runtime = format!(
+            "[model]\nname = \"mlp\"\nversion = \"1\"\n\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n\n[batching]\nmax_batch_size = 8\npreferred_batch_sizes = [4]\n\n# seed {seed}\n"
+        );
+        let model = noise(seed.wrapping_mul(31).wrapping_add(i as u64), t.model_bytes);
+        let layer = tar_gz(&[
+            ("etc/infer/runtime.toml", runtime.as_bytes()),
+            ("models/model.bin", &model),
+        ]);
+        let (layer_d, layer_n) = put(dir, &layer);
+        let config = json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/bin/infer-serve"], "Labels": {"dev.infer-build.target": t.id}},
+            "rootfs": {"type": "layers", "diff_ids": [sha256(b"base"), sha256(t.id.as_bytes())]},
+        });
+        let (config_d, config_n) = put(dir, &canonical(&config));
+        let mut ann = json!({"dev.infer-build.target": t.id, "dev.infer-build.precision": "fp16", "org.opencontainers.image.version": "1"});
+        if let Some(sm) = t.sm {
+            ann["dev.infer-build.sm"] = json!(sm);
+            ann["dev.infer-build.startup.engine-load-ms"] = json!("420");
+        }
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_d, "size": config_n},
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": base_d, "size": base_n},
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer_d, "size": layer_n},
+            ],
+            "annotations": ann,
+        });
+        let (m_d, m_n) = put(dir, &canonical(&manifest));
+        blobs.push(layer_d);
+        blobs.push(config_d);
+        let target_tag = format!("{tag}-{}", t.id);
+        entries.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m_d, "size": m_n,
+            "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"dev.infer-build.target": t.id, "org.opencontainers.image.ref.name": target_tag},
+        }));
+        tagged.push((target_tag, m_d));
+    }
+    let index = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries});
+    let (i_d, i_n) = put(dir, &canonical(&index));
+    let mut top = entries.clone();
+    top.push(json!({
+        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": i_d, "size": i_n,
+        "annotations": {"org.opencontainers.image.ref.name": tag},
+    }));
+    let oci_index = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": top});
+    let mut f = std::fs::File::create(dir.join("index.json")).unwrap();
+    f.write_all(&canonical(&oci_index)).unwrap();
+    blobs.sort();
+    blobs.dedup();
+    MadeLayout {
+        dir: dir.to_path_buf(),
+        index_digest: i_d,
+        targets: tagged,
+        blobs,
+    }
+}

@@ -146,3 +146,31 @@ recipe.toml:12:13: batching.instances: expected an integer from 1 to 64, found f
 "#,
     );
 }
+
+/// The shipped recipes and the example all load (model files present, every key valid), and
+/// their stand-in models declare what the recipes say.
+#[test]
+fn shipped_recipes_load() {
+    let root = support::root();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(root.join("recipes")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let r = recipe::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(r.model_path().is_file());
+            assert!(r.requested_target_count() > 1, "{}", path.display());
+            names.push(r.model.name);
+        }
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "minilm-embed",
+            "msmarco-reranker",
+            "resnet50",
+            "whisper-tiny-encoder",
+            "yolov8n"
+        ]
+    );
+}

@@ -1,17 +1,199 @@
-//! `infer-build inspect`.
+//! `infer-build inspect LAYOUT [--json]`: the images of an OCI layout, per target: tag,
+//! platform, manifest digest, layers (media type, size, digest), annotations, config summary
+//! and totals. Every blob read is verified against its digest.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::Args;
+use serde_json::{json, Value};
 
 use crate::error::Error;
+use crate::oci::cjson;
+use crate::oci::layout::{self, ref_name};
+use crate::oci::store::BlobStore;
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The recipe (TOML) or other primary input.
+    /// An OCI image layout directory (as written by `infer-build build`).
     pub input: PathBuf,
+    /// Print one JSON document to stdout instead of the human summary on stderr.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: InspectArgs) -> Result<(), Error> {
-    Err(Error::Usage("`inspect` is not implemented yet".into()))
+pub fn run(args: InspectArgs) -> Result<(), Error> {
+    let doc = inspect(&args.input)?;
+    if args.json {
+        let bytes = cjson::value_to_vec(&doc);
+        println!("{}", String::from_utf8_lossy(&bytes));
+    } else {
+        eprint!("{}", render(&doc));
+    }
+    Ok(())
+}
+
+/// The inspection document of a layout.
+pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
+    let store = BlobStore::open(path)?;
+    let idx = layout::read_index(&store)?;
+    let (images, indexes) = layout::walk(&store)?;
+    let mut tags: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for d in &idx.manifests {
+        if let Some(n) = ref_name(d) {
+            tags.entry(d.digest.to_string()).or_default().push(n);
+        }
+    }
+    let mut out_images = Vec::new();
+    let mut grand = 0u64;
+    for img in &images {
+        let layers: Vec<Value> = img
+            .manifest
+            .layers
+            .iter()
+            .map(|l| json!({"digest": l.digest, "mediaType": l.media_type, "size": l.size}))
+            .collect();
+        let total: u64 =
+            img.manifest.layers.iter().map(|l| l.size).sum::<u64>() + img.manifest.config.size;
+        grand += total;
+        let c = img.config.get("config").cloned().unwrap_or(Value::Null);
+        let pick = |k: &str| c.get(k).cloned().unwrap_or(Value::Null);
+        out_images.push(json!({
+            "tags": tags.get(img.descriptor.digest.as_str()).cloned().unwrap_or_default(),
+            "manifestDigest": img.descriptor.digest,
+            "manifestSize": img.descriptor.size,
+            "platform": {
+                "os": img.config.get("os").cloned().unwrap_or(Value::Null),
+                "architecture": img.config.get("architecture").cloned().unwrap_or(Value::Null),
+            },
+            "annotations": img.manifest.annotations,
+            "config": {
+                "digest": img.manifest.config.digest,
+                "size": img.manifest.config.size,
+                "created": img.config.get("created").cloned().unwrap_or(Value::Null),
+                "User": pick("User"),
+                "Entrypoint": pick("Entrypoint"),
+                "Cmd": pick("Cmd"),
+                "Env": pick("Env"),
+                "ExposedPorts": pick("ExposedPorts"),
+                "WorkingDir": pick("WorkingDir"),
+                "StopSignal": pick("StopSignal"),
+                "Labels": pick("Labels"),
+            },
+            "layers": layers,
+            "totalSize": total,
+        }));
+    }
+    let out_indexes: Vec<Value> = indexes
+        .iter()
+        .map(|d| {
+            let members = store
+                .read(&d.digest)
+                .ok()
+                .and_then(|b| crate::oci::image::decode::<crate::oci::image::Index>("index", &b).ok())
+                .map(|i| i.manifests.iter().map(|m| json!({"digest": m.digest, "annotations": m.annotations, "platform": m.platform})).collect::<Vec<_>>())
+                .unwrap_or_default();
+            json!({
+                "tags": tags.get(d.digest.as_str()).cloned().unwrap_or_default(),
+                "digest": d.digest,
+                "manifests": members,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "layout": path.display().to_string(),
+        "indexes": out_indexes,
+        "images": out_images,
+        "totalSize": grand,
+    }))
+}
+
+fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn render(doc: &Value) -> String {
+    let mut s = format!("layout {}\n", doc["layout"].as_str().unwrap_or(""));
+    let empty = Vec::new();
+    for i in doc["indexes"].as_array().unwrap_or(&empty) {
+        s += &format!(
+            "index {} {}\n",
+            join(&i["tags"]),
+            i["digest"].as_str().unwrap_or("")
+        );
+        for m in i["manifests"].as_array().unwrap_or(&empty) {
+            let target = m["annotations"]["dev.infer-build.target"]
+                .as_str()
+                .unwrap_or("?");
+            s += &format!("  {target:<16} {}\n", m["digest"].as_str().unwrap_or(""));
+        }
+    }
+    for img in doc["images"].as_array().unwrap_or(&empty) {
+        let p = &img["platform"];
+        s += &format!(
+            "\nimage {} ({}/{})\n  manifest {}\n  config   {} ({})\n",
+            join(&img["tags"]),
+            p["os"].as_str().unwrap_or("?"),
+            p["architecture"].as_str().unwrap_or("?"),
+            img["manifestDigest"].as_str().unwrap_or(""),
+            img["config"]["digest"].as_str().unwrap_or(""),
+            human(img["config"]["size"].as_u64().unwrap_or(0)),
+        );
+        s += &format!(
+            "  entrypoint {}  user {}  ports {}\n",
+            img["config"]["Entrypoint"],
+            img["config"]["User"],
+            img["config"]["ExposedPorts"]
+                .as_object()
+                .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
+                .unwrap_or_default()
+        );
+        s += "  layers:\n";
+        for l in img["layers"].as_array().unwrap_or(&empty) {
+            let mt = l["mediaType"].as_str().unwrap_or("");
+            s += &format!(
+                "    {:>10}  {:<42} {}\n",
+                human(l["size"].as_u64().unwrap_or(0)),
+                mt.trim_start_matches("application/vnd.oci.image."),
+                l["digest"].as_str().unwrap_or("")
+            );
+        }
+        s += &format!(
+            "    {:>10}  total (layers + config)\n",
+            human(img["totalSize"].as_u64().unwrap_or(0))
+        );
+        if let Some(a) = img["annotations"].as_object() {
+            s += "  annotations:\n";
+            for (k, v) in a {
+                s += &format!("    {k} = {}\n", v.as_str().unwrap_or(""));
+            }
+        }
+    }
+    s += &format!(
+        "\ntotal {}\n",
+        human(doc["totalSize"].as_u64().unwrap_or(0))
+    );
+    s
+}
+
+fn join(v: &Value) -> String {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
 }

@@ -1,15 +1,137 @@
-//! TODO(module owner): what `oci` owns and what it must not do.
+//! Image encoding and the on-disk OCI layout: everything that turns files into bytes whose
+//! digests are the product.
+//!
+//! `oci` owns the canonical tar writer ([`tar`]), the compressors ([`compress`]), the one-pass
+//! layer writer ([`layer`]: tar → sha256 diff_id → compressor → sha256 digest → temp file →
+//! fsync → atomic rename), the content-addressed blob store with its lock and build cache
+//! ([`store`]), canonical JSON ([`cjson`]), the config/manifest/index types ([`image`]) and
+//! OCI layout / archive reading and writing ([`layout`]).
+//!
+//! It knows nothing about recipes, plans, engines or the terminal: callers hand it entries
+//! (paths inside the image, modes, sources) and get descriptors back. Invariants:
+//! - every byte that gets hashed comes from sorted data (`BTreeMap`, sorted entries), never from
+//!   `HashMap` iteration; every JSON blob is written through [`cjson`];
+//! - a blob becomes visible under `blobs/sha256/` only complete, verified and fsynced, by rename;
+//! - layers are streamed: memory use does not grow with layer size;
+//! - any change to the bytes produced for the same inputs bumps [`LAYER_RECIPE`], and the golden
+//!   digests in the tests say when that is needed.
+
+pub mod cjson;
+pub mod compress;
+pub mod digest;
+pub mod image;
+pub mod layer;
+pub mod layout;
+pub mod store;
+pub mod tar;
+
+use std::path::PathBuf;
+
+pub use compress::Compression;
+pub use digest::Digest;
+
+/// Version of the "layer recipe": the tar header policy, entry order, the compressors with
+/// their versions, levels and block sizes. It goes into every build-cache key and into the
+/// `dev.infer-build.layer-recipe` manifest annotation. Bump it whenever the same inputs would
+/// give different layer bytes (the golden-digest tests fail when that happens).
+pub const LAYER_RECIPE: &str = "infer-build.layer.v1";
+
+/// The reverse-DNS prefix of every annotation and label infer-build defines.
+pub const ANNOTATION_PREFIX: &str = "dev.infer-build.";
+
+/// Media types (image-spec v1.1).
+pub mod media {
+    pub const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+    pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub const LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+}
+
+/// Standard annotation keys (image-spec `annotations.md`).
+pub mod annotation {
+    pub const CREATED: &str = "org.opencontainers.image.created";
+    pub const VERSION: &str = "org.opencontainers.image.version";
+    pub const REVISION: &str = "org.opencontainers.image.revision";
+    pub const SOURCE: &str = "org.opencontainers.image.source";
+    pub const TITLE: &str = "org.opencontainers.image.title";
+    pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+    pub const BASE_NAME: &str = "org.opencontainers.image.base.name";
+    pub const BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
+    /// containerd's import reads the full image name from this one.
+    pub const CONTAINERD_IMAGE_NAME: &str = "io.containerd.image.name";
+}
 
 /// Errors of the `oci` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("oci: not implemented yet")]
-    NotImplemented,
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid digest `{0}` (expected sha256:<64 lowercase hex>)")]
+    BadDigest(String),
+    #[error("tar cannot represent the path `{path}`: {why}")]
+    BadEntryName { path: String, why: &'static str },
+    #[error("duplicate entry `{0}` in one layer")]
+    DuplicateEntry(String),
+    #[error("`{path}` is not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("`{path}` changed while it was read ({what}); the build stopped rather than record a wrong digest")]
+    ChangedWhileRead { path: PathBuf, what: String },
+    #[error("blob {digest} in {layout} is corrupt: its content hashes to {actual}")]
+    Corrupt {
+        layout: PathBuf,
+        digest: Digest,
+        actual: Digest,
+    },
+    #[error("blob {digest} is missing from {layout}")]
+    MissingBlob { layout: PathBuf, digest: Digest },
+    #[error("{path} is not an OCI image layout: {why}")]
+    NotALayout { path: PathBuf, why: String },
+    #[error("invalid JSON in {what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("no image tagged `{tag}` in {layout} (tags: {known})")]
+    NoSuchTag {
+        layout: PathBuf,
+        tag: String,
+        known: String,
+    },
+    #[error("layer pipeline failed: {0}")]
+    Pipeline(String),
 }
 
 impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        false
+        matches!(
+            self,
+            Error::BadDigest(_)
+                | Error::BadEntryName { .. }
+                | Error::DuplicateEntry(_)
+                | Error::NotAFile { .. }
+                | Error::NotALayout { .. }
+                | Error::NoSuchTag { .. }
+        )
+    }
+
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
     }
 }

@@ -1,4 +1,5 @@
 pub mod support;
+pub mod oci;
 pub mod recipe;
 pub mod faultproxy;
 pub mod registry;

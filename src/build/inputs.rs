@@ -1,0 +1,256 @@
+//! Checks on the files a build ships: input paths stay inside their root, are regular files,
+//! and the runtime binary suits the image (statically linked for scratch images, built for the
+//! image's architecture).
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::Error;
+
+/// Resolve `rel` (relative to `root`, or absolute) to a regular file inside `root`, following
+/// symlinks only while they stay inside. Returns the resolved path and its size.
+pub fn safe_input(root: &Path, rel: &Path) -> Result<(PathBuf, u64), Error> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Input { path, source }
+    };
+    let root_c = fs::canonicalize(root).map_err(io(root))?;
+    let joined = root_c.join(rel);
+    let resolved = fs::canonicalize(&joined).map_err(io(&joined))?;
+    if !resolved.starts_with(&root_c) {
+        return Err(Error::EscapesRoot {
+            path: joined,
+            root: root_c,
+        });
+    }
+    let m = fs::metadata(&resolved).map_err(io(&resolved))?;
+    check_regular(&resolved, &m)?;
+    Ok((resolved, m.len()))
+}
+
+/// Refuse anything but a regular file (directories, FIFOs, sockets, devices).
+pub fn check_regular(path: &Path, m: &fs::Metadata) -> Result<(), Error> {
+    if m.is_file() {
+        return Ok(());
+    }
+    let kind = file_kind(m);
+    Err(Error::NotRegular {
+        path: path.into(),
+        kind,
+    })
+}
+
+fn file_kind(m: &fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = m.file_type();
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "device";
+        }
+    }
+    if m.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
+/// Find `infer-serve`: `flag` (from `--runtime`), else `$INFER_SERVE_BIN`, else an
+/// `infer-serve` next to the running executable.
+pub fn locate_runtime(
+    flag: Option<&Path>,
+    env: Option<&str>,
+    exe: Option<&Path>,
+) -> Result<PathBuf, Error> {
+    let mut looked = Vec::new();
+    if let Some(p) = flag {
+        return Ok(p.to_path_buf());
+    }
+    looked.push("--runtime".to_string());
+    if let Some(e) = env.filter(|e| !e.is_empty()) {
+        return Ok(PathBuf::from(e));
+    }
+    looked.push("$INFER_SERVE_BIN".into());
+    if let Some(dir) = exe.and_then(Path::parent) {
+        let p = dir.join("infer-serve");
+        if p.is_file() {
+            return Ok(p);
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(Error::NoRuntime {
+        looked: looked.join(", "),
+    })
+}
+
+/// Check an ELF binary: its machine must match `arch` (OCI name), and for scratch images it
+/// must be statically linked (no `PT_INTERP` program header: static and static-pie pass).
+pub fn check_runtime_binary(path: &Path, arch: &str, need_static: bool) -> Result<(), Error> {
+    let bad = |why: String| Error::BadRuntime {
+        path: path.into(),
+        why,
+    };
+    let m = fs::metadata(path).map_err(|source| Error::Input {
+        path: path.into(),
+        source,
+    })?;
+    check_regular(path, &m)?;
+    let mut head = vec![0u8; 64 * 1024];
+    let mut f = fs::File::open(path).map_err(|source| Error::Input {
+        path: path.into(),
+        source,
+    })?;
+    let n = f.read(&mut head).map_err(|source| Error::Input {
+        path: path.into(),
+        source,
+    })?;
+    head.truncate(n);
+    let elf = parse_elf(&head)
+        .ok_or_else(|| bad("is not a 64-bit little-endian ELF executable".into()))?;
+    let want = match arch {
+        "amd64" => 62,
+        "arm64" => 183,
+        _ => return Err(bad(format!("targets an unsupported architecture `{arch}`"))),
+    };
+    if elf.machine != want {
+        return Err(bad(format!(
+            "is built for ELF machine {} but the image is {arch}",
+            elf.machine
+        )));
+    }
+    if need_static && elf.interp {
+        return Err(bad("is dynamically linked (it names a program interpreter), and a scratch image has no libc".into()));
+    }
+    Ok(())
+}
+
+struct Elf {
+    machine: u16,
+    interp: bool,
+}
+
+fn parse_elf(b: &[u8]) -> Option<Elf> {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    let machine = u16_at(18)?;
+    let phoff = usize::try_from(u64_at(32)?).ok()?;
+    let phentsize = u16_at(54)? as usize;
+    let phnum = u16_at(56)? as usize;
+    let mut interp = false;
+    for i in 0..phnum {
+        let o = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(o)? == 3 {
+            interp = true;
+        }
+    }
+    Some(Elf { machine, interp })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_escapes_and_special_files() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("recipe");
+        fs::create_dir(&root).unwrap();
+        fs::write(root.join("m.onnx"), b"x").unwrap();
+        fs::write(d.path().join("secret"), b"s").unwrap();
+        assert_eq!(safe_input(&root, Path::new("m.onnx")).unwrap().1, 1);
+        assert!(matches!(
+            safe_input(&root, Path::new("../secret")),
+            Err(Error::EscapesRoot { .. })
+        ));
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("../secret", root.join("link")).unwrap();
+            assert!(matches!(
+                safe_input(&root, Path::new("link")),
+                Err(Error::EscapesRoot { .. })
+            ));
+            std::os::unix::fs::symlink("m.onnx", root.join("inside")).unwrap();
+            assert!(safe_input(&root, Path::new("inside")).is_ok());
+            let fifo = root.join("fifo");
+            assert!(std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success());
+            let e = safe_input(&root, Path::new("fifo")).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "`{}` is a FIFO, not a regular file",
+                    fs::canonicalize(&fifo).unwrap().display()
+                )
+            );
+            assert!(matches!(
+                safe_input(&root, Path::new("/dev/null")),
+                Err(Error::EscapesRoot { .. })
+            ));
+        }
+        assert!(matches!(
+            safe_input(&root, Path::new(".")),
+            Err(Error::NotRegular {
+                kind: "directory",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn elf_checks() {
+        let exe = std::env::current_exe().unwrap();
+        // The test binary itself is a dynamically linked host executable.
+        let arch = if cfg!(target_arch = "x86_64") {
+            "amd64"
+        } else {
+            "arm64"
+        };
+        assert!(check_runtime_binary(&exe, arch, false).is_ok());
+        let e = check_runtime_binary(&exe, arch, true).unwrap_err();
+        assert!(e.to_string().contains("dynamically linked"), "{e}");
+        assert!(e.to_string().contains("scripts/build-runtime.sh"));
+        let other = if arch == "amd64" { "arm64" } else { "amd64" };
+        assert!(check_runtime_binary(&exe, other, false).is_err());
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("sh"), b"#!/bin/sh\n").unwrap();
+        assert!(check_runtime_binary(&d.path().join("sh"), arch, true).is_err());
+    }
+
+    #[test]
+    fn runtime_lookup_order() {
+        let d = tempfile::tempdir().unwrap();
+        let exe = d.path().join("infer-build");
+        assert_eq!(
+            locate_runtime(Some(Path::new("/a")), Some("/b"), Some(&exe)).unwrap(),
+            PathBuf::from("/a")
+        );
+        assert_eq!(
+            locate_runtime(None, Some("/b"), Some(&exe)).unwrap(),
+            PathBuf::from("/b")
+        );
+        assert!(matches!(
+            locate_runtime(None, None, Some(&exe)),
+            Err(Error::NoRuntime { .. })
+        ));
+        fs::write(d.path().join("infer-serve"), b"").unwrap();
+        assert_eq!(
+            locate_runtime(None, Some(""), Some(&exe)).unwrap(),
+            d.path().join("infer-serve")
+        );
+    }
+}

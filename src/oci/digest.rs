@@ -1,0 +1,92 @@
+//! sha256 content digests (`sha256:<64 lowercase hex>`), the only algorithm infer-build writes.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest as _, Sha256};
+
+use super::Error;
+
+/// A validated `sha256:<hex>` digest.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Digest(String);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest::from_hasher(Sha256::new_with_prefix(bytes))
+    }
+
+    /// The digest a finished hasher holds.
+    pub fn from_hasher(h: Sha256) -> Digest {
+        Digest(format!("sha256:{}", hex::encode(h.finalize())))
+    }
+
+    /// Parse and validate `sha256:<64 lowercase hex>`.
+    pub fn parse(s: &str) -> Result<Digest, Error> {
+        let hex = s
+            .strip_prefix("sha256:")
+            .ok_or_else(|| Error::BadDigest(s.into()))?;
+        let ok = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if ok {
+            Ok(Digest(s.into()))
+        } else {
+            Err(Error::BadDigest(s.into()))
+        }
+    }
+
+    /// The hex part, which is also the blob's file name under `blobs/sha256/`.
+    pub fn hex(&self) -> &str {
+        &self.0[7..]
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Digest::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        let empty = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert_eq!(Digest::of(b"").as_str(), empty);
+        assert_eq!(Digest::parse(empty).unwrap().hex(), &empty[7..]);
+        for bad in [
+            "",
+            "sha256:",
+            "sha512:00",
+            &empty.to_uppercase(),
+            &empty[..70],
+        ] {
+            assert!(Digest::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! OCI image layouts on disk: `index.json` writing and reading, resolving tags, walking what a
+//! layout references, and writing an `oci-archive` (a tar of the layout) that both OCI tools
+//! (skopeo, podman, containerd) and `docker load` accept.
+//!
+//! The archive holds `oci-layout`, `index.json`, every referenced blob under `blobs/sha256/`
+//! (sorted by digest) and a Docker `manifest.json` listing each image with its `RepoTags`:
+//! Docker engines before 25 load only that file; newer ones and containerd read `index.json`
+//! (with the `io.containerd.image.name` annotation). Entries follow the canonical tar policy of
+//! [`super::tar`], so an archive's bytes are as reproducible as the layout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::json;
+
+use super::image::{decode, encode, Descriptor, Index, Manifest};
+use super::store::BlobStore;
+use super::tar::{self, Entry};
+use super::{annotation, cjson, media, Digest, Error};
+
+/// Read `index.json`.
+pub fn read_index(store: &BlobStore) -> Result<Index, Error> {
+    let p = store.root().join("index.json");
+    let bytes = std::fs::read(&p).map_err(|e| Error::NotALayout {
+        path: store.root().into(),
+        why: format!("cannot read index.json: {e}"),
+    })?;
+    decode("index.json", &bytes)
+}
+
+/// Write `index.json` holding `entries` first, then the old entries whose ref name is not
+/// among the new ones (so building one target keeps the others' tags).
+pub fn write_index(store: &BlobStore, entries: Vec<Descriptor>) -> Result<Digest, Error> {
+    let new_names: BTreeSet<String> = entries.iter().filter_map(ref_name).collect();
+    let mut all = entries;
+    if let Ok(old) = read_index(store) {
+        let mut keep: Vec<Descriptor> = old
+            .manifests
+            .into_iter()
+            .filter(|d| ref_name(d).is_some_and(|n| !new_names.contains(&n)))
+            .collect();
+        keep.sort_by_key(|d| ref_name(d).unwrap_or_default());
+        all.extend(keep);
+    }
+    let bytes = encode("index.json", &Index::new(all))?;
+    store.write_file("index.json", &bytes)?;
+    Ok(Digest::of(&bytes))
+}
+
+pub fn ref_name(d: &Descriptor) -> Option<String> {
+    d.annotations.get(annotation::REF_NAME).cloned()
+}
+
+/// The `index.json` entry tagged `tag`.
+pub fn resolve(store: &BlobStore, tag: &str) -> Result<Descriptor, Error> {
+    let idx = read_index(store)?;
+    let known: Vec<String> = idx.manifests.iter().filter_map(ref_name).collect();
+    idx.manifests
+        .into_iter()
+        .find(|d| ref_name(d).as_deref() == Some(tag))
+        .ok_or_else(|| Error::NoSuchTag {
+            layout: store.root().into(),
+            tag: tag.into(),
+            known: known.join(", "),
+        })
+}
+
+/// One image manifest found in a layout.
+#[derive(Debug, Clone)]
+pub struct FoundImage {
+    pub descriptor: Descriptor,
+    pub manifest: Manifest,
+    /// The config as JSON, verified against its digest.
+    pub config: serde_json::Value,
+}
+
+/// Every image manifest reachable from `index.json` (through nested indexes too), each once,
+/// in index order, plus the nested index descriptors seen.
+pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Error> {
+    let idx = read_index(store)?;
+    let mut images = Vec::new();
+    let mut indexes = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<Descriptor> = idx.manifests.into_iter().rev().collect();
+    while let Some(d) = stack.pop() {
+        if !seen.insert(d.digest.clone()) {
+            continue;
+        }
+        let bytes = store.read(&d.digest)?;
+        match d.media_type.as_str() {
+            media::INDEX | media::DOCKER_LIST => {
+                let i: Index = decode(&format!("index {}", d.digest), &bytes)?;
+                stack.extend(i.manifests.into_iter().rev());
+                indexes.push(d);
+            }
+            _ => {
+                let manifest: Manifest = decode(&format!("manifest {}", d.digest), &bytes)?;
+                let cfg = store.read(&manifest.config.digest)?;
+                let config = decode(&format!("config {}", manifest.config.digest), &cfg)?;
+                images.push(FoundImage {
+                    descriptor: d,
+                    manifest,
+                    config,
+                });
+            }
+        }
+    }
+    Ok((images, indexes))
+}
+
+/// Write the layout as an `oci-archive` at `dest` (through a temp file and a rename).
+pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), Error> {
+    let (images, indexes) = walk(store)?;
+    let index_bytes = std::fs::read(store.root().join("index.json"))
+        .map_err(Error::io("read", store.root().join("index.json")))?;
+    let idx: Index = decode("index.json", &index_bytes)?;
+    let mut blobs: BTreeMap<Digest, u64> = BTreeMap::new();
+    for d in &indexes {
+        blobs.insert(d.digest.clone(), d.size);
+    }
+    let mut docker = Vec::new();
+    for img in &images {
+        blobs.insert(img.descriptor.digest.clone(), img.descriptor.size);
+        blobs.insert(img.manifest.config.digest.clone(), img.manifest.config.size);
+        for l in &img.manifest.layers {
+            blobs.insert(l.digest.clone(), l.size);
+        }
+        let tags: Vec<String> = idx
+            .manifests
+            .iter()
+            .filter(|d| d.digest == img.descriptor.digest)
+            .filter_map(|d| {
+                d.annotations
+                    .get(annotation::CONTAINERD_IMAGE_NAME)
+                    .cloned()
+                    .or_else(|| ref_name(d))
+            })
+            .collect();
+        docker.push(json!({
+            "Config": format!("blobs/sha256/{}", img.manifest.config.digest.hex()),
+            "RepoTags": tags,
+            "Layers": img.manifest.layers.iter().map(|l| format!("blobs/sha256/{}", l.digest.hex())).collect::<Vec<_>>(),
+        }));
+    }
+    let docker_manifest = cjson::value_to_vec(&serde_json::Value::Array(docker));
+
+    let tmp = dest.with_extension("partial");
+    let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let res = (|| -> Result<(), Error> {
+        let zeros = [0u8; tar::BLOCK];
+        let small = |w: &mut BufWriter<File>, name: &str, bytes: &[u8]| -> Result<(), Error> {
+            let e = Entry::bytes(name, 0o644, bytes.to_vec());
+            w.write_all(&tar::header(&e, mtime)?)
+                .map_err(Error::io("write", &tmp))?;
+            w.write_all(bytes).map_err(Error::io("write", &tmp))?;
+            w.write_all(&zeros[..tar::padding(bytes.len() as u64)])
+                .map_err(Error::io("write", &tmp))
+        };
+        // Canonical order: blobs/, blobs/sha256/, blobs/sha256/<hex>…, index.json, manifest.json, oci-layout.
+        for dir in ["blobs", "blobs/sha256"] {
+            w.write_all(&tar::header(&Entry::dir(dir, 0o755), mtime)?)
+                .map_err(Error::io("write", &tmp))?;
+        }
+        for (d, size) in &blobs {
+            let e = Entry::file(
+                &format!("blobs/sha256/{}", d.hex()),
+                0o644,
+                store.blob_path(d),
+                *size,
+            );
+            w.write_all(&tar::header(&e, mtime)?)
+                .map_err(Error::io("write", &tmp))?;
+            store.copy_verified(d, *size, &mut w)?;
+            w.write_all(&zeros[..tar::padding(*size)])
+                .map_err(Error::io("write", &tmp))?;
+        }
+        small(&mut w, "index.json", &index_bytes)?;
+        small(&mut w, "manifest.json", &docker_manifest)?;
+        small(&mut w, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        w.write_all(&zeros).map_err(Error::io("write", &tmp))?;
+        w.write_all(&zeros).map_err(Error::io("write", &tmp))?;
+        let f = w.into_inner().map_err(|e| Error::Io {
+            op: "write",
+            path: tmp.clone(),
+            source: e.into_error(),
+        })?;
+        f.sync_all().map_err(Error::io("fsync", &tmp))?;
+        std::fs::rename(&tmp, dest).map_err(Error::io("rename into", dest))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}

@@ -1,15 +1,265 @@
-//! TODO(module owner): what `bench` owns and what it must not do.
+//! `bench` measures V2 inference servers and tunes batching.
+//!
+//! What it owns: the load generator ([`load`]: closed-loop concurrency and open-loop fixed
+//! rate over HTTP/1.1 keep-alive, JSON or binary tensors from [`v2`]), exact latency
+//! statistics ([`stats`]), reading the server's `/metrics` before and after each step
+//! ([`metrics`]), the CSV and HTML/SVG reports ([`report`]) and the batching sweep with its
+//! capacity plan ([`tune`]).
+//!
+//! What it must not do: decide exit codes or print anything but progress lines (the CLI owns
+//! the terminal); parse recipes itself (the CLI hands it numbers); hide client-side
+//! saturation (open-loop sends it cannot make are counted as `client_overload` errors, never
+//! silently skipped). Every run is bounded in time and in request count.
+
+pub mod load;
+pub mod metrics;
+pub mod report;
+pub mod stats;
+pub mod tune;
+pub mod v2;
+
+use std::time::Duration;
+
+use load::{Arrival, Bounds, Endpoint, Load, Prepared};
+use metrics::ServerDelta;
+use stats::{ErrorCounts, Summary};
+use v2::Protocol;
 
 /// Errors of the `bench` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("bench: not implemented yet")]
-    NotImplemented,
+    #[error("bench: bad url `{url}`: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("bench: cannot connect to {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bench: request to {url} failed: {what}")]
+    Http { url: String, what: String },
+    #[error("bench: {url} answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("bench: model `{model}`: {why}")]
+    Metadata { model: String, why: String },
+    #[error("bench: {0}")]
+    Options(String),
+    #[error("bench: cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("bench: cannot write {path}")]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bench: infer-serve for grid point {point}: {why}")]
+    Serve { point: String, why: String },
+    #[error("bench: tuning needs {0}")]
+    TuneInput(String),
 }
 
 impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        false
+        matches!(
+            self,
+            Error::BadUrl { .. } | Error::Options(_) | Error::Metadata { .. } | Error::TuneInput(_)
+        )
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub url: String,
+    pub model: String,
+    pub protocol: Protocol,
+    /// Rows per request.
+    pub batch: u32,
+    /// The steps, run in order.
+    pub loads: Vec<Load>,
+    pub arrival: Arrival,
+    pub bounds: Bounds,
+    /// Seed for request data and Poisson arrivals.
+    pub seed: u64,
+    /// Print one progress line per step on stderr.
+    pub progress: bool,
+}
+
+/// The measured outcome of one step.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Step {
+    pub load: Load,
+    pub batch: u32,
+    /// Requests sent in the measured window.
+    pub sent: u64,
+    pub ok: u64,
+    pub errors: ErrorCounts,
+    pub elapsed_s: f64,
+    pub req_per_s: f64,
+    pub infer_per_s: f64,
+    pub latency: Summary,
+    /// What the server reported at /metrics for this step, when it exports metrics.
+    pub server: Option<ServerDelta>,
+}
+
+/// A build of the tokio runtime for the generator: all cores, since the client must not be
+/// the bottleneck.
+pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)
+}
+
+/// Scrape `/metrics`; `None` when the server has none.
+pub async fn scrape(ep: &Endpoint) -> Option<Vec<metrics::Sample>> {
+    let (status, body) = load::fetch(ep, &Prepared::get(ep, "/metrics")).await.ok()?;
+    status
+        .is_success()
+        .then(|| metrics::parse(&String::from_utf8_lossy(&body)))
+}
+
+/// Fetch the model's metadata and build its infer request.
+pub async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
+    let path = format!("/v2/models/{}", opts.model);
+    let (status, body) = load::fetch(ep, &Prepared::get(ep, &path)).await?;
+    if !status.is_success() {
+        return Err(Error::Status {
+            url: ep.url(&path),
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).chars().take(300).collect(),
+        });
+    }
+    let meta = v2::parse_metadata(&opts.model, &body)?;
+    let req = v2::infer_request(ep, &meta, opts.batch, opts.protocol, opts.seed)?;
+    // One request before measuring: a server that rejects it would only produce errors.
+    let (status, body) = load::fetch(ep, &req).await?;
+    if !status.is_success() {
+        return Err(Error::Status {
+            url: ep.url(&format!("/v2/models/{}/infer", opts.model)),
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).chars().take(300).collect(),
+        });
+    }
+    Ok(req)
+}
+
+/// Run one step against a prepared endpoint.
+pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> Step {
+    let before = scrape(ep).await;
+    let raw = match load {
+        Load::Concurrency(c) => load::closed_loop(ep, req, c, opts.bounds).await,
+        Load::Rate(r) => load::open_loop(ep, req, r, opts.arrival, opts.bounds, opts.seed).await,
+    };
+    let after = scrape(ep).await;
+    let server = match (before, after) {
+        (Some(b), Some(a)) => Some(metrics::server_delta(&b, &a)),
+        _ => None,
+    };
+    let ok = raw.latencies.len() as u64;
+    let elapsed = raw.elapsed_s.max(1e-9);
+    let req_per_s = ok as f64 / elapsed;
+    let s = Step {
+        load,
+        batch: opts.batch,
+        sent: raw.sent,
+        ok,
+        errors: raw.errors,
+        elapsed_s: raw.elapsed_s,
+        req_per_s,
+        infer_per_s: req_per_s * f64::from(opts.batch),
+        latency: stats::summarize(raw.latencies),
+        server,
+    };
+    if opts.progress {
+        eprintln!("{}", progress_line(&s));
+    }
+    s
+}
+
+/// One human line per step.
+pub fn progress_line(s: &Step) -> String {
+    let load = match s.load {
+        Load::Concurrency(c) => format!("concurrency {c:>3}"),
+        Load::Rate(r) => format!("rate {r} req/s"),
+    };
+    let errors: u64 = s.errors.values().sum();
+    let batch = s
+        .server
+        .as_ref()
+        .and_then(|d| d.mean_batch)
+        .map(|b| format!(", server batch {b:.2}"))
+        .unwrap_or_default();
+    format!(
+        "bench: {load}: {} ok in {:.1} s, {:.1} infer/s, p50 {:.2} ms, p99 {:.2} ms, errors {errors}{batch}",
+        s.ok,
+        s.elapsed_s,
+        s.infer_per_s,
+        s.latency.p50_us as f64 / 1000.0,
+        s.latency.p99_us as f64 / 1000.0,
+    )
+}
+
+/// Run every step of `opts` against the server.
+pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
+    if opts.loads.is_empty() {
+        return Err(Error::Options(
+            "no load steps (give --concurrency or --rate)".into(),
+        ));
+    }
+    if opts.batch == 0 {
+        return Err(Error::Options("--batch must be at least 1".into()));
+    }
+    let rt = runtime()?;
+    rt.block_on(async {
+        let ep = Endpoint::resolve(&opts.url).await?;
+        let req = prepare(&ep, opts).await?;
+        let mut steps = Vec::new();
+        for &l in &opts.loads {
+            steps.push(step(&ep, &req, opts, l).await);
+        }
+        Ok(steps)
+    })
+}
+
+/// Parse a duration such as `500ms`, `2s`, `1.5s`, `1m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (examples: 500ms, 2s, 1m)"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" | "" => v,
+        "m" | "min" => v * 60.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
+    };
+    if !(secs.is_finite() && secs >= 0.0 && secs < 1e7) {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("3h").is_err());
     }
 }

@@ -151,11 +151,18 @@ pub async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
 
 /// Run one step against a prepared endpoint.
 pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> Step {
-    let before = scrape(ep).await;
+    // Scrape when the measured window opens, so warm-up batches are not counted.
+    let scrape_ep = ep.clone();
+    let warmup = opts.bounds.warmup;
+    let before = tokio::spawn(async move {
+        tokio::time::sleep(warmup).await;
+        scrape(&scrape_ep).await
+    });
     let raw = match load {
         Load::Concurrency(c) => load::closed_loop(ep, req, c, opts.bounds).await,
         Load::Rate(r) => load::open_loop(ep, req, r, opts.arrival, opts.bounds, opts.seed).await,
     };
+    let before = before.await.ok().flatten();
     let after = scrape(ep).await;
     let server = match (before, after) {
         (Some(b), Some(a)) => Some(metrics::server_delta(&b, &a)),
@@ -243,7 +250,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" | "min" => v * 60.0,
         _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
     };
-    if !(secs.is_finite() && secs >= 0.0 && secs < 1e7) {
+    if !(0.0..1e7).contains(&secs) {
         return Err(format!("`{s}` is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -1,1 +1,553 @@
-//! placeholder
+//! The batching sweep: start `infer-serve` locally once per grid point (max batch size ×
+//! max queue delay), drive it open-loop at the peak rate, and pick the knee under the p99
+//! budget; then turn the best point into a capacity plan.
+//!
+//! The method is the field notes': fix the max batch size, sweep the delay in even steps, plot
+//! latency against throughput, take the knee. "Throughput" here is what a replica could
+//! sustain with the batches this setting forms: measured rows per batch over measured compute
+//! time per batch, read from the server's own `/metrics` during the run (at a fixed offered
+//! rate the *served* rate is the offered rate at every point, so it cannot rank settings).
+//!
+//! The pure part ([`recommend`], [`capacity_plan`]) takes measurements and returns decisions;
+//! [`sweep`] is the effectful edge that spawns servers. Every server is a child of this
+//! process, bound to 127.0.0.1, killed when its point is measured.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use infer_spec::RuntimeConfig;
+
+use super::load::{Arrival, Bounds, Endpoint, Load, Prepared};
+use super::v2::Protocol;
+use super::{Error, Options, Step};
+
+/// One grid point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Point {
+    pub max_batch: u32,
+    pub delay_us: u64,
+}
+
+impl std::fmt::Display for Point {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "max batch {}, delay {} ms",
+            self.max_batch,
+            fmt_ms(self.delay_us as f64 / 1000.0)
+        )
+    }
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// What was measured at one point.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Measured {
+    pub point: Point,
+    pub step: Step,
+    /// p99 latency, ms (client-side, from the scheduled send).
+    pub p99_ms: f64,
+    /// Mean rows per executed batch, from the server's metrics.
+    pub mean_batch: Option<f64>,
+    /// Rows per second one replica sustains with these batches (see the module docs).
+    pub capacity_rps: Option<f64>,
+    /// Served rows per second during the run.
+    pub served_rps: f64,
+}
+
+/// Turn a measured step into a [`Measured`] (capacity from the server's metrics).
+pub fn measured(point: Point, step: Step, instances: u32) -> Measured {
+    let mean_batch = step.server.as_ref().and_then(|d| d.mean_batch);
+    // compute_us is per request; a request's compute time is its batch's execution time.
+    let exec_us = step.server.as_ref().and_then(|d| d.compute_us);
+    let capacity_rps = match (mean_batch, exec_us) {
+        (Some(b), Some(t)) if t > 0.0 => Some(b * f64::from(instances.max(1)) / (t / 1e6)),
+        _ => None,
+    };
+    Measured {
+        point,
+        p99_ms: step.latency.p99_us as f64 / 1000.0,
+        mean_batch,
+        capacity_rps,
+        served_rps: step.infer_per_s,
+        step,
+    }
+}
+
+/// The recommendation and why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Recommendation {
+    pub point: Point,
+    pub p99_ms: f64,
+    pub capacity_rps: f64,
+    /// One sentence per decision, in order.
+    pub reasons: Vec<String>,
+}
+
+/// Pick the knee. For each max batch size, walk the delays upwards from the smallest whose
+/// p99 is within the budget; keep going while the next delay stays within the budget *and*
+/// gains at least `min_gain` (relative) in capacity; stop before the first step that is over
+/// budget or gains less. Across max batch sizes, the highest capacity wins (ties: smaller
+/// batch, then smaller delay). Errors at a point disqualify it.
+pub fn recommend(results: &[Measured], budget_ms: f64, min_gain: f64) -> Option<Recommendation> {
+    let mut batches: Vec<u32> = results.iter().map(|m| m.point.max_batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let ok = |m: &Measured| {
+        m.p99_ms <= budget_ms && m.step.errors.values().sum::<u64>() == 0 && m.step.ok > 0
+    };
+    let mut best: Option<Recommendation> = None;
+    for b in batches {
+        let mut row: Vec<&Measured> = results.iter().filter(|m| m.point.max_batch == b).collect();
+        row.sort_by_key(|m| m.point.delay_us);
+        let Some(start) = row.iter().position(|m| ok(m)) else {
+            continue;
+        };
+        let mut cur = row[start];
+        let mut reasons = vec![format!(
+            "max batch {b}: delay {} ms is the first within the {} ms p99 budget (p99 {:.1} ms)",
+            fmt_ms(cur.point.delay_us as f64 / 1000.0),
+            fmt_ms(budget_ms),
+            cur.p99_ms
+        )];
+        for next in &row[start + 1..] {
+            let d = fmt_ms(next.point.delay_us as f64 / 1000.0);
+            if !ok(next) {
+                let errors: u64 = next.step.errors.values().sum();
+                reasons.push(if errors > 0 {
+                    format!("delay {d} ms had {errors} errors: stop")
+                } else {
+                    format!(
+                        "delay {d} ms is over budget (p99 {:.1} ms > {} ms): stop",
+                        next.p99_ms,
+                        fmt_ms(budget_ms)
+                    )
+                });
+                break;
+            }
+            let gain = match (cur.capacity_rps, next.capacity_rps) {
+                (Some(a), Some(n)) if a > 0.0 => n / a - 1.0,
+                _ => 0.0,
+            };
+            if gain < min_gain {
+                reasons.push(format!(
+                    "delay {d} ms gains {:+.1}% capacity (< {:.0}%), not worth the latency: stop",
+                    gain * 100.0,
+                    min_gain * 100.0
+                ));
+                break;
+            }
+            reasons.push(format!(
+                "delay {d} ms: p99 {:.1} ms within budget, capacity {:+.1}%: take it",
+                next.p99_ms,
+                gain * 100.0
+            ));
+            cur = next;
+        }
+        let cap = cur.capacity_rps.unwrap_or(cur.served_rps);
+        let better = match &best {
+            None => true,
+            Some(bst) => cap > bst.capacity_rps * (1.0 + 1e-9),
+        };
+        if better {
+            best = Some(Recommendation {
+                point: cur.point,
+                p99_ms: cur.p99_ms,
+                capacity_rps: cap,
+                reasons,
+            });
+        }
+    }
+    best
+}
+
+/// How many replicas and when to scale out.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CapacityPlan {
+    pub peak_qps: f64,
+    pub per_replica_qps: f64,
+    pub headroom: f64,
+    /// ceil(peak / per replica × headroom).
+    pub replicas: u32,
+    /// Scale out when a replica serves this many requests per second (70% of its limit).
+    pub scale_out_qps: f64,
+    pub formula: String,
+}
+
+/// Fraction of a replica's limit at which to scale out.
+pub const SCALE_OUT_FRACTION: f64 = 0.7;
+
+/// replicas = ceil(peak QPS / best QPS per replica × headroom), at least 1.
+pub fn capacity_plan(peak_qps: f64, per_replica_qps: f64, headroom: f64) -> CapacityPlan {
+    let raw = if per_replica_qps > 0.0 {
+        peak_qps / per_replica_qps * headroom
+    } else {
+        f64::INFINITY
+    };
+    // Guard against 2.0000000001 becoming 3 from float noise.
+    let replicas = if raw.is_finite() {
+        ((raw - 1e-9).ceil().max(1.0)) as u32
+    } else {
+        u32::MAX
+    };
+    CapacityPlan {
+        peak_qps,
+        per_replica_qps,
+        headroom,
+        replicas,
+        scale_out_qps: per_replica_qps * SCALE_OUT_FRACTION,
+        formula: format!(
+            "replicas = ceil({peak_qps:.1} / {per_replica_qps:.1} x {headroom}) = ceil({raw:.2}) = {replicas}"
+        ),
+    }
+}
+
+/// The settings of a sweep.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// The runtime configuration to start from; its batching is overridden per point.
+    pub base: RuntimeConfig,
+    /// Directory `base`'s relative engine path is relative to.
+    pub base_dir: PathBuf,
+    /// The `infer-serve` binary.
+    pub serve: PathBuf,
+    pub max_batches: Vec<u32>,
+    pub delays_us: Vec<u64>,
+    pub rate: f64,
+    pub arrival: Arrival,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub budget_ms: f64,
+    pub min_gain: f64,
+    pub headroom: f64,
+    pub ready_timeout: Duration,
+    pub progress: bool,
+    pub seed: u64,
+}
+
+/// Everything a sweep produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SweepResult {
+    pub budget_ms: f64,
+    pub rate: f64,
+    pub results: Vec<Measured>,
+    pub recommendation: Option<Recommendation>,
+    pub capacity: Option<CapacityPlan>,
+}
+
+/// A free loopback port (the OS picks; closed again before the server binds it).
+fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+struct Server {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// The runtime configuration for one point: the base with this point's batching, a loopback
+/// listener, an absolute engine path, and quick shutdown.
+pub fn point_config(base: &RuntimeConfig, base_dir: &Path, p: Point, port: u16) -> RuntimeConfig {
+    let mut c = base.clone();
+    c.batching.max_batch_size = p.max_batch;
+    c.batching.max_queue_delay_us = p.delay_us;
+    c.batching
+        .preferred_batch_sizes
+        .retain(|&s| s <= p.max_batch);
+    if let Some(path) = &c.engine.path {
+        let pb = Path::new(path);
+        if pb.is_relative() {
+            c.engine.path = Some(base_dir.join(pb).to_string_lossy().into_owned());
+        }
+    }
+    if let Some(path) = &c.engine.metadata {
+        let pb = Path::new(path);
+        if pb.is_relative() {
+            c.engine.metadata = Some(base_dir.join(pb).to_string_lossy().into_owned());
+        }
+    }
+    c.server.host = "127.0.0.1".into();
+    c.server.port = port;
+    c.server.drain_delay_s = 0;
+    c
+}
+
+fn start(opts: &SweepOptions, p: Point, dir: &Path) -> Result<(Server, String), Error> {
+    let fail = |why: String| Error::Serve {
+        point: p.to_string(),
+        why,
+    };
+    let port = free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+    let cfg = point_config(&opts.base, &opts.base_dir, p, port);
+    let cfg_path = dir.join(format!("runtime-b{}-d{}.toml", p.max_batch, p.delay_us));
+    std::fs::write(&cfg_path, cfg.to_toml_string()).map_err(|e| Error::Write {
+        path: cfg_path.clone(),
+        source: e,
+    })?;
+    let log = dir.join(format!("serve-b{}-d{}.log", p.max_batch, p.delay_us));
+    let out = std::fs::File::create(&log).map_err(|e| Error::Write {
+        path: log.clone(),
+        source: e,
+    })?;
+    let err = out
+        .try_clone()
+        .map_err(|e| fail(format!("cannot share the log file: {e}")))?;
+    let child = Command::new(&opts.serve)
+        .arg("--config")
+        .arg(&cfg_path)
+        .env("INFER_HOST", "127.0.0.1")
+        .env("INFER_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {}: {e}", opts.serve.display())))?;
+    Ok((Server { child, log }, format!("http://127.0.0.1:{port}")))
+}
+
+async fn wait_ready(
+    server: &mut Server,
+    ep: &Endpoint,
+    timeout: Duration,
+    p: Point,
+) -> Result<(), Error> {
+    let t0 = Instant::now();
+    let probe = Prepared::get(ep, "/v2/health/ready");
+    loop {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            return Err(Error::Serve {
+                point: p.to_string(),
+                why: format!(
+                    "exited with {status} before ready; log:\n{}",
+                    log_tail(&server.log)
+                ),
+            });
+        }
+        if let Ok((s, _)) = super::load::fetch(ep, &probe).await {
+            if s.is_success() {
+                return Ok(());
+            }
+        }
+        if t0.elapsed() > timeout {
+            return Err(Error::Serve {
+                point: p.to_string(),
+                why: format!(
+                    "not ready after {:.0} s; log:\n{}",
+                    timeout.as_secs_f64(),
+                    log_tail(&server.log)
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Run the whole grid.
+pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
+    if opts.max_batches.is_empty() || opts.delays_us.is_empty() {
+        return Err(Error::Options(
+            "the grid is empty (give --max-batch and --delays-ms)".into(),
+        ));
+    }
+    if !(opts.rate.is_finite() && opts.rate > 0.0) {
+        return Err(Error::TuneInput(
+            "a positive request rate (the recipe's deploy peak QPS, or --rate)".into(),
+        ));
+    }
+    let dir = tempfile::tempdir().map_err(|e| Error::Write {
+        path: std::env::temp_dir(),
+        source: e,
+    })?;
+    let rt = super::runtime()?;
+    let mut grid = Vec::new();
+    for &b in &opts.max_batches {
+        for &d in &opts.delays_us {
+            grid.push(Point {
+                max_batch: b,
+                delay_us: d,
+            });
+        }
+    }
+    grid.sort();
+    grid.dedup();
+    let model = opts.base.model.name.clone();
+    let instances = opts.base.batching.instances;
+    let mut results = Vec::new();
+    for (i, &p) in grid.iter().enumerate() {
+        let (mut server, url) = start(opts, p, dir.path())?;
+        let bench = Options {
+            url: url.clone(),
+            model: model.clone(),
+            protocol: Protocol::Binary,
+            batch: 1,
+            loads: vec![Load::Rate(opts.rate)],
+            arrival: opts.arrival,
+            bounds: Bounds {
+                warmup: opts.warmup,
+                duration: opts.duration,
+                max_requests: (opts.rate * opts.duration.as_secs_f64() * 2.0).ceil() as u64 + 10,
+                max_inflight: 4096,
+            },
+            seed: opts.seed,
+            progress: false,
+        };
+        let step = rt.block_on(async {
+            let ep = Endpoint::resolve(&url).await?;
+            wait_ready(&mut server, &ep, opts.ready_timeout, p).await?;
+            let req = super::prepare(&ep, &bench).await?;
+            Ok::<Step, Error>(super::step(&ep, &req, &bench, Load::Rate(opts.rate)).await)
+        })?;
+        drop(server);
+        let m = measured(p, step, instances);
+        if opts.progress {
+            eprintln!(
+                "tune [{}/{}] {p}: p99 {:.1} ms, batch {}, capacity {} rows/s, errors {}",
+                i + 1,
+                grid.len(),
+                m.p99_ms,
+                m.mean_batch.map_or("-".into(), |b| format!("{b:.2}")),
+                m.capacity_rps.map_or("-".into(), |c| format!("{c:.1}")),
+                m.step.errors.values().sum::<u64>()
+            );
+        }
+        results.push(m);
+    }
+    let recommendation = recommend(&results, opts.budget_ms, opts.min_gain);
+    let capacity = recommendation
+        .as_ref()
+        .map(|r| capacity_plan(opts.rate, r.capacity_rps, opts.headroom));
+    Ok(SweepResult {
+        budget_ms: opts.budget_ms,
+        rate: opts.rate,
+        results,
+        recommendation,
+        capacity,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::metrics::ServerDelta;
+    use crate::bench::stats::Summary;
+
+    /// A measured point with p99 and capacity given directly.
+    fn m(b: u32, delay_ms: u64, p99_ms: f64, cap: f64, errors: u64) -> Measured {
+        let mut errs = std::collections::BTreeMap::new();
+        if errors > 0 {
+            errs.insert("503".to_string(), errors);
+        }
+        let step = Step {
+            load: Load::Rate(20.0),
+            batch: 1,
+            sent: 100,
+            ok: 100 - errors,
+            errors: errs,
+            elapsed_s: 5.0,
+            req_per_s: 20.0,
+            infer_per_s: 20.0,
+            latency: Summary {
+                p99_us: (p99_ms * 1000.0) as u64,
+                ..Summary::default()
+            },
+            server: Some(ServerDelta::default()),
+        };
+        Measured {
+            point: Point {
+                max_batch: b,
+                delay_us: delay_ms * 1000,
+            },
+            p99_ms,
+            mean_batch: None,
+            capacity_rps: Some(cap),
+            served_rps: 20.0,
+            step,
+        }
+    }
+
+    fn check(results: &[Measured], budget: f64, expected: Option<(u32, u64)>, why: &str) {
+        let r = recommend(results, budget, 0.05);
+        assert_eq!(
+            r.as_ref()
+                .map(|r| (r.point.max_batch, r.point.delay_us / 1000)),
+            expected,
+            "{r:?}"
+        );
+        if let Some(r) = r {
+            assert!(r.reasons.last().unwrap().contains(why), "{:?}", r.reasons);
+        }
+    }
+
+    #[test]
+    fn the_field_table_gives_thirty_ms() {
+        // The field notes' worked example: T(b) = 40 + 6b ms, 200 ms budget.
+        let cap = |b: f64| b / (40.0 + 6.0 * b) * 1000.0;
+        let table = [
+            m(8, 0, 120.0, cap(1.0), 0),
+            m(8, 10, 150.0, cap(2.0), 0),
+            m(8, 20, 165.0, cap(3.0), 0),
+            m(8, 30, 180.0, cap(4.0), 0),
+            m(8, 40, 201.0, cap(5.0), 0),
+            m(8, 50, 220.0, cap(6.0), 0),
+        ];
+        check(&table, 200.0, Some((8, 30)), "over budget");
+    }
+
+    #[test]
+    fn no_gain_stops_the_walk_and_errors_disqualify() {
+        let flat = [
+            m(8, 0, 50.0, 100.0, 0),
+            m(8, 10, 60.0, 130.0, 0),
+            m(8, 20, 70.0, 131.0, 0),
+            m(8, 30, 80.0, 200.0, 0),
+        ];
+        check(&flat, 200.0, Some((8, 10)), "not worth the latency");
+        let errs = [m(8, 0, 50.0, 100.0, 0), m(8, 10, 60.0, 130.0, 3)];
+        check(&errs, 200.0, Some((8, 0)), "errors");
+        check(&[m(8, 0, 250.0, 100.0, 0)], 200.0, None, "");
+    }
+
+    #[test]
+    fn best_max_batch_wins() {
+        let r = [
+            m(4, 0, 100.0, 50.0, 0),
+            m(4, 10, 120.0, 60.0, 0),
+            m(8, 0, 100.0, 50.0, 0),
+            m(8, 10, 130.0, 70.0, 0),
+        ];
+        check(&r, 200.0, Some((8, 10)), "take it");
+    }
+
+    #[test]
+    fn replicas_follow_the_formula() {
+        let p = capacity_plan(1000.0, 250.0, 1.3);
+        assert_eq!(p.replicas, 6); // 1000 / 250 x 1.3 = 5.2 -> 6
+        assert!((p.scale_out_qps - 175.0).abs() < 1e-9);
+        assert!(p.formula.contains("= 6"), "{}", p.formula);
+        assert_eq!(capacity_plan(500.0, 250.0, 1.0).replicas, 2);
+        assert_eq!(capacity_plan(1.0, 250.0, 1.5).replicas, 1);
+        assert_eq!(capacity_plan(1.0, 0.0, 1.5).replicas, u32::MAX);
+    }
+}

@@ -14,6 +14,7 @@
 //! and has a memory-backed `/dev/shm`; GPU targets request `nvidia.com/gpu` and are pinned to
 //! nodes by GPU feature discovery labels.
 
+pub mod from_plan;
 pub mod yaml;
 
 use yaml::{Map, Node};
@@ -45,8 +46,6 @@ impl Error {
 
 /// The port `infer-serve` listens on (DESIGN: 8000 by default).
 pub const SERVE_PORT: u16 = 8000;
-/// The user id of the image's non-root user.
-pub const SERVE_UID: i64 = 65532;
 /// Safety factor applied to a measured start-up time for the startupProbe budget.
 pub const DEFAULT_STARTUP_SAFETY: f64 = 3.0;
 /// Start-up budget used when no start-up time has been measured (the field notes' 30 × 10 s).
@@ -64,6 +63,9 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// Which GPUs a target runs on, as GPU feature discovery labels them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuSelector {
+    /// Any GPU of at least this compute capability major (hardware-compatible engines,
+    /// TensorRT's `ampere+` level).
+    ComputeAtLeast { major: u32 },
     /// Any GPU of this compute capability (`nvidia.com/gpu.compute.major/minor`): an engine is
     /// bound to the SM architecture, not to the product.
     Compute { major: u32, minor: u32 },
@@ -111,6 +113,8 @@ pub struct DeploySpec {
     pub memory_mib: u64,
     /// Size of the memory-backed /dev/shm in MiB.
     pub shm_mib: u64,
+    /// The non-root user id the image runs as.
+    pub run_as_user: i64,
     pub replicas_min: u32,
     pub replicas_max: u32,
     pub startup: Option<StartupMeasurement>,
@@ -121,6 +125,8 @@ pub struct DeploySpec {
     pub runtime_drain_s: u64,
     /// The longest deadline a request can have (recipe default timeout or its maximum), ms.
     pub longest_deadline_ms: u64,
+    /// True when no deadline is configured and `longest_deadline_ms` is an assumption.
+    pub deadline_assumed: bool,
     pub autoscale: Autoscale,
 }
 
@@ -219,14 +225,21 @@ pub fn startup_budget(m: Option<&StartupMeasurement>, safety: f64) -> StartupBud
 pub fn grace_period(spec: &DeploySpec) -> (u64, Vec<String>) {
     let slowest = spec.longest_deadline_ms.div_ceil(1000);
     let total = spec.prestop_s + spec.runtime_drain_s + slowest + GRACE_SLACK_S;
+    let mut why = Vec::new();
+    if spec.deadline_assumed {
+        why.push(format!(
+            "the recipe sets no request deadline (batching.default_timeout_ms = 0): {} ms assumed",
+            spec.longest_deadline_ms
+        ));
+    }
     (
         total,
-        vec![
+        [why, vec![
             format!(
                 "grace period: preStop {} s + runtime drain {} s + slowest request {} s (deadline {} ms) + slack {} s = {} s",
                 spec.prestop_s, spec.runtime_drain_s, slowest, spec.longest_deadline_ms, GRACE_SLACK_S, total
             ),
-        ],
+        ]].concat(),
     )
 }
 
@@ -286,6 +299,14 @@ fn node_affinity(gpu: &GpuSelector) -> Node {
                 .kv("values", vec![Node::str(minor.to_string())])
                 .into(),
         ],
+        GpuSelector::ComputeAtLeast { major } => vec![Map::new()
+            .kv("key", "nvidia.com/gpu.compute.major")
+            .kv("operator", "Gt")
+            .kv(
+                "values",
+                vec![Node::str(major.saturating_sub(1).to_string())],
+            )
+            .into()],
         GpuSelector::Products(products) => {
             let mut p = products.clone();
             p.sort();
@@ -300,6 +321,9 @@ fn node_affinity(gpu: &GpuSelector) -> Node {
     let why = match gpu {
         GpuSelector::Compute { major, minor } => format!(
             "the engine is built for compute capability {major}.{minor} (sm_{major}{minor}); GPU feature discovery labels the nodes"
+        ),
+        GpuSelector::ComputeAtLeast { major } => format!(
+            "the engine is hardware-compatible: any GPU of compute capability {major}.0 or newer"
         ),
         GpuSelector::Products(_) => {
             "the engine is built for these GPU products; GPU feature discovery labels the nodes"
@@ -361,12 +385,12 @@ fn container_security() -> Node {
         .into()
 }
 
-fn pod_security() -> Node {
+fn pod_security(uid: i64) -> Node {
     Map::new()
         .kv("runAsNonRoot", true)
-        .kv("runAsUser", SERVE_UID)
-        .kv("runAsGroup", SERVE_UID)
-        .kv("fsGroup", SERVE_UID)
+        .kv("runAsUser", uid)
+        .kv("runAsGroup", uid)
+        .kv("fsGroup", uid)
         .kv("seccompProfile", Map::new().kv("type", "RuntimeDefault"))
         .into()
 }
@@ -446,7 +470,7 @@ pub fn deployment(spec: &DeploySpec) -> Node {
         .kv_c(&grace_why, "terminationGracePeriodSeconds", grace)
         .kv("automountServiceAccountToken", false)
         .kv("enableServiceLinks", false)
-        .kv("securityContext", pod_security())
+        .kv("securityContext", pod_security(spec.run_as_user))
         .kv("containers", vec![container.into()])
         .kv(
             "volumes",
@@ -654,7 +678,7 @@ pub fn prepull(spec: &DeploySpec) -> Node {
     }
     pod_spec = pod_spec
         .kv("automountServiceAccountToken", false)
-        .kv("securityContext", pod_security())
+        .kv("securityContext", pod_security(spec.run_as_user))
         .kv(
             "initContainers",
             vec![Map::new()
@@ -709,6 +733,12 @@ pub fn validate(spec: &DeploySpec) -> Result<(), Error> {
             what,
         })
     };
+    if spec.run_as_user <= 0 {
+        return bad(format!(
+            "the image user {} must be a non-root uid",
+            spec.run_as_user
+        ));
+    }
     if spec.replicas_min == 0 || spec.replicas_min > spec.replicas_max {
         return bad(format!(
             "replicas min {} must be at least 1 and at most max {}",
@@ -784,10 +814,12 @@ mod tests {
                 seconds: 21.4,
                 source: "engine profile".into(),
             }),
+            run_as_user: 65532,
             startup_safety: 3.0,
             prestop_s: 10,
             runtime_drain_s: 5,
             longest_deadline_ms: 1500,
+            deadline_assumed: false,
             autoscale: Autoscale::GpuUtilisation {
                 metric: "DCGM_FI_DEV_GPU_UTIL".into(),
                 target_percent: 70,

@@ -60,10 +60,12 @@ fn spec() -> DeploySpec {
             seconds: 21.4,
             source: "engine profile".into(),
         }),
+        run_as_user: 65532,
         startup_safety: 3.0,
         prestop_s: 10,
         runtime_drain_s: 5,
         longest_deadline_ms: 1500,
+        deadline_assumed: false,
         autoscale: Autoscale::GpuUtilisation {
             metric: "DCGM_FI_DEV_GPU_UTIL".into(),
             target_percent: 70,
@@ -87,6 +89,11 @@ fn py_deploy_variants_pass_strict_validation() {
     s.digest = Some(format!("sha256:{}", "0123456789abcdef".repeat(4)));
     s.startup = None;
     variants.push(("gpu-products", s));
+    let mut s = spec();
+    s.gpu = Some(GpuSelector::ComputeAtLeast { major: 8 });
+    s.longest_deadline_ms = 30_000;
+    s.deadline_assumed = true;
+    variants.push(("gpu-hw-compat", s));
     let mut s = spec();
     s.gpu = None;
     s.target = "cpu-fp32".into();

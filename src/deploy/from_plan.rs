@@ -1,0 +1,183 @@
+//! From a validated recipe and one resolved target to a [`DeploySpec`]: where each number
+//! comes from (recipe, plan, engine profile, or a stated default) is decided here, and
+//! nowhere else. Pure.
+
+use crate::matrix::HwCompat;
+use crate::plan::{TargetKind, TargetPlan};
+use crate::recipe::Recipe;
+
+use super::{
+    Autoscale, DeploySpec, Error, GpuSelector, StartupMeasurement, DEFAULT_STARTUP_SAFETY,
+};
+
+/// CPU for a target when the recipe gives none, in millicores.
+pub const DEFAULT_CPU_MILLIS: u64 = 2000;
+/// Memory when the recipe gives none: the field notes' 2–4 GiB host reserve for a GPU
+/// service, plus its /dev/shm.
+pub const DEFAULT_GPU_MEMORY_MIB: u64 = 8192;
+pub const DEFAULT_CPU_MEMORY_MIB: u64 = 2048;
+/// The longest request when the recipe sets no deadline (`default_timeout_ms = 0`).
+pub const NO_DEADLINE_ASSUMED_MS: u64 = 30_000;
+/// GPU utilisation at which to scale out: ~70% of a replica's limit.
+pub const GPU_UTIL_TARGET: u32 = 70;
+
+/// Parse a Kubernetes CPU quantity (`"2"`, `"500m"`, `"1.5"`) into millicores.
+pub fn cpu_millis(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let v = if let Some(m) = q.strip_suffix('m') {
+        m.parse::<f64>().ok()?
+    } else {
+        q.parse::<f64>().ok()? * 1000.0
+    };
+    (v.is_finite() && v >= 1.0).then(|| v.round() as u64)
+}
+
+/// Parse a Kubernetes memory quantity (`"4Gi"`, `"512Mi"`, `"4G"`, bytes) into MiB, rounded up.
+pub fn memory_mib(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (num, unit) = q.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let mul: f64 = match unit {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0f64.powi(4),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        _ => return None,
+    };
+    let mib = (v * mul / (1024.0 * 1024.0)).ceil();
+    (mib.is_finite() && mib >= 1.0).then_some(mib as u64)
+}
+
+/// What the CLI found outside the recipe and the plan.
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    /// The image manifest digest of this target, when built or given with `--image`.
+    pub digest: Option<String>,
+    /// A repository override from `--image`.
+    pub repository: Option<String>,
+    /// The start-up time measured by the engine stage.
+    pub startup: Option<StartupMeasurement>,
+}
+
+/// Build the spec for `target`.
+pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<DeploySpec, Error> {
+    let gpu_target = target.kind == TargetKind::Gpu;
+    let bad = |what: String| Error::Invalid {
+        target: target.id.clone(),
+        what,
+    };
+    let res = &recipe.deploy.resources;
+    let cpu = match &res.cpu {
+        Some(q) => cpu_millis(q)
+            .ok_or_else(|| bad(format!("deploy.resources.cpu `{q}` is not a CPU quantity")))?,
+        None => DEFAULT_CPU_MILLIS,
+    };
+    let memory = match &res.memory {
+        Some(q) => memory_mib(q).ok_or_else(|| {
+            bad(format!(
+                "deploy.resources.memory `{q}` is not a memory quantity"
+            ))
+        })?,
+        None if gpu_target => DEFAULT_GPU_MEMORY_MIB,
+        None => DEFAULT_CPU_MEMORY_MIB,
+    };
+    // /dev/shm counts against the memory limit: a quarter of it, at most 2 GiB on GPU targets
+    // (the field notes' size) and 512 MiB on CPU targets.
+    let shm = (memory / 4).clamp(64, if gpu_target { 2048 } else { 512 });
+    let gpu = match (&target.gpu, gpu_target) {
+        (Some(g), true) => Some(
+            match target.tensorrt.as_ref().and_then(|t| t.hardware_compat) {
+                Some(HwCompat::AmperePlus) => GpuSelector::ComputeAtLeast { major: 8 },
+                _ => GpuSelector::Compute {
+                    major: g.compute_capability.major,
+                    minor: g.compute_capability.minor,
+                },
+            },
+        ),
+        _ => None,
+    };
+    let delay_ms = recipe.batching.max_queue_delay_us as f64 / 1000.0;
+    let autoscale = if gpu_target {
+        Autoscale::GpuUtilisation {
+            metric: "DCGM_FI_DEV_GPU_UTIL".into(),
+            target_percent: GPU_UTIL_TARGET,
+        }
+    } else {
+        Autoscale::QueueTime {
+            metric: "infer_queue_time_seconds".into(),
+            // Queue time beyond the batching delay is time spent waiting for a busy backend:
+            // scale out once the average is half again the delay (at least 1 ms).
+            target_ms: (delay_ms * 1.5).max(1.0),
+        }
+    };
+    let deadline = match recipe.batching.default_timeout_ms {
+        0 => NO_DEADLINE_ASSUMED_MS,
+        d => d,
+    };
+    let (repository, digest) = (
+        found
+            .repository
+            .clone()
+            .unwrap_or_else(|| recipe.image.repository.value.clone()),
+        found.digest.clone(),
+    );
+    Ok(DeploySpec {
+        model: recipe.model.name.clone(),
+        model_version: recipe.model.version.clone(),
+        target: target.id.clone(),
+        repository,
+        tag: target.tag.clone(),
+        digest,
+        gpu,
+        gpu_count: u32::from(gpu_target),
+        cpu_millis: cpu,
+        memory_mib: memory,
+        shm_mib: shm,
+        run_as_user: i64::from(recipe.image.user),
+        replicas_min: recipe.deploy.replicas.min,
+        replicas_max: recipe.deploy.replicas.max,
+        startup: found.startup.clone(),
+        startup_safety: DEFAULT_STARTUP_SAFETY,
+        prestop_s: u64::from(recipe.deploy.drain_delay_s),
+        runtime_drain_s: u64::from(recipe.deploy.drain_delay_s),
+        longest_deadline_ms: deadline,
+        deadline_assumed: recipe.batching.default_timeout_ms == 0,
+        autoscale,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        for (q, m) in [
+            ("2", Some(2000)),
+            ("500m", Some(500)),
+            ("1.5", Some(1500)),
+            ("x", None),
+            ("0", None),
+        ] {
+            assert_eq!(cpu_millis(q), m, "{q}");
+        }
+        for (q, m) in [
+            ("4Gi", Some(4096)),
+            ("512Mi", Some(512)),
+            ("1G", Some(954)),
+            ("1048576", Some(1)),
+            ("3Xi", None),
+            ("", None),
+        ] {
+            assert_eq!(memory_mib(q), m, "{q}");
+        }
+    }
+}

@@ -174,6 +174,9 @@ impl Bars {
             Progress::Retry { what, reason } => {
                 self.line(format!("retrying {what}: {reason}"));
             }
+            Progress::Resumed { digest, offset } => {
+                self.line(format!("{} resumed at byte {offset}", short(&digest)));
+            }
             Progress::Manifest {
                 reference, written, ..
             } => {

@@ -497,14 +497,28 @@ pub fn retryable_status(status: u16) -> bool {
 }
 
 pub fn retryable_error(e: &ureq::Error) -> bool {
-    matches!(
-        e,
-        ureq::Error::Io(_)
-            | ureq::Error::Timeout(_)
-            | ureq::Error::ConnectionFailed
-            | ureq::Error::Protocol(_)
-            | ureq::Error::BodyStalled
-    )
+    use std::io::ErrorKind as K;
+    match e {
+        // Dropped or refused connections are worth another try; TLS failures (bad
+        // certificate: `InvalidData`) and the like are not.
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            K::ConnectionReset
+                | K::ConnectionAborted
+                | K::ConnectionRefused
+                | K::BrokenPipe
+                | K::UnexpectedEof
+                | K::TimedOut
+                | K::Interrupted
+                | K::NotConnected
+                | K::WouldBlock
+        ),
+        ureq::Error::Timeout(_)
+        | ureq::Error::ConnectionFailed
+        | ureq::Error::Protocol(_)
+        | ureq::Error::BodyStalled => true,
+        _ => false,
+    }
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is treated as "use the backoff").

@@ -1,19 +1,27 @@
-//! Base-image digests pinned in a lock file: `[base_images]` maps a reference as written in
-//! the recipe to the digest it resolved to. A small stand-in until the plan module's lock file
-//! (`plan::lock`) is available; the format is plain TOML so it can be merged into it.
+//! Pinning pulled base images in the recipe's lock file. The format and its parser belong to
+//! `plan::lock`; this is the registry side that reads a pinned digest before a pull and writes
+//! the resolved one after it (atomically, canonical text).
 
-use std::collections::BTreeMap;
 use std::path::Path;
+
+use crate::plan::lock as plan_lock;
 
 use super::{digest_hex, layout::write_atomic, Error, Result};
 
-/// The digest pinned for `reference`, if any.
-pub fn lookup(path: &Path, reference: &str) -> Result<Option<String>> {
-    let table = read(path)?;
-    Ok(table.get(reference).cloned())
+fn lock_error(path: &Path, e: plan_lock::LockError) -> Error {
+    Error::Lock {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
 }
 
-/// Pin `reference` to `digest`, keeping every other entry and table of the file.
+/// The digest pinned for `reference`, if any.
+pub fn lookup(path: &Path, reference: &str) -> Result<Option<String>> {
+    let lock = plan_lock::read(path).map_err(|e| lock_error(path, e))?;
+    Ok(lock.and_then(|l| l.digest(reference).map(str::to_string)))
+}
+
+/// Pin `reference` to `digest`, keeping every other entry.
 pub fn record(path: &Path, reference: &str, digest: &str) -> Result<()> {
     if digest_hex(digest).is_none() {
         return Err(Error::Lock {
@@ -21,49 +29,11 @@ pub fn record(path: &Path, reference: &str, digest: &str) -> Result<()> {
             reason: format!("refusing to record malformed digest `{digest}`"),
         });
     }
-    let mut doc = read_doc(path)?;
-    let bases = doc
-        .entry("base_images".to_string())
-        .or_insert_with(|| toml::Value::Table(Default::default()));
-    let Some(bases) = bases.as_table_mut() else {
-        return Err(Error::Lock {
-            path: path.to_path_buf(),
-            reason: "`base_images` is not a table".into(),
-        });
-    };
-    bases.insert(
-        reference.to_string(),
-        toml::Value::String(digest.to_string()),
-    );
-    let text = toml::to_string(&doc).map_err(|e| Error::Lock {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    write_atomic(path, text.as_bytes())
-}
-
-fn read_doc(path: &Path) -> Result<toml::Table> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => text.parse::<toml::Table>().map_err(|e| Error::Lock {
-            path: path.to_path_buf(),
-            reason: format!("not valid TOML: {}", e.message()),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(toml::Table::new()),
-        Err(e) => Err(Error::io(path, e)),
-    }
-}
-
-fn read(path: &Path) -> Result<BTreeMap<String, String>> {
-    let doc = read_doc(path)?;
-    let mut out = BTreeMap::new();
-    if let Some(t) = doc.get("base_images").and_then(|v| v.as_table()) {
-        for (k, v) in t {
-            if let Some(d) = v.as_str().filter(|d| digest_hex(d).is_some()) {
-                out.insert(k.clone(), d.to_string());
-            }
-        }
-    }
-    Ok(out)
+    let mut lock = plan_lock::read(path)
+        .map_err(|e| lock_error(path, e))?
+        .unwrap_or_default();
+    lock.set(reference, digest);
+    write_atomic(path, plan_lock::render(&lock).as_bytes())
 }
 
 #[cfg(test)]
@@ -71,18 +41,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn record_keeps_other_content() {
+    fn record_keeps_other_entries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("recipe.lock");
-        std::fs::write(&path, "[engines]\nsm90 = \"x\"\n").unwrap();
-        let d = format!("sha256:{}", "1".repeat(64));
-        record(&path, "nvcr.io/nvidia/cuda:12", &d).unwrap();
+        let d1 = format!("sha256:{}", "1".repeat(64));
+        let d2 = format!("sha256:{}", "2".repeat(64));
+        record(&path, "z.io/other:1", &d2).unwrap();
+        record(&path, "nvcr.io/nvidia/cuda:12", &d1).unwrap();
         assert_eq!(
             lookup(&path, "nvcr.io/nvidia/cuda:12").unwrap(),
-            Some(d.clone())
+            Some(d1.clone())
         );
-        assert!(std::fs::read_to_string(&path).unwrap().contains("sm90"));
+        assert_eq!(lookup(&path, "z.io/other:1").unwrap(), Some(d2));
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("# infer-build lock file"));
         assert!(record(&path, "x", "sha256:bad").is_err());
         assert_eq!(lookup(&dir.path().join("none"), "x").unwrap(), None);
+        std::fs::write(&path, "version = [").unwrap();
+        assert!(lookup(&path, "x").unwrap_err().is_bad_input());
     }
 }

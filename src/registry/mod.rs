@@ -19,6 +19,7 @@ use std::path::PathBuf;
 
 pub mod auth;
 pub mod client;
+pub mod inspect;
 pub mod layout;
 pub mod lock;
 pub mod pull;

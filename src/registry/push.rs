@@ -70,6 +70,8 @@ pub enum Progress {
     },
     /// A request failed and is being retried.
     Retry { what: String, reason: String },
+    /// An interrupted upload continues from `offset`, where the registry says it stands.
+    Resumed { digest: String, offset: u64 },
     /// A manifest or tag was written (or was already right).
     Manifest {
         reference: String,
@@ -649,6 +651,12 @@ impl Pusher<'_> {
             }
             if !restart {
                 session = self.upload_status(&s, scopes);
+                if let Some(r) = session.as_ref().filter(|r| r.offset > 0) {
+                    self.emit(Progress::Resumed {
+                        digest: blob.digest.clone(),
+                        offset: r.offset,
+                    });
+                }
             }
         }
     }

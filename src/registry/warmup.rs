@@ -393,6 +393,17 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
             }
         }
     };
+    let list = referrers_with(&client, reference, &digest)?;
+    Ok((digest, list))
+}
+
+/// The referrers of `digest` in `reference`'s repository, through an existing client.
+pub(crate) fn referrers_with(
+    client: &Client,
+    reference: &Reference,
+    digest: &str,
+) -> Result<Vec<Referrer>> {
+    let scopes = vec![format!("repository:{}:pull", reference.repository)];
     let url = client.url(&format!("{}/referrers/{digest}", reference.repository));
     let req = Req::new(Method::GET, url).header("accept", media::OCI_INDEX);
     let mut resp = client.send(&req, &scopes)?;
@@ -407,7 +418,7 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
             "referrers-api",
         )
     } else {
-        let tag = fallback_tag(&digest);
+        let tag = fallback_tag(digest);
         let url = client.url(&format!("{}/manifests/{tag}", reference.repository));
         let req = Req::new(Method::GET, url.clone()).header("accept", media::OCI_INDEX);
         let mut resp = client.send(&req, &scopes)?;
@@ -424,7 +435,7 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
                     })?,
                 "fallback-tag",
             ),
-            404 => return Ok((digest, Vec::new())),
+            404 => return Ok(Vec::new()),
             s => return Err(status_error(&Method::GET, &url, s, resp)),
         }
     };
@@ -441,7 +452,7 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
             source: source.to_string(),
         })
         .collect();
-    Ok((digest, list))
+    Ok(list)
 }
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ fn handle(
     let roll = next(rng) % 1000;
     if roll < faults.per_mille {
         match next(rng) % 3 {
-            0 | 1 if content_length > 0 => {
+            0 if content_length > 0 => {
                 // Forward the head and half the body, then drop both sides.
                 stats.resets.fetch_add(1, Ordering::Relaxed);
                 let mut up = TcpStream::connect(upstream)?;

@@ -3,9 +3,11 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use infer_build::registry::push::Progress;
 use infer_build::registry::{
     self, auth::Keychain, pull::PullOptions, ClientOptions, PushOptions, Reference,
 };
@@ -177,6 +179,21 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
         assert_eq!(list[0].source, "fallback-tag");
     }
 
+    // The whole index with its referrers, as `inspect REF --referrers` shows it.
+    let r = Reference::parse(&format!("{to}:v1")).unwrap();
+    let image = registry::inspect::inspect(&r, &plain_opts(tmp.path()), true).unwrap();
+    assert_eq!(image.digest, made.index_digest);
+    assert_eq!(image.images.len(), made.targets.len());
+    for m in &image.images {
+        let refs = m.referrers.as_ref().unwrap();
+        assert_eq!(refs.len(), 1, "{}", m.digest);
+        assert_eq!(
+            refs[0].artifact_type.as_deref(),
+            Some("application/vnd.infer-build.warmup.v1+json")
+        );
+        assert_eq!(m.layers.len(), 2);
+    }
+
     // Second push: nothing uploaded, and it says so.
     let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
     assert_eq!(code, 0, "{err}");
@@ -215,10 +232,19 @@ fn registry_push_survives_resets_500s_and_429s() {
         },
     );
     let target = Reference::parse(&format!("{}/faulty", proxy.addr)).unwrap();
+    let resumed = Arc::new(AtomicUsize::new(0));
+    let counter = resumed.clone();
     let opts = PushOptions {
         client: plain_opts(tmp.path()),
         chunk_size: 512 * 1024,
-        jobs: 3,
+        // One upload at a time: the proxy's seeded fault sequence then meets the same requests
+        // in the same order on every run.
+        jobs: 1,
+        progress: Some(Arc::new(move |p| {
+            if let Progress::Resumed { .. } = p {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        })),
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
     };
@@ -230,14 +256,16 @@ fn registry_push_survives_resets_500s_and_429s() {
         s.errors_500.load(Ordering::Relaxed),
         s.errors_429.load(Ordering::Relaxed),
     );
+    let resumes = resumed.load(Ordering::Relaxed);
     eprintln!(
-        "requests {} resets {resets} 500s {e500} 429s {e429}",
+        "requests {} resets {resets} 500s {e500} 429s {e429} resumed {resumes}",
         s.requests.load(Ordering::Relaxed)
     );
     assert!(
         resets > 0 && e500 > 0 && e429 > 0,
         "the proxy injected too few faults to prove anything"
     );
+    assert!(resumes > 0, "no upload resumed from the registry's Range");
     // Byte for byte: every layout blob equals the registry's stored copy.
     for d in &made.blobs {
         let local = std::fs::read(made.dir.join("blobs/sha256").join(&d[7..])).unwrap();
@@ -280,6 +308,7 @@ fn registry_tls_basic_auth_with_docker_config() {
     // Unknown CA: a TLS failure, not a silent downgrade.
     let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &[]);
     assert_ne!(code, 0, "{err}");
+    assert!(err.contains("certificate"), "{err}");
 
     // Docker config.json with `auths`.
     let docker = tmp.path().join("docker");
@@ -298,6 +327,44 @@ fn registry_tls_basic_auth_with_docker_config() {
     let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--ca-cert", ca]);
     assert_eq!(code, 0, "{err}\n{}", reg.log());
     assert!(!err.contains(&tls.password) && !json.to_string().contains(&tls.password));
+    // A credential helper (`credsStore`): a real `docker-credential-<name>` program on PATH.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let helper = bin.join("docker-credential-itest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 1\nread host\n[ \"$host\" = \"{}\" ] || {{ echo 'credentials not found in native keychain'; exit 1; }}\nprintf '{{\"ServerURL\":\"%s\",\"Username\":\"{}\",\"Secret\":\"{}\"}}' \"$host\"\n",
+            reg.addr, tls.user, tls.password
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(docker.join("config.json"), r#"{"credsStore":"itest"}"#).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = infer_build()
+        .args(["push"])
+        .arg(&made.dir)
+        .args([
+            "--to",
+            &format!("{}/helper/mlp", reg.addr),
+            "--ca-cert",
+            ca,
+            "--json",
+        ])
+        .env("PATH", &path)
+        .env("DOCKER_CONFIG", &docker)
+        .env("INFER_BUILD_CACHE_DIR", tmp.path())
+        .env_remove("INFER_BUILD_REGISTRY_USER")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains(&tls.password));
     let (tag, digest) = &made.targets[0];
     let (ok, out, e) = skopeo(&[
         "inspect",

@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sha2::Digest as _;
 
-use super::support::have_tool;
-
 pub struct Registry {
     child: Child,
     /// `127.0.0.1:PORT`
@@ -24,7 +22,7 @@ pub struct Registry {
 }
 
 pub struct Tls {
-    /// The self-signed certificate (also the CA to trust).
+    /// The CA certificate that signed the registry's certificate.
     pub ca: PathBuf,
     /// A directory holding `ca.crt`, for skopeo's `--cert-dir`.
     pub cert_dir: PathBuf,
@@ -56,35 +54,74 @@ impl Registry {
         Some(Self::spawn(None))
     }
 
-    /// TLS (self-signed, SAN IP:127.0.0.1) with htpasswd basic auth.
+    /// TLS (a test CA, leaf with SAN IP:127.0.0.1) with htpasswd basic auth.
     pub fn start_tls(test: &str) -> Option<Registry> {
-        if !have_registry(test) || !have_tool("openssl", test) || !have_htpasswd(test) {
+        if !have_registry(test) || !have_openssl(test) || !have_htpasswd(test) {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        let ok = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=127.0.0.1",
-            ])
-            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(p.join("key.pem"))
-            .arg("-out")
-            .arg(p.join("cert.pem"))
-            .stderr(Stdio::null())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "openssl req failed");
+        // A CA and a leaf certificate for 127.0.0.1 signed by it (webpki, like browsers,
+        // refuses a self-signed CA certificate used as the server's own certificate).
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(p)
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=infer-build test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "leaf.csr",
+        ]);
+        std::fs::write(
+            p.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
+            "-out",
+            "cert.pem",
+        ]);
         let out = Command::new("htpasswd")
             .args(["-Bbn", "bench", "s3cret-pw"])
             .output()
@@ -93,9 +130,9 @@ impl Registry {
         std::fs::write(p.join("htpasswd"), &out.stdout).unwrap();
         let cert_dir = p.join("certs");
         std::fs::create_dir_all(&cert_dir).unwrap();
-        std::fs::copy(p.join("cert.pem"), cert_dir.join("ca.crt")).unwrap();
+        std::fs::copy(p.join("ca.pem"), cert_dir.join("ca.crt")).unwrap();
         let tls = Tls {
-            ca: p.join("cert.pem"),
+            ca: p.join("ca.pem"),
             cert_dir,
             user: "bench".into(),
             password: "s3cret-pw".into(),
@@ -175,6 +212,19 @@ fn have_registry(test: &str) -> bool {
         .unwrap_or(false);
     if !ok {
         eprintln!("skipping {test}: `docker-registry` is not installed (.ci/run installs it)");
+    }
+    ok
+}
+
+fn have_openssl(test: &str) -> bool {
+    // `openssl` has no `--version` flag; `openssl version` is its spelling.
+    let ok = Command::new("openssl")
+        .arg("version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipping {test}: `openssl` is not installed (.ci/run installs it)");
     }
     ok
 }

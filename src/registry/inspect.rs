@@ -1,0 +1,182 @@
+//! Describe an image in a registry without pulling its layers: the manifest or index a
+//! reference names, each per-target manifest's layers, sizes and annotations, and (on request)
+//! what is attached to each manifest through referrers.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use ureq::http::Method;
+
+use super::client::{header, status_error, Client, ClientOptions, Req};
+use super::layout::{Descriptor, Manifest};
+use super::reference::Reference;
+use super::warmup::{self, Referrer};
+use super::{media, sha256_digest, Error, Result};
+
+/// An image (or index) in a registry.
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteImage {
+    pub reference: String,
+    pub digest: String,
+    pub media_type: String,
+    pub annotations: BTreeMap<String, String>,
+    /// One entry for a plain manifest; one per child for an index.
+    pub images: Vec<RemoteManifest>,
+    /// Referrers of the index itself (with `--referrers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub referrers: Option<Vec<Referrer>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteManifest {
+    pub digest: String,
+    pub media_type: String,
+    pub platform: Option<serde_json::Value>,
+    pub artifact_type: Option<String>,
+    /// The index entry's annotations merged with the manifest's own.
+    pub annotations: BTreeMap<String, String>,
+    pub config: Option<Descriptor>,
+    pub layers: Vec<Descriptor>,
+    pub total_size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub referrers: Option<Vec<Referrer>>,
+}
+
+/// Fetch what `reference` names; with `with_referrers`, list the referrers of every manifest.
+pub fn inspect(
+    reference: &Reference,
+    opts: &ClientOptions,
+    with_referrers: bool,
+) -> Result<RemoteImage> {
+    let client = Client::connect(&reference.registry, opts.clone())?;
+    let scopes = vec![format!("repository:{}:pull", reference.repository)];
+    let (bytes, media_type) = get(&client, reference, reference.manifest_ref(), &scopes)?;
+    let digest = sha256_digest(&bytes);
+    if let Some(want) = &reference.digest {
+        if want != &digest {
+            return Err(Error::DigestMismatch {
+                what: format!("manifest of {reference}"),
+                expected: want.clone(),
+                actual: digest,
+            });
+        }
+    }
+    let top = Manifest::parse(&bytes, &digest)?;
+    let refs_of = |d: &str| -> Result<Option<Vec<Referrer>>> {
+        if !with_referrers {
+            return Ok(None);
+        }
+        let r = Reference {
+            digest: Some(d.to_string()),
+            tag: None,
+            ..reference.clone()
+        };
+        Ok(Some(warmup::referrers_with(&client, &r, d)?))
+    };
+    let mut images = Vec::new();
+    if media::is_index(&media_type) {
+        for child in &top.manifests {
+            let (b, mt) = get(&client, reference, &child.digest, &scopes)?;
+            let got = sha256_digest(&b);
+            if got != child.digest {
+                return Err(Error::DigestMismatch {
+                    what: format!("manifest listed by {reference}"),
+                    expected: child.digest.clone(),
+                    actual: got,
+                });
+            }
+            let m = Manifest::parse(&b, &child.digest)?;
+            let mut annotations = child.annotations.clone();
+            annotations.extend(m.annotations.clone());
+            images.push(describe(
+                &child.digest,
+                &mt,
+                child.platform.clone(),
+                annotations,
+                &m,
+                refs_of(&child.digest)?,
+            ));
+        }
+    } else {
+        images.push(describe(
+            &digest,
+            &media_type,
+            None,
+            top.annotations.clone(),
+            &top,
+            refs_of(&digest)?,
+        ));
+    }
+    Ok(RemoteImage {
+        reference: reference.to_string(),
+        referrers: if media::is_index(&media_type) {
+            refs_of(&digest)?
+        } else {
+            None
+        },
+        digest,
+        media_type,
+        annotations: top.annotations,
+        images,
+    })
+}
+
+fn describe(
+    digest: &str,
+    media_type: &str,
+    platform: Option<serde_json::Value>,
+    annotations: BTreeMap<String, String>,
+    m: &Manifest,
+    referrers: Option<Vec<Referrer>>,
+) -> RemoteManifest {
+    RemoteManifest {
+        digest: digest.to_string(),
+        media_type: media_type.to_string(),
+        platform,
+        artifact_type: m.artifact_type.clone(),
+        annotations,
+        config: m.config.clone(),
+        total_size: m.layers.iter().map(|l| l.size).sum::<u64>()
+            + m.config.as_ref().map_or(0, |c| c.size),
+        layers: m.layers.clone(),
+        referrers,
+    }
+}
+
+fn get(
+    client: &Client,
+    r: &Reference,
+    reference: &str,
+    scopes: &[String],
+) -> Result<(Vec<u8>, String)> {
+    let url = client.url(&format!("{}/manifests/{reference}", r.repository));
+    let req = Req::new(Method::GET, url.clone()).header("accept", media::ACCEPT_MANIFESTS);
+    let mut resp = client.send(&req, scopes)?;
+    match resp.status().as_u16() {
+        200 => {
+            let ct = header(&resp, "content-type").unwrap_or("").to_string();
+            let bytes = resp
+                .body_mut()
+                .with_config()
+                .limit(4 << 20)
+                .read_to_vec()
+                .map_err(|e| Error::Transport {
+                    method: "GET".into(),
+                    url: url.clone(),
+                    source: Box::new(e),
+                })?;
+            let mt = Manifest::parse(&bytes, reference)?.media_type.unwrap_or(ct);
+            Ok((bytes, mt))
+        }
+        404 => Err(Error::NotFound {
+            reference: format!("{}/{}:{reference}", r.registry, r.repository),
+            reason: "no such manifest in the registry".into(),
+        }),
+        401 | 403 => Err(Error::Unauthorized {
+            registry: r.registry.clone(),
+            status: resp.status().as_u16(),
+            what: format!("reading {}", r.repository),
+        }),
+        s => Err(status_error(&Method::GET, &url, s, resp)),
+    }
+}

@@ -154,6 +154,48 @@ pub struct Spec<'a> {
     pub closure: &'a ClosureSpec,
 }
 
+/// The paths of `tree` a selection pattern names, as written (through directory symlinks): the
+/// literal leading directories are resolved through the tree's symlinks
+/// (`/usr/local/cuda/lib64/libcublas.so.*` finds the files under `cuda-12.9/targets/…/lib`), the
+/// rest is matched against the entries below. Directories themselves are never matched.
+pub fn expand(tree: &Tree, pattern: &str) -> Result<Vec<String>, Error> {
+    let norm = tree::normalize(pattern);
+    let comps: Vec<&str> = norm.split('/').collect();
+    let Some(k) = comps.iter().position(|c| c.contains(['*', '?', '[', '{'])) else {
+        let found = tree
+            .resolve(&norm, false)
+            .ok()
+            .filter(|r| !matches!(tree.get(&r.path), Some(Node::Dir { .. }) | None));
+        return Ok(found.map(|_| norm).into_iter().collect());
+    };
+    let m = glob(&format!("/{norm}"))
+        .map_err(|message| Error::Glob {
+            pattern: pattern.to_string(),
+            message,
+        })?
+        .compile_matcher();
+    let prefix = comps[..k].join("/");
+    let real = if prefix.is_empty() {
+        String::new()
+    } else {
+        match tree.resolve(&prefix, true) {
+            Ok(r) if matches!(tree.get(&r.path), Some(Node::Dir { .. })) => r.path,
+            _ => return Ok(Vec::new()),
+        }
+    };
+    let under = if real.is_empty() {
+        String::new()
+    } else {
+        format!("{real}/")
+    };
+    Ok(tree
+        .iter()
+        .filter(|(p, n)| !matches!(n, Node::Dir { .. }) && p.starts_with(&under))
+        .map(|(p, _)| tree::join(&prefix, &p[under.len()..]))
+        .filter(|cand| m.is_match(format!("/{cand}")))
+        .collect())
+}
+
 /// The directories listed by `/etc/ld.so.conf` of `tree` (following `include` globs), in order.
 /// Only files whose bytes are held in memory are read: the image reader keeps `etc/ld.so.conf*`
 /// inline.
@@ -258,17 +300,7 @@ pub fn compute(base: &Tree, builder: &Tree, spec: Spec<'_>) -> Result<SlimPlan, 
     };
     for sel in spec.selections {
         for pattern in &sel.paths {
-            let m = glob(pattern)
-                .map_err(|message| Error::Glob {
-                    pattern: pattern.clone(),
-                    message,
-                })?
-                .compile_matcher();
-            let matched: Vec<String> = builder
-                .iter()
-                .filter(|(p, n)| !matches!(n, Node::Dir { .. }) && m.is_match(format!("/{p}")))
-                .map(|(p, _)| p.clone())
-                .collect();
+            let matched = expand(builder, pattern)?;
             if matched.is_empty() {
                 w.problems.insert(Problem::Unmatched {
                     pattern: pattern.clone(),
@@ -330,17 +362,33 @@ impl Walk<'_> {
             });
             return;
         }
-        // A selected symlink is copied as a symlink even when its target comes from the base.
-        if let Some(Node::Symlink { .. }) = self.builder.get(path) {
-            self.copy_entry(path, std::slice::from_ref(&shown), winner);
+        let Ok(me) = self.builder.resolve(path, false) else {
+            return;
+        };
+        if self.drop.is_match(format!("/{}", me.path)) {
+            self.plan.excluded.push(Excluded {
+                name: shown,
+                needed_by: vec![],
+                reason: REASON_DROP,
+            });
+            return;
         }
-        match self.builder.resolve(path, true) {
-            Ok(r) => match self.builder.get(&r.path) {
-                Some(Node::File(_)) => self.take(path, vec![shown], winner, Vec::new(), true),
-                // A symlink to a directory or a dangling one: copy the link only.
-                _ => self.copy_entry(path, &[shown], winner),
-            },
-            Err(_) => self.copy_entry(path, &[shown], winner),
+        let chain = vec![shown];
+        // Directory symlinks on the way (`/usr/local/cuda -> cuda-12.9`) come along, so the
+        // path written in the definition also works in the slim image.
+        for link in &me.links {
+            self.copy_entry(link, &chain, winner);
+        }
+        match self.builder.get(&me.path) {
+            // A selected symlink is copied as a symlink even when its target is in the base.
+            Some(Node::Symlink { .. }) => {
+                self.copy_entry(&me.path, &chain, winner);
+                if self.builder.file(path).is_some() {
+                    self.take(path, chain, winner, Vec::new(), true);
+                }
+            }
+            Some(Node::File(_)) => self.take(path, chain, winner, Vec::new(), true),
+            _ => {}
         }
     }
 

@@ -471,3 +471,52 @@ fn replace_all(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn selections_follow_directory_symlinks_and_bring_them_along() {
+    let mut b = builder();
+    b.insert_symlink("usr/local/cuda", "cuda-12.9");
+    b.insert_symlink("usr/local/cuda-12.9/lib64", "targets/x86_64-linux/lib");
+    b.insert(
+        "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublas.so.12.9.1",
+        so("cublas", &["libcublasLt.so.12"], &["$ORIGIN"], &[]),
+    );
+    b.insert_symlink(
+        "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublas.so.12",
+        "libcublas.so.12.9.1",
+    );
+    b.insert(
+        "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublasLt.so.12",
+        so("lt", &[], &[], &[]),
+    );
+    assert_eq!(
+        expand(&b, "/usr/local/cuda/lib64/libcublas.so.*").unwrap(),
+        vec![
+            "usr/local/cuda/lib64/libcublas.so.12",
+            "usr/local/cuda/lib64/libcublas.so.12.9.1"
+        ]
+    );
+    assert_eq!(
+        expand(&b, "/usr/local/cuda/lib64/libcublas.so.12").unwrap(),
+        vec!["usr/local/cuda/lib64/libcublas.so.12"]
+    );
+    assert!(expand(&b, "/usr/local/cuda-12.9/targets")
+        .unwrap()
+        .is_empty());
+    check(
+        &base(),
+        &b,
+        &[sel(&["/usr/local/cuda/lib64/libcublas.so.12"], None)],
+        ClosureSpec::default(),
+        Ok((
+            &[
+                "usr/local/cuda",
+                "usr/local/cuda-12.9/lib64",
+                "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublas.so.12",
+                "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublas.so.12.9.1",
+                "usr/local/cuda-12.9/targets/x86_64-linux/lib/libcublasLt.so.12",
+            ],
+            &[],
+        )),
+    );
+}

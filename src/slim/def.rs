@@ -34,15 +34,21 @@ pub enum Winner {
     Builder,
 }
 
-/// An image reference: a name for people and the digest that is actually used.
+/// An image reference, spelled as in `base-images/images.toml`: a name for people and the
+/// digest that is actually used.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ImageRef {
-    /// `registry/repository:tag`, for people and for `org.opencontainers.image.base.name`.
-    pub image: String,
-    /// `sha256:<64 hex>` of the manifest; absent when no public source gives it (unpinned).
+    /// `registry/repository:tag`, for people, for the lock file and for
+    /// `org.opencontainers.image.base.name`.
+    pub reference: String,
+    /// `sha256:<64 hex>` of the manifest (or index), ONLY where a public source gives it, named
+    /// in `digest_source`. Absent: the image is pinned at its first pull through the recipe's
+    /// lock file (`plan::lock`).
     #[serde(default)]
     pub digest: Option<String>,
+    #[serde(default)]
+    pub digest_source: Option<String>,
 }
 
 /// Files to take from the builder: by path or glob (`*` stays inside one directory, `**` crosses
@@ -139,6 +145,9 @@ impl Definition {
             return Err(bad("`name` is empty".into()));
         }
         for (key, r) in [("base", &def.base), ("builder", &def.builder)] {
+            if r.digest.is_some() && r.digest_source.is_none() {
+                return Err(bad(format!("`{key}.digest` needs a `{key}.digest_source` naming the public source that gives it")));
+            }
             if let Some(d) = &r.digest {
                 let hex = d.strip_prefix("sha256:").unwrap_or("");
                 if hex.len() != 64
@@ -189,7 +198,7 @@ impl Definition {
         [&self.base, &self.builder]
             .into_iter()
             .filter(|r| r.digest.is_none())
-            .map(|r| r.image.as_str())
+            .map(|r| r.reference.as_str())
             .collect()
     }
 
@@ -233,10 +242,11 @@ name = "t"
 engine = "version-compatible"
 tensorrt = "10"
 [base]
-image = "debian:bookworm"
+reference = "debian:bookworm"
 digest = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
+digest_source = "the test"
 [builder]
-image = "builder"
+reference = "builder"
 [closure]
 search_dirs = ["/opt/lib"]
 drop = ["/**/libnvinfer_builder_resource*"]

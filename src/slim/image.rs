@@ -574,8 +574,11 @@ fn write_tar(
 /// How to run a slim build.
 #[derive(Clone, Debug, Default)]
 pub struct BuildOptions {
-    /// Build even when the definition names an image without a digest (the result is then not
-    /// reproducible from the definition alone).
+    /// Digests recorded at first pull (the recipe's lock file), for images the definition names
+    /// without a digest.
+    pub lock: crate::plan::lock::Lock,
+    /// Build even when an image has neither a digest in the definition nor one in the lock
+    /// (the result is then not reproducible from the definition alone).
     pub allow_unpinned: bool,
     /// What the engine needs (tactic sources).
     pub needs: Needs,
@@ -591,15 +594,16 @@ pub struct Built {
     pub report: SizeReport,
 }
 
-fn image_digest(
-    img_ref: &super::def::ImageRef,
-    allow_unpinned: bool,
-) -> Result<Option<&str>, Error> {
-    match &img_ref.digest {
-        Some(d) => Ok(Some(d.as_str())),
-        None if allow_unpinned => Ok(None),
-        None => Err(Error::Unpinned {
-            image: img_ref.image.clone(),
+fn image_digest<'a>(
+    img_ref: &'a super::def::ImageRef,
+    opts: &'a BuildOptions,
+) -> Result<Option<&'a str>, Error> {
+    match (&img_ref.digest, opts.lock.digest(&img_ref.reference)) {
+        (Some(d), _) => Ok(Some(d.as_str())),
+        (None, Some(d)) => Ok(Some(d)),
+        (None, None) if opts.allow_unpinned => Ok(None),
+        (None, None) => Err(Error::Unpinned {
+            image: img_ref.reference.clone(),
         }),
     }
 }
@@ -607,9 +611,9 @@ fn image_digest(
 fn open_pinned(
     layout: &Path,
     img_ref: &super::def::ImageRef,
-    allow_unpinned: bool,
+    opts: &BuildOptions,
 ) -> Result<Image, Error> {
-    let want = image_digest(img_ref, allow_unpinned)?;
+    let want = image_digest(img_ref, opts)?;
     let img = read_layout(layout, want)?;
     if let Some(w) = want {
         // `read_layout` may have followed an index to its manifest: the index digest is the pin.
@@ -635,8 +639,8 @@ pub fn build(
     out: &Path,
     opts: &BuildOptions,
 ) -> Result<Built, Error> {
-    let base = open_pinned(base_layout, &def.base, opts.allow_unpinned)?;
-    let builder = open_pinned(builder_layout, &def.builder, opts.allow_unpinned)?;
+    let base = open_pinned(base_layout, &def.base, opts)?;
+    let builder = open_pinned(builder_layout, &def.builder, opts)?;
     let (base_tree, base_sizes) = flatten(&base)?;
     let (builder_tree, builder_sizes) = flatten(&builder)?;
     let selections = def.selections_for(&opts.needs);
@@ -696,7 +700,7 @@ pub fn build(
         .ok_or_else(|| layout_err(base_layout, "base config has no rootfs.diff_ids"))?;
     diff_ids.push(Value::String(diff_id));
     if let Some(h) = config.get_mut("history").and_then(Value::as_array_mut) {
-        h.push(json!({ "created_by": format!("infer-build slim {}", def.name), "comment": format!("files from {}", def.builder.image) }));
+        h.push(json!({ "created_by": format!("infer-build slim {}", def.name), "comment": format!("files from {}", def.builder.reference) }));
     }
     if !def.closure.search_dirs.is_empty() {
         set_library_path(&mut config, &def.closure.search_dirs);
@@ -731,10 +735,10 @@ pub fn build(
         "config": { "mediaType": CONFIG, "digest": config_digest, "size": config_bytes.len() },
         "layers": layers,
         "annotations": {
-            "org.opencontainers.image.base.name": def.base.image,
+            "org.opencontainers.image.base.name": def.base.reference,
             "org.opencontainers.image.base.digest": base.manifest_digest,
             format!("{ANNOTATION}definition"): def.name,
-            format!("{ANNOTATION}builder"): format!("{}@{}", def.builder.image, builder.manifest_digest),
+            format!("{ANNOTATION}builder"): format!("{}@{}", def.builder.reference, builder.manifest_digest),
             format!("{ANNOTATION}builder-size"): builder_layers.iter().map(|l| l.size).sum::<u64>().to_string(),
             format!("{ANNOTATION}builder-uncompressed-size"): builder_layers.iter().map(|l| l.uncompressed).sum::<u64>().to_string(),
             format!("{ANNOTATION}excluded"): plan.excluded.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(","),

@@ -43,7 +43,7 @@ pub enum Error {
     NoDefinition { kind: EngineKind, tensorrt: String },
     #[error("the slim closure cannot be built:\n  {}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n  "))]
     Closure { problems: Vec<Problem> },
-    #[error("{image} is not pinned by digest; pin it or allow unpinned images explicitly")]
+    #[error("{image} is not pinned: no digest in the definition or the lock file; pull it once to record one, or allow unpinned images explicitly")]
     Unpinned { image: String },
     #[error("{layout}: expected image {expected}, the layout holds {found}")]
     DigestMismatch {

@@ -5,3 +5,4 @@ pub mod recipe;
 pub mod faultproxy;
 pub mod registry;
 pub mod registry_support;
+pub mod slim;

@@ -1,15 +1,511 @@
-//! TODO(module owner): what `engine` owns and what it must not do.
+//! The engine stage: build one target's engine into the content-addressed engine cache, and find
+//! and verify engines built elsewhere.
+//!
+//! Owns: the cache key ([`key`]), the on-disk cache ([`cache`]), the CPU engine with tract
+//! ([`tract`]), the TensorRT engine through trtexec and Polygraphy ([`tensorrt`], [`trtexec`],
+//! [`polygraphy`]), the builder-side GPU check ([`gpu`]) and the engine metadata and profile it
+//! writes (types in `infer_spec::engine`).
+//!
+//! Must not: spawn processes except through [`crate::process::Runner`]; read the recipe or the
+//! matrix itself (it takes an [`EngineSpec`] of plain values); write anywhere but
+//! the cache (entries appear atomically, see [`cache`]).
+
+pub mod cache;
+pub mod gpu;
+pub mod key;
+pub mod onnx;
+pub mod polygraphy;
+pub mod spec;
+pub mod tensorrt;
+pub mod tract;
+pub mod trtexec;
+
+use std::path::{Path, PathBuf};
+
+use infer_spec::engine::{
+    CpuMeta, EngineFormat, EngineKind, EngineMeta, EngineProfile, GpuMeta, MetaError, META_FILE,
+    META_SCHEMA, PROFILE_FILE,
+};
+
+pub use cache::{Cache, Entry};
+pub use key::{KeyMaterial, TOOL_VERSION};
+pub use spec::{Backend, Calibration, EngineSpec, InputSpec, TrtSpec};
+
+use crate::process::Runner;
+use key::{sha256_digest, BackendKey, KEY_SCHEME};
 
 /// Errors of the `engine` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("engine: not implemented yet")]
-    NotImplemented,
+    #[error("cannot access {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the onnx model {path}: {reason}")]
+    Onnx { path: PathBuf, reason: String },
+    #[error("target {target}, input `{input}`: {reason}")]
+    Input {
+        target: String,
+        input: String,
+        reason: String,
+    },
+    #[error(
+        "target {target}: the model does not load in tract with the declared inputs: {reason}"
+    )]
+    Tract { target: String, reason: String },
+    #[error("TensorRT {version} is not supported (8.6, 10.x and 11.x are)")]
+    UnsupportedTensorrt { version: String },
+    #[error("target {target} with TensorRT {tensorrt}: {reason}")]
+    Precision {
+        target: String,
+        tensorrt: String,
+        reason: String,
+    },
+    #[error("invalid {flag} `{value}`: {reason}")]
+    Flag {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("cannot build target {target} on {gpu}: {reason}")]
+    GpuMismatch {
+        target: String,
+        gpu: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    Process(#[from] crate::process::Error),
+    #[error("`{command}` failed (exit {}){}", code.map(|c| c.to_string()).unwrap_or_else(|| "by signal".into()), if tail.is_empty() { String::new() } else { format!(":\n{tail}") })]
+    Tool {
+        command: String,
+        code: Option<i32>,
+        tail: String,
+    },
+    #[error("unexpected output from {tool}: {reason}")]
+    ToolOutput { tool: &'static str, reason: String },
+    #[error("trtexec is TensorRT {found}, the target's plan needs {expected}: run the build in the matching builder image")]
+    TrtexecVersion { expected: String, found: String },
+    #[error("unusable engine metadata {path}")]
+    Meta {
+        path: PathBuf,
+        #[source]
+        source: MetaError,
+    },
+    #[error("corrupt engine cache entry {path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("no engine cache directory: pass --cache DIR or set XDG_CACHE_HOME or HOME")]
+    NoCacheDir,
+    #[error("no engine for target {target} in {dir}: {reason}")]
+    NotFound {
+        target: String,
+        dir: PathBuf,
+        reason: String,
+    },
+    #[error("the engine in {path} does not match target {target}: {differences}")]
+    Mismatch {
+        target: String,
+        path: PathBuf,
+        differences: String,
+    },
+    #[error("unknown target `{target}`; the plan has: {available}")]
+    UnknownTarget { target: String, available: String },
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        false
+        matches!(
+            self,
+            Error::Onnx { .. }
+                | Error::Input { .. }
+                | Error::Tract { .. }
+                | Error::UnsupportedTensorrt { .. }
+                | Error::Precision { .. }
+                | Error::Flag { .. }
+                | Error::NoCacheDir
+                | Error::NotFound { .. }
+                | Error::Mismatch { .. }
+                | Error::UnknownTarget { .. }
+        )
+    }
+}
+
+/// An engine in a cache or a directory of engines, with its metadata and profile.
+#[derive(Debug, Clone)]
+pub struct EngineArtifact {
+    /// The cache key.
+    pub key: String,
+    /// The entry directory (engine file, `meta.json`, `profile.json`).
+    pub dir: PathBuf,
+    /// The engine file.
+    pub engine: PathBuf,
+    pub meta: EngineMeta,
+    pub profile: EngineProfile,
+    /// True when the engine was already there and nothing was built.
+    pub cached: bool,
+}
+
+impl EngineArtifact {
+    fn from_entry(e: Entry, cached: bool) -> EngineArtifact {
+        EngineArtifact {
+            key: e.meta.cache_key.clone(),
+            engine: e.engine_path(),
+            dir: e.dir,
+            meta: e.meta,
+            profile: e.profile,
+            cached,
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `sha256:<hex>` of a calibration input: a cache file's bytes, or for a directory the sorted
+/// list of (relative path, file digest) of the files in it.
+pub fn calibration_digest(c: &Calibration) -> Result<String, Error> {
+    match c {
+        Calibration::Cache(p) => Ok(sha256_digest(&read(p)?)),
+        Calibration::Data(dir) => {
+            let mut files = Vec::new();
+            for e in walkdir::WalkDir::new(dir).sort_by_file_name() {
+                let e = e.map_err(|e| Error::Io {
+                    path: dir.clone(),
+                    source: e.into(),
+                })?;
+                if e.file_type().is_file() {
+                    let rel = e.path().strip_prefix(dir).unwrap_or(e.path());
+                    files.push(format!(
+                        "{} {}",
+                        rel.to_string_lossy(),
+                        cache::digest_file(e.path())?
+                    ));
+                }
+            }
+            if files.is_empty() {
+                return Err(Error::Input {
+                    target: "-".into(),
+                    input: dir.display().to_string(),
+                    reason: "the calibration directory holds no files".into(),
+                });
+            }
+            Ok(sha256_digest(files.join("\n").as_bytes()))
+        }
+    }
+}
+
+/// The key material for `spec`, given the ONNX digest.
+pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial, Error> {
+    let backend = match &spec.backend {
+        Backend::Cpu => BackendKey::Tract {
+            tract: tract::TRACT_VERSION.into(),
+        },
+        Backend::Tensorrt(trt) => BackendKey::Tensorrt {
+            tensorrt: trt.tensorrt.to_string(),
+            cuda: trt.cuda.to_string(),
+            sm: trt.sm.to_string(),
+            driver_floor: trt.driver_floor.to_string(),
+            builder_flags: tensorrt::key_flags(spec, trt)?,
+            calibration: trt
+                .calibration
+                .as_ref()
+                .map(calibration_digest)
+                .transpose()?,
+        },
+    };
+    Ok(KeyMaterial {
+        scheme: KEY_SCHEME.into(),
+        tool: TOOL_VERSION.into(),
+        onnx: onnx_digest.into(),
+        target: spec.target.clone(),
+        precision: spec.precision,
+        shape_profile: spec.shape_profile()?,
+        batch_sizes: spec.planned_batches(),
+        backend,
+    })
+}
+
+/// Build `spec`'s engine into `cache`, or return the cached one when the key is present.
+pub fn build(
+    spec: &EngineSpec,
+    cache: &Cache,
+    runner: &dyn Runner,
+) -> Result<EngineArtifact, Error> {
+    let onnx_bytes = read(&spec.onnx)?;
+    let onnx_digest = sha256_digest(&onnx_bytes);
+    let material = key_material(spec, &onnx_digest)?;
+    let key = material.key();
+    if let Some(e) = cache.get(&key)? {
+        return Ok(EngineArtifact::from_entry(e, true));
+    }
+    let _lock = cache.lock(&key)?;
+    // Another process may have finished the same key while we waited for the lock.
+    if let Some(e) = cache.get(&key)? {
+        return Ok(EngineArtifact::from_entry(e, true));
+    }
+    cache.clean_stale(&key)?;
+    let staging = cache.stage(&key)?;
+    let dir = staging.path().to_path_buf();
+
+    let shape_profile = spec.shape_profile()?;
+    let (format, engine_path, gpu, cpu, batches, startup, measured_on, source, log) = match &spec
+        .backend
+    {
+        Backend::Cpu => {
+            let built = tract::build(spec, &onnx_bytes).map_err(|e| Error::Tract {
+                target: spec.target.clone(),
+                reason: format!("{e:#}"),
+            })?;
+            let path = dir.join(built.format.file_name());
+            cache::write_atomic(&path, &built.bytes)?;
+            let cpu = CpuMeta {
+                arch: std::env::consts::ARCH.into(),
+                tract: tract::TRACT_VERSION
+                    .parse()
+                    .map_err(|_| Error::Internal("tract version literal"))?,
+                // tract picks its kernels at run time from the CPU it finds (with portable
+                // fallbacks), so the stored model requires nothing beyond the architecture.
+                required_features: Vec::new(),
+            };
+            let threads = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            let on = format!(
+                "{} cpu, tract single-threaded, {threads} cores visible",
+                std::env::consts::ARCH
+            );
+            (
+                built.format,
+                path,
+                None,
+                Some(cpu),
+                built.batches,
+                Some(built.startup),
+                on,
+                "tract",
+                String::new(),
+            )
+        }
+        Backend::Tensorrt(trt) => {
+            let built = tensorrt::build(spec, trt, &onnx_bytes, &spec.onnx, &dir, cache, runner)?;
+            let gpu = GpuMeta {
+                sm: trt.sm,
+                tensorrt: trt.tensorrt.clone(),
+                cuda: trt.cuda.clone(),
+                driver_floor: trt.driver_floor.clone(),
+                hardware_compat: trt.hardware_compat,
+                version_compatible: trt.lean_runtime,
+                exclude_lean_runtime: trt.lean_runtime,
+                builder_gpu: built.gpu.name.clone(),
+            };
+            let on = format!(
+                "{} ({}, driver {})",
+                built.gpu.name, built.gpu.sm, built.gpu.driver
+            );
+            (
+                EngineFormat::TensorrtPlan,
+                dir.join(tensorrt::ENGINE_FILE),
+                Some(gpu),
+                None,
+                built.batches,
+                None,
+                on,
+                "trtexec",
+                built.build_log,
+            )
+        }
+    };
+    if !log.is_empty() {
+        cache::write_atomic(&dir.join("build.log"), log.as_bytes())?;
+    }
+    let engine_digest = cache::digest_file(&engine_path)?;
+    let engine_size = std::fs::metadata(&engine_path)
+        .map_err(|source| Error::Io {
+            path: engine_path.clone(),
+            source,
+        })?
+        .len();
+    let kind = if gpu.is_some() {
+        EngineKind::Tensorrt
+    } else {
+        EngineKind::Tract
+    };
+    let meta = EngineMeta {
+        schema: META_SCHEMA,
+        kind,
+        format,
+        target: spec.target.clone(),
+        precision: spec.precision,
+        shape_profile,
+        onnx_digest,
+        engine_digest: engine_digest.clone(),
+        engine_size,
+        cache_key: key.clone(),
+        builder_version: TOOL_VERSION.into(),
+        gpu,
+        cpu,
+    };
+    let profile = EngineProfile {
+        schema: META_SCHEMA,
+        target: spec.target.clone(),
+        kind,
+        engine_digest,
+        source: source.into(),
+        measured_on,
+        batches,
+        startup,
+    };
+    cache::write_atomic(&dir.join(PROFILE_FILE), &profile.to_canonical_json())?;
+    // meta.json last: an entry with metadata is complete.
+    cache::write_atomic(&dir.join(META_FILE), &meta.to_canonical_json())?;
+    let final_dir = staging.commit()?;
+    let entry = Entry::read(&final_dir)?;
+    Ok(EngineArtifact::from_entry(entry, false))
+}
+
+/// Find the engine for `spec` in `dir` — an engine cache root, or a directory holding entries
+/// copied out of caches (e.g. CI artifacts from separate `engine` jobs, up to 6 levels deep) —
+/// and verify it: the metadata must describe exactly what the plan asks for (target, precision,
+/// ONNX digest, shape profile, backend tuple) and the engine file must hash to its recorded
+/// digest.
+pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
+    let onnx_digest = sha256_digest(&read(&spec.onnx)?);
+    let material = key_material(spec, &onnx_digest)?;
+    let key = material.key();
+    let not_found = |reason: String| Error::NotFound {
+        target: spec.target.clone(),
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    if !dir.is_dir() {
+        return Err(not_found("not a directory".into()));
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if Cache::is_cache_root(dir) {
+        candidates.push(Cache::open(dir)?.entry_dir(&key));
+    }
+    for e in walkdir::WalkDir::new(dir)
+        .max_depth(6)
+        .sort_by_file_name()
+        .into_iter()
+        .flatten()
+    {
+        if e.file_type().is_file() && e.file_name() == META_FILE {
+            if let Some(parent) = e.path().parent() {
+                candidates.push(parent.to_path_buf());
+            }
+        }
+    }
+    candidates.dedup();
+    let mut same_target = Vec::new();
+    for c in candidates {
+        let Ok(bytes) = std::fs::read(c.join(META_FILE)) else {
+            continue;
+        };
+        let Ok(meta) = EngineMeta::from_json(&bytes) else {
+            continue;
+        };
+        if meta.cache_key == key {
+            let entry = Entry::read(&c)?;
+            let diffs = differences(spec, &material, &entry.meta);
+            if !diffs.is_empty() {
+                return Err(Error::Mismatch {
+                    target: spec.target.clone(),
+                    path: c,
+                    differences: diffs.join("; "),
+                });
+            }
+            entry.verify_digest()?;
+            return Ok(EngineArtifact::from_entry(entry, true));
+        }
+        if meta.target == spec.target {
+            same_target.push((c, meta));
+        }
+    }
+    match same_target.into_iter().next() {
+        Some((path, meta)) => {
+            let diffs = differences(spec, &material, &meta);
+            Err(Error::Mismatch {
+                target: spec.target.clone(),
+                path,
+                differences: if diffs.is_empty() {
+                    format!("it was built under key {} (another infer-build version or other builder flags), the plan needs {key}", meta.cache_key)
+                } else {
+                    diffs.join("; ")
+                },
+            })
+        }
+        None => Err(not_found(format!(
+            "no entry with key {key}; build it with `infer-build engine RECIPE --target {}`",
+            spec.target
+        ))),
+    }
+}
+
+/// What differs between the plan (`spec`, `material`) and an engine's metadata, one phrase each.
+pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta) -> Vec<String> {
+    let mut d = Vec::new();
+    let mut diff = |what: &str, plan: String, engine: String| {
+        if plan != engine {
+            d.push(format!("{what}: plan {plan}, engine {engine}"));
+        }
+    };
+    diff("target", spec.target.clone(), meta.target.clone());
+    diff(
+        "precision",
+        spec.precision.to_string(),
+        meta.precision.to_string(),
+    );
+    diff("onnx", material.onnx.clone(), meta.onnx_digest.clone());
+    diff(
+        "shape profile",
+        format!("{:?}", material.shape_profile),
+        format!("{:?}", meta.shape_profile),
+    );
+    match (&spec.backend, &meta.gpu, &meta.cpu) {
+        (Backend::Cpu, None, Some(c)) => {
+            diff("tract", tract::TRACT_VERSION.into(), c.tract.to_string());
+        }
+        (Backend::Tensorrt(t), Some(g), None) => {
+            diff("compute capability", t.sm.to_string(), g.sm.to_string());
+            diff("TensorRT", t.tensorrt.to_string(), g.tensorrt.to_string());
+            diff("CUDA", t.cuda.to_string(), g.cuda.to_string());
+            diff(
+                "driver floor",
+                t.driver_floor.to_string(),
+                g.driver_floor.to_string(),
+            );
+            diff(
+                "hardware compatibility",
+                t.hardware_compat.trtexec_value().into(),
+                g.hardware_compat.trtexec_value().into(),
+            );
+            diff(
+                "lean runtime",
+                t.lean_runtime.to_string(),
+                g.exclude_lean_runtime.to_string(),
+            );
+        }
+        (Backend::Cpu, _, _) => diff("engine kind", "tract".into(), meta.kind.to_string()),
+        (Backend::Tensorrt(_), _, _) => {
+            diff("engine kind", "tensorrt".into(), meta.kind.to_string())
+        }
+    }
+    d
+}
+
+/// Resolve the cache root: `--cache DIR` if given, else the default location.
+pub fn cache_root(flag: Option<&Path>) -> Result<PathBuf, Error> {
+    match flag {
+        Some(p) => Ok(p.to_path_buf()),
+        None => Cache::default_root().ok_or(Error::NoCacheDir),
     }
 }

@@ -6,3 +6,4 @@ pub mod faultproxy;
 pub mod registry;
 pub mod registry_support;
 pub mod slim;
+pub mod engine;

@@ -7,6 +7,7 @@
 //! builder-side (recipe parsing, OCI, registry, CLI).
 
 pub mod dtype;
+pub mod engine;
 pub mod runtime;
 
 pub use dtype::DataType;

@@ -1,0 +1,1122 @@
+//! Engine metadata: the compatibility tuple an engine was built for, the engine profile (measured
+//! compute time per batch size), and the pure check the runtime runs at start.
+//!
+//! The builder writes [`EngineMeta`] next to every engine (`meta.json`), into the image
+//! annotations and into the runtime config; `infer-serve` describes the node it runs on as a
+//! [`Found`] and calls [`check_compat`] before loading anything. A mismatch is an error that names
+//! both sides; there is no silent fallback.
+//!
+//! This module does no I/O: it parses, compares and (de)serialises values.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the metadata and profile documents. Bumped when a field changes meaning.
+pub const META_SCHEMA: u32 = 1;
+
+/// File name of the engine metadata stored next to an engine.
+pub const META_FILE: &str = "meta.json";
+/// File name of the engine profile stored next to an engine.
+pub const PROFILE_FILE: &str = "profile.json";
+
+/// Which backend runs the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// A tract model (ONNX or tract's NNEF form) run on the CPU.
+    Tract,
+    /// A serialized TensorRT plan.
+    Tensorrt,
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Tract => "tract",
+            EngineKind::Tensorrt => "tensorrt",
+        })
+    }
+}
+
+/// On-disk format of the engine file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineFormat {
+    /// The (validated) ONNX model itself; tract loads and optimises it at start.
+    Onnx,
+    /// tract's NNEF archive (`.nnef.tar`) with the tract core, ONNX and resource extensions.
+    TractNnefTar,
+    /// A TensorRT plan (`.plan`).
+    TensorrtPlan,
+}
+
+impl EngineFormat {
+    /// The `[engine] kind` of `runtime.toml` that loads this format.
+    pub fn runtime_kind(self) -> crate::runtime::EngineKind {
+        match self {
+            EngineFormat::Onnx => crate::runtime::EngineKind::TractOnnx,
+            EngineFormat::TractNnefTar => crate::runtime::EngineKind::TractNnef,
+            EngineFormat::TensorrtPlan => crate::runtime::EngineKind::TensorRt,
+        }
+    }
+
+    /// The file name the engine is stored under, inside its cache entry and inside images.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            EngineFormat::Onnx => "model.onnx",
+            EngineFormat::TractNnefTar => "model.nnef.tar",
+            EngineFormat::TensorrtPlan => "engine.plan",
+        }
+    }
+}
+
+/// Numeric precision an engine computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Int8,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Int8 => "int8",
+        })
+    }
+}
+
+impl FromStr for Precision {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" => Ok(Precision::Fp32),
+            "fp16" => Ok(Precision::Fp16),
+            "int8" => Ok(Precision::Int8),
+            _ => Err(ParseError::new("precision", s, "fp32, fp16 or int8")),
+        }
+    }
+}
+
+/// TensorRT hardware-compatibility level of a plan.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum HardwareCompat {
+    /// Bound to the compute capability (and in practice the model) of the building GPU.
+    #[default]
+    None,
+    /// `ampere+`: runs on any GPU of compute capability 8.0 or newer (TensorRT 8.6+).
+    AmperePlus,
+    /// `sameComputeCapability`: any GPU with the builder's compute capability (TensorRT 10.9+).
+    SameComputeCapability,
+}
+
+impl HardwareCompat {
+    /// The value `trtexec --hardwareCompatibilityLevel=` takes.
+    pub fn trtexec_value(self) -> &'static str {
+        match self {
+            HardwareCompat::None => "none",
+            HardwareCompat::AmperePlus => "ampere+",
+            HardwareCompat::SameComputeCapability => "sameComputeCapability",
+        }
+    }
+}
+
+impl FromStr for HardwareCompat {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        match s {
+            "none" => Ok(HardwareCompat::None),
+            "ampere+" | "ampere-plus" => Ok(HardwareCompat::AmperePlus),
+            "sameComputeCapability" | "same-compute-capability" => {
+                Ok(HardwareCompat::SameComputeCapability)
+            }
+            _ => Err(ParseError::new(
+                "hardware compatibility level",
+                s,
+                "none, ampere+ or sameComputeCapability",
+            )),
+        }
+    }
+}
+
+/// A value that could not be parsed: what it was meant to be, the text, what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} `{text}`: expected {expected}")]
+pub struct ParseError {
+    pub what: &'static str,
+    pub text: String,
+    pub expected: &'static str,
+}
+
+impl ParseError {
+    fn new(what: &'static str, text: &str, expected: &'static str) -> Self {
+        ParseError {
+            what,
+            text: text.to_string(),
+            expected,
+        }
+    }
+}
+
+/// A CUDA compute capability (`sm_89` is 8.9). Serialised as `"sm_89"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sm {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Sm {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Sm { major, minor }
+    }
+}
+
+impl fmt::Display for Sm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sm_{}{}", self.major, self.minor)
+    }
+}
+
+impl FromStr for Sm {
+    type Err = ParseError;
+    /// Accepts `sm_89`, `sm89`, `SM_90` and the dotted `8.9` that `nvidia-smi` prints.
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let err = || {
+            ParseError::new(
+                "compute capability",
+                s,
+                "sm_XY or X.Y, such as sm_89 or 8.9",
+            )
+        };
+        let t = s.trim();
+        if let Some((a, b)) = t.split_once('.') {
+            let major = a.parse().map_err(|_| err())?;
+            let minor = b.parse().map_err(|_| err())?;
+            return Ok(Sm { major, minor });
+        }
+        let lower = t.to_ascii_lowercase();
+        let digits = lower
+            .strip_prefix("sm_")
+            .or_else(|| lower.strip_prefix("sm"))
+            .ok_or_else(err)?;
+        if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        let (a, b) = digits.split_at(digits.len() - 1);
+        Ok(Sm {
+            major: a.parse().map_err(|_| err())?,
+            minor: b.parse().map_err(|_| err())?,
+        })
+    }
+}
+
+impl Serialize for Sm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A dotted numeric version (`10.8.0.43`, `12.8`, `570.124.06`). Compared component-wise as
+/// numbers; the text is kept as written (driver versions keep their leading zeros).
+#[derive(Debug, Clone, Eq)]
+pub struct Version {
+    text: String,
+    parts: Vec<u64>,
+}
+
+impl Version {
+    /// The numeric components.
+    pub fn parts(&self) -> &[u64] {
+        &self.parts
+    }
+
+    /// Component `i`, or 0 when absent.
+    pub fn part(&self, i: usize) -> u64 {
+        self.parts.get(i).copied().unwrap_or(0)
+    }
+
+    pub fn major(&self) -> u64 {
+        self.part(0)
+    }
+
+    pub fn minor(&self) -> u64 {
+        self.part(1)
+    }
+
+    /// True when `self` and `other` agree on the first `n` components (missing ones are 0).
+    pub fn same_prefix(&self, other: &Version, n: usize) -> bool {
+        (0..n).all(|i| self.part(i) == other.part(i))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl PartialEq for Version {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Ord for Version {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let n = self.parts.len().max(other.parts.len());
+        (0..n)
+            .map(|i| self.part(i).cmp(&other.part(i)))
+            .find(|o| *o != Ordering::Equal)
+            .unwrap_or(Ordering::Equal)
+    }
+}
+
+impl PartialOrd for Version {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl FromStr for Version {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let t = s.trim();
+        let parts: Option<Vec<u64>> = t.split('.').map(|p| p.parse().ok()).collect();
+        match parts {
+            Some(parts) if !parts.is_empty() && parts.len() <= 6 => Ok(Version {
+                text: t.to_string(),
+                parts,
+            }),
+            _ => Err(ParseError::new(
+                "version",
+                s,
+                "dotted numbers such as 10.8.0.43",
+            )),
+        }
+    }
+}
+
+impl Serialize for Version {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Version {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The min/opt/max shapes of one input in the engine's (single) optimisation profile.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputProfile {
+    pub name: String,
+    pub min: Vec<u64>,
+    pub opt: Vec<u64>,
+    pub max: Vec<u64>,
+}
+
+/// What a TensorRT engine is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuMeta {
+    /// Compute capability of the target (and of the building GPU).
+    pub sm: Sm,
+    /// TensorRT version including the build number, e.g. `10.8.0.43`.
+    pub tensorrt: Version,
+    /// CUDA version of the TensorRT build, e.g. `12.8`.
+    pub cuda: Version,
+    /// Lowest driver version the engine's CUDA build runs on, e.g. `570.26`.
+    pub driver_floor: Version,
+    #[serde(default)]
+    pub hardware_compat: HardwareCompat,
+    /// Built with `--versionCompatible`: runs on newer TensorRT of the same major (and 8→10,
+    /// 10→11), loaded through the lean or dispatch runtime.
+    pub version_compatible: bool,
+    /// Built with `--excludeLeanRuntime`: the lean runtime must be supplied by the image.
+    pub exclude_lean_runtime: bool,
+    /// Name of the GPU the engine was built on, as the driver reports it.
+    pub builder_gpu: String,
+}
+
+/// What a CPU (tract) engine is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuMeta {
+    /// Rust target architecture (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// tract version that wrote the engine (and must read it).
+    pub tract: Version,
+    /// CPU features the engine requires, sorted (empty: the architecture's baseline).
+    pub required_features: Vec<String>,
+}
+
+/// The compatibility tuple of one engine, plus the digests that identify it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMeta {
+    /// Always [`META_SCHEMA`] when written by this version.
+    pub schema: u32,
+    pub kind: EngineKind,
+    pub format: EngineFormat,
+    /// Target id from the plan, e.g. `sm89-fp16` or `cpu-fp32`.
+    pub target: String,
+    pub precision: Precision,
+    /// Inputs with their min/opt/max shapes, in the model's input order.
+    pub shape_profile: Vec<InputProfile>,
+    /// `sha256:<hex>` of the ONNX bytes the engine was built from.
+    pub onnx_digest: String,
+    /// `sha256:<hex>` of the engine file.
+    pub engine_digest: String,
+    /// Size of the engine file in bytes.
+    pub engine_size: u64,
+    /// The engine cache key (hex) this engine was stored under.
+    pub cache_key: String,
+    /// Version of infer-build that built it.
+    pub builder_version: String,
+    /// Present for TensorRT engines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuMeta>,
+    /// Present for tract engines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuMeta>,
+}
+
+impl EngineMeta {
+    /// Parse `meta.json` and check the schema.
+    pub fn from_json(bytes: &[u8]) -> Result<EngineMeta, MetaError> {
+        let meta: EngineMeta =
+            serde_json::from_slice(bytes).map_err(|e| MetaError::Parse(e.to_string()))?;
+        meta.validate()?;
+        Ok(meta)
+    }
+
+    /// Canonical JSON (sorted keys, no insignificant whitespace, trailing newline).
+    pub fn to_canonical_json(&self) -> Vec<u8> {
+        canonical_json(self)
+    }
+
+    /// Structural checks: schema, the kind-specific part present and the other one absent.
+    pub fn validate(&self) -> Result<(), MetaError> {
+        if self.schema != META_SCHEMA {
+            return Err(MetaError::Schema(self.schema));
+        }
+        let ok = match self.kind {
+            EngineKind::Tract => {
+                self.cpu.is_some()
+                    && self.gpu.is_none()
+                    && matches!(self.format, EngineFormat::Onnx | EngineFormat::TractNnefTar)
+            }
+            EngineKind::Tensorrt => {
+                self.gpu.is_some()
+                    && self.cpu.is_none()
+                    && self.format == EngineFormat::TensorrtPlan
+            }
+        };
+        if !ok {
+            return Err(MetaError::Inconsistent(self.kind));
+        }
+        for d in [&self.onnx_digest, &self.engine_digest] {
+            if !is_sha256_digest(d) {
+                return Err(MetaError::Digest(d.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// One line describing what the engine was built for, used on both sides of a mismatch.
+    pub fn describe(&self) -> String {
+        match (&self.gpu, &self.cpu) {
+            (Some(g), _) => {
+                let mut s = format!(
+                    "{} with TensorRT {} (CUDA {}, driver >= {}",
+                    g.sm, g.tensorrt, g.cuda, g.driver_floor
+                );
+                if g.hardware_compat != HardwareCompat::None {
+                    s.push_str(&format!(
+                        ", hardware compatibility {}",
+                        g.hardware_compat.trtexec_value()
+                    ));
+                }
+                if g.version_compatible {
+                    s.push_str(", version-compatible");
+                }
+                s.push(')');
+                s
+            }
+            (None, Some(c)) => {
+                let mut s = format!("{} with tract {}", c.arch, c.tract);
+                if !c.required_features.is_empty() {
+                    s.push_str(&format!(
+                        " (cpu features {})",
+                        c.required_features.join(",")
+                    ));
+                }
+                s
+            }
+            (None, None) => format!("{} engine", self.kind),
+        }
+    }
+}
+
+fn is_sha256_digest(s: &str) -> bool {
+    s.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
+}
+
+/// A metadata document that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    #[error("engine metadata is not valid json: {0}")]
+    Parse(String),
+    #[error(
+        "engine metadata schema {0} is not supported (this version reads schema {META_SCHEMA})"
+    )]
+    Schema(u32),
+    #[error("engine metadata of kind {0} lacks its device section or has the other kind's")]
+    Inconsistent(EngineKind),
+    #[error("engine metadata digest `{0}` is not sha256:<64 lowercase hex>")]
+    Digest(String),
+}
+
+/// What the runtime found on the node it starts on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Found {
+    /// The first visible GPU, if any.
+    pub gpu: Option<FoundGpu>,
+    /// Version of the TensorRT library that was loaded (`getInferLibVersion`), if any. It
+    /// carries major.minor.patch; a build number, when known, is compared too.
+    pub tensorrt: Option<Version>,
+    /// The CPU.
+    pub cpu: FoundCpu,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundGpu {
+    pub sm: Sm,
+    pub driver: Version,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FoundCpu {
+    /// Rust target architecture (`std::env::consts::ARCH`).
+    pub arch: String,
+    /// Features detected at run time (lowercase names as `is_x86_feature_detected!` spells them).
+    pub features: Vec<String>,
+}
+
+impl FoundCpu {
+    /// The CPU this process runs on, as far as the standard library can tell.
+    pub fn detect() -> FoundCpu {
+        FoundCpu {
+            arch: std::env::consts::ARCH.to_string(),
+            features: detect_cpu_features(),
+        }
+    }
+}
+
+/// CPU features the builder may record as required, probed with the standard library.
+pub fn detect_cpu_features() -> Vec<String> {
+    #[allow(unused_mut)]
+    let mut v: Vec<String> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $( if std::is_x86_feature_detected!($f) { v.push($f.to_string()); } )* };
+        }
+        probe!("sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $( if std::arch::is_aarch64_feature_detected!($f) { v.push($f.to_string()); } )* };
+        }
+        probe!("neon", "fp16", "dotprod");
+    }
+    v.sort();
+    v
+}
+
+impl fmt::Display for Found {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.gpu {
+            Some(g) => {
+                write!(f, "{} ({}) with ", g.sm, g.name)?;
+                match &self.tensorrt {
+                    Some(t) => write!(f, "TensorRT {t}")?,
+                    None => f.write_str("no TensorRT library")?,
+                }
+                write!(f, " and driver {}", g.driver)
+            }
+            None => {
+                write!(f, "no GPU, cpu {}", self.cpu.arch)?;
+                if !self.cpu.features.is_empty() {
+                    write!(f, " (features {})", self.cpu.features.join(","))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The engine cannot run on this node. The message names what the engine was built for, what
+/// the node has, and which part differs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("engine for target {target} was built for {built}, this node has {found}: {reason}")]
+pub struct Mismatch {
+    pub target: String,
+    pub built: String,
+    pub found: String,
+    pub reason: MismatchReason,
+}
+
+/// Which part of the tuple differs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MismatchReason {
+    #[error("the metadata is unusable ({0})")]
+    Meta(MetaError),
+    #[error("no GPU is visible")]
+    NoGpu,
+    #[error("compute capability differs ({built} != {found}) and the engine has no hardware compatibility level")]
+    ComputeCapability { built: Sm, found: Sm },
+    #[error("compute capability {found} is below {min}, the minimum of hardware compatibility level ampere+")]
+    BelowAmpere { found: Sm, min: Sm },
+    #[error("driver {found} is older than the engine's floor {floor}")]
+    Driver { found: Version, floor: Version },
+    #[error("no TensorRT library was loaded")]
+    NoTensorrt,
+    #[error("TensorRT {found} differs from {built} and the engine is not version-compatible")]
+    TensorrtExact { built: Version, found: Version },
+    #[error("TensorRT {found} cannot run a version-compatible engine from TensorRT {built}")]
+    TensorrtVersionCompat { built: Version, found: Version },
+    #[error("cpu architecture {found} differs from {built}")]
+    Arch { built: String, found: String },
+    #[error("cpu lacks required features {0}")]
+    CpuFeatures(String),
+}
+
+/// Check that the engine described by `meta` can run on what the runtime `found`.
+///
+/// Rules:
+/// - TensorRT engines need a GPU. Its compute capability must equal the engine's unless the
+///   engine was built with `ampere+` (then anything ≥ 8.0 runs it). The driver must be at or
+///   above the engine's floor. The loaded TensorRT must equal the build version (major, minor,
+///   patch, and build when both sides know it), or, for a version-compatible engine, be the same
+///   or a newer release of the same major, or one of the supported cross-major paths 8→10 and
+///   10→11.
+/// - tract engines need the same CPU architecture and every recorded CPU feature.
+// Called once at start-up: the size of the error does not matter, its content does.
+#[allow(clippy::result_large_err)]
+pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
+    let fail = |reason| Mismatch {
+        target: meta.target.clone(),
+        built: meta.describe(),
+        found: found.to_string(),
+        reason,
+    };
+    meta.validate().map_err(|e| fail(MismatchReason::Meta(e)))?;
+    if let Some(g) = &meta.gpu {
+        let node = found
+            .gpu
+            .as_ref()
+            .ok_or_else(|| fail(MismatchReason::NoGpu))?;
+        match g.hardware_compat {
+            HardwareCompat::AmperePlus => {
+                let min = Sm::new(8, 0);
+                if node.sm < min {
+                    return Err(fail(MismatchReason::BelowAmpere {
+                        found: node.sm,
+                        min,
+                    }));
+                }
+            }
+            HardwareCompat::None | HardwareCompat::SameComputeCapability => {
+                if node.sm != g.sm {
+                    return Err(fail(MismatchReason::ComputeCapability {
+                        built: g.sm,
+                        found: node.sm,
+                    }));
+                }
+            }
+        }
+        if node.driver < g.driver_floor {
+            return Err(fail(MismatchReason::Driver {
+                found: node.driver.clone(),
+                floor: g.driver_floor.clone(),
+            }));
+        }
+        let trt = found
+            .tensorrt
+            .as_ref()
+            .ok_or_else(|| fail(MismatchReason::NoTensorrt))?;
+        if g.version_compatible {
+            if !version_compatible_runs(&g.tensorrt, trt) {
+                return Err(fail(MismatchReason::TensorrtVersionCompat {
+                    built: g.tensorrt.clone(),
+                    found: trt.clone(),
+                }));
+            }
+        } else {
+            // Compare as many components as both sides carry (at least major.minor.patch).
+            let n = g.tensorrt.parts().len().min(trt.parts().len()).max(3);
+            if !g.tensorrt.same_prefix(trt, n) {
+                return Err(fail(MismatchReason::TensorrtExact {
+                    built: g.tensorrt.clone(),
+                    found: trt.clone(),
+                }));
+            }
+        }
+    }
+    if let Some(c) = &meta.cpu {
+        if c.arch != found.cpu.arch {
+            return Err(fail(MismatchReason::Arch {
+                built: c.arch.clone(),
+                found: found.cpu.arch.clone(),
+            }));
+        }
+        let missing: Vec<&str> = c
+            .required_features
+            .iter()
+            .filter(|f| !found.cpu.features.contains(f))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(fail(MismatchReason::CpuFeatures(missing.join(","))));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a version-compatible plan built with TensorRT `built` loads on `found`.
+fn version_compatible_runs(built: &Version, found: &Version) -> bool {
+    match (built.major(), found.major()) {
+        (b, f) if b == f => {
+            // Compare the components both sides carry: the runtime library reports
+            // major.minor.patch, the plan also has the build number.
+            let n = built.parts().len().min(found.parts().len()).max(3);
+            let cut = |v: &Version| (0..n).map(|i| v.part(i)).collect::<Vec<u64>>();
+            cut(found) >= cut(built)
+        }
+        (8, 10) | (10, 11) => true,
+        _ => false,
+    }
+}
+
+/// Measured compute time for one batch size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchTiming {
+    pub batch: u32,
+    /// Median compute time of one batch, in microseconds.
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    /// Number of timed runs the median is taken over.
+    pub runs: u32,
+    /// The slowest layers (TensorRT `--exportProfile`), largest share first; empty for tract.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerTiming>,
+}
+
+/// Time spent in one engine layer, from a per-layer profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerTiming {
+    pub name: String,
+    /// Average time per run, in microseconds.
+    pub average_us: f64,
+    /// Share of the total engine time, in percent.
+    pub percent: f64,
+}
+
+/// How an engine's start-up form was chosen (tract): the time to get a runnable model from
+/// each candidate form, median of several loads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartupMeasurement {
+    pub onnx_ms: f64,
+    /// Absent when the model could not be written as NNEF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nnef_ms: Option<f64>,
+    pub chosen: EngineFormat,
+    pub runs: u32,
+    /// Why NNEF was not used, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The engine profile: compute time T(b) for every planned batch size, measured on the builder.
+/// Stored next to the engine as `profile.json` (canonical JSON); read by the runtime, the deploy
+/// generator and the batching report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineProfile {
+    pub schema: u32,
+    pub target: String,
+    pub kind: EngineKind,
+    /// `sha256:<hex>` of the engine file the numbers belong to.
+    pub engine_digest: String,
+    /// Where the numbers come from: `tract` (timed in-process) or `trtexec` (`--exportTimes`).
+    pub source: String,
+    /// The machine that measured: GPU name, or CPU architecture and thread count.
+    pub measured_on: String,
+    /// Sorted by batch size, one entry per planned batch size.
+    pub batches: Vec<BatchTiming>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<StartupMeasurement>,
+}
+
+impl EngineProfile {
+    pub fn from_json(bytes: &[u8]) -> Result<EngineProfile, MetaError> {
+        let p: EngineProfile =
+            serde_json::from_slice(bytes).map_err(|e| MetaError::Parse(e.to_string()))?;
+        if p.schema != META_SCHEMA {
+            return Err(MetaError::Schema(p.schema));
+        }
+        Ok(p)
+    }
+
+    pub fn to_canonical_json(&self) -> Vec<u8> {
+        canonical_json(self)
+    }
+
+    /// T(b) for a planned batch size.
+    pub fn compute_us(&self, batch: u32) -> Option<f64> {
+        self.batches
+            .iter()
+            .find(|t| t.batch == batch)
+            .map(|t| t.median_us)
+    }
+}
+
+/// Serialise `value` as canonical JSON: object keys sorted by their bytes, no whitespace, a
+/// trailing newline. Independent of serde_json's `preserve_order` feature.
+pub fn canonical_json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serialising plain data types to a `Value` cannot fail (no maps with non-string keys here).
+    let v = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);
+    let mut out = Vec::new();
+    write_canonical(&v, &mut out);
+    out.push(b'\n');
+    out
+}
+
+fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (k, val)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
+                out.push(b':');
+                write_canonical(val, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        other => out.extend_from_slice(other.to_string().as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn v(s: &str) -> Version {
+        s.parse().unwrap()
+    }
+
+    fn trt_meta(sm: Sm, trt: &str, hw: HardwareCompat, vc: bool) -> EngineMeta {
+        EngineMeta {
+            schema: META_SCHEMA,
+            kind: EngineKind::Tensorrt,
+            format: EngineFormat::TensorrtPlan,
+            target: format!("{}-fp16", sm.to_string().replace('_', "")),
+            precision: Precision::Fp16,
+            shape_profile: vec![InputProfile {
+                name: "input".into(),
+                min: vec![1, 64],
+                opt: vec![16, 64],
+                max: vec![32, 64],
+            }],
+            onnx_digest: D1.into(),
+            engine_digest: D2.into(),
+            engine_size: 123,
+            cache_key: "k".into(),
+            builder_version: "0.1.0".into(),
+            gpu: Some(GpuMeta {
+                sm,
+                tensorrt: v(trt),
+                cuda: v("12.8"),
+                driver_floor: v("570.26"),
+                hardware_compat: hw,
+                version_compatible: vc,
+                exclude_lean_runtime: vc,
+                builder_gpu: "NVIDIA L4".into(),
+            }),
+            cpu: None,
+        }
+    }
+
+    fn cpu_meta(features: &[&str]) -> EngineMeta {
+        EngineMeta {
+            schema: META_SCHEMA,
+            kind: EngineKind::Tract,
+            format: EngineFormat::TractNnefTar,
+            target: "cpu-fp32".into(),
+            precision: Precision::Fp32,
+            shape_profile: vec![],
+            onnx_digest: D1.into(),
+            engine_digest: D2.into(),
+            engine_size: 1,
+            cache_key: "k".into(),
+            builder_version: "0.1.0".into(),
+            gpu: None,
+            cpu: Some(CpuMeta {
+                arch: "x86_64".into(),
+                tract: v("0.23.9"),
+                required_features: features.iter().map(|s| s.to_string()).collect(),
+            }),
+        }
+    }
+
+    fn gpu(sm: Sm, driver: &str, trt: Option<&str>) -> Found {
+        Found {
+            gpu: Some(FoundGpu {
+                sm,
+                driver: v(driver),
+                name: "NVIDIA A100-SXM4-40GB".into(),
+            }),
+            tensorrt: trt.map(v),
+            cpu: FoundCpu {
+                arch: "x86_64".into(),
+                features: vec![],
+            },
+        }
+    }
+
+    /// `None` expected means compatible; otherwise the full error message.
+    fn check(meta: &EngineMeta, found: &Found, expected: Option<&str>) {
+        let got = check_compat(meta, found).err().map(|e| e.to_string());
+        assert_eq!(got.as_deref(), expected, "meta {meta:?}\nfound {found:?}");
+    }
+
+    #[test]
+    fn gpu_rules() {
+        let sm89 = Sm::new(8, 9);
+        let sm80 = Sm::new(8, 0);
+        let exact = trt_meta(sm89, "10.8.0.43", HardwareCompat::None, false);
+        check(&exact, &gpu(sm89, "580.95.05", Some("10.8.0")), None);
+        check(&exact, &gpu(sm89, "580.95.05", Some("10.8.0.43")), None);
+        check(
+            &exact,
+            &gpu(sm80, "580.95.05", Some("10.8.0")),
+            Some("engine for target sm89-fp16 was built for sm_89 with TensorRT 10.8.0.43 (CUDA 12.8, driver >= 570.26), this node has sm_80 (NVIDIA A100-SXM4-40GB) with TensorRT 10.8.0 and driver 580.95.05: compute capability differs (sm_89 != sm_80) and the engine has no hardware compatibility level"),
+        );
+        check(
+            &exact,
+            &gpu(sm89, "570.25", Some("10.8.0")),
+            Some("engine for target sm89-fp16 was built for sm_89 with TensorRT 10.8.0.43 (CUDA 12.8, driver >= 570.26), this node has sm_89 (NVIDIA A100-SXM4-40GB) with TensorRT 10.8.0 and driver 570.25: driver 570.25 is older than the engine's floor 570.26"),
+        );
+        let e = check_compat(&exact, &gpu(sm89, "580", Some("10.9.0"))).unwrap_err();
+        assert!(
+            matches!(e.reason, MismatchReason::TensorrtExact { .. }),
+            "{e}"
+        );
+        let e = check_compat(&exact, &gpu(sm89, "580", Some("10.8.0.44"))).unwrap_err();
+        assert!(
+            matches!(e.reason, MismatchReason::TensorrtExact { .. }),
+            "{e}"
+        );
+        let e = check_compat(&exact, &gpu(sm89, "580", None)).unwrap_err();
+        assert_eq!(e.reason, MismatchReason::NoTensorrt);
+        let mut no_gpu = gpu(sm89, "580", None);
+        no_gpu.gpu = None;
+        let e = check_compat(&exact, &no_gpu).unwrap_err();
+        assert_eq!(e.reason, MismatchReason::NoGpu);
+        assert!(
+            e.to_string().contains("this node has no GPU, cpu x86_64"),
+            "{e}"
+        );
+
+        let ampere = trt_meta(sm80, "10.8.0.43", HardwareCompat::AmperePlus, false);
+        check(&ampere, &gpu(Sm::new(9, 0), "580", Some("10.8.0")), None);
+        check(&ampere, &gpu(Sm::new(8, 6), "580", Some("10.8.0")), None);
+        let e = check_compat(&ampere, &gpu(Sm::new(7, 5), "580", Some("10.8.0"))).unwrap_err();
+        assert!(
+            matches!(e.reason, MismatchReason::BelowAmpere { .. }),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("hardware compatibility ampere+"),
+            "{e}"
+        );
+
+        let same_cc = trt_meta(
+            sm89,
+            "10.9.0.34",
+            HardwareCompat::SameComputeCapability,
+            false,
+        );
+        check(&same_cc, &gpu(sm89, "580", Some("10.9.0")), None);
+        assert!(check_compat(&same_cc, &gpu(Sm::new(8, 6), "580", Some("10.9.0"))).is_err());
+    }
+
+    #[test]
+    fn version_compatible_rules() {
+        let sm = Sm::new(9, 0);
+        let vc = trt_meta(sm, "10.8.0.43", HardwareCompat::None, true);
+        for ok in ["10.8.0", "10.16.1", "11.0.0", "11.4.0.106"] {
+            check(&vc, &gpu(sm, "580", Some(ok)), None);
+        }
+        for bad in ["10.7.0", "9.0.0", "12.0.0"] {
+            let e = check_compat(&vc, &gpu(sm, "580", Some(bad))).unwrap_err();
+            assert!(
+                matches!(e.reason, MismatchReason::TensorrtVersionCompat { .. }),
+                "{bad}: {e}"
+            );
+        }
+        let vc86 = trt_meta(sm, "8.6.1.6", HardwareCompat::None, true);
+        check(&vc86, &gpu(sm, "580", Some("10.0.1")), None);
+        assert!(check_compat(&vc86, &gpu(sm, "580", Some("11.0.0"))).is_err());
+    }
+
+    #[test]
+    fn cpu_rules() {
+        let m = cpu_meta(&["avx2", "fma"]);
+        let mut f = Found {
+            cpu: FoundCpu {
+                arch: "x86_64".into(),
+                features: vec!["avx".into(), "avx2".into(), "fma".into()],
+            },
+            ..Found::default()
+        };
+        check(&m, &f, None);
+        f.cpu.features = vec!["avx".into()];
+        check(
+            &m,
+            &f,
+            Some("engine for target cpu-fp32 was built for x86_64 with tract 0.23.9 (cpu features avx2,fma), this node has no GPU, cpu x86_64 (features avx): cpu lacks required features avx2,fma"),
+        );
+        f.cpu.arch = "aarch64".into();
+        let e = check_compat(&m, &f).unwrap_err();
+        assert!(matches!(e.reason, MismatchReason::Arch { .. }));
+        // The runtime's own CPU passes a baseline engine.
+        let f = Found {
+            cpu: FoundCpu::detect(),
+            ..Found::default()
+        };
+        let mut m = cpu_meta(&[]);
+        m.cpu.as_mut().unwrap().arch = std::env::consts::ARCH.into();
+        check(&m, &f, None);
+    }
+
+    #[test]
+    fn tampered_metadata_is_refused() {
+        let mut m = cpu_meta(&[]);
+        m.schema = 99;
+        let e = check_compat(&m, &Found::default()).unwrap_err();
+        assert!(matches!(
+            e.reason,
+            MismatchReason::Meta(MetaError::Schema(99))
+        ));
+        let mut m = cpu_meta(&[]);
+        m.gpu = trt_meta(Sm::new(8, 9), "10.8.0.43", HardwareCompat::None, false).gpu;
+        assert!(m.validate().is_err());
+        let mut m = cpu_meta(&[]);
+        m.engine_digest = "sha256:XYZ".into();
+        assert!(matches!(m.validate(), Err(MetaError::Digest(_))));
+    }
+
+    #[test]
+    fn parse_values() {
+        let cases = [
+            ("sm_89", (8, 9)),
+            ("sm90", (9, 0)),
+            ("SM_100", (10, 0)),
+            ("12.0", (12, 0)),
+            (" 8.6 ", (8, 6)),
+        ];
+        for (s, (a, b)) in cases {
+            assert_eq!(s.parse::<Sm>(), Ok(Sm::new(a, b)), "{s}");
+        }
+        for bad in ["", "sm_", "sm_8", "8", "gpu", "sm_8x", "8.x"] {
+            assert!(bad.parse::<Sm>().is_err(), "{bad}");
+        }
+        assert_eq!(Sm::new(12, 0).to_string(), "sm_120");
+        assert!(v("570.124.06") > v("570.86.10"));
+        assert!(v("10.16.1") > v("10.8.0.43"));
+        assert_eq!(v("12.8"), v("12.8.0"));
+        assert_eq!(v("570.124.06").to_string(), "570.124.06");
+        for bad in ["", "1..2", "a.b", "1.2.3.4.5.6.7"] {
+            assert!(bad.parse::<Version>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn json_round_trip_is_canonical() {
+        let m = trt_meta(Sm::new(8, 9), "10.8.0.43", HardwareCompat::AmperePlus, true);
+        let bytes = m.to_canonical_json();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.starts_with(
+                "{\"builder_version\":\"0.1.0\",\"cache_key\":\"k\",\"engine_digest\""
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\"sm\":\"sm_89\""), "{text}");
+        assert!(
+            text.contains("\"hardware_compat\":\"ampere-plus\""),
+            "{text}"
+        );
+        let back = EngineMeta::from_json(&bytes).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.to_canonical_json(), bytes);
+        assert!(EngineMeta::from_json(b"{\"schema\":1}").is_err());
+        let unknown = text.replacen("{", "{\"extra\":1,", 1);
+        assert!(EngineMeta::from_json(unknown.as_bytes()).is_err());
+    }
+}

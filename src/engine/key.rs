@@ -1,0 +1,177 @@
+//! The engine cache key: sha256 over a canonical serialisation of every input that changes the
+//! engine or what is stored with it, and of nothing else.
+//!
+//! In the key: the ONNX bytes' digest, the target id, the precision, the shape profile, the
+//! profiled batch sizes, the backend (tract version; or TensorRT version and build, CUDA, SM,
+//! driver floor and the full trtexec argument vector with paths replaced by placeholders), the
+//! calibration input's digest, and infer-build's own version. Not in the key: file paths, the
+//! cache location, the clock, the environment.
+
+use infer_spec::engine::{canonical_json, InputProfile, Precision};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Version of the key derivation; bump when the material below changes meaning.
+pub const KEY_SCHEME: &str = "infer-build-engine-key/1";
+
+/// The version of infer-build that goes into every key.
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The backend-specific part of the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum BackendKey {
+    Tract {
+        tract: String,
+    },
+    Tensorrt {
+        /// Version with build number.
+        tensorrt: String,
+        cuda: String,
+        sm: String,
+        driver_floor: String,
+        /// trtexec build arguments with placeholder paths.
+        builder_flags: Vec<String>,
+        /// `sha256:<hex>` of the calibration cache or data, when used.
+        calibration: Option<String>,
+    },
+}
+
+/// Everything that determines an engine cache entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyMaterial {
+    pub scheme: String,
+    pub tool: String,
+    pub onnx: String,
+    pub target: String,
+    pub precision: Precision,
+    pub shape_profile: Vec<InputProfile>,
+    pub batch_sizes: Vec<u32>,
+    pub backend: BackendKey,
+}
+
+impl KeyMaterial {
+    /// The canonical bytes that are hashed.
+    pub fn canonical(&self) -> Vec<u8> {
+        canonical_json(self)
+    }
+
+    /// The key: lowercase hex sha256 of [`KeyMaterial::canonical`].
+    pub fn key(&self) -> String {
+        hex::encode(Sha256::digest(self.canonical()))
+    }
+}
+
+/// `sha256:<hex>` of some bytes.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> KeyMaterial {
+        KeyMaterial {
+            scheme: KEY_SCHEME.into(),
+            tool: "0.1.0".into(),
+            onnx: sha256_digest(b"model"),
+            target: "sm89-fp16".into(),
+            precision: Precision::Fp16,
+            shape_profile: vec![InputProfile {
+                name: "input".into(),
+                min: vec![1, 64],
+                opt: vec![16, 64],
+                max: vec![32, 64],
+            }],
+            batch_sizes: vec![1, 8, 16, 32],
+            backend: BackendKey::Tensorrt {
+                tensorrt: "10.8.0.43".into(),
+                cuda: "12.8".into(),
+                sm: "sm_89".into(),
+                driver_floor: "570.26".into(),
+                builder_flags: vec!["--onnx=<onnx>".into(), "--fp16".into()],
+                calibration: None,
+            },
+        }
+    }
+
+    #[test]
+    fn golden_key_is_stable() {
+        // Changing this value invalidates every user's cache: only with a KEY_SCHEME bump.
+        let m = base();
+        assert_eq!(
+            String::from_utf8(m.canonical()).unwrap(),
+            "{\"backend\":{\"builder_flags\":[\"--onnx=<onnx>\",\"--fp16\"],\"calibration\":null,\"cuda\":\"12.8\",\"driver_floor\":\"570.26\",\"kind\":\"tensorrt\",\"sm\":\"sm_89\",\"tensorrt\":\"10.8.0.43\"},\"batch_sizes\":[1,8,16,32],\"onnx\":\"sha256:ce8e2fc9b3f84e4f8f6b4eb2b2c42b8a9b4f3d3e4b1f9a83dcbb0b6cd6d3d3b1\",\"precision\":\"fp16\",\"scheme\":\"infer-build-engine-key/1\",\"shape_profile\":[{\"max\":[32,64],\"min\":[1,64],\"name\":\"input\",\"opt\":[16,64]}],\"target\":\"sm89-fp16\",\"tool\":\"0.1.0\"}\n"
+                .replace(
+                    "sha256:ce8e2fc9b3f84e4f8f6b4eb2b2c42b8a9b4f3d3e4b1f9a83dcbb0b6cd6d3d3b1",
+                    &sha256_digest(b"model")
+                )
+        );
+        assert_eq!(m.key().len(), 64);
+        assert_eq!(m.key(), base().key());
+    }
+
+    #[test]
+    fn every_field_changes_the_key() {
+        let k0 = base().key();
+        type Mutation = Box<dyn Fn(&mut KeyMaterial)>;
+        let mutations: Vec<(&str, Mutation)> = vec![
+            ("onnx", Box::new(|m| m.onnx = sha256_digest(b"modem"))),
+            ("target", Box::new(|m| m.target = "sm89-fp16b".into())),
+            ("precision", Box::new(|m| m.precision = Precision::Int8)),
+            ("tool", Box::new(|m| m.tool = "0.1.1".into())),
+            (
+                "profile",
+                Box::new(|m| m.shape_profile[0].opt = vec![8, 64]),
+            ),
+            ("batches", Box::new(|m| m.batch_sizes.push(4))),
+            (
+                "backend",
+                Box::new(|m| {
+                    m.backend = BackendKey::Tract {
+                        tract: "0.23.9".into(),
+                    }
+                }),
+            ),
+            (
+                "trt",
+                Box::new(|m| {
+                    if let BackendKey::Tensorrt { tensorrt, .. } = &mut m.backend {
+                        *tensorrt = "10.8.0.44".into()
+                    }
+                }),
+            ),
+            (
+                "flags",
+                Box::new(|m| {
+                    if let BackendKey::Tensorrt { builder_flags, .. } = &mut m.backend {
+                        builder_flags.push("--versionCompatible".into())
+                    }
+                }),
+            ),
+            (
+                "calib",
+                Box::new(|m| {
+                    if let BackendKey::Tensorrt { calibration, .. } = &mut m.backend {
+                        *calibration = Some(sha256_digest(b"c"))
+                    }
+                }),
+            ),
+            (
+                "driver",
+                Box::new(|m| {
+                    if let BackendKey::Tensorrt { driver_floor, .. } = &mut m.backend {
+                        *driver_floor = "580".into()
+                    }
+                }),
+            ),
+        ];
+        let mut seen = std::collections::BTreeSet::from([k0.clone()]);
+        for (name, f) in mutations {
+            let mut m = base();
+            f(&mut m);
+            assert!(seen.insert(m.key()), "{name} did not change the key");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! A summary of an ONNX model's graph, enough to choose the TensorRT precision path: which
+//! operator types occur (Q/DQ nodes mean the model is already quantized) and whether it carries
+//! FP16 tensors (a model pre-converted for a strongly typed FP16 build).
+
+use std::collections::BTreeSet;
+
+use tract_onnx::pb::type_proto::Value as TypeValue;
+use tract_onnx::prelude::Framework;
+
+/// ONNX `TensorProto.DataType.FLOAT16`.
+const ONNX_FLOAT16: i32 = 10;
+
+/// What the precision checks need to know about a model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OnnxSummary {
+    /// Operator types of the main graph's nodes, sorted.
+    pub op_types: BTreeSet<String>,
+    /// Graph inputs: name and ONNX element type.
+    pub inputs: Vec<(String, i32)>,
+    /// Some initializer, graph input or output is FLOAT16.
+    pub fp16_tensors: bool,
+}
+
+impl OnnxSummary {
+    /// Parse the ONNX protobuf (no shape inference, no optimisation).
+    pub fn from_bytes(bytes: &[u8]) -> Result<OnnxSummary, String> {
+        let proto = tract_onnx::onnx()
+            .proto_model_for_read(&mut &bytes[..])
+            .map_err(|e| format!("{e:#}"))?;
+        let graph = proto.graph.ok_or("the model has no graph")?;
+        let elem = |v: &tract_onnx::pb::ValueInfoProto| match v
+            .r#type
+            .as_ref()
+            .and_then(|t| t.value.as_ref())
+        {
+            Some(TypeValue::TensorType(t)) => t.elem_type,
+            _ => 0,
+        };
+        let inputs: Vec<(String, i32)> = graph
+            .input
+            .iter()
+            .filter(|i| !graph.initializer.iter().any(|init| init.name == i.name))
+            .map(|i| (i.name.clone(), elem(i)))
+            .collect();
+        let fp16_tensors = graph
+            .initializer
+            .iter()
+            .any(|t| t.data_type == ONNX_FLOAT16)
+            || graph
+                .input
+                .iter()
+                .chain(graph.output.iter())
+                .any(|v| elem(v) == ONNX_FLOAT16);
+        Ok(OnnxSummary {
+            op_types: graph.node.iter().map(|n| n.op_type.clone()).collect(),
+            inputs,
+            fp16_tensors,
+        })
+    }
+
+    /// The model carries QuantizeLinear/DequantizeLinear nodes (explicit quantization).
+    pub fn has_qdq(&self) -> bool {
+        self.op_types.contains("QuantizeLinear") && self.op_types.contains("DequantizeLinear")
+    }
+
+    pub fn has_fp16(&self) -> bool {
+        self.fp16_tensors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summarises_the_example_mlp() {
+        let bytes = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/mlp/mlp.onnx"
+        ))
+        .unwrap();
+        let s = OnnxSummary::from_bytes(&bytes).unwrap();
+        assert_eq!(s.inputs, vec![("input".to_string(), 1)]);
+        assert!(!s.has_qdq());
+        assert!(!s.has_fp16());
+        assert!(
+            s.op_types.contains("Gemm") || s.op_types.contains("MatMul"),
+            "{:?}",
+            s.op_types
+        );
+        assert!(OnnxSummary::from_bytes(b"not a model").is_err());
+    }
+}

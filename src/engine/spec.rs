@@ -1,0 +1,280 @@
+//! [`EngineSpec`]: everything the engine stage needs to know about one target, as plain values.
+//!
+//! The spec is derived from the recipe and the target's plan row (see [`super::adapt`]); tests
+//! build it directly. Deriving the shape profile and checking the inputs are pure.
+
+use std::path::PathBuf;
+
+use infer_spec::engine::{HardwareCompat, InputProfile, Precision, Sm, Version};
+
+use super::Error;
+
+/// One model input as the recipe declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputSpec {
+    pub name: String,
+    /// Recipe datatype name: `fp32`, `fp16`, `fp64`, `int8`, `int16`, `int32`, `int64`, `uint8`,
+    /// `bool`.
+    pub datatype: String,
+    /// Dimensions; `-1` is dynamic and allowed only as the first (batch) dimension.
+    pub shape: Vec<i64>,
+}
+
+/// INT8 calibration input (TensorRT 8.6 and 10.x only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Calibration {
+    /// A ready calibration cache (`TRT-<version>-EntropyCalibration2` text file).
+    Cache(PathBuf),
+    /// A directory of calibration batches (`*.npy` for single-input models, `*.npz` keyed by
+    /// input name otherwise), turned into a cache with Polygraphy before the build.
+    Data(PathBuf),
+}
+
+/// TensorRT settings of one target, from the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrtSpec {
+    /// TensorRT version with its build number, e.g. `10.8.0.43`.
+    pub tensorrt: Version,
+    pub cuda: Version,
+    /// The target's compute capability.
+    pub sm: Sm,
+    pub driver_floor: Version,
+    pub hardware_compat: HardwareCompat,
+    /// Build a version-compatible engine without the lean runtime inside
+    /// (`--versionCompatible --excludeLeanRuntime`): the image ships the lean runtime.
+    pub lean_runtime: bool,
+    pub calibration: Option<Calibration>,
+    /// `--builderOptimizationLevel` (8.6+), when set.
+    pub builder_optimization_level: Option<u8>,
+    /// `--memPoolSize=workspace:<MiB>`, when set.
+    pub workspace_mib: Option<u64>,
+    /// The trtexec program (default `trtexec`, found on PATH).
+    pub trtexec: String,
+    /// The polygraphy program (default `polygraphy`).
+    pub polygraphy: String,
+}
+
+impl TrtSpec {
+    /// Settings with defaults for everything optional.
+    pub fn new(tensorrt: Version, cuda: Version, sm: Sm, driver_floor: Version) -> TrtSpec {
+        TrtSpec {
+            tensorrt,
+            cuda,
+            sm,
+            driver_floor,
+            hardware_compat: HardwareCompat::None,
+            lean_runtime: false,
+            calibration: None,
+            builder_optimization_level: None,
+            workspace_mib: None,
+            trtexec: "trtexec".into(),
+            polygraphy: "polygraphy".into(),
+        }
+    }
+}
+
+/// Which engine to build. (A spec is built once per target: the size difference is harmless.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// tract on the CPU.
+    Cpu,
+    /// A TensorRT plan built with trtexec.
+    Tensorrt(TrtSpec),
+}
+
+/// One target's engine build, as values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// Model name, for messages.
+    pub model: String,
+    /// Target id, e.g. `sm89-fp16` or `cpu-fp32`.
+    pub target: String,
+    pub precision: Precision,
+    /// The ONNX file.
+    pub onnx: PathBuf,
+    /// Inputs in the model's order.
+    pub inputs: Vec<InputSpec>,
+    /// Largest batch the engine accepts (the `max` of the shape profile).
+    pub max_batch: u32,
+    /// Batch size the engine is tuned for (the `opt` of the shape profile).
+    pub opt_batch: u32,
+    /// Batch sizes to profile: T(b) is measured for each. Sorted and deduplicated by
+    /// [`EngineSpec::planned_batches`].
+    pub batch_sizes: Vec<u32>,
+    pub backend: Backend,
+}
+
+impl EngineSpec {
+    /// The single optimisation profile: min batch 1, opt `opt_batch`, max `max_batch`. Inputs
+    /// whose first dimension is fixed keep that shape for min, opt and max.
+    pub fn shape_profile(&self) -> Result<Vec<InputProfile>, Error> {
+        let bad = |input: &str, reason: String| Error::Input {
+            target: self.target.clone(),
+            input: input.to_string(),
+            reason,
+        };
+        if self.inputs.is_empty() {
+            return Err(bad("-", "the recipe declares no inputs".into()));
+        }
+        if self.max_batch == 0 || self.opt_batch == 0 || self.opt_batch > self.max_batch {
+            return Err(bad(
+                "-",
+                format!(
+                    "batch sizes must satisfy 1 <= opt ({}) <= max ({})",
+                    self.opt_batch, self.max_batch
+                ),
+            ));
+        }
+        let mut out = Vec::with_capacity(self.inputs.len());
+        for input in &self.inputs {
+            if input.shape.is_empty() {
+                return Err(bad(
+                    &input.name,
+                    "has no dimensions (scalars cannot be batched)".into(),
+                ));
+            }
+            let mut rest = Vec::with_capacity(input.shape.len());
+            for (i, &d) in input.shape.iter().enumerate().skip(1) {
+                if d < 1 {
+                    return Err(bad(
+                        &input.name,
+                        format!(
+                            "dimension {i} is {d}; only the first (batch) dimension may be dynamic"
+                        ),
+                    ));
+                }
+                rest.push(d as u64);
+            }
+            let with = |b: u64| {
+                std::iter::once(b)
+                    .chain(rest.iter().copied())
+                    .collect::<Vec<u64>>()
+            };
+            let first = input.shape[0];
+            let p = match first {
+                -1 => InputProfile {
+                    name: input.name.clone(),
+                    min: with(1),
+                    opt: with(self.opt_batch as u64),
+                    max: with(self.max_batch as u64),
+                },
+                d if d >= 1 => InputProfile {
+                    name: input.name.clone(),
+                    min: with(d as u64),
+                    opt: with(d as u64),
+                    max: with(d as u64),
+                },
+                d => {
+                    return Err(bad(
+                        &input.name,
+                        format!("dimension 0 is {d}; use -1 for a dynamic batch"),
+                    ))
+                }
+            };
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    /// True when the first input has a dynamic batch dimension.
+    pub fn dynamic_batch(&self) -> bool {
+        self.inputs.first().and_then(|i| i.shape.first()) == Some(&-1)
+    }
+
+    /// The batch sizes to profile: the declared ones within 1..=max, sorted, deduplicated, and
+    /// always including 1 and `max_batch`. A static-batch model profiles only its batch.
+    pub fn planned_batches(&self) -> Vec<u32> {
+        if !self.dynamic_batch() {
+            let b = self
+                .inputs
+                .first()
+                .and_then(|i| i.shape.first())
+                .map(|&d| d.max(1) as u32)
+                .unwrap_or(1);
+            return vec![b];
+        }
+        let mut v: Vec<u32> = self
+            .batch_sizes
+            .iter()
+            .copied()
+            .filter(|&b| b >= 1 && b <= self.max_batch)
+            .chain([1, self.max_batch])
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn mlp_spec(backend: Backend) -> EngineSpec {
+        EngineSpec {
+            model: "mlp".into(),
+            target: "cpu-fp32".into(),
+            precision: Precision::Fp32,
+            onnx: PathBuf::from("examples/mlp/mlp.onnx"),
+            inputs: vec![InputSpec {
+                name: "input".into(),
+                datatype: "fp32".into(),
+                shape: vec![-1, 64],
+            }],
+            max_batch: 32,
+            opt_batch: 16,
+            batch_sizes: vec![16, 8, 32],
+            backend,
+        }
+    }
+
+    type MinOptMax = (Vec<u64>, Vec<u64>, Vec<u64>);
+
+    fn check(shape: Vec<i64>, expected: Result<MinOptMax, &str>) {
+        let mut s = mlp_spec(Backend::Cpu);
+        s.inputs[0].shape = shape;
+        let got = s
+            .shape_profile()
+            .map(|p| (p[0].min.clone(), p[0].opt.clone(), p[0].max.clone()))
+            .map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(String::from));
+    }
+
+    #[test]
+    fn shape_profiles() {
+        check(vec![-1, 64], Ok((vec![1, 64], vec![16, 64], vec![32, 64])));
+        check(
+            vec![-1, 3, 224, 224],
+            Ok((
+                vec![1, 3, 224, 224],
+                vec![16, 3, 224, 224],
+                vec![32, 3, 224, 224],
+            )),
+        );
+        check(vec![4, 64], Ok((vec![4, 64], vec![4, 64], vec![4, 64])));
+        check(
+            vec![-1, -1],
+            Err("target cpu-fp32, input `input`: dimension 1 is -1; only the first (batch) dimension may be dynamic"),
+        );
+        check(
+            vec![],
+            Err("target cpu-fp32, input `input`: has no dimensions (scalars cannot be batched)"),
+        );
+        check(
+            vec![0, 3],
+            Err("target cpu-fp32, input `input`: dimension 0 is 0; use -1 for a dynamic batch"),
+        );
+    }
+
+    #[test]
+    fn planned_batches_include_one_and_max() {
+        let s = mlp_spec(Backend::Cpu);
+        assert_eq!(s.planned_batches(), vec![1, 8, 16, 32]);
+        let mut s = mlp_spec(Backend::Cpu);
+        s.batch_sizes = vec![64, 0, 4, 4];
+        assert_eq!(s.planned_batches(), vec![1, 4, 32]);
+        s.inputs[0].shape = vec![8, 64];
+        assert_eq!(s.planned_batches(), vec![8]);
+    }
+}

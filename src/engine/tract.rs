@@ -1,0 +1,399 @@
+//! The CPU engine, built with tract: validate, optimise, choose the fastest-starting stored
+//! form, and profile T(b).
+//!
+//! 1. Load the ONNX with the recipe's input types and shapes (batch as the symbol `N`); it must
+//!    type-check and optimise, or the build fails with tract's reason.
+//! 2. Write the decluttered model as tract NNEF (`model.nnef.tar`, deterministic tar, tract core
+//!    + resource + ONNX extensions) and check that it computes the same outputs as the ONNX.
+//! 3. Measure start-up (bytes → runnable model) of both forms, median of several loads, and
+//!    store the faster. The measurement is recorded in the engine profile.
+//! 4. Time one batch per planned batch size (median of several runs after warm-up).
+//!
+//! The runtime loads the stored form with [`load_runnable`] (same code, documented in
+//! `docs/engines.md`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use infer_spec::engine::{BatchTiming, EngineFormat, StartupMeasurement};
+use tract_onnx::prelude::*;
+use tract_onnx::tract_core::internal::{bail, format_err};
+
+use super::spec::{EngineSpec, InputSpec};
+use super::trtexec::{median_sorted, round_us};
+
+/// The tract version linked into this binary (checked against Cargo.lock by a test).
+pub const TRACT_VERSION: &str = "0.23.9";
+
+/// Number of loads per form when measuring start-up.
+const STARTUP_RUNS: usize = 5;
+/// Timed runs per batch size (after warm-up), and the time budget that may cut them short.
+const PROFILE_RUNS: usize = 25;
+const PROFILE_BUDGET_S: f64 = 2.0;
+
+pub type Runnable = Arc<TypedRunnableModel>;
+
+/// The result of a CPU build, before it is written into the cache.
+pub struct CpuEngine {
+    pub format: EngineFormat,
+    pub bytes: Vec<u8>,
+    pub startup: StartupMeasurement,
+    pub batches: Vec<BatchTiming>,
+}
+
+/// Map a recipe datatype name to tract's.
+pub fn datum_type(name: &str) -> Option<DatumType> {
+    Some(match name {
+        "fp32" => f32::datum_type(),
+        "fp16" => f16::datum_type(),
+        "fp64" => f64::datum_type(),
+        "int8" => i8::datum_type(),
+        "int16" => i16::datum_type(),
+        "int32" => i32::datum_type(),
+        "int64" => i64::datum_type(),
+        "uint8" => u8::datum_type(),
+        "bool" => bool::datum_type(),
+        _ => return None,
+    })
+}
+
+/// The NNEF framework with the extensions the stored form needs. The runtime must use the same.
+pub fn nnef() -> tract_nnef::framework::Nnef {
+    tract_nnef::nnef().with_tract_resource().with_onnx()
+}
+
+/// Load an engine file of the given format into a runnable model. For ONNX, `inputs` gives the
+/// input facts; NNEF carries them.
+pub fn load_runnable(
+    format: EngineFormat,
+    bytes: &[u8],
+    inputs: &[InputSpec],
+) -> TractResult<Runnable> {
+    match format {
+        EngineFormat::Onnx => typed_from_onnx(bytes, inputs)?
+            .into_optimized()?
+            .into_runnable(),
+        EngineFormat::TractNnefTar => nnef()
+            .model_for_read(&mut &bytes[..])?
+            .into_optimized()?
+            .into_runnable(),
+        EngineFormat::TensorrtPlan => bail!("a TensorRT plan is not a tract model"),
+    }
+}
+
+/// Parse the ONNX with the declared input facts and convert it to a typed model.
+pub fn typed_from_onnx(bytes: &[u8], inputs: &[InputSpec]) -> TractResult<TypedModel> {
+    let mut model = tract_onnx::onnx().model_for_read(&mut &bytes[..])?;
+    let outlets = model.input_outlets()?.to_vec();
+    let names: Vec<String> = outlets
+        .iter()
+        .map(|o| model.node(o.node).name.clone())
+        .collect();
+    if names.len() != inputs.len() {
+        bail!(
+            "the model has {} inputs ({}), the recipe declares {}",
+            names.len(),
+            names.join(", "),
+            inputs.len()
+        );
+    }
+    let batch = model.symbols.sym("N");
+    for (ix, name) in names.iter().enumerate() {
+        let Some(spec) = inputs.iter().find(|i| &i.name == name) else {
+            bail!("the model input `{name}` is not declared in the recipe");
+        };
+        let Some(dt) = datum_type(&spec.datatype) else {
+            bail!(
+                "input `{name}`: datatype `{}` is not supported by tract",
+                spec.datatype
+            );
+        };
+        let dims: TVec<TDim> = spec
+            .shape
+            .iter()
+            .map(|&d| {
+                if d < 0 {
+                    TDim::Sym(batch.clone())
+                } else {
+                    TDim::Val(d)
+                }
+            })
+            .collect();
+        model.set_input_fact(ix, InferenceFact::dt_shape(dt, dims))?;
+    }
+    model.into_typed()
+}
+
+/// A deterministic input batch: values cycle through a small range valid for the type.
+pub fn sample_inputs(
+    inputs: &[InputSpec],
+    names: &[String],
+    batch: usize,
+) -> TractResult<TVec<TValue>> {
+    let mut out = TVec::new();
+    for name in names {
+        let spec = inputs
+            .iter()
+            .find(|i| &i.name == name)
+            .ok_or_else(|| format_err!("input `{name}` is not declared"))?;
+        let shape: Vec<usize> = spec
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                if i == 0 && d < 0 {
+                    batch
+                } else {
+                    d.max(1) as usize
+                }
+            })
+            .collect();
+        let n: usize = shape.iter().product();
+        let dt =
+            datum_type(&spec.datatype).ok_or_else(|| format_err!("datatype {}", spec.datatype))?;
+        let ramp = (0..n).map(|i| (i % 7) as f64 / 7.0);
+        let t = Tensor::from_shape(&shape, &ramp.map(|v| v as f32).collect::<Vec<f32>>())?;
+        let t = if dt == bool::datum_type() {
+            Tensor::from_shape(&shape, &(0..n).map(|i| i % 2 == 0).collect::<Vec<bool>>())?
+        } else if dt.is_integer() {
+            // Small non-negative integers: valid token ids, indices and masks.
+            Tensor::from_shape(
+                &shape,
+                &(0..n).map(|i| (i % 2) as i64).collect::<Vec<i64>>(),
+            )?
+            .cast_to_dt(dt)?
+            .into_owned()
+        } else {
+            t.cast_to_dt(dt)?.into_owned()
+        };
+        out.push(t.into_tvalue());
+    }
+    Ok(out)
+}
+
+fn input_names(model: &TypedModel) -> TractResult<Vec<String>> {
+    Ok(model
+        .input_outlets()?
+        .iter()
+        .map(|o| model.node(o.node).name.clone())
+        .collect())
+}
+
+fn time_ms(f: impl FnOnce() -> TractResult<Runnable>) -> TractResult<(f64, Runnable)> {
+    let t = Instant::now();
+    let r = f()?;
+    Ok((t.elapsed().as_secs_f64() * 1e3, r))
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    median_sorted(&v)
+}
+
+fn outputs_close(a: &TVec<TValue>, b: &TVec<TValue>) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b.iter()).all(|(x, y)| {
+            if x.shape() != y.shape() {
+                return false;
+            }
+            match (x.cast_to::<f64>(), y.cast_to::<f64>()) {
+                (Ok(x), Ok(y)) => match (
+                    x.to_plain_array_view::<f64>(),
+                    y.to_plain_array_view::<f64>(),
+                ) {
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y.iter())
+                        .all(|(p, q)| (p - q).abs() <= 1e-4 * (1.0 + p.abs().max(q.abs()))),
+                    _ => false,
+                },
+                _ => false,
+            }
+        })
+}
+
+/// Build the CPU engine for `spec` from the ONNX `bytes`.
+pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
+    let typed = typed_from_onnx(bytes, &spec.inputs)?;
+    let names = input_names(&typed)?;
+    let decluttered = typed.into_decluttered()?;
+
+    // The ONNX form, optimised: this is the validation, and the reference for outputs.
+    let (_, onnx_runnable) = time_ms(|| load_runnable(EngineFormat::Onnx, bytes, &spec.inputs))?;
+    let probe = sample_inputs(&spec.inputs, &names, 1)?;
+    let reference = onnx_runnable.run(probe.clone())?;
+
+    // The NNEF form; any failure keeps the ONNX form, with the reason recorded.
+    let mut note = None;
+    let nnef_bytes = match nnef().write_to_tar_with_config(&decluttered, Vec::new(), false, true) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            note = Some(format!("nnef serialisation failed: {e:#}"));
+            None
+        }
+    };
+    let nnef_bytes = match nnef_bytes {
+        Some(b) => match load_runnable(EngineFormat::TractNnefTar, &b, &spec.inputs)
+            .and_then(|r| r.run(probe.clone()))
+        {
+            Ok(out) if outputs_close(&out, &reference) => Some(b),
+            Ok(_) => {
+                note = Some("the nnef form computes different outputs than the onnx".into());
+                None
+            }
+            Err(e) => {
+                note = Some(format!("the nnef form does not load: {e:#}"));
+                None
+            }
+        },
+        None => None,
+    };
+
+    // Start-up: median time from bytes to a runnable model, per form.
+    let mut onnx_ms = Vec::with_capacity(STARTUP_RUNS);
+    let mut nnef_ms = Vec::with_capacity(STARTUP_RUNS);
+    for _ in 0..STARTUP_RUNS {
+        onnx_ms.push(time_ms(|| load_runnable(EngineFormat::Onnx, bytes, &spec.inputs))?.0);
+        if let Some(b) = &nnef_bytes {
+            nnef_ms.push(time_ms(|| load_runnable(EngineFormat::TractNnefTar, b, &spec.inputs))?.0);
+        }
+    }
+    let onnx_med = median_of(onnx_ms);
+    let nnef_med = nnef_bytes.as_ref().map(|_| median_of(nnef_ms));
+    let (format, engine_bytes) = match (nnef_med, nnef_bytes) {
+        (Some(n), Some(b)) if n < onnx_med => (EngineFormat::TractNnefTar, b),
+        _ => (EngineFormat::Onnx, bytes.to_vec()),
+    };
+    let startup = StartupMeasurement {
+        onnx_ms: round_us(onnx_med),
+        nnef_ms: nnef_med.map(round_us),
+        chosen: format,
+        runs: STARTUP_RUNS as u32,
+        note,
+    };
+
+    // T(b) with the form the runtime will load.
+    let runnable = load_runnable(format, &engine_bytes, &spec.inputs)?;
+    let mut batches = Vec::new();
+    for b in spec.planned_batches() {
+        let inputs = sample_inputs(&spec.inputs, &names, b as usize)?;
+        for _ in 0..3 {
+            runnable.run(inputs.clone())?;
+        }
+        let mut us = Vec::with_capacity(PROFILE_RUNS);
+        let start = Instant::now();
+        while us.len() < PROFILE_RUNS
+            && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
+        {
+            let inputs = inputs.clone();
+            let t = Instant::now();
+            runnable.run(inputs)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        us.sort_by(f64::total_cmp);
+        batches.push(BatchTiming {
+            batch: b,
+            median_us: round_us(median_sorted(&us)),
+            min_us: round_us(us[0]),
+            max_us: round_us(us[us.len() - 1]),
+            runs: us.len() as u32,
+            layers: Vec::new(),
+        });
+    }
+    Ok(CpuEngine {
+        format,
+        bytes: engine_bytes,
+        startup,
+        batches,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::spec::tests::mlp_spec;
+    use crate::engine::spec::Backend;
+
+    fn mlp_bytes() -> Vec<u8> {
+        std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/mlp/mlp.onnx"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn tract_version_matches_the_lock_file() {
+        let lock =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap();
+        let needle = format!("name = \"tract-onnx\"\nversion = \"{TRACT_VERSION}\"");
+        assert!(
+            lock.contains(&needle),
+            "Cargo.lock does not pin tract-onnx {TRACT_VERSION}"
+        );
+    }
+
+    #[test]
+    fn builds_and_profiles_the_mlp() {
+        let spec = mlp_spec(Backend::Cpu);
+        let e = build(&spec, &mlp_bytes()).unwrap();
+        assert_eq!(
+            e.batches.iter().map(|b| b.batch).collect::<Vec<_>>(),
+            vec![1, 8, 16, 32]
+        );
+        assert!(e
+            .batches
+            .iter()
+            .all(|b| b.median_us > 0.0 && b.min_us <= b.median_us && b.median_us <= b.max_us));
+        assert!(e.startup.nnef_ms.is_some(), "{:?}", e.startup.note);
+        // Whatever form won, it loads and computes [b, 10].
+        let r = load_runnable(e.format, &e.bytes, &spec.inputs).unwrap();
+        let out = r
+            .run(sample_inputs(&spec.inputs, &["input".into()], 3).unwrap())
+            .unwrap();
+        assert_eq!(out[0].shape(), &[3, 10]);
+    }
+
+    #[test]
+    fn nnef_form_is_deterministic_and_equivalent() {
+        let spec = mlp_spec(Backend::Cpu);
+        let typed = typed_from_onnx(&mlp_bytes(), &spec.inputs)
+            .unwrap()
+            .into_decluttered()
+            .unwrap();
+        let a = nnef()
+            .write_to_tar_with_config(&typed, Vec::new(), false, true)
+            .unwrap();
+        let b = nnef()
+            .write_to_tar_with_config(&typed, Vec::new(), false, true)
+            .unwrap();
+        assert_eq!(a, b);
+        let x = sample_inputs(&spec.inputs, &["input".into()], 4).unwrap();
+        let from_nnef = load_runnable(EngineFormat::TractNnefTar, &a, &spec.inputs)
+            .unwrap()
+            .run(x.clone())
+            .unwrap();
+        let from_onnx = load_runnable(EngineFormat::Onnx, &mlp_bytes(), &spec.inputs)
+            .unwrap()
+            .run(x)
+            .unwrap();
+        assert!(outputs_close(&from_nnef, &from_onnx));
+    }
+
+    #[test]
+    fn declared_shapes_must_fit_the_model() {
+        let mut spec = mlp_spec(Backend::Cpu);
+        spec.inputs[0].shape = vec![-1, 65];
+        assert!(build(&spec, &mlp_bytes()).is_err());
+        let mut spec = mlp_spec(Backend::Cpu);
+        spec.inputs[0].name = "x".into();
+        let e = build(&spec, &mlp_bytes()).err().unwrap();
+        assert_eq!(
+            format!("{e}"),
+            "the model input `input` is not declared in the recipe"
+        );
+        let mut spec = mlp_spec(Backend::Cpu);
+        spec.inputs[0].datatype = "complex".into();
+        assert!(build(&spec, &mlp_bytes()).is_err());
+    }
+}

@@ -1,0 +1,1023 @@
+//! The engine stage: golden trtexec/Polygraphy argument vectors per TensorRT version (through
+//! the recording fake of `process`), the cache key in both directions, cache hits, refusals,
+//! `lookup` of engines built elsewhere, and the CPU engine built with tract for real.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use infer_build::engine::{self, Backend, Cache, Calibration, EngineSpec, InputSpec, TrtSpec};
+use infer_build::process::{Cmd, Output, RecordingRunner};
+use infer_spec::engine::{
+    check_compat, EngineMeta, Found, FoundCpu, FoundGpu, HardwareCompat, Precision, Sm,
+};
+
+use super::support;
+
+const TIMES_JSON: &str = r#"[
+  { "startEnqMs" : 0.412, "endEnqMs" : 0.45, "startH2dMs" : 0.418, "endH2dMs" : 0.43, "startComputeMs" : 0.431, "endComputeMs" : 0.612, "startD2hMs" : 0.613, "endD2hMs" : 0.62, "h2dMs" : 0.012, "computeMs" : 0.181, "d2hMs" : 0.007, "latencyMs" : 0.2 }
+, { "startEnqMs" : 0.9, "endEnqMs" : 0.93, "startH2dMs" : 0.905, "endH2dMs" : 0.917, "startComputeMs" : 0.918, "endComputeMs" : 1.1, "startD2hMs" : 1.101, "endD2hMs" : 1.108, "h2dMs" : 0.012, "computeMs" : 0.182, "d2hMs" : 0.007, "latencyMs" : 0.201 }
+, { "startEnqMs" : 1.4, "endEnqMs" : 1.43, "startH2dMs" : 1.405, "endH2dMs" : 1.417, "startComputeMs" : 1.418, "endComputeMs" : 1.597, "startD2hMs" : 1.598, "endD2hMs" : 1.605, "h2dMs" : 0.012, "computeMs" : 0.179, "d2hMs" : 0.007, "latencyMs" : 0.198 }
+]
+"#;
+
+const LAYERS_JSON: &str = r#"[
+  { "count" : 1204 }
+, { "name" : "/fc1/Gemm + /Relu", "timeMs" : 48.1, "averageMs" : 0.04, "medianMs" : 0.039, "percentage" : 61.2 }
+, { "name" : "/fc2/Gemm", "timeMs" : 25.3, "averageMs" : 0.021, "medianMs" : 0.02, "percentage" : 38.8 }
+]
+"#;
+
+fn fixture(name: &str) -> PathBuf {
+    support::root().join("tests/fixtures/engine").join(name)
+}
+
+fn mlp() -> PathBuf {
+    support::root().join("examples/mlp/mlp.onnx")
+}
+
+/// `NV_TENSORRT_VERSION` and build of a version string, as trtexec prints them.
+fn trt_banner(version: &str) -> String {
+    let p: Vec<u64> = version.split('.').map(|s| s.parse().unwrap()).collect();
+    let n = if p[0] >= 10 {
+        p[0] * 10_000 + p[1] * 100 + p[2]
+    } else {
+        p[0] * 1_000 + p[1] * 100 + p[2]
+    };
+    format!("[TensorRT v{n}] [b{}]", p[3])
+}
+
+/// A GPU builder host as the tools would answer: nvidia-smi reports `gpu`, trtexec is
+/// `trtexec_version` and writes the files it is asked to write, Polygraphy writes a cache.
+fn fake_host(gpu: &'static str, trtexec_version: &'static str) -> RecordingRunner {
+    RecordingRunner::new(move |cmd: &Cmd| match cmd.program.as_str() {
+        "nvidia-smi" => Output::ok(format!("{gpu}\n")),
+        "trtexec" => {
+            for a in &cmd.args {
+                if let Some(p) = a.strip_prefix("--saveEngine=") {
+                    // Engine bytes depend on the flags (not the paths), like a real build.
+                    let flags: Vec<&str> = cmd
+                        .args
+                        .iter()
+                        .filter(|a| !a.contains('/'))
+                        .map(String::as_str)
+                        .collect();
+                    fs::write(
+                        p,
+                        format!("fake plan {trtexec_version} {}", flags.join(" ")),
+                    )
+                    .unwrap();
+                }
+                if let Some(p) = a.strip_prefix("--exportTimes=") {
+                    fs::write(p, TIMES_JSON).unwrap();
+                }
+                if let Some(p) = a.strip_prefix("--exportProfile=") {
+                    fs::write(p, LAYERS_JSON).unwrap();
+                }
+            }
+            let banner = trt_banner(trtexec_version);
+            Output::ok(format!(
+                "&&&& RUNNING TensorRT.trtexec {banner} # trtexec\n[11/29/2026-10:00:01] [I] Selected Device: NVIDIA L4\n&&&& PASSED TensorRT.trtexec {banner} # trtexec\n"
+            ))
+        }
+        "polygraphy" => {
+            let i = cmd
+                .args
+                .iter()
+                .position(|a| a == "--calibration-cache")
+                .unwrap();
+            fs::write(
+                &cmd.args[i + 1],
+                "TRT-100800-EntropyCalibration2\ninput: 3c008912\n",
+            )
+            .unwrap();
+            Output::ok("[I] Saved calibration cache\n")
+        }
+        other => Output::failed(127, format!("{other}: not on this fake host")),
+    })
+}
+
+fn trt_spec(version: &str, cuda: &str) -> TrtSpec {
+    TrtSpec::new(
+        version.parse().unwrap(),
+        cuda.parse().unwrap(),
+        Sm::new(8, 9),
+        "570.26".parse().unwrap(),
+    )
+}
+
+fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> EngineSpec {
+    let target = match &backend {
+        Backend::Cpu => format!("cpu-{precision}"),
+        Backend::Tensorrt(t) => format!("{}-{precision}", t.sm.to_string().replace('_', "")),
+    };
+    EngineSpec {
+        model: "mlp".into(),
+        target,
+        precision,
+        onnx,
+        inputs: vec![InputSpec {
+            name: "input".into(),
+            datatype: "fp32".into(),
+            shape: vec![-1, width],
+        }],
+        max_batch: 32,
+        opt_batch: 16,
+        batch_sizes: vec![8, 16, 32],
+        backend,
+    }
+}
+
+/// Replace the temp paths in recorded argument vectors with stable names.
+fn normalize(calls: &[Cmd], cache: &Path, onnx: &Path) -> Vec<Vec<String>> {
+    let cache = cache.to_string_lossy().into_owned();
+    let staging = format!("{cache}/v1/staging/");
+    calls
+        .iter()
+        .map(|c| {
+            c.argv()
+                .into_iter()
+                .map(|a| {
+                    let mut a = a.replace(&*onnx.to_string_lossy(), "$ONNX");
+                    if let Some(i) = a.find(&staging) {
+                        let rest = &a[i + staging.len()..];
+                        let end = rest
+                            .find('/')
+                            .map(|j| i + staging.len() + j)
+                            .unwrap_or(a.len());
+                        a.replace_range(i..end, "$STAGING");
+                    }
+                    a.replace(&cache, "$CACHE")
+                })
+                .collect()
+        })
+        .collect()
+}
+
+struct Case {
+    trt: &'static str,
+    precision: Precision,
+    lean: bool,
+    /// The expected trtexec build vector (program included).
+    build: &'static [&'static str],
+}
+
+fn run_case(case: &Case) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let cuda = if case.trt.starts_with("8.") {
+        "12.0"
+    } else {
+        "12.8"
+    };
+    let mut t = trt_spec(case.trt, cuda);
+    t.lean_runtime = case.lean;
+    let eleven = case.trt.starts_with("11.");
+    let (onnx, width) = match (eleven, case.precision) {
+        (true, Precision::Fp16) => (fixture("mlp_fp16.onnx"), 4),
+        (true, Precision::Int8) => (fixture("mlp_qdq.onnx"), 4),
+        _ => (mlp(), 64),
+    };
+    if case.precision == Precision::Int8 && !eleven {
+        let c = tmp.path().join("calib.cache");
+        fs::write(&c, "TRT-100800-EntropyCalibration2\ninput: 3c008912\n").unwrap();
+        t.calibration = Some(Calibration::Cache(c));
+    }
+    let mut s = spec(onnx.clone(), width, case.precision, Backend::Tensorrt(t));
+    if eleven && case.precision == Precision::Fp16 {
+        s.inputs[0].datatype = "fp16".into();
+    }
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", case.trt);
+    let art = engine::build(&s, &cache, &runner)
+        .unwrap_or_else(|e| panic!("{} {:?}: {e}", case.trt, case.precision));
+    let calls = normalize(&runner.calls(), tmp.path(), &onnx);
+    assert_eq!(
+        calls[0],
+        [
+            "nvidia-smi",
+            "--query-gpu=compute_cap,driver_version,name",
+            "--format=csv,noheader"
+        ]
+    );
+    assert_eq!(
+        calls[1], case.build,
+        "build vector for TensorRT {} {:?} lean={}",
+        case.trt, case.precision, case.lean
+    );
+    // One profiling run per planned batch size, after the build.
+    let batches: Vec<String> = calls[2..]
+        .iter()
+        .map(|c| {
+            c.iter()
+                .find(|a| a.starts_with("--shapes="))
+                .cloned()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        batches,
+        [1, 8, 16, 32].map(|b| format!("--shapes=input:{b}x{width}"))
+    );
+    let major = case.trt.split('.').next().unwrap();
+    let lean_flags = [
+        "--useRuntime=lean".to_string(),
+        format!("--leanDLLPath=libnvinfer_lean.so.{major}"),
+    ];
+    assert_eq!(
+        calls[2].windows(2).any(|w| w == lean_flags),
+        case.lean,
+        "{:?}",
+        calls[2]
+    );
+
+    let g = art.meta.gpu.as_ref().unwrap();
+    assert_eq!(g.tensorrt.to_string(), case.trt);
+    assert_eq!(
+        (g.version_compatible, g.exclude_lean_runtime),
+        (case.lean, case.lean)
+    );
+    assert_eq!(g.builder_gpu, "NVIDIA L4");
+    assert_eq!(art.profile.source, "trtexec");
+    assert_eq!(art.profile.batches.len(), 4);
+    assert_eq!(art.profile.batches[0].median_us, 181.0);
+    assert_eq!(art.profile.batches[0].layers[0].name, "/fc1/Gemm + /Relu");
+    assert!(!art.cached);
+    assert!(art.engine.ends_with("engine.plan"));
+}
+
+const ONNX: &str = "--onnx=$ONNX";
+const SAVE: &str = "--saveEngine=$STAGING/engine.plan";
+const MIN64: &str = "--minShapes=input:1x64";
+const OPT64: &str = "--optShapes=input:16x64";
+const MAX64: &str = "--maxShapes=input:32x64";
+const MIN4: &str = "--minShapes=input:1x4";
+const OPT4: &str = "--optShapes=input:16x4";
+const MAX4: &str = "--maxShapes=input:32x4";
+const CALIB: &str = "--calib=$STAGING/calibration.cache";
+
+#[test]
+fn golden_trtexec_vectors_tensorrt_8_6() {
+    const TC: &str = "--timingCacheFile=$CACHE/v1/timing/trt-8.6.1.6-sm_89-NVIDIA-L4.cache";
+    for case in [
+        Case {
+            trt: "8.6.1.6",
+            precision: Precision::Fp16,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--fp16",
+                MIN64,
+                OPT64,
+                MAX64,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "8.6.1.6",
+            precision: Precision::Fp16,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--fp16",
+                MIN64,
+                OPT64,
+                MAX64,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "8.6.1.6",
+            precision: Precision::Int8,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--int8",
+                "--fp16",
+                CALIB,
+                MIN64,
+                OPT64,
+                MAX64,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "8.6.1.6",
+            precision: Precision::Int8,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--int8",
+                "--fp16",
+                CALIB,
+                MIN64,
+                OPT64,
+                MAX64,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+    ] {
+        run_case(&case);
+    }
+}
+
+#[test]
+fn golden_trtexec_vectors_tensorrt_10() {
+    const TC: &str = "--timingCacheFile=$CACHE/v1/timing/trt-10.8.0.43-sm_89-NVIDIA-L4.cache";
+    for case in [
+        Case {
+            trt: "10.8.0.43",
+            precision: Precision::Fp16,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--fp16",
+                MIN64,
+                OPT64,
+                MAX64,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "10.8.0.43",
+            precision: Precision::Fp16,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--fp16",
+                MIN64,
+                OPT64,
+                MAX64,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "10.8.0.43",
+            precision: Precision::Int8,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--int8",
+                "--fp16",
+                CALIB,
+                MIN64,
+                OPT64,
+                MAX64,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "10.8.0.43",
+            precision: Precision::Int8,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--int8",
+                "--fp16",
+                CALIB,
+                MIN64,
+                OPT64,
+                MAX64,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+    ] {
+        run_case(&case);
+    }
+}
+
+#[test]
+fn golden_trtexec_vectors_tensorrt_11() {
+    const TC: &str = "--timingCacheFile=$CACHE/v1/timing/trt-11.4.0.106-sm_89-NVIDIA-L4.cache";
+    for case in [
+        Case {
+            trt: "11.4.0.106",
+            precision: Precision::Fp16,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--stronglyTyped",
+                MIN4,
+                OPT4,
+                MAX4,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "11.4.0.106",
+            precision: Precision::Fp16,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--stronglyTyped",
+                MIN4,
+                OPT4,
+                MAX4,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "11.4.0.106",
+            precision: Precision::Int8,
+            lean: false,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--stronglyTyped",
+                MIN4,
+                OPT4,
+                MAX4,
+                "--skipInference",
+            ],
+        },
+        Case {
+            trt: "11.4.0.106",
+            precision: Precision::Int8,
+            lean: true,
+            build: &[
+                "trtexec",
+                ONNX,
+                SAVE,
+                TC,
+                "--stronglyTyped",
+                MIN4,
+                OPT4,
+                MAX4,
+                "--versionCompatible",
+                "--excludeLeanRuntime",
+                "--skipInference",
+            ],
+        },
+    ] {
+        run_case(&case);
+    }
+}
+
+#[test]
+fn golden_profile_vector_and_hardware_compat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let mut t = trt_spec("10.8.0.43", "12.8");
+    t.sm = Sm::new(8, 0);
+    t.hardware_compat = HardwareCompat::AmperePlus;
+    let s = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
+    // An ampere+ engine may be built on any Ampere-or-newer GPU.
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
+    let art = engine::build(&s, &cache, &runner).unwrap();
+    let calls = normalize(&runner.calls(), tmp.path(), &mlp());
+    assert_eq!(
+        calls[1],
+        [
+            "trtexec",
+            ONNX,
+            SAVE,
+            "--timingCacheFile=$CACHE/v1/timing/trt-10.8.0.43-sm_89-NVIDIA-L4.cache",
+            "--fp16",
+            MIN64,
+            OPT64,
+            MAX64,
+            "--hardwareCompatibilityLevel=ampere+",
+            "--skipInference"
+        ]
+    );
+    assert_eq!(
+        calls[2],
+        [
+            "trtexec",
+            "--loadEngine=$STAGING/engine.plan",
+            "--shapes=input:1x64",
+            "--warmUp=200",
+            "--duration=1",
+            "--iterations=50",
+            "--separateProfileRun",
+            "--exportTimes=$STAGING/times-b1.json",
+            "--exportProfile=$STAGING/layers-b1.json"
+        ]
+    );
+    assert_eq!(
+        art.meta.gpu.unwrap().hardware_compat,
+        HardwareCompat::AmperePlus
+    );
+}
+
+#[test]
+fn golden_polygraphy_calibration_then_trtexec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&tmp.path().join("cache")).unwrap();
+    let data = tmp.path().join("calib");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("batch0.npy"), b"not really npy, digested only").unwrap();
+    let mut t = trt_spec("10.8.0.43", "12.8");
+    t.calibration = Some(Calibration::Data(data.clone()));
+    let s = spec(mlp(), 64, Precision::Int8, Backend::Tensorrt(t));
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
+    let art = engine::build(&s, &cache, &runner).unwrap();
+    let calls = runner.calls();
+    let norm = normalize(&calls, &tmp.path().join("cache"), &mlp());
+    assert_eq!(
+        norm[1],
+        [
+            "polygraphy",
+            "convert",
+            "$ONNX",
+            "--int8",
+            "--data-loader-script",
+            "$STAGING/calib_loader.py:load_data",
+            "--calibration-cache",
+            "$STAGING/calibration.cache",
+            "--calib-base-cls",
+            "IInt8EntropyCalibrator2",
+            "--trt-min-shapes",
+            "input:[1,64]",
+            "--trt-opt-shapes",
+            "input:[16,64]",
+            "--trt-max-shapes",
+            "input:[32,64]",
+            "-o",
+            "$STAGING/calibration-scratch.plan",
+        ]
+    );
+    assert_eq!(
+        calls[1].env[0],
+        (
+            "INFER_BUILD_CALIB_DIR".to_string(),
+            data.to_string_lossy().into_owned()
+        )
+    );
+    assert!(norm[2].contains(&CALIB.to_string()), "{:?}", norm[2]);
+    // The cache Polygraphy wrote is kept with the engine; the scratch engine and loader are not.
+    assert!(art.dir.join("calibration.cache").is_file());
+    assert!(!art.dir.join("calibration-scratch.plan").exists());
+    assert!(!art.dir.join("calib_loader.py").exists());
+}
+
+fn refusal(trt: &str, onnx: PathBuf, width: i64, precision: Precision, calib: bool) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let mut t = trt_spec(trt, "12.8");
+    if calib {
+        let c = tmp.path().join("c.cache");
+        fs::write(&c, "TRT").unwrap();
+        t.calibration = Some(Calibration::Cache(c));
+    }
+    let s = spec(onnx, width, precision, Backend::Tensorrt(t));
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    assert!(e.is_bad_input(), "{e}");
+    // Refused before any tool ran, and nothing was stored.
+    assert!(runner.calls().is_empty(), "{:?}", runner.calls());
+    assert_eq!(fs::read_dir(cache.entries_dir()).unwrap().count(), 0);
+    e.to_string()
+}
+
+#[test]
+fn precision_refusals() {
+    assert_eq!(
+        refusal("11.4.0.106", mlp(), 64, Precision::Fp16, false),
+        "target sm89-fp16 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: convert the ONNX to fp16 first (ModelOpt AutoCast); this model has no fp16 tensors"
+    );
+    assert_eq!(
+        refusal("11.4.0.106", mlp(), 64, Precision::Int8, false),
+        "target sm89-int8 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (ModelOpt PTQ); this model has no QuantizeLinear/DequantizeLinear nodes"
+    );
+    assert!(refusal(
+        "11.4.0.106",
+        fixture("mlp_qdq.onnx"),
+        4,
+        Precision::Int8,
+        true
+    )
+    .contains("TensorRT 11 has no calibration"));
+    assert!(refusal("10.8.0.43", mlp(), 64, Precision::Int8, false)
+        .contains("int8 needs calibration data or a calibration cache"));
+    assert_eq!(
+        refusal("8.5.3.1", mlp(), 64, Precision::Fp16, false),
+        "TensorRT 8.5.3.1 is not supported (8.6, 10.x and 11.x are)"
+    );
+}
+
+#[test]
+fn explicit_int8_on_tensorrt_10_needs_no_calibration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let s = spec(
+        fixture("mlp_qdq.onnx"),
+        4,
+        Precision::Int8,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
+    engine::build(&s, &cache, &runner).unwrap();
+    let calls = normalize(&runner.calls(), tmp.path(), &fixture("mlp_qdq.onnx"));
+    assert_eq!(calls[1][4..6], ["--int8", "--fp16"]);
+    assert!(!calls[1].iter().any(|a| a.starts_with("--calib")));
+}
+
+#[test]
+fn gpu_and_tool_refusals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let s = spec(
+        mlp(),
+        64,
+        Precision::Fp16,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+
+    // The GPU is another architecture: refused after nvidia-smi, before trtexec.
+    let runner = fake_host("8.0, 580.95.05, NVIDIA A100-SXM4-40GB", "10.8.0.43");
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    assert_eq!(e.to_string(), "cannot build target sm89-fp16 on NVIDIA A100-SXM4-40GB (sm_80, driver 580.95.05): the target needs sm_89 and sets no hardware compatibility level; build on a sm_89 GPU");
+    assert_eq!(runner.calls().len(), 1);
+
+    // The driver is below the floor.
+    let runner = fake_host("8.9, 550.54.14, NVIDIA L4", "10.8.0.43");
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("driver 550.54.14 is below the target's floor 570.26 (CUDA 12.8)"),
+        "{e}"
+    );
+
+    // trtexec is another TensorRT than the plan says: the metadata would lie, so refuse.
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.9.0.34");
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    assert_eq!(e.to_string(), "trtexec is TensorRT 10.9.0.34, the target's plan needs 10.8.0.43: run the build in the matching builder image");
+
+    // trtexec fails: its exit code and the tail of its log are reported.
+    let runner = RecordingRunner::new(|c: &Cmd| {
+        match c.program.as_str() {
+        "nvidia-smi" => Output::ok("8.9, 570.86.10, NVIDIA L4\n"),
+        _ => Output { code: Some(1), stdout: b"&&&& RUNNING TensorRT.trtexec [TensorRT v100800] [b43] # trtexec\n[E] Error[4]: network has dynamic shapes but no profile\n&&&& FAILED TensorRT.trtexec [TensorRT v100800] [b43] # trtexec\n".to_vec(), stderr: vec![] },
+    }
+    });
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("`trtexec --onnx="), "{msg}");
+    assert!(
+        msg.contains("failed (exit 1):\n") && msg.contains("no profile"),
+        "{msg}"
+    );
+
+    // No trtexec on PATH.
+    let runner = RecordingRunner::new(|_: &Cmd| Output::ok("8.9, 570.86.10, NVIDIA L4\n"))
+        .with_installed(&["nvidia-smi"]);
+    let e = engine::build(&s, &cache, &runner).unwrap_err();
+    assert_eq!(e.to_string(), "`trtexec` was not found on PATH");
+    // Nothing half-built is left behind.
+    assert_eq!(fs::read_dir(cache.entries_dir()).unwrap().count(), 0);
+    assert_eq!(
+        fs::read_dir(tmp.path().join("v1/staging")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn second_build_is_a_cache_hit_without_any_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::open(tmp.path()).unwrap();
+    let s = spec(
+        mlp(),
+        64,
+        Precision::Fp16,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+    let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
+    let first = engine::build(&s, &cache, &runner).unwrap();
+    let n = runner.calls().len();
+    let second = engine::build(&s, &cache, &runner).unwrap();
+    assert_eq!(runner.calls().len(), n, "a cache hit must not run anything");
+    assert!(second.cached && !first.cached);
+    assert_eq!(first.meta.engine_digest, second.meta.engine_digest);
+    assert_eq!(first.key, second.key);
+}
+
+fn key_of(s: &EngineSpec) -> String {
+    let digest = format!("sha256:{}", sha256_hex(&fs::read(&s.onnx).unwrap()));
+    engine::key_material(s, &digest).unwrap().key()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+#[test]
+fn key_changes_with_every_input_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let onnx = tmp.path().join("m.onnx");
+    fs::copy(mlp(), &onnx).unwrap();
+    let base = || {
+        spec(
+            onnx.clone(),
+            64,
+            Precision::Fp16,
+            Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        )
+    };
+    let k0 = key_of(&base());
+
+    // Nothing else: the same inputs at another path, another cache, another time.
+    let other = tmp.path().join("elsewhere/model.onnx");
+    fs::create_dir_all(other.parent().unwrap()).unwrap();
+    fs::copy(mlp(), &other).unwrap();
+    let mut moved = base();
+    moved.onnx = other;
+    assert_eq!(key_of(&moved), k0);
+    let mut renamed_model = base();
+    renamed_model.model = "another name".into();
+    assert_eq!(
+        key_of(&renamed_model),
+        k0,
+        "the model's display name is not an engine input"
+    );
+
+    let mut keys = std::collections::BTreeSet::from([k0.clone()]);
+    let mut expect_new = |what: &str, s: EngineSpec| {
+        assert!(keys.insert(key_of(&s)), "{what} did not change the key");
+    };
+    // One byte of the ONNX (a weight's lowest bits; still a valid model).
+    let mut bytes = fs::read(mlp()).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let flipped = tmp.path().join("flipped.onnx");
+    fs::write(&flipped, &bytes).unwrap();
+    let mut s = base();
+    s.onnx = flipped;
+    expect_new("one onnx byte", s);
+    let with = |f: &dyn Fn(&mut TrtSpec)| {
+        let mut s = base();
+        if let Backend::Tensorrt(t) = &mut s.backend {
+            f(t);
+        }
+        s
+    };
+    expect_new(
+        "tensorrt build",
+        with(&|t| t.tensorrt = "10.8.0.44".parse().unwrap()),
+    );
+    expect_new(
+        "tensorrt version",
+        with(&|t| t.tensorrt = "10.9.0.34".parse().unwrap()),
+    );
+    expect_new("cuda", with(&|t| t.cuda = "12.9".parse().unwrap()));
+    expect_new("lean flag", with(&|t| t.lean_runtime = true));
+    expect_new(
+        "hw compat flag",
+        with(&|t| t.hardware_compat = HardwareCompat::AmperePlus),
+    );
+    expect_new(
+        "opt level",
+        with(&|t| t.builder_optimization_level = Some(5)),
+    );
+    expect_new("workspace", with(&|t| t.workspace_mib = Some(1024)));
+    let c = tmp.path().join("calib.cache");
+    fs::write(&c, "TRT-100800-EntropyCalibration2\ninput: 3c008912\n").unwrap();
+    let mut s = with(&|t| t.calibration = Some(Calibration::Cache(c.clone())));
+    s.precision = Precision::Int8;
+    let k_calib = key_of(&s);
+    expect_new("int8 + calibration", s.clone());
+    fs::write(&c, "TRT-100800-EntropyCalibration2\ninput: 3c008913\n").unwrap();
+    expect_new("one calibration byte", s.clone());
+    assert_ne!(key_of(&s), k_calib);
+    let mut s = base();
+    s.target = "sm89-fp16-b".into();
+    expect_new("target id", s);
+    let mut s = base();
+    s.opt_batch = 8;
+    expect_new("shape profile", s);
+    let mut s = base();
+    s.batch_sizes = vec![4, 8, 16, 32];
+    expect_new("planned batch sizes", s);
+    let mut s = base();
+    s.backend = Backend::Cpu;
+    expect_new("backend", s);
+}
+
+#[test]
+fn lookup_verifies_engines_built_elsewhere() {
+    // Two "CI jobs" build into their own caches; the assembly step gets one directory holding
+    // both caches' entries (as downloaded artifacts) and finds each target's engine in it.
+    let jobs = tempfile::tempdir().unwrap();
+    let s89 = spec(
+        mlp(),
+        64,
+        Precision::Fp16,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+    let mut t90 = trt_spec("10.8.0.43", "12.8");
+    t90.sm = Sm::new(9, 0);
+    let s90 = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t90));
+    let a = engine::build(
+        &s89,
+        &Cache::open(&jobs.path().join("job-sm89")).unwrap(),
+        &fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43"),
+    )
+    .unwrap();
+    let b = engine::build(
+        &s90,
+        &Cache::open(&jobs.path().join("job-sm90")).unwrap(),
+        &fake_host("9.0, 580.95.05, NVIDIA H100 80GB HBM3", "10.8.0.43"),
+    )
+    .unwrap();
+
+    let found = engine::lookup(&s89, jobs.path()).unwrap();
+    assert_eq!(found.meta.engine_digest, a.meta.engine_digest);
+    let found = engine::lookup(&s90, jobs.path()).unwrap();
+    assert_eq!(found.meta.engine_digest, b.meta.engine_digest);
+    assert_eq!(
+        found.meta.gpu.as_ref().unwrap().builder_gpu,
+        "NVIDIA H100 80GB HBM3"
+    );
+    // A cache root works directly too.
+    assert!(engine::lookup(&s89, &jobs.path().join("job-sm89")).is_ok());
+
+    // The plan changed (another TensorRT build): the engine present is named and explained.
+    let mut t = trt_spec("10.8.0.44", "12.8");
+    t.sm = Sm::new(8, 9);
+    let newer = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
+    let e = engine::lookup(&newer, jobs.path()).unwrap_err();
+    assert!(e.is_bad_input());
+    assert!(
+        e.to_string()
+            .contains("TensorRT: plan 10.8.0.44, engine 10.8.0.43"),
+        "{e}"
+    );
+
+    // A target nobody built.
+    let cpu = spec(mlp(), 64, Precision::Fp32, Backend::Cpu);
+    let e = engine::lookup(&cpu, jobs.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("no engine for target cpu-fp32 in "),
+        "{e}"
+    );
+
+    // A tampered engine file is refused by its digest.
+    fs::write(&a.engine, b"fake plan tampered").unwrap();
+    let e = engine::lookup(&s89, &jobs.path().join("job-sm89")).unwrap_err();
+    assert!(
+        e.to_string().contains("size") || e.to_string().contains("digest"),
+        "{e}"
+    );
+
+    // Tampered metadata (same key, another SM) is refused by the field check.
+    let meta_path = b.dir.join("meta.json");
+    let text = fs::read_to_string(&meta_path)
+        .unwrap()
+        .replace("\"sm\":\"sm_90\"", "\"sm\":\"sm_86\"");
+    fs::write(&meta_path, text).unwrap();
+    let e = engine::lookup(&s90, &jobs.path().join("job-sm90")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("compute capability: plan sm_90, engine sm_86"),
+        "{e}"
+    );
+}
+
+#[test]
+fn runtime_check_refuses_a_tampered_tuple() {
+    // What infer-serve does at start with the meta.json an image carries.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = spec(
+        mlp(),
+        64,
+        Precision::Fp16,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+    let art = engine::build(
+        &s,
+        &Cache::open(tmp.path()).unwrap(),
+        &fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43"),
+    )
+    .unwrap();
+    let node = |sm: Sm| Found {
+        gpu: Some(FoundGpu {
+            sm,
+            driver: "580.95.05".parse().unwrap(),
+            name: "NVIDIA L4".into(),
+        }),
+        tensorrt: Some("10.8.0".parse().unwrap()),
+        cpu: FoundCpu::detect(),
+    };
+    let meta = EngineMeta::from_json(&fs::read(art.dir.join("meta.json")).unwrap()).unwrap();
+    check_compat(&meta, &node(Sm::new(8, 9))).unwrap();
+    let tampered = fs::read_to_string(art.dir.join("meta.json"))
+        .unwrap()
+        .replace("sm_89", "sm_90");
+    let meta = EngineMeta::from_json(tampered.as_bytes()).unwrap();
+    let e = check_compat(&meta, &node(Sm::new(8, 9))).unwrap_err();
+    assert_eq!(e.to_string(), "engine for target sm89-fp16 was built for sm_90 with TensorRT 10.8.0.43 (CUDA 12.8, driver >= 570.26), this node has sm_89 (NVIDIA L4) with TensorRT 10.8.0 and driver 580.95.05: compute capability differs (sm_90 != sm_89) and the engine has no hardware compatibility level");
+}
+
+#[test]
+fn concurrent_builds_of_one_key_build_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = spec(
+        mlp(),
+        64,
+        Precision::Fp16,
+        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+    );
+    let runner = Arc::new(fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43"));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (s, r, root) = (s.clone(), runner.clone(), tmp.path().to_path_buf());
+            std::thread::spawn(move || {
+                engine::build(&s, &Cache::open(&root).unwrap(), &*r).unwrap()
+            })
+        })
+        .collect();
+    let arts: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(arts.iter().filter(|a| !a.cached).count(), 1);
+    let builds = runner
+        .calls()
+        .iter()
+        .filter(|c| c.args.iter().any(|a| a.starts_with("--saveEngine=")))
+        .count();
+    assert_eq!(builds, 1);
+}
+
+#[test]
+fn py_calibration_loader_yields_batches() {
+    // The loader script Polygraphy imports, run by a real Python with numpy.
+    let py = support::python();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("calib");
+    fs::create_dir_all(&data).unwrap();
+    let script = tmp.path().join("loader.py");
+    fs::write(&script, engine::polygraphy::LOADER_SCRIPT).unwrap();
+    let prog = format!(
+        "import numpy as np, sys; sys.path.insert(0, {dir:?}); \
+         np.save({a:?}, np.ones((4, 64), np.float32)); np.save({b:?}, np.zeros((2, 64), np.float32)); \
+         import loader; print([ (k, v.shape) for d in loader.load_data() for k, v in d.items() ])",
+        dir = tmp.path().to_string_lossy(),
+        a = data.join("0.npy").to_string_lossy(),
+        b = data.join("1.npy").to_string_lossy(),
+    );
+    let out = match std::process::Command::new(&py)
+        .args(["-c", &prog])
+        .env("INFER_BUILD_CALIB_DIR", &data)
+        .env("INFER_BUILD_CALIB_INPUTS", "input")
+        .output()
+    {
+        Ok(o) => o,
+        Err(_) => {
+            eprintln!(
+                "skipping py_calibration_loader_yields_batches: no python at {}",
+                py.display()
+            );
+            return;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[('input', (4, 64)), ('input', (2, 64))]"
+    );
+}

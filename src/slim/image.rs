@@ -653,7 +653,8 @@ pub fn build(
         },
     )?;
 
-    fs::create_dir_all(out.join("blobs/sha256")).map_err(io_err("create", out))?;
+    // The output is an `oci` blob store: other images already in it keep their tags.
+    let store = crate::oci::store::BlobStore::create(out)?;
     let staging = tempfile::Builder::new()
         .prefix(".slim-staging-")
         .tempdir_in(out)
@@ -684,7 +685,14 @@ pub fn build(
         hash,
         count: layer_size,
     } = gz_out;
-    drop(inner);
+    // Durable before it becomes visible under its digest.
+    let file = inner.into_inner().map_err(|e| Error::Io {
+        op: "write",
+        path: tmp.clone(),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io_err("sync", &tmp))?;
+    drop(file);
     let layer_digest = format!("sha256:{}", hex::encode(hash.finalize()));
     let layer_path = blob_path(out, &layer_digest)?;
     fs::rename(&tmp, &layer_path).map_err(io_err("rename to", &layer_path))?;
@@ -705,8 +713,8 @@ pub fn build(
     if !def.closure.search_dirs.is_empty() {
         set_library_path(&mut config, &def.closure.search_dirs);
     }
-    let config_bytes = serde_json::to_vec(&config).map_err(|e| layout_err(out, e.to_string()))?;
-    let config_digest = write_blob(out, &config_bytes)?;
+    let config_bytes = crate::oci::cjson::value_to_vec(&config);
+    let config_digest = store.put(&config_bytes)?.as_str().to_string();
 
     let mut layers: Vec<Value> = base
         .layers
@@ -744,27 +752,16 @@ pub fn build(
             format!("{ANNOTATION}excluded"): plan.excluded.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(","),
         },
     });
-    let manifest_bytes =
-        serde_json::to_vec(&manifest).map_err(|e| layout_err(out, e.to_string()))?;
-    let manifest_digest = write_blob(out, &manifest_bytes)?;
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": INDEX,
-        "manifests": [{
-            "mediaType": MANIFEST,
-            "digest": manifest_digest,
-            "size": manifest_bytes.len(),
-            "annotations": { "org.opencontainers.image.ref.name": def.name },
-        }],
-    });
-    write_file(
-        &out.join("oci-layout"),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
-    )?;
-    write_file(
-        &out.join("index.json"),
-        &serde_json::to_vec(&index).map_err(|e| layout_err(out, e.to_string()))?,
-    )?;
+    let manifest_bytes = crate::oci::cjson::value_to_vec(&manifest);
+    let digest = store.put(&manifest_bytes)?;
+    let manifest_digest = digest.as_str().to_string();
+    let mut desc =
+        crate::oci::image::Descriptor::new(MANIFEST, digest, manifest_bytes.len() as u64);
+    desc.annotations.insert(
+        crate::oci::annotation::REF_NAME.to_string(),
+        def.name.clone(),
+    );
+    crate::oci::layout::write_index(&store, vec![desc])?;
 
     let report = report_from_manifest(&manifest)
         .ok_or_else(|| layout_err(out, "size report missing from the manifest just written"))?;
@@ -864,21 +861,6 @@ fn set_library_path(config: &mut Value, dirs: &[String]) {
     env.push(Value::String(format!("LD_LIBRARY_PATH={value}")));
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
-    fs::rename(&tmp, path).map_err(io_err("rename to", path))
-}
-
-fn write_blob(dir: &Path, bytes: &[u8]) -> Result<String, Error> {
-    let digest = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
-    let path = blob_path(dir, &digest)?;
-    if !path.exists() {
-        write_file(&path, bytes)?;
-    }
-    Ok(digest)
-}
-
 fn copy_blob(from: &Path, to: &Path, digest: &str) -> Result<(), Error> {
     let src = blob_path(from, digest)?;
     let dst = blob_path(to, digest)?;
@@ -910,4 +892,31 @@ pub fn render_excluded(plan: &SlimPlan) -> String {
             }
         })
         .collect()
+}
+
+/// Read every `*.toml` of a definitions directory (`base-images/slim`), sorted by file name;
+/// names must be unique.
+pub fn load_definitions(dir: &Path) -> Result<Vec<Definition>, Error> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(io_err("read directory", dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    let mut defs: Vec<Definition> = Vec::new();
+    for f in files {
+        let text = fs::read_to_string(&f).map_err(io_err("read", &f))?;
+        let def = Definition::parse(&f.display().to_string(), &text)?;
+        if let Some(other) = defs.iter().find(|d| d.name == def.name) {
+            return Err(Error::Definition {
+                origin: f.display().to_string(),
+                message: format!(
+                    "name `{}` is already used by another definition",
+                    other.name
+                ),
+            });
+        }
+        defs.push(def);
+    }
+    Ok(defs)
 }

@@ -53,6 +53,8 @@ pub enum Error {
     },
     #[error("{path}: {message}")]
     Layout { path: PathBuf, message: String },
+    #[error(transparent)]
+    Oci(#[from] crate::oci::Error),
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -73,6 +75,7 @@ impl Error {
             | Error::Unpinned { .. }
             | Error::DigestMismatch { .. }
             | Error::Layout { .. } => true,
+            Error::Oci(e) => e.is_bad_input(),
             Error::Io { .. } => false,
         }
     }

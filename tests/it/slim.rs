@@ -579,3 +579,169 @@ fn client_opts(tmp: &Path) -> infer_build::registry::ClientOptions {
         ..Default::default()
     }
 }
+
+/// A fake ELF object with the dynamic facts the TensorRT research recorded.
+fn elf(needed: &[&str]) -> slim::tree::Node {
+    slim::tree::Node::File(slim::tree::File {
+        mode: 0o644,
+        size: 1,
+        sha256: format!("{:0>64}", needed.len()),
+        elf: Some(Ok(slim::elf::ElfInfo {
+            is_64: true,
+            machine: 62, // EM_X86_64
+            needed: needed.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })),
+        source: slim::tree::Source::Inline(std::sync::Arc::from(&b"x"[..])),
+    })
+}
+
+/// The shape of nvcr.io/nvidia/tensorrt (paths unconfirmed, see the definitions) and of the CUDA
+/// base image, as plain data: which files each definition takes, for each kind of engine.
+#[test]
+fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
+    use slim::def::{choose, EngineKind, Needs, Tactic};
+    let defs =
+        slim::image::load_definitions(&super::support::root().join("base-images/slim")).unwrap();
+    let sys = [
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+        "libstdc++.so.6",
+        "libgcc_s.so.1",
+    ];
+    let mut base = slim::Tree::new();
+    base.insert_symlink("lib", "usr/lib");
+    for l in sys {
+        base.insert(&format!("usr/lib/x86_64-linux-gnu/{l}"), elf(&[]));
+    }
+    let mut builder = base.clone();
+    let d = "usr/lib/x86_64-linux-gnu";
+    for (lib, needs) in [
+        ("libnvinfer.so.10.11.0", &sys[..]),
+        ("libnvinfer_lean.so.10.11.0", &sys[..]),
+        ("libnvinfer_dispatch.so.10.11.0", &sys[..]),
+        ("libnvinfer_builder_resource.so.10.11.0", &sys[..0]),
+        ("libnvonnxparser.so.10.11.0", &["libnvinfer.so.10"][..]),
+        ("libcudnn.so.9.10.2", &sys[..]),
+        ("libcudnn_ops.so.9.10.2", &["libcudnn_graph.so.9"][..]),
+        ("libcudnn_graph.so.9.10.2", &sys[..]),
+    ] {
+        builder.insert(&format!("{d}/{lib}"), elf(needs));
+        let short = lib.rsplit_once('.').unwrap().0.rsplit_once('.').unwrap().0;
+        builder.insert_symlink(&format!("{d}/{short}"), lib);
+    }
+    builder.insert_symlink("usr/local/cuda", "cuda-12.9");
+    builder.insert_symlink("usr/local/cuda-12.9/lib64", "targets/x86_64-linux/lib");
+    let cl = "usr/local/cuda-12.9/targets/x86_64-linux/lib";
+    builder.insert(&format!("{cl}/libcublasLt.so.12.9.1.4"), elf(&sys));
+    builder.insert_symlink(
+        &format!("{cl}/libcublasLt.so.12"),
+        "libcublasLt.so.12.9.1.4",
+    );
+    builder.insert(
+        &format!("{cl}/libcublas.so.12.9.1.4"),
+        elf(&["libcublasLt.so.12", "libc.so.6"]),
+    );
+    builder.insert_symlink(&format!("{cl}/libcublas.so.12"), "libcublas.so.12.9.1.4");
+    builder.insert("usr/lib/x86_64-linux-gnu/libcuda.so.1", elf(&[]));
+
+    let take = |kind: EngineKind, needs: Needs| -> Vec<String> {
+        let def = choose(&defs, kind, Some("10.11.0")).unwrap();
+        let sels = def.selections_for(&needs);
+        let plan = slim::compute(
+            &base,
+            &builder,
+            slim::Spec {
+                selections: &sels,
+                closure: &def.closure,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", def.name));
+        plan.copy
+            .keys()
+            .map(|k| k.rsplit('/').next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        take(EngineKind::VersionCompatible, Needs::default()),
+        [
+            "libnvinfer_dispatch.so.10",
+            "libnvinfer_dispatch.so.10.11.0",
+            "libnvinfer_lean.so.10",
+            "libnvinfer_lean.so.10.11.0"
+        ]
+    );
+    assert_eq!(
+        take(EngineKind::Full, Needs::default()),
+        ["libnvinfer.so.10", "libnvinfer.so.10.11.0"]
+    );
+    let cudnn = Needs {
+        tactics: [Tactic::Cudnn].into(),
+    };
+    let full_cudnn = take(EngineKind::Full, cudnn);
+    assert!(
+        full_cudnn.contains(&"libcudnn_graph.so.9.10.2".to_string()),
+        "{full_cudnn:?}"
+    );
+    assert!(
+        !full_cudnn
+            .iter()
+            .any(|f| f.contains("builder_resource") || f.contains("cublas")),
+        "{full_cudnn:?}"
+    );
+    let cublas = Needs {
+        tactics: [Tactic::Cublas].into(),
+    };
+    assert_eq!(
+        take(EngineKind::Full, cublas),
+        [
+            "libnvinfer.so.10",
+            "libnvinfer.so.10.11.0",
+            "cuda",
+            "lib64",
+            "libcublas.so.12",
+            "libcublas.so.12.9.1.4",
+            "libcublasLt.so.12",
+            "libcublasLt.so.12.9.1.4",
+        ]
+    );
+    assert!(choose(&defs, EngineKind::Full, Some("11.0")).is_err());
+
+    // Every image they name is in the plain base-image table with the matching role, and none
+    // carries a digest no public source gives.
+    let table: toml::Value = toml::from_str(
+        &fs::read_to_string(super::support::root().join("base-images/images.toml")).unwrap(),
+    )
+    .unwrap();
+    let role = |r: &str| -> Option<String> {
+        table["image"]
+            .as_array()?
+            .iter()
+            .find(|i| i["reference"].as_str() == Some(r))?["role"]
+            .as_str()
+            .map(str::to_string)
+    };
+    for def in &defs {
+        assert_eq!(
+            role(&def.base.reference).as_deref(),
+            Some("runtime"),
+            "{}",
+            def.name
+        );
+        assert_eq!(
+            role(&def.builder.reference).as_deref(),
+            Some("builder"),
+            "{}",
+            def.name
+        );
+        assert_eq!(
+            def.unpinned().len(),
+            2,
+            "{}: a digest needs a public source",
+            def.name
+        );
+    }
+}

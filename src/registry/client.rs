@@ -111,6 +111,7 @@ pub struct Client {
     credential: Option<Credential>,
     mode: Mutex<AuthMode>,
     tokens: Mutex<HashMap<String, String>>,
+    token_fetch: Mutex<()>,
     opts: ClientOptions,
     rng: Mutex<u64>,
 }
@@ -158,6 +159,7 @@ impl Client {
             credential,
             mode: Mutex::new(AuthMode::Anonymous),
             tokens: Mutex::new(HashMap::new()),
+            token_fetch: Mutex::new(()),
             opts,
             rng: Mutex::new(seed),
         };
@@ -341,7 +343,17 @@ impl Client {
                 }
                 let (realm, service) = (realm.clone(), service.clone());
                 drop(mode);
-                // A new scope set: get its token up front instead of collecting a 401 first.
+                // A new scope set: get its token up front instead of collecting a 401 first,
+                // once, however many upload threads ask at the same moment.
+                let _single = self.token_fetch.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(t) = self
+                    .tokens
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                {
+                    return Some(format!("Bearer {t}"));
+                }
                 let token = self.fetch_token(&realm, service.as_deref(), scopes).ok()?;
                 self.tokens
                     .lock()

@@ -506,3 +506,60 @@ fn registry_push_rejects_bad_layouts() {
     let (code, _, err) = push_cli(&made.dir, "127.0.0.1:1/x:tag", tmp.path(), &["--insecure"]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn registry_bearer_token_auth_with_scopes() {
+    let test = "registry_bearer_token_auth_with_scopes";
+    let Some((reg, tokens)) = Registry::start_token_auth(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let made = make_layout(&tmp.path().join("layout"), "v1", &targets()[..1], 8);
+    let mut client = plain_opts(tmp.path());
+    // Basic credentials go to the token endpoint, which trades them for bearer tokens.
+    std::fs::write(
+        tmp.path().join("docker.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"username":"tok-user","password":"tok-pass"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    client.keychain.docker_config = Some(tmp.path().join("docker.json"));
+    let opts = PushOptions {
+        client,
+        locations_file: Some(tmp.path().join("locations.json")),
+        ..PushOptions::default()
+    };
+    let a = Reference::parse(&format!("{}/team-a/mlp", reg.addr)).unwrap();
+    let report =
+        registry::push(&made.dir, &a, &opts).unwrap_or_else(|e| panic!("{e:?}\n{}", reg.log()));
+    assert_eq!(report.tags.len(), 2);
+    // A second repository: the mount needs pull access to the first one in the same token.
+    let b = Reference::parse(&format!("{}/team-b/mlp", reg.addr)).unwrap();
+    let report =
+        registry::push(&made.dir, &b, &opts).unwrap_or_else(|e| panic!("{e:?}\n{}", reg.log()));
+    assert_eq!(report.bytes_uploaded, 0);
+    assert!(report.blobs_mounted > 0);
+    let asked = tokens.requests.lock().unwrap().clone();
+    assert!(
+        asked
+            .iter()
+            .any(|(s, _)| s.contains(&"repository:team-a/mlp:pull,push".to_string())),
+        "{asked:?}"
+    );
+    assert!(
+        asked.iter().any(
+            |(s, _)| s.contains(&"repository:team-b/mlp:pull,push".to_string())
+                && s.contains(&"repository:team-a/mlp:pull".to_string())
+        ),
+        "{asked:?}"
+    );
+    // Tokens are cached: far fewer token requests than registry requests.
+    assert!(
+        asked.len() <= 8,
+        "{} token requests: {asked:?}",
+        asked.len()
+    );
+    assert!(asked.iter().all(|(_, basic)| *basic), "{asked:?}");
+}

@@ -137,14 +137,50 @@ impl Registry {
             user: "bench".into(),
             password: "s3cret-pw".into(),
         };
-        Some(Self::spawn_in(dir, Some(tls)))
+        Some(Self::spawn_in(dir, Some(tls), ""))
     }
 
     fn spawn(tls: Option<Tls>) -> Registry {
-        Self::spawn_in(tempfile::tempdir().unwrap(), tls)
+        Self::spawn_in(tempfile::tempdir().unwrap(), tls, "")
     }
 
-    fn spawn_in(dir: tempfile::TempDir, tls: Option<Tls>) -> Registry {
+    /// A plain-HTTP registry that wants bearer tokens from `tokens` (the distribution token
+    /// auth: JWTs signed by a key whose certificate is in the registry's root bundle).
+    pub fn start_token_auth(test: &str) -> Option<(Registry, TokenServer)> {
+        if !have_registry(test) || !have_openssl(test) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let ok = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=test token issuer",
+            ])
+            .args(["-keyout", "token-key.pem", "-out", "token-root.pem"])
+            .current_dir(p)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl req failed");
+        let tokens = TokenServer::start(p, "test-issuer", "test-registry");
+        let auth = format!(
+            "auth:\n  token:\n    realm: http://{}/token\n    service: test-registry\n    issuer: test-issuer\n    rootcertbundle: {}\n",
+            tokens.addr,
+            p.join("token-root.pem").display()
+        );
+        Some((Self::spawn_in(dir, None, &auth), tokens))
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, tls: Option<Tls>, extra: &str) -> Registry {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let p = dir.path();
@@ -160,6 +196,7 @@ impl Registry {
                 p.join("htpasswd").display()
             ));
         }
+        config.push_str(extra);
         std::fs::write(p.join("config.yml"), config).unwrap();
         let log = std::fs::File::create(p.join("registry.log")).unwrap();
         let child = Command::new("docker-registry")
@@ -374,5 +411,114 @@ pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> Made
         index_digest: i_d,
         targets: tagged,
         blobs,
+    }
+}
+
+/// Token requests seen: (scopes asked, whether basic credentials came with them).
+pub type TokenLog = std::sync::Arc<std::sync::Mutex<Vec<(Vec<String>, bool)>>>;
+
+/// A token issuer for the distribution token auth: `GET /token?service=…&scope=…` answers a
+/// JWT (RS256, signed with `openssl dgst`, certificate in `x5c`) granting what was asked.
+pub struct TokenServer {
+    pub addr: String,
+    /// Every token request: (scopes asked, whether it carried basic credentials).
+    pub requests: TokenLog,
+}
+
+impl TokenServer {
+    fn start(dir: &Path, issuer: &str, service: &str) -> TokenServer {
+        use std::io::{BufRead, BufReader};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let der = Command::new("openssl")
+            .args(["x509", "-in", "token-root.pem", "-outform", "DER"])
+            .current_dir(dir)
+            .output()
+            .unwrap()
+            .stdout;
+        use base64::Engine as _;
+        let x5c = base64::engine::general_purpose::STANDARD.encode(der);
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (log, dir, issuer, service) = (
+            requests.clone(),
+            dir.to_path_buf(),
+            issuer.to_string(),
+            service.to_string(),
+        );
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let mut basic = false;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
+                        break;
+                    }
+                    if h.to_ascii_lowercase().starts_with("authorization: basic ") {
+                        basic = true;
+                    }
+                }
+                let target = line.split(' ').nth(1).unwrap_or("");
+                let query = target.split_once('?').map(|x| x.1).unwrap_or("");
+                let scopes: Vec<String> = query
+                    .split('&')
+                    .filter_map(|kv| kv.strip_prefix("scope="))
+                    .map(|v| {
+                        v.replace("%3A", ":")
+                            .replace("%3a", ":")
+                            .replace("%2C", ",")
+                            .replace("%2c", ",")
+                            .replace("%2F", "/")
+                            .replace("%2f", "/")
+                    })
+                    .collect();
+                log.lock().unwrap().push((scopes.clone(), basic));
+                let access: Vec<Value> = scopes
+                    .iter()
+                    .filter_map(|s| {
+                        let (kind, rest) = s.split_once(':')?;
+                        let (name, actions) = rest.rsplit_once(':')?;
+                        Some(json!({"type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()}))
+                    })
+                    .collect();
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+                let header = json!({"alg": "RS256", "typ": "JWT", "x5c": [x5c]});
+                let claims = json!({"iss": issuer, "sub": "bench", "aud": service, "exp": now + 600, "nbf": now - 60, "iat": now - 60, "jti": format!("{now}-{}", scopes.len()), "access": access});
+                let signing_input = format!(
+                    "{}.{}",
+                    b64(&serde_json::to_vec(&header).unwrap()),
+                    b64(&serde_json::to_vec(&claims).unwrap())
+                );
+                let mut sign = Command::new("openssl")
+                    .args(["dgst", "-sha256", "-sign", "token-key.pem"])
+                    .current_dir(&dir)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                sign.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(signing_input.as_bytes())
+                    .unwrap();
+                let sig = sign.wait_with_output().unwrap().stdout;
+                let token = format!("{signing_input}.{}", b64(&sig));
+                let body =
+                    json!({"token": token, "access_token": token, "expires_in": 600}).to_string();
+                let _ = conn.write_all(
+                    format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
+                );
+            }
+        });
+        TokenServer { addr, requests }
     }
 }

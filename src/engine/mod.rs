@@ -7,9 +7,10 @@
 //! writes (types in `infer_spec::engine`).
 //!
 //! Must not: spawn processes except through [`crate::process::Runner`]; read the recipe or the
-//! matrix itself (it takes an [`EngineSpec`] of plain values); write anywhere but
+//! matrix itself (it takes an [`EngineSpec`] of plain values, made by [`adapt::spec`]); write anywhere but
 //! the cache (entries appear atomically, see [`cache`]).
 
+pub mod adapt;
 pub mod cache;
 pub mod gpu;
 pub mod key;
@@ -29,7 +30,7 @@ use infer_spec::engine::{
 
 pub use cache::{Cache, Entry};
 pub use key::{KeyMaterial, TOOL_VERSION};
-pub use spec::{Backend, Calibration, EngineSpec, InputSpec, TrtSpec};
+pub use spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
 
 use crate::process::Runner;
 use key::{sha256_digest, BackendKey, KEY_SCHEME};

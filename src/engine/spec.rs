@@ -16,8 +16,34 @@ pub struct InputSpec {
     /// Recipe datatype name: `fp32`, `fp16`, `fp64`, `int8`, `int16`, `int32`, `int64`, `uint8`,
     /// `bool`.
     pub datatype: String,
-    /// Dimensions; `-1` is dynamic and allowed only as the first (batch) dimension.
+    /// Dimensions, batch first; `-1` is dynamic.
     pub shape: Vec<i64>,
+    /// min/opt/max of the dimensions after the batch dimension (fixed ones repeat their size);
+    /// required when one of them is dynamic.
+    pub profile: Option<DimRanges>,
+}
+
+/// min, opt and max sizes of the dimensions after the batch dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DimRanges {
+    pub min: Vec<u64>,
+    pub opt: Vec<u64>,
+    pub max: Vec<u64>,
+}
+
+impl InputSpec {
+    /// The size of dimension `i` (≥ 1) to use for sample data: its fixed size, else the
+    /// profile's opt.
+    pub fn sample_dim(&self, i: usize) -> Option<u64> {
+        match self.shape.get(i) {
+            Some(&d) if d >= 1 => Some(d as u64),
+            Some(_) => self
+                .profile
+                .as_ref()
+                .and_then(|p| p.opt.get(i - 1).copied()),
+            None => None,
+        }
+    }
 }
 
 /// INT8 calibration input (TensorRT 8.6 and 10.x only).
@@ -134,19 +160,42 @@ impl EngineSpec {
                     "has no dimensions (scalars cannot be batched)".into(),
                 ));
             }
-            let mut rest = Vec::with_capacity(input.shape.len());
+            let n = input.shape.len() - 1;
+            let (mut rmin, mut ropt, mut rmax) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
             for (i, &d) in input.shape.iter().enumerate().skip(1) {
-                if d < 1 {
+                if d >= 1 {
+                    rmin.push(d as u64);
+                    ropt.push(d as u64);
+                    rmax.push(d as u64);
+                    continue;
+                }
+                let Some(p) = &input.profile else {
                     return Err(bad(
                         &input.name,
                         format!(
-                            "dimension {i} is {d}; only the first (batch) dimension may be dynamic"
+                            "dimension {i} is dynamic ({d}) and the input has no shape profile"
                         ),
                     ));
+                };
+                match (p.min.get(i - 1), p.opt.get(i - 1), p.max.get(i - 1)) {
+                    (Some(&a), Some(&o), Some(&m)) if 1 <= a && a <= o && o <= m => {
+                        rmin.push(a);
+                        ropt.push(o);
+                        rmax.push(m);
+                    }
+                    _ => {
+                        return Err(bad(
+                            &input.name,
+                            format!("the shape profile of dimension {i} must satisfy 1 <= min <= opt <= max"),
+                        ))
+                    }
                 }
-                rest.push(d as u64);
             }
-            let with = |b: u64| {
+            let join = |b: u64, rest: &[u64]| {
                 std::iter::once(b)
                     .chain(rest.iter().copied())
                     .collect::<Vec<u64>>()
@@ -155,15 +204,15 @@ impl EngineSpec {
             let p = match first {
                 -1 => InputProfile {
                     name: input.name.clone(),
-                    min: with(1),
-                    opt: with(self.opt_batch as u64),
-                    max: with(self.max_batch as u64),
+                    min: join(1, &rmin),
+                    opt: join(self.opt_batch as u64, &ropt),
+                    max: join(self.max_batch as u64, &rmax),
                 },
                 d if d >= 1 => InputProfile {
                     name: input.name.clone(),
-                    min: with(d as u64),
-                    opt: with(d as u64),
-                    max: with(d as u64),
+                    min: join(d as u64, &rmin),
+                    opt: join(d as u64, &ropt),
+                    max: join(d as u64, &rmax),
                 },
                 d => {
                     return Err(bad(
@@ -221,6 +270,7 @@ pub(crate) mod tests {
                 name: "input".into(),
                 datatype: "fp32".into(),
                 shape: vec![-1, 64],
+                profile: None,
             }],
             max_batch: 32,
             opt_batch: 16,
@@ -255,7 +305,7 @@ pub(crate) mod tests {
         check(vec![4, 64], Ok((vec![4, 64], vec![4, 64], vec![4, 64])));
         check(
             vec![-1, -1],
-            Err("target cpu-fp32, input `input`: dimension 1 is -1; only the first (batch) dimension may be dynamic"),
+            Err("target cpu-fp32, input `input`: dimension 1 is dynamic (-1) and the input has no shape profile"),
         );
         check(
             vec![],
@@ -265,6 +315,33 @@ pub(crate) mod tests {
             vec![0, 3],
             Err("target cpu-fp32, input `input`: dimension 0 is 0; use -1 for a dynamic batch"),
         );
+    }
+
+    #[test]
+    fn dynamic_inner_dimensions_take_the_profile() {
+        let mut s = mlp_spec(Backend::Cpu);
+        s.inputs[0].shape = vec![-1, -1, 3];
+        s.inputs[0].profile = Some(DimRanges {
+            min: vec![8, 3],
+            opt: vec![128, 3],
+            max: vec![512, 3],
+        });
+        let p = s.shape_profile().unwrap();
+        assert_eq!(
+            (p[0].min.clone(), p[0].opt.clone(), p[0].max.clone()),
+            (vec![1, 8, 3], vec![16, 128, 3], vec![32, 512, 3])
+        );
+        assert_eq!(s.inputs[0].sample_dim(1), Some(128));
+        s.inputs[0].profile = Some(DimRanges {
+            min: vec![8, 3],
+            opt: vec![4, 3],
+            max: vec![512, 3],
+        });
+        assert!(s
+            .shape_profile()
+            .unwrap_err()
+            .to_string()
+            .ends_with("the shape profile of dimension 1 must satisfy 1 <= min <= opt <= max"));
     }
 
     #[test]

@@ -120,6 +120,7 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> En
             name: "input".into(),
             datatype: "fp32".into(),
             shape: vec![-1, width],
+            profile: None,
         }],
         max_batch: 32,
         opt_batch: 16,

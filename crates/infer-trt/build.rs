@@ -1,0 +1,56 @@
+//! Compiles the C++ shim when the `tensorrt` feature is on AND `TENSORRT_ROOT` points at a
+//! TensorRT installation (or a copy of the Apache-2.0 headers from NVIDIA/TensorRT `include/`).
+//! Nothing is linked against TensorRT: the shim only makes virtual calls through the header's
+//! inline wrappers, and the runtime library is opened with `dlopen` at run time.
+
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(infer_trt_shim)");
+    println!("cargo::rerun-if-env-changed=TENSORRT_ROOT");
+    println!("cargo::rerun-if-env-changed=CUDA_HOME");
+    println!("cargo::rerun-if-changed=shim/shim.cpp");
+    if std::env::var_os("CARGO_FEATURE_TENSORRT").is_none() {
+        return;
+    }
+    let Some(root) = std::env::var_os("TENSORRT_ROOT").map(PathBuf::from) else {
+        println!("cargo::warning=infer-trt: TENSORRT_ROOT is not set; building without the TensorRT shim");
+        return;
+    };
+    let include = root.join("include");
+    if !include.join("NvInferRuntime.h").is_file() {
+        println!(
+            "cargo::warning=infer-trt: {} has no NvInferRuntime.h; building without the TensorRT shim",
+            include.display()
+        );
+        return;
+    }
+    build_shim(&include);
+    println!("cargo::rustc-cfg=infer_trt_shim");
+}
+
+#[cfg(feature = "tensorrt")]
+fn build_shim(include: &std::path::Path) {
+    // TensorRT's headers include cuda_runtime_api.h for the stream/event handle types only: use
+    // the CUDA toolkit's when present, else the shim's stand-in.
+    let cuda = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v).map(std::path::PathBuf::from))
+        .chain([std::path::PathBuf::from("/usr/local/cuda")])
+        .map(|p| p.join("include"))
+        .find(|p| p.join("cuda_runtime_api.h").is_file())
+        .unwrap_or_else(|| std::path::PathBuf::from("shim/cuda_stub"));
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("shim/shim.cpp")
+        .include(include)
+        .include(cuda)
+        .warnings(false)
+        .compile("infer_trt_shim");
+    // The shim uses the C++ standard library; the TensorRT libraries are dlopen'ed.
+    println!("cargo::rustc-link-lib=dylib=stdc++");
+}
+
+#[cfg(not(feature = "tensorrt"))]
+fn build_shim(_include: &std::path::Path) {}

@@ -1,0 +1,128 @@
+//! From a validated recipe and one resolved target to an [`EngineSpec`]: the only place the
+//! engine stage reads recipe or plan types. Pure.
+
+use infer_spec::engine::{HardwareCompat, Precision, Sm};
+
+use super::spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
+use super::Error;
+use crate::matrix;
+use crate::plan::{TargetKind, TargetPlan};
+use crate::recipe::Recipe;
+
+/// Map the matrix precision to the engine's; bf16/fp8/fp4/tf32 engines are not built yet.
+fn precision(target: &str, p: matrix::Precision) -> Result<Precision, Error> {
+    match p {
+        matrix::Precision::Fp32 => Ok(Precision::Fp32),
+        matrix::Precision::Fp16 => Ok(Precision::Fp16),
+        matrix::Precision::Int8 => Ok(Precision::Int8),
+        other => Err(Error::Input {
+            target: target.into(),
+            input: "-".into(),
+            reason: format!(
+                "{other} engines are not supported by the engine stage (fp32, fp16 and int8 are)"
+            ),
+        }),
+    }
+}
+
+fn version(target: &str, what: &str, text: &str) -> Result<infer_spec::engine::Version, Error> {
+    text.parse().map_err(|e| Error::Input {
+        target: target.into(),
+        input: "-".into(),
+        reason: format!("{what}: {e}"),
+    })
+}
+
+/// The engine build of `target` as the recipe and the plan describe it.
+///
+/// - Inputs come from `[model.inputs]` (their order is the recipe's; the CPU build maps them to
+///   the model's inputs by name), with their shape profiles for dynamic inner dimensions.
+/// - The batch profile is 1 / largest preferred batch size / `max_batch_size`, and T(b) is
+///   measured for every warm-up batch size (1, each preferred size, the maximum).
+/// - GPU targets take TensorRT's GA build, the CUDA of that build, the compute capability, the
+///   driver floor (none for Jetson: `0`), the hardware-compatibility level, version
+///   compatibility (built with the lean runtime excluded, so images ship it), and the
+///   calibration input (a file is a cache, a directory is data for Polygraphy).
+pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
+    let id = target.id.as_str();
+    let inputs = recipe
+        .model
+        .inputs
+        .iter()
+        .map(|t| InputSpec {
+            name: t.name.clone(),
+            datatype: t.datatype.as_str().to_string(),
+            shape: t.shape.clone(),
+            profile: t.profile.as_ref().map(|p| {
+                let u = |v: &Vec<i64>| v.iter().map(|&d| d.max(0) as u64).collect();
+                DimRanges {
+                    min: u(&p.min),
+                    opt: u(&p.opt),
+                    max: u(&p.max),
+                }
+            }),
+        })
+        .collect();
+    let b = &recipe.batching;
+    let opt_batch = b
+        .preferred_batch_sizes
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(b.max_batch_size);
+    let backend = match target.kind {
+        TargetKind::Cpu => Backend::Cpu,
+        TargetKind::Gpu => {
+            let missing = |what: &str| Error::Input {
+                target: id.into(),
+                input: "-".into(),
+                reason: format!("the plan has no {what} for this GPU target"),
+            };
+            let trt = target
+                .tensorrt
+                .as_ref()
+                .ok_or_else(|| missing("TensorRT release"))?;
+            let gpu = target.gpu.as_ref().ok_or_else(|| missing("GPU"))?;
+            let cc = gpu.compute_capability;
+            let mut t = TrtSpec::new(
+                version(id, "TensorRT build", &trt.build)?,
+                version(id, "CUDA", &trt.cuda_build.to_string())?,
+                Sm::new(cc.major, cc.minor),
+                match &target.driver_floor {
+                    Some(v) => version(id, "driver floor", &v.to_string())?,
+                    None => version(id, "driver floor", "0")?,
+                },
+            );
+            t.hardware_compat = match trt.hardware_compat {
+                None => HardwareCompat::None,
+                Some(matrix::HwCompat::AmperePlus) => HardwareCompat::AmperePlus,
+                Some(matrix::HwCompat::SameComputeCapability) => {
+                    HardwareCompat::SameComputeCapability
+                }
+            };
+            t.lean_runtime = trt.version_compatible;
+            if target.precision == matrix::Precision::Int8 {
+                if let Some(c) = recipe.int8.as_ref().and_then(|i| i.calibration.as_ref()) {
+                    let path = recipe.resolve(&c.value);
+                    t.calibration = Some(if path.is_dir() {
+                        Calibration::Data(path)
+                    } else {
+                        Calibration::Cache(path)
+                    });
+                }
+            }
+            Backend::Tensorrt(t)
+        }
+    };
+    Ok(EngineSpec {
+        model: recipe.model.name.clone(),
+        target: id.into(),
+        precision: precision(id, target.precision)?,
+        onnx: recipe.model_path(),
+        inputs,
+        max_batch: b.max_batch_size,
+        opt_batch,
+        batch_sizes: recipe.warmup_batch_sizes(),
+        backend,
+    })
+}

@@ -7,3 +7,4 @@ pub mod registry;
 pub mod registry_support;
 pub mod slim;
 pub mod engine;
+pub mod serve;

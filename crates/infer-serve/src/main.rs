@@ -1,5 +1,223 @@
 //! `infer-serve`: the image entrypoint. See the crate docs in `lib.rs`.
+//!
+//! Start-up order: parse flags → read `runtime.toml` → bind the port and serve (live at once,
+//! ready later) → load the engine → warm up every instance → start the batcher → ready.
+//! SIGTERM/SIGINT: readiness 503 at once, keep serving for `drain_delay_s` (a second signal
+//! cuts it short), stop accepting, finish in-flight requests within `exit_timeout_s`, exit 0
+//! (1 when the timeout forced the exit). Exit 2: bad flags or config; 1: the engine failed to
+//! load or warm up.
+
+use infer_serve::args::{self, Command};
+use infer_serve::batcher::{Batcher, Policy};
+use infer_serve::http::{self, App};
+use infer_serve::metrics::Metrics;
+use infer_serve::{backend, log, warmup};
+use infer_spec::RuntimeConfig;
+use serde_json::json;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn fail(code: i32, msg: &str, fields: &[(&str, serde_json::Value)]) -> ! {
+    log::error(msg, fields);
+    std::process::exit(code);
+}
+
 fn main() {
-    eprintln!("infer-serve: not yet implemented");
-    std::process::exit(1);
+    let started = Instant::now();
+    let args = match args::parse(std::env::args().skip(1), |k| std::env::var(k).ok()) {
+        Ok(Command::Run(a)) => a,
+        Ok(Command::Help) => {
+            print!("{}", args::USAGE);
+            return;
+        }
+        Ok(Command::Version) => {
+            println!("infer-serve {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
+        Err(e) => {
+            eprint!("infer-serve: {e}\n{}", args::USAGE);
+            std::process::exit(2);
+        }
+    };
+    let path = args.config.display().to_string();
+    let text = std::fs::read_to_string(&args.config).unwrap_or_else(|e| {
+        fail(
+            2,
+            "cannot read the runtime config",
+            &[("path", json!(path)), ("error", json!(e.to_string()))],
+        )
+    });
+    let mut cfg = RuntimeConfig::from_toml_str(&text).unwrap_or_else(|e| {
+        fail(
+            2,
+            "bad runtime config",
+            &[("path", json!(path)), ("error", json!(e.to_string()))],
+        )
+    });
+    if let Some(h) = args.host {
+        cfg.server.host = h;
+    }
+    if let Some(p) = args.port {
+        cfg.server.port = p;
+    }
+    let base = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            fail(
+                1,
+                "cannot start the async runtime",
+                &[("error", json!(e.to_string()))],
+            )
+        });
+    let metrics = Arc::new(Metrics::new(
+        &cfg.model.name,
+        &cfg.model.version,
+        cfg.batching.max_batch_size,
+    ));
+    let app = Arc::new(App::new(cfg.clone(), metrics.clone()));
+
+    let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .unwrap_or_else(|e| {
+            fail(
+                1,
+                "cannot bind",
+                &[("addr", json!(addr)), ("error", json!(e.to_string()))],
+            )
+        });
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+    log::info(
+        "listening",
+        &[
+            ("addr", json!(local)),
+            ("model", json!(cfg.model.name)),
+            ("version", json!(cfg.model.version)),
+            ("engine", json!(cfg.engine.kind.as_str())),
+            ("config", json!(path)),
+        ],
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    rt.spawn(lifecycle(app.clone(), stop_tx));
+    let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
+    let server = rt.spawn(http::serve(app.clone(), listener, stop_rx, exit_timeout));
+
+    // Engine load and warm-up run here, on the main thread, while the server already answers
+    // liveness (and says not ready).
+    let t = Instant::now();
+    let engine = backend::load(&cfg, &base)
+        .unwrap_or_else(|e| fail(1, "cannot load the engine", &[("error", json!(e))]));
+    let load = t.elapsed();
+    metrics
+        .engine_load_us
+        .store(load.as_micros() as u64, Relaxed);
+    log::info(
+        "engine loaded",
+        &[("engine_load_seconds", json!(load.as_secs_f64()))],
+    );
+
+    let t = Instant::now();
+    let sizes = cfg.warmup_batch_sizes();
+    let mut backends = Vec::new();
+    for instance in 0..cfg.batching.instances {
+        let mut b = engine.instance().unwrap_or_else(|e| {
+            fail(
+                1,
+                "cannot create a backend instance",
+                &[("instance", json!(instance)), ("error", json!(e))],
+            )
+        });
+        for &rows in &sizes {
+            if let Err(e) = warmup::run(&cfg, b.as_mut(), rows as usize) {
+                fail(
+                    1,
+                    "warm-up failed; not starting",
+                    &[
+                        ("instance", json!(instance)),
+                        ("batch_size", json!(rows)),
+                        ("error", json!(e)),
+                    ],
+                );
+            }
+        }
+        backends.push(b);
+    }
+    let warm = t.elapsed();
+    metrics.warmup_us.store(warm.as_micros() as u64, Relaxed);
+    let batcher = Batcher::start(Policy::from_config(&cfg), backends, metrics.clone())
+        .unwrap_or_else(|e| {
+            fail(
+                1,
+                "cannot start the batcher",
+                &[("error", json!(e.to_string()))],
+            )
+        });
+    let _ = app.batcher.set(batcher);
+    if !app.draining.load(Relaxed) {
+        metrics.ready.store(1, Relaxed);
+    }
+    log::info(
+        "ready",
+        &[
+            ("warmup_seconds", json!(warm.as_secs_f64())),
+            ("warmup_batch_sizes", json!(sizes)),
+            ("instances", json!(cfg.batching.instances)),
+            (
+                "start_to_ready_seconds",
+                json!(started.elapsed().as_secs_f64()),
+            ),
+        ],
+    );
+
+    let clean = rt.block_on(server).unwrap_or(false);
+    if clean {
+        log::info("exiting", &[("code", json!(0))]);
+        std::process::exit(0);
+    }
+    fail(
+        1,
+        "exit timeout reached with requests still in flight",
+        &[("code", json!(1))],
+    );
+}
+
+/// Waits for SIGTERM or SIGINT, then runs the drain sequence. As PID 1 in a container the
+/// kernel ignores signals without a handler, so installing these is what makes `docker stop`
+/// and Kubernetes work.
+async fn lifecycle(app: Arc<App>, stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => fail(1, "cannot install signal handlers", &[]),
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    app.draining.store(true, Relaxed);
+    app.metrics.ready.store(0, Relaxed);
+    let drain = Duration::from_secs(app.cfg.server.drain_delay_s);
+    log::info(
+        "draining: readiness now 503, still serving",
+        &[
+            ("signal", json!(name)),
+            ("drain_delay_s", json!(drain.as_secs_f64())),
+            ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
+        ],
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(drain) => {}
+        _ = term.recv() => log::info("second signal: ending the drain delay early", &[]),
+        _ = int.recv() => log::info("second signal: ending the drain delay early", &[]),
+    }
+    let _ = stop.send(true);
 }

@@ -1,0 +1,129 @@
+//! Flags and environment, parsed by hand: `--config PATH` (or `INFER_CONFIG`, default
+//! `/etc/infer/runtime.toml`), `--host ADDR` / `INFER_HOST`, `--port N` / `INFER_PORT`.
+//! Flags win over the environment, which wins over `runtime.toml`.
+
+use std::path::PathBuf;
+
+/// What the command line and environment ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Run(Args),
+    Help,
+    Version,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    pub config: PathBuf,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+}
+
+pub const USAGE: &str = "usage: infer-serve [--config PATH] [--host ADDR] [--port N]
+
+Serves the model described by runtime.toml over the KServe V2 HTTP protocol.
+
+  --config PATH   runtime configuration (env INFER_CONFIG; default /etc/infer/runtime.toml)
+  --host ADDR     address to bind (env INFER_HOST; default from runtime.toml, 0.0.0.0)
+  --port N        port to bind, 0 for any free one (env INFER_PORT; default from runtime.toml, 8000)
+  --help, --version
+";
+
+/// Parses `args` (without the program name) and the environment through `env`.
+pub fn parse(
+    args: impl IntoIterator<Item = String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Command, String> {
+    let port = |s: &str, from: &str| {
+        s.parse::<u16>()
+            .map_err(|_| format!("{from}: {s:?} is not a port number"))
+    };
+    let mut out = Args {
+        config: PathBuf::from(
+            env("INFER_CONFIG").unwrap_or_else(|| infer_spec::DEFAULT_CONFIG_PATH.to_owned()),
+        ),
+        host: env("INFER_HOST").filter(|h| !h.is_empty()),
+        port: env("INFER_PORT")
+            .filter(|p| !p.is_empty())
+            .map(|p| port(&p, "INFER_PORT"))
+            .transpose()?,
+    };
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (a.clone(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--config" => out.config = PathBuf::from(value()?),
+            "--host" => out.host = Some(value()?),
+            "--port" => out.port = Some(port(&value()?, "--port")?),
+            "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
+            _ => return Err(format!("unknown argument {a:?}")),
+        }
+    }
+    Ok(Command::Run(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(args: &[&str], env: &[(&str, &str)], expected: Result<Command, &str>) {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let got = parse(args.iter().map(|s| s.to_string()), |k| {
+            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        });
+        assert_eq!(got, expected.map_err(str::to_owned), "{args:?} {env:?}");
+    }
+
+    fn run(config: &str, host: Option<&str>, port: Option<u16>) -> Result<Command, &'static str> {
+        Ok(Command::Run(Args {
+            config: config.into(),
+            host: host.map(Into::into),
+            port,
+        }))
+    }
+
+    #[test]
+    fn flags_and_env() {
+        check(&[], &[], run("/etc/infer/runtime.toml", None, None));
+        check(
+            &["--config", "a.toml", "--port=9"],
+            &[("INFER_PORT", "8")],
+            run("a.toml", None, Some(9)),
+        );
+        check(
+            &[],
+            &[
+                ("INFER_PORT", "8"),
+                ("INFER_HOST", "127.0.0.1"),
+                ("INFER_CONFIG", "c"),
+            ],
+            run("c", Some("127.0.0.1"), Some(8)),
+        );
+        check(
+            &["--port", "x"],
+            &[],
+            Err("--port: \"x\" is not a port number"),
+        );
+        check(
+            &[],
+            &[("INFER_PORT", "70000")],
+            Err("INFER_PORT: \"70000\" is not a port number"),
+        );
+        check(&["--config"], &[], Err("--config needs a value"));
+        check(&["serve"], &[], Err("unknown argument \"serve\""));
+        check(&["--help"], &[], Ok(Command::Help));
+    }
+}

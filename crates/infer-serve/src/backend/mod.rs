@@ -1,0 +1,59 @@
+//! The engines behind the batcher: a synchronous trait, one instance per backend thread.
+//!
+//! An [`Engine`] is loaded (and optimised) once at start; each batcher instance thread asks it
+//! for its own [`Backend`], which runs one batch at a time. Backends never see HTTP, JSON or
+//! the queue: they get one tensor per model input (rows concatenated along the batch
+//! dimension, in the config's input order) and return one tensor per model output.
+
+use crate::tensor::Tensor;
+use infer_spec::{EngineKind, RuntimeConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+#[cfg(feature = "synthetic")]
+pub mod synthetic;
+#[cfg(feature = "tract")]
+pub mod tract;
+
+/// A loaded engine, shared by every instance.
+pub trait Engine: Send + Sync {
+    /// A new instance (its own execution state) for one backend thread.
+    fn instance(&self) -> Result<Box<dyn Backend>, String>;
+}
+
+/// One instance: executes one batch at a time on its own thread.
+pub trait Backend: Send {
+    /// Runs one batch; every input has the same number of rows, and every output must too.
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String>;
+}
+
+/// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.
+pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String> {
+    let path = cfg.engine.path.as_deref().map(|p| base.join(p));
+    match cfg.engine.kind {
+        #[cfg(feature = "tract")]
+        EngineKind::TractOnnx => {
+            let path = path.ok_or("engine.path is required for tract-onnx")?;
+            Ok(Arc::new(tract::TractEngine::load(cfg, &path)?))
+        }
+        #[cfg(feature = "synthetic")]
+        EngineKind::Synthetic => Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?)),
+        kind => Err(format!(
+            "engine kind \"{}\" is not built into this infer-serve (features: {})",
+            kind.as_str(),
+            built_features().join(", ")
+        )),
+    }
+}
+
+/// The backend features compiled in.
+pub fn built_features() -> Vec<&'static str> {
+    let mut f = Vec::new();
+    if cfg!(feature = "tract") {
+        f.push("tract-onnx");
+    }
+    if cfg!(feature = "synthetic") {
+        f.push("synthetic");
+    }
+    f
+}

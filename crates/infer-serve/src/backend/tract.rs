@@ -1,0 +1,166 @@
+//! The CPU backend: an ONNX model run by tract (pure Rust).
+//!
+//! The model is loaded and optimised once, with a symbolic batch dimension `N` and the fixed
+//! non-batch dimensions from `runtime.toml` (tract cannot optimise symbolic sequence lengths on
+//! BERT-style graphs, so text models use fixed sequence buckets). Every instance shares the
+//! optimised plan and keeps its own execution state.
+
+use super::{Backend, Engine};
+use crate::tensor::Tensor;
+use bytes::Bytes;
+use infer_spec::{DataType, RuntimeConfig};
+use std::path::Path;
+use std::sync::Arc;
+use tract_onnx::prelude::*;
+
+pub struct TractEngine {
+    plan: Arc<TypedSimplePlan>,
+    outputs: Vec<DataType>,
+}
+
+fn datum(dt: DataType) -> Result<DatumType, String> {
+    Ok(match dt {
+        DataType::Bool => DatumType::Bool,
+        DataType::U8 => DatumType::U8,
+        DataType::U16 => DatumType::U16,
+        DataType::U32 => DatumType::U32,
+        DataType::U64 => DatumType::U64,
+        DataType::I8 => DatumType::I8,
+        DataType::I16 => DatumType::I16,
+        DataType::I32 => DatumType::I32,
+        DataType::I64 => DatumType::I64,
+        DataType::F16 => DatumType::F16,
+        DataType::F32 => DatumType::F32,
+        DataType::F64 => DatumType::F64,
+        DataType::BF16 | DataType::Bytes => {
+            return Err(format!(
+                "datatype {dt} is not supported by the tract-onnx backend"
+            ))
+        }
+    })
+}
+
+impl TractEngine {
+    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
+        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
+        let mut model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
+        let n = model.sym("N");
+        for (i, spec) in cfg.inputs.iter().enumerate() {
+            let mut dims: TVec<TDim> = tvec![n.clone().into()];
+            dims.extend(spec.row_dims().into_iter().map(TDim::from));
+            let fact = InferenceFact::dt_shape(datum(spec.datatype)?, dims);
+            model = model.with_input_fact(i, fact).map_err(ctx)?;
+        }
+        let outputs = cfg
+            .outputs
+            .iter()
+            .map(|o| datum(o.datatype).map(|_| o.datatype))
+            .collect::<Result<Vec<_>, _>>()?;
+        let model = model.into_optimized().map_err(ctx)?;
+        if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
+            return Err(format!(
+                "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",
+                path.display(),
+                model.inputs.len(),
+                model.outputs.len(),
+                cfg.inputs.len(),
+                cfg.outputs.len()
+            ));
+        }
+        let plan = model.into_runnable().map_err(ctx)?;
+        Ok(TractEngine { plan, outputs })
+    }
+}
+
+impl Engine for TractEngine {
+    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+        let state = TypedSimpleState::new(&self.plan).map_err(|e| format!("{e:#}"))?;
+        Ok(Box::new(TractBackend {
+            state,
+            outputs: self.outputs.clone(),
+        }))
+    }
+}
+
+struct TractBackend {
+    state: TypedSimpleState,
+    outputs: Vec<DataType>,
+}
+
+/// Little-endian bytes to a tract tensor, without `unsafe`: decode element by element.
+fn to_tract(t: &Tensor) -> Result<TValue, String> {
+    macro_rules! typed {
+        ($ty:ty, $n:expr) => {{
+            let v: Vec<$ty> = t
+                .data
+                .chunks_exact($n)
+                .map(|c| <$ty>::from_le_bytes(c.try_into().unwrap_or([0; $n])))
+                .collect();
+            tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v)
+                .map_err(|e| e.to_string())?
+                .into_tensor()
+        }};
+    }
+    let tensor = match t.dtype {
+        DataType::Bool => {
+            let v: Vec<bool> = t.data.iter().map(|&b| b != 0).collect();
+            tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v)
+                .map_err(|e| e.to_string())?
+                .into_tensor()
+        }
+        DataType::U8 => typed!(u8, 1),
+        DataType::U16 => typed!(u16, 2),
+        DataType::U32 => typed!(u32, 4),
+        DataType::U64 => typed!(u64, 8),
+        DataType::I8 => typed!(i8, 1),
+        DataType::I16 => typed!(i16, 2),
+        DataType::I32 => typed!(i32, 4),
+        DataType::I64 => typed!(i64, 8),
+        DataType::F16 => {
+            let v: Vec<f16> = t
+                .data
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect();
+            tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v)
+                .map_err(|e| e.to_string())?
+                .into_tensor()
+        }
+        DataType::F32 => typed!(f32, 4),
+        DataType::F64 => typed!(f64, 8),
+        DataType::BF16 | DataType::Bytes => {
+            return Err(format!("datatype {} is not supported", t.dtype))
+        }
+    };
+    Ok(tensor.into_tvalue())
+}
+
+impl Backend for TractBackend {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+        let values = inputs
+            .iter()
+            .map(to_tract)
+            .collect::<Result<TVec<_>, _>>()?;
+        let outs = self.state.run(values).map_err(|e| format!("{e:#}"))?;
+        outs.iter()
+            .zip(&self.outputs)
+            .map(|(o, &dtype)| {
+                let want = datum(dtype)?;
+                let o = if o.datum_type() == want {
+                    o.clone().into_tensor()
+                } else {
+                    o.cast_to_dt(want)
+                        .map_err(|e| format!("{e:#}"))?
+                        .into_owned()
+                };
+                // x86-64 and aarch64 are little-endian, so tract's plain storage already is the
+                // wire format.
+                Ok(Tensor {
+                    dtype,
+                    shape: o.shape().to_vec(),
+                    data: Bytes::copy_from_slice(o.as_bytes()),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,151 @@
+//! The one HTTP error type of the runtime and its mapping to status codes.
+//!
+//! Every failure a client can see is an [`ApiError`]; [`ApiError::status`] is the only place
+//! that decides its HTTP status, and [`ApiError::retry_after`] the only place that decides
+//! whether a `Retry-After` header goes with it. The body is always V2's `{"error": "..."}`.
+
+use hyper::StatusCode;
+
+/// Why a request was refused with 503; also the `reason` label of the rejection counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The queue already holds `max_queue_size` requests.
+    QueueFull,
+    /// The request's deadline passed in the queue or during execution.
+    Timeout,
+    /// The client went away while the request waited.
+    Cancelled,
+    /// The server is stopping.
+    ShuttingDown,
+}
+
+impl Rejection {
+    pub const ALL: [Rejection; 4] = [
+        Rejection::QueueFull,
+        Rejection::Timeout,
+        Rejection::Cancelled,
+        Rejection::ShuttingDown,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::QueueFull => "queue_full",
+            Rejection::Timeout => "timeout",
+            Rejection::Cancelled => "cancelled",
+            Rejection::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+/// Everything that can go wrong with a request, as the client sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: u64 },
+    #[error("model is not ready")]
+    NotReady,
+    #[error("{}", rejection_message(*.0))]
+    Rejected(Rejection),
+    #[error("inference failed: {0}")]
+    Internal(String),
+}
+
+fn rejection_message(r: Rejection) -> &'static str {
+    match r {
+        Rejection::QueueFull => "queue is full (max_queue_size reached)",
+        Rejection::Timeout => "request timeout expired",
+        Rejection::Cancelled => "request cancelled",
+        Rejection::ShuttingDown => "server is shutting down",
+    }
+}
+
+impl ApiError {
+    /// The HTTP status: the one mapping from errors to statuses.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotReady | ApiError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Seconds for `Retry-After`, where retrying (here or on another replica) makes sense.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            ApiError::NotReady | ApiError::Rejected(_) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The V2 error body.
+    pub fn body(&self) -> String {
+        serde_json::json!({ "error": self.to_string() }).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(e: ApiError, status: u16, retry: Option<u32>, body: &str) {
+        assert_eq!(e.status().as_u16(), status, "{e:?}");
+        assert_eq!(e.retry_after(), retry, "{e:?}");
+        assert_eq!(e.body(), body);
+    }
+
+    #[test]
+    fn mapping() {
+        check(
+            ApiError::BadRequest("bad".into()),
+            400,
+            None,
+            r#"{"error":"bad"}"#,
+        );
+        check(
+            ApiError::NotFound("unknown model \"x\"".into()),
+            404,
+            None,
+            r#"{"error":"unknown model \"x\""}"#,
+        );
+        check(
+            ApiError::PayloadTooLarge { limit: 10 },
+            413,
+            None,
+            r#"{"error":"request body is larger than the limit of 10 bytes"}"#,
+        );
+        check(
+            ApiError::NotReady,
+            503,
+            Some(1),
+            r#"{"error":"model is not ready"}"#,
+        );
+        check(
+            ApiError::Rejected(Rejection::QueueFull),
+            503,
+            Some(1),
+            r#"{"error":"queue is full (max_queue_size reached)"}"#,
+        );
+        check(
+            ApiError::Rejected(Rejection::Timeout),
+            503,
+            Some(1),
+            r#"{"error":"request timeout expired"}"#,
+        );
+        check(
+            ApiError::Internal("boom".into()),
+            500,
+            None,
+            r#"{"error":"inference failed: boom"}"#,
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! The V2 HTTP/1.1 surface: routing, handlers, and the server's lifecycle (drain on SIGTERM).
+//!
+//! Handlers turn requests into [`crate::v2`] decodes and [`Batcher`] submissions and every
+//! failure into an [`ApiError`]; they never run a model. Routes: `/v2/health/{live,ready}`,
+//! `/v2`, `/v2/models/{m}[/versions/{v}]` with `/ready`, `/config`, `/stats`, `/infer`,
+//! `/v2/models/stats`, and `/metrics`.
+
+use crate::batcher::Batcher;
+use crate::error::{ApiError, Rejection};
+use crate::log;
+use crate::metrics::Metrics;
+use crate::v2::{self, RequestedOutput};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use infer_spec::RuntimeConfig;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Shared state of the server.
+pub struct App {
+    pub cfg: RuntimeConfig,
+    pub metrics: Arc<Metrics>,
+    /// Set once warm-up has succeeded.
+    pub batcher: OnceLock<Batcher>,
+    /// SIGTERM/SIGINT received: readiness says 503.
+    pub draining: AtomicBool,
+    /// The drain delay is over: new infer requests are refused.
+    pub stopping: AtomicBool,
+    server_metadata: Bytes,
+    model_metadata: Bytes,
+    model_config: Bytes,
+}
+
+type Resp = Response<Full<Bytes>>;
+
+impl App {
+    pub fn new(cfg: RuntimeConfig, metrics: Arc<Metrics>) -> App {
+        let tensors = |list: &[infer_spec::TensorSpec]| -> Vec<serde_json::Value> {
+            list.iter()
+                .map(
+                    |t| json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.dims }),
+                )
+                .collect()
+        };
+        let server_metadata = json!({
+            "name": "infer-serve",
+            "version": env!("CARGO_PKG_VERSION"),
+            "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+        });
+        let model_metadata = json!({
+            "name": cfg.model.name,
+            "versions": [cfg.model.version],
+            "platform": cfg.platform(),
+            "inputs": tensors(&cfg.inputs),
+            "outputs": tensors(&cfg.outputs),
+        });
+        let config_tensors =
+            |list: &[infer_spec::TensorSpec], input: bool| -> Vec<serde_json::Value> {
+                list.iter()
+                    .map(|t| {
+                        let mut v = json!({
+                            "name": t.name,
+                            "data_type": t.datatype.triton_name(),
+                            "dims": t.dims.iter().skip(1).collect::<Vec<_>>(),
+                            "is_shape_tensor": false,
+                        });
+                        if input {
+                            v["format"] = json!("FORMAT_NONE");
+                            v["allow_ragged_batch"] = json!(false);
+                            v["optional"] = json!(false);
+                        } else {
+                            v["label_filename"] = json!("");
+                        }
+                        v
+                    })
+                    .collect()
+            };
+        let b = &cfg.batching;
+        let model_config = json!({
+            "name": cfg.model.name,
+            "platform": cfg.platform(),
+            "backend": cfg.engine.kind.as_str(),
+            "version_policy": { "latest": { "num_versions": 1 } },
+            "max_batch_size": b.max_batch_size,
+            "input": config_tensors(&cfg.inputs, true),
+            "output": config_tensors(&cfg.outputs, false),
+            "batch_input": [],
+            "batch_output": [],
+            "dynamic_batching": {
+                "preferred_batch_size": b.preferred(),
+                "max_queue_delay_microseconds": b.max_queue_delay_us,
+                "preserve_ordering": false,
+                "priority_levels": 0,
+                "default_priority_level": 0,
+                "default_queue_policy": {
+                    "timeout_action": "REJECT",
+                    "default_timeout_microseconds": b.default_timeout_ms * 1000,
+                    "allow_timeout_override": true,
+                    "max_queue_size": b.max_queue_size,
+                },
+                "priority_queue_policy": {},
+            },
+            "instance_group": [{
+                "name": cfg.model.name,
+                "kind": "KIND_CPU",
+                "count": b.instances,
+                "gpus": [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": false,
+                "host_policy": "",
+            }],
+            "default_model_filename": cfg.engine.path.clone().unwrap_or_default(),
+            "parameters": {},
+            "model_warmup": [],
+            "model_transaction_policy": { "decoupled": false },
+            "response_cache": { "enable": false },
+        });
+        App {
+            metrics,
+            batcher: OnceLock::new(),
+            draining: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            server_metadata: Bytes::from(server_metadata.to_string()),
+            model_metadata: Bytes::from(model_metadata.to_string()),
+            model_config: Bytes::from(model_config.to_string()),
+            cfg,
+        }
+    }
+
+    /// Ready: warmed up and not draining.
+    pub fn is_ready(&self) -> bool {
+        self.batcher.get().is_some() && !self.draining.load(Relaxed)
+    }
+
+    fn not_ready(&self) -> ApiError {
+        if self.draining.load(Relaxed) {
+            ApiError::Rejected(Rejection::ShuttingDown)
+        } else {
+            ApiError::NotReady
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Resp {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error_response(e: &ApiError) -> Resp {
+    let mut r = json_response(e.status(), e.body());
+    if let Some(s) = e.retry_after() {
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+/// Routes one request.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Resp {
+    match route(&app, req).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    let path = req.uri().path().to_owned();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = req.method().clone();
+    let allow = |m: Method| -> Result<(), ApiError> {
+        if method == m || (m == Method::GET && method == Method::HEAD) {
+            Ok(())
+        } else {
+            Err(ApiError::MethodNotAllowed {
+                method: method.to_string(),
+                path: path.clone(),
+            })
+        }
+    };
+    match segs.as_slice() {
+        ["v2", "health", "live"] => {
+            allow(Method::GET)?;
+            Ok(json_response(StatusCode::OK, r#"{"live":true}"#))
+        }
+        ["v2", "health", "ready"] => {
+            allow(Method::GET)?;
+            if app.is_ready() {
+                Ok(json_response(StatusCode::OK, r#"{"ready":true}"#))
+            } else {
+                Err(app.not_ready())
+            }
+        }
+        ["v2"] => {
+            allow(Method::GET)?;
+            Ok(json_response(StatusCode::OK, app.server_metadata.clone()))
+        }
+        ["metrics"] => {
+            allow(Method::GET)?;
+            let mut r = json_response(StatusCode::OK, app.metrics.render());
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(r)
+        }
+        ["v2", "models", "stats"] => {
+            allow(Method::GET)?;
+            Ok(json_response(
+                StatusCode::OK,
+                app.metrics
+                    .stats_json(&app.cfg.model.name, &app.cfg.model.version)
+                    .to_string(),
+            ))
+        }
+        ["v2", "models", model, rest @ ..] => {
+            if *model != app.cfg.model.name {
+                return Err(ApiError::NotFound(format!("unknown model {model:?}")));
+            }
+            let rest = match rest {
+                ["versions", v, rest @ ..] => {
+                    if *v != app.cfg.model.version {
+                        return Err(ApiError::NotFound(format!(
+                            "unknown version {v:?} of model {model:?}"
+                        )));
+                    }
+                    rest
+                }
+                rest => rest,
+            };
+            match rest {
+                [] => {
+                    allow(Method::GET)?;
+                    Ok(json_response(StatusCode::OK, app.model_metadata.clone()))
+                }
+                ["ready"] => {
+                    allow(Method::GET)?;
+                    if app.is_ready() {
+                        let body = json!({ "name": app.cfg.model.name, "ready": true }).to_string();
+                        Ok(json_response(StatusCode::OK, body))
+                    } else {
+                        Err(app.not_ready())
+                    }
+                }
+                ["config"] => {
+                    allow(Method::GET)?;
+                    Ok(json_response(StatusCode::OK, app.model_config.clone()))
+                }
+                ["stats"] => {
+                    allow(Method::GET)?;
+                    Ok(json_response(
+                        StatusCode::OK,
+                        app.metrics
+                            .stats_json(&app.cfg.model.name, &app.cfg.model.version)
+                            .to_string(),
+                    ))
+                }
+                ["infer"] => {
+                    allow(Method::POST)?;
+                    Ok(infer(app, req).await)
+                }
+                _ => Err(ApiError::NotFound(format!("no route for {path}"))),
+            }
+        }
+        _ => Err(ApiError::NotFound(format!("no route for {path}"))),
+    }
+}
+
+/// Counts an infer request in flight for as long as it lives (also when its client goes away
+/// and the handler future is dropped).
+struct InFlight<'a>(&'a Metrics);
+
+impl<'a> InFlight<'a> {
+    fn new(m: &'a Metrics) -> Self {
+        m.in_flight.fetch_add(1, Relaxed);
+        InFlight(m)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn infer(app: &Arc<App>, req: Request<Incoming>) -> Resp {
+    let start = Instant::now();
+    let m = &app.metrics;
+    let _guard = InFlight::new(m);
+    match infer_inner(app, req, start).await {
+        Ok(r) => {
+            m.record_success(start.elapsed());
+            r
+        }
+        Err(e) => {
+            let rejection = match &e {
+                ApiError::Rejected(r) => Some(*r),
+                ApiError::NotReady => None,
+                _ => None,
+            };
+            m.record_failure(
+                start.elapsed(),
+                rejection,
+                matches!(e, ApiError::Internal(_)),
+            );
+            error_response(&e)
+        }
+    }
+}
+
+async fn infer_inner(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    start: Instant,
+) -> Result<Resp, ApiError> {
+    let batcher = app.batcher.get().ok_or_else(|| app.not_ready())?;
+    if app.stopping.load(Relaxed) {
+        return Err(ApiError::Rejected(Rejection::ShuttingDown));
+    }
+    let limit = app.cfg.server.max_body_bytes;
+    let headers = req.headers();
+    if let Some(len) = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if len > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+    }
+    if let Some(enc) = headers.get(CONTENT_ENCODING) {
+        if enc.as_bytes() != b"identity" {
+            return Err(ApiError::BadRequest(format!(
+                "content-encoding {:?} is not supported; send the body uncompressed",
+                String::from_utf8_lossy(enc.as_bytes())
+            )));
+        }
+    }
+    let header_length = headers
+        .get(v2::HEADER_LENGTH)
+        .map(|v| v2::parse_header_length(v.as_bytes()))
+        .transpose()?;
+    let limited = Limited::new(
+        req.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+    );
+    let body = match limited.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::PayloadTooLarge { limit })
+        }
+        Err(e) => {
+            return Err(ApiError::BadRequest(format!(
+                "reading the request body: {e}"
+            )))
+        }
+    };
+    let request = v2::decode_request(&app.cfg, header_length, &body)?;
+    drop(body);
+
+    let default = app.cfg.batching.default_timeout_ms * 1000;
+    let timeout_us = match (default, request.timeout_us.filter(|&t| t > 0)) {
+        (0, t) => t,
+        (d, None) => Some(d),
+        (d, Some(t)) => Some(t.min(d)),
+    };
+    let deadline = timeout_us.map(|us| start + Duration::from_micros(us));
+    let rx = batcher.submit(request.inputs, request.rows, deadline)?;
+    let outcome = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.into(), rx).await {
+            Ok(r) => r,
+            Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
+        },
+        None => rx.await,
+    };
+    let outputs =
+        outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))??;
+    let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> = request
+        .outputs
+        .iter()
+        .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
+        .collect();
+    let (body, header) = v2::encode_response(&app.cfg, request.id.as_deref(), &selected);
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    match header {
+        Some(h) => {
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            r.headers_mut()
+                .insert(v2::HEADER_LENGTH, HeaderValue::from(h));
+        }
+        None => {
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(r)
+}
+
+/// Accepts connections until `stop` fires, then stops accepting and lets in-flight requests
+/// finish within `exit_timeout`. Returns true when everything finished in time.
+pub async fn serve(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    exit_timeout: Duration,
+) -> bool {
+    use hyper_util::rt::TokioIo;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let http = hyper::server::conn::http1::Builder::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        log::error("accept failed", &[("error", json!(e.to_string()))]);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+                });
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    app.stopping.store(true, Relaxed);
+    log::info(
+        "stopped accepting connections; finishing in-flight requests",
+        &[
+            ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
+            ("exit_timeout_s", json!(exit_timeout.as_secs_f64())),
+        ],
+    );
+    tokio::time::timeout(exit_timeout, graceful.shutdown())
+        .await
+        .is_ok()
+}

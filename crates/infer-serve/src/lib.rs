@@ -1,0 +1,30 @@
+//! `infer-serve`: the minimal batching runtime every image runs as its entrypoint.
+//!
+//! It reads `runtime.toml` ([`infer_spec::RuntimeConfig`], the only thing shared with the
+//! builder), loads the engine once, warms it up with every planned batch size, and then
+//! serves the KServe V2 / Open Inference Protocol over HTTP/1.1 (JSON tensors and Triton's
+//! binary tensor data extension) through a dynamic batcher with Triton's semantics.
+//!
+//! Code map (data flows top to bottom):
+//! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
+//! - [`http`]: routes, handlers, the accept loop and the drain on SIGTERM; owns no model.
+//! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
+//! - [`batcher`]: the queue thread and the backend instance threads.
+//! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (default feature `tract`)
+//!   and a sleep-based `synthetic` engine (feature `synthetic`, tests and benchmarks only).
+//! - [`warmup`], [`metrics`], [`log`], [`error`] (the one error → status mapping), [`tensor`].
+//!
+//! Invariants: no builder, registry or CLI code is linked (the only workspace dependency is
+//! `infer-spec`); models run only on backend threads, never on the async workers; decoding
+//! never panics on any input; every client-visible failure goes through [`error::ApiError`].
+
+pub mod args;
+pub mod backend;
+pub mod batcher;
+pub mod error;
+pub mod http;
+pub mod log;
+pub mod metrics;
+pub mod tensor;
+pub mod v2;
+pub mod warmup;

@@ -1,0 +1,447 @@
+//! Counters, gauges and histograms, all plain atomics (one relaxed add per event), rendered as
+//! Prometheus text at `/metrics` and as Triton's statistics JSON at `/v2/models/{m}/stats`.
+//!
+//! Names: Triton's `nv_inference_*` (so existing dashboards keep working) plus
+//! `infer_serve_*` histograms (request, queue and compute time, batch size), gauges (queue
+//! depth, in-flight requests, readiness, engine load and warm-up time) and rejections by reason.
+
+use crate::error::Rejection;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const LATENCY_BOUNDS: [f64; 18] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A fixed-bucket histogram; buckets are stored per bucket and summed when rendered.
+pub struct Histogram {
+    bounds: Vec<f64>,
+    buckets: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: Vec<f64>) -> Histogram {
+        let buckets = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Histogram {
+            bounds,
+            buckets,
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a value in the histogram's unit (seconds for latencies, rows for batch size).
+    pub fn observe(&self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add((v * 1e6) as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Records a duration in seconds.
+    pub fn observe_duration(&self, d: Duration) {
+        self.observe(d.as_secs_f64());
+    }
+
+    /// `(upper bound, cumulative count)` pairs, ending with `+Inf`.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut acc = 0;
+        let mut out = Vec::with_capacity(self.buckets.len());
+        for (i, b) in self.buckets.iter().enumerate() {
+            acc += b.load(Relaxed);
+            out.push((self.bounds.get(i).copied().unwrap_or(f64::INFINITY), acc));
+        }
+        out
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (le, n) in self.cumulative() {
+            let le = if le.is_infinite() {
+                "+Inf".to_owned()
+            } else {
+                le.to_string()
+            };
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+        }
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {}",
+            self.count.load(Relaxed)
+        );
+    }
+}
+
+/// Per batch size: executions and compute time (for Triton's `batch_stats`).
+struct BatchStat {
+    count: AtomicU64,
+    compute_ns: AtomicU64,
+}
+
+/// Everything the runtime counts.
+pub struct Metrics {
+    labels: String,
+    pub success: AtomicU64,
+    pub success_ns: AtomicU64,
+    pub failure_rejected: AtomicU64,
+    pub failure_cancelled: AtomicU64,
+    pub failure_backend: AtomicU64,
+    pub failure_other: AtomicU64,
+    pub failure_ns: AtomicU64,
+    pub inference_count: AtomicU64,
+    pub exec_count: AtomicU64,
+    pub request_us: AtomicU64,
+    pub queue_us: AtomicU64,
+    pub compute_us: AtomicU64,
+    pub queue_count: AtomicU64,
+    pub last_inference_ms: AtomicU64,
+    pub request_hist: Histogram,
+    pub queue_hist: Histogram,
+    pub compute_hist: Histogram,
+    pub batch_hist: Histogram,
+    batch_stats: Vec<BatchStat>,
+    rejections: [AtomicU64; 4],
+    pub queue_depth: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub ready: AtomicU64,
+    pub engine_load_us: AtomicU64,
+    pub warmup_us: AtomicU64,
+}
+
+impl Metrics {
+    pub fn new(model: &str, version: &str, max_batch_size: u32) -> Metrics {
+        let esc = |s: &str| {
+            s.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n")
+        };
+        let mut batch_bounds = Vec::new();
+        let mut b = 1u32;
+        while b < max_batch_size {
+            batch_bounds.push(f64::from(b));
+            b = b.saturating_mul(2);
+        }
+        batch_bounds.push(f64::from(max_batch_size));
+        let z = || AtomicU64::new(0);
+        Metrics {
+            labels: format!("model=\"{}\",version=\"{}\"", esc(model), esc(version)),
+            success: z(),
+            success_ns: z(),
+            failure_rejected: z(),
+            failure_cancelled: z(),
+            failure_backend: z(),
+            failure_other: z(),
+            failure_ns: z(),
+            inference_count: z(),
+            exec_count: z(),
+            request_us: z(),
+            queue_us: z(),
+            compute_us: z(),
+            queue_count: z(),
+            last_inference_ms: z(),
+            request_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
+            queue_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
+            compute_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
+            batch_hist: Histogram::new(batch_bounds),
+            batch_stats: (0..=max_batch_size as usize)
+                .map(|_| BatchStat {
+                    count: z(),
+                    compute_ns: z(),
+                })
+                .collect(),
+            rejections: [z(), z(), z(), z()],
+            queue_depth: z(),
+            in_flight: z(),
+            ready: z(),
+            engine_load_us: z(),
+            warmup_us: z(),
+        }
+    }
+
+    /// A request that got its outputs.
+    pub fn record_success(&self, total: Duration) {
+        self.success.fetch_add(1, Relaxed);
+        self.success_ns.fetch_add(total.as_nanos() as u64, Relaxed);
+        self.request_us.fetch_add(total.as_micros() as u64, Relaxed);
+        self.request_hist.observe_duration(total);
+    }
+
+    /// A request that failed with a 4xx/5xx after reaching the infer endpoint.
+    pub fn record_failure(&self, total: Duration, rejection: Option<Rejection>, backend: bool) {
+        let counter = match rejection {
+            Some(Rejection::Cancelled) => &self.failure_cancelled,
+            Some(_) => &self.failure_rejected,
+            None if backend => &self.failure_backend,
+            None => &self.failure_other,
+        };
+        counter.fetch_add(1, Relaxed);
+        self.failure_ns.fetch_add(total.as_nanos() as u64, Relaxed);
+        if let Some(r) = rejection {
+            self.record_rejection(r);
+        }
+    }
+
+    /// Counts a rejection by reason (`cancelled` is counted here, not via `record_failure`,
+    /// when the client is already gone).
+    pub fn record_rejection(&self, r: Rejection) {
+        let i = Rejection::ALL.iter().position(|&x| x == r).unwrap_or(0);
+        self.rejections[i].fetch_add(1, Relaxed);
+    }
+
+    /// One executed batch of `rows` rows.
+    pub fn record_batch(&self, rows: usize, compute: Duration) {
+        self.exec_count.fetch_add(1, Relaxed);
+        self.inference_count.fetch_add(rows as u64, Relaxed);
+        self.compute_us
+            .fetch_add(compute.as_micros() as u64, Relaxed);
+        self.compute_hist.observe_duration(compute);
+        self.batch_hist.observe(rows as f64);
+        if let Some(s) = self.batch_stats.get(rows) {
+            s.count.fetch_add(1, Relaxed);
+            s.compute_ns.fetch_add(compute.as_nanos() as u64, Relaxed);
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_inference_ms
+            .store(now.as_millis() as u64, Relaxed);
+    }
+
+    /// The time one request spent queued.
+    pub fn record_queue(&self, queued: Duration) {
+        self.queue_count.fetch_add(1, Relaxed);
+        self.queue_us.fetch_add(queued.as_micros() as u64, Relaxed);
+        self.queue_hist.observe_duration(queued);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let l = &self.labels;
+        let mut o = String::with_capacity(8192);
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}"
+            );
+        };
+        counter(
+            &mut o,
+            "nv_inference_request_success",
+            "Number of successful inference requests",
+            self.success.load(Relaxed),
+        );
+        let _ = writeln!(o, "# HELP nv_inference_request_failure Number of failed inference requests\n# TYPE nv_inference_request_failure counter");
+        for (reason, v) in [
+            ("REJECTED", &self.failure_rejected),
+            ("CANCELED", &self.failure_cancelled),
+            ("BACKEND", &self.failure_backend),
+            ("OTHER", &self.failure_other),
+        ] {
+            let _ = writeln!(
+                o,
+                "nv_inference_request_failure{{{l},reason=\"{reason}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        counter(
+            &mut o,
+            "nv_inference_count",
+            "Number of inferences performed (rows)",
+            self.inference_count.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "nv_inference_exec_count",
+            "Number of model executions (batches)",
+            self.exec_count.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "nv_inference_request_duration_us",
+            "Cumulative inference request duration in microseconds",
+            self.request_us.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "nv_inference_queue_duration_us",
+            "Cumulative inference queuing duration in microseconds",
+            self.queue_us.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "nv_inference_compute_infer_duration_us",
+            "Cumulative compute inference duration in microseconds",
+            self.compute_us.load(Relaxed),
+        );
+        let gauge = |o: &mut String, name: &str, help: &str, v: String| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}"
+            );
+        };
+        gauge(
+            &mut o,
+            "nv_inference_pending_request_count",
+            "Requests waiting in the queue",
+            self.queue_depth.load(Relaxed).to_string(),
+        );
+        gauge(
+            &mut o,
+            "nv_model_load_duration_secs",
+            "Engine load time in seconds",
+            (self.engine_load_us.load(Relaxed) as f64 / 1e6).to_string(),
+        );
+        self.request_hist.render(
+            &mut o,
+            "infer_serve_request_duration_seconds",
+            "End-to-end infer request time (decode, queue, compute, encode)",
+            l,
+        );
+        self.queue_hist.render(
+            &mut o,
+            "infer_serve_queue_duration_seconds",
+            "Time a request waited in the batching queue",
+            l,
+        );
+        self.compute_hist.render(
+            &mut o,
+            "infer_serve_compute_duration_seconds",
+            "Time one batch spent in the engine",
+            l,
+        );
+        self.batch_hist.render(
+            &mut o,
+            "infer_serve_batch_size",
+            "Rows per executed batch",
+            l,
+        );
+        gauge(
+            &mut o,
+            "infer_serve_queue_depth",
+            "Requests waiting in the batching queue",
+            self.queue_depth.load(Relaxed).to_string(),
+        );
+        gauge(
+            &mut o,
+            "infer_serve_in_flight_requests",
+            "Infer requests being handled",
+            self.in_flight.load(Relaxed).to_string(),
+        );
+        gauge(
+            &mut o,
+            "infer_serve_ready",
+            "1 when the model is ready to serve",
+            self.ready.load(Relaxed).to_string(),
+        );
+        gauge(
+            &mut o,
+            "infer_serve_engine_load_seconds",
+            "Time to load and optimise the engine",
+            (self.engine_load_us.load(Relaxed) as f64 / 1e6).to_string(),
+        );
+        gauge(
+            &mut o,
+            "infer_serve_warmup_seconds",
+            "Time to run every warm-up sample",
+            (self.warmup_us.load(Relaxed) as f64 / 1e6).to_string(),
+        );
+        let _ = writeln!(o, "# HELP infer_serve_rejected_requests_total Requests refused with 503, by reason\n# TYPE infer_serve_rejected_requests_total counter");
+        for (r, v) in Rejection::ALL.iter().zip(&self.rejections) {
+            let _ = writeln!(
+                o,
+                "infer_serve_rejected_requests_total{{{l},reason=\"{}\"}} {}",
+                r.as_str(),
+                v.load(Relaxed)
+            );
+        }
+        o
+    }
+
+    /// Triton's `GET /v2/models/{m}/stats` body.
+    pub fn stats_json(&self, name: &str, version: &str) -> serde_json::Value {
+        use serde_json::json;
+        let d = |count: u64, ns: u64| json!({ "count": count, "ns": ns });
+        let fail = self.failure_rejected.load(Relaxed)
+            + self.failure_cancelled.load(Relaxed)
+            + self.failure_backend.load(Relaxed)
+            + self.failure_other.load(Relaxed);
+        let exec = self.exec_count.load(Relaxed);
+        let compute_ns = self.compute_us.load(Relaxed) * 1000;
+        let batch_stats: Vec<serde_json::Value> = self
+            .batch_stats
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.count.load(Relaxed) > 0)
+            .map(|(size, s)| {
+                let n = s.count.load(Relaxed);
+                json!({
+                    "batch_size": size,
+                    "compute_input": d(n, 0),
+                    "compute_infer": d(n, s.compute_ns.load(Relaxed)),
+                    "compute_output": d(n, 0),
+                })
+            })
+            .collect();
+        json!({ "model_stats": [{
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms.load(Relaxed),
+            "inference_count": self.inference_count.load(Relaxed),
+            "execution_count": exec,
+            "inference_stats": {
+                "success": d(self.success.load(Relaxed), self.success_ns.load(Relaxed)),
+                "fail": d(fail, self.failure_ns.load(Relaxed)),
+                "queue": d(self.queue_count.load(Relaxed), self.queue_us.load(Relaxed) * 1000),
+                "compute_input": d(self.queue_count.load(Relaxed), 0),
+                "compute_infer": d(self.queue_count.load(Relaxed), compute_ns),
+                "compute_output": d(self.queue_count.load(Relaxed), 0),
+                "cache_hit": d(0, 0),
+                "cache_miss": d(0, 0),
+            },
+            "batch_stats": batch_stats,
+            "memory_usage": [],
+        }]})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::new("m", "1", 32);
+        for rows in [1, 1, 3, 32, 16] {
+            m.record_batch(rows, Duration::from_micros(30));
+        }
+        let b = m.batch_hist.cumulative();
+        assert_eq!(b.first(), Some(&(1.0, 2)));
+        assert_eq!(b.iter().find(|(le, _)| *le == 4.0), Some(&(4.0, 3)));
+        assert_eq!(b.last(), Some(&(f64::INFINITY, 5)));
+        let text = m.render();
+        assert!(
+            text.contains("nv_inference_exec_count{model=\"m\",version=\"1\"} 5"),
+            "{text}"
+        );
+        assert!(text.contains("nv_inference_count{model=\"m\",version=\"1\"} 53"));
+        assert!(
+            text.contains("infer_serve_batch_size_bucket{model=\"m\",version=\"1\",le=\"32\"} 5")
+        );
+        assert!(text.contains("infer_serve_compute_duration_seconds_bucket{model=\"m\",version=\"1\",le=\"0.00005\"} 5"));
+        m.record_rejection(Rejection::QueueFull);
+        assert!(m.render().contains("infer_serve_rejected_requests_total{model=\"m\",version=\"1\",reason=\"queue_full\"} 1"));
+        let s = m.stats_json("m", "1");
+        assert_eq!(s["model_stats"][0]["execution_count"], 5);
+        assert_eq!(s["model_stats"][0]["batch_stats"][0]["batch_size"], 1);
+    }
+}

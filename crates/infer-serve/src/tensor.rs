@@ -1,0 +1,138 @@
+//! The one tensor representation inside the runtime: datatype, shape and little-endian bytes.
+//!
+//! Both request encodings (JSON numbers and the binary extension) decode into it, batches are
+//! formed by concatenating rows of it, and outputs are split back by slicing it, so the batcher
+//! never looks at element types. `BYTES` tensors hold the wire form (4-byte length + bytes per
+//! element).
+
+use bytes::Bytes;
+use infer_spec::DataType;
+
+/// A dense tensor: `shape[0]` is the batch dimension (rows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub dtype: DataType,
+    pub shape: Vec<usize>,
+    pub data: Bytes,
+}
+
+impl Tensor {
+    /// Rows (the batch dimension).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(0)
+    }
+
+    /// Elements in the whole tensor.
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The byte range of rows `start..start + n` for fixed-size types; `None` for `BYTES` or
+    /// when out of range.
+    pub fn row_bytes(&self, start: usize, n: usize) -> Option<std::ops::Range<usize>> {
+        let size = self.dtype.size()?;
+        let row: usize = self.shape.iter().skip(1).product::<usize>() * size;
+        let range = start * row..(start + n) * row;
+        (range.end <= self.data.len()).then_some(range)
+    }
+
+    /// Rows `start..start + n` as a new tensor (cheap: shares the bytes).
+    pub fn slice_rows(&self, start: usize, n: usize) -> Option<Tensor> {
+        let range = match self.dtype {
+            DataType::Bytes => bytes_row_range(self, start, n)?,
+            _ => self.row_bytes(start, n)?,
+        };
+        let mut shape = self.shape.clone();
+        *shape.first_mut()? = n;
+        Some(Tensor {
+            dtype: self.dtype,
+            shape,
+            data: self.data.slice(range),
+        })
+    }
+
+    /// Concatenates tensors along the batch dimension; all must share dtype and row shape.
+    pub fn concat_rows(parts: &[&Tensor]) -> Option<Tensor> {
+        let first = parts.first()?;
+        if parts.len() == 1 {
+            return Some((*first).clone());
+        }
+        let mut rows = 0;
+        let mut data = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
+        for t in parts {
+            if t.dtype != first.dtype || t.shape.get(1..) != first.shape.get(1..) {
+                return None;
+            }
+            rows += t.rows();
+            data.extend_from_slice(&t.data);
+        }
+        let mut shape = first.shape.clone();
+        shape[0] = rows;
+        Some(Tensor {
+            dtype: first.dtype,
+            shape,
+            data: Bytes::from(data),
+        })
+    }
+}
+
+/// The byte range of rows of a `BYTES` tensor, walking its length prefixes.
+fn bytes_row_range(t: &Tensor, start: usize, n: usize) -> Option<std::ops::Range<usize>> {
+    let per_row: usize = t.shape.iter().skip(1).product();
+    let mut offset = 0usize;
+    let mut begin = None;
+    for i in 0..(start + n) * per_row {
+        if i == start * per_row {
+            begin = Some(offset);
+        }
+        let len = t.data.get(offset..offset + 4)?;
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        offset = offset.checked_add(4 + len)?;
+    }
+    if offset > t.data.len() {
+        return None;
+    }
+    Some(begin.unwrap_or(offset)..offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor {
+            dtype: DataType::F32,
+            shape: shape.to_vec(),
+            data: Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+        }
+    }
+
+    #[test]
+    fn concat_and_split_round_trip() {
+        let a = f32s(&[1, 2], &[1.0, 2.0]);
+        let b = f32s(&[2, 2], &[3.0, 4.0, 5.0, 6.0]);
+        let c = Tensor::concat_rows(&[&a, &b]).unwrap();
+        assert_eq!(c.shape, vec![3, 2]);
+        assert_eq!(c.slice_rows(0, 1).unwrap(), a);
+        assert_eq!(c.slice_rows(1, 2).unwrap(), b);
+        assert_eq!(c.slice_rows(2, 2), None);
+        assert_eq!(Tensor::concat_rows(&[&a, &f32s(&[1, 1], &[1.0])]), None);
+    }
+
+    #[test]
+    fn bytes_rows() {
+        let mut data = Vec::new();
+        for s in ["a", "bcd", ""] {
+            data.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            data.extend_from_slice(s.as_bytes());
+        }
+        let t = Tensor {
+            dtype: DataType::Bytes,
+            shape: vec![3, 1],
+            data: Bytes::from(data),
+        };
+        assert_eq!(&t.slice_rows(1, 1).unwrap().data[..], b"\x03\0\0\0bcd");
+        assert_eq!(&t.slice_rows(2, 1).unwrap().data[..], b"\0\0\0\0");
+        assert_eq!(t.slice_rows(2, 2), None);
+    }
+}

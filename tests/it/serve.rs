@@ -1,0 +1,659 @@
+//! `infer-serve` end to end: the real binary on an ephemeral 127.0.0.1 port, driven by a
+//! plain HTTP client written here, by tritonclient (Python) and cross-checked with
+//! onnxruntime.
+//!
+//! The binary belongs to another workspace package, so `CARGO_BIN_EXE_infer-serve` does not
+//! exist here. [`binary`] builds it once per test run with `cargo build -p infer-serve
+//! --features synthetic` into `target/serve-it` (a separate target dir, because the outer
+//! `cargo test` holds the lock on the main one; the shared compiler cache makes the second
+//! build cheap). Set `INFER_SERVE_BIN` to test a binary built elsewhere (it needs the
+//! `synthetic` feature for the overload and drain tests).
+
+use super::support;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("INFER_SERVE_BIN") {
+            return PathBuf::from(p);
+        }
+        let target = support::root().join("target/serve-it");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(support::root())
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "infer-serve",
+                "--features",
+                "synthetic",
+                "--target-dir",
+            ])
+            .arg(&target)
+            .status()
+            .expect("run cargo build -p infer-serve");
+        assert!(status.success(), "cargo build -p infer-serve failed");
+        target.join("debug/infer-serve")
+    })
+    .clone()
+}
+
+const MLP: &str = r#"
+[model]
+name = "mlp"
+version = "1"
+
+[[inputs]]
+name = "input"
+datatype = "FP32"
+dims = [-1, 64]
+
+[[outputs]]
+name = "output"
+datatype = "FP32"
+dims = [-1, 10]
+
+[batching]
+max_batch_size = 32
+preferred_batch_sizes = [8, 16, 32]
+max_queue_delay_us = 2000
+max_queue_size = 1024
+default_timeout_ms = 10000
+instances = 1
+
+[engine]
+kind = "tract-onnx"
+path = "MODEL"
+
+[server]
+host = "127.0.0.1"
+port = 0
+drain_delay_s = 1
+exit_timeout_s = 10
+max_body_bytes = 1048576
+"#;
+
+/// A synthetic engine: each batch sleeps `base_ms` (+0 per row), one row of 4 FP32 in and out.
+fn synthetic(base_ms: u32, max_batch: u32, queue: u32, drain_s: u32) -> String {
+    format!(
+        r#"
+[model]
+name = "syn"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 4]
+[[outputs]]
+name = "y"
+datatype = "FP32"
+dims = [-1, 4]
+[batching]
+max_batch_size = {max_batch}
+max_queue_size = {queue}
+instances = 1
+[engine]
+kind = "synthetic"
+synthetic = {{ base_ms = {base_ms}.0, per_row_ms = 0.0 }}
+[warmup]
+batch_sizes = [1]
+[server]
+host = "127.0.0.1"
+port = 0
+drain_delay_s = {drain_s}
+exit_timeout_s = 10
+"#
+    )
+}
+
+fn mlp_config() -> String {
+    let model = support::root().join("examples/mlp/mlp.onnx");
+    MLP.replace("MODEL", &model.display().to_string())
+}
+
+/// A running server; killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+    logs: mpsc::Receiver<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(config: &str) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runtime.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = Command::new(binary())
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn infer-serve");
+        let (tx, logs) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut s = Server {
+            child,
+            addr: String::new(),
+            logs,
+            _dir: dir,
+        };
+        let line = s.wait_log("\"listening\"", Duration::from_secs(30));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        s.addr = v["addr"].as_str().unwrap().to_owned();
+        s
+    }
+
+    /// Waits for a log line containing `needle` and returns it.
+    fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.logs.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle} ({e})"),
+            }
+        }
+    }
+
+    fn ready(config: &str) -> Server {
+        let s = Server::start(config);
+        s.wait_log("\"ready\"", Duration::from_secs(60));
+        s
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        http(&self.addr, "GET", path, &[], b"")
+    }
+
+    fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        http(&self.addr, "POST", path, headers, body)
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`), read to the end.
+fn try_http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+    {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "no HTTP header in {:?}",
+                String::from_utf8_lossy(&raw)
+            ))
+        })?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad status line"))?;
+    let headers = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect();
+    Ok(Reply {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    })
+}
+
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    try_http(addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+fn f32_json(rows: usize, width: usize, v: f32) -> String {
+    let data: Vec<String> = (0..rows * width)
+        .map(|i| format!("{}", v + i as f32 / 100.0))
+        .collect();
+    format!(
+        r#"{{"inputs":[{{"name":"x","shape":[{rows},{width}],"datatype":"FP32","data":[{}]}}]}}"#,
+        data.join(",")
+    )
+}
+
+fn mlp_json(rows: usize) -> String {
+    let data: Vec<String> = (0..rows * 64)
+        .map(|i| format!("{}", (i % 13) as f32 / 13.0))
+        .collect();
+    format!(
+        r#"{{"inputs":[{{"name":"input","shape":[{rows},64],"datatype":"FP32","data":[{}]}}]}}"#,
+        data.join(",")
+    )
+}
+
+/// Reads `name{...,le="LE"} N` from Prometheus text.
+fn metric(text: &str, name_and_labels_prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name_and_labels_prefix} in\n{text}"))
+}
+
+#[test]
+fn py_serve_tritonclient_matches_onnxruntime() {
+    let py = support::python();
+    let have = Command::new(&py)
+        .args(["-c", "import tritonclient.http, onnxruntime, numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!(
+            "skipping py_serve_tritonclient_matches_onnxruntime: {} lacks tritonclient/onnxruntime",
+            py.display()
+        );
+        return;
+    }
+    let s = Server::ready(&mlp_config());
+    let out = Command::new(&py)
+        .arg(support::root().join("tests/it/serve_tritonclient.py"))
+        .arg(&s.addr)
+        .arg(support::root().join("examples/mlp/mlp.onnx"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        support::stdout(&out),
+        support::stderr(&out)
+    );
+    assert!(support::stdout(&out).contains("\"ok\": true"));
+}
+
+#[test]
+fn serve_health_metadata_and_routes() {
+    let s = Server::ready(&mlp_config());
+    let check = |path: &str, status: u16, body_has: &str| {
+        let r = s.get(path);
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        assert!(
+            r.text().contains(body_has),
+            "{path}: {} lacks {body_has}",
+            r.text()
+        );
+    };
+    check("/v2/health/live", 200, r#"{"live":true}"#);
+    check("/v2/health/ready", 200, r#"{"ready":true}"#);
+    check(
+        "/v2",
+        200,
+        r#""extensions":["binary_tensor_data","model_configuration","statistics"]"#,
+    );
+    check("/v2/models/mlp", 200, r#""platform":"onnx_onnxv1""#);
+    check("/v2/models/mlp/versions/1/ready", 200, r#""ready":true"#);
+    check(
+        "/v2/models/mlp/versions/2",
+        404,
+        r#"{"error":"unknown version \"2\" of model \"mlp\""}"#,
+    );
+    check("/v2/models/other/ready", 404, "unknown model");
+    check("/v2/models/mlp/config", 200, r#""data_type":"TYPE_FP32""#);
+    check("/v2/models/mlp/stats", 200, r#""inference_stats""#);
+    check("/v2/nothing", 404, "no route");
+    check("/v2/models/mlp/infer", 405, "method GET is not allowed");
+    let m = s.get("/metrics");
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(
+        m.text()
+            .contains("infer_serve_ready{model=\"mlp\",version=\"1\"} 1"),
+        "{}",
+        m.text()
+    );
+    assert!(m.text().contains("infer_serve_warmup_seconds"));
+}
+
+#[test]
+fn serve_rejects_bad_requests_without_dying() {
+    let s = Server::ready(&mlp_config());
+    let infer = "/v2/models/mlp/infer";
+    let check = |headers: &[(&str, &str)], body: &[u8], status: u16, msg: &str| {
+        let r = s.post(infer, headers, body);
+        assert_eq!(r.status, status, "{}", r.text());
+        let e = r.json();
+        assert!(
+            e["error"].as_str().unwrap().contains(msg),
+            "{} lacks {msg}",
+            r.text()
+        );
+    };
+    check(&[], b"{not json", 400, "malformed request JSON");
+    check(
+        &[],
+        mlp_json(1).replace("FP32", "INT32").as_bytes(),
+        400,
+        "datatype INT32 does not match the model's FP32",
+    );
+    check(
+        &[],
+        mlp_json(1).replace("[1,64]", "[1,32]").as_bytes(),
+        400,
+        "does not match the model's [-1, 64]",
+    );
+    check(
+        &[],
+        mlp_json(33).as_bytes(),
+        400,
+        "more than max_batch_size 32",
+    );
+    let header = r#"{"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","parameters":{"binary_data_size":256}}]}"#;
+    let mut body = header.as_bytes().to_vec();
+    body.extend(vec![0u8; 100]);
+    let len = header.len().to_string();
+    check(
+        &[("Inference-Header-Content-Length", &len)],
+        &body,
+        400,
+        "binary data is truncated",
+    );
+    check(
+        &[("Inference-Header-Content-Length", "abc")],
+        &body,
+        400,
+        "must be a non-negative integer",
+    );
+    check(
+        &[("Content-Length", "5000000")],
+        b"",
+        413,
+        "larger than the limit of 1048576 bytes",
+    );
+    let big = vec![b' '; 2 << 20];
+    let r = try_http(
+        &s.addr,
+        "POST",
+        infer,
+        &[("Transfer-Encoding", "chunked")],
+        b"",
+    );
+    // A chunked body that never finishes the first chunk is a client error, never a crash.
+    assert!(r.map(|r| r.status >= 400).unwrap_or(true));
+    let r = s.post(infer, &[], &big);
+    assert_eq!(r.status, 413, "{}", r.text());
+    // Still serving after all that.
+    let ok = s.post(infer, &[], mlp_json(2).as_bytes());
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()["outputs"][0]["shape"], serde_json::json!([2, 10]));
+    assert_eq!(s.get("/v2/health/live").status, 200);
+}
+
+#[test]
+fn serve_batches_under_64_concurrent_clients() {
+    let s = Server::ready(&mlp_config());
+    let addr = s.addr.clone();
+    let body = mlp_json(1);
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (addr, body) = (addr.clone(), body.clone());
+            std::thread::spawn(move || {
+                for _ in 0..15 {
+                    let r = http(&addr, "POST", "/v2/models/mlp/infer", &[], body.as_bytes());
+                    assert_eq!(r.status, 200, "{}", r.text());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let m = s.get("/metrics").text();
+    let l = "{model=\"mlp\",version=\"1\"";
+    let batches = metric(&m, &format!("infer_serve_batch_size_count{l}"));
+    let single = metric(&m, &format!("infer_serve_batch_size_bucket{l},le=\"1\"}}"));
+    assert!(batches > single, "no batch above 1 row:\n{m}");
+    assert_eq!(
+        metric(&m, &format!("nv_inference_request_success{l}")),
+        960.0
+    );
+    // Warm-up runs outside the batcher and its metrics: every counted row is a request's.
+    assert_eq!(metric(&m, &format!("nv_inference_count{l}")), 960.0, "{m}");
+    // p99 queue time within the 2 ms delay plus scheduling slack (one batch's compute and a
+    // busy shared 2-core machine): at least 99% of requests waited at most 25 ms.
+    let queued = metric(&m, &format!("infer_serve_queue_duration_seconds_count{l}"));
+    let within = metric(
+        &m,
+        &format!("infer_serve_queue_duration_seconds_bucket{l},le=\"0.025\"}}"),
+    );
+    assert!(
+        within >= 0.99 * queued,
+        "{within} of {queued} within 25 ms:\n{m}"
+    );
+}
+
+#[test]
+fn serve_overload_gives_503_with_retry_after() {
+    // One instance, 100 ms per batch, one row per batch, two waiting requests at most.
+    let s = Server::ready(&synthetic(100, 1, 2, 1));
+    let addr = s.addr.clone();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                http(
+                    &addr,
+                    "POST",
+                    "/v2/models/syn/infer",
+                    &[],
+                    f32_json(1, 4, i as f32).as_bytes(),
+                )
+            })
+        })
+        .collect();
+    let replies: Vec<Reply> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let ok: Vec<&Reply> = replies.iter().filter(|r| r.status == 200).collect();
+    let full: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
+    assert_eq!(ok.len() + full.len(), 8, "{replies:?}");
+    assert!(!full.is_empty() && ok.len() >= 3, "{replies:?}");
+    for r in &full {
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.json()["error"], "queue is full (max_queue_size reached)");
+    }
+    // Each request got its own rows back: y[j] = x[0] + j.
+    for r in &ok {
+        let out = r.json();
+        let y: Vec<f64> = serde_json::from_value(out["outputs"][0]["data"].clone()).unwrap();
+        assert_eq!(y[1] - y[0], 1.0);
+    }
+    // Deadline: 20 ms (request parameter, µs) while the engine needs 100 ms.
+    let body = f32_json(1, 4, 0.0).replace(
+        "{\"inputs\"",
+        "{\"parameters\":{\"timeout\":20000},\"inputs\"",
+    );
+    let r = s.post("/v2/models/syn/infer", &[], body.as_bytes());
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.json()["error"], "request timeout expired");
+    let m = s.get("/metrics").text();
+    assert!(metric(&m, "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"queue_full\"}") >= 1.0);
+    assert!(
+        metric(
+            &m,
+            "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"timeout\"}"
+        ) >= 1.0
+    );
+}
+
+#[test]
+fn serve_sigterm_drains_then_exits_zero() {
+    // 30 ms per batch, up to 8 rows, 1 s drain.
+    let mut s = Server::ready(&synthetic(30, 8, 0, 1));
+    let addr = s.addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..8)
+        .map(|i| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut answered = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match try_http(
+                        &addr,
+                        "POST",
+                        "/v2/models/syn/infer",
+                        &[],
+                        f32_json(1, 4, i as f32).as_bytes(),
+                    ) {
+                        Ok(r) => answered.push(r.status),
+                        // Refused after the drain: never accepted, so not a failure.
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    s.signal("-TERM");
+    let t = Instant::now();
+    s.wait_log("draining", Duration::from_secs(5));
+    let r = s.get("/v2/health/ready");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"], "server is shutting down");
+    assert_eq!(s.get("/v2/health/live").status, 200);
+    let code = s.wait_exit(Duration::from_secs(15));
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "exited before the drain delay: {:?}",
+        t.elapsed()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statuses: Vec<u16> = load.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert_eq!(code, Some(0));
+    assert!(statuses.len() > 20, "{statuses:?}");
+    assert!(statuses.iter().all(|&c| c == 200), "{statuses:?}");
+}
+
+#[test]
+fn serve_bad_config_and_failed_warmup_stop_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        Command::new(binary())
+            .arg("--config")
+            .arg(&p)
+            .output()
+            .unwrap()
+    };
+    let out = run(
+        "bad.toml",
+        &mlp_config().replace("instances = 1", "instances = 1\nthreads = 2"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        support::stdout(&out).contains("unknown field `threads`"),
+        "{}",
+        support::stdout(&out)
+    );
+    // The model's output has 10 columns; a config that says 11 fails warm-up, not later.
+    let out = run(
+        "warm.toml",
+        &mlp_config().replace("dims = [-1, 10]", "dims = [-1, 11]"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let log = support::stdout(&out);
+    assert!(
+        log.contains("warm-up failed; not starting") && log.contains("\"batch_size\":1"),
+        "{log}"
+    );
+    let out = run(
+        "missing.toml",
+        &mlp_config().replace("mlp.onnx", "nope.onnx"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(support::stdout(&out).contains("cannot load the engine"));
+    let out = Command::new(binary()).arg("--bogus").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let _ = Path::new("");
+}

@@ -31,8 +31,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// What a request gets back: one tensor per model output (this request's rows only).
-pub type Outcome = Result<Vec<Tensor>, ApiError>;
+/// What a request gets back.
+pub type Outcome = Result<Answer, ApiError>;
+
+/// A request's outputs and where its time went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// One tensor per model output, this request's rows only.
+    pub outputs: Vec<Tensor>,
+    /// Time from enqueue to the start of its batch.
+    pub queue: Duration,
+    /// Time its batch spent executing (concatenate, engine, check).
+    pub compute: Duration,
+}
 
 /// One queued request.
 pub struct Job {
@@ -281,7 +292,8 @@ fn run_instance(
             Some(inputs) => backend.execute(&inputs),
             None => Err("requests in one batch have different shapes".to_owned()),
         };
-        metrics.record_batch(rows, start.elapsed());
+        let compute = start.elapsed();
+        metrics.record_batch(rows, compute);
         // Free the instance before answering, so the next batch forms while we split outputs.
         let _ = done.send(Cmd::Done(id));
         let outputs = result.and_then(|outs| match outs.iter().find(|o| o.rows() != rows) {
@@ -299,6 +311,12 @@ fn run_instance(
                         .iter()
                         .map(|o| o.slice_rows(offset, job.rows))
                         .collect();
+                    let queue = start.saturating_duration_since(job.enqueued);
+                    let mine = mine.map(|outputs| Answer {
+                        outputs,
+                        queue,
+                        compute,
+                    });
                     offset += job.rows;
                     let _ =
                         job.reply.send(mine.ok_or_else(|| {
@@ -382,7 +400,7 @@ mod tests {
             .map(|i| b.submit(vec![row(10.0 * i as f32, 2)], 2, None).unwrap())
             .collect();
         for (i, rx) in rxs.into_iter().enumerate() {
-            assert_eq!(wait(rx).unwrap(), vec![row(10.0 * i as f32, 2)]);
+            assert_eq!(wait(rx).unwrap().outputs, vec![row(10.0 * i as f32, 2)]);
         }
         // 4 requests × 2 rows fill max_batch_size 8 at once.
         assert_eq!(*sizes.lock().unwrap(), vec![8]);

@@ -379,8 +379,9 @@ async fn infer_inner(
         },
         None => rx.await,
     };
-    let outputs =
+    let answer =
         outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))??;
+    let outputs = &answer.outputs;
     let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> = request
         .outputs
         .iter()
@@ -402,6 +403,11 @@ async fn infer_inner(
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
+    app.metrics.overhead_hist.observe_duration(
+        start
+            .elapsed()
+            .saturating_sub(answer.queue + answer.compute),
+    );
     Ok(r)
 }
 

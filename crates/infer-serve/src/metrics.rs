@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
-const LATENCY_BOUNDS: [f64; 18] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+const LATENCY_BOUNDS: [f64; 21] = [
+    0.000_005, 0.000_01, 0.000_02, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// A fixed-bucket histogram; buckets are stored per bucket and summed when rendered.
@@ -109,6 +109,7 @@ pub struct Metrics {
     pub queue_hist: Histogram,
     pub compute_hist: Histogram,
     pub batch_hist: Histogram,
+    pub overhead_hist: Histogram,
     batch_stats: Vec<BatchStat>,
     rejections: [AtomicU64; 4],
     pub queue_depth: AtomicU64,
@@ -153,6 +154,7 @@ impl Metrics {
             queue_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
             compute_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
             batch_hist: Histogram::new(batch_bounds),
+            overhead_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
             batch_stats: (0..=max_batch_size as usize)
                 .map(|_| BatchStat {
                     count: z(),
@@ -317,6 +319,12 @@ impl Metrics {
             &mut o,
             "infer_serve_compute_duration_seconds",
             "Time one batch spent in the engine",
+            l,
+        );
+        self.overhead_hist.render(
+            &mut o,
+            "infer_serve_overhead_seconds",
+            "Per successful request: request time minus queue and compute time",
             l,
         );
         self.batch_hist.render(

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the statically linked `infer-serve` that CPU images ship (FROM scratch: no libc, no
+# loader) and prints its path on stdout; progress goes to stderr. Idempotent: a second run
+# with nothing changed is a no-op build that prints the same path.
+#
+# Reproducible: paths that would otherwise end up in the binary (panic locations, debug
+# remnants) are remapped, the cargo registry to /cargo/registry/src and this checkout to
+# /build/infer-build, so two checkouts at different paths, on different machines, with the same
+# toolchain and Cargo.lock, give byte-identical binaries.
+#
+#   PROFILE   cargo profile (default release-serve: fat LTO, strip, panic=abort)
+#   TARGET    target triple (default x86_64-unknown-linux-gnu; static glibc via crt-static)
+#   FEATURES  extra cargo features for infer-serve (default none: the tract backend only)
+#   CHECK=1   also verify that the result is static (no PT_INTERP, no DT_NEEDED)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+profile=${PROFILE:-release-serve}
+target=${TARGET:-x86_64-unknown-linux-gnu}
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+cargo_home=$(cd "$cargo_home" && pwd -P)
+
+export RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$cargo_home/git/checkouts=/cargo/git/checkouts --remap-path-prefix=$root=/build/infer-build"
+# Timestamps never enter a Rust binary, but keep anything that honours it stable.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
+
+args=(build --locked -p infer-serve --target "$target" --profile "$profile")
+if [[ -n "${FEATURES:-}" ]]; then
+    args+=(--features "$FEATURES")
+fi
+(cd "$root" && cargo "${args[@]}") >&2
+
+dir=$profile
+[[ $profile == dev ]] && dir=debug
+bin="${CARGO_TARGET_DIR:-$root/target}/$target/$dir/infer-serve"
+[[ -x $bin ]] || { echo "build-runtime: $bin was not produced" >&2; exit 1; }
+
+if [[ ${CHECK:-0} == 1 ]]; then
+    if readelf -lW "$bin" | grep -q 'INTERP'; then
+        echo "build-runtime: $bin has a program interpreter (PT_INTERP): not static" >&2
+        exit 1
+    fi
+    if readelf -dW "$bin" 2>/dev/null | grep -q 'NEEDED'; then
+        echo "build-runtime: $bin needs shared libraries (DT_NEEDED): not static" >&2
+        exit 1
+    fi
+    echo "build-runtime: static: $(file -b "$bin")" >&2
+fi
+echo "$bin"

@@ -245,10 +245,9 @@ fn try_http(
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if !headers
-        .iter()
-        .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-    {
+    if !headers.iter().any(|(k, _)| {
+        k.eq_ignore_ascii_case("content-length") || k.eq_ignore_ascii_case("transfer-encoding")
+    }) {
         req.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     for (k, v) in headers {
@@ -256,7 +255,9 @@ fn try_http(
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes())?;
-    s.write_all(body)?;
+    // A server that refuses a body (413) answers and closes before reading it all: the write
+    // fails, but the answer is there to read.
+    let _ = s.write_all(body);
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let split = raw
@@ -456,9 +457,9 @@ fn serve_rejects_bad_requests_without_dying() {
         "POST",
         infer,
         &[("Transfer-Encoding", "chunked")],
-        b"",
+        b"zz\r\n\r\n",
     );
-    // A chunked body that never finishes the first chunk is a client error, never a crash.
+    // A malformed chunked body is a client error (or a closed connection), never a crash.
     assert!(r.map(|r| r.status >= 400).unwrap_or(true));
     let r = s.post(infer, &[], &big);
     assert_eq!(r.status, 413, "{}", r.text());

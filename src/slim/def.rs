@@ -211,6 +211,30 @@ impl Definition {
     }
 }
 
+/// What a TensorRT engine needs from its slim base, from its metadata: the engine kind, the
+/// tactic-source libraries, and the TensorRT version for [`choose`].
+///
+/// The metadata does not record tactic sources yet. TensorRT 10 enables none of the cuBLAS,
+/// cuBLASLt or cuDNN sources by default, and hardware-compatible engines cannot use them, so an
+/// engine needs them only when its build enabled them; `extra` says which (e.g. from the
+/// recipe's trtexec `--tacticSources`). Hardware-compatible engines ignore `extra`.
+pub fn engine_needs(
+    gpu: &infer_spec::engine::GpuMeta,
+    extra: &[Tactic],
+) -> (EngineKind, Needs, String) {
+    let kind = if gpu.version_compatible {
+        EngineKind::VersionCompatible
+    } else {
+        EngineKind::Full
+    };
+    let tactics = if gpu.hardware_compat == infer_spec::engine::HardwareCompat::None {
+        extra.iter().copied().collect()
+    } else {
+        BTreeSet::new()
+    };
+    (kind, Needs { tactics }, gpu.tensorrt.to_string())
+}
+
 /// The definition that serves an engine: same kind and, when both say, the same TensorRT
 /// version prefix (`"10"` serves `"10.16.1"`). The first in name order wins.
 pub fn choose<'a>(
@@ -296,6 +320,31 @@ on_conflict = "base"
             tactics: [Tactic::Cudnn].into(),
         };
         assert_eq!(def.selections_for(&needs).len(), 2);
+    }
+
+    #[test]
+    fn engine_metadata_decides_kind_and_tactics() {
+        use infer_spec::engine::{GpuMeta, HardwareCompat};
+        let mut gpu = GpuMeta {
+            sm: "sm_90".parse().unwrap(),
+            tensorrt: "10.11.0.33".parse().unwrap(),
+            cuda: "12.9".parse().unwrap(),
+            driver_floor: "575.51.03".parse().unwrap(),
+            hardware_compat: HardwareCompat::None,
+            version_compatible: true,
+            exclude_lean_runtime: false,
+            builder_gpu: "NVIDIA H100".into(),
+        };
+        let (kind, needs, trt) = engine_needs(&gpu, &[Tactic::Cudnn]);
+        assert_eq!(
+            (kind, trt.as_str()),
+            (EngineKind::VersionCompatible, "10.11.0.33")
+        );
+        assert_eq!(needs.tactics, [Tactic::Cudnn].into());
+        gpu.version_compatible = false;
+        gpu.hardware_compat = HardwareCompat::AmperePlus;
+        let (kind, needs, _) = engine_needs(&gpu, &[Tactic::Cudnn]);
+        assert_eq!((kind, needs), (EngineKind::Full, Needs::default()));
     }
 
     #[test]

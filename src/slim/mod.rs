@@ -45,12 +45,6 @@ pub enum Error {
     Closure { problems: Vec<Problem> },
     #[error("{image} is not pinned: no digest in the definition or the lock file; pull it once to record one, or allow unpinned images explicitly")]
     Unpinned { image: String },
-    #[error("{layout}: expected image {expected}, the layout holds {found}")]
-    DigestMismatch {
-        layout: PathBuf,
-        expected: String,
-        found: String,
-    },
     #[error("{path}: {message}")]
     Layout { path: PathBuf, message: String },
     #[error(transparent)]
@@ -73,7 +67,6 @@ impl Error {
             | Error::NoDefinition { .. }
             | Error::Closure { .. }
             | Error::Unpinned { .. }
-            | Error::DigestMismatch { .. }
             | Error::Layout { .. } => true,
             Error::Oci(e) => e.is_bad_input(),
             Error::Io { .. } => false,

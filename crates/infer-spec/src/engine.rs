@@ -447,6 +447,51 @@ impl EngineMeta {
         Ok(())
     }
 
+    /// The compatibility tuple as flat key/value pairs for image annotations (keys without the
+    /// reverse-DNS prefix, sorted): `precision`, `engine.kind`, `engine.format`, `engine.digest`,
+    /// `onnx.digest`, `shape_profile`, and `gpu.sm`, `gpu.builder`, `trt.version`, `cuda.version`,
+    /// `driver.floor`, `trt.hardware_compat`, `trt.version_compatible`, `trt.lean_excluded` for
+    /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` for tract.
+    pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
+        let mut m = std::collections::BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            m.insert(k.to_string(), v);
+        };
+        put("precision", self.precision.to_string());
+        put("engine.kind", self.kind.to_string());
+        put("engine.format", self.format.file_name().to_string());
+        put("engine.digest", self.engine_digest.clone());
+        put("onnx.digest", self.onnx_digest.clone());
+        let profile: Vec<String> = self
+            .shape_profile
+            .iter()
+            .map(|p| {
+                let d = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
+                format!("{}:{}/{}/{}", p.name, d(&p.min), d(&p.opt), d(&p.max))
+            })
+            .collect();
+        put("shape_profile", profile.join(","));
+        if let Some(g) = &self.gpu {
+            put("gpu.sm", g.sm.to_string());
+            put("gpu.builder", g.builder_gpu.clone());
+            put("trt.version", g.tensorrt.to_string());
+            put("cuda.version", g.cuda.to_string());
+            put("driver.floor", g.driver_floor.to_string());
+            put(
+                "trt.hardware_compat",
+                g.hardware_compat.trtexec_value().to_string(),
+            );
+            put("trt.version_compatible", g.version_compatible.to_string());
+            put("trt.lean_excluded", g.exclude_lean_runtime.to_string());
+        }
+        if let Some(c) = &self.cpu {
+            put("cpu.arch", c.arch.clone());
+            put("cpu.features", c.required_features.join(","));
+            put("tract.version", c.tract.to_string());
+        }
+        m
+    }
+
     /// One line describing what the engine was built for, used on both sides of a mismatch.
     pub fn describe(&self) -> String {
         match (&self.gpu, &self.cpu) {
@@ -1112,6 +1157,12 @@ mod tests {
             text.contains("\"hardware_compat\":\"ampere-plus\""),
             "{text}"
         );
+        let a = m.annotations();
+        assert_eq!(a["gpu.sm"], "sm_89");
+        assert_eq!(a["trt.version"], "10.8.0.43");
+        assert_eq!(a["trt.hardware_compat"], "ampere+");
+        assert_eq!(a["shape_profile"], "input:1x64/16x64/32x64");
+        assert!(!a.contains_key("cpu.arch"));
         let back = EngineMeta::from_json(&bytes).unwrap();
         assert_eq!(back, m);
         assert_eq!(back.to_canonical_json(), bytes);

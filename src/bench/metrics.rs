@@ -165,6 +165,9 @@ pub struct ServerDelta {
     pub compute_us: Option<f64>,
     /// Mean rows per executed batch.
     pub mean_batch: Option<f64>,
+    /// Total compute time over the run, µs (`nv_inference_compute_infer_duration_us`; in
+    /// infer-serve it grows once per executed batch).
+    pub compute_total_us: Option<f64>,
 }
 
 fn delta(before: &[Sample], after: &[Sample], name: &str) -> Option<f64> {
@@ -215,6 +218,7 @@ pub fn server_delta(before: &[Sample], after: &[Sample]) -> ServerDelta {
             out.mean_batch = Some(r / b);
         }
     }
+    out.compute_total_us = delta(before, after, "nv_inference_compute_infer_duration_us");
     if let Some(req) = requests.filter(|&r| r > 0.0) {
         out.queue_us = delta(before, after, "nv_inference_queue_duration_us").map(|q| q / req);
         out.compute_us =
@@ -301,6 +305,7 @@ nv_inference_compute_infer_duration_us{model="mlp",version="1"} 8600
         assert!((d.queue_us.unwrap() - 100.0).abs() < 1e-9);
         // The compute counter is new in the second scrape: counted from zero.
         assert!((d.compute_us.unwrap() - 100.0).abs() < 1e-9);
+        assert_eq!(d.compute_total_us, Some(8600.0));
     }
 
     #[test]

@@ -66,12 +66,15 @@ pub struct Measured {
 /// Turn a measured step into a [`Measured`] (capacity from the server's metrics).
 pub fn measured(point: Point, step: Step, instances: u32) -> Measured {
     let mean_batch = step.server.as_ref().and_then(|d| d.mean_batch);
-    // compute_us is per request; a request's compute time is its batch's execution time.
-    let exec_us = step.server.as_ref().and_then(|d| d.compute_us);
-    let capacity_rps = match (mean_batch, exec_us) {
-        (Some(b), Some(t)) if t > 0.0 => Some(b * f64::from(instances.max(1)) / (t / 1e6)),
+    // Rows per second of busy backend: the rows inferred over the compute time they took
+    // (infer-serve adds each batch's execution time once), times the instances that run
+    // batches in parallel.
+    let capacity_rps = step.server.as_ref().and_then(|d| match d.compute_total_us {
+        Some(t) if t > 0.0 && d.rows > 0 => {
+            Some(d.rows as f64 * f64::from(instances.max(1)) / (t / 1e6))
+        }
         _ => None,
-    };
+    });
     Measured {
         point,
         p99_ms: step.latency.p99_us as f64 / 1000.0,

@@ -63,6 +63,8 @@ pub struct Found {
     pub digest: Option<String>,
     /// A repository override from `--image`.
     pub repository: Option<String>,
+    /// A tag override from `--image REPO:TAG`.
+    pub tag: Option<String>,
     /// The start-up time measured by the engine stage.
     pub startup: Option<StartupMeasurement>,
 }
@@ -134,7 +136,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
         model_version: recipe.model.version.clone(),
         target: target.id.clone(),
         repository,
-        tag: target.tag.clone(),
+        tag: found.tag.clone().unwrap_or_else(|| target.tag.clone()),
         digest,
         gpu,
         gpu_count: u32::from(gpu_target),

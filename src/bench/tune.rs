@@ -96,10 +96,13 @@ pub struct Recommendation {
 }
 
 /// Pick the knee. For each max batch size, walk the delays upwards from the smallest whose
-/// p99 is within the budget; keep going while the next delay stays within the budget *and*
-/// gains at least `min_gain` (relative) in capacity; stop before the first step that is over
-/// budget or gains less. Across max batch sizes, the highest capacity wins (ties: smaller
-/// batch, then smaller delay). Errors at a point disqualify it.
+/// p99 is within the budget. Take the next delay only if it stays within the budget, has no
+/// errors, and its capacity gain pays for the latency it adds: the relative capacity gain must
+/// be positive, at least `min_gain`, and at least the relative increase of the mean latency
+/// (the field notes: batching that gives little speed-up is worth less than the latency it
+/// adds). Stop before the first step that fails. Across max batch sizes the highest capacity
+/// wins (ties: the smaller batch). The mean, not p99, prices the latency: over a few hundred
+/// requests the mean is stable where the p99 is one or two samples.
 pub fn recommend(results: &[Measured], budget_ms: f64, min_gain: f64) -> Option<Recommendation> {
     let mut batches: Vec<u32> = results.iter().map(|m| m.point.max_batch).collect();
     batches.sort_unstable();
@@ -140,18 +143,29 @@ pub fn recommend(results: &[Measured], budget_ms: f64, min_gain: f64) -> Option<
                 (Some(a), Some(n)) if a > 0.0 => n / a - 1.0,
                 _ => 0.0,
             };
-            if gain < min_gain {
+            let (m0, m1) = (cur.step.latency.mean_us, next.step.latency.mean_us);
+            let cost = if m0 > 0.0 { m1 / m0 - 1.0 } else { 0.0 };
+            if gain <= 0.0 || gain < min_gain {
                 reasons.push(format!(
-                    "delay {d} ms gains {:+.1}% capacity (< {:.0}%), not worth the latency: stop",
+                    "delay {d} ms gains {:+.1}% capacity (needs > {:.0}%): no throughput gain, stop",
                     gain * 100.0,
                     min_gain * 100.0
                 ));
                 break;
             }
+            if gain < cost {
+                reasons.push(format!(
+                    "delay {d} ms gains {:+.1}% capacity for {:+.1}% mean latency: not worth the latency, stop",
+                    gain * 100.0,
+                    cost * 100.0
+                ));
+                break;
+            }
             reasons.push(format!(
-                "delay {d} ms: p99 {:.1} ms within budget, capacity {:+.1}%: take it",
+                "delay {d} ms: p99 {:.1} ms within budget, capacity {:+.1}% for {:+.1}% mean latency: take it",
                 next.p99_ms,
-                gain * 100.0
+                gain * 100.0,
+                cost * 100.0
             ));
             cur = next;
         }
@@ -473,6 +487,7 @@ mod tests {
             infer_per_s: 20.0,
             latency: Summary {
                 p99_us: (p99_ms * 1000.0) as u64,
+                mean_us: p99_ms * 700.0,
                 ..Summary::default()
             },
             server: Some(ServerDelta::default()),
@@ -527,6 +542,8 @@ mod tests {
             m(8, 30, 80.0, 200.0, 0),
         ];
         check(&flat, 200.0, Some((8, 10)), "not worth the latency");
+        let no_gain = [m(8, 0, 50.0, 100.0, 0), m(8, 10, 40.0, 99.0, 0)];
+        check(&no_gain, 200.0, Some((8, 0)), "no throughput gain");
         let errs = [m(8, 0, 50.0, 100.0, 0), m(8, 10, 60.0, 130.0, 3)];
         check(&errs, 200.0, Some((8, 0)), "errors");
         check(&[m(8, 0, 250.0, 100.0, 0)], 200.0, None, "");

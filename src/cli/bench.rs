@@ -102,8 +102,9 @@ pub struct BenchOpts {
     /// Tuning: capacity headroom factor (1.2-1.5).
     #[arg(long, default_value_t = 1.3)]
     pub headroom: f64,
-    /// Tuning: the least relative capacity gain that justifies the next delay step.
-    #[arg(long, default_value_t = 0.05)]
+    /// Tuning: the least relative capacity gain that counts as a gain (the measurement's noise
+    /// floor); a step must also gain more capacity than it adds mean latency.
+    #[arg(long, default_value_t = 0.02)]
     pub min_gain: f64,
     /// Tuning: replace the engine with the synthetic one, T(b) = BASE + PER_ROW x b ms
     /// (needs infer-serve built with the `synthetic` feature; for tests and benchmarks).

@@ -1,0 +1,424 @@
+//! `infer-build bench` against the real runtime: `infer-serve` on the example MLP (tract) and
+//! on the synthetic cost model T(b) = 40 + 6·b ms, on ephemeral loopback ports.
+//!
+//! `infer-serve` belongs to another workspace package, so `CARGO_BIN_EXE_infer-serve` does not
+//! exist here: [`serve_binary`] builds it once per test run with the `synthetic` feature into
+//! `target/serve-it` (the directory the runtime's own tests use; the outer `cargo test` holds
+//! the lock on the main target dir). `INFER_SERVE_BIN` points at a binary built elsewhere.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::support;
+
+fn serve_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("INFER_SERVE_BIN") {
+            return PathBuf::from(p);
+        }
+        let target = support::root().join("target/serve-it");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(support::root())
+            .args(["build", "-q", "-p", "infer-serve", "--features", "synthetic", "--target-dir"])
+            .arg(&target)
+            .status()
+            .expect("run cargo build -p infer-serve");
+        assert!(status.success(), "cargo build -p infer-serve failed");
+        target.join("debug/infer-serve")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `infer-serve`, killed on drop.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+fn start_serve(dir: &Path, config: &str) -> Serve {
+    let port = free_port();
+    let cfg = dir.join("runtime.toml");
+    std::fs::write(&cfg, config.replace("PORT", &port.to_string())).unwrap();
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = Command::new(serve_binary())
+        .arg("--config")
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start infer-serve");
+    let serve = Serve {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let t0 = Instant::now();
+    while !http_ok(port, "/v2/health/ready") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "infer-serve not ready: {}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve
+}
+
+fn mlp_config() -> String {
+    let onnx = support::root().join("examples/mlp/mlp.onnx");
+    format!(
+        r#"[model]
+name = "mlp"
+version = "1"
+
+[[inputs]]
+name = "input"
+datatype = "FP32"
+dims = [-1, 64]
+
+[[outputs]]
+name = "output"
+datatype = "FP32"
+dims = [-1, 10]
+
+[batching]
+max_batch_size = 32
+preferred_batch_sizes = [8, 16, 32]
+max_queue_delay_us = 1000
+max_queue_size = 1024
+default_timeout_ms = 10000
+instances = 1
+
+[engine]
+kind = "tract-onnx"
+path = "{}"
+
+[server]
+host = "127.0.0.1"
+port = PORT
+drain_delay_s = 0
+"#,
+        onnx.display()
+    )
+}
+
+/// Count occurrences of `needle` in `hay`.
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+/// The HTML report's structure: charts with both axes, one point per step and series, bars for
+/// the server's batch sizes, and a results row per step.
+fn check_report_structure(html: &str, steps: usize) {
+    assert!(html.starts_with("<!DOCTYPE html>"), "not an HTML document");
+    assert!(!html.contains("<script"), "the report must not need scripts");
+    assert!(!html.contains("src=\"http"), "the report must be self-contained");
+    // Latency vs throughput: p50 and p99 series, one point per step each.
+    assert!(count(html, "<svg class=\"chart\"") >= 2, "charts missing");
+    assert!(html.contains("Latency vs throughput"));
+    assert_eq!(count(html, "<circle class=\"pt\""), 2 * steps);
+    assert!(count(html, "class=\"axis x-axis\"") >= 2);
+    assert!(count(html, "class=\"axis y-axis\"") >= 2);
+    assert!(count(html, "class=\"tick\"") >= 8, "axes need tick labels");
+    // The server exported its batch-size histogram: one bar chart per step, with bars.
+    assert_eq!(count(html, "Batch sizes at "), steps);
+    assert!(count(html, "<rect class=\"bar\"") >= steps);
+    assert_eq!(count(html, "<tr><td>"), steps, "one results row per step");
+}
+
+#[test]
+fn bench_mlp_closed_loop_writes_csv_and_html() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = start_serve(dir.path(), &mlp_config());
+    let csv = dir.path().join("bench.csv");
+    let html = dir.path().join("bench.html");
+    let out = support::run(&[
+        "bench",
+        &serve.url,
+        "--model",
+        "mlp",
+        "--concurrency",
+        "1,8",
+        "--duration",
+        "1s",
+        "--warmup",
+        "300ms",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    // Progress goes to stderr, one line per step.
+    let err = support::stderr(&out);
+    assert_eq!(count(&err, "bench: concurrency"), 2, "{err}");
+
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    let head: Vec<&str> = rows[0].split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} in {csv}"));
+    for (row, conc) in rows[1..].iter().zip(["1", "8"]) {
+        let f: Vec<&str> = row.split(',').collect();
+        assert_eq!(f[col("Concurrency")], conc);
+        assert_eq!(f[col("Errors")], "0", "{row}");
+        let ips: f64 = f[col("Inferences/Second")].parse().unwrap();
+        assert!(ips > 50.0, "{row}");
+        let p50: u64 = f[col("p50 latency")].parse().unwrap();
+        let p99: u64 = f[col("p99 latency")].parse().unwrap();
+        assert!(p50 > 0 && p50 <= p99, "{row}");
+        // The server's own numbers came through /metrics.
+        let batch: f64 = f[col("Avg Batch Size")].parse().unwrap();
+        assert!(batch >= 1.0, "{row}");
+    }
+
+    // The JSON document on stdout agrees with the CSV.
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+    assert_eq!(v["steps"].as_array().unwrap().len(), 2);
+    assert!(v["steps"][1]["ok"].as_u64().unwrap() > 0);
+
+    check_report_structure(&std::fs::read_to_string(&html).unwrap(), 2);
+}
+
+#[test]
+fn bench_mlp_open_loop_json_counts_what_it_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = start_serve(dir.path(), &mlp_config());
+    let csv = dir.path().join("rate.csv");
+    let html = dir.path().join("rate.html");
+    let out = support::run(&[
+        "bench",
+        &serve.url,
+        "--model",
+        "mlp",
+        "--protocol",
+        "json",
+        "--rate",
+        "200",
+        "--arrival",
+        "constant",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+    let s = &v["steps"][0];
+    // 200 req/s evenly spaced for 1 s: 200 sends in the window (one boundary either way).
+    let sent = s["sent"].as_u64().unwrap();
+    assert!((199..=201).contains(&sent), "{s}");
+    assert_eq!(s["ok"].as_u64().unwrap(), sent, "{s}");
+    let rate = s["req_per_s"].as_f64().unwrap();
+    assert!((150.0..=210.0).contains(&rate), "{s}");
+    // The server saw the same requests.
+    assert_eq!(s["server"]["requests"].as_u64().unwrap(), sent, "{s}");
+}
+
+#[test]
+fn bench_unknown_model_and_bad_url_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = start_serve(dir.path(), &mlp_config());
+    let out = support::run(&["bench", &serve.url, "--model", "nope", "--concurrency", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", support::stderr(&out));
+    assert!(support::stderr(&out).contains("404"), "{}", support::stderr(&out));
+    let out = support::run(&["bench", "https://x", "--model", "m"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(support::stderr(&out).contains("https is not supported"));
+}
+
+#[test]
+fn bench_report_renders_in_headless_chromium() {
+    if !support::have_tool("chromium", "bench_report_renders_in_headless_chromium") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let serve = start_serve(dir.path(), &mlp_config());
+    let html = dir.path().join("r.html");
+    let csv = dir.path().join("r.csv");
+    let out = support::run(&[
+        "bench", &serve.url, "--model", "mlp", "--concurrency", "1,2,4", "--duration", "500ms",
+        "--warmup", "100ms", "--csv", csv.to_str().unwrap(), "--report", html.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    let png = dir.path().join("r.png");
+    let shot = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1200,1600",
+        ])
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .expect("run chromium");
+    assert!(shot.status.success(), "{}", String::from_utf8_lossy(&shot.stderr));
+    let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    // A blank page compresses to a few KB; charts, text and a table do not.
+    assert!(bytes.len() > 30_000, "screenshot is {} bytes: blank page?", bytes.len());
+    if let Ok(keep) = std::env::var("INFER_BUILD_KEEP_SCREENSHOT") {
+        std::fs::copy(&png, keep).unwrap();
+    }
+}
+
+const SYNTHETIC: &str = r#"[model]
+name = "synth"
+version = "1"
+
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 4]
+
+[[outputs]]
+name = "y"
+datatype = "FP32"
+dims = [-1, 4]
+
+[batching]
+max_batch_size = 8
+max_queue_delay_us = 0
+max_queue_size = 1024
+default_timeout_ms = 10000
+instances = 1
+
+[engine]
+kind = "synthetic"
+
+[engine.synthetic]
+base_ms = 1.0
+per_row_ms = 0.0
+
+[server]
+host = "127.0.0.1"
+port = 8000
+"#;
+
+/// The field notes' worked example: T(b) = 40 + 6b ms, 20 QPS open loop, 200 ms p99 budget.
+/// The recommendation must be what the sweep's own measurements support, within one 10 ms
+/// grid step of the notes' ~30 ms, and the replica count must follow the formula.
+#[test]
+fn bench_tune_on_the_known_cost_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("runtime.toml");
+    std::fs::write(&cfg, SYNTHETIC).unwrap();
+    let csv = dir.path().join("tune.csv");
+    let html = dir.path().join("tune.html");
+    let out = support::infer_build()
+        .current_dir(dir.path())
+        .env("INFER_SERVE", serve_binary())
+        .args(["bench", "--tune"])
+        .arg(&cfg)
+        .args([
+            "--synthetic", "40,6", "--rate", "20", "--peak-qps", "20", "--budget-ms", "200",
+            "--delays-ms", "0,10,20,30,40,50", "--max-batch", "8", "--duration", "8s",
+            "--warmup", "1s", "--headroom", "1.3", "--json",
+        ])
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--report")
+        .arg(&html)
+        .output()
+        .unwrap();
+    let err = support::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "{err}");
+    let rec = &v["recommendation"];
+    let delay_ms = rec["point"]["delay_us"].as_u64().unwrap() as f64 / 1000.0;
+    let budget = 200.0;
+
+    // Supported by its own measurements: within budget there, and the next step is over
+    // budget, has errors, or gains less capacity than the noise floor (2%) or than it adds
+    // mean latency.
+    let at = |d: f64| {
+        results
+            .iter()
+            .find(|r| (r["point"]["delay_us"].as_u64().unwrap() as f64 / 1000.0 - d).abs() < 1e-6)
+    };
+    let here = at(delay_ms).unwrap();
+    assert!(here["p99_ms"].as_f64().unwrap() <= budget, "{here}");
+    if let Some(next) = at(delay_ms + 10.0) {
+        let over = next["p99_ms"].as_f64().unwrap() > budget;
+        let errors = next["step"]["errors"].as_object().is_some_and(|e| !e.is_empty());
+        let gain = next["capacity_rps"].as_f64().unwrap() / here["capacity_rps"].as_f64().unwrap() - 1.0;
+        let mean = |r: &serde_json::Value| r["step"]["latency"]["mean_us"].as_f64().unwrap();
+        let cost = mean(next) / mean(here) - 1.0;
+        assert!(
+            over || errors || gain < 0.02 || gain < cost,
+            "next step {next} supports going further\n{err}"
+        );
+    }
+    assert!(
+        (20.0..=40.0).contains(&delay_ms),
+        "recommended {delay_ms} ms, the field notes say ~30 ms\n{err}"
+    );
+
+    // Capacity: replicas = ceil(peak / per replica x headroom).
+    let cap = &v["capacity"];
+    let per = cap["per_replica_qps"].as_f64().unwrap();
+    assert!((per - rec["capacity_rps"].as_f64().unwrap()).abs() < 1e-9);
+    let expected = (20.0 / per * 1.3 - 1e-9).ceil().max(1.0) as u64;
+    assert_eq!(cap["replicas"].as_u64().unwrap(), expected, "{cap}");
+    assert!((cap["scale_out_qps"].as_f64().unwrap() - 0.7 * per).abs() < 1e-9);
+
+    // The cost model shows through: a batch of b rows takes 40 + 6b ms, so capacity is
+    // b / (40 + 6b) rows per ms at the measured mean batch b (sleep overshoot allowed).
+    for r in results {
+        let b = r["mean_batch"].as_f64().unwrap();
+        let c = r["capacity_rps"].as_f64().unwrap();
+        let model = b / (40.0 + 6.0 * b) * 1000.0;
+        assert!(c <= model * 1.01 && c >= model * 0.85, "capacity {c} vs model {model} at batch {b}");
+    }
+
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 7, "{csv}");
+    assert!(csv.starts_with("Max Batch Size,Max Queue Delay (us),Capacity (rows/s)"), "{csv}");
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("p99 budget 200 ms") && html.contains("max_queue_delay_us"));
+    assert_eq!(count(&html, "<circle class=\"pt\""), 3 * 6);
+}

@@ -1,17 +1,51 @@
-//! `infer-build check`.
+//! `infer-build check`: validate a recipe and resolve every target against the compatibility
+//! matrix, without building anything. A short summary on stderr; exit 0, or 2 with every
+//! problem named at `file:line:col`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use super::MatrixArgs;
 use crate::error::Error;
+use crate::plan::BuildPlan;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// The recipe (TOML) or other primary input.
+    /// The recipe (TOML).
     pub input: PathBuf,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
 }
 
-pub fn run(_args: CheckArgs) -> Result<(), Error> {
-    Err(Error::Usage("`check` is not implemented yet".into()))
+/// Load the recipe, the matrix and the lock file beside the recipe, and resolve the plan. The
+/// shared first half of `check` and `plan`.
+pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPlan, Error> {
+    let recipe = crate::recipe::load(recipe)?;
+    let matrix = crate::matrix::load(matrix)?;
+    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
+        .map_err(crate::plan::Error::from)?;
+    Ok(crate::plan::resolve(&recipe, &matrix, lock.as_ref())?)
+}
+
+pub fn run(args: CheckArgs) -> Result<(), Error> {
+    let plan = load_plan(&args.input, args.matrix.matrix.as_deref())?;
+    let ids: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
+    eprintln!(
+        "ok: {}: {} target{} ({})",
+        plan.recipe.display(),
+        ids.len(),
+        if ids.len() == 1 { "" } else { "s" },
+        ids.join(", ")
+    );
+    let unpinned = plan.unpinned_images();
+    if !unpinned.is_empty() {
+        eprintln!(
+            "  {} base image{} to be pinned in {} at first pull",
+            unpinned.len(),
+            if unpinned.len() == 1 { "" } else { "s" },
+            plan.lock_file.display()
+        );
+    }
+    Ok(())
 }

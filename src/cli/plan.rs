@@ -1,17 +1,212 @@
-//! `infer-build plan`.
+//! `infer-build plan`: show the build plan. A table on stderr by default; `--json` (or
+//! `--format json`) writes the whole plan as one JSON document to stdout; `--format
+//! github-matrix` writes one line of JSON ready for a GitHub Actions `strategy.matrix`
+//! (`{"include":[{"target":"sm90-fp16","runner":[…],…}]}`).
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use serde::Serialize;
 
+use super::MatrixArgs;
 use crate::error::Error;
+use crate::plan::{BuildPlan, ImagePin, PinnedBy, TargetKind, TargetPlan};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// The recipe (TOML) or other primary input.
+    /// The recipe (TOML).
     pub input: PathBuf,
+    /// Write the plan as one JSON document to stdout (same as `--format json`).
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+    /// Output format: `table` (stderr), `json` (stdout) or `github-matrix` (stdout, one line).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<Format>,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
 }
 
-pub fn run(_args: PlanArgs) -> Result<(), Error> {
-    Err(Error::Usage("`plan` is not implemented yet".into()))
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    GithubMatrix,
+}
+
+pub fn run(args: PlanArgs) -> Result<(), Error> {
+    let plan = super::check::load_plan(&args.input, args.matrix.matrix.as_deref())?;
+    let format = match (args.json, args.format) {
+        (true, _) => Format::Json,
+        (false, f) => f.unwrap_or(Format::Table),
+    };
+    match format {
+        Format::Table => eprint!("{}", table(&plan)),
+        Format::Json => println!("{}", json(&plan)),
+        Format::GithubMatrix => println!("{}", github_matrix(&plan)),
+    }
+    Ok(())
+}
+
+/// The plan as pretty JSON (struct field order: deterministic).
+pub fn json(plan: &BuildPlan) -> String {
+    serde_json::to_string_pretty(plan).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// One entry of a GitHub Actions matrix `include` list.
+#[derive(Serialize)]
+struct MatrixEntry<'a> {
+    target: &'a str,
+    kind: TargetKind,
+    /// `runs-on` labels: GPU jobs need a self-hosted runner of that SM (engines bind to it).
+    runner: Vec<String>,
+    platform: &'a str,
+    sm: &'a str,
+    precision: String,
+    products: String,
+    tensorrt: String,
+    cuda: String,
+    driver_floor: String,
+    base: String,
+    image: &'a str,
+    tag: &'a str,
+}
+
+#[derive(Serialize)]
+struct GithubMatrix<'a> {
+    include: Vec<MatrixEntry<'a>>,
+}
+
+fn runner(t: &TargetPlan) -> Vec<String> {
+    match &t.gpu {
+        None => vec!["ubuntu-latest".into()],
+        Some(g) => {
+            let arch = if t.oci_platform.ends_with("arm64") {
+                "arm64"
+            } else {
+                "x64"
+            };
+            vec![
+                "self-hosted".into(),
+                "linux".into(),
+                arch.into(),
+                format!("gpu-{}", g.sm),
+            ]
+        }
+    }
+}
+
+/// The plan as a one-line GitHub Actions matrix.
+pub fn github_matrix(plan: &BuildPlan) -> String {
+    let include = plan
+        .targets
+        .iter()
+        .map(|t| MatrixEntry {
+            target: &t.id,
+            kind: t.kind,
+            runner: runner(t),
+            platform: t.platform.as_str(),
+            sm: t.gpu.as_ref().map_or("cpu", |g| g.sm.as_str()),
+            precision: t.precision.to_string(),
+            products: t
+                .gpu
+                .as_ref()
+                .map_or_else(String::new, |g| g.products.join(", ")),
+            tensorrt: t
+                .tensorrt
+                .as_ref()
+                .map_or_else(String::new, |r| r.version.to_string()),
+            cuda: t.cuda.as_ref().map_or_else(String::new, |c| c.to_string()),
+            driver_floor: t
+                .driver_floor
+                .as_ref()
+                .map_or_else(String::new, |c| c.to_string()),
+            base: t.base.pull_reference(),
+            image: &t.image,
+            tag: &t.tag,
+        })
+        .collect();
+    serde_json::to_string(&GithubMatrix { include })
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn pin_text(p: &ImagePin) -> String {
+    match (&p.digest, p.pinned_by) {
+        (_, PinnedBy::None) => p.reference.clone(),
+        (Some(d), _) => format!("{}@{}", p.reference, &d[..d.len().min(19)]),
+        (None, _) => format!("{} (digest: lock file, first pull)", p.reference),
+    }
+}
+
+/// The human table.
+pub fn table(plan: &BuildPlan) -> String {
+    let header = [
+        "TARGET", "GPUS", "TENSORRT", "CUDA", "DRIVER>=", "BASE", "TAG",
+    ];
+    let rows: Vec<[String; 7]> = plan
+        .targets
+        .iter()
+        .map(|t| {
+            [
+                t.id.clone(),
+                t.gpu
+                    .as_ref()
+                    .map_or_else(|| "cpu".into(), |g| g.products.join(", ")),
+                t.tensorrt
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |r| r.version.to_string()),
+                t.cuda
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |c| c.to_string()),
+                t.driver_floor
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |c| c.to_string()),
+                pin_text(&t.base),
+                t.tag.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.len());
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = format!(
+        "plan for {} ({} {}), image {}\n",
+        plan.recipe.display(),
+        plan.model,
+        plan.version,
+        plan.repository
+    );
+    out.push_str(&line(&header.map(String::from)));
+    for r in &rows {
+        out.push_str(&line(r));
+    }
+    for t in &plan.targets {
+        for n in &t.notes {
+            out.push_str(&format!("note: {}: {n}\n", t.id));
+        }
+    }
+    let unpinned = plan.unpinned_images();
+    if !unpinned.is_empty() {
+        out.push_str(&format!(
+            "{} base image{} will be pinned by digest in {} at first pull\n",
+            unpinned.len(),
+            if unpinned.len() == 1 { "" } else { "s" },
+            plan.lock_file.display()
+        ));
+    }
+    out
 }

@@ -2,24 +2,51 @@
 //! one) → a [`BuildPlan`] with one [`TargetPlan`] per image to build. Each GPU × precision (and
 //! the CPU target) resolves to a TensorRT release and build, CUDA, cuDNN, a driver floor, a base
 //! image pinned by digest (or marked to be pinned by the lock file), a stable id and a tag.
+//! Several products with the same SM and platform collapse into one target that lists them:
+//! engines bind to the SM, not the product.
 //!
 //! Impossible combinations are refused here, before anything is built, all at once, each with
-//! the rule it breaks, a way out and the recipe's `file:line:col`.
+//! the rule it breaks (`[rule: tensorrt-min-sm]`), a way out (`hint:`) and the recipe's
+//! `file:line:col` (the recipe module's [`Diagnostic`]).
 //!
 //! Pure: no filesystem, network, environment or clock; the CLI reads the recipe, the matrix and
-//! the lock file and passes values in. (The one exception is [`lock::read`], the edge function
-//! that loads a lock file for callers.)
+//! the lock file and passes values in. The one exception is [`lock::read`], the edge function
+//! that loads a lock file for callers. This module must not build, pull or push anything.
 
 pub mod lock;
+mod resolve;
+pub mod tag;
 mod types;
 
+use std::path::PathBuf;
+
+pub use resolve::resolve;
 pub use types::*;
+
+use crate::recipe::Diagnostic;
 
 /// Errors of the `plan` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     Lock(#[from] lock::LockError),
+    /// Targets the matrix says cannot work; every one found, in recipe order.
+    #[error("{}", render_refused(file, diagnostics))]
+    Refused {
+        file: PathBuf,
+        diagnostics: Vec<Diagnostic>,
+    },
+}
+
+fn render_refused(file: &std::path::Path, diagnostics: &[Diagnostic]) -> String {
+    match diagnostics.len() {
+        1 => crate::recipe::render(diagnostics),
+        n => format!(
+            "{n} targets of {} cannot be built\n{}",
+            file.display(),
+            crate::recipe::render(diagnostics)
+        ),
+    }
 }
 
 impl Error {
@@ -27,7 +54,18 @@ impl Error {
     pub fn is_bad_input(&self) -> bool {
         match self {
             Error::Lock(lock::LockError::Read { .. }) => false,
-            Error::Lock(lock::LockError::Invalid { .. }) => true,
+            Error::Lock(lock::LockError::Invalid { .. }) | Error::Refused { .. } => true,
+        }
+    }
+
+    /// The refusals (empty for other errors).
+    pub fn diagnostics(&self) -> &[Diagnostic] {
+        match self {
+            Error::Refused { diagnostics, .. } => diagnostics,
+            Error::Lock(_) => &[],
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,3 +8,4 @@ pub mod registry_support;
 pub mod slim;
 pub mod engine;
 pub mod serve;
+pub mod plan;

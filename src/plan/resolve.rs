@@ -1,0 +1,934 @@
+//! Target resolution: recipe × matrix (× lock) → targets, or every refusal at once.
+//!
+//! Each GPU target walks the matrix's TensorRT releases newest first through a fixed series of
+//! filters (pin, completeness, platform, compute capability, precision, INT8 calibration,
+//! hardware compatibility, then per CUDA build: CUDA pin, base image, glibc, node driver). The
+//! first candidate that passes every filter wins. When a filter removes the last candidates,
+//! that filter's rule is what the user is told, with a way out.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::matrix::{
+    self, BaseImage, Cc, HwCompat, ImageRole, Matrix, Platform, Precision, PrecisionApi, Release,
+    Version,
+};
+use crate::recipe::{self, Diagnostic, HardwareCompatibility, Located, Recipe};
+
+use super::lock::{self, Lock};
+use super::types::*;
+
+/// A refusal before it is placed in the recipe: the rule's name, the message and the way out.
+struct Refusal {
+    rule: &'static str,
+    message: String,
+    hint: String,
+}
+
+fn diag<T>(file: &Path, at: &Located<T>, r: Refusal) -> Diagnostic {
+    at.diagnostic(file, format!("{} [rule: {}]", r.message, r.rule))
+        .with_hint(r.hint)
+}
+
+/// One GPU architecture the recipe asks for: an SM on a platform, with its products.
+struct GpuGroup<'m> {
+    cc: Cc,
+    platform: Platform,
+    /// Matrix rows of the products (deduplicated, in matrix order).
+    products: Vec<&'m matrix::Gpu>,
+    /// What the recipe wrote, in recipe order.
+    requested: Vec<String>,
+    /// Where the recipe first names this group.
+    at: Located<()>,
+}
+
+impl GpuGroup<'_> {
+    fn label(&self) -> String {
+        let names: Vec<&str> = self.products.iter().map(|g| g.name.as_str()).collect();
+        if names.is_empty() {
+            format!("sm_{}{}", self.cc.major, self.cc.minor)
+        } else {
+            format!(
+                "{} (sm_{}{})",
+                names.join(", "),
+                self.cc.major,
+                self.cc.minor
+            )
+        }
+    }
+
+    fn tensor_cores(&self) -> Vec<Precision> {
+        let mut tc: Vec<Precision> = self
+            .products
+            .first()
+            .map(|g| g.tensor_cores.clone())
+            .unwrap_or_default();
+        tc.sort();
+        tc
+    }
+}
+
+fn to_matrix_version(v: &recipe::Version) -> Option<Version> {
+    v.text.parse().ok()
+}
+
+fn precision_of(p: recipe::Precision) -> Precision {
+    match p {
+        recipe::Precision::Fp32 => Precision::Fp32,
+        recipe::Precision::Fp16 => Precision::Fp16,
+        recipe::Precision::Bf16 => Precision::Bf16,
+        recipe::Precision::Int8 => Precision::Int8,
+        recipe::Precision::Fp8 => Precision::Fp8,
+        recipe::Precision::Fp4 => Precision::Fp4,
+    }
+}
+
+fn hw_of(h: HardwareCompatibility) -> HwCompat {
+    match h {
+        HardwareCompatibility::AmperePlus => HwCompat::AmperePlus,
+        HardwareCompatibility::SameComputeCapability => HwCompat::SameComputeCapability,
+    }
+}
+
+/// `reference@sha256:…` → (`reference`, digest).
+fn split_digest(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('@') {
+        Some((r, d)) => (r, Some(d)),
+        None => (s, None),
+    }
+}
+
+fn pin_image(reference: &str, row_digest: Option<&str>, lock: Option<&Lock>) -> ImagePin {
+    if reference == "scratch" {
+        return ImagePin {
+            reference: reference.into(),
+            digest: None,
+            pinned_by: PinnedBy::None,
+        };
+    }
+    if let Some(d) = row_digest {
+        return ImagePin {
+            reference: reference.into(),
+            digest: Some(d.into()),
+            pinned_by: PinnedBy::Matrix,
+        };
+    }
+    ImagePin {
+        reference: reference.into(),
+        digest: lock.and_then(|l| l.digest(reference)).map(String::from),
+        pinned_by: PinnedBy::Lock,
+    }
+}
+
+/// What resolution picked for one GPU target.
+struct Choice<'m> {
+    release: &'m Release,
+    cuda_build: Version,
+    base: &'m BaseImage,
+}
+
+/// Resolve `recipe` against `matrix`; `lock` supplies digests recorded at earlier pulls.
+pub fn resolve(
+    recipe: &Recipe,
+    matrix: &Matrix,
+    lock: Option<&Lock>,
+) -> Result<BuildPlan, super::Error> {
+    let file = recipe.file.as_path();
+    let mut refusals: Vec<Diagnostic> = Vec::new();
+
+    let tensorrt_pin = recipe.targets.tensorrt.as_ref();
+    let cuda_pin = recipe.targets.cuda.as_ref();
+    let node_driver = recipe.deploy.node_driver.as_ref();
+    let base_override = recipe.image.base.as_ref();
+
+    // Matrix versions of the recipe's pins (the recipe's own Version type is syntax only).
+    let trt_pin_v = tensorrt_pin.and_then(|p| to_matrix_version(&p.value));
+    let cuda_pin_v = cuda_pin.and_then(|p| to_matrix_version(&p.value));
+    let driver_v = node_driver.and_then(|p| to_matrix_version(&p.value));
+
+    // 1. GPUs → groups by (SM, platform).
+    let mut groups: BTreeMap<(Cc, Platform), GpuGroup> = BTreeMap::new();
+    for g in &recipe.targets.gpus {
+        let at = Located::new((), g.span, g.key.clone());
+        let (cc, platform, products): (Cc, Platform, Vec<&matrix::Gpu>) = match &g.value {
+            recipe::Gpu::Product(name) => match matrix.gpu(name) {
+                Some(row) => (row.cc, row.platform, vec![row]),
+                None => {
+                    let close = matrix.closest_gpus(name);
+                    let hint = if close.is_empty() {
+                        "name a product listed in matrix/gpus.toml, or an SM such as \"sm_90\""
+                            .to_string()
+                    } else {
+                        format!(
+                            "did you mean {}? or name the SM, such as \"sm_90\"",
+                            close
+                                .iter()
+                                .map(|c| format!("\"{c}\""))
+                                .collect::<Vec<_>>()
+                                .join(" or ")
+                        )
+                    };
+                    refusals.push(diag(
+                        file,
+                        g,
+                        Refusal {
+                            rule: "known-gpu",
+                            message: format!(
+                                "unknown GPU \"{name}\": not in the compatibility matrix"
+                            ),
+                            hint,
+                        },
+                    ));
+                    continue;
+                }
+            },
+            recipe::Gpu::Sm(n) => {
+                let cc = Cc::new(n / 10, n % 10);
+                let all: Vec<&matrix::Gpu> = matrix.gpus_with_cc(cc).collect();
+                if all.is_empty() {
+                    let known: Vec<String> = {
+                        let mut v: Vec<Cc> = matrix.gpus.iter().map(|g| g.cc).collect();
+                        v.sort();
+                        v.dedup();
+                        v.iter()
+                            .map(|c| format!("sm_{}{}", c.major, c.minor))
+                            .collect()
+                    };
+                    refusals.push(diag(file, g, Refusal {
+                        rule: "known-gpu",
+                        message: format!("no GPU in the compatibility matrix has compute capability {cc} (sm_{n})"),
+                        hint: format!("use one of {}, or add the GPU to matrix/gpus.toml", known.join(", ")),
+                    }));
+                    continue;
+                }
+                // An SM name means the x86_64 parts when there are any (sm_90: H100, not GH200).
+                let platform = if all.iter().any(|g| g.platform == Platform::X86_64) {
+                    Platform::X86_64
+                } else {
+                    all[0].platform
+                };
+                let products = all.into_iter().filter(|g| g.platform == platform).collect();
+                (cc, platform, products)
+            }
+        };
+        let group = groups.entry((cc, platform)).or_insert_with(|| GpuGroup {
+            cc,
+            platform,
+            products: Vec::new(),
+            requested: Vec::new(),
+            at: at.clone(),
+        });
+        group.requested.push(g.value.to_string());
+        for p in products {
+            if !group.products.iter().any(|q| q.name == p.name) {
+                group.products.push(p);
+            }
+        }
+    }
+    for g in groups.values_mut() {
+        g.products
+            .sort_by_key(|p| matrix.gpus.iter().position(|q| q.name == p.name));
+    }
+
+    // 2. The base image override must be one the matrix knows, for GPU targets (its CUDA
+    //    decides the build); CPU targets accept any base.
+    let override_row: Option<&BaseImage> =
+        base_override.and_then(|b| matrix.image(split_digest(&b.value).0));
+    if let Some(b) = base_override {
+        let (reference, digest) = split_digest(&b.value);
+        if let Some(d) = digest {
+            if !lock::is_digest(d) {
+                refusals.push(diag(file, b, Refusal {
+                    rule: "base-digest",
+                    message: format!("base image digest \"{d}\" is not sha256: followed by 64 lowercase hex digits"),
+                    hint: "write the digest as the registry reports it, or leave it out and let the lock file pin it".into(),
+                }));
+            }
+        }
+        if !groups.is_empty() && override_row.is_none() {
+            refusals.push(diag(file, b, Refusal {
+                rule: "known-base",
+                message: format!("base image {reference} is not in the compatibility matrix, so its CUDA version is unknown"),
+                hint: format!("use a runtime image from base-images/images.toml (such as {}), or add a row for it and pass --matrix DIR", matrix.images.iter().find(|i| i.role == ImageRole::Runtime).map_or("-", |i| i.reference.as_str())),
+            }));
+        }
+    }
+
+    // 3. Each GPU group × precision.
+    let mut targets: Vec<TargetPlan> = Vec::new();
+    let precisions: Vec<&Located<recipe::Precision>> = recipe.targets.precision.iter().collect();
+    for group in groups.values() {
+        for p in &precisions {
+            let precision = precision_of(p.value);
+            match resolve_gpu_target(
+                recipe,
+                matrix,
+                group,
+                p,
+                precision,
+                trt_pin_v.as_ref(),
+                cuda_pin_v.as_ref(),
+                driver_v.as_ref(),
+                override_row,
+            ) {
+                Err(d) => refusals.push(d),
+                Ok(choice) => {
+                    targets.push(gpu_target(recipe, matrix, lock, group, precision, &choice))
+                }
+            }
+        }
+    }
+
+    // 4. The CPU target.
+    if recipe.targets.cpu {
+        // A GPU runtime base named for the GPU targets does not apply to the CPU image.
+        let gpu_base = override_row.is_some_and(|r| r.role != ImageRole::Cpu);
+        let base = match base_override.filter(|_| !gpu_base) {
+            Some(b) => {
+                let (reference, digest) = split_digest(&b.value);
+                match digest {
+                    Some(d) => ImagePin {
+                        reference: reference.into(),
+                        digest: Some(d.into()),
+                        pinned_by: PinnedBy::Recipe,
+                    },
+                    None => pin_image(
+                        reference,
+                        override_row.and_then(|r| r.digest.as_deref()),
+                        lock,
+                    ),
+                }
+            }
+            None => {
+                let row = matrix
+                    .images
+                    .iter()
+                    .find(|i| i.role == ImageRole::Cpu && i.default);
+                match row {
+                    Some(r) => pin_image(&r.reference, r.digest.as_deref(), lock),
+                    None => pin_image("scratch", None, lock),
+                }
+            }
+        };
+        targets.push(TargetPlan {
+            id: "cpu-fp32".into(),
+            kind: TargetKind::Cpu,
+            precision: Precision::Fp32,
+            platform: Platform::X86_64,
+            oci_platform: Platform::X86_64.oci().into(),
+            gpu: None,
+            tensorrt: None,
+            cuda: None,
+            cudnn: None,
+            driver_floor: None,
+            builder: None,
+            base,
+            tag: String::new(),
+            image: String::new(),
+            notes: Vec::new(),
+        });
+    }
+    // For a GPU base override, the recipe's digest pins GPU targets too.
+    if let Some(b) = base_override {
+        if let (_, Some(d)) = split_digest(&b.value) {
+            for t in targets.iter_mut().filter(|t| t.kind == TargetKind::Gpu) {
+                t.base.digest = Some(d.into());
+                t.base.pinned_by = PinnedBy::Recipe;
+            }
+        }
+    }
+
+    // 5. Order, then tags (a tag may use the id, so ids come first).
+    targets.sort_by(|a, b| {
+        let key = |t: &TargetPlan| {
+            (
+                t.kind,
+                t.gpu.as_ref().map(|g| g.compute_capability),
+                t.platform,
+                t.precision,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    super::tag::apply(recipe, &mut targets, &mut refusals);
+
+    if !refusals.is_empty() {
+        recipe::sort_diagnostics(&mut refusals);
+        return Err(super::Error::Refused {
+            file: recipe.file.clone(),
+            diagnostics: refusals,
+        });
+    }
+    Ok(BuildPlan {
+        recipe: recipe.file.clone(),
+        model: recipe.model.name.clone(),
+        version: recipe.model.version.clone(),
+        repository: recipe.image.repository.value.clone(),
+        matrix: matrix.origin.clone(),
+        lock_file: lock::path_for(&recipe.file),
+        targets,
+    })
+}
+
+fn pin_text(p: &Located<recipe::Version>) -> String {
+    format!("{} = \"{}\"", p.key, p.value)
+}
+
+fn major_minors(releases: &[&Release]) -> String {
+    let mut v: Vec<String> = releases
+        .iter()
+        .map(|r| r.version.major_minor().to_string())
+        .collect();
+    v.dedup();
+    v.join(", ")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn resolve_gpu_target<'m>(
+    recipe: &Recipe,
+    matrix: &'m Matrix,
+    group: &GpuGroup<'m>,
+    p: &Located<recipe::Precision>,
+    precision: Precision,
+    trt_pin: Option<&Version>,
+    cuda_pin: Option<&Version>,
+    driver: Option<&Version>,
+    base_override: Option<&'m BaseImage>,
+) -> Result<Choice<'m>, Diagnostic> {
+    let file = recipe.file.as_path();
+    let sm = format!("sm_{}{}", group.cc.major, group.cc.minor);
+    let label = group.label();
+    let trt_at = recipe.targets.tensorrt.as_ref();
+    let at_trt_or_gpu = |r: Refusal| match trt_at {
+        Some(t) => diag(file, t, r),
+        None => diag(file, &group.at, r),
+    };
+
+    // GPU capability, independent of TensorRT: precisions need tensor cores.
+    let tc = group.tensor_cores();
+    let needs_tc = match precision {
+        Precision::Fp8 => Some((
+            "fp8-needs-sm89",
+            "FP8 tensor cores (Ada sm_89, Hopper sm_90 or newer)",
+            "fp16 or int8",
+        )),
+        Precision::Fp4 => Some((
+            "fp4-needs-blackwell",
+            "FP4 tensor cores (Blackwell sm_100 or newer)",
+            "fp16, int8 or fp8",
+        )),
+        Precision::Bf16 => Some((
+            "bf16-needs-sm80",
+            "BF16 tensor cores (Ampere sm_80 or newer)",
+            "fp16",
+        )),
+        _ => None,
+    };
+    if let Some((rule, what, instead)) = needs_tc {
+        if !group.products.is_empty() && !tc.contains(&precision) {
+            return Err(diag(file, p, Refusal {
+                rule,
+                message: format!("{precision} needs {what}; {label} has none"),
+                hint: format!("build {instead} for {sm}, or drop {precision} for this GPU (a separate recipe can target the GPUs that have it)"),
+            }));
+        }
+    }
+
+    let int8 = recipe.int8.as_ref();
+    let calibration = int8.and_then(|i| i.calibration.as_ref());
+    let qdq = int8.is_some_and(|i| i.qdq.value);
+    let uses_calibration = precision == Precision::Int8 && calibration.is_some() && !qdq;
+
+    // Releases, newest first, through the filters. When one empties the set, say why.
+    let all: Vec<&Release> = matrix.releases.iter().collect();
+    let mut c: Vec<&Release> = match trt_pin {
+        Some(pin) => all
+            .iter()
+            .copied()
+            .filter(|r| pin.is_prefix_of(&r.version))
+            .collect(),
+        None => all.clone(),
+    };
+    if c.is_empty() {
+        let pin = trt_at.map(pin_text).unwrap_or_default();
+        return Err(at_trt_or_gpu(Refusal {
+            rule: "known-tensorrt",
+            message: format!("no TensorRT release in the compatibility matrix matches {pin}"),
+            hint: format!("pin one of {}", major_minors(&all)),
+        }));
+    }
+
+    let before = c.clone();
+    c.retain(|r| r.incomplete.is_none());
+    if c.is_empty() {
+        let r = before[0];
+        return Err(at_trt_or_gpu(Refusal {
+            rule: "complete-tensorrt",
+            message: format!("TensorRT {} is in the compatibility matrix but incomplete: {}", r.version, r.incomplete.as_deref().unwrap_or("")),
+            hint: "pin an earlier release, or complete its row in matrix/tensorrt.toml and pass --matrix DIR".into(),
+        }));
+    }
+
+    let before = c.clone();
+    c.retain(|r| r.platforms.contains(&group.platform));
+    if c.is_empty() {
+        let newest_ok = all
+            .iter()
+            .find(|r| r.incomplete.is_none() && r.platforms.contains(&group.platform));
+        let (rule, message) = if group.platform == Platform::Jetson
+            && before.iter().all(|r| r.version.major() >= 11)
+        {
+            (
+                "tensorrt-11-no-jetson",
+                format!(
+                    "TensorRT {}.x does not support Jetson (JetPack): {label} stays on TensorRT 10.x",
+                    before[0].version.major()
+                ),
+            )
+        } else {
+            (
+                "tensorrt-platform",
+                format!(
+                    "TensorRT {} is not released for {} ({label})",
+                    before[0].version, group.platform
+                ),
+            )
+        };
+        return Err(at_trt_or_gpu(Refusal {
+            rule,
+            message,
+            hint: match newest_ok {
+                Some(r) => format!("pin tensorrt = \"{}\" (TensorRT {} is the newest for {}), or drop {} from targets.gpus", r.version.major(), r.version, group.platform, group.requested.join(", ")),
+                None => format!("drop {} from targets.gpus", group.requested.join(", ")),
+            },
+        }));
+    }
+
+    let before = c.clone();
+    c.retain(|r| r.min_cc <= group.cc && group.cc <= r.max_cc);
+    if c.is_empty() {
+        let fits = |r: &&&Release| {
+            r.incomplete.is_none()
+                && r.platforms.contains(&group.platform)
+                && r.min_cc <= group.cc
+                && group.cc <= r.max_cc
+        };
+        let newest_ok = all.iter().find(fits);
+        let r = before[0];
+        let (rule, message) = if group.cc < r.min_cc {
+            let why = if group.cc == Cc::new(7, 0) {
+                " (TensorRT 10.5 removed Volta)"
+            } else {
+                ""
+            };
+            (
+                "tensorrt-min-sm",
+                format!(
+                    "TensorRT {} needs compute capability {} or newer; {label} is {}{why}",
+                    r.version, r.min_cc, group.cc
+                ),
+            )
+        } else {
+            ("tensorrt-max-sm", format!("TensorRT {} has no kernels for {label}: it supports compute capability up to {}", r.version, r.max_cc))
+        };
+        let hint = match (newest_ok, trt_at) {
+            (Some(ok), Some(_)) => format!(
+                "pin tensorrt = \"{}\" (the newest release for {sm}), or drop {} from targets.gpus",
+                ok.version.major_minor(),
+                group.requested.join(", ")
+            ),
+            (Some(ok), None) => format!("TensorRT {} supports {sm}", ok.version),
+            (None, _) => format!("drop {} from targets.gpus", group.requested.join(", ")),
+        };
+        return Err(at_trt_or_gpu(Refusal {
+            rule,
+            message,
+            hint,
+        }));
+    }
+
+    let before = c.clone();
+    c.retain(|r| r.precisions.contains(&precision));
+    if c.is_empty() {
+        return Err(diag(file, p, Refusal {
+            rule: "tensorrt-precision",
+            message: format!("TensorRT {} cannot build {precision} engines", before[0].version),
+            hint: format!("pick another precision for {sm}, or pin a TensorRT release that supports {precision}"),
+        }));
+    }
+
+    if uses_calibration {
+        let before = c.clone();
+        c.retain(|r| r.precision_api == PrecisionApi::BuilderFlags);
+        if c.is_empty() {
+            let at = calibration.map_or(p.clone().map(|_| ()), |l| l.clone().map(|_| ()));
+            return Err(diag(file, &at, Refusal {
+                rule: "int8-calibration-needs-tensorrt-10",
+                message: format!("INT8 with calibration needs TensorRT 10.x or older; TensorRT {} removed calibrators and implicit quantization and builds INT8 only from a model with Q/DQ nodes", before[0].version.major_minor()),
+                hint: "quantize the model to Q/DQ (ModelOpt PTQ) and set `[int8] qdq = true` without calibration, or pin tensorrt = \"10\"".into(),
+            }));
+        }
+    }
+
+    if let Some(h) = &recipe.targets.hardware_compatibility {
+        let level = hw_of(h.value);
+        if level == HwCompat::AmperePlus && group.cc < Cc::new(8, 0) {
+            return Err(diag(file, h, Refusal {
+                rule: "ampere-plus-needs-sm80",
+                message: format!("hardware compatibility \"ampere+\" runs only on Ampere (sm_80) or newer; {label} is older"),
+                hint: format!("drop targets.hardware_compatibility, or drop {} from targets.gpus", group.requested.join(", ")),
+            }));
+        }
+        let before = c.clone();
+        c.retain(|r| r.hardware_compat.contains(&level));
+        if c.is_empty() {
+            return Err(diag(file, h, Refusal {
+                rule: "tensorrt-hardware-compat",
+                message: format!("TensorRT {} does not build \"{}\" engines", before[0].version, h.value),
+                hint: "use \"ampere+\" (TensorRT 8.6+), or a TensorRT release with \"same-compute-capability\" (10.9+)".into(),
+            }));
+        }
+    }
+    if recipe.targets.version_compatible.value {
+        let before = c.clone();
+        c.retain(|r| r.version_compatible);
+        if c.is_empty() {
+            return Err(diag(
+                file,
+                &recipe.targets.version_compatible,
+                Refusal {
+                    rule: "tensorrt-version-compatible",
+                    message: format!(
+                        "TensorRT {} does not build version-compatible engines",
+                        before[0].version
+                    ),
+                    hint: "set targets.version_compatible = false, or use TensorRT 8.6 or newer"
+                        .into(),
+                },
+            ));
+        }
+    }
+
+    // Per release, per CUDA build (newest first), per base image: CUDA pin, base, glibc, driver.
+    let mut any_cuda_pin_match = false;
+    let mut any_base = false;
+    let mut driver_misses: Vec<(Version, Version, Version)> = Vec::new(); // (cuda, floor, release)
+    for r in &c {
+        let bases_for = |cb: &Version| -> Vec<&'m BaseImage> {
+            let mut v: Vec<&BaseImage> = matrix
+                .images
+                .iter()
+                .filter(|i| i.role == ImageRole::Runtime && i.platforms.contains(&group.platform))
+                .filter(|i| {
+                    if group.platform == Platform::Jetson {
+                        i.tensorrt.as_ref() == Some(&r.version)
+                    } else {
+                        i.tensorrt.is_none()
+                            && i.cuda
+                                .as_ref()
+                                .is_some_and(|c| c.major_minor() == cb.major_minor())
+                    }
+                })
+                .collect();
+            v.sort_by(|a, b| b.cuda.cmp(&a.cuda));
+            v
+        };
+        for cb in &r.cuda_builds {
+            if let Some(pin) = cuda_pin {
+                if !pin.is_prefix_of(cb) {
+                    continue;
+                }
+            }
+            any_cuda_pin_match = true;
+            // The CUDA major must compile for this SM (CUDA 11.8 stops at sm_90, 13.x starts at sm_75).
+            if let Some(m) = matrix.cuda_major(cb.major()) {
+                if group.platform != Platform::Jetson
+                    && !(m.min_cc <= group.cc && group.cc <= m.max_cc)
+                {
+                    continue;
+                }
+            }
+            for base in bases_for(cb) {
+                if let Some(o) = base_override {
+                    if o.reference != base.reference {
+                        continue;
+                    }
+                }
+                any_base = true;
+                if let (Some(min), Some(have)) = (&r.glibc_min, &base.glibc) {
+                    if have < min {
+                        continue;
+                    }
+                }
+                if group.platform != Platform::Jetson {
+                    if let (Some(d), Some(cuda)) = (driver, &base.cuda) {
+                        let floor = matrix.toolkit(cuda).map(|t| t.min_driver.clone());
+                        if let Some(floor) = floor {
+                            if &floor > d {
+                                driver_misses.push((cuda.clone(), floor, r.version.clone()));
+                                continue;
+                            }
+                        }
+                    }
+                }
+                return Ok(Choice {
+                    release: r,
+                    cuda_build: cb.clone(),
+                    base,
+                });
+            }
+        }
+    }
+
+    if !any_cuda_pin_match {
+        let pin = recipe.targets.cuda.as_ref();
+        let mut builds: Vec<String> = c
+            .iter()
+            .flat_map(|r| r.cuda_builds.iter().map(|b| b.to_string()))
+            .collect();
+        builds.sort();
+        builds.dedup();
+        let r = Refusal {
+            rule: "tensorrt-cuda-build",
+            message: format!(
+                "no TensorRT release that fits {label} has a CUDA {} build",
+                pin.map_or(String::new(), |p| p.value.to_string())
+            ),
+            hint: format!("pin targets.cuda to one of {}", builds.join(", ")),
+        };
+        return Err(match pin {
+            Some(pin) => diag(file, pin, r),
+            None => diag(file, &group.at, r),
+        });
+    }
+    if !any_base {
+        let r = match base_override {
+            Some(o) => Refusal {
+                rule: "base-cuda-mismatch",
+                message: format!(
+                    "base image {} provides CUDA {}, but no TensorRT release that fits {label}{} has a build for it",
+                    o.reference,
+                    o.cuda.as_ref().map_or("?".into(), |c| c.to_string()),
+                    trt_at.map_or(String::new(), |t| format!(" and {}", pin_text(t))),
+                ),
+                hint: "pick a base image whose CUDA matches a TensorRT build (see base-images/images.toml), or drop image.base".into(),
+            },
+            None => Refusal {
+                rule: "base-image",
+                message: format!("no base image in the compatibility matrix fits {label} on {}", group.platform),
+                hint: "add a runtime image for this platform to base-images/images.toml and pass --matrix DIR".into(),
+            },
+        };
+        return Err(match recipe.image.base.as_ref() {
+            Some(b) => diag(file, b, r),
+            None => diag(file, &group.at, r),
+        });
+    }
+    if let (Some(d), Some((cuda, floor, release))) =
+        (recipe.deploy.node_driver.as_ref(), driver_misses.first())
+    {
+        let driver = driver.map(|v| v.to_string()).unwrap_or_default();
+        let major_floor = matrix
+            .cuda_major(cuda.major())
+            .map(|m| m.minor_compat_driver.clone());
+        let pinned_by = if let Some(b) = recipe.image.base.as_ref() {
+            Some(b.clone().map(|_| ()))
+        } else if let Some(p) = recipe.targets.cuda.as_ref() {
+            Some(p.clone().map(|_| ()))
+        } else {
+            trt_at.map(|p| p.clone().map(|_| ()))
+        };
+        let below_major = major_floor
+            .as_ref()
+            .is_some_and(|m| d.value.text.parse::<Version>().is_ok_and(|v| &v < m));
+        let (rule, message) = if cuda.major() >= 13 && below_major {
+            (
+                "cuda13-needs-driver-580",
+                format!(
+                    "CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer, and no CUDA 13 image runs below driver 580; the fleet runs {driver} (deploy.node_driver)"
+                ),
+            )
+        } else {
+            (
+                "driver-floor",
+                format!("CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer; the fleet runs {driver} (deploy.node_driver)"),
+            )
+        };
+        let fleet = d.value.text.parse::<Version>().ok();
+        let older = matrix
+            .toolkits
+            .iter()
+            .find(|t| fleet.as_ref().is_some_and(|f| &t.min_driver <= f))
+            .map(|t| t.version.major_minor().to_string());
+        let hint = match older {
+            Some(o) => format!("upgrade the fleet's driver to {floor} or newer (R{} branch), or pin a base the fleet runs (CUDA {o} or older: targets.cuda = \"{o}\")", floor.major()),
+            None => format!("upgrade the fleet's driver to {floor} or newer"),
+        };
+        let r = Refusal {
+            rule,
+            message,
+            hint,
+        };
+        return Err(match pinned_by {
+            Some(at) => diag(file, &at, r),
+            None => diag(file, d, r),
+        });
+    }
+    Err(diag(
+        file,
+        &group.at,
+        Refusal {
+            rule: "glibc",
+            message: format!(
+                "no base image has the glibc TensorRT {} needs for {label}",
+                c[0].version
+            ),
+            hint: "add a newer base image to base-images/images.toml and pass --matrix DIR".into(),
+        },
+    ))
+}
+
+fn gpu_target(
+    recipe: &Recipe,
+    matrix: &Matrix,
+    lock: Option<&Lock>,
+    group: &GpuGroup,
+    precision: Precision,
+    choice: &Choice,
+) -> TargetPlan {
+    let r = choice.release;
+    let sm = group.cc.sm();
+    let id = match group.platform {
+        Platform::X86_64 => format!("{sm}-{precision}"),
+        p => format!("{sm}-{p}-{precision}"),
+    };
+    let int8 = recipe.int8.as_ref();
+    let qdq = int8.is_some_and(|i| i.qdq.value);
+    let precision_mode = match (precision, r.precision_api) {
+        (Precision::Fp32, _) => PrecisionMode::Native,
+        (Precision::Int8, _) if qdq => PrecisionMode::Qdq,
+        (Precision::Fp8 | Precision::Fp4, _) => PrecisionMode::Qdq,
+        (Precision::Int8, PrecisionApi::BuilderFlags)
+            if int8.is_some_and(|i| i.calibration.is_some()) =>
+        {
+            PrecisionMode::Calibration
+        }
+        (Precision::Int8, PrecisionApi::StronglyTyped) => PrecisionMode::Qdq,
+        (_, PrecisionApi::BuilderFlags) => PrecisionMode::BuilderFlag,
+        (_, PrecisionApi::StronglyTyped) => PrecisionMode::StronglyTyped,
+    };
+    let cuda = choice.base.cuda.clone();
+    let driver_floor = if group.platform == Platform::Jetson {
+        None
+    } else {
+        cuda.as_ref()
+            .and_then(|c| matrix.toolkit(c))
+            .map(|t| t.min_driver.clone())
+    };
+    let base = pin_image(&choice.base.reference, choice.base.digest.as_deref(), lock);
+    let builder = matrix
+        .images
+        .iter()
+        .find(|i| {
+            i.role == ImageRole::Builder
+                && i.platforms.contains(&group.platform)
+                && i.tensorrt.as_ref() == Some(&r.version)
+                && i.cuda
+                    .as_ref()
+                    .is_some_and(|c| c.major_minor() == choice.cuda_build.major_minor())
+        })
+        .map(|i| pin_image(&i.reference, i.digest.as_deref(), lock));
+
+    let mut notes = Vec::new();
+    if !r.confirmed {
+        notes.push(format!(
+            "TensorRT {} matrix row not fully confirmed from a primary source",
+            r.version
+        ));
+    }
+    if !choice.base.confirmed {
+        notes.push(format!(
+            "base image {} not confirmed from a primary source",
+            choice.base.reference
+        ));
+    }
+    for g in group.products.iter().filter(|g| !g.confirmed) {
+        notes.push(format!(
+            "GPU {} matrix row not confirmed from a primary source",
+            g.name
+        ));
+    }
+    if precision_mode == PrecisionMode::StronglyTyped {
+        notes.push(format!("TensorRT {} is strongly typed: the ONNX must already be {precision} (ModelOpt AutoCast)", r.version.major_minor()));
+    }
+    if precision_mode == PrecisionMode::Qdq {
+        notes.push(format!("the model must carry {precision} Q/DQ nodes"));
+    }
+    if precision == Precision::Int8 && !group.tensor_cores().contains(&Precision::Int8) {
+        notes.push(format!(
+            "{} has no INT8 tensor cores: INT8 runs on DP4A and may not beat FP16",
+            group.label()
+        ));
+    }
+    if group.platform == Platform::Jetson {
+        notes.push("Jetson: the driver comes with the L4T BSP of the base image".into());
+    }
+    if choice.base.tensorrt.is_none() {
+        notes.push(format!(
+            "TensorRT {} runtime libraries are added as their own layer",
+            r.build
+        ));
+    }
+    if builder.is_none() {
+        notes.push(format!("no builder image with TensorRT {} in the matrix: build the engine with a local trtexec {}", r.build, r.build));
+    }
+
+    TargetPlan {
+        id,
+        kind: TargetKind::Gpu,
+        precision,
+        platform: group.platform,
+        oci_platform: group.platform.oci().into(),
+        gpu: Some(GpuPlan {
+            sm,
+            compute_capability: group.cc,
+            products: group.products.iter().map(|g| g.name.clone()).collect(),
+            requested: group.requested.clone(),
+            arch: group
+                .products
+                .first()
+                .map_or_else(String::new, |g| g.arch.clone()),
+            tensor_cores: group.tensor_cores(),
+            mig: group.products.iter().map(|g| g.mig).max().unwrap_or(0),
+        }),
+        tensorrt: Some(TensorRtPlan {
+            version: r.version.clone(),
+            build: r.build.clone(),
+            cuda_build: choice.cuda_build.major_minor(),
+            precision_api: r.precision_api,
+            precision_mode,
+            version_compatible: recipe.targets.version_compatible.value,
+            hardware_compat: recipe
+                .targets
+                .hardware_compatibility
+                .as_ref()
+                .map(|h| hw_of(h.value)),
+            confirmed: r.confirmed,
+        }),
+        cuda,
+        cudnn: Some(CudnnPlan {
+            version: choice
+                .base
+                .cudnn
+                .as_ref()
+                .map_or_else(|| r.cudnn_version.clone(), |c| c.to_string()),
+            need: r.cudnn,
+        }),
+        driver_floor,
+        base,
+        builder,
+        tag: String::new(),
+        image: String::new(),
+        notes,
+    }
+}

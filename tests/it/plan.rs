@@ -1,0 +1,413 @@
+//! `infer-build check` and `infer-build plan` through the real binary: golden plans for the
+//! shipped recipes, every refusal rule (exit 2, `file:line:col`, the rule's name), tags, driver
+//! floors, the lock file, `--matrix DIR` and the GitHub Actions matrix.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::support::{root, run, run_in, stderr, stdout};
+
+const HEAD: &str = r#"[model]
+name = "m"
+version = "1.0.0"
+onnx = "m.onnx"
+[model.inputs.input]
+datatype = "fp32"
+shape = [-1, 64]
+"#;
+
+/// A fresh directory holding `r.toml` (HEAD + `extra`) and the example model as `m.onnx`.
+fn fixture(extra: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(
+        root().join("examples/mlp/mlp.onnx"),
+        dir.path().join("m.onnx"),
+    )
+    .expect("copy model");
+    std::fs::write(dir.path().join("r.toml"), format!("{HEAD}{extra}")).expect("write recipe");
+    dir
+}
+
+fn plan_json(dir: &Path, extra_args: &[&str]) -> Value {
+    let mut args = vec!["plan", "r.toml", "--json"];
+    args.extend(extra_args);
+    let o = run_in(dir, &args);
+    assert!(o.status.success(), "plan failed: {}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("one JSON document on stdout")
+}
+
+/// `check` must refuse `extra` with exit 2, naming each rule at r.toml:line:col.
+fn refused(extra: &str, rules: &[&str]) -> String {
+    let dir = fixture(extra);
+    for cmd in ["check", "plan"] {
+        let o = run_in(dir.path(), &[cmd, "r.toml"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        for r in rules {
+            assert!(
+                err.contains(&format!("[rule: {r}]")),
+                "{cmd}: no rule {r} in:\n{err}"
+            );
+        }
+        assert!(err.contains("r.toml:") && err.contains("hint:"), "{err}");
+        assert!(stdout(&o).is_empty());
+    }
+    stderr(&run_in(dir.path(), &["check", "r.toml"]))
+}
+
+#[test]
+fn refuses_v100_with_tensorrt_10_5_or_newer() {
+    let e = refused(
+        "[targets]\ngpus = [\"V100\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.5\"\n",
+        &["tensorrt-min-sm"],
+    );
+    assert!(e.contains("r.toml:11:12: targets.tensorrt:"), "{e}");
+}
+
+#[test]
+fn refuses_fp8_on_sm86() {
+    let e = refused(
+        "[targets]\ngpus = [\"sm_86\"]\nprecision = [\"fp8\"]\n",
+        &["fp8-needs-sm89"],
+    );
+    assert!(e.contains("r.toml:10:14: targets.precision[0]:"), "{e}");
+}
+
+#[test]
+fn refuses_int8_calibration_on_tensorrt_11() {
+    let e = refused(
+        "[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\"]\ntensorrt = \"11\"\n[int8]\ncalibration = \"m.onnx\"\n",
+        &["int8-calibration-needs-tensorrt-10"],
+    );
+    assert!(e.contains("int8.calibration:"), "{e}");
+}
+
+#[test]
+fn refuses_tensorrt_11_on_jetson() {
+    refused(
+        "[targets]\ngpus = [\"Jetson Orin NX\"]\nprecision = [\"fp16\"]\ntensorrt = \"11\"\n",
+        &["tensorrt-11-no-jetson"],
+    );
+}
+
+#[test]
+fn refuses_a_cuda_13_base_below_driver_580() {
+    let e = refused(
+        "[targets]\ngpus = [\"H100\"]\nprecision = [\"fp16\"]\n[image]\nbase = \"docker.io/nvidia/cuda:13.0.2-base-ubuntu24.04\"\n[deploy]\nnode_driver = \"570.124.06\"\n",
+        &["cuda13-needs-driver-580"],
+    );
+    assert!(e.contains("image.base:") && e.contains("570.124.06"), "{e}");
+}
+
+#[test]
+fn reports_every_refusal_at_once() {
+    refused(
+        "[targets]\ngpus = [\"V100\", \"A10\", \"Jetson AGX Orin\", \"H9000\"]\nprecision = [\"fp16\", \"fp8\"]\ntensorrt = \"11\"\n",
+        &["tensorrt-min-sm", "fp8-needs-sm89", "tensorrt-11-no-jetson", "known-gpu"],
+    );
+}
+
+#[test]
+fn check_prints_a_summary_and_exits_0() {
+    let dir = fixture("[targets]\ngpus = [\"L4\", \"H100\"]\nprecision = [\"fp16\"]\ncpu = true\n");
+    let o = run_in(dir.path(), &["check", "r.toml"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("3 targets (cpu-fp32, sm89-fp16, sm90-fp16)"),
+        "{e}"
+    );
+    assert!(e.contains("to be pinned in r.lock at first pull"), "{e}");
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn json_lists_every_target_with_versions_base_and_tag() {
+    let dir = fixture("[targets]\ngpus = [\"H100\", \"H200\", \"L4\"]\nprecision = [\"fp16\"]\ncpu = true\n[image]\nrepository = \"registry.example.com/ml/m\"\n");
+    let v = plan_json(dir.path(), &[]);
+    let targets = v["targets"].as_array().unwrap();
+    let ids: Vec<&str> = targets.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["cpu-fp32", "sm89-fp16", "sm90-fp16"]);
+    let h = &targets[2];
+    assert_eq!(h["kind"], "gpu");
+    assert_eq!(h["gpu"]["products"], serde_json::json!(["H100", "H200"]));
+    assert_eq!(h["gpu"]["sm"], "sm90");
+    assert_eq!(h["precision"], "fp16");
+    assert!(h["tensorrt"]["version"].is_string() && h["tensorrt"]["build"].is_string());
+    assert!(h["cuda"].is_string() && h["driver_floor"].is_string());
+    assert!(h["cudnn"]["version"].is_string());
+    assert_eq!(h["base"]["digest"], Value::Null);
+    assert_eq!(h["base"]["pinned_by"], "lock");
+    assert_eq!(h["tag"], "1.0.0-sm90-fp16");
+    assert_eq!(h["image"], "registry.example.com/ml/m:1.0.0-sm90-fp16");
+    assert_eq!(v["repository"], "registry.example.com/ml/m");
+    assert_eq!(targets[0]["base"]["reference"], "scratch");
+    assert_eq!(targets[0]["base"]["pinned_by"], "none");
+    // Deterministic: the same bytes twice.
+    let a = stdout(&run_in(dir.path(), &["plan", "r.toml", "--json"]));
+    let b = stdout(&run_in(dir.path(), &["plan", "r.toml", "--format", "json"]));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn the_lock_file_beside_the_recipe_pins_base_digests() {
+    let dir = fixture(
+        "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\n",
+    );
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    std::fs::write(
+        dir.path().join("r.lock"),
+        format!("version = 1\n\n[[image]]\nreference = \"docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04\"\ndigest = \"{digest}\"\n"),
+    )
+    .unwrap();
+    let v = plan_json(dir.path(), &[]);
+    assert_eq!(v["targets"][0]["base"]["digest"], digest.as_str());
+    assert_eq!(v["targets"][0]["base"]["pinned_by"], "lock");
+    // A broken lock file is bad input, named with its line.
+    std::fs::write(
+        dir.path().join("r.lock"),
+        "version = 1\n[[image]]\nreference = \"x\"\ndigest = \"sha256:1\"\n",
+    )
+    .unwrap();
+    let o = run_in(dir.path(), &["check", "r.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("r.lock:2:1:"), "{}", stderr(&o));
+}
+
+#[test]
+fn driver_floor_selects_the_newest_build_the_fleet_runs() {
+    let cases = [
+        ("H100", "", "11.4.0", "12.9.1", "575.57.08"),
+        ("H100", "575.57.08", "11.4.0", "12.9.1", "575.57.08"),
+        ("H100", "575.51.03", "10.13.0", "11.8.0", "520.61.05"),
+        ("B200", "575.51.03", "10.9.0", "12.8.1", "570.124.06"),
+        ("L4", "", "11.4.0", "12.9.1", "575.57.08"),
+    ];
+    for (gpu, driver, trt, cuda, floor) in cases {
+        let deploy = if driver.is_empty() {
+            String::new()
+        } else {
+            format!("[deploy]\nnode_driver = \"{driver}\"\n")
+        };
+        let dir = fixture(&format!(
+            "[targets]\ngpus = [\"{gpu}\"]\nprecision = [\"fp16\"]\n{deploy}"
+        ));
+        let v = plan_json(dir.path(), &[]);
+        let t = &v["targets"][0];
+        assert_eq!(
+            (
+                t["tensorrt"]["version"].as_str(),
+                t["cuda"].as_str(),
+                t["driver_floor"].as_str()
+            ),
+            (Some(trt), Some(cuda), Some(floor)),
+            "{gpu} driver {driver}"
+        );
+    }
+}
+
+#[test]
+fn tags_render_from_the_template() {
+    let cases = [
+        ("{version}-{target}", "1.0.0-sm89-fp16"),
+        ("{model}-{gpu}-{precision}", "m-rtx-4090-fp16"),
+        ("trt{tensorrt}-cuda{cuda}-{sm}", "trt10.8.0-cuda12.8.1-sm89"),
+    ];
+    for (tpl, want) in cases {
+        let dir = fixture(&format!("[targets]\ngpus = [\"RTX 4090\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.8\"\n[image]\ntag = \"{tpl}\"\n"));
+        let v = plan_json(dir.path(), &[]);
+        assert_eq!(v["targets"][0]["tag"], want, "{tpl}");
+    }
+    // A template within the recipe's limit can still render a tag over 128 characters.
+    let long = "{gpu}".repeat(25);
+    let e = refused(
+        &format!(
+            "[targets]\ngpus = [\"RTX 4090\"]\nprecision = [\"fp16\"]\n[image]\ntag = \"{long}\"\n"
+        ),
+        &["tag-length"],
+    );
+    assert!(e.contains("image.tag:"), "{e}");
+}
+
+#[test]
+fn github_matrix_is_one_line_ready_for_strategy_matrix() {
+    let dir =
+        fixture("[targets]\ngpus = [\"L4\", \"GH200\"]\nprecision = [\"fp16\"]\ncpu = true\n");
+    let o = run_in(dir.path(), &["plan", "r.toml", "--format", "github-matrix"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.trim_end().lines().count(), 1, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let include = v["include"].as_array().unwrap();
+    let targets: Vec<&str> = include
+        .iter()
+        .map(|e| e["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, ["cpu-fp32", "sm89-fp16", "sm90-sbsa-fp16"]);
+    assert_eq!(include[0]["runner"], serde_json::json!(["ubuntu-latest"]));
+    assert_eq!(
+        include[1]["runner"],
+        serde_json::json!(["self-hosted", "linux", "x64", "gpu-sm89"])
+    );
+    assert_eq!(
+        include[2]["runner"],
+        serde_json::json!(["self-hosted", "linux", "arm64", "gpu-sm90"])
+    );
+    for e in include {
+        for k in [
+            "target",
+            "kind",
+            "runner",
+            "platform",
+            "sm",
+            "precision",
+            "tensorrt",
+            "cuda",
+            "driver_floor",
+            "base",
+            "image",
+            "tag",
+        ] {
+            assert!(e.get(k).is_some(), "missing {k} in {e}");
+        }
+    }
+}
+
+/// Copy the embedded matrix into `dir` (as `--matrix DIR` expects it), with `edit` applied.
+fn matrix_copy(dir: &Path, edit: impl Fn(&str, String) -> String) -> PathBuf {
+    let m = dir.join("matrix-copy");
+    for f in [
+        "matrix/tensorrt.toml",
+        "matrix/cuda.toml",
+        "matrix/gpus.toml",
+        "base-images/images.toml",
+    ] {
+        let text = std::fs::read_to_string(root().join(f)).unwrap();
+        let path = m.join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, edit(f, text)).unwrap();
+    }
+    m
+}
+
+#[test]
+fn matrix_dir_overrides_the_embedded_data() {
+    let dir = fixture("[targets]\ngpus = [\"Acme X1\"]\nprecision = [\"fp16\"]\n");
+    // Unknown to the embedded matrix.
+    let o = run_in(dir.path(), &["check", "r.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("[rule: known-gpu]"));
+    // Known to a copy with one more GPU row.
+    let m = matrix_copy(dir.path(), |f, t| {
+        if f == "matrix/gpus.toml" {
+            t + "\n[[gpu]]\nname = \"Acme X1\"\ncc = \"8.9\"\narch = \"ada\"\nplatform = \"x86_64\"\ntensor_cores = [\"fp16\", \"int8\", \"fp8\"]\nmig = 0\nsource = [\"https://example.com/acme-x1\"]\nconfirmed = false\n"
+        } else {
+            t
+        }
+    });
+    let v = plan_json(dir.path(), &["--matrix", m.to_str().unwrap()]);
+    assert_eq!(v["targets"][0]["id"], "sm89-fp16");
+    assert_eq!(
+        v["targets"][0]["gpu"]["products"],
+        serde_json::json!(["Acme X1"])
+    );
+    assert_eq!(v["matrix"], m.to_str().unwrap());
+    // A copy that contradicts itself is refused with the file and line.
+    let bad = matrix_copy(dir.path(), |f, t| {
+        if f == "matrix/tensorrt.toml" {
+            t.replacen("min_cc = \"7.5\"", "min_cc = \"seven\"", 1)
+        } else {
+            t
+        }
+    });
+    let o = run_in(
+        dir.path(),
+        &["check", "r.toml", "--matrix", bad.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("matrix/tensorrt.toml:") && e.contains("key `min_cc`"),
+        "{e}"
+    );
+    // A directory without the data files.
+    let o = run_in(
+        dir.path(),
+        &[
+            "check",
+            "r.toml",
+            "--matrix",
+            dir.path().join("nowhere").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read matrix file"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn help_is_available_for_check_and_plan() {
+    for cmd in ["check", "plan"] {
+        let o = run(&[cmd, "--help"]);
+        assert!(o.status.success());
+        assert!(stdout(&o).contains("--matrix"), "{}", stdout(&o));
+    }
+    assert!(stdout(&run(&["plan", "--help"])).contains("github-matrix"));
+}
+
+/// Golden plans: `plan --json` of every shipped recipe, compared with `tests/golden/plan/`.
+/// Regenerate with `INFER_BUILD_UPDATE_GOLDEN=1 cargo test --test tests plan::golden`.
+#[test]
+fn golden_plans_of_the_shipped_recipes() {
+    let mut recipes: Vec<PathBuf> = std::fs::read_dir(root().join("recipes"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    recipes.sort();
+    recipes.push(root().join("examples/mlp/recipe.toml"));
+    let update = std::env::var_os("INFER_BUILD_UPDATE_GOLDEN").is_some();
+    for r in recipes {
+        let rel = r
+            .strip_prefix(root())
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let o = run(&["plan", &rel, "--json"]);
+        assert!(o.status.success(), "{rel}: {}", stderr(&o));
+        let name = rel.trim_end_matches(".toml").replace('/', "__");
+        let golden = root()
+            .join("tests/golden/plan")
+            .join(format!("{name}.json"));
+        if update {
+            std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+            std::fs::write(&golden, stdout(&o)).unwrap();
+        }
+        let want = std::fs::read_to_string(&golden).unwrap_or_else(|_| {
+            panic!(
+                "no golden plan {}: run with INFER_BUILD_UPDATE_GOLDEN=1",
+                golden.display()
+            )
+        });
+        assert_eq!(
+            stdout(&o),
+            want,
+            "{rel}: plan differs from {}",
+            golden.display()
+        );
+        // The table goes to stderr and names every target.
+        let t = run(&["plan", &rel]);
+        let v: Value = serde_json::from_str(&want).unwrap();
+        for target in v["targets"].as_array().unwrap() {
+            assert!(stderr(&t).contains(target["id"].as_str().unwrap()));
+        }
+    }
+}

@@ -194,10 +194,18 @@ pub fn table(plan: &BuildPlan) -> String {
     for r in &rows {
         out.push_str(&line(r));
     }
+    // Notes shared by several targets are printed once, with the targets they concern.
+    let mut notes: Vec<(&str, Vec<&str>)> = Vec::new();
     for t in &plan.targets {
         for n in &t.notes {
-            out.push_str(&format!("note: {}: {n}\n", t.id));
+            match notes.iter_mut().find(|(m, _)| *m == n.as_str()) {
+                Some((_, ids)) => ids.push(&t.id),
+                None => notes.push((n, vec![&t.id])),
+            }
         }
+    }
+    for (n, ids) in notes {
+        out.push_str(&format!("note ({}): {n}\n", ids.join(", ")));
     }
     let unpinned = plan.unpinned_images();
     if !unpinned.is_empty() {

@@ -613,7 +613,26 @@ fn resolve_gpu_target<'m>(
     let mut any_cuda_pin_match = false;
     let mut any_base = false;
     let mut driver_misses: Vec<(Version, Version, Version)> = Vec::new(); // (cuda, floor, release)
-    for r in &c {
+                                                                          // Candidate (release, CUDA build) pairs. Without a stated driver: newest TensorRT first,
+                                                                          // then its newest CUDA build. With one: the newest CUDA major the driver runs first (an
+                                                                          // image on the CUDA line of the fleet's driver), then the newest TensorRT, then its newest
+                                                                          // CUDA build of that major; the driver filter below drops what the driver cannot run.
+    let mut pairs: Vec<(&'m Release, &Version)> = c
+        .iter()
+        .flat_map(|r| r.cuda_builds.iter().map(move |cb| (*r, cb)))
+        .collect();
+    if let Some(d) = driver {
+        let runs = |major: u32| {
+            matrix
+                .toolkits
+                .iter()
+                .any(|t| t.version.major() == major && &t.min_driver <= d)
+        };
+        pairs.sort_by_key(|(_, cb)| {
+            std::cmp::Reverse(if runs(cb.major()) { cb.major() } else { 0 })
+        });
+    }
+    for (r, cb) in pairs {
         let bases_for = |cb: &Version| -> Vec<&'m BaseImage> {
             let mut v: Vec<&BaseImage> = matrix
                 .images
@@ -633,7 +652,7 @@ fn resolve_gpu_target<'m>(
             v.sort_by(|a, b| b.cuda.cmp(&a.cuda));
             v
         };
-        for cb in &r.cuda_builds {
+        {
             if let Some(pin) = cuda_pin {
                 if !pin.is_prefix_of(cb) {
                     continue;
@@ -826,17 +845,28 @@ fn gpu_target(
             .map(|t| t.min_driver.clone())
     };
     let base = pin_image(&choice.base.reference, choice.base.digest.as_deref(), lock);
-    let builder = matrix
+    // A builder with exactly this TensorRT; the same CUDA minor is preferred, the same major
+    // is enough (engines bind to the TensorRT version, not the CUDA minor).
+    let builders: Vec<&BaseImage> = matrix
         .images
         .iter()
-        .find(|i| {
+        .filter(|i| {
             i.role == ImageRole::Builder
                 && i.platforms.contains(&group.platform)
                 && i.tensorrt.as_ref() == Some(&r.version)
                 && i.cuda
                     .as_ref()
-                    .is_some_and(|c| c.major_minor() == choice.cuda_build.major_minor())
+                    .is_some_and(|c| c.major() == choice.cuda_build.major())
         })
+        .collect();
+    let builder = builders
+        .iter()
+        .find(|i| {
+            i.cuda
+                .as_ref()
+                .is_some_and(|c| c.major_minor() == choice.cuda_build.major_minor())
+        })
+        .or(builders.first())
         .map(|i| pin_image(&i.reference, i.digest.as_deref(), lock));
 
     let mut notes = Vec::new();
@@ -872,12 +902,6 @@ fn gpu_target(
     }
     if group.platform == Platform::Jetson {
         notes.push("Jetson: the driver comes with the L4T BSP of the base image".into());
-    }
-    if choice.base.tensorrt.is_none() {
-        notes.push(format!(
-            "TensorRT {} runtime libraries are added as their own layer",
-            r.build
-        ));
     }
     if builder.is_none() {
         notes.push(format!("no builder image with TensorRT {} in the matrix: build the engine with a local trtexec {}", r.build, r.build));

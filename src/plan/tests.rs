@@ -148,15 +148,18 @@ fn int8_calibration_stays_on_tensorrt_10_when_unpinned() {
 
 #[test]
 fn driver_floor_selection_picks_what_the_fleet_runs() {
-    // Newest TensorRT first, then its newest CUDA build the fleet's driver runs.
-    let cases: [(&str, &str, &str); 5] = [
-        ("H100", "595.58.03", "sm90-fp16 products=H100 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
+    // With a stated driver: the newest CUDA major it runs, then the newest TensorRT with a
+    // build for that major, then that build's newest CUDA the driver runs.
+    let cases: [(&str, &str, &str); 7] = [
+        ("H100", "595.58.03", "sm90-fp16 products=H100 trt=11.0.0 cuda=13.2.1 driver=595.58.03 base=docker.io/nvidia/cuda:13.2.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
+        ("H100", "580.95.05", "sm90-fp16 products=H100 trt=10.14.1 cuda=13.0.2 driver=580.95.05 base=docker.io/nvidia/cuda:13.0.2-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
         ("H100", "575.57.08", "sm90-fp16 products=H100 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
-        // Below 12.9's floor, 10.13.0 (the last with a CUDA 11.8 build) is the newest it runs.
-        ("H100", "575.51.03", "sm90-fp16 products=H100 trt=10.13.0 cuda=11.8.0 driver=520.61.05 base=docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04 tag=1.0.0-sm90-fp16"),
-        // CUDA 11.8 cannot compile for Blackwell: the newest CUDA 12 build that driver runs.
+        ("H100", "570.124.06", "sm90-fp16 products=H100 trt=10.9.0 cuda=12.8.1 driver=570.124.06 base=docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
+        ("H100", "550.54.15", "sm90-fp16 products=H100 trt=10.1.0 cuda=12.4.1 driver=550.54.15 base=docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04 tag=1.0.0-sm90-fp16"),
+        // Below every CUDA 12 floor the matrix has: CUDA 11.8 (TensorRT 10.13.0 is the last with it).
+        ("H100", "522.30", "sm90-fp16 products=H100 trt=10.13.0 cuda=11.8.0 driver=520.61.05 base=docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04 tag=1.0.0-sm90-fp16"),
+        // CUDA 11.8 cannot compile for Blackwell.
         ("B200", "575.51.03", "sm100-fp16 products=B200 trt=10.9.0 cuda=12.8.1 driver=570.124.06 base=docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04 tag=1.0.0-sm100-fp16"),
-        ("B200", "999.1", "sm100-fp16 products=B200 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm100-fp16"),
     ];
     for (gpu, driver, want) in cases {
         check(&format!("[targets]\ngpus = [\"{gpu}\"]\nprecision = [\"fp16\"]\n[deploy]\nnode_driver = \"{driver}\"\n"), &[want]);

@@ -79,7 +79,7 @@ impl SizeReport {
             String::from("layer                    from        compressed  uncompressed\n");
         for l in &self.layers {
             let short = l.digest.strip_prefix("sha256:").unwrap_or(&l.digest);
-            let short = &short[..short.len().min(12)];
+            let short: String = short.chars().take(12).collect();
             out.push_str(&format!(
                 "sha256:{short:<17} {:<8} {:>13} {:>13}\n",
                 l.from,

@@ -6,7 +6,7 @@
 //! dimension, in the config's input order) and return one tensor per model output.
 
 use crate::tensor::Tensor;
-use infer_spec::{EngineKind, RuntimeConfig};
+use infer_spec::RuntimeConfig;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,21 +29,26 @@ pub trait Backend: Send {
 
 /// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.
 pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String> {
-    let path = cfg.engine.path.as_deref().map(|p| base.join(p));
-    match cfg.engine.kind {
-        #[cfg(feature = "tract")]
-        EngineKind::TractOnnx => {
-            let path = path.ok_or("engine.path is required for tract-onnx")?;
-            Ok(Arc::new(tract::TractEngine::load(cfg, &path)?))
-        }
-        #[cfg(feature = "synthetic")]
-        EngineKind::Synthetic => Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?)),
-        kind => Err(format!(
-            "engine kind \"{}\" is not built into this infer-serve (features: {})",
-            kind.as_str(),
-            built_features().join(", ")
-        )),
+    let kind = cfg.engine.kind;
+    #[cfg(feature = "tract")]
+    if kind == infer_spec::EngineKind::TractOnnx {
+        let path = cfg
+            .engine
+            .path
+            .as_deref()
+            .ok_or("engine.path is required for tract-onnx")?;
+        return Ok(Arc::new(tract::TractEngine::load(cfg, &base.join(path))?));
     }
+    #[cfg(feature = "synthetic")]
+    if kind == infer_spec::EngineKind::Synthetic {
+        return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
+    }
+    let _ = base;
+    Err(format!(
+        "engine kind \"{}\" is not built into this infer-serve (backends: {})",
+        kind.as_str(),
+        built_features().join(", ")
+    ))
 }
 
 /// The backend features compiled in.

@@ -1,5 +1,6 @@
 pub mod support;
 pub mod oci;
+pub mod bench;
 pub mod deploy;
 pub mod recipe;
 pub mod faultproxy;

@@ -199,10 +199,10 @@ pub fn line_chart(
         let y = py(*v);
         let _ = write!(
             s,
-            r##"<line class="ref" x1="{ML}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#888" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" class="small">{}</text>"##,
+            r##"<line class="ref" x1="{ML}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#888" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" text-anchor="end" class="small">{}</text>"##,
             W - MR,
-            W - MR + 4.0,
-            y + 4.0,
+            W - MR - 4.0,
+            y - 4.0,
             esc(label)
         );
     }

@@ -133,3 +133,85 @@ fn py_the_validator_does_reject_a_broken_manifest() {
     assert!(!ok, "{out}");
     assert!(out.contains("bogusField"), "{out}");
 }
+
+/// Every shipped recipe (and the example) through the real CLI, then the strict validator.
+#[test]
+fn py_every_recipe_deploys_to_valid_yaml() {
+    if !have_validator("py_every_recipe_deploys_to_valid_yaml") {
+        return;
+    }
+    let mut recipes: Vec<std::path::PathBuf> = std::fs::read_dir(support::root().join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    recipes.sort();
+    assert!(recipes.len() >= 5, "{recipes:?}");
+    recipes.push(support::root().join("examples/mlp/recipe.toml"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for r in &recipes {
+        let out_dir = dir.path().join(r.file_stem().unwrap());
+        let out = support::run(&[
+            "deploy",
+            r.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}: {}", r.display(), support::stderr(&out));
+        for f in std::fs::read_dir(&out_dir).unwrap() {
+            let p = f.unwrap().path();
+            let yaml = std::fs::read_to_string(&p).unwrap();
+            // The derived numbers carry their arithmetic.
+            assert!(yaml.contains("# start-up budget:"), "{}", p.display());
+            assert!(yaml.contains("# grace period: preStop"), "{}", p.display());
+            files.push(p);
+        }
+    }
+    assert!(files.len() > recipes.len(), "some recipe has GPU targets: {files:?}");
+    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let (ok, out) = validate(&refs);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("passed").count(), 4 * files.len(), "{out}");
+}
+
+#[test]
+fn deploy_is_deterministic_and_pins_a_given_digest() {
+    let recipe = support::root().join("recipes/resnet50.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |sub: &str, extra: &[&str]| {
+        let out_dir = dir.path().join(sub);
+        let mut args = vec!["deploy", recipe.to_str().unwrap(), "--out", out_dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = support::run(&args);
+        assert!(out.status.success(), "{}", support::stderr(&out));
+        let mut files: Vec<(String, String)> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (
+                    p.file_name().unwrap().to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let a = run("a", &[]);
+    let b = run("b", &[]);
+    assert_eq!(a, b);
+    let first = a[0].0.trim_end_matches(".yaml").to_string();
+    let target = a[0].1.lines().find(|l| l.starts_with("# Generated")).unwrap();
+    let target = target.rsplit("target ").next().unwrap().trim_end_matches('.').to_string();
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let image = format!("registry.example.com/ml/resnet50@{digest}");
+    let pinned = run("c", &["--target", &target, "--image", &image]);
+    assert_eq!(pinned.len(), 1, "{first}");
+    assert!(pinned[0].1.contains(&format!("image: \"{image}\"")), "{}", pinned[0].1);
+
+    // Bad input: an unknown target is exit 2 and names the known ones.
+    let out = support::run(&["deploy", recipe.to_str().unwrap(), "--target", "sm1-fp3", "--out", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(support::stderr(&out).contains("sm1-fp3"), "{}", support::stderr(&out));
+}

@@ -1,17 +1,169 @@
-//! `infer-build deploy`.
+//! `infer-build deploy`: Kubernetes YAML per target (Deployment, Service, HPA, pre-pull
+//! DaemonSet), one file per target in `--out` (default `./k8s/<model>`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use super::MatrixArgs;
+use crate::deploy::{self, from_plan, Error as DeployError};
 use crate::error::Error;
+use crate::plan::TargetPlan;
 
 #[derive(Debug, Args)]
 pub struct DeployArgs {
-    /// The recipe (TOML) or other primary input.
+    /// The recipe (TOML).
     pub input: PathBuf,
+    /// Only this target (repeatable); default every target of the plan.
+    #[arg(long = "target", value_name = "ID")]
+    pub targets: Vec<String>,
+    /// Write the YAML files here (default ./k8s/<model>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Pin images by digest from this OCI layout (what `infer-build build` wrote).
+    #[arg(long, value_name = "DIR")]
+    pub layout: Option<PathBuf>,
+    /// The image to run, `REPO@sha256:...` or `REPO:TAG` (one target only).
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// An engine profile (`profile.json` from `infer-build engine`; repeatable, matched to
+    /// targets by its `target`): its measured start-up sizes the startupProbe.
+    #[arg(long = "profile", value_name = "FILE")]
+    pub profiles: Vec<PathBuf>,
+    /// The measured start-up time in seconds (engine load + warm-up to ready), when it was
+    /// measured outside the engine profile; overrides the profile.
+    #[arg(long, value_name = "SECONDS")]
+    pub startup_seconds: Option<f64>,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
 }
 
-pub fn run(_args: DeployArgs) -> Result<(), Error> {
-    Err(Error::Usage("`deploy` is not implemented yet".into()))
+/// Split `REPO@sha256:HEX` or `REPO:TAG` (a port in the registry host is not a tag).
+fn split_image(r: &str) -> (String, Option<String>, Option<String>) {
+    if let Some((repo, digest)) = r.split_once('@') {
+        return (repo.to_string(), Some(digest.to_string()), None);
+    }
+    match r.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo.to_string(), None, Some(tag.to_string())),
+        _ => (r.to_string(), None, None),
+    }
+}
+
+/// The manifest digest of `t` in an OCI layout, found by its tag.
+fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
+    let store = crate::oci::store::BlobStore::open(layout)?;
+    let d = crate::oci::layout::resolve(&store, &t.tag)
+        .or_else(|_| crate::oci::layout::resolve(&store, &t.image))?;
+    Ok(d.digest.to_string())
+}
+
+pub fn run(a: DeployArgs) -> Result<(), Error> {
+    let recipe = crate::recipe::load(&a.input)?;
+    let matrix = crate::matrix::load(a.matrix.matrix.as_deref())?;
+    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
+        .map_err(crate::plan::Error::from)?;
+    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
+
+    let known = || {
+        plan.targets
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let targets: Vec<&TargetPlan> = if a.targets.is_empty() {
+        plan.targets.iter().collect()
+    } else {
+        let mut v = Vec::new();
+        for id in &a.targets {
+            v.push(plan.target(id).ok_or_else(|| DeployError::UnknownTarget {
+                target: id.clone(),
+                known: known(),
+            })?);
+        }
+        v
+    };
+    if a.image.is_some() && targets.len() != 1 {
+        return Err(Error::Usage(format!(
+            "--image names one image but the plan has {} targets: add --target ID",
+            targets.len()
+        )));
+    }
+    if let Some(s) = a.startup_seconds {
+        if !(s.is_finite() && s >= 0.0) {
+            return Err(Error::Usage(format!(
+                "--startup-seconds {s} must be zero or positive"
+            )));
+        }
+    }
+    let mut profiles = Vec::new();
+    for p in &a.profiles {
+        let bytes = std::fs::read(p).map_err(|e| {
+            Error::Usage(format!("cannot read engine profile {}: {e}", p.display()))
+        })?;
+        let profile = infer_spec::engine::EngineProfile::from_json(&bytes).map_err(|e| {
+            DeployError::Input(format!("{} is not an engine profile: {e}", p.display()))
+        })?;
+        profiles.push(profile);
+    }
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("k8s").join(&recipe.model.name));
+    std::fs::create_dir_all(&out).map_err(|e| DeployError::Write {
+        path: out.clone(),
+        source: e,
+    })?;
+    for t in targets {
+        let mut found = from_plan::Found::default();
+        if let Some(r) = &a.image {
+            let (repo, digest, tag) = split_image(r);
+            found.repository = Some(repo);
+            found.digest = digest;
+            found.tag = tag;
+        } else if let Some(layout) = &a.layout {
+            found.digest = Some(layout_digest(layout, t)?);
+        }
+        found.startup = match a.startup_seconds {
+            Some(s) => Some(deploy::StartupMeasurement {
+                seconds: s,
+                source: "--startup-seconds".into(),
+            }),
+            None => profiles
+                .iter()
+                .find(|p| p.target == t.id)
+                .and_then(from_plan::startup_from_profile),
+        };
+        let spec = from_plan::spec(&recipe, t, &found)?;
+        let yaml = deploy::render(&spec)?;
+        let path = out.join(format!("{}.yaml", spec.name()));
+        std::fs::write(&path, yaml).map_err(|e| DeployError::Write {
+            path: path.clone(),
+            source: e,
+        })?;
+        eprintln!("deploy: {} -> {}", t.id, path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_image;
+
+    #[test]
+    fn image_references() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(
+            split_image(&format!("r.io:5000/m/x@{d}")),
+            ("r.io:5000/m/x".into(), Some(d), None)
+        );
+        assert_eq!(
+            split_image("r.io:5000/m/x:1.0"),
+            ("r.io:5000/m/x".into(), None, Some("1.0".into()))
+        );
+        assert_eq!(
+            split_image("r.io:5000/m/x"),
+            ("r.io:5000/m/x".into(), None, None)
+        );
+    }
 }

@@ -23,7 +23,15 @@ fn serve_binary() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = Command::new(cargo)
             .current_dir(support::root())
-            .args(["build", "-q", "-p", "infer-serve", "--features", "synthetic", "--target-dir"])
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "infer-serve",
+                "--features",
+                "synthetic",
+                "--target-dir",
+            ])
             .arg(&target)
             .status()
             .expect("run cargo build -p infer-serve");
@@ -145,8 +153,14 @@ fn count(hay: &str, needle: &str) -> usize {
 /// the server's batch sizes, and a results row per step.
 fn check_report_structure(html: &str, steps: usize) {
     assert!(html.starts_with("<!DOCTYPE html>"), "not an HTML document");
-    assert!(!html.contains("<script"), "the report must not need scripts");
-    assert!(!html.contains("src=\"http"), "the report must be self-contained");
+    assert!(
+        !html.contains("<script"),
+        "the report must not need scripts"
+    );
+    assert!(
+        !html.contains("src=\"http"),
+        "the report must be self-contained"
+    );
     // Latency vs throughput: p50 and p99 series, one point per step each.
     assert!(count(html, "<svg class=\"chart\"") >= 2, "charts missing");
     assert!(html.contains("Latency vs throughput"));
@@ -192,7 +206,11 @@ fn bench_mlp_closed_loop_writes_csv_and_html() {
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 3, "{csv}");
     let head: Vec<&str> = rows[0].split(',').collect();
-    let col = |name: &str| head.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} in {csv}"));
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} in {csv}"))
+    };
     for (row, conc) in rows[1..].iter().zip(["1", "8"]) {
         let f: Vec<&str> = row.split(',').collect();
         assert_eq!(f[col("Concurrency")], conc);
@@ -261,7 +279,11 @@ fn bench_unknown_model_and_bad_url_are_bad_input() {
     let serve = start_serve(dir.path(), &mlp_config());
     let out = support::run(&["bench", &serve.url, "--model", "nope", "--concurrency", "1"]);
     assert_eq!(out.status.code(), Some(1), "{}", support::stderr(&out));
-    assert!(support::stderr(&out).contains("404"), "{}", support::stderr(&out));
+    assert!(
+        support::stderr(&out).contains("404"),
+        "{}",
+        support::stderr(&out)
+    );
     let out = support::run(&["bench", "https://x", "--model", "m"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(support::stderr(&out).contains("https is not supported"));
@@ -277,8 +299,20 @@ fn bench_report_renders_in_headless_chromium() {
     let html = dir.path().join("r.html");
     let csv = dir.path().join("r.csv");
     let out = support::run(&[
-        "bench", &serve.url, "--model", "mlp", "--concurrency", "1,2,4", "--duration", "500ms",
-        "--warmup", "100ms", "--csv", csv.to_str().unwrap(), "--report", html.to_str().unwrap(),
+        "bench",
+        &serve.url,
+        "--model",
+        "mlp",
+        "--concurrency",
+        "1,2,4",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "100ms",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", support::stderr(&out));
     let png = dir.path().join("r.png");
@@ -294,11 +328,19 @@ fn bench_report_renders_in_headless_chromium() {
         .arg(format!("file://{}", html.display()))
         .output()
         .expect("run chromium");
-    assert!(shot.status.success(), "{}", String::from_utf8_lossy(&shot.stderr));
+    assert!(
+        shot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
     let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     // A blank page compresses to a few KB; charts, text and a table do not.
-    assert!(bytes.len() > 30_000, "screenshot is {} bytes: blank page?", bytes.len());
+    assert!(
+        bytes.len() > 30_000,
+        "screenshot is {} bytes: blank page?",
+        bytes.len()
+    );
     if let Ok(keep) = std::env::var("INFER_BUILD_KEEP_SCREENSHOT") {
         std::fs::copy(&png, keep).unwrap();
     }
@@ -353,9 +395,25 @@ fn bench_tune_on_the_known_cost_model() {
         .args(["bench", "--tune"])
         .arg(&cfg)
         .args([
-            "--synthetic", "40,6", "--rate", "20", "--peak-qps", "20", "--budget-ms", "200",
-            "--delays-ms", "0,10,20,30,40,50", "--max-batch", "8", "--duration", "8s",
-            "--warmup", "1s", "--headroom", "1.3", "--json",
+            "--synthetic",
+            "40,6",
+            "--rate",
+            "20",
+            "--peak-qps",
+            "20",
+            "--budget-ms",
+            "200",
+            "--delays-ms",
+            "0,10,20,30,40,50",
+            "--max-batch",
+            "8",
+            "--duration",
+            "8s",
+            "--warmup",
+            "1s",
+            "--headroom",
+            "1.3",
+            "--json",
         ])
         .arg("--csv")
         .arg(&csv)
@@ -384,8 +442,11 @@ fn bench_tune_on_the_known_cost_model() {
     assert!(here["p99_ms"].as_f64().unwrap() <= budget, "{here}");
     if let Some(next) = at(delay_ms + 10.0) {
         let over = next["p99_ms"].as_f64().unwrap() > budget;
-        let errors = next["step"]["errors"].as_object().is_some_and(|e| !e.is_empty());
-        let gain = next["capacity_rps"].as_f64().unwrap() / here["capacity_rps"].as_f64().unwrap() - 1.0;
+        let errors = next["step"]["errors"]
+            .as_object()
+            .is_some_and(|e| !e.is_empty());
+        let gain =
+            next["capacity_rps"].as_f64().unwrap() / here["capacity_rps"].as_f64().unwrap() - 1.0;
         let mean = |r: &serde_json::Value| r["step"]["latency"]["mean_us"].as_f64().unwrap();
         let cost = mean(next) / mean(here) - 1.0;
         assert!(
@@ -412,12 +473,18 @@ fn bench_tune_on_the_known_cost_model() {
         let b = r["mean_batch"].as_f64().unwrap();
         let c = r["capacity_rps"].as_f64().unwrap();
         let model = b / (40.0 + 6.0 * b) * 1000.0;
-        assert!(c <= model * 1.01 && c >= model * 0.85, "capacity {c} vs model {model} at batch {b}");
+        assert!(
+            c <= model * 1.01 && c >= model * 0.85,
+            "capacity {c} vs model {model} at batch {b}"
+        );
     }
 
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 7, "{csv}");
-    assert!(csv.starts_with("Max Batch Size,Max Queue Delay (us),Capacity (rows/s)"), "{csv}");
+    assert!(
+        csv.starts_with("Max Batch Size,Max Queue Delay (us),Capacity (rows/s)"),
+        "{csv}"
+    );
     let html = std::fs::read_to_string(&html).unwrap();
     assert!(html.contains("p99 budget 200 ms") && html.contains("max_queue_delay_us"));
     assert_eq!(count(&html, "<circle class=\"pt\""), 3 * 6);

@@ -158,7 +158,12 @@ fn py_every_recipe_deploys_to_valid_yaml() {
             "--out",
             out_dir.to_str().unwrap(),
         ]);
-        assert!(out.status.success(), "{}: {}", r.display(), support::stderr(&out));
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            r.display(),
+            support::stderr(&out)
+        );
         for f in std::fs::read_dir(&out_dir).unwrap() {
             let p = f.unwrap().path();
             let yaml = std::fs::read_to_string(&p).unwrap();
@@ -168,7 +173,10 @@ fn py_every_recipe_deploys_to_valid_yaml() {
             files.push(p);
         }
     }
-    assert!(files.len() > recipes.len(), "some recipe has GPU targets: {files:?}");
+    assert!(
+        files.len() > recipes.len(),
+        "some recipe has GPU targets: {files:?}"
+    );
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
     let (ok, out) = validate(&refs);
     assert!(ok, "{out}");
@@ -181,7 +189,12 @@ fn deploy_is_deterministic_and_pins_a_given_digest() {
     let dir = tempfile::tempdir().unwrap();
     let run = |sub: &str, extra: &[&str]| {
         let out_dir = dir.path().join(sub);
-        let mut args = vec!["deploy", recipe.to_str().unwrap(), "--out", out_dir.to_str().unwrap()];
+        let mut args = vec![
+            "deploy",
+            recipe.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ];
         args.extend_from_slice(extra);
         let out = support::run(&args);
         assert!(out.status.success(), "{}", support::stderr(&out));
@@ -202,16 +215,40 @@ fn deploy_is_deterministic_and_pins_a_given_digest() {
     let b = run("b", &[]);
     assert_eq!(a, b);
     let first = a[0].0.trim_end_matches(".yaml").to_string();
-    let target = a[0].1.lines().find(|l| l.starts_with("# Generated")).unwrap();
-    let target = target.rsplit("target ").next().unwrap().trim_end_matches('.').to_string();
+    let target = a[0]
+        .1
+        .lines()
+        .find(|l| l.starts_with("# Generated"))
+        .unwrap();
+    let target = target
+        .rsplit("target ")
+        .next()
+        .unwrap()
+        .trim_end_matches('.')
+        .to_string();
     let digest = format!("sha256:{}", "ab".repeat(32));
     let image = format!("registry.example.com/ml/resnet50@{digest}");
     let pinned = run("c", &["--target", &target, "--image", &image]);
     assert_eq!(pinned.len(), 1, "{first}");
-    assert!(pinned[0].1.contains(&format!("image: \"{image}\"")), "{}", pinned[0].1);
+    assert!(
+        pinned[0].1.contains(&format!("image: \"{image}\"")),
+        "{}",
+        pinned[0].1
+    );
 
     // Bad input: an unknown target is exit 2 and names the known ones.
-    let out = support::run(&["deploy", recipe.to_str().unwrap(), "--target", "sm1-fp3", "--out", dir.path().to_str().unwrap()]);
+    let out = support::run(&[
+        "deploy",
+        recipe.to_str().unwrap(),
+        "--target",
+        "sm1-fp3",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(support::stderr(&out).contains("sm1-fp3"), "{}", support::stderr(&out));
+    assert!(
+        support::stderr(&out).contains("sm1-fp3"),
+        "{}",
+        support::stderr(&out)
+    );
 }

@@ -79,8 +79,7 @@ fn py_deploy_variants_pass_strict_validation() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut variants = Vec::new();
-    variants.push(("gpu-compute", spec()));
+    let mut variants = vec![("gpu-compute", spec())];
     let mut s = spec();
     s.gpu = Some(GpuSelector::Products(vec![
         "NVIDIA-L4".into(),

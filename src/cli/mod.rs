@@ -63,7 +63,11 @@ pub fn main() -> i32 {
         Ok(cli) => cli,
         Err(e) => {
             // clap prints help/version to stdout with exit 0 and usage errors to stderr.
-            let code = if e.use_stderr() { EXIT_BAD_INPUT } else { EXIT_OK };
+            let code = if e.use_stderr() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_OK
+            };
             let _ = e.print();
             return code;
         }

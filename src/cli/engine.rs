@@ -1,17 +1,91 @@
-//! `infer-build engine`.
+//! `infer-build engine RECIPE --target ID [--cache DIR] [--matrix DIR] [--json]`: build one
+//! target's engine into the content-addressed engine cache (or find it there).
+//!
+//! Resolves the recipe to its plan, derives the target's [`EngineSpec`](crate::engine::EngineSpec)
+//! and hands it to [`crate::engine::build`] with the real process runner. Human output goes to
+//! stderr; `--json` prints one canonical JSON document to stdout.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use clap::Args;
+use serde_json::json;
 
+use crate::cli::MatrixArgs;
+use crate::engine::{self, Cache};
 use crate::error::Error;
+use crate::process::SystemRunner;
 
 #[derive(Debug, Args)]
 pub struct EngineArgs {
-    /// The recipe (TOML) or other primary input.
+    /// The recipe (TOML).
     pub input: PathBuf,
+    /// The target to build, as `infer-build plan` lists it (`cpu-fp32`, `sm89-fp16`, …).
+    #[arg(long, value_name = "ID")]
+    pub target: String,
+    /// The engine cache (default `$XDG_CACHE_HOME/infer-build/engines`, else
+    /// `~/.cache/infer-build/engines`).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
+    /// Print the result as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: EngineArgs) -> Result<(), Error> {
-    Err(Error::Usage("`engine` is not implemented yet".into()))
+pub fn run(args: EngineArgs) -> Result<(), Error> {
+    let started = Instant::now();
+    let recipe = crate::recipe::load(&args.input)?;
+    let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
+    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
+        .map_err(crate::plan::Error::from)?;
+    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
+    let target = plan
+        .target(&args.target)
+        .ok_or_else(|| engine::Error::UnknownTarget {
+            target: args.target.clone(),
+            available: plan
+                .targets
+                .iter()
+                .map(|t| t.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    let spec = engine::adapt::spec(&recipe, target)?;
+    let root = engine::cache_root(args.cache.as_deref())?;
+    let cache = Cache::open(&root)?;
+    let art = engine::build(&spec, &cache, &SystemRunner)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    if args.json {
+        let doc = json!({
+            "target": art.meta.target,
+            "key": art.key,
+            "cached": art.cached,
+            "engine": art.engine.display().to_string(),
+            "engine_digest": art.meta.engine_digest,
+            "dir": art.dir.display().to_string(),
+            "seconds": (elapsed * 1000.0).round() / 1000.0,
+            "meta": art.meta,
+            "profile": art.profile,
+        });
+        println!(
+            "{}",
+            String::from_utf8_lossy(&infer_spec::engine::canonical_json(&doc)).trim_end()
+        );
+    } else {
+        eprintln!(
+            "{} engine {} ({}, {}) {} in {:.2}s",
+            if art.cached { "cached" } else { "built" },
+            art.meta.target,
+            art.meta.format.file_name(),
+            art.meta.engine_digest,
+            art.dir.display(),
+            elapsed
+        );
+        for b in &art.profile.batches {
+            eprintln!("  T({}) = {:.1} us", b.batch, b.median_us);
+        }
+    }
+    Ok(())
 }

@@ -1022,3 +1022,277 @@ fn py_calibration_loader_yields_batches() {
         "[('input', (4, 64)), ('input', (2, 64))]"
     );
 }
+
+// ---- The `engine` command, end to end (real process spawning) ----
+
+const GPU_RECIPE: &str = r#"
+[model]
+name = "mlp"
+version = "1.0.0"
+onnx = "mlp.onnx"
+
+[model.inputs.input]
+datatype = "fp32"
+shape = [-1, 64]
+
+[model.outputs.output]
+datatype = "fp32"
+shape = [-1, 10]
+
+[targets]
+gpus = ["A100"]
+precision = ["fp16", "int8"]
+cpu = true
+tensorrt = "10"
+version_compatible = true
+
+[int8]
+calibration = "calib.cache"
+
+[batching]
+max_batch_size = 32
+preferred_batch_sizes = [8, 16, 32]
+max_queue_delay_us = 500
+max_queue_size = 1024
+default_timeout_ms = 1000
+instances = 1
+
+[image]
+repository = "localhost/infer-build/mlp"
+tag = "{version}-{target}"
+"#;
+
+/// A project directory with the recipe above, the example model and a calibration cache, and a
+/// `bin/` of stand-in `nvidia-smi` and `trtexec` scripts (an A100 host with TensorRT 10.16.1)
+/// that log their arguments to `calls.log` and write what trtexec would write.
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("recipe.toml"), GPU_RECIPE).unwrap();
+    fs::copy(mlp(), d.join("mlp.onnx")).unwrap();
+    fs::write(
+        d.join("calib.cache"),
+        "TRT-101601-EntropyCalibration2\ninput: 3c008912\n",
+    )
+    .unwrap();
+    fs::write(d.join("times.json"), TIMES_JSON).unwrap();
+    fs::write(d.join("layers.json"), LAYERS_JSON).unwrap();
+    let bin = d.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let log = d.join("calls.log");
+    let smi = format!(
+        "#!/bin/sh\necho \"nvidia-smi $*\" >> '{}'\necho '8.0, 595.58.03, NVIDIA A100-SXM4-40GB'\n",
+        log.display()
+    );
+    let trtexec = format!(
+        r#"#!/bin/sh
+echo "trtexec $*" >> '{log}'
+for a in "$@"; do
+  case "$a" in
+    --saveEngine=*) printf 'plan' > "${{a#--saveEngine=}}"; [ -n "$FAKE_TRTEXEC_SLEEP" ] && sleep "$FAKE_TRTEXEC_SLEEP" ;;
+    --exportTimes=*) cat '{d}/times.json' > "${{a#--exportTimes=}}" ;;
+    --exportProfile=*) cat '{d}/layers.json' > "${{a#--exportProfile=}}" ;;
+  esac
+done
+echo "&&&& RUNNING TensorRT.trtexec [TensorRT v101601] [b11] # trtexec"
+echo "&&&& PASSED TensorRT.trtexec [TensorRT v101601] [b11] # trtexec"
+"#,
+        log = log.display(),
+        d = d.display()
+    );
+    for (name, text) in [("nvidia-smi", smi), ("trtexec", trtexec)] {
+        let p = bin.join(name);
+        fs::write(&p, text).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
+fn engine_cmd(project: &Path, target: &str, extra: &[&str]) -> std::process::Command {
+    let mut c = support::infer_build();
+    let path = format!(
+        "{}:{}",
+        project.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    c.current_dir(project)
+        .env("PATH", path)
+        .args([
+            "engine",
+            "recipe.toml",
+            "--target",
+            target,
+            "--cache",
+            "cache",
+            "--json",
+        ])
+        .args(extra);
+    c
+}
+
+fn engine_json(project: &Path, target: &str) -> serde_json::Value {
+    let out = engine_cmd(project, target, &[]).output().unwrap();
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn cli_cpu_engine_is_cached_by_content() {
+    let p = project();
+    let first = engine_json(p.path(), "cpu-fp32");
+    assert_eq!(first["cached"], false);
+    assert_eq!(first["meta"]["kind"], "tract");
+    let batches: Vec<u64> = first["profile"]["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches, [1, 8, 16, 32]);
+    assert!(first["profile"]["startup"]["onnx_ms"].as_f64().unwrap() > 0.0);
+    let engine = PathBuf::from(first["engine"].as_str().unwrap());
+    assert!(p.path().join(&engine).is_file() || engine.is_file());
+
+    // Unchanged inputs: a cache hit reporting the same engine digest, nothing rebuilt.
+    let second = engine_json(p.path(), "cpu-fp32");
+    assert_eq!(second["cached"], true);
+    assert_eq!(second["engine_digest"], first["engine_digest"]);
+    assert_eq!(second["key"], first["key"]);
+    assert_eq!(
+        fs::read_dir(p.path().join("cache/v1/entries"))
+            .unwrap()
+            .count(),
+        1
+    );
+
+    // One byte of the model (a weight's lowest bit): a new key and a new engine.
+    let mut bytes = fs::read(p.path().join("mlp.onnx")).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    fs::write(p.path().join("mlp.onnx"), &bytes).unwrap();
+    let third = engine_json(p.path(), "cpu-fp32");
+    assert_eq!(third["cached"], false);
+    assert_ne!(third["key"], first["key"]);
+    assert_ne!(third["meta"]["onnx_digest"], first["meta"]["onnx_digest"]);
+
+    // A batching change changes the profile, hence the key.
+    let recipe = fs::read_to_string(p.path().join("recipe.toml"))
+        .unwrap()
+        .replace(
+            "preferred_batch_sizes = [8, 16, 32]",
+            "preferred_batch_sizes = [4, 16, 32]",
+        );
+    fs::write(p.path().join("recipe.toml"), recipe).unwrap();
+    let fourth = engine_json(p.path(), "cpu-fp32");
+    assert_ne!(fourth["key"], third["key"]);
+}
+
+#[test]
+fn cli_gpu_engine_through_trtexec_on_path() {
+    let p = project();
+    let fp16 = engine_json(p.path(), "sm80-fp16");
+    assert_eq!(fp16["meta"]["gpu"]["tensorrt"], "10.16.1.11");
+    assert_eq!(fp16["meta"]["gpu"]["builder_gpu"], "NVIDIA A100-SXM4-40GB");
+    assert_eq!(fp16["meta"]["gpu"]["version_compatible"], true);
+    assert_eq!(fp16["profile"]["batches"][0]["median_us"], 181.0);
+    let int8 = engine_json(p.path(), "sm80-int8");
+    let log = fs::read_to_string(p.path().join("calls.log")).unwrap();
+    let builds: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("--saveEngine="))
+        .collect();
+    assert_eq!(builds.len(), 2, "{log}");
+    assert!(builds[0].contains(" --fp16 --minShapes=input:1x64 --optShapes=input:32x64 --maxShapes=input:32x64 --versionCompatible --excludeLeanRuntime --skipInference"), "{}", builds[0]);
+    assert!(
+        builds[1].contains(" --int8 --fp16 --calib="),
+        "{}",
+        builds[1]
+    );
+    let dir = p.path().join(int8["dir"].as_str().unwrap());
+    assert!(dir.join("calibration.cache").is_file(), "{}", dir.display());
+    // A cached GPU engine needs no GPU at all: the same call with no tools on PATH succeeds.
+    let n = log.lines().count();
+    let out = engine_cmd(p.path(), "sm80-fp16", &[])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    assert_eq!(
+        fs::read_to_string(p.path().join("calls.log"))
+            .unwrap()
+            .lines()
+            .count(),
+        n
+    );
+}
+
+#[test]
+fn cli_refuses_unknown_targets_and_missing_tools() {
+    let p = project();
+    let out = engine_cmd(p.path(), "sm99-fp16", &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        support::stderr(&out)
+            .contains("unknown target `sm99-fp16`; the plan has: cpu-fp32, sm80-fp16, sm80-int8"),
+        "{}",
+        support::stderr(&out)
+    );
+    let out = engine_cmd(p.path(), "sm80-fp16", &[])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        support::stderr(&out).contains("`nvidia-smi` was not found on PATH"),
+        "{}",
+        support::stderr(&out)
+    );
+}
+
+#[test]
+fn cli_kill_9_mid_build_leaves_a_consistent_cache() {
+    let p = project();
+    let mut child = engine_cmd(p.path(), "sm80-fp16", &[])
+        .env("FAKE_TRTEXEC_SLEEP", "30")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until trtexec has written the engine into the staging directory, then kill -9.
+    let staging = p.path().join("cache/v1/staging");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let has_plan = fs::read_dir(&staging)
+            .map(|rd| rd.flatten().any(|e| e.path().join("engine.plan").exists()))
+            .unwrap_or(false);
+        if has_plan {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "trtexec never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // No entry appeared; the half-built staging directory is still there.
+    assert_eq!(
+        fs::read_dir(p.path().join("cache/v1/entries"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(fs::read_dir(&staging).unwrap().count(), 1);
+    // The next build takes the (released) lock, removes the leftovers and completes.
+    let json = engine_json(p.path(), "sm80-fp16");
+    assert_eq!(json["cached"], false);
+    assert_eq!(fs::read_dir(&staging).unwrap().count(), 0);
+    assert_eq!(
+        fs::read_dir(p.path().join("cache/v1/entries"))
+            .unwrap()
+            .count(),
+        1
+    );
+}

@@ -467,7 +467,11 @@ pub fn build_target(
     target: &crate::plan::TargetPlan,
     cache: &Cache,
 ) -> Result<EngineArtifact, Error> {
-    build(&adapt::spec(recipe, target)?, cache, &crate::process::SystemRunner)
+    build(
+        &adapt::spec(recipe, target)?,
+        cache,
+        &crate::process::SystemRunner,
+    )
 }
 
 /// What differs between the plan (`spec`, `material`) and an engine's metadata, one phrase each.

@@ -13,16 +13,38 @@ use crate::oci::cjson;
 use crate::oci::layout::{self, ref_name};
 use crate::oci::store::BlobStore;
 
+// `inspect REF`: images in a registry (owned by the registry engineer, kept apart).
+mod remote;
+
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// An OCI image layout directory (as written by `infer-build build`).
+    /// An OCI image layout directory (as written by `infer-build build`), or a registry
+    /// reference `REGISTRY/REPO[:TAG|@DIGEST]`.
     pub input: PathBuf,
     /// Print one JSON document to stdout instead of the human summary on stderr.
     #[arg(long)]
     pub json: bool,
+    /// Registry reference only: list what is attached to each manifest (warm-up manifests).
+    #[arg(long)]
+    pub referrers: bool,
+    /// Registry reference only: plain HTTP instead of TLS.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry reference only: trust the CA certificates in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 pub fn run(args: InspectArgs) -> Result<(), Error> {
+    if let Some(reference) = args.input.to_str().filter(|s| remote::is_reference(s)) {
+        return remote::run(reference, &args);
+    }
+    if args.referrers || args.insecure || args.ca_cert.is_some() {
+        return Err(Error::Usage(format!(
+            "--referrers, --insecure and --ca-cert need a registry reference; {} is a local path",
+            args.input.display()
+        )));
+    }
     let doc = inspect(&args.input)?;
     if args.json {
         let bytes = cjson::value_to_vec(&doc);

@@ -194,6 +194,28 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
         assert_eq!(m.layers.len(), 2);
     }
 
+    // The CLI: `inspect REF --referrers`.
+    let out = infer_build()
+        .args([
+            "inspect",
+            &format!("{to}:v1"),
+            "--referrers",
+            "--insecure",
+            "--json",
+        ])
+        .env("DOCKER_CONFIG", tmp.path().join("docker"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["digest"].as_str(), Some(made.index_digest.as_str()));
+    for m in v["images"].as_array().unwrap() {
+        assert_eq!(
+            m["referrers"][0]["artifact_type"],
+            "application/vnd.infer-build.warmup.v1+json"
+        );
+    }
+
     // Second push: nothing uploaded, and it says so.
     let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
     assert_eq!(code, 0, "{err}");

@@ -10,15 +10,18 @@ Deterministic (fixed seeds, no timestamps), needs only numpy and onnx (no torch)
 IR version 8, and ops the tract CPU backend runs (Conv, MaxPool, GlobalAveragePool, Gemm, MatMul,
 Gather, ReduceSum, Relu, Sigmoid, Softmax, ...). Every file stays well under 200 KB.
 
-Run: /opt/ibvenv/bin/python recipes/models/make_models.py
+Run: /opt/ibvenv/bin/python recipes/models/make_models.py [OUT_DIR]
+(OUT_DIR defaults to this directory; the tests regenerate into a temporary one and compare.)
 """
 import pathlib
+import sys
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OUT = pathlib.Path(__file__).resolve().parent
+OUT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent)
+OUT.mkdir(parents=True, exist_ok=True)
 OPSET = 17
 IR_VERSION = 8
 # Vocabulary size of the BERT/MiniLM WordPiece tokenizer: every real token id must index the
@@ -48,7 +51,7 @@ def save(name, nodes, inputs, outputs, initializers, doc):
     onnx.save(model, path)
     size = path.stat().st_size
     assert size < 200_000, f"{path} is {size} bytes"
-    print(f"wrote {path.relative_to(OUT.parent.parent)} ({size} bytes)")
+    print(f"wrote {path} ({size} bytes)")
 
 
 def resnet50():

@@ -26,6 +26,8 @@ pub(crate) struct Table<'a, 'i> {
 /// Collects diagnostics while reading one recipe.
 pub(crate) struct Checker<'s> {
     pub(crate) file: &'s Path,
+    /// The top-level tables, to explain a top-level key written below another table's header.
+    pub(crate) root_keys: &'static [&'static str],
     lines: LineIndex<'s>,
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
@@ -85,19 +87,32 @@ fn shorten(s: &str) -> String {
     }
 }
 
-/// Levenshtein distance, for "did you mean" suggestions.
+/// Edit distance counting insertions, deletions, substitutions and swaps of neighbours
+/// (optimal string alignment), for "did you mean" suggestions: `fp61` is one swap from `fp16`.
 pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
+    // d[i][j]: distance between a[..i] and b[..j].
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
     }
-    prev[b.len()]
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// The candidate closest to `word`, when it is close enough to be what the user meant.
@@ -110,6 +125,16 @@ pub(crate) fn closest<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str>
     }
     // Comparing at most 64 characters keeps this cheap on absurd input.
     let w: String = w.chars().take(64).collect();
+    // A word that is a prefix of a key, or has one as its prefix, is a likely abbreviation or
+    // extension (`batch` for `batching`, `deployment` for `deploy`).
+    if w.chars().count() >= 4 {
+        if let Some(c) = candidates.iter().find(|c| {
+            let c = norm(c);
+            c.starts_with(&w) || w.starts_with(&c)
+        }) {
+            return Some(c);
+        }
+    }
     let limit = (w.chars().count() / 3).clamp(1, 3);
     candidates
         .iter()
@@ -123,6 +148,7 @@ impl<'s> Checker<'s> {
     pub(crate) fn new(file: &'s Path, source: &'s str) -> Self {
         Checker {
             file,
+            root_keys: &[],
             lines: LineIndex::new(source),
             diagnostics: Vec::new(),
         }
@@ -165,18 +191,32 @@ impl<'s> Checker<'s> {
 
     /// Report every key of `table` that is not in `allowed`, suggesting the closest allowed key.
     pub(crate) fn unknown_keys(&mut self, table: &Table<'_, '_>, allowed: &[&str]) {
-        for (k, _) in table.inner.iter() {
+        for (k, v) in table.inner.iter() {
             let name: &str = k.get_ref();
             if allowed.contains(&name) {
                 continue;
             }
             let key = join(&table.key, name);
             let span = self.span_of(k);
-            let mut message = format!("unknown key `{name}` in {}", table_name(&table.key));
+            let is_table = matches!(v.get_ref(), DeValue::Table(_));
+            let mut message = if table.key.is_empty() && is_table {
+                format!("unknown table [{name}]")
+            } else {
+                format!("unknown key `{name}` in {}", table_name(&table.key))
+            };
             if let Some(c) = closest(name, allowed) {
-                message.push_str(&format!("; did you mean `{c}`?"));
+                if table.key.is_empty() && is_table {
+                    message.push_str(&format!("; did you mean [{c}]?"));
+                } else {
+                    message.push_str(&format!("; did you mean `{c}`?"));
+                }
             }
-            let hint = if table.key.is_empty() {
+            let hint = if !table.key.is_empty() && self.root_keys.contains(&name) {
+                format!(
+                    "`{name}` is a top-level table, but here it falls under {}: keys belong to the last [header] above them; write `[{name}]` on its own line",
+                    table_name(&table.key)
+                )
+            } else if table.key.is_empty() {
                 format!(
                     "a recipe has the tables {}",
                     allowed
@@ -404,6 +444,22 @@ impl<'s> Checker<'s> {
         self.int_items(arr, &key, span, min, max, what_item)
     }
 
+    /// Like [`Checker::int_array`], but keeps the valid items when some are wrong, for lists
+    /// whose remaining items are still worth checking against other keys.
+    pub(crate) fn int_array_valid(
+        &mut self,
+        table: &Table<'_, '_>,
+        name: &str,
+        min: i64,
+        max: i64,
+        what_item: &str,
+        example: &str,
+    ) -> Option<Located<Vec<Located<i64>>>> {
+        let (arr, key, span) =
+            self.array(table, name, &format!("an array of {what_item}s"), example)?;
+        Some(self.int_items_all(arr, &key, span, min, max, what_item).0)
+    }
+
     pub(crate) fn int_items(
         &mut self,
         arr: &DeArray<'_>,
@@ -413,6 +469,20 @@ impl<'s> Checker<'s> {
         max: i64,
         what_item: &str,
     ) -> Option<Located<Vec<Located<i64>>>> {
+        let (list, ok) = self.int_items_all(arr, key, span, min, max, what_item);
+        ok.then_some(list)
+    }
+
+    /// The valid items of an integer array, and whether all of them were valid.
+    fn int_items_all(
+        &mut self,
+        arr: &DeArray<'_>,
+        key: &str,
+        span: Span,
+        min: i64,
+        max: i64,
+        what_item: &str,
+    ) -> (Located<Vec<Located<i64>>>, bool) {
         let mut out = Vec::with_capacity(arr.len().min(64));
         let mut ok = true;
         for (i, item) in arr.iter().enumerate() {
@@ -422,7 +492,7 @@ impl<'s> Checker<'s> {
                 None => ok = false,
             }
         }
-        ok.then(|| Located::new(out, span, key))
+        (Located::new(out, span, key), ok)
     }
 }
 

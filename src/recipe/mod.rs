@@ -124,27 +124,36 @@ impl Error {
 /// may be a directory). A missing model is reported together with every other problem.
 pub fn load(path: &Path) -> Result<Recipe, Error> {
     let bytes = read_recipe(path)?;
-    let source = match std::str::from_utf8(&bytes) {
-        Ok(s) => s,
-        Err(e) => {
-            let (line, col) = diagnostic::byte_position(&bytes, e.valid_up_to());
-            let d = Diagnostic {
-                file: path.to_path_buf(),
-                line,
-                col,
-                key: String::new(),
-                message: "the recipe is not valid UTF-8".into(),
-                hint: Some("save the file as UTF-8".into()),
-            };
-            return Err(invalid(path, vec![d]));
-        }
+    let (recipe, files, mut diagnostics) = match std::str::from_utf8(&bytes) {
+        Ok(source) => run(source, path),
+        Err(e) => return Err(invalid(path, vec![not_utf8(&bytes, e, path)])),
     };
-    let (recipe, files, mut diagnostics) = run(source, path);
     let dir = path.parent().unwrap_or(Path::new(""));
     for f in &files {
         check_file(path, dir, f, &mut diagnostics);
     }
     finish(path, recipe, diagnostics)
+}
+
+/// [`parse`] for raw bytes: invalid UTF-8 is reported as a diagnostic at its position. This is
+/// what [`load`] does before checking files, and what the fuzz target feeds.
+pub fn parse_bytes(bytes: &[u8], file: &Path) -> Result<Recipe, Error> {
+    match std::str::from_utf8(bytes) {
+        Ok(source) => parse(source, file),
+        Err(e) => Err(invalid(file, vec![not_utf8(bytes, e, file)])),
+    }
+}
+
+fn not_utf8(bytes: &[u8], e: std::str::Utf8Error, file: &Path) -> Diagnostic {
+    let (line, col) = diagnostic::byte_position(bytes, e.valid_up_to());
+    Diagnostic {
+        file: file.to_path_buf(),
+        line,
+        col,
+        key: String::new(),
+        message: "the recipe is not valid UTF-8".into(),
+        hint: Some("save the file as UTF-8".into()),
+    }
 }
 
 /// Parse and validate recipe text without touching the filesystem. `file` is the name

@@ -99,6 +99,7 @@ pub(crate) struct Outcome {
 }
 
 pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> Outcome {
+    cx.root_keys = &ROOT_KEYS;
     let root = cx.root(doc);
     cx.unknown_keys(&root, &ROOT_KEYS);
     let mut files = Vec::new();
@@ -316,16 +317,11 @@ fn tensors(
         let name: &str = k.get_ref();
         let key = join(&t.key, name);
         let DeValue::Table(inner) = v.get_ref() else {
-            let example = if inputs {
-                format!("[{key}]\ndatatype = \"fp32\"\nshape = [-1, 3, 224, 224]")
-            } else {
-                format!("[{key}]\ndatatype = \"fp32\"\nshape = [-1, 1000]")
-            };
             cx.expected_hint(
                 v,
                 &key,
                 "a table with `datatype` and `shape`",
-                &format!("write `{example}`"),
+                &format!("write a `[{key}]` header followed by `datatype = \"fp32\"` and `shape = [-1, ...]`"),
             );
             ok = false;
             continue;
@@ -836,7 +832,9 @@ fn version(
                 v,
                 &key,
                 "a version string",
-                &format!("quote it, since 10.10 is not 10.1: `{name} = \"{number}\"`"),
+                &format!(
+                    "quote it: `{name} = \"{number}\"` (as a number, 10.10 would read as 10.1)"
+                ),
             );
             None
         }
@@ -928,7 +926,7 @@ fn batching(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Batching {
         b.max_batch_size = m.value as u32;
     }
     b.max_queue_size = b.max_queue_size.max(b.max_batch_size);
-    if let Some(list) = cx.int_array(
+    if let Some(list) = cx.int_array_valid(
         t,
         "preferred_batch_sizes",
         1,
@@ -1045,7 +1043,7 @@ fn warmup(
     if let Some(e) = cx.bool(t, "enabled") {
         w.enabled = e.value;
     }
-    if let Some(list) = cx.int_array(
+    if let Some(list) = cx.int_array_valid(
         t,
         "batch_sizes",
         1,

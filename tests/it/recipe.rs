@@ -174,3 +174,1130 @@ fn shipped_recipes_load() {
         ]
     );
 }
+
+#[test]
+fn toml_syntax_errors_are_reported_without_validation_echoes() {
+    // syntax
+    check(
+        r#"name = "x
+[model
+a = 1"#,
+        r#"
+recipe.toml:1:10: invalid TOML: invalid basic string, expected `"`
+  hint: see https://toml.io/en/v1.0.0 for the syntax
+recipe.toml:2:7: invalid TOML: unclosed table, expected `]`
+  hint: see https://toml.io/en/v1.0.0 for the syntax
+"#,
+    );
+    // syntax2
+    check(
+        r#"[model]
+name = "a"
+name = "b""#,
+        r#"
+recipe.toml:3:1: invalid TOML: duplicate key
+  hint: see https://toml.io/en/v1.0.0 for the syntax
+"#,
+    );
+    // empty
+    check(
+        r#""#,
+        r#"
+recipe.toml:1:1: model: missing required table [model]
+  hint: start the recipe with `[model]` and its `name`, `version`, `onnx` and inputs
+"#,
+    );
+}
+
+#[test]
+fn missing_and_unknown_tables_and_keys() {
+    // nomodel
+    check(
+        r#"[targets]
+cpu = true"#,
+        r#"
+recipe.toml:1:1: model: missing required table [model]
+  hint: start the recipe with `[model]` and its `name`, `version`, `onnx` and inputs
+"#,
+    );
+    // model_missing_keys
+    check(
+        r#"[model]
+descripton = "x""#,
+        r#"
+recipe.toml:1:2: model.inputs: missing required table [model.inputs.NAME]
+  hint: declare each input: `[model.inputs.input]` with `datatype = "fp32"` and `shape = [-1, 3, 224, 224]`
+recipe.toml:1:2: model.name: missing required key `name` in [model]
+  hint: add `name = "resnet50"` to [model]
+recipe.toml:1:2: model.onnx: missing required key `onnx` in [model]
+  hint: add `onnx = "model.onnx"` to [model]
+recipe.toml:1:2: model.version: missing required key `version` in [model]
+  hint: add `version = "1.0.0"` to [model]
+recipe.toml:2:1: model.descripton: unknown key `descripton` in [model]; did you mean `description`?
+  hint: valid keys in [model]: name, version, onnx, description, inputs, outputs
+"#,
+    );
+    // unknown_tables
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[batch]
+max_batch_size = 8
+
+[deployment]
+replicas = 2
+
+[Targets]
+cpu = true
+"#
+        ),
+        r#"
+recipe.toml:10:2: batch: unknown table [batch]; did you mean [batching]?
+  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+recipe.toml:13:2: deployment: unknown table [deployment]; did you mean [deploy]?
+  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+recipe.toml:16:2: Targets: unknown table [Targets]; did you mean [targets]?
+  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+"#,
+    );
+    // types_tables
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+batching = 8
+targets = [1]
+[[warmup]]
+enabled = true
+"#
+        ),
+        r#"
+recipe.toml:10:1: model.inputs.input.batching: unknown key `batching` in [model.inputs.input]
+  hint: `batching` is a top-level table, but here it falls under [model.inputs.input]: keys belong to the last [header] above them; write `[batching]` on its own line
+recipe.toml:11:1: model.inputs.input.targets: unknown key `targets` in [model.inputs.input]
+  hint: `targets` is a top-level table, but here it falls under [model.inputs.input]: keys belong to the last [header] above them; write `[targets]` on its own line
+recipe.toml:12:1: warmup: expected a table, found an array
+  hint: write it as a table: `[warmup]` followed by its keys
+"#,
+    );
+    // dotted_outputs
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.outputs]
+logits = 5
+"#
+        ),
+        r#"
+recipe.toml:11:10: model.outputs.logits: expected a table with `datatype` and `shape`, found integer 5
+  hint: write a `[model.outputs.logits]` header followed by `datatype = "fp32"` and `shape = [-1, ...]`
+"#,
+    );
+    // inputnottable
+    check(
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+inputs.input = [-1, 3]
+"#,
+        r#"
+recipe.toml:5:16: model.inputs.input: expected a table with `datatype` and `shape`, found an array
+  hint: write a `[model.inputs.input]` header followed by `datatype = "fp32"` and `shape = [-1, ...]`
+"#,
+    );
+    // noinputs
+    check(
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+"#,
+        r#"
+recipe.toml:1:2: model.inputs: missing required table [model.inputs.NAME]
+  hint: declare each input: `[model.inputs.input]` with `datatype = "fp32"` and `shape = [-1, 3, 224, 224]`
+"#,
+    );
+    // emptyinputs
+    check(
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+[model.inputs]
+"#,
+        r#"
+recipe.toml:5:8: model.inputs: the model has no inputs
+  hint: declare each input as `[model.inputs.NAME]` with `datatype` and `shape`
+"#,
+    );
+}
+
+#[test]
+fn model_values() {
+    // model_bad_values
+    check(
+        r#"[model]
+name = "ResNet 50"
+version = 1
+onnx = "../outside.onnx"
+
+[model.inputs.input]
+datatype = "float32"
+shape = [8, 0, 3]
+"#,
+        r#"
+recipe.toml:2:8: model.name: invalid model name "ResNet 50"
+  hint: use 1 to 63 lowercase letters, digits, `.`, `_` or `-`, starting with a letter or digit (the name is used in URLs, image names and Kubernetes objects)
+recipe.toml:3:11: model.version: expected a string, found integer 1
+  hint: quote it: `version = "1"`
+recipe.toml:4:8: model.onnx: path "../outside.onnx" to the ONNX model leaves the recipe's directory
+  hint: write a path relative to the recipe's directory that stays inside it, such as "models/model.onnx"; copy or link the file there
+recipe.toml:7:12: model.inputs.input.datatype: unknown datatype "float32"; did you mean `fp32`?
+  hint: datatypes: bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64, fp16, bf16, fp32, fp64, bytes
+recipe.toml:8:10: model.inputs.input.shape[0]: the first dimension is the batch dimension and must be -1 (dynamic), found 8
+  hint: write -1 first; a model that only takes batches of 1 can say 1 with `max_batch_size = 1`
+recipe.toml:8:13: model.inputs.input.shape[1]: a dimension cannot be 0
+  hint: write -1 for a dynamic dimension or its fixed size
+"#,
+    );
+    // abs_path
+    check(
+        r#"[model]
+name = "m"
+version = "1.0"
+onnx = "/etc/passwd"
+inputs = {}"#,
+        r#"
+recipe.toml:4:8: model.onnx: path "/etc/passwd" to the ONNX model is absolute
+  hint: write a path relative to the recipe's directory that stays inside it, such as "models/model.onnx"; copy or link the file there
+recipe.toml:5:1: model.inputs: the model has no inputs
+  hint: declare each input as `[model.inputs.NAME]` with `datatype` and `shape`
+"#,
+    );
+    // output_datatypes
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.outputs."out.1"]
+datatype = "FP16"
+shape = [-1, 2]
+[model.outputs.o2]
+datatype = "double"
+shape = [-1]
+"#
+        ),
+        r#"
+recipe.toml:14:12: model.outputs.o2.datatype: unknown datatype "double"; did you mean `fp64`?
+  hint: datatypes: bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64, fp16, bf16, fp32, fp64, bytes
+"#,
+    );
+    // batch1
+    check(
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+
+[model.inputs.input]
+datatype = "fp32"
+shape = [1, 4]
+
+[batching]
+max_batch_size = 1
+"#,
+        r#"
+ok
+"#,
+    );
+    // batch1bad
+    check(
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+
+[model.inputs.input]
+datatype = "fp32"
+shape = [1, 4]
+"#,
+        r#"
+recipe.toml:8:10: model.inputs.input.shape[0]: the first dimension is the batch dimension and must be -1 (dynamic), found 1
+  hint: write -1 first; a model that only takes batches of 1 can say 1 with `max_batch_size = 1`
+"#,
+    );
+}
+
+#[test]
+fn shape_profiles() {
+    // profile_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.inputs.ids]
+datatype = "int64"
+shape = [-1, -1, 16]
+profile = { min = [1, 16], opt = [256, 16], max = [128] }
+
+[model.inputs.mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [8], opt = [4], max = [2], extra = 1 }
+
+[model.inputs.fixed]
+datatype = "fp16"
+shape = [-1, 3]
+profile = { min = [3], opt = [3], max = [3] }
+
+[model.outputs.out]
+datatype = "fp32"
+shape = [-1, 2]
+profile = { min = [1] }
+"#
+        ),
+        r#"
+recipe.toml:13:51: model.inputs.ids.profile.max: expected 2 sizes (one per dimension after the batch dimension of shape [-1, -1, 16]), found 1
+  hint: write `max = [128, 16]`; the batch range comes from [batching]
+recipe.toml:18:20: model.inputs.mask.profile.min[0]: profile min (8) is larger than opt (4)
+  hint: a profile needs min <= opt <= max for every dimension
+recipe.toml:18:31: model.inputs.mask.profile.opt[0]: profile opt (4) is larger than max (2)
+  hint: a profile needs min <= opt <= max for every dimension
+recipe.toml:18:46: model.inputs.mask.profile.extra: unknown key `extra` in [model.inputs.mask.profile]
+  hint: valid keys in [model.inputs.mask.profile]: min, opt, max
+recipe.toml:23:1: model.inputs.fixed.profile: a profile is only for inputs with dynamic dimensions after the batch dimension, and this shape has none
+  hint: remove the profile, or write -1 for the dimensions that vary
+recipe.toml:28:1: model.outputs.out.profile: unknown key `profile` in [model.outputs.out]
+  hint: valid keys in [model.outputs.out]: datatype, shape
+"#,
+    );
+    // profile_missing_gpu
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.inputs.ids]
+datatype = "int64"
+shape = [-1, -1]
+
+[targets]
+gpus = ["L4"]
+"#
+        ),
+        r#"
+recipe.toml:12:14: model.inputs.ids.shape[1]: this dimension is dynamic, and TensorRT engines need its range: the input has no profile
+  hint: add `profile = { min = [...], opt = [...], max = [...] }` with one size per dimension after the batch dimension
+"#,
+    );
+    // profile_fixed_mismatch
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.inputs.img]
+datatype = "uint8"
+shape = [-1, -1, 224, 3]
+profile = { min = [64, 224, 3], opt = [128, 200, 3], max = [256, 224, 4] }
+"#
+        ),
+        r#"
+recipe.toml:13:45: model.inputs.img.profile.opt[1]: dimension 2 of the shape is fixed at 224, but the profile says 200
+  hint: repeat the fixed size 224 here
+recipe.toml:13:71: model.inputs.img.profile.max[2]: dimension 3 of the shape is fixed at 3, but the profile says 4
+  hint: repeat the fixed size 3 here
+"#,
+    );
+}
+
+#[test]
+fn targets() {
+    // targets_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4", "sm_5", 42, "L4", "A100;rm -rf"]
+precision = ["fp61", "fp16", "fp16", 8]
+cpu = "yes"
+tensorrt = 10.10
+cuda = "twelve"
+version_compatible = "true"
+hardware_compatibility = "ampere"
+"#
+        ),
+        r#"
+recipe.toml:11:15: targets.gpus[1]: invalid GPU name "sm_5"
+  hint: write a product name such as "L4", "H100", "RTX 4090" or an SM name such as "sm_89"
+recipe.toml:11:23: targets.gpus[2]: expected a GPU name such as "L4" or an SM name such as "sm_89", found integer 42
+recipe.toml:11:27: targets.gpus[3]: GPU "L4" is listed twice
+  hint: remove the duplicate
+recipe.toml:11:33: targets.gpus[4]: invalid GPU name "A100;rm -rf"
+  hint: write a product name such as "L4", "H100", "RTX 4090" or an SM name such as "sm_89"
+recipe.toml:12:14: targets.precision[0]: unknown precision "fp61"; did you mean `fp16`?
+  hint: precisions: fp32, fp16, bf16, int8, fp8, fp4
+recipe.toml:12:30: targets.precision[2]: precision "fp16" is listed twice
+  hint: remove the duplicate
+recipe.toml:12:38: targets.precision[3]: expected a precision (fp32, fp16, bf16, int8, fp8, fp4), found integer 8
+recipe.toml:13:7: targets.cpu: expected a boolean (true or false), found string "yes"
+recipe.toml:14:12: targets.tensorrt: expected a version string, found float 10.10
+  hint: quote it: `tensorrt = "10.10"` (as a number, 10.10 would read as 10.1)
+recipe.toml:15:8: targets.cuda: invalid version "twelve"
+  hint: write dotted numbers, such as `cuda = "12.8"`
+recipe.toml:16:22: targets.version_compatible: expected a boolean, found string "true"
+  hint: drop the quotes: `version_compatible = true`
+recipe.toml:17:26: targets.hardware_compatibility: unknown hardware compatibility level "ampere"
+  hint: levels: "none", "ampere+" (one engine for Ampere and later), "same-compute-capability"
+"#,
+    );
+    // no_targets
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+cpu = false
+precision = ["fp16"]
+tensorrt = "10.8"
+"#
+        ),
+        r#"
+recipe.toml:11:7: targets.cpu: no targets: `gpus` lists none and `cpu = false`
+  hint: add GPUs (`gpus = ["L4"]`) or set `cpu = true`
+recipe.toml:12:13: targets.precision: precision applies to GPU targets, and `gpus` lists none
+  hint: add `gpus = [...]`, or remove `precision` (the CPU target is always fp32)
+recipe.toml:13:12: targets.tensorrt: `tensorrt` pins a GPU toolchain, and `gpus` lists none
+  hint: add `gpus = [...]`, or remove `tensorrt`
+"#,
+    );
+}
+
+#[test]
+fn int8_needs_calibration_or_qdq() {
+    // int8_missing
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4"]
+precision = ["int8"]
+"#
+        ),
+        r#"
+recipe.toml:12:14: targets.precision[0]: int8 engines need calibration data or a Q/DQ model, and the recipe has no [int8] table
+  hint: add `[int8]` with `calibration = "calibration/"` (TensorRT 10 and earlier) or `qdq = true` (a Q/DQ model)
+"#,
+    );
+    // int8_both
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4"]
+precision = ["int8"]
+
+[int8]
+calibration = "calib/"
+qdq = true
+"#
+        ),
+        r#"
+recipe.toml:15:15: int8.calibration: `calibration` and `qdq = true` exclude each other: a Q/DQ model carries its own scales
+  hint: remove `calibration` for a Q/DQ model, or set `qdq = false` to calibrate a plain model
+"#,
+    );
+    // int8_empty
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4"]
+precision = ["int8"]
+
+[int8]
+"#
+        ),
+        r#"
+recipe.toml:14:2: int8: [int8] needs `calibration` (a data directory or cache) or `qdq = true`
+  hint: add `calibration = "calibration/"`, or `qdq = true` when the model has Q/DQ nodes
+"#,
+    );
+}
+
+#[test]
+fn batching_ranges_and_consistency() {
+    // batching_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[batching]
+max_batch_size = 16
+preferred_batch_sizes = [4, 32, 4, 0]
+max_queue_delay_us = 2000000
+max_queue_size = 8
+default_timeout_ms = 1000
+instances = 0
+"#
+        ),
+        r#"
+recipe.toml:12:29: batching.preferred_batch_sizes[1]: preferred batch size 32 is larger than max_batch_size (16)
+  hint: raise `max_batch_size` or drop this size
+recipe.toml:12:33: batching.preferred_batch_sizes[2]: batch size 4 is listed twice
+  hint: remove the duplicate
+recipe.toml:12:36: batching.preferred_batch_sizes[3]: expected a positive batch size, found integer 0
+recipe.toml:13:22: batching.max_queue_delay_us: max_queue_delay_us (2000000 µs) is not shorter than default_timeout_ms (1000 ms): requests would time out while waiting for a batch
+  hint: keep the queue delay well below the request timeout
+recipe.toml:14:18: batching.max_queue_size: max_queue_size (8) is smaller than max_batch_size (16), so a full batch can never queue
+  hint: make `max_queue_size` at least `max_batch_size` (it counts rows, not requests)
+recipe.toml:16:13: batching.instances: expected an integer from 1 to 64, found integer 0
+"#,
+    );
+    // batching_big
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[batching]
+max_batch_size = 99999999999999999999999999999999999999999999999999
+max_queue_delay_us = -5
+max_queue_size = 0x10
+instances = "2"
+"#
+        ),
+        r#"
+recipe.toml:11:18: batching.max_batch_size: expected a positive integer up to 4096, found integer 99999999999999999999…
+  hint: the largest value allowed here is 4096
+recipe.toml:12:22: batching.max_queue_delay_us: expected an integer from 0 to 10000000 (10 s), found integer -5
+recipe.toml:14:13: batching.instances: expected an integer from 1 to 64, found string "2"
+  hint: drop the quotes: `instances = 2`
+"#,
+    );
+}
+
+#[test]
+fn warmup() {
+    // warmup_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[warmup]
+enabled = 1
+batch_sizes = [1, 64]
+samples = "../samples.json"
+colour = "blue"
+"#
+        ),
+        r#"
+recipe.toml:11:11: warmup.enabled: expected a boolean (true or false), found integer 1
+recipe.toml:12:19: warmup.batch_sizes[1]: warm-up batch size 64 is larger than max_batch_size (8)
+  hint: warm up only batch sizes the server can form
+recipe.toml:13:11: warmup.samples: path "../samples.json" to the warm-up samples leaves the recipe's directory
+  hint: write a path relative to the recipe's directory that stays inside it, such as "models/model.onnx"; copy or link the file there
+recipe.toml:14:1: warmup.colour: unknown key `colour` in [warmup]
+  hint: valid keys in [warmup]: enabled, batch_sizes, samples
+"#,
+    );
+}
+
+#[test]
+fn image_and_tag_template() {
+    // image_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4", "H100"]
+precision = ["fp16", "int8"]
+cpu = true
+
+[int8]
+qdq = true
+
+[image]
+repository = "Registry.Example.com/ML/ResNet"
+tag = "{version}-{precison}"
+base = "ubuntu@sha256:abc"
+user = 0
+labels = { "ok.label" = "x", "bad" = 1 }
+"#
+        ),
+        r#"
+recipe.toml:19:14: image.repository: invalid repository "Registry.Example.com/ML/ResNet": repository names are lowercase
+  hint: write [HOST[:PORT]/]PATH with lowercase letters, digits and `.`, `_`, `-` separators, such as "registry.example.com/ml/resnet50"
+recipe.toml:20:7: image.tag: unknown placeholder `{precison}` in tag template; did you mean `{precision}`?
+  hint: tags may contain letters, digits, `_`, `.` and `-`, and placeholders {model} {version} {target} {sm} {gpu} {precision} {tensorrt} {cuda}
+recipe.toml:21:8: image.base: invalid base image "ubuntu@sha256:abc": the digest must be sha256: and 64 lowercase hex digits
+  hint: write a reference such as "nvcr.io/nvidia/tensorrt:24.12-py3@sha256:<64 hex digits>"
+recipe.toml:22:8: image.user: images must not run as root (user 0)
+  hint: remove `user` for the default (65532) or pick another non-zero id
+recipe.toml:23:38: image.labels.bad: expected a string, found integer 1
+"#,
+    );
+    // tag_collide
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+gpus = ["L4", "H100"]
+precision = ["fp16"]
+
+[image]
+tag = "{version}-{precision}"
+"#
+        ),
+        r#"
+recipe.toml:15:7: image.tag: the tag template gives every target the same tag
+  hint: include {target}, or {sm} (or {gpu}) and {precision}, such as "{version}-{target}"
+"#,
+    );
+    // tag_syntax
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[image]
+tag = "v{version"
+"#
+        ),
+        r#"
+recipe.toml:11:7: image.tag: unclosed `{` in tag template "v{version"
+  hint: tags may contain letters, digits, `_`, `.` and `-`, and placeholders {model} {version} {target} {sm} {gpu} {precision} {tensorrt} {cuda}
+"#,
+    );
+    // tag_chars
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[image]
+tag = "-{version}"
+"#
+        ),
+        r#"
+recipe.toml:11:7: image.tag: a tag cannot start with `.` or `-`
+  hint: tags may contain letters, digits, `_`, `.` and `-`, and placeholders {model} {version} {target} {sm} {gpu} {precision} {tensorrt} {cuda}
+"#,
+    );
+    // tag_chars2
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[image]
+tag = "{version}/{target}"
+"#
+        ),
+        r#"
+recipe.toml:11:7: image.tag: character '/' is not allowed in a tag
+  hint: tags may contain letters, digits, `_`, `.` and `-`, and placeholders {model} {version} {target} {sm} {gpu} {precision} {tensorrt} {cuda}
+"#,
+    );
+}
+
+#[test]
+fn deploy() {
+    // deploy_bad
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[batching]
+max_queue_delay_us = 60000
+
+[deploy]
+node_driver = 550.54
+replicas = { min = 4, max = 2, mid = 3 }
+resources = { cpu = "lots", memory = "4GB", gpu = 1 }
+latency_slo_ms = 50
+peak_qps = -3
+drain_delay_s = 99999
+"#
+        ),
+        r#"
+recipe.toml:14:15: deploy.node_driver: expected a version string, found float 550.54
+  hint: quote it: `node_driver = "550.54"` (as a number, 10.10 would read as 10.1)
+recipe.toml:15:29: deploy.replicas.max: max (2) is smaller than min (4)
+  hint: make `max` at least `min`
+recipe.toml:15:32: deploy.replicas.mid: unknown key `mid` in [deploy.replicas]; did you mean `min`?
+  hint: valid keys in [deploy.replicas]: min, max
+recipe.toml:16:21: deploy.resources.cpu: expected a CPU quantity, found string "lots"
+  hint: write cores (`cpu = 2`, `cpu = "1.5"`) or millicores (`cpu = "500m"`)
+recipe.toml:16:38: deploy.resources.memory: expected a memory quantity, found string "4GB"
+  hint: write a Kubernetes quantity such as "4Gi" or "512Mi"
+recipe.toml:16:45: deploy.resources.gpu: unknown key `gpu` in [deploy.resources]; did you mean `cpu`?
+  hint: valid keys in [deploy.resources]: cpu, memory
+recipe.toml:17:18: deploy.latency_slo_ms: the p99 budget (50 ms) is used up by batching.max_queue_delay_us (60000 µs) alone
+  hint: lower `max_queue_delay_us` well below the latency budget
+recipe.toml:18:12: deploy.peak_qps: expected a positive number of requests per second, found integer -3
+recipe.toml:19:17: deploy.drain_delay_s: expected an integer from 0 to 3600, found integer 99999
+"#,
+    );
+    // replicas_int
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[deploy]
+replicas = 3
+resources = { cpu = 1.5, memory = "512Mi" }
+peak_qps = 12.5
+"#
+        ),
+        r#"
+ok
+"#,
+    );
+}
+
+#[test]
+fn absurd_input_ends_in_diagnostics() {
+    // Nesting deeper than the TOML parser recurses.
+    let deep = format!("a = {}{}", "[".repeat(5000), "]".repeat(5000));
+    check(
+        &deep,
+        r#"
+recipe.toml:1:85: invalid TOML: cannot recurse further; max recursion depth met
+  hint: see https://toml.io/en/v1.0.0 for the syntax
+"#,
+    );
+    // A number with 50 digits, in a shape and a profile.
+    let big = "9".repeat(50);
+    check(
+        &format!("{BASE}\n[model.inputs.ids]\ndatatype = \"int64\"\nshape = [-1, {big}]\n"),
+        r#"
+recipe.toml:12:14: model.inputs.ids.shape[1]: expected a dimension (-1 for dynamic, else a positive size), found integer 99999999999999999999…
+  hint: the largest value allowed here is 2147483648
+"#,
+    );
+    // Long strings are shortened in messages.
+    let long = "x".repeat(10_000);
+    let r = recipe::parse(
+        &format!("{BASE}\n[targets]\ncpu = \"{long}\"\n"),
+        Path::new("recipe.toml"),
+    );
+    let shown = recipe::render(r.unwrap_err().diagnostics());
+    assert!(shown.len() < 200, "{shown}");
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Load a recipe whose model path is `onnx`, in a fresh directory prepared by `setup`, and
+/// return the rendering of its problems with the directory blanked as `DIR`.
+fn load_with_model(onnx: &str, setup: impl FnOnce(&Path)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    std::fs::create_dir_all(&dir).unwrap();
+    setup(&dir);
+    let src = BASE.replace("\"m.onnx\"", &format!("{onnx:?}"));
+    let path = write(&dir, "recipe.toml", &src);
+    match recipe::load(&path) {
+        Ok(_) => "ok".into(),
+        Err(e) => {
+            assert!(e.is_bad_input());
+            recipe::render(e.diagnostics())
+                .replace(&dir.display().to_string(), "DIR")
+                .replace(&tmp.path().display().to_string(), "TMP")
+                .replace(
+                    &std::fs::canonicalize(tmp.path())
+                        .unwrap()
+                        .display()
+                        .to_string(),
+                    "TMP",
+                )
+        }
+    }
+}
+
+#[test]
+fn model_files_must_be_regular_files_inside_the_recipe_directory() {
+    let ok = load_with_model("models/m.onnx", |d| {
+        write(d, "models/m.onnx", "onnx");
+    });
+    assert_eq!(ok, "ok");
+
+    // A symbolic link that stays inside is fine.
+    let ok = load_with_model("link.onnx", |d| {
+        write(d, "real.onnx", "onnx");
+        std::os::unix::fs::symlink("real.onnx", d.join("link.onnx")).unwrap();
+    });
+    assert_eq!(ok, "ok");
+
+    // One that leads out of the recipe's directory is refused, even to an existing file.
+    let got = load_with_model("escape.onnx", |d| {
+        write(d.parent().unwrap(), "outside.onnx", "onnx");
+        std::os::unix::fs::symlink("../outside.onnx", d.join("escape.onnx")).unwrap();
+    });
+    assert_eq!(
+        got,
+        "DIR/recipe.toml:4:8: model.onnx: model file DIR/escape.onnx resolves to TMP/outside.onnx, outside the recipe's directory
+  hint: copy the file into the recipe's directory; symbolic links may not lead out of it, so that the recipe's directory is everything a build depends on"
+    );
+
+    // Devices are outside by construction (and not regular files).
+    let got = load_with_model("null.onnx", |d| {
+        std::os::unix::fs::symlink("/dev/null", d.join("null.onnx")).unwrap();
+    });
+    assert!(got.contains("resolves to /dev/null, outside"), "{got}");
+
+    let got = load_with_model("dir.onnx", |d| {
+        std::fs::create_dir(d.join("dir.onnx")).unwrap();
+    });
+    assert!(
+        got.contains("model file DIR/dir.onnx is a directory, not a regular file"),
+        "{got}"
+    );
+
+    let got = load_with_model("fifo.onnx", |d| {
+        let status = std::process::Command::new("mkfifo")
+            .arg(d.join("fifo.onnx"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    });
+    assert!(
+        got.contains("model file DIR/fifo.onnx is a FIFO, not a regular file"),
+        "{got}"
+    );
+
+    let mut _listener = None;
+    let got = load_with_model("sock.onnx", |d| {
+        _listener = Some(std::os::unix::net::UnixListener::bind(d.join("sock.onnx")).unwrap());
+    });
+    assert!(
+        got.contains("model file DIR/sock.onnx is a socket, not a regular file"),
+        "{got}"
+    );
+
+    let got = load_with_model("dangling.onnx", |d| {
+        std::os::unix::fs::symlink("nowhere.onnx", d.join("dangling.onnx")).unwrap();
+    });
+    assert!(
+        got.contains("model file not found: DIR/dangling.onnx"),
+        "{got}"
+    );
+}
+
+#[test]
+fn calibration_and_samples_are_checked_like_the_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write(d, "m.onnx", "onnx");
+    write(d, "calib/README.md", "samples go here");
+    let src = format!(
+        "{BASE}\n[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\"]\n\n[int8]\ncalibration = \"calib\"\n\n[warmup]\nsamples = \"warmup.json\"\n"
+    );
+    let path = write(d, "recipe.toml", &src);
+    let err = recipe::load(&path).unwrap_err();
+    let got = recipe::render(err.diagnostics()).replace(&d.display().to_string(), "DIR");
+    assert_eq!(
+        got,
+        "DIR/recipe.toml:18:11: warmup.samples: warm-up samples file not found: DIR/warmup.json
+  hint: write the warm-up requests file at this path, or remove `samples` to warm up with synthetic data"
+    );
+    write(d, "warmup.json", "{}");
+    let r = recipe::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        r.int8.unwrap().calibration.unwrap().value,
+        PathBuf::from("calib")
+    );
+}
+
+#[test]
+fn unreadable_recipes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+
+    let e = recipe::load(&d.join("absent.toml")).unwrap_err();
+    assert!(e.is_bad_input());
+    assert!(e.to_string().starts_with("cannot read recipe "), "{e}");
+
+    let e = recipe::load(d).unwrap_err();
+    assert!(e.is_bad_input());
+    assert!(
+        e.to_string()
+            .ends_with("is a directory, not a regular file"),
+        "{e}"
+    );
+
+    let big = write(d, "big.toml", &"# padding\n".repeat(200_000));
+    let e = recipe::load(&big).unwrap_err();
+    assert!(e.is_bad_input());
+    assert!(e.to_string().contains("is larger than"), "{e}");
+
+    let bad = d.join("latin1.toml");
+    std::fs::write(&bad, b"[model]\nname = \"caf\xe9\"\n").unwrap();
+    let e = recipe::load(&bad).unwrap_err();
+    assert!(e.is_bad_input());
+    assert_eq!(
+        recipe::render(e.diagnostics()).replace(&d.display().to_string(), "DIR"),
+        "DIR/latin1.toml:2:12: the recipe is not valid UTF-8\n  hint: save the file as UTF-8"
+    );
+}
+
+/// A small deterministic generator (SplitMix64), so the mutation test needs no dependency and
+/// finds the same inputs on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// Bytes and values that tend to find edge cases in TOML and in the schema.
+const INTERESTING_BYTES: &[u8] = b"[]{}\"'=,.-+_#\n\r\t\\ 0189e:/{}\xff\xc3";
+const INTERESTING_VALUES: &[&str] = &[
+    "-1",
+    "0",
+    "-0",
+    "1e400",
+    "nan",
+    "-inf",
+    "99999999999999999999999999999",
+    "0x7fffffffffffffff",
+    "-9223372036854775808",
+    "\"\"",
+    "\"x\"",
+    "\"../x\"",
+    "\"/etc/passwd\"",
+    "\"sm_0\"",
+    "\"{\"",
+    "\"{target\"",
+    "[]",
+    "[[]]",
+    "[-1, -1, -1, -1, -1, -1, -1, -1, -1]",
+    "{}",
+    "{ min = [], opt = [1], max = [0] }",
+    "true",
+    "1979-05-27T07:32:00Z",
+    "\"é\u{0}\"",
+];
+
+fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let len = out.len();
+        match rng.below(9) {
+            // Flip, insert, delete a byte.
+            0 if len > 0 => {
+                let i = rng.below(len);
+                out[i] ^= 1 << rng.below(8);
+            }
+            1 => {
+                let b = *rng.pick(INTERESTING_BYTES);
+                out.insert(rng.below(len + 1), b);
+            }
+            2 if len > 0 => {
+                out.remove(rng.below(len));
+            }
+            // Truncate.
+            3 => out.truncate(rng.below(len + 1)),
+            // Line mutations: delete, duplicate, swap, replace a value.
+            m => {
+                let text = String::from_utf8_lossy(&out).into_owned();
+                let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+                if lines.is_empty() {
+                    continue;
+                }
+                let i = rng.below(lines.len());
+                match m {
+                    4 => {
+                        lines.remove(i);
+                    }
+                    5 => {
+                        let l = lines[i].clone();
+                        let j = rng.below(lines.len() + 1);
+                        lines.insert(j, l);
+                    }
+                    6 => {
+                        let j = rng.below(lines.len());
+                        lines.swap(i, j);
+                    }
+                    _ => {
+                        if let Some((k, _)) = lines[i].split_once('=') {
+                            lines[i] = format!("{k}= {}", rng.pick(INTERESTING_VALUES));
+                        }
+                    }
+                }
+                out = lines.join("\n").into_bytes();
+            }
+        }
+    }
+    out
+}
+
+/// What the fuzz target (`fuzz/fuzz_targets/recipe.rs`) checks, run on stable Rust in every
+/// test run: thousands of byte and line mutations of the shipped recipes never panic, and every
+/// problem is a well-formed diagnostic inside the file.
+#[test]
+fn mutated_recipes_never_panic() {
+    let root = support::root();
+    let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(root.join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    seeds.push(std::fs::read(root.join("examples/mlp/recipe.toml")).unwrap());
+    seeds.sort();
+    let file = Path::new("mutant.toml");
+    let mut rng = Rng(0x1b5e_ed00);
+    let (mut valid, mut invalid) = (0, 0);
+    for round in 0..6_000 {
+        let seed = &seeds[round % seeds.len()];
+        let input = mutate(&mut rng, seed);
+        let result = std::panic::catch_unwind(|| recipe::parse_bytes(&input, file));
+        let Ok(result) = result else {
+            panic!(
+                "parse panicked on mutation {round}:\n{}",
+                String::from_utf8_lossy(&input)
+            );
+        };
+        match result {
+            Ok(_) => valid += 1,
+            Err(e) => {
+                invalid += 1;
+                let lines = input.split(|&b| b == b'\n').count() as u32;
+                assert!(!e.diagnostics().is_empty(), "mutation {round}: {e}");
+                for d in e.diagnostics() {
+                    assert!(
+                        d.line >= 1 && d.line <= lines && d.col >= 1,
+                        "mutation {round}: position {}:{} outside the input ({lines} lines): {d}",
+                        d.line,
+                        d.col
+                    );
+                    assert!(
+                        !d.message.is_empty() && !d.message.ends_with('.'),
+                        "mutation {round}: {d}"
+                    );
+                }
+                // Same input, same report: nothing depends on hashing or timing.
+                let again = recipe::parse_bytes(&input, file).unwrap_err();
+                assert_eq!(e.diagnostics(), again.diagnostics());
+            }
+        }
+    }
+    // Both outcomes must be exercised, or the mutations are too weak or too strong to test
+    // anything.
+    assert!(
+        valid > 300 && invalid > 3_000,
+        "{valid} valid, {invalid} invalid"
+    );
+}
+
+/// The committed stand-in models are exactly what `make_models.py` generates (deterministic),
+/// each under 200 KB, and declare the inputs and outputs their recipes say: names, datatypes
+/// and shapes, with every dynamic dimension of the recipe symbolic in the ONNX graph. Uses the
+/// `onnx` Python package as an independent reader.
+#[test]
+fn py_stand_in_models_match_make_models_and_their_recipes() {
+    let python = support::python();
+    if !support::have_tool(&python.display().to_string(), "py_stand_in_models") {
+        return;
+    }
+    let root = support::root();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(&python)
+        .arg(root.join("recipes/models/make_models.py"))
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "make_models.py failed: {}",
+        support::stderr(&out)
+    );
+
+    const READ: &str = r#"
+import json, sys, onnx
+m = onnx.load(sys.argv[1])
+name = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()}
+def sig(vs):
+    return {v.name: [name[v.type.tensor_type.elem_type],
+                     [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]]
+            for v in vs}
+init = {i.name for i in m.graph.initializer}
+print(json.dumps({"inputs": sig([v for v in m.graph.input if v.name not in init]), "outputs": sig(m.graph.output)}))
+"#;
+    let onnx_name = |d: DataType| match d {
+        DataType::Fp32 => "float",
+        DataType::Fp16 => "float16",
+        DataType::Fp64 => "double",
+        DataType::Bf16 => "bfloat16",
+        DataType::Bytes => "string",
+        other => other.as_str(),
+    };
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("recipes")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let r = recipe::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let model = r.model_path();
+        let committed = std::fs::read(&model).unwrap();
+        assert!(committed.len() < 200_000, "{}", model.display());
+        let fresh = std::fs::read(tmp.path().join(model.file_name().unwrap())).unwrap();
+        assert!(
+            committed == fresh,
+            "{} differs from what make_models.py generates",
+            model.display()
+        );
+        let out = std::process::Command::new(&python)
+            .args(["-c", READ])
+            .arg(&model)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", support::stderr(&out));
+        let sig: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for (kind, tensors) in [("inputs", &r.model.inputs), ("outputs", &r.model.outputs)] {
+            let declared = sig[kind].as_object().unwrap();
+            assert_eq!(declared.len(), tensors.len(), "{} {kind}", path.display());
+            for t in tensors.iter() {
+                let want = serde_json::json!([onnx_name(t.datatype), t.shape]);
+                assert_eq!(
+                    declared.get(&t.name),
+                    Some(&want),
+                    "{} {}",
+                    path.display(),
+                    t.name
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+}

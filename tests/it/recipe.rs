@@ -1301,3 +1301,53 @@ print(json.dumps({"inputs": sig([v for v in m.graph.input if v.name not in init]
     }
     assert_eq!(checked, 5);
 }
+
+/// The acceptance case through the CLI: `infer-build check` exits 2 and names all three
+/// problems with file:line:col.
+#[test]
+fn check_exits_2_naming_wrong_type_unknown_key_and_missing_model() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "recipe.toml",
+        r#"[model]
+name = "m"
+version = "1"
+onnx = "missing.onnx"
+
+[model.inputs.input]
+datatype = "fp32"
+shape = [-1, 4]
+
+[batching]
+max_batch_size = "eight"
+max_batchsize = 8
+"#,
+    );
+    let out = support::run_in(dir.path(), &["check", "recipe.toml"]);
+    let err = support::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for line in [
+        "recipe.toml:4:8: model.onnx: model file not found: missing.onnx",
+        "recipe.toml:11:18: batching.max_batch_size: expected a positive integer up to 4096, found string \"eight\"",
+        "recipe.toml:12:1: batching.max_batchsize: unknown key `max_batchsize` in [batching]; did you mean `max_batch_size`?",
+    ] {
+        assert!(err.lines().any(|l| l == line), "missing {line:?} in:\n{err}");
+    }
+}
+
+/// `check` accepts every shipped recipe and the example.
+#[test]
+fn check_accepts_the_shipped_recipes() {
+    let mut recipes: Vec<String> = std::fs::read_dir(support::root().join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| p.display().to_string())
+        .collect();
+    recipes.push("examples/mlp/recipe.toml".into());
+    for r in recipes {
+        let out = support::run(&["check", &r]);
+        assert_eq!(out.status.code(), Some(0), "{r}: {}", support::stderr(&out));
+    }
+}

@@ -15,6 +15,7 @@
 //! checked to be a regular file inside its allowed root.
 
 pub mod inputs;
+pub mod spec;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,7 +63,7 @@ pub enum Error {
     EscapesRoot { path: PathBuf, root: PathBuf },
     #[error("`{path}` is a {kind}, not a regular file")]
     NotRegular { path: PathBuf, kind: &'static str },
-    #[error("cannot read `{path}`: {source}")]
+    #[error("cannot read `{path}`")]
     Input {
         path: PathBuf,
         #[source]
@@ -74,6 +75,8 @@ pub enum Error {
     BadRuntime { path: PathBuf, why: String },
     #[error("no targets to build")]
     NoTargets,
+    #[error("{what}")]
+    Spec { what: String },
 }
 
 impl Error {
@@ -101,6 +104,10 @@ pub struct ImageMeta {
     pub repository: String,
     /// Tag of the index grouping the targets.
     pub index_tag: String,
+    /// Extra labels for every image config (the recipe's `[image] labels`).
+    pub labels: BTreeMap<String, String>,
+    /// The user the image runs as (`[image] user`, default 65532).
+    pub user: Option<u32>,
 }
 
 /// The model or engine layer's content.
@@ -551,7 +558,8 @@ fn build_target(
         });
     }
 
-    let mut labels = base_annotations(meta, created);
+    let mut labels = meta.labels.clone();
+    labels.extend(base_annotations(meta, created));
     labels.extend(compat_annotations(t));
     let mut env: Vec<String> = base
         .as_ref()
@@ -567,7 +575,10 @@ fn build_target(
         env.push(kv);
     }
     let mut cc = ContainerConfig {
-        user: USER.into(),
+        user: meta
+            .user
+            .map(|u| format!("{u}:{u}"))
+            .unwrap_or_else(|| USER.into()),
         env,
         entrypoint: vec![format!("/{}", paths::SERVE)],
         cmd: vec!["--config".into(), format!("/{}", paths::RUNTIME_TOML)],
@@ -608,7 +619,12 @@ fn build_target(
         config: Descriptor::new(media::CONFIG, cfg_digest.clone(), cfg_bytes.len() as u64),
         layers: layers
             .iter()
-            .map(|l| Descriptor::new(&l.media_type, l.digest.clone(), l.size))
+            .map(|l| {
+                let mut d = Descriptor::new(&l.media_type, l.digest.clone(), l.size);
+                d.annotations
+                    .insert(format!("{ANNOTATION_PREFIX}layer"), l.role.clone());
+                d
+            })
             .collect(),
         annotations: ann,
     };

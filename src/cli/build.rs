@@ -4,7 +4,6 @@
 //! This file only turns flags and the plan into [`build::TargetSpec`]s, draws progress and
 //! prints the result; the assembly is [`crate::build`].
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -14,6 +13,7 @@ use serde_json::json;
 use crate::build::{self, BuildOptions, BuildReport, Policy, Progress};
 use crate::error::Error;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
+use crate::plan::{TargetKind, TargetPlan};
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
@@ -46,6 +46,8 @@ pub struct BuildArgs {
     /// Print one JSON document (layout, per-target manifest digests, layers, index digest).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub matrix: super::MatrixArgs,
 }
 
 pub fn run(args: BuildArgs) -> Result<(), Error> {
@@ -184,9 +186,104 @@ type Targets = (
 );
 
 /// The image identity and one spec per target to build, plus the targets skipped (with why).
-fn targets(_args: &BuildArgs) -> Result<Targets, Error> {
-    let _ = BTreeMap::<String, String>::new();
-    Err(Error::Usage(
-        "`build` needs the recipe and plan modules, which are not merged yet".into(),
-    ))
+fn targets(args: &BuildArgs) -> Result<Targets, Error> {
+    let recipe = crate::recipe::load(&args.input)?;
+    let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
+    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
+        .map_err(crate::plan::Error::from)?;
+    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
+    let explicit = !args.targets.is_empty();
+    let mut selected: Vec<&TargetPlan> = Vec::new();
+    if explicit {
+        for id in &args.targets {
+            let t = plan.target(id).ok_or_else(|| {
+                let known: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
+                Error::Usage(format!(
+                    "--target {id}: the plan has no such target (targets: {})",
+                    known.join(", ")
+                ))
+            })?;
+            selected.push(t);
+        }
+    } else {
+        selected = plan.targets.iter().collect();
+    }
+
+    let exe = std::env::current_exe().ok();
+    let env = std::env::var("INFER_SERVE_BIN").ok();
+    let serve = build::locate_runtime(args.runtime.as_deref(), env.as_deref(), exe.as_deref())?;
+    let (model, _) = build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
+    let samples = match &recipe.warmup.samples {
+        Some(s) => {
+            let (p, _) = build::safe_input(&recipe.dir, &s.value)?;
+            Some(std::fs::read(&p).map_err(|source| build::Error::Input { path: p, source })?)
+        }
+        None => None,
+    };
+
+    let mut specs = Vec::new();
+    let mut skipped = Vec::new();
+    for t in selected {
+        let gpu = t.kind == TargetKind::Gpu;
+        if gpu && args.base_layout.is_none() {
+            if explicit {
+                return Err(build::Error::NeedBaseLayout {
+                    target: t.id.clone(),
+                }
+                .into());
+            }
+            skipped.push((
+                t.id.clone(),
+                "a GPU target needs its base image: pass --base-layout DIR".to_string(),
+            ));
+            continue;
+        }
+        let platform = build::spec::platform(t);
+        build::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
+        let files = build::spec::Files {
+            serve_bin: serve.clone(),
+            model: model.clone(),
+            engine: cached_engine(args.engines.as_deref(), &t.id)?,
+            warmup_samples: samples.clone(),
+            base: if gpu {
+                args.base_layout.clone().map(|layout| build::BaseRef {
+                    layout,
+                    tag: args.base_tag.clone(),
+                })
+            } else {
+                None
+            },
+        };
+        specs.push(build::spec::target_spec(&recipe, t, files)?);
+    }
+    if specs.is_empty() {
+        let first = skipped
+            .first()
+            .map(|(id, _)| id.clone())
+            .unwrap_or_default();
+        return Err(build::Error::NeedBaseLayout { target: first }.into());
+    }
+    Ok((build::spec::image_meta(&recipe, &plan), specs, skipped))
+}
+
+/// A cached engine for `target` under `--engines DIR`: `DIR/<target>/engine.json` with the
+/// engine file beside it (`model.plan` or `model.nnef.tar`). None when absent.
+fn cached_engine(dir: Option<&Path>, target: &str) -> Result<Option<(PathBuf, Vec<u8>)>, Error> {
+    let Some(dir) = dir else { return Ok(None) };
+    let d = dir.join(target);
+    let meta = d.join("engine.json");
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    for name in ["model.plan", "model.nnef.tar"] {
+        if d.join(name).is_file() {
+            let (file, _) = build::safe_input(&d, Path::new(name))?;
+            let json = std::fs::read(&meta).map_err(|source| build::Error::Input {
+                path: meta.clone(),
+                source,
+            })?;
+            return Ok(Some((file, json)));
+        }
+    }
+    Ok(None)
 }

@@ -73,7 +73,10 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
             .manifest
             .layers
             .iter()
-            .map(|l| json!({"digest": l.digest, "mediaType": l.media_type, "size": l.size}))
+            .map(|l| {
+                let role = l.annotations.get("dev.infer-build.layer").cloned();
+                json!({"digest": l.digest, "mediaType": l.media_type, "size": l.size, "role": role})
+            })
             .collect();
         let total: u64 =
             img.manifest.layers.iter().map(|l| l.size).sum::<u64>() + img.manifest.config.size;

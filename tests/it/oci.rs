@@ -52,6 +52,8 @@ fn meta() -> ImageMeta {
         source: Some("https://example.com/mlp".into()),
         repository: "localhost/infer-build/mlp".into(),
         index_tag: "1.0.0".into(),
+        labels: BTreeMap::new(),
+        user: None,
     }
 }
 

@@ -1,0 +1,243 @@
+//! From a recipe and its plan to [`TargetSpec`]s: the image identity, the compatibility tuple
+//! of each target and the `runtime.toml` the image carries. Pure: values in, values out (the
+//! caller resolves files and finds the runtime binary).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use infer_spec::{
+    EngineKind, EngineSection, ModelSection, RuntimeConfig, Server, TensorSpec, Warmup,
+};
+
+use super::{paths, BaseRef, Error, ImageMeta, Payload, TargetSpec};
+use crate::oci::image::Platform;
+use crate::plan::{BuildPlan, TargetKind, TargetPlan};
+use crate::recipe::{Recipe, Tensor};
+
+/// The image identity shared by all targets.
+pub fn image_meta(recipe: &Recipe, plan: &BuildPlan) -> ImageMeta {
+    ImageMeta {
+        name: plan.model.clone(),
+        version: plan.version.clone(),
+        revision: None,
+        source: None,
+        repository: plan.repository.clone(),
+        index_tag: plan.version.clone(),
+        labels: recipe.image.labels.clone(),
+        user: Some(recipe.image.user),
+    }
+}
+
+/// The compatibility tuple of a target, keys without the `dev.infer-build.` prefix.
+pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "kind".into(),
+        if t.kind == TargetKind::Gpu {
+            "gpu"
+        } else {
+            "cpu"
+        }
+        .to_string(),
+    );
+    m.insert("precision".into(), t.precision.to_string());
+    m.insert("platform".into(), t.oci_platform.clone());
+    if let Some(g) = &t.gpu {
+        m.insert("gpu.sm".into(), g.sm.clone());
+        m.insert(
+            "gpu.compute-capability".into(),
+            g.compute_capability.to_string(),
+        );
+        m.insert("gpu.products".into(), g.products.join(","));
+    }
+    if let Some(trt) = &t.tensorrt {
+        m.insert("tensorrt.version".into(), trt.version.to_string());
+        m.insert("tensorrt.build".into(), trt.build.clone());
+        m.insert(
+            "tensorrt.version-compatible".into(),
+            trt.version_compatible.to_string(),
+        );
+        if let Some(h) = trt.hardware_compat {
+            let v = serde_json::to_value(h)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            m.insert("tensorrt.hardware-compat".into(), v);
+        }
+    }
+    if let Some(c) = &t.cuda {
+        m.insert("cuda.version".into(), c.to_string());
+    }
+    if let Some(d) = &t.driver_floor {
+        m.insert("driver.min".into(), d.to_string());
+    }
+    m
+}
+
+/// The OCI platform of a target (`linux/amd64` → os `linux`, architecture `amd64`).
+pub fn platform(t: &TargetPlan) -> Platform {
+    let mut parts = t.oci_platform.splitn(3, '/');
+    let os = parts.next().unwrap_or("linux").to_string();
+    let architecture = parts.next().unwrap_or("amd64").to_string();
+    let variant = parts.next().map(String::from);
+    Platform {
+        architecture,
+        os,
+        variant,
+    }
+}
+
+fn tensor(t: &Tensor) -> Result<TensorSpec, Error> {
+    let datatype =
+        infer_spec::DataType::parse(t.datatype.v2_name()).ok_or_else(|| Error::Spec {
+            what: format!(
+                "tensor `{}` has datatype {} which the runtime does not serve",
+                t.name,
+                t.datatype.v2_name()
+            ),
+        })?;
+    Ok(TensorSpec {
+        name: t.name.clone(),
+        datatype,
+        dims: t.shape.clone(),
+    })
+}
+
+/// The `runtime.toml` of a target whose engine file is at `engine_path` inside the image.
+pub fn runtime_config(
+    recipe: &Recipe,
+    kind: EngineKind,
+    engine_path: &str,
+    metadata: Option<&str>,
+) -> Result<RuntimeConfig, Error> {
+    if recipe.model.outputs.is_empty() {
+        return Err(Error::Spec {
+            what: format!(
+                "{}: list the model's outputs under [model.outputs.NAME]; the runtime needs them",
+                recipe.file.display()
+            ),
+        });
+    }
+    let b = &recipe.batching;
+    let cfg = RuntimeConfig {
+        model: ModelSection {
+            name: recipe.model.name.clone(),
+            version: recipe.model.version.clone(),
+            platform: None,
+        },
+        inputs: recipe
+            .model
+            .inputs
+            .iter()
+            .map(tensor)
+            .collect::<Result<_, _>>()?,
+        outputs: recipe
+            .model
+            .outputs
+            .iter()
+            .map(tensor)
+            .collect::<Result<_, _>>()?,
+        batching: infer_spec::Batching {
+            max_batch_size: b.max_batch_size,
+            preferred_batch_sizes: b.preferred_batch_sizes.clone(),
+            max_queue_delay_us: b.max_queue_delay_us,
+            max_queue_size: b.max_queue_size,
+            default_timeout_ms: b.default_timeout_ms,
+            instances: b.instances,
+        },
+        engine: EngineSection {
+            kind,
+            path: Some(engine_path.into()),
+            metadata: metadata.map(String::from),
+            synthetic: None,
+        },
+        warmup: Warmup {
+            batch_sizes: Some(if recipe.warmup.enabled {
+                recipe.warmup_batch_sizes()
+            } else {
+                vec![]
+            }),
+        },
+        server: Server {
+            drain_delay_s: recipe.deploy.drain_delay_s.into(),
+            ..Server::default()
+        },
+    };
+    let problems = cfg.problems();
+    if !problems.is_empty() {
+        return Err(Error::Spec {
+            what: format!(
+                "the runtime config would be invalid: {}",
+                problems.join("; ")
+            ),
+        });
+    }
+    Ok(cfg)
+}
+
+/// Files a target ships, already checked by the caller.
+#[derive(Debug, Clone)]
+pub struct Files {
+    pub serve_bin: PathBuf,
+    /// The ONNX model (when no engine replaces it).
+    pub model: PathBuf,
+    /// A cached engine for this target: file and metadata JSON.
+    pub engine: Option<(PathBuf, Vec<u8>)>,
+    /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
+    pub warmup_samples: Option<Vec<u8>>,
+    pub base: Option<BaseRef>,
+}
+
+/// The spec of one target.
+pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<TargetSpec, Error> {
+    let (payload, kind, engine_path, metadata) = match files.engine {
+        Some((file, meta_json)) => {
+            let kind = if t.kind == TargetKind::Gpu {
+                EngineKind::TensorRt
+            } else {
+                EngineKind::TractNnef
+            };
+            let name = if kind == EngineKind::TensorRt {
+                "model.plan"
+            } else {
+                "model.nnef.tar"
+            };
+            let p = format!("/{}/{name}", paths::MODEL_DIR);
+            let m = format!("/{}/engine.json", paths::MODEL_DIR);
+            (
+                Payload::Engine {
+                    file,
+                    file_name: name.into(),
+                    meta_json,
+                },
+                kind,
+                p,
+                Some(m),
+            )
+        }
+        None => (
+            Payload::Model { onnx: files.model },
+            EngineKind::TractOnnx,
+            format!("/{}/model.onnx", paths::MODEL_DIR),
+            None,
+        ),
+    };
+    let rc = runtime_config(recipe, kind, &engine_path, metadata.as_deref())?;
+    let mut extra = BTreeMap::new();
+    if let Some(s) = files.warmup_samples {
+        extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);
+    }
+    Ok(TargetSpec {
+        id: t.id.clone(),
+        tag: t.tag.clone(),
+        platform: platform(t),
+        gpu: t.kind == TargetKind::Gpu,
+        base: files.base,
+        runtime_libs: vec![],
+        serve_bin: files.serve_bin,
+        payload,
+        runtime_toml: rc.to_toml_string().into_bytes(),
+        extra_files: extra,
+        compat: compat(t),
+    })
+}

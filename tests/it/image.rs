@@ -1,0 +1,537 @@
+//! `infer-build build` / `inspect` end to end through the CLI: reproducible digests, the
+//! cache, kill -9 in the middle of a build, refused inputs, GPU targets without a base, and
+//! (with a Docker engine) `docker load` + `docker run` of the archive.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
+
+/// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
+/// not serve (the Docker serving test uses the real one).
+fn tiny_static_elf(path: &Path) {
+    let code: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]; // exit(0)
+    let base: u64 = 0x40_0000;
+    let total = 64 + 56 + code.len() as u64;
+    let mut b = Vec::new();
+    b.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    b.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    b.extend_from_slice(&62u16.to_le_bytes()); // x86-64
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(base + 120).to_le_bytes()); // entry
+    b.extend_from_slice(&64u64.to_le_bytes()); // phoff
+    b.extend_from_slice(&0u64.to_le_bytes()); // shoff
+    b.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 1, 0, 0, 0] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    b.extend_from_slice(&5u32.to_le_bytes()); // R+X
+    for v in [0, base, base, total, total, 0x1000] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&code);
+    std::fs::write(path, b).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A fresh copy of the example recipe and model, and a stand-in runtime.
+struct Example {
+    dir: tempfile::TempDir,
+}
+
+impl Example {
+    fn new() -> Example {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path().join("recipe");
+        std::fs::create_dir(&r).unwrap();
+        for f in ["recipe.toml", "mlp.onnx"] {
+            std::fs::copy(root().join("examples/mlp").join(f), r.join(f)).unwrap();
+        }
+        tiny_static_elf(&dir.path().join("infer-serve"));
+        Example { dir }
+    }
+    fn recipe(&self) -> PathBuf {
+        self.dir.path().join("recipe/recipe.toml")
+    }
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    fn cmd(&self, out: &str, extra: &[&str]) -> Command {
+        let mut c = infer_build();
+        c.arg("build")
+            .arg(self.recipe())
+            .arg("--out")
+            .arg(self.path(out));
+        c.arg("--runtime").arg(self.path("infer-serve")).args(extra);
+        c.env("SOURCE_DATE_EPOCH", "1700000000");
+        c
+    }
+    fn build(&self, out: &str, extra: &[&str]) -> serde_json::Value {
+        let o = self
+            .cmd(out, &[extra, &["--json"]].concat())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "build failed: {}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    }
+}
+
+fn digests(v: &serde_json::Value) -> (String, Vec<String>) {
+    let t = v["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["manifest_digest"].as_str().unwrap().to_string())
+        .collect();
+    (v["index"]["digest"].as_str().unwrap().to_string(), t)
+}
+
+#[test]
+fn example_is_reproducible_from_clean_after_touch_and_umask() {
+    let ex = Example::new();
+    let a = ex.build("a", &[]);
+    let b = ex.build("b", &[]);
+    assert_eq!(digests(&a), digests(&b));
+    assert_eq!(
+        std::fs::read(ex.path("a/index.json")).unwrap(),
+        std::fs::read(ex.path("b/index.json")).unwrap()
+    );
+    // Touch every input, rewrite it under umask 077, and build under umask 077 too.
+    let script = "umask 077; for f in recipe/recipe.toml recipe/mlp.onnx infer-serve; do cp -p $f $f.tmp && rm $f && cat $f.tmp > $f && rm $f.tmp && touch $f; done; chmod +x infer-serve";
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(ex.dir.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(format!(
+        "umask 077; exec '{}' build '{}' --out '{}' --runtime '{}' --json",
+        env!("CARGO_BIN_EXE_infer-build"),
+        ex.recipe().display(),
+        ex.path("c").display(),
+        ex.path("infer-serve").display()
+    ));
+    c.env("SOURCE_DATE_EPOCH", "1700000000");
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(digests(&a), digests(&cc));
+
+    // SOURCE_DATE_EPOCH is part of the image.
+    let o = ex
+        .cmd("d", &["--json"])
+        .env("SOURCE_DATE_EPOCH", "0")
+        .output()
+        .unwrap();
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_ne!(digests(&a), digests(&d));
+}
+
+#[test]
+fn noop_rebuild_reads_nothing_and_inspect_reports_the_layout() {
+    let ex = Example::new();
+    let first = ex.build("out", &[]);
+    assert!(first["targets"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["cache"] == "miss"));
+    let again = ex.build("out", &[]);
+    assert_eq!(digests(&first), digests(&again));
+    assert!(again["targets"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["cache"] == "stat"));
+
+    let o = infer_build()
+        .args(["inspect", "--json"])
+        .arg(ex.path("out"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let img = &v["images"][0];
+    assert_eq!(img["tags"][0], "1.0.0-cpu-fp32");
+    assert_eq!(
+        img["manifestDigest"],
+        first["targets"][0]["manifest_digest"]
+    );
+    let roles: Vec<&str> = img["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["infer-serve", "model", "config"]);
+    assert_eq!(img["config"]["User"], "65532:65532");
+    assert_eq!(img["annotations"]["dev.infer-build.target"], "cpu-fp32");
+    assert_eq!(v["indexes"][0]["tags"][0], "1.0.0");
+    let o = infer_build()
+        .arg("inspect")
+        .arg(ex.path("out"))
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&o).contains("infer-serve") && stderr(&o).contains("total"),
+        "{}",
+        stderr(&o)
+    );
+    let o = infer_build()
+        .arg("inspect")
+        .arg(ex.path("nope"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn refuses_dynamic_runtimes_escaping_models_and_bad_flags() {
+    let ex = Example::new();
+    let mut c = infer_build();
+    c.arg("build")
+        .arg(ex.recipe())
+        .arg("--out")
+        .arg(ex.path("o"));
+    let o = c
+        .arg("--runtime")
+        .arg(env!("CARGO_BIN_EXE_infer-build"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("dynamically linked")
+            && stderr(&o).contains("scripts/build-runtime.sh"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = ex
+        .cmd("o", &[])
+        .env_remove("INFER_SERVE_BIN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "--runtime is given: {}", stderr(&o));
+    // A copy of infer-build with no infer-serve beside it, and no INFER_SERVE_BIN.
+    std::fs::create_dir(ex.path("bin")).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_infer-build"),
+        ex.path("bin/infer-build"),
+    )
+    .unwrap();
+    let mut c = Command::new(ex.path("bin/infer-build"));
+    c.arg("build")
+        .arg(ex.recipe())
+        .arg("--out")
+        .arg(ex.path("o"));
+    let o = c.env_remove("INFER_SERVE_BIN").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("INFER_SERVE_BIN"), "{}", stderr(&o));
+
+    // The model is a symlink leaving the recipe directory.
+    let outside = ex.path("outside.onnx");
+    std::fs::copy(ex.path("recipe/mlp.onnx"), &outside).unwrap();
+    std::fs::remove_file(ex.path("recipe/mlp.onnx")).unwrap();
+    std::os::unix::fs::symlink(&outside, ex.path("recipe/mlp.onnx")).unwrap();
+    let o = ex.cmd("o2", &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("outside the recipe"),
+        "{}",
+        stderr(&o)
+    );
+
+    for (flag, val) in [("--output", "tar:x"), ("--compression", "brotli")] {
+        let o = ex.cmd("o3", &[flag, val]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn gpu_targets_without_a_base_layout_are_skipped_or_refused() {
+    let ex = Example::new();
+    let text = std::fs::read_to_string(ex.recipe()).unwrap();
+    let text = text.replace(
+        "[targets]\ncpu = true",
+        "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]",
+    );
+    std::fs::write(ex.recipe(), text).unwrap();
+    let o = infer_build()
+        .args(["plan", "--json"])
+        .arg(ex.recipe())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let o = ex.cmd("o", &[]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("skipping target {gpu}"))
+            && stderr(&o).contains("--base-layout"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = ex.cmd("o", &["--target", &gpu]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--base-layout"), "{}", stderr(&o));
+    let o = ex.cmd("o", &["--target", "sm1-fp64"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn kill_9_mid_build_leaves_no_partial_blob_and_the_rebuild_matches() {
+    let ex = Example::new();
+    // A 96 MiB "model" compressed at gzip -6: seconds of work to interrupt.
+    let big: Vec<u8> = (0..96u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 15) as u8)
+        .collect();
+    std::fs::write(ex.path("recipe/mlp.onnx"), &big).unwrap();
+    drop(big);
+    let mut child = ex
+        .cmd("out", &["--compression", "gzip"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the model layer is being written (a temp file is growing), then SIGKILL.
+    let tmp = ex.path("out/.infer-build/tmp");
+    let start = Instant::now();
+    loop {
+        let growing = std::fs::read_dir(&tmp)
+            .map(|rd| {
+                rd.flatten()
+                    .any(|e| e.metadata().map(|m| m.len() > 64 << 10).unwrap_or(false))
+            })
+            .unwrap_or(false);
+        if growing {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the build finished before it could be killed"
+        );
+        assert!(start.elapsed() < Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = Command::new("kill")
+        .arg("-9")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _ = child.wait();
+    // Every visible blob is complete: its name is its content's digest.
+    for e in std::fs::read_dir(ex.path("out/blobs/sha256"))
+        .unwrap()
+        .flatten()
+    {
+        let bytes = std::fs::read(e.path()).unwrap();
+        let name = e.file_name().into_string().unwrap();
+        assert_eq!(
+            infer_build::oci::Digest::of(&bytes).hex(),
+            name,
+            "partial blob visible"
+        );
+    }
+    assert!(!ex.path("out/index.json").exists());
+    let after = ex.build("out", &["--compression", "gzip"]);
+    let clean = ex.build("clean", &["--compression", "gzip"]);
+    assert_eq!(digests(&after), digests(&clean));
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "leftover temp files were removed"
+    );
+}
+
+/// The image runs under Docker: `docker load` of the oci-archive, then `docker run` of the
+/// CPU image. With the stand-in runtime this proves Docker accepts and starts the image.
+#[test]
+fn docker_load_and_run_the_archive() {
+    if !have_docker("docker_load_and_run_the_archive") {
+        return;
+    }
+    let ex = Example::new();
+    let archive = ex.path("mlp.tar");
+    let v = ex.build(
+        "out",
+        &["--output", &format!("oci-archive:{}", archive.display())],
+    );
+    assert_eq!(v["archive"], archive.display().to_string());
+    let tag = "localhost/infer-build/mlp:1.0.0-cpu-fp32";
+    let o = Command::new("docker")
+        .arg("load")
+        .arg("-i")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(tag), "{}", stdout(&o));
+    let o = Command::new("docker")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{.Id}} {{.Config.User}}",
+            tag,
+        ])
+        .output()
+        .unwrap();
+    let config = v["targets"][0]["config_digest"].as_str().unwrap();
+    assert_eq!(stdout(&o).trim(), format!("{config} 65532:65532"));
+    let o = Command::new("docker")
+        .args(["run", "--rm", "--network", "none", tag])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// The real runtime serving in Docker: ready after warm-up, and an inference equal to
+/// onnxruntime's. Needs the statically linked runtime from `scripts/build-runtime.sh`.
+#[test]
+fn docker_serves_the_example_like_onnxruntime() {
+    if !have_docker("docker_serves_the_example_like_onnxruntime") {
+        return;
+    }
+    let script = root().join("scripts/build-runtime.sh");
+    let serve = match std::env::var("INFER_SERVE_BIN") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ if !script.exists() => {
+            eprintln!("skipping docker_serves_the_example_like_onnxruntime: no INFER_SERVE_BIN and no scripts/build-runtime.sh in this checkout");
+            return;
+        }
+        _ => {
+            let o = Command::new(&script)
+                .current_dir(root())
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "scripts/build-runtime.sh failed");
+            PathBuf::from(stdout(&o).trim().lines().last().unwrap_or_default())
+        }
+    };
+    let ex = Example::new();
+    std::fs::copy(&serve, ex.path("infer-serve")).unwrap();
+    let archive = ex.path("mlp.tar");
+    ex.build(
+        "out",
+        &["--output", &format!("oci-archive:{}", archive.display())],
+    );
+    let tag = "localhost/infer-build/mlp:1.0.0-cpu-fp32";
+    let o = Command::new("docker")
+        .arg("load")
+        .arg("-i")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new("docker")
+        .args(["run", "-d", "-p", "127.0.0.1::8000", tag])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    let result = serve_checks(&id, &ex);
+    let logs = Command::new("docker")
+        .args(["logs", &id])
+        .output()
+        .map(|o| stderr(&o) + &stdout(&o))
+        .unwrap_or_default();
+    let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+    if let Err(e) = result {
+        panic!("{e}\ncontainer logs:\n{logs}");
+    }
+}
+
+fn serve_checks(id: &str, ex: &Example) -> Result<(), String> {
+    let o = Command::new("docker")
+        .args(["port", id, "8000/tcp"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let port = stdout(&o)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let url = format!("http://127.0.0.1:{port}");
+    let start = Instant::now();
+    loop {
+        let code = curl(&[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("{url}/v2/health/ready"),
+        ]);
+        if code.trim() == "200" {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("not ready after 60 s (last status {code:?})"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if !have_tool(
+        &python().to_string_lossy(),
+        "docker_serves_the_example_like_onnxruntime",
+    ) {
+        return Err("python with onnxruntime is required for the reference".into());
+    }
+    let model = ex.path("recipe/mlp.onnx");
+    let program = r#"
+import json, sys, urllib.request, numpy as np, onnxruntime as ort
+url, model = sys.argv[1], sys.argv[2]
+x = (np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17) / 17.0 - 0.5
+ref = ort.InferenceSession(model).run(None, {"input": x})[0]
+body = {"inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32", "data": x.flatten().tolist()}]}
+req = urllib.request.Request(url + "/v2/models/mlp/infer", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+out = json.load(urllib.request.urlopen(req, timeout=30))["outputs"][0]
+got = np.array(out["data"], dtype=np.float32).reshape(out["shape"])
+err = float(np.max(np.abs(got - ref)))
+print(err)
+sys.exit(0 if got.shape == ref.shape and err <= 1e-5 else 1)
+"#;
+    let o: Output = Command::new(python())
+        .arg("-c")
+        .arg(program)
+        .arg(&url)
+        .arg(&model)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "inference differs from onnxruntime: {} {}",
+            stdout(&o),
+            stderr(&o)
+        ));
+    }
+    Ok(())
+}
+
+fn curl(args: &[&str]) -> String {
+    Command::new("curl")
+        .args(args)
+        .output()
+        .map(|o| stdout(&o))
+        .unwrap_or_default()
+}

@@ -96,5 +96,5 @@ else
 fi
 
 echo "==> $results (name, median s, output bytes, median peak RSS KiB, runs)" >&2
-echo "input $insize bytes; $(nproc) cores; $(uname -m); $(umoci --version 2>&1 | head -1); pigz $(pigz --version 2>&1 | awk '{print $2}'); zstd $(zstd --version | awk '{print $7}' | tr -d ,)"
-awk -F'\t' -v in="$insize" '{ r = ($3 ~ /^[0-9]+$/) ? sprintf("%.4f", $3 / in) : "-"; printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, r, $4 }' "$results"
+echo "input $insize bytes; $(nproc) cores; $(uname -m); $(umoci --version 2>&1 | head -1); pigz $(pigz --version 2>&1 | awk '{print $2}'); zstd $(zstd --version | grep -o 'v[0-9.]*' | head -1)"
+awk -F'\t' -v insz="$insize" '{ gsub(/\|/, "\\|", $1); r = ($3 ~ /^[0-9]+$/) ? sprintf("%.5f", $3 / insz) : "-"; printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, r, $4 }' "$results"

@@ -46,9 +46,11 @@ pub mod paths {
 pub const USER: &str = "65532:65532";
 pub const PORT: &str = "8000/tcp";
 
-/// Layers of barely compressible data (weights, engines) at least this large use
-/// `gzip-stored` under the `auto` policy; see `docs/image-format.md`.
-pub const STORED_THRESHOLD: u64 = 4 << 20;
+/// Layers of barely compressible data (weights, engines) at least this large are stored
+/// uncompressed under the `auto` policy: deflate buys ~7% on float weights for 10-20× the time,
+/// and an uncompressed layer is both faster and smaller than `umoci insert`'s near-stored gzip
+/// (`docs/BENCHMARKS.md`, "Layer build").
+pub const WEIGHTS_THRESHOLD: u64 = 4 << 20;
 
 /// Errors of the `build` module.
 #[derive(Debug, thiserror::Error)]
@@ -154,7 +156,7 @@ pub struct BaseRef {
 /// How layers are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// gzip (level 6) for everything, except large engine/model layers: gzip-stored.
+    /// gzip (level 6) for everything, except large engine/model layers: uncompressed.
     Auto,
     /// One encoding for every layer.
     All(Compression),
@@ -303,7 +305,7 @@ struct LayerPlan {
 fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> {
     let pick = |weights: bool, size: u64| match policy {
         Policy::All(c) => c,
-        Policy::Auto if weights && size >= STORED_THRESHOLD => Compression::GzipStored,
+        Policy::Auto if weights && size >= WEIGHTS_THRESHOLD => Compression::None,
         Policy::Auto => Compression::Gzip,
     };
     let mut layers = Vec::new();

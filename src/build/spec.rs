@@ -198,7 +198,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                 EngineKind::TractNnef
             };
             let name = if kind == EngineKind::TensorRt {
-                "model.plan"
+                "engine.plan"
             } else {
                 "model.nnef.tar"
             };

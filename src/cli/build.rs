@@ -40,7 +40,7 @@ pub struct BuildArgs {
     /// Tag of the base image inside --base-layout (default: its only image for the platform).
     #[arg(long, value_name = "TAG")]
     pub base_tag: Option<String>,
-    /// Layer compression: auto (gzip; large weights gzip-stored), gzip, gzip-stored, zstd, none.
+    /// Layer compression: auto (gzip; weights ≥ 4 MiB uncompressed), gzip, gzip-stored, zstd, none.
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     pub compression: String,
     /// Print one JSON document (layout, per-target manifest digests, layers, index digest).
@@ -266,16 +266,17 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     Ok((build::spec::image_meta(&recipe, &plan), specs, skipped))
 }
 
-/// A cached engine for `target` under `--engines DIR`: `DIR/<target>/engine.json` with the
-/// engine file beside it (`model.plan` or `model.nnef.tar`). None when absent.
+/// A cached engine for `target` under `--engines DIR`: `DIR/<target>/meta.json` (the engine
+/// cache's metadata file) with the engine file beside it (`engine.plan` or `model.nnef.tar`).
+/// None when absent.
 fn cached_engine(dir: Option<&Path>, target: &str) -> Result<Option<(PathBuf, Vec<u8>)>, Error> {
     let Some(dir) = dir else { return Ok(None) };
     let d = dir.join(target);
-    let meta = d.join("engine.json");
+    let meta = d.join("meta.json");
     if !meta.is_file() {
         return Ok(None);
     }
-    for name in ["model.plan", "model.nnef.tar"] {
+    for name in ["engine.plan", "model.nnef.tar"] {
         if d.join(name).is_file() {
             let (file, _) = build::safe_input(&d, Path::new(name))?;
             let json = std::fs::read(&meta).map_err(|source| build::Error::Input {

@@ -141,12 +141,11 @@ fn layer_order_media_types_and_annotations() {
     let t = &r.targets[0];
     let roles: Vec<&str> = t.layers.iter().map(|l| l.role.as_str()).collect();
     assert_eq!(roles, ["infer-serve", "model", "config"]);
-    // The 5 MB model is "weights": gzip-stored under auto; the rest gzip.
+    // The 5 MB model is "weights": uncompressed under auto; the rest gzip.
     let mt: Vec<&str> = t.layers.iter().map(|l| l.media_type.as_str()).collect();
-    assert!(mt
-        .iter()
-        .all(|m| *m == "application/vnd.oci.image.layer.v1.tar+gzip"));
-    assert!(t.layers[1].size > 5_000_000, "stored, not deflated");
+    let gz = "application/vnd.oci.image.layer.v1.tar+gzip";
+    assert_eq!(mt, [gz, "application/vnd.oci.image.layer.v1.tar", gz]);
+    assert_eq!(t.layers[1].digest, t.layers[1].diff_id, "uncompressed: digest = diff_id");
     assert!(t.layers[0].size < 300_000 / 10, "the binary is deflated");
 
     let m: serde_json::Value = read_blob(out.path(), t.manifest_digest.as_str());
@@ -349,4 +348,31 @@ fn corrupt_blobs_are_caught_when_read() {
         infer_build::oci::layout::write_archive(&store, &out.path().join("x.tar"), 0).unwrap_err();
     assert!(e.to_string().contains("corrupt"), "{e}");
     assert!(!out.path().join("x.tar").exists() && !out.path().join("x.partial").exists());
+}
+
+#[test]
+fn an_engine_replaces_the_model_in_its_layer() {
+    let i = Inputs::new();
+    std::fs::write(i.path("engine.plan"), vec![7u8; 1000]).unwrap();
+    let mut t = cpu_target(&i);
+    t.payload = Payload::Engine {
+        file: i.path("engine.plan"),
+        file_name: "engine.plan".into(),
+        meta_json: br#"{"target":"cpu-fp32"}"#.to_vec(),
+    };
+    let out = tempfile::tempdir().unwrap();
+    let r = build_into(out.path(), &[t], Policy::All(Compression::None));
+    let l = &r.targets[0].layers[1];
+    assert_eq!(l.role, "engine");
+    let tar = std::fs::read(out.path().join("blobs/sha256").join(l.digest.hex())).unwrap();
+    let mut a = tar::Archive::new(&tar[..]);
+    let names: Vec<String> = a
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["opt/", "opt/infer/", "opt/infer/model/", "opt/infer/model/engine.json", "opt/infer/model/engine.plan"]
+    );
 }

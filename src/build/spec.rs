@@ -45,16 +45,16 @@ pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
     if let Some(g) = &t.gpu {
         m.insert("gpu.sm".into(), g.sm.clone());
         m.insert(
-            "gpu.compute-capability".into(),
+            "gpu.compute_capability".into(),
             g.compute_capability.to_string(),
         );
         m.insert("gpu.products".into(), g.products.join(","));
     }
     if let Some(trt) = &t.tensorrt {
-        m.insert("tensorrt.version".into(), trt.version.to_string());
-        m.insert("tensorrt.build".into(), trt.build.clone());
+        m.insert("trt.version".into(), trt.version.to_string());
+        m.insert("trt.build".into(), trt.build.clone());
         m.insert(
-            "tensorrt.version-compatible".into(),
+            "trt.version_compatible".into(),
             trt.version_compatible.to_string(),
         );
         if let Some(h) = trt.hardware_compat {
@@ -62,14 +62,14 @@ pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default();
-            m.insert("tensorrt.hardware-compat".into(), v);
+            m.insert("trt.hardware_compat".into(), v);
         }
     }
     if let Some(c) = &t.cuda {
         m.insert("cuda.version".into(), c.to_string());
     }
     if let Some(d) = &t.driver_floor {
-        m.insert("driver.min".into(), d.to_string());
+        m.insert("driver.floor".into(), d.to_string());
     }
     m
 }
@@ -223,6 +223,13 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         ),
     };
     let rc = runtime_config(recipe, kind, &engine_path, metadata.as_deref())?;
+    // An engine's own tuple (digests, shape profile, builder GPU…) completes the plan's.
+    let mut compat = compat(t);
+    if let Payload::Engine { meta_json, .. } = &payload {
+        let meta = infer_spec::engine::EngineMeta::from_json(meta_json)
+            .map_err(|e| Error::Spec { what: format!("engine metadata of target {}: {e}", t.id) })?;
+        compat.extend(meta.annotations());
+    }
     let mut extra = BTreeMap::new();
     if let Some(s) = files.warmup_samples {
         extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);
@@ -238,6 +245,6 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         payload,
         runtime_toml: rc.to_toml_string().into_bytes(),
         extra_files: extra,
-        compat: compat(t),
+        compat,
     })
 }

@@ -226,8 +226,10 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     // An engine's own tuple (digests, shape profile, builder GPU…) completes the plan's.
     let mut compat = compat(t);
     if let Payload::Engine { meta_json, .. } = &payload {
-        let meta = infer_spec::engine::EngineMeta::from_json(meta_json)
-            .map_err(|e| Error::Spec { what: format!("engine metadata of target {}: {e}", t.id) })?;
+        let meta =
+            infer_spec::engine::EngineMeta::from_json(meta_json).map_err(|e| Error::Spec {
+                what: format!("engine metadata of target {}: {e}", t.id),
+            })?;
         compat.extend(meta.annotations());
     }
     let mut extra = BTreeMap::new();

@@ -240,11 +240,7 @@ fn refuses_dynamic_runtimes_escaping_models_and_bad_flags() {
     std::os::unix::fs::symlink(&outside, ex.path("recipe/mlp.onnx")).unwrap();
     let o = ex.cmd("o2", &[]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("outside the recipe"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("outside the recipe"), "{}", stderr(&o));
 
     for (flag, val) in [("--output", "tar:x"), ("--compression", "brotli")] {
         let o = ex.cmd("o3", &[flag, val]).output().unwrap();

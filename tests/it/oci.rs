@@ -145,7 +145,10 @@ fn layer_order_media_types_and_annotations() {
     let mt: Vec<&str> = t.layers.iter().map(|l| l.media_type.as_str()).collect();
     let gz = "application/vnd.oci.image.layer.v1.tar+gzip";
     assert_eq!(mt, [gz, "application/vnd.oci.image.layer.v1.tar", gz]);
-    assert_eq!(t.layers[1].digest, t.layers[1].diff_id, "uncompressed: digest = diff_id");
+    assert_eq!(
+        t.layers[1].digest, t.layers[1].diff_id,
+        "uncompressed: digest = diff_id"
+    );
     assert!(t.layers[0].size < 300_000 / 10, "the binary is deflated");
 
     let m: serde_json::Value = read_blob(out.path(), t.manifest_digest.as_str());
@@ -373,6 +376,12 @@ fn an_engine_replaces_the_model_in_its_layer() {
         .collect();
     assert_eq!(
         names,
-        ["opt/", "opt/infer/", "opt/infer/model/", "opt/infer/model/engine.json", "opt/infer/model/engine.plan"]
+        [
+            "opt/",
+            "opt/infer/",
+            "opt/infer/model/",
+            "opt/infer/model/engine.json",
+            "opt/infer/model/engine.plan"
+        ]
     );
 }

@@ -156,6 +156,27 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
     })
 }
 
+/// The start-up time an engine profile measured: loading the chosen engine form, plus one
+/// warm-up execution of every profiled batch size (the runtime warms up each planned size
+/// before it reports ready). `None` when the profile has no start-up measurement.
+pub fn startup_from_profile(p: &infer_spec::engine::EngineProfile) -> Option<StartupMeasurement> {
+    let s = p.startup.as_ref()?;
+    let (form, load_ms) = match s.chosen {
+        infer_spec::engine::EngineFormat::TractNnefTar => ("nnef", s.nnef_ms.unwrap_or(s.onnx_ms)),
+        _ => ("onnx", s.onnx_ms),
+    };
+    let warm_ms: f64 = p.batches.iter().map(|b| b.median_us / 1000.0).sum();
+    let total_s = (load_ms + warm_ms) / 1000.0;
+    Some(StartupMeasurement {
+        seconds: total_s,
+        source: format!(
+            "engine profile on {}: load {load_ms:.0} ms ({form}) + warm-up of {} batch sizes {warm_ms:.0} ms",
+            p.measured_on,
+            p.batches.len()
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,25 +203,4 @@ mod tests {
             assert_eq!(memory_mib(q), m, "{q}");
         }
     }
-}
-
-/// The start-up time an engine profile measured: loading the chosen engine form, plus one
-/// warm-up execution of every profiled batch size (the runtime warms up each planned size
-/// before it reports ready). `None` when the profile has no start-up measurement.
-pub fn startup_from_profile(p: &infer_spec::engine::EngineProfile) -> Option<StartupMeasurement> {
-    let s = p.startup.as_ref()?;
-    let (form, load_ms) = match s.chosen {
-        infer_spec::engine::EngineFormat::TractNnefTar => ("nnef", s.nnef_ms.unwrap_or(s.onnx_ms)),
-        _ => ("onnx", s.onnx_ms),
-    };
-    let warm_ms: f64 = p.batches.iter().map(|b| b.median_us / 1000.0).sum();
-    let total_s = (load_ms + warm_ms) / 1000.0;
-    Some(StartupMeasurement {
-        seconds: total_s,
-        source: format!(
-            "engine profile on {}: load {load_ms:.0} ms ({form}) + warm-up of {} batch sizes {warm_ms:.0} ms",
-            p.measured_on,
-            p.batches.len()
-        ),
-    })
 }

@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
 export INFER_SERVE_BIN
 
+# The runtime the tests start on loopback carries the synthetic cost-model backend (never
+# shipped in images); building it here keeps the tests' own build of it a no-op.
+cargo build -q -p infer-serve --features synthetic --target-dir target/serve-it
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

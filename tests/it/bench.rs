@@ -4,41 +4,16 @@
 //! `infer-serve` belongs to another workspace package, so `CARGO_BIN_EXE_infer-serve` does not
 //! exist here: [`serve_binary`] builds it once per test run with the `synthetic` feature into
 //! `target/serve-it` (the directory the runtime's own tests use; the outer `cargo test` holds
-//! the lock on the main target dir). `INFER_SERVE_BIN` points at a binary built elsewhere.
+//! the lock on the main target dir). `INFER_SERVE_TEST_BIN` points at a binary built elsewhere (see `support::serve_test_binary`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::support;
 
 fn serve_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("INFER_SERVE_BIN") {
-            return PathBuf::from(p);
-        }
-        let target = support::root().join("target/serve-it");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(support::root())
-            .args([
-                "build",
-                "-q",
-                "-p",
-                "infer-serve",
-                "--features",
-                "synthetic",
-                "--target-dir",
-            ])
-            .arg(&target)
-            .status()
-            .expect("run cargo build -p infer-serve");
-        assert!(status.success(), "cargo build -p infer-serve failed");
-        target.join("debug/infer-serve")
-    })
-    .clone()
+    support::serve_test_binary()
 }
 
 fn free_port() -> u16 {

@@ -1,13 +1,13 @@
 pub mod bench;
-pub mod support;
-pub mod image;
-pub mod oci;
 pub mod deploy;
 pub mod engine;
 pub mod faultproxy;
+pub mod image;
+pub mod oci;
 pub mod plan;
 pub mod recipe;
 pub mod registry;
 pub mod registry_support;
 pub mod serve;
 pub mod slim;
+pub mod support;

@@ -6,7 +6,7 @@
 //! exist here. [`binary`] builds it once per test run with `cargo build -p infer-serve
 //! --features synthetic` into `target/serve-it` (a separate target dir, because the outer
 //! `cargo test` holds the lock on the main one; the shared compiler cache makes the second
-//! build cheap). Set `INFER_SERVE_BIN` to test a binary built elsewhere (it needs the
+//! build cheap). Set `INFER_SERVE_TEST_BIN` to test a binary built elsewhere (it needs the
 //! `synthetic` feature for the overload and drain tests).
 
 use super::support;
@@ -15,35 +15,10 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("INFER_SERVE_BIN") {
-            return PathBuf::from(p);
-        }
-        let target = support::root().join("target/serve-it");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(support::root())
-            .args([
-                "build",
-                "-q",
-                "-p",
-                "infer-serve",
-                "--features",
-                "synthetic",
-                "--target-dir",
-            ])
-            .arg(&target)
-            .status()
-            .expect("run cargo build -p infer-serve");
-        assert!(status.success(), "cargo build -p infer-serve failed");
-        target.join("debug/infer-serve")
-    })
-    .clone()
+    support::serve_test_binary()
 }
 
 const MLP: &str = r#"

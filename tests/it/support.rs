@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -77,4 +78,39 @@ pub fn have_docker(test: &str) -> bool {
         eprintln!("skipping {test}: no Docker engine answers `docker info`");
     }
     ok
+}
+
+/// The `infer-serve` binary the runtime and bench tests start on loopback. It needs the
+/// `synthetic` backend (a cost model for overload, drain and tuning tests), which images never
+/// carry, so it is NOT the statically linked image runtime of `INFER_SERVE_BIN`.
+///
+/// `INFER_SERVE_TEST_BIN` points at a binary built elsewhere; otherwise it is built once per
+/// test run into `target/serve-it` (its own target dir: the outer `cargo test` holds the lock
+/// on the main one). `scripts/test.sh` builds it first, so the tests find it up to date.
+pub fn serve_test_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("INFER_SERVE_TEST_BIN") {
+            return PathBuf::from(p);
+        }
+        let target = root().join("target/serve-it");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(root())
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "infer-serve",
+                "--features",
+                "synthetic",
+                "--target-dir",
+            ])
+            .arg(&target)
+            .status()
+            .expect("run cargo build -p infer-serve");
+        assert!(status.success(), "cargo build -p infer-serve failed");
+        target.join("debug/infer-serve")
+    })
+    .clone()
 }

@@ -13,6 +13,7 @@
 
 pub mod load;
 pub mod metrics;
+pub mod model;
 pub mod report;
 pub mod stats;
 pub mod tune;

@@ -342,6 +342,16 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
                         "Capacity (rows/s)".to_string(),
                         m.capacity_rps.map_or(String::new(), |c| format!("{c:.1}")),
                     ),
+                    (
+                        "Replayed Capacity (rows/s)".to_string(),
+                        m.predicted
+                            .map_or(String::new(), |p| format!("{:.1}", p.capacity_rps)),
+                    ),
+                    (
+                        "Replayed Mean Latency (usec)".to_string(),
+                        m.predicted
+                            .map_or(String::new(), |p| format!("{:.0}", p.mean_us)),
+                    ),
                 ],
                 m.step.clone(),
             )
@@ -422,6 +432,17 @@ fn tune_html(model: &str, r: &SweepResult, labeled: &[(Labels, Step)]) -> String
         "Each point: infer-serve started with that max batch size and max queue delay, driven open-loop at {} req/s. Capacity = rows per batch / compute time per batch, from the server's metrics.",
         r.rate
     ))];
+    sections.push(Section::Paragraph(match (&r.model, &r.model_refused) {
+        (Some(m), _) => format!(
+            "Cost model fitted to all points: T(b) = {:.2} + {:.3} x b ms per batch (within {:.1}% of every point). Each point was replayed against it with {} arrivals; the capacity gain and mean-latency cost of each step are read from the replay, which the short measured samples are too noisy to rank. The p99 budget and errors are judged on the measurements.",
+            m.fixed_us / 1000.0,
+            m.per_row_us / 1000.0,
+            m.max_rel_error * 100.0,
+            tune::REPLAY_ARRIVALS
+        ),
+        (None, Some(why)) => format!("No cost model: {why}. Gains and costs are read from the measurements."),
+        (None, None) => "No cost model.".to_string(),
+    }));
     match (&r.recommendation, &r.capacity) {
         (Some(rec), Some(c)) => {
             sections.push(Section::Heading("Recommendation".into()));

@@ -408,9 +408,24 @@ fn bench_tune_on_the_known_cost_model() {
     let delay_ms = rec["point"]["delay_us"].as_u64().unwrap() as f64 / 1000.0;
     let budget = 200.0;
 
+    // The cost model fitted to the sweep is the synthetic backend's T(b) = 40 + 6b ms (plus
+    // sleep overshoot), and its replay reproduces the batches the server really formed.
+    let model = &v["model"];
+    let fixed = model["fixed_us"].as_f64().expect("a cost model") / 1000.0;
+    let per_row = model["per_row_us"].as_f64().unwrap() / 1000.0;
+    assert!((39.0..43.0).contains(&fixed), "{model}\n{err}");
+    assert!((5.0..7.0).contains(&per_row), "{model}\n{err}");
+    for r in results {
+        let (meas, pred) = (
+            r["mean_batch"].as_f64().unwrap(),
+            r["predicted"]["mean_batch"].as_f64().unwrap(),
+        );
+        assert!((pred / meas - 1.0).abs() < 0.2, "{r}\n{err}");
+    }
+
     // Supported by its own measurements: within budget there, and the next step is over
     // budget, has errors, or gains less capacity than the noise floor (2%) or than it adds
-    // mean latency.
+    // mean latency (both read from the replay, as the recommendation does).
     let at = |d: f64| {
         results
             .iter()
@@ -423,10 +438,9 @@ fn bench_tune_on_the_known_cost_model() {
         let errors = next["step"]["errors"]
             .as_object()
             .is_some_and(|e| !e.is_empty());
-        let gain =
-            next["capacity_rps"].as_f64().unwrap() / here["capacity_rps"].as_f64().unwrap() - 1.0;
-        let mean = |r: &serde_json::Value| r["step"]["latency"]["mean_us"].as_f64().unwrap();
-        let cost = mean(next) / mean(here) - 1.0;
+        let pred = |r: &serde_json::Value, k: &str| r["predicted"][k].as_f64().unwrap();
+        let gain = pred(next, "capacity_rps") / pred(here, "capacity_rps") - 1.0;
+        let cost = pred(next, "mean_us") / pred(here, "mean_us") - 1.0;
         assert!(
             over || errors || gain < 0.02 || gain < cost,
             "next step {next} supports going further\n{err}"

@@ -183,6 +183,9 @@ pub struct Files {
     pub model: PathBuf,
     /// A cached engine for this target: file and metadata JSON.
     pub engine: Option<(PathBuf, Vec<u8>)>,
+    /// The engine's profile (`profile.json` of its cache entry): shipped beside the engine,
+    /// and its start-up measurement becomes `dev.infer-build.startup.*` annotations.
+    pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
     pub warmup_samples: Option<Vec<u8>>,
     pub base: Option<BaseRef>,
@@ -233,6 +236,14 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         compat.extend(meta.annotations());
     }
     let mut extra = BTreeMap::new();
+    if let Some(bytes) = files.engine_profile {
+        let profile =
+            infer_spec::engine::EngineProfile::from_json(&bytes).map_err(|e| Error::Spec {
+                what: format!("engine profile of target {}: {e}", t.id),
+            })?;
+        compat.extend(startup_annotations(&profile));
+        extra.insert(format!("{}/profile.json", paths::MODEL_DIR), bytes);
+    }
     if let Some(s) = files.warmup_samples {
         extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);
     }
@@ -249,4 +260,23 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         extra_files: extra,
         compat,
     })
+}
+
+/// The start-up measurement of an engine profile as tuple keys (`startup.engine-load-ms`,
+/// milliseconds): what the warm-up manifest and the deploy generator read back from the image.
+pub fn startup_annotations(p: &infer_spec::engine::EngineProfile) -> BTreeMap<String, String> {
+    use infer_spec::engine::EngineFormat;
+    let mut m = BTreeMap::new();
+    if let Some(s) = &p.startup {
+        let load = match s.chosen {
+            EngineFormat::TractNnefTar => s.nnef_ms.unwrap_or(s.onnx_ms),
+            EngineFormat::Onnx | EngineFormat::TensorrtPlan => s.onnx_ms,
+        };
+        m.insert("startup.engine-load-ms".into(), format!("{load:.1}"));
+        m.insert("startup.onnx-load-ms".into(), format!("{:.1}", s.onnx_ms));
+        if let Some(n) = s.nnef_ms {
+            m.insert("startup.nnef-load-ms".into(), format!("{n:.1}"));
+        }
+    }
+    m
 }

@@ -43,6 +43,12 @@ pub struct BuildArgs {
     /// Layer compression: auto (gzip; weights ≥ 4 MiB uncompressed), gzip, gzip-stored, zstd, none.
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     pub compression: String,
+    /// `org.opencontainers.image.revision` of the index and every image (e.g. the commit).
+    #[arg(long, env = "INFER_BUILD_REVISION", value_name = "REV")]
+    pub revision: Option<String>,
+    /// `org.opencontainers.image.source` of the index and every image (the repository URL).
+    #[arg(long, env = "INFER_BUILD_SOURCE", value_name = "URL")]
+    pub source: Option<String>,
     /// Print one JSON document (layout, per-target manifest digests, layers, index digest).
     #[arg(long)]
     pub json: bool,
@@ -240,10 +246,16 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         }
         let platform = build::spec::platform(t);
         build::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
+        let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
+        let (engine, engine_profile) = match engine {
+            Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
+            None => (None, None),
+        };
         let files = build::spec::Files {
             serve_bin: serve.clone(),
             model: model.clone(),
-            engine: cached_engine(args.engines.as_deref(), &t.id)?,
+            engine,
+            engine_profile,
             warmup_samples: samples.clone(),
             base: if gpu {
                 args.base_layout.clone().map(|layout| build::BaseRef {
@@ -263,28 +275,66 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             .unwrap_or_default();
         return Err(build::Error::NeedBaseLayout { target: first }.into());
     }
-    Ok((build::spec::image_meta(&recipe, &plan), specs, skipped))
+    let mut meta = build::spec::image_meta(&recipe, &plan);
+    meta.revision = nonempty(args.revision.as_deref());
+    meta.source = nonempty(args.source.as_deref());
+    Ok((meta, specs, skipped))
 }
 
-/// A cached engine for `target` under `--engines DIR`: `DIR/<target>/meta.json` (the engine
-/// cache's metadata file) with the engine file beside it (`engine.plan` or `model.nnef.tar`).
-/// None when absent.
-fn cached_engine(dir: Option<&Path>, target: &str) -> Result<Option<(PathBuf, Vec<u8>)>, Error> {
+fn nonempty(v: Option<&str>) -> Option<String> {
+    v.map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// The engine of target `t` under `--engines DIR` (an engine cache, or the entries of several
+/// caches copied under one folder), found and verified by [`crate::engine::lookup_target`]:
+/// its metadata must match the plan and its file its digest. A GPU target needs one; a CPU
+/// target without one ships the ONNX model (tract optimises it at start). Returns the engine
+/// file, its metadata JSON and its profile JSON.
+fn cached_engine(
+    dir: Option<&Path>,
+    recipe: &crate::recipe::Recipe,
+    t: &TargetPlan,
+) -> Result<Option<CachedEngine>, Error> {
     let Some(dir) = dir else { return Ok(None) };
-    let d = dir.join(target);
-    let meta = d.join("meta.json");
-    if !meta.is_file() {
-        return Ok(None);
-    }
-    for name in ["engine.plan", "model.nnef.tar"] {
-        if d.join(name).is_file() {
-            let (file, _) = build::safe_input(&d, Path::new(name))?;
-            let json = std::fs::read(&meta).map_err(|source| build::Error::Input {
-                path: meta.clone(),
-                source,
-            })?;
-            return Ok(Some((file, json)));
+    let found = match crate::engine::lookup_target(recipe, t, dir) {
+        Ok(a) => a,
+        Err(crate::engine::Error::NotFound { reason, .. }) if t.kind == TargetKind::Cpu => {
+            eprintln!(
+                "note: target {}: no engine under {} ({reason}); shipping the ONNX model",
+                t.id,
+                dir.display()
+            );
+            return Ok(None);
         }
-    }
-    Ok(None)
+        Err(e) => return Err(e.into()),
+    };
+    let read = |name: &str| -> Result<Vec<u8>, Error> {
+        let (p, _) = build::safe_input(&found.dir, Path::new(name))?;
+        std::fs::read(&p).map_err(|source| build::Error::Input { path: p, source }.into())
+    };
+    let name = found
+        .engine
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let (file, _) = build::safe_input(&found.dir, &name)?;
+    eprintln!(
+        "target {}: engine {} from {}",
+        t.id,
+        found.meta.engine_digest,
+        found.dir.display()
+    );
+    Ok(Some(CachedEngine {
+        file,
+        meta_json: read(infer_spec::engine::META_FILE)?,
+        profile: found.profile.to_canonical_json(),
+    }))
+}
+
+struct CachedEngine {
+    file: PathBuf,
+    meta_json: Vec<u8>,
+    profile: Vec<u8>,
 }

@@ -433,7 +433,20 @@ pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
     }
     match same_target.into_iter().next() {
         Some((path, meta)) => {
-            let diffs = differences(spec, &material, &meta);
+            let mut diffs = differences(spec, &material, &meta);
+            if diffs.is_empty() {
+                // The planned batch sizes are in the key and in the profile, not the metadata.
+                if let Ok(entry) = Entry::read(&path) {
+                    let profiled: Vec<u32> =
+                        entry.profile.batches.iter().map(|b| b.batch).collect();
+                    if profiled != material.batch_sizes {
+                        diffs.push(format!(
+                            "planned batch sizes: plan {:?}, engine {profiled:?}",
+                            material.batch_sizes
+                        ));
+                    }
+                }
+            }
             Err(Error::Mismatch {
                 target: spec.target.clone(),
                 path,

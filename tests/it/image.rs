@@ -190,6 +190,139 @@ fn noop_rebuild_reads_nothing_and_inspect_reports_the_layout() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from) {
+        let e = e.unwrap();
+        let dest = to.join(e.path().strip_prefix(from).unwrap());
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+        } else if e.file_type().is_file() {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// `build --engines DIR` with the engine of a separate `engine` run (a CI job's cache copied
+/// under one artifact folder): the image ships the verified engine with its metadata and
+/// profile, the engine's tuple and start-up measurement become annotations, revision and
+/// source are recorded; a changed plan falls back to the ONNX model for a CPU target, and a
+/// tampered engine file is refused.
+#[test]
+fn build_assembles_engines_from_separate_engine_runs() {
+    let ex = Example::new();
+    let o = infer_build()
+        .arg("engine")
+        .arg(ex.recipe())
+        .args(["--target", "cpu-fp32", "--json", "--cache"])
+        .arg(ex.path("job-cpu"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let engine: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let digest = engine["engine_digest"].as_str().unwrap().to_string();
+    let artifacts = ex.path("artifacts");
+    copy_tree(&ex.path("job-cpu"), &artifacts.join("job-cpu"));
+
+    let engines = artifacts.to_str().unwrap();
+    let flags = [
+        "--engines",
+        engines,
+        "--revision",
+        "0123abc",
+        "--source",
+        "https://example.com/models",
+    ];
+    let v = ex.build("out", &flags);
+    let o = infer_build()
+        .args(["inspect", "--json"])
+        .arg(ex.path("out"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let i: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ann = &i["images"][0]["annotations"];
+    assert_eq!(
+        ann["dev.infer-build.engine.digest"],
+        digest.as_str(),
+        "{ann}"
+    );
+    assert_eq!(ann["org.opencontainers.image.revision"], "0123abc");
+    assert_eq!(
+        ann["org.opencontainers.image.source"],
+        "https://example.com/models"
+    );
+    let load: f64 = ann["dev.infer-build.startup.engine-load-ms"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(load > 0.0, "{ann}");
+    // The engine, its metadata and its profile are in the image.
+    let manifest = v["targets"][0]["manifest_digest"].as_str().unwrap();
+    let img = infer_build::slim::image::read_layout(&ex.path("out"), Some(manifest)).unwrap();
+    let (tree, _) = infer_build::slim::image::flatten(&img).unwrap();
+    let names: Vec<&String> = tree
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.contains("opt/infer/model/"))
+        .collect();
+    let has = |n: &str| names.iter().any(|p| p.ends_with(n));
+    assert!(has("/engine.json") && has("/profile.json"), "{names:?}");
+    assert!(!has("/model.onnx"), "{names:?}");
+    // Same inputs, same digests.
+    assert_eq!(digests(&v), digests(&ex.build("out2", &flags)));
+
+    // No engine for the CPU target under the folder: it ships the ONNX model, and says so.
+    std::fs::create_dir(ex.path("empty")).unwrap();
+    let empty = ex.path("empty");
+    let o = ex
+        .cmd("out3", &["--engines", empty.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("shipping the ONNX model"),
+        "{}",
+        stderr(&o)
+    );
+
+    // The plan changed (other batch sizes): the stale engine is refused, and what differs named.
+    let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
+    std::fs::write(
+        ex.recipe(),
+        recipe.replace(
+            "preferred_batch_sizes = [8, 16, 32]",
+            "preferred_batch_sizes = [4, 16, 32]",
+        ),
+    )
+    .unwrap();
+    let o = ex.cmd("out3", &["--engines", engines]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("planned batch sizes: plan [1, 4, 16, 32], engine [1, 8, 16, 32]"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(ex.recipe(), &recipe).unwrap();
+
+    // A tampered engine file is refused by its digest.
+    let file = walkdir::WalkDir::new(&artifacts)
+        .into_iter()
+        .map(|e| e.unwrap().into_path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n == "model.nnef.tar" || n == "model.onnx")
+        })
+        .expect("the engine file");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let o = ex.cmd("out4", &["--engines", engines]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("digest"), "{}", stderr(&o));
+}
+
 #[test]
 fn refuses_dynamic_runtimes_escaping_models_and_bad_flags() {
     let ex = Example::new();

@@ -543,6 +543,57 @@ fn serve_overload_gives_503_with_retry_after() {
     );
 }
 
+/// A client that goes away while its request waits in the queue takes the request with it:
+/// it is never executed, and it is counted as cancelled.
+#[test]
+fn serve_drops_queued_requests_of_clients_that_went_away() {
+    // One instance, 300 ms per batch, one row per batch.
+    let s = Server::ready(&synthetic(300, 1, 8, 0));
+    let exec = |m: &str| metric(m, "nv_inference_exec_count{model=\"syn\",version=\"1\"}");
+    let before = exec(&s.get("/metrics").text());
+    let addr = s.addr.clone();
+    // A occupies the only instance for 300 ms.
+    let a = std::thread::spawn(move || {
+        http(
+            &addr,
+            "POST",
+            "/v2/models/syn/infer",
+            &[],
+            f32_json(1, 4, 1.0).as_bytes(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // B queues behind A, then hangs up before A is done.
+    let body = f32_json(1, 4, 2.0);
+    let mut b = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        b,
+        "POST /v2/models/syn/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    b.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(b);
+    assert_eq!(a.join().unwrap().status, 200);
+    // Long enough for B to have run had it stayed.
+    std::thread::sleep(Duration::from_millis(500));
+    let m = s.get("/metrics").text();
+    assert_eq!(
+        exec(&m) - before,
+        1.0,
+        "B was executed after its client left\n{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"cancelled\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
 #[test]
 fn serve_sigterm_drains_then_exits_zero() {
     // 30 ms per batch, up to 8 rows, 1 s drain.

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use sha2::Digest as _;
+
 use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
 
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
@@ -321,6 +323,44 @@ fn build_assembles_engines_from_separate_engine_runs() {
     let o = ex.cmd("out4", &["--engines", engines]).output().unwrap();
     assert!(!o.status.success());
     assert!(stderr(&o).contains("digest"), "{}", stderr(&o));
+}
+
+/// Two builds into the same layout at once (two CI jobs sharing a cache directory): the
+/// second waits for the first's lock, both succeed with the same digests, and every blob in
+/// the layout hashes to its name.
+#[test]
+fn two_concurrent_builds_of_one_layout_agree() {
+    let ex = Example::new();
+    let spawn = || {
+        ex.cmd("out", &["--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert!(b.status.success(), "{}", stderr(&b));
+    let va: serde_json::Value = serde_json::from_str(&stdout(&a)).unwrap();
+    let vb: serde_json::Value = serde_json::from_str(&stdout(&b)).unwrap();
+    assert_eq!(digests(&va), digests(&vb));
+    // Every blob in the store hashes to its name.
+    let blobs = ex.path("out/blobs/sha256");
+    for e in std::fs::read_dir(&blobs).unwrap() {
+        let p = e.unwrap().path();
+        let bytes = std::fs::read(&p).unwrap();
+        let hex = hex::encode(sha2::Sha256::digest(&bytes));
+        assert_eq!(
+            p.file_name().unwrap().to_string_lossy(),
+            hex,
+            "{}",
+            p.display()
+        );
+    }
+    // And a third build after both is a pure cache hit with the same digests.
+    let again = ex.build("out", &[]);
+    assert_eq!(digests(&again), digests(&va));
 }
 
 #[test]

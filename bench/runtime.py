@@ -175,6 +175,16 @@ avg_batch = counter(m, "nv_inference_count") / counter(m, "nv_inference_exec_cou
 compute_p50 = hist_quantile(m, "infer_serve_compute_duration_seconds", 0.5) * 1e6
 s.stop()
 
+# The server's own overhead when it is not competing with the load generator for the cores:
+# one connection, a fresh server (its histograms hold only this run).
+port_1 = 18405
+s = Server([serve_bin, "--config", write_config("one.toml", port_1, mbs=32, delay=0)], port_1)
+one = median_runs(port_1, 1, "json")
+m1 = s.metrics()
+overhead1_p50 = hist_quantile(m1, "infer_serve_overhead_seconds", 0.5) * 1e6
+overhead1_p99 = hist_quantile(m1, "infer_serve_overhead_seconds", 0.99) * 1e6
+s.stop()
+
 # Queue time against the configured delay: 64 connections, max_queue_delay_us = 2000.
 port_d = 18404
 s = Server([serve_bin, "--config", write_config("delay.toml", port_d, mbs=32, delay=2000, preferred="[8, 16, 32]")], port_d)
@@ -213,7 +223,13 @@ say(f"| batching vs max_batch_size 1, json, 64 connections | {table[('json', 64)
 for kind in ("json", "binary") if ceiling else ():
     say(f"| runtime vs ceiling (same HTTP + decode/encode, no batcher, no model), {kind} | {table[(kind, 16)]['rps']:,.0f} | {ceiling[kind]['rps']:,.0f} | {table[(kind, 16)]['rps'] / ceiling[kind]['rps']:.2f} |")
 say("")
-say(f"- server-side overhead (request time minus queue and compute, from `infer_serve_overhead_seconds` over all runs above): p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+say(f"- server-side overhead (request time minus queue and compute, `infer_serve_overhead_seconds`): at 1 JSON connection (a fresh server, {one['rps']:,.0f} inferences/s) p50 {overhead1_p50:.1f} µs, p99 {overhead1_p99:.1f} µs; over all runs of the first table (up to 64 connections, the load generator on the same 2 cores) p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+mc = os.environ.get("METRICS_COST_JSON")
+if mc:
+    mc = json.loads(mc)
+    cores = os.cpu_count() or 1
+    per_req_ns = cores * 1e9 / table[("json", 16)]["rps"]
+    say(f"- metrics cost: {mc['metrics_ns_per_request']:.0f} ns of CPU per request for every metric a one-row request touches (`examples/metrics_cost.rs`: 2 threads on one shared `Metrics`, a batch per request, clock reads included; median of {mc['runs']}) against {per_req_ns / 1e3:.1f} µs of CPU per request at 16 JSON connections ({cores} cores / {table[('json', 16)]['rps']:,.0f} inferences/s): {mc['metrics_ns_per_request'] / per_req_ns * 100:.2f}% of throughput (goal ≤ 2%)")
 say(f"- queue time with max_queue_delay_us = 2000, preferred [8, 16, 32], 64 JSON connections: p50 {queue_p50:.2f} ms, p99 {queue_p99:.2f} ms (from `infer_serve_queue_duration_seconds`); {delayed['rps']:,.0f} inferences/s, p99 {delayed['p99']:.2f} ms, average batch {avg_batch_d:.1f} rows")
 say(f"- average batch size over all runs above: {avg_batch:.2f} rows; batch compute p50 {compute_p50:.1f} µs")
 say(f"- memory: idle RSS {statistics.median(idle) / 1024:.1f} MiB (median of {RUNS} starts); after the load above RSS {loaded_rss[0] / 1024:.1f} MiB, peak {loaded_rss[1] / 1024:.1f} MiB")

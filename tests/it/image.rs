@@ -81,6 +81,17 @@ impl Example {
     }
 }
 
+/// `infer-build inspect --json LAYOUT`, which must succeed.
+fn inspect_json(layout: &Path) -> serde_json::Value {
+    let o = infer_build()
+        .args(["inspect", "--json"])
+        .arg(layout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
 fn digests(v: &serde_json::Value) -> (String, Vec<String>) {
     let t = v["targets"]
         .as_array()
@@ -151,13 +162,7 @@ fn noop_rebuild_reads_nothing_and_inspect_reports_the_layout() {
         .iter()
         .all(|l| l["cache"] == "stat"));
 
-    let o = infer_build()
-        .args(["inspect", "--json"])
-        .arg(ex.path("out"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = inspect_json(&ex.path("out"));
     let img = &v["images"][0];
     assert_eq!(img["tags"][0], "1.0.0-cpu-fp32");
     assert_eq!(
@@ -235,13 +240,7 @@ fn build_assembles_engines_from_separate_engine_runs() {
         "https://example.com/models",
     ];
     let v = ex.build("out", &flags);
-    let o = infer_build()
-        .args(["inspect", "--json"])
-        .arg(ex.path("out"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let i: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let i = inspect_json(&ex.path("out"));
     let ann = &i["images"][0]["annotations"];
     assert_eq!(
         ann["dev.infer-build.engine.digest"],

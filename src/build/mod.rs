@@ -406,6 +406,9 @@ struct Base {
     config: ImageConfig,
     name: String,
     digest: Digest,
+    /// A slim base's size-report annotations (manifest, then per layer), kept by the image.
+    slim: BTreeMap<String, String>,
+    slim_layers: Vec<BTreeMap<String, String>>,
 }
 
 fn import_base(store: &BlobStore, b: &BaseRef, platform: &Platform) -> Result<Base, Error> {
@@ -493,11 +496,26 @@ fn import_base(store: &BlobStore, b: &BaseRef, platform: &Platform) -> Result<Ba
         .tag
         .clone()
         .unwrap_or_else(|| b.layout.display().to_string());
+    let slim = crate::slim::image::carried_annotations(&img.manifest.annotations);
+    let slim_layers = img
+        .manifest
+        .layers
+        .iter()
+        .map(|l| {
+            if slim.is_empty() {
+                BTreeMap::new()
+            } else {
+                crate::slim::image::carried_layer_annotations(&l.annotations)
+            }
+        })
+        .collect();
     Ok(Base {
         layers,
         config,
         name,
         digest: img.descriptor.digest.clone(),
+        slim,
+        slim_layers,
     })
 }
 
@@ -525,6 +543,12 @@ fn build_target(
         .as_ref()
         .map(|b| b.config.history.clone())
         .unwrap_or_default();
+    // On a slim base, every layer records its uncompressed size for the slim size report.
+    let mut slim_layers: Vec<BTreeMap<String, String>> = base
+        .as_ref()
+        .map(|b| b.slim_layers.clone())
+        .unwrap_or_default();
+    let on_slim = base.as_ref().is_some_and(|b| !b.slim.is_empty());
     for lp in plan_layers(t, opts.policy)? {
         let lo = LayerOptions {
             compression: lp.compression,
@@ -536,6 +560,12 @@ fn build_target(
         let res = layer::build_layer(store, lp.entries, &lo, &mut |n| progress.advance(n));
         progress.finish();
         let (rec, hit): (LayerRecord, CacheHit) = res?;
+        let mut slim = BTreeMap::new();
+        if on_slim {
+            let size = rec.tar_size.to_string();
+            slim.insert(crate::slim::image::UNCOMPRESSED_SIZE.to_string(), size);
+        }
+        slim_layers.push(slim);
         layers.push(LayerReport {
             role: lp.role.into(),
             digest: rec.digest,
@@ -614,6 +644,7 @@ fn build_target(
     if let Some(b) = &base {
         ann.insert(annotation::BASE_NAME.into(), b.name.clone());
         ann.insert(annotation::BASE_DIGEST.into(), b.digest.to_string());
+        ann.extend(b.slim.clone());
     }
     let manifest = Manifest {
         schema_version: 2,
@@ -621,10 +652,12 @@ fn build_target(
         config: Descriptor::new(media::CONFIG, cfg_digest.clone(), cfg_bytes.len() as u64),
         layers: layers
             .iter()
-            .map(|l| {
+            .zip(&slim_layers)
+            .map(|(l, slim)| {
                 let mut d = Descriptor::new(&l.media_type, l.digest.clone(), l.size);
                 d.annotations
                     .insert(format!("{ANNOTATION_PREFIX}layer"), l.role.clone());
+                d.annotations.extend(slim.clone());
                 d
             })
             .collect(),

@@ -124,6 +124,37 @@ pub const TOOLKIT_INJECTED: &[&str] = &[
     "libGLESv2_nvidia.so*",
 ];
 
+/// The definitions of `base-images/slim/`, embedded at compile time (file name, text), sorted by
+/// file name; `--matrix DIR` reads `DIR/base-images/slim` instead (`image::definitions`).
+pub const EMBEDDED: [(&str, &str); 2] = [
+    (
+        "base-images/slim/trt10-cuda12-full.toml",
+        include_str!("../../base-images/slim/trt10-cuda12-full.toml"),
+    ),
+    (
+        "base-images/slim/trt10-cuda12-vc.toml",
+        include_str!("../../base-images/slim/trt10-cuda12-vc.toml"),
+    ),
+];
+
+/// Parse the embedded definitions (names are unique; checked by a test).
+pub fn embedded() -> Result<Vec<Definition>, Error> {
+    EMBEDDED
+        .iter()
+        .map(|(origin, text)| Definition::parse(origin, text))
+        .collect()
+}
+
+/// The definition called `name`; an unknown name lists the known ones.
+pub fn find<'a>(defs: &'a [Definition], name: &str) -> Result<&'a Definition, Error> {
+    defs.iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| Error::UnknownDefinition {
+            name: name.to_string(),
+            known: defs.iter().map(|d| d.name.clone()).collect(),
+        })
+}
+
 /// What the engine at hand needs, from its metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Needs {
@@ -345,6 +376,35 @@ on_conflict = "base"
         gpu.hardware_compat = HardwareCompat::AmperePlus;
         let (kind, needs, _) = engine_needs(&gpu, &[Tactic::Cudnn]);
         assert_eq!((kind, needs), (EngineKind::Full, Needs::default()));
+    }
+
+    #[test]
+    fn embedded_definitions_are_every_file_of_the_directory() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/slim");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".toml"))
+            .map(|n| format!("base-images/slim/{n}"))
+            .collect();
+        files.sort();
+        let names: Vec<&str> = EMBEDDED.iter().map(|(f, _)| *f).collect();
+        assert_eq!(names, files);
+        for (f, text) in EMBEDDED {
+            assert_eq!(
+                std::fs::read_to_string(dir.parent().unwrap().parent().unwrap().join(f)).unwrap(),
+                text
+            );
+        }
+        let defs = embedded().unwrap();
+        assert_eq!(
+            find(&defs, "trt10-cuda12-vc").unwrap().engine,
+            EngineKind::VersionCompatible
+        );
+        assert_eq!(
+            find(&defs, "trt9").unwrap_err().to_string(),
+            "no slim base definition `trt9` (known: trt10-cuda12-full, trt10-cuda12-vc)"
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub const ELF_PARSE_LIMIT: u64 = 1 << 30;
 pub const ANNOTATION: &str = "dev.infer-build.slim.";
 /// Layer descriptor annotation: the uncompressed size of the layer, for the size report.
 pub const UNCOMPRESSED_SIZE: &str = "dev.infer-build.uncompressed-size";
+/// Layer descriptor annotation written by `build`: the layer's role (`serve`, `model`…).
+const LAYER_ROLE: &str = "dev.infer-build.layer";
 
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -828,22 +830,64 @@ pub fn report_from_manifest(manifest: &Value) -> Option<SizeReport> {
                 media_type: str_field(l, "mediaType").unwrap_or("").to_string(),
                 size: l.get("size")?.as_u64()?,
                 uncompressed: a?.get(UNCOMPRESSED_SIZE)?.as_str()?.parse().ok()?,
+                // Layers an image built on the slim base added on top: their role.
                 from: a
-                    .and_then(|a| a.get(format!("{ANNOTATION}from")))
+                    .and_then(|a| {
+                        a.get(format!("{ANNOTATION}from"))
+                            .or_else(|| a.get(LAYER_ROLE))
+                    })
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string(),
             })
         })
         .collect::<Option<_>>()?;
-    let builder = [LayerSize {
+    // An image built on the slim base is compared with the same image on the full builder:
+    // the builder's layers plus the layers added on top of the slim base.
+    let mut builder = vec![LayerSize {
         digest: String::new(),
         media_type: String::new(),
         size: builder_size,
         uncompressed: builder_uncompressed,
         from: "builder".into(),
     }];
+    builder.extend(
+        layers
+            .iter()
+            .filter(|l| !report::from_slim_base(l))
+            .cloned(),
+    );
     Some(report::size_report(&layers, &builder))
+}
+
+/// The manifest annotations of a slim base that an image built on it keeps, so that its size
+/// report ([`report_from_manifest`]) still compares it with the full builder. Empty when the
+/// base is not a slim image.
+pub fn carried_annotations(base: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    if !base.contains_key(&format!("{ANNOTATION}builder-size")) {
+        return BTreeMap::new();
+    }
+    base.iter()
+        .filter(|(k, _)| k.starts_with(ANNOTATION))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The layer descriptor annotations of a slim base's layer that the built image keeps.
+pub fn carried_layer_annotations(layer: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    layer
+        .iter()
+        .filter(|(k, _)| *k == UNCOMPRESSED_SIZE || *k == &format!("{ANNOTATION}from"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The definitions of `base-images/slim/` under `dir` (`--matrix DIR`), else the embedded ones.
+pub fn definitions(dir: Option<&Path>) -> Result<Vec<Definition>, Error> {
+    match dir {
+        Some(d) => load_definitions(&d.join("base-images/slim")),
+        None => super::def::embedded(),
+    }
 }
 
 /// Read the size report of the slim image `want` in the layout at `dir`.
@@ -1055,6 +1099,55 @@ mod tests {
                 .to_string(),
             format!("{}: no image `{other}` in the layout", tmp.path().display())
         );
+    }
+
+    #[test]
+    fn report_of_an_image_built_on_a_slim_base_counts_the_added_layers_on_both_sides() {
+        let d = |c: &str| format!("sha256:{}", c.repeat(64));
+        let layer = |c: &str, size: u64, ann: Value| json!({"mediaType": LAYER_GZIP, "digest": d(c), "size": size, "annotations": ann});
+        let slim_ann = json!({
+            "dev.infer-build.slim.builder-size": "1000",
+            "dev.infer-build.slim.builder-uncompressed-size": "3000",
+            "dev.infer-build.slim.definition": "t",
+            "org.opencontainers.image.title": "other",
+        });
+        let mut manifest = json!({
+            "layers": [
+                layer("a", 10, json!({UNCOMPRESSED_SIZE: "30", "dev.infer-build.slim.from": "base"})),
+                layer("b", 40, json!({UNCOMPRESSED_SIZE: "90", "dev.infer-build.slim.from": "slim"})),
+            ],
+            "annotations": slim_ann,
+        });
+        let slim = report_from_manifest(&manifest).unwrap();
+        assert_eq!((slim.size, slim.builder_size), (50, 1000));
+        assert!(slim.render().contains("full builder image"));
+        manifest["layers"].as_array_mut().unwrap().push(layer(
+            "c",
+            50,
+            json!({UNCOMPRESSED_SIZE: "60", LAYER_ROLE: "model"}),
+        ));
+        let r = report_from_manifest(&manifest).unwrap();
+        assert_eq!(r.layers[2].from, "model");
+        assert_eq!((r.size, r.builder_size), (100, 1050));
+        assert_eq!((r.uncompressed, r.builder_uncompressed), (180, 3060));
+        assert!((r.reduction - 10.5).abs() < 1e-9);
+        assert!(
+            r.render().contains("same on full builder"),
+            "{}",
+            r.render()
+        );
+        // A layer without its uncompressed size: no report rather than a wrong one.
+        manifest["layers"][2]["annotations"] = json!({});
+        assert!(report_from_manifest(&manifest).is_none());
+
+        let ann: BTreeMap<String, String> =
+            serde_json::from_value(manifest["annotations"].clone()).unwrap();
+        let kept = carried_annotations(&ann);
+        assert_eq!(kept.len(), 3);
+        assert!(!kept.contains_key("org.opencontainers.image.title"));
+        let mut plain = ann.clone();
+        plain.remove("dev.infer-build.slim.builder-size");
+        assert!(carried_annotations(&plain).is_empty());
     }
 
     #[test]

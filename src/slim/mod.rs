@@ -41,6 +41,8 @@ pub enum Error {
     Glob { pattern: String, message: String },
     #[error("no slim base definition serves {} engines of TensorRT {tensorrt}", match kind { EngineKind::VersionCompatible => "version-compatible", EngineKind::Full => "full" })]
     NoDefinition { kind: EngineKind, tensorrt: String },
+    #[error("no slim base definition `{name}` (known: {})", known.join(", "))]
+    UnknownDefinition { name: String, known: Vec<String> },
     #[error("the slim closure cannot be built:\n  {}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n  "))]
     Closure { problems: Vec<Problem> },
     #[error("{image} is not pinned: no digest in the definition or the lock file; pull it once to record one, or allow unpinned images explicitly")]
@@ -65,6 +67,7 @@ impl Error {
             Error::Definition { .. }
             | Error::Glob { .. }
             | Error::NoDefinition { .. }
+            | Error::UnknownDefinition { .. }
             | Error::Closure { .. }
             | Error::Unpinned { .. }
             | Error::Layout { .. } => true,

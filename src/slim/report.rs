@@ -1,10 +1,10 @@
 //! The size report: every layer of the slim image, the image, and the image the full builder
 //! would have given, with the reduction factor (pure).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One layer's sizes.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerSize {
     pub digest: String,
     pub media_type: String,
@@ -17,13 +17,15 @@ pub struct LayerSize {
 }
 
 /// Sizes of the slim image against the full builder image.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SizeReport {
     pub layers: Vec<LayerSize>,
     /// Sum over `layers`.
     pub size: u64,
     pub uncompressed: u64,
-    /// The same sums for the builder image every file was taken from.
+    /// The same sums for the builder image every file was taken from; for an image built on
+    /// a slim base, for that image on the full builder (the builder's layers plus the layers
+    /// added on top of the slim base).
     pub builder_size: u64,
     pub builder_uncompressed: u64,
     /// `builder_size / size`: how many times smaller the pull is.
@@ -55,6 +57,11 @@ pub fn size_report(layers: &[LayerSize], builder: &[LayerSize]) -> SizeReport {
         reduction: ratio(builder_size, size),
         reduction_uncompressed: ratio(builder_uncompressed, uncompressed),
     }
+}
+
+/// True for the layers of the slim base itself (the base image's and the closure's).
+pub fn from_slim_base(l: &LayerSize) -> bool {
+    l.from == "base" || l.from == "slim"
 }
 
 /// Bytes for people: `1.4 GiB`, `310.2 KiB`, `512 B`.
@@ -93,8 +100,13 @@ impl SizeReport {
             human(self.size),
             human(self.uncompressed)
         ));
+        let label = if self.layers.iter().all(from_slim_base) {
+            "full builder image"
+        } else {
+            "same on full builder"
+        };
         out.push_str(&format!(
-            "full builder image       {:<8} {:>13} {:>13}\n",
+            "{label:<24} {:<8} {:>13} {:>13}\n",
             "",
             human(self.builder_size),
             human(self.builder_uncompressed)

@@ -81,6 +81,12 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
         let total: u64 =
             img.manifest.layers.iter().map(|l| l.size).sum::<u64>() + img.manifest.config.size;
         grand += total;
+        // A slim base, or an image built on one, carries its size report in annotations.
+        let slim = serde_json::to_value(&img.manifest)
+            .ok()
+            .and_then(|m| crate::slim::image::report_from_manifest(&m))
+            .and_then(|r| serde_json::to_value(r).ok())
+            .unwrap_or(Value::Null);
         let c = img.config.get("config").cloned().unwrap_or(Value::Null);
         let pick = |k: &str| c.get(k).cloned().unwrap_or(Value::Null);
         out_images.push(json!({
@@ -107,6 +113,7 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
             },
             "layers": layers,
             "totalSize": total,
+            "slimReport": slim,
         }));
     }
     let out_indexes: Vec<Value> = indexes
@@ -198,6 +205,13 @@ fn render(doc: &Value) -> String {
             "    {:>10}  total (layers + config)\n",
             human(img["totalSize"].as_u64().unwrap_or(0))
         );
+        if let Ok(r) = serde_json::from_value::<crate::slim::SizeReport>(img["slimReport"].clone())
+        {
+            s += "  slim size report:\n";
+            for line in r.render().lines() {
+                s += &format!("    {line}\n");
+            }
+        }
         if let Some(a) = img["annotations"].as_object() {
             s += "  annotations:\n";
             for (k, v) in a {

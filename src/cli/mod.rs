@@ -19,6 +19,7 @@ mod engine;
 mod inspect;
 mod plan;
 mod push;
+mod slim;
 
 /// Compile an ONNX model recipe into slim, reproducible OCI images, one per GPU architecture.
 #[derive(Debug, Parser)]
@@ -53,6 +54,9 @@ pub enum Command {
     Push(push::PushArgs),
     /// Write Kubernetes YAML for each target.
     Deploy(deploy::DeployArgs),
+    /// Build a slim GPU base: a base image plus the shared-library closure of selected files
+    /// of a builder image, with its size report.
+    Slim(slim::SlimArgs),
     /// Load-test a V2 inference server, or sweep batching settings with `--tune`.
     Bench(bench::BenchArgs),
 }
@@ -91,6 +95,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Push(a) => push::run(a),
         Command::Deploy(a) => deploy::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Slim(a) => slim::run(a),
     }
 }
 

@@ -1,0 +1,377 @@
+//! `infer-build slim [NAME]`: build a slim GPU base (image A plus the ELF closure of selected
+//! files of image B, `docs/slim-bases.md`) into an OCI layout and print its size report.
+//!
+//! The definition is named (`base-images/slim/`, embedded or under `--matrix DIR`), read from
+//! `--definition FILE`, or chosen for an engine from its metadata (`--engine-meta FILE`). Each
+//! image comes from `--base-layout`/`--builder-layout DIR` or is pulled from its reference by
+//! `registry::pull` (pinned by the definition's digest or the `--lock FILE`). The work is
+//! [`crate::slim::image::build`]; this file turns flags into its inputs and prints the result.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::error::Error;
+use crate::oci::cjson;
+use crate::plan::lock::Lock;
+use crate::registry::{self, auth::Keychain, pull::PullOptions, ClientOptions};
+use crate::slim::def::{self, Definition, EngineKind, ImageRef, Needs, Tactic};
+use crate::slim::image::{self, BuildOptions};
+
+#[derive(Debug, Args)]
+pub struct SlimArgs {
+    /// A definition of `base-images/slim/` by name, e.g. `trt10-cuda12-vc`.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// Read the definition from this TOML file instead (format: docs/slim-bases.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "name")]
+    pub definition: Option<PathBuf>,
+    /// Choose the definition that serves this TensorRT engine, from its metadata (`meta.json` of
+    /// the engine cache): version-compatible or full, and its TensorRT version.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["name", "definition"])]
+    pub engine_meta: Option<PathBuf>,
+    /// A tactic source the engine's build enabled: cudnn, cublas or cublaslt (repeatable);
+    /// takes the selections of the definition that are only needed with it.
+    #[arg(long = "tactic", value_name = "SOURCE")]
+    pub tactics: Vec<String>,
+    /// OCI layout holding the base image (image A); default: pull its reference.
+    #[arg(long, value_name = "DIR")]
+    pub base_layout: Option<PathBuf>,
+    /// OCI layout holding the builder image (image B); default: pull its reference.
+    #[arg(long, value_name = "DIR")]
+    pub builder_layout: Option<PathBuf>,
+    /// Keep pulled images here (`DIR/base`, `DIR/builder`) and reuse their blobs next time;
+    /// default: a temporary directory inside --out, removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub pull_dir: Option<PathBuf>,
+    /// Lock file pinning the images the definition names without a digest: a pinned image is
+    /// pulled (and read from a layout) by that digest, an unpinned one is pinned at its first pull.
+    #[arg(long, value_name = "FILE")]
+    pub lock: Option<PathBuf>,
+    /// Re-resolve the tags of pulled images even when the lock file pins them, and re-pin.
+    #[arg(long, requires = "lock")]
+    pub update_lock: bool,
+    /// Build even when an image is pinned neither by the definition nor by a lock file (the
+    /// result then depends on what the tag points at today).
+    #[arg(long)]
+    pub allow_unpinned: bool,
+    /// Pull over plain HTTP (no TLS). Only for registries on a trusted network or loopback.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Trust the CA certificates in this PEM file (default: `$SSL_CERT_FILE`, else the web PKI).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Docker config file for credentials (default: `$DOCKER_CONFIG/config.json`, else
+    /// `~/.docker/config.json`).
+    #[arg(long, value_name = "FILE")]
+    pub docker_config: Option<PathBuf>,
+    /// The OCI layout to write the slim image into, tagged with the definition's name
+    /// (default `out/<name>`); other images already in it keep their tags.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print one JSON document (definition, images, copied and excluded files, size report).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub matrix: super::MatrixArgs,
+}
+
+/// Where one image of the definition comes from.
+struct Source {
+    layout: PathBuf,
+    pulled: Option<registry::pull::PulledImage>,
+}
+
+pub fn run(args: SlimArgs) -> Result<(), Error> {
+    let tactics = parse_tactics(&args.tactics)?;
+    let (mut def, chosen_for) = definition(&args, &tactics)?;
+    let needs = Needs {
+        tactics: match &chosen_for {
+            Some(c) => c.1.tactics.clone(),
+            None => tactics.iter().copied().collect(),
+        },
+    };
+    let file_lock = match &args.lock {
+        Some(p) => crate::plan::lock::read(p)
+            .map_err(crate::plan::Error::from)?
+            .unwrap_or_default(),
+        None => Lock::default(),
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("out").join(&def.name));
+    // Refuse an image that nothing pins before anything is downloaded.
+    for (r, layout) in [
+        (&def.base, &args.base_layout),
+        (&def.builder, &args.builder_layout),
+    ] {
+        let pinned = r.digest.is_some() || file_lock.digest(&r.reference).is_some();
+        let pins_at_pull = layout.is_none() && args.lock.is_some();
+        if !pinned && !pins_at_pull && !args.allow_unpinned {
+            return Err(Error::Usage(format!(
+                "{} is not pinned: the definition gives no digest and {}; pass --lock FILE \
+                 (an image pulled without a pin is pinned there at its first pull), or \
+                 --allow-unpinned",
+                r.reference,
+                match &args.lock {
+                    Some(p) => format!("{} does not pin it", p.display()),
+                    None => "no --lock FILE pins it".to_string(),
+                }
+            )));
+        }
+    }
+
+    std::fs::create_dir_all(&out).map_err(|source| crate::slim::Error::Io {
+        op: "create",
+        path: out.clone(),
+        source,
+    })?;
+    let tmp;
+    let pull_root = match &args.pull_dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix(".slim-pull-")
+                .tempdir_in(&out)
+                .map_err(|source| crate::slim::Error::Io {
+                    op: "create pull dir in",
+                    path: out.clone(),
+                    source,
+                })?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let mut opts = BuildOptions {
+        lock: file_lock,
+        allow_unpinned: args.allow_unpinned,
+        needs,
+    };
+    let base = source(
+        &args,
+        "base",
+        &mut def.base,
+        &args.base_layout,
+        &pull_root,
+        &mut opts,
+    )?;
+    let builder = source(
+        &args,
+        "builder",
+        &mut def.builder,
+        &args.builder_layout,
+        &pull_root,
+        &mut opts,
+    )?;
+
+    if !args.json {
+        eprintln!("building slim base {} into {}", def.name, out.display());
+    }
+    let built = image::build(&def, &base.layout, &builder.layout, &out, &opts)?;
+    let manifest = image::read_layout(&out, Some(&built.manifest_digest))?.manifest;
+    let ann = |k: &str| {
+        manifest
+            .pointer(&format!("/annotations/{}", k.replace('/', "~1")))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let base_digest = ann("org.opencontainers.image.base.digest");
+    let builder_digest = ann(&format!("{}builder", image::ANNOTATION))
+        .rsplit_once('@')
+        .map(|(_, d)| d.to_string())
+        .unwrap_or_default();
+
+    if args.json {
+        let image_doc = |s: &Source, r: &ImageRef, digest: &str| {
+            json!({
+                "reference": r.reference,
+                "digest": digest,
+                "source": if s.pulled.is_some() { "pull" } else { "layout" },
+                "layout": s.layout.display().to_string(),
+                "bytes_downloaded": s.pulled.as_ref().map(|p| p.bytes_downloaded),
+            })
+        };
+        let doc = json!({
+            "definition": def.name,
+            "engine": kind_name(def.engine),
+            "chosen_for": chosen_for.as_ref().map(|(meta, _)| meta.clone()),
+            "tactics": opts.needs.tactics.iter().map(|t| tactic_name(*t)).collect::<Vec<_>>(),
+            "base": image_doc(&base, &def.base, &base_digest),
+            "builder": image_doc(&builder, &def.builder, &builder_digest),
+            "layout": out.display().to_string(),
+            "tag": def.name,
+            "manifest_digest": built.manifest_digest,
+            "copied": built.plan.copy.keys().map(|p| format!("/{p}")).collect::<Vec<_>>(),
+            "kept_base": built.plan.kept_base,
+            "excluded": built.plan.excluded.iter().map(|e| json!({
+                "name": e.name, "needed_by": e.needed_by, "reason": e.reason,
+            })).collect::<Vec<_>>(),
+            "report": serde_json::to_value(&built.report).unwrap_or(Value::Null),
+        });
+        println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
+        return Ok(());
+    }
+    eprint!("{}", image::render_excluded(&built.plan));
+    for p in &built.plan.kept_base {
+        eprintln!("kept the base's /{p} (on_conflict = \"base\")");
+    }
+    eprintln!(
+        "copied {} entries from {}@{}",
+        built.plan.copy.len(),
+        def.builder.reference,
+        builder_digest
+    );
+    eprint!("{}", built.report.render());
+    eprintln!(
+        "slim base {} {} in {}",
+        def.name,
+        built.manifest_digest,
+        out.display()
+    );
+    Ok(())
+}
+
+type Chosen = (Value, Needs);
+
+/// The definition to build, and, with `--engine-meta`, what the engine is and needs.
+fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option<Chosen>), Error> {
+    if let Some(file) = &args.definition {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::Usage(format!("--definition {}: {e}", file.display())))?;
+        return Ok((Definition::parse(&file.display().to_string(), &text)?, None));
+    }
+    let defs = image::definitions(args.matrix.matrix.as_deref())?;
+    if let Some(name) = &args.name {
+        return Ok((def::find(&defs, name)?.clone(), None));
+    }
+    let Some(file) = &args.engine_meta else {
+        return Err(Error::Usage(format!(
+            "name a slim base definition ({}), or pass --definition FILE or --engine-meta FILE",
+            defs.iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    let bytes = std::fs::read(file)
+        .map_err(|e| Error::Usage(format!("--engine-meta {}: {e}", file.display())))?;
+    let meta = infer_spec::engine::EngineMeta::from_json(&bytes)
+        .map_err(|e| Error::Usage(format!("--engine-meta {}: {e}", file.display())))?;
+    let Some(gpu) = &meta.gpu else {
+        return Err(Error::Usage(format!(
+            "--engine-meta {}: target {} is a CPU (tract) engine; slim GPU bases serve TensorRT engines",
+            file.display(),
+            meta.target
+        )));
+    };
+    let (kind, needs, tensorrt) = def::engine_needs(gpu, tactics);
+    let chosen = def::choose(&defs, kind, Some(&tensorrt))?.clone();
+    let why = json!({
+        "engine_meta": file.display().to_string(),
+        "target": meta.target,
+        "kind": kind_name(kind),
+        "tensorrt": tensorrt,
+    });
+    if !args.json {
+        eprintln!(
+            "engine {} ({} engine, TensorRT {tensorrt}) → slim base {}",
+            meta.target,
+            kind_name(kind),
+            chosen.name
+        );
+    }
+    Ok((chosen, Some((why, needs))))
+}
+
+/// The layout of one image: the one given, or a fresh pull of its reference.
+fn source(
+    args: &SlimArgs,
+    role: &'static str,
+    r: &mut ImageRef,
+    layout: &Option<PathBuf>,
+    pull_root: &Path,
+    opts: &mut BuildOptions,
+) -> Result<Source, Error> {
+    if let Some(dir) = layout {
+        if !dir.join("index.json").is_file() {
+            return Err(Error::Usage(format!(
+                "--{role}-layout {}: not an OCI image layout (no index.json)",
+                dir.display()
+            )));
+        }
+        return Ok(Source {
+            layout: dir.clone(),
+            pulled: None,
+        });
+    }
+    let dest = pull_root.join(role);
+    // A digest in the definition is pulled as such; otherwise the lock file pins (or records).
+    let (reference, lock) = match &r.digest {
+        Some(d) => (format!("{}@{d}", r.reference), None),
+        None => (r.reference.clone(), args.lock.clone()),
+    };
+    let pull_opts = PullOptions {
+        client: ClientOptions {
+            insecure: args.insecure,
+            ca_cert: args.ca_cert.clone(),
+            keychain: Keychain {
+                docker_config: args.docker_config.clone(),
+                ignore_env: false,
+            },
+            ..ClientOptions::default()
+        },
+        lock,
+        update_lock: args.update_lock,
+        platform: None,
+    };
+    if !args.json {
+        eprintln!("pulling {role} {reference}");
+    }
+    let pulled = registry::pull::pull_with(&reference, &dest, &pull_opts)?;
+    if !args.json {
+        eprintln!(
+            "pulled {role} {} ({} bytes downloaded, {} blobs reused)",
+            pulled.digest, pulled.bytes_downloaded, pulled.blobs_reused
+        );
+    }
+    // The build reads exactly what was pulled: the platform manifest (a pinned index digest
+    // resolves to it), also when the image was allowed unpinned.
+    match &r.digest {
+        Some(_) => r.digest = Some(pulled.digest.clone()),
+        None => opts.lock.set(&r.reference, &pulled.digest),
+    }
+    Ok(Source {
+        layout: dest,
+        pulled: Some(pulled),
+    })
+}
+
+fn parse_tactics(list: &[String]) -> Result<Vec<Tactic>, Error> {
+    list.iter()
+        .map(|t| match t.as_str() {
+            "cudnn" => Ok(Tactic::Cudnn),
+            "cublas" => Ok(Tactic::Cublas),
+            "cublaslt" => Ok(Tactic::Cublaslt),
+            other => Err(Error::Usage(format!(
+                "--tactic {other}: expected cudnn, cublas or cublaslt"
+            ))),
+        })
+        .collect()
+}
+
+fn tactic_name(t: Tactic) -> &'static str {
+    match t {
+        Tactic::Cudnn => "cudnn",
+        Tactic::Cublas => "cublas",
+        Tactic::Cublaslt => "cublaslt",
+    }
+}
+
+fn kind_name(k: EngineKind) -> &'static str {
+    match k {
+        EngineKind::VersionCompatible => "version-compatible",
+        EngineKind::Full => "full",
+    }
+}

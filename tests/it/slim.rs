@@ -15,7 +15,7 @@ use std::process::Command;
 use infer_build::slim::{self, image::BuildOptions, Definition};
 
 use super::registry_support::Registry;
-use super::support::{have_docker, have_tool};
+use super::support::{have_docker, have_tool, infer_build, stderr, stdout};
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -307,27 +307,34 @@ fn fixture() -> Fixture {
 }
 
 fn definition(f: &Fixture) -> Definition {
-    let text = format!(
+    Definition::parse("curl-slim.toml", &definition_text(f, "localhost", true)).unwrap()
+}
+
+/// The test definition, its images named under `registry`, pinned by digest or not (then the
+/// lock file pins them).
+fn definition_text(f: &Fixture, registry: &str, pinned: bool) -> String {
+    let pin = |d: &str| match pinned {
+        true => format!("digest = \"{d}\"\ndigest_source = \"built by this test\"\n"),
+        false => String::new(),
+    };
+    format!(
         r#"
 name = "curl-slim"
 description = "the test program, its GPU probe and their closure, on a glibc-only base"
 engine = "full"
+tensorrt = "10"
 [base]
-reference = "localhost/slim-test/base:base"
-digest = "{}"
-digest_source = "built by this test"
-[builder]
-reference = "localhost/slim-test/builder:builder"
-digest = "{}"
-digest_source = "built by this test"
-[closure]
+reference = "{registry}/slim-test/base:base"
+{}[builder]
+reference = "{registry}/slim-test/builder:builder"
+{}[closure]
 drop = ["/**/libnvinfer_builder_resource*"]
 [[select]]
 paths = ["/opt/app/bin/app", "/opt/app/lib/*.so"]
 "#,
-        f.base_digest, f.builder_digest
-    );
-    Definition::parse("curl-slim.toml", &text).unwrap()
+        pin(&f.base_digest),
+        pin(&f.builder_digest)
+    )
 }
 
 /// Non-directory entries of the slim layer (the last layer of the image).
@@ -753,4 +760,472 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
             def.name
         );
     }
+}
+
+/// Push the fixture's two images to `reg` as `slim-test/base:base` and `slim-test/builder:builder`.
+fn push_fixture(f: &Fixture, reg: &Registry) {
+    let opts = infer_build::registry::PushOptions {
+        client: client_opts(f.tmp.path()),
+        locations_file: Some(f.tmp.path().join("locations.json")),
+        ..Default::default()
+    };
+    for (layout, repo) in [
+        (&f.base_layout, "slim-test/base"),
+        (&f.builder_layout, "slim-test/builder"),
+    ] {
+        let target =
+            infer_build::registry::Reference::parse(&format!("{}/{repo}", reg.addr)).unwrap();
+        infer_build::registry::push(layout, &target, &opts)
+            .unwrap_or_else(|e| panic!("push {repo}: {e}"));
+    }
+}
+
+fn json_of(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// The metadata of a TensorRT engine, as the engine cache writes it.
+fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool) {
+    use infer_spec::engine::{
+        CpuMeta, EngineFormat, EngineKind, EngineMeta, GpuMeta, HardwareCompat, META_SCHEMA,
+    };
+    let digest = format!("sha256:{}", "1".repeat(64));
+    let meta = EngineMeta {
+        schema: META_SCHEMA,
+        kind: if gpu {
+            EngineKind::Tensorrt
+        } else {
+            EngineKind::Tract
+        },
+        format: if gpu {
+            EngineFormat::TensorrtPlan
+        } else {
+            EngineFormat::TractNnefTar
+        },
+        target: if gpu { "sm89-fp16" } else { "cpu-fp32" }.into(),
+        precision: if gpu {
+            infer_spec::engine::Precision::Fp16
+        } else {
+            infer_spec::engine::Precision::Fp32
+        },
+        shape_profile: vec![],
+        onnx_digest: digest.clone(),
+        engine_digest: digest,
+        engine_size: 1,
+        cache_key: "k".into(),
+        builder_version: "0.1.0".into(),
+        gpu: gpu.then(|| GpuMeta {
+            sm: "sm_89".parse().unwrap(),
+            tensorrt: tensorrt.parse().unwrap(),
+            cuda: "12.9".parse().unwrap(),
+            driver_floor: "575.51.03".parse().unwrap(),
+            hardware_compat: HardwareCompat::None,
+            version_compatible,
+            exclude_lean_runtime: false,
+            builder_gpu: "NVIDIA L4".into(),
+        }),
+        cpu: (!gpu).then(|| CpuMeta {
+            arch: "x86_64".into(),
+            tract: "0.23.9".parse().unwrap(),
+            required_features: vec![],
+        }),
+    };
+    fs::write(path, meta.to_canonical_json()).unwrap();
+}
+
+/// `infer-build slim` from layouts: the slim layer is the closure, the report (JSON and
+/// stderr) lists every layer with the reduction against the builder measured on the builder
+/// layout itself; `--engine-meta` chooses the same definition from a `--matrix` directory and
+/// gives the same image; `inspect` shows the report; a GPU image built on the slim base with
+/// `build --base-layout` keeps it (compared with the same image on the full builder), and
+/// rebuilds bit for bit.
+#[test]
+fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
+    let test = "slim_cli_report_reaches_inspect_and_a_gpu_build";
+    if !tools(test) {
+        return;
+    }
+    let f = fixture();
+    let t = f.tmp.path();
+    let def_file = t.join("curl-slim.toml");
+    fs::write(&def_file, definition_text(&f, "localhost", true)).unwrap();
+    let slim_out = t.join("cli-slim");
+    let layouts = |c: &mut Command| {
+        c.arg("--base-layout")
+            .arg(&f.base_layout)
+            .arg("--builder-layout")
+            .arg(&f.builder_layout);
+    };
+    let mut c = infer_build();
+    c.arg("slim").arg("--definition").arg(&def_file);
+    layouts(&mut c);
+    let doc = json_of(
+        &c.arg("--out")
+            .arg(&slim_out)
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    let digest = doc["manifest_digest"].as_str().unwrap().to_string();
+    assert_eq!(layer_entries(&slim_out, &digest), f.expected);
+    assert_eq!(doc["base"]["digest"], f.base_digest.as_str());
+    assert_eq!(doc["builder"]["digest"], f.builder_digest.as_str());
+    assert_eq!(doc["base"]["source"], "layout");
+    let excluded: Vec<&str> = doc["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        excluded.contains(&"libcuda.so.1") && excluded.contains(&"libnvidia-ml.so.1"),
+        "{excluded:?}"
+    );
+
+    // Every layer of the written image, and sizes measured on the layouts themselves.
+    let img = slim::image::read_layout(&slim_out, Some(&digest)).unwrap();
+    let report = doc["report"].clone();
+    let layers = report["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), img.layers.len());
+    for (l, m) in layers.iter().zip(&img.layers) {
+        assert_eq!(l["digest"], m.digest.as_str());
+        assert_eq!(l["size"], m.size);
+        assert!(l["uncompressed"].as_u64().unwrap() > m.size, "{l}");
+    }
+    let froms: Vec<&str> = layers.iter().map(|l| l["from"].as_str().unwrap()).collect();
+    assert_eq!(froms, ["base", "slim"]);
+    let builder = slim::image::read_layout(&f.builder_layout, Some(&f.builder_digest)).unwrap();
+    let builder_size: u64 = builder.layers.iter().map(|l| l.size).sum();
+    let size: u64 = img.layers.iter().map(|l| l.size).sum();
+    assert_eq!(report["builder_size"], builder_size);
+    assert_eq!(report["size"], size);
+    let reduction = report["reduction"].as_f64().unwrap();
+    assert!((reduction - builder_size as f64 / size as f64).abs() < 1e-9);
+    assert!(reduction > 1.0, "{reduction}");
+
+    // Chosen from an engine's metadata among the definitions of a --matrix directory: the same
+    // image, and the human report on stderr.
+    let matrix = t.join("matrix");
+    fs::create_dir_all(matrix.join("base-images/slim")).unwrap();
+    fs::copy(&def_file, matrix.join("base-images/slim/curl-slim.toml")).unwrap();
+    let meta = t.join("meta.json");
+    engine_meta(&meta, "10.11.0.33", false, true);
+    let mut c = infer_build();
+    c.arg("slim")
+        .arg("--engine-meta")
+        .arg(&meta)
+        .arg("--matrix")
+        .arg(&matrix);
+    layouts(&mut c);
+    let o = c.arg("--out").arg(t.join("cli-slim-2")).output().unwrap();
+    let err = stderr(&o);
+    eprint!("{err}");
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("engine sm89-fp16 (full engine, TensorRT 10.11.0.33) → slim base curl-slim"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("slim base curl-slim {digest}")),
+        "{err}"
+    );
+    for l in layers {
+        let short = &l["digest"].as_str().unwrap()[..19];
+        assert!(err.contains(short), "{short} missing:\n{err}");
+    }
+    assert!(err.contains(&format!("{reduction:.1}x")), "{err}");
+    assert!(
+        err.contains("excluded libcuda.so.1 (needed by /opt/app/lib/libgpuprobe.so)"),
+        "{err}"
+    );
+
+    // inspect shows the report the image carries.
+    let inspected = json_of(
+        &infer_build()
+            .arg("inspect")
+            .arg(&slim_out)
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(inspected["images"][0]["slimReport"], report);
+    let o = infer_build()
+        .arg("inspect")
+        .arg(&slim_out)
+        .output()
+        .unwrap();
+    let text = stderr(&o);
+    assert!(
+        text.contains("slim size report") && text.contains(&format!("{reduction:.1}x")),
+        "{text}"
+    );
+
+    // A GPU image of a real recipe on the slim base.
+    let rdir = t.join("recipe");
+    fs::create_dir_all(rdir.join("models")).unwrap();
+    let recipe = rdir.join("yolov8n.toml");
+    fs::copy(super::support::root().join("recipes/yolov8n.toml"), &recipe).unwrap();
+    fs::copy(
+        super::support::root().join("recipes/models/yolov8n.onnx"),
+        rdir.join("models/yolov8n.onnx"),
+    )
+    .unwrap();
+    let plan = json_of(
+        &infer_build()
+            .args(["plan", "--json"])
+            .arg(&recipe)
+            .output()
+            .unwrap(),
+    );
+    let gpu = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let build = |out: &Path| {
+        json_of(
+            &infer_build()
+                .arg("build")
+                .arg(&recipe)
+                .args(["--target", &gpu, "--base-tag", "curl-slim", "--json"])
+                .arg("--base-layout")
+                .arg(&slim_out)
+                .arg("--runtime")
+                .arg(super::support::serve_test_binary())
+                .arg("--out")
+                .arg(out)
+                .output()
+                .unwrap(),
+        )
+    };
+    let built = build(&t.join("image"));
+    let target = &built["targets"][0];
+    let final_digest = target["manifest_digest"].as_str().unwrap();
+    let inspected = json_of(
+        &infer_build()
+            .arg("inspect")
+            .arg(t.join("image"))
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    let image = inspected["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["manifestDigest"] == final_digest)
+        .unwrap();
+    let r = &image["slimReport"];
+    let built_layers = target["layers"].as_array().unwrap();
+    let rl = r["layers"].as_array().unwrap();
+    assert_eq!(rl.len(), built_layers.len());
+    assert!(rl.len() > 2);
+    let mut added = 0u64;
+    for (i, (l, b)) in rl.iter().zip(built_layers).enumerate() {
+        assert_eq!(l["digest"], b["digest"]);
+        assert_eq!(l["size"], b["size"]);
+        if i < 2 {
+            assert_eq!(l, &layers[i], "the slim base's layers are kept as they are");
+        } else {
+            assert_eq!(l["from"], b["role"]);
+            assert!(l["uncompressed"].as_u64().unwrap() > 0, "{l}");
+            added += b["size"].as_u64().unwrap();
+        }
+    }
+    // Compared with the same image on the full builder.
+    assert_eq!(r["builder_size"], builder_size + added);
+    assert_eq!(r["size"], size + added);
+    let factor = r["reduction"].as_f64().unwrap();
+    assert!(
+        (factor - (builder_size + added) as f64 / (size + added) as f64).abs() < 1e-9
+            && factor > 1.0,
+        "{r}"
+    );
+    let o = infer_build()
+        .arg("inspect")
+        .arg(t.join("image"))
+        .output()
+        .unwrap();
+    let text = stderr(&o);
+    eprint!("{text}");
+    assert!(
+        text.contains("same on full builder") && text.contains(&format!("{factor:.1}x")),
+        "{text}"
+    );
+    // Bit-reproducible.
+    let again = build(&t.join("image-2"));
+    assert_eq!(again["targets"][0]["manifest_digest"], final_digest);
+}
+
+/// `infer-build slim` pulling from a real registry: refused when nothing pins the images,
+/// pinned in the lock file at the first pull, pulled by that pin later with every blob reused,
+/// and the same image as from the layouts.
+#[test]
+fn registry_slim_cli_pins_at_first_pull_and_reuses_blobs() {
+    let test = "registry_slim_cli_pins_at_first_pull_and_reuses_blobs";
+    if !tools(test) {
+        return;
+    }
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let f = fixture();
+    push_fixture(&f, &reg);
+    let t = f.tmp.path();
+    let def_file = t.join("curl-slim.toml");
+    fs::write(&def_file, definition_text(&f, &reg.addr, false)).unwrap();
+    let slim = |out: &str, extra: &[&str]| {
+        infer_build()
+            .arg("slim")
+            .arg("--definition")
+            .arg(&def_file)
+            .arg("--insecure")
+            .arg("--docker-config")
+            .arg(t.join("no-docker-config.json"))
+            .arg("--out")
+            .arg(t.join(out))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let base_ref = format!("{}/slim-test/base:base", reg.addr);
+    let builder_ref = format!("{}/slim-test/builder:builder", reg.addr);
+
+    let o = slim("o0", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{base_ref} is not pinned: the definition gives no digest and no --lock FILE pins it"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!t.join("o0/index.json").exists());
+
+    let lock = t.join("slim.lock");
+    let lock_s = lock.to_str().unwrap();
+    let pulled = t.join("pulled");
+    let pulled_s = pulled.to_str().unwrap();
+    let first = json_of(&slim(
+        "o1",
+        &["--lock", lock_s, "--pull-dir", pulled_s, "--json"],
+    ));
+    assert_eq!(first["base"]["source"], "pull");
+    assert_eq!(first["base"]["digest"], f.base_digest.as_str());
+    assert_eq!(first["builder"]["digest"], f.builder_digest.as_str());
+    assert!(first["builder"]["bytes_downloaded"].as_u64().unwrap() > 0);
+    let digest = first["manifest_digest"].as_str().unwrap();
+    assert_eq!(layer_entries(&t.join("o1"), digest), f.expected);
+    let pins = infer_build::plan::lock::read(&lock).unwrap().unwrap();
+    assert_eq!(pins.digest(&base_ref), Some(f.base_digest.as_str()));
+    assert_eq!(pins.digest(&builder_ref), Some(f.builder_digest.as_str()));
+
+    // Pulled again by the pin: nothing downloaded, same image.
+    let second = json_of(&slim(
+        "o2",
+        &["--lock", lock_s, "--pull-dir", pulled_s, "--json"],
+    ));
+    assert_eq!(second["manifest_digest"], digest);
+    assert_eq!(second["base"]["bytes_downloaded"], 0);
+    assert_eq!(second["builder"]["bytes_downloaded"], 0);
+
+    // From the layouts, pinned by the same lock: the same image.
+    let o = slim(
+        "o3",
+        &[
+            "--lock",
+            lock_s,
+            "--base-layout",
+            f.base_layout.to_str().unwrap(),
+            "--builder-layout",
+            f.builder_layout.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(json_of(&o)["manifest_digest"], digest);
+    // The pull directory was kept; the default temporary one is removed.
+    assert!(pulled.join("builder/index.json").is_file());
+    let o = slim("o4", &["--lock", lock_s, "--json"]);
+    assert_eq!(json_of(&o)["manifest_digest"], digest);
+    let leftovers: Vec<_> = fs::read_dir(t.join("o4"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".slim-"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Bad input is refused with exit code 2 and a message that says what to do, before anything
+/// is pulled (the real NVIDIA images cannot be pulled here, and are never contacted).
+#[test]
+fn slim_cli_refuses_bad_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let p = |name: &str| t.join(name).to_str().unwrap().to_string();
+    let bad_def = p("bad.toml");
+    fs::write(&bad_def, "name = \"x\"\nengine = \"full\"\nsurprise = 1\n").unwrap();
+    let empty = p("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let vc = p("vc.json");
+    engine_meta(Path::new(&vc), "10.11.0.33", true, true);
+    let trt9 = p("trt9.json");
+    engine_meta(Path::new(&trt9), "9.3.0.1", true, true);
+    let cpu = p("cpu.json");
+    engine_meta(Path::new(&cpu), "", false, false);
+    let garbage = p("garbage.json");
+    fs::write(&garbage, "{").unwrap();
+    let out = p("out");
+    let missing = p("missing.toml");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![], "name a slim base definition (trt10-cuda12-full, trt10-cuda12-vc)"),
+        (
+            vec!["nosuch"],
+            "no slim base definition `nosuch` (known: trt10-cuda12-full, trt10-cuda12-vc)",
+        ),
+        (
+            vec!["trt10-cuda12-vc", "--out", &out],
+            "docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 is not pinned: the definition gives no digest and no --lock FILE pins it; pass --lock FILE",
+        ),
+        (
+            vec!["trt10-cuda12-vc", "--tactic", "cudnn9"],
+            "--tactic cudnn9: expected cudnn, cublas or cublaslt",
+        ),
+        (vec!["trt10-cuda12-vc", "--definition", &bad_def], "cannot be used with"),
+        (vec!["--definition", &missing], "--definition"),
+        (vec!["--definition", &bad_def], "unknown field `surprise`"),
+        (
+            vec![
+                "trt10-cuda12-vc",
+                "--allow-unpinned",
+                "--base-layout",
+                &empty,
+                "--out",
+                &out,
+            ],
+            "not an OCI image layout (no index.json)",
+        ),
+        (
+            vec!["--engine-meta", &vc, "--out", &out],
+            "→ slim base trt10-cuda12-vc",
+        ),
+        (
+            vec!["--engine-meta", &trt9],
+            "no slim base definition serves version-compatible engines of TensorRT 9.3.0.1",
+        ),
+        (vec!["--engine-meta", &cpu], "is a CPU (tract) engine"),
+        (vec!["--engine-meta", &garbage], "--engine-meta"),
+    ];
+    for (args, want) in cases {
+        let o = infer_build().arg("slim").args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    // Nothing was pulled or written for the refused definitions.
+    assert!(!Path::new(&out).join("index.json").exists());
 }

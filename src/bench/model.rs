@@ -360,6 +360,7 @@ mod tests {
             capacity_rps: None,
             served_rps: 20.0,
             predicted: None,
+            remeasured_p99_ms: None,
         }
     }
 

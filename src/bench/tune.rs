@@ -66,6 +66,9 @@ pub struct Measured {
     /// The same point replayed against the cost model fitted to the whole sweep (see
     /// [`super::model`]), client overhead included; `None` when no model fits.
     pub predicted: Option<Predicted>,
+    /// Set when the first run of this point was over budget or failing and it was measured
+    /// again: that first run's p99 (ms). The fields above are the better run's.
+    pub remeasured_p99_ms: Option<f64>,
 }
 
 /// Turn a measured step into a [`Measured`] (capacity from the server's metrics).
@@ -88,6 +91,7 @@ pub fn measured(point: Point, step: Step, instances: u32) -> Measured {
         served_rps: step.infer_per_s,
         step,
         predicted: None,
+        remeasured_p99_ms: None,
     }
 }
 
@@ -118,9 +122,7 @@ pub fn recommend(results: &[Measured], budget_ms: f64, min_gain: f64) -> Option<
     let mut batches: Vec<u32> = results.iter().map(|m| m.point.max_batch).collect();
     batches.sort_unstable();
     batches.dedup();
-    let ok = |m: &Measured| {
-        m.p99_ms <= budget_ms && m.step.errors.values().sum::<u64>() == 0 && m.step.ok > 0
-    };
+    let ok = |m: &Measured| within(m, budget_ms);
     let mut best: Option<Recommendation> = None;
     for b in batches {
         let mut row: Vec<&Measured> = results.iter().filter(|m| m.point.max_batch == b).collect();
@@ -446,6 +448,46 @@ async fn wait_ready(
     }
 }
 
+fn within(m: &Measured, budget_ms: f64) -> bool {
+    m.p99_ms <= budget_ms && m.step.errors.values().sum::<u64>() == 0 && m.step.ok > 0
+}
+
+/// Start a server with this point's batching, drive it for one measured step, stop it.
+fn measure_point(
+    opts: &SweepOptions,
+    rt: &tokio::runtime::Runtime,
+    p: Point,
+    dir: &Path,
+    model: &str,
+    instances: u32,
+) -> Result<Measured, Error> {
+    let (mut server, url) = start(opts, p, dir)?;
+    let bench = Options {
+        url: url.clone(),
+        model: model.to_string(),
+        protocol: Protocol::Binary,
+        batch: 1,
+        loads: vec![Load::Rate(opts.rate)],
+        arrival: opts.arrival,
+        bounds: Bounds {
+            warmup: opts.warmup,
+            duration: opts.duration,
+            max_requests: (opts.rate * opts.duration.as_secs_f64() * 2.0).ceil() as u64 + 10,
+            max_inflight: 4096,
+        },
+        seed: opts.seed,
+        progress: false,
+    };
+    let step = rt.block_on(async {
+        let ep = Endpoint::resolve(&url).await?;
+        wait_ready(&mut server, &ep, opts.ready_timeout, p).await?;
+        let req = super::prepare(&ep, &bench).await?;
+        Ok::<Step, Error>(super::step(&ep, &req, &bench, Load::Rate(opts.rate)).await)
+    })?;
+    drop(server);
+    Ok(measured(p, step, instances))
+}
+
 /// Run the whole grid.
 pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
     if opts.max_batches.is_empty() || opts.delays_us.is_empty() {
@@ -478,31 +520,29 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
     let instances = opts.base.batching.instances;
     let mut results = Vec::new();
     for (i, &p) in grid.iter().enumerate() {
-        let (mut server, url) = start(opts, p, dir.path())?;
-        let bench = Options {
-            url: url.clone(),
-            model: model.clone(),
-            protocol: Protocol::Binary,
-            batch: 1,
-            loads: vec![Load::Rate(opts.rate)],
-            arrival: opts.arrival,
-            bounds: Bounds {
-                warmup: opts.warmup,
-                duration: opts.duration,
-                max_requests: (opts.rate * opts.duration.as_secs_f64() * 2.0).ceil() as u64 + 10,
-                max_inflight: 4096,
-            },
-            seed: opts.seed,
-            progress: false,
-        };
-        let step = rt.block_on(async {
-            let ep = Endpoint::resolve(&url).await?;
-            wait_ready(&mut server, &ep, opts.ready_timeout, p).await?;
-            let req = super::prepare(&ep, &bench).await?;
-            Ok::<Step, Error>(super::step(&ep, &req, &bench, Load::Rate(opts.rate)).await)
-        })?;
-        drop(server);
-        let m = measured(p, step, instances);
+        let mut m = measure_point(opts, &rt, p, dir.path(), &model, instances)?;
+        // One sample of a few hundred requests on a shared machine can catch a stall that is
+        // not the setting's: a point over budget or with errors is measured once more, and
+        // counts as over only when both runs say so (the better run is kept, both reported).
+        if !within(&m, opts.budget_ms) {
+            let again = measure_point(opts, &rt, p, dir.path(), &model, instances)?;
+            if opts.progress {
+                eprintln!(
+                    "tune [{}/{}] {p}: p99 {:.1} ms, errors {}: over budget or failing, measured again: p99 {:.1} ms, errors {}",
+                    i + 1,
+                    grid.len(),
+                    m.p99_ms,
+                    m.step.errors.values().sum::<u64>(),
+                    again.p99_ms,
+                    again.step.errors.values().sum::<u64>()
+                );
+            }
+            let first_p99 = m.p99_ms;
+            if within(&again, opts.budget_ms) || again.p99_ms < m.p99_ms {
+                m = again;
+            }
+            m.remeasured_p99_ms = Some(first_p99);
+        }
         if opts.progress {
             eprintln!(
                 "tune [{}/{}] {p}: p99 {:.1} ms, batch {}, capacity {} rows/s, errors {}",
@@ -589,6 +629,7 @@ mod tests {
             served_rps: 20.0,
             step,
             predicted: None,
+            remeasured_p99_ms: None,
         }
     }
 

@@ -243,26 +243,6 @@ pub fn replay(
     })
 }
 
-/// What the client adds on top of queue and compute (HTTP, serialization, scheduling): the
-/// median over the points of measured minus predicted mean latency, never negative.
-pub fn client_overhead_us(results: &[Measured]) -> f64 {
-    let mut d: Vec<f64> = results
-        .iter()
-        .filter_map(|m| Some(m.step.latency.mean_us - m.predicted?.mean_us))
-        .collect();
-    if d.is_empty() {
-        return 0.0;
-    }
-    d.sort_by(f64::total_cmp);
-    let mid = d.len() / 2;
-    let med = if d.len() % 2 == 0 {
-        (d[mid - 1] + d[mid]) / 2.0
-    } else {
-        d[mid]
-    };
-    med.max(0.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

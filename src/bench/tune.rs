@@ -64,7 +64,8 @@ pub struct Measured {
     /// Served rows per second during the run.
     pub served_rps: f64,
     /// The same point replayed against the cost model fitted to the whole sweep (see
-    /// [`super::model`]), client overhead included; `None` when no model fits.
+    /// [`super::model`]): queue and compute time, the part of the latency the setting changes;
+    /// `None` when no model fits.
     pub predicted: Option<Predicted>,
     /// Set when the first run of this point was over budget or failing and it was measured
     /// again: that first run's p99 (ms). The fields above are the better run's.
@@ -217,7 +218,7 @@ fn step_gain_cost(cur: &Measured, next: &Measured) -> (f64, f64, &'static str) {
 }
 
 /// Fit the cost model to the sweep and fill in every point's [`Measured::predicted`]
-/// (client overhead included). Returns the model, or why there is none (then nothing is
+/// (server-side times: queue and compute). Returns the model, or why there is none (then nothing is
 /// predicted and the recommendation rests on the measurements alone).
 pub fn predict(
     results: &mut [Measured],
@@ -240,11 +241,6 @@ pub fn predict(
             instances,
         };
         m.predicted = model::replay(&cost, &policy, rate, arrival, model::REPLAY_ARRIVALS, seed);
-    }
-    let overhead = model::client_overhead_us(results);
-    for p in results.iter_mut().filter_map(|m| m.predicted.as_mut()) {
-        p.mean_us += overhead;
-        p.p99_us += overhead;
     }
     Ok(cost)
 }

@@ -1,6 +1,10 @@
 //! Pull a base image into an OCI layout: a tag resolves through its index to linux/amd64,
 //! every blob is verified by digest while it streams to disk, and the resolved digest can be
 //! pinned in a lock file so the next build uses exactly the same bytes.
+//!
+//! An image whose digest is already known (named in the reference or pinned by the lock file)
+//! and complete in the destination layout is not fetched again: no connection is made, so a
+//! pinned base builds offline from the shared base cache ([`default_cache_dir`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -12,6 +16,7 @@ use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::{Descriptor, Layout, Manifest};
 use super::reference::Reference;
 use super::{lock, media, sha256_digest, Error, Result};
+use crate::plan::{ImagePin, PinnedBy};
 
 /// Options of a pull.
 #[derive(Debug, Clone, Default)]
@@ -23,6 +28,9 @@ pub struct PullOptions {
     pub update_lock: bool,
     /// The platform to pick from an index (default linux/amd64).
     pub platform: Option<(String, String)>,
+    /// Name the image in the layout `REFERENCE@DIGEST` (the shared base cache's naming, unique
+    /// per reference and digest) instead of by its tag.
+    pub name_by_digest: bool,
 }
 
 /// The result of a pull.
@@ -38,6 +46,54 @@ pub struct PulledImage {
     pub ref_name: String,
     pub bytes_downloaded: u64,
     pub blobs_reused: usize,
+    /// True when the layout already held the pinned image and no registry was contacted.
+    pub offline: bool,
+}
+
+/// The shared cache of pulled base images (one OCI layout): `$INFER_BUILD_CACHE_DIR/bases`,
+/// else `$XDG_CACHE_HOME/infer-build/bases`, else `~/.cache/infer-build/bases` (beside the
+/// engine cache, `…/infer-build/engines`). `None` when none of these is set.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    cache_dir_from(
+        var("INFER_BUILD_CACHE_DIR"),
+        var("XDG_CACHE_HOME"),
+        var("HOME"),
+    )
+}
+
+/// [`default_cache_dir`] from the values of its three variables.
+pub fn cache_dir_from(
+    cache_dir: Option<PathBuf>,
+    xdg_cache: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Option<PathBuf> {
+    let root = cache_dir
+        .or_else(|| xdg_cache.map(|d| d.join("infer-build")))
+        .or_else(|| home.map(|h| h.join(".cache/infer-build")))?;
+    Some(root.join("bases"))
+}
+
+/// What to pull for a plan's base image: the reference (with `@digest` when the matrix or the
+/// recipe pins it) and whether the lock file pins it. `None` for `scratch` (nothing to pull).
+pub fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
+    match pin.pinned_by {
+        PinnedBy::None => None,
+        _ if pin.reference == "scratch" => None,
+        PinnedBy::Lock => Some((pin.reference.clone(), true)),
+        PinnedBy::Matrix | PinnedBy::Recipe => Some((pin.pull_reference(), false)),
+    }
+}
+
+/// The name of an image in the shared base cache: the reference without any digest, then
+/// `@` and the platform manifest's digest.
+pub fn cache_ref_name(reference: &str, digest: &str) -> String {
+    let name = reference.split_once('@').map_or(reference, |(n, _)| n);
+    format!("{name}@{digest}")
 }
 
 /// Pull `reference` into the layout `dest` (created when missing), with default options.
@@ -47,20 +103,70 @@ pub fn pull(reference: &str, dest: &Path) -> Result<PulledImage> {
 
 pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<PulledImage> {
     let mut r = Reference::parse(reference)?;
+    let mut pinned_by_lock = None;
     if r.digest.is_none() && !opts.update_lock {
         if let Some(lock_path) = &opts.lock {
             r.digest = lock::lookup(lock_path, reference)?;
+            pinned_by_lock = r.digest.as_ref().map(|_| lock_path.clone());
         }
     }
     let layout = Layout::open_or_create(dest)?;
-    let client = Client::connect(&r.registry, opts.client.clone())?;
-    let scopes = vec![format!("repository:{}:pull", r.repository)];
+    // One pull at a time per layout: `index.json` is read, changed and written back.
+    let _guard = lock_layout(&layout)?;
     let (os, arch) = opts
         .platform
         .clone()
         .unwrap_or_else(|| ("linux".to_string(), "amd64".to_string()));
+    let ref_name_for = |digest: &str| {
+        if opts.name_by_digest {
+            cache_ref_name(reference, digest)
+        } else {
+            r.tag
+                .clone()
+                .unwrap_or_else(|| super::warmup::fallback_tag(digest))
+        }
+    };
 
-    let (mut bytes, mut media_type) = get_manifest(&client, &r, r.manifest_ref(), &scopes)?;
+    if let Some(want) = &r.digest {
+        if let Some((desc, index_digest, blobs)) = local_image(&layout, want, &os, &arch) {
+            let ref_name = ref_name_for(&desc.digest);
+            let digest = desc.digest.clone();
+            layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
+            if let Some(lock_path) = &opts.lock {
+                lock::record(lock_path, reference, &digest)?;
+            }
+            return Ok(PulledImage {
+                reference: reference.to_string(),
+                digest,
+                index_digest,
+                layout: dest.to_path_buf(),
+                ref_name,
+                bytes_downloaded: 0,
+                blobs_reused: blobs,
+                offline: true,
+            });
+        }
+    }
+
+    let client = Client::connect(&r.registry, opts.client.clone())?;
+    let scopes = vec![format!("repository:{}:pull", r.repository)];
+    let (mut bytes, mut media_type) = match get_manifest(&client, &r, r.manifest_ref(), &scopes) {
+        Err(Error::NotFound {
+            reference: what, ..
+        }) if pinned_by_lock.is_some() => {
+            let path = pinned_by_lock.unwrap_or_default();
+            return Err(Error::NotFound {
+                reference: what,
+                reason: format!(
+                    "the registry no longer has the digest pinned by lock file {} (the image \
+                     was deleted or garbage-collected); re-resolve the tag on purpose with \
+                     --update-lock, or restore the image",
+                    path.display()
+                ),
+            });
+        }
+        other => other?,
+    };
     let first_digest = sha256_digest(&bytes);
     if let Some(want) = &r.digest {
         if &first_digest != want {
@@ -114,27 +220,17 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         downloaded += fetch_blob(&client, &r, blob, &layout, &scopes)?;
     }
     layout.put_bytes(&bytes)?;
-    let ref_name = r
-        .tag
-        .clone()
-        .unwrap_or_else(|| super::warmup::fallback_tag(&digest));
-    layout.set_ref(
-        &ref_name,
-        Descriptor {
-            media_type: media_type.clone(),
-            digest: digest.clone(),
-            size: bytes.len() as u64,
-            artifact_type: None,
-            platform: Some(serde_json::json!({"os": os, "architecture": arch})),
-            annotations: [(
-                "org.opencontainers.image.base.name".to_string(),
-                reference.to_string(),
-            )]
-            .into_iter()
-            .collect(),
-            extra: Default::default(),
-        },
-    )?;
+    let ref_name = ref_name_for(&digest);
+    let desc = Descriptor {
+        media_type: media_type.clone(),
+        digest: digest.clone(),
+        size: bytes.len() as u64,
+        artifact_type: None,
+        platform: None,
+        annotations: Default::default(),
+        extra: Default::default(),
+    };
+    layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
     if let Some(lock_path) = &opts.lock {
         lock::record(lock_path, reference, &digest)?;
     }
@@ -146,7 +242,93 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         ref_name,
         bytes_downloaded: downloaded,
         blobs_reused: reused,
+        offline: false,
     })
+}
+
+/// The `index.json` entry of a pulled image: its platform and the reference it came from.
+fn base_descriptor(mut desc: Descriptor, reference: &str, os: &str, arch: &str) -> Descriptor {
+    desc.platform = Some(serde_json::json!({"os": os, "architecture": arch}));
+    desc.artifact_type = None;
+    desc.annotations = [(
+        "org.opencontainers.image.base.name".to_string(),
+        reference.to_string(),
+    )]
+    .into_iter()
+    .collect();
+    desc
+}
+
+/// The image `digest` names when the layout already holds it completely: its platform
+/// manifest's descriptor, the index digest when `digest` names an index, and the number of
+/// blobs (config and layers) found. Manifests are read with their digest verified; config and
+/// layers are checked by size (the build verifies every layer's digest as it imports it).
+fn local_image(
+    layout: &Layout,
+    digest: &str,
+    os: &str,
+    arch: &str,
+) -> Option<(Descriptor, Option<String>, usize)> {
+    let read = |digest: &str| -> Option<(Descriptor, Manifest)> {
+        let path = layout.blob_path(digest).ok()?;
+        let size = std::fs::metadata(path).ok()?.len();
+        let mut desc = Descriptor {
+            media_type: String::new(),
+            digest: digest.to_string(),
+            size,
+            artifact_type: None,
+            platform: None,
+            annotations: Default::default(),
+            extra: Default::default(),
+        };
+        let bytes = layout.read_small(&desc).ok()?;
+        let m = Manifest::parse(&bytes, digest).ok()?;
+        // `mediaType` is optional in OCI manifests: an index lists manifests, an image has a config.
+        desc.media_type = m.media_type.clone().or_else(|| {
+            if !m.manifests.is_empty() {
+                Some(media::OCI_INDEX.to_string())
+            } else {
+                m.config.as_ref().map(|_| media::OCI_MANIFEST.to_string())
+            }
+        })?;
+        Some((desc, m))
+    };
+    let (mut desc, mut manifest) = read(digest)?;
+    let mut index_digest = None;
+    if media::is_index(&desc.media_type) {
+        let pick = manifest
+            .manifests
+            .iter()
+            .find(|d| platform_is(d, os, arch))?
+            .digest
+            .clone();
+        index_digest = Some(desc.digest.clone());
+        (desc, manifest) = read(&pick)?;
+    }
+    if !media::is_manifest(&desc.media_type) {
+        return None;
+    }
+    let mut blobs = 0;
+    for b in manifest.config.iter().chain(manifest.layers.iter()) {
+        layout.check_blob(b).ok()?;
+        blobs += 1;
+    }
+    Some((desc, index_digest, blobs))
+}
+
+/// An exclusive lock on the layout for one pull (`.infer-build/pull.lock`, released on drop).
+fn lock_layout(layout: &Layout) -> Result<std::fs::File> {
+    let dir = layout.root.join(".infer-build");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let path = dir.join("pull.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    fs4::FileExt::lock(&file).map_err(|e| Error::io(&path, e))?;
+    Ok(file)
 }
 
 fn platform_is(d: &Descriptor, os: &str, arch: &str) -> bool {
@@ -268,5 +450,119 @@ fn fetch_blob(
         }
         tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
         return Ok(total);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(reference: &str, digest: Option<&str>, by: PinnedBy) -> ImagePin {
+        ImagePin {
+            reference: reference.into(),
+            digest: digest.map(String::from),
+            pinned_by: by,
+        }
+    }
+
+    #[test]
+    fn base_request_follows_who_pins_the_digest() {
+        let d = format!("sha256:{}", "b".repeat(64));
+        let r = "nvcr.io/nvidia/cuda:12";
+        // The lock file pins: pull the tag through the lock (it supplies the digest, if any).
+        assert_eq!(
+            base_request(&pin(r, Some(&d), PinnedBy::Lock)),
+            Some((r.to_string(), true))
+        );
+        assert_eq!(
+            base_request(&pin(r, None, PinnedBy::Lock)),
+            Some((r.to_string(), true))
+        );
+        // The matrix or the recipe pins: pull that digest, leave the lock alone.
+        for by in [PinnedBy::Matrix, PinnedBy::Recipe] {
+            assert_eq!(
+                base_request(&pin(r, Some(&d), by)),
+                Some((format!("{r}@{d}"), false))
+            );
+        }
+        assert_eq!(base_request(&pin("scratch", None, PinnedBy::None)), None);
+        assert_eq!(base_request(&pin("scratch", None, PinnedBy::Lock)), None);
+    }
+
+    #[test]
+    fn cache_names_and_directory() {
+        let d = format!("sha256:{}", "c".repeat(64));
+        assert_eq!(
+            cache_ref_name("127.0.0.1:5000/b/cuda:12", &d),
+            format!("127.0.0.1:5000/b/cuda:12@{d}")
+        );
+        let other = format!("sha256:{}", "e".repeat(64));
+        assert_eq!(
+            cache_ref_name(&format!("r.io/b/cuda:12@{other}"), &d),
+            format!("r.io/b/cuda:12@{d}")
+        );
+        let p = PathBuf::from;
+        assert_eq!(
+            cache_dir_from(Some(p("/c")), Some(p("/x")), Some(p("/h"))),
+            Some(p("/c/bases"))
+        );
+        assert_eq!(
+            cache_dir_from(None, Some(p("/x")), Some(p("/h"))),
+            Some(p("/x/infer-build/bases"))
+        );
+        assert_eq!(
+            cache_dir_from(None, None, Some(p("/h"))),
+            Some(p("/h/.cache/infer-build/bases"))
+        );
+        assert_eq!(cache_dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn a_complete_pinned_image_needs_no_registry() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::open_or_create(dir.path()).unwrap();
+        let (layer_bytes, config_bytes) = (
+            b"layer bytes".as_slice(),
+            br#"{"architecture":"amd64","os":"linux"}"#.as_slice(),
+        );
+        let layer = layout.put_bytes(layer_bytes).unwrap();
+        let config = layout.put_bytes(config_bytes).unwrap();
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "config": {"mediaType": media::OCI_CONFIG, "digest": config, "size": config_bytes.len()},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_bytes.len()}],
+        });
+        let m = layout
+            .put_bytes(&super::super::canonical_json(&manifest))
+            .unwrap();
+        let lock = dir.path().join("r.lock");
+        // The registry address does not answer: only the layout can satisfy this pull.
+        let reference = "127.0.0.1:9/bases/cuda:12";
+        lock::record(&lock, reference, &m).unwrap();
+        let opts = PullOptions {
+            lock: Some(lock.clone()),
+            name_by_digest: true,
+            ..PullOptions::default()
+        };
+        let p = pull_with(reference, dir.path(), &opts).unwrap();
+        assert!(p.offline);
+        assert_eq!(p.digest, m);
+        assert_eq!(p.blobs_reused, 2);
+        assert_eq!(p.ref_name, format!("{reference}@{m}"));
+        let named = layout.index().unwrap();
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].digest, m);
+
+        // A missing layer sends the pull to the registry, which is not there.
+        std::fs::remove_file(layout.blob_path(&layer).unwrap()).unwrap();
+        let opts = PullOptions {
+            client: ClientOptions {
+                insecure: true,
+                max_attempts: 1,
+                ..ClientOptions::default()
+            },
+            ..opts
+        };
+        assert!(!pull_with(reference, dir.path(), &opts).is_ok_and(|p| p.offline));
     }
 }

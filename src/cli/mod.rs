@@ -18,6 +18,7 @@ mod deploy;
 mod engine;
 mod inspect;
 mod plan;
+mod pull;
 mod push;
 mod slim;
 
@@ -50,6 +51,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Show the targets, layers, sizes and annotations of an OCI layout or registry reference.
     Inspect(inspect::InspectArgs),
+    /// Pull an image by digest-verified streaming into an OCI layout (default: the base cache).
+    Pull(pull::PullArgs),
     /// Push a layout to a registry: per-target tags, the index tag and warm-up manifests.
     Push(push::PushArgs),
     /// Write Kubernetes YAML for each target.
@@ -92,6 +95,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Engine(a) => engine::run(a),
         Command::Build(a) => build::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Pull(a) => pull::run(a),
         Command::Push(a) => push::run(a),
         Command::Deploy(a) => deploy::run(a),
         Command::Bench(a) => bench::run(a),

@@ -2,8 +2,11 @@
 //! `out/<model>`), optionally also an `oci-archive`, without a Docker daemon.
 //!
 //! This file only turns flags and the plan into [`build::TargetSpec`]s, draws progress and
-//! prints the result; the assembly is [`crate::build`].
+//! prints the result; the assembly is [`crate::build`]. The base image of each GPU target comes
+//! from `--base-layout DIR` when given, else [`registry::pull`] fetches `TargetPlan.base` into
+//! the shared base cache, pinned in the recipe's lock file.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -12,8 +15,11 @@ use serde_json::json;
 
 use crate::build::{self, BuildOptions, BuildReport, Policy, Progress};
 use crate::error::Error;
+use crate::oci::image::Platform;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
 use crate::plan::{TargetKind, TargetPlan};
+use crate::registry::pull::{self, PullOptions, PulledImage};
+use crate::registry::{self, ClientOptions};
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
@@ -34,12 +40,19 @@ pub struct BuildArgs {
     /// The infer-serve binary to ship (else $INFER_SERVE_BIN, else next to infer-build).
     #[arg(long, value_name = "FILE")]
     pub runtime: Option<PathBuf>,
-    /// OCI layout holding the base image of GPU targets.
+    /// OCI layout holding the base image of GPU targets (default: pull each target's base into
+    /// the shared base cache, pinned in the recipe's lock file).
     #[arg(long, value_name = "DIR")]
     pub base_layout: Option<PathBuf>,
     /// Tag of the base image inside --base-layout (default: its only image for the platform).
     #[arg(long, value_name = "TAG")]
     pub base_tag: Option<String>,
+    /// Re-resolve the tags of lock-pinned base images and record the new digests.
+    #[arg(long)]
+    pub update_lock: bool,
+    /// Pull base images over plain HTTP (loopback or trusted registries).
+    #[arg(long)]
+    pub insecure: bool,
     /// Layer compression: auto (gzip; weights ≥ 4 MiB uncompressed), gzip, gzip-stored, zstd, none.
     #[arg(long, default_value = "auto", value_name = "POLICY")]
     pub compression: String,
@@ -65,10 +78,7 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
             || Error::Usage(format!("--output {o}: expected oci-archive:FILE")),
         )?)),
     };
-    let (meta, targets, skipped) = targets(&args)?;
-    for (id, why) in &skipped {
-        eprintln!("skipping target {id}: {why}");
-    }
+    let (meta, targets, bases) = targets(&args)?;
     let out = args
         .out
         .clone()
@@ -84,17 +94,31 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
         let store = BlobStore::open(&out)?;
         layout::write_archive(&store, a, epoch)?;
     }
-    print_report(&report, archive.as_deref(), args.json);
+    print_report(&report, archive.as_deref(), &bases, args.json);
     Ok(())
 }
 
-fn print_report(r: &BuildReport, archive: Option<&Path>, as_json: bool) {
+fn print_report(r: &BuildReport, archive: Option<&Path>, bases: &[PulledImage], as_json: bool) {
     if as_json {
+        let bases: Vec<serde_json::Value> = bases
+            .iter()
+            .map(|b| {
+                json!({
+                    "reference": b.reference,
+                    "digest": b.digest,
+                    "layout": b.layout.display().to_string(),
+                    "ref_name": b.ref_name,
+                    "bytes_downloaded": b.bytes_downloaded,
+                    "offline": b.offline,
+                })
+            })
+            .collect();
         let doc = json!({
             "layout": r.layout.display().to_string(),
             "archive": archive.map(|a| a.display().to_string()),
             "index": {"tag": r.index_tag, "digest": r.index_digest},
             "targets": r.targets,
+            "bases": bases,
         });
         println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
         return;
@@ -185,22 +209,19 @@ impl Progress for Bars {
     }
 }
 
-type Targets = (
-    build::ImageMeta,
-    Vec<build::TargetSpec>,
-    Vec<(String, String)>,
-);
+type Targets = (build::ImageMeta, Vec<build::TargetSpec>, Vec<PulledImage>);
 
-/// The image identity and one spec per target to build, plus the targets skipped (with why).
+/// The image identity, one spec per target to build, and the base images pulled for them.
 fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let recipe = crate::recipe::load(&args.input)?;
     let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
-    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
-        .map_err(crate::plan::Error::from)?;
+    let lock_path = crate::plan::lock::path_for(&recipe.file);
+    let lock = crate::plan::lock::read(&lock_path).map_err(crate::plan::Error::from)?;
     let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
-    let explicit = !args.targets.is_empty();
     let mut selected: Vec<&TargetPlan> = Vec::new();
-    if explicit {
+    if args.targets.is_empty() {
+        selected = plan.targets.iter().collect();
+    } else {
         for id in &args.targets {
             let t = plan.target(id).ok_or_else(|| {
                 let known: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
@@ -211,8 +232,6 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             })?;
             selected.push(t);
         }
-    } else {
-        selected = plan.targets.iter().collect();
     }
 
     let exe = std::env::current_exe().ok();
@@ -227,23 +246,10 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         None => None,
     };
 
+    let mut bases = Bases::new(args, lock_path);
     let mut specs = Vec::new();
-    let mut skipped = Vec::new();
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
-        if gpu && args.base_layout.is_none() {
-            if explicit {
-                return Err(build::Error::NeedBaseLayout {
-                    target: t.id.clone(),
-                }
-                .into());
-            }
-            skipped.push((
-                t.id.clone(),
-                "a GPU target needs its base image: pass --base-layout DIR".to_string(),
-            ));
-            continue;
-        }
         let platform = build::spec::platform(t);
         build::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
         let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
@@ -251,34 +257,117 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
             None => (None, None),
         };
+        let base = match (&args.base_layout, gpu) {
+            (_, false) => None,
+            // An explicit layout wins over pulling.
+            (Some(layout), true) => Some(build::BaseRef {
+                layout: layout.clone(),
+                tag: args.base_tag.clone(),
+            }),
+            (None, true) => Some(bases.get(t, &platform)?),
+        };
         let files = build::spec::Files {
             serve_bin: serve.clone(),
             model: model.clone(),
             engine,
             engine_profile,
             warmup_samples: samples.clone(),
-            base: if gpu {
-                args.base_layout.clone().map(|layout| build::BaseRef {
-                    layout,
-                    tag: args.base_tag.clone(),
-                })
-            } else {
-                None
-            },
+            base,
         };
         specs.push(build::spec::target_spec(&recipe, t, files)?);
-    }
-    if specs.is_empty() {
-        let first = skipped
-            .first()
-            .map(|(id, _)| id.clone())
-            .unwrap_or_default();
-        return Err(build::Error::NeedBaseLayout { target: first }.into());
     }
     let mut meta = build::spec::image_meta(&recipe, &plan);
     meta.revision = nonempty(args.revision.as_deref());
     meta.source = nonempty(args.source.as_deref());
-    Ok((meta, specs, skipped))
+    Ok((meta, specs, bases.pulled.into_values().collect()))
+}
+
+/// Base images of GPU targets, pulled into the shared base cache once per reference and
+/// platform, pinned in the recipe's lock file.
+struct Bases<'a> {
+    args: &'a BuildArgs,
+    lock_path: PathBuf,
+    /// (pull reference, os, architecture) → the pulled image, in a fixed order.
+    pulled: BTreeMap<(String, String, String), PulledImage>,
+}
+
+impl<'a> Bases<'a> {
+    fn new(args: &'a BuildArgs, lock_path: PathBuf) -> Bases<'a> {
+        Bases {
+            args,
+            lock_path,
+            pulled: BTreeMap::new(),
+        }
+    }
+
+    fn get(&mut self, t: &TargetPlan, platform: &Platform) -> Result<build::BaseRef, Error> {
+        let Some((reference, pinned_by_lock)) = pull::base_request(&t.base) else {
+            return Err(build::Error::NeedBaseLayout {
+                target: t.id.clone(),
+            }
+            .into());
+        };
+        let key = (
+            reference.clone(),
+            platform.os.clone(),
+            platform.architecture.clone(),
+        );
+        if let Some(other) = self
+            .pulled
+            .keys()
+            .find(|k| pinned_by_lock && k.0 == key.0 && k != &&key)
+        {
+            return Err(Error::Usage(format!(
+                "target {}: base {reference} is needed for {}/{} and {}/{}, but the lock file pins \
+                 one digest per reference; build each platform's targets with --base-layout DIR",
+                t.id, other.1, other.2, key.1, key.2
+            )));
+        }
+        if !self.pulled.contains_key(&key) {
+            let cache = pull::default_cache_dir().ok_or_else(|| {
+                Error::Usage(format!(
+                    "target {}: no base cache directory to pull {reference} into: set \
+                     INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME, or pass --base-layout DIR",
+                    t.id
+                ))
+            })?;
+            let opts = PullOptions {
+                client: ClientOptions {
+                    insecure: self.args.insecure,
+                    ..ClientOptions::default()
+                },
+                lock: pinned_by_lock.then(|| self.lock_path.clone()),
+                update_lock: self.args.update_lock,
+                platform: Some((platform.os.clone(), platform.architecture.clone())),
+                name_by_digest: true,
+            };
+            let p = registry::pull_with(&reference, &cache, &opts).inspect_err(|_| {
+                eprintln!(
+                    "target {}: cannot pull base image {reference} into {}\nhint: pass \
+                     --base-layout DIR to build from an OCI layout on disk instead",
+                    t.id,
+                    cache.display()
+                )
+            })?;
+            if p.offline {
+                eprintln!("base {reference} {} (from the base cache)", p.digest);
+            } else {
+                eprintln!(
+                    "base {reference} {} (pulled: {} bytes downloaded, {} blobs reused)",
+                    p.digest, p.bytes_downloaded, p.blobs_reused
+                );
+            }
+            if pinned_by_lock {
+                eprintln!("lock {} pins {reference}", self.lock_path.display());
+            }
+            self.pulled.insert(key.clone(), p);
+        }
+        let p = &self.pulled[&key];
+        Ok(build::BaseRef {
+            layout: p.layout.clone(),
+            tag: Some(p.ref_name.clone()),
+        })
+    }
 }
 
 fn nonempty(v: Option<&str>) -> Option<String> {

@@ -5,6 +5,7 @@ pub mod faultproxy;
 pub mod image;
 pub mod oci;
 pub mod plan;
+pub mod pull;
 pub mod recipe;
 pub mod registry;
 pub mod registry_support;

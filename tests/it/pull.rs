@@ -1,0 +1,421 @@
+//! `infer-build pull`, and `infer-build build` pulling the base image of GPU targets, against a
+//! real `docker-registry` on loopback: the base is an image infer-build itself built and pushed,
+//! the digest is pinned in the recipe's lock file, the shared base cache serves rebuilds with
+//! the registry gone, a moved tag changes nothing until `--update-lock`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use super::image::tiny_static_elf;
+use super::registry_support::Registry;
+use super::support::{have_tool, infer_build, root, stderr, stdout};
+
+/// A scratch directory with a stand-in runtime, its own base cache and no credentials.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        tiny_static_elf(&dir.path().join("infer-serve"));
+        Fixture { dir }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = infer_build();
+        c.args(args)
+            .env("INFER_BUILD_CACHE_DIR", self.path("cache"))
+            .env("DOCKER_CONFIG", self.path("docker"))
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .env_remove("INFER_BUILD_REGISTRY_USER")
+            .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// A copy of the example recipe (tiny MLP) in `name/`, with `edit` applied to its text.
+    fn recipe(&self, name: &str, edit: impl Fn(String) -> String) -> PathBuf {
+        let d = self.path(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["recipe.toml", "mlp.onnx"] {
+            std::fs::copy(root().join("examples/mlp").join(f), d.join(f)).unwrap();
+        }
+        let text = std::fs::read_to_string(d.join("recipe.toml")).unwrap();
+        std::fs::write(d.join("recipe.toml"), edit(text)).unwrap();
+        d.join("recipe.toml")
+    }
+
+    /// Build `recipe` into `out` with `extra` flags; the `--json` report.
+    fn build(&self, recipe: &Path, out: &str, extra: &[&str]) -> Value {
+        let o = self.build_raw(recipe, out, &[extra, &["--json"]].concat());
+        assert!(o.status.success(), "build failed: {}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    }
+
+    fn build_raw(&self, recipe: &Path, out: &str, extra: &[&str]) -> Output {
+        let runtime = self.path("infer-serve");
+        let out = self.path(out);
+        let mut args = vec![
+            "build",
+            recipe.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--runtime",
+            runtime.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+}
+
+fn json_file(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn blob(layout: &Path, digest: &str) -> Value {
+    json_file(&layout.join("blobs/sha256").join(&digest[7..]))
+}
+
+fn layer_digests(manifest: &Value) -> Vec<String> {
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The manifest digest of target `id` in a build report.
+fn target_digest(report: &Value, id: &str) -> String {
+    report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap_or_else(|| panic!("no target {id} in {report}"))["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The digest `reference` is pinned to in a lock file.
+fn pinned(lock: &Path, reference: &str) -> Option<String> {
+    let v: toml::Value = toml::from_str(&std::fs::read_to_string(lock).ok()?).unwrap();
+    v["image"]
+        .as_array()?
+        .iter()
+        .find(|i| i["reference"].as_str() == Some(reference))
+        .map(|i| i["digest"].as_str().unwrap().to_string())
+}
+
+/// A real base image: the example's CPU image built by infer-build (`epoch` varies its bytes),
+/// pushed to `repo` under the index tag `1.0.0`. Returns the linux/amd64 manifest digest and
+/// its layer digests.
+fn push_base(f: &Fixture, epoch: &str, repo: &str) -> (String, Vec<String>) {
+    let recipe = f.recipe(&format!("base-src-{epoch}"), |t| t);
+    let out = f.path(&format!("base-{epoch}"));
+    let o = f
+        .cmd(&[
+            "build",
+            recipe.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--runtime",
+            f.path("infer-serve").to_str().unwrap(),
+            "--json",
+        ])
+        .env("SOURCE_DATE_EPOCH", epoch)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let digest = target_digest(&report, "cpu-fp32");
+    let o = f.run(&[
+        "push",
+        out.to_str().unwrap(),
+        "--to",
+        repo,
+        "--insecure",
+        "--no-warmup",
+    ]);
+    assert!(o.status.success(), "push: {}", stderr(&o));
+    let layers = layer_digests(&blob(&out, &digest));
+    (digest, layers)
+}
+
+/// A matrix copy (for `--matrix DIR`) where `base` is a runtime image row identical to the one
+/// the embedded matrix picks for the recipe's GPU target.
+fn matrix_with_base(f: &Fixture, recipe: &Path, base: &str, name: &str) -> PathBuf {
+    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let chosen = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .unwrap()["base"]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let m = f.path(name);
+    for file in [
+        "matrix/tensorrt.toml",
+        "matrix/cuda.toml",
+        "matrix/gpus.toml",
+        "base-images/images.toml",
+    ] {
+        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
+        if file == "base-images/images.toml" {
+            let at = text.find(&format!("reference = \"{chosen}\"")).unwrap();
+            let start = text[..at].rfind("[[image]]").unwrap();
+            let end = text[at..].find("[[image]]").map_or(text.len(), |e| at + e);
+            let row = text[start..end].replace(&chosen, base);
+            text = format!("{text}\n{row}");
+        }
+        let path = m.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    m
+}
+
+fn gpu_recipe(f: &Fixture, name: &str, base: Option<&str>) -> PathBuf {
+    f.recipe(name, |t| {
+        let t = t.replace(
+            "[targets]\ncpu = true",
+            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]",
+        );
+        match base {
+            Some(b) => t.replace("[image]\n", &format!("[image]\nbase = \"{b}\"\n")),
+            None => t,
+        }
+    })
+}
+
+#[test]
+fn registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline() {
+    let test = "registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let f = Fixture::new();
+    let repo = format!("{}/bases/cuda", reg.addr);
+    let base_ref = format!("{repo}:1.0.0");
+    let (d1, layers1) = push_base(&f, "1", &repo);
+
+    let plain = gpu_recipe(&f, "plain", None);
+    let matrix = matrix_with_base(&f, &plain, &base_ref, "matrix");
+    let recipe = gpu_recipe(&f, "app", Some(&base_ref));
+    let lock = recipe.with_extension("lock");
+    let m = ["--matrix", matrix.to_str().unwrap()];
+    let o = f.run(&["plan", "--json", recipe.to_str().unwrap(), m[0], m[1]]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // 1. First build: pulls the base over plain HTTP, pins its digest, stacks on its layers.
+    let r1 = f.build(&recipe, "o1", &[m[0], m[1], "--insecure"]);
+    assert_eq!(pinned(&lock, &base_ref).as_deref(), Some(d1.as_str()));
+    assert_eq!(r1["bases"][0]["digest"], d1.as_str());
+    assert_eq!(r1["bases"][0]["offline"], false);
+    let g1 = target_digest(&r1, &gpu);
+    let man = blob(&f.path("o1"), &g1);
+    let got = layer_digests(&man);
+    assert_eq!(got[..layers1.len()], layers1[..], "base layers first");
+    assert!(got.len() > layers1.len());
+    assert_eq!(
+        man["annotations"]["org.opencontainers.image.base.digest"],
+        d1.as_str()
+    );
+    // The CPU target stays on scratch.
+    let cpu = blob(&f.path("o1"), &target_digest(&r1, "cpu-fp32"));
+    assert!(cpu["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["annotations"]["dev.infer-build.layer"] != "base"));
+    assert!(cpu["annotations"]
+        .get("org.opencontainers.image.base.digest")
+        .is_none());
+    let lock_text = std::fs::read(&lock).unwrap();
+
+    // 2. The tag moves; the pinned build does not follow it and needs no download.
+    let (d2, layers2) = push_base(&f, "2", &repo);
+    assert_ne!(d1, d2);
+    let r2 = f.build(&recipe, "o2", &[m[0], m[1], "--insecure"]);
+    assert_eq!(target_digest(&r2, &gpu), g1);
+    assert_eq!(r2["bases"][0]["offline"], true);
+    assert_eq!(std::fs::read(&lock).unwrap(), lock_text, "lock unchanged");
+    assert_eq!(
+        std::fs::read(f.path("o1/index.json")).unwrap(),
+        std::fs::read(f.path("o2/index.json")).unwrap()
+    );
+
+    // 3. --update-lock re-resolves on purpose.
+    let r3 = f.build(&recipe, "o3", &[m[0], m[1], "--insecure", "--update-lock"]);
+    assert_eq!(pinned(&lock, &base_ref).as_deref(), Some(d2.as_str()));
+    let g3 = target_digest(&r3, &gpu);
+    assert_ne!(g3, g1);
+    let got = layer_digests(&blob(&f.path("o3"), &g3));
+    assert_eq!(got[..layers2.len()], layers2[..]);
+
+    // 4. A pinned digest the registry does not have is a clear error (exit 2).
+    let gone = gpu_recipe(&f, "gone", Some(&base_ref));
+    let missing = format!("sha256:{}", "0".repeat(64));
+    std::fs::write(
+        gone.with_extension("lock"),
+        format!("version = 1\n\n[[image]]\nreference = \"{base_ref}\"\ndigest = \"{missing}\"\n"),
+    )
+    .unwrap();
+    let o = f.build_raw(&gone, "o-gone", &[m[0], m[1], "--insecure"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(&missing) && e.contains("no longer has") && e.contains("--update-lock"),
+        "{e}"
+    );
+
+    // 5. With the registry gone, the pinned base comes from the cache, bit for bit.
+    drop(reg);
+    let r4 = f.build(&recipe, "o4", &[m[0], m[1], "--insecure"]);
+    assert_eq!(target_digest(&r4, &gpu), g3);
+    assert_eq!(
+        std::fs::read(f.path("o3/index.json")).unwrap(),
+        std::fs::read(f.path("o4/index.json")).unwrap()
+    );
+    // An explicit --base-layout still wins: the layout of the first base image.
+    let o = f.build_raw(
+        &recipe,
+        "o5",
+        &[
+            m[0],
+            m[1],
+            "--base-layout",
+            f.path("base-1").to_str().unwrap(),
+            "--base-tag",
+            "1.0.0",
+            "--target",
+            &gpu,
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r5: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r5["bases"], serde_json::json!([]));
+    let got = layer_digests(&blob(&f.path("o5"), &target_digest(&r5, &gpu)));
+    assert_eq!(got[..layers1.len()], layers1[..]);
+}
+
+#[test]
+fn registry_pull_cli_prints_digest_and_pins_it() {
+    let test = "registry_pull_cli_prints_digest_and_pins_it";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    let f = Fixture::new();
+    let repo = format!("{}/bases/cuda", reg.addr);
+    let reference = format!("{repo}:1.0.0");
+    let (d1, layers1) = push_base(&f, "1", &repo);
+    let lock = f.path("r.lock");
+    let pull = |extra: &[&str]| -> (Output, Value) {
+        let mut args = vec!["pull", reference.as_str(), "--insecure", "--json"];
+        args.extend_from_slice(extra);
+        let o = f.run(&args);
+        let v = serde_json::from_str(&stdout(&o)).unwrap_or(Value::Null);
+        (o, v)
+    };
+
+    // Into the shared base cache, named REF@DIGEST, pinned in the lock file.
+    let (o, v) = pull(&["--lock", lock.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["digest"], d1.as_str());
+    assert_eq!(v["ref_name"], format!("{reference}@{d1}").as_str());
+    let cache = f.path("cache/bases");
+    assert_eq!(v["layout"], cache.to_str().unwrap());
+    for l in &layers1 {
+        assert!(cache.join("blobs/sha256").join(&l[7..]).is_file(), "{l}");
+    }
+    assert_eq!(pinned(&lock, &reference).as_deref(), Some(d1.as_str()));
+
+    // The tag moves: the lock keeps the pin (served from the cache), --update-lock follows.
+    let (d2, _) = push_base(&f, "2", &repo);
+    let (o, v) = pull(&["--lock", lock.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["digest"], d1.as_str());
+    assert_eq!(v["offline"], true);
+    let (o, v) = pull(&["--lock", lock.to_str().unwrap(), "--update-lock"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["digest"], d2.as_str());
+    assert_eq!(pinned(&lock, &reference).as_deref(), Some(d2.as_str()));
+
+    // --out DIR: named by tag, readable by skopeo and usable as --base-layout.
+    let out = f.path("layout");
+    let (o, v) = pull(&["--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["ref_name"], "1.0.0");
+    assert_eq!(v["digest"], d2.as_str());
+    if have_tool("skopeo", test) {
+        let s = Command::new("skopeo")
+            .args(["inspect", &format!("oci:{}:1.0.0", out.display())])
+            .output()
+            .unwrap();
+        assert!(s.status.success(), "{}", stderr(&s));
+        assert!(stdout(&s).contains(&d2), "{}", stdout(&s));
+    }
+
+    // Bad input exits 2 before any network; a missing tag too.
+    for args in [
+        vec!["pull", "Not A Ref", "--insecure"],
+        vec!["pull", reference.as_str(), "--update-lock"],
+    ] {
+        let o = f.run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    let o = f.run(&["pull", &format!("{repo}:nope"), "--insecure"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no such manifest"), "{}", stderr(&o));
+}
+
+#[test]
+fn gpu_base_that_cannot_be_pulled_fails_with_a_hint_and_unknown_targets_exit_2() {
+    let f = Fixture::new();
+    // `.invalid` never resolves (RFC 2606): the pull fails at once, without retries.
+    let base = "registry.invalid/nvidia/cuda:12";
+    let plain = gpu_recipe(&f, "plain", None);
+    let matrix = matrix_with_base(&f, &plain, base, "matrix");
+    let recipe = gpu_recipe(&f, "app", Some(base));
+    let m = ["--matrix", matrix.to_str().unwrap()];
+    let o = f.build_raw(&recipe, "o", &[m[0], m[1]]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("registry.invalid") && e.contains("--base-layout"),
+        "{e}"
+    );
+    assert!(!recipe.with_extension("lock").exists(), "nothing pinned");
+    assert!(!f.path("o/index.json").exists());
+    // The CPU target alone needs no base and builds.
+    let r = f.build(&recipe, "cpu", &[m[0], m[1], "--target", "cpu-fp32"]);
+    assert_eq!(r["bases"], serde_json::json!([]));
+    let o = f.build_raw(&recipe, "o", &[m[0], m[1], "--target", "sm1-fp64"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -325,6 +325,7 @@ fn source(
         lock,
         update_lock: args.update_lock,
         platform: None,
+        name_by_digest: false,
     };
     if !args.json {
         eprintln!("pulling {role} {reference}");

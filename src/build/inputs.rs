@@ -15,6 +15,12 @@ pub fn safe_input(root: &Path, rel: &Path) -> Result<(PathBuf, u64), Error> {
         let path = path.to_path_buf();
         move |source| Error::Input { path, source }
     };
+    // A recipe in the current directory has an empty directory (`recipe.toml`, not `./…`).
+    let root = if root.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        root
+    };
     let root_c = fs::canonicalize(root).map_err(io(root))?;
     let joined = root_c.join(rel);
     let resolved = fs::canonicalize(&joined).map_err(io(&joined))?;

@@ -35,6 +35,8 @@ pub enum Error {
     Process(#[from] crate::process::Error),
     #[error(transparent)]
     Slim(#[from] crate::slim::Error),
+    #[error(transparent)]
+    Sbom(#[from] crate::sbom::Error),
     /// A usage error found by the CLI itself (conflicting flags and the like).
     #[error("{0}")]
     Usage(String),
@@ -55,6 +57,7 @@ impl Error {
             Error::Bench(e) => e.is_bad_input(),
             Error::Process(e) => e.is_bad_input(),
             Error::Slim(e) => e.is_bad_input(),
+            Error::Sbom(e) => e.is_bad_input(),
             Error::Usage(_) => true,
         };
         if bad_input {

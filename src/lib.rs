@@ -15,6 +15,7 @@ pub mod plan;
 pub mod process;
 pub mod recipe;
 pub mod registry;
+pub mod sbom;
 pub mod slim;
 
 pub use error::Error;

@@ -78,7 +78,7 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
             || Error::Usage(format!("--output {o}: expected oci-archive:FILE")),
         )?)),
     };
-    let (meta, targets, bases) = targets(&args)?;
+    let (meta, targets, bases, model) = targets(&args)?;
     let out = args
         .out
         .clone()
@@ -90,15 +90,22 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
     };
     let mut progress = Bars::default();
     let report = build::build(&out, &meta, &targets, &opts, &mut progress)?;
+    let sboms = crate::sbom::write_for_build(&report, &meta, &targets, &model, epoch)?;
     if let Some(a) = &archive {
         let store = BlobStore::open(&out)?;
         layout::write_archive(&store, a, epoch)?;
     }
-    print_report(&report, archive.as_deref(), &bases, args.json);
+    print_report(&report, &sboms, archive.as_deref(), &bases, args.json);
     Ok(())
 }
 
-fn print_report(r: &BuildReport, archive: Option<&Path>, bases: &[PulledImage], as_json: bool) {
+fn print_report(
+    r: &BuildReport,
+    sboms: &[crate::sbom::Written],
+    archive: Option<&Path>,
+    bases: &[PulledImage],
+    as_json: bool,
+) {
     if as_json {
         let bases: Vec<serde_json::Value> = bases
             .iter()
@@ -119,6 +126,7 @@ fn print_report(r: &BuildReport, archive: Option<&Path>, bases: &[PulledImage], 
             "index": {"tag": r.index_tag, "digest": r.index_digest},
             "targets": r.targets,
             "bases": bases,
+            "sbom": sboms,
         });
         println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
         return;
@@ -134,6 +142,9 @@ fn print_report(r: &BuildReport, archive: Option<&Path>, bases: &[PulledImage], 
             t.layers.len(),
             size
         );
+    }
+    for s in sboms {
+        eprintln!("sbom {} {}", s.target, s.path.display());
     }
     eprintln!("index {} {}", r.index_tag, r.index_digest);
     eprintln!("layout {}", r.layout.display());
@@ -209,9 +220,15 @@ impl Progress for Bars {
     }
 }
 
-type Targets = (build::ImageMeta, Vec<build::TargetSpec>, Vec<PulledImage>);
+type Targets = (
+    build::ImageMeta,
+    Vec<build::TargetSpec>,
+    Vec<PulledImage>,
+    PathBuf,
+);
 
-/// The image identity, one spec per target to build, and the base images pulled for them.
+/// The image identity, one spec per target to build, the base images pulled for them and the
+/// ONNX model (for the SBOM).
 fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let recipe = crate::recipe::load(&args.input)?;
     let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
@@ -279,7 +296,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let mut meta = build::spec::image_meta(&recipe, &plan);
     meta.revision = nonempty(args.revision.as_deref());
     meta.source = nonempty(args.source.as_deref());
-    Ok((meta, specs, bases.pulled.into_values().collect()))
+    Ok((meta, specs, bases.pulled.into_values().collect(), model))
 }
 
 /// Base images of GPU targets, pulled into the shared base cache once per reference and

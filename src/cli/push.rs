@@ -41,6 +41,9 @@ pub struct PushArgs {
     /// Do not attach warm-up artifacts.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Do not attach the layout's SBOMs (`sbom/<target>.spdx.json`, written by `build`).
+    #[arg(long)]
+    pub no_sbom: bool,
     /// Docker config file for credentials (default: `$DOCKER_CONFIG/config.json`, else
     /// `~/.docker/config.json`).
     #[arg(long, value_name = "FILE")]
@@ -73,6 +76,7 @@ pub fn run(args: PushArgs) -> Result<(), Error> {
         jobs: args.jobs,
         chunk_size: args.chunk_size.max(1),
         warmup: !args.no_warmup,
+        sbom: !args.no_sbom,
         mount_from: args.mount_from.clone(),
         locations_file: None,
         progress: Some(progress),
@@ -91,6 +95,9 @@ pub fn run(args: PushArgs) -> Result<(), Error> {
         for m in &w.missing {
             eprintln!("  left out: {m}");
         }
+    }
+    for s in &report.sbom {
+        eprintln!("sbom {} -> {} ({})", s.digest, s.subject, s.attached_via);
     }
     eprintln!(
         "uploaded {} blob bytes ({} blobs); skipped {} bytes ({} already there, {} mounted); {} manifests written",

@@ -129,6 +129,8 @@ pub mod media {
     pub const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The media type of the warm-up manifest's one layer (the JSON document).
     pub const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
+    /// The `artifactType` of the SBOM manifest and the media type of its one layer.
+    pub const SBOM_ARTIFACT: &str = crate::sbom::MEDIA_TYPE;
 
     /// The `Accept` header for manifest requests: every manifest kind we understand.
     pub const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \

@@ -1,5 +1,7 @@
 //! Push an OCI layout: blobs (HEAD, mount, monolithic or chunked upload, resume), manifests,
-//! per-target tags, the index tag and the warm-up artifacts, then read every tag back.
+//! per-target tags, the index tag and the artifacts attached to each per-target image (the
+//! warm-up manifest; the SBOM when the layout has `sbom/<target>.spdx.json`), then read every
+//! tag back.
 //!
 //! Every digest is uploaded at most once per push, by a bounded pool of worker threads; blobs
 //! stream from the layout's files. Manifests go up children first (registries check that
@@ -32,6 +34,8 @@ pub struct PushOptions {
     pub chunk_size: u64,
     /// Attach a warm-up artifact to every per-target image.
     pub warmup: bool,
+    /// Attach the layout's SBOMs (`sbom/<target>.spdx.json`) to their images.
+    pub sbom: bool,
     /// Repositories of the same registry to try mounting blobs from.
     pub mount_from: Vec<String>,
     /// The file that remembers which repositories hold which blobs (for mounts); `None` =
@@ -48,6 +52,7 @@ impl Default for PushOptions {
             jobs: 4,
             chunk_size: 128 << 20,
             warmup: true,
+            sbom: true,
             mount_from: Vec::new(),
             locations_file: None,
             progress: None,
@@ -96,7 +101,9 @@ pub struct PushReport {
     /// Every tag written, with the digest the registry reports for it.
     pub tags: Vec<TagReport>,
     pub blobs: Vec<BlobReport>,
-    pub warmup: Vec<WarmupReport>,
+    pub warmup: Vec<ArtifactReport>,
+    /// The SBOMs attached (`application/spdx+json`).
+    pub sbom: Vec<ArtifactReport>,
     pub blobs_uploaded: usize,
     pub blobs_mounted: usize,
     pub blobs_skipped: usize,
@@ -123,17 +130,20 @@ pub struct BlobReport {
     pub outcome: BlobOutcome,
 }
 
+/// An artifact attached to a per-target image.
 #[derive(Debug, Clone, Serialize)]
-pub struct WarmupReport {
+pub struct ArtifactReport {
     /// The per-target image manifest it is attached to.
     pub subject: String,
-    /// The warm-up artifact manifest.
+    /// The artifact manifest.
     pub digest: String,
     /// `referrers-api` or `fallback-tag:sha256-…`.
     pub attached_via: String,
-    /// Warm-up document fields that could not be filled (e.g. no measured timings).
+    /// Document fields that could not be filled (e.g. no measured warm-up timings).
     pub missing: Vec<String>,
 }
+
+pub type WarmupReport = ArtifactReport;
 
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
@@ -163,8 +173,29 @@ struct Plan {
     blobs: BTreeMap<String, Blob>,
     /// Children before the indexes that list them.
     manifests: Vec<ManifestItem>,
-    /// Warm-up artifacts: (subject digest, artifact manifest, missing fields).
-    warmups: Vec<(String, ManifestItem, Vec<String>)>,
+    /// Artifacts to attach, in layout order.
+    artifacts: Vec<Attached>,
+}
+
+/// Which artifacts to attach to per-target images.
+#[derive(Debug, Clone, Copy)]
+struct Attach {
+    warmup: bool,
+    sbom: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArtifactKind {
+    Warmup,
+    Sbom,
+}
+
+#[derive(Debug)]
+struct Attached {
+    kind: ArtifactKind,
+    subject: String,
+    item: ManifestItem,
+    missing: Vec<String>,
 }
 
 fn tag_of(desc: &Descriptor, layout: &Layout) -> Result<Option<String>> {
@@ -184,7 +215,7 @@ fn tag_of(desc: &Descriptor, layout: &Layout) -> Result<Option<String>> {
     Ok(Some(tag.to_string()))
 }
 
-fn plan(layout: &Layout, with_warmup: bool) -> Result<Plan> {
+fn plan(layout: &Layout, attach: Attach) -> Result<Plan> {
     let mut plan = Plan::default();
     let entries = layout.index()?;
     if entries.is_empty() {
@@ -194,7 +225,7 @@ fn plan(layout: &Layout, with_warmup: bool) -> Result<Plan> {
         });
     }
     for desc in &entries {
-        visit(layout, desc, &mut plan, with_warmup, 0)?;
+        visit(layout, desc, &mut plan, attach, 0)?;
     }
     Ok(plan)
 }
@@ -203,7 +234,7 @@ fn visit(
     layout: &Layout,
     desc: &Descriptor,
     plan: &mut Plan,
-    with_warmup: bool,
+    attach: Attach,
     depth: u32,
 ) -> Result<()> {
     if depth > 8 {
@@ -229,7 +260,7 @@ fn visit(
         .unwrap_or_else(|| desc.media_type.clone());
     if media::is_index(&media_type) {
         for child in &m.manifests {
-            visit(layout, child, plan, with_warmup, depth + 1)?;
+            visit(layout, child, plan, attach, depth + 1)?;
         }
     } else if media::is_manifest(&media_type) {
         for blob in m.config.iter().chain(m.layers.iter()) {
@@ -245,28 +276,14 @@ fn visit(
             && m.config
                 .as_ref()
                 .is_some_and(|c| c.media_type != media::OCI_EMPTY);
-        if with_warmup && is_image {
+        if attach.warmup && is_image {
             let w = warmup::for_image(layout, desc, &bytes, &m)?;
-            for (digest, payload) in [
-                (w.payload_digest.clone(), w.payload.clone()),
-                (super::sha256_digest(EMPTY_JSON), EMPTY_JSON.to_vec()),
-            ] {
-                plan.blobs.entry(digest.clone()).or_insert(Blob {
-                    digest,
-                    size: payload.len() as u64,
-                    source: Source::Bytes(Arc::new(payload)),
-                });
+            plan.attach(ArtifactKind::Warmup, desc, w);
+        }
+        if attach.sbom && is_image {
+            if let Some(w) = sbom_artifact(layout, desc, &m)? {
+                plan.attach(ArtifactKind::Sbom, desc, w);
             }
-            plan.warmups.push((
-                desc.digest.clone(),
-                ManifestItem {
-                    digest: w.manifest_digest.clone(),
-                    media_type: media::OCI_MANIFEST.into(),
-                    bytes: w.manifest,
-                    tags: Vec::new(),
-                },
-                w.missing,
-            ));
         }
     } else {
         return Err(Error::Layout {
@@ -281,6 +298,82 @@ fn visit(
         tags: tag.into_iter().collect(),
     });
     Ok(())
+}
+
+impl Plan {
+    /// Queue `w` for attaching to the image `subject`, with its blobs.
+    fn attach(&mut self, kind: ArtifactKind, subject: &Descriptor, w: warmup::WarmupArtifact) {
+        for (digest, payload) in [
+            (w.payload_digest.clone(), w.payload),
+            (super::sha256_digest(EMPTY_JSON), EMPTY_JSON.to_vec()),
+        ] {
+            self.blobs.entry(digest.clone()).or_insert(Blob {
+                digest,
+                size: payload.len() as u64,
+                source: Source::Bytes(Arc::new(payload)),
+            });
+        }
+        self.artifacts.push(Attached {
+            kind,
+            subject: subject.digest.clone(),
+            item: ManifestItem {
+                digest: w.manifest_digest,
+                media_type: media::OCI_MANIFEST.into(),
+                bytes: w.manifest,
+                tags: Vec::new(),
+            },
+            missing: w.missing,
+        });
+    }
+}
+
+/// The SBOM artifact of a per-target image: `sbom/<target>.spdx.json` next to the layout's
+/// `index.json` (target from the `dev.infer-build.target` annotation). `None` when the image
+/// has no SBOM; an error when the SBOM describes another image (a stale file).
+fn sbom_artifact(
+    layout: &Layout,
+    desc: &Descriptor,
+    m: &Manifest,
+) -> Result<Option<warmup::WarmupArtifact>> {
+    let key = format!("{}target", warmup::ANNOTATION_PREFIX);
+    let Some(target) = m
+        .annotations
+        .get(&key)
+        .or_else(|| desc.annotations.get(&key))
+    else {
+        return Ok(None);
+    };
+    let Ok(path) = crate::sbom::path_in_layout(&layout.root, target) else {
+        return Ok(None);
+    };
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let described = crate::sbom::described_image(&bytes);
+    if described.as_deref() != Some(desc.digest.as_str()) {
+        return Err(Error::Layout {
+            path,
+            reason: format!(
+                "this SBOM describes {}, not the layout's image {} for target `{target}`: rebuild the layout with `infer-build build`",
+                described.as_deref().unwrap_or("no image"),
+                desc.digest
+            ),
+        });
+    }
+    let annotations = serde_json::json!({
+        "org.opencontainers.image.title": format!("{target}.spdx.json"),
+        "dev.infer-build.sbom.subject": desc.digest,
+    });
+    Ok(Some(warmup::artifact(
+        desc,
+        media::SBOM_ARTIFACT,
+        media::SBOM_ARTIFACT,
+        bytes,
+        annotations,
+        Vec::new(),
+    )))
 }
 
 /// The default file remembering which repositories hold which blobs:
@@ -325,7 +418,13 @@ fn save_locations(path: &Path, registry: &str, repo: &str, digests: &[String]) {
 /// is ignored: tags come from the layout).
 pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result<PushReport> {
     let layout = Layout::open(layout_dir)?;
-    let plan = plan(&layout, opts.warmup)?;
+    let plan = plan(
+        &layout,
+        Attach {
+            warmup: opts.warmup,
+            sbom: opts.sbom,
+        },
+    )?;
     let client = Client::connect(&target.registry, opts.client.clone())?;
     let pusher = Pusher {
         client: &client,
@@ -367,17 +466,22 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         }
     }
     let mut warmups = Vec::new();
-    for (subject, artifact, missing) in &plan.warmups {
-        if pusher.put_manifest(artifact, &artifact.digest)? {
+    let mut sboms = Vec::new();
+    for a in &plan.artifacts {
+        if pusher.put_manifest(&a.item, &a.item.digest)? {
             written += 1;
         }
-        let via = pusher.attach_referrer(subject, artifact)?;
-        warmups.push(WarmupReport {
-            subject: subject.clone(),
-            digest: artifact.digest.clone(),
+        let via = pusher.attach_referrer(&a.subject, &a.item)?;
+        let report = ArtifactReport {
+            subject: a.subject.clone(),
+            digest: a.item.digest.clone(),
             attached_via: via,
-            missing: missing.clone(),
-        });
+            missing: a.missing.clone(),
+        };
+        match a.kind {
+            ArtifactKind::Warmup => warmups.push(report),
+            ArtifactKind::Sbom => sboms.push(report),
+        }
     }
 
     // Read every tag back.
@@ -406,6 +510,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         tags,
         blobs: Vec::new(),
         warmup: warmups,
+        sbom: sboms,
         blobs_uploaded: 0,
         blobs_mounted: 0,
         blobs_skipped: 0,

@@ -31,7 +31,7 @@ pub const STARTUP_PREFIX: &str = "dev.infer-build.startup.";
 /// Layers bigger than this are not searched for `runtime.toml` (it sits in a small top layer).
 const MAX_SCAN_LAYER: u64 = 64 << 20;
 
-/// A warm-up artifact ready to push.
+/// An artifact (warm-up manifest, SBOM) ready to push.
 #[derive(Debug, Clone)]
 pub struct WarmupArtifact {
     pub payload: Vec<u8>,
@@ -122,15 +122,37 @@ pub fn build(
         "missing": missing,
     });
     let payload = canonical_json(&doc);
+    let annotations = json!({"org.opencontainers.image.title": "warm-up manifest", "dev.infer-build.warmup.subject": desc.digest});
+    artifact(
+        desc,
+        media::WARMUP_ARTIFACT,
+        media::WARMUP_LAYER,
+        payload,
+        annotations,
+        missing,
+    )
+}
+
+/// Pure: an OCI 1.1 artifact manifest attached to the image `subject`: `artifactType`, the
+/// empty config, one layer holding `payload` (of `layer_media_type`) and `annotations`. The
+/// warm-up manifest and the SBOM are both made here.
+pub fn artifact(
+    subject: &Descriptor,
+    artifact_type: &str,
+    layer_media_type: &str,
+    payload: Vec<u8>,
+    annotations: Value,
+    missing: Vec<String>,
+) -> WarmupArtifact {
     let payload_digest = sha256_digest(&payload);
     let manifest = json!({
         "schemaVersion": 2,
         "mediaType": media::OCI_MANIFEST,
-        "artifactType": media::WARMUP_ARTIFACT,
+        "artifactType": artifact_type,
         "config": {"mediaType": media::OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": EMPTY_JSON.len(), "data": "e30="},
-        "layers": [{"mediaType": media::WARMUP_LAYER, "digest": payload_digest, "size": payload.len()}],
-        "subject": {"mediaType": desc.media_type, "digest": desc.digest, "size": desc.size},
-        "annotations": {"org.opencontainers.image.title": "warm-up manifest", "dev.infer-build.warmup.subject": desc.digest},
+        "layers": [{"mediaType": layer_media_type, "digest": payload_digest, "size": payload.len()}],
+        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
+        "annotations": annotations,
     });
     let manifest = canonical_json(&manifest);
     WarmupArtifact {

@@ -9,6 +9,7 @@ pub mod pull;
 pub mod recipe;
 pub mod registry;
 pub mod registry_support;
+pub mod sbom;
 pub mod serve;
 pub mod slim;
 pub mod support;

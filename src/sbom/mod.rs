@@ -1,0 +1,376 @@
+//! Software bill of materials: one SPDX 2.3 JSON document per built image.
+//!
+//! What an SBOM lists (see [`spdx`] for the exact shape): the per-target image (by manifest
+//! digest), the `infer-serve` binary (sha256), the runtime's crates, the ONNX model and the
+//! engine (sha256), and the base image of GPU targets (name and digest from the manifest's
+//! `org.opencontainers.image.base.*` annotations).
+//!
+//! The crates come from the workspace `Cargo.lock`, embedded in infer-build at compile time
+//! (`include_str!`), walked from the `infer-serve` package ([`lock::closure`]). Compile time,
+//! not build time, because the images ship the `infer-serve` that `scripts/build-runtime.sh`
+//! builds `--locked` from this same workspace, and infer-build must work without a source
+//! checkout. A runtime built from another checkout is still hashed exactly; only its crate
+//! list would be this workspace's.
+//!
+//! Layout: `build` writes `<layout>/sbom/<target>.spdx.json` ([`path_in_layout`]) next to
+//! `index.json`; `push` attaches each to its image as an OCI 1.1 artifact (`artifactType`
+//! `application/spdx+json`) after checking it describes that image ([`described_image`]).
+//! [`spdx`] and [`lock`] are pure; this file does the reading, hashing and writing.
+
+pub mod lock;
+pub mod spdx;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::build::{paths, BuildReport, ImageMeta, Payload, TargetSpec};
+
+/// The workspace lock file, as infer-build was compiled with.
+pub const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
+/// Manifests of the workspace members the runtime depends on (for their dev-dependencies).
+const MEMBER_MANIFESTS: [(&str, &str); 2] = [
+    (
+        "infer-serve",
+        include_str!("../../crates/infer-serve/Cargo.toml"),
+    ),
+    (
+        "infer-spec",
+        include_str!("../../crates/infer-spec/Cargo.toml"),
+    ),
+];
+/// The package the walk starts at.
+pub const RUNTIME_PACKAGE: &str = "infer-serve";
+/// The directory under the layout holding the SBOMs.
+pub const DIR: &str = "sbom";
+/// The media type of the document and the `artifactType` of its manifest.
+pub const MEDIA_TYPE: &str = "application/spdx+json";
+
+/// Errors of the `sbom` module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("workspace Cargo.lock: {0}")]
+    Lock(String),
+    #[error("cannot {what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("target id `{0}` cannot name an SBOM file (letters, digits, `.`, `_`, `-` only)")]
+    BadTarget(String),
+    #[error("image manifest {digest} in {layout}: {why}")]
+    Manifest {
+        layout: PathBuf,
+        digest: String,
+        why: String,
+    },
+}
+
+impl Error {
+    /// True when the user can fix this by changing their input (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Error::BadTarget(_))
+    }
+}
+
+/// Lowercase hex sha256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Where the SBOM of `target` lives in the layout at `layout`.
+pub fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
+    let ok = !target.is_empty()
+        && !target.starts_with('.')
+        && target
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        return Err(Error::BadTarget(target.to_string()));
+    }
+    Ok(layout.join(DIR).join(format!("{target}.spdx.json")))
+}
+
+/// The image manifest digest an SBOM describes (`sha256:<hex>`): the SHA256 checksum of its
+/// `SPDXRef-Image` package. `None` when the bytes are not such a document.
+pub fn described_image(bytes: &[u8]) -> Option<String> {
+    let doc: Value = serde_json::from_slice(bytes).ok()?;
+    let pkg = doc
+        .get("packages")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("SPDXID").and_then(Value::as_str) == Some(spdx::IMAGE_ID))?;
+    let hex = pkg
+        .get("checksums")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("algorithm").and_then(Value::as_str) == Some("SHA256"))?
+        .get("checksumValue")?
+        .as_str()?;
+    Some(format!("sha256:{hex}"))
+}
+
+/// The runtime's crates from the embedded lock file: `infer-serve` first.
+pub fn runtime_crates() -> Result<Vec<lock::Crate>, Error> {
+    let mut remove: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, manifest) in MEMBER_MANIFESTS {
+        remove.insert(name.to_string(), lock::dev_dependencies(manifest)?);
+    }
+    lock::closure(WORKSPACE_LOCK, RUNTIME_PACKAGE, &remove)
+}
+
+fn hash_file(path: &Path) -> Result<(String, u64), Error> {
+    use sha2::Digest as _;
+    let io = |source| Error::Io {
+        what: "hash",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hex::encode(h.finalize()), size))
+}
+
+fn file_info(path: &Path, name: &str, in_image: Option<String>) -> Result<spdx::FileInfo, Error> {
+    let (sha256, size) = hash_file(path)?;
+    Ok(spdx::FileInfo {
+        name: name.to_string(),
+        path_in_image: in_image,
+        sha256,
+        size,
+    })
+}
+
+/// The base image recorded in a built manifest's annotations.
+fn base_of(layout: &Path, digest: &crate::oci::Digest) -> Result<Option<spdx::BaseInfo>, Error> {
+    let bad = |why: String| Error::Manifest {
+        layout: layout.to_path_buf(),
+        digest: digest.to_string(),
+        why,
+    };
+    let path = layout.join("blobs/sha256").join(digest.hex());
+    let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+        what: "read",
+        path,
+        source,
+    })?;
+    let m: Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let ann = |k: &str| {
+        m.pointer(&format!(
+            "/annotations/{}",
+            k.replace('~', "~0").replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    };
+    Ok(
+        match (
+            ann(crate::oci::annotation::BASE_NAME),
+            ann(crate::oci::annotation::BASE_DIGEST),
+        ) {
+            (Some(name), Some(digest)) => Some(spdx::BaseInfo { name, digest }),
+            _ => None,
+        },
+    )
+}
+
+/// The SBOM input of one built target (reads and hashes its files).
+pub fn input_for(
+    layout: &Path,
+    meta: &ImageMeta,
+    spec: &TargetSpec,
+    report: &crate::build::TargetReport,
+    model: &Path,
+    crates: &[lock::Crate],
+    epoch: u64,
+) -> Result<spdx::SbomInput, Error> {
+    let model_name = model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model.onnx".into());
+    let runtime = file_info(
+        &spec.serve_bin,
+        RUNTIME_PACKAGE,
+        Some(format!("/{}", paths::SERVE)),
+    )?;
+    let (model, engine) = match &spec.payload {
+        Payload::Model { onnx } => (
+            file_info(
+                onnx,
+                &model_name,
+                Some(format!("/{}/model.onnx", paths::MODEL_DIR)),
+            )?,
+            None,
+        ),
+        Payload::Engine {
+            file, file_name, ..
+        } => {
+            let kind = if spec.gpu { "TensorRT" } else { "tract NNEF" };
+            (
+                file_info(model, &model_name, None)?,
+                Some((
+                    file_info(
+                        file,
+                        file_name,
+                        Some(format!("/{}/{file_name}", paths::MODEL_DIR)),
+                    )?,
+                    kind.to_string(),
+                )),
+            )
+        }
+    };
+    Ok(spdx::SbomInput {
+        image: spdx::ImageInfo {
+            model: meta.name.clone(),
+            version: meta.version.clone(),
+            target: spec.id.clone(),
+            repository: meta.repository.clone(),
+            tag: spec.tag.clone(),
+            manifest_digest: report.manifest_digest.to_string(),
+            os: spec.platform.os.clone(),
+            architecture: spec.platform.architecture.clone(),
+        },
+        runtime,
+        model,
+        engine,
+        base: base_of(layout, &report.manifest_digest)?,
+        crates: crates.to_vec(),
+        created: crate::oci::image::rfc3339(epoch),
+        tool: format!("infer-build-{}", env!("CARGO_PKG_VERSION")),
+        namespace_base: format!("{}/spdx", env!("CARGO_PKG_REPOSITORY")),
+    })
+}
+
+/// Write the SBOM of every built target to `<layout>/sbom/<target>.spdx.json` (atomically);
+/// returns (target, path, sha256 digest of the document) per target, in build order.
+pub fn write_for_build(
+    report: &BuildReport,
+    meta: &ImageMeta,
+    specs: &[TargetSpec],
+    model: &Path,
+    epoch: u64,
+) -> Result<Vec<Written>, Error> {
+    let crates = runtime_crates()?;
+    let layout = report.layout.as_path();
+    let dir = layout.join(DIR);
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: "create",
+        path: dir.clone(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for t in &report.targets {
+        let Some(spec) = specs.iter().find(|s| s.id == t.id) else {
+            continue;
+        };
+        let input = input_for(layout, meta, spec, t, model, &crates, epoch)?;
+        let bytes = spdx::to_bytes(&input);
+        let path = path_in_layout(layout, &t.id)?;
+        write_atomic(&path, &bytes)?;
+        out.push(Written {
+            target: t.id.clone(),
+            path,
+            digest: format!("sha256:{}", sha256_hex(&bytes)),
+        });
+    }
+    Ok(out)
+}
+
+/// One SBOM written by [`write_for_build`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Written {
+    pub target: String,
+    pub path: PathBuf,
+    pub digest: String,
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write as _;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let io = |what, source| Error::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io("create", e))?;
+    tmp.write_all(bytes).map_err(|e| io("write", e))?;
+    tmp.as_file().sync_all().map_err(|e| io("write", e))?;
+    tmp.persist(path).map_err(|e| io("write", e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_crates_are_what_infer_serve_links() {
+        let crates = runtime_crates().unwrap();
+        assert_eq!(crates[0].name, "infer-serve");
+        let names: BTreeSet<&str> = crates.iter().map(|c| c.name.as_str()).collect();
+        for linked in [
+            "tokio",
+            "hyper",
+            "hyper-util",
+            "serde",
+            "infer-spec",
+            "tract-onnx",
+        ] {
+            assert!(names.contains(linked), "{linked} missing from {names:?}");
+        }
+        for builder_only in ["clap", "ureq", "indicatif", "goblin", "zstd", "infer-build"] {
+            assert!(
+                !names.contains(builder_only),
+                "{builder_only} is not linked by infer-serve"
+            );
+        }
+        // Sorted after the root, no duplicates.
+        let keys: Vec<_> = crates[1..].iter().map(lock::Crate::key).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn sbom_paths_are_checked() {
+        let l = Path::new("/l");
+        assert_eq!(
+            path_in_layout(l, "cpu").unwrap(),
+            Path::new("/l/sbom/cpu.spdx.json")
+        );
+        for bad in ["", "../x", "a/b", ".hidden", "a b"] {
+            assert!(path_in_layout(l, bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn described_image_reads_the_image_package() {
+        let hex = "c".repeat(64);
+        let doc = serde_json::json!({"packages": [
+            {"SPDXID": "SPDXRef-Other", "checksums": [{"algorithm": "SHA256", "checksumValue": "0"}]},
+            {"SPDXID": "SPDXRef-Image", "checksums": [{"algorithm": "SHA256", "checksumValue": hex}]},
+        ]});
+        assert_eq!(
+            described_image(doc.to_string().as_bytes()),
+            Some(format!("sha256:{hex}"))
+        );
+        assert_eq!(described_image(b"not json"), None);
+        assert_eq!(described_image(b"{}"), None);
+    }
+}

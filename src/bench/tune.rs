@@ -321,6 +321,48 @@ pub struct SweepResult {
     pub model_refused: Option<String>,
     pub recommendation: Option<Recommendation>,
     pub capacity: Option<CapacityPlan>,
+    /// What the sweep was given and where its budget and peak came from (set by the CLI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputSummary>,
+}
+
+/// What `bench --tune FILE` was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputKind {
+    /// A recipe: batching, SLO and peak rate from it, tract on its ONNX model.
+    Recipe,
+    /// A `runtime.toml` as images carry.
+    RuntimeConfig,
+}
+
+/// Pure: which kind of file `text` is, by content. A recipe has `[model] onnx` or a
+/// `targets` key (`[targets]` or `[[targets]]`); anything else, unparsable text included, is
+/// read as a runtime configuration (whose parser then says what is wrong).
+pub fn input_kind(text: &str) -> InputKind {
+    let Ok(doc) = toml::from_str::<toml::Table>(text) else {
+        return InputKind::RuntimeConfig;
+    };
+    let onnx = doc
+        .get("model")
+        .and_then(toml::Value::as_table)
+        .is_some_and(|m| m.contains_key("onnx"));
+    if onnx || doc.contains_key("targets") {
+        InputKind::Recipe
+    } else {
+        InputKind::RuntimeConfig
+    }
+}
+
+/// The input of a sweep and the origin of its budget and peak rate (`--budget-ms`,
+/// `deploy.latency_slo_ms`, `--peak-qps`, `--rate`, `deploy.peak_qps`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct InputSummary {
+    pub kind: InputKind,
+    pub file: PathBuf,
+    pub budget_ms_from: String,
+    pub peak_qps: f64,
+    pub peak_qps_from: String,
 }
 
 /// A free loopback port (the OS picks; closed again before the server binds it).
@@ -583,6 +625,7 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
         model: fitted.ok(),
         recommendation,
         capacity,
+        input: None,
     })
 }
 
@@ -591,6 +634,23 @@ mod tests {
     use super::*;
     use crate::bench::metrics::ServerDelta;
     use crate::bench::stats::Summary;
+
+    #[test]
+    fn input_kind_by_content() {
+        let recipe = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/mlp/recipe.toml"),
+        )
+        .unwrap();
+        assert_eq!(input_kind(&recipe), InputKind::Recipe);
+        assert_eq!(
+            input_kind("[model]\nname = \"m\"\n[[targets]]\ngpu = \"L4\"\n"),
+            InputKind::Recipe
+        );
+        let runtime = "[model]\nname = \"m\"\n[engine]\nkind = \"tract-onnx\"\npath = \"m.onnx\"\n";
+        assert_eq!(input_kind(runtime), InputKind::RuntimeConfig);
+        assert_eq!(input_kind("not [toml"), InputKind::RuntimeConfig);
+        assert_eq!(input_kind(""), InputKind::RuntimeConfig);
+    }
 
     /// A measured point with p99 and capacity given directly.
     fn m(b: u32, delay_ms: u64, p99_ms: f64, cap: f64, errors: u64) -> Measured {

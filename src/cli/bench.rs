@@ -82,9 +82,11 @@ pub struct BenchOpts {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 
-    /// Sweep batching: start infer-serve per grid point from this runtime.toml, drive it
-    /// open-loop and recommend max batch size and queue delay under the p99 budget.
-    #[arg(long, value_name = "RUNTIME_TOML")]
+    /// Sweep batching: start infer-serve per grid point from this runtime.toml or recipe,
+    /// drive it open-loop and recommend max batch size and queue delay under the p99 budget.
+    /// A recipe (told apart by content) gives the batching, tract on its ONNX model, and
+    /// `deploy.latency_slo_ms` / `deploy.peak_qps` as the budget and peak; flags override.
+    #[arg(long, value_name = "RUNTIME_TOML|RECIPE")]
     pub tune: Option<PathBuf>,
     /// Tuning: max queue delays to try, in ms (default 0,10,20,...,60).
     #[arg(long, value_delimiter = ',', value_name = "MS")]
@@ -92,11 +94,11 @@ pub struct BenchOpts {
     /// Tuning: max batch sizes to try (default: the config's).
     #[arg(long, value_delimiter = ',')]
     pub max_batch: Vec<u32>,
-    /// Tuning: the p99 latency budget in ms.
+    /// Tuning: the p99 latency budget in ms (default: a recipe's deploy.latency_slo_ms).
     #[arg(long)]
     pub budget_ms: Option<f64>,
     /// Tuning: peak requests/s for the capacity plan (also the rate each point is driven at
-    /// unless --rate is given).
+    /// unless --rate is given; default: a recipe's deploy.peak_qps).
     #[arg(long)]
     pub peak_qps: Option<f64>,
     /// Tuning: capacity headroom factor (1.2-1.5).
@@ -133,7 +135,7 @@ pub fn run(a: BenchArgs) -> Result<(), Error> {
     let url = a
         .url
         .clone()
-        .ok_or_else(|| Error::Usage("bench needs a URL (or --tune RUNTIME_TOML)".into()))?;
+        .ok_or_else(|| Error::Usage("bench needs a URL (or --tune RUNTIME_TOML|RECIPE)".into()))?;
     let model = a
         .model
         .clone()
@@ -235,16 +237,58 @@ fn find_serve(flag: Option<PathBuf>) -> PathBuf {
     PathBuf::from("infer-serve")
 }
 
+/// What a recipe gives a sweep: the runtime config `build` would put in its CPU image (tract on
+/// the ONNX model, the recipe's batching), the p99 budget and the peak rate.
+struct FromRecipe {
+    config: infer_spec::RuntimeConfig,
+    slo_ms: Option<f64>,
+    peak_qps: Option<f64>,
+}
+
+fn from_recipe(path: &Path, synthetic: bool) -> Result<FromRecipe, Error> {
+    let recipe = crate::recipe::load(path)?;
+    if !recipe.targets.cpu && !synthetic {
+        return Err(BenchError::TuneInput(format!(
+            "a CPU target in {}: tuning runs its ONNX model on tract here (set `cpu = true` under [targets], or pass --synthetic)",
+            path.display()
+        ))
+        .into());
+    }
+    let (model, _) = crate::build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
+    let config = crate::build::spec::runtime_config(
+        &recipe,
+        infer_spec::EngineKind::TractOnnx,
+        &model.to_string_lossy(),
+        None,
+    )?;
+    Ok(FromRecipe {
+        config,
+        slo_ms: recipe.deploy.latency_slo_ms.map(f64::from),
+        peak_qps: recipe.deploy.peak_qps,
+    })
+}
+
 fn run_tune(a: BenchOpts) -> Result<(), Error> {
     let path = a.tune.clone().unwrap_or_default();
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;
-    let mut base = infer_spec::RuntimeConfig::from_toml_str(&text).map_err(|e| {
-        Error::from(BenchError::TuneInput(format!(
-            "a valid runtime.toml: {}: {e}",
-            path.display()
-        )))
-    })?;
+    let kind = tune::input_kind(&text);
+    let (mut base, recipe_slo, recipe_peak) = match kind {
+        tune::InputKind::Recipe => {
+            let r = from_recipe(&path, a.synthetic.is_some())?;
+            (r.config, r.slo_ms, r.peak_qps)
+        }
+        tune::InputKind::RuntimeConfig => (
+            infer_spec::RuntimeConfig::from_toml_str(&text).map_err(|e| {
+                Error::from(BenchError::TuneInput(format!(
+                    "a valid runtime.toml or recipe: {}: {e}",
+                    path.display()
+                )))
+            })?,
+            None,
+            None,
+        ),
+    };
     if let Some(spec) = &a.synthetic {
         let parts: Vec<f64> = spec
             .split(',')
@@ -268,17 +312,35 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
             }),
         };
     }
-    let budget_ms = a
+    let (budget_ms, budget_from) = a
         .budget_ms
-        .ok_or_else(|| Error::from(BenchError::TuneInput("a p99 budget (--budget-ms)".into())))?;
-    let peak = a
-        .peak_qps
-        .or_else(|| a.rate.first().copied())
+        .map(|b| (b, "--budget-ms"))
+        .or_else(|| recipe_slo.map(|b| (b, "deploy.latency_slo_ms")))
         .ok_or_else(|| {
             Error::from(BenchError::TuneInput(
-                "a peak rate (--peak-qps or --rate)".into(),
+                "a p99 budget (--budget-ms, or deploy.latency_slo_ms in a recipe)".into(),
             ))
         })?;
+    let (peak, peak_from) = a
+        .peak_qps
+        .map(|p| (p, "--peak-qps"))
+        .or_else(|| a.rate.first().map(|r| (*r, "--rate")))
+        .or_else(|| recipe_peak.map(|p| (p, "deploy.peak_qps")))
+        .ok_or_else(|| {
+            Error::from(BenchError::TuneInput(
+                "a peak rate (--peak-qps or --rate, or deploy.peak_qps in a recipe)".into(),
+            ))
+        })?;
+    if !(budget_ms.is_finite() && budget_ms > 0.0) {
+        return Err(Error::Usage(format!(
+            "the p99 budget {budget_ms} ms must be a positive number"
+        )));
+    }
+    if !(peak.is_finite() && peak > 0.0) {
+        return Err(Error::Usage(format!(
+            "the peak rate {peak} req/s must be a positive number"
+        )));
+    }
     let rate = a.rate.first().copied().unwrap_or(peak);
     if !(1.0..=2.0).contains(&a.headroom) {
         return Err(Error::Usage(format!(
@@ -321,7 +383,22 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
         progress: true,
         seed: a.seed,
     };
+    eprintln!(
+        "tune: {} {}: p99 budget {budget_ms} ms ({budget_from}), peak {peak} req/s ({peak_from}), driven at {rate} req/s",
+        match kind {
+            tune::InputKind::Recipe => "recipe",
+            tune::InputKind::RuntimeConfig => "runtime config",
+        },
+        path.display()
+    );
     let mut result = tune::sweep(&opts)?;
+    result.input = Some(tune::InputSummary {
+        kind,
+        file: path.clone(),
+        budget_ms_from: budget_from.into(),
+        peak_qps: peak,
+        peak_qps_from: peak_from.into(),
+    });
     // The capacity plan is for the peak, which may differ from the rate points were driven at.
     if let Some(r) = &result.recommendation {
         result.capacity = Some(tune::capacity_plan(peak, r.capacity_rps, a.headroom));

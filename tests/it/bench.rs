@@ -481,3 +481,70 @@ fn bench_tune_on_the_known_cost_model() {
     assert!(html.contains("p99 budget 200 ms") && html.contains("max_queue_delay_us"));
     assert_eq!(count(&html, "<circle class=\"pt\""), 3 * 6);
 }
+
+/// `bench --tune RECIPE`: the recipe's batching is the base config, tract runs its ONNX model,
+/// `deploy.latency_slo_ms` is the p99 budget and `deploy.peak_qps` the peak (and the rate);
+/// a flag still overrides. Short grid: 2 points of 2 s, then 1 point of 1 s.
+#[test]
+fn bench_tune_takes_a_recipe_and_its_slo() {
+    let recipe_path = support::root().join("examples/mlp/recipe.toml");
+    let recipe = infer_build::recipe::load(&recipe_path).unwrap();
+    let slo = f64::from(
+        recipe
+            .deploy
+            .latency_slo_ms
+            .expect("the example sets an SLO"),
+    );
+    let peak = recipe
+        .deploy
+        .peak_qps
+        .expect("the example sets a peak rate");
+    let dir = tempfile::tempdir().unwrap();
+    let tune = |recipe: &Path, extra: &[&str]| {
+        let out = support::infer_build()
+            .current_dir(dir.path())
+            .env("INFER_SERVE", serve_binary())
+            .args(["bench", "--tune"])
+            .arg(recipe)
+            .args(["--warmup", "500ms", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = support::stderr(&out);
+        assert!(out.status.success(), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+        (v, err)
+    };
+    let (v, err) = tune(&recipe_path, &["--delays-ms", "0,2", "--duration", "2s"]);
+    assert_eq!(v["budget_ms"].as_f64(), Some(slo), "{err}");
+    assert_eq!(v["rate"].as_f64(), Some(peak));
+    assert_eq!(v["capacity"]["peak_qps"].as_f64(), Some(peak));
+    assert_eq!(v["input"]["kind"], "recipe");
+    assert_eq!(v["input"]["budget_ms_from"], "deploy.latency_slo_ms");
+    assert_eq!(v["input"]["peak_qps_from"], "deploy.peak_qps");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        // The grid's max batch is the recipe's, and tract really served the model.
+        assert_eq!(
+            r["point"]["max_batch"].as_u64(),
+            Some(u64::from(recipe.batching.max_batch_size))
+        );
+        assert!(r["step"]["ok"].as_u64().unwrap_or(0) > 0, "{r}");
+    }
+    assert!(err.contains("deploy.latency_slo_ms"), "{err}");
+    assert!(dir.path().join("tune-mlp.csv").is_file());
+
+    // A flag overrides the recipe; a recipe named without a directory (`recipe.toml` in the
+    // current directory) works too.
+    for f in ["recipe.toml", "mlp.onnx"] {
+        std::fs::copy(recipe_path.with_file_name(f), dir.path().join(f)).unwrap();
+    }
+    let (v, _) = tune(
+        Path::new("recipe.toml"),
+        &["--delays-ms", "0", "--duration", "1s", "--budget-ms", "250"],
+    );
+    assert_eq!(v["budget_ms"].as_f64(), Some(250.0));
+    assert_eq!(v["input"]["budget_ms_from"], "--budget-ms");
+    assert_eq!(v["capacity"]["peak_qps"].as_f64(), Some(peak));
+}

@@ -146,8 +146,59 @@ fn hash_file(path: &Path) -> Result<(String, u64), Error> {
     Ok((hex::encode(h.finalize()), size))
 }
 
-fn file_info(path: &Path, name: &str, in_image: Option<String>) -> Result<spdx::FileInfo, Error> {
-    let (sha256, size) = hash_file(path)?;
+/// What identifies a file's contents without reading it (as the layer cache's stat key):
+/// canonical path, size, mtime and ctime in ns, inode, device. `None` when it cannot be read.
+fn stat_key(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let canon = std::fs::canonicalize(path).ok()?;
+    let m = std::fs::metadata(&canon).ok()?;
+    let key = format!(
+        "file-sha256/v1\0{}\0{}\0{}.{}\0{}.{}\0{}\0{}",
+        canon.display(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+        m.ino(),
+        m.dev()
+    );
+    Some(sha256_hex(key.as_bytes()))
+}
+
+/// [`hash_file`] through a cache in the layout's private directory, keyed by [`stat_key`]:
+/// a rebuild with unchanged inputs reads no model or engine again (a 1 GiB model costs
+/// ~0.6 s to hash). An entry is written only when the file's stat key is the same after
+/// hashing as before, so a file changing while it is read is never cached.
+fn hash_file_cached(path: &Path, cache: &Path) -> Result<(String, u64), Error> {
+    let key = stat_key(path);
+    if let Some(k) = &key {
+        if let Ok(text) = std::fs::read_to_string(cache.join(k)) {
+            let mut it = text.split_whitespace();
+            if let (Some(hex), Some(size)) = (it.next(), it.next().and_then(|n| n.parse().ok())) {
+                if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Ok((hex.to_string(), size));
+                }
+            }
+        }
+    }
+    let (hex, size) = hash_file(path)?;
+    if let Some(k) = key.filter(|k| stat_key(path).as_ref() == Some(k)) {
+        // Best effort: a cache that cannot be written only costs the next build a re-read.
+        if std::fs::create_dir_all(cache).is_ok() {
+            let _ = write_atomic(&cache.join(k), format!("{hex} {size}\n").as_bytes());
+        }
+    }
+    Ok((hex, size))
+}
+
+fn file_info(
+    path: &Path,
+    name: &str,
+    in_image: Option<String>,
+    cache: &Path,
+) -> Result<spdx::FileInfo, Error> {
+    let (sha256, size) = hash_file_cached(path, cache)?;
     Ok(spdx::FileInfo {
         name: name.to_string(),
         path_in_image: in_image,
@@ -203,10 +254,12 @@ pub fn input_for(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model.onnx".into());
+    let cache = layout.join(".infer-build").join("file-sha256");
     let runtime = file_info(
         &spec.serve_bin,
         RUNTIME_PACKAGE,
         Some(format!("/{}", paths::SERVE)),
+        &cache,
     )?;
     let (model, engine) = match &spec.payload {
         Payload::Model { onnx } => (
@@ -214,6 +267,7 @@ pub fn input_for(
                 onnx,
                 &model_name,
                 Some(format!("/{}/model.onnx", paths::MODEL_DIR)),
+                &cache,
             )?,
             None,
         ),
@@ -222,12 +276,13 @@ pub fn input_for(
         } => {
             let kind = if spec.gpu { "TensorRT" } else { "tract NNEF" };
             (
-                file_info(model, &model_name, None)?,
+                file_info(model, &model_name, None, &cache)?,
                 Some((
                     file_info(
                         file,
                         file_name,
                         Some(format!("/{}/{file_name}", paths::MODEL_DIR)),
+                        &cache,
                     )?,
                     kind.to_string(),
                 )),

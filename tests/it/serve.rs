@@ -328,6 +328,48 @@ fn py_serve_tritonclient_matches_onnxruntime() {
     assert!(support::stdout(&out).contains("\"ok\": true"));
 }
 
+/// The CPU engine `infer-build engine` writes (tract NNEF, decluttered from the ONNX) serves
+/// the same numbers as the ONNX it came from, after the runtime checked its tuple.
+#[test]
+fn serve_loads_the_cpu_engine_that_infer_build_engine_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = support::infer_build()
+        .current_dir(dir.path())
+        .arg("engine")
+        .arg(support::root().join("examples/mlp/recipe.toml"))
+        .args(["--target", "cpu-fp32", "--json", "--cache", "cache"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", support::stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&o)).unwrap();
+    let engine = dir.path().join(v["engine"].as_str().unwrap());
+    assert_eq!(v["meta"]["format"], "tract-nnef-tar", "{v}");
+    let meta = engine.parent().unwrap().join("meta.json");
+    let nnef_cfg = MLP.replace("tract-onnx", "tract-nnef").replace(
+        "path = \"MODEL\"",
+        &format!(
+            "path = \"{}\"\nmetadata = \"{}\"",
+            engine.display(),
+            meta.display()
+        ),
+    );
+    let nnef = Server::start(&nnef_cfg);
+    nnef.wait_log("engine matches this node", Duration::from_secs(30));
+    nnef.wait_log("\"ready\"", Duration::from_secs(60));
+    let onnx = Server::ready(&mlp_config());
+    let body = mlp_json(3);
+    let out = |s: &Server| -> Vec<f64> {
+        let r = s.post("/v2/models/mlp/infer", &[], body.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        serde_json::from_value(r.json()["outputs"][0]["data"].clone()).unwrap()
+    };
+    let (a, b) = (out(&nnef), out(&onnx));
+    assert_eq!(a.len(), 30);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5, "{a:?}\n{b:?}");
+    }
+}
+
 #[test]
 fn serve_health_metadata_and_routes() {
     let s = Server::ready(&mlp_config());

@@ -39,6 +39,18 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
             .ok_or("engine.path is required for tract-onnx")?;
         return Ok(Arc::new(tract::TractEngine::load(cfg, &base.join(path))?));
     }
+    #[cfg(feature = "tract")]
+    if kind == infer_spec::EngineKind::TractNnef {
+        let path = cfg
+            .engine
+            .path
+            .as_deref()
+            .ok_or("engine.path is required for tract-nnef")?;
+        return Ok(Arc::new(tract::TractEngine::load_nnef(
+            cfg,
+            &base.join(path),
+        )?));
+    }
     #[cfg(feature = "synthetic")]
     if kind == infer_spec::EngineKind::Synthetic {
         return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
@@ -56,6 +68,7 @@ pub fn built_features() -> Vec<&'static str> {
     let mut f = Vec::new();
     if cfg!(feature = "tract") {
         f.push("tract-onnx");
+        f.push("tract-nnef");
     }
     if cfg!(feature = "synthetic") {
         f.push("synthetic");

@@ -1,4 +1,5 @@
-//! The CPU backend: an ONNX model run by tract (pure Rust).
+//! The CPU backend: an ONNX model, or the NNEF archive `infer-build engine` writes from it
+//! (already decluttered, with its input facts: it loads faster), run by tract (pure Rust).
 //!
 //! The model is loaded and optimised once, with a symbolic batch dimension `N` and the fixed
 //! non-batch dimensions from `runtime.toml` (tract cannot optimise symbolic sequence lengths on
@@ -51,12 +52,40 @@ impl TractEngine {
             let fact = InferenceFact::dt_shape(datum(spec.datatype)?, dims);
             model = model.with_input_fact(i, fact).map_err(ctx)?;
         }
+        for o in &cfg.outputs {
+            datum(o.datatype)?;
+        }
+        let model = model.into_optimized().map_err(ctx)?;
+        Self::from_optimized(cfg, path, model)
+    }
+
+    /// Load `model.nnef.tar` as written by `infer-build engine` (the builder's
+    /// `engine::tract::nnef()`: tract core, resource and ONNX extensions; both sides must agree).
+    pub fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
+        use tract_nnef::framework::Nnef;
+        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
+        let file =
+            std::fs::File::open(path).map_err(|e| format!("loading {}: {e}", path.display()))?;
+        let nnef: Nnef = tract_nnef::nnef().with_tract_resource().with_onnx();
+        let model = nnef
+            .model_for_read(&mut std::io::BufReader::new(file))
+            .map_err(ctx)?
+            .into_optimized()
+            .map_err(ctx)?;
+        Self::from_optimized(cfg, path, model)
+    }
+
+    fn from_optimized(
+        cfg: &RuntimeConfig,
+        path: &Path,
+        model: TypedModel,
+    ) -> Result<TractEngine, String> {
+        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
         let outputs = cfg
             .outputs
             .iter()
             .map(|o| datum(o.datatype).map(|_| o.datatype))
             .collect::<Result<Vec<_>, _>>()?;
-        let model = model.into_optimized().map_err(ctx)?;
         if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
             return Err(format!(
                 "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",

@@ -195,16 +195,15 @@ pub struct Files {
 pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<TargetSpec, Error> {
     let (payload, kind, engine_path, metadata) = match files.engine {
         Some((file, meta_json)) => {
-            let kind = if t.kind == TargetKind::Gpu {
-                EngineKind::TensorRt
-            } else {
-                EngineKind::TractNnef
-            };
-            let name = if kind == EngineKind::TensorRt {
-                "engine.plan"
-            } else {
-                "model.nnef.tar"
-            };
+            // The engine says what it is: a CPU engine is tract NNEF, or the ONNX itself when
+            // NNEF did not load faster (or could not be written).
+            let format = infer_spec::engine::EngineMeta::from_json(&meta_json)
+                .map_err(|e| Error::Spec {
+                    what: format!("engine metadata of target {}: {e}", t.id),
+                })?
+                .format;
+            let kind = format.runtime_kind();
+            let name = format.file_name();
             let p = format!("/{}/{name}", paths::MODEL_DIR);
             let m = format!("/{}/engine.json", paths::MODEL_DIR);
             (

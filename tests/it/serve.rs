@@ -328,8 +328,10 @@ fn py_serve_tritonclient_matches_onnxruntime() {
     assert!(support::stdout(&out).contains("\"ok\": true"));
 }
 
-/// The CPU engine `infer-build engine` writes (tract NNEF, decluttered from the ONNX) serves
-/// the same numbers as the ONNX it came from, after the runtime checked its tuple.
+/// The CPU engine `infer-build engine` writes (tract NNEF decluttered from the ONNX, or the
+/// ONNX itself when that loads faster) serves the same numbers as the ONNX it came from, after
+/// the runtime checked its tuple. (The NNEF loader itself is tested in infer-serve's
+/// `backend::tract` unit tests, whatever the builder chose here.)
 #[test]
 fn serve_loads_the_cpu_engine_that_infer_build_engine_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -343,9 +345,14 @@ fn serve_loads_the_cpu_engine_that_infer_build_engine_writes() {
     assert!(o.status.success(), "{}", support::stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&support::stdout(&o)).unwrap();
     let engine = dir.path().join(v["engine"].as_str().unwrap());
-    assert_eq!(v["meta"]["format"], "tract-nnef-tar", "{v}");
+    // The builder keeps NNEF only when it loads faster than the ONNX on the build machine.
+    let kind = match v["meta"]["format"].as_str().unwrap() {
+        "tract-nnef-tar" => "tract-nnef",
+        "onnx" => "tract-onnx",
+        other => panic!("a CPU engine in format {other}"),
+    };
     let meta = engine.parent().unwrap().join("meta.json");
-    let nnef_cfg = MLP.replace("tract-onnx", "tract-nnef").replace(
+    let nnef_cfg = MLP.replace("tract-onnx", kind).replace(
         "path = \"MODEL\"",
         &format!(
             "path = \"{}\"\nmetadata = \"{}\"",

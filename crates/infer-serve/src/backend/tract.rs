@@ -193,3 +193,78 @@ impl Backend for TractBackend {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = r#"
+[model]
+name = "mlp"
+[[inputs]]
+name = "input"
+datatype = "FP32"
+dims = [-1, 64]
+[[outputs]]
+name = "output"
+datatype = "FP32"
+dims = [-1, 10]
+[engine]
+kind = "tract-onnx"
+path = "mlp.onnx"
+"#;
+
+    fn run(engine: &TractEngine, rows: usize) -> Vec<f32> {
+        let x: Vec<u8> = (0..rows * 64)
+            .flat_map(|i| ((i % 13) as f32 / 13.0).to_le_bytes())
+            .collect();
+        let input = Tensor {
+            dtype: DataType::F32,
+            shape: vec![rows, 64],
+            data: Bytes::from(x),
+        };
+        let out = engine.instance().unwrap().execute(&[input]).unwrap();
+        assert_eq!(out[0].shape, vec![rows, 10]);
+        out[0]
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    /// The NNEF archive written as the builder writes it (decluttered typed model, tract core,
+    /// resource and ONNX extensions) loads and computes what the ONNX computes.
+    #[test]
+    fn nnef_archive_serves_like_its_onnx() {
+        let cfg = RuntimeConfig::from_toml_str(CFG).unwrap();
+        let onnx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mlp/mlp.onnx");
+        let mut model = tract_onnx::onnx().model_for_path(&onnx).unwrap();
+        let n = model.sym("N");
+        let dims: TVec<TDim> = tvec![n.into(), 64.into()];
+        let fact = InferenceFact::dt_shape(f32::datum_type(), dims);
+        model = model.with_input_fact(0, fact).unwrap();
+        let typed = model.into_typed().unwrap().into_decluttered().unwrap();
+        let path =
+            std::env::temp_dir().join(format!("infer-serve-nnef-{}.tar", std::process::id()));
+        let nnef = tract_nnef::nnef().with_tract_resource().with_onnx();
+        nnef.write_to_tar(&typed, std::fs::File::create(&path).unwrap())
+            .unwrap();
+        let from_nnef = TractEngine::load_nnef(&cfg, &path);
+        let _ = std::fs::remove_file(&path);
+        let from_nnef = from_nnef.unwrap();
+        let from_onnx = TractEngine::load(&cfg, &onnx).unwrap();
+        for rows in [1, 3, 8] {
+            let (a, b) = (run(&from_nnef, rows), run(&from_onnx, rows));
+            assert_eq!(a.len(), rows * 10);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5, "{a:?}\n{b:?}");
+            }
+        }
+        // Bytes that are not an NNEF archive are a load error, not a panic.
+        let bad = std::env::temp_dir().join(format!("infer-serve-bad-{}.tar", std::process::id()));
+        std::fs::write(&bad, b"not a tar").unwrap();
+        let e = TractEngine::load_nnef(&cfg, &bad);
+        let _ = std::fs::remove_file(&bad);
+        assert!(e.is_err());
+    }
+}

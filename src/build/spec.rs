@@ -197,13 +197,12 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         Some((file, meta_json)) => {
             // The engine says what it is: a CPU engine is tract NNEF, or the ONNX itself when
             // NNEF did not load faster (or could not be written).
-            let format = infer_spec::engine::EngineMeta::from_json(&meta_json)
-                .map_err(|e| Error::Spec {
+            let meta =
+                infer_spec::engine::EngineMeta::from_json(&meta_json).map_err(|e| Error::Spec {
                     what: format!("engine metadata of target {}: {e}", t.id),
-                })?
-                .format;
-            let kind = format.runtime_kind();
-            let name = format.file_name();
+                })?;
+            let kind = meta.format.runtime_kind();
+            let name = meta.format.file_name();
             let p = format!("/{}/{name}", paths::MODEL_DIR);
             let m = format!("/{}/engine.json", paths::MODEL_DIR);
             (
@@ -214,7 +213,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                 },
                 kind,
                 p,
-                Some(m),
+                Some((m, meta)),
             )
         }
         None => (
@@ -224,14 +223,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             None,
         ),
     };
-    let rc = runtime_config(recipe, kind, &engine_path, metadata.as_deref())?;
+    let rc = runtime_config(
+        recipe,
+        kind,
+        &engine_path,
+        metadata.as_ref().map(|(path, _)| path.as_str()),
+    )?;
     // An engine's own tuple (digests, shape profile, builder GPU…) completes the plan's.
     let mut compat = compat(t);
-    if let Payload::Engine { meta_json, .. } = &payload {
-        let meta =
-            infer_spec::engine::EngineMeta::from_json(meta_json).map_err(|e| Error::Spec {
-                what: format!("engine metadata of target {}: {e}", t.id),
-            })?;
+    if let Some((_, meta)) = &metadata {
         compat.extend(meta.annotations());
     }
     let mut extra = BTreeMap::new();

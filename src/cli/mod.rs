@@ -112,3 +112,21 @@ pub fn report(e: &Error) {
         source = cause.source();
     }
 }
+
+/// Registry client options from the flags `push` and `slim` share: `--insecure`, `--ca-cert`,
+/// `--docker-config` (credentials from the environment too).
+pub(crate) fn registry_client(
+    insecure: bool,
+    ca_cert: Option<std::path::PathBuf>,
+    docker_config: Option<std::path::PathBuf>,
+) -> crate::registry::ClientOptions {
+    crate::registry::ClientOptions {
+        insecure,
+        ca_cert,
+        keychain: crate::registry::auth::Keychain {
+            docker_config,
+            ignore_env: false,
+        },
+        ..crate::registry::ClientOptions::default()
+    }
+}

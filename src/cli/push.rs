@@ -9,9 +9,8 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::error::Error;
-use crate::registry::auth::Keychain;
 use crate::registry::push::{BlobOutcome, Progress};
-use crate::registry::{self, ClientOptions, PushOptions, Reference};
+use crate::registry::{self, PushOptions, Reference};
 
 #[derive(Debug, Args)]
 pub struct PushArgs {
@@ -64,15 +63,11 @@ pub fn run(args: PushArgs) -> Result<(), Error> {
         Arc::new(move |p: Progress| bars.event(p))
     };
     let opts = PushOptions {
-        client: ClientOptions {
-            insecure: args.insecure,
-            ca_cert: args.ca_cert.clone(),
-            keychain: Keychain {
-                docker_config: args.docker_config.clone(),
-                ignore_env: false,
-            },
-            ..ClientOptions::default()
-        },
+        client: super::registry_client(
+            args.insecure,
+            args.ca_cert.clone(),
+            args.docker_config.clone(),
+        ),
         jobs: args.jobs,
         chunk_size: args.chunk_size.max(1),
         warmup: !args.no_warmup,

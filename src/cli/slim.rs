@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::error::Error;
 use crate::oci::cjson;
 use crate::plan::lock::Lock;
-use crate::registry::{self, auth::Keychain, pull::PullOptions, ClientOptions};
+use crate::registry::{self, pull::PullOptions};
 use crate::slim::def::{self, Definition, EngineKind, ImageRef, Needs, Tactic};
 use crate::slim::image::{self, BuildOptions};
 
@@ -313,15 +313,11 @@ fn source(
         None => (r.reference.clone(), args.lock.clone()),
     };
     let pull_opts = PullOptions {
-        client: ClientOptions {
-            insecure: args.insecure,
-            ca_cert: args.ca_cert.clone(),
-            keychain: Keychain {
-                docker_config: args.docker_config.clone(),
-                ignore_env: false,
-            },
-            ..ClientOptions::default()
-        },
+        client: super::registry_client(
+            args.insecure,
+            args.ca_cert.clone(),
+            args.docker_config.clone(),
+        ),
         lock,
         update_lock: args.update_lock,
         platform: None,

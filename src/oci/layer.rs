@@ -118,8 +118,10 @@ fn fingerprint(entries: &[Entry], opts: &LayerOptions, stat: bool) -> Result<Dig
     Ok(Digest::of(&cjson::value_to_vec(&v)))
 }
 
+/// What identifies a file's contents without reading it (size, mtime and ctime, inode,
+/// device): the stat part of the layer cache's key, also the SBOM's file-digest cache key.
 #[cfg(unix)]
-fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
+pub(crate) fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).map_err(Error::io("stat", path))?;
     Ok(json!([
@@ -134,7 +136,7 @@ fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
 }
 
 #[cfg(not(unix))]
-fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
+pub(crate) fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
     let m = std::fs::metadata(path).map_err(Error::io("stat", path))?;
     let t = m
         .modified()

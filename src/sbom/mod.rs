@@ -146,24 +146,13 @@ fn hash_file(path: &Path) -> Result<(String, u64), Error> {
     Ok((hex::encode(h.finalize()), size))
 }
 
-/// What identifies a file's contents without reading it (as the layer cache's stat key):
-/// canonical path, size, mtime and ctime in ns, inode, device. `None` when it cannot be read.
+/// The cache key of a file's digest: its canonical path and the layer cache's stat identity
+/// ([`crate::oci::layer::stat_of`]). `None` when it cannot be read.
 fn stat_key(path: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
     let canon = std::fs::canonicalize(path).ok()?;
-    let m = std::fs::metadata(&canon).ok()?;
-    let key = format!(
-        "file-sha256/v1\0{}\0{}\0{}.{}\0{}.{}\0{}\0{}",
-        canon.display(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec(),
-        m.ino(),
-        m.dev()
-    );
-    Some(sha256_hex(key.as_bytes()))
+    let stat = crate::oci::layer::stat_of(&canon).ok()?;
+    let key = serde_json::json!(["file-sha256/v1", canon.to_string_lossy(), stat]);
+    Some(sha256_hex(&crate::oci::cjson::value_to_vec(&key)))
 }
 
 /// [`hash_file`] through a cache in the layout's private directory, keyed by [`stat_key`]:

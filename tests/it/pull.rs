@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::image::tiny_static_elf;
 use super::registry_support::Registry;
-use super::support::{have_tool, infer_build, root, stderr, stdout};
+use super::support::{first_gpu_target, have_tool, infer_build, root, stderr, stdout};
 
 /// A scratch directory with a stand-in runtime, its own base cache and no credentials.
 struct Fixture {
@@ -222,15 +222,7 @@ fn registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline() {
     let o = f.run(&["plan", "--json", recipe.to_str().unwrap(), m[0], m[1]]);
     assert!(o.status.success(), "{}", stderr(&o));
     let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let gpu = plan["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["kind"] == "gpu")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let gpu = first_gpu_target(&plan);
 
     // 1. First build: pulls the base over plain HTTP, pins its digest, stacks on its layers.
     let r1 = f.build(&recipe, "o1", &[m[0], m[1], "--insecure"]);

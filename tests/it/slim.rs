@@ -15,7 +15,7 @@ use std::process::Command;
 use infer_build::slim::{self, image::BuildOptions, Definition};
 
 use super::registry_support::Registry;
-use super::support::{have_docker, have_tool, infer_build, stderr, stdout};
+use super::support::{first_gpu_target, have_docker, have_tool, infer_build, stderr, stdout};
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -978,15 +978,7 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
             .output()
             .unwrap(),
     );
-    let gpu = plan["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["kind"] == "gpu")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let gpu = first_gpu_target(&plan);
     let build = |out: &Path| {
         json_of(
             &infer_build()

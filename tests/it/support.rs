@@ -114,3 +114,16 @@ pub fn serve_test_binary() -> PathBuf {
     })
     .clone()
 }
+
+/// The id of the first GPU target in `infer-build plan --json` output.
+pub fn first_gpu_target(plan: &serde_json::Value) -> String {
+    plan["targets"]
+        .as_array()
+        .expect("plan targets")
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .expect("a GPU target in the plan")["id"]
+        .as_str()
+        .expect("a target id")
+        .to_string()
+}

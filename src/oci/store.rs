@@ -93,7 +93,10 @@ impl BlobStore {
         }
         let layout = root.join("oci-layout");
         if !layout.exists() {
-            write_atomic(&layout, OCI_LAYOUT, &root.join(PRIVATE).join("tmp"))?;
+            // Not through the private `tmp` directory: this runs before the layout's lock is
+            // taken, and taking the lock clears `tmp`, which deleted this temp file under a
+            // second build creating the same layout at the same moment.
+            write_atomic(&layout, OCI_LAYOUT, &root.join(PRIVATE))?;
         }
         Ok(BlobStore {
             root: root.to_path_buf(),

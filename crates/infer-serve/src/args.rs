@@ -1,5 +1,6 @@
 //! Flags and environment, parsed by hand: `--config PATH` (or `INFER_CONFIG`, default
-//! `/etc/infer/runtime.toml`), `--host ADDR` / `INFER_HOST`, `--port N` / `INFER_PORT`.
+//! `/etc/infer/runtime.toml`), `--host ADDR` / `INFER_HOST`, `--port N` / `INFER_PORT`,
+//! `--busy-poll-us N` / `INFER_BUSY_POLL_US`.
 //! Flags win over the environment, which wins over `runtime.toml`.
 
 use std::path::PathBuf;
@@ -17,15 +18,30 @@ pub struct Args {
     pub config: PathBuf,
     pub host: Option<String>,
     pub port: Option<u16>,
+    /// How long a lone request's handler polls for its answer, in µs (`None`: the default).
+    pub busy_poll_us: Option<u64>,
 }
 
-pub const USAGE: &str = "usage: infer-serve [--config PATH] [--host ADDR] [--port N]
+/// The busy-poll window when none is given: long enough for a small model's batch, and off
+/// where only one CPU is available (the poll would compete with the backend thread).
+pub fn default_busy_poll_us(cpus: usize) -> u64 {
+    if cpus >= 2 {
+        100
+    } else {
+        0
+    }
+}
+
+pub const USAGE: &str =
+    "usage: infer-serve [--config PATH] [--host ADDR] [--port N] [--busy-poll-us N]
 
 Serves the model described by runtime.toml over the KServe V2 HTTP protocol.
 
   --config PATH   runtime configuration (env INFER_CONFIG; default /etc/infer/runtime.toml)
   --host ADDR     address to bind (env INFER_HOST; default from runtime.toml, 0.0.0.0)
   --port N        port to bind, 0 for any free one (env INFER_PORT; default from runtime.toml, 8000)
+  --busy-poll-us N  when a request is alone on the server, poll for its answer up to N µs
+                  before parking (env INFER_BUSY_POLL_US; default 100 with 2+ CPUs, 0 = off)
   --help, --version
 ";
 
@@ -38,6 +54,12 @@ pub fn parse(
         s.parse::<u16>()
             .map_err(|_| format!("{from}: {s:?} is not a port number"))
     };
+    let micros = |s: &str, from: &str| {
+        s.parse::<u64>()
+            .ok()
+            .filter(|&us| us <= 1_000_000)
+            .ok_or_else(|| format!("{from}: {s:?} is not a number of microseconds up to 1000000"))
+    };
     let mut out = Args {
         config: PathBuf::from(
             env("INFER_CONFIG").unwrap_or_else(|| infer_spec::DEFAULT_CONFIG_PATH.to_owned()),
@@ -46,6 +68,10 @@ pub fn parse(
         port: env("INFER_PORT")
             .filter(|p| !p.is_empty())
             .map(|p| port(&p, "INFER_PORT"))
+            .transpose()?,
+        busy_poll_us: env("INFER_BUSY_POLL_US")
+            .filter(|v| !v.is_empty())
+            .map(|v| micros(&v, "INFER_BUSY_POLL_US"))
             .transpose()?,
     };
     let mut it = args.into_iter();
@@ -64,6 +90,7 @@ pub fn parse(
             "--config" => out.config = PathBuf::from(value()?),
             "--host" => out.host = Some(value()?),
             "--port" => out.port = Some(port(&value()?, "--port")?),
+            "--busy-poll-us" => out.busy_poll_us = Some(micros(&value()?, "--busy-poll-us")?),
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
             _ => return Err(format!("unknown argument {a:?}")),
@@ -92,6 +119,7 @@ mod tests {
             config: config.into(),
             host: host.map(Into::into),
             port,
+            busy_poll_us: None,
         }))
     }
 
@@ -123,6 +151,30 @@ mod tests {
             Err("INFER_PORT: \"70000\" is not a port number"),
         );
         check(&["--config"], &[], Err("--config needs a value"));
+        let poll = |us| {
+            Ok(Command::Run(Args {
+                busy_poll_us: Some(us),
+                ..Args {
+                    config: "/etc/infer/runtime.toml".into(),
+                    host: None,
+                    port: None,
+                    busy_poll_us: None,
+                }
+            }))
+        };
+        check(
+            &["--busy-poll-us", "0"],
+            &[("INFER_BUSY_POLL_US", "50")],
+            poll(0),
+        );
+        check(&[], &[("INFER_BUSY_POLL_US", "50")], poll(50));
+        check(
+            &["--busy-poll-us=2000000"],
+            &[],
+            Err("--busy-poll-us: \"2000000\" is not a number of microseconds up to 1000000"),
+        );
+        assert_eq!(default_busy_poll_us(1), 0);
+        assert!(default_busy_poll_us(2) > 0);
         check(&["serve"], &[], Err("unknown argument \"serve\""));
         check(&["--help"], &[], Ok(Command::Help));
     }

@@ -18,6 +18,14 @@
 //! Backends run on their own OS threads (one per instance), never on the async workers; the
 //! instance thread concatenates the inputs, executes, splits the outputs back by rows and
 //! answers each request directly.
+//!
+//! Hand-offs cost no system call that nobody needs. An instance that finishes marks itself idle
+//! in a shared flag and wakes the queue thread only when requests are waiting (then before it
+//! answers, so the next batch forms while it splits outputs); the queue thread publishes how
+//! many wait before it looks for an idle instance, so one of the two always sees the other
+//! (both sides use sequentially consistent operations). A lone request on an idle server is
+//! therefore answered without waking the queue thread at all, and [`Batcher::poll_briefly`] lets
+//! its HTTP handler pick the answer up without being woken either.
 
 use crate::backend::Backend;
 use crate::error::{ApiError, Rejection};
@@ -25,11 +33,13 @@ use crate::metrics::Metrics;
 use crate::tensor::Tensor;
 use infer_spec::RuntimeConfig;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tokio::sync::oneshot::error::TryRecvError;
 
 /// What a request gets back.
 pub type Outcome = Result<Answer, ApiError>;
@@ -56,7 +66,20 @@ pub struct Job {
 
 enum Cmd {
     Enqueue(Job),
-    Done(usize),
+    /// An instance became idle while requests were waiting.
+    Idle,
+}
+
+/// State the queue thread, the instances and the handlers share without messages.
+struct Shared {
+    /// One flag per instance: idle (no batch given to it and not yet finished).
+    idle: Vec<AtomicBool>,
+    /// Requests waiting in the queue, as the queue thread last published it.
+    waiting: AtomicUsize,
+    /// The last batch's compute time, for [`Batcher::poll_briefly`].
+    last_compute_ns: AtomicU64,
+    /// The policy's queue delay, for [`Batcher::poll_briefly`].
+    delay: Duration,
 }
 
 /// The batching policy, from `[batching]`.
@@ -84,6 +107,7 @@ impl Policy {
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Cmd>,
+    shared: Arc<Shared>,
 }
 
 impl Batcher {
@@ -94,28 +118,72 @@ impl Batcher {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Batcher> {
         let (tx, rx) = mpsc::channel::<Cmd>();
+        let shared = Arc::new(Shared {
+            idle: backends.iter().map(|_| AtomicBool::new(true)).collect(),
+            waiting: AtomicUsize::new(0),
+            last_compute_ns: AtomicU64::new(0),
+            delay: policy.delay,
+        });
         let mut instances = Vec::new();
         for (id, backend) in backends.into_iter().enumerate() {
             let (btx, brx) = mpsc::channel::<Vec<Job>>();
-            let done = tx.clone();
-            let m = metrics.clone();
+            let instance = Instance {
+                id,
+                backend,
+                done: tx.clone(),
+                shared: shared.clone(),
+                metrics: metrics.clone(),
+            };
             std::thread::Builder::new()
                 .name(format!("backend-{id}"))
-                .spawn(move || run_instance(id, backend, brx, done, m))?;
+                .spawn(move || instance.run(brx))?;
             instances.push(btx);
         }
-        let idle = (0..instances.len()).rev().collect();
         let queue = Queue {
             policy,
             jobs: VecDeque::new(),
-            idle,
+            shared: shared.clone(),
             instances,
             metrics,
         };
         std::thread::Builder::new()
             .name("batcher".into())
             .spawn(move || queue.run(rx))?;
-        Ok(Batcher { tx })
+        Ok(Batcher { tx, shared })
+    }
+
+    /// Polls `rx` without parking for up to `window`, when the answer can be expected that
+    /// soon (the queue delay plus the last batch's compute fit in the window): the caller's
+    /// core spins instead of the backend thread waking a parked async worker, which costs
+    /// more than a small model's compute on a virtual machine. Returns `None` when no answer
+    /// came in time; then await `rx` as usual. Meant for a lone request on an otherwise idle
+    /// server: spinning under load would take a core from the work.
+    pub fn poll_briefly(
+        &self,
+        rx: &mut oneshot::Receiver<Outcome>,
+        window: Duration,
+    ) -> Option<Outcome> {
+        let expected =
+            self.shared.delay + Duration::from_nanos(self.shared.last_compute_ns.load(Relaxed));
+        if window.is_zero() || expected > window {
+            return None;
+        }
+        let until = Instant::now() + window;
+        loop {
+            for _ in 0..64 {
+                match rx.try_recv() {
+                    Ok(outcome) => return Some(outcome),
+                    Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                    Err(TryRecvError::Closed) => {
+                        // Only a dropped sender closes it: report that through the await.
+                        return None;
+                    }
+                }
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+        }
     }
 
     /// Queues a request; its outputs (or why not) arrive on the returned receiver.
@@ -143,7 +211,7 @@ impl Batcher {
 struct Queue {
     policy: Policy,
     jobs: VecDeque<Job>,
-    idle: Vec<usize>,
+    shared: Arc<Shared>,
     instances: Vec<mpsc::Sender<Vec<Job>>>,
     metrics: Arc<Metrics>,
 }
@@ -195,8 +263,16 @@ impl Queue {
                     self.jobs.push_back(job);
                 }
             }
-            Cmd::Done(id) => self.idle.push(id),
+            Cmd::Idle => {}
         }
+    }
+
+    /// The first idle instance, no longer idle.
+    fn claim_idle(&self) -> Option<usize> {
+        self.shared
+            .idle
+            .iter()
+            .position(|f| f.load(SeqCst) && f.swap(false, SeqCst))
     }
 
     /// Removes requests whose client is gone or whose deadline passed.
@@ -225,11 +301,17 @@ impl Queue {
     /// its delay.
     fn dispatch(&mut self, now: Instant) -> Option<Instant> {
         loop {
-            if self.jobs.is_empty() || self.idle.is_empty() {
+            // Publish before looking for an idle instance: an instance that turns idle after
+            // the look sees this and wakes the thread (see the module docs).
+            self.shared.waiting.store(self.jobs.len(), SeqCst);
+            if self.jobs.is_empty() || !self.shared.idle.iter().any(|f| f.load(SeqCst)) {
                 return None;
             }
             self.purge(now);
-            let first = self.jobs.front()?;
+            let Some(first) = self.jobs.front() else {
+                self.shared.waiting.store(0, SeqCst);
+                return None;
+            };
             let (mut rows, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
             for job in &self.jobs {
                 if !same_shapes(first, job) || rows + job.rows > self.policy.max_batch_size {
@@ -251,8 +333,8 @@ impl Queue {
             } else {
                 return Some(due);
             };
+            let id = self.claim_idle()?;
             let batch: Vec<Job> = self.jobs.drain(..cut).collect();
-            let id = self.idle.pop()?;
             if let Err(mpsc::SendError(batch)) = self.instances[id].send(batch) {
                 for job in batch {
                     let _ = job.reply.send(Err(ApiError::Internal(format!(
@@ -264,14 +346,25 @@ impl Queue {
     }
 }
 
-fn run_instance(
+/// One backend instance and what its thread needs.
+struct Instance {
     id: usize,
-    mut backend: Box<dyn Backend>,
-    rx: mpsc::Receiver<Vec<Job>>,
+    backend: Box<dyn Backend>,
     done: mpsc::Sender<Cmd>,
+    shared: Arc<Shared>,
     metrics: Arc<Metrics>,
-) {
-    while let Ok(jobs) = rx.recv() {
+}
+
+impl Instance {
+    fn run(mut self, rx: mpsc::Receiver<Vec<Job>>) {
+        while let Ok(jobs) = rx.recv() {
+            self.execute(jobs);
+        }
+    }
+
+    /// Runs one batch and answers its requests.
+    fn execute(&mut self, jobs: Vec<Job>) {
+        let metrics = &*self.metrics;
         let start = Instant::now();
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
         for j in &jobs {
@@ -289,13 +382,21 @@ fn run_instance(
             })
             .collect();
         let result = match inputs {
-            Some(inputs) => backend.execute(&inputs),
+            Some(inputs) => self.backend.execute(&inputs),
             None => Err("requests in one batch have different shapes".to_owned()),
         };
         let compute = start.elapsed();
         metrics.record_batch(rows, compute);
-        // Free the instance before answering, so the next batch forms while we split outputs.
-        let _ = done.send(Cmd::Done(id));
+        let shared = &*self.shared;
+        shared
+            .last_compute_ns
+            .store(compute.as_nanos() as u64, Relaxed);
+        // Free the instance before answering; wake the queue thread only when requests wait,
+        // so the next batch forms while we split outputs.
+        shared.idle[self.id].store(true, SeqCst);
+        if shared.waiting.load(SeqCst) > 0 {
+            let _ = self.done.send(Cmd::Idle);
+        }
         let outputs = result.and_then(|outs| match outs.iter().find(|o| o.rows() != rows) {
             Some(o) => Err(format!(
                 "the engine returned {} rows for a batch of {rows}",

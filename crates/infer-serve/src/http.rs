@@ -31,6 +31,9 @@ pub struct App {
     pub draining: AtomicBool,
     /// The drain delay is over: new infer requests are refused.
     pub stopping: AtomicBool,
+    /// How long a lone request's handler polls for its answer before parking (see
+    /// [`Batcher::poll_briefly`]); zero turns polling off.
+    pub busy_poll: Duration,
     server_metadata: Bytes,
     model_metadata: Bytes,
     model_config: Bytes,
@@ -126,6 +129,7 @@ impl App {
             batcher: OnceLock::new(),
             draining: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            busy_poll: Duration::ZERO,
             server_metadata: Bytes::from(server_metadata.to_string()),
             model_metadata: Bytes::from(model_metadata.to_string()),
             model_config: Bytes::from(model_config.to_string()),
@@ -371,13 +375,26 @@ async fn infer_inner(
         (d, Some(t)) => Some(t.min(d)),
     };
     let deadline = timeout_us.map(|us| start + Duration::from_micros(us));
-    let rx = batcher.submit(request.inputs, request.rows, deadline)?;
-    let outcome = match deadline {
-        Some(d) => match tokio::time::timeout_at(d.into(), rx).await {
+    let mut rx = batcher.submit(request.inputs, request.rows, deadline)?;
+    // Alone on the server: poll for the answer on this (otherwise idle) core rather than park.
+    let polled = if app.metrics.in_flight.load(Relaxed) == 1 {
+        let window = match deadline {
+            Some(d) => app
+                .busy_poll
+                .min(d.saturating_duration_since(Instant::now())),
+            None => app.busy_poll,
+        };
+        batcher.poll_briefly(&mut rx, window)
+    } else {
+        None
+    };
+    let outcome = match (polled, deadline) {
+        (Some(outcome), _) => Ok(outcome),
+        (None, Some(d)) => match tokio::time::timeout_at(d.into(), rx).await {
             Ok(r) => r,
             Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
         },
-        None => rx.await,
+        (None, None) => rx.await,
     };
     let answer =
         outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))??;

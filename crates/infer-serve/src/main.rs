@@ -80,7 +80,13 @@ fn main() {
         &cfg.model.version,
         cfg.batching.max_batch_size,
     ));
-    let app = Arc::new(App::new(cfg.clone(), metrics.clone()));
+    let mut app = App::new(cfg.clone(), metrics.clone());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    app.busy_poll = Duration::from_micros(
+        args.busy_poll_us
+            .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
+    );
+    let app = Arc::new(app);
 
     let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
     let listener = rt

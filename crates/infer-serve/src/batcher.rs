@@ -1,31 +1,34 @@
 //! The dynamic batcher, with Triton's semantics.
 //!
-//! One thread owns the queue ([`Batcher`] handles send it commands over a channel; each
-//! request's outputs come back over its own oneshot). Batches are formed only when a backend
-//! instance is idle, so every instance has at most one batch in flight and the queue keeps
-//! growing (up to `max_batch_size` rows per batch) while they are all busy:
+//! [`Batcher`] handles (one per HTTP handler, cheap to clone) send requests over a channel;
+//! each request's outputs come back over its own oneshot. The queue has exactly one owner at a
+//! time: the *leader*, one of the backend instance threads, which takes what the channel holds,
+//! forms the next batch, hands the leadership to the next idle instance and runs the batch
+//! (leader/followers: idle instances wait for the leadership, so a batch forms only when an
+//! instance is free to run it, every instance has at most one batch in flight, and the queue
+//! keeps growing, up to `max_batch_size` rows per batch, while they are all busy):
 //!
 //! - rows are counted, not requests; a batch never exceeds `max_batch_size` rows;
 //! - walking from the oldest request, the batch stops before a request whose non-batch shapes
 //!   differ (shapes are never mixed) or that would overflow `max_batch_size`;
-//! - the batch is sent at once when it is full or when the oldest request has waited
+//! - the batch is taken at once when it is full or when the oldest request has waited
 //!   `max_queue_delay_us`; otherwise, if a preferred size was reached on the way, the largest
-//!   such prefix is sent; otherwise the thread sleeps until the oldest request's delay ends;
-//! - `max_queue_size` waiting requests → the next one is refused (`queue_full`);
+//!   such prefix is taken; otherwise the leader waits for more until the oldest request's
+//!   delay ends;
+//! - `max_queue_size` waiting requests → the next one is refused at once, in
+//!   [`Batcher::submit`] (`queue_full`);
 //! - a request whose deadline passed is answered `timeout`; one whose client went away (its
 //!   receiver was dropped) leaves the queue and is counted as `cancelled`.
 //!
-//! Backends run on their own OS threads (one per instance), never on the async workers; the
-//! instance thread concatenates the inputs, executes, splits the outputs back by rows and
-//! answers each request directly.
+//! Backends run on their own OS threads (one per instance), never on the async workers and
+//! never under a lock the async side takes (handlers only send on the channel); the instance
+//! concatenates the inputs, executes, splits the outputs back by rows and answers each request
+//! directly.
 //!
-//! Hand-offs cost no system call that nobody needs. An instance that finishes marks itself idle
-//! in a shared flag and wakes the queue thread only when requests are waiting (then before it
-//! answers, so the next batch forms while it splits outputs); the queue thread publishes how
-//! many wait before it looks for an idle instance, so one of the two always sees the other
-//! (both sides use sequentially consistent operations). A lone request on an idle server is
-//! therefore answered without waking the queue thread at all, and [`Batcher::poll_briefly`] lets
-//! its HTTP handler pick the answer up without being woken either.
+//! Why no dedicated queue thread: every hand-off between threads is a wake-up, which costs more
+//! than a small model's compute on a virtual machine. Here a lone request wakes one thread (the
+//! waiting leader), which runs it itself; under load, requests that arrive while the instances
+//! compute wake nobody. [`Batcher::poll_briefly`] saves the last wake-up, of the HTTP handler.
 
 use crate::backend::Backend;
 use crate::error::{ApiError, Rejection};
@@ -33,10 +36,10 @@ use crate::metrics::Metrics;
 use crate::tensor::Tensor;
 use infer_spec::RuntimeConfig;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
@@ -64,24 +67,6 @@ pub struct Job {
     pub reply: oneshot::Sender<Outcome>,
 }
 
-enum Cmd {
-    Enqueue(Job),
-    /// An instance became idle while requests were waiting.
-    Idle,
-}
-
-/// State the queue thread, the instances and the handlers share without messages.
-struct Shared {
-    /// One flag per instance: idle (no batch given to it and not yet finished).
-    idle: Vec<AtomicBool>,
-    /// Requests waiting in the queue, as the queue thread last published it.
-    waiting: AtomicUsize,
-    /// The last batch's compute time, for [`Batcher::poll_briefly`].
-    last_compute_ns: AtomicU64,
-    /// The policy's queue delay, for [`Batcher::poll_briefly`].
-    delay: Duration,
-}
-
 /// The batching policy, from `[batching]`.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -103,53 +88,93 @@ impl Policy {
     }
 }
 
-/// A handle to the queue thread; cheap to clone.
+/// State the handles and the instances share without the queue's lock.
+struct Shared {
+    policy: Policy,
+    /// Requests submitted and not yet taken into a batch (or purged).
+    queued: AtomicUsize,
+    /// The last batch's compute time, for [`Batcher::poll_briefly`].
+    last_compute_ns: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    fn dequeued(&self, n: usize) {
+        let left = self.queued.fetch_sub(n, Relaxed).saturating_sub(n);
+        self.metrics.queue_depth.store(left as u64, Relaxed);
+    }
+}
+
+/// A handle to the queue; cheap to clone.
 #[derive(Clone)]
 pub struct Batcher {
-    tx: mpsc::Sender<Cmd>,
+    tx: mpsc::Sender<Job>,
     shared: Arc<Shared>,
 }
 
 impl Batcher {
-    /// Starts the queue thread and one thread per backend instance.
+    /// Starts one thread per backend instance; the first becomes the leader.
     pub fn start(
         policy: Policy,
         backends: Vec<Box<dyn Backend>>,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Batcher> {
-        let (tx, rx) = mpsc::channel::<Cmd>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
-            idle: backends.iter().map(|_| AtomicBool::new(true)).collect(),
-            waiting: AtomicUsize::new(0),
-            last_compute_ns: AtomicU64::new(0),
-            delay: policy.delay,
-        });
-        let mut instances = Vec::new();
-        for (id, backend) in backends.into_iter().enumerate() {
-            let (btx, brx) = mpsc::channel::<Vec<Job>>();
-            let instance = Instance {
-                id,
-                backend,
-                done: tx.clone(),
-                shared: shared.clone(),
-                metrics: metrics.clone(),
-            };
-            std::thread::Builder::new()
-                .name(format!("backend-{id}"))
-                .spawn(move || instance.run(brx))?;
-            instances.push(btx);
-        }
-        let queue = Queue {
             policy,
+            queued: AtomicUsize::new(0),
+            last_compute_ns: AtomicU64::new(0),
+            metrics,
+        });
+        let queue = Arc::new(Mutex::new(Queue {
+            rx,
             jobs: VecDeque::new(),
             shared: shared.clone(),
-            instances,
-            metrics,
-        };
-        std::thread::Builder::new()
-            .name("batcher".into())
-            .spawn(move || queue.run(rx))?;
+        }));
+        for (id, backend) in backends.into_iter().enumerate() {
+            let instance = Instance {
+                backend,
+                shared: shared.clone(),
+            };
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("backend-{id}"))
+                .spawn(move || instance.run(&queue))?;
+        }
         Ok(Batcher { tx, shared })
+    }
+
+    /// Queues a request; its outputs (or why not) arrive on the returned receiver. A full
+    /// queue refuses it here (`queue_full`), without touching the queue.
+    pub fn submit(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        deadline: Option<Instant>,
+    ) -> Result<oneshot::Receiver<Outcome>, ApiError> {
+        let max = self.shared.policy.max_queue_size;
+        let before = self.shared.queued.fetch_add(1, Relaxed);
+        if max > 0 && before >= max {
+            self.shared.dequeued(1);
+            return Err(ApiError::Rejected(Rejection::QueueFull));
+        }
+        self.shared
+            .metrics
+            .queue_depth
+            .store(before as u64 + 1, Relaxed);
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            inputs,
+            rows,
+            enqueued: Instant::now(),
+            deadline,
+            reply,
+        };
+        self.tx.send(job).map_err(|_| {
+            self.shared.dequeued(1);
+            ApiError::Rejected(Rejection::ShuttingDown)
+        })?;
+        Ok(rx)
     }
 
     /// Polls `rx` without parking for up to `window`, when the answer can be expected that
@@ -163,8 +188,8 @@ impl Batcher {
         rx: &mut oneshot::Receiver<Outcome>,
         window: Duration,
     ) -> Option<Outcome> {
-        let expected =
-            self.shared.delay + Duration::from_nanos(self.shared.last_compute_ns.load(Relaxed));
+        let expected = self.shared.policy.delay
+            + Duration::from_nanos(self.shared.last_compute_ns.load(Relaxed));
         if window.is_zero() || expected > window {
             return None;
         }
@@ -174,10 +199,8 @@ impl Batcher {
                 match rx.try_recv() {
                     Ok(outcome) => return Some(outcome),
                     Err(TryRecvError::Empty) => std::hint::spin_loop(),
-                    Err(TryRecvError::Closed) => {
-                        // Only a dropped sender closes it: report that through the await.
-                        return None;
-                    }
+                    // Only a dropped sender closes it: report that through the await.
+                    Err(TryRecvError::Closed) => return None,
                 }
             }
             if Instant::now() >= until {
@@ -185,35 +208,13 @@ impl Batcher {
             }
         }
     }
-
-    /// Queues a request; its outputs (or why not) arrive on the returned receiver.
-    pub fn submit(
-        &self,
-        inputs: Vec<Tensor>,
-        rows: usize,
-        deadline: Option<Instant>,
-    ) -> Result<oneshot::Receiver<Outcome>, ApiError> {
-        let (reply, rx) = oneshot::channel();
-        let job = Job {
-            inputs,
-            rows,
-            enqueued: Instant::now(),
-            deadline,
-            reply,
-        };
-        self.tx
-            .send(Cmd::Enqueue(job))
-            .map_err(|_| ApiError::Rejected(Rejection::ShuttingDown))?;
-        Ok(rx)
-    }
 }
 
+/// The queue, owned by whichever instance holds its lock (the leader).
 struct Queue {
-    policy: Policy,
+    rx: mpsc::Receiver<Job>,
     jobs: VecDeque<Job>,
     shared: Arc<Shared>,
-    instances: Vec<mpsc::Sender<Vec<Job>>>,
-    metrics: Arc<Metrics>,
 }
 
 fn same_shapes(a: &Job, b: &Job) -> bool {
@@ -224,68 +225,62 @@ fn same_shapes(a: &Job, b: &Job) -> bool {
             .all(|(x, y)| x.shape.get(1..) == y.shape.get(1..))
 }
 
+/// What the policy says about the queue now.
+enum Cut {
+    /// Take this many requests from the front.
+    Take(usize),
+    /// Nothing is due: wait for more requests until then (or forever when `None`).
+    Wait(Option<Instant>),
+}
+
 impl Queue {
-    fn run(mut self, rx: mpsc::Receiver<Cmd>) {
-        let mut wake: Option<Instant> = None;
+    /// Waits for the next batch and takes it from the queue. `None` when every handle is
+    /// gone and nothing is left.
+    fn next_batch(&mut self) -> Option<Vec<Job>> {
         loop {
-            let first = match wake {
-                Some(t) => match rx.recv_timeout(t.saturating_duration_since(Instant::now())) {
-                    Ok(c) => Some(c),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
-                None => match rx.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => return,
-                },
+            while let Ok(job) = self.rx.try_recv() {
+                self.jobs.push_back(job);
+            }
+            let now = Instant::now();
+            self.purge(now);
+            let wait = match self.cut(now) {
+                Cut::Take(n) => {
+                    self.shared.dequeued(n);
+                    return Some(self.jobs.drain(..n).collect());
+                }
+                Cut::Wait(wait) => wait,
             };
-            if let Some(c) = first {
-                self.handle(c);
-                while let Ok(c) = rx.try_recv() {
-                    self.handle(c);
-                }
+            let received = match wait {
+                Some(due) => self
+                    .rx
+                    .recv_timeout(due.saturating_duration_since(now))
+                    .map_err(|e| e == RecvTimeoutError::Disconnected),
+                None => self.rx.recv().map_err(|_| true),
+            };
+            match received {
+                Ok(job) => self.jobs.push_back(job),
+                Err(false) => {} // the delay is over
+                Err(true) => match wait {
+                    // Shutting down: what is queued still runs when its delay ends.
+                    Some(due) => std::thread::sleep(due.saturating_duration_since(now)),
+                    None => return None,
+                },
             }
-            wake = self.dispatch(Instant::now());
-            self.metrics
-                .queue_depth
-                .store(self.jobs.len() as u64, Relaxed);
         }
-    }
-
-    fn handle(&mut self, cmd: Cmd) {
-        match cmd {
-            Cmd::Enqueue(job) => {
-                if self.policy.max_queue_size > 0 && self.jobs.len() >= self.policy.max_queue_size {
-                    let _ = job
-                        .reply
-                        .send(Err(ApiError::Rejected(Rejection::QueueFull)));
-                } else {
-                    self.jobs.push_back(job);
-                }
-            }
-            Cmd::Idle => {}
-        }
-    }
-
-    /// The first idle instance, no longer idle.
-    fn claim_idle(&self) -> Option<usize> {
-        self.shared
-            .idle
-            .iter()
-            .position(|f| f.load(SeqCst) && f.swap(false, SeqCst))
     }
 
     /// Removes requests whose client is gone or whose deadline passed.
     fn purge(&mut self, now: Instant) {
-        let mut i = 0;
+        let metrics = &*self.shared.metrics;
+        let (mut i, mut gone) = (0, 0);
         while i < self.jobs.len() {
             let job = &self.jobs[i];
             let expired = job.deadline.is_some_and(|d| d <= now);
             if job.reply.is_closed() {
                 // A handler that timed out by itself already counted the timeout.
                 if !expired {
-                    self.metrics.record_rejection(Rejection::Cancelled);
-                    self.metrics.failure_cancelled.fetch_add(1, Relaxed);
+                    metrics.record_rejection(Rejection::Cancelled);
+                    metrics.failure_cancelled.fetch_add(1, Relaxed);
                 }
             } else if !expired {
                 i += 1;
@@ -294,77 +289,67 @@ impl Queue {
             if let Some(job) = self.jobs.remove(i) {
                 let _ = job.reply.send(Err(ApiError::Rejected(Rejection::Timeout)));
             }
+            gone += 1;
+        }
+        if gone > 0 {
+            self.shared.dequeued(gone);
         }
     }
 
-    /// Sends batches to idle instances; returns when to look again if a batch is waiting for
-    /// its delay.
-    fn dispatch(&mut self, now: Instant) -> Option<Instant> {
-        loop {
-            // Publish before looking for an idle instance: an instance that turns idle after
-            // the look sees this and wakes the thread (see the module docs).
-            self.shared.waiting.store(self.jobs.len(), SeqCst);
-            if self.jobs.is_empty() || !self.shared.idle.iter().any(|f| f.load(SeqCst)) {
-                return None;
+    /// The policy applied to the queue as it is at `now`.
+    fn cut(&self, now: Instant) -> Cut {
+        let policy = &self.shared.policy;
+        let Some(first) = self.jobs.front() else {
+            return Cut::Wait(None);
+        };
+        let (mut rows, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
+        for job in &self.jobs {
+            if !same_shapes(first, job) || rows + job.rows > policy.max_batch_size {
+                full = true;
+                break;
             }
-            self.purge(now);
-            let Some(first) = self.jobs.front() else {
-                self.shared.waiting.store(0, SeqCst);
-                return None;
-            };
-            let (mut rows, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
-            for job in &self.jobs {
-                if !same_shapes(first, job) || rows + job.rows > self.policy.max_batch_size {
-                    full = true;
-                    break;
-                }
-                rows += job.rows;
-                n += 1;
-                if self.policy.preferred.contains(&rows) {
-                    preferred_cut = Some(n);
-                }
+            rows += job.rows;
+            n += 1;
+            if policy.preferred.contains(&rows) {
+                preferred_cut = Some(n);
             }
-            full |= rows == self.policy.max_batch_size;
-            let due = first.enqueued + self.policy.delay;
-            let cut = if full || now >= due {
-                n
-            } else if let Some(cut) = preferred_cut {
-                cut
-            } else {
-                return Some(due);
-            };
-            let id = self.claim_idle()?;
-            let batch: Vec<Job> = self.jobs.drain(..cut).collect();
-            if let Err(mpsc::SendError(batch)) = self.instances[id].send(batch) {
-                for job in batch {
-                    let _ = job.reply.send(Err(ApiError::Internal(format!(
-                        "backend instance {id} has stopped"
-                    ))));
-                }
-            }
+        }
+        full |= rows == policy.max_batch_size;
+        let due = first.enqueued + policy.delay;
+        if full || now >= due {
+            Cut::Take(n)
+        } else if let Some(cut) = preferred_cut {
+            Cut::Take(cut)
+        } else {
+            Cut::Wait(Some(due))
         }
     }
 }
 
 /// One backend instance and what its thread needs.
 struct Instance {
-    id: usize,
     backend: Box<dyn Backend>,
-    done: mpsc::Sender<Cmd>,
     shared: Arc<Shared>,
-    metrics: Arc<Metrics>,
 }
 
 impl Instance {
-    fn run(mut self, rx: mpsc::Receiver<Vec<Job>>) {
-        while let Ok(jobs) = rx.recv() {
-            self.execute(jobs);
+    /// Leads (forms a batch), hands the leadership on, runs the batch; again.
+    fn run(mut self, queue: &Mutex<Queue>) {
+        loop {
+            let batch = {
+                // A panicking backend cannot poison the queue: it runs outside the lock.
+                let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+                q.next_batch()
+            };
+            match batch {
+                Some(jobs) => self.execute(jobs),
+                None => return,
+            }
         }
     }
 
-    /// Runs one batch and answers its requests.
     fn execute(&mut self, jobs: Vec<Job>) {
-        let metrics = &*self.metrics;
+        let metrics = &*self.shared.metrics;
         let start = Instant::now();
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
         for j in &jobs {
@@ -387,16 +372,9 @@ impl Instance {
         };
         let compute = start.elapsed();
         metrics.record_batch(rows, compute);
-        let shared = &*self.shared;
-        shared
+        self.shared
             .last_compute_ns
             .store(compute.as_nanos() as u64, Relaxed);
-        // Free the instance before answering; wake the queue thread only when requests wait,
-        // so the next batch forms while we split outputs.
-        shared.idle[self.id].store(true, SeqCst);
-        if shared.waiting.load(SeqCst) > 0 {
-            let _ = self.done.send(Cmd::Idle);
-        }
         let outputs = result.and_then(|outs| match outs.iter().find(|o| o.rows() != rows) {
             Some(o) => Err(format!(
                 "the engine returned {} rows for a batch of {rows}",
@@ -559,11 +537,29 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(5);
         let expires = b.submit(vec![row(1.0, 1)], 1, Some(soon)).unwrap();
         let cancelled = b.submit(vec![row(2.0, 1)], 1, None).unwrap();
-        let full = b.submit(vec![row(3.0, 1)], 1, None).unwrap();
-        assert_eq!(wait(full), Err(ApiError::Rejected(Rejection::QueueFull)));
+        // Refused at once, without a round trip to the queue.
+        assert!(matches!(
+            b.submit(vec![row(3.0, 1)], 1, None),
+            Err(ApiError::Rejected(Rejection::QueueFull))
+        ));
         drop(cancelled);
         assert!(wait(busy).is_ok());
         assert_eq!(wait(expires), Err(ApiError::Rejected(Rejection::Timeout)));
+    }
+
+    #[test]
+    fn requests_arriving_during_a_batch_form_the_next() {
+        let (b, sizes) = start(policy(8, &[], 0, 0), 1, 50);
+        let first = b.submit(vec![row(0.0, 1)], 1, None).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let rest: Vec<_> = (1..=5)
+            .map(|i| b.submit(vec![row(i as f32, 1)], 1, None).unwrap())
+            .collect();
+        wait(first).unwrap();
+        for (i, rx) in rest.into_iter().enumerate() {
+            assert_eq!(wait(rx).unwrap().outputs, vec![row(1.0 + i as f32, 1)]);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 5]);
     }
 
     #[test]

@@ -107,6 +107,7 @@ fn main() {
             ("version", json!(cfg.model.version)),
             ("engine", json!(cfg.engine.kind.as_str())),
             ("config", json!(path)),
+            ("busy_poll_us", json!(app.busy_poll.as_micros() as u64)),
         ],
     );
 

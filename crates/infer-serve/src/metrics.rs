@@ -10,10 +10,13 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Upper bounds (seconds) of the latency histograms' buckets.
-const LATENCY_BOUNDS: [f64; 21] = [
-    0.000_005, 0.000_01, 0.000_02, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5,
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// Upper bounds (seconds) of the latency histograms' buckets: fine below 100 µs, where the
+/// server's own overhead and a small model's compute live, so their quantiles are read to a
+/// few µs rather than guessed inside a wide bucket.
+const LATENCY_BOUNDS: [f64; 27] = [
+    0.000_005, 0.000_01, 0.000_015, 0.000_02, 0.000_025, 0.000_03, 0.000_04, 0.000_05, 0.000_075,
+    0.000_1, 0.000_15, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// A fixed-bucket histogram; buckets are stored per bucket and summed when rendered.

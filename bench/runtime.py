@@ -176,14 +176,29 @@ compute_p50 = hist_quantile(m, "infer_serve_compute_duration_seconds", 0.5) * 1e
 s.stop()
 
 # The server's own overhead when it is not competing with the load generator for the cores:
-# one connection, a fresh server (its histograms hold only this run).
-port_1 = 18405
-s = Server([serve_bin, "--config", write_config("one.toml", port_1, mbs=32, delay=0)], port_1)
-one = median_runs(port_1, 1, "json")
-m1 = s.metrics()
-overhead1_p50 = hist_quantile(m1, "infer_serve_overhead_seconds", 0.5) * 1e6
-overhead1_p99 = hist_quantile(m1, "infer_serve_overhead_seconds", 0.99) * 1e6
-s.stop()
+# one connection, a fresh server (its histograms hold only this run); with the default
+# busy-poll window and with busy polling off.
+def one_connection(extra):
+    port_1 = 18405
+    s = Server([serve_bin, "--config", write_config("one.toml", port_1, mbs=32, delay=0)] + extra, port_1)
+    r = median_runs(port_1, 1, "json")
+    m1 = s.metrics()
+    s.stop()
+    n = counter(m1, "nv_inference_request_success")
+    return r, {
+        "overhead_p50": hist_quantile(m1, "infer_serve_overhead_seconds", 0.5) * 1e6,
+        "overhead_p99": hist_quantile(m1, "infer_serve_overhead_seconds", 0.99) * 1e6,
+        "queue_p50": hist_quantile(m1, "infer_serve_queue_duration_seconds", 0.5) * 1e6,
+        # One request per batch at one connection, so the Triton counters give request time
+        # minus compute exactly, as a mean.
+        "minus_compute_mean": (counter(m1, "nv_inference_request_duration_us")
+                               - counter(m1, "nv_inference_compute_infer_duration_us")) / n,
+        "avg_batch": counter(m1, "nv_inference_count") / counter(m1, "nv_inference_exec_count"),
+    }
+
+
+one, o1 = one_connection([])
+one_np, o1_np = one_connection(["--busy-poll-us", "0"])
 
 # Queue time against the configured delay: 64 connections, max_queue_delay_us = 2000.
 port_d = 18404
@@ -223,7 +238,13 @@ say(f"| batching vs max_batch_size 1, json, 64 connections | {table[('json', 64)
 for kind in ("json", "binary") if ceiling else ():
     say(f"| runtime vs ceiling (same HTTP + decode/encode, no batcher, no model), {kind} | {table[(kind, 16)]['rps']:,.0f} | {ceiling[kind]['rps']:,.0f} | {table[(kind, 16)]['rps'] / ceiling[kind]['rps']:.2f} |")
 say("")
-say(f"- server-side overhead (request time minus queue and compute, `infer_serve_overhead_seconds`): at 1 JSON connection (a fresh server, {one['rps']:,.0f} inferences/s) p50 {overhead1_p50:.1f} µs, p99 {overhead1_p99:.1f} µs; over all runs of the first table (up to 64 connections, the load generator on the same 2 cores) p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+say(f"- server-side overhead (request time minus queue and compute, `infer_serve_overhead_seconds`): at 1 JSON connection (a fresh server, {one['rps']:,.0f} inferences/s) p50 {o1['overhead_p50']:.1f} µs, p99 {o1['overhead_p99']:.1f} µs; over all runs of the first table (up to 64 connections, the load generator on the same 2 cores) p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+say(f"- request time minus compute at 1 JSON connection (queue time included: with one request at a time it is the hand-off to the backend thread; {o1['avg_batch']:.2f} rows per batch): mean {o1['minus_compute_mean']:.1f} µs; queue p50 {o1['queue_p50']:.1f} µs")
+say(f"- busy polling off (`--busy-poll-us 0`), same run, 1 JSON connection: {one_np['rps']:,.0f} inferences/s (default window: {one['rps']:,.0f}), p50 {one_np['p50'] * 1e3:.0f} µs (default: {one['p50'] * 1e3:.0f} µs), overhead p50 {o1_np['overhead_p50']:.1f} µs, request minus compute mean {o1_np['minus_compute_mean']:.1f} µs")
+cc = os.environ.get("CODEC_COST_JSON")
+if cc:
+    cc = json.loads(cc)
+    say(f"- V2 codec alone (`examples/codec_cost.rs`, the benchmark's request, median of 7 rounds): decode JSON ({cc['json_bytes']} bytes, 64 floats as Python writes them) {cc['decode_json_ns'] / 1e3:.1f} µs, decode binary {cc['decode_binary_ns'] / 1e3:.1f} µs; encode JSON {cc['encode_json_ns'] / 1e3:.2f} µs, binary {cc['encode_binary_ns'] / 1e3:.2f} µs")
 mc = os.environ.get("METRICS_COST_JSON")
 if mc:
     mc = json.loads(mc)

@@ -15,7 +15,9 @@ ceiling=${CARGO_TARGET_DIR:-$root/target}/$profile/examples/ceiling
 echo "machine: $(uname -m), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(rustc --version)" >&2
 cargo build --locked -p infer-serve --no-default-features --release --example metrics_cost >&2
 METRICS_COST_JSON=$("${CARGO_TARGET_DIR:-$root/target}/release/examples/metrics_cost")
-export METRICS_COST_JSON
+cargo build --locked -p infer-serve --no-default-features --release --example codec_cost >&2
+CODEC_COST_JSON=$("${CARGO_TARGET_DIR:-$root/target}/release/examples/codec_cost")
+export METRICS_COST_JSON CODEC_COST_JSON
 python3 bench/runtime.py "$serve" "$ceiling" examples/mlp/mlp.onnx "${RUNS:-3}" "${SECONDS_PER_RUN:-5}"
 size=$(stat -c %s "$serve")
 deps=$(cargo tree -p infer-serve --prefix none -e normal | sort -u | wc -l)

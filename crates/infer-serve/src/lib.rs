@@ -9,7 +9,7 @@
 //! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
 //! - [`http`]: routes, handlers, the accept loop and the drain on SIGTERM; owns no model.
 //! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
-//! - [`batcher`]: the queue thread and the backend instance threads.
+//! - [`batcher`]: the queue and the backend instance threads that take turns owning it.
 //! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (default feature `tract`)
 //!   and a sleep-based `synthetic` engine (feature `synthetic`, tests and benchmarks only).
 //! - [`warmup`], [`metrics`], [`log`], [`error`] (the one error → status mapping), [`tensor`].

@@ -13,23 +13,7 @@ use infer_spec::{DataType, RuntimeConfig};
 use std::hint::black_box;
 use std::time::Instant;
 
-const CONFIG: &str = r#"
-[model]
-name = "mlp"
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-[batching]
-max_batch_size = 32
-[engine]
-kind = "tract-onnx"
-path = "mlp.onnx"
-"#;
+const CONFIG: &str = include_str!("../testdata/mlp.runtime.toml");
 
 fn median_ns(n: u32, mut f: impl FnMut()) -> f64 {
     let mut rounds: Vec<f64> = (0..7)

@@ -18,10 +18,11 @@ use infer_serve::metrics::Metrics;
 fn one_request(m: &Metrics) {
     let start = Instant::now();
     m.in_flight.fetch_add(1, Relaxed);
-    // The queue-depth gauge, stored on submit and when the batch takes the request.
-    m.queue_depth.store(1, Relaxed);
+    // The queue-depth gauge is the batcher's count of waiting requests: up on submit, down
+    // when the batch takes the request.
+    m.queue_depth.fetch_add(1, Relaxed);
     let enqueued = Instant::now();
-    m.queue_depth.store(0, Relaxed);
+    m.queue_depth.fetch_sub(1, Relaxed);
     m.record_queue(enqueued.elapsed());
     let t = Instant::now();
     m.record_batch(1, t.elapsed());

@@ -36,8 +36,8 @@ use crate::metrics::Metrics;
 use crate::tensor::Tensor;
 use infer_spec::RuntimeConfig;
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -91,17 +91,20 @@ impl Policy {
 /// State the handles and the instances share without the queue's lock.
 struct Shared {
     policy: Policy,
-    /// Requests submitted and not yet taken into a batch (or purged).
-    queued: AtomicUsize,
     /// The last batch's compute time, for [`Batcher::poll_briefly`].
     last_compute_ns: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
 impl Shared {
+    /// Requests submitted and not yet taken into a batch (or purged): the queue-depth gauge
+    /// is the count itself, so keeping it costs no extra atomic operation per request.
+    fn queued(&self) -> &AtomicU64 {
+        &self.metrics.queue_depth
+    }
+
     fn dequeued(&self, n: usize) {
-        let left = self.queued.fetch_sub(n, Relaxed).saturating_sub(n);
-        self.metrics.queue_depth.store(left as u64, Relaxed);
+        self.queued().fetch_sub(n as u64, Relaxed);
     }
 }
 
@@ -122,7 +125,6 @@ impl Batcher {
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             policy,
-            queued: AtomicUsize::new(0),
             last_compute_ns: AtomicU64::new(0),
             metrics,
         });
@@ -152,16 +154,12 @@ impl Batcher {
         rows: usize,
         deadline: Option<Instant>,
     ) -> Result<oneshot::Receiver<Outcome>, ApiError> {
-        let max = self.shared.policy.max_queue_size;
-        let before = self.shared.queued.fetch_add(1, Relaxed);
+        let max = self.shared.policy.max_queue_size as u64;
+        let before = self.shared.queued().fetch_add(1, Relaxed);
         if max > 0 && before >= max {
             self.shared.dequeued(1);
             return Err(ApiError::Rejected(Rejection::QueueFull));
         }
-        self.shared
-            .metrics
-            .queue_depth
-            .store(before as u64 + 1, Relaxed);
         let (reply, rx) = oneshot::channel();
         let job = Job {
             inputs,

@@ -198,21 +198,7 @@ impl Backend for TractBackend {
 mod tests {
     use super::*;
 
-    const CFG: &str = r#"
-[model]
-name = "mlp"
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-[engine]
-kind = "tract-onnx"
-path = "mlp.onnx"
-"#;
+    const CFG: &str = include_str!("../../testdata/mlp.runtime.toml");
 
     fn run(engine: &TractEngine, rows: usize) -> Vec<f32> {
         let x: Vec<u8> = (0..rows * 64)

@@ -15,8 +15,9 @@
 //!   `max_queue_delay_us`; otherwise, if a preferred size was reached on the way, the largest
 //!   such prefix is taken; otherwise the leader waits for more until the oldest request's
 //!   delay ends;
-//! - `max_queue_size` waiting requests → the next one is refused at once, in
-//!   [`Batcher::submit`] (`queue_full`);
+//! - `max_queue_size` requests waiting for an instance → the next one is refused at once, in
+//!   [`Batcher::submit`] (`queue_full`); one request per idle instance is not counted, as an
+//!   idle instance takes it as soon as it is seen;
 //! - a request whose deadline passed is answered `timeout`; one whose client went away (its
 //!   receiver was dropped) leaves the queue and is counted as `cancelled`.
 //!
@@ -93,6 +94,8 @@ struct Shared {
     policy: Policy,
     /// The last batch's compute time, for [`Batcher::poll_briefly`].
     last_compute_ns: AtomicU64,
+    /// Instances not running a batch.
+    idle: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -126,6 +129,7 @@ impl Batcher {
         let shared = Arc::new(Shared {
             policy,
             last_compute_ns: AtomicU64::new(0),
+            idle: AtomicU64::new(backends.len() as u64),
             metrics,
         });
         let queue = Arc::new(Mutex::new(Queue {
@@ -154,9 +158,12 @@ impl Batcher {
         rows: usize,
         deadline: Option<Instant>,
     ) -> Result<oneshot::Receiver<Outcome>, ApiError> {
+        // A request an idle instance is about to take is not waiting for one: as many as there
+        // are idle instances do not count against the limit (the leader may not have taken
+        // them from the channel yet).
         let max = self.shared.policy.max_queue_size as u64;
         let before = self.shared.queued().fetch_add(1, Relaxed);
-        if max > 0 && before >= max {
+        if max > 0 && before >= max + self.shared.idle.load(Relaxed) {
             self.shared.dequeued(1);
             return Err(ApiError::Rejected(Rejection::QueueFull));
         }
@@ -232,8 +239,8 @@ enum Cut {
 }
 
 impl Queue {
-    /// Waits for the next batch and takes it from the queue. `None` when every handle is
-    /// gone and nothing is left.
+    /// Waits for the next batch and takes it from the queue, counting the calling instance
+    /// busy. `None` when every handle is gone and nothing is left.
     fn next_batch(&mut self) -> Option<Vec<Job>> {
         loop {
             while let Ok(job) = self.rx.try_recv() {
@@ -243,6 +250,8 @@ impl Queue {
             self.purge(now);
             let wait = match self.cut(now) {
                 Cut::Take(n) => {
+                    // Busy before the requests stop counting as queued (see `submit`).
+                    self.shared.idle.fetch_sub(1, Relaxed);
                     self.shared.dequeued(n);
                     return Some(self.jobs.drain(..n).collect());
                 }
@@ -340,7 +349,11 @@ impl Instance {
                 q.next_batch()
             };
             match batch {
-                Some(jobs) => self.execute(jobs),
+                Some(jobs) => {
+                    // `next_batch` counted this instance busy.
+                    self.execute(jobs);
+                    self.shared.idle.fetch_add(1, Relaxed);
+                }
                 None => return,
             }
         }

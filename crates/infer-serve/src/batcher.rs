@@ -258,16 +258,13 @@ impl Queue {
                 Cut::Wait(wait) => wait,
             };
             let received = match wait {
-                Some(due) => self
-                    .rx
-                    .recv_timeout(due.saturating_duration_since(now))
-                    .map_err(|e| e == RecvTimeoutError::Disconnected),
-                None => self.rx.recv().map_err(|_| true),
+                Some(due) => self.rx.recv_timeout(due.saturating_duration_since(now)),
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             match received {
                 Ok(job) => self.jobs.push_back(job),
-                Err(false) => {} // the delay is over
-                Err(true) => match wait {
+                Err(RecvTimeoutError::Timeout) => {} // the delay is over
+                Err(RecvTimeoutError::Disconnected) => match wait {
                     // Shutting down: what is queued still runs when its delay ends.
                     Some(due) => std::thread::sleep(due.saturating_duration_since(now)),
                     None => return None,

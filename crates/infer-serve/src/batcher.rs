@@ -284,7 +284,7 @@ impl Queue {
                 // A handler that timed out by itself already counted the timeout.
                 if !expired {
                     metrics.record_rejection(Rejection::Cancelled);
-                    metrics.failure_cancelled.fetch_add(1, Relaxed);
+                    metrics.failure_cancelled.add(1);
                 }
             } else if !expired {
                 i += 1;

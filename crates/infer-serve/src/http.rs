@@ -420,11 +420,9 @@ async fn infer_inner(
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
-    app.metrics.overhead_hist.observe_duration(
-        start
-            .elapsed()
-            .saturating_sub(answer.queue + answer.compute),
-    );
+    app.metrics
+        .overhead_hist
+        .observe_duration(start.elapsed().saturating_sub(answer.compute));
     Ok(r)
 }
 

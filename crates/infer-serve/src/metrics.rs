@@ -1,13 +1,21 @@
-//! Counters, gauges and histograms, all plain atomics (one relaxed add per event), rendered as
-//! Prometheus text at `/metrics` and as Triton's statistics JSON at `/v2/models/{m}/stats`.
+//! Counters, gauges and histograms, rendered as Prometheus text at `/metrics` and as Triton's
+//! statistics JSON at `/v2/models/{m}/stats`.
 //!
 //! Names: Triton's `nv_inference_*` (so existing dashboards keep working) plus
-//! `infer_serve_*` histograms (request, queue and compute time, batch size), gauges (queue
-//! depth, in-flight requests, readiness, engine load and warm-up time) and rejections by reason.
+//! `infer_serve_*` histograms (request, queue, compute and overhead time, batch size), gauges
+//! (queue depth, in-flight requests, readiness, engine load and warm-up time) and rejections by
+//! reason.
+//!
+//! Counters and histograms are sharded: each thread adds to its own 128-byte-aligned cells
+//! (one relaxed add per event, on a cache line no other thread writes) and a read sums the
+//! shards. A single shared atomic would bounce between cores on every request, which costs
+//! more than the arithmetic. Gauges the server reads to decide (queue depth, in-flight
+//! requests, readiness) stay single atomics.
 
 use crate::error::Rejection;
+use std::cell::Cell;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds (seconds) of the latency histograms' buckets: fine below 100 µs, where the
@@ -19,23 +27,93 @@ const LATENCY_BOUNDS: [f64; 27] = [
     1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Shards per counter or histogram. Threads beyond this many share shards (still correct,
+/// adds are atomic); the server runs one thread per core plus one per backend instance.
+const SHARDS: usize = 16;
+
+/// One cache line pair (adjacent-line prefetch pulls lines in twos) of cells.
+#[repr(align(128))]
+struct Line([AtomicU64; 16]);
+
+impl Line {
+    fn new() -> Line {
+        Line(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// The calling thread's shard, assigned round-robin on first use.
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SHARD.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, Relaxed) % SHARDS);
+        }
+        s.get()
+    })
+}
+
+/// `cells` u64 cells per shard, each shard on lines of its own.
+struct Cells {
+    lines_per_shard: usize,
+    lines: Box<[Line]>,
+}
+
+impl Cells {
+    fn new(cells: usize) -> Cells {
+        let lines_per_shard = cells.div_ceil(16);
+        Cells {
+            lines_per_shard,
+            lines: (0..lines_per_shard * SHARDS).map(|_| Line::new()).collect(),
+        }
+    }
+
+    fn cell(&self, shard: usize, i: usize) -> &AtomicU64 {
+        &self.lines[shard * self.lines_per_shard + i / 16].0[i % 16]
+    }
+
+    fn add(&self, shard: usize, i: usize, v: u64) {
+        self.cell(shard, i).fetch_add(v, Relaxed);
+    }
+
+    fn sum(&self, i: usize) -> u64 {
+        (0..SHARDS).fold(0u64, |acc, s| {
+            acc.wrapping_add(self.cell(s, i).load(Relaxed))
+        })
+    }
+}
+
+/// A monotonic counter.
+pub struct Counter(Cells);
+
+impl Counter {
+    fn new() -> Counter {
+        Counter(Cells::new(1))
+    }
+
+    pub fn add(&self, v: u64) {
+        self.0.add(shard(), 0, v);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.sum(0)
+    }
+}
+
 /// A fixed-bucket histogram; buckets are stored per bucket and summed when rendered.
 pub struct Histogram {
     bounds: Vec<f64>,
-    buckets: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    count: AtomicU64,
+    /// Per shard: one cell per bucket (the last is `+Inf`), then the sum (µs, or the value
+    /// × 1e6 for unitless histograms).
+    cells: Cells,
 }
 
 impl Histogram {
     fn new(bounds: Vec<f64>) -> Histogram {
-        let buckets = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
-        Histogram {
-            bounds,
-            buckets,
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
+        let cells = Cells::new(bounds.len() + 2);
+        Histogram { bounds, cells }
     }
 
     /// Records a value in the histogram's unit (seconds for latencies, rows for batch size).
@@ -45,9 +123,10 @@ impl Histogram {
             .iter()
             .position(|&b| v <= b)
             .unwrap_or(self.bounds.len());
-        self.buckets[i].fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add((v * 1e6) as u64, Relaxed);
-        self.count.fetch_add(1, Relaxed);
+        let n = self.bounds.len();
+        let s = shard();
+        self.cells.add(s, i, 1);
+        self.cells.add(s, n + 1, (v * 1e6).round() as u64);
     }
 
     /// Records a duration in seconds.
@@ -58,12 +137,21 @@ impl Histogram {
     /// `(upper bound, cumulative count)` pairs, ending with `+Inf`.
     pub fn cumulative(&self) -> Vec<(f64, u64)> {
         let mut acc = 0;
-        let mut out = Vec::with_capacity(self.buckets.len());
-        for (i, b) in self.buckets.iter().enumerate() {
-            acc += b.load(Relaxed);
-            out.push((self.bounds.get(i).copied().unwrap_or(f64::INFINITY), acc));
-        }
-        out
+        (0..=self.bounds.len())
+            .map(|i| {
+                acc += self.cells.sum(i);
+                (self.bounds.get(i).copied().unwrap_or(f64::INFINITY), acc)
+            })
+            .collect()
+    }
+
+    /// Sum of the observed values in millionths of the unit (µs for latencies).
+    pub fn sum_micros(&self) -> u64 {
+        self.cells.sum(self.bounds.len() + 1)
+    }
+
+    pub fn count(&self) -> u64 {
+        (0..=self.bounds.len()).map(|i| self.cells.sum(i)).sum()
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
@@ -76,11 +164,11 @@ impl Histogram {
             };
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
         }
-        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let sum = self.sum_micros() as f64 / 1e6;
         let _ = writeln!(
             out,
             "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {}",
-            self.count.load(Relaxed)
+            self.count()
         );
     }
 }
@@ -94,19 +182,19 @@ struct BatchStat {
 /// Everything the runtime counts.
 pub struct Metrics {
     labels: String,
-    pub success: AtomicU64,
-    pub success_ns: AtomicU64,
-    pub failure_rejected: AtomicU64,
-    pub failure_cancelled: AtomicU64,
-    pub failure_backend: AtomicU64,
-    pub failure_other: AtomicU64,
-    pub failure_ns: AtomicU64,
-    pub inference_count: AtomicU64,
-    pub exec_count: AtomicU64,
-    pub request_us: AtomicU64,
-    pub queue_us: AtomicU64,
-    pub compute_us: AtomicU64,
-    pub queue_count: AtomicU64,
+    pub success: Counter,
+    pub success_ns: Counter,
+    pub failure_rejected: Counter,
+    pub failure_cancelled: Counter,
+    pub failure_backend: Counter,
+    pub failure_other: Counter,
+    pub failure_ns: Counter,
+    pub inference_count: Counter,
+    pub exec_count: Counter,
+    pub request_us: Counter,
+    pub queue_us: Counter,
+    pub compute_us: Counter,
+    pub queue_count: Counter,
     pub last_inference_ms: AtomicU64,
     pub request_hist: Histogram,
     pub queue_hist: Histogram,
@@ -114,7 +202,7 @@ pub struct Metrics {
     pub batch_hist: Histogram,
     pub overhead_hist: Histogram,
     batch_stats: Vec<BatchStat>,
-    rejections: [AtomicU64; 4],
+    rejections: [Counter; 4],
     pub queue_depth: AtomicU64,
     pub in_flight: AtomicU64,
     pub ready: AtomicU64,
@@ -139,19 +227,19 @@ impl Metrics {
         let z = || AtomicU64::new(0);
         Metrics {
             labels: format!("model=\"{}\",version=\"{}\"", esc(model), esc(version)),
-            success: z(),
-            success_ns: z(),
-            failure_rejected: z(),
-            failure_cancelled: z(),
-            failure_backend: z(),
-            failure_other: z(),
-            failure_ns: z(),
-            inference_count: z(),
-            exec_count: z(),
-            request_us: z(),
-            queue_us: z(),
-            compute_us: z(),
-            queue_count: z(),
+            success: Counter::new(),
+            success_ns: Counter::new(),
+            failure_rejected: Counter::new(),
+            failure_cancelled: Counter::new(),
+            failure_backend: Counter::new(),
+            failure_other: Counter::new(),
+            failure_ns: Counter::new(),
+            inference_count: Counter::new(),
+            exec_count: Counter::new(),
+            request_us: Counter::new(),
+            queue_us: Counter::new(),
+            compute_us: Counter::new(),
+            queue_count: Counter::new(),
             last_inference_ms: z(),
             request_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
             queue_hist: Histogram::new(LATENCY_BOUNDS.to_vec()),
@@ -164,7 +252,7 @@ impl Metrics {
                     compute_ns: z(),
                 })
                 .collect(),
-            rejections: [z(), z(), z(), z()],
+            rejections: std::array::from_fn(|_| Counter::new()),
             queue_depth: z(),
             in_flight: z(),
             ready: z(),
@@ -175,9 +263,9 @@ impl Metrics {
 
     /// A request that got its outputs.
     pub fn record_success(&self, total: Duration) {
-        self.success.fetch_add(1, Relaxed);
-        self.success_ns.fetch_add(total.as_nanos() as u64, Relaxed);
-        self.request_us.fetch_add(total.as_micros() as u64, Relaxed);
+        self.success.add(1);
+        self.success_ns.add(total.as_nanos() as u64);
+        self.request_us.add(total.as_micros() as u64);
         self.request_hist.observe_duration(total);
     }
 
@@ -189,8 +277,8 @@ impl Metrics {
             None if backend => &self.failure_backend,
             None => &self.failure_other,
         };
-        counter.fetch_add(1, Relaxed);
-        self.failure_ns.fetch_add(total.as_nanos() as u64, Relaxed);
+        counter.add(1);
+        self.failure_ns.add(total.as_nanos() as u64);
         if let Some(r) = rejection {
             self.record_rejection(r);
         }
@@ -200,15 +288,14 @@ impl Metrics {
     /// when the client is already gone).
     pub fn record_rejection(&self, r: Rejection) {
         let i = Rejection::ALL.iter().position(|&x| x == r).unwrap_or(0);
-        self.rejections[i].fetch_add(1, Relaxed);
+        self.rejections[i].add(1);
     }
 
     /// One executed batch of `rows` rows.
     pub fn record_batch(&self, rows: usize, compute: Duration) {
-        self.exec_count.fetch_add(1, Relaxed);
-        self.inference_count.fetch_add(rows as u64, Relaxed);
-        self.compute_us
-            .fetch_add(compute.as_micros() as u64, Relaxed);
+        self.exec_count.add(1);
+        self.inference_count.add(rows as u64);
+        self.compute_us.add(compute.as_micros() as u64);
         self.compute_hist.observe_duration(compute);
         self.batch_hist.observe(rows as f64);
         if let Some(s) = self.batch_stats.get(rows) {
@@ -217,15 +304,19 @@ impl Metrics {
         }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        self.last_inference_ms
-            .store(now.as_millis() as u64, Relaxed);
+            .unwrap_or_default()
+            .as_millis() as u64;
+        // Written once per millisecond at most: a store per batch would pull the line away
+        // from the other instances' cores every time.
+        if self.last_inference_ms.load(Relaxed) != now {
+            self.last_inference_ms.store(now, Relaxed);
+        }
     }
 
     /// The time one request spent queued.
     pub fn record_queue(&self, queued: Duration) {
-        self.queue_count.fetch_add(1, Relaxed);
-        self.queue_us.fetch_add(queued.as_micros() as u64, Relaxed);
+        self.queue_count.add(1);
+        self.queue_us.add(queued.as_micros() as u64);
         self.queue_hist.observe_duration(queued);
     }
 
@@ -243,7 +334,7 @@ impl Metrics {
             &mut o,
             "nv_inference_request_success",
             "Number of successful inference requests",
-            self.success.load(Relaxed),
+            self.success.get(),
         );
         let _ = writeln!(o, "# HELP nv_inference_request_failure Number of failed inference requests\n# TYPE nv_inference_request_failure counter");
         for (reason, v) in [
@@ -255,38 +346,38 @@ impl Metrics {
             let _ = writeln!(
                 o,
                 "nv_inference_request_failure{{{l},reason=\"{reason}\"}} {}",
-                v.load(Relaxed)
+                v.get()
             );
         }
         counter(
             &mut o,
             "nv_inference_count",
             "Number of inferences performed (rows)",
-            self.inference_count.load(Relaxed),
+            self.inference_count.get(),
         );
         counter(
             &mut o,
             "nv_inference_exec_count",
             "Number of model executions (batches)",
-            self.exec_count.load(Relaxed),
+            self.exec_count.get(),
         );
         counter(
             &mut o,
             "nv_inference_request_duration_us",
             "Cumulative inference request duration in microseconds",
-            self.request_us.load(Relaxed),
+            self.request_us.get(),
         );
         counter(
             &mut o,
             "nv_inference_queue_duration_us",
             "Cumulative inference queuing duration in microseconds",
-            self.queue_us.load(Relaxed),
+            self.queue_us.get(),
         );
         counter(
             &mut o,
             "nv_inference_compute_infer_duration_us",
             "Cumulative compute inference duration in microseconds",
-            self.compute_us.load(Relaxed),
+            self.compute_us.get(),
         );
         let gauge = |o: &mut String, name: &str, help: &str, v: String| {
             let _ = writeln!(
@@ -327,7 +418,7 @@ impl Metrics {
         self.overhead_hist.render(
             &mut o,
             "infer_serve_overhead_seconds",
-            "Per successful request: request time minus queue and compute time",
+            "Per successful request: request time minus compute time (decode, queue, hand-offs, encode)",
             l,
         );
         self.batch_hist.render(
@@ -372,7 +463,7 @@ impl Metrics {
                 o,
                 "infer_serve_rejected_requests_total{{{l},reason=\"{}\"}} {}",
                 r.as_str(),
-                v.load(Relaxed)
+                v.get()
             );
         }
         o
@@ -382,12 +473,12 @@ impl Metrics {
     pub fn stats_json(&self, name: &str, version: &str) -> serde_json::Value {
         use serde_json::json;
         let d = |count: u64, ns: u64| json!({ "count": count, "ns": ns });
-        let fail = self.failure_rejected.load(Relaxed)
-            + self.failure_cancelled.load(Relaxed)
-            + self.failure_backend.load(Relaxed)
-            + self.failure_other.load(Relaxed);
-        let exec = self.exec_count.load(Relaxed);
-        let compute_ns = self.compute_us.load(Relaxed) * 1000;
+        let fail = self.failure_rejected.get()
+            + self.failure_cancelled.get()
+            + self.failure_backend.get()
+            + self.failure_other.get();
+        let exec = self.exec_count.get();
+        let compute_ns = self.compute_us.get() * 1000;
         let batch_stats: Vec<serde_json::Value> = self
             .batch_stats
             .iter()
@@ -407,15 +498,15 @@ impl Metrics {
             "name": name,
             "version": version,
             "last_inference": self.last_inference_ms.load(Relaxed),
-            "inference_count": self.inference_count.load(Relaxed),
+            "inference_count": self.inference_count.get(),
             "execution_count": exec,
             "inference_stats": {
-                "success": d(self.success.load(Relaxed), self.success_ns.load(Relaxed)),
-                "fail": d(fail, self.failure_ns.load(Relaxed)),
-                "queue": d(self.queue_count.load(Relaxed), self.queue_us.load(Relaxed) * 1000),
-                "compute_input": d(self.queue_count.load(Relaxed), 0),
-                "compute_infer": d(self.queue_count.load(Relaxed), compute_ns),
-                "compute_output": d(self.queue_count.load(Relaxed), 0),
+                "success": d(self.success.get(), self.success_ns.get()),
+                "fail": d(fail, self.failure_ns.get()),
+                "queue": d(self.queue_count.get(), self.queue_us.get() * 1000),
+                "compute_input": d(self.queue_count.get(), 0),
+                "compute_infer": d(self.queue_count.get(), compute_ns),
+                "compute_output": d(self.queue_count.get(), 0),
                 "cache_hit": d(0, 0),
                 "cache_miss": d(0, 0),
             },
@@ -454,5 +545,39 @@ mod tests {
         let s = m.stats_json("m", "1");
         assert_eq!(s["model_stats"][0]["execution_count"], 5);
         assert_eq!(s["model_stats"][0]["batch_stats"][0]["batch_size"], 1);
+    }
+
+    #[test]
+    fn shards_add_up_across_threads() {
+        let m = std::sync::Arc::new(Metrics::new("m", "1", 8));
+        // More threads than shards, so some share one.
+        let threads: Vec<_> = (0..SHARDS + 3)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for i in 0..1000u64 {
+                        m.record_success(Duration::from_micros(1 + (i + t as u64) % 3));
+                        m.record_batch(1 + (i % 8) as usize, Duration::from_micros(7));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = (SHARDS as u64 + 3) * 1000;
+        assert_eq!(m.success.get(), n);
+        assert_eq!(m.exec_count.get(), n);
+        assert_eq!(m.inference_count.get(), n / 8 * 36);
+        assert_eq!(m.request_hist.count(), n);
+        let micros: u64 = (0..SHARDS as u64 + 3)
+            .flat_map(|t| (0..1000u64).map(move |i| 1 + (i + t) % 3))
+            .sum();
+        assert_eq!(m.request_hist.sum_micros(), micros);
+        assert_eq!(
+            m.compute_hist.cumulative().last(),
+            Some(&(f64::INFINITY, n))
+        );
+        assert_eq!(m.batch_hist.cumulative()[0], (1.0, n / 8));
     }
 }

@@ -75,6 +75,9 @@ pub struct Policy {
     pub preferred: Vec<usize>,
     pub delay: Duration,
     pub max_queue_size: usize,
+    /// How long an idle leader polls the channel before parking (`--busy-poll-us`; zero:
+    /// never). Not part of `[batching]`: a property of the machine, set by the server.
+    pub busy_poll: Duration,
 }
 
 impl Policy {
@@ -85,6 +88,7 @@ impl Policy {
             preferred: b.preferred().into_iter().map(|s| s as usize).collect(),
             delay: Duration::from_micros(b.max_queue_delay_us),
             max_queue_size: b.max_queue_size as usize,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -136,6 +140,7 @@ impl Batcher {
             rx,
             jobs: VecDeque::new(),
             shared: shared.clone(),
+            last_gap: Duration::ZERO,
         }));
         for (id, backend) in backends.into_iter().enumerate() {
             let instance = Instance {
@@ -220,6 +225,8 @@ struct Queue {
     rx: mpsc::Receiver<Job>,
     jobs: VecDeque<Job>,
     shared: Arc<Shared>,
+    /// How long the last wait for a request lasted until one came.
+    last_gap: Duration,
 }
 
 fn same_shapes(a: &Job, b: &Job) -> bool {
@@ -257,11 +264,7 @@ impl Queue {
                 }
                 Cut::Wait(wait) => wait,
             };
-            let received = match wait {
-                Some(due) => self.rx.recv_timeout(due.saturating_duration_since(now)),
-                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            match received {
+            match self.receive(now, wait) {
                 Ok(job) => self.jobs.push_back(job),
                 Err(RecvTimeoutError::Timeout) => {} // the delay is over
                 Err(RecvTimeoutError::Disconnected) => match wait {
@@ -271,6 +274,45 @@ impl Queue {
                 },
             }
         }
+    }
+
+    /// Waits for the next request until `due` (forever when `None`). When the last wait was
+    /// short (requests come one after another, as from a client that sends its next request
+    /// as soon as it has the answer), polls the channel for up to the busy-poll window before
+    /// parking: a parked leader has to be woken by the handler, and on a virtual machine that
+    /// wake-up costs more than a small model's compute. A long last wait (an idle server)
+    /// parks at once; the poll yields the core to any other thread that wants it.
+    fn receive(&mut self, now: Instant, due: Option<Instant>) -> Result<Job, RecvTimeoutError> {
+        let window = self.shared.policy.busy_poll;
+        if !window.is_zero() && self.last_gap <= window {
+            let until = due.map_or(now + window, |d| d.min(now + window));
+            loop {
+                for _ in 0..64 {
+                    match self.rx.try_recv() {
+                        Ok(job) => {
+                            self.last_gap = now.elapsed();
+                            return Ok(job);
+                        }
+                        Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            return Err(RecvTimeoutError::Disconnected)
+                        }
+                    }
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        let received = match due {
+            Some(due) => self.rx.recv_timeout(due.saturating_duration_since(now)),
+            None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        if received.is_ok() {
+            self.last_gap = now.elapsed();
+        }
+        received
     }
 
     /// Removes requests whose client is gone or whose deadline passed.
@@ -459,6 +501,7 @@ mod tests {
             preferred: preferred.to_vec(),
             delay: Duration::from_millis(delay_ms),
             max_queue_size: queue,
+            busy_poll: Duration::ZERO,
         }
     }
 
@@ -501,6 +544,29 @@ mod tests {
         wait(rx).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(30));
         assert_eq!(*sizes.lock().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn a_polling_leader_keeps_the_policy() {
+        let p = Policy {
+            busy_poll: Duration::from_millis(200),
+            ..policy(8, &[], 30, 0)
+        };
+        let (b, sizes) = start(p, 1, 0);
+        // The first wait polls (no gap seen yet) but still ends when the delay does.
+        let t = Instant::now();
+        wait(b.submit(vec![row(1.0, 1)], 1, None).unwrap()).unwrap();
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
+        assert!(took < Duration::from_millis(190), "{took:?}");
+        // Requests one after another, and after a pause longer than the window (the leader
+        // has parked by then): each answered with its own rows.
+        for (i, pause) in [0, 1, 0, 250, 0].into_iter().enumerate() {
+            std::thread::sleep(Duration::from_millis(pause));
+            let rx = b.submit(vec![row(i as f32, 1)], 1, None).unwrap();
+            assert_eq!(wait(rx).unwrap().outputs, vec![row(i as f32, 1)]);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![1; 6]);
     }
 
     #[test]

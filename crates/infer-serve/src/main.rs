@@ -195,14 +195,17 @@ fn main() {
     }
     let warm = t.elapsed();
     metrics.warmup_us.store(warm.as_micros() as u64, Relaxed);
-    let batcher = Batcher::start(Policy::from_config(&cfg), backends, metrics.clone())
-        .unwrap_or_else(|e| {
-            fail(
-                1,
-                "cannot start the batcher",
-                &[("error", json!(e.to_string()))],
-            )
-        });
+    let policy = Policy {
+        busy_poll: app.busy_poll,
+        ..Policy::from_config(&cfg)
+    };
+    let batcher = Batcher::start(policy, backends, metrics.clone()).unwrap_or_else(|e| {
+        fail(
+            1,
+            "cannot start the batcher",
+            &[("error", json!(e.to_string()))],
+        )
+    });
     let _ = app.batcher.set(batcher);
     if !app.draining.load(Relaxed) {
         metrics.ready.store(1, Relaxed);

@@ -29,7 +29,9 @@
 //! Why no dedicated queue thread: every hand-off between threads is a wake-up, which costs more
 //! than a small model's compute on a virtual machine. Here a lone request wakes one thread (the
 //! waiting leader), which runs it itself; under load, requests that arrive while the instances
-//! compute wake nobody. [`Batcher::poll_briefly`] saves the last wake-up, of the HTTP handler.
+//! compute wake nobody. When requests come one after another, busy polling saves the two
+//! wake-ups left: the idle leader polls the channel briefly before parking (`Queue::receive`)
+//! and the lone request's handler polls for its answer ([`Batcher::poll_briefly`]).
 
 use crate::backend::Backend;
 use crate::error::{ApiError, Rejection};
@@ -213,7 +215,8 @@ impl Batcher {
                     Err(TryRecvError::Closed) => return None,
                 }
             }
-            if Instant::now() >= until {
+            // Another request came in: this core is needed for it.
+            if Instant::now() >= until || self.shared.metrics.in_flight.load(Relaxed) > 1 {
                 return None;
             }
         }
@@ -283,8 +286,16 @@ impl Queue {
     /// wake-up costs more than a small model's compute. A long last wait (an idle server)
     /// parks at once; the poll yields the core to any other thread that wants it.
     fn receive(&mut self, now: Instant, due: Option<Instant>) -> Result<Job, RecvTimeoutError> {
-        let window = self.shared.policy.busy_poll;
-        if !window.is_zero() && self.last_gap <= window {
+        // Polls for a little longer than the last gap: when the next request is late, the
+        // core goes idle soon, and an idle core is where the kernel moves waiting threads to
+        // (a core that polls for long under load delays them by a scheduling period).
+        let window = self
+            .shared
+            .policy
+            .busy_poll
+            .min(self.last_gap * 2 + Duration::from_micros(10));
+        if !self.shared.policy.busy_poll.is_zero() && self.last_gap <= self.shared.policy.busy_poll
+        {
             let until = due.map_or(now + window, |d| d.min(now + window));
             loop {
                 for _ in 0..64 {

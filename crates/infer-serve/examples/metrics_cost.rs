@@ -1,7 +1,7 @@
 //! The cost of infer-serve's metrics on the request path, for `docs/BENCHMARKS.md`.
 //!
 //! Every metric a successful one-row request touches, in the order the server touches them
-//! (in-flight gauge, queue time, one batch of one row, overhead, success; plus the clock reads
+//! (in-flight gauge and overlap note, queue time, one batch of one row, overhead, success; plus the clock reads
 //! they need), run by two threads at once on one shared `Metrics` so the atomics bounce between
 //! cores as they do under load: the worst case, a batch per request. Prints nanoseconds of
 //! CPU per request; `bench/runtime.sh` sets it against the measured CPU time per request
@@ -17,7 +17,7 @@ use infer_serve::metrics::Metrics;
 
 fn one_request(m: &Metrics) {
     let start = Instant::now();
-    m.in_flight.fetch_add(1, Relaxed);
+    m.request_started(start);
     // The queue-depth gauge is the batcher's count of waiting requests: up on submit, down
     // when the batch takes the request.
     m.queue_depth.fetch_add(1, Relaxed);

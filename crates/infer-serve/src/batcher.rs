@@ -35,7 +35,7 @@
 
 use crate::backend::Backend;
 use crate::error::{ApiError, Rejection};
-use crate::metrics::Metrics;
+use crate::metrics::{Gauge, Metrics};
 use crate::tensor::Tensor;
 use infer_spec::RuntimeConfig;
 use std::collections::VecDeque;
@@ -98,10 +98,11 @@ impl Policy {
 /// State the handles and the instances share without the queue's lock.
 struct Shared {
     policy: Policy,
-    /// The last batch's compute time, for [`Batcher::poll_briefly`].
-    last_compute_ns: AtomicU64,
+    /// The last batch's compute time, for [`Batcher::poll_briefly`]. (Both written per batch,
+    /// so each on a line of its own, away from what every request reads.)
+    last_compute_ns: Gauge,
     /// Instances not running a batch.
-    idle: AtomicU64,
+    idle: Gauge,
     metrics: Arc<Metrics>,
 }
 
@@ -134,8 +135,8 @@ impl Batcher {
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             policy,
-            last_compute_ns: AtomicU64::new(0),
-            idle: AtomicU64::new(backends.len() as u64),
+            last_compute_ns: Gauge::new(0),
+            idle: Gauge::new(backends.len() as u64),
             metrics,
         });
         let queue = Arc::new(Mutex::new(Queue {
@@ -286,16 +287,12 @@ impl Queue {
     /// wake-up costs more than a small model's compute. A long last wait (an idle server)
     /// parks at once; the poll yields the core to any other thread that wants it.
     fn receive(&mut self, now: Instant, due: Option<Instant>) -> Result<Job, RecvTimeoutError> {
-        // Polls for a little longer than the last gap: when the next request is late, the
-        // core goes idle soon, and an idle core is where the kernel moves waiting threads to
-        // (a core that polls for long under load delays them by a scheduling period).
-        let window = self
-            .shared
-            .policy
-            .busy_poll
-            .min(self.last_gap * 2 + Duration::from_micros(10));
-        if !self.shared.policy.busy_poll.is_zero() && self.last_gap <= self.shared.policy.busy_poll
-        {
+        // Only while requests come one at a time (under load a polling core holds up the
+        // threads the kernel would otherwise move to it when it idles), and for a little
+        // longer than the last gap, so that a core waiting in vain goes idle soon.
+        let max = self.shared.policy.busy_poll;
+        let window = max.min(self.last_gap * 2 + Duration::from_micros(10));
+        if !max.is_zero() && self.last_gap <= max && self.shared.metrics.sequential(now) {
             let until = due.map_or(now + window, |d| d.min(now + window));
             loop {
                 for _ in 0..64 {

@@ -17,7 +17,7 @@ use hyper::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE,
 use hyper::{Method, Request, Response, StatusCode};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -34,9 +34,6 @@ pub struct App {
     /// How long a lone request's handler polls for its answer before parking (see
     /// [`Batcher::poll_briefly`]); zero turns polling off.
     pub busy_poll: Duration,
-    /// When two infer requests last overlapped: ms since `epoch`, plus one (0: never).
-    overlapped_ms: AtomicU64,
-    epoch: Instant,
     server_metadata: Bytes,
     model_metadata: Bytes,
     model_config: Bytes,
@@ -133,23 +130,11 @@ impl App {
             draining: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             busy_poll: Duration::ZERO,
-            overlapped_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
             server_metadata: Bytes::from(server_metadata.to_string()),
             model_metadata: Bytes::from(model_metadata.to_string()),
             model_config: Bytes::from(model_config.to_string()),
             cfg,
         }
-    }
-
-    fn ms(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
-    }
-
-    /// Requests come one at a time: none overlapped another in the last 50 ms.
-    fn sequential(&self, now: Instant) -> bool {
-        let last = self.overlapped_ms.load(Relaxed);
-        last == 0 || self.ms(now).saturating_sub(last) > 50
     }
 
     /// Ready: warmed up and not draining.
@@ -293,19 +278,13 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError>
 }
 
 /// Counts an infer request in flight for as long as it lives (also when its client goes away
-/// and the handler future is dropped), and notes when requests overlap.
+/// and the handler future is dropped).
 struct InFlight<'a>(&'a Metrics);
 
 impl<'a> InFlight<'a> {
-    fn new(app: &'a App, now: Instant) -> Self {
-        if app.metrics.in_flight.fetch_add(1, Relaxed) > 0 {
-            // At most one store per millisecond, so the line stays shared under load.
-            let ms = app.ms(now);
-            if app.overlapped_ms.load(Relaxed) != ms {
-                app.overlapped_ms.store(ms, Relaxed);
-            }
-        }
-        InFlight(&app.metrics)
+    fn new(m: &'a Metrics, now: Instant) -> Self {
+        m.request_started(now);
+        InFlight(m)
     }
 }
 
@@ -318,7 +297,7 @@ impl Drop for InFlight<'_> {
 async fn infer(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
     let m = &app.metrics;
-    let _guard = InFlight::new(app, start);
+    let _guard = InFlight::new(m, start);
     match infer_inner(app, req, start).await {
         Ok(r) => {
             m.record_success(start.elapsed());
@@ -400,7 +379,7 @@ async fn infer_inner(
     // Alone on a server that sees one request at a time: poll for the answer on this
     // (otherwise idle) core rather than park. Not when requests overlap: this worker would
     // hold up the connections it serves.
-    let polled = if app.metrics.in_flight.load(Relaxed) == 1 && app.sequential(start) {
+    let polled = if app.metrics.in_flight.load(Relaxed) == 1 && app.metrics.sequential(start) {
         let window = match deadline {
             Some(d) => app
                 .busy_poll
@@ -498,28 +477,4 @@ pub async fn serve(
     tokio::time::timeout(exit_timeout, graceful.shutdown())
         .await
         .is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn overlapping_requests_end_sequential_mode_for_a_while() {
-        let cfg = RuntimeConfig::from_toml_str(include_str!("../testdata/mlp.runtime.toml"))
-            .expect("config");
-        let app = App::new(cfg.clone(), Arc::new(Metrics::new("mlp", "1", 32)));
-        let t0 = Instant::now();
-        assert!(app.sequential(t0));
-        {
-            let _one = InFlight::new(&app, t0);
-            assert!(app.sequential(t0), "a lone request is not an overlap");
-        }
-        let _one = InFlight::new(&app, t0);
-        let _two = InFlight::new(&app, t0);
-        assert_eq!(app.metrics.in_flight.load(Relaxed), 2);
-        assert!(!app.sequential(t0));
-        assert!(!app.sequential(t0 + Duration::from_millis(40)));
-        assert!(app.sequential(t0 + Duration::from_millis(60)));
-    }
 }

@@ -16,7 +16,7 @@ use crate::error::Rejection;
 use std::cell::Cell;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds (seconds) of the latency histograms' buckets: fine below 100 µs, where the
 /// server's own overhead and a small model's compute live, so their quantiles are read to a
@@ -38,6 +38,24 @@ struct Line([AtomicU64; 16]);
 impl Line {
     fn new() -> Line {
         Line(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// An atomic on a cache line of its own: the gauges written on every request must not share
+/// a line with the fields every counter update reads (the shards' addresses).
+#[repr(align(128))]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn new(v: u64) -> Gauge {
+        Gauge(AtomicU64::new(v))
+    }
+}
+
+impl std::ops::Deref for Gauge {
+    type Target = AtomicU64;
+    fn deref(&self) -> &AtomicU64 {
+        &self.0
     }
 }
 
@@ -203,11 +221,15 @@ pub struct Metrics {
     pub overhead_hist: Histogram,
     batch_stats: Vec<BatchStat>,
     rejections: [Counter; 4],
-    pub queue_depth: AtomicU64,
-    pub in_flight: AtomicU64,
+    pub queue_depth: Gauge,
+    pub in_flight: Gauge,
     pub ready: AtomicU64,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
+    /// When two infer requests last overlapped: ms since `epoch`, plus one (0: never). On a
+    /// line of its own: read on every request, written at most once per millisecond.
+    overlapped_ms: Gauge,
+    epoch: Instant,
 }
 
 impl Metrics {
@@ -253,12 +275,37 @@ impl Metrics {
                 })
                 .collect(),
             rejections: std::array::from_fn(|_| Counter::new()),
-            queue_depth: z(),
-            in_flight: z(),
+            queue_depth: Gauge::new(0),
+            in_flight: Gauge::new(0),
             ready: z(),
             engine_load_us: z(),
             warmup_us: z(),
+            overlapped_ms: Gauge::new(0),
+            epoch: Instant::now(),
         }
+    }
+
+    /// An infer request came in (the in-flight gauge goes up; `InFlight`'s drop takes it
+    /// down). Notes when it overlaps another, at most once per millisecond, so the line stays
+    /// shared between cores under load.
+    pub fn request_started(&self, now: Instant) {
+        if self.in_flight.fetch_add(1, Relaxed) > 0 {
+            let ms = self.ms(now);
+            if self.overlapped_ms.load(Relaxed) != ms {
+                self.overlapped_ms.store(ms, Relaxed);
+            }
+        }
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+    }
+
+    /// Requests come one at a time: none overlapped another in the last 50 ms. Busy polling
+    /// (handler and leader) is for this case only; under load a polling thread holds up work.
+    pub fn sequential(&self, now: Instant) -> bool {
+        let last = self.overlapped_ms.load(Relaxed);
+        last == 0 || self.ms(now).saturating_sub(last) > 50
     }
 
     /// A request that got its outputs.
@@ -545,6 +592,22 @@ mod tests {
         let s = m.stats_json("m", "1");
         assert_eq!(s["model_stats"][0]["execution_count"], 5);
         assert_eq!(s["model_stats"][0]["batch_stats"][0]["batch_size"], 1);
+    }
+
+    #[test]
+    fn overlapping_requests_end_sequential_mode_for_a_while() {
+        let m = Metrics::new("m", "1", 8);
+        let t0 = Instant::now();
+        assert!(m.sequential(t0));
+        m.request_started(t0);
+        assert!(m.sequential(t0), "a lone request is not an overlap");
+        m.in_flight.fetch_sub(1, Relaxed);
+        m.request_started(t0);
+        m.request_started(t0);
+        assert_eq!(m.in_flight.load(Relaxed), 2);
+        assert!(!m.sequential(t0));
+        assert!(!m.sequential(t0 + Duration::from_millis(40)));
+        assert!(m.sequential(t0 + Duration::from_millis(60)));
     }
 
     #[test]

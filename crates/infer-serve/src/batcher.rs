@@ -47,6 +47,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
 
+/// Handler polls that ran out their window, net of answers found (each found answer takes
+/// back 1/[`POLL_MISS_WEIGHT`] of a miss), before handlers stop polling.
+pub const POLL_MISSES: u64 = 3;
+/// One miss weighs as much as this many found answers.
+pub const POLL_MISS_WEIGHT: u64 = 16;
+/// How long handlers then stop polling.
+pub const POLL_BACKOFF: Duration = Duration::from_millis(250);
+
 /// What a request gets back.
 pub type Outcome = Result<Answer, ApiError>;
 
@@ -103,6 +111,12 @@ struct Shared {
     last_compute_ns: Gauge,
     /// Instances not running a batch.
     idle: Gauge,
+    /// Handler polls that ran out their window, as a leaky bucket: a miss adds
+    /// [`POLL_MISS_WEIGHT`], an answer found takes one away.
+    poll_misses: Gauge,
+    /// Until when (ns since `epoch`) handlers do not poll, after the bucket overflowed.
+    poll_off_until_ns: Gauge,
+    epoch: Instant,
     metrics: Arc<Metrics>,
 }
 
@@ -111,6 +125,16 @@ impl Shared {
     /// is the count itself, so keeping it costs no extra atomic operation per request.
     fn queued(&self) -> &AtomicU64 {
         &self.metrics.queue_depth
+    }
+
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Handlers' polls ran out too often lately (see [`Batcher::poll_briefly`]): neither they
+    /// nor the leader poll for now.
+    fn polls_backed_off(&self, now: Instant) -> bool {
+        self.ns(now) < self.poll_off_until_ns.load(Relaxed)
     }
 
     fn dequeued(&self, n: usize) {
@@ -137,6 +161,9 @@ impl Batcher {
             policy,
             last_compute_ns: Gauge::new(0),
             idle: Gauge::new(backends.len() as u64),
+            poll_misses: Gauge::new(0),
+            poll_off_until_ns: Gauge::new(0),
+            epoch: Instant::now(),
             metrics,
         });
         let queue = Arc::new(Mutex::new(Queue {
@@ -196,28 +223,55 @@ impl Batcher {
     /// more than a small model's compute on a virtual machine. Returns `None` when no answer
     /// came in time; then await `rx` as usual. Meant for a lone request on an otherwise idle
     /// server: spinning under load would take a core from the work.
+    ///
+    /// Answers that often do not come although they were expected mean the backend thread is
+    /// not getting a core (other processes, a CPU quota): polling then only makes that worse,
+    /// so when more than about one poll in [`POLL_MISS_WEIGHT`] runs out, no handler polls
+    /// for the next [`POLL_BACKOFF`]. The loop never yields: next to a CPU-bound process a
+    /// yield gives the core away for a whole scheduler slice, milliseconds.
     pub fn poll_briefly(
         &self,
         rx: &mut oneshot::Receiver<Outcome>,
         window: Duration,
     ) -> Option<Outcome> {
-        let expected = self.shared.policy.delay
-            + Duration::from_nanos(self.shared.last_compute_ns.load(Relaxed));
+        let shared = &*self.shared;
+        let expected =
+            shared.policy.delay + Duration::from_nanos(shared.last_compute_ns.load(Relaxed));
         if window.is_zero() || expected > window {
             return None;
         }
-        let until = Instant::now() + window;
+        let now = Instant::now();
+        if shared.polls_backed_off(now) {
+            return None;
+        }
+        let now_ns = shared.ns(now);
+        let until = now + window;
         loop {
             for _ in 0..64 {
                 match rx.try_recv() {
-                    Ok(outcome) => return Some(outcome),
+                    Ok(outcome) => {
+                        let misses = shared.poll_misses.load(Relaxed);
+                        if misses != 0 {
+                            shared.poll_misses.store(misses - 1, Relaxed);
+                        }
+                        return Some(outcome);
+                    }
                     Err(TryRecvError::Empty) => std::hint::spin_loop(),
                     // Only a dropped sender closes it: report that through the await.
                     Err(TryRecvError::Closed) => return None,
                 }
             }
             // Another request came in: this core is needed for it.
-            if Instant::now() >= until || self.shared.metrics.in_flight.load(Relaxed) > 1 {
+            if shared.metrics.in_flight.load(Relaxed) > 1 {
+                return None;
+            }
+            if Instant::now() >= until {
+                let misses = shared.poll_misses.fetch_add(POLL_MISS_WEIGHT, Relaxed);
+                if misses + POLL_MISS_WEIGHT >= POLL_MISSES * POLL_MISS_WEIGHT {
+                    shared.poll_misses.store(0, Relaxed);
+                    let off = now_ns + (window + POLL_BACKOFF).as_nanos() as u64;
+                    shared.poll_off_until_ns.store(off, Relaxed);
+                }
                 return None;
             }
         }
@@ -285,14 +339,19 @@ impl Queue {
     /// as soon as it has the answer), polls the channel for up to the busy-poll window before
     /// parking: a parked leader has to be woken by the handler, and on a virtual machine that
     /// wake-up costs more than a small model's compute. A long last wait (an idle server)
-    /// parks at once; the poll yields the core to any other thread that wants it.
+    /// parks at once. The poll yields the core to any other thread that wants it (the
+    /// handler or the client may share it).
     fn receive(&mut self, now: Instant, due: Option<Instant>) -> Result<Job, RecvTimeoutError> {
         // Only while requests come one at a time (under load a polling core holds up the
         // threads the kernel would otherwise move to it when it idles), and for a little
         // longer than the last gap, so that a core waiting in vain goes idle soon.
         let max = self.shared.policy.busy_poll;
         let window = max.min(self.last_gap * 2 + Duration::from_micros(10));
-        if !max.is_zero() && self.last_gap <= max && self.shared.metrics.sequential(now) {
+        if !max.is_zero()
+            && self.last_gap <= max
+            && self.shared.metrics.sequential(now)
+            && !self.shared.polls_backed_off(now)
+        {
             let until = due.map_or(now + window, |d| d.min(now + window));
             loop {
                 for _ in 0..64 {
@@ -575,6 +634,39 @@ mod tests {
             assert_eq!(wait(rx).unwrap().outputs, vec![row(i as f32, 1)]);
         }
         assert_eq!(*sizes.lock().unwrap(), vec![1; 6]);
+    }
+
+    #[test]
+    fn polls_that_run_out_stop_polling_for_a_while() {
+        // max_batch_size 1: a request behind a busy instance waits for it.
+        let (b, _) = start(policy(1, &[], 0, 0), 1, 50);
+        for _ in 0..POLL_MISSES {
+            let busy = b.submit(vec![row(0.0, 1)], 1, None).unwrap();
+            let mut rx = b.submit(vec![row(1.0, 1)], 1, None).unwrap();
+            // 50 ms of compute expected (none the first time), 100 ms taken: a miss.
+            let t = Instant::now();
+            assert!(b.poll_briefly(&mut rx, Duration::from_millis(60)).is_none());
+            assert!(t.elapsed() >= Duration::from_millis(60));
+            wait(busy).unwrap();
+            wait(rx).unwrap();
+        }
+        // The answer (50 ms of compute) would fit this window, but the last polls ran out.
+        let mut rx = b.submit(vec![row(2.0, 1)], 1, None).unwrap();
+        let t = Instant::now();
+        assert!(b
+            .poll_briefly(&mut rx, Duration::from_millis(200))
+            .is_none());
+        assert!(t.elapsed() < Duration::from_millis(40), "{:?}", t.elapsed());
+        wait(rx).unwrap();
+        std::thread::sleep(POLL_BACKOFF);
+        let mut rx = b.submit(vec![row(3.0, 1)], 1, None).unwrap();
+        assert_eq!(
+            b.poll_briefly(&mut rx, Duration::from_millis(2000))
+                .unwrap()
+                .unwrap()
+                .outputs,
+            vec![row(3.0, 1)]
+        );
     }
 
     #[test]

@@ -7,145 +7,18 @@ Every figure is the median of RUNS runs (default 3) of SECONDS (default 5) each.
 """
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
-serve_bin, ceiling_bin, model = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
-RUNS = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-SECS = int(sys.argv[5]) if len(sys.argv) > 5 else 5
-HERE = os.path.dirname(os.path.abspath(__file__))
-tmp = tempfile.mkdtemp(prefix="infer-serve-bench-")
+import runtime_lib as lib
+from runtime_lib import Server, counter, hist_quantile, median_runs, write_config
 
-CONFIG = """
-[model]
-name = "mlp"
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-[batching]
-max_batch_size = {mbs}
-preferred_batch_sizes = {preferred}
-max_queue_delay_us = {delay}
-max_queue_size = 4096
-default_timeout_ms = 10000
-instances = 1
-[engine]
-kind = "tract-onnx"
-path = "{model}"
-[server]
-host = "127.0.0.1"
-port = {port}
-drain_delay_s = 0
-"""
-
-
-def write_config(name, port, mbs=32, delay=0, preferred="[]"):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(CONFIG.format(mbs=mbs, delay=delay, preferred=preferred, model=model, port=port))
-    return path
-
-
-def bodies():
-    xs = [((i % 13) / 13.0) for i in range(64)]
-    j = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": xs}]},
-                   separators=(",", ":")).encode()
-    jp = os.path.join(tmp, "body.json")
-    open(jp, "wb").write(j)
-    import struct
-    header = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 256}}],
-                         "outputs": [{"name": "output", "parameters": {"binary_data": True}}]},
-                        separators=(",", ":")).encode()
-    bp = os.path.join(tmp, "body.bin")
-    open(bp, "wb").write(header + struct.pack("<64f", *xs))
-    return {"json": (jp, ""), "binary": (bp, str(len(header)))}
-
-
-BODIES = bodies()
-
-
-def get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except Exception as e:  # noqa: BLE001
-        return getattr(e, "code", 0), ""
-
-
-class Server:
-    def __init__(self, argv, port, ready_path="/v2/health/ready"):
-        self.port = port
-        t0 = time.monotonic()
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        while get(f"http://127.0.0.1:{port}{ready_path}")[0] != 200:
-            if self.p.poll() is not None:
-                raise SystemExit(f"{argv} exited: {self.p.stdout.read()}")
-            time.sleep(0.002)
-        self.spawn_to_ready = time.monotonic() - t0
-
-    def rss_kib(self):
-        status = open(f"/proc/{self.p.pid}/status").read()
-        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)), int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
-
-    def metrics(self):
-        return get(f"http://127.0.0.1:{self.port}/metrics")[1]
-
-    def stop(self):
-        self.p.terminate()
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-        return self.p.stdout.read()
-
-
-def wrk(port, conns, kind, secs=SECS):
-    body, hlen = BODIES[kind]
-    env = dict(os.environ, BODY_FILE=body, HEADER_LEN=hlen)
-    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "5s",
-                          "-s", os.path.join(HERE, "runtime-post.lua"),
-                          f"http://127.0.0.1:{port}/v2/models/mlp/infer"],
-                         env=env, capture_output=True, text=True, check=True).stdout
-    m = dict(kv.split("=") for kv in re.search(r"RESULT (.*)", out).group(1).split())
-    m = {k: int(v) for k, v in m.items()}
-    if m["non2xx"] or m["errors"]:
-        print(f"warning: {kind} c={conns}: {m['non2xx']} non-2xx, {m['errors']} socket errors", file=sys.stderr)
-    return {"rps": m["requests"] / (m["duration_us"] / 1e6), "p50": m["p50_us"] / 1e3, "p99": m["p99_us"] / 1e3}
-
-
-def median_runs(port, conns, kind):
-    runs = [wrk(port, conns, kind) for _ in range(RUNS)]
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-
-
-def hist_quantile(text, name, q):
-    buckets = [(float("inf") if le == "+Inf" else float(le), float(v))
-               for le, v in re.findall(name + r'_bucket\{[^}]*le="([^"]+)"\} (\S+)', text)]
-    total = buckets[-1][1]
-    prev_le, prev_n = 0.0, 0.0
-    for le, n in buckets:
-        if n >= q * total:
-            if le == float("inf"):
-                return prev_le
-            return prev_le + (le - prev_le) * ((q * total - prev_n) / max(n - prev_n, 1e-9))
-        prev_le, prev_n = le, n
-    return float("nan")
-
-
-def counter(text, name):
-    return float(re.search(name + r"\{[^}]*\} (\S+)", text).group(1))
-
+serve_bin, ceiling_bin = sys.argv[1], sys.argv[2]
+lib.MODEL = os.path.abspath(sys.argv[3])
+RUNS = lib.RUNS = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+lib.SECS = int(sys.argv[5]) if len(sys.argv) > 5 else 5
 
 out = []
 say = out.append
@@ -189,8 +62,8 @@ def one_connection(extra):
         "overhead_p50": hist_quantile(m1, "infer_serve_overhead_seconds", 0.5) * 1e6,
         "overhead_p99": hist_quantile(m1, "infer_serve_overhead_seconds", 0.99) * 1e6,
         "queue_p50": hist_quantile(m1, "infer_serve_queue_duration_seconds", 0.5) * 1e6,
-        # One request per batch at one connection, so the Triton counters give request time
-        # minus compute exactly, as a mean.
+        # One request per batch at one connection, so the Triton counters give the mean of
+        # request time minus compute exactly.
         "minus_compute_mean": (counter(m1, "nv_inference_request_duration_us")
                                - counter(m1, "nv_inference_compute_infer_duration_us")) / n,
         "avg_batch": counter(m1, "nv_inference_count") / counter(m1, "nv_inference_exec_count"),
@@ -199,6 +72,17 @@ def one_connection(extra):
 
 one, o1 = one_connection([])
 one_np, o1_np = one_connection(["--busy-poll-us", "0"])
+s = Server(argv + ["--busy-poll-us", "0"], port)
+sixteen_np = median_runs(port, 16, "json")
+s.stop()
+# Next to two CPU-bound processes (a node shared with batch work), polling on and off.
+hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2)]
+try:
+    hog, o_hog = one_connection([])
+    hog_np, o_hog_np = one_connection(["--busy-poll-us", "0"])
+finally:
+    for h in hogs:
+        h.kill()
 
 # Queue time against the configured delay: 64 connections, max_queue_delay_us = 2000.
 port_d = 18404
@@ -238,9 +122,9 @@ say(f"| batching vs max_batch_size 1, json, 64 connections | {table[('json', 64)
 for kind in ("json", "binary") if ceiling else ():
     say(f"| runtime vs ceiling (same HTTP + decode/encode, no batcher, no model), {kind} | {table[(kind, 16)]['rps']:,.0f} | {ceiling[kind]['rps']:,.0f} | {table[(kind, 16)]['rps'] / ceiling[kind]['rps']:.2f} |")
 say("")
-say(f"- server-side overhead (request time minus queue and compute, `infer_serve_overhead_seconds`): at 1 JSON connection (a fresh server, {one['rps']:,.0f} inferences/s) p50 {o1['overhead_p50']:.1f} µs, p99 {o1['overhead_p99']:.1f} µs; over all runs of the first table (up to 64 connections, the load generator on the same 2 cores) p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
-say(f"- request time minus compute at 1 JSON connection (queue time included: with one request at a time it is the hand-off to the backend thread; {o1['avg_batch']:.2f} rows per batch): mean {o1['minus_compute_mean']:.1f} µs; queue p50 {o1['queue_p50']:.1f} µs")
-say(f"- busy polling off (`--busy-poll-us 0`), same run, 1 JSON connection: {one_np['rps']:,.0f} inferences/s (default window: {one['rps']:,.0f}), p50 {one_np['p50'] * 1e3:.0f} µs (default: {one['p50'] * 1e3:.0f} µs), overhead p50 {o1_np['overhead_p50']:.1f} µs, request minus compute mean {o1_np['minus_compute_mean']:.1f} µs")
+say(f"- server-side overhead (request time minus compute, queue included, `infer_serve_overhead_seconds`): at 1 JSON connection (a fresh server, {one['rps']:,.0f} inferences/s) p50 {o1['overhead_p50']:.1f} µs, p99 {o1['overhead_p99']:.1f} µs, mean {o1['minus_compute_mean']:.1f} µs (from the Triton counters; {o1['avg_batch']:.2f} rows per batch); queue p50 {o1['queue_p50']:.1f} µs; over all runs of the first table (up to 64 connections, the load generator on the same 2 cores, so mostly waiting for a core) p50 {overhead_p50:.1f} µs, p99 {overhead_p99:.1f} µs")
+say(f"- busy polling off (`--busy-poll-us 0`), same run, 1 JSON connection: {one_np['rps']:,.0f} inferences/s (default window: {one['rps']:,.0f}), p50 {one_np['p50'] * 1e3:.0f} µs (default: {one['p50'] * 1e3:.0f} µs), overhead p50 {o1_np['overhead_p50']:.1f} µs, mean {o1_np['minus_compute_mean']:.1f} µs; 16 JSON connections: {sixteen_np['rps']:,.0f} inferences/s, p99 {sixteen_np['p99']:.2f} ms (default: {table[('json', 16)]['rps']:,.0f}, p99 {table[('json', 16)]['p99']:.2f} ms)")
+say(f"- next to two CPU-bound processes (`yes`), 1 JSON connection: {hog['rps']:,.0f} inferences/s, p50 {hog['p50'] * 1e3:.0f} µs, p99 {hog['p99']:.2f} ms, overhead mean {o_hog['minus_compute_mean']:.1f} µs; busy polling off: {hog_np['rps']:,.0f} inferences/s, p50 {hog_np['p50'] * 1e3:.0f} µs, p99 {hog_np['p99']:.2f} ms, overhead mean {o_hog_np['minus_compute_mean']:.1f} µs")
 cc = os.environ.get("CODEC_COST_JSON")
 if cc:
     cc = json.loads(cc)

@@ -18,17 +18,11 @@ MODEL = os.path.join(os.path.dirname(HERE), "examples", "mlp", "mlp.onnx")
 RUNS = 3
 SECS = 5
 
-CONFIG = """
-[model]
-name = "mlp"
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
+# The model's inputs and outputs from the fixture the runtime's own tests use; batching,
+# engine and server sections are the benchmark's.
+_FIXTURE = open(os.path.join(os.path.dirname(HERE), "crates", "infer-serve", "testdata",
+                             "mlp.runtime.toml")).read()
+CONFIG = _FIXTURE[:_FIXTURE.index("[batching]")] + """
 [batching]
 max_batch_size = {mbs}
 preferred_batch_sizes = {preferred}

@@ -336,11 +336,13 @@ impl Queue {
 
     /// Waits for the next request until `due` (forever when `None`). When the last wait was
     /// short (requests come one after another, as from a client that sends its next request
-    /// as soon as it has the answer), polls the channel for up to the busy-poll window before
-    /// parking: a parked leader has to be woken by the handler, and on a virtual machine that
-    /// wake-up costs more than a small model's compute. A long last wait (an idle server)
-    /// parks at once. The poll yields the core to any other thread that wants it (the
-    /// handler or the client may share it).
+    /// as soon as it has the answer), polls the channel before parking, for a little longer
+    /// than that last wait and at most the busy-poll window: a parked leader has to be woken
+    /// by the handler, and on a virtual machine that wake-up costs more than a small model's
+    /// compute. A long last wait (an idle server), overlapping requests (see
+    /// `Metrics::sequential`) or handlers' polls backed off: it parks at once. The poll
+    /// yields the core to any other thread that wants it (the handler or the client may
+    /// share it).
     fn receive(&mut self, now: Instant, due: Option<Instant>) -> Result<Job, RecvTimeoutError> {
         // Only while requests come one at a time (under load a polling core holds up the
         // threads the kernel would otherwise move to it when it idles), and for a little

@@ -58,13 +58,11 @@ pub const POLL_BACKOFF: Duration = Duration::from_millis(250);
 /// What a request gets back.
 pub type Outcome = Result<Answer, ApiError>;
 
-/// A request's outputs and where its time went.
+/// A request's outputs and its batch's compute time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     /// One tensor per model output, this request's rows only.
     pub outputs: Vec<Tensor>,
-    /// Time from enqueue to the start of its batch.
-    pub queue: Duration,
     /// Time its batch spent executing (concatenate, engine, check).
     pub compute: Duration,
 }
@@ -509,12 +507,7 @@ impl Instance {
                         .iter()
                         .map(|o| o.slice_rows(offset, job.rows))
                         .collect();
-                    let queue = start.saturating_duration_since(job.enqueued);
-                    let mine = mine.map(|outputs| Answer {
-                        outputs,
-                        queue,
-                        compute,
-                    });
+                    let mine = mine.map(|outputs| Answer { outputs, compute });
                     offset += job.rows;
                     let _ =
                         job.reply.send(mine.ok_or_else(|| {

@@ -1,9 +1,10 @@
 //! The cost of infer-serve's metrics on the request path, for `docs/BENCHMARKS.md`.
 //!
 //! Every metric a successful one-row request touches, in the order the server touches them
-//! (in-flight gauge and overlap note, queue time, one batch of one row, overhead, success; plus the clock reads
-//! they need), run by two threads at once on one shared `Metrics` so the atomics bounce between
-//! cores as they do under load: the worst case, a batch per request. Prints nanoseconds of
+//! (in-flight gauge and overlap note, queue time, one batch of one row, overhead, success;
+//! plus the clock reads they need), run by two threads at once on one shared `Metrics` so
+//! shared atomics bounce between cores as they do under load: the worst case, a batch per
+//! request. Prints nanoseconds of
 //! CPU per request; `bench/runtime.sh` sets it against the measured CPU time per request
 //! (cores / inferences per second) of the same run.
 //!

@@ -169,12 +169,13 @@ impl Histogram {
     }
 
     pub fn count(&self) -> u64 {
-        (0..=self.bounds.len()).map(|i| self.cells.sum(i)).sum()
+        self.cumulative().last().map_or(0, |&(_, n)| n)
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (le, n) in self.cumulative() {
+        let cumulative = self.cumulative();
+        for &(le, n) in &cumulative {
             let le = if le.is_infinite() {
                 "+Inf".to_owned()
             } else {
@@ -186,7 +187,7 @@ impl Histogram {
         let _ = writeln!(
             out,
             "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {}",
-            self.count()
+            cumulative.last().map_or(0, |&(_, n)| n)
         );
     }
 }

@@ -142,7 +142,7 @@ pub struct TargetSpec {
     /// `runtime.toml` bytes (an `infer_spec::RuntimeConfig`).
     pub runtime_toml: Vec<u8>,
     /// Warm-up and other small data: path inside the image → bytes.
-    pub extra_files: BTreeMap<String, Vec<u8>>,
+    pub extra_files: BTreeMap<String, std::sync::Arc<[u8]>>,
     /// Compatibility tuple (keys without the prefix: `gpu.sm`, `trt.version`, `precision`…).
     pub compat: BTreeMap<String, String>,
 }
@@ -473,11 +473,8 @@ fn import_base(store: &BlobStore, b: &BaseRef, platform: &Platform) -> Result<Ba
                 l.digest, l.media_type
             )));
         }
-        if !store.has(&l.digest, l.size) {
-            let mut t = store.temp()?;
-            src.copy_verified(&l.digest, l.size, t.file())?;
-            store.commit(t, &l.digest)?;
-        }
+        store.import(&src, &l.digest, l.size, false)?;
+        store.verify_diff_id(&l.digest, l.size, &l.media_type, diff_id)?;
         let media_type = if l.media_type == media::DOCKER_LAYER_GZIP {
             media::LAYER_GZIP.into()
         } else {

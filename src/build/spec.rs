@@ -187,7 +187,7 @@ pub struct Files {
     /// and its start-up measurement becomes `dev.infer-build.startup.*` annotations.
     pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
-    pub warmup_samples: Option<Vec<u8>>,
+    pub warmup_samples: Option<std::sync::Arc<[u8]>>,
     pub base: Option<BaseRef>,
 }
 
@@ -241,7 +241,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                 what: format!("engine profile of target {}: {e}", t.id),
             })?;
         compat.extend(startup_annotations(&profile));
-        extra.insert(format!("{}/profile.json", paths::MODEL_DIR), bytes);
+        extra.insert(format!("{}/profile.json", paths::MODEL_DIR), bytes.into());
     }
     if let Some(s) = files.warmup_samples {
         extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);

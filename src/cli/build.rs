@@ -69,6 +69,9 @@ pub struct BuildArgs {
     pub matrix: super::MatrixArgs,
 }
 
+/// The most bytes a recipe's warm-up samples file may have.
+const MAX_WARMUP_SAMPLES: u64 = 1 << 30;
+
 pub fn run(args: BuildArgs) -> Result<(), Error> {
     let policy = parse_policy(&args.compression)?;
     let epoch = source_date_epoch(std::env::var("SOURCE_DATE_EPOCH").ok().as_deref())?;
@@ -258,7 +261,12 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let samples = match &recipe.warmup.samples {
         Some(s) => {
             let (p, _) = build::safe_input(&recipe.dir, &s.value)?;
-            Some(std::fs::read(&p).map_err(|source| build::Error::Input { path: p, source })?)
+            // Read once (a regular file, bounded) and shared by every target's layer.
+            Some(std::sync::Arc::<[u8]>::from(crate::oci::dir::read_file(
+                &p,
+                MAX_WARMUP_SAMPLES,
+                "warm-up samples",
+            )?))
         }
         None => None,
     };
@@ -418,7 +426,7 @@ fn cached_engine(
     };
     let read = |name: &str| -> Result<Vec<u8>, Error> {
         let (p, _) = build::safe_input(&found.dir, Path::new(name))?;
-        std::fs::read(&p).map_err(|source| build::Error::Input { path: p, source }.into())
+        Ok(crate::oci::dir::read_file(&p, crate::oci::MAX_DOCUMENT, name)?)
     };
     let name = found
         .engine

@@ -69,6 +69,12 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
     let mut out_images = Vec::new();
     let mut grand = 0u64;
     for img in &images {
+        // Every layer blob is checked (regular file, size, digest): a missing or corrupt layer
+        // makes `inspect` fail, as the summary would otherwise describe an image that cannot
+        // be loaded.
+        for l in &img.manifest.layers {
+            store.verify(&l.digest, l.size)?;
+        }
         let layers: Vec<Value> = img
             .manifest
             .layers
@@ -78,9 +84,12 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
                 json!({"digest": l.digest, "mediaType": l.media_type, "size": l.size, "role": role})
             })
             .collect();
-        let total: u64 =
-            img.manifest.layers.iter().map(|l| l.size).sum::<u64>() + img.manifest.config.size;
-        grand += total;
+        let total = img
+            .manifest
+            .layers
+            .iter()
+            .fold(img.manifest.config.size, |t, l| t.saturating_add(l.size));
+        grand = grand.saturating_add(total);
         // A slim base, or an image built on one, carries its size report in annotations.
         let slim = serde_json::to_value(&img.manifest)
             .ok()
@@ -120,7 +129,7 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
         .iter()
         .map(|d| {
             let members = store
-                .read(&d.digest)
+                .read_exact(&d.digest, d.size)
                 .ok()
                 .and_then(|b| crate::oci::image::decode::<crate::oci::image::Index>("index", &b).ok())
                 .map(|i| i.manifests.iter().map(|m| json!({"digest": m.digest, "annotations": m.annotations, "platform": m.platform})).collect::<Vec<_>>())
@@ -155,8 +164,31 @@ fn human(n: u64) -> String {
     }
 }
 
+/// `s` with every control character (C0, DEL, C1: terminal escapes, carriage returns,
+/// newlines) written as an escape, so text from a layout cannot drive the terminal or forge
+/// lines of the summary.
+fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The summary, every line cleaned of control characters.
 fn render(doc: &Value) -> String {
-    let mut s = format!("layout {}\n", doc["layout"].as_str().unwrap_or(""));
+    render_raw(doc)
+        .lines()
+        .map(|l| clean(l) + "\n")
+        .collect()
+}
+
+fn render_raw(doc: &Value) -> String {
+    let mut s = format!("layout {}\n", clean(doc["layout"].as_str().unwrap_or("")));
     let empty = Vec::new();
     for i in doc["indexes"].as_array().unwrap_or(&empty) {
         s += &format!(
@@ -168,7 +200,11 @@ fn render(doc: &Value) -> String {
             let target = m["annotations"]["dev.infer-build.target"]
                 .as_str()
                 .unwrap_or("?");
-            s += &format!("  {target:<16} {}\n", m["digest"].as_str().unwrap_or(""));
+            s += &format!(
+                "  {:<16} {}\n",
+                clean(target),
+                m["digest"].as_str().unwrap_or("")
+            );
         }
     }
     for img in doc["images"].as_array().unwrap_or(&empty) {
@@ -197,7 +233,7 @@ fn render(doc: &Value) -> String {
             s += &format!(
                 "    {:>10}  {:<42} {}\n",
                 human(l["size"].as_u64().unwrap_or(0)),
-                mt.trim_start_matches("application/vnd.oci.image."),
+                clean(mt.trim_start_matches("application/vnd.oci.image.")),
                 l["digest"].as_str().unwrap_or("")
             );
         }
@@ -215,7 +251,7 @@ fn render(doc: &Value) -> String {
         if let Some(a) = img["annotations"].as_object() {
             s += "  annotations:\n";
             for (k, v) in a {
-                s += &format!("    {k} = {}\n", v.as_str().unwrap_or(""));
+                s += &format!("    {} = {}\n", clean(k), clean(v.as_str().unwrap_or("")));
             }
         }
     }
@@ -231,6 +267,7 @@ fn join(v: &Value) -> String {
         .map(|a| {
             a.iter()
                 .filter_map(|x| x.as_str())
+                .map(clean)
                 .collect::<Vec<_>>()
                 .join(", ")
         })

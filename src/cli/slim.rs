@@ -238,8 +238,12 @@ type Chosen = (Value, Needs);
 /// The definition to build, and, with `--engine-meta`, what the engine is and needs.
 fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option<Chosen>), Error> {
     if let Some(file) = &args.definition {
-        let text = std::fs::read_to_string(file)
+        // A regular file of bounded size: a FIFO or device is refused before any read.
+        let bytes = crate::oci::dir::read_file(file, 1 << 20, "slim definition")
             .map_err(|e| Error::Usage(format!("--definition {}: {e}", file.display())))?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            Error::Usage(format!("--definition {}: not UTF-8", file.display()))
+        })?;
         return Ok((Definition::parse(&file.display().to_string(), &text)?, None));
     }
     let defs = image::definitions(args.matrix.matrix.as_deref())?;
@@ -255,7 +259,7 @@ fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option
                 .join(", ")
         )));
     };
-    let bytes = std::fs::read(file)
+    let bytes = crate::oci::dir::read_file(file, crate::oci::MAX_DOCUMENT, "engine metadata")
         .map_err(|e| Error::Usage(format!("--engine-meta {}: {e}", file.display())))?;
     let meta = infer_spec::engine::EngineMeta::from_json(&bytes)
         .map_err(|e| Error::Usage(format!("--engine-meta {}: {e}", file.display())))?;

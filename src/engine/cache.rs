@@ -14,7 +14,6 @@
 //! same key, under that key's lock. Entries are never modified after the rename.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -110,9 +109,11 @@ impl Entry {
 /// `sha256:<hex>` of a file, streamed.
 pub fn digest_file(path: &Path) -> Result<String, Error> {
     use sha2::{Digest, Sha256};
-    let mut f = File::open(path).map_err(|source| Error::Io {
+    // A regular file only: a directory or FIFO given as an engine path gets a message saying
+    // so (instead of an error from the first read, or a read that never returns).
+    let (mut f, _) = crate::oci::dir::open_file(path).map_err(|e| Error::Io {
         path: path.to_path_buf(),
-        source,
+        source: e.into_io(),
     })?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -199,19 +200,10 @@ impl Drop for Staging {
 
 /// Write `bytes` to `path` through a temporary file in the same directory and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| Error::Io { path: p, source }
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(dir))?;
-    tmp.write_all(bytes).map_err(io(path))?;
-    tmp.as_file().sync_all().map_err(io(path))?;
-    tmp.persist(path).map_err(|e| Error::Io {
+    crate::oci::write_atomic(path, bytes).map_err(|e| Error::Io {
         path: path.to_path_buf(),
-        source: e.error,
-    })?;
-    Ok(())
+        source: e.into_io(),
+    })
 }
 
 impl Cache {

@@ -163,10 +163,12 @@ impl EngineArtifact {
     }
 }
 
+/// Read a model or calibration file: a regular file (a directory or FIFO is refused naming
+/// it), at most 4 GiB (protobuf's own limit is 2 GiB).
 fn read(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|source| Error::Io {
+    crate::oci::dir::read_file(path, 4 << 30, "model input").map_err(|e| Error::Io {
         path: path.to_path_buf(),
-        source,
+        source: e.into_io(),
     })
 }
 

@@ -18,14 +18,20 @@ use serde_json::json;
 use super::image::{decode, encode, Descriptor, Index, Manifest};
 use super::store::BlobStore;
 use super::tar::{self, Entry};
-use super::{annotation, cjson, media, Digest, Error};
+use super::{annotation, cjson, media, Digest, Dir, Error};
+
+/// The most layers a manifest read from a layout may list (container runtimes stop well
+/// before: overlayfs mounts at most 128 lower directories by default).
+pub const MAX_LAYERS: usize = 1000;
 
 /// Read `index.json`.
 pub fn read_index(store: &BlobStore) -> Result<Index, Error> {
-    let p = store.root().join("index.json");
-    let bytes = std::fs::read(&p).map_err(|e| Error::NotALayout {
-        path: store.root().into(),
-        why: format!("cannot read index.json: {e}"),
+    let bytes = store.read_file("index.json").map_err(|e| match e {
+        e @ (Error::TooBig { .. } | Error::Symlink { .. } | Error::NotAFile { .. }) => e,
+        e => Error::NotALayout {
+            path: store.root().into(),
+            why: format!("cannot read index.json: {e}"),
+        },
     })?;
     decode("index.json", &bytes)
 }
@@ -88,7 +94,7 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
         if !seen.insert(d.digest.clone()) {
             continue;
         }
-        let bytes = store.read(&d.digest)?;
+        let bytes = store.read_exact(&d.digest, d.size)?;
         match d.media_type.as_str() {
             media::INDEX | media::DOCKER_LIST => {
                 let i: Index = decode(&format!("index {}", d.digest), &bytes)?;
@@ -97,7 +103,17 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
             }
             _ => {
                 let manifest: Manifest = decode(&format!("manifest {}", d.digest), &bytes)?;
-                let cfg = store.read(&manifest.config.digest)?;
+                if manifest.layers.len() > MAX_LAYERS {
+                    return Err(Error::NotALayout {
+                        path: store.root().into(),
+                        why: format!(
+                            "manifest {} has {} layers, more than the {MAX_LAYERS} infer-build accepts",
+                            d.digest,
+                            manifest.layers.len()
+                        ),
+                    });
+                }
+                let cfg = store.read_exact(&manifest.config.digest, manifest.config.size)?;
                 let config = decode(&format!("config {}", manifest.config.digest), &cfg)?;
                 images.push(FoundImage {
                     descriptor: d,
@@ -113,8 +129,7 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
 /// Write the layout as an `oci-archive` at `dest` (through a temp file and a rename).
 pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), Error> {
     let (images, indexes) = walk(store)?;
-    let index_bytes = std::fs::read(store.root().join("index.json"))
-        .map_err(Error::io("read", store.root().join("index.json")))?;
+    let index_bytes = store.read_file("index.json")?;
     let idx: Index = decode("index.json", &index_bytes)?;
     let mut blobs: BTreeMap<Digest, u64> = BTreeMap::new();
     for d in &indexes {
@@ -146,8 +161,17 @@ pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), E
     }
     let docker_manifest = cjson::value_to_vec(&serde_json::Value::Array(docker));
 
-    let tmp = dest.with_extension("partial");
-    let file = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+    // The temp file is created exclusively next to `dest` and renamed over it: a link at
+    // `dest` or at an old temp name is replaced, never written through.
+    let name = dest
+        .file_name()
+        .ok_or_else(|| Error::NotAFile { path: dest.into() })?;
+    let dir = Dir::open(match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    })?;
+    let (tmp_name, file) = dir.create_temp(&format!(".{}.partial-", name.to_string_lossy()))?;
+    let tmp = dir.path().join(&tmp_name);
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let res = (|| -> Result<(), Error> {
         let zeros = [0u8; tar::BLOCK];
@@ -188,10 +212,12 @@ pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), E
             source: e.into_error(),
         })?;
         f.sync_all().map_err(Error::io("fsync", &tmp))?;
-        std::fs::rename(&tmp, dest).map_err(Error::io("rename into", dest))
+        dir.rename(&tmp_name, &dir, name)?;
+        dir.sync();
+        Ok(())
     })();
     if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = dir.remove(&tmp_name);
     }
     res
 }

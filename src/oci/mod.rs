@@ -19,6 +19,7 @@
 pub mod cjson;
 pub mod compress;
 pub mod digest;
+pub mod dir;
 pub mod image;
 pub mod layer;
 pub mod layout;
@@ -29,6 +30,11 @@ use std::path::PathBuf;
 
 pub use compress::Compression;
 pub use digest::Digest;
+pub use dir::{write_atomic, Dir};
+
+/// The most bytes a JSON document read from a layout may have (`index.json`, manifests,
+/// indexes, configs): the bound `registry::pull` applies to manifests.
+pub const MAX_DOCUMENT: u64 = 4 << 20;
 
 /// Version of the "layer recipe": the tar header policy, entry order, the compressors with
 /// their versions, levels and block sizes. It goes into every build-cache key and into the
@@ -85,12 +91,35 @@ pub enum Error {
     DuplicateEntry(String),
     #[error("`{path}` is not a regular file")]
     NotAFile { path: PathBuf },
+    #[error("`{path}` is a symbolic link; links inside layouts, outputs and caches are not followed")]
+    Symlink { path: PathBuf },
+    #[error("`{path}` ({what}) has {size} bytes, over the limit of {limit}")]
+    TooBig {
+        path: PathBuf,
+        what: String,
+        size: u64,
+        limit: u64,
+    },
+    #[error("blob {digest} in {layout} has {actual} bytes, its descriptor says {expected}")]
+    WrongSize {
+        layout: PathBuf,
+        digest: Digest,
+        expected: u64,
+        actual: u64,
+    },
     #[error("`{path}` changed while it was read ({what}); the build stopped rather than record a wrong digest")]
     ChangedWhileRead { path: PathBuf, what: String },
     #[error("blob {digest} in {layout} is corrupt: its content hashes to {actual}")]
     Corrupt {
         layout: PathBuf,
         digest: Digest,
+        actual: Digest,
+    },
+    #[error("layer {digest} in {layout} uncompresses to {actual}, but the image config says its diff_id is {diff_id}")]
+    WrongDiffId {
+        layout: PathBuf,
+        digest: Digest,
+        diff_id: Digest,
         actual: Digest,
     },
     #[error("blob {digest} is missing from {layout}")]
@@ -122,9 +151,24 @@ impl Error {
                 | Error::BadEntryName { .. }
                 | Error::DuplicateEntry(_)
                 | Error::NotAFile { .. }
+                | Error::Symlink { .. }
+                | Error::TooBig { .. }
+                | Error::WrongSize { .. }
+                | Error::WrongDiffId { .. }
+                | Error::Corrupt { .. }
+                | Error::MissingBlob { .. }
                 | Error::NotALayout { .. }
                 | Error::NoSuchTag { .. }
         )
+    }
+
+    /// This error as an `io::Error`, for modules whose own error wraps one: the underlying
+    /// I/O error when there is one, else the message (a refused link, a non-regular file).
+    pub fn into_io(self) -> std::io::Error {
+        match self {
+            Error::Io { source, .. } => source,
+            e => std::io::Error::other(e.to_string()),
+        }
     }
 
     pub(crate) fn io(

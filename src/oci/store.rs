@@ -9,25 +9,32 @@
 //! one layout run one after the other instead of interleaving `index.json` writes; blob writes
 //! would be safe even without it.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::{cjson, Digest, Error};
+use super::dir::{Dir, Kind};
+use super::{cjson, Digest, Error, MAX_DOCUMENT};
 
 const PRIVATE: &str = ".infer-build";
 const OCI_LAYOUT: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// An OCI layout used as a blob store.
+/// An OCI layout used as a blob store. Its directories are opened once, when the store is
+/// opened, and every read and write goes through those handles without following links
+/// (see [`super::dir`]): a link planted at `blobs/sha256`, `.infer-build/tmp` or a blob is
+/// refused, never followed.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
     root: PathBuf,
+    top: Dir,
+    /// `blobs/sha256`; `None` in a read-only layout that has no blobs yet.
+    blobs: Option<Dir>,
+    /// `.infer-build/tmp` and `.infer-build/cache`; `None` when opened read-only.
+    tmp: Option<Dir>,
+    cache: Option<Dir>,
 }
 
 /// Held for the duration of a build; dropping it releases the lock.
@@ -50,8 +57,11 @@ pub struct LayerRecord {
 /// removed if dropped before.
 #[derive(Debug)]
 pub struct TempBlob {
+    dir: Dir,
+    name: String,
     path: PathBuf,
     file: Option<File>,
+    done: bool,
 }
 
 impl TempBlob {
@@ -75,8 +85,8 @@ impl TempBlob {
 
 impl Drop for TempBlob {
     fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
-            let _ = fs::remove_file(&self.path);
+        if !self.done {
+            let _ = self.dir.remove(&self.name);
         }
     }
 }
@@ -84,48 +94,64 @@ impl Drop for TempBlob {
 impl BlobStore {
     /// Open (creating if needed) a layout at `root`.
     pub fn create(root: &Path) -> Result<BlobStore, Error> {
-        for d in [
-            root.join("blobs/sha256"),
-            root.join(PRIVATE).join("tmp"),
-            root.join(PRIVATE).join("cache"),
-        ] {
-            fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
-        }
-        let layout = root.join("oci-layout");
-        if !layout.exists() {
-            // Not through the private `tmp` directory: this runs before the layout's lock is
-            // taken, and taking the lock clears `tmp`, which deleted this temp file under a
-            // second build creating the same layout at the same moment.
-            write_atomic(&layout, OCI_LAYOUT, &root.join(PRIVATE))?;
+        let top = Dir::create(root)?;
+        let blobs = top.sub("blobs/sha256", true)?;
+        let private = top.sub(PRIVATE, true)?;
+        let tmp = private.sub("tmp", true)?;
+        let cache = private.sub("cache", true)?;
+        match top.stat("oci-layout")? {
+            None => {
+                // Not through the private `tmp` directory: this runs before the layout's lock
+                // is taken, and taking the lock clears `tmp`, which deleted this temp file
+                // under a second build creating the same layout at the same moment.
+                top.write_atomic("oci-layout", OCI_LAYOUT, Some(&private))?;
+            }
+            Some(s) if s.kind == Kind::File => {}
+            Some(s) if s.kind == Kind::Symlink => {
+                return Err(Error::Symlink {
+                    path: root.join("oci-layout"),
+                })
+            }
+            Some(_) => {
+                return Err(Error::NotAFile {
+                    path: root.join("oci-layout"),
+                })
+            }
         }
         Ok(BlobStore {
             root: root.to_path_buf(),
+            top,
+            blobs: Some(blobs),
+            tmp: Some(tmp),
+            cache: Some(cache),
         })
     }
 
     /// Open an existing layout read-only (no private state is created).
     pub fn open(root: &Path) -> Result<BlobStore, Error> {
-        let layout = root.join("oci-layout");
-        let text = fs::read(&layout).map_err(|e| Error::NotALayout {
+        let not_a_layout = |why: String| Error::NotALayout {
             path: root.into(),
-            why: format!("cannot read oci-layout: {e}"),
-        })?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|e| Error::NotALayout {
-                path: root.into(),
-                why: format!("oci-layout is not JSON: {e}"),
-            })?;
+            why,
+        };
+        let top = Dir::open(root).map_err(|e| not_a_layout(format!("{e}")))?;
+        let text = top
+            .read("oci-layout", 4096, "oci-layout")
+            .map_err(|e| not_a_layout(format!("cannot read oci-layout: {e}")))?;
+        let v: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| not_a_layout(format!("oci-layout is not JSON: {e}")))?;
         if v.get("imageLayoutVersion")
             .and_then(|v| v.as_str())
             .is_none()
         {
-            return Err(Error::NotALayout {
-                path: root.into(),
-                why: "oci-layout has no imageLayoutVersion".into(),
-            });
+            return Err(not_a_layout("oci-layout has no imageLayoutVersion".into()));
         }
+        let blobs = top.sub_if_exists("blobs/sha256")?;
         Ok(BlobStore {
             root: root.to_path_buf(),
+            top,
+            blobs,
+            tmp: None,
+            cache: None,
         })
     }
 
@@ -133,54 +159,60 @@ impl BlobStore {
         &self.root
     }
 
+    /// The layout's top directory handle.
+    pub fn dir(&self) -> &Dir {
+        &self.top
+    }
+
+    /// The blob's path, for messages and for tools that read the layout themselves.
     pub fn blob_path(&self, d: &Digest) -> PathBuf {
         self.root.join("blobs/sha256").join(d.hex())
     }
 
+    fn blobs(&self, d: &Digest) -> Result<&Dir, Error> {
+        self.blobs.as_ref().ok_or_else(|| Error::MissingBlob {
+            layout: self.root.clone(),
+            digest: d.clone(),
+        })
+    }
+
+    fn private(&self, which: &'static str) -> Result<&Dir, Error> {
+        let d = if which == "tmp" { &self.tmp } else { &self.cache };
+        d.as_ref().ok_or_else(|| Error::NotALayout {
+            path: self.root.clone(),
+            why: format!("opened read-only, cannot write its {which}"),
+        })
+    }
+
     /// Take the layout's exclusive lock (waits for another build to finish), then remove temp
-    /// files that a killed build left behind.
+    /// files that a killed build left behind (links are removed as links, never followed).
     pub fn lock(&self) -> Result<Lock, Error> {
-        let path = self.root.join(PRIVATE).join("lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io("open lock file", &path))?;
+        let private = self.top.sub(PRIVATE, true)?;
+        let file = private.open_lock("lock")?;
+        let name = "lock";
+        let path = private.path().join(name);
         fs4::FileExt::lock(&file).map_err(Error::io("lock", &path))?;
-        let tmp = self.root.join(PRIVATE).join("tmp");
-        if let Ok(rd) = fs::read_dir(&tmp) {
-            for e in rd.flatten() {
-                let _ = fs::remove_file(e.path());
-            }
-        }
+        self.private("tmp")?.clear()?;
         Ok(Lock { _file: file })
     }
 
-    /// True when the blob is present with the expected size (no re-hash: that is the no-op
-    /// path; blobs only ever appear complete, by rename).
+    /// True when the blob is present as a regular file with the expected size (no re-hash:
+    /// that is the no-op path; blobs only ever appear complete, by rename).
     pub fn has(&self, d: &Digest, size: u64) -> bool {
-        fs::metadata(self.blob_path(d))
-            .map(|m| m.is_file() && m.len() == size)
-            .unwrap_or(false)
+        let Some(b) = &self.blobs else { return false };
+        matches!(b.stat(d.hex()), Ok(Some(s)) if s.kind == Kind::File && s.size == size)
     }
 
-    /// A new temp file for a blob.
+    /// A new temp file for a blob, created exclusively.
     pub fn temp(&self) -> Result<TempBlob, Error> {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .root
-            .join(PRIVATE)
-            .join("tmp")
-            .join(format!("{}-{n}", std::process::id()));
-        let file = OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io("create temp file", &path))?;
+        let dir = self.private("tmp")?.clone();
+        let (name, file) = dir.create_temp("")?;
         Ok(TempBlob {
-            path,
+            path: dir.path().join(&name),
+            dir,
+            name,
             file: Some(file),
+            done: false,
         })
     }
 
@@ -189,11 +221,19 @@ impl BlobStore {
         if let Some(f) = t.file.take() {
             f.sync_all().map_err(Error::io("fsync", &t.path))?;
         }
-        let dest = self.blob_path(d);
-        fs::rename(&t.path, &dest).map_err(Error::io("rename blob into", &dest))?;
-        t.path = PathBuf::new();
-        sync_dir(&self.root.join("blobs/sha256"));
-        Ok(dest)
+        let blobs = self.blobs(d)?;
+        t.dir.rename(&t.name, blobs, d.hex())?;
+        t.done = true;
+        blobs.sync();
+        Ok(self.blob_path(d))
+    }
+
+    /// Make the fsynced file `name` of `dir` (on the same filesystem) the blob `d`.
+    pub fn adopt(&self, dir: &Dir, name: &str, d: &Digest) -> Result<(), Error> {
+        let blobs = self.blobs(d)?;
+        dir.rename(name, blobs, d.hex())?;
+        blobs.sync();
+        Ok(())
     }
 
     /// Store a small blob (JSON) and return its digest.
@@ -209,10 +249,52 @@ impl BlobStore {
         Ok(d)
     }
 
-    /// Read a small blob whole, verifying its digest.
+    /// Open a blob for reading: a regular file (never through a link) whose size is `size`.
+    /// The size is checked before any byte is read, so a descriptor cannot make a read
+    /// unbounded.
+    pub fn open_blob(&self, d: &Digest, size: u64) -> Result<File, Error> {
+        let (f, st) = self.open_any(d)?;
+        if st.size != size {
+            return Err(Error::WrongSize {
+                layout: self.root.clone(),
+                digest: d.clone(),
+                expected: size,
+                actual: st.size,
+            });
+        }
+        Ok(f)
+    }
+
+    fn open_any(&self, d: &Digest) -> Result<(File, super::dir::EntryStat), Error> {
+        self.blobs(d)?
+            .open_file(d.hex())
+            .map_err(|e| match e {
+                Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                    Error::MissingBlob {
+                        layout: self.root.clone(),
+                        digest: d.clone(),
+                    }
+                }
+                e => e,
+            })
+    }
+
+    /// Read a small blob (a JSON document, at most [`MAX_DOCUMENT`] bytes) whole, verifying
+    /// its digest.
     pub fn read(&self, d: &Digest) -> Result<Vec<u8>, Error> {
-        let p = self.blob_path(d);
-        let bytes = fs::read(&p).map_err(|e| self.missing_or(d, &p, e))?;
+        let (f, st) = self.open_any(d)?;
+        if st.size > MAX_DOCUMENT {
+            return Err(Error::TooBig {
+                path: self.blob_path(d),
+                what: "a manifest, index or config".into(),
+                size: st.size,
+                limit: MAX_DOCUMENT,
+            });
+        }
+        let mut bytes = Vec::with_capacity(st.size as usize);
+        f.take(MAX_DOCUMENT + 1)
+            .read_to_end(&mut bytes)
+            .map_err(Error::io("read", self.blob_path(d)))?;
         let actual = Digest::of(&bytes);
         if &actual != d {
             return Err(Error::Corrupt {
@@ -224,11 +306,27 @@ impl BlobStore {
         Ok(bytes)
     }
 
-    /// Stream a blob into `w`, verifying digest and size as it goes.
+    /// Read a JSON document blob whole, checking it against its descriptor: a regular file of
+    /// exactly `size` bytes (at most [`MAX_DOCUMENT`]) whose sha256 is `d`.
+    pub fn read_exact(&self, d: &Digest, size: u64) -> Result<Vec<u8>, Error> {
+        if size > MAX_DOCUMENT {
+            return Err(Error::TooBig {
+                path: self.blob_path(d),
+                what: "a manifest, index or config".into(),
+                size,
+                limit: MAX_DOCUMENT,
+            });
+        }
+        self.open_blob(d, size)?;
+        self.read(d)
+    }
+
+    /// Stream a blob into `w`, verifying digest and size as it goes (never more than `size`
+    /// bytes are read).
     pub fn copy_verified(&self, d: &Digest, size: u64, w: &mut dyn Write) -> Result<(), Error> {
         let p = self.blob_path(d);
-        let f = File::open(&p).map_err(|e| self.missing_or(d, &p, e))?;
-        let mut r = BufReader::with_capacity(1 << 20, f);
+        let f = self.open_blob(d, size)?;
+        let mut r = BufReader::with_capacity(1 << 20, f.take(size));
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut n = 0u64;
@@ -242,8 +340,16 @@ impl BlobStore {
             w.write_all(&buf[..k])
                 .map_err(Error::io("write blob", &p))?;
         }
+        if n != size {
+            return Err(Error::WrongSize {
+                layout: self.root.clone(),
+                digest: d.clone(),
+                expected: size,
+                actual: n,
+            });
+        }
         let actual = Digest::from_hasher(h);
-        if &actual != d || n != size {
+        if &actual != d {
             return Err(Error::Corrupt {
                 layout: self.root.clone(),
                 digest: d.clone(),
@@ -258,25 +364,90 @@ impl BlobStore {
         self.copy_verified(d, size, &mut io::sink())
     }
 
-    fn missing_or(&self, d: &Digest, p: &Path, e: io::Error) -> Error {
-        if e.kind() == io::ErrorKind::NotFound {
-            Error::MissingBlob {
-                layout: self.root.clone(),
-                digest: d.clone(),
+    /// Add the blob `d` of `src` to this store, verified (regular file, size, digest). With
+    /// `link`, it is hard-linked when both are on one filesystem (the linked entry is checked to
+    /// be the very file that was verified; the two layouts then share the file), else copied.
+    pub fn import(&self, src: &BlobStore, d: &Digest, size: u64, link: bool) -> Result<(), Error> {
+        if self.has(d, size) {
+            return Ok(());
+        }
+        let (from, to) = (src.blobs(d)?, self.blobs(d)?);
+        if link {
+            src.verify(d, size)?;
+        }
+        let before = from.stat(d.hex())?;
+        if link && from.link(d.hex(), to, d.hex()).is_ok() {
+            let after = to.stat(d.hex())?;
+            let same = match (before, after) {
+                (Some(b), Some(a)) => {
+                    a.kind == Kind::File && (b.ino, b.dev) == (a.ino, a.dev) && a.size == size
+                }
+                _ => false,
+            };
+            if same {
+                to.sync();
+                return Ok(());
             }
-        } else {
-            Error::Io {
-                op: "read",
-                path: p.into(),
-                source: e,
+            let _ = to.remove(d.hex());
+        }
+        let mut t = self.temp()?;
+        src.copy_verified(d, size, t.file())?;
+        self.commit(t, d)?;
+        Ok(())
+    }
+
+    /// Check that the uncompressed content of layer `d` (media type `media_type`) hashes to
+    /// `diff_id`, as the image config claims. The answer is remembered in the build cache, so
+    /// a base layer is decompressed once per layout, not once per build.
+    pub fn verify_diff_id(
+        &self,
+        d: &Digest,
+        size: u64,
+        media_type: &str,
+        diff_id: &Digest,
+    ) -> Result<(), Error> {
+        let mut key = Sha256::new();
+        key.update(b"diff_id\0");
+        key.update(d.to_string().as_bytes());
+        key.update(b"\0");
+        key.update(diff_id.to_string().as_bytes());
+        let key = format!("diff-id-{}", Digest::from_hasher(key).hex());
+        if let Some(c) = &self.cache {
+            if matches!(c.stat(&key), Ok(Some(s)) if s.kind == Kind::File) {
+                return Ok(());
             }
         }
+        let f = BufReader::with_capacity(1 << 20, self.open_blob(d, size)?.take(size));
+        let mut r: Box<dyn Read> = match media_type {
+            super::media::LAYER_TAR => Box::new(f),
+            super::media::LAYER_ZSTD => Box::new(
+                zstd::stream::read::Decoder::with_buffer(f)
+                    .map_err(Error::io("decompress", self.blob_path(d)))?,
+            ),
+            _ => Box::new(flate2::bufread::MultiGzDecoder::new(f)),
+        };
+        let mut h = Sha256::new();
+        io::copy(&mut r, &mut HashWriter(&mut h))
+            .map_err(Error::io("decompress", self.blob_path(d)))?;
+        let actual = Digest::from_hasher(h);
+        if &actual != diff_id {
+            return Err(Error::WrongDiffId {
+                layout: self.root.clone(),
+                digest: d.clone(),
+                diff_id: diff_id.clone(),
+                actual,
+            });
+        }
+        if let (Some(c), Some(t)) = (&self.cache, &self.tmp) {
+            // Best effort: without the mark the next build only decompresses again.
+            let _ = c.write_atomic(&key, b"", Some(t));
+        }
+        Ok(())
     }
 
     /// Look up a build-cache record; a record whose blob has gone is a miss.
     pub fn cache_get(&self, key: &Digest) -> Option<LayerRecord> {
-        let p = self.root.join(PRIVATE).join("cache").join(key.hex());
-        let bytes = fs::read(p).ok()?;
+        let bytes = self.cache.as_ref()?.read(key.hex(), 64 << 10, "cache record").ok()?;
         let r: LayerRecord = serde_json::from_slice(&bytes).ok()?;
         self.has(&r.digest, r.size).then_some(r)
     }
@@ -286,43 +457,31 @@ impl BlobStore {
             what: "cache record".into(),
             source,
         })?;
-        let p = self.root.join(PRIVATE).join("cache").join(key.hex());
-        write_atomic(&p, &bytes, &self.root.join(PRIVATE).join("tmp"))
+        self.private("cache")?
+            .write_atomic(key.hex(), &bytes, Some(self.private("tmp")?))
     }
 
     /// Write a top-level layout file (`index.json`) atomically.
     pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), Error> {
-        write_atomic(
-            &self.root.join(name),
-            bytes,
-            &self.root.join(PRIVATE).join("tmp"),
-        )
+        self.top.write_atomic(name, bytes, self.tmp.as_ref())
+    }
+
+    /// Read a top-level layout file (`index.json`): a regular file of at most
+    /// [`MAX_DOCUMENT`] bytes.
+    pub fn read_file(&self, name: &str) -> Result<Vec<u8>, Error> {
+        self.top.read(name, MAX_DOCUMENT, name)
     }
 }
 
-/// Write `bytes` to `dest` through a temp file in `tmp_dir` + fsync + rename.
-pub fn write_atomic(dest: &Path, bytes: &[u8], tmp_dir: &Path) -> Result<(), Error> {
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = tmp_dir.join(format!("{}-{n}", std::process::id()));
-    let mut f = File::create(&tmp).map_err(Error::io("create", &tmp))?;
-    let res = f
-        .write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(Error::io("write", &tmp))
-        .and_then(|_| fs::rename(&tmp, dest).map_err(Error::io("rename into", dest)));
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    if let Some(parent) = dest.parent() {
-        sync_dir(parent);
-    }
-    res
-}
+struct HashWriter<'a>(&'a mut Sha256);
 
-fn sync_dir(dir: &Path) {
-    // Best effort: makes the rename durable on Linux; not supported everywhere.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+impl Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -341,13 +500,13 @@ mod tests {
         );
         assert_eq!(s.read(&d).unwrap(), b"{}");
         assert!(s.has(&d, 2));
-        fs::write(s.blob_path(&d), b"[]").unwrap();
+        std::fs::write(s.blob_path(&d), b"[]").unwrap();
         assert!(matches!(s.read(&d), Err(Error::Corrupt { .. })));
         assert!(matches!(s.verify(&d, 2), Err(Error::Corrupt { .. })));
         let missing = Digest::of(b"nope");
         assert!(matches!(s.read(&missing), Err(Error::MissingBlob { .. })));
         assert_eq!(
-            fs::read_dir(dir.path().join(".infer-build/tmp"))
+            std::fs::read_dir(dir.path().join(".infer-build/tmp"))
                 .unwrap()
                 .count(),
             0

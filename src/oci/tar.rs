@@ -23,7 +23,8 @@ pub const BLOCK: usize = 512;
 pub enum Source {
     Dir,
     /// A file's content given inline (small generated files: `runtime.toml`, warm-up data).
-    Bytes(Vec<u8>),
+    /// Shared, so one warm-up file serves every target without a copy each.
+    Bytes(std::sync::Arc<[u8]>),
     /// A regular file on disk, streamed when the layer is written; `size` is what it must still
     /// be while it is read.
     File {
@@ -50,11 +51,11 @@ impl Entry {
             source: Source::Dir,
         }
     }
-    pub fn bytes(path: &str, mode: u32, data: Vec<u8>) -> Entry {
+    pub fn bytes(path: &str, mode: u32, data: impl Into<std::sync::Arc<[u8]>>) -> Entry {
         Entry {
             path: path.into(),
             mode,
-            source: Source::Bytes(data),
+            source: Source::Bytes(data.into()),
         }
     }
     pub fn file(path: &str, mode: u32, src: PathBuf, size: u64) -> Entry {

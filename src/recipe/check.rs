@@ -192,10 +192,14 @@ impl<'s> Checker<'s> {
     /// Report every key of `table` that is not in `allowed`, suggesting the closest allowed key.
     pub(crate) fn unknown_keys(&mut self, table: &Table<'_, '_>, allowed: &[&str]) {
         for (k, v) in table.inner.iter() {
-            let name: &str = k.get_ref();
-            if allowed.contains(&name) {
+            let full: &str = k.get_ref();
+            if allowed.contains(&full) {
                 continue;
             }
+            // A key is quoted back shortened: a recipe of long junk keys cannot turn into
+            // messages many times its size.
+            let short = shorten(full);
+            let name: &str = &short;
             let key = join(&table.key, name);
             let span = self.span_of(k);
             let is_table = matches!(v.get_ref(), DeValue::Table(_));
@@ -525,3 +529,4 @@ mod tests {
         assert_eq!(last_key("targets.gpus[2]"), "gpus");
     }
 }
+

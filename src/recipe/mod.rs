@@ -164,8 +164,25 @@ pub fn parse(source: &str, file: &Path) -> Result<Recipe, Error> {
     finish(file, recipe, diagnostics)
 }
 
+/// The most diagnostics one error lists; the rest are counted in a last line, so a recipe full
+/// of junk keys cannot turn into an error many times its size.
+pub const MAX_DIAGNOSTICS: usize = 100;
+
 fn invalid(file: &Path, mut diagnostics: Vec<Diagnostic>) -> Error {
     diagnostic::sort(&mut diagnostics);
+    if diagnostics.len() > MAX_DIAGNOSTICS {
+        let more = diagnostics.len() - MAX_DIAGNOSTICS;
+        diagnostics.truncate(MAX_DIAGNOSTICS);
+        let last = &diagnostics[MAX_DIAGNOSTICS - 1];
+        diagnostics.push(Diagnostic {
+            file: file.to_path_buf(),
+            line: last.line,
+            col: last.col,
+            key: String::new(),
+            message: format!("{more} more problems not shown (the first {MAX_DIAGNOSTICS} are above)"),
+            hint: Some("fix these and run again to see the rest".into()),
+        });
+    }
     Error::Invalid {
         file: file.to_path_buf(),
         diagnostics,

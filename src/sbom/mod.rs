@@ -60,6 +60,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Oci(crate::oci::Error),
     #[error("target id `{0}` cannot name an SBOM file (letters, digits, `.`, `_`, `-` only)")]
     BadTarget(String),
     #[error("image manifest {digest} in {layout}: {why}")]
@@ -73,7 +75,10 @@ pub enum Error {
 impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Error::BadTarget(_))
+        match self {
+            Error::Oci(e) => e.is_bad_input(),
+            e => matches!(e, Error::BadTarget(_)),
+        }
     }
 }
 
@@ -311,12 +316,11 @@ pub fn write_for_build(
 ) -> Result<Vec<Written>, Error> {
     let crates = runtime_crates()?;
     let layout = report.layout.as_path();
-    let dir = layout.join(DIR);
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-        what: "create",
-        path: dir.clone(),
-        source,
-    })?;
+    // Opened under the layout without following links: a link planted at `sbom` is refused
+    // rather than sending the documents elsewhere.
+    let dir = crate::oci::Dir::open(layout)
+        .and_then(|d| d.sub(DIR, true))
+        .map_err(Error::Oci)?;
     let mut out = Vec::new();
     for t in &report.targets {
         let Some(spec) = specs.iter().find(|s| s.id == t.id) else {
@@ -325,7 +329,8 @@ pub fn write_for_build(
         let input = input_for(layout, meta, spec, t, model, &crates, epoch)?;
         let bytes = spdx::to_bytes(&input);
         let path = path_in_layout(layout, &t.id)?;
-        write_atomic(&path, &bytes)?;
+        let name = path.file_name().unwrap_or_default();
+        dir.write_atomic(name, &bytes, None).map_err(Error::Oci)?;
         out.push(Written {
             target: t.id.clone(),
             path,
@@ -344,18 +349,7 @@ pub struct Written {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    use std::io::Write as _;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let io = |what, source| Error::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io("create", e))?;
-    tmp.write_all(bytes).map_err(|e| io("write", e))?;
-    tmp.as_file().sync_all().map_err(|e| io("write", e))?;
-    tmp.persist(path).map_err(|e| io("write", e.error))?;
-    Ok(())
+    crate::oci::write_atomic(path, bytes).map_err(Error::Oci)
 }
 
 #[cfg(test)]

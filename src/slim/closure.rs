@@ -106,6 +106,8 @@ pub enum Problem {
     BadElf { path: String, reason: String },
     /// A symlink chain that loops or runs through a file.
     BadPath { path: String, chain: Vec<String> },
+    /// A selected symlink whose target exists in neither image.
+    Dangling { path: String, target: String },
 }
 
 fn arrow(chain: &[String]) -> String {
@@ -143,6 +145,10 @@ impl std::fmt::Display for Problem {
             Problem::BadPath { path, chain } => {
                 write!(f, "{}: /{path} is a symlink loop or runs through a file", arrow(chain))
             }
+            Problem::Dangling { path, target } => write!(
+                f,
+                "/{path} is a dangling symlink: its target `{target}` is in neither image"
+            ),
         }
     }
 }
@@ -381,7 +387,27 @@ impl Walk<'_> {
         }
         match self.builder.get(&me.path) {
             // A selected symlink is copied as a symlink even when its target is in the base.
-            Some(Node::Symlink { .. }) => {
+            Some(Node::Symlink { target }) => {
+                // A loop, a chain through a file, or a link to nothing in either image would be
+                // copied as a broken link: refused, as for dependencies.
+                let target = target.clone();
+                match (self.builder.resolve(path, true), self.base.resolve(path, true)) {
+                    (Ok(_), _) | (Err(tree::ResolveError::NotFound), Ok(_)) => {}
+                    (Err(tree::ResolveError::NotFound), Err(tree::ResolveError::NotFound)) => {
+                        self.problems.insert(Problem::Dangling {
+                            path: me.path.clone(),
+                            target,
+                        });
+                        return;
+                    }
+                    _ => {
+                        self.problems.insert(Problem::BadPath {
+                            path: me.path.clone(),
+                            chain,
+                        });
+                        return;
+                    }
+                }
                 self.copy_entry(&me.path, &chain, winner);
                 if self.builder.file(path).is_some() {
                     self.take(path, chain, winner, Vec::new(), true);

@@ -520,3 +520,37 @@ fn selections_follow_directory_symlinks_and_bring_them_along() {
         )),
     );
 }
+
+#[test]
+fn selected_symlink_loops_and_dangling_links_are_refused() {
+    let mut b = builder();
+    b.insert_symlink("opt/x/lib/libloop.so", "libloop2.so");
+    b.insert_symlink("opt/x/lib/libloop2.so", "libloop.so");
+    b.insert_symlink("opt/x/lib/libgone.so", "libgone.so.1");
+    // A link whose target only the base holds is fine: the slim image has it.
+    b.insert_symlink("opt/x/lib/libz.so", "/usr/lib/x86_64-linux-gnu/libz.so.1");
+    check(
+        &base(),
+        &b,
+        &[sel(&["/opt/x/lib/libloop.so"], None)],
+        ClosureSpec::default(),
+        Err("the slim closure cannot be built:\n  /opt/x/lib/libloop.so: /opt/x/lib/libloop.so is a symlink loop or runs through a file"),
+    );
+    check(
+        &base(),
+        &b,
+        &[sel(&["/opt/x/lib/libgone.so"], None)],
+        ClosureSpec::default(),
+        Err("the slim closure cannot be built:\n  /opt/x/lib/libgone.so is a dangling symlink: its target `libgone.so.1` is in neither image"),
+    );
+    let mut only_builder = b.clone();
+    only_builder.remove("usr/lib/x86_64-linux-gnu");
+    only_builder.remove("lib");
+    check(
+        &base(),
+        &only_builder,
+        &[sel(&["/opt/x/lib/libz.so"], None)],
+        ClosureSpec::default(),
+        Ok((&["opt/x/lib/libz.so"], &[])),
+    );
+}

@@ -24,6 +24,9 @@ use super::Error;
 /// 2 GB builder resources are never a dependency.
 pub const ELF_PARSE_LIMIT: u64 = 1 << 30;
 
+/// The most bytes a loader configuration file (`etc/ld.so.conf*`, kept in memory) may have.
+const INLINE_LIMIT: u64 = 1 << 20;
+
 /// Annotation prefix of everything this module records in manifests.
 pub const ANNOTATION: &str = "dev.infer-build.slim.";
 /// Layer descriptor annotation: the uncompressed size of the layer, for the size report.
@@ -82,9 +85,37 @@ pub fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, Error> {
     Ok(dir.join("blobs/sha256").join(hex))
 }
 
-fn read_json(dir: &Path, digest: &str) -> Result<(Value, Vec<u8>), Error> {
+/// Open blob `digest` of the layout at `dir` for reading: a regular file reached without
+/// following any link inside the layout (a blob linked to `/etc/shadow`, `/dev/zero` or a FIFO
+/// is refused, naming it), whose size is `size` when the descriptor gives one.
+fn open_blob(dir: &Path, digest: &str, size: Option<u64>) -> Result<(PathBuf, fs::File, u64), Error> {
     let path = blob_path(dir, digest)?;
-    let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+    let hex = &digest["sha256:".len()..];
+    let (f, st) = crate::oci::Dir::open(dir)?
+        .sub("blobs/sha256", false)?
+        .open_file(hex)?;
+    if let Some(want) = size.filter(|&w| w != st.size) {
+        return Err(layout_err(
+            &path,
+            format!("blob has {} bytes, its descriptor says {want}", st.size),
+        ));
+    }
+    Ok((path, f, st.size))
+}
+
+fn read_json(dir: &Path, digest: &str) -> Result<(Value, Vec<u8>), Error> {
+    let (path, f, size) = open_blob(dir, digest, None)?;
+    let max = crate::oci::MAX_DOCUMENT;
+    if size > max {
+        return Err(layout_err(
+            &path,
+            format!("{size} bytes, over the {max}-byte limit for a manifest, index or config"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    f.take(max)
+        .read_to_end(&mut bytes)
+        .map_err(io_err("read", &path))?;
     let got = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
     if got != digest {
         return Err(layout_err(
@@ -106,7 +137,11 @@ fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 /// index is followed to its `linux/amd64` manifest (else its only one).
 pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
     let index_path = dir.join("index.json");
-    let text = fs::read(&index_path).map_err(io_err("read", &index_path))?;
+    let text = crate::oci::Dir::open(dir)?.read(
+        "index.json",
+        crate::oci::MAX_DOCUMENT,
+        "index.json",
+    )?;
     let index: Value = serde_json::from_slice(&text)
         .map_err(|e| layout_err(&index_path, format!("invalid JSON: {e}")))?;
     let entries = index
@@ -271,10 +306,9 @@ impl<W: Write> Write for HashWriter<W> {
 /// stream is finished with [`finish_layer`].
 fn open_layer(img: &Image, i: usize) -> Result<(PathBuf, Tee<Box<dyn Read>>), Error> {
     let layer = &img.layers[i];
-    let path = blob_path(&img.layout, &layer.digest)?;
-    let file = fs::File::open(&path).map_err(io_err("open", &path))?;
+    let (path, file, size) = open_blob(&img.layout, &layer.digest, Some(layer.size))?;
     let raw = Tee {
-        inner: Box::new(io::BufReader::new(file)) as Box<dyn Read>,
+        inner: Box::new(io::BufReader::new(file.take(size))) as Box<dyn Read>,
         hash: Sha256::new(),
         count: 0,
     };
@@ -303,10 +337,11 @@ fn open_layer(img: &Image, i: usize) -> Result<(PathBuf, Tee<Box<dyn Read>>), Er
     ))
 }
 
-/// Check that a blob's bytes have the digest that names it.
-fn verify_blob(dir: &Path, digest: &str) -> Result<(), Error> {
-    let path = blob_path(dir, digest)?;
-    let mut f = fs::File::open(&path).map_err(io_err("open", &path))?;
+/// Check that a blob is a regular file of the descriptor's size whose bytes have the digest
+/// that names it (never reading more than `size` bytes).
+fn verify_blob(dir: &Path, digest: &str, size: u64) -> Result<(), Error> {
+    let (path, f, _) = open_blob(dir, digest, Some(size))?;
+    let mut f = f.take(size);
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -332,6 +367,19 @@ fn finish_layer(path: &Path, mut tee: Tee<Box<dyn Read>>) -> Result<u64, Error> 
     Ok(tee.count)
 }
 
+/// A tar member name as text; not UTF-8 is an error naming the layer and showing the bytes.
+fn utf8_name(raw: &[u8], layer: &Path, what: &str) -> Result<String, Error> {
+    String::from_utf8(raw.to_vec()).map_err(|_| {
+        layout_err(
+            layer,
+            format!(
+                "{what} `{}` is not UTF-8; slim does not handle such names",
+                raw.escape_ascii()
+            ),
+        )
+    })
+}
+
 /// Files whose bytes the closure needs to read (the loader configuration of the base).
 fn keep_inline(path: &str) -> bool {
     path == "etc/ld.so.conf" || path.starts_with("etc/ld.so.conf.d/")
@@ -349,7 +397,7 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
     let mut t = Tree::new();
     let mut sizes = Vec::new();
     for i in 0..img.layers.len() {
-        verify_blob(&img.layout, &img.layers[i].digest)?;
+        verify_blob(&img.layout, &img.layers[i].digest, img.layers[i].size)?;
         let (path, tee) = open_layer(img, i)?;
         let mut archive = tar::Archive::new(tee);
         let mut pending = Vec::new();
@@ -358,7 +406,9 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
         for entry in archive.entries().map_err(io_err("read layer", &path))? {
             let mut entry = entry.map_err(io_err("read layer", &path))?;
             let raw = entry.path_bytes().into_owned();
-            let name = String::from_utf8_lossy(&raw).into_owned();
+            // Names are compared and written as text: a name that is not UTF-8 is refused
+            // rather than converted lossily (two names would merge into one).
+            let name = utf8_name(&raw, &path, "path")?;
             let p = tree::normalize(&name);
             if p.is_empty() {
                 continue;
@@ -369,6 +419,13 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                 continue;
             }
             if let Some(hidden) = base.strip_prefix(".wh.") {
+                // `.wh..` and `.wh...` would name the directory itself or its parent.
+                if hidden.is_empty() || hidden == "." || hidden == ".." {
+                    return Err(layout_err(
+                        &path,
+                        format!("whiteout `{name}` names no file (only `.wh.<name>` and `.wh..wh..opq` exist)"),
+                    ));
+                }
                 whiteouts.push(tree::join(tree::parent(&p), hidden));
                 continue;
             }
@@ -378,7 +435,7 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                 let l = entry
                     .link_name_bytes()
                     .ok_or_else(|| layout_err(&path, format!("link `{name}` without a target")))?;
-                Ok(String::from_utf8_lossy(&l).into_owned())
+                utf8_name(&l, &path, "link target")
             };
             match kind {
                 tar::EntryType::Directory => pending.push(Pending::Node(p, Node::Dir { mode })),
@@ -391,7 +448,8 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                     pending.push(Pending::Hardlink(p, target));
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let file = read_file(&mut entry, &path, i, &p, mode)?;
+                    let declared = entry.header().size().unwrap_or(0);
+                    let file = read_file(&mut entry, &path, i, &p, mode, declared)?;
                     pending.push(Pending::Node(p, Node::File(file)));
                 }
                 // Devices, fifos and the like are not library material.
@@ -426,7 +484,14 @@ fn read_file(
     i: usize,
     p: &str,
     mode: u32,
+    declared: u64,
 ) -> Result<File, Error> {
+    if keep_inline(p) && declared > INLINE_LIMIT {
+        return Err(layout_err(
+            layer,
+            format!("/{p} has {declared} bytes, over the {INLINE_LIMIT}-byte limit for a loader configuration file"),
+        ));
+    }
     let mut hash = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut kept: Vec<u8> = Vec::new();
@@ -440,6 +505,11 @@ fn read_file(
         }
         if size == 0 {
             is_elf = ElfInfo::is_elf(&buf[..n]);
+            // What is kept is at most one file of `ELF_PARSE_LIMIT` bytes, allocated once at
+            // its declared size rather than grown by doubling.
+            if (is_elf || inline) && declared <= ELF_PARSE_LIMIT {
+                kept.reserve_exact(declared as usize);
+            }
         }
         hash.update(&buf[..n]);
         size += n as u64;
@@ -506,7 +576,11 @@ fn extract(
         let mut archive = tar::Archive::new(tee);
         for entry in archive.entries().map_err(io_err("read layer", &path))? {
             let mut entry = entry.map_err(io_err("read layer", &path))?;
-            let p = tree::normalize(&String::from_utf8_lossy(&entry.path_bytes()));
+            // `flatten` refused names that are not UTF-8; none can be wanted here.
+            let Ok(name) = std::str::from_utf8(&entry.path_bytes()).map(str::to_string) else {
+                continue;
+            };
+            let p = tree::normalize(&name);
             let Some(froms) = members.get(&p) else {
                 continue;
             };
@@ -714,11 +788,16 @@ pub fn build(
     file.sync_all().map_err(io_err("sync", &tmp))?;
     drop(file);
     let layer_digest = format!("sha256:{}", hex::encode(hash.finalize()));
-    let layer_path = blob_path(out, &layer_digest)?;
-    fs::rename(&tmp, &layer_path).map_err(io_err("rename to", &layer_path))?;
+    store.adopt(
+        &crate::oci::Dir::open(staging.path())?,
+        "layer.tar.gz",
+        &crate::oci::Digest::parse(&layer_digest)?,
+    )?;
 
+    let base_store = crate::oci::store::BlobStore::open(&base.layout)?;
     for l in &base.layers {
-        copy_blob(&base.layout, out, &l.digest)?;
+        let d = crate::oci::Digest::parse(&l.digest)?;
+        store.import(&base_store, &d, l.size, true)?;
     }
 
     let mut config = base.config.clone();
@@ -921,20 +1000,6 @@ fn set_library_path(config: &mut Value, dirs: &[String]) {
         }
     }
     env.push(Value::String(format!("LD_LIBRARY_PATH={value}")));
-}
-
-fn copy_blob(from: &Path, to: &Path, digest: &str) -> Result<(), Error> {
-    let src = blob_path(from, digest)?;
-    let dst = blob_path(to, digest)?;
-    if dst.exists() {
-        return Ok(());
-    }
-    if fs::hard_link(&src, &dst).is_err() {
-        let tmp = dst.with_extension("tmp");
-        fs::copy(&src, &tmp).map_err(io_err("copy", &src))?;
-        fs::rename(&tmp, &dst).map_err(io_err("rename to", &dst))?;
-    }
-    Ok(())
 }
 
 /// The excluded libraries as lines for the build output.

@@ -13,3 +13,4 @@ pub mod sbom;
 pub mod serve;
 pub mod slim;
 pub mod support;
+pub mod hostile;

@@ -64,7 +64,7 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
     let mut extra = BTreeMap::new();
     extra.insert(
         "etc/infer/warmup/requests.json".into(),
-        br#"{"batch_sizes":[1,8]}"#.to_vec(),
+        br#"{"batch_sizes":[1,8]}"#.to_vec().into(),
     );
     TargetSpec {
         id: "cpu-fp32".into(),

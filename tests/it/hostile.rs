@@ -1,0 +1,532 @@
+//! Hostile inputs on the builder side: crafted layouts, output directories with planted links,
+//! FIFOs and devices where files are expected, oversized documents. Each test reproduces one
+//! attack and checks that nothing outside the output is written, deleted or read, that nothing
+//! hangs, and that the error names what was refused.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use infer_build::build::{self, BuildOptions, ImageMeta, NoProgress, Payload, Policy, TargetSpec};
+use infer_build::oci::image::Platform;
+use infer_build::oci::store::BlobStore;
+use infer_build::oci::{layout, Digest};
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+
+use super::support::{infer_build, stderr};
+
+fn sha(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+fn meta() -> ImageMeta {
+    ImageMeta {
+        name: "mlp".into(),
+        version: "1.0.0".into(),
+        revision: None,
+        source: None,
+        repository: "localhost/infer-build/mlp".into(),
+        index_tag: "1.0.0".into(),
+        labels: BTreeMap::new(),
+        user: None,
+    }
+}
+
+/// Small inputs for a CPU target.
+fn inputs(dir: &Path) {
+    std::fs::write(dir.join("infer-serve"), vec![7u8; 10_000]).unwrap();
+    std::fs::write(dir.join("model.onnx"), vec![9u8; 20_000]).unwrap();
+}
+
+fn cpu_target(dir: &Path) -> TargetSpec {
+    TargetSpec {
+        id: "cpu-fp32".into(),
+        tag: "1.0.0-cpu-fp32".into(),
+        platform: Platform {
+            architecture: "amd64".into(),
+            os: "linux".into(),
+            variant: None,
+        },
+        gpu: false,
+        base: None,
+        runtime_libs: vec![],
+        serve_bin: dir.join("infer-serve"),
+        payload: Payload::Model {
+            onnx: dir.join("model.onnx"),
+        },
+        runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
+        extra_files: BTreeMap::new(),
+        compat: BTreeMap::new(),
+    }
+}
+
+fn gpu_target(dir: &Path, base: &Path) -> TargetSpec {
+    let mut t = cpu_target(dir);
+    t.id = "sm90-fp16".into();
+    t.tag = "1.0.0-sm90-fp16".into();
+    t.gpu = true;
+    t.base = Some(build::BaseRef {
+        layout: base.into(),
+        tag: None,
+    });
+    t
+}
+
+fn build_into(out: &Path, targets: &[TargetSpec]) -> Result<build::BuildReport, build::Error> {
+    let opts = BuildOptions {
+        epoch: 0,
+        policy: Policy::Auto,
+        zstd_workers: 1,
+    };
+    build::build(out, &meta(), targets, &opts, &mut NoProgress)
+}
+
+/// A gzip-compressed tar layer holding `files` (path bytes, content).
+fn layer(files: &[(&[u8], &[u8])]) -> (Vec<u8>, String) {
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, content) in files {
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path);
+        h.set_size(content.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        tar.append(&h, *content).unwrap();
+    }
+    let tar = tar.into_inner().unwrap();
+    let diff_id = sha(&tar);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    (gz.finish().unwrap(), diff_id)
+}
+
+/// A one-image layout (linux/amd64) of `layers`; `diff_ids` overrides the config's. Returns
+/// the layer digests and the manifest digest.
+fn make_layout(
+    dir: &Path,
+    layers: &[(Vec<u8>, String)],
+    diff_ids: Option<Vec<String>>,
+    annotations: Value,
+) -> (Vec<String>, String) {
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let put = |bytes: &[u8]| {
+        let d = sha(bytes);
+        std::fs::write(dir.join("blobs/sha256").join(&d[7..]), bytes).unwrap();
+        d
+    };
+    let digests: Vec<String> = layers.iter().map(|(b, _)| put(b)).collect();
+    let diff_ids = diff_ids.unwrap_or_else(|| layers.iter().map(|(_, d)| d.clone()).collect());
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let config_digest = put(&config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len()},
+        "layers": layers.iter().zip(&digests).map(|((b, _), d)| json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": b.len(),
+        })).collect::<Vec<_>>(),
+        "annotations": annotations,
+    }))
+    .unwrap();
+    let manifest_digest = put(&manifest);
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest, "size": manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": "base"},
+        }],
+    }))
+    .unwrap();
+    std::fs::write(dir.join("index.json"), index).unwrap();
+    (digests, manifest_digest)
+}
+
+fn blob(dir: &Path, digest: &str) -> PathBuf {
+    dir.join("blobs/sha256").join(&digest[7..])
+}
+
+fn mkfifo(p: &Path) {
+    let _ = std::fs::remove_file(p);
+    let ok = Command::new("mkfifo").arg(p).status().unwrap().success();
+    assert!(ok, "mkfifo {}", p.display());
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned within 30 s (a FIFO read
+/// would block forever).
+fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("did not return within 30 s: blocked on a FIFO or a device")
+}
+
+/// A directory outside the output with one file in it, to check nothing touches it.
+fn victim(root: &Path) -> PathBuf {
+    let v = root.join("victim");
+    std::fs::create_dir_all(&v).unwrap();
+    std::fs::write(v.join("precious"), b"precious").unwrap();
+    v
+}
+
+fn untouched(v: &Path) {
+    let names: Vec<_> = std::fs::read_dir(v)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["precious"], "something was written into or removed from {v:?}");
+    assert_eq!(std::fs::read(v.join("precious")).unwrap(), b"precious");
+}
+
+#[test]
+fn build_refuses_a_linked_private_tmp_and_deletes_nothing_outside() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let out = t.path().join("out");
+    build_into(&out, &[cpu_target(t.path())]).unwrap();
+    let v = victim(t.path());
+    std::fs::remove_dir_all(out.join(".infer-build/tmp")).unwrap();
+    symlink(&v, out.join(".infer-build/tmp")).unwrap();
+    let e = build_into(&out, &[cpu_target(t.path())]).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert!(e.to_string().contains(".infer-build/tmp"), "{e}");
+    assert!(e.is_bad_input());
+    untouched(&v);
+}
+
+#[test]
+fn build_refuses_a_linked_blob_directory() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let out = t.path().join("out");
+    let v = victim(t.path());
+    std::fs::create_dir_all(out.join("blobs")).unwrap();
+    symlink(&v, out.join("blobs/sha256")).unwrap();
+    let e = build_into(&out, &[cpu_target(t.path())]).unwrap_err();
+    assert!(e.to_string().contains("blobs/sha256"), "{e}");
+    untouched(&v);
+}
+
+#[test]
+fn build_refuses_a_linked_sbom_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let v = victim(t.path());
+    let layout = t.path().join("out");
+    std::fs::create_dir_all(&layout).unwrap();
+    symlink(&v, layout.join("sbom")).unwrap();
+    // The directory SBOMs are written to is opened the way `sbom::write_for_build` opens it.
+    let e = infer_build::oci::Dir::open(&layout)
+        .unwrap()
+        .sub("sbom", true)
+        .unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    untouched(&v);
+}
+
+#[test]
+fn archive_never_writes_through_a_planted_partial_link() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let out = t.path().join("out");
+    build_into(&out, &[cpu_target(t.path())]).unwrap();
+    let v = victim(t.path());
+    let dest = t.path().join("image.tar");
+    symlink(v.join("precious"), t.path().join("image.partial")).unwrap();
+    symlink(v.join("precious"), &dest).unwrap();
+    let store = BlobStore::open(&out).unwrap();
+    layout::write_archive(&store, &dest, 0).unwrap();
+    untouched(&v);
+    let m = std::fs::symlink_metadata(&dest).unwrap();
+    assert!(m.file_type().is_file(), "the archive must replace the link");
+    assert!(m.len() > 10_000);
+}
+
+#[test]
+fn base_layer_linked_outside_or_to_a_device_or_fifo_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let base = t.path().join("base");
+    let l = layer(&[(b"etc/hostname", b"base\n")]);
+    let (digests, _) = make_layout(&base, std::slice::from_ref(&l), None, json!({}));
+    let b = blob(&base, &digests[0]);
+    // A link to a file with the right bytes still is a link.
+    let outside = t.path().join("outside.tar.gz");
+    std::fs::write(&outside, &l.0).unwrap();
+    std::fs::remove_file(&b).unwrap();
+    symlink(&outside, &b).unwrap();
+    let e = build_into(&t.path().join("o1"), &[gpu_target(t.path(), &base)]).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert!(e.is_bad_input());
+    // A FIFO: refused at open, no read blocks.
+    std::fs::remove_file(&b).unwrap();
+    mkfifo(&b);
+    let (dir, base2) = (t.path().to_path_buf(), base.clone());
+    let e = bounded(move || {
+        build_into(&dir.join("o2"), &[gpu_target(&dir, &base2)])
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(e.contains("not a regular file"), "{e}");
+    // A descriptor of 2^64-1 bytes: refused by size, before reading.
+    std::fs::remove_file(&b).unwrap();
+    std::fs::write(&b, &l.0).unwrap();
+    let store = BlobStore::open(&base).unwrap();
+    let e = store
+        .verify(&Digest::parse(&digests[0]).unwrap(), u64::MAX)
+        .unwrap_err();
+    assert!(e.to_string().contains("18446744073709551615"), "{e}");
+}
+
+#[test]
+fn fifo_or_oversized_index_json_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("base");
+    make_layout(&base, &[layer(&[(b"a", b"a")])], None, json!({}));
+    std::fs::remove_file(base.join("index.json")).unwrap();
+    mkfifo(&base.join("index.json"));
+    let b = base.clone();
+    let e = bounded(move || {
+        let s = BlobStore::open(&b).unwrap();
+        layout::read_index(&s).unwrap_err().to_string()
+    });
+    assert!(e.contains("not a regular file"), "{e}");
+    std::fs::remove_file(base.join("index.json")).unwrap();
+    symlink("/dev/zero", base.join("index.json")).unwrap();
+    let s = BlobStore::open(&base).unwrap();
+    let e = layout::read_index(&s).unwrap_err().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    std::fs::remove_file(base.join("index.json")).unwrap();
+    let f = std::fs::File::create(base.join("index.json")).unwrap();
+    f.set_len(5 << 20).unwrap();
+    let e = layout::read_index(&s).unwrap_err().to_string();
+    assert!(e.contains("over the limit of 4194304"), "{e}");
+}
+
+#[test]
+fn base_layout_with_a_wrong_diff_id_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let base = t.path().join("base");
+    let l = layer(&[(b"etc/hostname", b"base\n")]);
+    let bogus = sha(b"not the layer");
+    make_layout(&base, &[l], Some(vec![bogus.clone()]), json!({}));
+    let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
+    assert!(e.to_string().contains(&bogus), "{e}");
+    assert!(e.to_string().contains("diff_id"), "{e}");
+    assert!(e.is_bad_input());
+}
+
+#[test]
+fn corrupt_base_layout_is_bad_input_for_build_as_for_push() {
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let base = t.path().join("base");
+    let (digests, _) = make_layout(&base, &[layer(&[(b"a", b"a")])], None, json!({}));
+    std::fs::write(blob(&base, &digests[0]), b"short").unwrap();
+    let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
+    assert!(e.to_string().contains(&digests[0]), "{e}");
+    assert_eq!(infer_build::error::Error::from(e).exit_code(), 2);
+    std::fs::remove_file(blob(&base, &digests[0])).unwrap();
+    let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+    assert_eq!(infer_build::error::Error::from(e).exit_code(), 2);
+}
+
+#[test]
+fn manifest_with_too_many_layers_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("base");
+    let l = layer(&[(b"a", b"a")]);
+    let many = vec![l; 1001];
+    make_layout(&base, &many, None, json!({}));
+    let s = BlobStore::open(&base).unwrap();
+    let e = layout::walk(&s).unwrap_err().to_string();
+    assert!(e.contains("1001 layers"), "{e}");
+}
+
+fn inspect(layout: &Path) -> (i32, String) {
+    let o = infer_build().arg("inspect").arg(layout).output().unwrap();
+    (o.status.code().unwrap_or(-1), stderr(&o))
+}
+
+#[test]
+fn inspect_verifies_layers_and_escapes_control_characters() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("l");
+    let (digests, _) = make_layout(
+        &dir,
+        &[layer(&[(b"a", b"a")])],
+        None,
+        json!({"note": "\u{1b}]0;pwned\u{7}\u{1b}[2J\rfake line\u{9b}31m"}),
+    );
+    let (code, err) = inspect(&dir);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !err.contains('\u{1b}') && !err.contains('\u{7}') && !err.contains('\r'),
+        "raw control characters reach the terminal: {err:?}"
+    );
+    assert!(!err.contains('\u{9b}'), "{err:?}");
+    assert!(err.contains("\\u{1b}]0;pwned"), "{err}");
+    std::fs::write(blob(&dir, &digests[0]), b"corrupt").unwrap();
+    let (code, err) = inspect(&dir);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&digests[0]), "{err}");
+    std::fs::remove_file(blob(&dir, &digests[0])).unwrap();
+    let (code, err) = inspect(&dir);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("missing"), "{err}");
+}
+
+#[test]
+fn inspect_refuses_a_layer_of_u64_max_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("l");
+    make_layout(&dir, &[layer(&[(b"a", b"a")])], None, json!({}));
+    // Rewrite the manifest with a layer size of 2^64-1 (valid JSON, a u64).
+    let idx: Value = serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let md = idx["manifests"][0]["digest"].as_str().unwrap().to_string();
+    let mut m: Value = serde_json::from_slice(&std::fs::read(blob(&dir, &md)).unwrap()).unwrap();
+    m["layers"][0]["size"] = json!(u64::MAX);
+    let mb = serde_json::to_vec(&m).unwrap();
+    let nd = sha(&mb);
+    std::fs::write(blob(&dir, &nd), &mb).unwrap();
+    let idx = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": nd, "size": mb.len()}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&idx).unwrap()).unwrap();
+    let (code, err) = inspect(&dir);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("its descriptor says 18446744073709551615"), "{err}");
+    assert!(!err.contains("TiB"), "{err}");
+}
+
+#[test]
+fn slim_refuses_linked_blobs_non_utf8_names_and_dot_whiteouts() {
+    use infer_build::slim::image::{flatten, read_layout};
+    let t = tempfile::tempdir().unwrap();
+    // Two names that differ only in a non-UTF-8 byte would merge into one if converted.
+    let dir = t.path().join("nonutf8");
+    make_layout(
+        &dir,
+        &[layer(&[(b"usr/lib/libx.so.\xff", b"\x7fELFone"), (b"usr/lib/libx.so.\xfe", b"two")])],
+        None,
+        json!({}),
+    );
+    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("libx.so.\\xff") && e.contains("not UTF-8"), "{e}");
+    // `.wh..` and `.wh...` name the directory itself and its parent.
+    for w in [&b"usr/lib/.wh.."[..], b"usr/lib/.wh..."] {
+        let dir = t.path().join(format!("wh{}", w.len()));
+        make_layout(
+            &dir,
+            &[layer(&[(b"usr/lib/keep", b"k")]), layer(&[(w, b"")])],
+            None,
+            json!({}),
+        );
+        let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("whiteout") && e.contains("names no file"), "{e}");
+    }
+    // A layer blob linked to a device: refused by the open, no endless read.
+    let dir = t.path().join("dev");
+    let (digests, _) = make_layout(&dir, &[layer(&[(b"a", b"a")])], None, json!({}));
+    std::fs::remove_file(blob(&dir, &digests[0])).unwrap();
+    symlink("/dev/zero", blob(&dir, &digests[0])).unwrap();
+    let start = Instant::now();
+    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // A base blob that is a link is not hard-linked into the output.
+    let out = BlobStore::create(&t.path().join("out")).unwrap();
+    let src = BlobStore::open(&dir).unwrap();
+    let d = Digest::parse(&digests[0]).unwrap();
+    let e = out.import(&src, &d, 1, true).unwrap_err().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    assert!(!t.path().join("out/blobs/sha256").join(d.hex()).exists());
+}
+
+#[test]
+fn slim_definition_and_engine_meta_fifos_do_not_block() {
+    let t = tempfile::tempdir().unwrap();
+    let fifo = t.path().join("fifo");
+    mkfifo(&fifo);
+    for flag in ["--definition", "--engine-meta"] {
+        let mut cmd = infer_build();
+        cmd.args(["slim", flag])
+            .arg(&fifo)
+            .args(["--base-layout", "b", "--builder-layout", "c", "--out"])
+            .arg(t.path().join("out"));
+        let o = bounded(move || cmd.output().unwrap());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("not a regular file"), "{flag}: {err}");
+    }
+}
+
+#[test]
+fn a_directory_as_engine_file_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let e = infer_build::engine::cache::digest_file(t.path()).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains("not a regular file"), "{chain}");
+}
+
+#[test]
+fn a_megabyte_of_unknown_recipe_keys_gives_a_bounded_message() {
+    let mut text = String::from("[model]\nname = \"m\"\nonnx = \"m.onnx\"\n");
+    let mut n = 0;
+    while text.len() < (1 << 20) - 64 {
+        text.push_str(&format!("unknown_key_{n} = 1\n"));
+        n += 1;
+    }
+    let e = infer_build::recipe::parse(&text, Path::new("recipe.toml")).unwrap_err();
+    let shown = e.to_string();
+    assert!(shown.len() < 64 << 10, "{} bytes of messages", shown.len());
+    assert!(shown.contains("more problems not shown"), "{shown}");
+    assert!(e.diagnostics().len() <= infer_build::recipe::MAX_DIAGNOSTICS + 1);
+}
+
+/// The invariant behind the tests above, checked on the source: outside `oci/dir.rs`, the
+/// modules that write layouts (`oci`, `build`, `sbom`) never create, rename, link or write
+/// files by path; they go through `oci::Dir` handles.
+#[test]
+fn layout_writers_go_through_directory_handles() {
+    let root = super::support::root();
+    let banned = [
+        "fs::rename(",
+        "File::create(",
+        "fs::write(",
+        "fs::hard_link(",
+        "OpenOptions::new()",
+        "NamedTempFile",
+        "fs::remove_file(",
+    ];
+    let mut found = Vec::new();
+    for dir in ["src/oci", "src/build", "src/sbom"] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.ends_with("dir.rs") || p.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            // Unit tests may set up files however they like.
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                if banned.iter().any(|b| line.contains(b)) {
+                    found.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "write through oci::Dir instead:\n{}", found.join("\n"));
+}

@@ -426,7 +426,11 @@ fn cached_engine(
     };
     let read = |name: &str| -> Result<Vec<u8>, Error> {
         let (p, _) = build::safe_input(&found.dir, Path::new(name))?;
-        Ok(crate::oci::dir::read_file(&p, crate::oci::MAX_DOCUMENT, name)?)
+        Ok(crate::oci::dir::read_file(
+            &p,
+            crate::oci::MAX_DOCUMENT,
+            name,
+        )?)
     };
     let name = found
         .engine

@@ -181,10 +181,7 @@ fn clean(s: &str) -> String {
 
 /// The summary, every line cleaned of control characters.
 fn render(doc: &Value) -> String {
-    render_raw(doc)
-        .lines()
-        .map(|l| clean(l) + "\n")
-        .collect()
+    render_raw(doc).lines().map(|l| clean(l) + "\n").collect()
 }
 
 fn render_raw(doc: &Value) -> String {

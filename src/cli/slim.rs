@@ -241,9 +241,8 @@ fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option
         // A regular file of bounded size: a FIFO or device is refused before any read.
         let bytes = crate::oci::dir::read_file(file, 1 << 20, "slim definition")
             .map_err(|e| Error::Usage(format!("--definition {}: {e}", file.display())))?;
-        let text = String::from_utf8(bytes).map_err(|_| {
-            Error::Usage(format!("--definition {}: not UTF-8", file.display()))
-        })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::Usage(format!("--definition {}: not UTF-8", file.display())))?;
         return Ok((Definition::parse(&file.display().to_string(), &text)?, None));
     }
     let defs = image::definitions(args.matrix.matrix.as_deref())?;

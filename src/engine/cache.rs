@@ -52,14 +52,24 @@ impl Entry {
             let path = path.to_path_buf();
             move |source| Error::Io { path, source }
         };
+        // Entries may come from elsewhere (`--engines DIR` of CI artifacts): regular files of
+        // bounded size only, so a FIFO or a huge file cannot hang or exhaust the build.
+        let read = |path: &Path| {
+            crate::oci::dir::read_file(path, crate::oci::MAX_DOCUMENT, "engine metadata").map_err(
+                |e| Error::Io {
+                    path: path.to_path_buf(),
+                    source: e.into_io(),
+                },
+            )
+        };
         let meta_path = dir.join(META_FILE);
-        let meta_bytes = fs::read(&meta_path).map_err(io(&meta_path))?;
+        let meta_bytes = read(&meta_path)?;
         let meta = EngineMeta::from_json(&meta_bytes).map_err(|source| Error::Meta {
             path: meta_path.clone(),
             source,
         })?;
         let profile_path = dir.join(PROFILE_FILE);
-        let profile_bytes = fs::read(&profile_path).map_err(io(&profile_path))?;
+        let profile_bytes = read(&profile_path)?;
         let profile = EngineProfile::from_json(&profile_bytes).map_err(|source| Error::Meta {
             path: profile_path.clone(),
             source,

@@ -410,7 +410,9 @@ pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
     candidates.dedup();
     let mut same_target = Vec::new();
     for c in candidates {
-        let Ok(bytes) = std::fs::read(c.join(META_FILE)) else {
+        let Ok(bytes) =
+            crate::oci::dir::read_file(&c.join(META_FILE), crate::oci::MAX_DOCUMENT, META_FILE)
+        else {
             continue;
         };
         let Ok(meta) = EngineMeta::from_json(&bytes) else {

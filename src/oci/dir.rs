@@ -65,6 +65,9 @@ fn kind_of(mode: u32) -> Kind {
     }
 }
 
+// The `stat` field types differ between platforms (32-bit targets, macOS): the casts are
+// no-ops on x86_64 Linux only.
+#[allow(clippy::unnecessary_cast)]
 fn stat_of(st: &rustix::fs::Stat) -> EntryStat {
     EntryStat {
         kind: kind_of(st.st_mode as u32),
@@ -207,17 +210,17 @@ impl Dir {
             match rustix::fs::openat(
                 &*self.fd,
                 name.as_str(),
-                OFlags::WRONLY
-                    | OFlags::CREATE
-                    | OFlags::EXCL
-                    | OFlags::NOFOLLOW
-                    | OFlags::CLOEXEC,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o644),
             ) {
                 Ok(fd) => return Ok((name, File::from(fd))),
                 // A leftover of an earlier process with the same pid: take the next number.
                 Err(rustix::io::Errno::EXIST) => continue,
-                Err(e) => return Err(Error::io("create temp file", self.path.join(&name))(e.into())),
+                Err(e) => {
+                    return Err(Error::io("create temp file", self.path.join(&name))(
+                        e.into(),
+                    ))
+                }
             }
         }
     }
@@ -378,7 +381,9 @@ fn read_bounded(f: File, size: u64, limit: u64, path: &Path, what: &str) -> Resu
 
 /// `path` as (parent directory, file name); the parent of a bare name is `.`.
 fn split(path: &Path) -> Result<(PathBuf, &OsStr), Error> {
-    let name = path.file_name().ok_or_else(|| Error::NotAFile { path: path.into() })?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::NotAFile { path: path.into() })?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -399,15 +404,24 @@ mod tests {
         std::fs::write(outside.join("keep"), b"keep").unwrap();
         let root = Dir::create(&t.path().join("root")).unwrap();
         symlink(&outside, t.path().join("root/linked")).unwrap();
-        assert!(matches!(root.sub("linked", true), Err(Error::Symlink { .. })));
-        assert!(matches!(root.sub("linked/x", true), Err(Error::Symlink { .. })));
+        assert!(matches!(
+            root.sub("linked", true),
+            Err(Error::Symlink { .. })
+        ));
+        assert!(matches!(
+            root.sub("linked/x", true),
+            Err(Error::Symlink { .. })
+        ));
         symlink(outside.join("keep"), t.path().join("root/f")).unwrap();
         assert!(matches!(root.open_file("f"), Err(Error::Symlink { .. })));
         // Replacing a link renames over it: the target keeps its content.
         root.write_atomic("f", b"new", None).unwrap();
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
         assert_eq!(root.read("f", 10, "test").unwrap(), b"new");
-        assert!(matches!(root.read("f", 2, "test"), Err(Error::TooBig { .. })));
+        assert!(matches!(
+            root.read("f", 2, "test"),
+            Err(Error::TooBig { .. })
+        ));
         symlink(&outside, t.path().join("root/l2")).unwrap();
         root.clear().unwrap();
         assert!(outside.join("keep").exists());

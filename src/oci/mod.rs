@@ -91,7 +91,9 @@ pub enum Error {
     DuplicateEntry(String),
     #[error("`{path}` is not a regular file")]
     NotAFile { path: PathBuf },
-    #[error("`{path}` is a symbolic link; links inside layouts, outputs and caches are not followed")]
+    #[error(
+        "`{path}` is a symbolic link; links inside layouts, outputs and caches are not followed"
+    )]
     Symlink { path: PathBuf },
     #[error("`{path}` ({what}) has {size} bytes, over the limit of {limit}")]
     TooBig {

@@ -177,7 +177,11 @@ impl BlobStore {
     }
 
     fn private(&self, which: &'static str) -> Result<&Dir, Error> {
-        let d = if which == "tmp" { &self.tmp } else { &self.cache };
+        let d = if which == "tmp" {
+            &self.tmp
+        } else {
+            &self.cache
+        };
         d.as_ref().ok_or_else(|| Error::NotALayout {
             path: self.root.clone(),
             why: format!("opened read-only, cannot write its {which}"),
@@ -266,17 +270,15 @@ impl BlobStore {
     }
 
     fn open_any(&self, d: &Digest) -> Result<(File, super::dir::EntryStat), Error> {
-        self.blobs(d)?
-            .open_file(d.hex())
-            .map_err(|e| match e {
-                Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
-                    Error::MissingBlob {
-                        layout: self.root.clone(),
-                        digest: d.clone(),
-                    }
+        self.blobs(d)?.open_file(d.hex()).map_err(|e| match e {
+            Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                Error::MissingBlob {
+                    layout: self.root.clone(),
+                    digest: d.clone(),
                 }
-                e => e,
-            })
+            }
+            e => e,
+        })
     }
 
     /// Read a small blob (a JSON document, at most [`MAX_DOCUMENT`] bytes) whole, verifying
@@ -447,7 +449,11 @@ impl BlobStore {
 
     /// Look up a build-cache record; a record whose blob has gone is a miss.
     pub fn cache_get(&self, key: &Digest) -> Option<LayerRecord> {
-        let bytes = self.cache.as_ref()?.read(key.hex(), 64 << 10, "cache record").ok()?;
+        let bytes = self
+            .cache
+            .as_ref()?
+            .read(key.hex(), 64 << 10, "cache record")
+            .ok()?;
         let r: LayerRecord = serde_json::from_slice(&bytes).ok()?;
         self.has(&r.digest, r.size).then_some(r)
     }

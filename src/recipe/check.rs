@@ -529,4 +529,3 @@ mod tests {
         assert_eq!(last_key("targets.gpus[2]"), "gpus");
     }
 }
-

@@ -179,7 +179,9 @@ fn invalid(file: &Path, mut diagnostics: Vec<Diagnostic>) -> Error {
             line: last.line,
             col: last.col,
             key: String::new(),
-            message: format!("{more} more problems not shown (the first {MAX_DIAGNOSTICS} are above)"),
+            message: format!(
+                "{more} more problems not shown (the first {MAX_DIAGNOSTICS} are above)"
+            ),
             hint: Some("fix these and run again to see the rest".into()),
         });
     }

@@ -100,10 +100,21 @@ impl Layout {
         Layout::open(root)
     }
 
+    /// Read a top-level file of the layout: a regular file (no link followed), at most
+    /// `oci::MAX_DOCUMENT` bytes.
+    fn read_top(&self, name: &str) -> Result<Vec<u8>> {
+        crate::oci::Dir::open(&self.root)
+            .and_then(|d| d.read(name, crate::oci::MAX_DOCUMENT, name))
+            .map_err(|e| Error::Layout {
+                path: self.root.clone(),
+                reason: e.to_string(),
+            })
+    }
+
     /// The `index.json` entries.
     pub fn index(&self) -> Result<Vec<Descriptor>> {
         let path = self.root.join("index.json");
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = self.read_top("index.json")?;
         let m = serde_json::from_slice::<Manifest>(&bytes).map_err(|e| Error::Layout {
             path: path.clone(),
             reason: format!("index.json is not an image index: {e}"),
@@ -144,7 +155,7 @@ impl Layout {
     /// Read a small blob (manifest, index, config) and verify its digest.
     pub fn read_small(&self, desc: &Descriptor) -> Result<Vec<u8>> {
         let path = self.check_blob(desc)?;
-        if desc.size > 16 << 20 {
+        if desc.size > crate::oci::MAX_DOCUMENT {
             return Err(Error::Layout {
                 path: self.root.clone(),
                 reason: format!(
@@ -153,7 +164,15 @@ impl Layout {
                 ),
             });
         }
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        // Opened without following a link, as a regular file, and read no further than the
+        // descriptor's size.
+        let bytes = crate::oci::Dir::open(&self.root)
+            .and_then(|d| d.sub("blobs/sha256", false))
+            .and_then(|d| d.read(path.file_name().unwrap_or_default(), desc.size, "blob"))
+            .map_err(|e| Error::Layout {
+                path: self.root.clone(),
+                reason: e.to_string(),
+            })?;
         let actual = sha256_digest(&bytes);
         if actual != desc.digest {
             return Err(Error::DigestMismatch {
@@ -178,7 +197,7 @@ impl Layout {
     /// Add or replace the `index.json` entry named `name` (by `org.opencontainers.image.ref.name`).
     pub fn set_ref(&self, name: &str, mut desc: Descriptor) -> Result<()> {
         let path = self.root.join("index.json");
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = self.read_top("index.json")?;
         let mut index: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| Error::Layout {
                 path: path.clone(),
@@ -205,6 +224,5 @@ impl Layout {
 
 /// Write `bytes` to `path` through a temporary file in the same directory and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::oci::write_atomic(path, bytes)
-        .map_err(|e| Error::io(path, e.into_io()))
+    crate::oci::write_atomic(path, bytes).map_err(|e| Error::io(path, e.into_io()))
 }

@@ -391,7 +391,12 @@ impl Walk<'_> {
                 // A loop, a chain through a file, or a link to nothing in either image would be
                 // copied as a broken link: refused, as for dependencies.
                 let target = target.clone();
-                match (self.builder.resolve(path, true), self.base.resolve(path, true)) {
+                // Where the link points, looked up in the base too: the slim image has both.
+                let pointed = tree::join(tree::parent(&me.path), &target);
+                match (
+                    self.builder.resolve(path, true),
+                    self.base.resolve(&pointed, true),
+                ) {
                     (Ok(_), _) | (Err(tree::ResolveError::NotFound), Ok(_)) => {}
                     (Err(tree::ResolveError::NotFound), Err(tree::ResolveError::NotFound)) => {
                         self.problems.insert(Problem::Dangling {

@@ -88,7 +88,11 @@ pub fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, Error> {
 /// Open blob `digest` of the layout at `dir` for reading: a regular file reached without
 /// following any link inside the layout (a blob linked to `/etc/shadow`, `/dev/zero` or a FIFO
 /// is refused, naming it), whose size is `size` when the descriptor gives one.
-fn open_blob(dir: &Path, digest: &str, size: Option<u64>) -> Result<(PathBuf, fs::File, u64), Error> {
+fn open_blob(
+    dir: &Path,
+    digest: &str,
+    size: Option<u64>,
+) -> Result<(PathBuf, fs::File, u64), Error> {
     let path = blob_path(dir, digest)?;
     let hex = &digest["sha256:".len()..];
     let (f, st) = crate::oci::Dir::open(dir)?
@@ -137,11 +141,8 @@ fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 /// index is followed to its `linux/amd64` manifest (else its only one).
 pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
     let index_path = dir.join("index.json");
-    let text = crate::oci::Dir::open(dir)?.read(
-        "index.json",
-        crate::oci::MAX_DOCUMENT,
-        "index.json",
-    )?;
+    let text =
+        crate::oci::Dir::open(dir)?.read("index.json", crate::oci::MAX_DOCUMENT, "index.json")?;
     let index: Value = serde_json::from_slice(&text)
         .map_err(|e| layout_err(&index_path, format!("invalid JSON: {e}")))?;
     let entries = index
@@ -1220,12 +1221,17 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let m = layout(tmp.path(), &[layer(&[("f", "f:1")])]);
         let img = read_layout(tmp.path(), Some(&m)).unwrap();
-        fs::write(
-            blob_path(tmp.path(), &img.layers[0].digest).unwrap(),
-            b"tampered",
-        )
-        .unwrap();
+        let p = blob_path(tmp.path(), &img.layers[0].digest).unwrap();
+        // Same size, other bytes: caught by the digest.
+        let mut bytes = fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&p, &bytes).unwrap();
         let err = flatten(&img).unwrap_err().to_string();
         assert!(err.contains("blob content has digest"), "{err}");
+        // Another size: caught before reading.
+        fs::write(&p, b"tampered").unwrap();
+        let err = flatten(&img).unwrap_err().to_string();
+        assert!(err.contains("its descriptor says"), "{err}");
     }
 }

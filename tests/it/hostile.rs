@@ -186,7 +186,11 @@ fn untouched(v: &Path) {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names, ["precious"], "something was written into or removed from {v:?}");
+    assert_eq!(
+        names,
+        ["precious"],
+        "something was written into or removed from {v:?}"
+    );
     assert_eq!(std::fs::read(v.join("precious")).unwrap(), b"precious");
 }
 
@@ -395,7 +399,8 @@ fn inspect_refuses_a_layer_of_u64_max_bytes() {
     let dir = t.path().join("l");
     make_layout(&dir, &[layer(&[(b"a", b"a")])], None, json!({}));
     // Rewrite the manifest with a layer size of 2^64-1 (valid JSON, a u64).
-    let idx: Value = serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let idx: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
     let md = idx["manifests"][0]["digest"].as_str().unwrap().to_string();
     let mut m: Value = serde_json::from_slice(&std::fs::read(blob(&dir, &md)).unwrap()).unwrap();
     m["layers"][0]["size"] = json!(u64::MAX);
@@ -407,7 +412,10 @@ fn inspect_refuses_a_layer_of_u64_max_bytes() {
     std::fs::write(dir.join("index.json"), serde_json::to_vec(&idx).unwrap()).unwrap();
     let (code, err) = inspect(&dir);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("its descriptor says 18446744073709551615"), "{err}");
+    assert!(
+        err.contains("its descriptor says 18446744073709551615"),
+        "{err}"
+    );
     assert!(!err.contains("TiB"), "{err}");
 }
 
@@ -419,12 +427,20 @@ fn slim_refuses_linked_blobs_non_utf8_names_and_dot_whiteouts() {
     let dir = t.path().join("nonutf8");
     make_layout(
         &dir,
-        &[layer(&[(b"usr/lib/libx.so.\xff", b"\x7fELFone"), (b"usr/lib/libx.so.\xfe", b"two")])],
+        &[layer(&[
+            (b"usr/lib/libx.so.\xff", b"\x7fELFone"),
+            (b"usr/lib/libx.so.\xfe", b"two"),
+        ])],
         None,
         json!({}),
     );
-    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
-    assert!(e.contains("libx.so.\\xff") && e.contains("not UTF-8"), "{e}");
+    let e = flatten(&read_layout(&dir, None).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("libx.so.\\xff") && e.contains("not UTF-8"),
+        "{e}"
+    );
     // `.wh..` and `.wh...` name the directory itself and its parent.
     for w in [&b"usr/lib/.wh.."[..], b"usr/lib/.wh..."] {
         let dir = t.path().join(format!("wh{}", w.len()));
@@ -434,7 +450,9 @@ fn slim_refuses_linked_blobs_non_utf8_names_and_dot_whiteouts() {
             None,
             json!({}),
         );
-        let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
+        let e = flatten(&read_layout(&dir, None).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("whiteout") && e.contains("names no file"), "{e}");
     }
     // A layer blob linked to a device: refused by the open, no endless read.
@@ -443,7 +461,9 @@ fn slim_refuses_linked_blobs_non_utf8_names_and_dot_whiteouts() {
     std::fs::remove_file(blob(&dir, &digests[0])).unwrap();
     symlink("/dev/zero", blob(&dir, &digests[0])).unwrap();
     let start = Instant::now();
-    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err().to_string();
+    let e = flatten(&read_layout(&dir, None).unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("symbolic link"), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5));
     // A base blob that is a link is not hard-linked into the output.
@@ -528,5 +548,81 @@ fn layout_writers_go_through_directory_handles() {
             }
         }
     }
-    assert!(found.is_empty(), "write through oci::Dir instead:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "write through oci::Dir instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The stable-Rust companion of `fuzz/fuzz_targets/layout.rs`: seeded byte mutations of a
+/// valid layout's `index.json`, manifest and config never make the readers panic.
+#[test]
+fn mutated_layouts_never_panic() {
+    use infer_build::slim::image::{flatten, read_layout};
+    let t = tempfile::tempdir().unwrap();
+    let good = t.path().join("good");
+    let (_, manifest) = make_layout(&good, &[layer(&[(b"usr/lib/a", b"a")])], None, json!({}));
+    let manifest_bytes = std::fs::read(blob(&good, &manifest)).unwrap();
+    let index_bytes = std::fs::read(good.join("index.json")).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for i in 0..300 {
+        let dir = t.path().join(format!("m{i}"));
+        let mut cmd = Command::new("cp");
+        assert!(cmd
+            .arg("-r")
+            .arg(&good)
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success());
+        // Mutate the manifest (stored under its new digest, so the index can reach it) or
+        // the index itself.
+        let (mut bytes, manifest_too) = if i % 2 == 0 {
+            (manifest_bytes.clone(), true)
+        } else {
+            (index_bytes.clone(), false)
+        };
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % bytes.len();
+            match next() % 3 {
+                0 => bytes[at] = next() as u8,
+                1 => {
+                    bytes.remove(at);
+                }
+                _ => bytes.insert(at, b"{}[]\",:0-9e"[(next() % 11) as usize]),
+            }
+        }
+        if manifest_too {
+            let d = sha(&bytes);
+            std::fs::write(blob(&dir, &d), &bytes).unwrap();
+            let text = String::from_utf8_lossy(&index_bytes)
+                .replace(&manifest, &d)
+                .replace(
+                    &format!("\"size\":{}", manifest_bytes.len()),
+                    &format!("\"size\":{}", bytes.len()),
+                );
+            std::fs::write(dir.join("index.json"), text).unwrap();
+        } else {
+            std::fs::write(dir.join("index.json"), &bytes).unwrap();
+        }
+        if let Ok(store) = BlobStore::open(&dir) {
+            if let Ok((images, _)) = layout::walk(&store) {
+                for img in images {
+                    for l in &img.manifest.layers {
+                        let _ = store.verify(&l.digest, l.size);
+                    }
+                }
+            }
+        }
+        if let Ok(img) = read_layout(&dir, None) {
+            let _ = flatten(&img);
+        }
+    }
 }

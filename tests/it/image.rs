@@ -40,12 +40,12 @@ pub fn tiny_static_elf(path: &Path) {
 }
 
 /// A fresh copy of the example recipe and model, and a stand-in runtime.
-struct Example {
+pub(crate) struct Example {
     dir: tempfile::TempDir,
 }
 
 impl Example {
-    fn new() -> Example {
+    pub(crate) fn new() -> Example {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path().join("recipe");
         std::fs::create_dir(&r).unwrap();
@@ -58,10 +58,10 @@ impl Example {
     fn recipe(&self) -> PathBuf {
         self.dir.path().join("recipe/recipe.toml")
     }
-    fn path(&self, p: &str) -> PathBuf {
+    pub(crate) fn path(&self, p: &str) -> PathBuf {
         self.dir.path().join(p)
     }
-    fn cmd(&self, out: &str, extra: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, out: &str, extra: &[&str]) -> Command {
         let mut c = infer_build();
         c.arg("build")
             .arg(self.recipe())

@@ -284,6 +284,35 @@ impl<R: Read> Read for Tee<R> {
     }
 }
 
+/// A layer may uncompress to at most `MAX_EXPANSION` times its compressed size, or
+/// `EXPANSION_FLOOR` bytes when that is more. Real layers expand 2-5×; deflate's own limit is
+/// about 1000×, which only runs of zeros reach.
+const MAX_EXPANSION: u64 = 100;
+const EXPANSION_FLOOR: u64 = 1 << 30;
+
+/// Fails a read once more than `limit` bytes came through.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+    limit: u64,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the layer uncompresses to more than {} bytes, over {MAX_EXPANSION} times its compressed size (a decompression bomb?)",
+                    self.limit
+                ),
+            )
+        })?;
+        Ok(n)
+    }
+}
+
 /// Counts and hashes what is written through it.
 struct HashWriter<W> {
     inner: W,
@@ -327,6 +356,13 @@ fn open_layer(img: &Image, i: usize) -> Result<(PathBuf, Tee<Box<dyn Read>>), Er
                 format!("unsupported layer media type `{m}`"),
             ));
         };
+    // A decompression bomb is stopped once it has expanded past what any real layer does.
+    let limit = EXPANSION_FLOOR.max(size.saturating_mul(MAX_EXPANSION));
+    let decoded: Box<dyn Read> = Box::new(Bounded {
+        inner: decoded,
+        left: limit,
+        limit,
+    });
     // The raw digest is checked by re-hashing in `verify_blob`: the decoders own the raw reader.
     Ok((
         path,

@@ -665,3 +665,38 @@ fn warmup_samples_are_shared_by_every_target() {
     // Each target holds a reference, none a copy.
     assert_eq!(Arc::strong_count(&samples), 1);
 }
+
+/// A gzip bomb in a slim input (1 MB that uncompresses to over 1 GiB) is stopped by the
+/// expansion bound instead of being decompressed and hashed whole.
+#[test]
+fn slim_stops_a_gzip_bomb() {
+    use infer_build::slim::image::{flatten, read_layout};
+    let t = tempfile::tempdir().unwrap();
+    // Gzip members concatenate: one member of a tar header, then the same compressed MiB of
+    // zeros over and over, then the end-of-archive blocks. Quick to make, never held whole.
+    let gz = |bytes: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    };
+    let size: u64 = (1 << 30) + (64 << 20);
+    let mut h = tar::Header::new_gnu();
+    h.set_path("zeros").unwrap();
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut bomb = gz(h.as_bytes());
+    let mib = gz(&vec![0u8; 1 << 20]);
+    for _ in 0..size >> 20 {
+        bomb.extend_from_slice(&mib);
+    }
+    bomb.extend_from_slice(&gz(&[0u8; 1024]));
+    assert!(bomb.len() < 8 << 20, "{} bytes", bomb.len());
+    let dir = t.path().join("bomb");
+    // The diff_id is not checked by `flatten`; any value will do.
+    make_layout(&dir, &[(bomb, sha(b"unused"))], None, json!({}));
+    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains("decompression bomb"), "{chain}");
+}

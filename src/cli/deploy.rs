@@ -137,9 +137,10 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
         let spec = from_plan::spec(&recipe, t, &found)?;
         let yaml = deploy::render(&spec)?;
         let path = out.join(format!("{}.yaml", spec.name()));
-        std::fs::write(&path, yaml).map_err(|e| DeployError::Write {
+        // Atomic, and a link planted at the name is replaced, never written through.
+        crate::oci::write_atomic(&path, yaml.as_bytes()).map_err(|e| DeployError::Write {
             path: path.clone(),
-            source: e,
+            source: e.into_io(),
         })?;
         eprintln!("deploy: {} -> {}", t.id, path.display());
     }

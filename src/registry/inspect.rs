@@ -136,8 +136,12 @@ fn describe(
         artifact_type: m.artifact_type.clone(),
         annotations,
         config: m.config.clone(),
-        total_size: m.layers.iter().map(|l| l.size).sum::<u64>()
-            + m.config.as_ref().map_or(0, |c| c.size),
+        // Each size is at most `MAX_BLOB` and there are at most `MAX_LAYERS`: no overflow.
+        total_size: m
+            .layers
+            .iter()
+            .chain(m.config.as_ref())
+            .fold(0u64, |t, d| t.saturating_add(d.size)),
         layers: m.layers.clone(),
         referrers,
     }
@@ -158,14 +162,21 @@ fn get(
             let bytes = resp
                 .body_mut()
                 .with_config()
-                .limit(4 << 20)
+                .limit(super::client::MAX_MANIFEST)
                 .read_to_vec()
                 .map_err(|e| Error::Transport {
                     method: "GET".into(),
                     url: url.clone(),
                     source: Box::new(e),
                 })?;
-            let mt = Manifest::parse(&bytes, reference)?.media_type.unwrap_or(ct);
+            let m = Manifest::parse(&bytes, reference)?;
+            super::check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
+                |reason| Error::Protocol {
+                    what: format!("manifest {reference} from {}", r.registry),
+                    reason,
+                },
+            )?;
+            let mt = m.media_type.unwrap_or(ct);
             Ok((bytes, mt))
         }
         404 => Err(Error::NotFound {

@@ -9,6 +9,7 @@
 //! so an unchanged re-push sends no blob bytes and no manifests.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,8 @@ use serde::Serialize;
 use ureq::http::Method;
 
 use super::client::{
-    header, retry_after, status_error, with_query, Body, Client, ClientOptions, Req, Resp,
+    header, parse_range, retry_after, status_error, with_query, Body, Client, ClientOptions, Req,
+    Resp,
 };
 use super::layout::{Descriptor, Layout, Manifest, REF_NAME};
 use super::reference::{valid_tag, Reference};
@@ -148,7 +150,12 @@ pub type WarmupReport = ArtifactReport;
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
 enum Source {
-    File(PathBuf),
+    /// An open regular file of the layout (never a symlink, FIFO or device), its size checked
+    /// against the descriptor; its content is hashed before the first byte is uploaded.
+    File {
+        file: Arc<File>,
+        path: PathBuf,
+    },
     Bytes(Arc<Vec<u8>>),
 }
 
@@ -263,13 +270,27 @@ fn visit(
             visit(layout, child, plan, attach, depth + 1)?;
         }
     } else if media::is_manifest(&media_type) {
+        super::check_manifest_bounds(&m, &desc.digest).map_err(|reason| Error::Layout {
+            path: layout.root.clone(),
+            reason,
+        })?;
         for blob in m.config.iter().chain(m.layers.iter()) {
+            if plan.blobs.contains_key(&blob.digest) {
+                continue;
+            }
             let path = layout.check_blob(blob)?;
-            plan.blobs.entry(blob.digest.clone()).or_insert(Blob {
-                digest: blob.digest.clone(),
-                size: blob.size,
-                source: Source::File(path),
-            });
+            let file = open_blob(&layout.root, &path, blob)?;
+            plan.blobs.insert(
+                blob.digest.clone(),
+                Blob {
+                    digest: blob.digest.clone(),
+                    size: blob.size,
+                    source: Source::File {
+                        file: Arc::new(file),
+                        path,
+                    },
+                },
+            );
         }
         let is_image = m.artifact_type.is_none()
             && m.subject.is_none()
@@ -376,6 +397,74 @@ fn sbom_artifact(
     )))
 }
 
+/// Open a layout blob for upload: it must be a regular file itself (not a symlink, FIFO or
+/// device), the file opened must be the one checked (same device and inode), and its size must
+/// be the descriptor's.
+fn open_blob(root: &Path, path: &Path, desc: &Descriptor) -> Result<File> {
+    use std::os::unix::fs::MetadataExt as _;
+    let bad = |reason: String| Error::Layout {
+        path: root.to_path_buf(),
+        reason: format!("blob {}: {reason}", desc.digest),
+    };
+    let link = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
+    if !link.file_type().is_file() {
+        return Err(bad(format!(
+            "{} is not a regular file (a symlink, FIFO or device is never uploaded)",
+            path.display()
+        )));
+    }
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() || meta.dev() != link.dev() || meta.ino() != link.ino() {
+        return Err(bad(format!(
+            "{} changed while it was opened",
+            path.display()
+        )));
+    }
+    if meta.len() != desc.size {
+        return Err(bad(format!(
+            "has {} bytes, its descriptor says {}",
+            meta.len(),
+            desc.size
+        )));
+    }
+    Ok(file)
+}
+
+/// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
+fn verify_blob(file: &File, path: &Path, root: &Path, digest: &str, size: u64) -> Result<()> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::FileExt as _;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    loop {
+        let want = buf.len().min((size + 1 - pos) as usize);
+        if want == 0 {
+            break;
+        }
+        let n = file
+            .read_at(&mut buf[..want], pos)
+            .map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        pos += n as u64;
+    }
+    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+    if pos != size || actual != digest {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {digest} ({}): its content ({pos} bytes) hashes to {actual}; nothing was uploaded",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The default file remembering which repositories hold which blobs:
 /// `$INFER_BUILD_CACHE_DIR/registry-locations.json`, else
 /// `$XDG_CACHE_HOME/infer-build/…`, else `~/.cache/infer-build/…`.
@@ -429,6 +518,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
     let pusher = Pusher {
         client: &client,
         repo: &target.repository,
+        root: &layout.root,
         opts,
         sent: AtomicU64::new(0),
     };
@@ -546,6 +636,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
 struct Pusher<'a> {
     client: &'a Client,
     repo: &'a str,
+    root: &'a Path,
     opts: &'a PushOptions,
     sent: AtomicU64,
 }
@@ -681,6 +772,9 @@ impl Pusher<'_> {
                 _ => continue,
             }
         }
+        if let Source::File { file, path } = &blob.source {
+            verify_blob(file, path, self.root, &blob.digest, blob.size)?;
+        }
         self.emit(Progress::BlobStart {
             digest: blob.digest.clone(),
             size: blob.size,
@@ -755,7 +849,7 @@ impl Pusher<'_> {
                 return Ok(());
             }
             if !restart {
-                session = self.upload_status(&s, scopes);
+                session = self.upload_status(&s, blob.size, scopes);
                 if let Some(r) = session.as_ref().filter(|r| r.offset > 0) {
                     self.emit(Progress::Resumed {
                         digest: blob.digest.clone(),
@@ -767,7 +861,7 @@ impl Pusher<'_> {
     }
 
     /// Ask where an interrupted upload stands: `GET <location>` → 204 + `Range: 0-<last>`.
-    fn upload_status(&self, s: &Session, scopes: &[String]) -> Option<Session> {
+    fn upload_status(&self, s: &Session, size: u64, scopes: &[String]) -> Option<Session> {
         let resp = self
             .client
             .send(&Req::new(Method::GET, s.location.clone()), scopes)
@@ -780,14 +874,11 @@ impl Pusher<'_> {
             .unwrap_or_else(|| s.location.clone());
         let offset = match header(&resp, "range") {
             // "0-0" is ambiguous (docker-registry says it for 0 and for 1 byte): start over.
-            Some(r) => {
-                let end = r.trim().strip_prefix("bytes=").unwrap_or(r.trim());
-                let last = end.split_once('-')?.1.parse::<u64>().ok()?;
-                if last == 0 {
-                    return None;
-                }
-                last + 1
-            }
+            // A range past the blob is a registry that does not know what it holds: start over.
+            Some(r) => match parse_range(r) {
+                Some(last) if last > 0 && last < size => last + 1,
+                _ => return None,
+            },
             None => 0,
         };
         Some(Session {
@@ -830,8 +921,8 @@ impl Pusher<'_> {
         };
         let body = |offset: u64, len: u64| -> Body {
             match &blob.source {
-                Source::File(path) => Body::File {
-                    path,
+                Source::File { file, .. } => Body::File {
+                    file,
                     offset,
                     len,
                     progress: Some(&progress),
@@ -871,13 +962,25 @@ impl Pusher<'_> {
             if let Some(l) = header(&resp, "location") {
                 s.location = self.client.resolve(l);
             }
-            s.offset = end + 1;
-            if let Some(last) = header(&resp, "range")
-                .and_then(|r| r.rsplit('-').next())
-                .and_then(|x| x.trim().parse::<u64>().ok())
-            {
-                s.offset = last + 1;
-            }
+            // The registry says how far it got. It must have moved forward, and not past what
+            // was sent: anything else would loop forever or skip bytes.
+            let next = match header(&resp, "range") {
+                None => end + 1,
+                Some(r) => match parse_range(r) {
+                    Some(last) if last >= s.offset && last <= end => last + 1,
+                    _ => {
+                        return Err(StepError::Fatal(Error::Protocol {
+                            what: format!("upload of {}", blob.digest),
+                            reason: format!(
+                                "after bytes {}-{end} the registry answered `Range: {}`, which is not progress within them",
+                                s.offset,
+                                r.chars().take(64).collect::<String>()
+                            ),
+                        }))
+                    }
+                },
+            };
+            s.offset = next;
         }
         let url = with_query(&s.location, "digest", &blob.digest);
         let resp = self

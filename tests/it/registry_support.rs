@@ -61,67 +61,7 @@ impl Registry {
         }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        // A CA and a leaf certificate for 127.0.0.1 signed by it (webpki, like browsers,
-        // refuses a self-signed CA certificate used as the server's own certificate).
-        let openssl = |args: &[&str]| {
-            let ok = Command::new("openssl")
-                .args(args)
-                .current_dir(p)
-                .stderr(Stdio::null())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "openssl {args:?} failed");
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=infer-build test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "leaf.csr",
-        ]);
-        std::fs::write(
-            p.join("leaf.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-            "-out",
-            "cert.pem",
-        ]);
+        test_ca(p);
         let out = Command::new("htpasswd")
             .args(["-Bbn", "bench", "s3cret-pw"])
             .output()
@@ -239,6 +179,76 @@ impl Registry {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
+}
+
+/// A test CA (`ca.pem`, `ca.key`) and a leaf certificate for 127.0.0.1 signed by it
+/// (`cert.pem`, `key.pem`) in `p`, made with `openssl`. Webpki, like browsers, refuses a
+/// self-signed CA certificate used as the server's own certificate, hence the two.
+pub fn test_ca(p: &Path) {
+    let openssl = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(p)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=infer-build test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+    ]);
+    std::fs::write(
+        p.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "cert.pem",
+    ]);
+}
+
+/// True when `openssl` runs (for tests that need only certificates); prints why not.
+pub fn have_openssl_for(test: &str) -> bool {
+    have_openssl(test)
 }
 
 fn have_registry(test: &str) -> bool {

@@ -12,8 +12,9 @@
 //!
 //! Invariants, enforced here for every request rather than per call site:
 //! - credentials (basic, identity token, bearer token) go only to the registry's own origin
-//!   (scheme, host, port): an upload `Location` or a token realm elsewhere gets no
-//!   `Authorization`, and redirects never carry it ([`Client::same_origin`]);
+//!   (scheme, host, port): an upload `Location` elsewhere gets no `Authorization`, a token
+//!   realm elsewhere only the credentials configured for its own host, and redirects never
+//!   carry any ([`Client::same_origin`]);
 //! - a TLS registry is never left for plain HTTP: `http://` locations, realms and redirects are
 //!   refused;
 //! - every request has a connect deadline, an idle deadline per read and write, and a total
@@ -173,6 +174,8 @@ pub struct Client {
     /// Set once the registry's credentials were sent to it (or to its token endpoint) and
     /// accepted.
     presented: std::sync::atomic::AtomicBool,
+    /// Credentials configured for token endpoints on other origins, by host.
+    realm_credentials: Mutex<HashMap<String, Option<Credential>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -232,6 +235,7 @@ impl Client {
             opts,
             rng: Mutex::new(seed),
             presented: std::sync::atomic::AtomicBool::new(false),
+            realm_credentials: Mutex::new(HashMap::new()),
         };
         client.ping()?;
         Ok(client)
@@ -473,6 +477,27 @@ impl Client {
         }
     }
 
+    /// The credentials a token endpoint gets: the registry's own when `realm` is on its origin
+    /// (or is Docker Hub's token service, for Docker Hub); for a realm elsewhere, only those
+    /// configured for the realm's own host (`infer-build login HOST`), looked up once.
+    fn realm_credential(&self, realm: &str) -> Option<Credential> {
+        if self.realm_gets_credentials(realm) {
+            return self.credential.clone();
+        }
+        let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
+        if host.is_empty() || host.contains('@') {
+            return None;
+        }
+        let mut cache = self
+            .realm_credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(host.to_string())
+            .or_insert_with(|| self.opts.keychain.lookup(host).ok().flatten())
+            .clone()
+    }
+
     /// True when the registry's credentials may go to the token endpoint `realm`: it is on the
     /// registry's own origin, or it is Docker Hub's token service for Docker Hub.
     fn realm_gets_credentials(&self, realm: &str) -> bool {
@@ -496,10 +521,8 @@ impl Client {
                 strip_query(realm)
             )));
         }
-        let credential = self
-            .credential
-            .as_ref()
-            .filter(|_| self.realm_gets_credentials(realm));
+        let credential = self.realm_credential(realm);
+        let credential = credential.as_ref();
         let mut last_err = None;
         for attempt in 1..=self.opts.max_attempts.min(4) {
             let resp = match credential {

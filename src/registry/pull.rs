@@ -472,7 +472,7 @@ fn fetch_blob(
             // Never ask for more than one byte past the descriptor's size.
             let want = buf
                 .len()
-                .min((blob.size - total).saturating_add(1) as usize);
+                .min(blob.size.saturating_sub(total).saturating_add(1) as usize);
             match reader.read(&mut buf[..want]) {
                 Ok(0) => break Ok(()),
                 Ok(n) => {

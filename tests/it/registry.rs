@@ -798,12 +798,38 @@ fn registry_bearer_token_auth_with_scopes() {
     let tmp = tempfile::tempdir().unwrap();
     let made = make_layout(&tmp.path().join("layout"), "v1", &targets()[..1], 8);
     let mut client = plain_opts(tmp.path());
-    // Basic credentials go to the token endpoint, which trades them for bearer tokens.
+    // The token endpoint is on another origin (its own port): the registry's credentials are
+    // never sent there, only those configured for the token endpoint's own host.
     std::fs::write(
         tmp.path().join("docker.json"),
         format!(
             r#"{{"auths":{{"{}":{{"username":"tok-user","password":"tok-pass"}}}}}}"#,
             reg.addr
+        ),
+    )
+    .unwrap();
+    client.keychain.docker_config = Some(tmp.path().join("docker.json"));
+    let _ = registry::push(
+        &made.dir,
+        &Reference::parse(&format!("{}/team-0/mlp", reg.addr)).unwrap(),
+        &PushOptions {
+            client: client.clone(),
+            locations_file: Some(tmp.path().join("locations-0.json")),
+            ..PushOptions::default()
+        },
+    );
+    {
+        let asked = tokens.requests.lock().unwrap();
+        assert!(!asked.is_empty());
+        assert!(asked.iter().all(|(_, basic)| !*basic), "{asked:?}");
+    }
+    tokens.requests.lock().unwrap().clear();
+    // Basic credentials for the token endpoint's host go to it, which trades them for tokens.
+    std::fs::write(
+        tmp.path().join("docker.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"username":"tok-user","password":"tok-pass"}},"{}":{{"username":"tok-user","password":"tok-pass"}}}}}}"#,
+            reg.addr, tokens.addr
         ),
     )
     .unwrap();

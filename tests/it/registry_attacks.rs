@@ -161,6 +161,21 @@ fn hostile_token_realm_on_another_origin_gets_no_credentials() {
         asked.iter().all(|r| r.header("authorization").is_none()),
         "credentials went to another origin: {asked:?}"
     );
+    // Credentials configured for the token endpoint's own host do go there, and only they.
+    let both = format!(
+        r#"{{"auths":{{"{}":{{"auth":"YmVuY2g6czNjcmV0"}},"{}":{{"auth":"b3RoZXI6cHc="}}}}}}"#,
+        reg.addr, token.addr
+    );
+    Client::connect(&reg.addr, opts(tmp.path(), Some(&both))).unwrap();
+    let asked = token.requests();
+    assert_eq!(
+        asked.last().and_then(|r| r.header("authorization")),
+        Some("Basic b3RoZXI6cHc="),
+        "{asked:?}"
+    );
+    assert!(asked
+        .iter()
+        .all(|r| r.header("authorization") != Some(BASIC)));
 
     // A realm on the registry's own origin does get them (the control).
     let reg = Hostile::start(|r| match (r.path(), r.header("authorization")) {
@@ -423,10 +438,16 @@ fn hostile_silence_and_trickles_are_bounded() {
 fn hostile_range_that_never_moves_fails_the_upload() {
     let tmp = tempfile::tempdir().unwrap();
     let made = make_layout(&tmp.path().join("layout"), "v1", &one_target(), 4);
-    let reg = Hostile::start(|r| match (r.method.as_str(), r.path()) {
+    // Without the check the client would resend forever: the server stops it at 200 PATCHes
+    // (with a plain 400) so that the test fails instead of hanging.
+    let patches = std::sync::atomic::AtomicUsize::new(0);
+    let reg = Hostile::start(move |r| match (r.method.as_str(), r.path()) {
         ("GET", "/v2/") => Reply::status(200),
         ("HEAD", _) => Reply::status(404),
         ("POST", _) => Reply::with(202, &[("location", "/upload/1")], b""),
+        ("PATCH", _) if patches.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 200 => {
+            Reply::status(400)
+        }
         ("PATCH", _) => Reply::with(202, &[("location", "/upload/1"), ("range", "0-49")], b""),
         _ => Reply::status(500),
     });

@@ -25,6 +25,72 @@ pub struct RemoteImage {
     /// Referrers of the index itself (with `--referrers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub referrers: Option<Vec<Referrer>>,
+    /// For an index: what a plain `docker pull` / containerd pull of it gets on linux/amd64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_pull: Option<PlainPull>,
+}
+
+/// What a pull that selects by platform only (`docker pull`, containerd, kubelet) gets from an
+/// index: among the entries for its platform, the first in index order. infer-build writes
+/// every target as `linux/amd64`, CPU first, so such a pull never selects a GPU image by GPU:
+/// GPU nodes must use the per-target tag or digest.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlainPull {
+    pub platform: String,
+    /// How many entries have that platform.
+    pub candidates: usize,
+    /// The entry a plain pull gets.
+    pub digest: String,
+    /// Its `dev.infer-build.target`, when it has one.
+    pub target: Option<String>,
+    /// One line for people.
+    pub note: String,
+}
+
+/// [`PlainPull`] for an index's entries, on linux/amd64; `None` when no entry has that
+/// platform.
+pub fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
+    let matching: Vec<&Descriptor> = entries
+        .iter()
+        .filter(|d| {
+            let get = |k: &str| {
+                d.platform
+                    .as_ref()
+                    .and_then(|p| p.get(k))
+                    .and_then(|v| v.as_str())
+            };
+            get("os") == Some("linux") && get("architecture") == Some("amd64")
+        })
+        .collect();
+    let first = matching.first()?;
+    let target = first
+        .annotations
+        .get(&format!("{}target", warmup::ANNOTATION_PREFIX))
+        .cloned();
+    let note = if matching.len() > 1 {
+        format!(
+            "all {} linux/amd64 entries share one platform: `docker pull` / containerd of this tag gets the first, {}{}; GPU nodes must pull their per-target tag or digest",
+            matching.len(),
+            first.digest,
+            target.as_deref().map(|t| format!(" (target {t})")).unwrap_or_default()
+        )
+    } else {
+        format!(
+            "`docker pull` / containerd of this tag on linux/amd64 gets {}{}",
+            first.digest,
+            target
+                .as_deref()
+                .map(|t| format!(" (target {t})"))
+                .unwrap_or_default()
+        )
+    };
+    Some(PlainPull {
+        platform: "linux/amd64".into(),
+        candidates: matching.len(),
+        digest: first.digest.clone(),
+        target,
+        note,
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,7 +173,13 @@ pub fn inspect(
             refs_of(&digest)?,
         ));
     }
+    let plain_pull = if media::is_index(&media_type) {
+        plain_pull(&top.manifests)
+    } else {
+        None
+    };
     Ok(RemoteImage {
+        plain_pull,
         reference: reference.to_string(),
         referrers: if media::is_index(&media_type) {
             refs_of(&digest)?

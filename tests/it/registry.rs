@@ -871,3 +871,68 @@ fn registry_bearer_token_auth_with_scopes() {
     );
     assert!(asked.iter().all(|(_, basic)| *basic), "{asked:?}");
 }
+
+#[test]
+fn registry_docker_pull_of_the_index_tag_gets_the_first_amd64_entry() {
+    let test = "registry_docker_pull_of_the_index_tag_gets_the_first_amd64_entry";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    if !super::support::have_docker(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // As `build` writes them: CPU first, then the GPU targets, every one linux/amd64.
+    let mut order = targets();
+    order.rotate_right(1);
+    assert_eq!(order[0].id, "cpu-fp32");
+    let made = make_layout(&tmp.path().join("layout"), "v1", &order, 31);
+    let to = format!("{}/ml/fleet", reg.addr);
+    let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    assert_eq!(code, 0, "{err}");
+
+    // `inspect` of the index says what a plain pull gets, and that GPU nodes must not use it.
+    let out = infer_build()
+        .args(["inspect", &format!("{to}:v1"), "--insecure", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["plain_pull"]["target"], "cpu-fp32", "{v}");
+    assert_eq!(v["plain_pull"]["candidates"], 3, "{v}");
+    assert_eq!(
+        v["plain_pull"]["digest"].as_str(),
+        Some(made.targets[0].1.as_str())
+    );
+    let out = infer_build()
+        .args(["inspect", &format!("{to}:v1"), "--insecure"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("GPU nodes must pull their per-target tag"),
+        "{}",
+        stderr(&out)
+    );
+
+    // What Docker itself pulls from the index tag: the CPU image, whatever the node's GPU.
+    let image = format!("{to}:v1");
+    let pull = Command::new("docker")
+        .args(["pull", &image])
+        .output()
+        .unwrap();
+    assert!(pull.status.success(), "docker pull: {}", stderr(&pull));
+    let id = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", &image])
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rmi", &image]).output();
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(made.dir.join("blobs/sha256").join(&made.targets[0].1[7..])).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        stdout(&id).trim(),
+        manifest["config"]["digest"].as_str().unwrap(),
+        "docker pull of the index tag did not get the first (CPU) entry"
+    );
+}

@@ -150,12 +150,9 @@ pub type WarmupReport = ArtifactReport;
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
 enum Source {
-    /// An open regular file of the layout (never a symlink, FIFO or device), its size checked
-    /// against the descriptor; its content is hashed before the first byte is uploaded.
-    File {
-        file: Arc<File>,
-        path: PathBuf,
-    },
+    /// A regular file of the layout (never a symlink, FIFO or device) of the descriptor's size;
+    /// opened again and hashed, from that handle, just before it is uploaded.
+    File(PathBuf),
     Bytes(Arc<Vec<u8>>),
 }
 
@@ -279,16 +276,13 @@ fn visit(
                 continue;
             }
             let path = layout.check_blob(blob)?;
-            let file = open_blob(&layout.root, &path, blob)?;
+            check_regular(&layout.root, &path, blob)?;
             plan.blobs.insert(
                 blob.digest.clone(),
                 Blob {
                     digest: blob.digest.clone(),
                     size: blob.size,
-                    source: Source::File {
-                        file: Arc::new(file),
-                        path,
-                    },
+                    source: Source::File(path),
                 },
             );
         }
@@ -397,22 +391,52 @@ fn sbom_artifact(
     )))
 }
 
-/// Open a layout blob for upload: it must be a regular file itself (not a symlink, FIFO or
-/// device), the file opened must be the one checked (same device and inode), and its size must
-/// be the descriptor's.
-fn open_blob(root: &Path, path: &Path, desc: &Descriptor) -> Result<File> {
+/// A layout blob must be a regular file itself (not a symlink, FIFO or device) of its
+/// descriptor's size. Checked for every blob before connecting; no file is opened.
+fn check_regular(root: &Path, path: &Path, desc: &Descriptor) -> Result<std::fs::Metadata> {
+    let link = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
+    if !link.file_type().is_file() {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {}: {} is not a regular file (a symlink, FIFO or device is never uploaded)",
+                desc.digest,
+                path.display()
+            ),
+        });
+    }
+    if link.len() != desc.size {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {} has {} bytes, its descriptor says {}",
+                desc.digest,
+                link.len(),
+                desc.size
+            ),
+        });
+    }
+    Ok(link)
+}
+
+/// Open a layout blob for upload, just before: [`check_regular`] again, then the file opened
+/// must be the one checked (same device and inode) and of the descriptor's size.
+fn open_blob(root: &Path, path: &Path, digest: &str, size: u64) -> Result<File> {
     use std::os::unix::fs::MetadataExt as _;
     let bad = |reason: String| Error::Layout {
         path: root.to_path_buf(),
-        reason: format!("blob {}: {reason}", desc.digest),
+        reason: format!("blob {digest}: {reason}"),
     };
-    let link = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
-    if !link.file_type().is_file() {
-        return Err(bad(format!(
-            "{} is not a regular file (a symlink, FIFO or device is never uploaded)",
-            path.display()
-        )));
-    }
+    let desc = Descriptor {
+        media_type: String::new(),
+        digest: digest.to_string(),
+        size,
+        artifact_type: None,
+        platform: None,
+        annotations: Default::default(),
+        extra: Default::default(),
+    };
+    let link = check_regular(root, path, &desc)?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() || meta.dev() != link.dev() || meta.ino() != link.ino() {
@@ -772,14 +796,21 @@ impl Pusher<'_> {
                 _ => continue,
             }
         }
-        if let Source::File { file, path } = &blob.source {
-            verify_blob(file, path, self.root, &blob.digest, blob.size)?;
-        }
+        // A file is opened only now, and its bytes leave only if they hash to the digest.
+        let opened;
+        let payload = match &blob.source {
+            Source::File(path) => {
+                opened = open_blob(self.root, path, &blob.digest, blob.size)?;
+                verify_blob(&opened, path, self.root, &blob.digest, blob.size)?;
+                Payload::File(&opened)
+            }
+            Source::Bytes(b) => Payload::Bytes(b),
+        };
         self.emit(Progress::BlobStart {
             digest: blob.digest.clone(),
             size: blob.size,
         });
-        self.upload(blob, session, &scopes)?;
+        self.upload(blob, payload, session, &scopes)?;
         self.emit(Progress::BlobDone {
             digest: blob.digest.clone(),
             size: blob.size,
@@ -817,7 +848,13 @@ impl Pusher<'_> {
 
     /// Upload one blob through `session` (or a new one), resuming after failures from the
     /// offset the registry reports.
-    fn upload(&self, blob: &Blob, session: Option<Session>, scopes: &[String]) -> Result<()> {
+    fn upload(
+        &self,
+        blob: &Blob,
+        payload: Payload,
+        session: Option<Session>,
+        scopes: &[String],
+    ) -> Result<()> {
         let mut session = session;
         let mut failures = 0;
         loop {
@@ -825,7 +862,7 @@ impl Pusher<'_> {
                 Some(s) => s,
                 None => self.start_session(scopes)?,
             };
-            let step = self.send_from(blob, &mut s, scopes);
+            let step = self.send_from(blob, payload, &mut s, scopes);
             let (reason, wait, restart) = match step {
                 Ok(()) => return Ok(()),
                 Err(StepError::Fatal(e)) => return Err(e),
@@ -908,6 +945,7 @@ impl Pusher<'_> {
     fn send_from(
         &self,
         blob: &Blob,
+        payload: Payload,
         s: &mut Session,
         scopes: &[String],
     ) -> std::result::Result<(), StepError> {
@@ -920,14 +958,14 @@ impl Pusher<'_> {
             });
         };
         let body = |offset: u64, len: u64| -> Body {
-            match &blob.source {
-                Source::File { file, .. } => Body::File {
+            match payload {
+                Payload::File(file) => Body::File {
                     file,
                     offset,
                     len,
                     progress: Some(&progress),
                 },
-                Source::Bytes(b) => Body::Bytes(&b[offset as usize..(offset + len) as usize]),
+                Payload::Bytes(b) => Body::Bytes(&b[offset as usize..(offset + len) as usize]),
             }
         };
         let transport = |e: ureq::Error| StepError::Retry {
@@ -1103,6 +1141,13 @@ impl Pusher<'_> {
             s => Err(status_error(&Method::GET, &url, s, resp)),
         }
     }
+}
+
+/// The bytes of a blob being uploaded: the verified open file, or bytes made here.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    File(&'a File),
+    Bytes(&'a [u8]),
 }
 
 #[derive(Debug, Clone)]

@@ -263,3 +263,45 @@ fn get(
         s => Err(status_error(&Method::GET, &url, s, resp)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(digest: char, platform: Option<(&str, &str)>, target: &str) -> Descriptor {
+        Descriptor {
+            media_type: media::OCI_MANIFEST.into(),
+            digest: format!("sha256:{}", digest.to_string().repeat(64)),
+            size: 1,
+            artifact_type: None,
+            platform: platform
+                .map(|(os, arch)| serde_json::json!({"os": os, "architecture": arch})),
+            annotations: [("dev.infer-build.target".to_string(), target.to_string())]
+                .into_iter()
+                .collect(),
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_plain_pull_gets_the_first_entry_of_its_platform() {
+        let all_amd64 = [
+            entry('a', Some(("linux", "amd64")), "cpu-fp32"),
+            entry('b', Some(("linux", "amd64")), "sm90-fp16"),
+        ];
+        let p = plain_pull(&all_amd64).unwrap();
+        assert_eq!((p.candidates, p.target.as_deref()), (2, Some("cpu-fp32")));
+        assert!(p.note.contains("GPU nodes must pull"), "{}", p.note);
+        let mixed = [
+            entry('c', Some(("linux", "arm64")), "sbsa"),
+            entry('d', Some(("linux", "amd64")), "sm89-fp16"),
+        ];
+        let p = plain_pull(&mixed).unwrap();
+        assert_eq!(
+            (p.candidates, p.digest.as_str()),
+            (1, mixed[1].digest.as_str())
+        );
+        assert!(!p.note.contains("GPU nodes must pull"));
+        assert!(plain_pull(&[entry('e', None, "x")]).is_none());
+    }
+}

@@ -86,19 +86,13 @@ pub struct CredFile {
 impl Keychain {
     /// The credentials for `registry` (`host[:port]`), or `None` for anonymous access.
     pub fn lookup(&self, registry: &str) -> Result<Option<Credential>> {
-        Ok(self.lookup_with_source(registry)?.map(|(c, _)| c))
-    }
-
-    /// [`Keychain::lookup`], with where the credentials were found (for messages).
-    pub fn lookup_with_source(&self, registry: &str) -> Result<Option<(Credential, String)>> {
         if !self.ignore_env {
             if let (Ok(u), Ok(p)) = (std::env::var(ENV_USER), std::env::var(ENV_PASSWORD)) {
                 if !u.is_empty() {
-                    let c = Credential::Basic {
+                    return Ok(Some(Credential::Basic {
                         username: u,
                         password: p,
-                    };
-                    return Ok(Some((c, format!("{ENV_USER}/{ENV_PASSWORD}"))));
+                    }));
                 }
             }
         }
@@ -135,8 +129,8 @@ impl Keychain {
                         .map_err(|reason| fail(format!("credential helper: {reason}")))?
                 }
             };
-            if let Some(c) = found {
-                return Ok(Some((c, file.path.display().to_string())));
+            if found.is_some() {
+                return Ok(found);
             }
         }
         Ok(None)

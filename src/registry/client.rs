@@ -273,18 +273,6 @@ impl Client {
         origin(url).is_some_and(|o| Some(o) == origin(&self.base))
     }
 
-    /// Check a URL the registry handed us (upload `Location`, token realm) before it is used:
-    /// an `http://` URL from a TLS registry is refused (no downgrade).
-    pub fn check_url(&self, url: &str, what: &str) -> Result<()> {
-        if !self.opts.insecure && !url.starts_with("https://") {
-            return Err(Error::Protocol {
-                what: format!("{what} from {}", self.registry),
-                reason: format!("`{}` is not https: refusing to leave TLS", strip_query(url)),
-            });
-        }
-        Ok(())
-    }
-
     fn ping(&self) -> Result<()> {
         let url = self.url("");
         let resp = self.send(&Req::new(Method::GET, url.clone()), &[])?;

@@ -17,6 +17,7 @@ mod check;
 mod deploy;
 mod engine;
 mod inspect;
+mod login;
 mod plan;
 mod pull;
 mod push;
@@ -55,6 +56,8 @@ pub enum Command {
     Pull(pull::PullArgs),
     /// Push a layout to a registry: per-target tags, the index tag and warm-up manifests.
     Push(push::PushArgs),
+    /// Check credentials against a registry and store them (containers auth.json, as skopeo).
+    Login(login::LoginArgs),
     /// Write Kubernetes YAML for each target.
     Deploy(deploy::DeployArgs),
     /// Build a slim GPU base: a base image plus the shared-library closure of selected files
@@ -97,6 +100,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Inspect(a) => inspect::run(a),
         Command::Pull(a) => pull::run(a),
         Command::Push(a) => push::run(a),
+        Command::Login(a) => login::run(a),
         Command::Deploy(a) => deploy::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Slim(a) => slim::run(a),
@@ -114,7 +118,8 @@ pub fn report(e: &Error) {
 }
 
 /// Registry client options from the flags `push` and `slim` share: `--insecure`, `--ca-cert`,
-/// `--docker-config` (credentials from the environment too).
+/// `--docker-config` (credentials from the environment too). A credentials file named on the
+/// command line must exist: [`check_credentials_file`].
 pub(crate) fn registry_client(
     insecure: bool,
     ca_cert: Option<std::path::PathBuf>,
@@ -128,5 +133,28 @@ pub(crate) fn registry_client(
             ignore_env: false,
         },
         ..crate::registry::ClientOptions::default()
+    }
+}
+
+/// A credentials file given by a flag (`--authfile`, `--docker-config`) must be a readable
+/// file: a typo would otherwise push anonymously. Exit 2, naming the flag and the file.
+pub(crate) fn check_credentials_file(
+    flag: &str,
+    path: Option<&std::path::Path>,
+) -> Result<(), Error> {
+    let Some(path) = path else { return Ok(()) };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => match std::fs::File::open(path) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::Usage(format!(
+                "{flag} {}: cannot read it: {e}",
+                path.display()
+            ))),
+        },
+        Ok(_) => Err(Error::Usage(format!(
+            "{flag} {}: not a regular file",
+            path.display()
+        ))),
+        Err(e) => Err(Error::Usage(format!("{flag} {}: {e}", path.display()))),
     }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::error::Error;
 use crate::oci::cjson;
 use crate::registry::pull::{self, PullOptions};
-use crate::registry::{self, ClientOptions, Reference};
+use crate::registry::{self, Reference};
 
 #[derive(Debug, Args)]
 pub struct PullArgs {
@@ -32,6 +32,13 @@ pub struct PullArgs {
     /// Plain HTTP (loopback or trusted networks). Without it every connection is verified TLS.
     #[arg(long)]
     pub insecure: bool,
+    /// Trust the CA certificates in this PEM file (default: `$SSL_CERT_FILE`, else the web PKI).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Read credentials only from this containers `auth.json` or Docker `config.json`
+    /// (default `$REGISTRY_AUTH_FILE`, then the usual search; see docs/registry.md).
+    #[arg(long, value_name = "FILE")]
+    pub authfile: Option<PathBuf>,
     /// Print one JSON document (reference, digest, index digest, layout, name, bytes).
     #[arg(long)]
     pub json: bool,
@@ -39,11 +46,9 @@ pub struct PullArgs {
 
 pub fn run(args: PullArgs) -> Result<(), Error> {
     let (dest, named_by_digest) = destination(&args, pull::default_cache_dir())?;
+    super::check_credentials_file("--authfile", args.authfile.as_deref())?;
     let opts = PullOptions {
-        client: ClientOptions {
-            insecure: args.insecure,
-            ..ClientOptions::default()
-        },
+        client: super::registry_client(args.insecure, args.ca_cert.clone(), args.authfile.clone()),
         lock: args.lock.clone(),
         update_lock: args.update_lock,
         platform: None,

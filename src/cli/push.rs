@@ -43,10 +43,14 @@ pub struct PushArgs {
     /// Do not attach the layout's SBOMs (`sbom/<target>.spdx.json`, written by `build`).
     #[arg(long)]
     pub no_sbom: bool,
-    /// Docker config file for credentials (default: `$DOCKER_CONFIG/config.json`, else
-    /// `~/.docker/config.json`).
-    #[arg(long, value_name = "FILE")]
+    /// Docker config file for credentials (default: the containers `auth.json` files, then
+    /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`; see docs/registry.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "authfile")]
     pub docker_config: Option<PathBuf>,
+    /// Read credentials only from this containers `auth.json` (as skopeo and podman's
+    /// `--authfile`; default `$REGISTRY_AUTH_FILE`, then the usual search).
+    #[arg(long, value_name = "FILE")]
+    pub authfile: Option<PathBuf>,
 }
 
 pub fn run(args: PushArgs) -> Result<(), Error> {
@@ -57,6 +61,8 @@ pub fn run(args: PushArgs) -> Result<(), Error> {
             args.to
         )));
     }
+    super::check_credentials_file("--docker-config", args.docker_config.as_deref())?;
+    super::check_credentials_file("--authfile", args.authfile.as_deref())?;
     let bars = Bars::new();
     let progress = {
         let bars = bars.clone();
@@ -66,7 +72,7 @@ pub fn run(args: PushArgs) -> Result<(), Error> {
         client: super::registry_client(
             args.insecure,
             args.ca_cert.clone(),
-            args.docker_config.clone(),
+            args.authfile.clone().or_else(|| args.docker_config.clone()),
         ),
         jobs: args.jobs,
         chunk_size: args.chunk_size.max(1),

@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// Errors of the `process` module.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The process ran past its deadline and was killed.
+    #[error("`{command}` did not finish within {} s and was stopped", .after.as_secs_f64())]
+    Timeout { command: String, after: Duration },
 }
 
 impl Error {
@@ -42,6 +46,10 @@ pub struct Cmd {
     /// Extra environment variables (added to the inherited environment), in order.
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
+    /// Bytes written to the process's standard input (then closed); `None` = no input.
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the process when it runs longer than this.
+    pub timeout: Option<Duration>,
 }
 
 impl Cmd {
@@ -51,7 +59,21 @@ impl Cmd {
             args: Vec::new(),
             env: Vec::new(),
             cwd: None,
+            stdin: None,
+            timeout: None,
         }
+    }
+
+    /// Feed `bytes` to the process's standard input.
+    pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Cmd {
+        self.stdin = Some(bytes.into());
+        self
+    }
+
+    /// Kill the process if it has not finished after `after`.
+    pub fn timeout(mut self, after: Duration) -> Cmd {
+        self.timeout = Some(after);
+        self
     }
 
     pub fn arg(mut self, a: impl Into<String>) -> Cmd {
@@ -167,27 +189,127 @@ impl Runner for SystemRunner {
             program: cmd.program.clone(),
         })?;
         let mut c = std::process::Command::new(exe);
-        c.args(&cmd.args).stdin(std::process::Stdio::null());
+        c.args(&cmd.args);
         for (k, v) in &cmd.env {
             c.env(k, v);
         }
         if let Some(dir) = &cmd.cwd {
             c.current_dir(dir);
         }
-        let out = c.output().map_err(|source| Error::Spawn {
-            command: cmd.to_string(),
-            source,
-        })?;
-        Ok(Output {
-            code: out.status.code(),
-            stdout: out.stdout,
-            stderr: out.stderr,
-        })
+        if cmd.stdin.is_none() && cmd.timeout.is_none() {
+            c.stdin(std::process::Stdio::null());
+            let out = c.output().map_err(|source| Error::Spawn {
+                command: cmd.to_string(),
+                source,
+            })?;
+            return Ok(Output {
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            });
+        }
+        run_piped(c, cmd)
     }
 
     fn available(&self, program: &str) -> bool {
         which(program).is_some()
     }
+}
+
+/// Output kept per stream of a process run with input or a deadline; the rest is discarded.
+const MAX_CAPTURE: u64 = 16 << 20;
+
+/// Run with piped standard streams: write `cmd.stdin`, read both outputs on threads, and kill
+/// the process (and its process group, so helpers it started cannot hold the pipes open) when
+/// it outlives `cmd.timeout`.
+fn run_piped(mut c: std::process::Command, cmd: &Cmd) -> Result<Output, Error> {
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    c.stdin(if cmd.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .process_group(0);
+    let mut child = c.spawn().map_err(|source| Error::Spawn {
+        command: cmd.to_string(),
+        source,
+    })?;
+    let reader = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(MAX_CAPTURE).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), cmd.stdin.clone()) {
+        // A process that exits without reading its input closes the pipe: not an error here.
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    let start = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(source) => {
+                return Err(Error::Spawn {
+                    command: cmd.to_string(),
+                    source,
+                })
+            }
+        }
+        if let Some(limit) = cmd.timeout {
+            if start.elapsed() >= limit {
+                kill_group(&mut child);
+                return Err(Error::Timeout {
+                    command: cmd.to_string(),
+                    after: limit,
+                });
+            }
+        }
+        std::thread::sleep(
+            Duration::from_millis(5)
+                .max(start.elapsed() / 50)
+                .min(Duration::from_millis(50)),
+        );
+    };
+    Ok(Output {
+        code: status.code(),
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+/// Kill a child started in its own process group, and the group with it.
+fn kill_group(child: &mut std::process::Child) {
+    // The group id is the child's pid (`process_group(0)`); `kill -- -PID` reaches every
+    // process it started. The child itself is killed and reaped through std either way.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Resolve `program` on `PATH` (or as a path when it contains a `/`).
@@ -303,6 +425,30 @@ mod tests {
             dir.path().canonicalize().unwrap().display()
         );
         assert_eq!(out.stdout_text(), want);
+    }
+
+    #[test]
+    fn stdin_is_fed_and_a_deadline_kills_the_whole_group() {
+        let out = SystemRunner
+            .run(
+                &Cmd::new("sh")
+                    .args(["-c", "read x; echo \"got $x\""])
+                    .stdin(b"r.io\n".to_vec())
+                    .timeout(Duration::from_secs(30)),
+            )
+            .unwrap();
+        assert_eq!(out.stdout_text(), "got r.io\n");
+        // A grandchild holding the output pipe open must not keep us waiting either.
+        let start = std::time::Instant::now();
+        let e = SystemRunner
+            .run(
+                &Cmd::new("sh")
+                    .args(["-c", "sleep 60 & sleep 60"])
+                    .timeout(Duration::from_millis(300)),
+            )
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

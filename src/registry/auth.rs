@@ -1,24 +1,37 @@
 //! Credentials and authentication challenges.
 //!
-//! Credentials come from, in this order: `INFER_BUILD_REGISTRY_USER` and
-//! `INFER_BUILD_REGISTRY_PASSWORD` (for every registry), then Docker's `config.json`
-//! (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`): `credHelpers[registry]`, then
-//! `auths[registry]` (`auth` base64 `user:password`, or `username`/`password`, or
-//! `identitytoken`), then `credsStore`. Helpers are the `docker-credential-<name>` programs.
+//! Credentials for a registry come from, first match wins:
+//! 1. `INFER_BUILD_REGISTRY_USER` and `INFER_BUILD_REGISTRY_PASSWORD` (for every registry);
+//! 2. credentials files, in the order skopeo and podman read them: `REGISTRY_AUTH_FILE` when set
+//!    (then only that file), else `$XDG_RUNTIME_DIR/containers/auth.json`,
+//!    `$XDG_CONFIG_HOME/containers/auth.json` (default `~/.config/…`), then Docker's
+//!    `$DOCKER_CONFIG/config.json` (default `~/.docker/config.json`). An explicit file
+//!    ([`Keychain::docker_config`], `--authfile`, `--docker-config`) replaces the search.
+//!
+//! Every file has the same format: `credHelpers[registry]`, then `auths[registry]` (`auth`
+//! base64 `user:password`, or `username`/`password`, or `identitytoken`), then `credsStore`.
+//! Helpers are the `docker-credential-<name>` programs, run through [`crate::process`] with a
+//! deadline. `infer-build login` writes the containers file ([`login_file`], [`store`]).
 //!
 //! Secrets never reach `Debug`, `Display` or an error message.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use base64::Engine as _;
 
 use super::{Error, Result};
+use crate::process::{Cmd, SystemRunner};
 
 /// Environment variables that give credentials for every registry.
 pub const ENV_USER: &str = "INFER_BUILD_REGISTRY_USER";
 pub const ENV_PASSWORD: &str = "INFER_BUILD_REGISTRY_PASSWORD";
+/// The containers tools' variable naming the one credentials file to use.
+pub const ENV_AUTH_FILE: &str = "REGISTRY_AUTH_FILE";
+/// How long a credential helper may take.
+pub const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Credentials files are small; anything bigger is not one.
+const MAX_FILE: u64 = 4 << 20;
 
 /// Credentials for one registry.
 #[derive(Clone, PartialEq, Eq)]
@@ -54,10 +67,20 @@ impl Credential {
 /// Where credentials are looked up; tests and callers can point it elsewhere.
 #[derive(Debug, Clone, Default)]
 pub struct Keychain {
-    /// The Docker config file; `None` = the default location.
+    /// Read only this credentials file (a Docker `config.json` or a containers `auth.json`:
+    /// same format) instead of searching the default locations; a missing file gives no
+    /// credentials (the CLI refuses a missing file it was given). `None` = the default search.
     pub docker_config: Option<PathBuf>,
     /// Ignore `INFER_BUILD_REGISTRY_USER/PASSWORD`.
     pub ignore_env: bool,
+}
+
+/// Where a credentials file comes from: named by the user (a missing one is an error) or found
+/// by the default search (a missing one is skipped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredFile {
+    pub path: PathBuf,
+    pub named: bool,
 }
 
 impl Keychain {
@@ -73,38 +96,223 @@ impl Keychain {
                 }
             }
         }
-        let path = match &self.docker_config {
-            Some(p) => p.clone(),
-            None => match default_docker_config() {
-                Some(p) => p,
-                None => return Ok(None),
-            },
-        };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io(path, e)),
-        };
-        let config = parse_docker_config(&text).map_err(|reason| Error::Credentials {
-            registry: registry.to_string(),
-            reason: format!("{}: {reason}", path.display()),
-        })?;
-        match config.source_for(registry) {
-            Source::None => Ok(None),
-            Source::Inline(c) => Ok(Some(c)),
-            Source::Helper(helper) => run_helper(&helper, registry),
+        for file in self.files() {
+            let text = match read_credentials_file(&file.path) {
+                Ok(Some(t)) => t,
+                Ok(None) if !file.named || self.docker_config.is_some() => continue,
+                Ok(None) => {
+                    return Err(Error::Credentials {
+                        registry: registry.to_string(),
+                        reason: format!(
+                            "{} (named by {ENV_AUTH_FILE}) does not exist",
+                            file.path.display()
+                        ),
+                    })
+                }
+                Err(reason) => {
+                    return Err(Error::Credentials {
+                        registry: registry.to_string(),
+                        reason: format!("{}: {reason}", file.path.display()),
+                    })
+                }
+            };
+            let fail = |reason: String| Error::Credentials {
+                registry: registry.to_string(),
+                reason: format!("{}: {reason}", file.path.display()),
+            };
+            let config = parse_docker_config(&text).map_err(fail)?;
+            let found = match config.source_for(registry).map_err(fail)? {
+                Source::None => None,
+                Source::Inline(c) => Some(c),
+                Source::Helper(helper) => {
+                    run_helper(&SystemRunner, &helper, registry, HELPER_TIMEOUT)
+                        .map_err(|reason| fail(format!("credential helper: {reason}")))?
+                }
+            };
+            if found.is_some() {
+                return Ok(found);
+            }
         }
+        Ok(None)
+    }
+
+    /// The credentials files read, in order.
+    pub fn files(&self) -> Vec<CredFile> {
+        if let Some(p) = &self.docker_config {
+            return vec![CredFile {
+                path: p.clone(),
+                named: true,
+            }];
+        }
+        default_files(&|k| std::env::var_os(k).filter(|v| !v.is_empty()))
     }
 }
 
-fn default_docker_config() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("DOCKER_CONFIG") {
-        return Some(Path::new(&dir).join("config.json"));
+/// The default search, from the environment `var` gives.
+pub fn default_files(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Vec<CredFile> {
+    if let Some(p) = var(ENV_AUTH_FILE) {
+        return vec![CredFile {
+            path: PathBuf::from(p),
+            named: true,
+        }];
     }
-    std::env::var_os("HOME").map(|h| Path::new(&h).join(".docker/config.json"))
+    let home = var("HOME").map(PathBuf::from);
+    let mut out = Vec::new();
+    let mut push = |path: PathBuf| out.push(CredFile { path, named: false });
+    if let Some(run) = var("XDG_RUNTIME_DIR") {
+        push(Path::new(&run).join("containers/auth.json"));
+    }
+    if let Some(cfg) = var("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| home.as_ref().map(|h| h.join(".config")))
+    {
+        push(cfg.join("containers/auth.json"));
+    }
+    if let Some(dir) = var("DOCKER_CONFIG") {
+        push(Path::new(&dir).join("config.json"));
+    } else if let Some(h) = &home {
+        push(h.join(".docker/config.json"));
+    }
+    out
 }
 
-/// The parts of Docker's `config.json` that matter here.
+/// The file `infer-build login` writes: `explicit`, else `REGISTRY_AUTH_FILE`, else
+/// `$XDG_RUNTIME_DIR/containers/auth.json`, else `$XDG_CONFIG_HOME/containers/auth.json`
+/// (default `~/.config/…`): where skopeo and podman read it first.
+pub fn login_file(
+    explicit: Option<&Path>,
+    var: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    if let Some(p) = explicit {
+        return Some(p.to_path_buf());
+    }
+    if let Some(p) = var(ENV_AUTH_FILE) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(run) = var("XDG_RUNTIME_DIR") {
+        return Some(Path::new(&run).join("containers/auth.json"));
+    }
+    var("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|h| Path::new(&h).join(".config")))
+        .map(|c| c.join("containers/auth.json"))
+}
+
+/// Read a credentials file: `Ok(None)` when it does not exist; an error (its reason) when it
+/// cannot be read, is not a regular file or is too big.
+fn read_credentials_file(path: &Path) -> std::result::Result<Option<String>, String> {
+    use std::io::Read as _;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read it: {e}")),
+    };
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let f = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut text = String::new();
+    f.take(MAX_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(format!(
+            "larger than {MAX_FILE} bytes: not a credentials file"
+        ));
+    }
+    Ok(Some(text))
+}
+
+/// Store basic credentials for `registry` in `path` (a containers `auth.json`, created with
+/// mode 0600 when missing; other entries and keys are kept), through a temporary file and a
+/// rename.
+pub fn store(path: &Path, registry: &str, username: &str, password: &str) -> Result<()> {
+    let fail = |reason: String| Error::Credentials {
+        registry: registry.to_string(),
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let mut doc = match read_credentials_file(path).map_err(fail)? {
+        Some(text) if !text.trim().is_empty() => serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .filter(|v| v.is_object())
+            .ok_or_else(|| fail("not a credentials file (expected a JSON object)".into()))?,
+        _ => serde_json::json!({}),
+    };
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+    let auths = doc
+        .as_object_mut()
+        .map(|o| o.entry("auths").or_insert_with(|| serde_json::json!({})))
+        .and_then(|a| a.as_object_mut())
+        .ok_or_else(|| fail("`auths` is not an object".into()))?;
+    // One entry per registry: drop spellings of the same host (`https://host/v1/`).
+    auths.retain(|k, _| !same_registry(k, registry));
+    auths.insert(registry.to_string(), serde_json::json!({ "auth": auth }));
+    let bytes = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        tmp.write_all(&bytes)?;
+        tmp.write_all(b"\n")?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok(())
+    };
+    write().map_err(|e| fail(format!("cannot write it: {e}")))
+}
+
+/// What `login` did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoginReport {
+    pub registry: String,
+    pub file: PathBuf,
+    /// False when the registry answered without asking for credentials, so they could not
+    /// be checked (they are stored all the same, as docker and skopeo do).
+    pub verified: bool,
+}
+
+/// Check `username`/`password` against `registry` (`GET /v2/` with them), then store them in
+/// `file`. Nothing is written when the registry refuses them or cannot be reached.
+pub fn login(
+    registry: &str,
+    username: &str,
+    password: &str,
+    file: &Path,
+    opts: &super::ClientOptions,
+) -> Result<LoginReport> {
+    let opts = super::ClientOptions {
+        credential: Some(Credential::Basic {
+            username: username.to_string(),
+            password: password.to_string(),
+        }),
+        ..opts.clone()
+    };
+    let client = super::Client::connect(registry, opts)?;
+    let verified = client.credentials_checked();
+    store(file, registry, username, password)?;
+    Ok(LoginReport {
+        registry: registry.to_string(),
+        file: file.to_path_buf(),
+        verified,
+    })
+}
+
+/// The parts of a credentials file (Docker's `config.json`, containers' `auth.json`) that
+/// matter here.
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct DockerConfig {
     #[serde(default)]
@@ -142,11 +350,11 @@ pub enum Source {
     Helper(String),
 }
 
-/// Parse `config.json`. The error names the problem, never a value.
+/// Parse a credentials file. The error names the problem, never a value.
 pub fn parse_docker_config(text: &str) -> std::result::Result<DockerConfig, String> {
     serde_json::from_str(text).map_err(|e| {
         format!(
-            "not a Docker config file: line {} column {}",
+            "not a credentials file (Docker config.json / containers auth.json): line {} column {}",
             e.line(),
             e.column()
         )
@@ -163,79 +371,98 @@ fn key_host(key: &str) -> &str {
     k.split('/').next().unwrap_or(k)
 }
 
-fn same_registry(key: &str, registry: &str) -> bool {
+/// True when a credentials-file key names `registry`. Docker Hub has several names.
+pub fn same_registry(key: &str, registry: &str) -> bool {
     let host = key_host(key);
     host == registry
         || (registry == "registry-1.docker.io" && matches!(host, "index.docker.io" | "docker.io"))
 }
 
 impl DockerConfig {
-    pub fn source_for(&self, registry: &str) -> Source {
+    /// Where `registry`'s credentials are. An `auths` entry for it that holds nothing usable
+    /// is an error (naming the registry, never the value).
+    pub fn source_for(&self, registry: &str) -> std::result::Result<Source, String> {
         if let Some((_, helper)) = self
             .cred_helpers
             .iter()
             .find(|(k, _)| same_registry(k, registry))
         {
-            return Source::Helper(helper.clone());
+            return Ok(Source::Helper(helper.clone()));
         }
-        if let Some((_, entry)) = self.auths.iter().find(|(k, _)| same_registry(k, registry)) {
+        if let Some((key, entry)) = self.auths.iter().find(|(k, _)| same_registry(k, registry)) {
             if let Some(token) = entry.identitytoken.as_deref().filter(|t| !t.is_empty()) {
-                return Source::Inline(Credential::IdentityToken(token.to_string()));
+                return Ok(Source::Inline(Credential::IdentityToken(token.to_string())));
             }
             if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
                 let decoded = base64::engine::general_purpose::STANDARD
                     .decode(auth.trim())
                     .ok()
                     .and_then(|b| String::from_utf8(b).ok());
-                if let Some((u, p)) = decoded.as_deref().and_then(|d| d.split_once(':')) {
-                    return Source::Inline(Credential::Basic {
+                return match decoded.as_deref().and_then(|d| d.split_once(':')) {
+                    Some((u, p)) if !u.is_empty() => Ok(Source::Inline(Credential::Basic {
                         username: u.to_string(),
                         password: p.to_string(),
-                    });
-                }
+                    })),
+                    _ => Err(format!(
+                        "`auths.\"{key}\".auth` is not base64 of `user:password`"
+                    )),
+                };
             }
             if let (Some(u), Some(p)) = (&entry.username, &entry.password) {
-                return Source::Inline(Credential::Basic {
+                return Ok(Source::Inline(Credential::Basic {
                     username: u.clone(),
                     password: p.clone(),
-                });
+                }));
+            }
+            if self.creds_store.as_deref().is_none_or(str::is_empty) {
+                return Err(format!(
+                    "`auths.\"{key}\"` has no `auth`, `username`/`password` or `identitytoken`"
+                ));
             }
         }
-        match &self.creds_store {
+        Ok(match &self.creds_store {
             Some(store) if !store.is_empty() => Source::Helper(store.clone()),
             _ => Source::None,
-        }
+        })
     }
 }
 
-/// Ask `docker-credential-<helper> get` for the credentials of `registry`.
-fn run_helper(helper: &str, registry: &str) -> Result<Option<Credential>> {
-    let program = format!("docker-credential-{helper}");
-    let fail = |reason: String| Error::Credentials {
-        registry: registry.to_string(),
-        reason,
-    };
-    let mut child = Command::new(&program)
-        .arg("get")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot run `{program}`: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // Helpers are asked by server URL; most store the bare host.
-        let _ = stdin.write_all(registry.as_bytes());
+/// Ask `docker-credential-<helper> get` for the credentials of `registry`, through `runner`,
+/// killing it after `timeout` ([`HELPER_TIMEOUT`] in lookups). The error (a reason) never
+/// holds the helper's output.
+pub fn run_helper(
+    runner: &dyn crate::process::Runner,
+    helper: &str,
+    registry: &str,
+    timeout: Duration,
+) -> std::result::Result<Option<Credential>, String> {
+    if helper.is_empty() || helper.contains('/') {
+        return Err(format!("`{helper}` is not a credential helper name"));
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| fail(format!("`{program}` failed: {e}")))?;
-    if !out.status.success() {
+    let program = format!("docker-credential-{helper}");
+    // Helpers are asked by server URL; most store the bare host.
+    let cmd = Cmd::new(&program)
+        .arg("get")
+        .stdin(registry.as_bytes().to_vec())
+        .timeout(timeout);
+    let out = runner.run(&cmd).map_err(|e| match e {
+        crate::process::Error::Timeout { after, .. } => format!(
+            "`{program} get` did not answer within {:.1} s",
+            after.as_secs_f64()
+        ),
+        other => other.to_string(),
+    })?;
+    if !out.success() {
         let msg = String::from_utf8_lossy(&out.stdout).to_lowercase();
         if msg.contains("credentials not found") {
             return Ok(None);
         }
         // The helper's output may echo secrets: report only its exit status.
-        return Err(fail(format!("`{program} get` exited with {}", out.status)));
+        return Err(format!(
+            "`{program} get` exited with {}",
+            out.code
+                .map_or("a signal".to_string(), |c| format!("code {c}"))
+        ));
     }
     #[derive(serde::Deserialize)]
     struct HelperReply {
@@ -244,11 +471,8 @@ fn run_helper(helper: &str, registry: &str) -> Result<Option<Credential>> {
         #[serde(rename = "Secret", default)]
         secret: String,
     }
-    let reply: HelperReply = serde_json::from_slice(&out.stdout).map_err(|_| {
-        fail(format!(
-            "`{program} get` printed something that is not its JSON reply"
-        ))
-    })?;
+    let reply: HelperReply = serde_json::from_slice(&out.stdout)
+        .map_err(|_| format!("`{program} get` printed something that is not its JSON reply"))?;
     Ok(Some(if reply.username == "<token>" {
         Credential::IdentityToken(reply.secret)
     } else {
@@ -375,7 +599,7 @@ mod tests {
 
     fn check_source(config: &str, registry: &str, expected: Source) {
         let c = parse_docker_config(config).unwrap();
-        assert_eq!(c.source_for(registry), expected, "{config} {registry}");
+        assert_eq!(c.source_for(registry), Ok(expected), "{config} {registry}");
     }
 
     #[test]
@@ -389,7 +613,7 @@ mod tests {
         check_source(auths, "127.0.0.1:5056", basic);
         check_source(auths, "127.0.0.1:5057", Source::None);
         check_source(
-            r#"{"auths":{"r.io":{"auth":"eA=="}},"credsStore":"pass"}"#,
+            r#"{"auths":{"r.io":{}},"credsStore":"pass"}"#,
             "r.io",
             Source::Helper("pass".into()),
         );
@@ -404,6 +628,152 @@ mod tests {
             Source::Inline(Credential::IdentityToken("tok".into())),
         );
         assert!(parse_docker_config("{").is_err());
+    }
+
+    #[test]
+    fn malformed_entries_name_the_key_never_the_value() {
+        let c = parse_docker_config(r#"{"auths":{"r.io":{"auth":"bm90LWJhc2U2NA-!!"}}}"#).unwrap();
+        let e = c.source_for("r.io").unwrap_err();
+        assert!(
+            e.contains("auths.\"r.io\".auth") && !e.contains("bm90"),
+            "{e}"
+        );
+        // base64 of "nocolon": no user:password pair.
+        let c = parse_docker_config(r#"{"auths":{"r.io":{"auth":"bm9jb2xvbg=="}}}"#).unwrap();
+        assert!(c.source_for("r.io").is_err());
+        let c = parse_docker_config(r#"{"auths":{"r.io":{}}}"#).unwrap();
+        assert!(c.source_for("r.io").unwrap_err().contains("has no `auth`"));
+        // Another registry's bad entry is none of this registry's business.
+        assert_eq!(c.source_for("other.io"), Ok(Source::None));
+        let e = parse_docker_config(r#"{"auths":[]}"#).unwrap_err();
+        assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn default_files_in_the_order_skopeo_and_podman_read_them() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let paths = |files: Vec<CredFile>| -> Vec<(String, bool)> {
+            files
+                .into_iter()
+                .map(|f| (f.path.display().to_string(), f.named))
+                .collect()
+        };
+        let all = env(&[
+            ("HOME", "/h"),
+            ("XDG_RUNTIME_DIR", "/run/u"),
+            ("DOCKER_CONFIG", "/d"),
+        ]);
+        assert_eq!(
+            paths(default_files(&all)),
+            [
+                ("/run/u/containers/auth.json".to_string(), false),
+                ("/h/.config/containers/auth.json".to_string(), false),
+                ("/d/config.json".to_string(), false),
+            ]
+        );
+        let home = env(&[("HOME", "/h"), ("XDG_CONFIG_HOME", "/x")]);
+        assert_eq!(
+            paths(default_files(&home)),
+            [
+                ("/x/containers/auth.json".to_string(), false),
+                ("/h/.docker/config.json".to_string(), false),
+            ]
+        );
+        // REGISTRY_AUTH_FILE: that file only, and it must exist.
+        let named = env(&[("HOME", "/h"), ("REGISTRY_AUTH_FILE", "/a.json")]);
+        assert_eq!(
+            paths(default_files(&named)),
+            [("/a.json".to_string(), true)]
+        );
+        assert_eq!(login_file(None, &named).unwrap(), PathBuf::from("/a.json"));
+        assert_eq!(
+            login_file(None, &all).unwrap(),
+            PathBuf::from("/run/u/containers/auth.json")
+        );
+        assert_eq!(
+            login_file(None, &home).unwrap(),
+            PathBuf::from("/x/containers/auth.json")
+        );
+        assert_eq!(
+            login_file(Some(Path::new("/f")), &all).unwrap(),
+            PathBuf::from("/f")
+        );
+    }
+
+    #[test]
+    fn store_keeps_other_entries_and_writes_mode_0600() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/auth.json");
+        store(&path, "r.io", "u", "p1").unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        std::fs::write(
+            &path,
+            r#"{"auths":{"https://r.io/v1/":{"auth":"eDp5"},"o.io":{"auth":"eDp5"}},"credHelpers":{"z.io":"pass"}}"#,
+        )
+        .unwrap();
+        store(&path, "r.io", "u", "p2").unwrap();
+        let c = parse_docker_config(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            c.source_for("r.io"),
+            Ok(Source::Inline(Credential::Basic {
+                username: "u".into(),
+                password: "p2".into()
+            }))
+        );
+        assert!(matches!(c.source_for("o.io"), Ok(Source::Inline(_))));
+        assert_eq!(c.source_for("z.io"), Ok(Source::Helper("pass".into())));
+        std::fs::write(&path, "[1]").unwrap();
+        assert!(store(&path, "r.io", "u", "p").is_err());
+    }
+
+    #[test]
+    fn a_helper_that_hangs_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let helper = dir.path().join("docker-credential-hang");
+        std::fs::write(&helper, "#!/bin/sh\nsleep 60\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The helper is found by path here; lookups find it on PATH.
+        struct ByPath(PathBuf);
+        impl crate::process::Runner for ByPath {
+            fn run(
+                &self,
+                cmd: &Cmd,
+            ) -> std::result::Result<crate::process::Output, crate::process::Error> {
+                let mut c = cmd.clone();
+                c.program = self.0.join(&cmd.program).display().to_string();
+                crate::process::Runner::run(&SystemRunner, &c)
+            }
+            fn available(&self, _: &str) -> bool {
+                true
+            }
+        }
+        let start = std::time::Instant::now();
+        let e = run_helper(
+            &ByPath(dir.path().to_path_buf()),
+            "hang",
+            "r.io",
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(e.contains("did not answer within"), "{e}");
+        assert!(run_helper(&SystemRunner, "../x", "r.io", HELPER_TIMEOUT).is_err());
     }
 
     #[test]

@@ -6,12 +6,24 @@
 //! a request needs (cached per scope set, refreshed on a 401).
 //!
 //! Retries: connection errors, 408, 429 and 5xx are retried with exponential backoff and
-//! jitter, honouring `Retry-After`. Requests whose retry is not a plain resend (chunk uploads)
-//! use [`Client::attempt`] and recover themselves.
+//! jitter, honouring `Retry-After`; timeouts are retried at most [`MAX_TIMEOUTS`] times in all.
+//! Requests whose retry is not a plain resend (chunk uploads) use [`Client::attempt`] and
+//! recover themselves.
+//!
+//! Invariants, enforced here for every request rather than per call site:
+//! - credentials (basic, identity token, bearer token) go only to the registry's own origin
+//!   (scheme, host, port): an upload `Location` elsewhere gets no `Authorization`, a token
+//!   realm elsewhere only the credentials configured for its own host, and redirects never
+//!   carry any ([`Client::same_origin`]);
+//! - a TLS registry is never left for plain HTTP: `http://` locations, realms and redirects are
+//!   refused;
+//! - every request has a connect deadline, an idle deadline per read and write, and a total
+//!   deadline that grows with the bytes it carries ([`ClientOptions`]);
+//! - response bodies read whole are capped ([`MAX_MANIFEST`], [`MAX_TOKEN`], [`MAX_ERROR_BODY`]).
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -23,6 +35,15 @@ use ureq::SendBody;
 use super::auth::{parse_challenge, Challenge, Credential, Keychain};
 use super::{Error, Result};
 
+/// The largest manifest or index read from a registry (what registries themselves accept).
+pub const MAX_MANIFEST: u64 = 4 << 20;
+/// The largest token endpoint answer read.
+pub const MAX_TOKEN: u64 = 256 << 10;
+/// The largest error body read (for its message).
+pub const MAX_ERROR_BODY: u64 = 64 << 10;
+/// Timeouts allowed per request (first try included) before giving up.
+pub const MAX_TIMEOUTS: u32 = 3;
+
 /// How a client connects.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -32,11 +53,24 @@ pub struct ClientOptions {
     /// else the built-in web PKI roots).
     pub ca_cert: Option<PathBuf>,
     pub keychain: Keychain,
+    /// Use these credentials instead of looking them up (`login` checks them this way).
+    pub credential: Option<Credential>,
     /// Tries per request (first try included).
     pub max_attempts: u32,
     /// First backoff delay; it doubles per retry up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// Establishing a connection (TLS handshake included).
+    pub connect_timeout: Duration,
+    /// The longest silence on a connection: no byte read or written for this long fails the
+    /// request (waiting for response headers included).
+    pub idle_timeout: Duration,
+    /// The total deadline of a request without a large body.
+    pub request_timeout: Duration,
+    /// The slowest transfer accepted, in bytes per second: a request carrying `n` bytes gets
+    /// `request_timeout + n / min_rate` in all, so a registry that trickles cannot hold a push
+    /// or pull forever.
+    pub min_rate: u64,
 }
 
 impl Default for ClientOptions {
@@ -45,9 +79,14 @@ impl Default for ClientOptions {
             insecure: false,
             ca_cert: None,
             keychain: Keychain::default(),
+            credential: None,
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(8),
+            connect_timeout: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(120),
+            min_rate: 64 << 10,
         }
     }
 }
@@ -56,12 +95,23 @@ impl Default for ClientOptions {
 pub enum Body<'a> {
     Empty,
     Bytes(&'a [u8]),
+    /// `len` bytes of an open file from `offset` (positioned reads: the handle is shared).
     File {
-        path: &'a Path,
+        file: &'a File,
         offset: u64,
         len: u64,
         progress: Option<&'a (dyn Fn(u64) + Sync)>,
     },
+}
+
+impl Body<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Bytes(b) => b.len() as u64,
+            Body::File { len, .. } => *len,
+        }
+    }
 }
 
 /// One request, rebuilt for every try.
@@ -70,6 +120,8 @@ pub struct Req<'a> {
     pub url: String,
     pub headers: Vec<(&'static str, String)>,
     pub body: Body<'a>,
+    /// The size of the response body the caller will read (a blob), for the total deadline.
+    pub expect_bytes: u64,
 }
 
 impl<'a> Req<'a> {
@@ -79,7 +131,12 @@ impl<'a> Req<'a> {
             url,
             headers: Vec::new(),
             body: Body::Empty,
+            expect_bytes: 0,
         }
+    }
+    pub fn expect_bytes(mut self, n: u64) -> Self {
+        self.expect_bytes = n;
+        self
     }
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
@@ -114,6 +171,11 @@ pub struct Client {
     token_fetch: Mutex<()>,
     opts: ClientOptions,
     rng: Mutex<u64>,
+    /// Set once the registry's credentials were sent to it (or to its token endpoint) and
+    /// accepted.
+    presented: std::sync::atomic::AtomicBool,
+    /// Credentials configured for token endpoints on other origins, by host.
+    realm_credentials: Mutex<HashMap<String, Option<Credential>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -130,8 +192,15 @@ impl Client {
             .user_agent(concat!("infer-build/", env!("CARGO_PKG_VERSION")))
             .accept_encoding(ureq::config::AutoHeaderValue::None)
             .max_idle_connections_per_host(16)
-            .timeout_connect(Some(Duration::from_secs(15)))
-            .timeout_recv_response(Some(Duration::from_secs(600)));
+            // A TLS registry is never left for plain HTTP, redirects included; redirects
+            // (blob storage) never carry the Authorization header.
+            .https_only(!opts.insecure)
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
+            .max_redirects(5)
+            .timeout_connect(Some(opts.connect_timeout))
+            .timeout_per_read(Some(opts.idle_timeout))
+            .timeout_per_write(Some(opts.idle_timeout))
+            .timeout_global(Some(opts.request_timeout));
         if !opts.insecure {
             let ca = opts
                 .ca_cert
@@ -146,7 +215,10 @@ impl Client {
             }
         }
         let scheme = if opts.insecure { "http" } else { "https" };
-        let credential = opts.keychain.lookup(registry)?;
+        let credential = match &opts.credential {
+            Some(c) => Some(c.clone()),
+            None => opts.keychain.lookup(registry)?,
+        };
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -162,6 +234,8 @@ impl Client {
             token_fetch: Mutex::new(()),
             opts,
             rng: Mutex::new(seed),
+            presented: std::sync::atomic::AtomicBool::new(false),
+            realm_credentials: Mutex::new(HashMap::new()),
         };
         client.ping()?;
         Ok(client)
@@ -169,6 +243,12 @@ impl Client {
 
     pub fn registry(&self) -> &str {
         &self.registry
+    }
+
+    /// True when the credentials were presented to the registry (basic auth, or a token
+    /// endpoint of its own) during the requests so far, and accepted.
+    pub fn credentials_checked(&self) -> bool {
+        self.presented.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `scheme://host[:port]/v2/<path>`.
@@ -187,6 +267,12 @@ impl Client {
         }
     }
 
+    /// True when `url` is on the registry's own origin (scheme, host and port): the only
+    /// place credentials and tokens are sent.
+    pub fn same_origin(&self, url: &str) -> bool {
+        origin(url).is_some_and(|o| Some(o) == origin(&self.base))
+    }
+
     fn ping(&self) -> Result<()> {
         let url = self.url("");
         let resp = self.send(&Req::new(Method::GET, url.clone()), &[])?;
@@ -198,7 +284,7 @@ impl Client {
                 what: if self.credential.is_some() {
                     "the API version check".into()
                 } else {
-                    "the API version check (no credentials found: set INFER_BUILD_REGISTRY_USER/PASSWORD or log in with docker)".into()
+                    "the API version check (no credentials found: run `infer-build login`, skopeo or docker login, or set INFER_BUILD_REGISTRY_USER/PASSWORD)".into()
                 },
             }),
             s => Err(status_error(&Method::GET, &url, s, resp)),
@@ -209,10 +295,16 @@ impl Client {
     /// last retryable one) are returned for the caller to judge.
     pub fn send(&self, req: &Req, scopes: &[String]) -> Result<Resp> {
         let mut attempt = 0;
+        let mut timeouts = 0;
         loop {
             attempt += 1;
             let last = attempt >= self.opts.max_attempts;
-            match self.attempt(req, scopes) {
+            let result = self.attempt(req, scopes);
+            if matches!(result, Err(ureq::Error::Timeout(_))) {
+                timeouts += 1;
+            }
+            let last = last || timeouts >= MAX_TIMEOUTS;
+            match result {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     if !retryable_status(status) || last {
@@ -225,7 +317,7 @@ impl Client {
                 Err(e) => {
                     return Err(Error::Transport {
                         method: req.method.to_string(),
-                        url: req.url.clone(),
+                        url: strip_query(&req.url),
                         source: Box::new(e),
                     })
                 }
@@ -269,7 +361,8 @@ impl Client {
     /// once. Transport errors are returned as they are.
     pub fn attempt(&self, req: &Req, scopes: &[String]) -> std::result::Result<Resp, ureq::Error> {
         let resp = self.run_once(req, scopes)?;
-        if resp.status().as_u16() != 401 {
+        // Authentication happens only with the registry itself.
+        if resp.status().as_u16() != 401 || !self.same_origin(&req.url) {
             return Ok(resp);
         }
         let challenge = resp
@@ -290,11 +383,19 @@ impl Client {
                 {
                     return Ok(resp);
                 }
-                let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
-                if matches!(*mode, AuthMode::Basic) {
-                    return Ok(resp); // credentials already sent and refused
+                {
+                    let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+                    if matches!(*mode, AuthMode::Basic) {
+                        return Ok(resp); // credentials already sent and refused
+                    }
+                    *mode = AuthMode::Basic;
                 }
-                *mode = AuthMode::Basic;
+                let again = self.run_once(req, scopes)?;
+                if again.status().is_success() {
+                    self.presented
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Ok(again);
             }
             Challenge::Bearer {
                 realm,
@@ -364,16 +465,55 @@ impl Client {
         }
     }
 
-    /// Ask the token endpoint for a token covering `scopes`.
+    /// The credentials a token endpoint gets: the registry's own when `realm` is on its origin
+    /// (or is Docker Hub's token service, for Docker Hub); for a realm elsewhere, only those
+    /// configured for the realm's own host (`infer-build login HOST`), looked up once.
+    fn realm_credential(&self, realm: &str) -> Option<Credential> {
+        if self.realm_gets_credentials(realm) {
+            return self.credential.clone();
+        }
+        let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
+        if host.is_empty() || host.contains('@') {
+            return None;
+        }
+        let mut cache = self
+            .realm_credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(host.to_string())
+            .or_insert_with(|| self.opts.keychain.lookup(host).ok().flatten())
+            .clone()
+    }
+
+    /// True when the registry's credentials may go to the token endpoint `realm`: it is on the
+    /// registry's own origin, or it is Docker Hub's token service for Docker Hub.
+    fn realm_gets_credentials(&self, realm: &str) -> bool {
+        self.same_origin(realm)
+            || (self.registry == "registry-1.docker.io"
+                && origin(realm).as_deref() == Some("https://auth.docker.io"))
+    }
+
+    /// Ask the token endpoint for a token covering `scopes`. The registry's credentials go
+    /// with the request only when [`Client::realm_gets_credentials`]; otherwise the token is
+    /// asked for anonymously. A plain-HTTP realm of a TLS registry is refused.
     fn fetch_token(
         &self,
         realm: &str,
         service: Option<&str>,
         scopes: &[String],
     ) -> std::result::Result<String, ureq::Error> {
+        if !self.opts.insecure && !realm.starts_with("https://") {
+            return Err(ureq::Error::RequireHttpsOnly(format!(
+                "token realm `{}` of a TLS registry is not https",
+                strip_query(realm)
+            )));
+        }
+        let credential = self.realm_credential(realm);
+        let credential = credential.as_ref();
         let mut last_err = None;
         for attempt in 1..=self.opts.max_attempts.min(4) {
-            let resp = match &self.credential {
+            let resp = match credential {
                 Some(Credential::IdentityToken(refresh)) => {
                     let mut form = vec![
                         ("grant_type", "refresh_token".to_string()),
@@ -394,7 +534,7 @@ impl Client {
                     for s in scopes {
                         r = r.query("scope", s);
                     }
-                    if let Some(h) = other.as_ref().and_then(|c| c.basic_header()) {
+                    if let Some(h) = other.and_then(|c| c.basic_header()) {
                         r = r.header("authorization", h);
                     }
                     r.call()
@@ -407,22 +547,31 @@ impl Client {
                         token: Option<String>,
                         access_token: Option<String>,
                     }
-                    let body = resp.body_mut().with_config().limit(1 << 20).read_to_vec()?;
+                    let body = resp
+                        .body_mut()
+                        .with_config()
+                        .limit(MAX_TOKEN)
+                        .read_to_vec()?;
                     let t: Token = serde_json::from_slice(&body).map_err(|_| {
                         ureq::Error::BadUri(
                             "token endpoint answered something that is not JSON".into(),
                         )
                     })?;
-                    return t.token.or(t.access_token).ok_or_else(|| {
+                    let token = t.token.or(t.access_token).ok_or_else(|| {
                         ureq::Error::BadUri("token endpoint answered without a token".into())
-                    });
+                    })?;
+                    if credential.is_some() {
+                        self.presented
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    return Ok(token);
                 }
                 Ok(resp) if retryable_status(resp.status().as_u16()) => {
                     self.pause(attempt, retry_after(&resp));
                     last_err = Some(ureq::Error::StatusCode(resp.status().as_u16()));
                 }
                 Ok(resp) => return Err(ureq::Error::StatusCode(resp.status().as_u16())),
-                Err(e) if retryable_error(&e) => {
+                Err(e) if retryable_error(&e) && !matches!(e, ureq::Error::Timeout(_)) => {
                     self.pause(attempt, None);
                     last_err = Some(e);
                 }
@@ -439,9 +588,19 @@ impl Client {
         for (k, v) in &req.headers {
             builder = builder.header(*k, v);
         }
-        if let Some(h) = self.auth_header(scopes) {
-            builder = builder.header("authorization", h);
+        if self.same_origin(&req.url) {
+            if let Some(h) = self.auth_header(scopes) {
+                builder = builder.header("authorization", h);
+            }
+        } else if !self.opts.insecure && !req.url.starts_with("https://") {
+            return Err(ureq::Error::RequireHttpsOnly(strip_query(&req.url)));
         }
+        // The total deadline: the base budget plus the bytes carried at the slowest rate.
+        let bytes = req.body.len().saturating_add(req.expect_bytes);
+        let total = self
+            .opts
+            .request_timeout
+            .saturating_add(Duration::from_secs(bytes / self.opts.min_rate.max(1)));
         match &req.body {
             Body::Empty => {
                 let with_body = matches!(req.method, Method::POST | Method::PUT | Method::PATCH);
@@ -451,25 +610,37 @@ impl Client {
                 let r = builder
                     .body(())
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(r)
+                self.agent.run(
+                    self.agent
+                        .configure_request(r)
+                        .timeout_global(Some(total))
+                        .build(),
+                )
             }
             Body::Bytes(b) => {
                 let r = builder
                     .header("content-length", b.len().to_string())
                     .body(*b)
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(r)
+                self.agent.run(
+                    self.agent
+                        .configure_request(r)
+                        .timeout_global(Some(total))
+                        .build(),
+                )
             }
             Body::File {
-                path,
+                file,
                 offset,
                 len,
                 progress,
             } => {
-                let mut f = File::open(path)?;
-                f.seek(SeekFrom::Start(*offset))?;
                 let mut reader = Counting {
-                    inner: f.take(*len),
+                    inner: At {
+                        file,
+                        pos: *offset,
+                        end: offset.saturating_add(*len),
+                    },
                     progress: *progress,
                 };
                 let r = builder
@@ -477,9 +648,41 @@ impl Client {
                     .header("content-type", "application/octet-stream")
                     .body(SendBody::from_reader(&mut reader))
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(r)
+                self.agent.run(
+                    self.agent
+                        .configure_request(r)
+                        .timeout_global(Some(total))
+                        .build(),
+                )
             }
         }
+    }
+}
+
+/// Positioned reads of `file` from `pos` to `end`: each request body has its own cursor on a
+/// shared, already verified handle.
+struct At<'a> {
+    file: &'a File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt as _;
+        let want = (self.end - self.pos).min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the blob file ended before its size",
+            ));
+        }
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
@@ -533,6 +736,15 @@ pub fn retryable_error(e: &ureq::Error) -> bool {
     }
 }
 
+/// True when a body read failed because a deadline passed (ureq wraps its `Timeout` in an
+/// `io::Error`; the socket's own says `TimedOut`).
+pub fn is_timeout(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || e.get_ref()
+            .and_then(|x| x.downcast_ref::<ureq::Error>())
+            .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)))
+}
+
 /// `Retry-After` in seconds (the HTTP-date form is treated as "use the backoff").
 pub fn retry_after(resp: &Resp) -> Option<Duration> {
     resp.headers()
@@ -548,7 +760,7 @@ pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> 
     let body = resp
         .body_mut()
         .with_config()
-        .limit(64 * 1024)
+        .limit(MAX_ERROR_BODY)
         .read_to_vec()
         .unwrap_or_default();
     #[derive(serde::Deserialize)]
@@ -582,6 +794,54 @@ pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> 
         status,
         detail,
     }
+}
+
+/// The last byte of a `Range: 0-<last>` (or `bytes=0-<last>`) answer; `None` unless it starts
+/// at 0 and both ends are numbers.
+pub fn parse_range(r: &str) -> Option<u64> {
+    let r = r.trim();
+    let r = r.strip_prefix("bytes=").unwrap_or(r);
+    let (first, last) = r.split_once('-')?;
+    if first.trim() != "0" {
+        return None;
+    }
+    last.trim().parse::<u64>().ok()
+}
+
+/// `scheme://host:port` of an absolute http(s) URL, lowercased, with the default port made
+/// explicit; `None` for anything else.
+pub fn origin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    // Userinfo (`user@host`) is not a different origin trick we accept: refuse it.
+    if authority.contains('@') || authority.is_empty() {
+        return None;
+    }
+    let authority = authority.to_ascii_lowercase();
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse::<u16>().ok()?,
+            None if after.is_empty() => default_port,
+            None => return None,
+        };
+        (format!("[{h}]"), port)
+    } else {
+        match authority.split_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse::<u16>().ok()?),
+            None => (authority.clone(), default_port),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return None;
+    }
+    Some(format!("{scheme}://{host}:{port}"))
 }
 
 /// URLs of upload sessions carry opaque state in their query: keep errors short and free of it.
@@ -655,6 +915,72 @@ mod tests {
         );
         assert_eq!(with_query("/u", "from", "a/b"), "/u?from=a%2Fb");
         assert_eq!(strip_query("http://h/u?_state=secret"), "http://h/u");
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("0-49"), Some(49));
+        assert_eq!(parse_range("bytes=0-1023"), Some(1023));
+        assert_eq!(parse_range(" 0-7 "), Some(7));
+        for bad in ["", "10-20", "0-", "-5", "0-x", "0-18446744073709551616"] {
+            assert_eq!(parse_range(bad), None, "{bad}");
+        }
+    }
+
+    /// The parsers that read what a registry says, on mutated real answers: never a panic
+    /// (the same inputs the fuzz target `fuzz/fuzz_targets/registry_response.rs` explores).
+    #[test]
+    fn mutated_registry_answers_never_panic() {
+        let seeds: [&[u8]; 6] = [
+            br#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:a/b:pull,push""#,
+            br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}"#,
+            br#"{"auths":{"https://r.io/v1/":{"auth":"dTpw"}},"credsStore":"x","credHelpers":{"q.io":"y"}}"#,
+            b"bytes=0-1048575",
+            b"https://[::1]:5000/v2/x/blobs/uploads/abc?_state=1",
+            br#"{"errors":[{"code":"DENIED","message":"no"}]}"#,
+        ];
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for seed in seeds {
+            for _ in 0..2000 {
+                let mut b = seed.to_vec();
+                for _ in 0..(1 + next() % 4) {
+                    let i = (next() % (b.len() as u64 + 1)) as usize;
+                    match next() % 3 {
+                        0 if i < b.len() => b[i] = next() as u8,
+                        1 if i < b.len() => {
+                            b.remove(i);
+                        }
+                        _ => b.insert(i, next() as u8),
+                    }
+                }
+                super::super::fuzz_registry_response(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn origins() {
+        for (url, want) in [
+            ("https://r.io/v2/", Some("https://r.io:443")),
+            ("https://R.io:443/x?y", Some("https://r.io:443")),
+            ("http://127.0.0.1:5000/v2/x", Some("http://127.0.0.1:5000")),
+            ("http://[::1]:5000/v2/", Some("http://[::1]:5000")),
+            ("http://[::1]/v2/", Some("http://[::1]:80")),
+            ("https://user@evil.io/", None),
+            ("ftp://r.io/", None),
+            ("/v2/relative", None),
+            ("https://r.io:99999/", None),
+        ] {
+            assert_eq!(origin(url).as_deref(), want, "{url}");
+        }
+        assert_ne!(origin("https://r.io/"), origin("http://r.io:443/"));
+        assert_ne!(origin("https://r.io/"), origin("https://r.io:8443/"));
     }
 
     #[test]

@@ -25,6 +25,72 @@ pub struct RemoteImage {
     /// Referrers of the index itself (with `--referrers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub referrers: Option<Vec<Referrer>>,
+    /// For an index: what a plain `docker pull` / containerd pull of it gets on linux/amd64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_pull: Option<PlainPull>,
+}
+
+/// What a pull that selects by platform only (`docker pull`, containerd, kubelet) gets from an
+/// index: among the entries for its platform, the first in index order. infer-build writes
+/// every target as `linux/amd64`, CPU first, so such a pull never selects a GPU image by GPU:
+/// GPU nodes must use the per-target tag or digest.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlainPull {
+    pub platform: String,
+    /// How many entries have that platform.
+    pub candidates: usize,
+    /// The entry a plain pull gets.
+    pub digest: String,
+    /// Its `dev.infer-build.target`, when it has one.
+    pub target: Option<String>,
+    /// One line for people.
+    pub note: String,
+}
+
+/// [`PlainPull`] for an index's entries, on linux/amd64; `None` when no entry has that
+/// platform.
+pub fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
+    let matching: Vec<&Descriptor> = entries
+        .iter()
+        .filter(|d| {
+            let get = |k: &str| {
+                d.platform
+                    .as_ref()
+                    .and_then(|p| p.get(k))
+                    .and_then(|v| v.as_str())
+            };
+            get("os") == Some("linux") && get("architecture") == Some("amd64")
+        })
+        .collect();
+    let first = matching.first()?;
+    let target = first
+        .annotations
+        .get(&format!("{}target", warmup::ANNOTATION_PREFIX))
+        .cloned();
+    let note = if matching.len() > 1 {
+        format!(
+            "all {} linux/amd64 entries share one platform: `docker pull` / containerd of this tag gets the first, {}{}; GPU nodes must pull their per-target tag or digest",
+            matching.len(),
+            first.digest,
+            target.as_deref().map(|t| format!(" (target {t})")).unwrap_or_default()
+        )
+    } else {
+        format!(
+            "`docker pull` / containerd of this tag on linux/amd64 gets {}{}",
+            first.digest,
+            target
+                .as_deref()
+                .map(|t| format!(" (target {t})"))
+                .unwrap_or_default()
+        )
+    };
+    Some(PlainPull {
+        platform: "linux/amd64".into(),
+        candidates: matching.len(),
+        digest: first.digest.clone(),
+        target,
+        note,
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,7 +173,13 @@ pub fn inspect(
             refs_of(&digest)?,
         ));
     }
+    let plain_pull = if media::is_index(&media_type) {
+        plain_pull(&top.manifests)
+    } else {
+        None
+    };
     Ok(RemoteImage {
+        plain_pull,
         reference: reference.to_string(),
         referrers: if media::is_index(&media_type) {
             refs_of(&digest)?
@@ -136,8 +208,12 @@ fn describe(
         artifact_type: m.artifact_type.clone(),
         annotations,
         config: m.config.clone(),
-        total_size: m.layers.iter().map(|l| l.size).sum::<u64>()
-            + m.config.as_ref().map_or(0, |c| c.size),
+        // Each size is at most `MAX_BLOB` and there are at most `MAX_LAYERS`: no overflow.
+        total_size: m
+            .layers
+            .iter()
+            .chain(m.config.as_ref())
+            .fold(0u64, |t, d| t.saturating_add(d.size)),
         layers: m.layers.clone(),
         referrers,
     }
@@ -158,14 +234,21 @@ fn get(
             let bytes = resp
                 .body_mut()
                 .with_config()
-                .limit(4 << 20)
+                .limit(super::client::MAX_MANIFEST)
                 .read_to_vec()
                 .map_err(|e| Error::Transport {
                     method: "GET".into(),
                     url: url.clone(),
                     source: Box::new(e),
                 })?;
-            let mt = Manifest::parse(&bytes, reference)?.media_type.unwrap_or(ct);
+            let m = Manifest::parse(&bytes, reference)?;
+            super::check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
+                |reason| Error::Protocol {
+                    what: format!("manifest {reference} from {}", r.registry),
+                    reason,
+                },
+            )?;
+            let mt = m.media_type.unwrap_or(ct);
             Ok((bytes, mt))
         }
         404 => Err(Error::NotFound {
@@ -178,5 +261,47 @@ fn get(
             what: format!("reading {}", r.repository),
         }),
         s => Err(status_error(&Method::GET, &url, s, resp)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(digest: char, platform: Option<(&str, &str)>, target: &str) -> Descriptor {
+        Descriptor {
+            media_type: media::OCI_MANIFEST.into(),
+            digest: format!("sha256:{}", digest.to_string().repeat(64)),
+            size: 1,
+            artifact_type: None,
+            platform: platform
+                .map(|(os, arch)| serde_json::json!({"os": os, "architecture": arch})),
+            annotations: [("dev.infer-build.target".to_string(), target.to_string())]
+                .into_iter()
+                .collect(),
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_plain_pull_gets_the_first_entry_of_its_platform() {
+        let all_amd64 = [
+            entry('a', Some(("linux", "amd64")), "cpu-fp32"),
+            entry('b', Some(("linux", "amd64")), "sm90-fp16"),
+        ];
+        let p = plain_pull(&all_amd64).unwrap();
+        assert_eq!((p.candidates, p.target.as_deref()), (2, Some("cpu-fp32")));
+        assert!(p.note.contains("GPU nodes must pull"), "{}", p.note);
+        let mixed = [
+            entry('c', Some(("linux", "arm64")), "sbsa"),
+            entry('d', Some(("linux", "amd64")), "sm89-fp16"),
+        ];
+        let p = plain_pull(&mixed).unwrap();
+        assert_eq!(
+            (p.candidates, p.digest.as_str()),
+            (1, mixed[1].digest.as_str())
+        );
+        assert!(!p.note.contains("GPU nodes must pull"));
+        assert!(plain_pull(&[entry('e', None, "x")]).is_none());
     }
 }

@@ -1,9 +1,9 @@
 //! The registry client: the only module that talks to OCI registries.
 //!
 //! It owns the distribution-spec HTTP client (`client`: anonymous, basic and bearer-token auth,
-//! retries with backoff, TLS), the credential lookup (`auth`: environment, Docker's
-//! `config.json`, credential helpers), pushing an OCI layout (`push`), pulling a base image into
-//! a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
+//! retries with backoff, TLS, deadlines), the credential lookup (`auth`: environment, containers
+//! `auth.json`, Docker's `config.json`, credential helpers, `login`), pushing an OCI layout
+//! (`push`), pulling a base image into a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
 //! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`).
 //!
 //! It does not build images, encode layers or decide tags: it pushes what a layout holds, under
@@ -145,6 +145,65 @@ application/vnd.docker.distribution.manifest.v2+json";
     pub fn is_manifest(media_type: &str) -> bool {
         media_type == OCI_MANIFEST || media_type == DOCKER_MANIFEST
     }
+}
+
+/// The most layers an image manifest may list (real images have tens; the overlay filesystem
+/// stops near 128).
+pub const MAX_LAYERS: usize = 1000;
+/// The most manifests an index may list.
+pub const MAX_INDEX_ENTRIES: usize = 1000;
+/// The largest blob a descriptor may claim (1 TiB).
+pub const MAX_BLOB: u64 = 1 << 40;
+
+/// Check the counts and sizes a manifest or index claims, before anything is fetched or
+/// added up: a hostile registry or layout cannot make us walk 100k layers or overflow a total.
+/// The reason names the bound.
+pub fn check_manifest_bounds(m: &layout::Manifest, what: &str) -> std::result::Result<(), String> {
+    if m.layers.len() > MAX_LAYERS {
+        return Err(format!(
+            "{what} lists {} layers, more than the {MAX_LAYERS} accepted",
+            m.layers.len()
+        ));
+    }
+    if m.manifests.len() > MAX_INDEX_ENTRIES {
+        return Err(format!(
+            "{what} lists {} manifests, more than the {MAX_INDEX_ENTRIES} accepted",
+            m.manifests.len()
+        ));
+    }
+    for d in m.config.iter().chain(&m.layers).chain(&m.manifests) {
+        if d.size > MAX_BLOB {
+            return Err(format!(
+                "{what}: {} claims {} bytes, more than the {MAX_BLOB} accepted",
+                d.digest, d.size
+            ));
+        }
+        if digest_hex(&d.digest).is_none() {
+            return Err(format!(
+                "{what}: `{}` is not a sha256 digest",
+                d.digest.chars().take(80).collect::<String>()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every parser of what a registry (or a credentials file) says, run on `data`: the entry
+/// point of the fuzz target `registry_response` and of a mutation test. Must never panic.
+pub fn fuzz_registry_response(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = auth::parse_challenge(&text);
+    let _ = client::parse_range(&text);
+    let _ = client::origin(&text);
+    if let Ok(m) = layout::Manifest::parse(data, "fuzz") {
+        let _ = check_manifest_bounds(&m, "fuzz");
+    }
+    if let Ok(c) = auth::parse_docker_config(&text) {
+        for registry in ["r.io", "registry-1.docker.io", "127.0.0.1:5000"] {
+            let _ = c.source_for(registry);
+        }
+    }
+    let _ = warmup::fallback_tag(&text);
 }
 
 /// The empty JSON object `{}`: the config blob of artifact manifests.

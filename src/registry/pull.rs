@@ -210,6 +210,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     }
     let digest = sha256_digest(&bytes);
     let manifest = Manifest::parse(&bytes, &digest)?;
+    let tmp_dir = fresh_tmp_dir(&layout)?;
     let mut downloaded = 0;
     let mut reused = 0;
     for blob in manifest.config.iter().chain(manifest.layers.iter()) {
@@ -217,9 +218,10 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             reused += 1;
             continue;
         }
-        downloaded += fetch_blob(&client, &r, blob, &layout, &scopes)?;
+        downloaded += fetch_blob(&client, &r, blob, &layout, &tmp_dir, &scopes)?;
     }
-    layout.put_bytes(&bytes)?;
+    store_blob(&layout, &tmp_dir, &bytes)?;
+    let _ = std::fs::remove_dir_all(&tmp_dir);
     let ref_name = ref_name_for(&digest);
     let desc = Descriptor {
         media_type: media_type.clone(),
@@ -316,6 +318,34 @@ fn local_image(
     Some((desc, index_digest, blobs))
 }
 
+/// The directory a pull streams blobs into before they are renamed into `blobs/sha256`:
+/// `.infer-build/pull-tmp` in the layout, emptied at the start of every pull (under the pull
+/// lock), so a killed pull never leaves partial files among the blobs and its leftovers go with
+/// the next pull. Never followed if it is a symlink: the link itself is removed.
+fn fresh_tmp_dir(layout: &Layout) -> Result<PathBuf> {
+    let dir = layout.root.join(".infer-build/pull-tmp");
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?,
+        Ok(_) => std::fs::remove_file(&dir).map_err(|e| Error::io(&dir, e))?,
+        Err(_) => {}
+    }
+    std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+    Ok(dir)
+}
+
+/// Store small bytes (a manifest) as a blob through the pull's temporary directory.
+fn store_blob(layout: &Layout, tmp_dir: &Path, bytes: &[u8]) -> Result<String> {
+    let digest = sha256_digest(bytes);
+    let dest = layout.blob_path(&digest)?;
+    if dest.is_file() {
+        return Ok(digest);
+    }
+    let mut tmp = tempfile::NamedTempFile::new_in(tmp_dir).map_err(|e| Error::io(tmp_dir, e))?;
+    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
+    Ok(digest)
+}
+
 /// An exclusive lock on the layout for one pull (`.infer-build/pull.lock`, released on drop).
 fn lock_layout(layout: &Layout) -> Result<std::fs::File> {
     let dir = layout.root.join(".infer-build");
@@ -358,7 +388,7 @@ fn get_manifest(
             let bytes = resp
                 .body_mut()
                 .with_config()
-                .limit(4 << 20)
+                .limit(super::client::MAX_MANIFEST)
                 .read_to_vec()
                 .map_err(|e| Error::Transport {
                     method: "GET".into(),
@@ -366,7 +396,14 @@ fn get_manifest(
                     source: Box::new(e),
                 })?;
             // Trust the document's own mediaType over the header when it has one.
-            let mt = Manifest::parse(&bytes, reference)?.media_type.unwrap_or(ct);
+            let m = Manifest::parse(&bytes, reference)?;
+            super::check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
+                |reason| Error::Protocol {
+                    what: format!("manifest {reference} from {}", r.registry),
+                    reason,
+                },
+            )?;
+            let mt = m.media_type.unwrap_or(ct);
             Ok((bytes, mt))
         }
         404 => Err(Error::NotFound {
@@ -382,23 +419,35 @@ fn get_manifest(
     }
 }
 
-/// Stream a blob to a temporary file next to its final place, hashing as it goes; rename
-/// only when the digest and size match. Retries the whole blob on a broken stream.
+/// Stream a blob to a temporary file in `tmp_dir`, hashing as it goes; rename it into the
+/// layout only when the digest and size match. A broken stream is retried; a registry that
+/// sends more bytes than the descriptor says, or other bytes, is not (no second download of a
+/// body that cannot be right).
 fn fetch_blob(
     client: &Client,
     r: &Reference,
     blob: &Descriptor,
     layout: &Layout,
+    tmp_dir: &Path,
     scopes: &[String],
 ) -> Result<u64> {
     let dest = layout.blob_path(&blob.digest)?;
     let dir = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let url = client.url(&format!("{}/blobs/{}", r.repository, blob.digest));
+    let too_long = |got: String| Error::Protocol {
+        what: format!("blob {} of {r}", blob.digest),
+        reason: format!(
+            "the registry sent {got} bytes, its descriptor says {}",
+            blob.size
+        ),
+    };
     let mut attempt = 0;
+    let mut timeouts = 0;
     loop {
         attempt += 1;
-        let mut resp = client.send(&Req::new(Method::GET, url.clone()), scopes)?;
+        let req = Req::new(Method::GET, url.clone()).expect_bytes(blob.size);
+        let mut resp = client.send(&req, scopes)?;
         if resp.status().as_u16() != 200 {
             return Err(status_error(
                 &Method::GET,
@@ -407,21 +456,31 @@ fn fetch_blob(
                 resp,
             ));
         }
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+        if let Some(n) = header(&resp, "content-length").and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            if n != blob.size {
+                return Err(too_long(format!("a Content-Length of {n}")));
+            }
+        }
+        let mut tmp =
+            tempfile::NamedTempFile::new_in(tmp_dir).map_err(|e| Error::io(tmp_dir, e))?;
         let mut hasher = sha2::Sha256::new();
-        let mut reader = resp
-            .body_mut()
-            .with_config()
-            .limit(blob.size.saturating_add(1))
-            .reader();
+        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
         let streamed: std::io::Result<()> = loop {
-            match reader.read(&mut buf) {
+            // Never ask for more than one byte past the descriptor's size.
+            let want = buf
+                .len()
+                .min(blob.size.saturating_sub(total).saturating_add(1) as usize);
+            match reader.read(&mut buf[..want]) {
                 Ok(0) => break Ok(()),
                 Ok(n) => {
-                    hasher.update(&buf[..n]);
                     total += n as u64;
+                    if total > blob.size {
+                        return Err(too_long("more than that".into()));
+                    }
+                    hasher.update(&buf[..n]);
                     if let Err(e) = tmp.write_all(&buf[..n]) {
                         return Err(Error::io(tmp.path(), e));
                     }
@@ -430,7 +489,10 @@ fn fetch_blob(
             }
         };
         if let Err(e) = streamed {
-            if attempt < client.max_attempts() {
+            if super::client::is_timeout(&e) {
+                timeouts += 1;
+            }
+            if attempt < client.max_attempts() && timeouts < super::client::MAX_TIMEOUTS {
                 client.pause(attempt, None);
                 continue;
             }

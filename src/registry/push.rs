@@ -9,6 +9,7 @@
 //! so an unchanged re-push sends no blob bytes and no manifests.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,8 @@ use serde::Serialize;
 use ureq::http::Method;
 
 use super::client::{
-    header, retry_after, status_error, with_query, Body, Client, ClientOptions, Req, Resp,
+    header, parse_range, retry_after, status_error, with_query, Body, Client, ClientOptions, Req,
+    Resp,
 };
 use super::layout::{Descriptor, Layout, Manifest, REF_NAME};
 use super::reference::{valid_tag, Reference};
@@ -148,6 +150,8 @@ pub type WarmupReport = ArtifactReport;
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
 enum Source {
+    /// A regular file of the layout (never a symlink, FIFO or device) of the descriptor's size;
+    /// opened again and hashed, from that handle, just before it is uploaded.
     File(PathBuf),
     Bytes(Arc<Vec<u8>>),
 }
@@ -263,13 +267,24 @@ fn visit(
             visit(layout, child, plan, attach, depth + 1)?;
         }
     } else if media::is_manifest(&media_type) {
+        super::check_manifest_bounds(&m, &desc.digest).map_err(|reason| Error::Layout {
+            path: layout.root.clone(),
+            reason,
+        })?;
         for blob in m.config.iter().chain(m.layers.iter()) {
+            if plan.blobs.contains_key(&blob.digest) {
+                continue;
+            }
             let path = layout.check_blob(blob)?;
-            plan.blobs.entry(blob.digest.clone()).or_insert(Blob {
-                digest: blob.digest.clone(),
-                size: blob.size,
-                source: Source::File(path),
-            });
+            check_regular(&layout.root, &path, blob)?;
+            plan.blobs.insert(
+                blob.digest.clone(),
+                Blob {
+                    digest: blob.digest.clone(),
+                    size: blob.size,
+                    source: Source::File(path),
+                },
+            );
         }
         let is_image = m.artifact_type.is_none()
             && m.subject.is_none()
@@ -376,6 +391,104 @@ fn sbom_artifact(
     )))
 }
 
+/// A layout blob must be a regular file itself (not a symlink, FIFO or device) of its
+/// descriptor's size. Checked for every blob before connecting; no file is opened.
+fn check_regular(root: &Path, path: &Path, desc: &Descriptor) -> Result<std::fs::Metadata> {
+    let link = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
+    if !link.file_type().is_file() {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {}: {} is not a regular file (a symlink, FIFO or device is never uploaded)",
+                desc.digest,
+                path.display()
+            ),
+        });
+    }
+    if link.len() != desc.size {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {} has {} bytes, its descriptor says {}",
+                desc.digest,
+                link.len(),
+                desc.size
+            ),
+        });
+    }
+    Ok(link)
+}
+
+/// Open a layout blob for upload, just before: [`check_regular`] again, then the file opened
+/// must be the one checked (same device and inode) and of the descriptor's size.
+fn open_blob(root: &Path, path: &Path, digest: &str, size: u64) -> Result<File> {
+    use std::os::unix::fs::MetadataExt as _;
+    let bad = |reason: String| Error::Layout {
+        path: root.to_path_buf(),
+        reason: format!("blob {digest}: {reason}"),
+    };
+    let desc = Descriptor {
+        media_type: String::new(),
+        digest: digest.to_string(),
+        size,
+        artifact_type: None,
+        platform: None,
+        annotations: Default::default(),
+        extra: Default::default(),
+    };
+    let link = check_regular(root, path, &desc)?;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() || meta.dev() != link.dev() || meta.ino() != link.ino() {
+        return Err(bad(format!(
+            "{} changed while it was opened",
+            path.display()
+        )));
+    }
+    if meta.len() != desc.size {
+        return Err(bad(format!(
+            "has {} bytes, its descriptor says {}",
+            meta.len(),
+            desc.size
+        )));
+    }
+    Ok(file)
+}
+
+/// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
+fn verify_blob(file: &File, path: &Path, root: &Path, digest: &str, size: u64) -> Result<()> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::FileExt as _;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    loop {
+        let want = buf.len().min((size + 1 - pos) as usize);
+        if want == 0 {
+            break;
+        }
+        let n = file
+            .read_at(&mut buf[..want], pos)
+            .map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        pos += n as u64;
+    }
+    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+    if pos != size || actual != digest {
+        return Err(Error::Layout {
+            path: root.to_path_buf(),
+            reason: format!(
+                "blob {digest} ({}): its content ({pos} bytes) hashes to {actual}; nothing was uploaded",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The default file remembering which repositories hold which blobs:
 /// `$INFER_BUILD_CACHE_DIR/registry-locations.json`, else
 /// `$XDG_CACHE_HOME/infer-build/…`, else `~/.cache/infer-build/…`.
@@ -429,6 +542,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
     let pusher = Pusher {
         client: &client,
         repo: &target.repository,
+        root: &layout.root,
         opts,
         sent: AtomicU64::new(0),
     };
@@ -546,6 +660,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
 struct Pusher<'a> {
     client: &'a Client,
     repo: &'a str,
+    root: &'a Path,
     opts: &'a PushOptions,
     sent: AtomicU64,
 }
@@ -681,11 +796,21 @@ impl Pusher<'_> {
                 _ => continue,
             }
         }
+        // A file is opened only now, and its bytes leave only if they hash to the digest.
+        let opened;
+        let payload = match &blob.source {
+            Source::File(path) => {
+                opened = open_blob(self.root, path, &blob.digest, blob.size)?;
+                verify_blob(&opened, path, self.root, &blob.digest, blob.size)?;
+                Payload::File(&opened)
+            }
+            Source::Bytes(b) => Payload::Bytes(b),
+        };
         self.emit(Progress::BlobStart {
             digest: blob.digest.clone(),
             size: blob.size,
         });
-        self.upload(blob, session, &scopes)?;
+        self.upload(blob, payload, session, &scopes)?;
         self.emit(Progress::BlobDone {
             digest: blob.digest.clone(),
             size: blob.size,
@@ -723,7 +848,13 @@ impl Pusher<'_> {
 
     /// Upload one blob through `session` (or a new one), resuming after failures from the
     /// offset the registry reports.
-    fn upload(&self, blob: &Blob, session: Option<Session>, scopes: &[String]) -> Result<()> {
+    fn upload(
+        &self,
+        blob: &Blob,
+        payload: Payload,
+        session: Option<Session>,
+        scopes: &[String],
+    ) -> Result<()> {
         let mut session = session;
         let mut failures = 0;
         loop {
@@ -731,7 +862,7 @@ impl Pusher<'_> {
                 Some(s) => s,
                 None => self.start_session(scopes)?,
             };
-            let step = self.send_from(blob, &mut s, scopes);
+            let step = self.send_from(blob, payload, &mut s, scopes);
             let (reason, wait, restart) = match step {
                 Ok(()) => return Ok(()),
                 Err(StepError::Fatal(e)) => return Err(e),
@@ -755,7 +886,7 @@ impl Pusher<'_> {
                 return Ok(());
             }
             if !restart {
-                session = self.upload_status(&s, scopes);
+                session = self.upload_status(&s, blob.size, scopes);
                 if let Some(r) = session.as_ref().filter(|r| r.offset > 0) {
                     self.emit(Progress::Resumed {
                         digest: blob.digest.clone(),
@@ -767,7 +898,7 @@ impl Pusher<'_> {
     }
 
     /// Ask where an interrupted upload stands: `GET <location>` → 204 + `Range: 0-<last>`.
-    fn upload_status(&self, s: &Session, scopes: &[String]) -> Option<Session> {
+    fn upload_status(&self, s: &Session, size: u64, scopes: &[String]) -> Option<Session> {
         let resp = self
             .client
             .send(&Req::new(Method::GET, s.location.clone()), scopes)
@@ -780,14 +911,11 @@ impl Pusher<'_> {
             .unwrap_or_else(|| s.location.clone());
         let offset = match header(&resp, "range") {
             // "0-0" is ambiguous (docker-registry says it for 0 and for 1 byte): start over.
-            Some(r) => {
-                let end = r.trim().strip_prefix("bytes=").unwrap_or(r.trim());
-                let last = end.split_once('-')?.1.parse::<u64>().ok()?;
-                if last == 0 {
-                    return None;
-                }
-                last + 1
-            }
+            // A range past the blob is a registry that does not know what it holds: start over.
+            Some(r) => match parse_range(r) {
+                Some(last) if last > 0 && last < size => last + 1,
+                _ => return None,
+            },
             None => 0,
         };
         Some(Session {
@@ -817,6 +945,7 @@ impl Pusher<'_> {
     fn send_from(
         &self,
         blob: &Blob,
+        payload: Payload,
         s: &mut Session,
         scopes: &[String],
     ) -> std::result::Result<(), StepError> {
@@ -829,14 +958,14 @@ impl Pusher<'_> {
             });
         };
         let body = |offset: u64, len: u64| -> Body {
-            match &blob.source {
-                Source::File(path) => Body::File {
-                    path,
+            match payload {
+                Payload::File(file) => Body::File {
+                    file,
                     offset,
                     len,
                     progress: Some(&progress),
                 },
-                Source::Bytes(b) => Body::Bytes(&b[offset as usize..(offset + len) as usize]),
+                Payload::Bytes(b) => Body::Bytes(&b[offset as usize..(offset + len) as usize]),
             }
         };
         let transport = |e: ureq::Error| StepError::Retry {
@@ -871,13 +1000,25 @@ impl Pusher<'_> {
             if let Some(l) = header(&resp, "location") {
                 s.location = self.client.resolve(l);
             }
-            s.offset = end + 1;
-            if let Some(last) = header(&resp, "range")
-                .and_then(|r| r.rsplit('-').next())
-                .and_then(|x| x.trim().parse::<u64>().ok())
-            {
-                s.offset = last + 1;
-            }
+            // The registry says how far it got. It must have moved forward, and not past what
+            // was sent: anything else would loop forever or skip bytes.
+            let next = match header(&resp, "range") {
+                None => end + 1,
+                Some(r) => match parse_range(r) {
+                    Some(last) if last >= s.offset && last <= end => last + 1,
+                    _ => {
+                        return Err(StepError::Fatal(Error::Protocol {
+                            what: format!("upload of {}", blob.digest),
+                            reason: format!(
+                                "after bytes {}-{end} the registry answered `Range: {}`, which is not progress within them",
+                                s.offset,
+                                r.chars().take(64).collect::<String>()
+                            ),
+                        }))
+                    }
+                },
+            };
+            s.offset = next;
         }
         let url = with_query(&s.location, "digest", &blob.digest);
         let resp = self
@@ -1000,6 +1141,13 @@ impl Pusher<'_> {
             s => Err(status_error(&Method::GET, &url, s, resp)),
         }
     }
+}
+
+/// The bytes of a blob being uploaded: the verified open file, or bytes made here.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    File(&'a File),
+    Bytes(&'a [u8]),
 }
 
 #[derive(Debug, Clone)]

@@ -297,10 +297,11 @@ fn find_runtime_config(layout: &Layout, m: &Manifest) -> Result<Option<String>> 
 /// The referrers fallback tag of a digest: `sha256-<hex>`.
 pub fn fallback_tag(digest: &str) -> String {
     match digest.split_once(':') {
+        // By characters, not bytes: a digest read from elsewhere may not be ASCII.
         Some((alg, hex)) => format!(
             "{}-{}",
-            &alg[..alg.len().min(32)],
-            &hex[..hex.len().min(64)]
+            alg.chars().take(32).collect::<String>(),
+            hex.chars().take(64).collect::<String>()
         ),
         None => digest.to_string(),
     }

@@ -71,12 +71,272 @@ fn push_cli(layout: &Path, to: &str, cache: &Path, extra: &[&str]) -> (i32, Valu
         .args(extra)
         .env("INFER_BUILD_CACHE_DIR", cache)
         .env("DOCKER_CONFIG", cache.join("docker"))
+        // Only the credentials files a test writes: none of this machine's.
+        .env("XDG_CONFIG_HOME", cache.join("xdg-config"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("REGISTRY_AUTH_FILE")
         .env_remove("INFER_BUILD_REGISTRY_USER")
         .env_remove("INFER_BUILD_REGISTRY_PASSWORD")
         .output()
         .unwrap();
     let json = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), json, stderr(&out))
+}
+
+/// `infer-build login` with the password on stdin and `env` on top of a hermetic environment.
+fn login_cli(
+    registry: &str,
+    user: &str,
+    password: &str,
+    home: &Path,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> (i32, String) {
+    use std::io::Write as _;
+    let mut cmd = infer_build();
+    cmd.args(["login", registry, "-u", user, "--password-stdin"])
+        .args(extra)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("xdg-config"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("REGISTRY_AUTH_FILE")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), stderr(&out))
+}
+
+/// `infer-build push` of `layout` with `env` on top of a hermetic environment (no credentials
+/// but what `env` names).
+fn push_with_env(
+    layout: &Path,
+    to: &str,
+    home: &Path,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> (i32, String) {
+    let mut cmd = infer_build();
+    cmd.args(["push"])
+        .arg(layout)
+        .args(["--to", to])
+        .args(extra)
+        .env("HOME", home)
+        .env("INFER_BUILD_CACHE_DIR", home.join("cache"))
+        .env("DOCKER_CONFIG", home.join("no-docker"))
+        .env("XDG_CONFIG_HOME", home.join("xdg-config"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("INFER_BUILD_REGISTRY_USER")
+        .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.code().unwrap_or(-1), stderr(&out))
+}
+
+#[test]
+fn registry_login_with_skopeo_push_with_infer_build_and_the_reverse() {
+    let test = "registry_login_with_skopeo_push_with_infer_build_and_the_reverse";
+    let Some(reg) = Registry::start_tls(test) else {
+        return;
+    };
+    if !have_tool("skopeo", test) {
+        return;
+    }
+    let tls = reg.tls.as_ref().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let made = make_layout(&home.join("layout"), "v1", &targets()[..1], 21);
+    let ca = tls.ca.to_str().unwrap();
+    let cert_dir = tls.cert_dir.to_str().unwrap();
+
+    // skopeo logs in (its auth.json), infer-build pushes with it through REGISTRY_AUTH_FILE.
+    let by_skopeo = home.join("skopeo-auth.json");
+    let mut child = Command::new("skopeo")
+        .args(["login", "--authfile"])
+        .arg(&by_skopeo)
+        .args([
+            "--cert-dir",
+            cert_dir,
+            "-u",
+            &tls.user,
+            "--password-stdin",
+            &reg.addr,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{}\n", tls.password).as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "skopeo login: {}", stderr(&out));
+    let to = format!("{}/login/skopeo", reg.addr);
+    let (code, err) = push_with_env(
+        &made.dir,
+        &to,
+        home,
+        &["--ca-cert", ca],
+        &[("REGISTRY_AUTH_FILE", &by_skopeo)],
+    );
+    assert_eq!(code, 0, "{err}\n{}", reg.log());
+    // The same file through --authfile.
+    let (code, err) = push_with_env(
+        &made.dir,
+        &to,
+        home,
+        &["--ca-cert", ca, "--authfile", by_skopeo.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+
+    // infer-build logs in (checked against the registry first), skopeo reads the file.
+    let ours = home.join("ours/auth.json");
+    let (code, err) = login_cli(
+        &reg.addr,
+        &tls.user,
+        &tls.password,
+        home,
+        &["--ca-cert", ca, "--authfile", ours.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains(&tls.password));
+    let (tag, digest) = &made.targets[0];
+    let (ok, out, e) = skopeo(&[
+        "inspect",
+        "--cert-dir",
+        cert_dir,
+        "--authfile",
+        ours.to_str().unwrap(),
+        &format!("docker://{to}:{tag}"),
+    ]);
+    assert!(ok, "skopeo with infer-build's auth.json: {e}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["Digest"].as_str(), Some(digest.as_str()));
+
+    // Without --authfile, login writes $XDG_RUNTIME_DIR/containers/auth.json, which is read
+    // before Docker's config.json (here holding a wrong password), as skopeo and podman do.
+    let run = home.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let (code, err) = login_cli(
+        &reg.addr,
+        &tls.user,
+        &tls.password,
+        home,
+        &["--ca-cert", ca],
+        &[("XDG_RUNTIME_DIR", &run)],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(run.join("containers/auth.json").is_file());
+    let docker = home.join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    use base64::Engine as _;
+    let wrong = base64::engine::general_purpose::STANDARD.encode(format!("{}:not-it", tls.user));
+    std::fs::write(
+        docker.join("config.json"),
+        format!(r#"{{"auths":{{"{}":{{"auth":"{wrong}"}}}}}}"#, reg.addr),
+    )
+    .unwrap();
+    let (code, err) = push_with_env(
+        &made.dir,
+        &format!("{}/login/xdg", reg.addr),
+        home,
+        &["--ca-cert", ca],
+        &[("XDG_RUNTIME_DIR", &run), ("DOCKER_CONFIG", &docker)],
+    );
+    assert_eq!(code, 0, "{err}");
+    // Docker's file alone: its wrong password is refused, exit 2.
+    let (code, err) = push_with_env(
+        &made.dir,
+        &format!("{}/login/docker", reg.addr),
+        home,
+        &["--ca-cert", ca],
+        &[("DOCKER_CONFIG", &docker)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("not-it"), "{err}");
+
+    // A wrong password at login: exit 2, nothing written.
+    let never = home.join("never/auth.json");
+    let (code, err) = login_cli(
+        &reg.addr,
+        &tls.user,
+        "wrong-pw",
+        home,
+        &["--ca-cert", ca, "--authfile", never.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&reg.addr) && !err.contains("wrong-pw"),
+        "{err}"
+    );
+    assert!(!never.exists());
+
+    // A malformed entry: exit 2, naming the file and the registry, not the value.
+    let bad = home.join("bad-auth.json");
+    std::fs::write(
+        &bad,
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"%%not-base64%%"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let (code, err) = push_with_env(
+        &made.dir,
+        &to,
+        home,
+        &["--ca-cert", ca],
+        &[("REGISTRY_AUTH_FILE", &bad)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(bad.to_str().unwrap()) && err.contains(&reg.addr),
+        "{err}"
+    );
+    assert!(!err.contains("%%not-base64%%"), "{err}");
+    // A missing file named by REGISTRY_AUTH_FILE or --authfile: exit 2, naming it.
+    let missing = home.join("missing.json");
+    let (code, err) = push_with_env(
+        &made.dir,
+        &to,
+        home,
+        &["--ca-cert", ca],
+        &[("REGISTRY_AUTH_FILE", &missing)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(missing.to_str().unwrap()), "{err}");
+    let (code, err) = push_with_env(
+        &made.dir,
+        &to,
+        home,
+        &["--ca-cert", ca, "--authfile", missing.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(missing.to_str().unwrap()), "{err}");
 }
 
 #[test]
@@ -538,12 +798,38 @@ fn registry_bearer_token_auth_with_scopes() {
     let tmp = tempfile::tempdir().unwrap();
     let made = make_layout(&tmp.path().join("layout"), "v1", &targets()[..1], 8);
     let mut client = plain_opts(tmp.path());
-    // Basic credentials go to the token endpoint, which trades them for bearer tokens.
+    // The token endpoint is on another origin (its own port): the registry's credentials are
+    // never sent there, only those configured for the token endpoint's own host.
     std::fs::write(
         tmp.path().join("docker.json"),
         format!(
             r#"{{"auths":{{"{}":{{"username":"tok-user","password":"tok-pass"}}}}}}"#,
             reg.addr
+        ),
+    )
+    .unwrap();
+    client.keychain.docker_config = Some(tmp.path().join("docker.json"));
+    let _ = registry::push(
+        &made.dir,
+        &Reference::parse(&format!("{}/team-0/mlp", reg.addr)).unwrap(),
+        &PushOptions {
+            client: client.clone(),
+            locations_file: Some(tmp.path().join("locations-0.json")),
+            ..PushOptions::default()
+        },
+    );
+    {
+        let asked = tokens.requests.lock().unwrap();
+        assert!(!asked.is_empty());
+        assert!(asked.iter().all(|(_, basic)| !*basic), "{asked:?}");
+    }
+    tokens.requests.lock().unwrap().clear();
+    // Basic credentials for the token endpoint's host go to it, which trades them for tokens.
+    std::fs::write(
+        tmp.path().join("docker.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"username":"tok-user","password":"tok-pass"}},"{}":{{"username":"tok-user","password":"tok-pass"}}}}}}"#,
+            reg.addr, tokens.addr
         ),
     )
     .unwrap();
@@ -584,4 +870,69 @@ fn registry_bearer_token_auth_with_scopes() {
         asked.len()
     );
     assert!(asked.iter().all(|(_, basic)| *basic), "{asked:?}");
+}
+
+#[test]
+fn registry_docker_pull_of_the_index_tag_gets_the_first_amd64_entry() {
+    let test = "registry_docker_pull_of_the_index_tag_gets_the_first_amd64_entry";
+    let Some(reg) = Registry::start(test) else {
+        return;
+    };
+    if !super::support::have_docker(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // As `build` writes them: CPU first, then the GPU targets, every one linux/amd64.
+    let mut order = targets();
+    order.rotate_right(1);
+    assert_eq!(order[0].id, "cpu-fp32");
+    let made = make_layout(&tmp.path().join("layout"), "v1", &order, 31);
+    let to = format!("{}/ml/fleet", reg.addr);
+    let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    assert_eq!(code, 0, "{err}");
+
+    // `inspect` of the index says what a plain pull gets, and that GPU nodes must not use it.
+    let out = infer_build()
+        .args(["inspect", &format!("{to}:v1"), "--insecure", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["plain_pull"]["target"], "cpu-fp32", "{v}");
+    assert_eq!(v["plain_pull"]["candidates"], 3, "{v}");
+    assert_eq!(
+        v["plain_pull"]["digest"].as_str(),
+        Some(made.targets[0].1.as_str())
+    );
+    let out = infer_build()
+        .args(["inspect", &format!("{to}:v1"), "--insecure"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("GPU nodes must pull their per-target tag"),
+        "{}",
+        stderr(&out)
+    );
+
+    // What Docker itself pulls from the index tag: the CPU image, whatever the node's GPU.
+    let image = format!("{to}:v1");
+    let pull = Command::new("docker")
+        .args(["pull", &image])
+        .output()
+        .unwrap();
+    assert!(pull.status.success(), "docker pull: {}", stderr(&pull));
+    let id = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", &image])
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rmi", &image]).output();
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(made.dir.join("blobs/sha256").join(&made.targets[0].1[7..])).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        stdout(&id).trim(),
+        manifest["config"]["digest"].as_str().unwrap(),
+        "docker pull of the index tag did not get the first (CPU) entry"
+    );
 }

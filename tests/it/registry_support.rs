@@ -61,67 +61,7 @@ impl Registry {
         }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        // A CA and a leaf certificate for 127.0.0.1 signed by it (webpki, like browsers,
-        // refuses a self-signed CA certificate used as the server's own certificate).
-        let openssl = |args: &[&str]| {
-            let ok = Command::new("openssl")
-                .args(args)
-                .current_dir(p)
-                .stderr(Stdio::null())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "openssl {args:?} failed");
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=infer-build test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "leaf.csr",
-        ]);
-        std::fs::write(
-            p.join("leaf.ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-            "-out",
-            "cert.pem",
-        ]);
+        test_ca(p);
         let out = Command::new("htpasswd")
             .args(["-Bbn", "bench", "s3cret-pw"])
             .output()
@@ -241,6 +181,76 @@ impl Registry {
     }
 }
 
+/// A test CA (`ca.pem`, `ca.key`) and a leaf certificate for 127.0.0.1 signed by it
+/// (`cert.pem`, `key.pem`) in `p`, made with `openssl`. Webpki, like browsers, refuses a
+/// self-signed CA certificate used as the server's own certificate, hence the two.
+pub fn test_ca(p: &Path) {
+    let openssl = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(p)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=infer-build test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+    ]);
+    std::fs::write(
+        p.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "cert.pem",
+    ]);
+}
+
+/// True when `openssl` runs (for tests that need only certificates); prints why not.
+pub fn have_openssl_for(test: &str) -> bool {
+    have_openssl(test)
+}
+
 fn have_registry(test: &str) -> bool {
     let ok = Command::new("docker-registry")
         .arg("--version")
@@ -294,9 +304,15 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
 
 /// A gzip'd tar holding `files` (path, bytes), with fixed headers.
 pub fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    tar_gz_with_diff_id(files).0
+}
+
+/// [`tar_gz`] and the layer's diff_id (the digest of the uncompressed tar), which Docker checks
+/// against the config when it pulls the image.
+pub fn tar_gz_with_diff_id(files: &[(&str, &[u8])]) -> (Vec<u8>, String) {
+    let mut plain = Vec::new();
     {
-        let mut b = tar::Builder::new(&mut gz);
+        let mut b = tar::Builder::new(&mut plain);
         for (path, data) in files {
             let mut h = tar::Header::new_ustar();
             h.set_size(data.len() as u64);
@@ -309,7 +325,9 @@ pub fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
         }
         b.finish().unwrap();
     }
-    gz.finish().unwrap()
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&plain).unwrap();
+    (gz.finish().unwrap(), sha256(&plain))
 }
 
 /// A target of a test layout.
@@ -347,7 +365,7 @@ fn canonical(v: &Value) -> Vec<u8> {
 pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> MadeLayout {
     std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
     std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    let base = tar_gz(&[("bin/infer-serve", &noise(7, 300_000))]);
+    let (base, base_diff) = tar_gz_with_diff_id(&[("bin/infer-serve", &noise(7, 300_000))]);
     let (base_d, base_n) = put(dir, &base);
     let mut blobs = vec![base_d.clone()];
     let mut entries = Vec::new();
@@ -357,7 +375,7 @@ pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> Made
             "[model]\nname = \"mlp\"\nversion = \"1\"\n\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n\n[batching]\nmax_batch_size = 8\npreferred_batch_sizes = [4]\n\n# seed {seed}\n"
         );
         let model = noise(seed.wrapping_mul(31).wrapping_add(i as u64), t.model_bytes);
-        let layer = tar_gz(&[
+        let (layer, layer_diff) = tar_gz_with_diff_id(&[
             ("etc/infer/runtime.toml", runtime.as_bytes()),
             ("models/model.bin", &model),
         ]);
@@ -365,7 +383,7 @@ pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> Made
         let config = json!({
             "architecture": "amd64", "os": "linux",
             "config": {"Entrypoint": ["/bin/infer-serve"], "Labels": {"dev.infer-build.target": t.id}},
-            "rootfs": {"type": "layers", "diff_ids": [sha256(b"base"), sha256(t.id.as_bytes())]},
+            "rootfs": {"type": "layers", "diff_ids": [base_diff, layer_diff]},
         });
         let (config_d, config_n) = put(dir, &canonical(&config));
         let mut ann = json!({"dev.infer-build.target": t.id, "dev.infer-build.precision": "fp16", "org.opencontainers.image.version": "1"});

@@ -87,6 +87,9 @@ fn print_human(image: &RemoteImage) {
             }
         }
     }
+    if let Some(p) = &image.plain_pull {
+        eprintln!("  note: {}", p.note);
+    }
     if let Some(refs) = &image.referrers {
         for r in refs {
             eprintln!(

@@ -5,9 +5,9 @@
 //!    non-batch dimensions at their profile's `opt`); it must type-check and optimise, or the
 //!    build fails with tract's reason. A model with variable non-batch dimensions must also
 //!    optimise and run one row at the profile's `min` and `max`, as the runtime's warm-up will.
-//! 2. Write the decluttered model as tract NNEF (`model.nnef.tar`, deterministic tar, tract core
-//!    + resource + ONNX extensions) and check that it computes the same outputs as the ONNX.
-//!    Not for variable non-batch dimensions: the runtime optimises the ONNX once per shape.
+//! 2. Write the decluttered model as tract NNEF (`model.nnef.tar`, deterministic tar, with the
+//!    tract core, resource and ONNX extensions) and check that it computes the same outputs as
+//!    the ONNX. Not for variable non-batch dimensions: the runtime optimises the ONNX per shape.
 //! 3. Measure start-up (bytes → runnable model) of both forms, median of several loads, and
 //!    store the faster. The measurement is recorded in the engine profile.
 //! 4. Time one batch per planned batch size (median of several runs after warm-up).

@@ -87,6 +87,31 @@ pub fn platform(t: &TargetPlan) -> Platform {
     }
 }
 
+/// Names the variable non-batch dimensions of the runtime config's inputs after the model's
+/// `dim_param`s (`names`: per input, one name per dimension including the batch one, as
+/// [`crate::engine::onnx::OnnxSummary::input_dim_names`] gives them). Only variable dimensions
+/// are named: their sizes are what requests must agree on.
+pub fn name_dims(cfg: &mut RuntimeConfig, names: &[(String, Vec<String>)]) {
+    for spec in &mut cfg.inputs {
+        let Some((_, dims)) = names.iter().find(|(n, _)| *n == spec.name) else {
+            continue;
+        };
+        if dims.len() != spec.dims.len() || !spec.is_variable() {
+            continue;
+        }
+        let named: Vec<String> = spec
+            .dims
+            .iter()
+            .zip(dims)
+            .skip(1)
+            .map(|(&d, n)| if d == -1 { n.clone() } else { String::new() })
+            .collect();
+        if named.iter().any(|n| !n.is_empty()) {
+            spec.dim_names = named;
+        }
+    }
+}
+
 fn tensor(t: &Tensor) -> Result<TensorSpec, Error> {
     let datatype =
         infer_spec::DataType::parse(t.datatype.v2_name()).ok_or_else(|| Error::Spec {
@@ -100,6 +125,12 @@ fn tensor(t: &Tensor) -> Result<TensorSpec, Error> {
         name: t.name.clone(),
         datatype,
         dims: t.shape.clone(),
+        profile: t.profile.as_ref().map(|p| infer_spec::DimProfile {
+            min: p.min.clone(),
+            opt: p.opt.clone(),
+            max: p.max.clone(),
+        }),
+        dim_names: Vec::new(),
     })
 }
 
@@ -188,6 +219,8 @@ pub struct Files {
     pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
     pub warmup_samples: Option<std::sync::Arc<[u8]>>,
+    /// The model's input dimension names (see [`name_dims`]).
+    pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
 }
 
@@ -223,12 +256,22 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             None,
         ),
     };
-    let rc = runtime_config(
+    let mut rc = runtime_config(
         recipe,
         kind,
         &engine_path,
         metadata.as_ref().map(|(path, _)| path.as_str()),
     )?;
+    name_dims(&mut rc, &files.dim_names);
+    let problems = rc.problems();
+    if !problems.is_empty() {
+        return Err(Error::Spec {
+            what: format!(
+                "the runtime config would be invalid: {}",
+                problems.join("; ")
+            ),
+        });
+    }
     // An engine's own tuple (digests, shape profile, builder GPU…) completes the plan's.
     let mut compat = compat(t);
     if let Some((_, meta)) = &metadata {

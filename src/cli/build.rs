@@ -233,7 +233,7 @@ type Targets = (
 /// The image identity, one spec per target to build, the base images pulled for them and the
 /// ONNX model (for the SBOM).
 fn targets(args: &BuildArgs) -> Result<Targets, Error> {
-    let recipe = crate::recipe::load(&args.input)?;
+    let mut recipe = crate::recipe::load(&args.input)?;
     let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
     let lock_path = crate::plan::lock::path_for(&recipe.file);
     let lock = crate::plan::lock::read(&lock_path).map_err(crate::plan::Error::from)?;
@@ -258,6 +258,21 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let env = std::env::var("INFER_SERVE_BIN").ok();
     let serve = build::locate_runtime(args.runtime.as_deref(), env.as_deref(), exe.as_deref())?;
     let (model, _) = build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
+    // The model's dimension names, for the runtime's check that inputs sharing a variable
+    // dimension agree, and its outputs when the recipe leaves them to the model; a model that
+    // does not parse is refused later, by the engine stage.
+    let summary = std::fs::read(&model)
+        .ok()
+        .and_then(|b| crate::engine::onnx::OnnxSummary::from_bytes(&b).ok());
+    let dim_names = summary
+        .as_ref()
+        .map(|s| s.input_dim_names.clone())
+        .unwrap_or_default();
+    if recipe.model.outputs.is_empty() {
+        if let Some(s) = &summary {
+            recipe.model.outputs = model_outputs(s);
+        }
+    }
     let samples = match &recipe.warmup.samples {
         Some(s) => {
             let (p, _) = build::safe_input(&recipe.dir, &s.value)?;
@@ -297,6 +312,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             engine,
             engine_profile,
             warmup_samples: samples.clone(),
+            dim_names: dim_names.clone(),
             base,
         };
         specs.push(build::spec::target_spec(&recipe, t, files)?);
@@ -305,6 +321,30 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     meta.revision = nonempty(args.revision.as_deref());
     meta.source = nonempty(args.source.as_deref());
     Ok((meta, specs, bases.pulled.into_values().collect(), model))
+}
+
+/// The outputs the ONNX file declares, as recipe tensors (batch first, `-1` where the file has
+/// a symbol), for a recipe that leaves them to the model. Outputs of a type the runtime does
+/// not serve, or without a declared shape, are left out: the runtime config then says which
+/// are missing.
+fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Tensor> {
+    s.outputs
+        .iter()
+        .filter_map(|(name, elem, dims)| {
+            let datatype = crate::engine::onnx::recipe_datatype(*elem)?;
+            let mut shape = dims.clone();
+            match shape.first_mut() {
+                Some(d) => *d = -1,
+                None => return None,
+            }
+            Some(crate::recipe::Tensor {
+                name: name.clone(),
+                datatype,
+                shape,
+                profile: None,
+            })
+        })
+        .collect()
 }
 
 /// Base images of GPU targets, pulled into the shared base cache once per reference and
@@ -411,18 +451,23 @@ fn cached_engine(
     recipe: &crate::recipe::Recipe,
     t: &TargetPlan,
 ) -> Result<Option<CachedEngine>, Error> {
-    let Some(dir) = dir else { return Ok(None) };
-    let found = match crate::engine::lookup_target(recipe, t, dir) {
-        Ok(a) => a,
-        Err(crate::engine::Error::NotFound { reason, .. }) if t.kind == TargetKind::Cpu => {
+    let found = match dir.map(|dir| (dir, crate::engine::lookup_target(recipe, t, dir))) {
+        Some((_, Ok(a))) => a,
+        Some((dir, Err(crate::engine::Error::NotFound { reason, .. })))
+            if t.kind == TargetKind::Cpu =>
+        {
             eprintln!(
-                "note: target {}: no engine under {} ({reason}); shipping the ONNX model",
+                "note: target {}: no engine under {} ({reason}); running the engine stage",
                 t.id,
                 dir.display()
             );
-            return Ok(None);
+            cpu_engine(recipe, t)?
         }
-        Err(e) => return Err(e.into()),
+        Some((_, Err(e))) => return Err(e.into()),
+        // A CPU target always goes through the engine stage (its cache makes a rebuild free):
+        // a model tract cannot load or run is refused here, not by the image at start.
+        None if t.kind == TargetKind::Cpu => cpu_engine(recipe, t)?,
+        None => return Ok(None),
     };
     let read = |name: &str| -> Result<Vec<u8>, Error> {
         let (p, _) = build::safe_input(&found.dir, Path::new(name))?;
@@ -449,6 +494,16 @@ fn cached_engine(
         meta_json: read(infer_spec::engine::META_FILE)?,
         profile: found.profile.to_canonical_json(),
     }))
+}
+
+/// The CPU engine of `t`, built into (or found in) the default engine cache.
+fn cpu_engine(
+    recipe: &crate::recipe::Recipe,
+    t: &TargetPlan,
+) -> Result<crate::engine::EngineArtifact, Error> {
+    let root = crate::engine::cache_root(None)?;
+    let cache = crate::engine::Cache::open(&root)?;
+    Ok(crate::engine::build_target(recipe, t, &cache)?)
 }
 
 struct CachedEngine {

@@ -19,6 +19,34 @@ pub struct OnnxSummary {
     pub inputs: Vec<(String, i32)>,
     /// Some initializer, graph input or output is FLOAT16.
     pub fp16_tensors: bool,
+    /// Graph inputs: name and, per dimension, its symbolic name (`dim_param`), `""` when the
+    /// dimension is a number or unnamed.
+    pub input_dim_names: Vec<(String, Vec<String>)>,
+    /// Graph outputs: name, ONNX element type and dimensions (`-1` for a symbolic or unknown
+    /// one); empty dimensions when the file declares no shape.
+    pub outputs: Vec<(String, i32, Vec<i64>)>,
+}
+
+/// The recipe datatype of an ONNX `TensorProto.DataType`, when the runtime serves it.
+pub fn recipe_datatype(elem: i32) -> Option<crate::recipe::DataType> {
+    use crate::recipe::DataType as D;
+    Some(match elem {
+        1 => D::Fp32,
+        2 => D::Uint8,
+        3 => D::Int8,
+        4 => D::Uint16,
+        5 => D::Int16,
+        6 => D::Int32,
+        7 => D::Int64,
+        8 => D::Bytes,
+        9 => D::Bool,
+        10 => D::Fp16,
+        11 => D::Fp64,
+        12 => D::Uint32,
+        13 => D::Uint64,
+        16 => D::Bf16,
+        _ => return None,
+    })
 }
 
 impl OnnxSummary {
@@ -42,6 +70,55 @@ impl OnnxSummary {
             .filter(|i| !graph.initializer.iter().any(|init| init.name == i.name))
             .map(|i| (i.name.clone(), elem(i)))
             .collect();
+        let dim_names = |v: &tract_onnx::pb::ValueInfoProto| -> Vec<String> {
+            use tract_onnx::pb::tensor_shape_proto::dimension::Value as D;
+            match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                Some(TypeValue::TensorType(t)) => t
+                    .shape
+                    .as_ref()
+                    .map(|s| {
+                        s.dim
+                            .iter()
+                            .map(|d| match &d.value {
+                                Some(D::DimParam(p)) => p.clone(),
+                                _ => String::new(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            }
+        };
+        let input_dim_names = graph
+            .input
+            .iter()
+            .filter(|i| !graph.initializer.iter().any(|init| init.name == i.name))
+            .map(|i| (i.name.clone(), dim_names(i)))
+            .collect();
+        let outputs = graph
+            .output
+            .iter()
+            .map(|o| {
+                use tract_onnx::pb::tensor_shape_proto::dimension::Value as D;
+                let dims = match o.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                    Some(TypeValue::TensorType(t)) => t
+                        .shape
+                        .as_ref()
+                        .map(|s| {
+                            s.dim
+                                .iter()
+                                .map(|d| match &d.value {
+                                    Some(D::DimValue(v)) if *v > 0 => *v,
+                                    _ => -1,
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                (o.name.clone(), elem(o), dims)
+            })
+            .collect();
         let fp16_tensors = graph
             .initializer
             .iter()
@@ -55,6 +132,8 @@ impl OnnxSummary {
             op_types: graph.node.iter().map(|n| n.op_type.clone()).collect(),
             inputs,
             fp16_tensors,
+            input_dim_names,
+            outputs,
         })
     }
 

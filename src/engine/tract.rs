@@ -1,10 +1,13 @@
 //! The CPU engine, built with tract: validate, optimise, choose the fastest-starting stored
 //! form, and profile T(b).
 //!
-//! 1. Load the ONNX with the recipe's input types and shapes (batch as the symbol `N`); it must
-//!    type-check and optimise, or the build fails with tract's reason.
-//! 2. Write the decluttered model as tract NNEF (`model.nnef.tar`, deterministic tar, tract core
-//!    + resource + ONNX extensions) and check that it computes the same outputs as the ONNX.
+//! 1. Load the ONNX with the recipe's input types and shapes (batch as the symbol `N`, variable
+//!    non-batch dimensions at their profile's `opt`); it must type-check and optimise, or the
+//!    build fails with tract's reason. A model with variable non-batch dimensions must also
+//!    optimise and run one row at the profile's `min` and `max`, as the runtime's warm-up will.
+//! 2. Write the decluttered model as tract NNEF (`model.nnef.tar`, deterministic tar, with the
+//!    tract core, resource and ONNX extensions) and check that it computes the same outputs as
+//!    the ONNX. Not for variable non-batch dimensions: the runtime optimises the ONNX per shape.
 //! 3. Measure start-up (bytes → runnable model) of both forms, median of several loads, and
 //!    store the faster. The measurement is recorded in the engine profile.
 //! 4. Time one batch per planned batch size (median of several runs after warm-up).
@@ -81,8 +84,45 @@ pub fn load_runnable(
     }
 }
 
+/// Which profile size a variable non-batch dimension takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Min,
+    Opt,
+    Max,
+}
+
+/// True when an input has a variable (`-1`) dimension after the batch dimension.
+pub fn has_variable_dims(inputs: &[InputSpec]) -> bool {
+    inputs
+        .iter()
+        .any(|i| i.shape.iter().skip(1).any(|&d| d < 0))
+}
+
+/// The size of dimension `i` (≥ 1) of `spec` at `at`: its fixed size, else the profile's.
+fn dim_at(spec: &InputSpec, i: usize, at: At) -> Option<u64> {
+    match spec.shape.get(i) {
+        Some(&d) if d >= 1 => Some(d as u64),
+        Some(_) => spec.profile.as_ref().and_then(|p| {
+            match at {
+                At::Min => &p.min,
+                At::Opt => &p.opt,
+                At::Max => &p.max,
+            }
+            .get(i - 1)
+            .copied()
+        }),
+        None => None,
+    }
+}
+
 /// Parse the ONNX with the declared input facts and convert it to a typed model.
 pub fn typed_from_onnx(bytes: &[u8], inputs: &[InputSpec]) -> TractResult<TypedModel> {
+    typed_from_onnx_at(bytes, inputs, At::Opt)
+}
+
+/// [`typed_from_onnx`] with the variable non-batch dimensions at `at`.
+pub fn typed_from_onnx_at(bytes: &[u8], inputs: &[InputSpec], at: At) -> TractResult<TypedModel> {
     let mut model = tract_onnx::onnx().model_for_read(&mut &bytes[..])?;
     let outlets = model.input_outlets()?.to_vec();
     let names: Vec<String> = outlets
@@ -108,18 +148,24 @@ pub fn typed_from_onnx(bytes: &[u8], inputs: &[InputSpec]) -> TractResult<TypedM
                 spec.datatype
             );
         };
-        let dims: TVec<TDim> = spec
-            .shape
-            .iter()
-            .map(|&d| {
-                if d < 0 {
-                    TDim::Sym(batch.clone())
-                } else {
-                    TDim::Val(d)
-                }
-            })
-            .collect();
+        let mut dims: TVec<TDim> = TVec::new();
+        for (i, &d) in spec.shape.iter().enumerate() {
+            dims.push(match (i, d) {
+                (0, d) if d < 0 => TDim::Sym(batch.clone()),
+                (_, d) if d >= 0 => TDim::Val(d),
+                _ => match dim_at(spec, i, at) {
+                    Some(v) => TDim::Val(v as i64),
+                    None => bail!("input `{name}`: dimension {i} is dynamic and has no profile"),
+                },
+            });
+        }
         model.set_input_fact(ix, InferenceFact::dt_shape(dt, dims))?;
+    }
+    if has_variable_dims(inputs) {
+        // The file's output facts may name symbols that the concrete inputs now fix.
+        for ix in 0..model.outputs.len() {
+            model.set_output_fact(ix, InferenceFact::default())?;
+        }
     }
     model.into_typed()
 }
@@ -129,6 +175,16 @@ pub fn sample_inputs(
     inputs: &[InputSpec],
     names: &[String],
     batch: usize,
+) -> TractResult<TVec<TValue>> {
+    sample_inputs_at(inputs, names, batch, At::Opt)
+}
+
+/// [`sample_inputs`] with the variable non-batch dimensions at `at`.
+pub fn sample_inputs_at(
+    inputs: &[InputSpec],
+    names: &[String],
+    batch: usize,
+    at: At,
 ) -> TractResult<TVec<TValue>> {
     let mut out = TVec::new();
     for name in names {
@@ -144,7 +200,7 @@ pub fn sample_inputs(
                 if i == 0 && d < 0 {
                     batch
                 } else {
-                    d.max(1) as usize
+                    dim_at(spec, i, at).unwrap_or(1).max(1) as usize
                 }
             })
             .collect();
@@ -223,13 +279,33 @@ pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
     let probe = sample_inputs(&spec.inputs, &names, 1)?;
     let reference = onnx_runnable.run(probe.clone())?;
 
+    // Variable non-batch dimensions: the runtime optimises one plan per shape, from the ONNX;
+    // the profile's bounds must optimise and run too (the runtime's warm-up runs them).
+    let variable = has_variable_dims(&spec.inputs);
+    if variable {
+        for (at, what) in [(At::Min, "min"), (At::Max, "max")] {
+            typed_from_onnx_at(bytes, &spec.inputs, at)
+                .and_then(|m| m.into_optimized())
+                .and_then(|m| m.into_runnable())
+                .and_then(|r| r.run(sample_inputs_at(&spec.inputs, &names, 1, at)?))
+                .map_err(|e| format_err!("at the profile's {what} shape: {e:#}"))?;
+        }
+    }
+
     // The NNEF form; any failure keeps the ONNX form, with the reason recorded.
     let mut note = None;
-    let nnef_bytes = match nnef().write_to_tar_with_config(&decluttered, Vec::new(), false, true) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            note = Some(format!("nnef serialisation failed: {e:#}"));
-            None
+    let nnef_bytes = if variable {
+        note = Some(
+            "variable non-batch dimensions: the runtime optimises the onnx once per shape".into(),
+        );
+        None
+    } else {
+        match nnef().write_to_tar_with_config(&decluttered, Vec::new(), false, true) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                note = Some(format!("nnef serialisation failed: {e:#}"));
+                None
+            }
         }
     };
     let nnef_bytes = match nnef_bytes {

@@ -443,17 +443,17 @@ fn tensor(
         }
         ok.then_some(s)
     });
-    if let (Some(shape), true, false, true) = (
-        &shape,
-        input,
-        t.inner.contains_key("profile"),
-        !targets.gpus.is_empty(),
-    ) {
+    if let (Some(shape), true, false) = (&shape, input, t.inner.contains_key("profile")) {
         if let Some(d) = shape.value.iter().skip(1).find(|d| d.value == -1) {
+            let why = if targets.gpus.is_empty() {
+                "this dimension is dynamic, and the runtime needs its bounds to check requests: the input has no profile"
+            } else {
+                "this dimension is dynamic, and TensorRT engines need its range: the input has no profile"
+            };
             cx.error_hint(
                 d.span,
                 &d.key,
-                "this dimension is dynamic, and TensorRT engines need its range: the input has no profile",
+                why,
                 "add `profile = { min = [...], opt = [...], max = [...] }` with one size per dimension after the batch dimension",
             );
         }

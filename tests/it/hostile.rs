@@ -643,6 +643,7 @@ fn warmup_samples_are_shared_by_every_target() {
             engine: None,
             engine_profile: None,
             warmup_samples: Some(samples.clone()),
+            dim_names: Vec::new(),
             base: None,
         };
         let spec = build::spec::target_spec(&recipe, t, files).unwrap();

@@ -175,7 +175,8 @@ fn noop_rebuild_reads_nothing_and_inspect_reports_the_layout() {
         .iter()
         .map(|l| l["role"].as_str().unwrap())
         .collect();
-    assert_eq!(roles, ["infer-serve", "model", "config"]);
+    // The CPU target went through the engine stage: its engine replaces the ONNX layer.
+    assert_eq!(roles, ["infer-serve", "engine", "config"]);
     assert_eq!(img["config"]["User"], "65532:65532");
     assert_eq!(img["annotations"]["dev.infer-build.target"], "cpu-fp32");
     assert_eq!(v["indexes"][0]["tags"][0], "1.0.0");
@@ -279,7 +280,7 @@ fn build_assembles_engines_from_separate_engine_runs() {
     // Same inputs, same digests.
     assert_eq!(digests(&v), digests(&ex.build("out2", &flags)));
 
-    // No engine for the CPU target under the folder: it ships the ONNX model, and says so.
+    // No engine for the CPU target under the folder: it runs the engine stage, and says so.
     std::fs::create_dir(ex.path("empty")).unwrap();
     let empty = ex.path("empty");
     let o = ex
@@ -288,7 +289,7 @@ fn build_assembles_engines_from_separate_engine_runs() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("shipping the ONNX model"),
+        stderr(&o).contains("running the engine stage"),
         "{}",
         stderr(&o)
     );
@@ -429,12 +430,20 @@ fn refuses_dynamic_runtimes_escaping_models_and_bad_flags() {
 #[test]
 fn kill_9_mid_build_leaves_no_partial_blob_and_the_rebuild_matches() {
     let ex = Example::new();
-    // A 96 MiB "model" compressed at gzip -6: seconds of work to interrupt.
+    // A 96 MiB file in the config layer (warm-up samples, shipped as they are) compressed at
+    // gzip -6: seconds of work to interrupt. (The model must stay a real one: the engine stage
+    // refuses what tract cannot load.)
     let big: Vec<u8> = (0..96u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 15) as u8)
         .collect();
-    std::fs::write(ex.path("recipe/mlp.onnx"), &big).unwrap();
+    std::fs::write(ex.path("recipe/warmup.json"), &big).unwrap();
     drop(big);
+    let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
+    std::fs::write(
+        ex.recipe(),
+        format!("{recipe}\n[warmup]\nsamples = \"warmup.json\"\n"),
+    )
+    .unwrap();
     let mut child = ex
         .cmd("out", &["--compression", "gzip"])
         .stdout(Stdio::null())

@@ -8,6 +8,7 @@ pub mod image;
 pub mod oci;
 pub mod plan;
 pub mod pull;
+pub mod real_models;
 pub mod recipe;
 pub mod registry;
 pub mod registry_attacks;

@@ -492,6 +492,25 @@ recipe.toml:12:14: model.inputs.ids.shape[1]: this dimension is dynamic, and Ten
   hint: add `profile = { min = [...], opt = [...], max = [...] }` with one size per dimension after the batch dimension
 "#,
     );
+    // A CPU-only recipe needs the range too: the runtime checks requests against it (`build`
+    // would refuse the runtime config otherwise, so `check` says it first).
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[model.inputs.ids]
+datatype = "int64"
+shape = [-1, -1]
+
+[targets]
+cpu = true
+"#
+        ),
+        r#"
+recipe.toml:12:14: model.inputs.ids.shape[1]: this dimension is dynamic, and the runtime needs its bounds to check requests: the input has no profile
+  hint: add `profile = { min = [...], opt = [...], max = [...] }` with one size per dimension after the batch dimension
+"#,
+    );
     // profile_fixed_mismatch
     check(
         &format!(

@@ -735,3 +735,149 @@ fn serve_bad_config_and_failed_warmup_stop_startup() {
     assert_eq!(out.status.code(), Some(2));
     let _ = Path::new("");
 }
+
+/// Runs infer-serve on `config` for at most 20 s (a FIFO read would block forever): its exit
+/// code and stdout, or `None` when it had to be killed.
+fn run_bounded(config: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(binary())
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut out);
+    (code, out)
+}
+
+/// Hostile runtime configs: bounds the server cannot honour, and FIFOs, devices and
+/// directories where a file is expected, each refused at start with exit 2 and the reason.
+#[test]
+fn serve_refuses_hostile_configs_and_non_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let mkfifo = |name: &str| {
+        let p = dir.path().join(name);
+        let ok = Command::new("mkfifo").arg(&p).status().unwrap();
+        assert!(ok.success());
+        p
+    };
+    let expect = |config: &Path, needles: &[&str]| {
+        let (code, out) = run_bounded(config);
+        assert_eq!(code, Some(2), "{}: {out}", config.display());
+        for n in needles {
+            assert!(out.contains(n), "{}: {out:?} lacks {n:?}", config.display());
+        }
+    };
+    let base = mlp_config();
+    for (name, from, to, needle) in [
+        (
+            "batch.toml",
+            "max_batch_size = 32\npreferred_batch_sizes = [8, 16, 32]",
+            "max_batch_size = 1000000000",
+            "batching.max_batch_size 1000000000 is more than 65536",
+        ),
+        (
+            "dims.toml",
+            "dims = [-1, 64]",
+            "dims = [-1, 3, 224, 224000]",
+            "more than server.max_body_bytes 1048576",
+        ),
+        (
+            "instances.toml",
+            "instances = 1",
+            "instances = 1000000",
+            "batching.instances 1000000 is more than 256",
+        ),
+        (
+            "delay.toml",
+            "max_queue_delay_us = 2000",
+            "max_queue_delay_us = 9000000000000",
+            "batching.max_queue_delay_us 9000000000000 is more than 10000000",
+        ),
+        (
+            "timeout.toml",
+            "default_timeout_ms = 10000",
+            "default_timeout_ms = 9000000000000",
+            "batching.default_timeout_ms 9000000000000 is more than 3600000",
+        ),
+        (
+            "drain.toml",
+            "drain_delay_s = 1",
+            "drain_delay_s = 100000000",
+            "server.drain_delay_s 100000000 is more than 3600",
+        ),
+    ] {
+        assert!(base.contains(from), "{from}");
+        expect(
+            &write(name, &base.replace(from, to)),
+            &["bad runtime config", needle],
+        );
+    }
+    // More instances than 4 per CPU of this machine.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let many = (4 * cpus + 1).min(256);
+    if many > 4 * cpus {
+        expect(
+            &write(
+                "cpus.toml",
+                &base.replace("instances = 1", &format!("instances = {many}")),
+            ),
+            &[&format!("batching.instances {many} is more than 4 per CPU")],
+        );
+    }
+
+    // A FIFO as the config itself, as the engine and as its metadata; a directory; a device.
+    let fifo = mkfifo("config.fifo");
+    expect(
+        &fifo,
+        &["cannot read the runtime config", "config.fifo is a FIFO"],
+    );
+    let engine_fifo = mkfifo("engine.fifo");
+    let onnx = support::root().join("examples/mlp/mlp.onnx");
+    let with_engine =
+        |p: &Path| base.replace(&onnx.display().to_string(), &p.display().to_string());
+    expect(
+        &write("fifo-engine.toml", &with_engine(&engine_fifo)),
+        &["engine.path: ", "engine.fifo is a FIFO, not a regular file"],
+    );
+    expect(
+        &write("dir-engine.toml", &with_engine(dir.path())),
+        &["engine.path: ", "is a directory, not a regular file"],
+    );
+    expect(
+        &write("dev-engine.toml", &with_engine(Path::new("/dev/zero"))),
+        &["engine.path: ", "/dev/zero is a device, not a regular file"],
+    );
+    let meta_fifo = mkfifo("meta.fifo");
+    expect(
+        &write(
+            "fifo-meta.toml",
+            &base.replace(
+                "path = \"",
+                &format!("metadata = \"{}\"\npath = \"", meta_fifo.display()),
+            ),
+        ),
+        &[
+            "engine.metadata: ",
+            "meta.fifo is a FIFO, not a regular file",
+        ],
+    );
+}

@@ -9,8 +9,10 @@
 //! keeps growing, up to `max_batch_size` rows per batch, while they are all busy):
 //!
 //! - rows are counted, not requests; a batch never exceeds `max_batch_size` rows;
-//! - walking from the oldest request, the batch stops before a request whose non-batch shapes
-//!   differ (shapes are never mixed) or that would overflow `max_batch_size`;
+//! - shapes are never mixed: the next batch is formed from the oldest request and the requests
+//!   whose non-batch shapes equal its own, in arrival order (requests of other shapes keep
+//!   their place and form their own batch once theirs is the oldest, so none starves behind a
+//!   busier shape); it stops before a request that would overflow `max_batch_size`;
 //! - the batch is taken at once when it is full or when the oldest request has waited
 //!   `max_queue_delay_us`; otherwise, if a preferred size was reached on the way, the largest
 //!   such prefix is taken; otherwise the leader waits for more until the oldest request's
@@ -316,7 +318,7 @@ impl Queue {
                     // Busy before the requests stop counting as queued (see `submit`).
                     self.shared.idle.fetch_sub(1, Relaxed);
                     self.shared.dequeued(n);
-                    return Some(self.jobs.drain(..n).collect());
+                    return Some(self.take(n));
                 }
                 Cut::Wait(wait) => wait,
             };
@@ -409,6 +411,34 @@ impl Queue {
         }
     }
 
+    /// Takes the first `n` requests of the oldest request's shape, in arrival order; the
+    /// others keep their order.
+    fn take(&mut self, n: usize) -> Vec<Job> {
+        let Some(first) = self.jobs.front() else {
+            return Vec::new();
+        };
+        // The common case, one shape: a prefix.
+        if self.jobs.iter().take(n).all(|j| same_shapes(first, j)) {
+            return self.jobs.drain(..n).collect();
+        }
+        let mut taken = Vec::with_capacity(n);
+        let mut kept = VecDeque::with_capacity(self.jobs.len() - n);
+        let mut jobs = std::mem::take(&mut self.jobs).into_iter();
+        let Some(first) = jobs.next() else {
+            return taken;
+        };
+        for job in jobs {
+            if taken.len() + 1 < n && same_shapes(&first, &job) {
+                taken.push(job);
+            } else {
+                kept.push_back(job);
+            }
+        }
+        taken.insert(0, first);
+        self.jobs = kept;
+        taken
+    }
+
     /// The policy applied to the queue as it is at `now`.
     fn cut(&self, now: Instant) -> Cut {
         let policy = &self.shared.policy;
@@ -417,7 +447,10 @@ impl Queue {
         };
         let (mut rows, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
         for job in &self.jobs {
-            if !same_shapes(first, job) || rows + job.rows > policy.max_batch_size {
+            if !same_shapes(first, job) {
+                continue;
+            }
+            if rows + job.rows > policy.max_batch_size {
                 full = true;
                 break;
             }
@@ -676,26 +709,65 @@ mod tests {
         assert_eq!(*sizes.lock().unwrap(), vec![2]);
     }
 
+    fn wide(v: f32) -> Tensor {
+        Tensor {
+            dtype: DataType::F32,
+            shape: vec![1, 2],
+            data: Bytes::from(
+                [v, v + 0.5]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        }
+    }
+
+    /// Requests of different non-batch shapes, interleaved, form one batch per shape (oldest
+    /// shape first), and each gets its own rows back.
     #[test]
     fn different_shapes_are_never_mixed() {
         let (b, sizes) = start(policy(8, &[], 0, 0), 1, 20);
         let block = b.submit(vec![row(0.0, 1)], 1, None).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        let wide = Tensor {
-            dtype: DataType::F32,
-            shape: vec![1, 2],
-            data: Bytes::from(vec![0u8; 8]),
-        };
-        let rxs = [
-            b.submit(vec![row(1.0, 1)], 1, None).unwrap(),
-            b.submit(vec![wide.clone()], 1, None).unwrap(),
-            b.submit(vec![row(2.0, 1)], 1, None).unwrap(),
+        let sent = [
+            row(1.0, 1),
+            wide(10.0),
+            row(2.0, 1),
+            wide(20.0),
+            row(3.0, 1),
         ];
+        let rxs: Vec<_> = sent
+            .iter()
+            .map(|t| b.submit(vec![t.clone()], 1, None).unwrap())
+            .collect();
         wait(block).unwrap();
-        for rx in rxs {
+        for (rx, t) in rxs.into_iter().zip(&sent) {
+            assert_eq!(wait(rx).unwrap().outputs, vec![t.clone()]);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 3, 2]);
+    }
+
+    /// A shape that keeps arriving does not starve another: the oldest request's shape goes
+    /// next, and a lone request of another shape keeps its delay and deadline.
+    #[test]
+    fn no_shape_starves() {
+        let (b, sizes) = start(policy(2, &[], 30, 0), 1, 10);
+        let lone = b
+            .submit(
+                vec![wide(1.0)],
+                1,
+                Some(Instant::now() + Duration::from_secs(5)),
+            )
+            .unwrap();
+        let busy: Vec<_> = (0..6)
+            .map(|i| b.submit(vec![row(i as f32, 1)], 1, None).unwrap())
+            .collect();
+        assert_eq!(wait(lone).unwrap().outputs, vec![wide(1.0)]);
+        for rx in busy {
             wait(rx).unwrap();
         }
-        assert_eq!(*sizes.lock().unwrap(), vec![1, 1, 1, 1]);
+        // The lone wide request was oldest: its batch ran first, after its delay.
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 2, 2, 2]);
     }
 
     #[test]

@@ -20,6 +20,34 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Backend instances allowed per CPU: more only make the instances take turns on the cores.
+const MAX_INSTANCES_PER_CPU: u64 = 4;
+
+/// `Err` naming the path when `p` exists (after symbolic links) and is not a regular file;
+/// a missing file is left to whoever opens it.
+fn regular_file(p: &Path) -> Result<(), String> {
+    let Ok(m) = std::fs::metadata(p) else {
+        return Ok(());
+    };
+    let ft = m.file_type();
+    if ft.is_file() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let what = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(format!("{} is {what}, not a regular file", p.display()))
+}
+
 fn fail(code: i32, msg: &str, fields: &[(&str, serde_json::Value)]) -> ! {
     log::error(msg, fields);
     std::process::exit(code);
@@ -43,6 +71,13 @@ fn main() {
         }
     };
     let path = args.config.display().to_string();
+    if let Err(e) = regular_file(&args.config) {
+        fail(
+            2,
+            "cannot read the runtime config",
+            &[("path", json!(path)), ("error", json!(e))],
+        )
+    }
     let text = std::fs::read_to_string(&args.config).unwrap_or_else(|e| {
         fail(
             2,
@@ -64,6 +99,44 @@ fn main() {
         cfg.server.port = p;
     }
     let base = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // Bounds that depend on this machine (the rest are in `RuntimeConfig::problems`).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = MAX_INSTANCES_PER_CPU * cpus as u64;
+    if u64::from(cfg.batching.instances) > most {
+        fail(
+            2,
+            "bad runtime config",
+            &[
+                ("path", json!(path)),
+                (
+                    "error",
+                    json!(format!(
+                        "batching.instances {} is more than {MAX_INSTANCES_PER_CPU} per CPU ({cpus} CPUs here: at most {most})",
+                        cfg.batching.instances
+                    )),
+                ),
+            ],
+        )
+    }
+    // Files the config names must be regular files: a FIFO or a device would block the start
+    // or feed it without end, a directory gives an obscure error.
+    for (key, rel) in [
+        ("engine.path", cfg.engine.path.as_deref()),
+        ("engine.metadata", cfg.engine.metadata.as_deref()),
+    ] {
+        let Some(rel) = rel else { continue };
+        let p = base.join(rel);
+        if let Err(e) = regular_file(&p) {
+            fail(
+                2,
+                "bad runtime config",
+                &[
+                    ("path", json!(path)),
+                    ("error", json!(format!("{key}: {e}"))),
+                ],
+            )
+        }
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -81,7 +154,6 @@ fn main() {
         cfg.batching.max_batch_size,
     ));
     let mut app = App::new(cfg.clone(), metrics.clone());
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     app.busy_poll = Duration::from_micros(
         args.busy_poll_us
             .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
@@ -169,6 +241,7 @@ fn main() {
 
     let t = Instant::now();
     let sizes = cfg.warmup_batch_sizes();
+    let runs = warmup::runs(&cfg);
     let mut backends = Vec::new();
     for instance in 0..cfg.batching.instances {
         let mut b = engine.instance().unwrap_or_else(|e| {
@@ -178,14 +251,15 @@ fn main() {
                 &[("instance", json!(instance)), ("error", json!(e))],
             )
         });
-        for &rows in &sizes {
-            if let Err(e) = warmup::run(&cfg, b.as_mut(), rows as usize) {
+        for (rows, shapes) in &runs {
+            if let Err(e) = warmup::run_at(&cfg, b.as_mut(), *rows, shapes) {
                 fail(
                     1,
                     "warm-up failed; not starting",
                     &[
                         ("instance", json!(instance)),
                         ("batch_size", json!(rows)),
+                        ("shapes", json!(shapes)),
                         ("error", json!(e)),
                     ],
                 );

@@ -238,6 +238,7 @@ pub fn decode_request(
             t.rows()
         )));
     }
+    check_shared_dims(cfg, &inputs)?;
 
     let outputs = match &raw.outputs {
         None => (0..cfg.outputs.len())
@@ -297,6 +298,12 @@ fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, 
             cfg.inputs.len()
         )));
     };
+    if spec.is_variable() {
+        return Err(bad(format!(
+            "a raw binary request ({HEADER_LENGTH}: 0) needs fixed dims, input {:?} has {:?}: send a JSON header with its shape",
+            spec.name, spec.dims
+        )));
+    }
     let mut shape = vec![1usize];
     shape.extend(spec.row_dims());
     let elements: usize = shape.iter().product();
@@ -320,6 +327,30 @@ fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, 
     })
 }
 
+/// Inputs whose dimensions share a name (`dim_names`, from the model's `dim_param`) must
+/// give them the same size: a 400 names both inputs, the dimension and the two sizes.
+pub fn check_shared_dims(cfg: &RuntimeConfig, inputs: &[Tensor]) -> Result<(), ApiError> {
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    for (spec, t) in cfg.inputs.iter().zip(inputs) {
+        for (axis, &size) in t.shape.iter().enumerate().skip(1) {
+            let Some(name) = spec.dim_name(axis) else {
+                continue;
+            };
+            match seen.iter().find(|(n, _, _)| *n == name) {
+                Some(&(_, other, s)) if s != size => {
+                    return Err(bad(format!(
+                        "inputs {other:?} and {:?} disagree on dimension {name:?}: {s} and {size}",
+                        spec.name
+                    )))
+                }
+                Some(_) => {}
+                None => seen.push((name, &spec.name, size)),
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_shape(
     cfg: &RuntimeConfig,
     spec: &infer_spec::TensorSpec,
@@ -339,9 +370,25 @@ fn check_shape(
             "shape {shape:?} has {rows} rows, more than max_batch_size {max}"
         ));
     }
-    for (&got, &want) in shape.iter().zip(&spec.dims).skip(1) {
-        if i64::try_from(got).ok() != Some(want) {
+    for (axis, (&got, &want)) in shape.iter().zip(&spec.dims).enumerate().skip(1) {
+        if want != -1 {
+            if i64::try_from(got).ok() != Some(want) {
+                return Err(mismatch());
+            }
+            continue;
+        }
+        let Some((min, max)) = spec.bounds(axis) else {
             return Err(mismatch());
+        };
+        let got_i = i64::try_from(got).unwrap_or(i64::MAX);
+        if got_i < min || got_i > max {
+            let name = spec
+                .dim_name(axis)
+                .map(|n| format!(" ({n:?})"))
+                .unwrap_or_default();
+            return Err(format!(
+                "shape {shape:?}: dimension {axis}{name} is {got}, outside the model's bounds {min}..={max}"
+            ));
         }
     }
     // All dimensions are now bounded by the config (rows by max_batch_size), so the product
@@ -778,6 +825,59 @@ path = "m.onnx"
             Ok((f32s(&[1.0, 2.0]), i64s(&[7, 8]), 1)),
         );
         check(json, &i64s(&[7]), Err("binary data is truncated"));
+    }
+
+    /// Variable dims: within the profile's bounds, else a 400 naming the bound; inputs that
+    /// share a named dimension agree, else a 400 naming both.
+    #[test]
+    fn variable_dims() {
+        let cfg = RuntimeConfig::from_toml_str(
+            &CFG.replace(
+                "dims = [-1, 2]\n[[inputs]]\nname = \"ids\"\ndatatype = \"INT64\"\ndims = [-1, 2]",
+                "dims = [-1, -1, 2]\nprofile = { min = [2, 2], opt = [3, 2], max = [4, 2] }\ndim_names = [\"seq\", \"\"]\n[[inputs]]\nname = \"ids\"\ndatatype = \"INT64\"\ndims = [-1, -1]\nprofile = { min = [1], opt = [3], max = [4] }\ndim_names = [\"seq\"]",
+            ),
+        )
+        .unwrap();
+        let req = |xs: usize, ids: usize| {
+            format!(
+                r#"{{"inputs":[{{"name":"x","shape":[1,{xs},2],"datatype":"FP32","data":{:?}}},{{"name":"ids","shape":[1,{ids}],"datatype":"INT64","data":{:?}}}]}}"#,
+                vec![0.5f32; xs * 2],
+                vec![1i64; ids]
+            )
+        };
+        let decode = |j: String| decode_request(&cfg, None, &Bytes::from(j));
+        for n in [2, 3, 4] {
+            let r = decode(req(n, n)).unwrap();
+            assert_eq!(r.inputs[0].shape, vec![1, n, 2]);
+            assert_eq!(r.inputs[1].shape, vec![1, n]);
+        }
+        let msg = |r: Result<InferRequest, ApiError>| match r {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            msg(decode(req(5, 5))),
+            "input \"x\": shape [1, 5, 2]: dimension 1 (\"seq\") is 5, outside the model's bounds 2..=4"
+        );
+        assert_eq!(
+            msg(decode(req(1, 1))),
+            "input \"x\": shape [1, 1, 2]: dimension 1 (\"seq\") is 1, outside the model's bounds 2..=4"
+        );
+        assert_eq!(
+            msg(decode(req(3, 2))),
+            "inputs \"x\" and \"ids\" disagree on dimension \"seq\": 3 and 2"
+        );
+        // A fixed dimension after a variable one is still checked.
+        assert!(msg(decode(req(3, 3).replace("[1,3,2]", "[1,3,3]"))).contains("does not match"));
+        // Raw binary needs fixed dims.
+        let one = RuntimeConfig {
+            inputs: vec![cfg.inputs[1].clone()],
+            ..cfg.clone()
+        };
+        assert!(
+            msg(decode_request(&one, Some(0), &Bytes::from(vec![0u8; 8])))
+                .contains("needs fixed dims")
+        );
     }
 
     #[test]

@@ -2,19 +2,57 @@
 //! size (`RuntimeConfig::warmup_batch_sizes`) with dtype-valid data (finite numbers in range,
 //! 0/1 booleans, short strings; never raw random bytes, which would make NaNs) and the
 //! outputs are checked against the config's datatypes and shapes.
+//!
+//! A model with variable non-batch dimensions runs every batch size at its profile's `opt`
+//! shape, then one row at `min` and one at `max` ([`runs`]): the engine prepares each shape
+//! it will see most (the tract backend optimises one plan per shape) and a shape at either
+//! bound that the engine cannot run stops the start instead of failing the first request.
 
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
 
-/// Deterministic, valid inputs for a batch of `rows` rows.
+/// The non-batch dimensions of every input, in the config's input order.
+pub type Shapes = Vec<Vec<usize>>;
+
+/// The warm-up executions in order: `(rows, shapes)` for every warm-up batch size at the
+/// profile's `opt` shape, then, for a model with variable dimensions, one row at `min` and
+/// one at `max` (when they differ from `opt`).
+pub fn runs(cfg: &RuntimeConfig) -> Vec<(usize, Shapes)> {
+    let at = |f: fn(&infer_spec::TensorSpec) -> Vec<usize>| -> Shapes {
+        cfg.inputs.iter().map(f).collect()
+    };
+    let opt = at(infer_spec::TensorSpec::opt_row_dims);
+    let sizes = cfg.warmup_batch_sizes();
+    let mut out: Vec<(usize, Shapes)> = sizes.iter().map(|&r| (r as usize, opt.clone())).collect();
+    if !sizes.is_empty() && cfg.inputs.iter().any(|s| s.is_variable()) {
+        for bound in [
+            at(infer_spec::TensorSpec::min_row_dims),
+            at(infer_spec::TensorSpec::row_dims),
+        ] {
+            if bound != opt && !out.iter().any(|(r, s)| *r == 1 && *s == bound) {
+                out.push((1, bound));
+            }
+        }
+    }
+    out
+}
+
+/// Deterministic, valid inputs for a batch of `rows` rows at the profile's `opt` shape.
 pub fn sample(cfg: &RuntimeConfig, rows: usize) -> Vec<Tensor> {
+    let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
+    sample_at(cfg, rows, &opt)
+}
+
+/// Deterministic, valid inputs for a batch of `rows` rows of the given non-batch shapes.
+pub fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tensor> {
     cfg.inputs
         .iter()
-        .map(|spec| {
+        .zip(shapes)
+        .map(|(spec, dims)| {
             let mut shape = vec![rows];
-            shape.extend(spec.row_dims());
+            shape.extend(dims);
             let n: usize = shape.iter().product();
             let mut data = Vec::with_capacity(n * spec.datatype.size().unwrap_or(8));
             for i in 0..n {
@@ -45,9 +83,26 @@ pub fn sample(cfg: &RuntimeConfig, rows: usize) -> Vec<Tensor> {
         .collect()
 }
 
-/// Runs one warm-up sample and checks its outputs; the error names what was wrong.
+/// Runs one warm-up sample at the `opt` shape and checks its outputs; the error names what
+/// was wrong.
 pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Result<(), String> {
-    let outputs = backend.execute(&sample(cfg, rows))?;
+    let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
+    run_at(cfg, backend, rows, &opt)
+}
+
+/// Runs one warm-up sample of the given shapes and checks its outputs.
+pub fn run_at(
+    cfg: &RuntimeConfig,
+    backend: &mut dyn Backend,
+    rows: usize,
+    shapes: &Shapes,
+) -> Result<(), String> {
+    check_outputs(cfg, rows, &backend.execute(&sample_at(cfg, rows, shapes))?)
+}
+
+/// Checks a batch's outputs against the config: count, datatypes, rows, and every fixed
+/// dimension (a variable `-1` output dimension takes any size).
+pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Result<(), String> {
     if outputs.len() != cfg.outputs.len() {
         return Err(format!(
             "the engine returned {} outputs, runtime.toml lists {}",
@@ -56,9 +111,16 @@ pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Resul
         ));
     }
     for (o, spec) in outputs.iter().zip(&cfg.outputs) {
-        let mut want = vec![rows];
-        want.extend(spec.row_dims());
-        if o.dtype != spec.datatype || o.shape != want {
+        let fits = o.shape.len() == spec.dims.len()
+            && o.shape.first() == Some(&rows)
+            && o.shape
+                .iter()
+                .zip(&spec.dims)
+                .skip(1)
+                .all(|(&got, &want)| want == -1 || i64::try_from(got).ok() == Some(want));
+        if o.dtype != spec.datatype || !fits {
+            let mut want: Vec<i64> = vec![rows as i64];
+            want.extend(spec.dims.iter().skip(1));
             return Err(format!(
                 "output {:?} is {} {:?}, runtime.toml says {} {:?}",
                 spec.name, o.dtype, o.shape, spec.datatype, want

@@ -12,6 +12,6 @@ pub mod runtime;
 
 pub use dtype::DataType;
 pub use runtime::{
-    Batching, ConfigError, EngineKind, EngineSection, ModelSection, RuntimeConfig, Server,
-    Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
+    Batching, ConfigError, DimProfile, EngineKind, EngineSection, ModelSection, RuntimeConfig,
+    Server, Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
 };

@@ -90,24 +90,127 @@ pub struct TensorSpec {
     pub name: String,
     /// The V2 datatype (`"FP32"`, `"INT64"`, …).
     pub datatype: DataType,
-    /// The full shape including the batch dimension, which comes first and is `-1`; every
-    /// other dimension is fixed and positive (text models use fixed sequence buckets).
+    /// The full shape including the batch dimension, which comes first and is `-1`. A later
+    /// dimension is fixed and positive, or `-1` (variable): an input's variable dimensions take
+    /// their bounds from `profile`; an output's follow from the inputs.
     pub dims: Vec<i64>,
+    /// The sizes a variable input dimension may take, one entry per dimension after the batch
+    /// dimension (fixed dimensions repeat their size): requests stay within `min..=max`,
+    /// warm-up runs `opt`, `min` and `max`. Required for an input with a `-1` after the batch
+    /// dimension, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<DimProfile>,
+    /// Names of the dimensions after the batch dimension (the ONNX `dim_param`), `""` for an
+    /// unnamed one; empty when none is named. Inputs whose variable dimensions share a name
+    /// must agree on their size in a request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dim_names: Vec<String>,
 }
 
+/// `profile = { min = [..], opt = [..], max = [..] }` of a tensor: per dimension after the
+/// batch dimension, the smallest, the most common and the largest size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DimProfile {
+    pub min: Vec<i64>,
+    pub opt: Vec<i64>,
+    pub max: Vec<i64>,
+}
+
+/// The largest size of one dimension `runtime.toml` accepts.
+pub const MAX_DIM: i64 = 1 << 24;
+/// The largest `max_batch_size`.
+pub const MAX_BATCH_SIZE: u32 = 1 << 16;
+/// The largest `instances` (it is further bounded by the CPUs at start, see `infer-serve`).
+pub const MAX_INSTANCES: u32 = 256;
+/// The largest `max_queue_delay_us`: 10 s.
+pub const MAX_QUEUE_DELAY_US: u64 = 10_000_000;
+/// The largest `default_timeout_ms`: 1 h.
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// The largest `drain_delay_s` and `exit_timeout_s`: 1 h each.
+pub const MAX_SHUTDOWN_S: u64 = 3_600;
+/// The largest `max_body_bytes`: 1 GiB.
+pub const MAX_BODY_BYTES: u64 = 1 << 30;
+/// The default `server.memory_budget_bytes`: 4 GiB.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 4 << 30;
+
 impl TensorSpec {
-    /// The fixed dimensions after the batch dimension.
+    /// The dimensions after the batch dimension at their largest: fixed ones as they are,
+    /// variable ones at their profile's `max` (0 when unknown, as for an output).
     pub fn row_dims(&self) -> Vec<usize> {
+        self.row_dims_at(|p| &p.max)
+    }
+
+    /// The dimensions after the batch dimension with variable ones at the profile's `min`.
+    pub fn min_row_dims(&self) -> Vec<usize> {
+        self.row_dims_at(|p| &p.min)
+    }
+
+    /// The dimensions after the batch dimension with variable ones at the profile's `opt`.
+    pub fn opt_row_dims(&self) -> Vec<usize> {
+        self.row_dims_at(|p| &p.opt)
+    }
+
+    fn row_dims_at(&self, pick: impl Fn(&DimProfile) -> &Vec<i64>) -> Vec<usize> {
         self.dims
             .iter()
             .skip(1)
-            .map(|&d| usize::try_from(d).unwrap_or(0))
+            .enumerate()
+            .map(|(i, &d)| {
+                let d = if d == -1 {
+                    self.profile
+                        .as_ref()
+                        .and_then(|p| pick(p).get(i).copied())
+                        .unwrap_or(0)
+                } else {
+                    d
+                };
+                usize::try_from(d).unwrap_or(0)
+            })
             .collect()
     }
 
-    /// Elements in one row (the product of the non-batch dimensions).
+    /// Elements in one row at its largest (the product of [`TensorSpec::row_dims`]).
     pub fn row_elements(&self) -> usize {
-        self.row_dims().iter().product()
+        self.row_dims()
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// True when a dimension after the batch dimension is variable.
+    pub fn is_variable(&self) -> bool {
+        self.dims.iter().skip(1).any(|&d| d == -1)
+    }
+
+    /// The name of dimension `axis` (counting the batch dimension as 0), when it has one.
+    pub fn dim_name(&self, axis: usize) -> Option<&str> {
+        axis.checked_sub(1)
+            .and_then(|i| self.dim_names.get(i))
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The bounds `(min, max)` of dimension `axis` (counting the batch dimension as 0, which
+    /// has none here); a fixed dimension's bounds are its size.
+    pub fn bounds(&self, axis: usize) -> Option<(i64, i64)> {
+        let i = axis.checked_sub(1)?;
+        match *self.dims.get(axis)? {
+            -1 => {
+                let p = self.profile.as_ref()?;
+                Some((*p.min.get(i)?, *p.max.get(i)?))
+            }
+            d => Some((d, d)),
+        }
+    }
+
+    /// Bytes of one row at its largest (`None` for `BYTES`, whose size is not fixed).
+    pub fn max_row_bytes(&self) -> Option<u64> {
+        let size = self.datatype.size()? as u64;
+        self.row_dims()
+            .iter()
+            .try_fold(size, |a, &d| a.checked_mul(d as u64))
+            .or(Some(u64::MAX))
     }
 }
 
@@ -249,6 +352,10 @@ pub struct Server {
     pub exit_timeout_s: u64,
     /// The largest request body accepted; larger gets 413.
     pub max_body_bytes: u64,
+    /// What the batches of all instances may hold at once: `instances × max_batch_size ×`
+    /// the bytes of one input and output row at its largest shape must fit (the engine's own
+    /// working memory comes on top).
+    pub memory_budget_bytes: u64,
 }
 
 impl Default for Server {
@@ -259,6 +366,7 @@ impl Default for Server {
             drain_delay_s: 5,
             exit_timeout_s: 30,
             max_body_bytes: 64 << 20,
+            memory_budget_bytes: DEFAULT_MEMORY_BUDGET,
         }
     }
 }
@@ -328,14 +436,20 @@ impl RuntimeConfig {
                     Some(-1) => {}
                     _ => p.push(format!("{at}: dims must start with the batch dimension -1")),
                 }
-                if t.dims.iter().skip(1).any(|&d| d <= 0) {
+                if t.dims
+                    .iter()
+                    .skip(1)
+                    .any(|&d| d != -1 && !(1..=MAX_DIM).contains(&d))
+                {
                     p.push(format!(
-                        "{at}: dims after the batch dimension must be fixed and positive, got {:?}",
+                        "{at}: dims after the batch dimension must be -1 (variable) or in 1..={MAX_DIM}, got {:?}",
                         t.dims
                     ));
                 }
+                tensor_problems(&mut p, &at, section == "inputs", t);
             }
         }
+        shared_dim_problems(&mut p, &self.inputs);
         let b = &self.batching;
         if b.max_batch_size == 0 {
             p.push("batching.max_batch_size must be at least 1".to_owned());
@@ -350,6 +464,30 @@ impl RuntimeConfig {
         }
         if b.instances == 0 {
             p.push("batching.instances must be at least 1".to_owned());
+        }
+        if b.max_batch_size > MAX_BATCH_SIZE {
+            p.push(format!(
+                "batching.max_batch_size {} is more than {MAX_BATCH_SIZE}",
+                b.max_batch_size
+            ));
+        }
+        if b.instances > MAX_INSTANCES {
+            p.push(format!(
+                "batching.instances {} is more than {MAX_INSTANCES}",
+                b.instances
+            ));
+        }
+        if b.max_queue_delay_us > MAX_QUEUE_DELAY_US {
+            p.push(format!(
+                "batching.max_queue_delay_us {} is more than {MAX_QUEUE_DELAY_US} (10 s)",
+                b.max_queue_delay_us
+            ));
+        }
+        if b.default_timeout_ms > MAX_TIMEOUT_MS {
+            p.push(format!(
+                "batching.default_timeout_ms {} is more than {MAX_TIMEOUT_MS} (1 h)",
+                b.default_timeout_ms
+            ));
         }
         let e = &self.engine;
         match (e.kind, &e.path, &e.synthetic) {
@@ -388,8 +526,49 @@ impl RuntimeConfig {
                 }
             }
         }
-        if self.server.max_body_bytes == 0 {
+        let srv = &self.server;
+        if srv.max_body_bytes == 0 {
             p.push("server.max_body_bytes must be at least 1".to_owned());
+        }
+        if srv.max_body_bytes > MAX_BODY_BYTES {
+            p.push(format!(
+                "server.max_body_bytes {} is more than {MAX_BODY_BYTES} (1 GiB)",
+                srv.max_body_bytes
+            ));
+        }
+        for (key, v) in [
+            ("drain_delay_s", srv.drain_delay_s),
+            ("exit_timeout_s", srv.exit_timeout_s),
+        ] {
+            if v > MAX_SHUTDOWN_S {
+                p.push(format!(
+                    "server.{key} {v} is more than {MAX_SHUTDOWN_S} (1 h)"
+                ));
+            }
+        }
+        let row = |ts: &[TensorSpec]| {
+            ts.iter()
+                .filter_map(TensorSpec::max_row_bytes)
+                .fold(0u64, u64::saturating_add)
+        };
+        let (in_row, out_row) = (row(&self.inputs), row(&self.outputs));
+        if in_row > srv.max_body_bytes {
+            p.push(format!(
+                "one row of the inputs at their largest shape is {in_row} bytes, more than server.max_body_bytes {}: no request could carry it",
+                srv.max_body_bytes
+            ));
+        }
+        let batches = u64::from(b.instances)
+            .saturating_mul(u64::from(b.max_batch_size))
+            .saturating_mul(in_row.saturating_add(out_row));
+        if batches > srv.memory_budget_bytes {
+            p.push(format!(
+                "batching.instances {} x max_batch_size {} x {} bytes per input and output row (largest shapes) = {batches} bytes, more than server.memory_budget_bytes {}",
+                b.instances,
+                b.max_batch_size,
+                in_row.saturating_add(out_row),
+                srv.memory_budget_bytes
+            ));
         }
         p
     }
@@ -422,6 +601,74 @@ impl RuntimeConfig {
             }
         }
         set.into_iter().filter(|&s| s >= 1).collect()
+    }
+}
+
+/// The problems of one tensor's `profile` and `dim_names`.
+fn tensor_problems(p: &mut Vec<String>, at: &str, input: bool, t: &TensorSpec) {
+    let rank = t.dims.len().saturating_sub(1);
+    if !t.dim_names.is_empty() && t.dim_names.len() != rank {
+        p.push(format!(
+            "{at}: dim_names has {} names, the dims after the batch dimension are {rank}",
+            t.dim_names.len()
+        ));
+    }
+    match (&t.profile, input && t.is_variable()) {
+        (None, true) => p.push(format!(
+            "{at}: dims {:?} are variable after the batch dimension: a profile (min, opt, max) is required",
+            t.dims
+        )),
+        (Some(_), false) => p.push(format!(
+            "{at}: a profile is only for inputs with variable (-1) dims after the batch dimension"
+        )),
+        (None, false) => {}
+        (Some(prof), true) => {
+            for (key, list) in [("min", &prof.min), ("opt", &prof.opt), ("max", &prof.max)] {
+                if list.len() != rank {
+                    p.push(format!(
+                        "{at}: profile.{key} has {} sizes, the dims after the batch dimension are {rank}",
+                        list.len()
+                    ));
+                    return;
+                }
+            }
+            for (i, &d) in t.dims.iter().skip(1).enumerate() {
+                let (min, opt, max) = (prof.min[i], prof.opt[i], prof.max[i]);
+                if d != -1 {
+                    if [min, opt, max].iter().any(|&v| v != d) {
+                        p.push(format!(
+                            "{at}: dimension {} is fixed at {d}, the profile must repeat it",
+                            i + 1
+                        ));
+                    }
+                } else if !(1 <= min && min <= opt && opt <= max && max <= MAX_DIM) {
+                    p.push(format!(
+                        "{at}: profile of dimension {} must have 1 <= min <= opt <= max <= {MAX_DIM}, got {min}, {opt}, {max}",
+                        i + 1
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Inputs whose variable dimensions share a name must be able to agree: their bounds overlap.
+fn shared_dim_problems(p: &mut Vec<String>, inputs: &[TensorSpec]) {
+    let mut seen: Vec<(&str, &str, (i64, i64))> = Vec::new();
+    for t in inputs {
+        for axis in 1..t.dims.len() {
+            let (Some(name), Some(b)) = (t.dim_name(axis), t.bounds(axis)) else {
+                continue;
+            };
+            match seen.iter().find(|(n, _, _)| *n == name) {
+                Some((_, other, ob)) if ob.0.max(b.0) > ob.1.min(b.1) => p.push(format!(
+                    "inputs {other:?} and {:?} share dimension {name:?} but their bounds {}..={} and {}..={} do not overlap",
+                    t.name, ob.0, ob.1, b.0, b.1
+                )),
+                Some(_) => {}
+                None => seen.push((name, &t.name, b)),
+            }
+        }
     }
 }
 
@@ -521,7 +768,7 @@ path = "mlp.onnx"
                 .replace("instances = 1", "instances = 0"),
             Err(&[
                 "inputs[0] (\"input\"): dims must start with the batch dimension -1",
-                "inputs[0] (\"input\"): dims after the batch dimension must be fixed and positive, got [4, 0]",
+                "inputs[0] (\"input\"): dims after the batch dimension must be -1 (variable) or in 1..=16777216, got [4, 0]",
                 "batching.preferred_batch_sizes: 0 is outside 1..=32",
                 "batching.preferred_batch_sizes: 64 is outside 1..=32",
                 "batching.instances must be at least 1",
@@ -574,6 +821,123 @@ path = "mlp.onnx"
         assert_eq!(
             RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
             cfg
+        );
+    }
+
+    const TEXT: &str = r#"
+[model]
+name = "minilm"
+
+[[inputs]]
+name = "input_ids"
+datatype = "INT64"
+dims = [-1, -1]
+profile = { min = [1], opt = [128], max = [512] }
+dim_names = ["sequence"]
+
+[[inputs]]
+name = "attention_mask"
+datatype = "INT64"
+dims = [-1, -1]
+profile = { min = [1], opt = [128], max = [512] }
+dim_names = ["sequence"]
+
+[[outputs]]
+name = "embedding"
+datatype = "FP32"
+dims = [-1, 384]
+
+[batching]
+max_batch_size = 128
+
+[engine]
+kind = "tract-onnx"
+path = "minilm.onnx"
+"#;
+
+    #[test]
+    fn variable_dims() {
+        let cfg = RuntimeConfig::from_toml_str(TEXT).unwrap();
+        let ids = &cfg.inputs[0];
+        assert!(ids.is_variable());
+        assert_eq!(ids.row_dims(), vec![512]);
+        assert_eq!(ids.opt_row_dims(), vec![128]);
+        assert_eq!(ids.min_row_dims(), vec![1]);
+        assert_eq!(ids.bounds(1), Some((1, 512)));
+        assert_eq!(ids.dim_name(1), Some("sequence"));
+        assert_eq!(ids.max_row_bytes(), Some(512 * 8));
+        assert_eq!(
+            RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
+            cfg
+        );
+        check(
+            &TEXT.replacen("profile = { min = [1], opt = [128], max = [512] }\n", "", 1),
+            Err(&["inputs[0] (\"input_ids\"): dims [-1, -1] are variable after the batch dimension: a profile (min, opt, max) is required"]),
+        );
+        check(
+            &TEXT.replacen("min = [1], opt = [128]", "min = [200], opt = [128]", 1),
+            Err(&["inputs[0] (\"input_ids\"): profile of dimension 1 must have 1 <= min <= opt <= max <= 16777216, got 200, 128, 512"]),
+        );
+        check(
+            &TEXT.replacen("opt = [128], max = [512]", "opt = [128, 1], max = [512]", 1),
+            Err(&["inputs[0] (\"input_ids\"): profile.opt has 2 sizes, the dims after the batch dimension are 1"]),
+        );
+        check(
+            &TEXT.replace("dims = [-1, 384]", "dims = [-1, 384]\nprofile = { min = [1], opt = [1], max = [1] }"),
+            Err(&["outputs[0] (\"embedding\"): a profile is only for inputs with variable (-1) dims after the batch dimension"]),
+        );
+        let disjoint = TEXT.replacen(
+            "min = [1], opt = [128], max = [512]",
+            "min = [600], opt = [600], max = [700]",
+            1,
+        );
+        check(
+            &disjoint,
+            Err(&["inputs \"input_ids\" and \"attention_mask\" share dimension \"sequence\" but their bounds 600..=700 and 1..=512 do not overlap"]),
+        );
+        // An output's variable dimension needs no profile.
+        check(
+            &TEXT.replace("dims = [-1, 384]", "dims = [-1, -1, 384]"),
+            Ok(()),
+        );
+    }
+
+    /// Bounds the server can honour: each hostile value is refused with its key.
+    #[test]
+    fn hostile_bounds() {
+        check(
+            &MLP.replace("max_batch_size = 32", "max_batch_size = 1000000000")
+                .replace("preferred_batch_sizes = [8, 16, 32]", ""),
+            Err(&[
+                "batching.max_batch_size 1000000000 is more than 65536",
+                "batching.instances 1 x max_batch_size 1000000000 x 296 bytes per input and output row (largest shapes) = 296000000000 bytes, more than server.memory_budget_bytes 4294967296",
+            ]),
+        );
+        check(
+            &MLP.replace("[-1, 64]", "[-1, 3, 224, 224000]"),
+            Err(&[
+                "one row of the inputs at their largest shape is 602112000 bytes, more than server.max_body_bytes 67108864: no request could carry it",
+                "batching.instances 1 x max_batch_size 32 x 602112040 bytes per input and output row (largest shapes) = 19267585280 bytes, more than server.memory_budget_bytes 4294967296",
+            ]),
+        );
+        check(
+            &MLP.replace("instances = 1", "instances = 1000000"),
+            Err(&[
+                "batching.instances 1000000 is more than 256",
+                "batching.instances 1000000 x max_batch_size 32 x 296 bytes per input and output row (largest shapes) = 9472000000 bytes, more than server.memory_budget_bytes 4294967296",
+            ]),
+        );
+        check(
+            &(MLP.replace("max_queue_delay_us = 500", "max_queue_delay_us = 9223372036854775807")
+                .replace("default_timeout_ms = 1000", "default_timeout_ms = 9000000000")
+                + "[server]\ndrain_delay_s = 100000\nexit_timeout_s = 3601\nmax_body_bytes = 2147483648\n"),
+            Err(&[
+                "batching.max_queue_delay_us 9223372036854775807 is more than 10000000 (10 s)",
+                "batching.default_timeout_ms 9000000000 is more than 3600000 (1 h)",
+                "server.max_body_bytes 2147483648 is more than 1073741824 (1 GiB)",
+                "server.drain_delay_s 100000 is more than 3600 (1 h)",
+                "server.exit_timeout_s 3601 is more than 3600 (1 h)",
+            ]),
         );
     }
 

@@ -1,22 +1,103 @@
 //! The CPU backend: an ONNX model, or the NNEF archive `infer-build engine` writes from it
 //! (already decluttered, with its input facts: it loads faster), run by tract (pure Rust).
 //!
-//! The model is loaded and optimised once, with a symbolic batch dimension `N` and the fixed
-//! non-batch dimensions from `runtime.toml` (tract cannot optimise symbolic sequence lengths on
-//! BERT-style graphs, so text models use fixed sequence buckets). Every instance shares the
-//! optimised plan and keeps its own execution state.
+//! A model whose non-batch dimensions are fixed is loaded and optimised once, with a symbolic
+//! batch dimension `N`; every instance shares that plan and keeps its own execution state.
+//!
+//! A model with variable non-batch dimensions (`-1` with a profile in `runtime.toml`) keeps
+//! its parsed ONNX graph and gets one plan per concrete non-batch shape, optimised the first
+//! time that shape runs (warm-up runs the profile's `opt`, `min` and `max`): tract optimises
+//! concrete shapes far better than symbolic ones and cannot optimise symbolic sequence lengths
+//! on BERT-style graphs at all. At most [`MAX_PLANS`] plans are kept (least recently used goes
+//! first), and each instance keeps the execution states of its last [`MAX_STATES`] shapes, so
+//! memory stays bounded whatever shapes clients send; clients that bucket or pad their
+//! inputs to a few sizes never wait for an optimisation after warm-up.
 
 use super::{Backend, Engine};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tract_onnx::prelude::*;
 
+/// The most per-shape plans a variable-shape model keeps.
+pub const MAX_PLANS: usize = 16;
+/// The most per-shape execution states one instance keeps.
+pub const MAX_STATES: usize = 4;
+
+/// The non-batch dimensions of every input: what a per-shape plan is for.
+type ShapeKey = Vec<Vec<usize>>;
+
 pub struct TractEngine {
-    plan: Arc<TypedSimplePlan>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
     outputs: Vec<DataType>,
+    inputs: Vec<DatumType>,
+    /// The one plan of a fixed-shape model.
+    fixed: Option<Arc<TypedSimplePlan>>,
+    /// The parsed graph of a variable-shape model, and its plans by shape, most recent last.
+    template: Option<InferenceModel>,
+    plans: Mutex<Vec<(ShapeKey, Arc<TypedSimplePlan>)>>,
+}
+
+impl Inner {
+    /// The plan for a batch with these non-batch dims: the fixed plan, a cached one, or a new
+    /// one optimised now (outside the lock, so other instances keep running).
+    fn plan(&self, key: &ShapeKey) -> Result<Arc<TypedSimplePlan>, String> {
+        if let Some(p) = &self.fixed {
+            return Ok(p.clone());
+        }
+        let Some(template) = &self.template else {
+            return Err("the engine has no plan".to_owned());
+        };
+        {
+            let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = plans.iter().position(|(k, _)| k == key) {
+                let entry = plans.remove(i);
+                let plan = entry.1.clone();
+                plans.push(entry);
+                return Ok(plan);
+            }
+        }
+        let ctx = |e: TractError| {
+            format!(
+                "optimising {} for shape {key:?}: {e:#}",
+                self.path.display()
+            )
+        };
+        let mut model = template.clone();
+        let n = model.sym("N");
+        for (i, (dims, &dt)) in key.iter().zip(&self.inputs).enumerate() {
+            let mut shape: TVec<TDim> = tvec![n.clone().into()];
+            shape.extend(dims.iter().map(|&d| TDim::from(d)));
+            model = model
+                .with_input_fact(i, InferenceFact::dt_shape(dt, shape))
+                .map_err(ctx)?;
+        }
+        // The ONNX file's output facts may name symbols the concrete inputs now fix: let
+        // tract infer them.
+        for i in 0..model.outputs.len() {
+            model = model
+                .with_output_fact(i, InferenceFact::default())
+                .map_err(ctx)?;
+        }
+        let plan = model
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+            .map_err(ctx)?;
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if !plans.iter().any(|(k, _)| k == key) {
+            if plans.len() >= MAX_PLANS {
+                plans.remove(0);
+            }
+            plans.push((key.clone(), plan.clone()));
+        }
+        Ok(plan)
+    }
 }
 
 fn datum(dt: DataType) -> Result<DatumType, String> {
@@ -45,15 +126,41 @@ impl TractEngine {
     pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
         let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
         let mut model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
+        let inputs = cfg
+            .inputs
+            .iter()
+            .map(|s| datum(s.datatype))
+            .collect::<Result<Vec<_>, _>>()?;
+        if cfg.inputs.iter().any(|s| s.is_variable()) {
+            if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
+                return Err(count_mismatch(
+                    cfg,
+                    path,
+                    model.inputs.len(),
+                    model.outputs.len(),
+                ));
+            }
+            let engine = TractEngine {
+                inner: Arc::new(Inner {
+                    path: path.to_owned(),
+                    outputs: outputs(cfg)?,
+                    inputs,
+                    fixed: None,
+                    template: Some(model),
+                    plans: Mutex::new(Vec::new()),
+                }),
+            };
+            // Optimise the profile's `opt` shape now: a graph tract cannot run fails at start.
+            let opt: ShapeKey = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
+            engine.inner.plan(&opt)?;
+            return Ok(engine);
+        }
         let n = model.sym("N");
         for (i, spec) in cfg.inputs.iter().enumerate() {
             let mut dims: TVec<TDim> = tvec![n.clone().into()];
             dims.extend(spec.row_dims().into_iter().map(TDim::from));
-            let fact = InferenceFact::dt_shape(datum(spec.datatype)?, dims);
+            let fact = InferenceFact::dt_shape(inputs[i], dims);
             model = model.with_input_fact(i, fact).map_err(ctx)?;
-        }
-        for o in &cfg.outputs {
-            datum(o.datatype)?;
         }
         let model = model.into_optimized().map_err(ctx)?;
         Self::from_optimized(cfg, path, model)
@@ -61,8 +168,17 @@ impl TractEngine {
 
     /// Load `model.nnef.tar` as written by `infer-build engine` (the builder's
     /// `engine::tract::nnef()`: tract core, resource and ONNX extensions; both sides must agree).
+    /// The builder writes NNEF only for models whose non-batch dimensions are fixed.
     pub fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
         use tract_nnef::framework::Nnef;
+        if let Some(s) = cfg.inputs.iter().find(|s| s.is_variable()) {
+            return Err(format!(
+                "{}: input {:?} has variable dims {:?}; a tract-nnef engine needs fixed ones (ship the ONNX model as tract-onnx)",
+                path.display(),
+                s.name,
+                s.dims
+            ));
+        }
         let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
         let file =
             std::fs::File::open(path).map_err(|e| format!("loading {}: {e}", path.display()))?;
@@ -81,39 +197,96 @@ impl TractEngine {
         model: TypedModel,
     ) -> Result<TractEngine, String> {
         let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
-        let outputs = cfg
-            .outputs
-            .iter()
-            .map(|o| datum(o.datatype).map(|_| o.datatype))
-            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = outputs(cfg)?;
         if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
-            return Err(format!(
-                "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",
-                path.display(),
+            return Err(count_mismatch(
+                cfg,
+                path,
                 model.inputs.len(),
                 model.outputs.len(),
-                cfg.inputs.len(),
-                cfg.outputs.len()
             ));
         }
+        let inputs = cfg
+            .inputs
+            .iter()
+            .map(|s| datum(s.datatype))
+            .collect::<Result<Vec<_>, _>>()?;
         let plan = model.into_runnable().map_err(ctx)?;
-        Ok(TractEngine { plan, outputs })
+        Ok(TractEngine {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                outputs,
+                inputs,
+                fixed: Some(plan),
+                template: None,
+                plans: Mutex::new(Vec::new()),
+            }),
+        })
     }
+
+    /// How many per-shape plans are cached (0 for a fixed-shape model).
+    pub fn cached_plans(&self) -> usize {
+        self.inner.plans.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+fn outputs(cfg: &RuntimeConfig) -> Result<Vec<DataType>, String> {
+    cfg.outputs
+        .iter()
+        .map(|o| datum(o.datatype).map(|_| o.datatype))
+        .collect()
+}
+
+fn count_mismatch(cfg: &RuntimeConfig, path: &Path, inputs: usize, outputs: usize) -> String {
+    format!(
+        "{}: the model has {inputs} inputs and {outputs} outputs, runtime.toml lists {} and {}",
+        path.display(),
+        cfg.inputs.len(),
+        cfg.outputs.len()
+    )
 }
 
 impl Engine for TractEngine {
     fn instance(&self) -> Result<Box<dyn Backend>, String> {
-        let state = TypedSimpleState::new(&self.plan).map_err(|e| format!("{e:#}"))?;
         Ok(Box::new(TractBackend {
-            state,
-            outputs: self.outputs.clone(),
+            inner: self.inner.clone(),
+            states: Vec::new(),
         }))
     }
 }
 
 struct TractBackend {
-    state: TypedSimpleState,
-    outputs: Vec<DataType>,
+    inner: Arc<Inner>,
+    /// Execution states by shape, most recent last (one entry for a fixed-shape model).
+    states: Vec<(ShapeKey, TypedSimpleState)>,
+}
+
+impl TractBackend {
+    fn state(&mut self, key: ShapeKey) -> Result<&mut TypedSimpleState, String> {
+        let key = if self.inner.fixed.is_some() {
+            Vec::new()
+        } else {
+            key
+        };
+        match self.states.iter().position(|(k, _)| *k == key) {
+            Some(i) => {
+                let entry = self.states.remove(i);
+                self.states.push(entry);
+            }
+            None => {
+                let plan = self.inner.plan(&key)?;
+                let state = TypedSimpleState::new(&plan).map_err(|e| format!("{e:#}"))?;
+                if self.states.len() >= MAX_STATES {
+                    self.states.remove(0);
+                }
+                self.states.push((key, state));
+            }
+        }
+        match self.states.last_mut() {
+            Some((_, state)) => Ok(state),
+            None => Err("no execution state".to_owned()),
+        }
+    }
 }
 
 /// Little-endian bytes to a tract tensor, without `unsafe`: decode element by element.
@@ -170,9 +343,14 @@ impl Backend for TractBackend {
             .iter()
             .map(to_tract)
             .collect::<Result<TVec<_>, _>>()?;
-        let outs = self.state.run(values).map_err(|e| format!("{e:#}"))?;
+        let key: ShapeKey = inputs
+            .iter()
+            .map(|t| t.shape.get(1..).unwrap_or_default().to_vec())
+            .collect();
+        let outputs = self.inner.outputs.clone();
+        let outs = self.state(key)?.run(values).map_err(|e| format!("{e:#}"))?;
         outs.iter()
-            .zip(&self.outputs)
+            .zip(&outputs)
             .map(|(o, &dtype)| {
                 let want = datum(dtype)?;
                 let o = if o.datum_type() == want {

@@ -1,0 +1,123 @@
+"""Real pretrained models from packages on the Python registry, for the variable-shape tests.
+
+usage:
+  real_models.py fetch CACHE_DIR
+      Downloads the pinned wheels into CACHE_DIR (once; later runs reuse them), extracts their
+      ONNX models and prints one JSON object {model name: path}.
+  real_models.py check URL MODEL ONNX CASES_JSON
+      Sends every case of CASES_JSON (a list of {"input": name, "shape": [..]}) to the running
+      server through tritonclient, all at once from one thread per case (so different shapes
+      are in flight together), and compares each answer with onnxruntime on the same input.
+      Prints one JSON summary line; exits non-zero on the first mismatch.
+"""
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+# name -> (wheel requirement, path of the model inside the wheel)
+MODELS = {
+    # PaddleOCR v4 text detection (DBNet): [N, 3, H, W] -> [N, 1, H, W]
+    "ocr-det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    # PaddleOCR v4 text recognition (SVTR-LCNet, CTC): [N, 3, 48, W] -> [N, W/8, 6625]
+    "ocr-rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    # PaddleOCR text direction classifier (MobileNetV3): [N, 3, 48, 192] -> [N, 2]
+    "ocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+}
+
+# sha256 of the pinned wheels, checked after download.
+SHA256 = {
+    "rapidocr_onnxruntime-1.4.4-py3-none-any.whl": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+}
+
+
+def sha256(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(cache):
+    os.makedirs(cache, exist_ok=True)
+    out = {}
+    for name, (req, member) in MODELS.items():
+        dest = os.path.join(cache, name + ".onnx")
+        if not os.path.exists(dest):
+            wheel = req.split("==")[0].replace("-", "_") + "-" + req.split("==")[1] + "-py3-none-any.whl"
+            wpath = os.path.join(cache, wheel)
+            if not os.path.exists(wpath):
+                subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", cache, req],
+                    check=True,
+                )
+            digest = sha256(wpath)
+            if SHA256.get(wheel) not in (None, digest):
+                sys.exit(f"{wpath}: sha256 {digest}, expected {SHA256[wheel]}")
+            with zipfile.ZipFile(wpath) as z, open(dest + ".part", "wb") as f:
+                f.write(z.read(member))
+            os.replace(dest + ".part", dest)
+        out[name] = dest
+        # The same graph after onnxruntime's basic (semantics-preserving) optimisation, which
+        # folds the shape computations tract cannot translate in some Paddle exports.
+        folded = os.path.join(cache, name + ".folded.onnx")
+        if not os.path.exists(folded):
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            opts.optimized_model_filepath = folded + ".part.onnx"
+            ort.InferenceSession(dest, opts, providers=["CPUExecutionProvider"])
+            os.replace(folded + ".part.onnx", folded)
+        out[name + ".folded"] = folded
+    print(json.dumps(out))
+
+
+def check(url, model, onnx_path, cases):
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.http as httpclient
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+    out_names = [o.name for o in sess.get_outputs()]
+    meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
+
+    def one(i, case):
+        rng = np.random.default_rng(100 + i)
+        x = rng.random(case["shape"], dtype=np.float32) * 2.0 - 1.0
+        want = sess.run(None, {case["input"]: x})
+        c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
+        inp = httpclient.InferInput(case["input"], list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        res = c.infer(model, [inp], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names])
+        worst = 0.0
+        for n, w in zip(out_names, want):
+            got = res.as_numpy(n)
+            if got is None or got.shape != w.shape:
+                raise AssertionError(f"{model} case {case}: output {n} shape {None if got is None else got.shape}, onnxruntime {w.shape}")
+            worst = max(worst, float(np.abs(got - w).max()))
+        return worst
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        diffs = list(pool.map(lambda ic: one(*ic), enumerate(cases)))
+    tol = 1e-3
+    for case, d in zip(cases, diffs):
+        if not d <= tol:
+            sys.exit(f"{model} case {case}: max |diff| {d} > {tol}")
+    print(json.dumps({"ok": True, "model": model, "cases": len(cases), "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fetch":
+        fetch(sys.argv[2])
+    elif sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
+    else:
+        sys.exit(__doc__)

@@ -320,7 +320,8 @@ fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, 
     })
 }
 
-fn check_shape(
+/// Checks a request's shape against the input's spec; shared by the HTTP and gRPC decoders.
+pub(crate) fn check_shape(
     cfg: &RuntimeConfig,
     spec: &infer_spec::TensorSpec,
     shape: &[u64],
@@ -359,8 +360,8 @@ fn check_shape(
 }
 
 /// Checks binary tensor bytes: exact size for fixed-size types, 0/1 for `BOOL`, well-formed
-/// length prefixes and the element count for `BYTES`.
-fn check_binary(dtype: DataType, elements: usize, data: &[u8]) -> Result<(), String> {
+/// length prefixes and the element count for `BYTES`. Shared by the HTTP and gRPC decoders.
+pub(crate) fn check_binary(dtype: DataType, elements: usize, data: &[u8]) -> Result<(), String> {
     match dtype.size() {
         Some(size) => {
             let want = elements * size;

@@ -4,7 +4,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["proto/grpc_service.proto", "proto/health.proto"];
-    for f in ["proto/grpc_service.proto", "proto/model_config.proto", "proto/health.proto"] {
+    for f in [
+        "proto/grpc_service.proto",
+        "proto/model_config.proto",
+        "proto/health.proto",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     let descriptors = protox::compile(files, ["proto"])?;

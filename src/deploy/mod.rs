@@ -961,7 +961,10 @@ mod tests {
         let g = render(&s).unwrap();
         let ready = g.split("readinessProbe:").nth(1).unwrap();
         let ready = ready.split("livenessProbe:").next().unwrap();
-        assert!(ready.contains("grpc:") && ready.contains("port: 8001"), "{ready}");
+        assert!(
+            ready.contains("grpc:") && ready.contains("port: 8001"),
+            "{ready}"
+        );
         assert!(!ready.contains("httpGet"), "{ready}");
         // The startup and liveness probes stay on HTTP.
         assert!(g.contains("path: \"/v2/health/live\""), "{g}");

@@ -387,7 +387,10 @@ fn py_serve_grpc_tritonclient_matches_onnxruntime() {
 /// connection after that.
 #[test]
 fn py_serve_grpc_drain_loses_no_call() {
-    let Some(py) = have_python("py_serve_grpc_drain_loses_no_call", "tritonclient.grpc, grpc, numpy") else {
+    let Some(py) = have_python(
+        "py_serve_grpc_drain_loses_no_call",
+        "tritonclient.grpc, grpc, numpy",
+    ) else {
         return;
     };
     let mut s = Server::ready(&synthetic(20, 8, 0, 1));
@@ -426,7 +429,9 @@ fn keep_alive_request(s: &mut TcpStream, addr: &str, body: &[u8]) -> std::io::Re
     let mut r = BufReader::new(&mut *s);
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
-        return Err(std::io::Error::other("connection closed before the response"));
+        return Err(std::io::Error::other(
+            "connection closed before the response",
+        ));
     }
     let status = line
         .split(' ')
@@ -527,8 +532,14 @@ fn serve_sigterm_moves_keep_alive_clients_without_failures() {
     }
     assert_eq!(code, Some(0));
     assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
-    assert!(reused > 100, "connections were not kept alive: {reused} reuses of {ok}");
-    assert!(closes >= 16, "only {closes} responses said Connection: close");
+    assert!(
+        reused > 100,
+        "connections were not kept alive: {reused} reuses of {ok}"
+    );
+    assert!(
+        closes >= 16,
+        "only {closes} responses said Connection: close"
+    );
 }
 
 /// The CPU engine `infer-build engine` writes (tract NNEF decluttered from the ONNX, or the

@@ -218,7 +218,11 @@ mod tests {
         check(&[], &[("INFER_GRPC_PORT", "9001")], grpc(Some(9001)));
         check(&[], &[("INFER_GRPC_PORT", "0")], grpc(Some(0)));
         check(&["--grpc-port", "0"], &[], grpc(Some(0)));
-        check(&["--grpc-port=7"], &[("INFER_GRPC_PORT", "0")], grpc(Some(7)));
+        check(
+            &["--grpc-port=7"],
+            &[("INFER_GRPC_PORT", "0")],
+            grpc(Some(7)),
+        );
         check(
             &["--grpc-port", "x"],
             &[],

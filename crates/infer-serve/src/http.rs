@@ -495,6 +495,7 @@ pub async fn serve(
     let service_app = app.clone();
     accept_loop(
         &app,
+        "http",
         listener,
         stop,
         exit_timeout,
@@ -536,14 +537,12 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
 /// finish. Returns true when they all did.
 pub(crate) async fn accept_loop<C, E>(
     app: &App,
+    protocol: &'static str,
     listener: tokio::net::TcpListener,
     mut stop: tokio::sync::watch::Receiver<bool>,
     exit_timeout: Duration,
     wind_down: WindDown,
-    mut serve: impl FnMut(
-        hyper_util::rt::TokioIo<tokio::net::TcpStream>,
-        Arc<tokio::sync::Notify>,
-    ) -> C,
+    mut serve: impl FnMut(hyper_util::rt::TokioIo<tokio::net::TcpStream>, Arc<tokio::sync::Notify>) -> C,
 ) -> bool
 where
     C: hyper_util::server::graceful::GracefulConnection<Error = E> + Send + 'static,
@@ -600,8 +599,7 @@ where
         }
     }
     // Connections the kernel completed before the listener closes would be reset with it.
-    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await
-    {
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
         spawn(stream);
     }
     drop(listener);
@@ -609,6 +607,7 @@ where
     log::info(
         "stopped accepting connections; finishing in-flight requests",
         &[
+            ("protocol", json!(protocol)),
             ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
             ("exit_timeout_s", json!(exit_timeout.as_secs_f64())),
         ],

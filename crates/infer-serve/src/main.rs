@@ -131,14 +131,8 @@ fn main() {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     rt.spawn(lifecycle(app.clone(), stop_tx));
     let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
-    let grpc_server = grpc_listener.map(|l| {
-        rt.spawn(grpc::serve(
-            app.clone(),
-            l,
-            stop_rx.clone(),
-            exit_timeout,
-        ))
-    });
+    let grpc_server =
+        grpc_listener.map(|l| rt.spawn(grpc::serve(app.clone(), l, stop_rx.clone(), exit_timeout)));
     let server = rt.spawn(http::serve(app.clone(), listener, stop_rx, exit_timeout));
 
     // The engine's compatibility tuple, when the image carries one: refuse to start on a node

@@ -92,7 +92,10 @@ pub fn decode_infer(cfg: &RuntimeConfig, msg: Bytes) -> Result<InferRequest, Api
     infer_request(cfg, req)
 }
 
-fn infer_request(cfg: &RuntimeConfig, req: pb::ModelInferRequest) -> Result<InferRequest, ApiError> {
+fn infer_request(
+    cfg: &RuntimeConfig,
+    req: pb::ModelInferRequest,
+) -> Result<InferRequest, ApiError> {
     let pb::ModelInferRequest {
         model_name,
         model_version,
@@ -159,12 +162,12 @@ fn infer_request(cfg: &RuntimeConfig, req: pb::ModelInferRequest) -> Result<Infe
             })?;
         let shape = v2::check_shape(cfg, spec, &dims).map_err(|m| bad(format!("{at}{m}")))?;
         let elements: usize = shape.iter().product();
-        let contents = input.contents.filter(|c| *c != pb::InferTensorContents::default());
+        let contents = input
+            .contents
+            .filter(|c| *c != pb::InferTensorContents::default());
         let data = match (raw.get(i), contents) {
             (Some(_), Some(_)) => {
-                return Err(bad(format!(
-                    "{at}has both contents and raw_input_contents"
-                )))
+                return Err(bad(format!("{at}has both contents and raw_input_contents")))
             }
             (None, None) => {
                 return Err(bad(format!(
@@ -288,7 +291,8 @@ fn contents_bytes(
             "contents has {n} elements but shape {shape:?} needs {elements}"
         ));
     }
-    let range = |v: &dyn std::fmt::Display| format!("contents value {v} is out of range for {dtype}");
+    let range =
+        |v: &dyn std::fmt::Display| format!("contents value {v} is out of range for {dtype}");
     let mut out = Vec::with_capacity(elements * dtype.size().unwrap_or(8));
     macro_rules! narrow {
         ($list:expr, $t:ty) => {
@@ -302,13 +306,25 @@ fn contents_bytes(
         DataType::I8 => narrow!(c.int_contents, i8),
         DataType::I16 => narrow!(c.int_contents, i16),
         DataType::I32 => narrow!(c.int_contents, i32),
-        DataType::I64 => c.int64_contents.iter().for_each(|v| out.extend(v.to_le_bytes())),
+        DataType::I64 => c
+            .int64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
         DataType::U8 => narrow!(c.uint_contents, u8),
         DataType::U16 => narrow!(c.uint_contents, u16),
         DataType::U32 => narrow!(c.uint_contents, u32),
-        DataType::U64 => c.uint64_contents.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        DataType::F32 => c.fp32_contents.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        DataType::F64 => c.fp64_contents.iter().for_each(|v| out.extend(v.to_le_bytes())),
+        DataType::U64 => c
+            .uint64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DataType::F32 => c
+            .fp32_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DataType::F64 => c
+            .fp64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
         DataType::Bytes => {
             for b in &c.bytes_contents {
                 let len = u32::try_from(b.len())
@@ -424,9 +440,16 @@ path = "m.onnx"
         let n = rows as usize * 2;
         pb::ModelInferRequest {
             model_name: "m".into(),
-            inputs: vec![input("x", "FP32", &[rows, 2]), input("ids", "INT8", &[rows, 2])],
+            inputs: vec![
+                input("x", "FP32", &[rows, 2]),
+                input("ids", "INT8", &[rows, 2]),
+            ],
             raw_input_contents: vec![
-                Bytes::from((0..n).flat_map(|i| (i as f32 + 0.5).to_le_bytes()).collect::<Vec<_>>()),
+                Bytes::from(
+                    (0..n)
+                        .flat_map(|i| (i as f32 + 0.5).to_le_bytes())
+                        .collect::<Vec<_>>(),
+                ),
                 Bytes::from((0..n as i8).map(|i| (-i) as u8).collect::<Vec<_>>()),
             ],
             ..Default::default()
@@ -451,7 +474,10 @@ path = "m.onnx"
         assert_eq!(a.id.as_deref(), Some("r1"));
         assert_eq!(b.id, None);
         assert_eq!(a.inputs[0].shape, [3, 2]);
-        assert_eq!(&a.inputs[0].data[..8], [0.5f32, 1.5].map(f32::to_le_bytes).concat());
+        assert_eq!(
+            &a.inputs[0].data[..8],
+            [0.5f32, 1.5].map(f32::to_le_bytes).concat()
+        );
         assert_eq!(a.inputs[1].data[..], [0u8, 255, 254, 253, 252, 251]);
         assert_eq!(a.outputs.len(), 2);
         assert!(a.outputs.iter().all(|o| o.binary));
@@ -470,52 +496,87 @@ path = "m.onnx"
         );
         let mut r = raw(1);
         r.raw_input_contents[0].truncate(4);
-        bad_msg(r, "input \"x\": raw_input_contents: binary data has 4 bytes but 2 FP32 elements need 8");
+        bad_msg(
+            r,
+            "input \"x\": raw_input_contents: binary data has 4 bytes but 2 FP32 elements need 8",
+        );
         let mut r = raw(1);
         r.raw_input_contents.pop();
         bad_msg(r, "raw_input_contents has 1 entries but the request has 2 inputs (one each, in the inputs' order)");
         let mut r = typed(1);
         r.inputs[0].name = "w".into();
-        bad_msg(r, "unknown input \"w\" (the model's inputs are [\"x\", \"ids\"])");
+        bad_msg(
+            r,
+            "unknown input \"w\" (the model's inputs are [\"x\", \"ids\"])",
+        );
         let mut r = typed(1);
         r.inputs.pop();
         bad_msg(r, "missing input \"x\"");
         let mut r = typed(1);
         r.inputs[1].shape = vec![1, 3];
-        bad_msg(r, "input \"x\": shape [1, 3] does not match the model's [-1, 2]");
+        bad_msg(
+            r,
+            "input \"x\": shape [1, 3] does not match the model's [-1, 2]",
+        );
         let mut r = typed(1);
         r.inputs[1].shape = vec![-1, 2];
         bad_msg(r, "input \"x\": shape [-1, 2] has a negative dimension");
         let mut r = typed(5);
         r.inputs[1].shape = vec![5, 2];
-        bad_msg(r, "input \"ids\": shape [5, 2] has 5 rows, more than max_batch_size 4");
+        bad_msg(
+            r,
+            "input \"ids\": shape [5, 2] has 5 rows, more than max_batch_size 4",
+        );
         let mut r = typed(1);
         r.inputs[0].contents.as_mut().unwrap().int_contents[1] = 300;
-        bad_msg(r, "input \"ids\": contents value 300 is out of range for INT8");
+        bad_msg(
+            r,
+            "input \"ids\": contents value 300 is out of range for INT8",
+        );
         let mut r = typed(1);
-        r.inputs[1].contents.as_mut().unwrap().fp32_contents.push(1.0);
-        bad_msg(r, "input \"x\": contents has 3 elements but shape [1, 2] needs 2");
+        r.inputs[1]
+            .contents
+            .as_mut()
+            .unwrap()
+            .fp32_contents
+            .push(1.0);
+        bad_msg(
+            r,
+            "input \"x\": contents has 3 elements but shape [1, 2] needs 2",
+        );
         let mut r = typed(1);
         r.inputs[1].contents = Some(pb::InferTensorContents {
             fp64_contents: vec![1.0, 2.0],
             ..Default::default()
         });
-        bad_msg(r, "input \"x\": contents has fp64_contents, but a FP32 input takes fp32_contents");
+        bad_msg(
+            r,
+            "input \"x\": contents has fp64_contents, but a FP32 input takes fp32_contents",
+        );
         let mut r = typed(1);
         r.inputs[1].contents = None;
-        bad_msg(r, "input \"x\": has neither contents nor raw_input_contents");
+        bad_msg(
+            r,
+            "input \"x\": has neither contents nor raw_input_contents",
+        );
         let mut r = raw(1);
         r.inputs[0].contents = typed(1).inputs[1].contents.clone();
         bad_msg(r, "input \"x\": has both contents and raw_input_contents");
         let mut r = typed(1);
         r.inputs[1].datatype = "INT32".into();
-        bad_msg(r, "input \"x\": datatype INT32 does not match the model's FP32");
+        bad_msg(
+            r,
+            "input \"x\": datatype INT32 does not match the model's FP32",
+        );
         let mut r = typed(1);
         r.outputs = vec![InferRequestedOutputTensor {
             name: "q".into(),
             ..Default::default()
         }];
-        bad_msg(r, "unknown output \"q\" (the model's outputs are [\"y\", \"z\"])");
+        bad_msg(
+            r,
+            "unknown output \"q\" (the model's outputs are [\"y\", \"z\"])",
+        );
         let mut r = typed(1);
         r.parameters.insert(
             "timeout".into(),
@@ -523,7 +584,10 @@ path = "m.onnx"
                 parameter_choice: Some(ParameterChoice::StringParam("soon".into())),
             },
         );
-        bad_msg(r, "parameter \"timeout\" must be a non-negative integer (µs), got StringParam(\"soon\")");
+        bad_msg(
+            r,
+            "parameter \"timeout\" must be a non-negative integer (µs), got StringParam(\"soon\")",
+        );
         assert!(matches!(
             decode_infer(&cfg(), Bytes::from_static(b"\x0a\xff\xff")),
             Err(ApiError::BadRequest(m)) if m.starts_with("malformed ModelInferRequest message: ")
@@ -538,7 +602,9 @@ path = "m.onnx"
         assert_eq!(unframe(&framed).unwrap()[..], [8, 1]);
         assert_eq!(
             unframe(&Bytes::from_static(b"\0\0\0")),
-            Err(bad("the request body has 3 bytes, fewer than a gRPC message prefix (5)"))
+            Err(bad(
+                "the request body has 3 bytes, fewer than a gRPC message prefix (5)"
+            ))
         );
         assert_eq!(
             unframe(&Bytes::from_static(b"\0\0\0\0\x03ab")),
@@ -567,13 +633,32 @@ path = "m.onnx"
             &c,
             Some("a"),
             &[
-                (RequestedOutput { index: 1, binary: true }, &z),
-                (RequestedOutput { index: 0, binary: true }, &y),
+                (
+                    RequestedOutput {
+                        index: 1,
+                        binary: true,
+                    },
+                    &z,
+                ),
+                (
+                    RequestedOutput {
+                        index: 0,
+                        binary: true,
+                    },
+                    &y,
+                ),
             ],
         );
         assert_eq!((r.model_name.as_str(), r.id.as_str()), ("m", "a"));
-        let names: Vec<_> = r.outputs.iter().map(|o| (o.name.as_str(), o.datatype.as_str(), o.shape.clone())).collect();
-        assert_eq!(names, [("z", "INT64", vec![1, 1]), ("y", "FP32", vec![1, 2])]);
+        let names: Vec<_> = r
+            .outputs
+            .iter()
+            .map(|o| (o.name.as_str(), o.datatype.as_str(), o.shape.clone()))
+            .collect();
+        assert_eq!(
+            names,
+            [("z", "INT64", vec![1, 1]), ("y", "FP32", vec![1, 2])]
+        );
         assert_eq!(r.raw_output_contents, [z.data, y.data]);
     }
 

@@ -65,6 +65,7 @@ pub async fn serve(
     h2.adaptive_window(true);
     http::accept_loop(
         &app,
+        "grpc",
         listener,
         stop,
         exit_timeout,
@@ -138,11 +139,8 @@ impl Grpc {
                         .iter()
                         .filter_map(|r| answer.outputs.get(r.index).map(|t| (*r, t)))
                         .collect();
-                    let out = codec::frame(&codec::encode_infer(
-                        cfg,
-                        request.id.as_deref(),
-                        &selected,
-                    ));
+                    let out =
+                        codec::frame(&codec::encode_infer(cfg, request.id.as_deref(), &selected));
                     app.metrics
                         .overhead_hist
                         .observe_duration(start.elapsed().saturating_sub(answer.compute));
@@ -238,7 +236,10 @@ async fn read<M: prost::Message + Default>(
     cfg: &infer_spec::RuntimeConfig,
 ) -> Result<M, ApiError> {
     let msg = read_message(body, cfg.server.max_body_bytes).await?;
-    let name = std::any::type_name::<M>().rsplit("::").next().unwrap_or("request");
+    let name = std::any::type_name::<M>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("request");
     codec::decode(msg, name)
 }
 
@@ -351,7 +352,11 @@ fn u64_of(v: &Value, key: &str) -> u64 {
 }
 
 fn list<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
-    v[key].as_array().map(Vec::as_slice).unwrap_or_default().iter()
+    v[key]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
 }
 
 fn server_metadata(v: &Value) -> ipb::ServerMetadataResponse {

@@ -441,6 +441,8 @@ fn start(opts: &SweepOptions, p: Point, dir: &Path) -> Result<(Server, String), 
         .arg(&cfg_path)
         .env("INFER_HOST", "127.0.0.1")
         .env("INFER_PORT", port.to_string())
+        // Tuning measures HTTP; no gRPC port to collide with other servers on this host.
+        .env("INFER_GRPC_PORT", "0")
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

@@ -34,6 +34,10 @@ pub struct DeployArgs {
     /// measured outside the engine profile; overrides the profile.
     #[arg(long, value_name = "SECONDS")]
     pub startup_seconds: Option<f64>,
+    /// Probe readiness with gRPC health (`grpc.health.v1`, port 8001) instead of HTTP
+    /// `/v2/health/ready` (Kubernetes 1.27 or later).
+    #[arg(long)]
+    pub grpc_probe: bool,
     #[command(flatten)]
     pub matrix: MatrixArgs,
 }
@@ -134,7 +138,8 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
                 .find(|p| p.target == t.id)
                 .and_then(from_plan::startup_from_profile),
         };
-        let spec = from_plan::spec(&recipe, t, &found)?;
+        let mut spec = from_plan::spec(&recipe, t, &found)?;
+        spec.grpc_readiness = a.grpc_probe;
         let yaml = deploy::render(&spec)?;
         let path = out.join(format!("{}.yaml", spec.name()));
         // Atomic, and a link planted at the name is replaced, never written through.

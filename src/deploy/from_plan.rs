@@ -153,6 +153,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
         longest_deadline_ms: deadline,
         deadline_assumed: recipe.batching.default_timeout_ms == 0,
         autoscale,
+        grpc_readiness: false,
     })
 }
 

@@ -46,6 +46,8 @@ impl Error {
 
 /// The port `infer-serve` listens on (DESIGN: 8000 by default).
 pub const SERVE_PORT: u16 = 8000;
+/// The port `infer-serve` answers gRPC on (`--grpc-port`; 8001 by default, as Triton).
+pub const GRPC_PORT: u16 = 8001;
 /// Safety factor applied to a measured start-up time for the startupProbe budget.
 pub const DEFAULT_STARTUP_SAFETY: f64 = 3.0;
 /// Start-up budget used when no start-up time has been measured (the field notes' 30 × 10 s).
@@ -128,6 +130,8 @@ pub struct DeploySpec {
     /// True when no deadline is configured and `longest_deadline_ms` is an assumption.
     pub deadline_assumed: bool,
     pub autoscale: Autoscale,
+    /// The readinessProbe asks gRPC health (`grpc.health.v1`) instead of `/v2/health/ready`.
+    pub grpc_readiness: bool,
 }
 
 impl DeploySpec {
@@ -372,6 +376,15 @@ fn http_probe(path: &str, period: u64, threshold: u64, timeout: u64) -> Map {
         .kv("failureThreshold", threshold)
 }
 
+/// A probe on gRPC health (`grpc.health.v1.Health/Check`, service ""), Kubernetes ≥ 1.27.
+fn grpc_probe(period: u64, threshold: u64, timeout: u64) -> Map {
+    Map::new()
+        .kv("grpc", Map::new().kv("port", u32::from(GRPC_PORT)))
+        .kv("periodSeconds", period)
+        .kv("timeoutSeconds", timeout)
+        .kv("failureThreshold", threshold)
+}
+
 fn container_security() -> Node {
     Map::new()
         .kv("allowPrivilegeEscalation", false)
@@ -413,11 +426,18 @@ pub fn deployment(spec: &DeploySpec) -> Node {
         .kv("imagePullPolicy", "IfNotPresent")
         .kv(
             "ports",
-            vec![Map::new()
-                .kv("name", "http")
-                .kv("containerPort", u32::from(SERVE_PORT))
-                .kv("protocol", "TCP")
-                .into()],
+            vec![
+                Map::new()
+                    .kv("name", "http")
+                    .kv("containerPort", u32::from(SERVE_PORT))
+                    .kv("protocol", "TCP")
+                    .into(),
+                Map::new()
+                    .kv("name", "grpc")
+                    .kv("containerPort", u32::from(GRPC_PORT))
+                    .kv("protocol", "TCP")
+                    .into(),
+            ],
         )
         .kv_c(
             &[
@@ -431,9 +451,18 @@ pub fn deployment(spec: &DeploySpec) -> Node {
         )
         .kv_c(&startup.explanation, "startupProbe", http_probe("/v2/health/ready", startup.period_s, startup.failure_threshold, 2))
         .kv_c(
-            &["ready = engine loaded and warm-up done; 503 while draining".to_string()],
+            &[if spec.grpc_readiness {
+                "ready = engine loaded and warm-up done; gRPC health says NOT_SERVING while draining"
+                    .to_string()
+            } else {
+                "ready = engine loaded and warm-up done; 503 while draining".to_string()
+            }],
             "readinessProbe",
-            http_probe("/v2/health/ready", 5, 2, 2),
+            if spec.grpc_readiness {
+                grpc_probe(5, 2, 2)
+            } else {
+                http_probe("/v2/health/ready", 5, 2, 2)
+            },
         )
         .kv_c(
             &["live = the process answers; never depends on the model".to_string()],
@@ -558,12 +587,22 @@ pub fn service(spec: &DeploySpec) -> Node {
                 .kv("selector", selector_labels(spec))
                 .kv(
                     "ports",
-                    vec![Map::new()
-                        .kv("name", "http")
-                        .kv("port", u32::from(SERVE_PORT))
-                        .kv("targetPort", "http")
-                        .kv("protocol", "TCP")
-                        .into()],
+                    vec![
+                        Map::new()
+                            .kv("name", "http")
+                            .kv("port", u32::from(SERVE_PORT))
+                            .kv("targetPort", "http")
+                            .kv("protocol", "TCP")
+                            .into(),
+                        Map::new()
+                            .kv("name", "grpc")
+                            .kv("port", u32::from(GRPC_PORT))
+                            .kv("targetPort", "grpc")
+                            .kv("protocol", "TCP")
+                            // Cleartext HTTP/2, for proxies and meshes that pick a protocol.
+                            .kv("appProtocol", "kubernetes.io/h2c")
+                            .into(),
+                    ],
                 ),
         )
         .into()
@@ -824,6 +863,7 @@ mod tests {
                 metric: "DCGM_FI_DEV_GPU_UTIL".into(),
                 target_percent: 70,
             },
+            grpc_readiness: false,
         }
     }
 
@@ -907,6 +947,27 @@ mod tests {
             lim.starts_with(req.trim_end_matches(' ')) || lim.contains(req.trim()),
             "{req} vs {lim}"
         );
+    }
+
+    #[test]
+    fn grpc_port_is_exposed_and_its_probe_is_an_option() {
+        let a = render(&spec()).unwrap();
+        assert!(a.contains("name: \"grpc\"\n"), "{a}");
+        assert!(a.contains("containerPort: 8001"), "{a}");
+        assert!(a.contains("appProtocol: \"kubernetes.io/h2c\""), "{a}");
+        assert!(!a.contains("grpc:\n"), "{a}");
+        let mut s = spec();
+        s.grpc_readiness = true;
+        let g = render(&s).unwrap();
+        let ready = g.split("readinessProbe:").nth(1).unwrap();
+        let ready = ready.split("livenessProbe:").next().unwrap();
+        assert!(
+            ready.contains("grpc:") && ready.contains("port: 8001"),
+            "{ready}"
+        );
+        assert!(!ready.contains("httpGet"), "{ready}");
+        // The startup and liveness probes stay on HTTP.
+        assert!(g.contains("path: \"/v2/health/live\""), "{g}");
     }
 
     #[test]

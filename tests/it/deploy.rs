@@ -70,6 +70,7 @@ fn spec() -> DeploySpec {
             metric: "DCGM_FI_DEV_GPU_UTIL".into(),
             target_percent: 70,
         },
+        grpc_readiness: false,
     }
 }
 
@@ -101,6 +102,9 @@ fn py_deploy_variants_pass_strict_validation() {
         target_ms: 7.5,
     };
     variants.push(("cpu", s));
+    let mut s = spec();
+    s.grpc_readiness = true;
+    variants.push(("grpc-probe", s));
     let mut paths = Vec::new();
     for (name, s) in &variants {
         let p = dir.path().join(format!("{name}.yaml"));

@@ -1,6 +1,6 @@
-//! `infer-serve` end to end: the real binary on an ephemeral 127.0.0.1 port, driven by a
-//! plain HTTP client written here, by tritonclient (Python) and cross-checked with
-//! onnxruntime.
+//! `infer-serve` end to end: the real binary on ephemeral 127.0.0.1 ports, driven by a
+//! plain HTTP client written here, by tritonclient (Python, HTTP and gRPC) and cross-checked
+//! with onnxruntime.
 //!
 //! The binary belongs to another workspace package, so `CARGO_BIN_EXE_infer-serve` does not
 //! exist here. [`binary`] builds it once per test run with `cargo build -p infer-serve
@@ -97,6 +97,8 @@ fn mlp_config() -> String {
 struct Server {
     child: Child,
     addr: String,
+    /// The gRPC port's address (any free port, as the HTTP one is).
+    grpc_addr: String,
     logs: mpsc::Receiver<String>,
     _dir: tempfile::TempDir,
 }
@@ -123,12 +125,14 @@ impl Server {
         let mut s = Server {
             child,
             addr: String::new(),
+            grpc_addr: String::new(),
             logs,
             _dir: dir,
         };
         let line = s.wait_log("\"listening\"", Duration::from_secs(30));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         s.addr = v["addr"].as_str().unwrap().to_owned();
+        s.grpc_addr = v["grpc_addr"].as_str().unwrap().to_owned();
         s
     }
 
@@ -326,6 +330,216 @@ fn py_serve_tritonclient_matches_onnxruntime() {
         support::stderr(&out)
     );
     assert!(support::stdout(&out).contains("\"ok\": true"));
+}
+
+fn have_python(test: &str, modules: &str) -> Option<PathBuf> {
+    let py = support::python();
+    let have = Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!("skipping {test}: {} lacks {modules}", py.display());
+        return None;
+    }
+    Some(py)
+}
+
+/// tritonclient's gRPC client against the gRPC port: raw and typed tensors agree with
+/// onnxruntime, every RPC answers as the HTTP routes do, bad input gets the right status.
+#[test]
+fn py_serve_grpc_tritonclient_matches_onnxruntime() {
+    let Some(py) = have_python(
+        "py_serve_grpc_tritonclient_matches_onnxruntime",
+        "tritonclient.grpc, grpc, onnxruntime, numpy",
+    ) else {
+        return;
+    };
+    let s = Server::ready(&mlp_config());
+    let out = Command::new(&py)
+        .arg(support::root().join("tests/it/serve_grpc_tritonclient.py"))
+        .arg(&s.grpc_addr)
+        .arg(support::root().join("examples/mlp/mlp.onnx"))
+        .arg("1048576")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        support::stdout(&out),
+        support::stderr(&out)
+    );
+    assert!(support::stdout(&out).contains("\"ok\": true"));
+    // The HTTP side saw the same batcher: its statistics count the gRPC requests.
+    let stats = s.get("/v2/models/mlp/stats").json();
+    assert!(
+        stats["model_stats"][0]["inference_stats"]["success"]["count"]
+            .as_u64()
+            .unwrap()
+            >= 10,
+        "{stats}"
+    );
+}
+
+/// gRPC clients across SIGTERM: their connections get GOAWAY, calls in flight finish, new ones
+/// go on new connections until the listener closes; none fails except by being refused a
+/// connection after that.
+#[test]
+fn py_serve_grpc_drain_loses_no_call() {
+    let Some(py) = have_python(
+        "py_serve_grpc_drain_loses_no_call",
+        "tritonclient.grpc, grpc, numpy",
+    ) else {
+        return;
+    };
+    let mut s = Server::ready(&synthetic(20, 8, 0, 1));
+    let load = Command::new(&py)
+        .arg(support::root().join("tests/it/serve_grpc_load.py"))
+        .arg(&s.grpc_addr)
+        .arg("4")
+        .arg("8")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    s.signal("-TERM");
+    s.wait_log("draining", Duration::from_secs(5));
+    let code = s.wait_exit(Duration::from_secs(15));
+    let out = load.wait_with_output().unwrap();
+    let text = support::stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", support::stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["failed"], serde_json::json!([]), "{v}");
+    assert!(v["ok"].as_u64().unwrap() > 50, "{v}");
+    assert!(v["ok_after_sigterm"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// One HTTP/1.1 request on a kept-alive connection: the status, and whether the server said
+/// `Connection: close`.
+fn keep_alive_request(s: &mut TcpStream, addr: &str, body: &[u8]) -> std::io::Result<(u16, bool)> {
+    let head = format!(
+        "POST /v2/models/syn/infer HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut r = BufReader::new(&mut *s);
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::other(
+            "connection closed before the response",
+        ));
+    }
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let (mut len, mut close) = (0usize, false);
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                close = true;
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok((status, close))
+}
+
+/// Keep-alive HTTP clients across SIGTERM: from the drain on, responses say
+/// `Connection: close`, so each client reconnects instead of sending on a connection that will
+/// close; no request sent on an open connection fails, and after the listener closes the
+/// clients are only refused new connections.
+#[test]
+fn serve_sigterm_moves_keep_alive_clients_without_failures() {
+    let mut s = Server::ready(&synthetic(10, 8, 0, 1));
+    let addr = s.addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..16)
+        .map(|i| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let body = f32_json(1, 4, i as f32);
+                let (mut ok, mut closes, mut reused, mut failed) = (0u32, 0u32, 0u32, Vec::new());
+                let mut conn: Option<(TcpStream, u32)> = None;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (stream, served) = match conn.as_mut() {
+                        Some(c) => c,
+                        None => match TcpStream::connect(&addr) {
+                            Ok(c) => {
+                                c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                                conn.insert((c, 0))
+                            }
+                            // Refused once the listener is closed: never sent.
+                            Err(_) => {
+                                std::thread::sleep(Duration::from_millis(5));
+                                continue;
+                            }
+                        },
+                    };
+                    match keep_alive_request(stream, &addr, body.as_bytes()) {
+                        Ok((200, close)) => {
+                            ok += 1;
+                            if *served > 0 {
+                                reused += 1;
+                            }
+                            *served += 1;
+                            if close {
+                                closes += 1;
+                                conn = None;
+                            }
+                        }
+                        Ok((code, _)) => {
+                            failed.push(format!("status {code}"));
+                            conn = None;
+                        }
+                        Err(e) => {
+                            failed.push(format!("after {served} on this connection: {e}"));
+                            conn = None;
+                        }
+                    }
+                }
+                (ok, closes, reused, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    s.signal("-TERM");
+    s.wait_log("draining", Duration::from_secs(5));
+    let code = s.wait_exit(Duration::from_secs(15));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut closes, mut reused, mut failed) = (0, 0, 0, Vec::new());
+    for c in clients {
+        let (o, c, r, f) = c.join().unwrap();
+        ok += o;
+        closes += c;
+        reused += r;
+        failed.extend(f);
+    }
+    assert_eq!(code, Some(0));
+    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+    assert!(
+        reused > 100,
+        "connections were not kept alive: {reused} reuses of {ok}"
+    );
+    assert!(
+        closes >= 16,
+        "only {closes} responses said Connection: close"
+    );
 }
 
 /// The CPU engine `infer-build engine` writes (tract NNEF decluttered from the ONNX, or the

@@ -1,5 +1,6 @@
 //! Flags and environment, parsed by hand: `--config PATH` (or `INFER_CONFIG`, default
 //! `/etc/infer/runtime.toml`), `--host ADDR` / `INFER_HOST`, `--port N` / `INFER_PORT`,
+//! `--grpc-port N` / `INFER_GRPC_PORT` (0 = no gRPC; see [`grpc_port`] for the default),
 //! `--busy-poll-us N` / `INFER_BUSY_POLL_US`.
 //! Flags win over the environment, which wins over `runtime.toml`.
 
@@ -18,6 +19,8 @@ pub struct Args {
     pub config: PathBuf,
     pub host: Option<String>,
     pub port: Option<u16>,
+    /// The gRPC port given (`Some(0)`: gRPC off); `None`: the default ([`grpc_port`]).
+    pub grpc_port: Option<u16>,
     /// How long a lone request's handler polls for its answer, in µs (`None`: the default).
     pub busy_poll_us: Option<u64>,
 }
@@ -32,14 +35,31 @@ pub fn default_busy_poll_us(cpus: usize) -> u64 {
     }
 }
 
-pub const USAGE: &str =
-    "usage: infer-serve [--config PATH] [--host ADDR] [--port N] [--busy-poll-us N]
+/// The gRPC port when none is given (Triton's).
+pub const DEFAULT_GRPC_PORT: u16 = 8001;
 
-Serves the model described by runtime.toml over the KServe V2 HTTP protocol.
+/// The port to bind gRPC on, `None` for no gRPC: the one given (0 = off), else
+/// [`DEFAULT_GRPC_PORT`], except that an HTTP port of 0 (any free one: tests, benchmarks,
+/// several servers on one host) makes the default any free port too.
+pub fn grpc_port(given: Option<u16>, http_port: u16) -> Option<u16> {
+    match given {
+        Some(0) => None,
+        Some(p) => Some(p),
+        None if http_port == 0 => Some(0),
+        None => Some(DEFAULT_GRPC_PORT),
+    }
+}
+
+pub const USAGE: &str =
+    "usage: infer-serve [--config PATH] [--host ADDR] [--port N] [--grpc-port N] [--busy-poll-us N]
+
+Serves the model described by runtime.toml over the KServe V2 protocol, HTTP and gRPC.
 
   --config PATH   runtime configuration (env INFER_CONFIG; default /etc/infer/runtime.toml)
   --host ADDR     address to bind (env INFER_HOST; default from runtime.toml, 0.0.0.0)
   --port N        port to bind, 0 for any free one (env INFER_PORT; default from runtime.toml, 8000)
+  --grpc-port N   gRPC port, 0 = no gRPC (env INFER_GRPC_PORT; default 8001, or any free
+                  one when the HTTP port is 0)
   --busy-poll-us N  when a request is alone on the server, poll for its answer up to N µs
                   before parking (env INFER_BUSY_POLL_US; default 100 with 2+ CPUs, 0 = off)
   --help, --version
@@ -69,6 +89,10 @@ pub fn parse(
             .filter(|p| !p.is_empty())
             .map(|p| port(&p, "INFER_PORT"))
             .transpose()?,
+        grpc_port: env("INFER_GRPC_PORT")
+            .filter(|p| !p.is_empty())
+            .map(|p| port(&p, "INFER_GRPC_PORT"))
+            .transpose()?,
         busy_poll_us: env("INFER_BUSY_POLL_US")
             .filter(|v| !v.is_empty())
             .map(|v| micros(&v, "INFER_BUSY_POLL_US"))
@@ -90,6 +114,7 @@ pub fn parse(
             "--config" => out.config = PathBuf::from(value()?),
             "--host" => out.host = Some(value()?),
             "--port" => out.port = Some(port(&value()?, "--port")?),
+            "--grpc-port" => out.grpc_port = Some(port(&value()?, "--grpc-port")?),
             "--busy-poll-us" => out.busy_poll_us = Some(micros(&value()?, "--busy-poll-us")?),
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
@@ -119,6 +144,7 @@ mod tests {
             config: config.into(),
             host: host.map(Into::into),
             port,
+            grpc_port: None,
             busy_poll_us: None,
         }))
     }
@@ -158,6 +184,7 @@ mod tests {
                     config: "/etc/infer/runtime.toml".into(),
                     host: None,
                     port: None,
+                    grpc_port: None,
                     busy_poll_us: None,
                 }
             }))
@@ -176,6 +203,35 @@ mod tests {
         assert_eq!(default_busy_poll_us(1), 0);
         assert!(default_busy_poll_us(2) > 0);
         check(&["serve"], &[], Err("unknown argument \"serve\""));
+        let grpc = |port| {
+            Ok(Command::Run(Args {
+                grpc_port: port,
+                ..Args {
+                    config: "/etc/infer/runtime.toml".into(),
+                    host: None,
+                    port: None,
+                    grpc_port: None,
+                    busy_poll_us: None,
+                }
+            }))
+        };
+        check(&[], &[("INFER_GRPC_PORT", "9001")], grpc(Some(9001)));
+        check(&[], &[("INFER_GRPC_PORT", "0")], grpc(Some(0)));
+        check(&["--grpc-port", "0"], &[], grpc(Some(0)));
+        check(
+            &["--grpc-port=7"],
+            &[("INFER_GRPC_PORT", "0")],
+            grpc(Some(7)),
+        );
+        check(
+            &["--grpc-port", "x"],
+            &[],
+            Err("--grpc-port: \"x\" is not a port number"),
+        );
+        assert_eq!(grpc_port(None, 8000), Some(DEFAULT_GRPC_PORT));
+        assert_eq!(grpc_port(None, 0), Some(0));
+        assert_eq!(grpc_port(Some(0), 8000), None);
+        assert_eq!(grpc_port(Some(9), 0), Some(9));
         check(&["--help"], &[], Ok(Command::Help));
     }
 }

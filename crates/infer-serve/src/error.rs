@@ -1,8 +1,10 @@
-//! The one HTTP error type of the runtime and its mapping to status codes.
+//! The one error type clients see, and its mapping to HTTP statuses and gRPC status codes.
 //!
 //! Every failure a client can see is an [`ApiError`]; [`ApiError::status`] is the only place
-//! that decides its HTTP status, and [`ApiError::retry_after`] the only place that decides
-//! whether a `Retry-After` header goes with it. The body is always V2's `{"error": "..."}`.
+//! that decides its HTTP status, [`ApiError::grpc_code`] the only place that decides its gRPC
+//! status code, and [`ApiError::retry_after`] the only place that decides whether a
+//! `Retry-After` header goes with it. The HTTP body is always V2's `{"error": "..."}`; over
+//! gRPC the same message goes in `grpc-message`.
 
 use hyper::StatusCode;
 
@@ -38,6 +40,21 @@ impl Rejection {
     }
 }
 
+/// The gRPC status codes infer-serve answers with (`grpc-status`; the numbers are the
+/// protocol's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcCode {
+    Ok = 0,
+    Cancelled = 1,
+    InvalidArgument = 3,
+    DeadlineExceeded = 4,
+    NotFound = 5,
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+}
+
 /// Everything that can go wrong with a request, as the client sees it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
@@ -49,6 +66,9 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: u64 },
+    /// A gRPC method or encoding the server does not implement.
+    #[error("{0}")]
+    Unimplemented(String),
     #[error("model is not ready")]
     NotReady,
     #[error("{}", rejection_message(*.0))]
@@ -74,8 +94,26 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::NotReady | ApiError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code: the one mapping from errors to gRPC statuses. Retryable
+    /// refusals are `UNAVAILABLE`, as 503 is over HTTP, except a passed deadline.
+    pub fn grpc_code(&self) -> GrpcCode {
+        match self {
+            ApiError::BadRequest(_) => GrpcCode::InvalidArgument,
+            ApiError::NotFound(_) => GrpcCode::NotFound,
+            ApiError::MethodNotAllowed { .. } | ApiError::Unimplemented(_) => {
+                GrpcCode::Unimplemented
+            }
+            ApiError::PayloadTooLarge { .. } => GrpcCode::ResourceExhausted,
+            ApiError::Rejected(Rejection::Timeout) => GrpcCode::DeadlineExceeded,
+            ApiError::Rejected(Rejection::Cancelled) => GrpcCode::Cancelled,
+            ApiError::NotReady | ApiError::Rejected(_) => GrpcCode::Unavailable,
+            ApiError::Internal(_) => GrpcCode::Internal,
         }
     }
 
@@ -99,6 +137,16 @@ mod tests {
 
     fn check(e: ApiError, status: u16, retry: Option<u32>, body: &str) {
         assert_eq!(e.status().as_u16(), status, "{e:?}");
+        let grpc = match status {
+            400 => GrpcCode::InvalidArgument,
+            404 => GrpcCode::NotFound,
+            413 => GrpcCode::ResourceExhausted,
+            500 => GrpcCode::Internal,
+            501 => GrpcCode::Unimplemented,
+            _ if e == ApiError::Rejected(Rejection::Timeout) => GrpcCode::DeadlineExceeded,
+            _ => GrpcCode::Unavailable,
+        };
+        assert_eq!(e.grpc_code(), grpc, "{e:?}");
         assert_eq!(e.retry_after(), retry, "{e:?}");
         assert_eq!(e.body(), body);
     }
@@ -140,6 +188,12 @@ mod tests {
             503,
             Some(1),
             r#"{"error":"request timeout expired"}"#,
+        );
+        check(
+            ApiError::Unimplemented("method /a/b is not implemented".into()),
+            501,
+            None,
+            r#"{"error":"method /a/b is not implemented"}"#,
         );
         check(
             ApiError::Internal("boom".into()),

@@ -1,9 +1,12 @@
-//! The V2 HTTP/1.1 surface: routing, handlers, and the server's lifecycle (drain on SIGTERM).
+//! The V2 HTTP/1.1 surface: routing, handlers, and the server's lifecycle (drain on SIGTERM),
+//! whose accept loop and inference path ([`execute`]) the gRPC surface shares.
 //!
 //! Handlers turn requests into [`crate::v2`] decodes and [`Batcher`] submissions and every
 //! failure into an [`ApiError`]; they never run a model. Routes: `/v2/health/{live,ready}`,
 //! `/v2`, `/v2/models/{m}[/versions/{v}]` with `/ready`, `/config`, `/stats`, `/infer`,
-//! `/v2/models/stats`, and `/metrics`.
+//! `/v2/models/stats`, and `/metrics`. From SIGTERM on every response says
+//! `Connection: close`, so keep-alive clients reconnect (elsewhere, once the endpoint is gone)
+//! instead of sending on a connection that is about to close.
 
 use crate::batcher::Batcher;
 use crate::error::{ApiError, Rejection};
@@ -13,7 +16,9 @@ use crate::v2::{self, RequestedOutput};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{
+    HeaderValue, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
@@ -29,14 +34,23 @@ pub struct App {
     pub batcher: OnceLock<Batcher>,
     /// SIGTERM/SIGINT received: readiness says 503.
     pub draining: AtomicBool,
-    /// The drain delay is over: new infer requests are refused.
+    /// The drain delay is over and the listeners are closed. Requests that reached the server
+    /// before are still answered (a connection the kernel had accepted, a request already
+    /// sent): only `exit_timeout_s` bounds them.
     pub stopping: AtomicBool,
+    /// Turns true with `draining`, for the connections that act on it (see [`App::drain`]).
+    draining_tx: tokio::sync::watch::Sender<bool>,
     /// How long a lone request's handler polls for its answer before parking (see
     /// [`Batcher::poll_briefly`]); zero turns polling off.
     pub busy_poll: Duration,
     server_metadata: Bytes,
     model_metadata: Bytes,
     model_config: Bytes,
+    /// The JSON the HTTP metadata and config routes answer, from which the gRPC surface builds
+    /// its messages (the same content on both).
+    pub(crate) server_metadata_json: serde_json::Value,
+    pub(crate) model_metadata_json: serde_json::Value,
+    pub(crate) model_config_json: serde_json::Value,
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -129,12 +143,24 @@ impl App {
             batcher: OnceLock::new(),
             draining: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            draining_tx: tokio::sync::watch::channel(false).0,
             busy_poll: Duration::ZERO,
             server_metadata: Bytes::from(server_metadata.to_string()),
             model_metadata: Bytes::from(model_metadata.to_string()),
             model_config: Bytes::from(model_config.to_string()),
+            server_metadata_json: server_metadata,
+            model_metadata_json: model_metadata,
+            model_config_json: model_config,
             cfg,
         }
+    }
+
+    /// SIGTERM/SIGINT: readiness turns 503, HTTP responses say `Connection: close` and HTTP/2
+    /// connections get GOAWAY; requests are still served until the drain delay is over.
+    pub fn drain(&self) {
+        self.draining.store(true, Relaxed);
+        self.metrics.ready.store(0, Relaxed);
+        self.draining_tx.send_replace(true);
     }
 
     /// Ready: warmed up and not draining.
@@ -142,7 +168,7 @@ impl App {
         self.batcher.get().is_some() && !self.draining.load(Relaxed)
     }
 
-    fn not_ready(&self) -> ApiError {
+    pub(crate) fn not_ready(&self) -> ApiError {
         if self.draining.load(Relaxed) {
             ApiError::Rejected(Rejection::ShuttingDown)
         } else {
@@ -169,10 +195,15 @@ fn error_response(e: &ApiError) -> Resp {
 
 /// Routes one request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Resp {
-    match route(&app, req).await {
+    let mut r = match route(&app, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
+    };
+    if app.draining.load(Relaxed) {
+        r.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
+    r
 }
 
 async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError> {
@@ -296,17 +327,27 @@ impl Drop for InFlight<'_> {
 
 async fn infer(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
+    match counted(app, start, infer_inner(app, req, start)).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Runs one infer request of either protocol (`work`, started at `start`): counts it in flight
+/// while it lives and records its outcome.
+pub(crate) async fn counted<T>(
+    app: &App,
+    start: Instant,
+    work: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
     let m = &app.metrics;
     let _guard = InFlight::new(m, start);
-    match infer_inner(app, req, start).await {
-        Ok(r) => {
-            m.record_success(start.elapsed());
-            r
-        }
+    let result = work.await;
+    match &result {
+        Ok(_) => m.record_success(start.elapsed()),
         Err(e) => {
-            let rejection = match &e {
+            let rejection = match e {
                 ApiError::Rejected(r) => Some(*r),
-                ApiError::NotReady => None,
                 _ => None,
             };
             m.record_failure(
@@ -314,9 +355,14 @@ async fn infer(app: &Arc<App>, req: Request<Incoming>) -> Resp {
                 rejection,
                 matches!(e, ApiError::Internal(_)),
             );
-            error_response(&e)
         }
     }
+    result
+}
+
+/// The batcher, once warm-up is done.
+pub(crate) fn batcher(app: &App) -> Result<&Batcher, ApiError> {
+    app.batcher.get().ok_or_else(|| app.not_ready())
 }
 
 async fn infer_inner(
@@ -324,10 +370,7 @@ async fn infer_inner(
     req: Request<Incoming>,
     start: Instant,
 ) -> Result<Resp, ApiError> {
-    let batcher = app.batcher.get().ok_or_else(|| app.not_ready())?;
-    if app.stopping.load(Relaxed) {
-        return Err(ApiError::Rejected(Rejection::ShuttingDown));
-    }
+    batcher(app)?;
     let limit = app.cfg.server.max_body_bytes;
     let headers = req.headers();
     if let Some(len) = headers
@@ -367,39 +410,7 @@ async fn infer_inner(
     };
     let request = v2::decode_request(&app.cfg, header_length, &body)?;
     drop(body);
-
-    let default = app.cfg.batching.default_timeout_ms * 1000;
-    let timeout_us = match (default, request.timeout_us.filter(|&t| t > 0)) {
-        (0, t) => t,
-        (d, None) => Some(d),
-        (d, Some(t)) => Some(t.min(d)),
-    };
-    let deadline = timeout_us.map(|us| start + Duration::from_micros(us));
-    let mut rx = batcher.submit(request.inputs, request.rows, deadline)?;
-    // Alone on a server that sees one request at a time: poll for the answer on this
-    // (otherwise idle) core rather than park. Not when requests overlap: this worker would
-    // hold up the connections it serves.
-    let polled = if app.metrics.in_flight.load(Relaxed) == 1 && app.metrics.sequential(start) {
-        let window = match deadline {
-            Some(d) => app
-                .busy_poll
-                .min(d.saturating_duration_since(Instant::now())),
-            None => app.busy_poll,
-        };
-        batcher.poll_briefly(&mut rx, window)
-    } else {
-        None
-    };
-    let outcome = match (polled, deadline) {
-        (Some(outcome), _) => Ok(outcome),
-        (None, Some(d)) => match tokio::time::timeout_at(d.into(), rx).await {
-            Ok(r) => r,
-            Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
-        },
-        (None, None) => rx.await,
-    };
-    let answer =
-        outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))??;
+    let answer = execute(app, request.inputs, request.rows, request.timeout_us, start).await?;
     let outputs = &answer.outputs;
     let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> = request
         .outputs
@@ -428,53 +439,181 @@ async fn infer_inner(
     Ok(r)
 }
 
-/// Accepts connections until `stop` fires, then stops accepting and lets in-flight requests
-/// finish within `exit_timeout`. Returns true when everything finished in time.
+/// Submits a decoded request's inputs to the batcher and waits for its answer: the inference
+/// path both protocols share. `timeout_us` is the request's own timeout (0 or `None`: none),
+/// bounded by `default_timeout_ms`.
+pub(crate) async fn execute(
+    app: &App,
+    inputs: Vec<crate::tensor::Tensor>,
+    rows: usize,
+    timeout_us: Option<u64>,
+    start: Instant,
+) -> Result<crate::batcher::Answer, ApiError> {
+    let batcher = batcher(app)?;
+    let default = app.cfg.batching.default_timeout_ms * 1000;
+    let timeout_us = match (default, timeout_us.filter(|&t| t > 0)) {
+        (0, t) => t,
+        (d, None) => Some(d),
+        (d, Some(t)) => Some(t.min(d)),
+    };
+    let deadline = timeout_us.map(|us| start + Duration::from_micros(us));
+    let mut rx = batcher.submit(inputs, rows, deadline)?;
+    // Alone on a server that sees one request at a time: poll for the answer on this
+    // (otherwise idle) core rather than park. Not when requests overlap: this worker would
+    // hold up the connections it serves.
+    let polled = if app.metrics.in_flight.load(Relaxed) == 1 && app.metrics.sequential(start) {
+        let window = match deadline {
+            Some(d) => app
+                .busy_poll
+                .min(d.saturating_duration_since(Instant::now())),
+            None => app.busy_poll,
+        };
+        batcher.poll_briefly(&mut rx, window)
+    } else {
+        None
+    };
+    let outcome = match (polled, deadline) {
+        (Some(outcome), _) => Ok(outcome),
+        (None, Some(d)) => match tokio::time::timeout_at(d.into(), rx).await {
+            Ok(r) => r,
+            Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
+        },
+        (None, None) => rx.await,
+    };
+    outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))?
+}
+
+/// Accepts HTTP/1.1 connections until `stop` fires, then stops accepting and lets in-flight
+/// requests finish within `exit_timeout`. Returns true when everything finished in time.
 pub async fn serve(
     app: Arc<App>,
     listener: tokio::net::TcpListener,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
     exit_timeout: Duration,
 ) -> bool {
-    use hyper_util::rt::TokioIo;
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let http = hyper::server::conn::http1::Builder::new();
+    let service_app = app.clone();
+    accept_loop(
+        &app,
+        "http",
+        listener,
+        stop,
+        exit_timeout,
+        WindDown::OnStop,
+        move |io, _seen| {
+            let app = service_app.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let app = app.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+            });
+            http.serve_connection(io, service)
+        },
+    )
+    .await
+}
+
+/// When a connection is asked to wind down (finish what it has, then close).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WindDown {
+    /// From SIGTERM on: HTTP/2's GOAWAY makes the client open its next streams on a new
+    /// connection while the streams in flight finish. A connection that has not sent a request
+    /// yet (opened during the drain) gets it once its first request arrives, or after
+    /// [`FIRST_REQUEST_GRACE`]: hyper would close one still in its handshake without a word.
+    OnDrain,
+    /// When the listener closes. HTTP/1.1 responses say `Connection: close` from SIGTERM on,
+    /// so busy connections have closed themselves by then; this ends the idle ones, after
+    /// [`FIRST_REQUEST_GRACE`] for a request that may already be on its way.
+    OnStop,
+}
+
+/// How long a connection may take to send its first request before it is wound down (an
+/// HTTP/1.1 connection still open when the listener closes, an HTTP/2 one opened during the
+/// drain).
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
+
+/// The accept loop of both protocols. Accepts until `stop` fires, then takes the connections
+/// already queued in the kernel's backlog (so a client whose connect just succeeded is served,
+/// not reset), closes the listener, and waits up to `exit_timeout` for every connection to
+/// finish. Returns true when they all did.
+pub(crate) async fn accept_loop<C, E>(
+    app: &App,
+    protocol: &'static str,
+    listener: tokio::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    exit_timeout: Duration,
+    wind_down: WindDown,
+    mut serve: impl FnMut(hyper_util::rt::TokioIo<tokio::net::TcpStream>, Arc<tokio::sync::Notify>) -> C,
+) -> bool
+where
+    C: hyper_util::server::graceful::GracefulConnection<Error = E> + Send + 'static,
+    E: Send,
+{
+    let (open_tx, mut open_rx) = tokio::sync::watch::channel(0usize);
+    let open_tx = Arc::new(open_tx);
+    let stop_seen = stop.clone();
+    let mut spawn = |stream: tokio::net::TcpStream| {
+        let _ = stream.set_nodelay(true);
+        // Notified by the connection's service on each request.
+        let seen = Arc::new(tokio::sync::Notify::new());
+        let conn = serve(hyper_util::rt::TokioIo::new(stream), seen.clone());
+        let open = open_tx.clone();
+        let mut draining = app.draining_tx.subscribe();
+        let mut stopped = stop_seen.clone();
+        open.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let signal = async {
+                match wind_down {
+                    WindDown::OnDrain => {
+                        let _ = draining.wait_for(|d| *d).await;
+                        let _ = tokio::time::timeout(FIRST_REQUEST_GRACE, seen.notified()).await;
+                    }
+                    WindDown::OnStop => {
+                        let _ = stopped.wait_for(|s| *s).await;
+                        tokio::time::sleep(FIRST_REQUEST_GRACE).await;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = signal => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            open.send_modify(|n| *n -= 1);
+        });
+    };
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        log::error("accept failed", &[("error", json!(e.to_string()))]);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let service = hyper::service::service_fn(move |req| {
-                    let app = app.clone();
-                    async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
-                });
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-            _ = stop.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => spawn(stream),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    log::error("accept failed", &[("error", json!(e.to_string()))]);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            // `wait_for`'s guard is not Send: drop it inside.
+            _ = async { stop.wait_for(|s| *s).await.is_ok() } => break,
         }
+    }
+    // Connections the kernel completed before the listener closes would be reset with it.
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        spawn(stream);
     }
     drop(listener);
     app.stopping.store(true, Relaxed);
     log::info(
         "stopped accepting connections; finishing in-flight requests",
         &[
+            ("protocol", json!(protocol)),
             ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
             ("exit_timeout_s", json!(exit_timeout.as_secs_f64())),
         ],
     );
-    tokio::time::timeout(exit_timeout, graceful.shutdown())
+    let finished = tokio::time::timeout(exit_timeout, open_rx.wait_for(|n| *n == 0))
         .await
-        .is_ok()
+        .is_ok();
+    finished
 }

@@ -3,11 +3,14 @@
 //! It reads `runtime.toml` ([`infer_spec::RuntimeConfig`], the only thing shared with the
 //! builder), loads the engine once, warms it up with every planned batch size, and then
 //! serves the KServe V2 / Open Inference Protocol over HTTP/1.1 (JSON tensors and Triton's
-//! binary tensor data extension) through a dynamic batcher with Triton's semantics.
+//! binary tensor data extension) and over gRPC (`inference.GRPCInferenceService`, its own port)
+//! through one dynamic batcher with Triton's semantics.
 //!
 //! Code map (data flows top to bottom):
 //! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
 //! - [`http`]: routes, handlers, the accept loop and the drain on SIGTERM; owns no model.
+//! - [`grpc`]: the gRPC service and `grpc.health.v1` on HTTP/2, sharing `http`'s accept loop,
+//!   drain and inference path; [`grpc::codec`] is its pure decoder (fuzzed like `v2`).
 //! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
 //! - [`batcher`]: the queue and the backend instance threads that take turns owning it.
 //! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (default feature `tract`)
@@ -22,6 +25,7 @@ pub mod args;
 pub mod backend;
 pub mod batcher;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod log;
 pub mod metrics;

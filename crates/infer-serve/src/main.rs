@@ -1,17 +1,18 @@
 //! `infer-serve`: the image entrypoint. See the crate docs in `lib.rs`.
 //!
-//! Start-up order: parse flags → read `runtime.toml` → bind the port and serve (live at once,
-//! ready later) → load the engine → warm up every instance → start the batcher → ready.
-//! SIGTERM/SIGINT: readiness 503 at once, keep serving for `drain_delay_s` (a second signal
-//! cuts it short), stop accepting, finish in-flight requests within `exit_timeout_s`, exit 0
-//! (1 when the timeout forced the exit). Exit 2: bad flags or config; 1: the engine failed to
+//! Start-up order: parse flags → read `runtime.toml` → bind the HTTP and gRPC ports and serve
+//! (live at once, ready later) → load the engine → warm up every instance → start the batcher
+//! → ready. SIGTERM/SIGINT: readiness 503 at once, HTTP responses say `Connection: close` and
+//! gRPC connections get GOAWAY, keep serving for `drain_delay_s` (a second signal cuts it
+//! short), stop accepting, finish in-flight requests within `exit_timeout_s`, exit 0 (1 when
+//! the timeout forced the exit). Exit 2: bad flags or config; 1: the engine failed to
 //! load or warm up.
 
 use infer_serve::args::{self, Command};
 use infer_serve::batcher::{Batcher, Policy};
 use infer_serve::http::{self, App};
 use infer_serve::metrics::Metrics;
-use infer_serve::{backend, log, warmup};
+use infer_serve::{backend, grpc, log, warmup};
 use infer_spec::engine::{check_compat, EngineMeta, Found, FoundCpu};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
@@ -171,10 +172,26 @@ fn main() {
             )
         });
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+    let grpc_listener = args::grpc_port(args.grpc_port, cfg.server.port).map(|port| {
+        let addr = format!("{}:{port}", cfg.server.host);
+        rt.block_on(tokio::net::TcpListener::bind(&addr))
+            .unwrap_or_else(|e| {
+                fail(
+                    1,
+                    "cannot bind the gRPC port",
+                    &[("addr", json!(addr)), ("error", json!(e.to_string()))],
+                )
+            })
+    });
+    let grpc_local = grpc_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string());
     log::info(
         "listening",
         &[
             ("addr", json!(local)),
+            ("grpc_addr", json!(grpc_local)),
             ("model", json!(cfg.model.name)),
             ("version", json!(cfg.model.version)),
             ("engine", json!(cfg.engine.kind.as_str())),
@@ -186,6 +203,8 @@ fn main() {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     rt.spawn(lifecycle(app.clone(), stop_tx));
     let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
+    let grpc_server =
+        grpc_listener.map(|l| rt.spawn(grpc::serve(app.clone(), l, stop_rx.clone(), exit_timeout)));
     let server = rt.spawn(http::serve(app.clone(), listener, stop_rx, exit_timeout));
 
     // The engine's compatibility tuple, when the image carries one: refuse to start on a node
@@ -297,7 +316,14 @@ fn main() {
         ],
     );
 
-    let clean = rt.block_on(server).unwrap_or(false);
+    let clean = rt.block_on(async {
+        let http_clean = server.await.unwrap_or(false);
+        let grpc_clean = match grpc_server {
+            Some(g) => g.await.unwrap_or(false),
+            None => true,
+        };
+        http_clean && grpc_clean
+    });
     if clean {
         log::info("exiting", &[("code", json!(0))]);
         std::process::exit(0);
@@ -325,8 +351,7 @@ async fn lifecycle(app: Arc<App>, stop: tokio::sync::watch::Sender<bool>) {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    app.draining.store(true, Relaxed);
-    app.metrics.ready.store(0, Relaxed);
+    app.drain();
     let drain = Duration::from_secs(app.cfg.server.drain_delay_s);
     log::info(
         "draining: readiness now 503, still serving",

@@ -227,18 +227,8 @@ pub fn decode_request(
             binary.len() - cursor
         )));
     }
-    let mut inputs = Vec::with_capacity(slots.len());
-    for (slot, spec) in slots.into_iter().zip(&cfg.inputs) {
-        inputs.push(slot.ok_or_else(|| bad(format!("missing input {:?}", spec.name)))?);
-    }
+    let inputs = assemble_inputs(cfg, slots)?;
     let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
-    if let Some(t) = inputs.iter().find(|t| t.rows() != rows) {
-        return Err(bad(format!(
-            "inputs disagree on the batch dimension: {rows} and {} rows",
-            t.rows()
-        )));
-    }
-    check_shared_dims(cfg, &inputs)?;
 
     let outputs = match &raw.outputs {
         None => (0..cfg.outputs.len())
@@ -327,6 +317,28 @@ fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, 
     })
 }
 
+/// The request's inputs in the model's order, once each was decoded into its slot: every input
+/// given, all with the same number of rows, named dimensions agreeing. Shared by the HTTP and
+/// gRPC decoders.
+pub(crate) fn assemble_inputs(
+    cfg: &RuntimeConfig,
+    slots: Vec<Option<Tensor>>,
+) -> Result<Vec<Tensor>, ApiError> {
+    let mut inputs = Vec::with_capacity(slots.len());
+    for (slot, spec) in slots.into_iter().zip(&cfg.inputs) {
+        inputs.push(slot.ok_or_else(|| bad(format!("missing input {:?}", spec.name)))?);
+    }
+    let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+    if let Some(t) = inputs.iter().find(|t| t.rows() != rows) {
+        return Err(bad(format!(
+            "inputs disagree on the batch dimension: {rows} and {} rows",
+            t.rows()
+        )));
+    }
+    check_shared_dims(cfg, &inputs)?;
+    Ok(inputs)
+}
+
 /// Inputs whose dimensions share a name (`dim_names`, from the model's `dim_param`) must
 /// give them the same size: a 400 names both inputs, the dimension and the two sizes.
 pub fn check_shared_dims(cfg: &RuntimeConfig, inputs: &[Tensor]) -> Result<(), ApiError> {
@@ -351,7 +363,8 @@ pub fn check_shared_dims(cfg: &RuntimeConfig, inputs: &[Tensor]) -> Result<(), A
     Ok(())
 }
 
-fn check_shape(
+/// Checks a request's shape against the input's spec; shared by the HTTP and gRPC decoders.
+pub(crate) fn check_shape(
     cfg: &RuntimeConfig,
     spec: &infer_spec::TensorSpec,
     shape: &[u64],
@@ -406,8 +419,8 @@ fn check_shape(
 }
 
 /// Checks binary tensor bytes: exact size for fixed-size types, 0/1 for `BOOL`, well-formed
-/// length prefixes and the element count for `BYTES`.
-fn check_binary(dtype: DataType, elements: usize, data: &[u8]) -> Result<(), String> {
+/// length prefixes and the element count for `BYTES`. Shared by the HTTP and gRPC decoders.
+pub(crate) fn check_binary(dtype: DataType, elements: usize, data: &[u8]) -> Result<(), String> {
     match dtype.size() {
         Some(size) => {
             let want = elements * size;

@@ -137,6 +137,28 @@ impl App {
         }
     }
 
+    /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
+    /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
+    /// instance group. Nothing changes when no GPU was found.
+    pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
+        let Some(g) = &found.gpu else { return };
+        let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config) else {
+            return;
+        };
+        let param = |v: String| json!({ "string_value": v });
+        config["parameters"] = json!({
+            "gpu": param(g.name.clone()),
+            "compute_capability": param(g.sm.to_string()),
+            "driver": param(g.driver.to_string()),
+            "tensorrt": param(found.tensorrt.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+        });
+        if let Some(group) = config["instance_group"].get_mut(0) {
+            group["kind"] = json!("KIND_GPU");
+            group["gpus"] = json!([0]);
+        }
+        self.model_config = Bytes::from(config.to_string());
+    }
+
     /// Ready: warmed up and not draining.
     pub fn is_ready(&self) -> bool {
         self.batcher.get().is_some() && !self.draining.load(Relaxed)

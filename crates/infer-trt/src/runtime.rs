@@ -261,12 +261,18 @@ impl TrtLibrary {
         &self.version
     }
 
+    /// Refuses the library when its major differs from the headers the shim was compiled
+    /// against (or when there is no shim).
+    pub fn check_headers(&self) -> Result<(), Error> {
+        let header = header_version().ok_or(Error::NoShim)?;
+        check_major(&self.name, header, self.code)
+    }
+
     /// Creates a runtime. Refused, before any call into the library other than its version
     /// entry point, when the library's major differs from the shim's headers; refused when
     /// TensorRT logged an error during creation (no usable CUDA driver, for one).
     pub fn runtime(self) -> Result<TrtRuntime, Error> {
-        let header = header_version().ok_or(Error::NoShim)?;
-        check_major(&self.name, header, self.code)?;
+        self.check_headers()?;
         let get = |name: &[u8]| -> Result<*mut c_void, Error> {
             // SAFETY: resolved as an opaque pointer and only called by the shim with the
             // signature the headers declare for it.

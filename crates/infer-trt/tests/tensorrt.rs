@@ -370,4 +370,20 @@ port = 0
         text.contains(&format!("libnvinfer_lean.so.10 {}", w.version)),
         "{text}"
     );
+
+    // The same 10.x-built runtime handed the real 11.x library refuses it at start, naming both
+    // majors, before any call into it but its version entry point.
+    let (w11, dir11) = libs
+        .iter()
+        .find(|(w, _)| w.headers == "11.1")
+        .expect("an 11.1 wheel pin");
+    let (code, text) = run(Command::new(&bin)
+        .arg("--config")
+        .arg(d.join("runtime.toml"))
+        .env("INFER_TRT_LIBRARY", so(dir11, w11)));
+    assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
+    assert!(
+        text.contains("it is TensorRT 11.x") && text.contains("TensorRT 10.x headers"),
+        "{text}"
+    );
 }

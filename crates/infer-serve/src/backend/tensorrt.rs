@@ -55,6 +55,7 @@ fn library(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMet
 pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
     let (name, _) = library(cfg, base)?;
     let lib = TrtLibrary::open(&name).map_err(|e| format!("no TensorRT runtime library: {e}"))?;
+    lib.check_headers().map_err(|e| e.to_string())?;
     let gpu = probe_gpu().map_err(|e| {
         format!(
             "no usable GPU (TensorRT library {name} {} was found): {e}",

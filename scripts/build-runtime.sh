@@ -12,6 +12,12 @@
 #   TARGET    target triple (default x86_64-unknown-linux-gnu; static glibc via crt-static)
 #   FEATURES  extra cargo features for infer-serve (default none: the tract backend only)
 #   CHECK=1   also verify that the result is static (no PT_INTERP, no DT_NEEDED)
+#   FLAVOUR   cpu (default: the static binary above) or gpu: the binary GPU images carry, with
+#             feature `tensorrt`, linked dynamically against glibc (a static glibc binary cannot
+#             reliably dlopen TensorRT and the NVIDIA driver), its C++ shim compiled against
+#             TENSORRT_ROOT (default ../shared/third_party/tensorrt-headers/$TRT_HEADERS, with
+#             TRT_HEADERS=10.16), into target/gpu-<headers>/; CHECK=1 then verifies that it
+#             needs nothing beyond glibc, libstdc++ and libgcc_s.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -20,7 +26,23 @@ target=${TARGET:-x86_64-unknown-linux-gnu}
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 cargo_home=$(cd "$cargo_home" && pwd -P)
 
-export RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$cargo_home/git/checkouts=/cargo/git/checkouts --remap-path-prefix=$root=/build/infer-build"
+flavour=${FLAVOUR:-cpu}
+remap="--remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$cargo_home/git/checkouts=/cargo/git/checkouts --remap-path-prefix=$root=/build/infer-build"
+case $flavour in
+    cpu) export RUSTFLAGS="-C target-feature=+crt-static $remap" ;;
+    gpu)
+        headers=${TRT_HEADERS:-10.16}
+        export TENSORRT_ROOT=${TENSORRT_ROOT:-$root/../shared/third_party/tensorrt-headers/$headers}
+        [[ -f $TENSORRT_ROOT/include/NvInferRuntime.h ]] || {
+            echo "build-runtime: no TensorRT headers at $TENSORRT_ROOT (set TENSORRT_ROOT)" >&2; exit 1; }
+        TENSORRT_ROOT=$(cd "$TENSORRT_ROOT" && pwd -P)
+        export RUSTFLAGS="$remap"
+        export CXXFLAGS="${CXXFLAGS:-} -ffile-prefix-map=$root=/build/infer-build -ffile-prefix-map=$TENSORRT_ROOT=/tensorrt"
+        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/gpu-$headers}
+        FEATURES=${FEATURES:+$FEATURES,}tensorrt
+        ;;
+    *) echo "build-runtime: FLAVOUR must be cpu or gpu, not $flavour" >&2; exit 2 ;;
+esac
 # Timestamps never enter a Rust binary, but keep anything that honours it stable.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 
@@ -35,7 +57,15 @@ dir=$profile
 bin="${CARGO_TARGET_DIR:-$root/target}/$target/$dir/infer-serve"
 [[ -x $bin ]] || { echo "build-runtime: $bin was not produced" >&2; exit 1; }
 
-if [[ ${CHECK:-0} == 1 ]]; then
+if [[ ${CHECK:-0} == 1 && $flavour == gpu ]]; then
+    extra=$(readelf -dW "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' \
+        | grep -vxE 'lib(c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so\.[0-9]+|ld-linux-x86-64\.so\.2' || true)
+    if [[ -n $extra ]]; then
+        echo "build-runtime: $bin needs more than glibc, libstdc++ and libgcc_s: $extra" >&2
+        exit 1
+    fi
+    echo "build-runtime: dynamic, needs $(readelf -dW "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')" >&2
+elif [[ ${CHECK:-0} == 1 ]]; then
     if readelf -lW "$bin" | grep -q 'INTERP'; then
         echo "build-runtime: $bin has a program interpreter (PT_INTERP): not static" >&2
         exit 1

@@ -16,4 +16,7 @@ cargo build -q -p infer-serve --features synthetic --target-dir target/serve-it
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The TensorRT backend, its C++ shim compiled against TensorRT's public headers (no GPU needed).
+TENSORRT_ROOT="$PWD/../shared/third_party/tensorrt-headers/10.16" \
+    cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt --all-targets -- -D warnings
 cargo test --workspace

@@ -10,6 +10,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed=TENSORRT_ROOT");
     println!("cargo::rerun-if-env-changed=CUDA_HOME");
     println!("cargo::rerun-if-changed=shim/shim.cpp");
+    println!("cargo::rerun-if-changed=shim/cuda_stub");
     if std::env::var_os("CARGO_FEATURE_TENSORRT").is_none() {
         return;
     }
@@ -25,6 +26,9 @@ fn main() {
         );
         return;
     }
+    // A directory here makes cargo rerun when any file under it changes: headers swapped for
+    // another release under the same TENSORRT_ROOT rebuild the shim.
+    println!("cargo::rerun-if-changed={}", include.display());
     build_shim(&include);
     println!("cargo::rustc-cfg=infer_trt_shim");
 }
@@ -40,14 +44,21 @@ fn build_shim(include: &std::path::Path) {
         .map(|p| p.join("include"))
         .find(|p| p.join("cuda_runtime_api.h").is_file())
         .unwrap_or_else(|| std::path::PathBuf::from("shim/cuda_stub"));
-    cc::Build::new()
+    // Warnings on and fatal for the shim's own code; TensorRT's and CUDA's headers are system
+    // headers (-isystem), whose deprecation warnings are theirs. tests/shim.rs compiles with the
+    // same flags against every header release in ../shared/third_party.
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++17")
         .file("shim/shim.cpp")
-        .include(include)
-        .include(cuda)
-        .warnings(false)
-        .compile("infer_trt_shim");
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true);
+    for dir in [include, cuda.as_path()] {
+        build.flag(format!("-isystem{}", dir.display()));
+    }
+    build.compile("infer_trt_shim");
     // The shim uses the C++ standard library; the TensorRT libraries are dlopen'ed.
     println!("cargo::rustc-link-lib=dylib=stdc++");
 }

@@ -155,6 +155,29 @@ impl App {
         }
     }
 
+    /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
+    /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
+    /// instance group. Nothing changes when no GPU was found.
+    pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
+        let Some(g) = &found.gpu else { return };
+        let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config) else {
+            return;
+        };
+        let param = |v: String| json!({ "string_value": v });
+        config["parameters"] = json!({
+            "gpu": param(g.name.clone()),
+            "compute_capability": param(g.sm.to_string()),
+            "driver": param(g.driver.to_string()),
+            "tensorrt": param(found.tensorrt.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+        });
+        if let Some(group) = config["instance_group"].get_mut(0) {
+            group["kind"] = json!("KIND_GPU");
+            group["gpus"] = json!([0]);
+        }
+        self.model_config = Bytes::from(config.to_string());
+        self.model_config_json = config;
+    }
+
     /// SIGTERM/SIGINT: readiness turns 503, HTTP responses say `Connection: close` and HTTP/2
     /// connections get GOAWAY; requests are still served until the drain delay is over.
     pub fn drain(&self) {
@@ -616,4 +639,48 @@ where
         .await
         .is_ok();
     finished
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+    use infer_spec::engine::{Found, FoundCpu, FoundGpu, Sm};
+
+    #[test]
+    fn the_model_config_says_which_gpu_driver_and_tensorrt_were_found() {
+        let cfg = RuntimeConfig::from_toml_str(
+            "[model]\nname = \"m\"\n[[inputs]]\nname = \"x\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
+             [[outputs]]\nname = \"y\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
+             [engine]\nkind = \"tensorrt\"\npath = \"engine.plan\"\n",
+        )
+        .unwrap();
+        let metrics = Arc::new(Metrics::new("m", "1", 8));
+        let mut app = App::new(cfg, metrics);
+        let before = app.model_config.clone();
+        app.set_node(&Found {
+            gpu: None,
+            tensorrt: None,
+            cpu: FoundCpu::detect(),
+        });
+        assert_eq!(app.model_config, before, "no GPU found: nothing to add");
+        app.set_node(&Found {
+            gpu: Some(FoundGpu {
+                sm: Sm::new(9, 0),
+                driver: "570.86.10".parse().unwrap(),
+                name: "NVIDIA H100".into(),
+            }),
+            tensorrt: Some("10.16.1.11".parse().unwrap()),
+            cpu: FoundCpu::detect(),
+        });
+        let v: serde_json::Value = serde_json::from_slice(&app.model_config).unwrap();
+        let p = &v["parameters"];
+        assert_eq!(p["gpu"]["string_value"], "NVIDIA H100");
+        assert_eq!(p["driver"]["string_value"], "570.86.10");
+        assert_eq!(p["tensorrt"]["string_value"], "10.16.1.11");
+        assert_eq!(
+            p["compute_capability"]["string_value"],
+            Sm::new(9, 0).to_string()
+        );
+        assert_eq!(v["instance_group"][0]["kind"], "KIND_GPU");
+    }
 }

@@ -13,7 +13,7 @@ use infer_serve::batcher::{Batcher, Policy};
 use infer_serve::http::{self, App};
 use infer_serve::metrics::Metrics;
 use infer_serve::{backend, grpc, log, warmup};
-use infer_spec::engine::{check_compat, EngineMeta, Found, FoundCpu};
+use infer_spec::engine::{check_compat, EngineMeta};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
 use std::path::Path;
@@ -149,12 +149,39 @@ fn main() {
                 &[("error", json!(e.to_string()))],
             )
         });
+    // What this node has for the engine (GPU, driver, TensorRT library for a TensorRT engine),
+    // read before anything else: a node without them fails here, exit 1, naming what is missing.
+    let found = backend::node(&cfg, &base).unwrap_or_else(|e| {
+        fail(
+            1,
+            "this node cannot run the engine; not starting",
+            &[
+                ("engine", json!(cfg.engine.kind.as_str())),
+                ("error", json!(e)),
+            ],
+        )
+    });
+    if let Some(g) = &found.gpu {
+        log::info(
+            "node",
+            &[
+                ("gpu", json!(g.name)),
+                ("compute_capability", json!(g.sm.to_string())),
+                ("driver", json!(g.driver.to_string())),
+                (
+                    "tensorrt",
+                    json!(found.tensorrt.as_ref().map(|v| v.to_string())),
+                ),
+            ],
+        );
+    }
     let metrics = Arc::new(Metrics::new(
         &cfg.model.name,
         &cfg.model.version,
         cfg.batching.max_batch_size,
     ));
     let mut app = App::new(cfg.clone(), metrics.clone());
+    app.set_node(&found);
     app.busy_poll = Duration::from_micros(
         args.busy_poll_us
             .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
@@ -226,11 +253,6 @@ fn main() {
                 &[("path", shown.clone()), ("error", json!(e.to_string()))],
             )
         });
-        let found = Found {
-            gpu: None,
-            tensorrt: None,
-            cpu: FoundCpu::detect(),
-        };
         if let Err(e) = check_compat(&meta, &found) {
             fail(
                 1,

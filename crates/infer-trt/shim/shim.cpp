@@ -1,35 +1,131 @@
 // A C ABI over TensorRT's public C++ runtime API, for infer-trt's Rust side.
 //
 // Nothing here links against TensorRT. The Rust side dlopen()s libnvinfer / libnvinfer_lean /
-// libnvinfer_dispatch, looks up `createInferRuntime_INTERNAL` and passes it in; every other call
-// is a virtual call through the interfaces declared in the headers (NvInferRuntime.h).
-// Errors from TensorRT's logger are kept per thread and read with itrt_last_error().
+// libnvinfer_dispatch, looks up `createInferRuntime_INTERNAL` and `getInferLibVersion` and passes
+// them in; every other call is a virtual call through the interfaces declared in the headers
+// (NvInferRuntime.h), whose virtual-table layout is only valid for the major version the shim was
+// compiled against: runtime creation refuses a library of another major before calling into it.
+//
+// Errors: every call that can fail takes an `err` buffer of `cap` bytes and writes into it what
+// TensorRT's logger reported at error severity during that call (or the shim's own reason), so
+// an error text is never stale and never another call's. The logger also counts errors from
+// every thread, so a call fails when TensorRT logged an error during it even if it returned a
+// usable-looking pointer.
 
 #include <NvInferRuntime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace
 {
-thread_local std::string gLastError;
+// Errors logged on this thread since the current shim call began.
+thread_local std::string tCaptured;
+// Errors logged on any thread, ever (a call compares the count before and after).
+std::atomic<uint64_t> gErrorCount{0};
+// The last error logged on a thread that was not inside a shim call (TensorRT worker threads).
+std::mutex gOtherMutex;
+std::string gOther;
 
 class Logger : public nvinfer1::ILogger
 {
 public:
     void log(Severity severity, nvinfer1::AsciiChar const* msg) noexcept override
     {
-        if (severity <= Severity::kERROR && msg != nullptr)
+        if (severity > Severity::kERROR)
         {
-            gLastError = msg;
+            return;
+        }
+        gErrorCount.fetch_add(1);
+        try
+        {
+            std::string text = msg != nullptr ? msg : "(no message)";
+            if (!tCaptured.empty())
+            {
+                tCaptured += "; ";
+            }
+            tCaptured += text;
+            std::lock_guard<std::mutex> lock(gOtherMutex);
+            gOther = text;
+        }
+        catch (...)
+        {
         }
     }
 };
 
 Logger gLogger;
 
+// Serialises setEngineHostCodeAllowed + deserializeCudaEngine (two calls on one runtime).
+std::mutex gDeserializeMutex;
+
 using CreateRuntimeFn = void* (*) (void*, int32_t);
+using VersionFn = int32_t (*)();
+
+// One shim call: clears this thread's captured errors at the start; `failed()` says whether any
+// error was logged during the call, and `finish()` writes the error text into the caller's buffer.
+class Call
+{
+public:
+    Call(char* err, size_t cap) noexcept
+        : mErr(err)
+        , mCap(cap)
+        , mStart(gErrorCount.load())
+    {
+        tCaptured.clear();
+        write("");
+    }
+
+    bool failed() const noexcept
+    {
+        return gErrorCount.load() != mStart;
+    }
+
+    // Writes `reason`, followed by what TensorRT logged during the call, into the buffer.
+    void fail(char const* reason) noexcept
+    {
+        try
+        {
+            std::string text = reason;
+            std::string logged = tCaptured;
+            if (logged.empty() && failed())
+            {
+                std::lock_guard<std::mutex> lock(gOtherMutex);
+                logged = gOther;
+            }
+            if (!logged.empty())
+            {
+                text += ": ";
+                text += logged;
+            }
+            write(text.c_str());
+        }
+        catch (...)
+        {
+            write(reason);
+        }
+    }
+
+private:
+    void write(char const* text) noexcept
+    {
+        if (mErr == nullptr || mCap == 0)
+        {
+            return;
+        }
+        size_t n = std::strlen(text);
+        n = n < mCap - 1 ? n : mCap - 1;
+        std::memcpy(mErr, text, n);
+        mErr[n] = '\0';
+    }
+
+    char* mErr;
+    size_t mCap;
+    uint64_t mStart;
+};
 
 template <typename D>
 int32_t copyDims(D const& dims, int64_t* out, int32_t cap) noexcept
@@ -44,37 +140,64 @@ int32_t copyDims(D const& dims, int64_t* out, int32_t cap) noexcept
     }
     return dims.nbDims;
 }
+
+// The major of a getInferLibVersion() value: 8601 → 8 (8.x), 100800 → 10 (10.x and later).
+int32_t majorOf(int32_t version) noexcept
+{
+    return version >= 100000 ? version / 10000 : version / 1000;
+}
 } // namespace
 
 extern "C"
 {
-    // Copies the last TensorRT error of this thread into buf (NUL-terminated); returns its length.
-    size_t itrt_last_error(char* buf, size_t cap)
-    {
-        if (cap == 0)
-        {
-            return gLastError.size();
-        }
-        size_t n = gLastError.size() < cap - 1 ? gLastError.size() : cap - 1;
-        std::memcpy(buf, gLastError.data(), n);
-        buf[n] = '\0';
-        return gLastError.size();
-    }
-
-    // The TensorRT version of the headers the shim was compiled against.
+    // The TensorRT version of the headers the shim was compiled against (NV_TENSORRT_VERSION).
     int32_t itrt_header_version()
     {
         return static_cast<int32_t>(NV_TENSORRT_VERSION);
     }
 
-    void* itrt_runtime_create(void* create_fn)
+    // The major version of those headers.
+    int32_t itrt_header_major()
     {
-        if (create_fn == nullptr)
+        return static_cast<int32_t>(NV_TENSORRT_MAJOR);
+    }
+
+    // Creates an IRuntime with `create_fn` (the library's createInferRuntime_INTERNAL) after
+    // checking, with `version_fn` (the same library's getInferLibVersion), that the library has the
+    // headers' major version. Returns null, with the reason in `err`, on a major mismatch (before
+    // any other call into the library), on a null result, and when TensorRT logged an error during
+    // creation (a runtime created without a usable CUDA driver is not safe to use or to destroy,
+    // so it is leaked, once, rather than destroyed).
+    void* itrt_runtime_create(void* create_fn, void* version_fn, char* err, size_t cap)
+    {
+        Call call(err, cap);
+        if (create_fn == nullptr || version_fn == nullptr)
         {
+            call.fail("createInferRuntime_INTERNAL or getInferLibVersion is missing");
             return nullptr;
         }
-        auto fn = reinterpret_cast<CreateRuntimeFn>(create_fn);
-        return fn(&gLogger, static_cast<int32_t>(NV_TENSORRT_VERSION));
+        int32_t const lib = reinterpret_cast<VersionFn>(version_fn)();
+        if (majorOf(lib) != NV_TENSORRT_MAJOR)
+        {
+            std::string reason = "the library is TensorRT " + std::to_string(majorOf(lib)) + ".x (version "
+                + std::to_string(lib) + ") but this shim was compiled against TensorRT "
+                + std::to_string(NV_TENSORRT_MAJOR) + ".x headers (version " + std::to_string(NV_TENSORRT_VERSION)
+                + "); their virtual-table layouts differ, so the library is not used";
+            call.fail(reason.c_str());
+            return nullptr;
+        }
+        void* rt = reinterpret_cast<CreateRuntimeFn>(create_fn)(&gLogger, static_cast<int32_t>(NV_TENSORRT_VERSION));
+        if (rt == nullptr)
+        {
+            call.fail("createInferRuntime returned null");
+            return nullptr;
+        }
+        if (call.failed())
+        {
+            call.fail("createInferRuntime logged an error");
+            return nullptr;
+        }
+        return rt;
     }
 
     void itrt_runtime_destroy(void* rt)
@@ -82,15 +205,27 @@ extern "C"
         delete static_cast<nvinfer1::IRuntime*>(rt);
     }
 
-    // Version-compatible plans loaded by the full runtime run host code embedded in the plan.
-    void itrt_runtime_set_host_code_allowed(void* rt, bool allowed)
+    // Deserializes a plan. `allow_host_code` (needed by version-compatible plans on the full
+    // runtime) is set and the plan deserialized under one lock, so concurrent calls cannot race.
+    void* itrt_engine_deserialize(void* rt, void const* data, size_t size, bool allow_host_code, char* err, size_t cap)
     {
-        static_cast<nvinfer1::IRuntime*>(rt)->setEngineHostCodeAllowed(allowed);
-    }
-
-    void* itrt_engine_deserialize(void* rt, void const* data, size_t size)
-    {
-        return static_cast<nvinfer1::IRuntime*>(rt)->deserializeCudaEngine(data, size);
+        Call call(err, cap);
+        auto runtime = static_cast<nvinfer1::IRuntime*>(rt);
+        std::lock_guard<std::mutex> lock(gDeserializeMutex);
+        runtime->setEngineHostCodeAllowed(allow_host_code);
+        nvinfer1::ICudaEngine* engine = runtime->deserializeCudaEngine(data, size);
+        if (engine == nullptr)
+        {
+            call.fail("deserializing the plan failed");
+            return nullptr;
+        }
+        if (call.failed())
+        {
+            delete engine;
+            call.fail("deserializing the plan logged an error");
+            return nullptr;
+        }
+        return engine;
     }
 
     void itrt_engine_destroy(void* e)
@@ -114,7 +249,14 @@ extern "C"
         return static_cast<int32_t>(static_cast<nvinfer1::ICudaEngine*>(e)->getTensorIOMode(name));
     }
 
-    // nvinfer1::DataType as an integer (0 float, 1 half, 2 int8, 3 int32, 4 bool, 5 uint8, ...).
+    // 0 device, 1 host (nvinfer1::TensorLocation): shape tensors live in host memory.
+    int32_t itrt_engine_io_location(void* e, char const* name)
+    {
+        return static_cast<int32_t>(static_cast<nvinfer1::ICudaEngine*>(e)->getTensorLocation(name));
+    }
+
+    // nvinfer1::DataType as an integer (0 float, 1 half, 2 int8, 3 int32, 4 bool, 5 uint8, 6 fp8,
+    // 7 bf16, 8 int64, 9 int4, 10 fp4, 11 e8m0; later releases may add more).
     int32_t itrt_engine_io_dtype(void* e, char const* name)
     {
         return static_cast<int32_t>(static_cast<nvinfer1::ICudaEngine*>(e)->getTensorDataType(name));
@@ -131,15 +273,22 @@ extern "C"
     }
 
     // which: 0 min, 1 opt, 2 max (nvinfer1::OptProfileSelector).
-    int32_t itrt_engine_profile_shape(void* e, char const* name, int32_t profile, int32_t which, int64_t* out, int32_t cap)
+    int32_t itrt_engine_profile_shape(
+        void* e, char const* name, int32_t profile, int32_t which, int64_t* out, int32_t cap)
     {
         auto sel = static_cast<nvinfer1::OptProfileSelector>(which);
         return copyDims(static_cast<nvinfer1::ICudaEngine*>(e)->getProfileShape(name, profile, sel), out, cap);
     }
 
-    void* itrt_context_create(void* e)
+    void* itrt_context_create(void* e, char* err, size_t cap)
     {
-        return static_cast<nvinfer1::ICudaEngine*>(e)->createExecutionContext();
+        Call call(err, cap);
+        nvinfer1::IExecutionContext* ctx = static_cast<nvinfer1::ICudaEngine*>(e)->createExecutionContext();
+        if (ctx == nullptr)
+        {
+            call.fail("creating an execution context failed");
+        }
+        return ctx;
     }
 
     void itrt_context_destroy(void* c)
@@ -147,11 +296,13 @@ extern "C"
         delete static_cast<nvinfer1::IExecutionContext*>(c);
     }
 
-    bool itrt_context_set_input_shape(void* c, char const* name, int64_t const* dims, int32_t n)
+    bool itrt_context_set_input_shape(void* c, char const* name, int64_t const* dims, int32_t n, char* err, size_t cap)
     {
+        Call call(err, cap);
         nvinfer1::Dims d{};
         if (n < 0 || n > nvinfer1::Dims::MAX_DIMS)
         {
+            call.fail("too many dimensions");
             return false;
         }
         d.nbDims = n;
@@ -159,7 +310,12 @@ extern "C"
         {
             d.d[i] = static_cast<decltype(d.d[0] + 0)>(dims[i]);
         }
-        return static_cast<nvinfer1::IExecutionContext*>(c)->setInputShape(name, d);
+        if (!static_cast<nvinfer1::IExecutionContext*>(c)->setInputShape(name, d))
+        {
+            call.fail("setInputShape failed");
+            return false;
+        }
+        return true;
     }
 
     // The shape of a tensor in this context (outputs are resolved once input shapes are set).
@@ -168,14 +324,26 @@ extern "C"
         return copyDims(static_cast<nvinfer1::IExecutionContext*>(c)->getTensorShape(name), out, cap);
     }
 
-    bool itrt_context_set_tensor_address(void* c, char const* name, void* ptr)
+    bool itrt_context_set_tensor_address(void* c, char const* name, void* ptr, char* err, size_t cap)
     {
-        return static_cast<nvinfer1::IExecutionContext*>(c)->setTensorAddress(name, ptr);
+        Call call(err, cap);
+        if (!static_cast<nvinfer1::IExecutionContext*>(c)->setTensorAddress(name, ptr))
+        {
+            call.fail("setTensorAddress failed");
+            return false;
+        }
+        return true;
     }
 
     // stream: a CUstream (the driver API handle is the runtime API's cudaStream_t).
-    bool itrt_context_enqueue_v3(void* c, void* stream)
+    bool itrt_context_enqueue_v3(void* c, void* stream, char* err, size_t cap)
     {
-        return static_cast<nvinfer1::IExecutionContext*>(c)->enqueueV3(static_cast<cudaStream_t>(stream));
+        Call call(err, cap);
+        if (!static_cast<nvinfer1::IExecutionContext*>(c)->enqueueV3(static_cast<cudaStream_t>(stream)))
+        {
+            call.fail("enqueueV3 failed");
+            return false;
+        }
+        return true;
     }
 }

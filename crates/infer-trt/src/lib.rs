@@ -3,15 +3,18 @@
 //!
 //! Layers, from always-built to most conditional:
 //! - Pure helpers (always built, tested in CI): which library to `dlopen` for an engine
-//!   ([`LibraryKind`]), decoding `getInferLibVersion`, TensorRT datatype codes, and reading the
-//!   driver version from `/proc/driver/nvidia/version` for the start-up compatibility check.
-//! - Feature `tensorrt`: the Rust side — `dlopen` of libnvinfer / lean / dispatch
-//!   (`libloading`), device memory and streams (`cudarc`), [`TrtEngine`]. Builds without TensorRT
-//!   or CUDA installed; every call then fails with [`Error::NoShim`] unless…
+//!   ([`LibraryKind`]), decoding `getInferLibVersion`, the header/library major check, TensorRT
+//!   datatype codes, buffer sizes that refuse unresolved dimensions, the checks of a batch's
+//!   inputs, and reading the driver version from `/proc/driver/nvidia/version`.
+//! - Feature `tensorrt`: the Rust side — `dlopen` of libnvinfer / lean / dispatch and of the
+//!   CUDA driver and NVML (`libloading`; a missing driver is an error, never a panic),
+//!   [`TrtLibrary`], [`TrtRuntime`], [`TrtEngine`]. Builds without TensorRT or CUDA installed;
+//!   creating a runtime then fails with [`Error::NoShim`] unless…
 //! - …`TENSORRT_ROOT` pointed at TensorRT headers at build time: then `build.rs` compiled
 //!   `shim/shim.cpp` (cfg `infer_trt_shim`) and the calls go to TensorRT.
 //!
-//! Nothing here has run on a GPU yet (see `docs/engines.md`, "What is verified").
+//! What has run where is in `docs/engines.md` ("What verified where"): nothing here has run on
+//! a GPU.
 //!
 //! Must not: link TensorRT or CUDA at build time; be needed by the default workspace build.
 
@@ -27,8 +30,8 @@ pub enum Error {
     NoShim,
     #[error("cannot load {library}: {reason}")]
     Load { library: String, reason: String },
-    #[error("cuda: {0}")]
-    Cuda(String),
+    #[error("nvidia driver: {0}")]
+    Driver(String),
     #[error("tensorrt: {what}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]
     Tensorrt { what: String, detail: String },
     #[error("tensor `{name}`: {reason}")]
@@ -104,6 +107,8 @@ pub enum TrtDataType {
     Bf16,
     Int64,
     Int4,
+    Fp4,
+    E8m0,
 }
 
 impl TrtDataType {
@@ -119,11 +124,14 @@ impl TrtDataType {
             7 => TrtDataType::Bf16,
             8 => TrtDataType::Int64,
             9 => TrtDataType::Int4,
+            10 => TrtDataType::Fp4,
+            11 => TrtDataType::E8m0,
             _ => return None,
         })
     }
 
-    /// The V2 datatype a tensor of this type is exchanged as (FP8/INT4 have none).
+    /// The V2 datatype a tensor of this type is exchanged as (FP8, INT4, FP4 and E8M0 have none:
+    /// an engine may use them inside, not on its inputs and outputs).
     pub fn v2(self) -> Option<infer_spec::DataType> {
         use infer_spec::DataType as D;
         Some(match self {
@@ -135,21 +143,24 @@ impl TrtDataType {
             TrtDataType::Uint8 => D::U8,
             TrtDataType::Bf16 => D::BF16,
             TrtDataType::Int64 => D::I64,
-            TrtDataType::Fp8 | TrtDataType::Int4 => return None,
+            TrtDataType::Fp8 | TrtDataType::Int4 | TrtDataType::Fp4 | TrtDataType::E8m0 => {
+                return None
+            }
         })
     }
 
-    /// Bytes per element (INT4 packs two per byte: reported as 1 and refused by callers).
-    pub fn size(self) -> usize {
+    /// Bits per element (INT4 and FP4 pack two elements per byte).
+    pub fn bits(self) -> usize {
         match self {
-            TrtDataType::Float | TrtDataType::Int32 => 4,
-            TrtDataType::Half | TrtDataType::Bf16 => 2,
+            TrtDataType::Float | TrtDataType::Int32 => 32,
+            TrtDataType::Half | TrtDataType::Bf16 => 16,
             TrtDataType::Int8
             | TrtDataType::Bool
             | TrtDataType::Uint8
             | TrtDataType::Fp8
-            | TrtDataType::Int4 => 1,
-            TrtDataType::Int64 => 8,
+            | TrtDataType::E8m0 => 8,
+            TrtDataType::Int64 => 64,
+            TrtDataType::Int4 | TrtDataType::Fp4 => 4,
         }
     }
 }
@@ -164,12 +175,156 @@ pub struct IoTensor {
     pub shape: Vec<i64>,
     /// Inputs: min/opt/max of optimisation profile 0.
     pub profile: Option<[Vec<i64>; 3]>,
+    /// The tensor lives in host memory (a shape tensor): it gets a host address, not a device one.
+    pub host: bool,
+}
+
+fn tensor_err(name: &str, reason: String) -> Error {
+    Error::Tensor {
+        name: name.into(),
+        reason,
+    }
+}
+
+/// The bytes a tensor of `shape` and `dtype` takes; refuses unresolved (`-1`) dimensions and
+/// overflow, so two `-1`s can never multiply into a plausible size.
+pub fn byte_len(name: &str, shape: &[i64], dtype: TrtDataType) -> Result<usize, Error> {
+    let mut elements: usize = 1;
+    for &d in shape {
+        let d = usize::try_from(d).map_err(|_| {
+            tensor_err(name, format!("shape {shape:?} has an unresolved dimension"))
+        })?;
+        elements = elements
+            .checked_mul(d)
+            .ok_or_else(|| tensor_err(name, format!("shape {shape:?} overflows")))?;
+    }
+    elements
+        .checked_mul(dtype.bits())
+        .map(|bits| bits.div_ceil(8))
+        .ok_or_else(|| tensor_err(name, format!("shape {shape:?} overflows")))
+}
+
+impl IoTensor {
+    /// The largest shape this input takes: optimisation profile 0's maximum, or the engine's
+    /// shape when it is fully static. Refuses a shape that still has a `-1`.
+    pub fn max_input_shape(&self) -> Result<Vec<i64>, Error> {
+        let shape = match &self.profile {
+            Some([_, _, max]) => max.clone(),
+            None => self.shape.clone(),
+        };
+        if shape.iter().any(|&d| d < 0) {
+            return Err(tensor_err(
+                &self.name,
+                format!("no optimisation profile bounds the dynamic shape {shape:?}"),
+            ));
+        }
+        Ok(shape)
+    }
+
+    /// Whether `shape` is one this input accepts: the engine's rank and static dimensions, and
+    /// within profile 0's min..=max.
+    pub fn accepts(&self, shape: &[i64]) -> Result<(), Error> {
+        let bad = |why: String| Err(tensor_err(&self.name, why));
+        if shape.len() != self.shape.len() {
+            return bad(format!(
+                "shape {shape:?} has rank {}, the engine expects {:?}",
+                shape.len(),
+                self.shape
+            ));
+        }
+        for (i, (&got, &want)) in shape.iter().zip(&self.shape).enumerate() {
+            if got < 0 || (want >= 0 && got != want) {
+                return bad(format!(
+                    "dimension {i} is {got}, the engine expects {:?}",
+                    self.shape
+                ));
+            }
+        }
+        if let Some([min, _, max]) = &self.profile {
+            let within = shape
+                .iter()
+                .zip(min.iter().zip(max))
+                .all(|(d, (lo, hi))| lo <= d && d <= hi);
+            if !within {
+                return bad(format!(
+                    "shape {shape:?} is outside the engine's profile {min:?}..={max:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks one batch's inputs `(name, shape, byte length)` against the engine's IO tensors: every
+/// input given exactly once, no unknown or output name, each shape accepted and each byte length
+/// equal to shape × element size.
+pub fn check_inputs(io: &[IoTensor], inputs: &[(&str, &[i64], usize)]) -> Result<(), Error> {
+    for (i, (name, shape, len)) in inputs.iter().enumerate() {
+        let t = io
+            .iter()
+            .find(|t| t.name == *name)
+            .ok_or_else(|| tensor_err(name, "the engine has no tensor of this name".into()))?;
+        if !t.input {
+            return Err(tensor_err(
+                name,
+                "is an output of the engine, not an input".into(),
+            ));
+        }
+        if inputs[..i].iter().any(|(n, _, _)| n == name) {
+            return Err(tensor_err(name, "given twice".into()));
+        }
+        t.accepts(shape)?;
+        let want = byte_len(name, shape, t.dtype)?;
+        if *len != want {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "{len} bytes given, shape {shape:?} of {:?} needs {want}",
+                    t.dtype
+                ),
+            ));
+        }
+    }
+    if let Some(missing) = io
+        .iter()
+        .find(|t| t.input && !inputs.iter().any(|(n, _, _)| *n == t.name))
+    {
+        return Err(tensor_err(&missing.name, "input missing".into()));
+    }
+    Ok(())
+}
+
+/// The major version in a `getInferLibVersion()` / `NV_TENSORRT_VERSION` value.
+pub fn version_major(n: i32) -> i32 {
+    if n >= 100_000 {
+        n / 10_000
+    } else {
+        n / 1_000
+    }
+}
+
+/// Refuses a library whose major differs from the headers the shim was compiled against.
+pub fn check_major(library: &str, header_version: i32, lib_version: i32) -> Result<(), Error> {
+    let (h, l) = (version_major(header_version), version_major(lib_version));
+    if h == l {
+        return Ok(());
+    }
+    Err(Error::Load {
+        library: library.into(),
+        reason: format!(
+            "it is TensorRT {l}.x (getInferLibVersion {lib_version}) but this infer-serve was built \
+             against TensorRT {h}.x headers ({header_version}); virtual-table layouts differ between \
+             majors, so it is not used"
+        ),
+    })
 }
 
 #[cfg(feature = "tensorrt")]
+mod cuda;
+#[cfg(feature = "tensorrt")]
 mod runtime;
 #[cfg(feature = "tensorrt")]
-pub use runtime::{probe_node, Tensors, TrtEngine, TrtRuntime};
+pub use runtime::{header_version, probe_gpu, Tensors, TrtEngine, TrtLibrary, TrtRuntime};
 
 #[cfg(test)]
 mod tests {
@@ -224,13 +379,89 @@ mod tests {
         );
         assert_eq!(TrtDataType::from_code(6).and_then(TrtDataType::v2), None);
         assert_eq!(TrtDataType::from_code(42), None);
-        assert_eq!(TrtDataType::Int64.size(), 8);
+        assert_eq!(TrtDataType::Int64.bits(), 64);
+        // FP4 and E8M0 (TensorRT 10.8+) are known types: an engine using them inside loads.
+        assert_eq!(TrtDataType::from_code(10), Some(TrtDataType::Fp4));
+        assert_eq!(TrtDataType::from_code(11), Some(TrtDataType::E8m0));
+        assert_eq!(TrtDataType::Fp4.v2(), None);
+        assert_eq!(byte_len("x", &[3], TrtDataType::Fp4).unwrap(), 2);
+    }
+
+    fn input(name: &str, shape: &[i64], profile: Option<[&[i64]; 3]>) -> IoTensor {
+        IoTensor {
+            name: name.into(),
+            input: true,
+            dtype: TrtDataType::Float,
+            shape: shape.to_vec(),
+            profile: profile.map(|[a, b, c]| [a.to_vec(), b.to_vec(), c.to_vec()]),
+            host: false,
+        }
+    }
+
+    #[test]
+    fn unresolved_shapes_never_size_a_buffer() {
+        // Two -1s multiply to a positive count: the old sizing accepted them.
+        let e = byte_len("y", &[-1, -1, 4], TrtDataType::Float).unwrap_err();
+        assert!(e.to_string().contains("unresolved"), "{e}");
+        assert_eq!(byte_len("y", &[8, 4], TrtDataType::Float).unwrap(), 128);
+        assert!(byte_len("y", &[i64::MAX, i64::MAX], TrtDataType::Float).is_err());
+        let x = input("x", &[-1, 4], Some([&[1, 4], &[4, 4], &[8, 4]]));
+        assert_eq!(x.max_input_shape().unwrap(), vec![8, 4]);
+        let unbounded = input("x", &[-1, 4], None);
+        assert!(unbounded.max_input_shape().is_err());
+        assert_eq!(
+            input("s", &[2, 4], None).max_input_shape().unwrap(),
+            vec![2, 4]
+        );
+    }
+
+    #[test]
+    fn inputs_are_checked_by_name_completeness_shape_and_bytes() {
+        let io = vec![
+            input("a", &[-1, 4], Some([&[1, 4], &[4, 4], &[8, 4]])),
+            input("b", &[-1, 2], Some([&[1, 2], &[4, 2], &[8, 2]])),
+            IoTensor {
+                name: "y".into(),
+                input: false,
+                dtype: TrtDataType::Float,
+                shape: vec![-1, 1],
+                profile: None,
+                host: false,
+            },
+        ];
+        let ok: [(&str, &[i64], usize); 2] = [("a", &[2, 4], 32), ("b", &[2, 2], 16)];
+        check_inputs(&io, &ok).unwrap();
+        let err =
+            |inputs: &[(&str, &[i64], usize)]| check_inputs(&io, inputs).unwrap_err().to_string();
+        assert!(err(&[("a", &[2, 4], 32)]).contains("`b`: input missing"));
+        assert!(err(&[("a", &[2, 4], 32), ("b", &[2, 2], 16), ("c", &[1], 4)]).contains("`c`"));
+        assert!(err(&[("a", &[2, 4], 32), ("y", &[2, 1], 8)]).contains("output"));
+        assert!(err(&[("a", &[2, 4], 32), ("a", &[2, 4], 32)]).contains("twice"));
+        assert!(err(&[("a", &[2, 4], 31), ("b", &[2, 2], 16)]).contains("31 bytes"));
+        assert!(err(&[("a", &[9, 4], 144), ("b", &[2, 2], 16)]).contains("outside"));
+        assert!(err(&[("a", &[2, 5], 40), ("b", &[2, 2], 16)]).contains("dimension 1"));
+        assert!(err(&[("a", &[8], 32), ("b", &[2, 2], 16)]).contains("rank"));
+    }
+
+    #[test]
+    fn a_library_of_another_major_is_refused() {
+        check_major("libnvinfer_lean.so.10", 101600, 101611).unwrap();
+        let e = check_major("libnvinfer_lean.so.11", 101600, 110400)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TensorRT 11.x") && e.contains("TensorRT 10.x headers"),
+            "{e}"
+        );
+        assert!(check_major("libnvinfer.so.8", 110100, 8601).is_err());
     }
 
     #[cfg(all(feature = "tensorrt", not(infer_trt_shim)))]
     #[test]
     fn loading_without_the_shim_says_how_to_get_it() {
-        let e = TrtRuntime::load(LibraryKind::Dispatch, 10).err().unwrap();
+        let e = TrtRuntime::load_path("libnvinfer_dispatch.so.10")
+            .err()
+            .unwrap();
         assert!(matches!(e, Error::NoShim), "{e}");
         assert!(e.to_string().contains("TENSORRT_ROOT"));
     }

@@ -1,33 +1,41 @@
 //! The Rust side of the TensorRT backend (feature `tensorrt`): `dlopen` of the runtime library,
-//! calls into the C++ shim, device memory and streams through cudarc.
+//! calls into the C++ shim, device memory and streams through the CUDA driver API (`cuda.rs`).
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use infer_spec::engine::{Found, FoundCpu, FoundGpu, Sm, Version};
+use infer_spec::engine::{FoundGpu, Version};
 
+use crate::cuda::{kernel_driver_version, DeviceBuffer, Driver, Gpu, Stream};
 use crate::{
-    decode_lib_version, parse_proc_driver_version, Error, IoTensor, LibraryKind, TrtDataType,
+    byte_len, check_inputs, check_major, decode_lib_version, Error, IoTensor, TrtDataType,
 };
 
 #[cfg(infer_trt_shim)]
 mod ffi {
     use std::ffi::{c_char, c_void};
     extern "C" {
-        pub fn itrt_last_error(buf: *mut c_char, cap: usize) -> usize;
-        pub fn itrt_runtime_create(create_fn: *mut c_void) -> *mut c_void;
+        pub fn itrt_header_version() -> i32;
+        pub fn itrt_runtime_create(
+            create_fn: *mut c_void,
+            version_fn: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
+        ) -> *mut c_void;
         pub fn itrt_runtime_destroy(rt: *mut c_void);
-        pub fn itrt_runtime_set_host_code_allowed(rt: *mut c_void, allowed: bool);
         pub fn itrt_engine_deserialize(
             rt: *mut c_void,
             data: *const c_void,
             size: usize,
+            allow_host_code: bool,
+            err: *mut c_char,
+            cap: usize,
         ) -> *mut c_void;
         pub fn itrt_engine_destroy(e: *mut c_void);
         pub fn itrt_engine_num_io(e: *mut c_void) -> i32;
         pub fn itrt_engine_io_name(e: *mut c_void, i: i32) -> *const c_char;
         pub fn itrt_engine_io_mode(e: *mut c_void, name: *const c_char) -> i32;
+        pub fn itrt_engine_io_location(e: *mut c_void, name: *const c_char) -> i32;
         pub fn itrt_engine_io_dtype(e: *mut c_void, name: *const c_char) -> i32;
         pub fn itrt_engine_io_shape(
             e: *mut c_void,
@@ -44,13 +52,15 @@ mod ffi {
             out: *mut i64,
             cap: i32,
         ) -> i32;
-        pub fn itrt_context_create(e: *mut c_void) -> *mut c_void;
+        pub fn itrt_context_create(e: *mut c_void, err: *mut c_char, cap: usize) -> *mut c_void;
         pub fn itrt_context_destroy(c: *mut c_void);
         pub fn itrt_context_set_input_shape(
             c: *mut c_void,
             name: *const c_char,
             dims: *const i64,
             n: i32,
+            err: *mut c_char,
+            cap: usize,
         ) -> bool;
         pub fn itrt_context_tensor_shape(
             c: *mut c_void,
@@ -62,59 +72,69 @@ mod ffi {
             c: *mut c_void,
             name: *const c_char,
             ptr: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
         ) -> bool;
-        pub fn itrt_context_enqueue_v3(c: *mut c_void, stream: *mut c_void) -> bool;
+        pub fn itrt_context_enqueue_v3(
+            c: *mut c_void,
+            stream: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
+        ) -> bool;
     }
 }
 
-/// Without the shim every entry point is unreachable: `TrtRuntime::load` fails first.
+/// Without the shim no entry point is reachable: `TrtLibrary::runtime` fails first with
+/// `Error::NoShim`. These stand-ins only keep the callers compiling.
 #[cfg(not(infer_trt_shim))]
 #[allow(clippy::missing_safety_doc)]
 mod ffi {
     use std::ffi::{c_char, c_void};
-    use std::ptr::null_mut;
-    pub unsafe fn itrt_last_error(_: *mut c_char, _: usize) -> usize {
+    use std::ptr::{null, null_mut};
+    type P = *mut c_void;
+    type S = *const c_char;
+    pub unsafe fn itrt_header_version() -> i32 {
         0
     }
-    pub unsafe fn itrt_runtime_create(_: *mut c_void) -> *mut c_void {
+    pub unsafe fn itrt_runtime_create(_: P, _: P, _: *mut c_char, _: usize) -> P {
         null_mut()
     }
-    pub unsafe fn itrt_runtime_destroy(_: *mut c_void) {}
-    pub unsafe fn itrt_runtime_set_host_code_allowed(_: *mut c_void, _: bool) {}
+    pub unsafe fn itrt_runtime_destroy(_: P) {}
     pub unsafe fn itrt_engine_deserialize(
-        _: *mut c_void,
+        _: P,
         _: *const c_void,
         _: usize,
-    ) -> *mut c_void {
+        _: bool,
+        _: *mut c_char,
+        _: usize,
+    ) -> P {
         null_mut()
     }
-    pub unsafe fn itrt_engine_destroy(_: *mut c_void) {}
-    pub unsafe fn itrt_engine_num_io(_: *mut c_void) -> i32 {
+    pub unsafe fn itrt_engine_destroy(_: P) {}
+    pub unsafe fn itrt_engine_num_io(_: P) -> i32 {
         0
     }
-    pub unsafe fn itrt_engine_io_name(_: *mut c_void, _: i32) -> *const c_char {
-        std::ptr::null()
+    pub unsafe fn itrt_engine_io_name(_: P, _: i32) -> S {
+        null()
     }
-    pub unsafe fn itrt_engine_io_mode(_: *mut c_void, _: *const c_char) -> i32 {
+    pub unsafe fn itrt_engine_io_mode(_: P, _: S) -> i32 {
         0
     }
-    pub unsafe fn itrt_engine_io_dtype(_: *mut c_void, _: *const c_char) -> i32 {
+    pub unsafe fn itrt_engine_io_location(_: P, _: S) -> i32 {
+        0
+    }
+    pub unsafe fn itrt_engine_io_dtype(_: P, _: S) -> i32 {
         -1
     }
-    pub unsafe fn itrt_engine_io_shape(
-        _: *mut c_void,
-        _: *const c_char,
-        _: *mut i64,
-        _: i32,
-    ) -> i32 {
+    pub unsafe fn itrt_engine_io_shape(_: P, _: S, _: *mut i64, _: i32) -> i32 {
         -1
     }
-    pub unsafe fn itrt_engine_num_profiles(_: *mut c_void) -> i32 {
+    pub unsafe fn itrt_engine_num_profiles(_: P) -> i32 {
         0
     }
     pub unsafe fn itrt_engine_profile_shape(
-        _: *mut c_void,
-        _: *const c_char,
+        _: P,
+        _: S,
         _: i32,
         _: i32,
         _: *mut i64,
@@ -122,65 +142,160 @@ mod ffi {
     ) -> i32 {
         -1
     }
-    pub unsafe fn itrt_context_create(_: *mut c_void) -> *mut c_void {
+    pub unsafe fn itrt_context_create(_: P, _: *mut c_char, _: usize) -> P {
         null_mut()
     }
-    pub unsafe fn itrt_context_destroy(_: *mut c_void) {}
+    pub unsafe fn itrt_context_destroy(_: P) {}
     pub unsafe fn itrt_context_set_input_shape(
-        _: *mut c_void,
-        _: *const c_char,
+        _: P,
+        _: S,
         _: *const i64,
         _: i32,
+        _: *mut c_char,
+        _: usize,
     ) -> bool {
         false
     }
-    pub unsafe fn itrt_context_tensor_shape(
-        _: *mut c_void,
-        _: *const c_char,
-        _: *mut i64,
-        _: i32,
-    ) -> i32 {
+    pub unsafe fn itrt_context_tensor_shape(_: P, _: S, _: *mut i64, _: i32) -> i32 {
         -1
     }
     pub unsafe fn itrt_context_set_tensor_address(
-        _: *mut c_void,
-        _: *const c_char,
-        _: *mut c_void,
+        _: P,
+        _: S,
+        _: P,
+        _: *mut c_char,
+        _: usize,
     ) -> bool {
         false
     }
-    pub unsafe fn itrt_context_enqueue_v3(_: *mut c_void, _: *mut c_void) -> bool {
+    pub unsafe fn itrt_context_enqueue_v3(_: P, _: P, _: *mut c_char, _: usize) -> bool {
         false
     }
 }
 
-fn last_error() -> String {
-    let mut buf = vec![0 as c_char; 1024];
-    // SAFETY: the buffer is valid for `len` bytes; the shim writes at most len-1 plus a NUL.
-    unsafe { ffi::itrt_last_error(buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: the shim NUL-terminates (the buffer is zeroed when it wrote nothing).
-    unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
+/// A buffer for the shim's error text of one call.
+struct ErrBuf([c_char; 2048]);
 
-fn trt_err(what: &str) -> Error {
-    Error::Tensorrt {
-        what: what.into(),
-        detail: last_error(),
+impl ErrBuf {
+    fn new() -> ErrBuf {
+        ErrBuf([0; 2048])
+    }
+    fn ptr(&mut self) -> *mut c_char {
+        self.0.as_mut_ptr()
+    }
+    fn error(&self, what: &str) -> Error {
+        // SAFETY: the shim always NUL-terminates within the buffer (it is zeroed beforehand).
+        let detail = unsafe { CStr::from_ptr(self.0.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Error::Tensorrt {
+            what: what.into(),
+            detail,
+        }
     }
 }
 
-fn cuda_err(e: impl std::fmt::Debug) -> Error {
-    Error::Cuda(format!("{e:?}"))
+/// `NV_TENSORRT_VERSION` of the headers the shim was compiled against; `None` without the shim.
+pub fn header_version() -> Option<i32> {
+    // SAFETY: returns a constant.
+    crate::SHIM_COMPILED.then(|| unsafe { ffi::itrt_header_version() })
 }
 
-fn lib_version(lib: &libloading::Library) -> Option<Version> {
-    // SAFETY: `getInferLibVersion` is exported by every TensorRT runtime library as
-    // `int32_t getInferLibVersion() noexcept` (extern "C").
-    let f: libloading::Symbol<unsafe extern "C" fn() -> i32> =
-        unsafe { lib.get(b"getInferLibVersion\0") }.ok()?;
-    decode_lib_version(unsafe { f() })
+/// Describes GPU 0 for `infer_spec::engine::check_compat`: compute capability and name through
+/// the CUDA driver API, the kernel driver's version through NVML (or `/proc`). Fails, without
+/// panicking, when no driver or no GPU is visible.
+pub fn probe_gpu() -> Result<FoundGpu, Error> {
+    let driver = Driver::get()?;
+    let (_, sm, name) = driver.device(0)?;
+    let driver = kernel_driver_version()?;
+    Ok(FoundGpu { sm, driver, name })
+}
+
+/// A TensorRT runtime library, opened with `dlopen`; only its version entry points are called.
+pub struct TrtLibrary {
+    name: String,
+    lib: libloading::Library,
+    code: i32,
+    version: Version,
+}
+
+impl TrtLibrary {
+    /// `dlopen` a runtime library by soname (the dynamic linker's search path) or path and read
+    /// its version (`getInferLibVersion`, plus `getInferLibBuildVersion` where it exists).
+    pub fn open(library: &str) -> Result<TrtLibrary, Error> {
+        let load_err = |reason: String| Error::Load {
+            library: library.into(),
+            reason,
+        };
+        // SAFETY: loading a TensorRT runtime library runs its initialisers, nothing else.
+        let lib =
+            unsafe { libloading::Library::new(library) }.map_err(|e| load_err(e.to_string()))?;
+        // SAFETY: `int32_t getInferLibVersion() noexcept`, extern "C", in every TensorRT library.
+        let code = unsafe {
+            let f = lib
+                .get::<unsafe extern "C" fn() -> i32>(b"getInferLibVersion\0")
+                .map_err(|e| load_err(e.to_string()))?;
+            f()
+        };
+        let base = decode_lib_version(code)
+            .ok_or_else(|| load_err(format!("getInferLibVersion gave {code}")))?;
+        // SAFETY: `int32_t getInferLibBuildVersion() noexcept` (TensorRT 10 and later).
+        let build =
+            unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"getInferLibBuildVersion\0") }
+                .ok()
+                .map(|f| unsafe { f() });
+        let version = match build {
+            Some(b) if b >= 0 => format!("{base}.{b}").parse().unwrap_or(base),
+            _ => base,
+        };
+        Ok(TrtLibrary {
+            name: library.into(),
+            lib,
+            code,
+            version,
+        })
+    }
+
+    /// The library's version (major.minor.patch, and the build where the library reports it).
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Refuses the library when its major differs from the headers the shim was compiled
+    /// against (or when there is no shim).
+    pub fn check_headers(&self) -> Result<(), Error> {
+        let header = header_version().ok_or(Error::NoShim)?;
+        check_major(&self.name, header, self.code)
+    }
+
+    /// Creates a runtime. Refused, before any call into the library other than its version
+    /// entry point, when the library's major differs from the shim's headers; refused when
+    /// TensorRT logged an error during creation (no usable CUDA driver, for one).
+    pub fn runtime(self) -> Result<TrtRuntime, Error> {
+        self.check_headers()?;
+        let get = |name: &[u8]| -> Result<*mut c_void, Error> {
+            // SAFETY: resolved as an opaque pointer and only called by the shim with the
+            // signature the headers declare for it.
+            unsafe { self.lib.get::<*mut c_void>(name) }
+                .map(|s| *s)
+                .map_err(|e| Error::Load {
+                    library: self.name.clone(),
+                    reason: e.to_string(),
+                })
+        };
+        let create = get(b"createInferRuntime_INTERNAL\0")?;
+        let version_fn = get(b"getInferLibVersion\0")?;
+        let mut err = ErrBuf::new();
+        // SAFETY: both pointers come from the library, which stays loaded in the runtime.
+        let rt = unsafe { ffi::itrt_runtime_create(create, version_fn, err.ptr(), 2048) };
+        if rt.is_null() {
+            return Err(err.error(&format!("creating a runtime from {} failed", self.name)));
+        }
+        Ok(TrtRuntime {
+            inner: Arc::new(RuntimeInner { rt, _lib: self.lib }),
+            version: self.version,
+        })
+    }
 }
 
 struct RuntimeInner {
@@ -188,14 +303,14 @@ struct RuntimeInner {
     _lib: libloading::Library,
 }
 
-// SAFETY: IRuntime may be used from any thread; access is serialised by ownership here.
+// SAFETY: IRuntime may be used from any thread; the shim serialises deserialization.
 unsafe impl Send for RuntimeInner {}
 unsafe impl Sync for RuntimeInner {}
 
 impl Drop for RuntimeInner {
     fn drop(&mut self) {
-        // SAFETY: `rt` came from itrt_runtime_create and is destroyed once, before the library
-        // is unloaded (fields drop after this body).
+        // SAFETY: `rt` came from a successful itrt_runtime_create and is destroyed once, before
+        // the library is unloaded (fields drop after this body).
         unsafe { ffi::itrt_runtime_destroy(self.rt) };
     }
 }
@@ -210,93 +325,90 @@ pub struct TrtRuntime {
 }
 
 impl TrtRuntime {
-    /// `dlopen` the library of `kind` for TensorRT major `major` (found through the dynamic
-    /// linker's search path) and create a runtime.
-    pub fn load(kind: LibraryKind, major: u64) -> Result<TrtRuntime, Error> {
-        Self::load_path(&kind.soname(major))
-    }
-
     /// `dlopen` a runtime library by name or path and create a runtime.
     pub fn load_path(library: &str) -> Result<TrtRuntime, Error> {
         if !crate::SHIM_COMPILED {
             return Err(Error::NoShim);
         }
-        let load_err = |reason: String| Error::Load {
-            library: library.into(),
-            reason,
-        };
-        // SAFETY: loading a TensorRT runtime library runs its initialisers, nothing else.
-        let lib =
-            unsafe { libloading::Library::new(library) }.map_err(|e| load_err(e.to_string()))?;
-        let version = lib_version(&lib).ok_or_else(|| load_err("no getInferLibVersion".into()))?;
-        // SAFETY: resolved as an opaque pointer and only called by the shim with the signature
-        // the headers declare for it.
-        let create: libloading::Symbol<*mut c_void> =
-            unsafe { lib.get(b"createInferRuntime_INTERNAL\0") }
-                .map_err(|e| load_err(e.to_string()))?;
-        let rt = unsafe { ffi::itrt_runtime_create(*create) };
-        if rt.is_null() {
-            return Err(trt_err("createInferRuntime failed"));
-        }
-        Ok(TrtRuntime {
-            inner: Arc::new(RuntimeInner { rt, _lib: lib }),
-            version,
-        })
+        TrtLibrary::open(library)?.runtime()
     }
 
-    /// The library's version (major.minor.patch).
+    /// The library's version.
     pub fn version(&self) -> &Version {
         &self.version
     }
 
-    /// Deserialize a plan on device 0 and create one execution context. `allow_host_code` is
-    /// needed to run version-compatible plans with the full runtime.
+    /// Deserializes a plan on GPU 0 and creates one execution context on its own stream, with
+    /// device buffers for the largest shapes profile 0 allows. `allow_host_code` is needed to
+    /// run version-compatible plans with the full runtime.
     pub fn deserialize(&self, plan: &[u8], allow_host_code: bool) -> Result<TrtEngine, Error> {
-        let cuda = CudaContext::new(0).map_err(cuda_err)?;
-        let stream = cuda.new_stream().map_err(cuda_err)?;
+        let gpu = Gpu::open(0)?;
+        gpu.bind()?;
+        let stream = gpu.stream()?;
+        let mut err = ErrBuf::new();
         // SAFETY: rt is live; plan is a valid buffer for its length.
         let engine = unsafe {
-            ffi::itrt_runtime_set_host_code_allowed(self.inner.rt, allow_host_code);
-            ffi::itrt_engine_deserialize(self.inner.rt, plan.as_ptr().cast(), plan.len())
+            ffi::itrt_engine_deserialize(
+                self.inner.rt,
+                plan.as_ptr().cast(),
+                plan.len(),
+                allow_host_code,
+                err.ptr(),
+                2048,
+            )
         };
         if engine.is_null() {
-            return Err(trt_err("deserializing the engine failed"));
+            return Err(err.error("deserializing the engine failed"));
         }
         // SAFETY: engine is live.
-        let ctx = unsafe { ffi::itrt_context_create(engine) };
+        let ctx = unsafe { ffi::itrt_context_create(engine, err.ptr(), 2048) };
         if ctx.is_null() {
+            // SAFETY: destroyed once.
             unsafe { ffi::itrt_engine_destroy(engine) };
-            return Err(trt_err("creating an execution context failed"));
+            return Err(err.error("creating an execution context failed"));
         }
         let mut e = TrtEngine {
             ctx,
             engine,
             io: Vec::new(),
-            _cuda: cuda,
+            buffers: Vec::new(),
             stream,
+            gpu,
             _rt: self.inner.clone(),
         };
         e.io = e.describe()?;
+        e.allocate()?;
         Ok(e)
     }
 }
 
-/// A deserialized engine with one execution context and its own CUDA stream.
+/// Where one IO tensor's bytes live between batches (sized for the largest shape).
+enum Buffer {
+    Device(DeviceBuffer),
+    Host(Vec<u8>),
+}
+
+/// A deserialized engine with one execution context, its own CUDA stream and its IO buffers.
 pub struct TrtEngine {
     ctx: *mut c_void,
     engine: *mut c_void,
     io: Vec<IoTensor>,
-    _cuda: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// One per `io` entry, same order.
+    buffers: Vec<Buffer>,
+    stream: Stream,
+    gpu: Gpu,
     _rt: Arc<RuntimeInner>,
 }
 
-// SAFETY: one execution context is used by one thread at a time (`&mut self` for inference).
+// SAFETY: one execution context is used by one thread at a time (`&mut self` for inference);
+// the CUDA context is made current on the calling thread before each use.
 unsafe impl Send for TrtEngine {}
 
 impl Drop for TrtEngine {
     fn drop(&mut self) {
-        // SAFETY: context before engine, each destroyed once; the runtime outlives both (Arc).
+        let _ = self.gpu.bind();
+        // SAFETY: context before engine, each destroyed once; the runtime outlives both (Arc);
+        // buffers, stream and GPU context drop after this body.
         unsafe {
             ffi::itrt_context_destroy(self.ctx);
             ffi::itrt_engine_destroy(self.engine);
@@ -310,6 +422,13 @@ fn dims(f: impl Fn(*mut i64, i32) -> i32) -> Option<Vec<i64>> {
     (0..=8).contains(&n).then(|| buf[..n as usize].to_vec())
 }
 
+fn cname(s: &str) -> Result<CString, Error> {
+    CString::new(s).map_err(|_| Error::Tensor {
+        name: s.into(),
+        reason: "name contains NUL".into(),
+    })
+}
+
 impl TrtEngine {
     fn describe(&self) -> Result<Vec<IoTensor>, Error> {
         // SAFETY: engine is live; names returned by TensorRT live as long as the engine, and
@@ -321,7 +440,10 @@ impl TrtEngine {
             for i in 0..n {
                 let p = ffi::itrt_engine_io_name(self.engine, i);
                 if p.is_null() {
-                    return Err(trt_err("an IO tensor has no name"));
+                    return Err(Error::Tensorrt {
+                        what: format!("IO tensor {i} has no name"),
+                        detail: String::new(),
+                    });
                 }
                 let cname = CStr::from_ptr(p).to_owned();
                 let name = cname.to_string_lossy().into_owned();
@@ -333,7 +455,10 @@ impl TrtEngine {
                 })?;
                 let shape =
                     dims(|b, c| ffi::itrt_engine_io_shape(self.engine, cname.as_ptr(), b, c))
-                        .unwrap_or_default();
+                        .ok_or_else(|| Error::Tensor {
+                            name: name.clone(),
+                            reason: "the engine gives no shape".into(),
+                        })?;
                 let profile = if mode == 1 && profiles > 0 {
                     let sel = |w| {
                         dims(|b, c| {
@@ -341,22 +466,92 @@ impl TrtEngine {
                         })
                     };
                     match (sel(0), sel(1), sel(2)) {
-                        (Some(a), Some(o), Some(m)) => Some([a, o, m]),
+                        (Some(a), Some(o), Some(m)) if a.len() == shape.len() => Some([a, o, m]),
                         _ => None,
                     }
                 } else {
                     None
                 };
+                let host = ffi::itrt_engine_io_location(self.engine, cname.as_ptr()) == 1;
                 out.push(IoTensor {
                     name,
                     input: mode == 1,
                     dtype,
                     shape,
                     profile,
+                    host,
                 });
             }
             Ok(out)
         }
+    }
+
+    fn set_input_shape(&mut self, name: &CStr, shape: &[i64]) -> Result<(), Error> {
+        let mut err = ErrBuf::new();
+        // SAFETY: ctx is live; shape is a valid slice.
+        if unsafe {
+            ffi::itrt_context_set_input_shape(
+                self.ctx,
+                name.as_ptr(),
+                shape.as_ptr(),
+                shape.len() as i32,
+                err.ptr(),
+                2048,
+            )
+        } {
+            return Ok(());
+        }
+        Err(err.error(&format!(
+            "setInputShape({}, {shape:?}) failed",
+            name.to_string_lossy()
+        )))
+    }
+
+    fn context_shape(&self, name: &CStr) -> Result<Vec<i64>, Error> {
+        // SAFETY: ctx is live.
+        dims(|b, n| unsafe { ffi::itrt_context_tensor_shape(self.ctx, name.as_ptr(), b, n) })
+            .ok_or_else(|| Error::Tensor {
+                name: name.to_string_lossy().into_owned(),
+                reason: "the context gives no shape".into(),
+            })
+    }
+
+    /// Sizes every buffer once: inputs at profile 0's maximum, outputs at the shapes TensorRT
+    /// resolves for those inputs (no `-1` may remain), and binds their addresses.
+    fn allocate(&mut self) -> Result<(), Error> {
+        self.gpu.bind()?;
+        let io = self.io.clone();
+        for t in io.iter().filter(|t| t.input) {
+            self.set_input_shape(&cname(&t.name)?, &t.max_input_shape()?)?;
+        }
+        for t in &io {
+            let c = cname(&t.name)?;
+            let shape = if t.input {
+                t.max_input_shape()?
+            } else {
+                self.context_shape(&c)?
+            };
+            let len = byte_len(&t.name, &shape, t.dtype)?;
+            let mut buffer = if t.host {
+                Buffer::Host(vec![0; len.max(1)])
+            } else {
+                Buffer::Device(self.gpu.alloc(len)?)
+            };
+            let addr = match &mut buffer {
+                Buffer::Device(d) => d.addr(),
+                Buffer::Host(h) => h.as_mut_ptr().cast(),
+            };
+            let mut err = ErrBuf::new();
+            // SAFETY: the buffer lives in `self.buffers` as long as the context (a Vec's heap
+            // block does not move when the Vec is moved into the list).
+            if !unsafe {
+                ffi::itrt_context_set_tensor_address(self.ctx, c.as_ptr(), addr, err.ptr(), 2048)
+            } {
+                return Err(err.error(&format!("setTensorAddress({}) failed", t.name)));
+            }
+            self.buffers.push(buffer);
+        }
+        Ok(())
     }
 
     /// The engine's inputs and outputs.
@@ -364,105 +559,57 @@ impl TrtEngine {
         &self.io
     }
 
-    /// Run one batch: `inputs` are (name, shape, host bytes) in any order; returns every output
-    /// as (name, shape, host bytes). Copies in, `enqueueV3` on this engine's stream, copies out.
+    /// Runs one batch: `inputs` are (name, shape, host bytes), every input of the engine exactly
+    /// once, in any order; returns every output as (name, shape, host bytes). Copies into the
+    /// preallocated buffers, `enqueueV3` on this engine's stream, copies out what the batch's
+    /// shapes take.
     pub fn infer(&mut self, inputs: &[(&str, &[i64], &[u8])]) -> Result<Tensors, Error> {
-        let cstr = |s: &str| {
-            CString::new(s).map_err(|_| Error::Tensor {
-                name: s.into(),
-                reason: "name contains NUL".into(),
-            })
-        };
-        let mut buffers = Vec::new();
+        let checked: Vec<(&str, &[i64], usize)> =
+            inputs.iter().map(|(n, s, b)| (*n, *s, b.len())).collect();
+        check_inputs(&self.io, &checked)?;
+        self.gpu.bind()?;
         for (name, shape, bytes) in inputs {
-            let c = cstr(name)?;
-            // SAFETY: ctx is live; shape is a valid slice.
-            if !unsafe {
-                ffi::itrt_context_set_input_shape(
-                    self.ctx,
-                    c.as_ptr(),
-                    shape.as_ptr(),
-                    shape.len() as i32,
-                )
-            } {
-                return Err(trt_err(&format!("setInputShape({name}) failed")));
+            let i = self
+                .io
+                .iter()
+                .position(|t| t.name == *name)
+                .unwrap_or_default();
+            self.set_input_shape(&cname(name)?, shape)?;
+            match &mut self.buffers[i] {
+                Buffer::Device(d) => self.stream.upload(d, bytes)?,
+                Buffer::Host(h) => h
+                    .get_mut(..bytes.len())
+                    .ok_or_else(|| Error::Tensor {
+                        name: name.to_string(),
+                        reason: format!("{} bytes exceed its buffer", bytes.len()),
+                    })?
+                    .copy_from_slice(bytes),
             }
-            let dev = self.stream.clone_htod(*bytes).map_err(cuda_err)?;
-            {
-                let (ptr, _sync) = dev.device_ptr(&self.stream);
-                // SAFETY: the device buffer outlives the enqueue below (kept in `buffers`).
-                if !unsafe {
-                    ffi::itrt_context_set_tensor_address(self.ctx, c.as_ptr(), ptr as *mut c_void)
-                } {
-                    return Err(trt_err(&format!("setTensorAddress({name}) failed")));
+        }
+        let mut err = ErrBuf::new();
+        // SAFETY: every IO address is bound to a live buffer sized for the largest shapes.
+        if !unsafe { ffi::itrt_context_enqueue_v3(self.ctx, self.stream.raw(), err.ptr(), 2048) } {
+            let _ = self.stream.synchronize();
+            return Err(err.error("enqueueV3 failed"));
+        }
+        let mut out = Vec::new();
+        for (t, b) in self.io.iter().zip(&self.buffers).filter(|(t, _)| !t.input) {
+            let shape = self.context_shape(&cname(&t.name)?)?;
+            let mut host = vec![0u8; byte_len(&t.name, &shape, t.dtype)?];
+            match b {
+                Buffer::Device(d) => self.stream.download(&mut host, d)?,
+                Buffer::Host(h) => {
+                    self.stream.synchronize()?;
+                    let src = h.get(..host.len()).ok_or_else(|| Error::Tensor {
+                        name: t.name.clone(),
+                        reason: format!("shape {shape:?} exceeds its buffer"),
+                    })?;
+                    host.copy_from_slice(src);
                 }
             }
-            buffers.push(dev);
+            out.push((t.name.clone(), shape, host));
         }
-        let mut outputs = Vec::new();
-        for t in self.io.iter().filter(|t| !t.input) {
-            let c = cstr(&t.name)?;
-            // SAFETY: ctx is live.
-            let shape =
-                dims(|b, n| unsafe { ffi::itrt_context_tensor_shape(self.ctx, c.as_ptr(), b, n) })
-                    .ok_or_else(|| trt_err(&format!("output {} has no shape", t.name)))?;
-            let count: i64 = shape.iter().product();
-            let len = usize::try_from(count).map_err(|_| Error::Tensor {
-                name: t.name.clone(),
-                reason: format!("unresolved shape {shape:?}"),
-            })? * t.dtype.size();
-            let mut dev = self
-                .stream
-                .alloc_zeros::<u8>(len.max(1))
-                .map_err(cuda_err)?;
-            {
-                let (ptr, _sync) = dev.device_ptr_mut(&self.stream);
-                // SAFETY: as above.
-                if !unsafe {
-                    ffi::itrt_context_set_tensor_address(self.ctx, c.as_ptr(), ptr as *mut c_void)
-                } {
-                    return Err(trt_err(&format!("setTensorAddress({}) failed", t.name)));
-                }
-            }
-            outputs.push((t.name.clone(), shape, len, dev));
-        }
-        // SAFETY: every IO address is set and the buffers live until after synchronize().
-        if !unsafe {
-            ffi::itrt_context_enqueue_v3(self.ctx, self.stream.cu_stream() as *mut c_void)
-        } {
-            return Err(trt_err("enqueueV3 failed"));
-        }
-        self.stream.synchronize().map_err(cuda_err)?;
-        let mut result = Vec::with_capacity(outputs.len());
-        for (name, shape, len, dev) in outputs {
-            let mut host = self.stream.clone_dtoh(&dev).map_err(cuda_err)?;
-            host.truncate(len);
-            result.push((name, shape, host));
-        }
-        drop(buffers);
-        Ok(result)
+        self.stream.synchronize()?;
+        Ok(out)
     }
-}
-
-/// Describe the node for `infer_spec::engine::check_compat`: GPU 0's compute capability and
-/// name (cudarc), the driver version (`/proc/driver/nvidia/version`), the loaded TensorRT
-/// library's version, and the CPU.
-pub fn probe_node(runtime: Option<&TrtRuntime>) -> Result<Found, Error> {
-    let cuda = CudaContext::new(0).map_err(cuda_err)?;
-    let (major, minor) = cuda.compute_capability().map_err(cuda_err)?;
-    let name = cuda.name().map_err(cuda_err)?;
-    let driver_text = std::fs::read_to_string("/proc/driver/nvidia/version")
-        .map_err(|e| Error::Cuda(format!("/proc/driver/nvidia/version: {e}")))?;
-    let driver = parse_proc_driver_version(&driver_text).ok_or_else(|| {
-        Error::Cuda("cannot read the driver version from /proc/driver/nvidia/version".into())
-    })?;
-    Ok(Found {
-        gpu: Some(FoundGpu {
-            sm: Sm::new(major.max(0) as u32, minor.max(0) as u32),
-            driver,
-            name,
-        }),
-        tensorrt: runtime.map(|r| r.version().clone()),
-        cpu: FoundCpu::detect(),
-    })
 }

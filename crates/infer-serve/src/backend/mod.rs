@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
+#[cfg(feature = "tensorrt")]
+pub mod tensorrt;
 #[cfg(feature = "tract")]
 pub mod tract;
 
@@ -51,6 +53,19 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
             &base.join(path),
         )?));
     }
+    #[cfg(feature = "tensorrt")]
+    if kind == infer_spec::EngineKind::TensorRt {
+        let path = cfg
+            .engine
+            .path
+            .as_deref()
+            .ok_or("engine.path is required for tensorrt")?;
+        return Ok(Arc::new(tensorrt::TensorrtEngine::load(
+            cfg,
+            base,
+            &base.join(path),
+        )?));
+    }
     #[cfg(feature = "synthetic")]
     if kind == infer_spec::EngineKind::Synthetic {
         return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
@@ -63,6 +78,22 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
     ))
 }
 
+/// What this node has for the configured engine, for the start-up compatibility check: for a
+/// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); otherwise
+/// the CPU only.
+pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Found, String> {
+    #[cfg(feature = "tensorrt")]
+    if cfg.engine.kind == infer_spec::EngineKind::TensorRt {
+        return tensorrt::probe(cfg, base);
+    }
+    let _ = (cfg, base);
+    Ok(infer_spec::engine::Found {
+        gpu: None,
+        tensorrt: None,
+        cpu: infer_spec::engine::FoundCpu::detect(),
+    })
+}
+
 /// The backend features compiled in.
 pub fn built_features() -> Vec<&'static str> {
     let mut f = Vec::new();
@@ -72,6 +103,9 @@ pub fn built_features() -> Vec<&'static str> {
     }
     if cfg!(feature = "synthetic") {
         f.push("synthetic");
+    }
+    if cfg!(feature = "tensorrt") {
+        f.push("tensorrt");
     }
     f
 }

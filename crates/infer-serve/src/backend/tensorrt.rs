@@ -1,0 +1,297 @@
+//! The GPU backend: a TensorRT plan run through `infer-trt` (feature `tensorrt`).
+//!
+//! At start-up [`probe`] opens the TensorRT runtime library (`dlopen`; only its version entry
+//! points are called) and asks the NVIDIA driver for GPU 0, so the compatibility check compares
+//! the engine with what the node really has. [`TensorrtEngine::load`] reads the plan once and
+//! creates the runtime; each instance deserializes it into its own engine, execution context and
+//! CUDA stream, with device buffers sized once for the largest shapes of profile 0 and reused.
+//! A batch smaller than a static batch dimension is padded with zeros and its outputs trimmed
+//! back to the batch's rows.
+
+use super::{Backend, Engine};
+use crate::tensor::Tensor;
+use bytes::Bytes;
+use infer_spec::engine::{EngineMeta, Found, FoundCpu};
+use infer_spec::{DataType, RuntimeConfig, TensorSpec};
+use infer_trt::{
+    header_version, probe_gpu, version_major, IoTensor, LibraryKind, TrtLibrary, TrtRuntime,
+};
+use std::path::Path;
+
+/// Environment variable naming the TensorRT runtime library to `dlopen` (a soname or a path),
+/// overriding the choice made from the engine's metadata.
+pub const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
+
+/// The runtime library for this engine: `INFER_TRT_LIBRARY`, else the library the engine's
+/// metadata calls for (lean for version-compatible plans that exclude the lean runtime,
+/// dispatch for other version-compatible ones, the full runtime otherwise), else the lean one;
+/// the major is that of the headers infer-serve was built against.
+fn library(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), String> {
+    let meta = match &cfg.engine.metadata {
+        Some(m) => {
+            let p = base.join(m);
+            let bytes =
+                std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            Some(EngineMeta::from_json(&bytes).map_err(|e| format!("{}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    if let Ok(l) = std::env::var(LIBRARY_ENV) {
+        return Ok((l, meta));
+    }
+    let major = header_version()
+        .map(version_major)
+        .ok_or_else(|| infer_trt::Error::NoShim.to_string())?;
+    let kind = match meta.as_ref().and_then(|m| m.gpu.as_ref()) {
+        Some(g) => LibraryKind::for_engine(g.version_compatible, g.exclude_lean_runtime),
+        None => LibraryKind::Lean,
+    };
+    Ok((kind.soname(major as u64), meta))
+}
+
+/// What this node has for a TensorRT engine: the runtime library's version and GPU 0 (compute
+/// capability, name, driver). Fails, naming what is missing, when the library cannot be opened
+/// or no driver or GPU is visible.
+pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
+    let (name, _) = library(cfg, base)?;
+    let lib = TrtLibrary::open(&name).map_err(|e| format!("no TensorRT runtime library: {e}"))?;
+    lib.check_headers().map_err(|e| e.to_string())?;
+    let gpu = probe_gpu().map_err(|e| {
+        format!(
+            "no usable GPU (TensorRT library {name} {} was found): {e}",
+            lib.version()
+        )
+    })?;
+    Ok(Found {
+        gpu: Some(gpu),
+        tensorrt: Some(lib.version().clone()),
+        cpu: FoundCpu::detect(),
+    })
+}
+
+/// A plan and the runtime that deserializes it, shared by every instance.
+pub struct TensorrtEngine {
+    runtime: TrtRuntime,
+    plan: Vec<u8>,
+    allow_host_code: bool,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+}
+
+impl TensorrtEngine {
+    pub fn load(cfg: &RuntimeConfig, base: &Path, path: &Path) -> Result<TensorrtEngine, String> {
+        let (name, meta) = library(cfg, base)?;
+        let plan =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let lib = TrtLibrary::open(&name).map_err(|e| e.to_string())?;
+        let runtime = lib.runtime().map_err(|e| e.to_string())?;
+        // Version-compatible plans carry host code the full runtime must be allowed to run.
+        let allow_host_code = meta
+            .as_ref()
+            .and_then(|m| m.gpu.as_ref())
+            .is_some_and(|g| g.version_compatible)
+            && !name.contains("_lean")
+            && !name.contains("_dispatch");
+        let engine = TensorrtEngine {
+            runtime,
+            plan,
+            allow_host_code,
+            inputs: cfg.inputs.clone(),
+            outputs: cfg.outputs.clone(),
+        };
+        Ok(engine)
+    }
+}
+
+/// Checks the engine's IO tensors against runtime.toml: the same names, each with a datatype
+/// the V2 protocol can carry and equal to the configured one.
+pub fn check_io(
+    io: &[IoTensor],
+    inputs: &[TensorSpec],
+    outputs: &[TensorSpec],
+) -> Result<(), String> {
+    for (specs, input) in [(inputs, true), (outputs, false)] {
+        let side = if input { "input" } else { "output" };
+        let engine: Vec<&IoTensor> = io.iter().filter(|t| t.input == input).collect();
+        for t in &engine {
+            let spec = specs.iter().find(|s| s.name == t.name).ok_or_else(|| {
+                format!(
+                    "the engine's {side} `{}` is not in runtime.toml's {side}s",
+                    t.name
+                )
+            })?;
+            let v2 = t.dtype.v2().ok_or_else(|| {
+                format!(
+                    "the engine's {side} `{}` is {:?}, which the V2 protocol cannot carry",
+                    t.name, t.dtype
+                )
+            })?;
+            if v2 != spec.datatype {
+                return Err(format!(
+                    "{side} `{}`: the engine's datatype is {v2}, runtime.toml says {}",
+                    t.name, spec.datatype
+                ));
+            }
+        }
+        if let Some(s) = specs
+            .iter()
+            .find(|s| !engine.iter().any(|t| t.name == s.name))
+        {
+            return Err(format!(
+                "runtime.toml's {side} `{}` is not an {side} of the engine",
+                s.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Engine for TensorrtEngine {
+    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+        let engine = self
+            .runtime
+            .deserialize(&self.plan, self.allow_host_code)
+            .map_err(|e| e.to_string())?;
+        check_io(engine.io(), &self.inputs, &self.outputs)?;
+        Ok(Box::new(TensorrtBackend {
+            engine,
+            inputs: self.inputs.iter().map(|s| s.name.clone()).collect(),
+            outputs: self
+                .outputs
+                .iter()
+                .map(|s| (s.name.clone(), s.datatype))
+                .collect(),
+        }))
+    }
+}
+
+struct TensorrtBackend {
+    engine: infer_trt::TrtEngine,
+    inputs: Vec<String>,
+    outputs: Vec<(String, DataType)>,
+}
+
+/// The rows to run a batch of `rows` at: `rows`, or the engine's static batch when its first
+/// dimension is fixed and larger (the batch is padded with zeros).
+fn run_rows(t: &IoTensor, rows: usize) -> usize {
+    match t.shape.first() {
+        Some(&d) if d > 0 && (d as usize) > rows => d as usize,
+        _ => rows,
+    }
+}
+
+impl Backend for TensorrtBackend {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+        let rows = inputs.first().map_or(0, Tensor::rows);
+        let mut owned: Vec<(String, Vec<i64>, Vec<u8>)> = Vec::with_capacity(inputs.len());
+        for (name, t) in self.inputs.iter().zip(inputs) {
+            let io = self
+                .engine
+                .io()
+                .iter()
+                .find(|i| i.input && &i.name == name)
+                .ok_or_else(|| format!("the engine has no input `{name}`"))?;
+            let run = run_rows(io, rows);
+            let mut shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+            let mut data = t.data.to_vec();
+            if run > rows && rows > 0 {
+                data.resize(data.len() / rows * run, 0);
+            }
+            if let Some(d) = shape.first_mut() {
+                *d = run as i64;
+            }
+            owned.push((name.clone(), shape, data));
+        }
+        let borrowed: Vec<(&str, &[i64], &[u8])> = owned
+            .iter()
+            .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
+            .collect();
+        let out = self.engine.infer(&borrowed).map_err(|e| e.to_string())?;
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for (name, dtype) in &self.outputs {
+            let (_, shape, data) = out
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .ok_or_else(|| format!("the engine produced no output `{name}`"))?;
+            let mut shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+            let mut data = Bytes::from(data.clone());
+            // Trim a padded batch back to its rows.
+            if let Some(first) = shape.first_mut() {
+                if *first > rows && rows > 0 {
+                    let row = data.len() / *first;
+                    data = data.slice(..row * rows);
+                    *first = rows;
+                }
+            }
+            result.push(Tensor {
+                dtype: *dtype,
+                shape,
+                data,
+            });
+        }
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_trt::TrtDataType;
+
+    fn io(name: &str, input: bool, dtype: TrtDataType, shape: &[i64]) -> IoTensor {
+        IoTensor {
+            name: name.into(),
+            input,
+            dtype,
+            shape: shape.to_vec(),
+            profile: None,
+            host: false,
+        }
+    }
+
+    fn spec(name: &str, datatype: DataType) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: vec![-1, 4],
+        }
+    }
+
+    #[test]
+    fn engine_io_must_match_the_config_and_be_carriable() {
+        let inputs = [spec("x", DataType::F32)];
+        let outputs = [spec("y", DataType::F32)];
+        let ok = [
+            io("x", true, TrtDataType::Float, &[-1, 4]),
+            io("y", false, TrtDataType::Float, &[-1, 4]),
+        ];
+        check_io(&ok, &inputs, &outputs).unwrap();
+        // An FP4 output cannot be carried: refused, naming the tensor.
+        let fp4 = [
+            io("x", true, TrtDataType::Float, &[-1, 4]),
+            io("y", false, TrtDataType::Fp4, &[-1, 4]),
+        ];
+        let e = check_io(&fp4, &inputs, &outputs).unwrap_err();
+        assert!(e.contains("`y`") && e.contains("Fp4"), "{e}");
+        let half = [
+            io("x", true, TrtDataType::Half, &[-1, 4]),
+            io("y", false, TrtDataType::Float, &[-1, 4]),
+        ];
+        assert!(check_io(&half, &inputs, &outputs)
+            .unwrap_err()
+            .contains("FP16"));
+        let renamed = [
+            io("z", true, TrtDataType::Float, &[-1, 4]),
+            io("y", false, TrtDataType::Float, &[-1, 4]),
+        ];
+        assert!(check_io(&renamed, &inputs, &outputs)
+            .unwrap_err()
+            .contains("`z`"));
+    }
+
+    #[test]
+    fn a_static_batch_is_padded() {
+        assert_eq!(run_rows(&io("x", true, TrtDataType::Float, &[8, 4]), 3), 8);
+        assert_eq!(run_rows(&io("x", true, TrtDataType::Float, &[-1, 4]), 3), 3);
+    }
+}

@@ -1,0 +1,389 @@
+//! The TensorRT shim and backend against real TensorRT files, on a machine without a GPU:
+//!
+//! - the shim compiles warning-free (`-Wall -Wextra -Werror`, as `build.rs` builds it) against
+//!   NVIDIA's public headers of every release in `../shared/third_party/tensorrt-headers`;
+//! - the real lean runtime libraries from the pinned wheels (`tests/lean-wheels.txt`, fetched
+//!   with pip, sha256-checked, cached in `target/trt-wheels`) are opened, their version read,
+//!   and a shim compiled against one major refuses a library of the other before calling into
+//!   it; on a node without a driver, runtime creation fails because TensorRT logged an error;
+//! - `infer-serve` built with feature `tensorrt` exits 1 on a `kind = "tensorrt"` runtime.toml
+//!   when no NVIDIA driver is visible, naming the driver and the TensorRT library it found.
+//!
+//! Skips (with a printed reason) only when a wheel cannot be fetched. Nothing here needs or uses
+//! a GPU; on a node with one, the driver-dependent expectations are reported, not asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn headers(release: &str) -> PathBuf {
+    let p = root()
+        .join("../shared/third_party/tensorrt-headers")
+        .join(release);
+    assert!(
+        p.join("include/NvInferRuntime.h").is_file(),
+        "TensorRT {release} headers missing at {} (see ../shared/third_party/README.md)",
+        p.display()
+    );
+    p
+}
+
+fn work(dir: &str) -> PathBuf {
+    let p = root().join("target/trt-test").join(dir);
+    std::fs::create_dir_all(&p).expect("create the test directory");
+    p
+}
+
+fn run(cmd: &mut Command) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// Compiles shim.cpp against one header release with build.rs's flags; returns the object.
+fn compile_shim(release: &str) -> PathBuf {
+    let out = work(&format!("shim-{release}")).join("shim.o");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("shim");
+    let (code, text) = run(Command::new(&cxx)
+        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-fPIC", "-c"])
+        .arg(shim.join("shim.cpp"))
+        .arg(format!(
+            "-isystem{}",
+            headers(release).join("include").display()
+        ))
+        .arg(format!("-isystem{}", shim.join("cuda_stub").display()))
+        .arg("-o")
+        .arg(&out));
+    assert_eq!(
+        code,
+        Some(0),
+        "shim.cpp against TensorRT {release}:\n{text}"
+    );
+    assert!(
+        text.trim().is_empty(),
+        "shim.cpp against TensorRT {release} warns:\n{text}"
+    );
+    out
+}
+
+/// The probe program (tests/shim_probe.c) linked with the shim compiled against `release`.
+fn probe(release: &str) -> PathBuf {
+    let dir = work(&format!("shim-{release}"));
+    let shim = compile_shim(release);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let obj = dir.join("probe.o");
+    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shim_probe.c");
+    let (code, text) = run(Command::new(cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-c"])
+        .arg(c)
+        .arg("-o")
+        .arg(&obj));
+    assert_eq!(code, Some(0), "shim_probe.c:\n{text}");
+    let bin = dir.join("probe");
+    let (code, text) = run(Command::new(cxx)
+        .arg(&obj)
+        .arg(&shim)
+        .arg("-ldl")
+        .arg("-o")
+        .arg(&bin));
+    assert_eq!(code, Some(0), "linking the probe:\n{text}");
+    bin
+}
+
+/// One pinned wheel: (package, version, sha256, header release of the same major).
+struct Wheel {
+    package: String,
+    version: String,
+    sha256: String,
+    headers: String,
+}
+
+fn wheels() -> Vec<Wheel> {
+    include_str!("lean-wheels.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Wheel {
+                package: f[0].into(),
+                version: f[1].into(),
+                sha256: f[2].into(),
+                headers: f[3].into(),
+            }
+        })
+        .collect()
+}
+
+fn python() -> String {
+    std::env::var("INFER_BUILD_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The directory holding the wheel's `libnvinfer_lean.so.N`: downloaded once with pip into
+/// `target/trt-wheels`, its sha256 checked against the pin, unpacked. `Err` says why it could not
+/// be fetched (the caller skips); a digest mismatch fails.
+fn fetch(w: &Wheel) -> Result<PathBuf, String> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = root().join("target/trt-wheels");
+    let unpacked = cache.join(format!("{}-{}", w.package, w.version));
+    let lib = unpacked.join("tensorrt_lean_libs");
+    if lib.is_dir() {
+        return Ok(lib);
+    }
+    let download = cache.join("download");
+    std::fs::create_dir_all(&download).map_err(|e| e.to_string())?;
+    let file_prefix = format!("{}-{}-", w.package.replace('-', "_"), w.version);
+    let find = || {
+        std::fs::read_dir(&download)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&file_prefix) && n.ends_with(".whl"))
+            })
+    };
+    if find().is_none() {
+        let (code, text) = run(Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+            ])
+            .arg(&download)
+            .arg(format!("{}=={}", w.package, w.version)));
+        if code != Some(0) {
+            return Err(format!(
+                "pip download {}=={} failed: {}",
+                w.package,
+                w.version,
+                text.trim()
+            ));
+        }
+    }
+    let whl = find()
+        .ok_or_else(|| format!("pip left no {file_prefix}*.whl in {}", download.display()))?;
+    let (_, sum) = run(Command::new("sha256sum").arg(&whl));
+    let digest = sum.split_whitespace().next().unwrap_or_default().to_owned();
+    if digest != w.sha256 {
+        let _ = std::fs::remove_file(&whl);
+        panic!(
+            "{} has sha256 {digest}, pinned {} (tests/lean-wheels.txt)",
+            whl.display(),
+            w.sha256
+        );
+    }
+    let staging = cache.join(format!("{}-{}.partial", w.package, w.version));
+    let _ = std::fs::remove_dir_all(&staging);
+    let (code, text) = run(Command::new(python())
+        .args(["-m", "zipfile", "-e"])
+        .arg(&whl)
+        .arg(&staging));
+    assert_eq!(code, Some(0), "unpacking {}: {text}", whl.display());
+    std::fs::rename(&staging, &unpacked).map_err(|e| e.to_string())?;
+    Ok(lib)
+}
+
+/// Every pinned wheel's library directory, or `None` (reason printed) when one cannot be fetched.
+fn libraries() -> Option<Vec<(&'static Wheel, PathBuf)>> {
+    static WHEELS: OnceLock<Vec<Wheel>> = OnceLock::new();
+    let ws = WHEELS.get_or_init(wheels);
+    let mut out = Vec::new();
+    for w in ws {
+        match fetch(w) {
+            Ok(dir) => out.push((w, dir)),
+            Err(e) => {
+                println!("skipped: cannot fetch the TensorRT lean wheel: {e}");
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+fn so(dir: &Path, w: &Wheel) -> PathBuf {
+    dir.join(format!(
+        "libnvinfer_lean.so.{}",
+        w.version.split('.').next().unwrap_or_default()
+    ))
+}
+
+fn libcuda_present() -> bool {
+    let (_, text) = run(Command::new("sh").args([
+        "-c",
+        "ldconfig -p 2>/dev/null | grep -c 'libcuda.so.1 ' || true",
+    ]));
+    text.trim() != "0"
+}
+
+/// `getInferLibVersion` (+ build) as the wheel's version: 101601 + 11 → 10.16.1.11.
+fn as_version(code: i64, build: i64) -> String {
+    let (major, minor, patch) = if code >= 100_000 {
+        (code / 10_000, code / 100 % 100, code % 100)
+    } else {
+        (code / 1000, code / 100 % 10, code % 100)
+    };
+    format!("{major}.{minor}.{patch}.{build}")
+}
+
+#[test]
+fn shim_compiles_warning_free_against_every_header_release() {
+    for release in ["8.6", "10.16", "11.1"] {
+        compile_shim(release);
+    }
+}
+
+#[test]
+fn real_lean_libraries_version_and_major_refusal() {
+    let Some(libs) = libraries() else { return };
+    let driver = libcuda_present();
+    for release in ["10.16", "11.1"] {
+        let bin = probe(release);
+        for (w, dir) in &libs {
+            let (code, text) = run(Command::new(&bin).arg(so(dir, w)));
+            // Never a signal: the shim refuses or creates, the process exits.
+            assert!(
+                matches!(code, Some(0) | Some(3)),
+                "{release} shim on {}: {code:?}\n{text}",
+                w.version
+            );
+            let f: Vec<&str> = text.split_whitespace().collect();
+            let (lib, build) = (f[3].parse::<i64>().unwrap(), f[5].parse::<i64>().unwrap());
+            assert_eq!(
+                as_version(lib, build),
+                w.version,
+                "version read from the library:\n{text}"
+            );
+            if w.headers != release {
+                assert_eq!(
+                    code,
+                    Some(3),
+                    "{release} shim must refuse {}:\n{text}",
+                    w.version
+                );
+                assert!(text.contains("virtual-table layouts differ"), "{text}");
+            } else if !driver {
+                // No driver: TensorRT logs "CUDA initialization failure with error: 35" and
+                // still returns a runtime; the shim must refuse it.
+                assert_eq!(code, Some(3), "{text}");
+                assert!(text.contains("CUDA initialization failure"), "{text}");
+            } else {
+                println!(
+                    "libcuda.so.1 present: {release} shim on {}: {}",
+                    w.version,
+                    text.trim()
+                );
+            }
+        }
+    }
+}
+
+/// `infer-serve` with feature `tensorrt`, its shim built against the 10.16 headers, into
+/// `target/serve-trt` (its own target dir: the outer `cargo test` holds the main one).
+fn serve_trt() -> PathBuf {
+    let target = root().join("target/serve-trt");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let (code, text) = run(Command::new(cargo)
+        .current_dir(root())
+        .env("TENSORRT_ROOT", headers("10.16"))
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "infer-serve",
+            "--no-default-features",
+            "--features",
+            "tensorrt",
+            "--target-dir",
+        ])
+        .arg(&target));
+    assert_eq!(
+        code,
+        Some(0),
+        "cargo build -p infer-serve --features tensorrt:\n{text}"
+    );
+    target.join("debug/infer-serve")
+}
+
+#[test]
+fn serving_a_tensorrt_engine_without_a_driver_exits_1_naming_it() {
+    let Some(libs) = libraries() else { return };
+    if libcuda_present() {
+        println!("skipped: libcuda.so.1 is present (this test is for a node without a driver)");
+        return;
+    }
+    let (w, dir) = libs
+        .iter()
+        .find(|(w, _)| w.headers == "10.16")
+        .expect("a 10.16 wheel pin");
+    let bin = serve_trt();
+    let d = work("serve");
+    // A stand-in plan: the start-up check fails before any plan is read.
+    std::fs::write(d.join("engine.plan"), b"not a plan").unwrap();
+    std::fs::write(
+        d.join("runtime.toml"),
+        r#"
+[model]
+name = "gpu"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 4]
+[[outputs]]
+name = "y"
+datatype = "FP32"
+dims = [-1, 4]
+[engine]
+kind = "tensorrt"
+path = "engine.plan"
+[server]
+host = "127.0.0.1"
+port = 0
+"#,
+    )
+    .unwrap();
+    let (code, text) = run(Command::new(&bin)
+        .arg("--config")
+        .arg(d.join("runtime.toml"))
+        .env("LD_LIBRARY_PATH", dir));
+    assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
+    assert!(
+        text.contains("libcuda.so.1") && text.contains("no NVIDIA driver"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("libnvinfer_lean.so.10 {}", w.version)),
+        "{text}"
+    );
+
+    // The same 10.x-built runtime handed the real 11.x library refuses it at start, naming both
+    // majors, before any call into it but its version entry point.
+    let (w11, dir11) = libs
+        .iter()
+        .find(|(w, _)| w.headers == "11.1")
+        .expect("an 11.1 wheel pin");
+    let (code, text) = run(Command::new(&bin)
+        .arg("--config")
+        .arg(d.join("runtime.toml"))
+        .env("INFER_TRT_LIBRARY", so(dir11, w11)));
+    assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
+    assert!(
+        text.contains("it is TensorRT 11.x") && text.contains("TensorRT 10.x headers"),
+        "{text}"
+    );
+}

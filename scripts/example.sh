@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# Build the embedded default example end to end on any machine: the statically linked runtime,
-# the builder, then the example recipe (a tiny MLP, CPU target) into the OCI layout out/mlp.
+# Build the embedded default example end to end on any machine: install infer-build and the
+# statically linked runtime its images carry into target/install/bin (scripts/install.sh), then
+# build the example recipe (a tiny MLP, CPU target) into the OCI layout out/mlp.
 # No registry, no GPU, no Docker daemon needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 recipe="${1:-examples/mlp/recipe.toml}"
 
-echo "==> building the runtime (statically linked infer-serve)" >&2
-INFER_SERVE_BIN="$(scripts/build-runtime.sh)"
-export INFER_SERVE_BIN
-
-echo "==> building infer-build" >&2
-cargo build --release --quiet --bin infer-build
-ib=target/release/infer-build
+scripts/install.sh --prefix target/install >/dev/null
+ib=target/install/bin/infer-build
 
 "$ib" check "$recipe"
 "$ib" plan "$recipe"

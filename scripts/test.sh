@@ -10,6 +10,11 @@ cd "$(dirname "$0")/.."
 INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
 export INFER_SERVE_BIN
 
+# infer-build and the runtime installed the way users install them (the CI example's tools job
+# and scripts/example.sh run the same script: its runtime is the one built above, and
+# infer-build is built once more with the release profile).
+scripts/install.sh --prefix target/install >/dev/null
+
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images); building it here keeps the tests' own build of it a no-op.
 cargo build -q -p infer-serve --features synthetic --target-dir target/serve-it

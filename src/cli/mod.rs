@@ -35,8 +35,9 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct MatrixArgs {
     /// Read the compatibility matrix from DIR (holding `matrix/` and `base-images/` data files)
-    /// instead of the copy built into this binary.
-    #[arg(long, value_name = "DIR", global = false)]
+    /// instead of the copy built into this binary (e.g. one whose base images are mirrored in
+    /// your own registry; set it once for a CI pipeline with INFER_BUILD_MATRIX).
+    #[arg(long, value_name = "DIR", global = false, env = "INFER_BUILD_MATRIX")]
     pub matrix: Option<PathBuf>,
 }
 

@@ -67,6 +67,10 @@ struct MatrixEntry<'a> {
     cuda: String,
     driver_floor: String,
     base: String,
+    /// The job container: the plan's TensorRT builder image (its trtexec is the planned
+    /// TensorRT) for GPU targets, empty for the CPU target and where the matrix has no builder
+    /// (a job whose `container.image` is empty runs on the runner itself).
+    container: String,
     image: &'a str,
     tag: &'a str,
 }
@@ -121,6 +125,11 @@ pub fn github_matrix(plan: &BuildPlan) -> String {
                 .as_ref()
                 .map_or_else(String::new, |c| c.to_string()),
             base: t.base.pull_reference(),
+            container: t
+                .builder
+                .as_ref()
+                .filter(|_| t.gpu.is_some())
+                .map_or_else(String::new, ImagePin::pull_reference),
             image: &t.image,
             tag: &t.tag,
         })

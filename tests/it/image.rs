@@ -588,7 +588,7 @@ fn docker_serves_the_example_like_onnxruntime() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let id = stdout(&o).trim().to_string();
-    let result = serve_checks(&id, &ex);
+    let result = serve_checks(&id, &ex.path("recipe/mlp.onnx"));
     let logs = Command::new("docker")
         .args(["logs", &id])
         .output()
@@ -600,7 +600,9 @@ fn docker_serves_the_example_like_onnxruntime() {
     }
 }
 
-fn serve_checks(id: &str, ex: &Example) -> Result<(), String> {
+/// Container `id` (the example MLP, port 8000 published) becomes ready, and an inference equals
+/// onnxruntime's on `model`.
+pub fn serve_checks(id: &str, model: &Path) -> Result<(), String> {
     let o = Command::new("docker")
         .args(["port", id, "8000/tcp"])
         .output()
@@ -638,7 +640,6 @@ fn serve_checks(id: &str, ex: &Example) -> Result<(), String> {
     ) {
         return Err("python with onnxruntime is required for the reference".into());
     }
-    let model = ex.path("recipe/mlp.onnx");
     let program = r#"
 import json, sys, urllib.request, numpy as np, onnxruntime as ort
 url, model = sys.argv[1], sys.argv[2]
@@ -656,7 +657,7 @@ sys.exit(0 if got.shape == ref.shape and err <= 1e-5 else 1)
         .arg("-c")
         .arg(program)
         .arg(&url)
-        .arg(&model)
+        .arg(model)
         .output()
         .map_err(|e| e.to_string())?;
     if !o.status.success() {

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod ci_example;
 pub mod deploy;
 pub mod engine;
 pub mod faultproxy;

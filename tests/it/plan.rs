@@ -267,12 +267,27 @@ fn github_matrix_is_one_line_ready_for_strategy_matrix() {
             "cuda",
             "driver_floor",
             "base",
+            "container",
             "image",
             "tag",
         ] {
             assert!(e.get(k).is_some(), "missing {k} in {e}");
         }
     }
+    // The job container: none for the CPU target and where the matrix has no builder image for
+    // the target's TensorRT (the newest release here), the builder image where it has one.
+    assert_eq!(include[0]["container"], "");
+    let dir = fixture(
+        "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.11\"\ncpu = true\n",
+    );
+    let o = run_in(dir.path(), &["plan", "r.toml", "--format", "github-matrix"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["include"][0]["container"], "");
+    assert_eq!(
+        v["include"][1]["container"],
+        "nvcr.io/nvidia/tensorrt:25.06-py3"
+    );
 }
 
 /// Copy the embedded matrix into `dir` (as `--matrix DIR` expects it), with `edit` applied.

@@ -1,0 +1,370 @@
+//! The CI fan-out example (`examples/ci/build-images.yml`) and the install script it uses, run
+//! as a user would: the workflow is checked against GitHub's workflow schema, and its jobs run
+//! in order on this machine (`ci_workflow.py`: every `run:` step as written, the `uses:` steps
+//! emulated) against a TLS registry with a password on loopback. Only what needs a GPU is
+//! replaced: the engine job's builder container runs on the host with stand-ins for
+//! `nvidia-smi` and `trtexec` first on PATH, and the GPU target's base image is one
+//! infer-build built and pushed to the loopback registry (a matrix copy names it, through
+//! `INFER_BUILD_MATRIX`). The CPU image the publish job pushed is pulled back, loaded into
+//! Docker, and must serve like onnxruntime.
+//!
+//! The `tools` job runs `scripts/install.sh` of this checkout; `scripts/test.sh` runs the same
+//! script before the tests, so here it finds everything built.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::image::serve_checks;
+use super::registry_support::Registry;
+use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
+
+const WORKFLOW: &str = "examples/ci/build-images.yml";
+
+/// True when the test Python has `module`; prints why the test is skipped otherwise.
+fn have_python_module(module: &str, test: &str) -> bool {
+    let ok = Command::new(python())
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping {test}: Python module `{module}` is missing (.ci/run installs tests/requirements.txt)");
+    }
+    ok
+}
+
+#[test]
+fn py_ci_example_is_a_valid_github_workflow() {
+    let test = "py_ci_example_is_a_valid_github_workflow";
+    if !have_python_module("check_jsonschema", test) {
+        return;
+    }
+    let o = Command::new(python())
+        .args([
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+        ])
+        .arg(root().join(WORKFLOW))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+
+    // The schema has teeth: a job without `runs-on` is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yml");
+    let text = std::fs::read_to_string(root().join(WORKFLOW)).unwrap();
+    std::fs::write(&broken, text.replacen("    runs-on: ubuntu-24.04\n", "", 1)).unwrap();
+    let o = Command::new(python())
+        .args([
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+        ])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", stdout(&o));
+}
+
+/// `banner` of a TensorRT `version` (`10.16.0.72`) as trtexec prints it: `[TensorRT v101600] [b72]`.
+fn trt_banner(version: &str) -> String {
+    let p: Vec<u64> = version.split('.').map(|s| s.parse().unwrap()).collect();
+    let n = if p[0] >= 10 {
+        p[0] * 10_000 + p[1] * 100 + p[2]
+    } else {
+        p[0] * 1_000 + p[1] * 100 + p[2]
+    };
+    format!("[TensorRT v{n}] [b{}]", p.get(3).copied().unwrap_or(0))
+}
+
+fn write_script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Stand-ins for the GPU tools of a TensorRT builder image: `nvidia-smi` reports an L4,
+/// `trtexec` of TensorRT `version` writes the files it is asked to write.
+fn fake_gpu_tools(dir: &Path, version: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    write_script(
+        &dir.join("nvidia-smi"),
+        "#!/bin/sh\necho '8.9, 570.86.10, NVIDIA L4'\n",
+    );
+    let banner = trt_banner(version);
+    write_script(
+        &dir.join("trtexec"),
+        &format!(
+            r#"#!/bin/bash
+# Stand-in for trtexec {version} on a machine without a GPU: the engine bytes depend on the flags.
+flags=()
+for a in "$@"; do [[ $a == */* ]] || flags+=("$a"); done
+for a in "$@"; do
+  case $a in
+    --saveEngine=*) printf 'fake plan {version} %s' "${{flags[*]}}" > "${{a#*=}}" ;;
+    --exportTimes=*) echo '[{{ "computeMs" : 0.181, "latencyMs" : 0.2, "h2dMs" : 0.012, "d2hMs" : 0.007 }}, {{ "computeMs" : 0.182, "latencyMs" : 0.201, "h2dMs" : 0.012, "d2hMs" : 0.007 }}]' > "${{a#*=}}" ;;
+    --exportProfile=*) echo '[{{ "count" : 10 }}, {{ "name" : "/fc1/Gemm", "timeMs" : 1.0, "averageMs" : 0.1, "medianMs" : 0.1, "percentage" : 100.0 }}]' > "${{a#*=}}" ;;
+  esac
+done
+echo "&&&& RUNNING TensorRT.trtexec {banner} # trtexec $*"
+echo "[I] Selected Device: NVIDIA L4"
+echo "&&&& PASSED TensorRT.trtexec {banner} # trtexec $*"
+"#
+        ),
+    );
+}
+
+fn plan_json(recipe: &Path, matrix: Option<&Path>) -> Value {
+    let mut c = infer_build();
+    c.args(["plan", "--json"]).arg(recipe);
+    if let Some(m) = matrix {
+        c.arg("--matrix").arg(m);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+fn gpu_target(plan: &Value) -> &Value {
+    plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "gpu")
+        .expect("a GPU target")
+}
+
+/// A copy of the matrix whose base image for `plan`'s GPU target is `base` instead.
+fn matrix_with_base(dir: &Path, plan: &Value, base: &str) -> PathBuf {
+    let chosen = gpu_target(plan)["base"]["reference"].as_str().unwrap();
+    for file in [
+        "matrix/tensorrt.toml",
+        "matrix/cuda.toml",
+        "matrix/gpus.toml",
+        "base-images/images.toml",
+    ] {
+        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
+        if file == "base-images/images.toml" {
+            let row = format!("reference = \"{chosen}\"");
+            assert!(text.contains(&row), "{chosen} not in {file}");
+            text = text.replace(&row, &format!("reference = \"{base}\""));
+        }
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+#[test]
+fn registry_ci_example_runs_as_written() {
+    let test = "registry_ci_example_runs_as_written";
+    if !have_tool("skopeo", test)
+        || !have_tool("jq", test)
+        || !have_docker(test)
+        || !have_python_module("yaml", test)
+    {
+        return;
+    }
+    let Some(reg) = Registry::start_tls(test) else {
+        return;
+    };
+    let tls = reg.tls.as_ref().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |p: &str| tmp.path().join(p);
+
+    // The user's repository: the example recipe with a CPU and an L4 target. TensorRT 10.11 is
+    // the newest release the matrix has a builder image for (and it takes fp16 as a builder flag
+    // on this FP32 export).
+    let repo = t("repo");
+    std::fs::create_dir_all(repo.join("recipes")).unwrap();
+    std::fs::copy(
+        root().join("examples/mlp/mlp.onnx"),
+        repo.join("recipes/mlp.onnx"),
+    )
+    .unwrap();
+    let recipe = std::fs::read_to_string(root().join("examples/mlp/recipe.toml"))
+        .unwrap()
+        .replace(
+            "[targets]\ncpu = true",
+            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.11\"",
+        );
+    std::fs::write(repo.join("recipes/mlp.toml"), recipe).unwrap();
+
+    // The GPU target's base lives in the loopback registry (NVIDIA's registries are not
+    // reachable here): the example's own CPU image, pushed by infer-build.
+    let plan = plan_json(&repo.join("recipes/mlp.toml"), None);
+    let base = format!("{}/bases/cuda:1.0.0", reg.addr);
+    let matrix = matrix_with_base(&t("matrix"), &plan, &base);
+    let plan = plan_json(&repo.join("recipes/mlp.toml"), Some(&matrix));
+    let gpu = gpu_target(&plan);
+    assert_eq!(gpu["base"]["reference"], base.as_str());
+    let trt = format!(
+        "{}",
+        gpu["tensorrt"]["build"]
+            .as_str()
+            .or(gpu["tensorrt"]["version"].as_str())
+            .unwrap()
+    );
+    fake_gpu_tools(&t("gpu-tools"), &trt);
+
+    let cache = t("cache");
+    let auth = t("auth.json");
+    let with_env = |c: &mut Command| {
+        c.env("INFER_BUILD_MATRIX", &matrix)
+            .env("INFER_BUILD_CACHE_DIR", &cache)
+            .env("SSL_CERT_FILE", &tls.ca)
+            .env("REGISTRY_AUTH_FILE", &auth)
+            .env("DOCKER_CONFIG", t("docker"))
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .env_remove("INFER_SERVE_BIN")
+            .env_remove("INFER_BUILD_REGISTRY_USER")
+            .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
+    };
+    // A stand-in runtime is enough: the base only has to be a real image in the registry.
+    super::image::tiny_static_elf(&t("stub-serve"));
+    let o = {
+        let mut c = infer_build();
+        with_env(&mut c);
+        c.arg("build")
+            .arg(root().join("examples/mlp/recipe.toml"))
+            .arg("--out")
+            .arg(t("base"))
+            .arg("--runtime")
+            .arg(t("stub-serve"))
+            .output()
+            .unwrap()
+    };
+    assert!(o.status.success(), "building the base: {}", stderr(&o));
+    let o = {
+        let mut c = infer_build();
+        with_env(&mut c);
+        c.arg("push")
+            .arg(t("base"))
+            .args(["--to", &format!("{}/bases/cuda", reg.addr), "--no-warmup"])
+            .env("INFER_BUILD_REGISTRY_USER", &tls.user)
+            .env("INFER_BUILD_REGISTRY_PASSWORD", &tls.password)
+            .output()
+            .unwrap()
+    };
+    assert!(o.status.success(), "pushing the base: {}", stderr(&o));
+
+    // Run the workflow.
+    let work = t("work");
+    let mut c = Command::new(python());
+    with_env(&mut c);
+    let o = c
+        .arg(root().join("tests/it/ci_workflow.py"))
+        .arg(root().join(WORKFLOW))
+        .arg("--user-repo")
+        .arg(&repo)
+        .arg("--infer-build-repo")
+        .arg(root())
+        .arg("--work")
+        .arg(&work)
+        .arg("--gpu-tools")
+        .arg(t("gpu-tools"))
+        .args([
+            "--set",
+            "env.RECIPE=recipes/mlp.toml",
+            "--set",
+            &format!("env.REGISTRY={}/models", reg.addr),
+            "--set",
+            &format!("secrets.GITHUB_TOKEN={}", tls.password),
+            "--set",
+            &format!("github.actor={}", tls.user),
+            "--set",
+            "github.repository_owner=acme",
+        ])
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.trim_end().ends_with("ok"), "{out}");
+    let jobs: Vec<Value> = out
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = jobs.iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["tools", "plan", "engine[0]", "engine[1]", "publish"],
+        "{out}"
+    );
+    // The CPU engine job runs on a hosted runner without a container; the GPU one on a runner
+    // of its architecture, inside the plan's TensorRT builder image.
+    assert_eq!(jobs[2]["container"], "", "{out}");
+    assert_eq!(jobs[2]["runs_on"], serde_json::json!(["ubuntu-latest"]));
+    let builder = jobs[3]["container"].as_str().unwrap();
+    assert!(builder.contains("tensorrt"), "{out}");
+    assert!(
+        jobs[3]["runs_on"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("gpu-sm89")),
+        "{out}"
+    );
+    // skopeo login wrote containers' auth.json, and infer-build pushed with it.
+    let creds = std::fs::read_to_string(&auth).unwrap();
+    assert!(creds.contains(&reg.addr), "{creds}");
+
+    // What was pushed serves: the CPU tag, pulled back, loaded into Docker, like onnxruntime.
+    let build: Value = serde_json::from_str(
+        &std::fs::read_to_string(work.join("jobs/publish/workspace/build.json")).unwrap(),
+    )
+    .unwrap();
+    let cpu = build["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "cpu-fp32")
+        .unwrap();
+    let tag = cpu["tag"].as_str().unwrap();
+    assert!(work
+        .join("jobs/publish/workspace/k8s")
+        .read_dir()
+        .unwrap()
+        .next()
+        .is_some());
+    let archive = t("cpu.tar");
+    let o = Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("--src-cert-dir={}", tls.cert_dir.display()))
+        .arg(format!("--src-creds={}:{}", tls.user, tls.password))
+        .arg(format!("docker://{}/models:{tag}", reg.addr))
+        .arg(format!(
+            "docker-archive:{}:ci-example/mlp:{tag}",
+            archive.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pulling the CPU tag: {}", stderr(&o));
+    let o = Command::new("docker")
+        .arg("load")
+        .arg("-i")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new("docker")
+        .args(["run", "-d", "--rm", "-p", "127.0.0.1::8000"])
+        .arg(format!("ci-example/mlp:{tag}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    let result = serve_checks(&id, &root().join("examples/mlp/mlp.onnx"));
+    let logs = Command::new("docker").args(["logs", &id]).output().unwrap();
+    let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+    let _ = Command::new("docker")
+        .args(["rmi", &format!("ci-example/mlp:{tag}")])
+        .output();
+    if let Err(e) = result {
+        panic!("{e}\ncontainer log:\n{}{}", stdout(&logs), stderr(&logs));
+    }
+}

@@ -37,6 +37,11 @@ struct Inner {
     path: PathBuf,
     outputs: Vec<DataType>,
     inputs: Vec<DatumType>,
+    /// Per model input (the graph's order), the index of its runtime.toml input: requests
+    /// arrive in runtime.toml's order, which need not be the graph's.
+    in_order: Vec<usize>,
+    /// Per runtime.toml output, the index of the graph output it is.
+    out_order: Vec<usize>,
     /// The one plan of a fixed-shape model.
     fixed: Option<Arc<TypedSimplePlan>>,
     /// The parsed graph of a variable-shape model, and its plans by shape, most recent last.
@@ -71,11 +76,11 @@ impl Inner {
         };
         let mut model = template.clone();
         let n = model.sym("N");
-        for (i, (dims, &dt)) in key.iter().zip(&self.inputs).enumerate() {
+        for (i, &c) in self.in_order.iter().enumerate() {
             let mut shape: TVec<TDim> = tvec![n.clone().into()];
-            shape.extend(dims.iter().map(|&d| TDim::from(d)));
+            shape.extend(key[c].iter().map(|&d| TDim::from(d)));
             model = model
-                .with_input_fact(i, InferenceFact::dt_shape(dt, shape))
+                .with_input_fact(i, InferenceFact::dt_shape(self.inputs[c], shape))
                 .map_err(ctx)?;
         }
         // The ONNX file's output facts may name symbols the concrete inputs now fix: let
@@ -131,20 +136,23 @@ impl TractEngine {
             .iter()
             .map(|s| datum(s.datatype))
             .collect::<Result<Vec<_>, _>>()?;
+        if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
+            return Err(count_mismatch(
+                cfg,
+                path,
+                model.inputs.len(),
+                model.outputs.len(),
+            ));
+        }
+        let (in_order, out_order) = io_order(cfg, &model);
         if cfg.inputs.iter().any(|s| s.is_variable()) {
-            if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
-                return Err(count_mismatch(
-                    cfg,
-                    path,
-                    model.inputs.len(),
-                    model.outputs.len(),
-                ));
-            }
             let engine = TractEngine {
                 inner: Arc::new(Inner {
                     path: path.to_owned(),
                     outputs: outputs(cfg)?,
                     inputs,
+                    in_order,
+                    out_order,
                     fixed: None,
                     template: Some(model),
                     plans: Mutex::new(Vec::new()),
@@ -156,14 +164,14 @@ impl TractEngine {
             return Ok(engine);
         }
         let n = model.sym("N");
-        for (i, spec) in cfg.inputs.iter().enumerate() {
+        for (i, &c) in in_order.iter().enumerate() {
             let mut dims: TVec<TDim> = tvec![n.clone().into()];
-            dims.extend(spec.row_dims().into_iter().map(TDim::from));
-            let fact = InferenceFact::dt_shape(inputs[i], dims);
+            dims.extend(cfg.inputs[c].row_dims().into_iter().map(TDim::from));
+            let fact = InferenceFact::dt_shape(inputs[c], dims);
             model = model.with_input_fact(i, fact).map_err(ctx)?;
         }
         let model = model.into_optimized().map_err(ctx)?;
-        Self::from_optimized(cfg, path, model)
+        Self::from_optimized(cfg, path, model, (in_order, out_order))
     }
 
     /// Load `model.nnef.tar` as written by `infer-build engine` (the builder's
@@ -188,13 +196,19 @@ impl TractEngine {
             .map_err(ctx)?
             .into_optimized()
             .map_err(ctx)?;
-        Self::from_optimized(cfg, path, model)
+        // NNEF keeps the order `infer-build engine` wrote, runtime.toml's own.
+        let order = (
+            (0..cfg.inputs.len()).collect(),
+            (0..cfg.outputs.len()).collect(),
+        );
+        Self::from_optimized(cfg, path, model, order)
     }
 
     fn from_optimized(
         cfg: &RuntimeConfig,
         path: &Path,
         model: TypedModel,
+        (in_order, out_order): (Vec<usize>, Vec<usize>),
     ) -> Result<TractEngine, String> {
         let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
         let outputs = outputs(cfg)?;
@@ -217,6 +231,8 @@ impl TractEngine {
                 path: path.to_owned(),
                 outputs,
                 inputs,
+                in_order,
+                out_order,
                 fixed: Some(plan),
                 template: None,
                 plans: Mutex::new(Vec::new()),
@@ -235,6 +251,46 @@ fn outputs(cfg: &RuntimeConfig) -> Result<Vec<DataType>, String> {
         .iter()
         .map(|o| datum(o.datatype).map(|_| o.datatype))
         .collect()
+}
+
+/// Which runtime.toml input feeds each graph input, and which graph output each runtime.toml
+/// output is, matched by name; by position when the names do not all match (a runtime.toml
+/// that renames the model's tensors).
+fn io_order(cfg: &RuntimeConfig, model: &InferenceModel) -> (Vec<usize>, Vec<usize>) {
+    let by_name = |names: Vec<String>, want: Vec<&str>| -> Vec<usize> {
+        let found: Option<Vec<usize>> = names
+            .iter()
+            .map(|n| want.iter().position(|w| w == n))
+            .collect();
+        match found {
+            Some(order) if order.len() == want.len() => order,
+            _ => (0..want.len()).collect(),
+        }
+    };
+    let graph_inputs: Vec<String> = model
+        .inputs
+        .iter()
+        .map(|o| model.node(o.node).name.clone())
+        .collect();
+    let in_order = by_name(
+        graph_inputs,
+        cfg.inputs.iter().map(|s| s.name.as_str()).collect(),
+    );
+    let graph_outputs: Vec<&str> = model
+        .outputs
+        .iter()
+        .map(|o| {
+            model
+                .outlet_label(*o)
+                .unwrap_or(model.node(o.node).name.as_str())
+        })
+        .collect();
+    // Per runtime.toml output, its graph position.
+    let out_order = by_name(
+        cfg.outputs.iter().map(|s| s.name.clone()).collect(),
+        graph_outputs,
+    );
+    (in_order, out_order)
 }
 
 fn count_mismatch(cfg: &RuntimeConfig, path: &Path, inputs: usize, outputs: usize) -> String {
@@ -339,19 +395,28 @@ fn to_tract(t: &Tensor) -> Result<TValue, String> {
 
 impl Backend for TractBackend {
     fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
-        let values = inputs
+        let values = self
+            .inner
+            .in_order
             .iter()
-            .map(to_tract)
+            .map(|&c| to_tract(&inputs[c]))
             .collect::<Result<TVec<_>, _>>()?;
         let key: ShapeKey = inputs
             .iter()
             .map(|t| t.shape.get(1..).unwrap_or_default().to_vec())
             .collect();
         let outputs = self.inner.outputs.clone();
+        let out_order = self.inner.out_order.clone();
         let outs = self.state(key)?.run(values).map_err(|e| format!("{e:#}"))?;
-        outs.iter()
+        out_order
+            .iter()
+            .map(|&g| {
+                outs.get(g)
+                    .ok_or_else(|| format!("the model has no output {g}"))
+            })
             .zip(&outputs)
             .map(|(o, &dtype)| {
+                let o = o?;
                 let want = datum(dtype)?;
                 let o = if o.datum_type() == want {
                     o.clone().into_tensor()
@@ -394,6 +459,43 @@ mod tests {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect()
+    }
+
+    /// runtime.toml may list tensors in another order than the graph (the builder writes the
+    /// recipe's): inputs are fed and outputs returned by name. `two_io.onnx` computes
+    /// `diff = a - b` and `sum = a + b` (made with onnx.helper, graph order a, b / diff, sum).
+    #[test]
+    fn inputs_and_outputs_follow_their_names_not_their_positions() {
+        let cfg = RuntimeConfig::from_toml_str(
+            "[model]\nname = \"m\"\n\
+             [[inputs]]\nname = \"b\"\ndatatype = \"FP32\"\ndims = [-1, 2]\n\
+             [[inputs]]\nname = \"a\"\ndatatype = \"FP32\"\ndims = [-1, 2]\n\
+             [[outputs]]\nname = \"sum\"\ndatatype = \"FP32\"\ndims = [-1, 2]\n\
+             [[outputs]]\nname = \"diff\"\ndatatype = \"FP32\"\ndims = [-1, 2]\n\
+             [engine]\nkind = \"tract-onnx\"\npath = \"two_io.onnx\"\n",
+        )
+        .unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/two_io.onnx");
+        let engine = TractEngine::load(&cfg, &path).unwrap();
+        let tensor = |v: [f32; 2]| Tensor {
+            dtype: DataType::F32,
+            shape: vec![1, 2],
+            data: Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+        };
+        // Request order is runtime.toml's: b, then a.
+        let out = engine
+            .instance()
+            .unwrap()
+            .execute(&[tensor([1.0, 2.0]), tensor([5.0, 7.0])])
+            .unwrap();
+        let floats = |t: &Tensor| -> Vec<f32> {
+            t.data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        assert_eq!(floats(&out[0]), [6.0, 9.0], "sum");
+        assert_eq!(floats(&out[1]), [4.0, 5.0], "diff = a - b");
     }
 
     /// The NNEF archive written as the builder writes it (decluttered typed model, tract core,

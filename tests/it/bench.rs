@@ -60,6 +60,8 @@ fn start_serve(dir: &Path, config: &str) -> Serve {
     let child = Command::new(serve_binary())
         .arg("--config")
         .arg(&cfg)
+        // A fixed HTTP port makes gRPC default to 8001, which parallel tests would share.
+        .env("INFER_GRPC_PORT", "0")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)

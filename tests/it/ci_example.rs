@@ -16,6 +16,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use super::engine::trt_banner;
 use super::image::serve_checks;
 use super::registry_support::Registry;
 use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
@@ -70,17 +71,6 @@ fn py_ci_example_is_a_valid_github_workflow() {
     assert!(!o.status.success(), "{}", stdout(&o));
 }
 
-/// `banner` of a TensorRT `version` (`10.16.0.72`) as trtexec prints it: `[TensorRT v101600] [b72]`.
-fn trt_banner(version: &str) -> String {
-    let p: Vec<u64> = version.split('.').map(|s| s.parse().unwrap()).collect();
-    let n = if p[0] >= 10 {
-        p[0] * 10_000 + p[1] * 100 + p[2]
-    } else {
-        p[0] * 1_000 + p[1] * 100 + p[2]
-    };
-    format!("[TensorRT v{n}] [b{}]", p.get(3).copied().unwrap_or(0))
-}
-
 fn write_script(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::write(path, text).unwrap();
@@ -93,7 +83,7 @@ fn fake_gpu_tools(dir: &Path, version: &str) {
     std::fs::create_dir_all(dir).unwrap();
     write_script(
         &dir.join("nvidia-smi"),
-        "#!/bin/sh\necho '8.9, 570.86.10, NVIDIA L4'\n",
+        "#!/bin/sh\necho '8.9, 580.95.05, NVIDIA L4'\n",
     );
     let banner = trt_banner(version);
     write_script(
@@ -203,13 +193,7 @@ fn registry_ci_example_runs_as_written() {
     let plan = plan_json(&repo.join("recipes/mlp.toml"), Some(&matrix));
     let gpu = gpu_target(&plan);
     assert_eq!(gpu["base"]["reference"], base.as_str());
-    let trt = format!(
-        "{}",
-        gpu["tensorrt"]["build"]
-            .as_str()
-            .or(gpu["tensorrt"]["version"].as_str())
-            .unwrap()
-    );
+    let trt = gpu["tensorrt"]["build"].as_str().unwrap().to_string();
     fake_gpu_tools(&t("gpu-tools"), &trt);
 
     let cache = t("cache");

@@ -37,7 +37,7 @@ fn mlp() -> PathBuf {
 }
 
 /// `NV_TENSORRT_VERSION` and build of a version string, as trtexec prints them.
-fn trt_banner(version: &str) -> String {
+pub fn trt_banner(version: &str) -> String {
     let p: Vec<u64> = version.split('.').map(|s| s.parse().unwrap()).collect();
     let n = if p[0] >= 10 {
         p[0] * 10_000 + p[1] * 100 + p[2]

@@ -254,6 +254,8 @@ mod tests {
             name: name.into(),
             datatype,
             dims: vec![-1, 4],
+            profile: None,
+            dim_names: Vec::new(),
         }
     }
 

@@ -164,12 +164,23 @@ pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> 
         Load::Rate(r) => load::open_loop(ep, req, r, opts.arrival, opts.bounds, opts.seed).await,
     };
     let before = before.await.ok().flatten();
-    let after = scrape(ep).await;
+    let ok = raw.latencies.len() as u64;
+    let mut after = scrape(ep).await;
+    // The server counts a request once its response is on the wire, so the client can read the
+    // last answers before their counts land: scrape again, briefly, until they have.
+    for _ in 0..10 {
+        match (&before, &after) {
+            (Some(b), Some(a)) if metrics::server_delta(b, a).requests < ok => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                after = scrape(ep).await;
+            }
+            _ => break,
+        }
+    }
     let server = match (before, after) {
         (Some(b), Some(a)) => Some(metrics::server_delta(&b, &a)),
         _ => None,
     };
-    let ok = raw.latencies.len() as u64;
     let elapsed = raw.elapsed_s.max(1e-9);
     let req_per_s = ok as f64 / elapsed;
     let s = Step {

@@ -249,8 +249,10 @@ fn bench_mlp_open_loop_json_counts_what_it_sent() {
     assert_eq!(s["ok"].as_u64().unwrap(), sent, "{s}");
     let rate = s["req_per_s"].as_f64().unwrap();
     assert!((150.0..=210.0).contains(&rate), "{s}");
-    // The server saw the same requests.
-    assert_eq!(s["server"]["requests"].as_u64().unwrap(), sent, "{s}");
+    // The server saw the same requests, but for the window's edges: the count before the window
+    // is scraped while the first sends go out, so one request can land on either side.
+    let seen = s["server"]["requests"].as_u64().unwrap();
+    assert!((sent.saturating_sub(1)..=sent).contains(&seen), "{s}");
 }
 
 #[test]

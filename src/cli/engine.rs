@@ -55,7 +55,42 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
     let spec = engine::adapt::spec(&recipe, target)?;
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
-    let art = engine::build(&spec, &cache, &SystemRunner)?;
+    let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;
+    if let Some(c) = &prepared.converted {
+        if !args.json {
+            eprintln!(
+                "{} {} model of {} ({}) {} in {:.2}s{}",
+                if c.cached { "cached" } else { "converted" },
+                c.precision,
+                spec.target,
+                c.onnx_digest,
+                c.onnx.display(),
+                started.elapsed().as_secs_f64(),
+                if c.env_created {
+                    " (created the converter environment)"
+                } else {
+                    ""
+                }
+            );
+            eprintln!(
+                "  accuracy against FP32 on {}: passed",
+                engine::evaluation_text(&c.report)
+            );
+            for line in c.report.summary() {
+                eprintln!("  {line}");
+            }
+        }
+    }
+    let conversion = prepared.converted.as_ref().map(|c| {
+        json!({
+            "key": c.key,
+            "cached": c.cached,
+            "onnx": c.onnx.display().to_string(),
+            "onnx_digest": c.onnx_digest,
+            "report": c.report,
+        })
+    });
+    let art = engine::build_prepared(&spec, prepared, &cache, &SystemRunner)?;
     let elapsed = started.elapsed().as_secs_f64();
     if args.json {
         let doc = json!({
@@ -68,6 +103,7 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
             "seconds": (elapsed * 1000.0).round() / 1000.0,
             "meta": art.meta,
             "profile": art.profile,
+            "conversion": conversion,
         });
         println!(
             "{}",

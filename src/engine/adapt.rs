@@ -3,6 +3,8 @@
 
 use infer_spec::engine::{HardwareCompat, Precision, Sm};
 
+use super::accuracy::Thresholds;
+use super::convert::{ConvertSpec, DEFAULT_METHOD};
 use super::spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
 use super::Error;
 use crate::matrix;
@@ -22,6 +24,39 @@ fn precision(target: &str, p: matrix::Precision) -> Result<Precision, Error> {
                 "{other} engines are not supported by the engine stage (fp32, fp16 and int8 are)"
             ),
         }),
+    }
+}
+
+/// The conversion of a target: `[int8] method` and calibration data, `[accuracy]` data and
+/// limits over the per-precision defaults.
+fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
+    let int8 = recipe.int8.as_ref();
+    let mut thresholds = Thresholds::default_for(p);
+    let key = match p {
+        Precision::Int8 => crate::recipe::Precision::Int8,
+        _ => crate::recipe::Precision::Fp16,
+    };
+    if let Some(l) = recipe.accuracy.limits.get(&key) {
+        thresholds.max_abs = l.max_abs.or(thresholds.max_abs);
+        thresholds.max_rel = l.max_rel.unwrap_or(thresholds.max_rel);
+        thresholds.min_top1 = l.min_top1.unwrap_or(thresholds.min_top1);
+    }
+    ConvertSpec {
+        method: int8
+            .and_then(|i| i.method.as_ref())
+            .map_or_else(|| DEFAULT_METHOD.to_string(), |m| m.value.clone()),
+        calibration: match p {
+            Precision::Int8 => int8
+                .and_then(|i| i.calibration.as_ref())
+                .map(|c| recipe.resolve(&c.value)),
+            _ => None,
+        },
+        evaluation: recipe
+            .accuracy
+            .data
+            .as_ref()
+            .map(|d| recipe.resolve(&d.value)),
+        thresholds,
     }
 }
 
@@ -101,7 +136,9 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
                 }
             };
             t.lean_runtime = trt.version_compatible;
-            if target.precision == matrix::Precision::Int8 {
+            if trt.precision_mode == crate::plan::PrecisionMode::Convert {
+                t.convert = Some(convert_spec(recipe, precision(id, target.precision)?));
+            } else if target.precision == matrix::Precision::Int8 {
                 if let Some(c) = recipe.int8.as_ref().and_then(|i| i.calibration.as_ref()) {
                     let path = recipe.resolve(&c.value);
                     t.calibration = Some(if path.is_dir() {

@@ -48,6 +48,10 @@ pub struct KeyMaterial {
     pub shape_profile: Vec<InputProfile>,
     pub batch_sizes: Vec<u32>,
     pub backend: BackendKey,
+    /// The conversion cache key when infer-build converted the model first (its key covers
+    /// the source ONNX, the tool and versions, the options and the calibration data).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<String>,
 }
 
 impl KeyMaterial {
@@ -93,6 +97,7 @@ mod tests {
                 builder_flags: vec!["--onnx=<onnx>".into(), "--fp16".into()],
                 calibration: None,
             },
+            conversion: None,
         }
     }
 
@@ -126,6 +131,10 @@ mod tests {
                 Box::new(|m| m.shape_profile[0].opt = vec![8, 64]),
             ),
             ("batches", Box::new(|m| m.batch_sizes.push(4))),
+            (
+                "conversion",
+                Box::new(|m| m.conversion = Some("c0ffee".into())),
+            ),
             (
                 "backend",
                 Box::new(|m| {

@@ -10,12 +10,15 @@
 //! matrix itself (it takes an [`EngineSpec`] of plain values, made by [`adapt::spec`]); write anywhere but
 //! the cache (entries appear atomically, see [`cache`]).
 
+pub mod accuracy;
 pub mod adapt;
 pub mod cache;
+pub mod convert;
 pub mod gpu;
 pub mod key;
 pub mod onnx;
 pub mod polygraphy;
+pub mod pyenv;
 pub mod spec;
 pub mod tensorrt;
 pub mod tract;
@@ -112,6 +115,29 @@ pub enum Error {
     },
     #[error("unknown target `{target}`; the plan has: {available}")]
     UnknownTarget { target: String, available: String },
+    #[error("precision conversion: {reason}")]
+    Convert { reason: String },
+    #[error("target {target}: converting the model to {precision} failed:\n{tail}")]
+    ConvertFailed {
+        target: String,
+        precision: String,
+        tail: String,
+    },
+    #[error("target {target}: the {precision} model fails the accuracy gate ({failures}); against FP32 on {evaluation}:\n  {figures}")]
+    Accuracy {
+        target: String,
+        precision: String,
+        failures: String,
+        evaluation: String,
+        figures: String,
+    },
+    #[error("target {target} needs a GPU to build its TensorRT engine ({reason}); run `infer-build engine` on a {sm} GPU runner{}", if converted.is_empty() { String::new() } else { format!(" (the converted model is cached: {converted})") })]
+    NoGpu {
+        target: String,
+        sm: String,
+        reason: String,
+        converted: String,
+    },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -131,6 +157,7 @@ impl Error {
                 | Error::NotFound { .. }
                 | Error::Mismatch { .. }
                 | Error::UnknownTarget { .. }
+                | Error::Accuracy { .. }
         )
     }
 }
@@ -233,7 +260,69 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
         shape_profile: spec.shape_profile()?,
         batch_sizes: spec.planned_batches(),
         backend,
+        conversion: match &spec.backend {
+            Backend::Tensorrt(TrtSpec {
+                convert: Some(c), ..
+            }) => Some(convert::key(spec, c, onnx_digest)?),
+            _ => None,
+        },
     })
+}
+
+/// A target's model, ready for the engine build: the recipe's ONNX, and the converted one when
+/// the target converts (already through the accuracy gate).
+#[derive(Debug)]
+pub struct Prepared {
+    onnx_bytes: Vec<u8>,
+    onnx_digest: String,
+    pub converted: Option<convert::Converted>,
+}
+
+/// Read the model and, for targets that convert, convert it (or find the conversion in the
+/// cache) and apply the accuracy gate. Runs on any machine: no GPU is involved.
+pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<Prepared, Error> {
+    let onnx_bytes = read(&spec.onnx)?;
+    let onnx_digest = sha256_digest(&onnx_bytes);
+    let converted = match &spec.backend {
+        Backend::Tensorrt(TrtSpec {
+            convert: Some(c), ..
+        }) => {
+            let conv = convert::convert(
+                spec,
+                c,
+                &onnx_digest,
+                cache,
+                &pyenv::root_for(cache),
+                runner,
+            )?;
+            let failures = accuracy::failures(&conv.report, &c.thresholds);
+            if !failures.is_empty() {
+                return Err(Error::Accuracy {
+                    target: spec.target.clone(),
+                    precision: spec.precision.to_string(),
+                    failures: failures.join("; "),
+                    evaluation: evaluation_text(&conv.report),
+                    figures: conv.report.summary().join("\n  "),
+                });
+            }
+            Some(conv)
+        }
+        _ => None,
+    };
+    Ok(Prepared {
+        onnx_bytes,
+        onnx_digest,
+        converted,
+    })
+}
+
+/// What a report's figures were measured on, in words.
+pub fn evaluation_text(r: &convert::Report) -> String {
+    let source = r.evaluation["source"].as_str().unwrap_or("?");
+    match r.evaluation["batches"].as_u64() {
+        Some(n) => format!("{source}, {n} batches"),
+        None => source.to_string(),
+    }
 }
 
 /// Build `spec`'s engine into `cache`, or return the cached one when the key is present.
@@ -242,8 +331,22 @@ pub fn build(
     cache: &Cache,
     runner: &dyn Runner,
 ) -> Result<EngineArtifact, Error> {
-    let onnx_bytes = read(&spec.onnx)?;
-    let onnx_digest = sha256_digest(&onnx_bytes);
+    let prepared = prepare(spec, cache, runner)?;
+    build_prepared(spec, prepared, cache, runner)
+}
+
+/// [`build`] after [`prepare`].
+pub fn build_prepared(
+    spec: &EngineSpec,
+    prepared: Prepared,
+    cache: &Cache,
+    runner: &dyn Runner,
+) -> Result<EngineArtifact, Error> {
+    let Prepared {
+        onnx_bytes,
+        onnx_digest,
+        converted,
+    } = prepared;
     let material = key_material(spec, &onnx_digest)?;
     let key = material.key();
     if let Some(e) = cache.get(&key)? {
@@ -259,73 +362,92 @@ pub fn build(
     let dir = staging.path().to_path_buf();
 
     let shape_profile = spec.shape_profile()?;
-    let (format, engine_path, gpu, cpu, batches, startup, measured_on, source, log) = match &spec
-        .backend
-    {
-        Backend::Cpu => {
-            let built = tract::build(spec, &onnx_bytes).map_err(|e| Error::Tract {
-                target: spec.target.clone(),
-                reason: format!("{e:#}"),
-            })?;
-            let path = dir.join(built.format.file_name());
-            cache::write_atomic(&path, &built.bytes)?;
-            let cpu = CpuMeta {
-                arch: std::env::consts::ARCH.into(),
-                tract: tract::TRACT_VERSION
-                    .parse()
-                    .map_err(|_| Error::Internal("tract version literal"))?,
-                // tract picks its kernels at run time from the CPU it finds (with portable
-                // fallbacks), so the stored model requires nothing beyond the architecture.
-                required_features: Vec::new(),
-            };
-            let threads = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1);
-            let on = format!(
-                "{} cpu, tract single-threaded, {threads} cores visible",
-                std::env::consts::ARCH
-            );
-            (
-                built.format,
-                path,
-                None,
-                Some(cpu),
-                built.batches,
-                Some(built.startup),
-                on,
-                "tract",
-                String::new(),
-            )
-        }
-        Backend::Tensorrt(trt) => {
-            let built = tensorrt::build(spec, trt, &onnx_bytes, &spec.onnx, &dir, cache, runner)?;
-            let gpu = GpuMeta {
-                sm: trt.sm,
-                tensorrt: trt.tensorrt.clone(),
-                cuda: trt.cuda.clone(),
-                driver_floor: trt.driver_floor.clone(),
-                hardware_compat: trt.hardware_compat,
-                version_compatible: trt.lean_runtime,
-                exclude_lean_runtime: trt.lean_runtime,
-                builder_gpu: built.gpu.name.clone(),
-            };
-            let on = format!(
-                "{} ({}, driver {})",
-                built.gpu.name, built.gpu.sm, built.gpu.driver
-            );
-            (
-                EngineFormat::TensorrtPlan,
-                dir.join(tensorrt::ENGINE_FILE),
-                Some(gpu),
-                None,
-                built.batches,
-                None,
-                on,
-                "trtexec",
-                built.build_log,
-            )
-        }
-    };
+    let (format, engine_path, gpu, cpu, batches, startup, measured_on, source, log) =
+        match &spec.backend {
+            Backend::Cpu => {
+                let built = tract::build(spec, &onnx_bytes).map_err(|e| Error::Tract {
+                    target: spec.target.clone(),
+                    reason: format!("{e:#}"),
+                })?;
+                let path = dir.join(built.format.file_name());
+                cache::write_atomic(&path, &built.bytes)?;
+                let cpu = CpuMeta {
+                    arch: std::env::consts::ARCH.into(),
+                    tract: tract::TRACT_VERSION
+                        .parse()
+                        .map_err(|_| Error::Internal("tract version literal"))?,
+                    // tract picks its kernels at run time from the CPU it finds (with portable
+                    // fallbacks), so the stored model requires nothing beyond the architecture.
+                    required_features: Vec::new(),
+                };
+                let threads = std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1);
+                let on = format!(
+                    "{} cpu, tract single-threaded, {threads} cores visible",
+                    std::env::consts::ARCH
+                );
+                (
+                    built.format,
+                    path,
+                    None,
+                    Some(cpu),
+                    built.batches,
+                    Some(built.startup),
+                    on,
+                    "tract",
+                    String::new(),
+                )
+            }
+            Backend::Tensorrt(trt) => {
+                let (bytes, path) = match &converted {
+                    Some(c) => (read(&c.onnx)?, c.onnx.clone()),
+                    None => (onnx_bytes, spec.onnx.clone()),
+                };
+                let built = tensorrt::build(spec, trt, &bytes, &path, &dir, cache, runner)
+                    .map_err(|e| match e {
+                        Error::Process(crate::process::Error::NotFound { program })
+                            if program == "nvidia-smi" =>
+                        {
+                            Error::NoGpu {
+                                target: spec.target.clone(),
+                                sm: trt.sm.to_string(),
+                                reason: "`nvidia-smi` was not found on PATH".into(),
+                                converted: converted
+                                    .as_ref()
+                                    .map(|c| c.onnx.display().to_string())
+                                    .unwrap_or_default(),
+                            }
+                        }
+                        e => e,
+                    })?;
+                let gpu = GpuMeta {
+                    sm: trt.sm,
+                    tensorrt: trt.tensorrt.clone(),
+                    cuda: trt.cuda.clone(),
+                    driver_floor: trt.driver_floor.clone(),
+                    hardware_compat: trt.hardware_compat,
+                    version_compatible: trt.lean_runtime,
+                    exclude_lean_runtime: trt.lean_runtime,
+                    builder_gpu: built.gpu.name.clone(),
+                };
+                let on = format!(
+                    "{} ({}, driver {})",
+                    built.gpu.name, built.gpu.sm, built.gpu.driver
+                );
+                (
+                    EngineFormat::TensorrtPlan,
+                    dir.join(tensorrt::ENGINE_FILE),
+                    Some(gpu),
+                    None,
+                    built.batches,
+                    None,
+                    on,
+                    "trtexec",
+                    built.build_log,
+                )
+            }
+        };
     if !log.is_empty() {
         cache::write_atomic(&dir.join("build.log"), log.as_bytes())?;
     }
@@ -355,6 +477,7 @@ pub fn build(
         builder_version: TOOL_VERSION.into(),
         gpu,
         cpu,
+        conversion: converted.as_ref().map(conversion_meta),
     };
     let profile = EngineProfile {
         schema: META_SCHEMA,
@@ -372,6 +495,30 @@ pub fn build(
     let final_dir = staging.commit()?;
     let entry = Entry::read(&final_dir)?;
     Ok(EngineArtifact::from_entry(entry, false))
+}
+
+/// The metadata record of a conversion.
+pub fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::ConversionMeta {
+    let fmt = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.4e}"));
+    infer_spec::engine::ConversionMeta {
+        converted_digest: c.onnx_digest.clone(),
+        tool: c.report.options["tool"].as_str().unwrap_or("?").to_string(),
+        versions: c.report.versions.clone(),
+        cache_key: c.key.clone(),
+        evaluation: evaluation_text(&c.report),
+        accuracy: c
+            .report
+            .outputs
+            .iter()
+            .map(|o| {
+                let mut s = format!("max_abs={} max_rel={}", fmt(o.max_abs), fmt(o.max_rel));
+                if let Some(t) = o.top1_agreement {
+                    s.push_str(&format!(" top1={t:.4}"));
+                }
+                (o.name.clone(), s)
+            })
+            .collect(),
+    }
 }
 
 /// Find the engine for `spec` in `dir` — an engine cache root, or a directory holding entries

@@ -17,7 +17,7 @@ pub struct OnnxSummary {
     pub op_types: BTreeSet<String>,
     /// Graph inputs: name and ONNX element type.
     pub inputs: Vec<(String, i32)>,
-    /// Some initializer, graph input or output is FLOAT16.
+    /// Some initializer, graph input, output or value, Constant node or Cast is FLOAT16.
     pub fp16_tensors: bool,
     /// Graph inputs: name and, per dimension, its symbolic name (`dim_param`), `""` when the
     /// dimension is a number or unnamed.
@@ -127,7 +127,17 @@ impl OnnxSummary {
                 .input
                 .iter()
                 .chain(graph.output.iter())
-                .any(|v| elem(v) == ONNX_FLOAT16);
+                .chain(graph.value_info.iter())
+                .any(|v| elem(v) == ONNX_FLOAT16)
+            // Weights held by Constant nodes (Paddle exports), and casts to FLOAT16 (a model
+            // converted with its inputs and outputs kept FP32).
+            || graph.node.iter().any(|n| {
+                n.attribute.iter().any(|a| {
+                    (n.op_type == "Constant"
+                        && a.t.as_ref().is_some_and(|t| t.data_type == ONNX_FLOAT16))
+                        || (n.op_type == "Cast" && a.name == "to" && a.i == ONNX_FLOAT16 as i64)
+                })
+            });
         Ok(OnnxSummary {
             op_types: graph.node.iter().map(|n| n.op_type.clone()).collect(),
             inputs,

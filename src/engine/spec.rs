@@ -57,7 +57,7 @@ pub enum Calibration {
 }
 
 /// TensorRT settings of one target, from the plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrtSpec {
     /// TensorRT version with its build number, e.g. `10.8.0.43`.
     pub tensorrt: Version,
@@ -78,6 +78,9 @@ pub struct TrtSpec {
     pub trtexec: String,
     /// The polygraphy program (default `polygraphy`).
     pub polygraphy: String,
+    /// Convert the ONNX to the target precision before the build (TensorRT 11: FP16, INT8
+    /// Q/DQ), gated on accuracy; see [`super::convert`].
+    pub convert: Option<super::convert::ConvertSpec>,
 }
 
 impl TrtSpec {
@@ -95,13 +98,14 @@ impl TrtSpec {
             workspace_mib: None,
             trtexec: "trtexec".into(),
             polygraphy: "polygraphy".into(),
+            convert: None,
         }
     }
 }
 
 /// Which engine to build. (A spec is built once per target: the size difference is harmless.)
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     /// tract on the CPU.
     Cpu,
@@ -110,7 +114,7 @@ pub enum Backend {
 }
 
 /// One target's engine build, as values.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineSpec {
     /// Model name, for messages.
     pub model: String,

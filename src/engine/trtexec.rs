@@ -9,7 +9,8 @@
 //!   model (explicit quantization). INT8 with neither is refused: TensorRT would use placeholder
 //!   scales.
 //! - 11.x: strongly typed only; `--fp16/--int8/--calib` were removed. FP16 needs an ONNX already
-//!   converted to FP16, INT8 one with Q/DQ nodes; anything else is refused.
+//!   converted to FP16, INT8 one with Q/DQ nodes (infer-build makes both, see
+//!   [`super::convert`]); anything else is refused.
 
 use infer_spec::engine::{
     BatchTiming, HardwareCompat, InputProfile, LayerTiming, Precision, Sm, Version,
@@ -97,27 +98,27 @@ pub fn precision_path(
         },
         (TrtLine::V11, Precision::Fp16) => {
             if trt.calibration.is_some() {
-                return Err(refuse("TensorRT 11 has no calibration".into()));
+                return Err(refuse("TensorRT 11 has no calibration: infer-build converts fp16 models itself".into()));
             }
             if onnx.has_fp16() {
                 Ok(PrecisionPath::StronglyTyped)
             } else {
                 Err(refuse(
-                    "TensorRT 11 builds strongly typed networks only: convert the ONNX to fp16 first (ModelOpt AutoCast); this model has no fp16 tensors".into(),
+                    "TensorRT 11 builds strongly typed networks only: the ONNX must be fp16 (infer-build converts it when the plan's precision mode is `convert`); this model has no fp16 tensors".into(),
                 ))
             }
         }
         (TrtLine::V11, Precision::Int8) => {
             if trt.calibration.is_some() {
                 return Err(refuse(
-                    "TensorRT 11 has no calibration: quantize the model to Q/DQ (ModelOpt PTQ) and drop the calibration input".into(),
+                    "TensorRT 11 has no calibration: point `[int8] calibration` at a directory of calibration batches and infer-build quantizes the model to Q/DQ".into(),
                 ));
             }
             if onnx.has_qdq() {
                 Ok(PrecisionPath::StronglyTyped)
             } else {
                 Err(refuse(
-                    "TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (ModelOpt PTQ); this model has no QuantizeLinear/DequantizeLinear nodes".into(),
+                    "TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (infer-build makes one from `[int8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes".into(),
                 ))
             }
         }

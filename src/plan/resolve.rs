@@ -434,10 +434,35 @@ fn resolve_gpu_target<'m>(
         }
     }
 
+    // Precisions the engine stage cannot produce a model for are refused here, so that every
+    // target the plan accepts builds (docs/engines.md, "Precision").
+    let not_built = match precision {
+        Precision::Bf16 => Some("infer-build does not build bf16 engines: no BF16 converter runs without torch, and ONNX Runtime on the CPU cannot check a BF16 model's accuracy"),
+        Precision::Fp8 => Some("infer-build cannot make FP8 models yet: ONNX Runtime 1.32's FP8 quantiser fails in its calibrator (AttributeError in the Distribution method), and ModelOpt needs torch"),
+        Precision::Fp4 => Some("infer-build cannot make FP4 models: ONNX Runtime has no FP4 quantiser, and ModelOpt needs torch"),
+        _ => None,
+    };
+    if let Some(message) = not_built {
+        return Err(diag(
+            file,
+            p,
+            Refusal {
+                rule: "precision-not-built",
+                message: message.into(),
+                hint: format!("build fp16 or int8 for {sm}"),
+            },
+        ));
+    }
+
     let int8 = recipe.int8.as_ref();
     let calibration = int8.and_then(|i| i.calibration.as_ref());
     let qdq = int8.is_some_and(|i| i.qdq.value);
-    let uses_calibration = precision == Precision::Int8 && calibration.is_some() && !qdq;
+    // A TensorRT calibration cache (a file) needs TensorRT's own calibration (10.x and older);
+    // calibration data (a directory) works everywhere: infer-build quantizes with it for 11.x.
+    let uses_calibration = precision == Precision::Int8
+        && calibration.is_some()
+        && !qdq
+        && int8.and_then(|i| i.calibration_is_cache) == Some(true);
 
     // Releases, newest first, through the filters. When one empties the set, say why.
     let all: Vec<&Release> = matrix.releases.iter().collect();
@@ -564,8 +589,8 @@ fn resolve_gpu_target<'m>(
             let at = calibration.map_or(p.clone().map(|_| ()), |l| l.clone().map(|_| ()));
             return Err(diag(file, &at, Refusal {
                 rule: "int8-calibration-needs-tensorrt-10",
-                message: format!("INT8 with calibration needs TensorRT 10.x or older; TensorRT {} removed calibrators and implicit quantization and builds INT8 only from a model with Q/DQ nodes", before[0].version.major_minor()),
-                hint: "quantize the model to Q/DQ (ModelOpt PTQ) and set `[int8] qdq = true` without calibration, or pin tensorrt = \"10\"".into(),
+                message: format!("a TensorRT calibration cache needs TensorRT 10.x or older; TensorRT {} removed calibrators and implicit quantization and builds INT8 only from a model with Q/DQ nodes", before[0].version.major_minor()),
+                hint: "point `[int8] calibration` at a directory of calibration batches (infer-build then quantizes the model to Q/DQ), or pin tensorrt = \"10\"".into(),
             }));
         }
     }
@@ -827,12 +852,19 @@ fn gpu_target(
         (Precision::Fp32, _) => PrecisionMode::Native,
         (Precision::Int8, _) if qdq => PrecisionMode::Qdq,
         (Precision::Fp8 | Precision::Fp4, _) => PrecisionMode::Qdq,
+        // A TensorRT calibration cache: TensorRT's own (implicit) calibration, 10.x and older.
         (Precision::Int8, PrecisionApi::BuilderFlags)
-            if int8.is_some_and(|i| i.calibration.is_some()) =>
+            if int8.is_some_and(|i| i.calibration_is_cache == Some(true)) =>
         {
             PrecisionMode::Calibration
         }
-        (Precision::Int8, PrecisionApi::StronglyTyped) => PrecisionMode::Qdq,
+        // Calibration data: infer-build quantizes to Q/DQ on the CPU (gated on accuracy), and
+        // every TensorRT builds the explicit-quantization model.
+        (Precision::Int8, _) if int8.is_some_and(|i| i.calibration.is_some()) => {
+            PrecisionMode::Convert
+        }
+        // TensorRT 11 has no --fp16: infer-build makes the FP16 model itself.
+        (Precision::Fp16, PrecisionApi::StronglyTyped) => PrecisionMode::Convert,
         (_, PrecisionApi::BuilderFlags) => PrecisionMode::BuilderFlag,
         (_, PrecisionApi::StronglyTyped) => PrecisionMode::StronglyTyped,
     };
@@ -888,8 +920,8 @@ fn gpu_target(
             g.name
         ));
     }
-    if precision_mode == PrecisionMode::StronglyTyped {
-        notes.push(format!("TensorRT {} is strongly typed: the ONNX must already be {precision} (ModelOpt AutoCast)", r.version.major_minor()));
+    if precision_mode == PrecisionMode::Convert {
+        notes.push(format!("infer-build converts the ONNX to {precision} and checks its accuracy on the CPU before the TensorRT {} build", r.version.major_minor()));
     }
     if precision_mode == PrecisionMode::Qdq {
         notes.push(format!("the model must carry {precision} Q/DQ nodes"));

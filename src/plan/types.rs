@@ -135,12 +135,15 @@ pub enum PrecisionMode {
     Native,
     /// A builder flag (`--fp16`, `--bf16`, `--int8`, `--fp8`) on TensorRT ≤ 10.x.
     BuilderFlag,
-    /// INT8 with a calibration cache or calibration data (`[int8] calibration`, TensorRT ≤ 10.x).
+    /// INT8 with a TensorRT calibration cache (`[int8] calibration` naming a file, TensorRT ≤ 10.x).
     Calibration,
     /// The model carries Q/DQ nodes (explicit quantization, `[int8] qdq = true`).
     Qdq,
-    /// TensorRT 11.x: the ONNX must already be in this precision (ModelOpt AutoCast for FP16).
+    /// TensorRT 11.x: the ONNX carries its precision (only FP32 reaches this today).
     StronglyTyped,
+    /// infer-build converts the FP32 ONNX and gates it on accuracy before the build: FP16 for
+    /// TensorRT 11.x, Q/DQ INT8 from `[int8] calibration` data for every TensorRT.
+    Convert,
 }
 
 /// cuDNN of a target.

@@ -132,6 +132,15 @@ pub fn load(path: &Path) -> Result<Recipe, Error> {
     for f in &files {
         check_file(path, dir, f, &mut diagnostics);
     }
+    let mut recipe = recipe;
+    if let Some(int8) = recipe.as_mut().and_then(|r| r.int8.as_mut()) {
+        // What the plan needs to know of the calibration input: a TensorRT calibration cache
+        // (a file) or data (a directory) that infer-build can quantize with.
+        int8.calibration_is_cache = int8
+            .calibration
+            .as_ref()
+            .map(|c| dir.join(&c.value).is_file());
+    }
     finish(path, recipe, diagnostics)
 }
 
@@ -306,6 +315,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
         FileKind::Model => "model file",
         FileKind::Calibration => "calibration data",
         FileKind::Samples => "warm-up samples file",
+        FileKind::Evaluation => "evaluation data",
     };
     let shown = dir.join(&f.path.value);
     let base = if dir.as_os_str().is_empty() {
@@ -331,6 +341,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
                 FileKind::Model => "export the model to this path, or point `onnx` at your export (relative to the recipe)",
                 FileKind::Calibration => "put the calibration data (a directory of samples or a calibration cache) at this path",
                 FileKind::Samples => "write the warm-up requests file at this path, or remove `samples` to warm up with synthetic data",
+                FileKind::Evaluation => "put the evaluation batches (*.npy / *.npz) in this directory, or remove `data` to evaluate on the calibration data",
             };
             out.push(diag(format!("{what} not found: {}", shown.display()), hint));
             return;
@@ -356,12 +367,16 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
     }
     match std::fs::metadata(&resolved) {
         Ok(meta) => {
-            let ok = meta.is_file() || (f.kind == FileKind::Calibration && meta.is_dir());
+            let ok = match f.kind {
+                FileKind::Calibration => meta.is_file() || meta.is_dir(),
+                FileKind::Evaluation => meta.is_dir(),
+                FileKind::Model | FileKind::Samples => meta.is_file(),
+            };
             if !ok {
-                let expected = if f.kind == FileKind::Calibration {
-                    "a regular file or a directory"
-                } else {
-                    "a regular file"
+                let expected = match f.kind {
+                    FileKind::Calibration => "a regular file or a directory",
+                    FileKind::Evaluation => "a directory",
+                    FileKind::Model | FileKind::Samples => "a regular file",
                 };
                 out.push(diag(
                     format!(

@@ -20,6 +20,8 @@ pub struct Recipe {
     pub targets: Targets,
     /// Present when the recipe has an `[int8]` table.
     pub int8: Option<Int8>,
+    /// `[accuracy]`: the accuracy gate of converted models (defaults when absent).
+    pub accuracy: Accuracy,
     pub batching: Batching,
     pub warmup: Warmup,
     pub image: Image,
@@ -404,6 +406,37 @@ pub struct Int8 {
     /// The model already carries Q/DQ nodes (explicit quantization); no calibration needed.
     /// Span: the key, or the `[int8]` table when defaulted.
     pub qdq: Located<bool>,
+    /// How infer-build's INT8 quantisation picks activation ranges from the calibration data:
+    /// one of [`CALIBRATION_METHODS`]; `None` for the default (`percentile`).
+    pub method: Option<Located<String>>,
+    /// Whether `calibration` is a file (a TensorRT calibration cache) rather than a directory
+    /// of batches: set by [`super::load`], which looks; `None` after [`super::parse`].
+    pub calibration_is_cache: Option<bool>,
+}
+
+/// Calibration methods `[int8] method` accepts (ONNX Runtime's static quantisation).
+pub const CALIBRATION_METHODS: [&str; 3] = ["minmax", "entropy", "percentile"];
+
+/// `[accuracy]`: what a converted (FP16, INT8) model must keep against the FP32 model.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Accuracy {
+    /// A directory of evaluation batches (`*.npy` / `*.npz`, like calibration data); default:
+    /// the calibration data, else generated inputs.
+    pub data: Option<Located<PathBuf>>,
+    /// Per-precision limits (`[accuracy.fp16]`, `[accuracy.int8]`); unset ones keep the
+    /// defaults.
+    pub limits: BTreeMap<Precision, AccuracyLimits>,
+}
+
+/// Limits of one precision; `None` keeps the default.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AccuracyLimits {
+    /// Largest absolute difference of any output element.
+    pub max_abs: Option<f64>,
+    /// Largest difference relative to the FP32 output's largest magnitude.
+    pub max_rel: Option<f64>,
+    /// Smallest fraction of rows whose arg-max agrees (classification-shaped outputs).
+    pub min_top1: Option<f64>,
 }
 
 /// `[batching]`: the runtime's dynamic batcher. Batch sizes count rows (the first dimension),

@@ -30,10 +30,12 @@ pub(crate) enum FileKind {
     Calibration,
     /// `warmup.samples`: a regular file.
     Samples,
+    /// `accuracy.data`: a directory.
+    Evaluation,
 }
 
-const ROOT_KEYS: [&str; 7] = [
-    "model", "targets", "int8", "batching", "warmup", "image", "deploy",
+const ROOT_KEYS: [&str; 8] = [
+    "model", "targets", "int8", "accuracy", "batching", "warmup", "image", "deploy",
 ];
 const MODEL_KEYS: [&str; 6] = [
     "name",
@@ -55,7 +57,9 @@ const TARGETS_KEYS: [&str; 7] = [
     "version_compatible",
     "hardware_compatibility",
 ];
-const INT8_KEYS: [&str; 2] = ["calibration", "qdq"];
+const INT8_KEYS: [&str; 3] = ["calibration", "qdq", "method"];
+const ACCURACY_KEYS: [&str; 3] = ["data", "fp16", "int8"];
+const LIMIT_KEYS: [&str; 3] = ["max_abs", "max_rel", "min_top1"];
 const BATCHING_KEYS: [&str; 6] = [
     "max_batch_size",
     "preferred_batch_sizes",
@@ -126,6 +130,11 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let int8_table = cx.table(&root, "int8");
     let int8 = int8_table.as_ref().map(|t| int8(cx, t, &mut files));
     check_int8_needed(cx, &targets, int8_table.as_ref());
+    let accuracy_table = cx.table(&root, "accuracy");
+    let accuracy = accuracy_table
+        .as_ref()
+        .map(|t| accuracy(cx, t, &mut files))
+        .unwrap_or_default();
     let warmup_table = cx.table(&root, "warmup");
     let warmup = warmup(cx, warmup_table.as_ref(), &batching, &mut files);
     let image_table = cx.table(&root, "image");
@@ -141,6 +150,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             model,
             targets,
             int8,
+            accuracy,
             batching,
             warmup,
             image,
@@ -878,7 +888,77 @@ fn int8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> In
             "add `calibration = \"calibration/\"`, or `qdq = true` when the model has Q/DQ nodes",
         );
     }
-    Int8 { calibration, qdq }
+    let method = cx.string(t, "method");
+    if let Some(m) = &method {
+        if !CALIBRATION_METHODS.contains(&m.value.as_str()) {
+            cx.error_hint(
+                m.span,
+                &m.key,
+                format!("unknown calibration method `{}`", m.value),
+                format!("use one of {}", CALIBRATION_METHODS.join(", ")),
+            );
+        }
+        if qdq.value {
+            cx.error_hint(
+                m.span,
+                &m.key,
+                "`method` picks how infer-build quantizes, and `qdq = true` says the model is already quantized",
+                "remove `method`, or set `qdq = false`",
+            );
+        }
+    }
+    Int8 {
+        calibration,
+        qdq,
+        method,
+        calibration_is_cache: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [accuracy]
+
+fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Accuracy {
+    cx.unknown_keys(t, &ACCURACY_KEYS);
+    let data = cx
+        .string(t, "data")
+        .and_then(|p| relative_path(cx, p, "the evaluation data"));
+    if let Some(p) = &data {
+        files.push(FileRef {
+            path: p.clone(),
+            kind: FileKind::Evaluation,
+        });
+    }
+    let mut limits = BTreeMap::new();
+    for (name, precision) in [("fp16", Precision::Fp16), ("int8", Precision::Int8)] {
+        let Some(lt) = cx.table(t, name) else {
+            continue;
+        };
+        cx.unknown_keys(&lt, &LIMIT_KEYS);
+        let mut l = AccuracyLimits::default();
+        for k in LIMIT_KEYS {
+            let Some((v, key, _)) = cx.get(&lt, k) else {
+                continue;
+            };
+            let x = match v.get_ref() {
+                DeValue::Integer(i) => i.as_str().parse::<f64>().ok().filter(|_| i.radix() == 10),
+                DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
+                _ => None,
+            };
+            let ok = |x: f64| x.is_finite() && x >= 0.0 && (k != "min_top1" || x <= 1.0);
+            match x {
+                Some(x) if ok(x) => match k {
+                    "max_abs" => l.max_abs = Some(x),
+                    "max_rel" => l.max_rel = Some(x),
+                    _ => l.min_top1 = Some(x),
+                },
+                _ if k == "min_top1" => cx.expected(v, &key, "a fraction from 0 to 1"),
+                _ => cx.expected(v, &key, "a non-negative number"),
+            }
+        }
+        limits.insert(precision, l);
+    }
+    Accuracy { data, limits }
 }
 
 fn check_int8_needed(cx: &mut Checker<'_>, targets: &Targets, table: Option<&Table<'_, '_>>) {

@@ -616,11 +616,11 @@ fn refusal(trt: &str, onnx: PathBuf, width: i64, precision: Precision, calib: bo
 fn precision_refusals() {
     assert_eq!(
         refusal("11.4.0.106", mlp(), 64, Precision::Fp16, false),
-        "target sm89-fp16 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: convert the ONNX to fp16 first (ModelOpt AutoCast); this model has no fp16 tensors"
+        "target sm89-fp16 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: the ONNX must be fp16 (infer-build converts it when the plan's precision mode is `convert`); this model has no fp16 tensors"
     );
     assert_eq!(
         refusal("11.4.0.106", mlp(), 64, Precision::Int8, false),
-        "target sm89-int8 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (ModelOpt PTQ); this model has no QuantizeLinear/DequantizeLinear nodes"
+        "target sm89-int8 with TensorRT 11.4.0.106: TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (infer-build makes one from `[int8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes"
     );
     assert!(refusal(
         "11.4.0.106",

@@ -8,6 +8,7 @@ pub mod hostile_registry;
 pub mod image;
 pub mod oci;
 pub mod plan;
+pub mod precision;
 pub mod pull;
 pub mod real_models;
 pub mod recipe;

@@ -830,6 +830,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             tract: "0.23.9".parse().unwrap(),
             required_features: vec![],
         }),
+        conversion: None,
     };
     fs::write(path, meta.to_canonical_json()).unwrap();
 }

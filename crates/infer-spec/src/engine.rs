@@ -403,6 +403,29 @@ pub struct EngineMeta {
     /// Present for tract engines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuMeta>,
+    /// Present when infer-build converted the model's precision before the build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionMeta>,
+}
+
+/// How infer-build converted the recipe's FP32 ONNX before the engine build, and what the
+/// converted model kept against it (measured under ONNX Runtime on the CPU).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversionMeta {
+    /// `sha256:<hex>` of the converted ONNX the engine was built from (`onnx_digest` is the
+    /// recipe's FP32 model).
+    pub converted_digest: String,
+    /// `onnxconverter-common.float16` or `onnxruntime.quantization`.
+    pub tool: String,
+    /// Package versions of the converter environment (`onnx`, `onnxruntime`, …).
+    pub versions: std::collections::BTreeMap<String, String>,
+    /// The conversion cache key.
+    pub cache_key: String,
+    /// What the figures were measured on.
+    pub evaluation: String,
+    /// Per output: `max_abs=… max_rel=… [top1=…]` against the FP32 model.
+    pub accuracy: std::collections::BTreeMap<String, String>,
 }
 
 impl EngineMeta {
@@ -488,6 +511,17 @@ impl EngineMeta {
             put("cpu.arch", c.arch.clone());
             put("cpu.features", c.required_features.join(","));
             put("tract.version", c.tract.to_string());
+        }
+        if let Some(c) = &self.conversion {
+            put("conversion.tool", c.tool.clone());
+            put("conversion.digest", c.converted_digest.clone());
+            let versions: Vec<String> =
+                c.versions.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            put("conversion.versions", versions.join(","));
+            put("conversion.evaluation", c.evaluation.clone());
+            for (output, figures) in &c.accuracy {
+                put(&format!("accuracy.{output}"), figures.clone());
+            }
         }
         m
     }
@@ -943,6 +977,7 @@ mod tests {
                 builder_gpu: "NVIDIA L4".into(),
             }),
             cpu: None,
+            conversion: None,
         }
     }
 
@@ -965,6 +1000,7 @@ mod tests {
                 tract: v("0.23.9"),
                 required_features: features.iter().map(|s| s.to_string()).collect(),
             }),
+            conversion: None,
         }
     }
 

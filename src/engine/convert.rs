@@ -1,0 +1,498 @@
+//! Precision conversion before any GPU job: an FP32 ONNX becomes the FP16 or INT8 Q/DQ ONNX a
+//! strongly typed TensorRT builds, on any machine, and its accuracy figures against the FP32
+//! model are measured on the same inputs under ONNX Runtime on the CPU.
+//!
+//! - FP16: onnxconverter-common's `convert_float_to_float16` with inputs and outputs kept FP32
+//!   and numerically sensitive operators ([`FP16_KEEP_OPS`] plus the tool's own list) kept FP32.
+//! - INT8: ONNX Runtime's `quantize_static`, QDQ format, symmetric activations and weights
+//!   (zero point 0, as TensorRT requires), per-channel weights kept as float behind Q/DQ pairs,
+//!   biases unquantized, only the operators TensorRT runs in INT8 ([`QUANTIZE_OPS`]); the
+//!   calibration method is `[int8] method` (default [`DEFAULT_METHOD`]).
+//!
+//! The converter is the embedded script `convert.py`, run by the interpreter of the pinned
+//! environment ([`super::pyenv`]) through [`crate::process`] with a deadline. The result is
+//! content-addressed in the engine cache under `v1/converted/<key>/` (`model.onnx`,
+//! `conversion.json`): the key covers the source ONNX digest, the precision, the tool (the
+//! requirements file's digest, hence every pinned version, and the script's digest), the
+//! options, the calibration data digest and the evaluation inputs, so a second call, or every
+//! GPU job of a CI fan-out sharing the cache, reuses it without running Python.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use infer_spec::engine::{canonical_json, Precision};
+use serde::{Deserialize, Serialize};
+
+use super::cache::{self, Cache};
+use super::key::sha256_digest;
+use super::pyenv::{self, PyEnv};
+use super::spec::{EngineSpec, InputSpec};
+use super::Error;
+use crate::process::{Cmd, Runner};
+
+/// Version of the conversion key derivation.
+pub const CONVERT_KEY_SCHEME: &str = "infer-build-convert-key/1";
+/// The converted model's file name in its cache entry.
+pub const MODEL_FILE: &str = "model.onnx";
+/// The conversion report's file name in its cache entry.
+pub const REPORT_FILE: &str = "conversion.json";
+/// The calibration method when `[int8] method` is not given. Percentile (99.999th) clips rare
+/// outliers; on the PaddleOCR classifier it kept top-1 agreement where min-max and entropy
+/// did not (docs/engines.md).
+pub const DEFAULT_METHOD: &str = "percentile";
+/// Calibration methods `[int8] method` accepts.
+pub const METHODS: [&str; 3] = ["minmax", "entropy", "percentile"];
+/// Operators quantized for TensorRT: those it runs in INT8; the rest stay in float.
+pub const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
+/// Operators kept FP32 in an FP16 model, besides onnxconverter-common's own block list.
+pub const FP16_KEEP_OPS: [&str; 14] = [
+    "Exp",
+    "Log",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "Softmax",
+    "LogSoftmax",
+    "LayerNormalization",
+    "InstanceNormalization",
+];
+/// Generated evaluation inputs when the recipe gives neither calibration nor evaluation data.
+pub const GENERATED_SAMPLES: u32 = 8;
+const CONVERT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What to convert a target's model to, from the recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertSpec {
+    /// The calibration method (INT8).
+    pub method: String,
+    /// Calibration data directory (`*.npy` / `*.npz`); required for INT8.
+    pub calibration: Option<PathBuf>,
+    /// Evaluation data directory for the accuracy figures; default: the calibration data,
+    /// else [`GENERATED_SAMPLES`] seeded inputs.
+    pub evaluation: Option<PathBuf>,
+    /// The accuracy gate.
+    pub thresholds: super::accuracy::Thresholds,
+}
+
+/// One output's figures: converted vs FP32 on the same inputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputFigures {
+    pub name: String,
+    /// Largest absolute difference; `None` when the converted model produced a non-finite value.
+    pub max_abs: Option<f64>,
+    /// `max_abs` over the FP32 output's largest magnitude.
+    pub max_rel: Option<f64>,
+    /// For `[N, C]` outputs with C ≥ 2: the fraction of rows whose arg-max agrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top1_agreement: Option<f64>,
+    /// Rows compared for `top1_agreement`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u64>,
+}
+
+/// What the converter reports, stored as `conversion.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Package versions of the environment that converted (`onnx`, `onnxruntime`, …).
+    pub versions: BTreeMap<String, String>,
+    /// The tool and the options it ran with.
+    pub options: serde_json::Value,
+    /// Which inputs the figures were measured on.
+    pub evaluation: serde_json::Value,
+    pub outputs: Vec<OutputFigures>,
+    /// Seconds spent converting and comparing.
+    pub seconds: BTreeMap<String, f64>,
+}
+
+/// A converted model in the cache.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    pub key: String,
+    pub dir: PathBuf,
+    pub onnx: PathBuf,
+    pub onnx_digest: String,
+    pub precision: Precision,
+    pub report: Report,
+    /// True when it was already in the cache (no Python ran).
+    pub cached: bool,
+    /// True when this call created the converter environment.
+    pub env_created: bool,
+}
+
+/// The part of the key that depends on the request.
+#[derive(Debug, Clone, Serialize)]
+struct KeyMaterial<'a> {
+    scheme: &'static str,
+    source: &'a str,
+    precision: Precision,
+    tool: String,
+    requirements: String,
+    script: String,
+    options: serde_json::Value,
+    calibration: Option<String>,
+    evaluation: Option<String>,
+    inputs: Vec<(String, String, Vec<u64>)>,
+}
+
+fn tool_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Int8 => "onnxruntime.quantization",
+        _ => "onnxconverter-common.float16",
+    }
+}
+
+/// The converter's options for `precision` (what goes into the key and the request).
+fn options(precision: Precision, c: &ConvertSpec) -> serde_json::Value {
+    match precision {
+        Precision::Int8 => serde_json::json!({
+            "method": c.method,
+            "quantize_ops": QUANTIZE_OPS,
+        }),
+        _ => serde_json::json!({ "fp16_keep_ops": FP16_KEEP_OPS }),
+    }
+}
+
+/// Inputs at concrete sample shapes (batch 1), for generated evaluation data.
+fn sample_inputs(inputs: &[InputSpec]) -> Vec<(String, String, Vec<u64>)> {
+    inputs
+        .iter()
+        .map(|i| {
+            let dims = (0..i.shape.len())
+                .map(|d| {
+                    if d == 0 {
+                        1
+                    } else {
+                        i.sample_dim(d).unwrap_or(1)
+                    }
+                })
+                .collect();
+            (i.name.clone(), i.datatype.clone(), dims)
+        })
+        .collect()
+}
+
+/// The conversion cache key of `spec` for a source ONNX with digest `source`.
+pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, Error> {
+    check_supported(spec)?;
+    let digest = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map(|d| super::calibration_digest(&super::Calibration::Data(d.clone())))
+            .transpose()
+    };
+    let m = KeyMaterial {
+        scheme: CONVERT_KEY_SCHEME,
+        source,
+        precision: spec.precision,
+        tool: tool_name(spec.precision).into(),
+        requirements: sha256_digest(pyenv::REQUIREMENTS.as_bytes()),
+        script: sha256_digest(pyenv::SCRIPT.as_bytes()),
+        options: options(spec.precision, c),
+        calibration: digest(&c.calibration)?,
+        evaluation: digest(&c.evaluation)?,
+        inputs: sample_inputs(&spec.inputs),
+    };
+    Ok(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        canonical_json(&m),
+    )))
+}
+
+/// Precisions infer-build converts to, with the reason for the others.
+pub fn check_supported(spec: &EngineSpec) -> Result<(), Error> {
+    match spec.precision {
+        Precision::Fp16 | Precision::Int8 => Ok(()),
+        other => Err(Error::Input {
+            target: spec.target.clone(),
+            input: "-".into(),
+            reason: format!("infer-build converts models to fp16 and int8, not {other}"),
+        }),
+    }
+}
+
+fn converted_dir(cache: &Cache) -> PathBuf {
+    cache.root().join("v1").join("converted")
+}
+
+fn read_entry(dir: &Path, key: &str, precision: Precision) -> Result<Option<Converted>, Error> {
+    let report_path = dir.join(REPORT_FILE);
+    if !report_path.is_file() {
+        return Ok(None);
+    }
+    let bytes = crate::oci::dir::read_file(&report_path, crate::oci::MAX_DOCUMENT, REPORT_FILE)
+        .map_err(|e| Error::Io {
+            path: report_path.clone(),
+            source: e.into_io(),
+        })?;
+    let report: Report = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+        path: report_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let onnx = dir.join(MODEL_FILE);
+    let onnx_digest = cache::digest_file(&onnx)?;
+    Ok(Some(Converted {
+        key: key.into(),
+        dir: dir.to_path_buf(),
+        onnx,
+        onnx_digest,
+        precision,
+        report,
+        cached: true,
+        env_created: false,
+    }))
+}
+
+/// The converted model of `spec` (source digest `source`): from the cache, or made now in the
+/// environment under `pyenv_root` (see [`pyenv::root_for`]).
+pub fn convert(
+    spec: &EngineSpec,
+    c: &ConvertSpec,
+    source: &str,
+    cache: &Cache,
+    pyenv_root: &Path,
+    runner: &dyn Runner,
+) -> Result<Converted, Error> {
+    let key = key(spec, c, source)?;
+    let root = converted_dir(cache);
+    let dir = root.join(&key);
+    if let Some(hit) = read_entry(&dir, &key, spec.precision)? {
+        return Ok(hit);
+    }
+    if spec.precision == Precision::Int8 && c.calibration.is_none() {
+        return Err(Error::Input {
+            target: spec.target.clone(),
+            input: "-".into(),
+            reason: "int8 conversion needs calibration data: set `[int8] calibration` to a directory of *.npy / *.npz batches".into(),
+        });
+    }
+    std::fs::create_dir_all(&root).map_err(|source| Error::Io {
+        path: root.clone(),
+        source,
+    })?;
+    let _lock = cache.lock(&format!("convert-{key}"))?;
+    if let Some(hit) = read_entry(&dir, &key, spec.precision)? {
+        return Ok(hit);
+    }
+    let env = pyenv::ensure(pyenv_root, runner)?;
+    let staging = root.join(format!("{key}.staging.{}", std::process::id()));
+    if staging.exists() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    std::fs::create_dir_all(&staging).map_err(|source| Error::Io {
+        path: staging.clone(),
+        source,
+    })?;
+    let result = run_converter(spec, c, &env, &staging, runner).and_then(|report| {
+        cache::write_atomic(
+            &staging.join(REPORT_FILE),
+            &serde_json::to_vec_pretty(&report).map_err(|_| Error::Internal("report json"))?,
+        )?;
+        std::fs::rename(&staging, &dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e);
+    }
+    let mut done = read_entry(&dir, &key, spec.precision)?
+        .ok_or(Error::Internal("converted entry vanished"))?;
+    done.cached = false;
+    done.env_created = env.created;
+    Ok(done)
+}
+
+fn run_converter(
+    spec: &EngineSpec,
+    c: &ConvertSpec,
+    env: &PyEnv,
+    staging: &Path,
+    runner: &dyn Runner,
+) -> Result<Report, Error> {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let inputs: Vec<serde_json::Value> = sample_inputs(&spec.inputs)
+        .into_iter()
+        .map(|(name, datatype, shape)| serde_json::json!({"name": name, "datatype": datatype, "shape": shape}))
+        .collect();
+    let mut req = serde_json::json!({
+        "command": "convert",
+        "source": abs(&spec.onnx),
+        "output": abs(&staging.join(MODEL_FILE)),
+        "precision": spec.precision.to_string(),
+        "method": c.method,
+        "calibration": c.calibration.as_deref().map(abs),
+        "evaluation": c.evaluation.as_deref().map(abs),
+        "inputs": inputs,
+        "generated_samples": GENERATED_SAMPLES,
+    });
+    if let (serde_json::Value::Object(r), serde_json::Value::Object(o)) =
+        (&mut req, options(spec.precision, c))
+    {
+        r.extend(o);
+    }
+    let cmd = Cmd::new(env.python().to_string_lossy())
+        .args(["-c", pyenv::SCRIPT])
+        .cwd(staging)
+        .stdin(serde_json::to_vec(&req).map_err(|_| Error::Internal("request json"))?)
+        .timeout(CONVERT_TIMEOUT);
+    let out = runner.run(&cmd).map_err(|e| Error::Convert {
+        reason: format!("running the converter: {e}"),
+    })?;
+    if !out.success() {
+        return Err(Error::ConvertFailed {
+            target: spec.target.clone(),
+            precision: spec.precision.to_string(),
+            tail: out.tail(12),
+        });
+    }
+    if !staging.join(MODEL_FILE).is_file() {
+        return Err(Error::ToolOutput {
+            tool: "converter",
+            reason: "it exited 0 but wrote no model".into(),
+        });
+    }
+    for f in ["preprocessed.onnx", "augmented_model.onnx"] {
+        let _ = std::fs::remove_file(staging.join(f));
+    }
+    pyenv::last_json(&out.stdout_text()).map_err(|reason| Error::ToolOutput {
+        tool: "converter",
+        reason,
+    })
+}
+
+impl Report {
+    /// One line per output: `name: max abs …, max rel …, top-1 …`.
+    pub fn summary(&self) -> Vec<String> {
+        let f = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.3e}"));
+        self.outputs
+            .iter()
+            .map(|o| {
+                let mut s = format!(
+                    "{}: max abs {}, max rel {}",
+                    o.name,
+                    f(o.max_abs),
+                    f(o.max_rel)
+                );
+                if let Some(t) = o.top1_agreement {
+                    s.push_str(&format!(
+                        ", top-1 agreement {:.2}% of {} rows",
+                        t * 100.0,
+                        o.rows.unwrap_or(0)
+                    ));
+                }
+                s
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::spec::{tests::mlp_spec, Backend, TrtSpec};
+    use crate::process::{Output, RecordingRunner};
+
+    fn spec(precision: Precision, calib: Option<PathBuf>) -> (EngineSpec, ConvertSpec) {
+        let v = |s: &str| s.parse().unwrap();
+        let mut t = TrtSpec::new(
+            v("11.4.0.106"),
+            v("13.0"),
+            infer_spec::engine::Sm::new(8, 9),
+            v("580.65"),
+        );
+        let c = ConvertSpec {
+            method: DEFAULT_METHOD.into(),
+            calibration: calib,
+            evaluation: None,
+            thresholds: super::super::accuracy::Thresholds::default_for(precision),
+        };
+        t.convert = Some(c.clone());
+        let mut s = mlp_spec(Backend::Tensorrt(t));
+        s.precision = precision;
+        s.target = format!("sm89-{precision}");
+        (s, c)
+    }
+
+    #[test]
+    fn the_key_covers_source_options_and_data() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("calib");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("a.npy"), b"1").unwrap();
+        let (s, c) = spec(Precision::Int8, Some(data.clone()));
+        let k0 = key(&s, &c, "sha256:a").unwrap();
+        assert_eq!(k0, key(&s, &c, "sha256:a").unwrap());
+        assert_ne!(k0, key(&s, &c, "sha256:b").unwrap());
+        let mut c2 = c.clone();
+        c2.method = "entropy".into();
+        assert_ne!(k0, key(&s, &c2, "sha256:a").unwrap());
+        // Thresholds are applied to the stored figures: changing them keeps the conversion.
+        let mut c3 = c.clone();
+        c3.thresholds.min_top1 = 0.5;
+        assert_eq!(k0, key(&s, &c3, "sha256:a").unwrap());
+        std::fs::write(data.join("a.npy"), b"2").unwrap();
+        assert_ne!(k0, key(&s, &c, "sha256:a").unwrap());
+        let (f, cf) = spec(Precision::Fp16, None);
+        assert_ne!(k0, key(&f, &cf, "sha256:a").unwrap());
+        let (b, cb) = spec(Precision::Fp32, None);
+        assert!(key(&b, &cb, "sha256:a").is_err());
+    }
+
+    /// The whole sequence through the recording runner: environment creation (venv, pip with
+    /// hashes, probe), the conversion run with its request on stdin, the cache entry, and a
+    /// second call that runs nothing.
+    #[test]
+    fn converts_once_through_the_process_runner() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&tmp.path().join("cache")).unwrap();
+        let versions = r#"{"numpy": "2.4.6", "onnx": "1.23.2", "onnxconverter-common": "1.16.0", "onnxruntime": "1.32.0", "python": "3.11.7"}"#;
+        let runner = RecordingRunner::new(move |cmd| {
+            if cmd.args.get(1).map(String::as_str) == Some("venv") {
+                std::fs::create_dir_all(std::path::Path::new(&cmd.args[2]).join("bin")).unwrap();
+                return Output::ok("");
+            }
+            if cmd.args.get(1).map(String::as_str) == Some("pip") {
+                return Output::ok("");
+            }
+            let req: serde_json::Value =
+                serde_json::from_slice(cmd.stdin.as_deref().unwrap_or(b"{}")).unwrap();
+            if req["command"] == "versions" {
+                return Output::ok(format!("\n{versions}\n"));
+            }
+            std::fs::write(req["output"].as_str().unwrap(), b"converted").unwrap();
+            Output::ok(format!(
+                "\n{{\"versions\": {versions}, \"options\": {{\"tool\": \"onnxconverter-common float16\"}}, \"evaluation\": {{\"source\": \"generated inputs\", \"batches\": 8}}, \"outputs\": [{{\"name\": \"output\", \"max_abs\": 0.001, \"max_rel\": 0.002, \"top1_agreement\": 1.0, \"rows\": 8}}], \"seconds\": {{\"convert\": 0.5, \"compare\": 0.1}}}}\n"
+            ))
+        });
+        let (s, c) = spec(Precision::Fp16, None);
+        let envs = tmp.path().join("pyenv");
+        let done = convert(&s, &c, "sha256:a", &cache, &envs, &runner).unwrap();
+        assert!(!done.cached && done.env_created);
+        assert_eq!(std::fs::read(&done.onnx).unwrap(), b"converted");
+        assert_eq!(done.report.outputs[0].max_rel, Some(0.002));
+        let calls = runner.calls();
+        let argv: Vec<Vec<String>> = calls.iter().map(|c| c.argv()).collect();
+        assert_eq!(argv.len(), 4, "{argv:?}");
+        assert_eq!(argv[0][1..3], ["-m", "venv"]);
+        assert!(
+            argv[1].contains(&"--require-hashes".to_string()),
+            "{argv:?}"
+        );
+        assert!(argv[1].contains(&"--no-deps".to_string()), "{argv:?}");
+        assert!(calls.iter().all(|c| c.timeout.is_some()));
+        let req: serde_json::Value =
+            serde_json::from_slice(calls[3].stdin.as_ref().unwrap()).unwrap();
+        assert_eq!(req["precision"], "fp16");
+        assert_eq!(req["inputs"][0]["shape"], serde_json::json!([1, 64]));
+        // Second call: from the cache, nothing runs.
+        let again = convert(&s, &c, "sha256:a", &cache, &envs, &runner).unwrap();
+        assert!(again.cached);
+        assert_eq!(runner.calls().len(), 4);
+        assert_eq!(again.onnx_digest, done.onnx_digest);
+    }
+}

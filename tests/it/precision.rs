@@ -1,0 +1,205 @@
+//! Precision as a build step, on a real pretrained model (PaddleOCR's text direction classifier
+//! from the pinned `rapidocr-onnxruntime` wheel, see `real_models.rs`), with no GPU:
+//! `infer-build engine` of a GPU target converts the FP32 ONNX (FP16 with onnxconverter-common,
+//! INT8 Q/DQ with ONNX Runtime's quantiser) in the pinned environment it creates, measures the
+//! converted model against FP32 under ONNX Runtime, and stops at the GPU check; a second call
+//! is a conversion cache hit; a deliberately bad calibration set is refused by the accuracy gate
+//! with its figures (exit 2).
+//!
+//! The converter environment is created once under `target/convert-pyenv` (or
+//! `$INFER_BUILD_PYENV`) and shared by every run; creating it downloads about 60 MB of pinned
+//! wheels from the Python registry.
+
+use super::support::{self, python, stderr, stdout};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+fn pyenv_root() -> PathBuf {
+    std::env::var_os("INFER_BUILD_PYENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::root().join("target/convert-pyenv"))
+}
+
+fn model_cache() -> PathBuf {
+    std::env::var_os("INFER_BUILD_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::root().join("target/real-models"))
+}
+
+const RECIPE: &str = r#"[model]
+name = "ocr-cls"
+version = "1"
+onnx = "model.onnx"
+
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, 192]
+
+[model.outputs."save_infer_model/scale_0.tmp_1"]
+datatype = "fp32"
+shape = [-1, 2]
+
+[targets]
+gpus = ["L4"]
+precision = ["fp16", "int8"]
+tensorrt = "11"
+cpu = false
+
+[int8]
+calibration = "CALIB/"
+
+[accuracy]
+data = "eval/"
+
+[accuracy.int8]
+# 32 held-out rows: one flipped row is 96.9%; the bad calibration set flips about a third.
+min_top1 = 0.9
+
+[batching]
+max_batch_size = 8
+"#;
+
+fn engine(dir: &Path, cache: &Path, target: &str) -> (std::process::Output, f64) {
+    let start = Instant::now();
+    let o = support::infer_build()
+        .current_dir(dir)
+        .env("INFER_BUILD_PYENV", pyenv_root())
+        .args(["engine", "recipe.toml", "--target", target, "--cache"])
+        .arg(cache)
+        .output()
+        .unwrap();
+    (o, start.elapsed().as_secs_f64())
+}
+
+fn recipe_dir(root: &Path, onnx: &Path, data: &Path, calib: &str) -> PathBuf {
+    let dir = root.join(calib);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(onnx, dir.join("model.onnx")).unwrap();
+    for sub in ["calib", "eval", "bad"] {
+        let to = dir.join(sub);
+        std::fs::create_dir_all(&to).unwrap();
+        for e in std::fs::read_dir(data.join(sub)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("recipe.toml"), RECIPE.replace("CALIB", calib)).unwrap();
+    dir
+}
+
+#[test]
+fn py_precision_conversion_gate_and_cache_on_a_real_model() {
+    let py = python();
+    let have = Command::new(&py)
+        .args(["-c", "import onnxruntime, numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!(
+            "skipping py_precision_conversion_gate_and_cache_on_a_real_model: {} lacks onnxruntime/numpy",
+            py.display()
+        );
+        return;
+    }
+    let o = Command::new(&py)
+        .arg(support::root().join("tests/it/real_models.py"))
+        .arg("fetch")
+        .arg(model_cache())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "fetching the models: {}", stderr(&o));
+    let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let onnx = PathBuf::from(models["ocr-cls"].as_str().unwrap());
+
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let o = Command::new(&py)
+        .arg(support::root().join("tests/it/precision_data.py"))
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let good = recipe_dir(tmp.path(), &onnx, &data, "calib");
+    let cache = tmp.path().join("cache");
+
+    // The plan converts both precisions.
+    let o = support::run_in(&good, &["plan", "recipe.toml", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for t in plan["targets"].as_array().unwrap() {
+        assert_eq!(t["tensorrt"]["precision_mode"], "convert", "{t}");
+    }
+
+    for target in ["sm89-fp16", "sm89-int8"] {
+        let (first, t1) = engine(&good, &cache, target);
+        let err = stderr(&first);
+        eprintln!("{target} first call ({t1:.1}s):\n{err}");
+        // Converted and gated here, then stopped at the GPU check (not a bad-input failure).
+        assert_eq!(first.status.code(), Some(1), "{err}");
+        let precision = &target[5..];
+        assert!(
+            err.contains(&format!("converted {precision} model of {target}")),
+            "{err}"
+        );
+        assert!(
+            err.contains("accuracy against FP32 on evaluation data, 16 batches: passed"),
+            "{err}"
+        );
+        assert!(err.contains("top-1 agreement"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "target {target} needs a GPU to build its TensorRT engine"
+            )) && err.contains("nvidia-smi"),
+            "{err}"
+        );
+        let converted: Vec<PathBuf> = std::fs::read_dir(cache.join("v1/converted"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join("model.onnx").is_file() && p.join("conversion.json").is_file())
+            .collect();
+        assert!(!converted.is_empty());
+
+        // Second call: the conversion comes from the cache (no Python runs).
+        let (second, t2) = engine(&good, &cache, target);
+        let err2 = stderr(&second);
+        eprintln!("{target} second call ({t2:.1}s):\n{err2}");
+        assert_eq!(second.status.code(), Some(1), "{err2}");
+        assert!(
+            err2.contains(&format!("cached {precision} model of {target}")),
+            "{err2}"
+        );
+        assert!(t2 < t1, "the cached call took {t2:.2}s, the first {t1:.2}s");
+    }
+
+    // The report records the tool versions the requirements pin and the figures.
+    let reports: Vec<serde_json::Value> = std::fs::read_dir(cache.join("v1/converted"))
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.unwrap().path().join("conversion.json")).ok())
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 2);
+    for r in &reports {
+        assert_eq!(r["versions"]["onnxruntime"], "1.32.0", "{r}");
+        assert_eq!(r["versions"]["onnx"], "1.23.2", "{r}");
+        let o = &r["outputs"][0];
+        assert_eq!(o["rows"], 32, "{r}");
+        assert!(o["top1_agreement"].as_f64().unwrap() >= 0.9, "{r}");
+    }
+
+    // A useless calibration set: the INT8 model is refused with its figures, exit 2.
+    let bad = recipe_dir(tmp.path(), &onnx, &data, "bad");
+    let (o, _) = engine(&bad, &cache, "sm89-int8");
+    let err = stderr(&o);
+    eprintln!("bad calibration:\n{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("target sm89-int8: the int8 model fails the accuracy gate")
+            && err.contains("top-1 agreement")
+            && err.contains("< 90.00%")
+            && err.contains("against FP32 on evaluation data, 16 batches"),
+        "{err}"
+    );
+    assert!(!err.contains("needs a GPU"), "{err}");
+}

@@ -130,19 +130,52 @@ fn v100_gets_the_last_tensorrt_with_volta() {
 }
 
 #[test]
-fn int8_calibration_stays_on_tensorrt_10_when_unpinned() {
+fn int8_calibration_data_converts_on_the_newest_tensorrt() {
+    // Calibration data (a directory): infer-build quantizes to Q/DQ, which TensorRT 11 builds.
     check(
         "[targets]\ngpus = [\"T4\"]\nprecision = [\"int8\"]\n[int8]\ncalibration = \"calib\"\n",
-        &["sm75-int8 products=T4 trt=10.16.1 cuda=13.2.1 driver=595.58.03 base=docker.io/nvidia/cuda:13.2.1-base-ubuntu24.04 tag=1.0.0-sm75-int8"],
+        &["sm75-int8 products=T4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm75-int8"],
     );
-    let p = plan_with(
-        "[targets]\ngpus = [\"T4\"]\nprecision = [\"int8\"]\n[int8]\ncalibration = \"calib\"\n",
-        None,
-    )
-    .unwrap();
+    let text =
+        "[targets]\ngpus = [\"T4\"]\nprecision = [\"int8\"]\n[int8]\ncalibration = \"calib\"\n";
+    let p = plan_with(text, None).unwrap();
     assert_eq!(
         p.targets[0].tensorrt.as_ref().unwrap().precision_mode,
-        PrecisionMode::Calibration
+        PrecisionMode::Convert
+    );
+    // A calibration cache (a file, as `recipe::load` finds it) stays on TensorRT 10's own
+    // calibration.
+    let mut r = recipe(text);
+    r.int8.as_mut().unwrap().calibration_is_cache = Some(true);
+    let p = resolve(&r, &Matrix::embedded().unwrap(), None).unwrap();
+    let t = p.targets[0].tensorrt.as_ref().unwrap();
+    assert_eq!(t.version.to_string(), "10.16.1");
+    assert_eq!(t.precision_mode, PrecisionMode::Calibration);
+}
+
+#[test]
+fn every_accepted_precision_is_one_the_engine_stage_builds() {
+    for (p, mode) in [
+        ("fp16", PrecisionMode::Convert),
+        ("fp32", PrecisionMode::Native),
+    ] {
+        let t = plan_with(
+            &format!("[targets]\ngpus = [\"H100\"]\nprecision = [\"{p}\"]\ntensorrt = \"11\"\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.targets[0].tensorrt.as_ref().unwrap().precision_mode, mode);
+    }
+    for p in ["bf16", "fp8"] {
+        let d = refused(
+            &format!("[targets]\ngpus = [\"H100\"]\nprecision = [\"{p}\"]\n"),
+            &["precision-not-built"],
+        );
+        assert!(d[0].contains("targets.precision[0]"), "{}", d[0]);
+    }
+    refused(
+        "[targets]\ngpus = [\"B200\"]\nprecision = [\"fp4\"]\n",
+        &["precision-not-built"],
     );
 }
 
@@ -193,8 +226,17 @@ fn refusal_fp8_on_sm86() {
 }
 
 #[test]
-fn refusal_int8_calibration_on_tensorrt_11() {
-    let d = refused("[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\"]\ntensorrt = \"11\"\n[int8]\ncalibration = \"calib\"\n", &["int8-calibration-needs-tensorrt-10"]);
+fn refusal_int8_calibration_cache_on_tensorrt_11() {
+    let mut r = recipe("[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\"]\ntensorrt = \"11\"\n[int8]\ncalibration = \"calib\"\n");
+    r.int8.as_mut().unwrap().calibration_is_cache = Some(true);
+    let e = resolve(&r, &Matrix::embedded().unwrap(), None).unwrap_err();
+    let d: Vec<String> = e.diagnostics().iter().map(|d| d.to_string()).collect();
+    assert_eq!(d.len(), 1, "{d:#?}");
+    assert!(
+        d[0].contains("[rule: int8-calibration-needs-tensorrt-10]"),
+        "{}",
+        d[0]
+    );
     assert!(d[0].contains("int8.calibration"), "{}", d[0]);
 }
 

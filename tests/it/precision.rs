@@ -4,7 +4,7 @@
 //! INT8 Q/DQ with ONNX Runtime's quantiser) in the pinned environment it creates, measures the
 //! converted model against FP32 under ONNX Runtime, and stops at the GPU check; a second call
 //! is a conversion cache hit; a deliberately bad calibration set is refused by the accuracy gate
-//! with its figures (exit 2).
+//! with its figures (exit 2); the shipped ResNet-50 recipe's INT8 target converts.
 //!
 //! The converter environment is created once under `target/convert-pyenv` (or
 //! `$INFER_BUILD_PYENV`) and shared by every run; creating it downloads about 60 MB of pinned
@@ -202,4 +202,28 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         "{err}"
     );
     assert!(!err.contains("needs a GPU"), "{err}");
+
+    // The shipped ResNet-50 recipe's INT8 targets convert from its committed calibration set
+    // (TensorRT 10 here: explicit quantization instead of TensorRT's own calibration).
+    let o = support::infer_build()
+        .current_dir(support::root())
+        .env("INFER_BUILD_PYENV", pyenv_root())
+        .args([
+            "engine",
+            "recipes/resnet50.toml",
+            "--target",
+            "sm75-int8",
+            "--cache",
+        ])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("int8 model of sm75-int8")
+            && err.contains("accuracy against FP32 on calibration data, 8 batches: passed")
+            && err.contains("needs a GPU"),
+        "{err}"
+    );
 }

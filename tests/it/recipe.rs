@@ -254,11 +254,11 @@ cpu = true
         ),
         r#"
 recipe.toml:10:2: batch: unknown table [batch]; did you mean [batching]?
-  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [int8], [accuracy], [batching], [warmup], [image], [deploy]
 recipe.toml:13:2: deployment: unknown table [deployment]; did you mean [deploy]?
-  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [int8], [accuracy], [batching], [warmup], [image], [deploy]
 recipe.toml:16:2: Targets: unknown table [Targets]; did you mean [targets]?
-  hint: a recipe has the tables [model], [targets], [int8], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [int8], [accuracy], [batching], [warmup], [image], [deploy]
 "#,
     );
     // types_tables
@@ -1369,4 +1369,32 @@ fn check_accepts_the_shipped_recipes() {
         let out = support::run(&["check", &r]);
         assert_eq!(out.status.code(), Some(0), "{r}: {}", support::stderr(&out));
     }
+}
+
+#[test]
+fn calibration_method_and_accuracy_limits() {
+    let targets = "\n[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\"]\n";
+    let r = parse_ok(&format!(
+        "{BASE}{targets}[int8]\ncalibration = \"c/\"\nmethod = \"entropy\"\n[accuracy]\ndata = \"eval/\"\n[accuracy.int8]\nmin_top1 = 0.9\nmax_abs = 1\n"
+    ));
+    assert_eq!(
+        r.int8.as_ref().unwrap().method.as_ref().unwrap().value,
+        "entropy"
+    );
+    assert_eq!(r.accuracy.data.as_ref().unwrap().value, Path::new("eval/"));
+    let l = r.accuracy.limits[&recipe::Precision::Int8];
+    assert_eq!(
+        (l.min_top1, l.max_abs, l.max_rel),
+        (Some(0.9), Some(1.0), None)
+    );
+    assert!(parse_ok(BASE).accuracy.limits.is_empty());
+    check(
+        &format!("{BASE}{targets}[int8]\ncalibration = \"c/\"\nmethod = \"kl\"\n[accuracy.fp16]\nmin_top1 = 2\nmax_rel = \"a\"\nmax = 1\n"),
+        r#"recipe.toml:15:10: int8.method: unknown calibration method `kl`
+  hint: use one of minmax, entropy, percentile
+recipe.toml:17:12: accuracy.fp16.min_top1: expected a fraction from 0 to 1, found integer 2
+recipe.toml:18:11: accuracy.fp16.max_rel: expected a non-negative number, found string "a"
+recipe.toml:19:1: accuracy.fp16.max: unknown key `max` in [accuracy.fp16]
+  hint: valid keys in [accuracy.fp16]: max_abs, max_rel, min_top1"#,
+    );
 }

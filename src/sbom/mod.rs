@@ -297,6 +297,7 @@ pub fn input_for(
         runtime,
         model,
         engine,
+        converter: converter_of(&spec.payload),
         base: base_of(layout, &report.manifest_digest)?,
         crates: crates.to_vec(),
         created: crate::oci::image::rfc3339(epoch),
@@ -350,6 +351,25 @@ pub struct Written {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     crate::oci::write_atomic(path, bytes).map_err(Error::Oci)
+}
+
+/// The Python packages of the converter that prepared the engine's model, from its metadata
+/// (`conversion.versions`, without the interpreter itself), sorted by name.
+fn converter_of(payload: &Payload) -> Vec<(String, String)> {
+    let Payload::Engine { meta_json, .. } = payload else {
+        return Vec::new();
+    };
+    let Ok(meta) = infer_spec::engine::EngineMeta::from_json(meta_json) else {
+        return Vec::new();
+    };
+    meta.conversion
+        .map(|c| {
+            c.versions
+                .into_iter()
+                .filter(|(k, _)| k != "python")
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

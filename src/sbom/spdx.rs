@@ -72,6 +72,9 @@ pub struct SbomInput {
     pub model: FileInfo,
     /// The engine, for targets that ship one (then the model is not in the image).
     pub engine: Option<(FileInfo, String)>,
+    /// Python packages that converted the model's precision before the engine build (name,
+    /// version), from the engine metadata; empty when nothing was converted.
+    pub converter: Vec<(String, String)>,
     pub base: Option<BaseInfo>,
     /// The runtime's root package first, then its dependencies (see [`super::lock::closure`]).
     pub crates: Vec<Crate>,
@@ -286,6 +289,30 @@ pub fn render(input: &SbomInput) -> Value {
         None => rels.push((IMAGE_ID.into(), "CONTAINS", "SPDXRef-Model".into())),
     }
 
+    for (name, version) in &input.converter {
+        let id = format!("SPDXRef-Converter-{}", id_part(name));
+        let mut p = package(&id, name, Some(version), "APPLICATION");
+        p.insert(
+            "externalRefs".into(),
+            purl_ref(format!(
+                "pkg:pypi/{}@{}",
+                name.to_ascii_lowercase(),
+                version
+            )),
+        );
+        p.insert(
+            "comment".into(),
+            json!("converted the model's precision before the engine build (not in the image)"),
+        );
+        packages.push(Value::Object(p));
+        let of = if input.engine.is_some() {
+            "SPDXRef-Engine"
+        } else {
+            "SPDXRef-Model"
+        };
+        rels.push((id, "BUILD_TOOL_OF", of.into()));
+    }
+
     if let Some(b) = &input.base {
         let mut p = package("SPDXRef-Base", &b.name, None, "CONTAINER");
         p.insert("checksums".into(), sha256(hex_of(&b.digest)));
@@ -418,6 +445,7 @@ mod tests {
                 size: 5,
             },
             engine: None,
+            converter: vec![],
             base: None,
             crates: vec![
                 root,
@@ -577,6 +605,37 @@ mod tests {
         assert_eq!(
             base["externalRefs"][0]["referenceLocator"],
             format!("pkg:oci/cuda@sha256%3A{}", "2".repeat(64))
+        );
+    }
+
+    #[test]
+    fn converter_packages_are_build_tools_of_the_model() {
+        let mut i = input();
+        i.converter = vec![
+            ("onnxruntime".into(), "1.32.0".into()),
+            ("onnxconverter-common".into(), "1.16.0".into()),
+        ];
+        let doc = render(&i);
+        let ids = ids(&doc);
+        assert!(
+            ids.contains(&"SPDXRef-Converter-onnxruntime".to_string()),
+            "{ids:?}"
+        );
+        let rels = doc["relationships"].to_string();
+        assert!(
+            rels.contains("\"spdxElementId\":\"SPDXRef-Converter-onnxconverter-common\"")
+                && rels.contains("BUILD_TOOL_OF"),
+            "{rels}"
+        );
+        assert!(doc.to_string().contains("pkg:pypi/onnxruntime@1.32.0"));
+        // Without a conversion the document is unchanged.
+        assert_eq!(
+            render(&input()),
+            render(&{
+                let mut j = input();
+                j.converter.clear();
+                j
+            })
         );
     }
 }

@@ -981,6 +981,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn conversion_goes_into_annotations_and_round_trips() {
+        let mut m = trt_meta(Sm::new(8, 9), "11.4.0.106", HardwareCompat::None, false);
+        m.conversion = Some(ConversionMeta {
+            converted_digest: D2.into(),
+            tool: "onnxruntime.quantization.quantize_static".into(),
+            versions: [("onnxruntime".to_string(), "1.32.0".to_string())].into(),
+            cache_key: "c".into(),
+            evaluation: "evaluation data, 16 batches".into(),
+            accuracy: [(
+                "prob".to_string(),
+                "max_abs=1e-2 max_rel=1e-2 top1=1.0000".to_string(),
+            )]
+            .into(),
+        });
+        let a = m.annotations();
+        assert_eq!(a["accuracy.prob"], "max_abs=1e-2 max_rel=1e-2 top1=1.0000");
+        assert_eq!(a["conversion.versions"], "onnxruntime=1.32.0");
+        assert_eq!(a["conversion.digest"], D2);
+        let back = EngineMeta::from_json(&m.to_canonical_json()).unwrap();
+        assert_eq!(back, m);
+        // Without a conversion, the JSON has no `conversion` key (older readers accept it).
+        let plain = trt_meta(Sm::new(8, 9), "11.4.0.106", HardwareCompat::None, false);
+        assert!(!String::from_utf8(plain.to_canonical_json())
+            .unwrap()
+            .contains("conversion"));
+    }
+
     fn cpu_meta(features: &[&str]) -> EngineMeta {
         EngineMeta {
             schema: META_SCHEMA,

@@ -621,7 +621,8 @@ fn build_target(
         ..Default::default()
     };
     for port in PORTS {
-        cc.exposed_ports.insert(format!("{port}/tcp"), BTreeMap::new());
+        cc.exposed_ports
+            .insert(format!("{port}/tcp"), BTreeMap::new());
     }
     let config = ImageConfig {
         created: Some(created.into()),

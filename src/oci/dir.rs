@@ -265,7 +265,9 @@ impl Dir {
         let name = name.as_ref();
         match rustix::fs::unlinkat(&*self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-            Err(e) => Err(Error::io("remove directory", self.path.join(name))(e.into())),
+            Err(e) => Err(Error::io("remove directory", self.path.join(name))(
+                e.into(),
+            )),
         }
     }
 

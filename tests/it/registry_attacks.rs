@@ -657,7 +657,11 @@ fn untouched(v: &Path) {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names, ["precious"], "a pull wrote into or removed from {v:?}");
+    assert_eq!(
+        names,
+        ["precious"],
+        "a pull wrote into or removed from {v:?}"
+    );
     assert_eq!(std::fs::read(v.join("precious")).unwrap(), b"precious");
 }
 
@@ -669,8 +673,12 @@ fn hostile_pull_replaces_a_linked_pull_tmp_and_never_writes_through_it() {
     std::fs::create_dir_all(out.join(".infer-build")).unwrap();
     std::os::unix::fs::symlink(&v, out.join(".infer-build/pull-tmp")).unwrap();
     let reg = Hostile::start(serve(image(1), |_, _| None));
-    registry::pull_with(&format!("{}/x/img:v1", reg.addr), &out, &pull_opts(tmp.path()))
-        .unwrap();
+    registry::pull_with(
+        &format!("{}/x/img:v1", reg.addr),
+        &out,
+        &pull_opts(tmp.path()),
+    )
+    .unwrap();
     untouched(&v);
     assert!(
         std::fs::symlink_metadata(out.join(".infer-build/pull-tmp")).is_err(),
@@ -690,8 +698,12 @@ fn hostile_pull_refuses_a_linked_blob_or_private_directory() {
         std::fs::create_dir_all(link.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(&v, &link).unwrap();
         let reg = Hostile::start(serve(image(1), |_, _| None));
-        let e = registry::pull_with(&format!("{}/x/img:v1", reg.addr), &out, &pull_opts(tmp.path()))
-            .unwrap_err();
+        let e = registry::pull_with(
+            &format!("{}/x/img:v1", reg.addr),
+            &out,
+            &pull_opts(tmp.path()),
+        )
+        .unwrap_err();
         assert!(e.is_bad_input(), "{linked}: {e}");
         assert!(e.to_string().contains("symbolic link"), "{linked}: {e}");
         untouched(&v);

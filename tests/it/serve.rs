@@ -525,10 +525,22 @@ fn grpc_drain_survives_a_late_stream() {
     }
     let codes: Vec<_> = goaways
         .iter()
-        .map(|g| (u32::from_be_bytes(g[..4].try_into().unwrap()), u32::from_be_bytes(g[4..8].try_into().unwrap())))
+        .map(|g| {
+            (
+                u32::from_be_bytes(g[..4].try_into().unwrap()),
+                u32::from_be_bytes(g[4..8].try_into().unwrap()),
+            )
+        })
         .collect();
-    assert_eq!(codes, [(0x7fff_ffff, 0), (1, 0)], "(last stream, error code) of each GOAWAY");
-    assert!(answer > 5 && trailers, "the call in flight was answered ({answer} bytes)");
+    assert_eq!(
+        codes,
+        [(0x7fff_ffff, 0), (1, 0)],
+        "(last stream, error code) of each GOAWAY"
+    );
+    assert!(
+        answer > 5 && trailers,
+        "the call in flight was answered ({answer} bytes)"
+    );
     assert_eq!(s.wait_exit(Duration::from_secs(15)), Some(0));
 }
 

@@ -152,8 +152,7 @@ impl Filter {
 
     fn end_frame(&mut self) {
         if let Some((payload, 8)) = self.ping.take() {
-            if payload == H2_SHUTDOWN_PING && self.limit.is_none() && self.draining.load(Relaxed)
-            {
+            if payload == H2_SHUTDOWN_PING && self.limit.is_none() && self.draining.load(Relaxed) {
                 self.limit = Some(self.opened);
             }
         }
@@ -330,7 +329,11 @@ mod tests {
     fn after_the_shutdown_ack_window_updates_of_later_streams_are_dropped_and_nothing_else() {
         let (input, expected) = conversation(H2_SHUTDOWN_PING);
         for chunk in [1, 2, 5, 8, 9, 10, 17, 100, 4096, input.len()] {
-            assert_eq!(filtered(&input, chunk, true), expected, "reads of {chunk} bytes");
+            assert_eq!(
+                filtered(&input, chunk, true),
+                expected,
+                "reads of {chunk} bytes"
+            );
         }
     }
 

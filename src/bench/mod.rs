@@ -73,6 +73,36 @@ impl Error {
     }
 }
 
+/// Where a long run reports progress: one human line at a time, to a sink the caller gives
+/// (the CLI writes them to stderr); none by default. The library itself never prints.
+#[derive(Clone, Default)]
+pub struct Progress(Option<Sink>);
+
+type Sink = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
+impl Progress {
+    pub fn to(sink: impl Fn(&str) + Send + Sync + 'static) -> Progress {
+        Progress(Some(std::sync::Arc::new(sink)))
+    }
+
+    /// Reports the line `line` makes, made only when someone listens.
+    pub fn line(&self, line: impl FnOnce() -> String) {
+        if let Some(sink) = &self.0 {
+            sink(&line());
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Progress(on)"
+        } else {
+            "Progress(off)"
+        })
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -87,8 +117,8 @@ pub struct Options {
     pub bounds: Bounds,
     /// Seed for request data and Poisson arrivals.
     pub seed: u64,
-    /// Print one progress line per step on stderr.
-    pub progress: bool,
+    /// Where one progress line per step goes (the CLI prints them).
+    pub progress: Progress,
 }
 
 /// The measured outcome of one step.
@@ -195,9 +225,7 @@ pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> 
         latency: stats::summarize(raw.latencies),
         server,
     };
-    if opts.progress {
-        eprintln!("{}", progress_line(&s));
-    }
+    opts.progress.line(|| progress_line(&s));
     s
 }
 

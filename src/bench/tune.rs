@@ -9,11 +9,12 @@
 //! rate the *served* rate is the offered rate at every point, so it cannot rank settings).
 //!
 //! The pure part ([`recommend`], [`capacity_plan`]) takes measurements and returns decisions;
-//! [`sweep`] is the effectful edge that spawns servers. Every server is a child of this
-//! process, bound to 127.0.0.1, killed when its point is measured.
+//! [`sweep`] is the effectful edge that starts servers (through [`crate::process::Background`]).
+//! Every server is a child of this process, bound to 127.0.0.1, killed when its point is measured.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
+use crate::process::{Background, Cmd};
 use std::time::{Duration, Instant};
 
 use infer_spec::RuntimeConfig;
@@ -22,7 +23,7 @@ use super::load::{Arrival, Bounds, Endpoint, Load, Prepared};
 pub use super::model::REPLAY_ARRIVALS;
 use super::model::{self, CostModel, Policy, Predicted};
 use super::v2::Protocol;
-use super::{Error, Options, Step};
+use super::{Error, Options, Progress, Step};
 
 /// One grid point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -305,7 +306,8 @@ pub struct SweepOptions {
     pub min_gain: f64,
     pub headroom: f64,
     pub ready_timeout: Duration,
-    pub progress: bool,
+    /// Where a line per measured point goes.
+    pub progress: Progress,
     pub seed: u64,
 }
 
@@ -371,16 +373,10 @@ fn free_port() -> std::io::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// A server started for one point (stopped when dropped) and its log.
 struct Server {
-    child: Child,
+    process: Background,
     log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn log_tail(path: &Path) -> String {
@@ -433,22 +429,18 @@ fn start(opts: &SweepOptions, p: Point, dir: &Path) -> Result<(Server, String), 
         path: log.clone(),
         source: e,
     })?;
-    let err = out
-        .try_clone()
-        .map_err(|e| fail(format!("cannot share the log file: {e}")))?;
-    let child = Command::new(&opts.serve)
+    let cmd = Cmd::new(opts.serve.to_string_lossy())
         .arg("--config")
-        .arg(&cfg_path)
+        .arg(cfg_path.to_string_lossy())
         .env("INFER_HOST", "127.0.0.1")
         .env("INFER_PORT", port.to_string())
         // Tuning measures HTTP; no gRPC port to collide with other servers on this host.
-        .env("INFER_GRPC_PORT", "0")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| fail(format!("cannot start {}: {e}", opts.serve.display())))?;
-    Ok((Server { child, log }, format!("http://127.0.0.1:{port}")))
+        .env("INFER_GRPC_PORT", "0");
+    let process = Background::start(&cmd, &out).map_err(|e| {
+        let cause = std::error::Error::source(&e).map(|s| format!(": {s}"));
+        fail(format!("{e}{}", cause.unwrap_or_default()))
+    })?;
+    Ok((Server { process, log }, format!("http://127.0.0.1:{port}")))
 }
 
 async fn wait_ready(
@@ -460,7 +452,7 @@ async fn wait_ready(
     let t0 = Instant::now();
     let probe = Prepared::get(ep, "/v2/health/ready");
     loop {
-        if let Ok(Some(status)) = server.child.try_wait() {
+        if let Some(status) = server.process.exited() {
             return Err(Error::Serve {
                 point: p.to_string(),
                 why: format!(
@@ -516,7 +508,7 @@ fn measure_point(
             max_inflight: 4096,
         },
         seed: opts.seed,
-        progress: false,
+        progress: Progress::default(),
     };
     let step = rt.block_on(async {
         let ep = Endpoint::resolve(&url).await?;
@@ -566,8 +558,8 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
         // counts as over only when both runs say so (the better run is kept, both reported).
         if !within(&m, opts.budget_ms) {
             let again = measure_point(opts, &rt, p, dir.path(), &model, instances)?;
-            if opts.progress {
-                eprintln!(
+            opts.progress.line(|| {
+                format!(
                     "tune [{}/{}] {p}: p99 {:.1} ms, errors {}: over budget or failing, measured again: p99 {:.1} ms, errors {}",
                     i + 1,
                     grid.len(),
@@ -575,16 +567,16 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
                     m.step.errors.values().sum::<u64>(),
                     again.p99_ms,
                     again.step.errors.values().sum::<u64>()
-                );
-            }
+                )
+            });
             let first_p99 = m.p99_ms;
             if within(&again, opts.budget_ms) || again.p99_ms < m.p99_ms {
                 m = again;
             }
             m.remeasured_p99_ms = Some(first_p99);
         }
-        if opts.progress {
-            eprintln!(
+        opts.progress.line(|| {
+            format!(
                 "tune [{}/{}] {p}: p99 {:.1} ms, batch {}, capacity {} rows/s, errors {}",
                 i + 1,
                 grid.len(),
@@ -592,8 +584,8 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
                 m.mean_batch.map_or("-".into(), |b| format!("{b:.2}")),
                 m.capacity_rps.map_or("-".into(), |c| format!("{c:.1}")),
                 m.step.errors.values().sum::<u64>()
-            );
-        }
+            )
+        });
         results.push(m);
     }
     let fitted = predict(
@@ -604,17 +596,17 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
         instances,
         opts.seed,
     );
-    if opts.progress {
-        match &fitted {
-            Ok(m) => eprintln!(
-                "tune: cost model T(b) = {:.2} + {:.3} x b ms (fits every point within {:.1}%); gains and costs are read from its replay",
-                m.fixed_us / 1000.0,
-                m.per_row_us / 1000.0,
-                m.max_rel_error * 100.0
-            ),
-            Err(why) => eprintln!("tune: no cost model ({why}); gains and costs are read from the measurements"),
-        }
-    }
+    opts.progress.line(|| match &fitted {
+        Ok(m) => format!(
+            "tune: cost model T(b) = {:.2} + {:.3} x b ms (fits every point within {:.1}%); gains and costs are read from its replay",
+            m.fixed_us / 1000.0,
+            m.per_row_us / 1000.0,
+            m.max_rel_error * 100.0
+        ),
+        Err(why) => format!(
+            "tune: no cost model ({why}); gains and costs are read from the measurements"
+        ),
+    });
     let recommendation = recommend(&results, opts.budget_ms, opts.min_gain);
     let capacity = recommendation
         .as_ref()

@@ -44,7 +44,11 @@ pub mod paths {
 /// The user the image runs as (distroless "nonroot"). Files belong to root (uid/gid 0) and
 /// are world-readable, so the server can read but not modify its binary, model and config.
 pub const USER: &str = "65532:65532";
-pub const PORT: &str = "8000/tcp";
+/// The ports the image config exposes: infer-serve's HTTP and gRPC defaults.
+pub const PORTS: [u16; 2] = [
+    infer_spec::runtime::DEFAULT_HTTP_PORT,
+    infer_spec::runtime::DEFAULT_GRPC_PORT,
+];
 
 /// Layers of barely compressible data (weights, engines) at least this large are stored
 /// uncompressed under the `auto` policy: deflate buys ~7% on float weights for 10-20× the time,
@@ -616,7 +620,10 @@ fn build_target(
         stop_signal: "SIGTERM".into(),
         ..Default::default()
     };
-    cc.exposed_ports.insert(PORT.into(), BTreeMap::new());
+    for port in PORTS {
+        cc.exposed_ports
+            .insert(format!("{port}/tcp"), BTreeMap::new());
+    }
     let config = ImageConfig {
         created: Some(created.into()),
         architecture: t.platform.architecture.clone(),

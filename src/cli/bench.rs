@@ -182,7 +182,7 @@ pub fn run(a: BenchArgs) -> Result<(), Error> {
             max_inflight: a.max_inflight,
         },
         seed: a.seed,
-        progress: true,
+        progress: bench::Progress::to(|line| eprintln!("{line}")),
     };
     let steps = bench::run(&opts)?;
     let labeled: Vec<(Labels, Step)> = steps.iter().map(|s| (Vec::new(), s.clone())).collect();
@@ -380,7 +380,7 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
         min_gain: a.min_gain,
         headroom: a.headroom,
         ready_timeout: Duration::from_secs(60),
-        progress: true,
+        progress: bench::Progress::to(|line| eprintln!("{line}")),
         seed: a.seed,
     };
     eprintln!(

@@ -4,6 +4,10 @@
 //!
 //! The CLI owns no logic of its own: each command turns validated arguments into calls to the
 //! library modules and formats their results.
+#![allow(
+    clippy::disallowed_macros,
+    reason = "the one module that writes to the terminal"
+)]
 
 use std::path::PathBuf;
 

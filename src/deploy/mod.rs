@@ -44,10 +44,10 @@ impl Error {
     }
 }
 
-/// The port `infer-serve` listens on (DESIGN: 8000 by default).
-pub const SERVE_PORT: u16 = 8000;
+/// The port `infer-serve` listens on (8000 by default).
+pub const SERVE_PORT: u16 = infer_spec::runtime::DEFAULT_HTTP_PORT;
 /// The port `infer-serve` answers gRPC on (`--grpc-port`; 8001 by default, as Triton).
-pub const GRPC_PORT: u16 = 8001;
+pub const GRPC_PORT: u16 = infer_spec::runtime::DEFAULT_GRPC_PORT;
 /// Safety factor applied to a measured start-up time for the startupProbe budget.
 pub const DEFAULT_STARTUP_SAFETY: f64 = 3.0;
 /// Start-up budget used when no start-up time has been measured (the field notes' 30 × 10 s).

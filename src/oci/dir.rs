@@ -260,6 +260,17 @@ impl Dir {
         }
     }
 
+    /// Remove an empty subdirectory (a link at `name` is not a directory: refused).
+    pub fn remove_dir(&self, name: impl AsRef<OsStr>) -> Result<(), Error> {
+        let name = name.as_ref();
+        match rustix::fs::unlinkat(&*self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(Error::io("remove directory", self.path.join(name))(
+                e.into(),
+            )),
+        }
+    }
+
     /// Names of the entries (not `.` and `..`), as bytes: nothing is converted lossily.
     pub fn names(&self) -> Result<Vec<Vec<u8>>, Error> {
         let fd = rustix::fs::openat(

@@ -498,7 +498,7 @@ mod tests {
             ),
             (Compression::None, diff_id),
         ];
-        assert_eq!(LAYER_RECIPE, "infer-build.layer.v1");
+        assert_eq!(LAYER_RECIPE, "infer-build.layer.v2");
         let mut got = Vec::new();
         for (c, _) in cases {
             let (_d, r) = write(c, 1_700_000_000, 2);

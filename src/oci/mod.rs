@@ -39,8 +39,11 @@ pub const MAX_DOCUMENT: u64 = 4 << 20;
 /// Version of the "layer recipe": the tar header policy, entry order, the compressors with
 /// their versions, levels and block sizes. It goes into every build-cache key and into the
 /// `dev.infer-build.layer-recipe` manifest annotation. Bump it whenever the same inputs would
-/// give different layer bytes (the golden-digest tests fail when that happens).
-pub const LAYER_RECIPE: &str = "infer-build.layer.v1";
+/// give different layer bytes (the golden-digest tests fail when that happens), or the image
+/// config or manifest change for the same inputs.
+///
+/// v2: the image config exposes 8001/tcp (gRPC) next to 8000/tcp; layer bytes are as in v1.
+pub const LAYER_RECIPE: &str = "infer-build.layer.v2";
 
 /// The reverse-DNS prefix of every annotation and label infer-build defines.
 pub const ANNOTATION_PREFIX: &str = "dev.infer-build.";

@@ -7,6 +7,10 @@
 //!
 //! This module knows nothing about what the tools do: it does not build arguments or parse
 //! output. Commands get no shell: arguments are passed as a vector, never re-split.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the one module that spawns processes"
+)]
 
 use std::ffi::OsString;
 use std::fmt;
@@ -213,6 +217,50 @@ impl Runner for SystemRunner {
 
     fn available(&self, program: &str) -> bool {
         which(program).is_some()
+    }
+}
+
+/// A process left running in the background (a server a benchmark drives), both of its
+/// outputs appended to a log file; killed and reaped when dropped.
+#[derive(Debug)]
+pub struct Background {
+    child: std::process::Child,
+}
+
+impl Background {
+    /// Starts `cmd` (no input; `cmd.stdin` and `cmd.timeout` do not apply) with its standard
+    /// output and error going to `log`.
+    pub fn start(cmd: &Cmd, log: &std::fs::File) -> Result<Background, Error> {
+        let exe = which(&cmd.program).ok_or_else(|| Error::NotFound {
+            program: cmd.program.clone(),
+        })?;
+        let spawn_error = |source| Error::Spawn {
+            command: cmd.to_string(),
+            source,
+        };
+        let mut c = std::process::Command::new(exe);
+        c.args(&cmd.args)
+            .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().map_err(spawn_error)?)
+            .stderr(log.try_clone().map_err(spawn_error)?);
+        if let Some(dir) = &cmd.cwd {
+            c.current_dir(dir);
+        }
+        let child = c.spawn().map_err(spawn_error)?;
+        Ok(Background { child })
+    }
+
+    /// How the process ended, once it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

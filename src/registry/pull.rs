@@ -15,7 +15,7 @@ use ureq::http::Method;
 use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::{Descriptor, Layout, Manifest};
 use super::reference::Reference;
-use super::{lock, media, sha256_digest, Error, Result};
+use super::{digest_hex, lock, media, sha256_digest, Error, Result};
 use crate::plan::{ImagePin, PinnedBy};
 
 /// Options of a pull.
@@ -210,7 +210,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     }
     let digest = sha256_digest(&bytes);
     let manifest = Manifest::parse(&bytes, &digest)?;
-    let tmp_dir = fresh_tmp_dir(&layout)?;
+    let dirs = PullDirs::open(&layout)?;
     let mut downloaded = 0;
     let mut reused = 0;
     for blob in manifest.config.iter().chain(manifest.layers.iter()) {
@@ -218,10 +218,10 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             reused += 1;
             continue;
         }
-        downloaded += fetch_blob(&client, &r, blob, &layout, &tmp_dir, &scopes)?;
+        downloaded += fetch_blob(&client, &r, blob, &dirs, &scopes)?;
     }
-    store_blob(&layout, &tmp_dir, &bytes)?;
-    let _ = std::fs::remove_dir_all(&tmp_dir);
+    store_blob(&dirs, &bytes)?;
+    dirs.finish();
     let ref_name = ref_name_for(&digest);
     let desc = Descriptor {
         media_type: media_type.clone(),
@@ -318,45 +318,100 @@ fn local_image(
     Some((desc, index_digest, blobs))
 }
 
-/// The directory a pull streams blobs into before they are renamed into `blobs/sha256`:
-/// `.infer-build/pull-tmp` in the layout, emptied at the start of every pull (under the pull
-/// lock), so a killed pull never leaves partial files among the blobs and its leftovers go with
-/// the next pull. Never followed if it is a symlink: the link itself is removed.
-fn fresh_tmp_dir(layout: &Layout) -> Result<PathBuf> {
-    let dir = layout.root.join(".infer-build/pull-tmp");
-    match std::fs::symlink_metadata(&dir) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?,
-        Ok(_) => std::fs::remove_file(&dir).map_err(|e| Error::io(&dir, e))?,
-        Err(_) => {}
+/// Where a pull writes, opened once through [`crate::oci::Dir`] like the blob store (no link
+/// followed below the layout's root, temp files created exclusively): `blobs/sha256`, and
+/// `.infer-build/pull-tmp`, the directory blobs are streamed into before they are renamed
+/// among the blobs. `pull-tmp` is emptied at the start of every pull (under the pull lock), so
+/// a killed pull never leaves partial files among the blobs and its leftovers go with the next
+/// pull; a link or file planted at its name is removed (never followed), a linked
+/// `.infer-build` or `blobs/sha256` refused.
+struct PullDirs {
+    blobs: crate::oci::Dir,
+    tmp: crate::oci::Dir,
+    infer: crate::oci::Dir,
+}
+
+const PULL_TMP: &str = "pull-tmp";
+
+impl PullDirs {
+    fn open(layout: &Layout) -> Result<PullDirs> {
+        use crate::oci::dir::Kind;
+        let fail = |e: crate::oci::Error| dir_error(layout, e);
+        let root = crate::oci::Dir::open(&layout.root).map_err(fail)?;
+        let blobs = root.sub("blobs/sha256", true).map_err(fail)?;
+        let infer = root.sub(".infer-build", true).map_err(fail)?;
+        match infer.stat(PULL_TMP).map_err(fail)?.map(|s| s.kind) {
+            Some(Kind::Dir) => {}
+            Some(_) => infer.remove(PULL_TMP).map_err(fail)?,
+            None => {}
+        }
+        let tmp = infer.sub(PULL_TMP, true).map_err(fail)?;
+        tmp.clear().map_err(fail)?;
+        Ok(PullDirs { blobs, tmp, infer })
     }
-    std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, e))?;
-    Ok(dir)
+
+    /// Moves the verified temp file `name` into the blobs as `digest`, durably.
+    fn commit(&self, name: &str, digest: &str) -> Result<()> {
+        let hex = digest_hex(digest).ok_or_else(|| Error::Protocol {
+            what: "a blob".into(),
+            reason: format!("unsupported or malformed digest `{digest}`"),
+        })?;
+        let res = self.tmp.rename(name, &self.blobs, hex);
+        if res.is_err() {
+            let _ = self.tmp.remove(name);
+        }
+        res.map_err(|e| Error::io(self.blobs.path().join(hex), e.into_io()))?;
+        self.blobs.sync();
+        Ok(())
+    }
+
+    /// Removes the (now empty) temp directory.
+    fn finish(self) {
+        let _ = self.tmp.clear();
+        let _ = self.infer.remove_dir(PULL_TMP);
+    }
+}
+
+/// A refused link or non-directory inside the layout is the layout's problem (bad input);
+/// anything else is an I/O error.
+fn dir_error(layout: &Layout, e: crate::oci::Error) -> Error {
+    if e.is_bad_input() {
+        Error::Layout {
+            path: layout.root.clone(),
+            reason: e.to_string(),
+        }
+    } else {
+        Error::io(&layout.root, e.into_io())
+    }
 }
 
 /// Store small bytes (a manifest) as a blob through the pull's temporary directory.
-fn store_blob(layout: &Layout, tmp_dir: &Path, bytes: &[u8]) -> Result<String> {
+fn store_blob(dirs: &PullDirs, bytes: &[u8]) -> Result<String> {
     let digest = sha256_digest(bytes);
-    let dest = layout.blob_path(&digest)?;
-    if dest.is_file() {
+    let hex = digest_hex(&digest).unwrap_or_default();
+    if dirs
+        .blobs
+        .stat(hex)
+        .ok()
+        .flatten()
+        .is_some_and(|s| s.kind == crate::oci::dir::Kind::File)
+    {
         return Ok(digest);
     }
-    let mut tmp = tempfile::NamedTempFile::new_in(tmp_dir).map_err(|e| Error::io(tmp_dir, e))?;
-    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
+    dirs.blobs
+        .write_atomic(hex, bytes, Some(&dirs.tmp))
+        .map_err(|e| Error::io(dirs.blobs.path().join(hex), e.into_io()))?;
     Ok(digest)
 }
 
 /// An exclusive lock on the layout for one pull (`.infer-build/pull.lock`, released on drop).
+/// Opened like the pull's other files: a link at `.infer-build` or `pull.lock` is refused.
 fn lock_layout(layout: &Layout) -> Result<std::fs::File> {
-    let dir = layout.root.join(".infer-build");
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let path = dir.join("pull.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
+    let file = crate::oci::Dir::open(&layout.root)
+        .and_then(|root| root.sub(".infer-build", true))
+        .and_then(|dir| dir.open_lock("pull.lock"))
+        .map_err(|e| dir_error(layout, e))?;
+    let path = layout.root.join(".infer-build/pull.lock");
     fs4::FileExt::lock(&file).map_err(|e| Error::io(&path, e))?;
     Ok(file)
 }
@@ -427,13 +482,9 @@ fn fetch_blob(
     client: &Client,
     r: &Reference,
     blob: &Descriptor,
-    layout: &Layout,
-    tmp_dir: &Path,
+    dirs: &PullDirs,
     scopes: &[String],
 ) -> Result<u64> {
-    let dest = layout.blob_path(&blob.digest)?;
-    let dir = dest.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let url = client.url(&format!("{}/blobs/{}", r.repository, blob.digest));
     let too_long = |got: String| Error::Protocol {
         what: format!("blob {} of {r}", blob.digest),
@@ -462,8 +513,12 @@ fn fetch_blob(
                 return Err(too_long(format!("a Content-Length of {n}")));
             }
         }
-        let mut tmp =
-            tempfile::NamedTempFile::new_in(tmp_dir).map_err(|e| Error::io(tmp_dir, e))?;
+        let (tmp_name, mut tmp) = dirs
+            .tmp
+            .create_temp("blob-")
+            .map_err(|e| Error::io(dirs.tmp.path(), e.into_io()))?;
+        // Removed on every way out but the rename into the blobs.
+        let temp = TempName(&dirs.tmp, &tmp_name);
         let mut hasher = sha2::Sha256::new();
         let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
         let mut buf = vec![0u8; 1 << 20];
@@ -482,7 +537,7 @@ fn fetch_blob(
                     }
                     hasher.update(&buf[..n]);
                     if let Err(e) = tmp.write_all(&buf[..n]) {
-                        return Err(Error::io(tmp.path(), e));
+                        return Err(Error::io(dirs.tmp.path().join(&tmp_name), e));
                     }
                 }
                 Err(e) => break Err(e),
@@ -510,8 +565,21 @@ fn fetch_blob(
                 actual,
             });
         }
-        tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
+        tmp.sync_all()
+            .map_err(|e| Error::io(dirs.tmp.path().join(&tmp_name), e))?;
+        drop(tmp);
+        std::mem::forget(temp);
+        dirs.commit(&tmp_name, &blob.digest)?;
         return Ok(total);
+    }
+}
+
+/// A temp file's name, removed from its directory when dropped.
+struct TempName<'a>(&'a crate::oci::Dir, &'a str);
+
+impl Drop for TempName<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.remove(self.1);
     }
 }
 

@@ -7,7 +7,8 @@
 //! `infer-build.warmup/v1`) with the image digest, the warm-up requests (from the image's
 //! `/etc/infer/runtime.toml`), start-up timings measured at build time (from
 //! `dev.infer-build.startup.*` annotations, when the build recorded them), the compatibility
-//! tuple (the image's `dev.infer-build.*` annotations) and a node selector for pre-pulling.
+//! tuple (the image's `dev.infer-build.*` annotations), a node selector for pre-pulling and
+//! the ports the server answers on (HTTP and gRPC).
 //! Building it is pure apart from reading the layout; every byte is canonical JSON.
 
 use std::collections::BTreeMap;
@@ -119,6 +120,7 @@ pub fn build(
         "startup_timings_ms": if timings.is_empty() { Value::Null } else { json!(timings) },
         "compatibility": tuple,
         "node_selector": node_selector(config, &annotations),
+        "ports": ports(runtime_toml),
         "missing": missing,
     });
     let payload = canonical_json(&doc);
@@ -162,6 +164,17 @@ pub fn artifact(
         manifest,
         missing,
     }
+}
+
+/// The ports infer-serve answers on in the image: HTTP (`[server] port` of its `runtime.toml`,
+/// 8000 by default) and gRPC (8001 unless the deployment sets `INFER_GRPC_PORT`).
+fn ports(runtime_toml: Option<&str>) -> Value {
+    let http = runtime_toml
+        .and_then(|t| toml::from_str::<toml::Value>(t).ok())
+        .and_then(|v| v.get("server")?.get("port")?.as_integer())
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(infer_spec::runtime::DEFAULT_HTTP_PORT);
+    json!({"http": http, "grpc": infer_spec::runtime::DEFAULT_GRPC_PORT})
 }
 
 /// The warm-up requests from `runtime.toml`: the model, its inputs and the batch sizes that
@@ -552,6 +565,7 @@ mod tests {
             json!({"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux", "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "9"})
         );
         assert_eq!(doc["missing"], json!([]));
+        assert_eq!(doc["ports"], json!({"http": 8000, "grpc": 8001}));
         let man: Value = serde_json::from_slice(&w.manifest).unwrap();
         assert_eq!(man["subject"]["digest"], json!(image.digest));
         assert_eq!(man["config"]["digest"], json!(sha256_digest(b"{}")));

@@ -160,12 +160,16 @@ fn layer_order_media_types_and_annotations() {
     assert_eq!(a["org.opencontainers.image.ref.name"], "1.0.0-cpu-fp32");
     assert_eq!(a["org.opencontainers.image.revision"], "0123abcd");
     assert_eq!(a["dev.infer-build.precision"], "fp32");
-    assert_eq!(a["dev.infer-build.layer-recipe"], "infer-build.layer.v1");
+    assert_eq!(a["dev.infer-build.layer-recipe"], "infer-build.layer.v2");
     let c: serde_json::Value = read_blob(out.path(), m["config"]["digest"].as_str().unwrap());
     assert_eq!(c["config"]["User"], "65532:65532");
     assert_eq!(c["config"]["Entrypoint"][0], "/usr/local/bin/infer-serve");
     assert_eq!(c["config"]["StopSignal"], "SIGTERM");
-    assert!(c["config"]["ExposedPorts"]["8000/tcp"].is_object());
+    assert_eq!(
+        c["config"]["ExposedPorts"],
+        serde_json::json!({"8000/tcp": {}, "8001/tcp": {}}),
+        "HTTP and gRPC"
+    );
     assert_eq!(c["rootfs"]["diff_ids"].as_array().unwrap().len(), 3);
 
     let idx: serde_json::Value =

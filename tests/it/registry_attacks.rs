@@ -644,6 +644,72 @@ fn hostile_killed_pull_leaves_no_partial_blob() {
     assert!(!tmp_dir.exists());
 }
 
+/// A directory outside the layout with one file in it, to check a pull never touches it.
+fn victim(root: &Path) -> std::path::PathBuf {
+    let v = root.join("victim");
+    std::fs::create_dir_all(&v).unwrap();
+    std::fs::write(v.join("precious"), b"precious").unwrap();
+    v
+}
+
+fn untouched(v: &Path) {
+    let names: Vec<_> = std::fs::read_dir(v)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        ["precious"],
+        "a pull wrote into or removed from {v:?}"
+    );
+    assert_eq!(std::fs::read(v.join("precious")).unwrap(), b"precious");
+}
+
+#[test]
+fn hostile_pull_replaces_a_linked_pull_tmp_and_never_writes_through_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = victim(tmp.path());
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(out.join(".infer-build")).unwrap();
+    std::os::unix::fs::symlink(&v, out.join(".infer-build/pull-tmp")).unwrap();
+    let reg = Hostile::start(serve(image(1), |_, _| None));
+    registry::pull_with(
+        &format!("{}/x/img:v1", reg.addr),
+        &out,
+        &pull_opts(tmp.path()),
+    )
+    .unwrap();
+    untouched(&v);
+    assert!(
+        std::fs::symlink_metadata(out.join(".infer-build/pull-tmp")).is_err(),
+        "the link is gone, not followed"
+    );
+    let blobs = std::fs::read_dir(out.join("blobs/sha256")).unwrap().count();
+    assert_eq!(blobs, 3, "config, layer and manifest");
+}
+
+#[test]
+fn hostile_pull_refuses_a_linked_blob_or_private_directory() {
+    for linked in ["blobs/sha256", ".infer-build"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let v = victim(tmp.path());
+        let out = tmp.path().join("out");
+        let link = out.join(linked);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&v, &link).unwrap();
+        let reg = Hostile::start(serve(image(1), |_, _| None));
+        let e = registry::pull_with(
+            &format!("{}/x/img:v1", reg.addr),
+            &out,
+            &pull_opts(tmp.path()),
+        )
+        .unwrap_err();
+        assert!(e.is_bad_input(), "{linked}: {e}");
+        assert!(e.to_string().contains("symbolic link"), "{linked}: {e}");
+        untouched(&v);
+    }
+}
+
 #[test]
 fn hostile_login_exit_codes_say_whose_mistake() {
     let tmp = tempfile::tempdir().unwrap();

@@ -4,6 +4,10 @@
 //! runtime's throughput against this.
 //!
 //! usage: ceiling RUNTIME_TOML PORT
+#![allow(
+    clippy::disallowed_macros,
+    reason = "a measurement program: its report is its output"
+)]
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -5,6 +5,10 @@
 //! response. Prints one JSON line: median nanoseconds per call over 7 rounds.
 //!
 //!   cargo run --release -p infer-serve --no-default-features --example codec_cost
+#![allow(
+    clippy::disallowed_macros,
+    reason = "a measurement program: its report is its output"
+)]
 
 use bytes::Bytes;
 use infer_serve::tensor::Tensor;

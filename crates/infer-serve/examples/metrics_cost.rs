@@ -9,6 +9,10 @@
 //! (cores / inferences per second) of the same run.
 //!
 //!   cargo run --release -p infer-serve --example metrics_cost [-- REQUESTS_PER_THREAD]
+#![allow(
+    clippy::disallowed_macros,
+    reason = "a measurement program: its report is its output"
+)]
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

@@ -35,8 +35,7 @@ pub fn default_busy_poll_us(cpus: usize) -> u64 {
     }
 }
 
-/// The gRPC port when none is given (Triton's).
-pub const DEFAULT_GRPC_PORT: u16 = 8001;
+pub use infer_spec::runtime::DEFAULT_GRPC_PORT;
 
 /// The port to bind gRPC on, `None` for no gRPC: the one given (0 = off), else
 /// [`DEFAULT_GRPC_PORT`], except that an HTTP port of 0 (any free one: tests, benchmarks,

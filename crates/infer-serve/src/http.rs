@@ -32,8 +32,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Set once warm-up has succeeded.
     pub batcher: OnceLock<Batcher>,
-    /// SIGTERM/SIGINT received: readiness says 503.
-    pub draining: AtomicBool,
+    /// SIGTERM/SIGINT received: readiness says 503 (shared with the gRPC connections' guards).
+    pub draining: Arc<AtomicBool>,
     /// The drain delay is over and the listeners are closed. Requests that reached the server
     /// before are still answered (a connection the kernel had accepted, a request already
     /// sent): only `exit_timeout_s` bounds them.
@@ -141,7 +141,7 @@ impl App {
         App {
             metrics,
             batcher: OnceLock::new(),
-            draining: AtomicBool::new(false),
+            draining: Arc::new(AtomicBool::new(false)),
             stopping: AtomicBool::new(false),
             draining_tx: tokio::sync::watch::channel(false).0,
             busy_poll: Duration::ZERO,

@@ -7,6 +7,14 @@
 //! short), stop accepting, finish in-flight requests within `exit_timeout_s`, exit 0 (1 when
 //! the timeout forced the exit). Exit 2: bad flags or config; 1: the engine failed to
 //! load or warm up.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_macros,
+        clippy::disallowed_methods,
+        reason = "tests start tools and print why they skip"
+    )
+)]
 
 use infer_serve::args::{self, Command};
 use infer_serve::batcher::{Batcher, Policy};
@@ -54,6 +62,10 @@ fn fail(code: i32, msg: &str, fields: &[(&str, serde_json::Value)]) -> ! {
     std::process::exit(code);
 }
 
+#[allow(
+    clippy::disallowed_macros,
+    reason = "the runtime's own command line: --help, --version and usage errors; logs go through `log`"
+)]
 fn main() {
     let started = Instant::now();
     let args = match args::parse(std::env::args().skip(1), |k| std::env::var(k).ok()) {

@@ -40,6 +40,10 @@ use std::fmt;
 
 /// The default location of the runtime configuration inside an image.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/infer/runtime.toml";
+/// The HTTP port when `[server] port` is not given (KServe's and Triton's).
+pub const DEFAULT_HTTP_PORT: u16 = 8000;
+/// The gRPC port when none is given (`--grpc-port`, `INFER_GRPC_PORT`; Triton's).
+pub const DEFAULT_GRPC_PORT: u16 = 8001;
 
 /// The whole `runtime.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -362,7 +366,7 @@ impl Default for Server {
     fn default() -> Self {
         Server {
             host: "0.0.0.0".to_owned(),
-            port: 8000,
+            port: DEFAULT_HTTP_PORT,
             drain_delay_s: 5,
             exit_timeout_s: 30,
             max_body_bytes: 64 << 20,

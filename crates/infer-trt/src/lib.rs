@@ -17,6 +17,18 @@
 //! a GPU.
 //!
 //! Must not: link TensorRT or CUDA at build time; be needed by the default workspace build.
+#![allow(
+    unsafe_code,
+    reason = "dlopen of TensorRT and the CUDA driver, and calls into the C++ shim, are FFI"
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_macros,
+        clippy::disallowed_methods,
+        reason = "tests start tools and print why they skip"
+    )
+)]
 
 use infer_spec::engine::Version;
 

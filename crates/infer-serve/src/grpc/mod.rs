@@ -12,6 +12,7 @@
 //! repository, shared-memory, trace and log RPCs answer `UNIMPLEMENTED`.
 
 pub mod codec;
+mod goaway_guard;
 pub mod pb;
 
 use crate::error::{ApiError, GrpcCode};
@@ -63,6 +64,7 @@ pub async fn serve(
     // Flow-control windows that grow with the connection's bandwidth-delay product, so large
     // raw tensors are not throttled by the 64 KiB default window.
     h2.adaptive_window(true);
+    let draining = app.draining.clone();
     http::accept_loop(
         &app,
         "grpc",
@@ -72,6 +74,12 @@ pub async fn serve(
         WindDown::OnDrain,
         move |io, seen: Arc<tokio::sync::Notify>| {
             let grpc = grpc.clone();
+            // h2 would answer a late stream's WINDOW_UPDATE during the drain with
+            // GOAWAY(PROTOCOL_ERROR), losing the calls in flight: see `goaway_guard`.
+            let io = hyper_util::rt::TokioIo::new(goaway_guard::GoawayGuard::new(
+                io.into_inner(),
+                draining.clone(),
+            ));
             let service = hyper::service::service_fn(move |req| {
                 seen.notify_one();
                 let grpc = grpc.clone();

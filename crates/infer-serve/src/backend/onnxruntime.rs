@@ -258,8 +258,10 @@ fn new_session(
     Session::builder(env)
         .map_err(|e| ctx(e.to_string()))?
         .with_optimization_level(GraphOptimizationLevel::All)
-        .and_then(|b| b.with_intra_threads(threads))
-        .and_then(|b| b.with_inter_threads(1))
+        .map_err(|e| ctx(e.to_string()))?
+        .with_intra_threads(threads)
+        .map_err(|e| ctx(e.to_string()))?
+        .with_inter_threads(1)
         .map_err(|e| ctx(e.to_string()))?
         .commit_from_file(model)
         .map_err(|e| ctx(e.to_string()))

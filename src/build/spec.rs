@@ -222,6 +222,12 @@ pub struct Files {
     /// The model's input dimension names (see [`name_dims`]).
     pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
+    pub library: Option<LibraryFiles>,
+}
+#[derive(Debug, Clone)]
+pub struct LibraryFiles {
+    pub files: Vec<(PathBuf, String)>,
+    pub load: String,
 }
 
 /// The spec of one target.
@@ -295,7 +301,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         platform: platform(t),
         gpu: t.kind == TargetKind::Gpu,
         base: files.base,
-        runtime_libs: vec![],
+        runtime_libs: files
+            .library
+            .map(|l| {
+                l.files
+                    .into_iter()
+                    .map(|(src, dest)| (src, dest.trim_start_matches('/').to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         serve_bin: files.serve_bin,
         payload,
         runtime_toml: rc.to_toml_string().into_bytes(),

@@ -4,6 +4,7 @@
 //! total deadlines, the size bounded by the pin and the sha256 checked while streaming into a
 //! temp file that is renamed into place only when it matches.
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::{spool, Error, Result};
@@ -56,7 +57,35 @@ pub fn download(
     }
     let limit = size.unwrap_or(super::MAX_WHEEL).min(super::MAX_WHEEL);
     let total = Duration::from_secs(120) + Duration::from_secs(limit / opts.min_rate.max(1));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+    let mut config = ureq::Agent::config_builder();
+    // Trust as the registry client does: the certificates of $SSL_CERT_FILE when set (a
+    // company proxy's CA), else the built-in web PKI roots.
+    if let Some(path) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) {
+        let pem = std::fs::read(&path).map_err(|e| {
+            fail(format!(
+                "cannot read SSL_CERT_FILE {}: {e}",
+                Path::new(&path).display()
+            ))
+        })?;
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            return Err(fail(format!(
+                "SSL_CERT_FILE {} holds no PEM certificate",
+                Path::new(&path).display()
+            )));
+        }
+        config = config.tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+                .build(),
+        );
+    }
+    let agent: ureq::Agent = config
         .http_status_as_error(false)
         .user_agent(concat!("infer-build/", env!("CARGO_PKG_VERSION")))
         .https_only(!opts.allow_http)

@@ -180,6 +180,8 @@ pub fn runtime_config(
             kind,
             path: Some(engine_path.into()),
             metadata: metadata.map(String::from),
+            library: None,
+            threads: None,
             synthetic: None,
         },
         warmup: Warmup {
@@ -240,7 +242,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                 infer_spec::engine::EngineMeta::from_json(&meta_json).map_err(|e| Error::Spec {
                     what: format!("engine metadata of target {}: {e}", t.id),
                 })?;
-            let kind = meta.format.runtime_kind();
+            let kind =
+                infer_spec::engine::runtime_kind(meta.kind, meta.format).ok_or_else(|| {
+                    Error::Spec {
+                        what: format!(
+                        "engine metadata of target {}: no runtime runs a {} engine in format {:?}",
+                        t.id, meta.kind, meta.format
+                    ),
+                    }
+                })?;
             let name = meta.format.file_name();
             let p = format!("/{}/{name}", paths::MODEL_DIR);
             let m = format!("/{}/engine.json", paths::MODEL_DIR);

@@ -306,6 +306,8 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
             kind: infer_spec::EngineKind::Synthetic,
             path: None,
             metadata: None,
+            library: None,
+            threads: None,
             synthetic: Some(infer_spec::Synthetic {
                 base_ms,
                 per_row_ms,

@@ -274,6 +274,7 @@ pub fn build(
                 tract: tract::TRACT_VERSION
                     .parse()
                     .map_err(|_| Error::Internal("tract version literal"))?,
+                onnxruntime: None,
                 // tract picks its kernels at run time from the CPU it finds (with portable
                 // fallbacks), so the stored model requires nothing beyond the architecture.
                 required_features: Vec::new(),

@@ -940,6 +940,7 @@ fn runtime_check_refuses_a_tampered_tuple() {
             name: "NVIDIA L4".into(),
         }),
         tensorrt: Some("10.8.0".parse().unwrap()),
+        onnxruntime: None,
         cpu: FoundCpu::detect(),
     };
     let meta = EngineMeta::from_json(&fs::read(art.dir.join("meta.json")).unwrap()).unwrap();

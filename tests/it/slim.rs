@@ -828,6 +828,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
         cpu: (!gpu).then(|| CpuMeta {
             arch: "x86_64".into(),
             tract: "0.23.9".parse().unwrap(),
+            onnxruntime: None,
             required_features: vec![],
         }),
     };

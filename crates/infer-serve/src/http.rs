@@ -660,6 +660,7 @@ mod node_tests {
         app.set_node(&Found {
             gpu: None,
             tensorrt: None,
+            onnxruntime: None,
             cpu: FoundCpu::detect(),
         });
         assert_eq!(app.model_config, before, "no GPU found: nothing to add");
@@ -670,6 +671,7 @@ mod node_tests {
                 name: "NVIDIA H100".into(),
             }),
             tensorrt: Some("10.16.1.11".parse().unwrap()),
+            onnxruntime: None,
             cpu: FoundCpu::detect(),
         });
         let v: serde_json::Value = serde_json::from_slice(&app.model_config).unwrap();

@@ -30,6 +30,8 @@ pub enum EngineKind {
     Tract,
     /// A serialized TensorRT plan.
     Tensorrt,
+    /// An ONNX model run on the CPU by ONNX Runtime (a shared library loaded at start).
+    Onnxruntime,
 }
 
 impl fmt::Display for EngineKind {
@@ -37,6 +39,7 @@ impl fmt::Display for EngineKind {
         f.write_str(match self {
             EngineKind::Tract => "tract",
             EngineKind::Tensorrt => "tensorrt",
+            EngineKind::Onnxruntime => "onnxruntime",
         })
     }
 }
@@ -53,16 +56,21 @@ pub enum EngineFormat {
     TensorrtPlan,
 }
 
-impl EngineFormat {
-    /// The `[engine] kind` of `runtime.toml` that loads this format.
-    pub fn runtime_kind(self) -> crate::runtime::EngineKind {
-        match self {
-            EngineFormat::Onnx => crate::runtime::EngineKind::TractOnnx,
-            EngineFormat::TractNnefTar => crate::runtime::EngineKind::TractNnef,
-            EngineFormat::TensorrtPlan => crate::runtime::EngineKind::TensorRt,
-        }
+/// The `[engine] kind` of `runtime.toml` that runs an engine of this kind and format; `None`
+/// for a pair no backend runs (an inconsistent metadata document). The one place the pairs are
+/// decided: the builder writes `runtime.toml` with it, [`EngineMeta::validate`] checks with it.
+pub fn runtime_kind(kind: EngineKind, format: EngineFormat) -> Option<crate::runtime::EngineKind> {
+    use crate::runtime::EngineKind as Rt;
+    match (kind, format) {
+        (EngineKind::Tract, EngineFormat::Onnx) => Some(Rt::TractOnnx),
+        (EngineKind::Tract, EngineFormat::TractNnefTar) => Some(Rt::TractNnef),
+        (EngineKind::Tensorrt, EngineFormat::TensorrtPlan) => Some(Rt::TensorRt),
+        (EngineKind::Onnxruntime, EngineFormat::Onnx) => Some(Rt::OnnxRuntime),
+        _ => None,
     }
+}
 
+impl EngineFormat {
     /// The file name the engine is stored under, inside its cache entry and inside images.
     pub fn file_name(self) -> &'static str {
         match self {
@@ -362,7 +370,7 @@ pub struct GpuMeta {
     pub builder_gpu: String,
 }
 
-/// What a CPU (tract) engine is bound to.
+/// What a CPU (tract or ONNX Runtime) engine is bound to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CpuMeta {
@@ -370,6 +378,10 @@ pub struct CpuMeta {
     pub arch: String,
     /// tract version that wrote the engine (and must read it).
     pub tract: Version,
+    /// ONNX Runtime version the engine was measured with; required for an `onnxruntime`
+    /// engine, whose runtime loads a library of the same major.minor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnxruntime: Option<Version>,
     /// CPU features the engine requires, sorted (empty: the architecture's baseline).
     pub required_features: Vec<String>,
 }
@@ -424,18 +436,14 @@ impl EngineMeta {
         if self.schema != META_SCHEMA {
             return Err(MetaError::Schema(self.schema));
         }
-        let ok = match self.kind {
-            EngineKind::Tract => {
-                self.cpu.is_some()
-                    && self.gpu.is_none()
-                    && matches!(self.format, EngineFormat::Onnx | EngineFormat::TractNnefTar)
+        let device = match self.kind {
+            EngineKind::Tract => self.cpu.is_some() && self.gpu.is_none(),
+            EngineKind::Onnxruntime => {
+                self.cpu.as_ref().is_some_and(|c| c.onnxruntime.is_some()) && self.gpu.is_none()
             }
-            EngineKind::Tensorrt => {
-                self.gpu.is_some()
-                    && self.cpu.is_none()
-                    && self.format == EngineFormat::TensorrtPlan
-            }
+            EngineKind::Tensorrt => self.gpu.is_some() && self.cpu.is_none(),
         };
+        let ok = device && runtime_kind(self.kind, self.format).is_some();
         if !ok {
             return Err(MetaError::Inconsistent(self.kind));
         }
@@ -451,7 +459,8 @@ impl EngineMeta {
     /// reverse-DNS prefix, sorted): `precision`, `engine.kind`, `engine.format`, `engine.digest`,
     /// `onnx.digest`, `shape_profile`, and `gpu.sm`, `gpu.builder`, `trt.version`, `cuda.version`,
     /// `driver.floor`, `trt.hardware_compat`, `trt.version_compatible`, `trt.lean_excluded` for
-    /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` for tract.
+    /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` (and `onnxruntime.version`) for
+    /// CPU engines.
     pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::new();
         let mut put = |k: &str, v: String| {
@@ -488,6 +497,9 @@ impl EngineMeta {
             put("cpu.arch", c.arch.clone());
             put("cpu.features", c.required_features.join(","));
             put("tract.version", c.tract.to_string());
+            if let Some(v) = &c.onnxruntime {
+                put("onnxruntime.version", v.to_string());
+            }
         }
         m
     }
@@ -513,7 +525,12 @@ impl EngineMeta {
                 s
             }
             (None, Some(c)) => {
-                let mut s = format!("{} with tract {}", c.arch, c.tract);
+                let mut s = match (&c.onnxruntime, self.kind) {
+                    (Some(v), EngineKind::Onnxruntime) => {
+                        format!("{} with ONNX Runtime {v}", c.arch)
+                    }
+                    _ => format!("{} with tract {}", c.arch, c.tract),
+                };
                 if !c.required_features.is_empty() {
                     s.push_str(&format!(
                         " (cpu features {})",
@@ -558,6 +575,8 @@ pub struct Found {
     /// Version of the TensorRT library that was loaded (`getInferLibVersion`), if any. It
     /// carries major.minor.patch; a build number, when known, is compared too.
     pub tensorrt: Option<Version>,
+    /// Version of the ONNX Runtime library that was loaded (`GetVersionString`), if any.
+    pub onnxruntime: Option<Version>,
     /// The CPU.
     pub cpu: FoundCpu,
 }
@@ -625,7 +644,10 @@ impl fmt::Display for Found {
                 if !self.cpu.features.is_empty() {
                     write!(f, " (features {})", self.cpu.features.join(","))?;
                 }
-                Ok(())
+                match &self.onnxruntime {
+                    Some(v) => write!(f, " with ONNX Runtime {v}"),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -665,6 +687,10 @@ pub enum MismatchReason {
     Arch { built: String, found: String },
     #[error("cpu lacks required features {0}")]
     CpuFeatures(String),
+    #[error("no ONNX Runtime library was loaded")]
+    NoOnnxruntime,
+    #[error("ONNX Runtime {found} differs from {built} in major.minor")]
+    OnnxruntimeVersion { built: Version, found: Version },
 }
 
 /// Check that the engine described by `meta` can run on what the runtime `found`.
@@ -676,7 +702,10 @@ pub enum MismatchReason {
 ///   patch, and build when both sides know it), or, for a version-compatible engine, be the same
 ///   or a newer release of the same major, or one of the supported cross-major paths 8→10 and
 ///   10→11.
-/// - tract engines need the same CPU architecture and every recorded CPU feature.
+/// - CPU engines need the same CPU architecture and every recorded CPU feature.
+/// - ONNX Runtime engines also need a loaded ONNX Runtime of the engine's major.minor (patch
+///   releases fix bugs without changing operators or optimisations; a new minor can change
+///   both, and with them the outputs and the measured T(b)).
 // Called once at start-up: the size of the error does not matter, its content does.
 #[allow(clippy::result_large_err)]
 pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
@@ -754,6 +783,21 @@ pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
             .collect();
         if !missing.is_empty() {
             return Err(fail(MismatchReason::CpuFeatures(missing.join(","))));
+        }
+        if meta.kind == EngineKind::Onnxruntime {
+            // `validate` made sure the version is recorded.
+            if let Some(built) = &c.onnxruntime {
+                let found = found
+                    .onnxruntime
+                    .as_ref()
+                    .ok_or_else(|| fail(MismatchReason::NoOnnxruntime))?;
+                if !built.same_prefix(found, 2) {
+                    return Err(fail(MismatchReason::OnnxruntimeVersion {
+                        built: built.clone(),
+                        found: found.clone(),
+                    }));
+                }
+            }
         }
     }
     Ok(())
@@ -963,6 +1007,7 @@ mod tests {
             cpu: Some(CpuMeta {
                 arch: "x86_64".into(),
                 tract: v("0.23.9"),
+                onnxruntime: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
             }),
         }
@@ -976,6 +1021,7 @@ mod tests {
                 name: "NVIDIA A100-SXM4-40GB".into(),
             }),
             tensorrt: trt.map(v),
+            onnxruntime: None,
             cpu: FoundCpu {
                 arch: "x86_64".into(),
                 features: vec![],
@@ -1097,6 +1143,59 @@ mod tests {
         let mut m = cpu_meta(&[]);
         m.cpu.as_mut().unwrap().arch = std::env::consts::ARCH.into();
         check(&m, &f, None);
+    }
+
+    #[test]
+    fn onnxruntime_rules() {
+        let mut m = cpu_meta(&[]);
+        m.kind = EngineKind::Onnxruntime;
+        m.format = EngineFormat::Onnx;
+        m.cpu.as_mut().unwrap().onnxruntime = Some(v("1.31.0"));
+        assert_eq!(
+            runtime_kind(m.kind, m.format),
+            Some(crate::runtime::EngineKind::OnnxRuntime)
+        );
+        let mut f = Found {
+            cpu: FoundCpu {
+                arch: "x86_64".into(),
+                features: vec![],
+            },
+            onnxruntime: Some(v("1.31.2")),
+            ..Found::default()
+        };
+        check(&m, &f, None);
+        assert_eq!(m.describe(), "x86_64 with ONNX Runtime 1.31.0");
+        assert_eq!(m.annotations()["onnxruntime.version"], "1.31.0");
+        f.onnxruntime = Some(v("1.32.0"));
+        check(
+            &m,
+            &f,
+            Some("engine for target cpu-fp32 was built for x86_64 with ONNX Runtime 1.31.0, this node has no GPU, cpu x86_64 with ONNX Runtime 1.32.0: ONNX Runtime 1.32.0 differs from 1.31.0 in major.minor"),
+        );
+        f.onnxruntime = None;
+        let e = check_compat(&m, &f).unwrap_err();
+        assert_eq!(e.reason, MismatchReason::NoOnnxruntime);
+        // The JSON round-trips; a tract engine's JSON does not mention ONNX Runtime.
+        let back = EngineMeta::from_json(&m.to_canonical_json()).unwrap();
+        assert_eq!(back, m);
+        assert!(!String::from_utf8(cpu_meta(&[]).to_canonical_json())
+            .unwrap()
+            .contains("onnxruntime"));
+        // Inconsistent documents: no version recorded, or a format ONNX Runtime does not run.
+        let mut bad = m.clone();
+        bad.cpu.as_mut().unwrap().onnxruntime = None;
+        assert_eq!(
+            bad.validate(),
+            Err(MetaError::Inconsistent(EngineKind::Onnxruntime))
+        );
+        let mut bad = m.clone();
+        bad.format = EngineFormat::TractNnefTar;
+        assert!(bad.validate().is_err());
+        assert_eq!(runtime_kind(EngineKind::Tensorrt, EngineFormat::Onnx), None);
+        assert_eq!(
+            runtime_kind(EngineKind::Tract, EngineFormat::TractNnefTar),
+            Some(crate::runtime::EngineKind::TractNnef)
+        );
     }
 
     #[test]

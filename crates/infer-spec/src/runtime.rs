@@ -131,6 +131,8 @@ pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 pub const MAX_SHUTDOWN_S: u64 = 3_600;
 /// The largest `max_body_bytes`: 1 GiB.
 pub const MAX_BODY_BYTES: u64 = 1 << 30;
+/// The largest `engine.threads`.
+pub const MAX_THREADS: u32 = 1024;
 /// The default `server.memory_budget_bytes`: 4 GiB.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 4 << 30;
 
@@ -271,6 +273,9 @@ pub enum EngineKind {
     /// A serialized TensorRT engine.
     #[serde(rename = "tensorrt")]
     TensorRt,
+    /// An ONNX model run on CPU by ONNX Runtime, loaded at start from `engine.library`.
+    #[serde(rename = "onnxruntime")]
+    OnnxRuntime,
     /// A model-free engine that sleeps `base_ms + per_row_ms · rows` per batch and returns
     /// deterministic outputs; for tests and benchmarks of the batcher only.
     #[serde(rename = "synthetic")]
@@ -284,6 +289,7 @@ impl EngineKind {
             EngineKind::TractOnnx => "tract-onnx",
             EngineKind::TractNnef => "tract-nnef",
             EngineKind::TensorRt => "tensorrt",
+            EngineKind::OnnxRuntime => "onnxruntime",
             EngineKind::Synthetic => "synthetic",
         }
     }
@@ -294,6 +300,7 @@ impl EngineKind {
             EngineKind::TractOnnx => "onnx_onnxv1",
             EngineKind::TractNnef => "tract_nnef",
             EngineKind::TensorRt => "tensorrt_plan",
+            EngineKind::OnnxRuntime => "onnxruntime_onnx",
             EngineKind::Synthetic => "synthetic",
         }
     }
@@ -312,6 +319,16 @@ pub struct EngineSection {
     /// The engine metadata file (compatibility tuple), relative like `path`; optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<String>,
+    /// The shared library the backend loads at start (`dlopen`), relative like `path` (or
+    /// absolute): required for `onnxruntime` (`libonnxruntime.so.<version>`), optional for
+    /// `tensorrt`, refused for the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
+    /// Threads one instance computes a batch with (ONNX Runtime's intra-op threads); absent
+    /// means the CPUs the process may use divided by `batching.instances` (at least 1), so
+    /// that instances never oversubscribe the cores. Only for `onnxruntime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     /// Parameters of the `synthetic` engine; required for it, refused for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<Synthetic>,
@@ -516,6 +533,31 @@ impl RuntimeConfig {
             }
             _ => {}
         }
+        match (e.kind, &e.library) {
+            (EngineKind::OnnxRuntime, None) => p.push(
+                "engine.library is required when engine.kind = \"onnxruntime\" (the path of libonnxruntime)"
+                    .to_owned(),
+            ),
+            (EngineKind::OnnxRuntime | EngineKind::TensorRt, Some(l)) if l.is_empty() => {
+                p.push("engine.library must be non-empty".to_owned())
+            }
+            (EngineKind::OnnxRuntime | EngineKind::TensorRt, _) => {}
+            (k, Some(_)) => p.push(format!(
+                "engine.library is only for engine.kind = \"onnxruntime\" or \"tensorrt\", not \"{}\"",
+                k.as_str()
+            )),
+            (_, None) => {}
+        }
+        match (e.kind, e.threads) {
+            (EngineKind::OnnxRuntime, Some(t)) if !(1..=MAX_THREADS).contains(&t) => {
+                p.push(format!("engine.threads {t} is outside 1..={MAX_THREADS}"))
+            }
+            (EngineKind::OnnxRuntime, _) | (_, None) => {}
+            (k, Some(_)) => p.push(format!(
+                "engine.threads is only for engine.kind = \"onnxruntime\", not \"{}\"",
+                k.as_str()
+            )),
+        }
         if let Some(sizes) = &self.warmup.batch_sizes {
             for &s in sizes {
                 if s == 0 || s > b.max_batch_size {
@@ -579,6 +621,16 @@ impl RuntimeConfig {
             .platform
             .as_deref()
             .unwrap_or_else(|| self.engine.kind.platform())
+    }
+
+    /// The threads one instance computes with on a machine where the process may use `cpus`
+    /// CPUs: `engine.threads` when given, else `cpus / batching.instances`, at least 1. The
+    /// builder measures T(b) with the same rule, so the profile matches what the image runs.
+    pub fn intra_op_threads(&self, cpus: usize) -> usize {
+        match self.engine.threads {
+            Some(t) => t as usize,
+            None => (cpus / (self.batching.instances.max(1) as usize)).max(1),
+        }
     }
 
     /// The batch sizes warm-up runs, ascending: `warmup.batch_sizes` when given, else the
@@ -938,6 +990,64 @@ path = "minilm.onnx"
                 "server.drain_delay_s 100000 is more than 3600 (1 h)",
                 "server.exit_timeout_s 3601 is more than 3600 (1 h)",
             ]),
+        );
+    }
+
+    #[test]
+    fn onnxruntime_engine() {
+        let ort = MLP.replace(
+            "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
+            "kind = \"onnxruntime\"\npath = \"mlp.onnx\"\nlibrary = \"lib/libonnxruntime.so.1.31.0\"\nthreads = 2",
+        );
+        let cfg = RuntimeConfig::from_toml_str(&ort).unwrap();
+        assert_eq!(cfg.engine.kind, EngineKind::OnnxRuntime);
+        assert_eq!(cfg.platform(), "onnxruntime_onnx");
+        assert_eq!(
+            cfg.engine.library.as_deref(),
+            Some("lib/libonnxruntime.so.1.31.0")
+        );
+        assert_eq!(cfg.intra_op_threads(16), 2);
+        assert_eq!(
+            RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
+            cfg
+        );
+        // The default divides the CPUs between the instances, at least one thread each.
+        let mut d = cfg.clone();
+        d.engine.threads = None;
+        d.batching.instances = 3;
+        assert_eq!(d.intra_op_threads(16), 5);
+        assert_eq!(d.intra_op_threads(2), 1);
+        d.batching.instances = 1;
+        assert_eq!(d.intra_op_threads(2), 2);
+        check(
+            &ort.replace("library = \"lib/libonnxruntime.so.1.31.0\"\n", ""),
+            Err(&["engine.library is required when engine.kind = \"onnxruntime\" (the path of libonnxruntime)"]),
+        );
+        check(
+            &ort.replace("threads = 2", "threads = 0"),
+            Err(&["engine.threads 0 is outside 1..=1024"]),
+        );
+        check(
+            &ort.replace("\"lib/libonnxruntime.so.1.31.0\"", "\"\""),
+            Err(&["engine.library must be non-empty"]),
+        );
+        check(
+            &MLP.replace(
+                "path = \"mlp.onnx\"",
+                "path = \"mlp.onnx\"\nlibrary = \"x.so\"\nthreads = 1",
+            ),
+            Err(&[
+                "engine.library is only for engine.kind = \"onnxruntime\" or \"tensorrt\", not \"tract-onnx\"",
+                "engine.threads is only for engine.kind = \"onnxruntime\", not \"tract-onnx\"",
+            ]),
+        );
+        // TensorRT may name its runtime library.
+        check(
+            &MLP.replace(
+                "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
+                "kind = \"tensorrt\"\npath = \"engine.plan\"\nlibrary = \"libnvinfer_lean.so.10\"",
+            ),
+            Ok(()),
         );
     }
 

@@ -90,6 +90,7 @@ pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Foun
     Ok(infer_spec::engine::Found {
         gpu: None,
         tensorrt: None,
+        onnxruntime: None,
         cpu: infer_spec::engine::FoundCpu::detect(),
     })
 }

@@ -65,6 +65,7 @@ pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
     Ok(Found {
         gpu: Some(gpu),
         tensorrt: Some(lib.version().clone()),
+        onnxruntime: None,
         cpu: FoundCpu::detect(),
     })
 }

@@ -348,7 +348,7 @@ fn registry_onnxruntime_image_on_the_glibc_base_with_the_pinned_library_rebuilds
         .filter(|(p, _)| !p.ends_with('/'))
         .collect();
     assert_eq!(libs.len(), 1, "{libs:?}");
-    assert_eq!(libs[0].0, "opt/onnxruntime/lib/libonnxruntime.so.1.31.1");
+    assert_eq!(libs[0].0, "opt/onnxruntime/lib/libonnxruntime.so.1.31.0");
     assert!(libs[0].1 > 10 << 20);
     assert_eq!(
         layer_bytes(&layout, &layers[2], "usr/local/bin/infer-serve"),
@@ -358,7 +358,7 @@ fn registry_onnxruntime_image_on_the_glibc_base_with_the_pinned_library_rebuilds
     let rt = String::from_utf8(layer_bytes(&layout, &layers[4], "etc/infer/runtime.toml")).unwrap();
     assert!(rt.contains("kind = \"onnxruntime\""), "{rt}");
     assert!(
-        rt.contains("library = \"/opt/onnxruntime/lib/libonnxruntime.so.1.31.1\""),
+        rt.contains("library = \"/opt/onnxruntime/lib/libonnxruntime.so.1.31.0\""),
         "{rt}"
     );
 

@@ -17,7 +17,11 @@
 #             reliably dlopen TensorRT and the NVIDIA driver), its C++ shim compiled against
 #             TENSORRT_ROOT (default ../shared/third_party/tensorrt-headers/$TRT_HEADERS, with
 #             TRT_HEADERS=10.16), into target/gpu-<headers>/; CHECK=1 then verifies that it
-#             needs nothing beyond glibc, libstdc++ and libgcc_s.
+#             needs nothing beyond glibc, libstdc++ and libgcc_s;
+#             or dynamic: the binary of glibc-based CPU images, with features `tract` and
+#             `onnxruntime` (libonnxruntime is opened at run time, not linked), linked
+#             dynamically against glibc, into target/dynamic/ (or $CARGO_TARGET_DIR/dynamic/);
+#             CHECK=1 verifies the same as for gpu.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -41,7 +45,14 @@ case $flavour in
         export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/gpu-$headers}
         FEATURES=${FEATURES:+$FEATURES,}tensorrt
         ;;
-    *) echo "build-runtime: FLAVOUR must be cpu or gpu, not $flavour" >&2; exit 2 ;;
+    dynamic)
+        export RUSTFLAGS="$remap"
+        # Its own directory (also under a caller's CARGO_TARGET_DIR): other RUSTFLAGS than the
+        # static build, which would otherwise rebuild everything and overwrite its binary.
+        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/dynamic
+        FEATURES=${FEATURES:+$FEATURES,}tract,onnxruntime
+        ;;
+    *) echo "build-runtime: FLAVOUR must be cpu, gpu or dynamic, not $flavour" >&2; exit 2 ;;
 esac
 # Timestamps never enter a Rust binary, but keep anything that honours it stable.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
@@ -57,7 +68,7 @@ dir=$profile
 bin="${CARGO_TARGET_DIR:-$root/target}/$target/$dir/infer-serve"
 [[ -x $bin ]] || { echo "build-runtime: $bin was not produced" >&2; exit 1; }
 
-if [[ ${CHECK:-0} == 1 && $flavour == gpu ]]; then
+if [[ ${CHECK:-0} == 1 && $flavour != cpu ]]; then
     extra=$(readelf -dW "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' \
         | grep -vxE 'lib(c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so\.[0-9]+|ld-linux-x86-64\.so\.2' || true)
     if [[ -n $extra ]]; then

@@ -9,7 +9,9 @@
 # statically linked, and it is built reproducibly (scripts/build-runtime.sh remaps every path
 # that could enter the binary), so two machines with the same toolchain and Cargo.lock ship
 # byte-identical runtimes. `build` finds the runtime next to `infer-build`, so after this script
-# nothing else is needed: no INFER_SERVE_BIN, no --runtime.
+# nothing else is needed: no INFER_SERVE_BIN, no --runtime. Images whose engine is ONNX Runtime
+# run on a glibc base with the dynamically linked flavour, installed beside it as
+# `infer-serve-dynamic` (FLAVOUR=dynamic scripts/build-runtime.sh).
 #
 # Needs Rust (cargo) and a C compiler; nothing is downloaded but the crates Cargo.lock pins.
 # Idempotent: a second run with nothing changed rebuilds nothing and copies the same files.
@@ -34,6 +36,9 @@ command -v cargo >/dev/null || { echo "install: cargo not found: install Rust (h
 echo "==> building the image runtime (statically linked infer-serve)" >&2
 serve=$("$root/scripts/build-runtime.sh")
 
+echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
+serve_dynamic=$(FLAVOUR=dynamic "$root/scripts/build-runtime.sh")
+
 echo "==> building infer-build" >&2
 (cd "$root" && cargo build --release --locked --quiet --bin infer-build) >&2
 builder="${CARGO_TARGET_DIR:-$root/target}/release/infer-build"
@@ -42,7 +47,7 @@ builder="${CARGO_TARGET_DIR:-$root/target}/release/infer-build"
 bin="$prefix/bin"
 mkdir -p "$bin"
 # Copy under a temporary name and rename: a running infer-build in PREFIX is never half-written.
-for pair in "$builder:infer-build" "$serve:infer-serve"; do
+for pair in "$builder:infer-build" "$serve:infer-serve" "$serve_dynamic:infer-serve-dynamic"; do
     src=${pair%%:*} name=${pair##*:}
     install -m 0755 "$src" "$bin/.$name.tmp.$$"
     mv -f "$bin/.$name.tmp.$$" "$bin/$name"
@@ -53,4 +58,4 @@ case ":$PATH:" in
     *":$bin:"*) ;;
     *) echo "install: add $bin to PATH (e.g. export PATH=\"$bin:\$PATH\")" >&2 ;;
 esac
-(cd "$bin" && sha256sum infer-build infer-serve)
+(cd "$bin" && sha256sum infer-build infer-serve infer-serve-dynamic)

@@ -16,12 +16,14 @@ export INFER_SERVE_BIN
 scripts/install.sh --prefix target/install >/dev/null
 
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
-# shipped in images); building it here keeps the tests' own build of it a no-op.
-cargo build -q -p infer-serve --features synthetic --target-dir target/serve-it
+# shipped in images) and the ONNX Runtime backend; building it here keeps the tests' own build
+# of it a no-op.
+cargo build -q -p infer-serve --features synthetic,onnxruntime --target-dir target/serve-it
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The TensorRT backend, its C++ shim compiled against TensorRT's public headers (no GPU needed).
 TENSORRT_ROOT="$PWD/../shared/third_party/tensorrt-headers/10.16" \
     cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt --all-targets -- -D warnings
+cargo clippy -p infer-serve --features onnxruntime --all-targets -- -D warnings
 cargo test --workspace

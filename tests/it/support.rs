@@ -82,7 +82,8 @@ pub fn have_docker(test: &str) -> bool {
 
 /// The `infer-serve` binary the runtime and bench tests start on loopback. It needs the
 /// `synthetic` backend (a cost model for overload, drain and tuning tests), which images never
-/// carry, so it is NOT the statically linked image runtime of `INFER_SERVE_BIN`.
+/// carry, and the ONNX Runtime backend, so it is NOT the statically linked image runtime of
+/// `INFER_SERVE_BIN`.
 ///
 /// `INFER_SERVE_TEST_BIN` points at a binary built elsewhere; otherwise it is built once per
 /// test run into `target/serve-it` (its own target dir: the outer `cargo test` holds the lock
@@ -103,7 +104,7 @@ pub fn serve_test_binary() -> PathBuf {
                 "-p",
                 "infer-serve",
                 "--features",
-                "synthetic",
+                "synthetic,onnxruntime",
                 "--target-dir",
             ])
             .arg(&target)

@@ -157,13 +157,26 @@ impl App {
 
     /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
     /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
-    /// instance group. Nothing changes when no GPU was found.
+    /// instance group; or the ONNX Runtime library that was loaded. Nothing changes when
+    /// neither was found.
     pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
+        let param = |v: String| json!({ "string_value": v });
+        if let Some(v) = &found.onnxruntime {
+            let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config)
+            else {
+                return;
+            };
+            config["parameters"] = json!({
+                "engine": param("onnxruntime".to_owned()),
+                "onnxruntime": param(v.to_string()),
+            });
+            self.model_config = Bytes::from(config.to_string());
+            self.model_config_json = config;
+        }
         let Some(g) = &found.gpu else { return };
         let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config) else {
             return;
         };
-        let param = |v: String| json!({ "string_value": v });
         config["parameters"] = json!({
             "gpu": param(g.name.clone()),
             "compute_capability": param(g.sm.to_string()),

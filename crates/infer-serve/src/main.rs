@@ -124,6 +124,7 @@ fn main() {
     for (key, rel) in [
         ("engine.path", cfg.engine.path.as_deref()),
         ("engine.metadata", cfg.engine.metadata.as_deref()),
+        ("engine.library", cfg.engine.library.as_deref()),
     ] {
         let Some(rel) = rel else { continue };
         let p = base.join(rel);
@@ -161,6 +162,32 @@ fn main() {
             ],
         )
     });
+    if let Some(v) = &found.onnxruntime {
+        let threads = cfg.intra_op_threads(cpus);
+        let instances = cfg.batching.instances as usize;
+        log::info(
+            "node",
+            &[
+                ("engine", json!(cfg.engine.kind.as_str())),
+                ("onnxruntime", json!(v.to_string())),
+                ("library", json!(cfg.engine.library)),
+                ("threads_per_instance", json!(threads)),
+                ("instances", json!(instances)),
+                ("cpus", json!(cpus)),
+            ],
+        );
+        if threads.saturating_mul(instances) > cpus {
+            log::log(
+                "warn",
+                "instances x engine.threads is more than the CPUs: the instances will take turns on the cores",
+                &[
+                    ("threads_per_instance", json!(threads)),
+                    ("instances", json!(instances)),
+                    ("cpus", json!(cpus)),
+                ],
+            );
+        }
+    }
     if let Some(g) = &found.gpu {
         log::info(
             "node",

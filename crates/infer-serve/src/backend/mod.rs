@@ -10,6 +10,8 @@ use infer_spec::RuntimeConfig;
 use std::path::Path;
 use std::sync::Arc;
 
+#[cfg(feature = "onnxruntime")]
+pub mod onnxruntime;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
 #[cfg(feature = "tensorrt")]
@@ -66,6 +68,22 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
             &base.join(path),
         )?));
     }
+    #[cfg(feature = "onnxruntime")]
+    if kind == infer_spec::EngineKind::OnnxRuntime {
+        let path = cfg
+            .engine
+            .path
+            .as_deref()
+            .ok_or("engine.path is required for onnxruntime")?;
+        let library = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return Ok(Arc::new(onnxruntime::OrtEngine::load(
+            cfg,
+            &base.join(path),
+            library,
+            cpus,
+        )?));
+    }
     #[cfg(feature = "synthetic")]
     if kind == infer_spec::EngineKind::Synthetic {
         return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
@@ -79,12 +97,23 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
 }
 
 /// What this node has for the configured engine, for the start-up compatibility check: for a
-/// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); otherwise
-/// the CPU only.
+/// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); for an
+/// ONNX Runtime engine, the CPU and the library's version (an error when it cannot be loaded);
+/// otherwise the CPU only.
 pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Found, String> {
     #[cfg(feature = "tensorrt")]
     if cfg.engine.kind == infer_spec::EngineKind::TensorRt {
         return tensorrt::probe(cfg, base);
+    }
+    #[cfg(feature = "onnxruntime")]
+    if cfg.engine.kind == infer_spec::EngineKind::OnnxRuntime {
+        let lib = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
+        return Ok(infer_spec::engine::Found {
+            gpu: None,
+            tensorrt: None,
+            onnxruntime: Some(lib.version),
+            cpu: infer_spec::engine::FoundCpu::detect(),
+        });
     }
     let _ = (cfg, base);
     Ok(infer_spec::engine::Found {
@@ -101,6 +130,9 @@ pub fn built_features() -> Vec<&'static str> {
     if cfg!(feature = "tract") {
         f.push("tract-onnx");
         f.push("tract-nnef");
+    }
+    if cfg!(feature = "onnxruntime") {
+        f.push("onnxruntime");
     }
     if cfg!(feature = "synthetic") {
         f.push("synthetic");

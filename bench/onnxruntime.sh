@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# ONNX Runtime backend benchmark (docs/BENCHMARKS.md, "ONNX Runtime backend"): T(b) of PaddleOCR's
+# text recogniser (variable width) and text detector (variable height and width) served by
+# infer-serve's onnxruntime backend (the library of the pinned onnxruntime 1.31.0 wheel, one
+# intra-op thread, one instance, no queue delay: every request is one execution of its batch),
+# against onnxruntime in Python (the venv's release) at the same thread count, in the same run.
+# Per shape: the median of RUNS session.run calls in Python, the median of RUNS requests to the
+# server one at a time (end to end through HTTP, binary tensors), and the server's mean compute
+# time per execution from /v2/models/M/stats; the ratio is served compute / Python median.
+#   usage: bench/onnxruntime.sh    (env: RUNS=30 INFER_SERVE=target/dynamic/.../infer-serve PY=.venv/bin/python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-30}
+BIN=${INFER_SERVE:-target/dynamic/x86_64-unknown-linux-gnu/release-serve/infer-serve}
+PY=${PY:-${INFER_BUILD_PYTHON:-.venv/bin/python}}
+[ -x "$BIN" ] || { echo "build first: FLAVOUR=dynamic scripts/build-runtime.sh" >&2; exit 1; }
+cache=${INFER_BUILD_MODEL_CACHE:-target/real-models}
+models=$("$PY" tests/it/real_models.py fetch "$cache")
+lib=$("$PY" tests/it/real_models.py fetch-ort "$cache" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["library"])')
+W=$(mktemp -d /tmp/bench-ort.XXXXXX)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$W"' EXIT
+
+run() { # name model-key tensors shapes-json
+    local name=$1 onnx
+    onnx=$(echo "$models" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['$2'])")
+    cat > "$W/$name.toml" <<EOF
+[model]
+name = "$name"
+$3
+[batching]
+max_batch_size = 16
+max_queue_delay_us = 0
+
+[engine]
+kind = "onnxruntime"
+path = "$(realpath "$onnx")"
+library = "$(realpath "$lib")"
+threads = 1
+
+[server]
+host = "127.0.0.1"
+port = 0
+EOF
+    INFER_GRPC_PORT=0 "$BIN" --config "$W/$name.toml" > "$W/$name.log" &
+    pid=$!
+    for _ in $(seq 600); do grep -q '"msg":"ready"' "$W/$name.log" && break; sleep 0.5; done
+    grep -q '"msg":"ready"' "$W/$name.log" || { cat "$W/$name.log" >&2; exit 1; }
+    addr=$(sed -n 's/.*"addr":"\([^"]*\)".*"msg":"listening".*/\1/p' "$W/$name.log" | head -1)
+    "$PY" tests/it/real_models.py bench "$addr" "$name" "$onnx" x "$4" 1 "$RUNS"
+    kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+}
+
+{
+run ocr-rec ocr-rec '[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, 48, -1]
+profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
+
+[[outputs]]
+name = "softmax_11.tmp_0"
+datatype = "FP32"
+dims = [-1, -1, 6625]' '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
+run ocr-det ocr-det '[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, -1, -1]
+profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
+
+[[outputs]]
+name = "sigmoid_0.tmp_0"
+datatype = "FP32"
+dims = [-1, 1, -1, -1]' '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+} > "$W/rows.jsonl"
+"$PY" - "$W/rows.jsonl" "$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"| model | input shape | onnxruntime {sys.argv[2]} in Python, median ms | served: compute mean ms | served: request median ms (HTTP) | compute / Python |")
+print("|---|---|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['model']} | {'x'.join(map(str, r['shape']))} | {r['onnxruntime_python_median_ms']:.3f} | {r['served_compute_mean_ms']:.3f} | {r['served_request_median_ms']:.3f} | {r['compute_ratio']:.2f}x |")
+PY

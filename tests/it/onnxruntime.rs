@@ -1,0 +1,308 @@
+//! The ONNX Runtime backend of `infer-serve` against a real `libonnxruntime`: the library of the
+//! pinned onnxruntime wheel (`real_models.py fetch-ort`, cached next to the real models and
+//! verified by sha256; the release the `ort` crate targets) serves PaddleOCR's text detector
+//! (variable height and width) and text recogniser (variable width, which tract cannot
+//! translate), several shapes in flight at once through tritonclient, each answer compared
+//! with onnxruntime in Python on the same input. A missing, foreign or garbage library, and an
+//! engine recorded for another ONNX Runtime minor, stop the server with exit 1 and a message
+//! that says which.
+
+use super::support::{self, python, stderr, stdout};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DET: &str = r#"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, -1, -1]
+profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
+
+[[outputs]]
+name = "sigmoid_0.tmp_0"
+datatype = "FP32"
+dims = [-1, 1, -1, -1]
+"#;
+
+const REC: &str = r#"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, 48, -1]
+profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
+
+[[outputs]]
+name = "softmax_11.tmp_0"
+datatype = "FP32"
+dims = [-1, -1, 6625]
+"#;
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("INFER_BUILD_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::root().join("target/real-models"))
+}
+
+fn script() -> PathBuf {
+    support::root().join("tests/it/real_models.py")
+}
+
+/// A `runtime.toml` in `dir` serving `onnx` with ONNX Runtime from `library`.
+fn config(dir: &Path, name: &str, tensors: &str, onnx: &Path, library: &Path) -> PathBuf {
+    let text = format!(
+        "[model]\nname = \"{name}\"\n{tensors}\n[batching]\nmax_batch_size = 4\nmax_queue_delay_us = 20000\n\n\
+         [engine]\nkind = \"onnxruntime\"\npath = \"{}\"\nlibrary = \"{}\"\nthreads = 1\n\n\
+         [server]\nhost = \"127.0.0.1\"\nport = 0\n",
+        onnx.display(),
+        library.display()
+    );
+    let path = dir.join(format!("{name}.runtime.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts infer-serve on `config` and waits for `ready`; returns the child, the address and
+/// the log lines seen.
+fn serve(config: &Path) -> (std::process::Child, String, Vec<serde_json::Value>) {
+    let mut child = Command::new(support::serve_test_binary())
+        .arg("--config")
+        .arg(config)
+        .env("INFER_GRPC_PORT", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut addr, mut seen, start) = (String::new(), Vec::new(), Instant::now());
+    for line in lines.map_while(Result::ok) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["msg"] == "listening" {
+            addr = v["addr"].as_str().unwrap_or_default().to_owned();
+        }
+        let ready = v["msg"] == "ready";
+        assert!(v["level"] != "error", "infer-serve failed to start: {line}");
+        seen.push(v);
+        if ready {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "not ready");
+    }
+    assert!(!addr.is_empty(), "infer-serve never became ready");
+    (child, addr, seen)
+}
+
+/// GET `path` from `addr`: the JSON body.
+fn get(addr: &str, path: &str) -> serde_json::Value {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"))
+}
+
+/// Runs infer-serve on `config` to its exit; returns the exit code and what it logged.
+fn run_to_exit(config: &Path) -> (Option<i32>, String) {
+    let o = Command::new(support::serve_test_binary())
+        .arg("--config")
+        .arg(config)
+        .env("INFER_GRPC_PORT", "0")
+        .output()
+        .unwrap();
+    (o.status.code(), format!("{}{}", stdout(&o), stderr(&o)))
+}
+
+fn fetch(py: &Path) -> (serde_json::Value, PathBuf, String) {
+    let o = Command::new(py)
+        .arg(script())
+        .arg("fetch")
+        .arg(cache_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "fetching the models: {}", stderr(&o));
+    let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = Command::new(py)
+        .arg(script())
+        .arg("fetch-ort")
+        .arg(cache_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "fetching onnxruntime: {}", stderr(&o));
+    let ort: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let lib = PathBuf::from(ort["library"].as_str().unwrap());
+    (models, lib, ort["version"].as_str().unwrap().to_owned())
+}
+
+fn have_python(test: &str) -> Option<PathBuf> {
+    let py = python();
+    let have = Command::new(&py)
+        .args(["-c", "import tritonclient.http, onnxruntime, numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have || std::env::consts::ARCH != "x86_64" {
+        eprintln!(
+            "skipping {test}: needs x86_64 and {} with tritonclient, onnxruntime and numpy",
+            py.display()
+        );
+        return None;
+    }
+    Some(py)
+}
+
+#[test]
+fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
+    let Some(py) = have_python("py_onnxruntime_serves_real_models_like_onnxruntime_in_python")
+    else {
+        return;
+    };
+    let (models, lib, version) = fetch(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &str, &[&[usize]]); 2] = [
+        (
+            "ocr-det",
+            "ocr-det",
+            DET,
+            &[
+                &[1, 3, 64, 96],
+                &[2, 3, 96, 64],
+                &[1, 3, 96, 96],
+                &[1, 3, 64, 96],
+            ],
+        ),
+        (
+            "ocr-rec",
+            "ocr-rec",
+            REC,
+            &[
+                &[1, 3, 48, 160],
+                &[2, 3, 48, 320],
+                &[1, 3, 48, 96],
+                &[3, 3, 48, 160],
+            ],
+        ),
+    ];
+    for (name, model, tensors, shapes) in cases {
+        let onnx = PathBuf::from(models[model].as_str().unwrap());
+        let cfg = config(dir.path(), name, tensors, &onnx, &lib);
+        let (mut child, addr, log) = serve(&cfg);
+        // The start-up log, the metadata and the config name the engine and the library.
+        assert!(
+            log.iter()
+                .any(|v| v["msg"] == "node" && v["onnxruntime"] == version.as_str()),
+            "{log:?}"
+        );
+        let meta = get(&addr, &format!("/v2/models/{name}"));
+        assert_eq!(meta["platform"], "onnxruntime_onnx", "{meta}");
+        let config = get(&addr, &format!("/v2/models/{name}/config"));
+        assert_eq!(config["backend"], "onnxruntime", "{config}");
+        assert_eq!(
+            config["parameters"]["onnxruntime"]["string_value"],
+            version.as_str(),
+            "{config}"
+        );
+        let cases: Vec<serde_json::Value> = shapes
+            .iter()
+            .map(|s| serde_json::json!({"input": "x", "shape": s}))
+            .collect();
+        let o = Command::new(&py)
+            .arg(script())
+            .arg("check")
+            .arg(&addr)
+            .arg(name)
+            .arg(&onnx)
+            .arg(serde_json::to_string(&cases).unwrap())
+            .output()
+            .unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(o.status.success(), "{name}: {}\n{}", stdout(&o), stderr(&o));
+        eprintln!("{}", stdout(&o).trim());
+    }
+
+    // An engine recorded for another ONNX Runtime minor is refused before anything loads.
+    let onnx = PathBuf::from(models["ocr-det"].as_str().unwrap());
+    let cfg = config(dir.path(), "ocr-det", DET, &onnx, &lib);
+    let meta = infer_spec::engine::EngineMeta {
+        schema: infer_spec::engine::META_SCHEMA,
+        kind: infer_spec::engine::EngineKind::Onnxruntime,
+        format: infer_spec::engine::EngineFormat::Onnx,
+        target: "cpu-fp32".into(),
+        precision: infer_spec::engine::Precision::Fp32,
+        shape_profile: vec![],
+        onnx_digest: format!("sha256:{}", "1".repeat(64)),
+        engine_digest: format!("sha256:{}", "2".repeat(64)),
+        engine_size: 1,
+        cache_key: "k".into(),
+        builder_version: "0.1.0".into(),
+        gpu: None,
+        cpu: Some(infer_spec::engine::CpuMeta {
+            arch: std::env::consts::ARCH.into(),
+            tract: "0.23.9".parse().unwrap(),
+            onnxruntime: Some("1.30.0".parse().unwrap()),
+            required_features: vec![],
+        }),
+    };
+    std::fs::write(dir.path().join("engine.json"), meta.to_canonical_json()).unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "threads = 1\n",
+        &format!(
+            "threads = 1\nmetadata = \"{}\"\n",
+            dir.path().join("engine.json").display()
+        ),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, out) = run_to_exit(&cfg);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(&format!(
+            "ONNX Runtime {version} differs from 1.30.0 in major.minor"
+        )),
+        "{out}"
+    );
+}
+
+/// Libraries that are not a usable ONNX Runtime: exit 1 with a message naming the path and
+/// what is wrong with it, never a crash.
+#[test]
+fn onnxruntime_unusable_library_exits_1_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = support::root().join("examples/mlp/mlp.onnx");
+    let mlp = "[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n\n\
+               [[outputs]]\nname = \"output\"\ndatatype = \"FP32\"\ndims = [-1, 10]\n";
+    let garbage = dir.path().join("libonnxruntime.so.1.31.0");
+    std::fs::write(&garbage, b"not a shared library\n").unwrap();
+    // A real shared library that is not ONNX Runtime: the C library this binary uses.
+    let libc = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib/aarch64-linux-gnu/libc.so.6",
+        "/lib64/libc.so.6",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists());
+    let mut cases = vec![
+        (dir.path().join("missing.so"), "does not exist"),
+        (garbage.clone(), "cannot load the ONNX Runtime library"),
+    ];
+    if let Some(libc) = libc {
+        cases.push((libc, "is not an ONNX Runtime library"));
+    }
+    for (lib, want) in cases {
+        let cfg = config(dir.path(), "mlp", mlp, &onnx, &lib);
+        let (code, out) = run_to_exit(&cfg);
+        assert_eq!(code, Some(1), "{}: {out}", lib.display());
+        assert!(
+            out.contains(want) && out.contains(&lib.display().to_string()),
+            "{}: want {want:?} in {out}",
+            lib.display()
+        );
+        assert!(out.contains("this node cannot run the engine"), "{out}");
+    }
+}

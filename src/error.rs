@@ -37,6 +37,8 @@ pub enum Error {
     Slim(#[from] crate::slim::Error),
     #[error(transparent)]
     Sbom(#[from] crate::sbom::Error),
+    #[error(transparent)]
+    Native(#[from] crate::native::Error),
     /// A usage error found by the CLI itself (conflicting flags and the like).
     #[error("{0}")]
     Usage(String),
@@ -58,6 +60,7 @@ impl Error {
             Error::Process(e) => e.is_bad_input(),
             Error::Slim(e) => e.is_bad_input(),
             Error::Sbom(e) => e.is_bad_input(),
+            Error::Native(e) => e.is_bad_input(),
             Error::Usage(_) => true,
         };
         if bad_input {

@@ -18,6 +18,7 @@ pub mod deploy;
 pub mod engine;
 pub mod error;
 pub mod matrix;
+pub mod native;
 pub mod oci;
 pub mod plan;
 pub mod process;

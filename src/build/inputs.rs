@@ -76,24 +76,63 @@ pub fn locate_runtime(
     env: Option<&str>,
     exe: Option<&Path>,
 ) -> Result<PathBuf, Error> {
+    locate(RuntimeFlavour::Static, flag, env, exe)
+}
+
+/// Which `infer-serve` build: the static one of FROM-scratch images, or the one dynamically
+/// linked against glibc that images with a native engine library carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeFlavour {
+    Static,
+    Dynamic,
+}
+
+impl RuntimeFlavour {
+    /// The command-line flag, the environment variable and the file name next to infer-build.
+    pub fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            RuntimeFlavour::Static => ("--runtime", "INFER_SERVE_BIN", "infer-serve"),
+            RuntimeFlavour::Dynamic => (
+                "--runtime-dynamic",
+                "INFER_SERVE_DYNAMIC_BIN",
+                "infer-serve-dynamic",
+            ),
+        }
+    }
+}
+
+/// Find the `flavour` runtime: its flag, else its environment variable, else its file next to
+/// the running executable.
+pub fn locate(
+    flavour: RuntimeFlavour,
+    flag: Option<&Path>,
+    env: Option<&str>,
+    exe: Option<&Path>,
+) -> Result<PathBuf, Error> {
+    let (flag_name, env_name, file) = flavour.names();
     let mut looked = Vec::new();
     if let Some(p) = flag {
         return Ok(p.to_path_buf());
     }
-    looked.push("--runtime".to_string());
+    looked.push(flag_name.to_string());
     if let Some(e) = env.filter(|e| !e.is_empty()) {
         return Ok(PathBuf::from(e));
     }
-    looked.push("$INFER_SERVE_BIN".into());
+    looked.push(format!("${env_name}"));
     if let Some(dir) = exe.and_then(Path::parent) {
-        let p = dir.join("infer-serve");
+        let p = dir.join(file);
         if p.is_file() {
             return Ok(p);
         }
         looked.push(p.display().to_string());
     }
-    Err(Error::NoRuntime {
-        looked: looked.join(", "),
+    Err(match flavour {
+        RuntimeFlavour::Static => Error::NoRuntime {
+            looked: looked.join(", "),
+        },
+        RuntimeFlavour::Dynamic => Error::NoDynamicRuntime {
+            looked: looked.join(", "),
+        },
     })
 }
 
@@ -257,6 +296,31 @@ mod tests {
         assert_eq!(
             locate_runtime(None, Some(""), Some(&exe)).unwrap(),
             d.path().join("infer-serve")
+        );
+    }
+
+    #[test]
+    fn dynamic_runtime_lookup_is_separate_from_the_static_one() {
+        let d = tempfile::tempdir().unwrap();
+        let exe = d.path().join("infer-build");
+        fs::write(d.path().join("infer-serve"), b"").unwrap();
+        let e = locate(RuntimeFlavour::Dynamic, None, None, Some(&exe)).unwrap_err();
+        assert!(matches!(e, Error::NoDynamicRuntime { .. }));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--runtime-dynamic")
+                && msg.contains("$INFER_SERVE_DYNAMIC_BIN")
+                && msg.contains("infer-serve-dynamic"),
+            "{msg}"
+        );
+        fs::write(d.path().join("infer-serve-dynamic"), b"").unwrap();
+        assert_eq!(
+            locate(RuntimeFlavour::Dynamic, None, None, Some(&exe)).unwrap(),
+            d.path().join("infer-serve-dynamic")
+        );
+        assert_eq!(
+            locate(RuntimeFlavour::Dynamic, None, Some("/d"), Some(&exe)).unwrap(),
+            PathBuf::from("/d")
         );
     }
 }

@@ -30,7 +30,7 @@ use crate::oci::store::{BlobStore, LayerRecord};
 use crate::oci::tar::Entry;
 use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREFIX, LAYER_RECIPE};
 
-pub use inputs::{check_runtime_binary, locate_runtime, safe_input};
+pub use inputs::{check_runtime_binary, locate, locate_runtime, safe_input, RuntimeFlavour};
 
 /// Where things live inside every image.
 pub mod paths {
@@ -77,6 +77,8 @@ pub enum Error {
     },
     #[error("no infer-serve binary found (looked at {looked})\nhint: build one with `scripts/build-runtime.sh` and pass --runtime FILE or set INFER_SERVE_BIN")]
     NoRuntime { looked: String },
+    #[error("no dynamically linked infer-serve found (looked at {looked}); images whose engine is ONNX Runtime need it\nhint: build one with `FLAVOUR=dynamic scripts/build-runtime.sh` and pass --runtime-dynamic FILE or set INFER_SERVE_DYNAMIC_BIN, or force the tract engine with `[engine] cpu = \"tract\"`")]
+    NoDynamicRuntime { looked: String },
     #[error("runtime binary `{path}` {why}\nhint: `scripts/build-runtime.sh` builds a statically linked infer-serve for scratch images")]
     BadRuntime { path: PathBuf, why: String },
     #[error("no targets to build")]

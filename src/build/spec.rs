@@ -224,6 +224,18 @@ pub struct Files {
     /// The model's input dimension names (see [`name_dims`]).
     pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
+    /// The native library the engine loads (ONNX Runtime): shipped as the runtime-libraries
+    /// layer and named by `runtime.toml`'s `engine.library`.
+    pub library: Option<LibraryFiles>,
+}
+
+/// A native library's files and the one the engine loads.
+#[derive(Debug, Clone)]
+pub struct LibraryFiles {
+    /// (file on disk, absolute path inside the image).
+    pub files: Vec<(PathBuf, String)>,
+    /// Absolute path inside the image of the library the engine loads.
+    pub load: String,
 }
 
 /// The spec of one target.
@@ -261,17 +273,36 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         }
         None => (
             Payload::Model { onnx: files.model },
-            EngineKind::TractOnnx,
+            // A model without an engine runs in ONNX Runtime when its library ships, else tract.
+            if files.library.is_some() {
+                EngineKind::OnnxRuntime
+            } else {
+                EngineKind::TractOnnx
+            },
             format!("/{}/model.onnx", paths::MODEL_DIR),
             None,
         ),
     };
+    // `runtime_config` checks the config it makes, and an onnxruntime engine is valid only
+    // with its library: it is made as the tract kind, then given both (checked again below).
+    let library = match (kind, &files.library) {
+        (EngineKind::OnnxRuntime, Some(l)) => Some(l.load.clone()),
+        _ => None,
+    };
     let mut rc = runtime_config(
         recipe,
-        kind,
+        if library.is_some() {
+            EngineKind::TractOnnx
+        } else {
+            kind
+        },
         &engine_path,
         metadata.as_ref().map(|(path, _)| path.as_str()),
     )?;
+    if library.is_some() {
+        rc.engine.kind = EngineKind::OnnxRuntime;
+        rc.engine.library = library;
+    }
     name_dims(&mut rc, &files.dim_names);
     let problems = rc.problems();
     if !problems.is_empty() {
@@ -305,7 +336,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         platform: platform(t),
         gpu: t.kind == TargetKind::Gpu,
         base: files.base,
-        runtime_libs: vec![],
+        runtime_libs: files
+            .library
+            .map(|l| {
+                l.files
+                    .into_iter()
+                    .map(|(src, dest)| (src, dest.trim_start_matches('/').to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         serve_bin: files.serve_bin,
         payload,
         runtime_toml: rc.to_toml_string().into_bytes(),

@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::oci::image::Platform;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
 use crate::plan::{TargetKind, TargetPlan};
+use crate::recipe::CpuEngine;
 use crate::registry::pull::{self, PullOptions, PulledImage};
 use crate::registry::{self, ClientOptions};
 
@@ -40,6 +41,10 @@ pub struct BuildArgs {
     /// The infer-serve binary to ship (else $INFER_SERVE_BIN, else next to infer-build).
     #[arg(long, value_name = "FILE")]
     pub runtime: Option<PathBuf>,
+    /// The dynamically linked infer-serve for images whose engine is ONNX Runtime (else
+    /// $INFER_SERVE_DYNAMIC_BIN, else `infer-serve-dynamic` next to infer-build).
+    #[arg(long, value_name = "FILE")]
+    pub runtime_dynamic: Option<PathBuf>,
     /// OCI layout holding the base image of GPU targets (default: pull each target's base into
     /// the shared base cache, pinned in the recipe's lock file).
     #[arg(long, value_name = "DIR")]
@@ -254,9 +259,17 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         }
     }
 
+    // Each runtime flavour is looked for only when a target needs it.
     let exe = std::env::current_exe().ok();
-    let env = std::env::var("INFER_SERVE_BIN").ok();
-    let serve = build::locate_runtime(args.runtime.as_deref(), env.as_deref(), exe.as_deref())?;
+    let runtime = |flavour: build::RuntimeFlavour| {
+        let (_, env_name, _) = flavour.names();
+        let env = std::env::var(env_name).ok();
+        let flag = match flavour {
+            build::RuntimeFlavour::Static => args.runtime.as_deref(),
+            build::RuntimeFlavour::Dynamic => args.runtime_dynamic.as_deref(),
+        };
+        build::locate(flavour, flag, env.as_deref(), exe.as_deref())
+    };
     let (model, _) = build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
     // The model's dimension names, for the runtime's check that inputs sharing a variable
     // dimension agree, and its outputs when the recipe leaves them to the model; a model that
@@ -286,11 +299,30 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         None => None,
     };
 
-    let mut bases = Bases::new(args, lock_path);
+    let mut bases = Bases::new(args, lock_path.clone());
     let mut specs = Vec::new();
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = build::spec::platform(t);
+        if let Some(cpu) = t
+            .cpu
+            .as_ref()
+            .filter(|c| c.engine == CpuEngine::OnnxRuntime)
+        {
+            let files =
+                onnxruntime_files(args, &matrix, &lock_path, &mut bases, t, cpu, &platform)?;
+            let files = build::spec::Files {
+                serve_bin: runtime(build::RuntimeFlavour::Dynamic)?,
+                model: model.clone(),
+                warmup_samples: samples.clone(),
+                dim_names: dim_names.clone(),
+                ..files
+            };
+            build::check_runtime_binary(&files.serve_bin, &platform.architecture, false)?;
+            specs.push(build::spec::target_spec(&recipe, t, files)?);
+            continue;
+        }
+        let serve = runtime(build::RuntimeFlavour::Static)?;
         build::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
         let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
         let (engine, engine_profile) = match engine {
@@ -314,6 +346,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             warmup_samples: samples.clone(),
             dim_names: dim_names.clone(),
             base,
+            library: None,
         };
         specs.push(build::spec::target_spec(&recipe, t, files)?);
     }
@@ -321,6 +354,69 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     meta.revision = nonempty(args.revision.as_deref());
     meta.source = nonempty(args.source.as_deref());
     Ok((meta, specs, bases.pulled.into_values().collect(), model))
+}
+
+/// What an ONNX Runtime image of target `t` is made of besides the model: the glibc base
+/// (pulled into the base cache, pinned in the lock file) and the library from the pinned wheel
+/// (fetched into the library cache, pinned in the lock file). The runtime and the model are
+/// filled in by the caller.
+fn onnxruntime_files(
+    args: &BuildArgs,
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    bases: &mut Bases<'_>,
+    t: &TargetPlan,
+    cpu: &crate::plan::CpuPlan,
+    platform: &Platform,
+) -> Result<build::spec::Files, Error> {
+    let Some(pin) = &cpu.glibc_base else {
+        return Err(Error::Usage(format!(
+            "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
+            t.id
+        )));
+    };
+    let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
+    let row = crate::native::resolve(
+        matrix,
+        "onnxruntime",
+        t.platform,
+        lock.as_ref().map(|l| (lock_path, l)),
+        args.update_lock,
+    )?;
+    let cache = crate::native::default_cache_dir().ok_or_else(|| {
+        Error::Usage(format!(
+            "target {}: no cache directory for the ONNX Runtime library: set \
+             INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME",
+            t.id
+        ))
+    })?;
+    let lib = crate::native::ensure(row, &cache, &crate::native::fetch::Options::default())?;
+    crate::native::record(lock_path, row)?;
+    if lib.offline {
+        eprintln!(
+            "library {} {} (from the library cache)",
+            row.name, row.version
+        );
+    } else {
+        eprintln!(
+            "library {} {} (downloaded {} bytes, sha256 {} verified)",
+            row.name, row.version, lib.bytes_downloaded, row.sha256
+        );
+    }
+    let base = bases.get_pin(t, pin, platform)?;
+    Ok(build::spec::Files {
+        serve_bin: PathBuf::new(),
+        model: PathBuf::new(),
+        engine: None,
+        engine_profile: None,
+        warmup_samples: None,
+        dim_names: Vec::new(),
+        base: Some(base),
+        library: Some(build::spec::LibraryFiles {
+            files: lib.files.clone(),
+            load: row.load_path(),
+        }),
+    })
 }
 
 /// The outputs the ONNX file declares, as recipe tensors (batch first, `-1` where the file has
@@ -366,7 +462,17 @@ impl<'a> Bases<'a> {
     }
 
     fn get(&mut self, t: &TargetPlan, platform: &Platform) -> Result<build::BaseRef, Error> {
-        let Some((reference, pinned_by_lock)) = pull::base_request(&t.base) else {
+        self.get_pin(t, &t.base, platform)
+    }
+
+    /// Pull `pin` (the target's base, or the glibc base of its ONNX Runtime image).
+    fn get_pin(
+        &mut self,
+        t: &TargetPlan,
+        pin: &crate::plan::ImagePin,
+        platform: &Platform,
+    ) -> Result<build::BaseRef, Error> {
+        let Some((reference, pinned_by_lock)) = pull::base_request(pin) else {
             return Err(build::Error::NeedBaseLayout {
                 target: t.id.clone(),
             }

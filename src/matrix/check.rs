@@ -72,6 +72,69 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
         );
     }
 
+    for l in &m.libraries {
+        let what = format!("library {} {} ({})", l.name, l.version, l.platform);
+        check_sources(&mut out, &l.origin, &what, &l.source);
+        if !crate::plan::lock::is_digest(&format!("sha256:{}", l.sha256)) {
+            out.push(problem(
+                &l.origin,
+                "sha256",
+                format!("{what}: sha256 must be 64 lowercase hex digits"),
+            ));
+        }
+        // Wheels come from the registry's file host over TLS, nowhere else.
+        if !l.url.starts_with("https://files.pythonhosted.org/") || !l.url.ends_with(".whl") {
+            out.push(problem(
+                &l.origin,
+                "url",
+                format!("{what}: url must be a wheel on https://files.pythonhosted.org/"),
+            ));
+        }
+        if !l.files.contains(&l.load) {
+            out.push(problem(
+                &l.origin,
+                "load",
+                format!("{what}: load \"{}\" is not one of files", l.load),
+            ));
+        }
+        let bad_member = |f: &String| {
+            f.is_empty()
+                || f.starts_with('/')
+                || f.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        };
+        if l.files.is_empty() || l.files.iter().any(bad_member) {
+            out.push(problem(
+                &l.origin,
+                "files",
+                format!("{what}: files must name wheel members by relative path"),
+            ));
+        }
+        if !l.install_dir.starts_with('/')
+            || l.install_dir
+                .split('/')
+                .skip(1)
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            out.push(problem(
+                &l.origin,
+                "install_dir",
+                format!("{what}: install_dir must be an absolute, normal path"),
+            ));
+        }
+        if m.libraries
+            .iter()
+            .filter(|o| o.name == l.name && o.platform == l.platform)
+            .count()
+            > 1
+        {
+            out.push(problem(
+                &l.origin,
+                "name",
+                format!("{what}: one row per library and platform"),
+            ));
+        }
+    }
+
     // Unique keys.
     let mut seen = BTreeMap::new();
     for r in &m.releases {
@@ -222,6 +285,7 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
 
     // Base images: what they provide exists in the other tables.
     let mut cpu_defaults = 0;
+    let mut glibc_defaults = 0;
     for i in &m.images {
         if let Some(d) = &i.digest {
             let ok = d.strip_prefix("sha256:").is_some_and(|h| {
@@ -321,13 +385,19 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
                     ),
                 ));
             }
-            ImageRole::Cpu if i.default => cpu_defaults += 1,
+            // One default per CPU flavour: the static (no glibc) and the glibc one.
+            ImageRole::Cpu if i.default && i.glibc.is_none() => cpu_defaults += 1,
+            ImageRole::Cpu if i.default => glibc_defaults += 1,
             _ => {}
         }
     }
     if cpu_defaults != 1 {
         let origin = m.images.first().and_then(|i| i.origin.clone());
-        out.push(problem(&origin, "default", format!("exactly one image with role = \"cpu\" must have default = true (found {cpu_defaults})")));
+        out.push(problem(&origin, "default", format!("exactly one image with role = \"cpu\" and no glibc must have default = true (found {cpu_defaults})")));
+    }
+    if glibc_defaults > 1 {
+        let origin = m.images.first().and_then(|i| i.origin.clone());
+        out.push(problem(&origin, "default", format!("at most one image with role = \"cpu\" and a glibc may have default = true (found {glibc_defaults})")));
     }
     out
 }

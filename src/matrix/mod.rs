@@ -24,6 +24,9 @@ pub const TENSORRT_FILE: &str = "matrix/tensorrt.toml";
 pub const CUDA_FILE: &str = "matrix/cuda.toml";
 pub const GPUS_FILE: &str = "matrix/gpus.toml";
 pub const IMAGES_FILE: &str = "base-images/images.toml";
+/// Native runtime libraries taken from pinned wheels. Optional in a `--matrix DIR` (absent: no
+/// library rows, so no engine that needs one is offered).
+pub const LIBRARIES_FILE: &str = "matrix/runtime-libraries.toml";
 
 const EMBEDDED: [(&str, &str); 4] = [
     (TENSORRT_FILE, include_str!("../../matrix/tensorrt.toml")),
@@ -31,6 +34,7 @@ const EMBEDDED: [(&str, &str); 4] = [
     (GPUS_FILE, include_str!("../../matrix/gpus.toml")),
     (IMAGES_FILE, include_str!("../../base-images/images.toml")),
 ];
+const EMBEDDED_LIBRARIES: &str = include_str!("../../matrix/runtime-libraries.toml");
 
 /// Where a piece of data came from: file (as shown to users) and 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -354,6 +358,51 @@ impl BaseImage {
     }
 }
 
+/// One native runtime library taken from a wheel on the Python package registry
+/// (`matrix/runtime-libraries.toml`, `[[library]]`): the wheel is pinned by its file URL and
+/// sha256, and only the named members are extracted, into `install_dir` of the image.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeLibrary {
+    /// What needs it (`onnxruntime`, `tensorrt-lean`): an engine asks for its library by name.
+    pub name: String,
+    /// The library's own version (what the engine checks at start).
+    pub version: Version,
+    pub platform: Platform,
+    /// The wheel's project on the Python package registry.
+    pub package: String,
+    /// `https://files.pythonhosted.org/packages/…/<file>.whl`.
+    pub url: String,
+    /// The wheel file's sha256, 64 lowercase hex digits (as PyPI's JSON API gives it).
+    pub sha256: String,
+    /// The wheel file's size in bytes.
+    pub size: u64,
+    /// Wheel members to extract (`onnxruntime/capi/libonnxruntime.so.1.23.2`); each lands in
+    /// `install_dir` under its base name.
+    pub files: Vec<String>,
+    /// The member the engine loads (one of `files`).
+    pub load: String,
+    /// Absolute directory inside the image (`/opt/onnxruntime/lib`).
+    pub install_dir: String,
+    /// Minimum glibc of the image (the wheel's manylinux tag).
+    #[serde(default)]
+    pub glibc_min: Option<Version>,
+    pub source: Vec<String>,
+    pub confirmed: bool,
+    #[serde(default)]
+    pub notes: Option<String>,
+    #[serde(skip)]
+    pub origin: Option<Origin>,
+}
+
+impl RuntimeLibrary {
+    /// The path inside the image of the library the engine loads.
+    pub fn load_path(&self) -> String {
+        let base = self.load.rsplit('/').next().unwrap_or(&self.load);
+        format!("{}/{base}", self.install_dir.trim_end_matches('/'))
+    }
+}
+
 /// The whole compatibility matrix.
 #[derive(Debug, Clone)]
 pub struct Matrix {
@@ -364,6 +413,8 @@ pub struct Matrix {
     pub toolkits: Vec<Toolkit>,
     pub gpus: Vec<Gpu>,
     pub images: Vec<BaseImage>,
+    /// Native runtime libraries from pinned wheels.
+    pub libraries: Vec<RuntimeLibrary>,
     /// Where the data came from: `embedded` or the `--matrix` directory.
     pub origin: String,
 }
@@ -385,6 +436,13 @@ struct CudaFile {
 #[serde(deny_unknown_fields)]
 struct GpusFile {
     gpu: Vec<toml::Spanned<Gpu>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LibrariesFile {
+    #[serde(default)]
+    library: Vec<toml::Spanned<RuntimeLibrary>>,
 }
 
 #[derive(Deserialize)]
@@ -463,6 +521,8 @@ pub struct Sources<'a> {
     pub cuda: &'a str,
     pub gpus: &'a str,
     pub images: &'a str,
+    /// `matrix/runtime-libraries.toml` (empty text: no rows).
+    pub libraries: &'a str,
     /// Prefix shown before file names in messages (the `--matrix` directory), or empty.
     pub root: String,
 }
@@ -475,6 +535,7 @@ impl Matrix {
             cuda: EMBEDDED[1].1,
             gpus: EMBEDDED[2].1,
             images: EMBEDDED[3].1,
+            libraries: EMBEDDED_LIBRARIES,
             root: String::new(),
         })
     }
@@ -488,11 +549,12 @@ impl Matrix {
                 format!("{}/{}", src.root.trim_end_matches('/'), f)
             }
         };
-        let (trt_name, cuda_name, gpus_name, images_name) = (
+        let (trt_name, cuda_name, gpus_name, images_name, libs_name) = (
             name(TENSORRT_FILE),
             name(CUDA_FILE),
             name(GPUS_FILE),
             name(IMAGES_FILE),
+            name(LIBRARIES_FILE),
         );
         let mut problems = Vec::new();
 
@@ -501,7 +563,10 @@ impl Matrix {
         let gpus = parse_file::<GpusFile>(&gpus_name, src.gpus).map_err(|p| problems.push(p));
         let images =
             parse_file::<ImagesFile>(&images_name, src.images).map_err(|p| problems.push(p));
-        let (Ok(trt), Ok(cuda), Ok(gpus), Ok(images)) = (trt, cuda, gpus, images) else {
+        let libs =
+            parse_file::<LibrariesFile>(&libs_name, src.libraries).map_err(|p| problems.push(p));
+        let (Ok(trt), Ok(cuda), Ok(gpus), Ok(images), Ok(libs)) = (trt, cuda, gpus, images, libs)
+        else {
             return Err(Error::Invalid { problems });
         };
 
@@ -516,6 +581,9 @@ impl Matrix {
         let images = unspan(&images_name, src.images, images.image, |r, o| {
             r.origin = Some(o)
         });
+        let libraries = unspan(&libs_name, src.libraries, libs.library, |r, o| {
+            r.origin = Some(o)
+        });
         // Newest first: resolution walks these in order and takes the first that fits.
         releases.sort_by(|a, b| b.version.cmp(&a.version));
         toolkits.sort_by(|a, b| b.version.cmp(&a.version));
@@ -526,6 +594,7 @@ impl Matrix {
             toolkits,
             gpus,
             images,
+            libraries,
             origin: if src.root.is_empty() {
                 "embedded".into()
             } else {
@@ -584,6 +653,20 @@ impl Matrix {
         self.toolkits.iter().find(|t| &t.version == version)
     }
 
+    /// The library row `name` for `platform`.
+    pub fn library(&self, name: &str, platform: Platform) -> Option<&RuntimeLibrary> {
+        self.libraries
+            .iter()
+            .find(|l| l.name == name && l.platform == platform)
+    }
+
+    /// The default glibc-based CPU base image (for engines that need a dynamic runtime).
+    pub fn glibc_cpu_base(&self) -> Option<&BaseImage> {
+        self.images
+            .iter()
+            .find(|i| i.role == ImageRole::Cpu && i.default && i.glibc.is_some())
+    }
+
     /// The image row with this reference.
     pub fn image(&self, reference: &str) -> Option<&BaseImage> {
         self.images.iter().find(|i| i.reference == reference)
@@ -626,11 +709,19 @@ pub fn load_dir(dir: &Path) -> Result<Matrix, Error> {
         read(GPUS_FILE)?,
         read(IMAGES_FILE)?,
     );
+    let libraries = match read(LIBRARIES_FILE) {
+        Ok(t) => t,
+        Err(Error::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            String::new()
+        }
+        Err(e) => return Err(e),
+    };
     Matrix::from_sources(&Sources {
         tensorrt: &tensorrt,
         cuda: &cuda,
         gpus: &gpus,
         images: &images,
+        libraries: &libraries,
         root: dir.display().to_string(),
     })
 }
@@ -646,6 +737,11 @@ pub fn load(dir: Option<&Path>) -> Result<Matrix, Error> {
 /// The embedded data files' texts, for tests and for writing a starting `--matrix` copy.
 pub fn embedded_files() -> &'static [(&'static str, &'static str); 4] {
     &EMBEDDED
+}
+
+/// The embedded `matrix/runtime-libraries.toml`.
+pub fn embedded_libraries() -> &'static str {
+    EMBEDDED_LIBRARIES
 }
 
 #[cfg(test)]

@@ -21,6 +21,11 @@ fn with_file(file: &str, text: &str) -> Result<Matrix, Error> {
         cuda: get(CUDA_FILE),
         gpus: get(GPUS_FILE),
         images: get(IMAGES_FILE),
+        libraries: if file == LIBRARIES_FILE {
+            text
+        } else {
+            EMBEDDED_LIBRARIES
+        },
         root: String::new(),
     })
 }
@@ -239,4 +244,27 @@ fn line_and_column_count_from_one() {
     assert_eq!(line_col("a\nbc\n", 0), (1, 1));
     assert_eq!(line_col("a\nbc\n", 3), (2, 2));
     assert_eq!(line_col("a\nbc\n", 99), (3, 1));
+}
+
+#[test]
+fn library_rows_are_checked() {
+    let good = EMBEDDED_LIBRARIES;
+    let m = with_file(LIBRARIES_FILE, good).unwrap();
+    let ort = m.library("onnxruntime", Platform::X86_64).unwrap();
+    assert!(ort.url.starts_with("https://files.pythonhosted.org/"));
+    assert!(ort.files.contains(&ort.load));
+    assert!(ort
+        .load_path()
+        .starts_with("/opt/onnxruntime/lib/libonnxruntime.so"));
+    let bad = good.replacen("sha256 = \"", "sha256 = \"XX", 1).replacen(
+        "url = \"https://files.pythonhosted.org/",
+        "url = \"http://example.com/",
+        1,
+    );
+    let p = problems(with_file(LIBRARIES_FILE, &bad));
+    assert!(p.iter().any(|p| p.contains("key `sha256`")), "{p:?}");
+    assert!(p.iter().any(|p| p.contains("key `url`")), "{p:?}");
+    // Absent from a --matrix DIR: no rows.
+    let m = with_file(LIBRARIES_FILE, "").unwrap();
+    assert!(m.libraries.is_empty());
 }

@@ -1,5 +1,7 @@
 //! The lock file beside a recipe (`resnet50.toml` → `resnet50.lock`): the digest each base
-//! image resolved to at its first pull, so later builds pull exactly the same bytes.
+//! image resolved to at its first pull, so later builds pull exactly the same bytes, and the
+//! wheel each native runtime library was taken from (`[[library]]`: URL and sha256), so a
+//! newer infer-build does not move it silently.
 //!
 //! ```toml
 //! # infer-build lock file: base image digests recorded at first pull. Commit it with the recipe.
@@ -8,6 +10,13 @@
 //! [[image]]
 //! reference = "docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04"
 //! digest = "sha256:…"
+//!
+//! [[library]]
+//! name = "onnxruntime"
+//! platform = "x86_64"
+//! version = "…"
+//! url = "https://files.pythonhosted.org/packages/…/onnxruntime-….whl"
+//! sha256 = "…"
 //! ```
 //!
 //! The plan reads it ([`parse`]/[`read`]); the registry step writes it after pulling
@@ -26,6 +35,20 @@ pub const VERSION: u32 = 1;
 pub struct Lock {
     /// Sorted by reference, one entry per reference.
     pub images: Vec<LockedImage>,
+    /// Sorted by (name, platform), one entry per pair.
+    pub libraries: Vec<LockedLibrary>,
+}
+
+/// One native runtime library and the wheel it was taken from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedLibrary {
+    pub name: String,
+    pub platform: String,
+    pub version: String,
+    pub url: String,
+    /// The wheel's sha256, hex.
+    pub sha256: String,
 }
 
 /// One base image and the digest it resolved to.
@@ -60,6 +83,8 @@ struct Raw {
     version: u32,
     #[serde(default)]
     image: Vec<toml::Spanned<LockedImage>>,
+    #[serde(default)]
+    library: Vec<toml::Spanned<LockedLibrary>>,
 }
 
 /// The lock file of `recipe`: the same path with the extension `.lock`.
@@ -83,6 +108,23 @@ impl Lock {
             .iter()
             .find(|i| i.reference == reference)
             .map(|i| i.digest.as_str())
+    }
+
+    /// The pinned wheel of library `name` on `platform`.
+    pub fn library(&self, name: &str, platform: &str) -> Option<&LockedLibrary> {
+        self.libraries
+            .iter()
+            .find(|l| l.name == name && l.platform == platform)
+    }
+
+    /// Record (or replace) a library pin, keeping the entries sorted.
+    pub fn set_library(&mut self, lib: LockedLibrary) {
+        match self.libraries.binary_search_by(|l| {
+            (l.name.as_str(), l.platform.as_str()).cmp(&(lib.name.as_str(), lib.platform.as_str()))
+        }) {
+            Ok(i) => self.libraries[i] = lib,
+            Err(i) => self.libraries.insert(i, lib),
+        }
     }
 
     /// Record (or replace) the digest of `reference`, keeping the entries sorted.
@@ -150,6 +192,26 @@ pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
         }
         lock.set(&img.reference, &img.digest);
     }
+    for s in raw.library {
+        let at = s.span().start;
+        let lib = s.into_inner();
+        if !is_digest(&format!("sha256:{}", lib.sha256)) {
+            return Err(invalid(
+                at,
+                format!(
+                    "library {}: sha256 \"{}\" is not 64 lowercase hex digits",
+                    lib.name, lib.sha256
+                ),
+            ));
+        }
+        if lock.library(&lib.name, &lib.platform).is_some() {
+            return Err(invalid(
+                at,
+                format!("library {} ({}) is listed twice", lib.name, lib.platform),
+            ));
+        }
+        lock.set_library(lib);
+    }
     Ok(lock)
 }
 
@@ -166,6 +228,20 @@ pub fn render(lock: &Lock) -> String {
         s.push_str("\n[[image]]\n");
         s.push_str(&format!("reference = {}\n", toml_string(&i.reference)));
         s.push_str(&format!("digest = {}\n", toml_string(&i.digest)));
+    }
+    let mut libs = lock.libraries.clone();
+    libs.sort_by(|a, b| (&a.name, &a.platform).cmp(&(&b.name, &b.platform)));
+    for l in &libs {
+        s.push_str("\n[[library]]\n");
+        for (k, v) in [
+            ("name", &l.name),
+            ("platform", &l.platform),
+            ("version", &l.version),
+            ("url", &l.url),
+            ("sha256", &l.sha256),
+        ] {
+            s.push_str(&format!("{k} = {}\n", toml_string(v)));
+        }
     }
     s
 }
@@ -243,6 +319,34 @@ mod tests {
         );
         check("version = 1\nextra = 3\n", "r.lock:2:1");
         check(&format!("version = 1\n[[image]]\nreference = \"a\"\ndigest = \"{D1}\"\n[[image]]\nreference = \"a\"\ndigest = \"{D1}\"\n"), "listed twice");
+    }
+
+    #[test]
+    fn libraries_round_trip_after_images() {
+        let mut lock = Lock::default();
+        lock.set("a/image:1", D1);
+        let lib = |p: &str| LockedLibrary {
+            name: "onnxruntime".into(),
+            platform: p.into(),
+            version: "1.2.3".into(),
+            url: "https://files.pythonhosted.org/packages/x/o.whl".into(),
+            sha256: "b".repeat(64),
+        };
+        lock.set_library(lib("x86_64"));
+        lock.set_library(lib("sbsa"));
+        lock.set_library(lib("x86_64"));
+        assert_eq!(lock.libraries.len(), 2);
+        let text = render(&lock);
+        assert!(text.contains("\n[[library]]\nname = \"onnxruntime\"\nplatform = \"sbsa\"\n"));
+        let back = parse(&text, Path::new("r.lock")).unwrap();
+        assert_eq!(back, lock);
+        assert_eq!(back.library("onnxruntime", "x86_64"), Some(&lib("x86_64")));
+        let bad = text.replace(&"b".repeat(64), "xyz");
+        let e = parse(&bad, Path::new("r.lock")).unwrap_err().to_string();
+        assert!(
+            e.contains("r.lock:") && e.contains("library onnxruntime: sha256"),
+            "{e}"
+        );
     }
 
     #[test]

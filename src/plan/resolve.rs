@@ -13,7 +13,7 @@ use crate::matrix::{
     self, BaseImage, Cc, HwCompat, ImageRole, Matrix, Platform, Precision, PrecisionApi, Release,
     Version,
 };
-use crate::recipe::{self, Diagnostic, HardwareCompatibility, Located, Recipe};
+use crate::recipe::{self, CpuEngine, Diagnostic, HardwareCompatibility, Located, Recipe};
 
 use super::lock::{self, Lock};
 use super::types::*;
@@ -310,6 +310,7 @@ pub fn resolve(
                 }
             }
         };
+        let cpu = cpu_plan(recipe, matrix, lock, override_row, &mut refusals);
         targets.push(TargetPlan {
             id: "cpu-fp32".into(),
             kind: TargetKind::Cpu,
@@ -322,6 +323,7 @@ pub fn resolve(
             cudnn: None,
             driver_floor: None,
             builder: None,
+            cpu: Some(cpu),
             base,
             tag: String::new(),
             image: String::new(),
@@ -983,8 +985,67 @@ fn gpu_target(
         driver_floor,
         base,
         builder,
+        cpu: None,
         tag: String::new(),
         image: String::new(),
         notes,
     }
+}
+
+/// The CPU target's engine choice and what an ONNX Runtime image would need: the default glibc
+/// base (or the recipe's CPU base when it has a glibc) and the library row. A recipe forcing
+/// ONNX Runtime where the matrix has no glibc base or no library is refused at `engine.cpu`.
+fn cpu_plan(
+    recipe: &Recipe,
+    matrix: &Matrix,
+    lock: Option<&Lock>,
+    override_row: Option<&BaseImage>,
+    refusals: &mut Vec<Diagnostic>,
+) -> CpuPlan {
+    let engine = recipe.engine.cpu.value;
+    let platform = Platform::X86_64;
+    let glibc_row = override_row
+        .filter(|r| r.role == ImageRole::Cpu && r.glibc.is_some())
+        .or_else(|| matrix.glibc_cpu_base());
+    let library = matrix.library("onnxruntime", platform);
+    let mut plan = CpuPlan {
+        engine,
+        glibc_base: None,
+        onnxruntime: None,
+    };
+    if engine == CpuEngine::Tract {
+        return plan;
+    }
+    plan.glibc_base = glibc_row.map(|r| pin_image(&r.reference, r.digest.as_deref(), lock));
+    plan.onnxruntime = library.map(|l| LibraryPin {
+        name: l.name.clone(),
+        version: l.version.clone(),
+        sha256: l.sha256.clone(),
+        path: l.load_path(),
+    });
+    if let (Some(b), Some(l)) = (glibc_row, library) {
+        if let (Some(have), Some(need)) = (&b.glibc, &l.glibc_min) {
+            if have < need {
+                plan.glibc_base = None;
+            }
+        }
+    }
+    if engine == CpuEngine::OnnxRuntime {
+        let at = &recipe.engine.cpu;
+        if plan.glibc_base.is_none() {
+            refusals.push(diag(&recipe.file, at, Refusal {
+                rule: "cpu-glibc-base",
+                message: format!("ONNX Runtime {} needs a glibc base image with glibc {} or newer, and the compatibility matrix has none for the CPU target", library.map_or("-".into(), |l| l.version.to_string()), library.and_then(|l| l.glibc_min.as_ref()).map_or("-".into(), |v| v.to_string())),
+                hint: "add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or use engine.cpu = \"tract\"".into(),
+            }));
+        }
+        if plan.onnxruntime.is_none() {
+            refusals.push(diag(&recipe.file, at, Refusal {
+                rule: "cpu-library",
+                message: format!("the compatibility matrix has no onnxruntime library for {platform}"),
+                hint: "add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or use engine.cpu = \"tract\"".into(),
+            }));
+        }
+    }
+    plan
 }

@@ -38,7 +38,11 @@ impl BuildPlan {
         let mut v: Vec<&ImagePin> = self
             .targets
             .iter()
-            .flat_map(|t| std::iter::once(&t.base).chain(t.builder.as_ref()))
+            .flat_map(|t| {
+                std::iter::once(&t.base)
+                    .chain(t.builder.as_ref())
+                    .chain(t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()))
+            })
             .filter(|p| p.needs_lock())
             .collect();
         v.sort_by(|a, b| a.reference.cmp(&b.reference));
@@ -81,12 +85,46 @@ pub struct TargetPlan {
     pub base: ImagePin,
     /// GPU targets: an image holding trtexec of exactly this TensorRT, when the matrix knows one.
     pub builder: Option<ImagePin>,
+    /// The CPU target: which engines it may ship and what an ONNX Runtime image needs.
+    pub cpu: Option<CpuPlan>,
     /// The rendered tag (valid OCI tag, at most 128 characters).
     pub tag: String,
     /// `repository:tag`.
     pub image: String,
     /// Things worth knowing about this target (sanitized tag, unconfirmed data, …).
     pub notes: Vec<String>,
+}
+
+/// The CPU side of a target: tract ships on `base` (static runtime, FROM scratch by default);
+/// ONNX Runtime on `glibc_base` with the dynamic runtime and its library from a pinned wheel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuPlan {
+    /// `engine.cpu` of the recipe: `auto` measures both at build time.
+    pub engine: crate::recipe::CpuEngine,
+    /// The base of an ONNX Runtime image; `None` when the matrix has none (then only tract).
+    pub glibc_base: Option<ImagePin>,
+    /// The ONNX Runtime library from the matrix; `None` when it has no row for the platform.
+    pub onnxruntime: Option<LibraryPin>,
+}
+
+impl CpuPlan {
+    /// True when ONNX Runtime is a candidate (forced, or `auto` with base and library known).
+    pub fn onnxruntime_possible(&self) -> bool {
+        self.engine != crate::recipe::CpuEngine::Tract
+            && self.glibc_base.is_some()
+            && self.onnxruntime.is_some()
+    }
+}
+
+/// A native library from a pinned wheel (`matrix/runtime-libraries.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LibraryPin {
+    pub name: String,
+    pub version: Version,
+    /// The wheel's sha256 (hex).
+    pub sha256: String,
+    /// Where the library is loaded from inside the image.
+    pub path: String,
 }
 
 /// The GPU side of a target.

@@ -26,6 +26,47 @@ pub struct Recipe {
     pub warmup: Warmup,
     pub image: Image,
     pub deploy: Deploy,
+    /// `[engine]`: which engine the CPU target ships.
+    pub engine: Engine,
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engine {
+    /// `engine.cpu`: the CPU target's engine (default `auto`; span: the table, or the start
+    /// when there is none).
+    pub cpu: Located<CpuEngine>,
+}
+
+/// `engine.cpu`: which engine the CPU target ships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuEngine {
+    /// Load the model in both, check they agree, ship the faster one that loads.
+    Auto,
+    /// tract (FROM scratch image, static runtime).
+    Tract,
+    /// ONNX Runtime (glibc base, dynamic runtime, the library from a pinned wheel).
+    OnnxRuntime,
+}
+
+impl CpuEngine {
+    pub fn parse(s: &str) -> Option<CpuEngine> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(CpuEngine::Auto),
+            "tract" => Some(CpuEngine::Tract),
+            "onnxruntime" | "ort" | "onnx-runtime" => Some(CpuEngine::OnnxRuntime),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuEngine::Auto => "auto",
+            CpuEngine::Tract => "tract",
+            CpuEngine::OnnxRuntime => "onnxruntime",
+        }
+    }
 }
 
 impl Recipe {

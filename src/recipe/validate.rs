@@ -35,8 +35,9 @@ pub(crate) enum FileKind {
 }
 
 const ROOT_KEYS: [&str; 8] = [
-    "model", "targets", "int8", "accuracy", "batching", "warmup", "image", "deploy",
+    "model", "targets", "engine", "int8", "accuracy", "batching", "warmup", "image", "deploy",
 ];
+const ENGINE_KEYS: [&str; 1] = ["cpu"];
 const MODEL_KEYS: [&str; 6] = [
     "name",
     "version",
@@ -142,6 +143,8 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let image = image(cx, image_table.as_ref(), model_name, &targets);
     let deploy_table = cx.table(&root, "deploy");
     let deploy = deploy(cx, deploy_table.as_ref(), &batching);
+    let engine_table = cx.table(&root, "engine");
+    let engine = engine(cx, engine_table.as_ref());
 
     let recipe = match (cx.diagnostics.is_empty(), model) {
         (true, Some(model)) => Some(Recipe {
@@ -155,10 +158,36 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             warmup,
             image,
             deploy,
+            engine,
         }),
         _ => None,
     };
     Outcome { recipe, files }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [engine]
+
+fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
+    let mut out = Engine {
+        cpu: Located::new(CpuEngine::Auto, span_or(t), "engine.cpu"),
+    };
+    let Some(t) = t else {
+        return out;
+    };
+    cx.unknown_keys(t, &ENGINE_KEYS);
+    if let Some(v) = cx.string(t, "cpu") {
+        match CpuEngine::parse(&v.value) {
+            Some(e) => out.cpu = Located::new(e, v.span, v.key.clone()),
+            None => cx.error_hint(
+                v.span,
+                &v.key,
+                format!("unknown CPU engine {:?}", v.value),
+                "engines: \"auto\" (measure both, ship the faster), \"tract\", \"onnxruntime\"",
+            ),
+        }
+    }
+    out
 }
 
 /// A located value's span, or the table's (where a defaulted key would be written).

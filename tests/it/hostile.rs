@@ -645,6 +645,7 @@ fn warmup_samples_are_shared_by_every_target() {
             warmup_samples: Some(samples.clone()),
             dim_names: Vec::new(),
             base: None,
+            library: None,
         };
         let spec = build::spec::target_spec(&recipe, t, files).unwrap();
         let shipped = spec

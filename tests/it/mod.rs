@@ -8,6 +8,7 @@ pub mod hostile_registry;
 pub mod image;
 pub mod oci;
 pub mod onnxruntime;
+pub mod ort_image;
 pub mod plan;
 pub mod precision;
 pub mod pull;

@@ -1,0 +1,342 @@
+//! Native runtime libraries from pinned wheels: the shared library an engine loads at run time
+//! (ONNX Runtime's `libonnxruntime.so`, later TensorRT's lean runtime) taken from a wheel on the
+//! Python package registry, pinned in the matrix (`matrix/runtime-libraries.toml`: file URL and
+//! sha256) and in the recipe's lock file.
+//!
+//! [`ensure`] gives the library's files on disk: from the cache when they are there (no
+//! connection is made, so a pinned library builds offline), else the wheel is downloaded
+//! ([`fetch`]: TLS only, no redirect followed, no credentials sent, size and sha256 checked
+//! while streaming), and only the named members are extracted. The cache (`…/infer-build/
+//! libraries`, beside the base and engine caches) is content-addressed:
+//!
+//! ```text
+//! wheels/<sha256>.whl       the verified wheel
+//! files/<sha256>            each extracted member, named by its own digest
+//! index/<wheel sha256>.json member → digest and size, written last
+//! tmp/                      downloads and extractions in progress
+//! ```
+//!
+//! Every file is written to `tmp/` and renamed into place only once complete and verified
+//! (`oci::Dir`, `oci::write_atomic`), so an interrupted download or extraction leaves nothing
+//! under a final name; every cached file is hashed again when used, so a cache changed
+//! behind infer-build's back is repaired, never shipped.
+
+pub mod fetch;
+mod wheel;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
+
+use crate::matrix::{Platform, RuntimeLibrary};
+use crate::oci::Dir;
+use crate::plan::lock::{Lock, LockedLibrary};
+
+/// The largest wheel downloaded (the lean TensorRT wheels are a few hundred MB).
+pub const MAX_WHEEL: u64 = 2 << 30;
+/// The largest member extracted from a wheel.
+pub const MAX_MEMBER: u64 = 2 << 30;
+
+/// Errors of the `native` module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Oci(#[from] crate::oci::Error),
+    #[error("cannot download {url}: {why}")]
+    Download { url: String, why: String },
+    #[error("{url}: sha256 is {got}, but the pin says {want}")]
+    Digest {
+        url: String,
+        got: String,
+        want: String,
+    },
+    #[error("wheel {wheel}: {why}")]
+    Wheel { wheel: String, why: String },
+    #[error("the compatibility matrix has no {name} library for {platform}\nhint: add a row to matrix/runtime-libraries.toml and pass --matrix DIR")]
+    NoRow { name: String, platform: String },
+    #[error("{lock}: pins {name} {locked} for {platform}, but this infer-build ships {matrix}\nhint: rebuild with --update-lock to move the pin")]
+    LockMismatch {
+        lock: String,
+        name: String,
+        platform: String,
+        locked: String,
+        matrix: String,
+    },
+    #[error("cannot write lock file {path}: {why}")]
+    Lock { path: PathBuf, why: String },
+}
+
+impl Error {
+    /// True when the user can fix this by changing their input (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Error::Oci(e) => e.is_bad_input(),
+            Error::NoRow { .. } | Error::LockMismatch { .. } => true,
+            Error::Download { .. } | Error::Digest { .. } | Error::Wheel { .. } => false,
+            Error::Lock { .. } => false,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A library ready to ship: its files in the cache and where each goes in the image.
+#[derive(Debug, Clone)]
+pub struct Library {
+    pub row: RuntimeLibrary,
+    /// (cached file, absolute path inside the image), in the row's order.
+    pub files: Vec<(PathBuf, String)>,
+    /// The cached file of the member the engine loads (what the builder itself dlopens).
+    pub load: PathBuf,
+    /// `sha256:…` of each shipped file, by path inside the image (for the engine cache key and
+    /// the SBOM).
+    pub digests: BTreeMap<String, String>,
+    /// True when nothing was downloaded.
+    pub offline: bool,
+    pub bytes_downloaded: u64,
+}
+
+/// The library cache: `$INFER_BUILD_CACHE_DIR/libraries`, else
+/// `$XDG_CACHE_HOME/infer-build/libraries`, else `~/.cache/infer-build/libraries`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    crate::registry::pull::default_cache_dir()
+        .and_then(|bases| bases.parent().map(|p| p.join("libraries")))
+}
+
+/// The row of `name` for `platform`, with the lock file's pin checked against it: a lock that
+/// pins another wheel is refused unless `update_lock`.
+pub fn resolve<'m>(
+    matrix: &'m crate::matrix::Matrix,
+    name: &str,
+    platform: Platform,
+    lock: Option<(&Path, &Lock)>,
+    update_lock: bool,
+) -> Result<&'m RuntimeLibrary> {
+    let row = matrix.library(name, platform).ok_or_else(|| Error::NoRow {
+        name: name.into(),
+        platform: platform.to_string(),
+    })?;
+    if let (Some((path, lock)), false) = (lock, update_lock) {
+        if let Some(l) = lock.library(name, platform.as_str()) {
+            if l != &locked(row) {
+                return Err(Error::LockMismatch {
+                    lock: path.display().to_string(),
+                    name: name.into(),
+                    platform: platform.to_string(),
+                    locked: format!("{} ({}, sha256 {})", l.version, l.url, l.sha256),
+                    matrix: format!("{} ({}, sha256 {})", row.version, row.url, row.sha256),
+                });
+            }
+        }
+    }
+    Ok(row)
+}
+
+/// The lock entry of a row.
+pub fn locked(row: &RuntimeLibrary) -> LockedLibrary {
+    LockedLibrary {
+        name: row.name.clone(),
+        platform: row.platform.as_str().into(),
+        version: row.version.to_string(),
+        url: row.url.clone(),
+        sha256: row.sha256.clone(),
+    }
+}
+
+/// Record `row`'s pin in the lock file at `path` (atomically, canonical text), keeping every
+/// other entry. Unchanged pins rewrite identical bytes.
+pub fn record(path: &Path, row: &RuntimeLibrary) -> Result<()> {
+    let err = |why: String| Error::Lock {
+        path: path.into(),
+        why,
+    };
+    let mut lock = crate::plan::lock::read(path)
+        .map_err(|e| err(e.to_string()))?
+        .unwrap_or_default();
+    lock.set_library(locked(row));
+    crate::oci::dir::write_atomic(path, crate::plan::lock::render(&lock).as_bytes())?;
+    Ok(())
+}
+
+/// The library of `row` in the cache at `cache`, downloading and extracting it when missing.
+pub fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) -> Result<Library> {
+    let root = Dir::create(cache)?;
+    // One process fills the cache at a time; readers of complete entries need no lock.
+    let lock_file = root.open_lock(".lock")?;
+    fs4::FileExt::lock(&lock_file)
+        .map_err(|e| crate::oci::Error::io("lock", cache.join(".lock"))(e))?;
+    let tmp = root.sub("tmp", true)?;
+    let wheels = root.sub("wheels", true)?;
+    let files = root.sub("files", true)?;
+    let index = root.sub("index", true)?;
+    let index_name = format!("{}.json", row.sha256);
+
+    // 1. Complete index and every member verified: nothing to fetch.
+    if let Some(lib) = from_index(row, &index, &index_name, &files)? {
+        return Ok(lib);
+    }
+    // 2. The wheel, verified, from the cache or the network.
+    let wheel_name = format!("{}.whl", row.sha256);
+    let mut bytes_downloaded = 0;
+    let have_wheel = match wheels.stat(&wheel_name)? {
+        Some(st) if st.kind == crate::oci::dir::Kind::File => {
+            let (f, _) = wheels.open_file(&wheel_name)?;
+            hash_reader(f)?.0 == row.sha256
+        }
+        _ => false,
+    };
+    if !have_wheel {
+        wheels.remove(&wheel_name)?;
+        bytes_downloaded = fetch::download(
+            &row.url,
+            &row.sha256,
+            Some(row.size),
+            &tmp,
+            &wheels,
+            &wheel_name,
+            opts,
+        )?;
+    }
+    // 3. The members, each into files/<sha256>, then the index.
+    let (wf, _) = wheels.open_file(&wheel_name)?;
+    let mut entries = BTreeMap::new();
+    let mut archive = wheel::open(wf, &row.url)?;
+    for member in &row.files {
+        let (digest, size) = wheel::extract(&mut archive, member, &row.url, &tmp, &files)?;
+        entries.insert(member.clone(), (digest, size));
+    }
+    let doc = serde_json::json!({
+        "wheel": row.url,
+        "sha256": row.sha256,
+        "members": entries
+            .iter()
+            .map(|(m, (d, s))| (m.clone(), serde_json::json!({"sha256": d, "size": s})))
+            .collect::<serde_json::Map<_, _>>(),
+    });
+    index.write_atomic(
+        &index_name,
+        &crate::oci::cjson::value_to_vec(&doc),
+        Some(&tmp),
+    )?;
+    let mut lib = from_index(row, &index, &index_name, &files)?.ok_or_else(|| Error::Wheel {
+        wheel: row.url.clone(),
+        why: "extracted files are not in the cache after extraction".into(),
+    })?;
+    lib.offline = bytes_downloaded == 0;
+    lib.bytes_downloaded = bytes_downloaded;
+    Ok(lib)
+}
+
+/// The library from a complete cache index whose files all hash to their names.
+fn from_index(
+    row: &RuntimeLibrary,
+    index: &Dir,
+    name: &str,
+    files: &Dir,
+) -> Result<Option<Library>> {
+    let Some(st) = index.stat(name)? else {
+        return Ok(None);
+    };
+    if st.kind != crate::oci::dir::Kind::File {
+        index.remove(name)?;
+        return Ok(None);
+    }
+    let doc: serde_json::Value =
+        match serde_json::from_slice(&index.read(name, 1 << 20, "library index")?) {
+            Ok(v) => v,
+            Err(_) => return Ok(None),
+        };
+    let mut out = Vec::new();
+    let mut digests = BTreeMap::new();
+    let mut load = None;
+    for member in &row.files {
+        let Some(hex) = doc["members"][member]["sha256"].as_str() else {
+            return Ok(None);
+        };
+        if !crate::plan::lock::is_digest(&format!("sha256:{hex}")) {
+            return Ok(None);
+        }
+        match files.stat(hex)? {
+            Some(st) if st.kind == crate::oci::dir::Kind::File => {}
+            _ => return Ok(None),
+        }
+        let (f, _) = files.open_file(hex)?;
+        if hash_reader(f)?.0 != hex {
+            files.remove(hex)?;
+            return Ok(None);
+        }
+        let base = member.rsplit('/').next().unwrap_or(member);
+        let dest = format!("{}/{base}", row.install_dir.trim_end_matches('/'));
+        let path = files.path().join(hex);
+        if *member == row.load {
+            load = Some(path.clone());
+        }
+        digests.insert(dest.clone(), format!("sha256:{hex}"));
+        out.push((path, dest));
+    }
+    let Some(load) = load else {
+        return Ok(None);
+    };
+    Ok(Some(Library {
+        row: row.clone(),
+        files: out,
+        load,
+        digests,
+        offline: true,
+        bytes_downloaded: 0,
+    }))
+}
+
+/// sha256 (hex) and length of everything `r` yields.
+pub(crate) fn hash_reader(mut r: impl Read) -> Result<(String, u64)> {
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = r
+            .read(&mut buf)
+            .map_err(|e| crate::oci::Error::io("read", PathBuf::from("library cache"))(e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((hex::encode(h.finalize()), n))
+}
+
+/// Copy `r` into a new temp file in `tmp` (at most `limit` bytes), hashing it; returns the temp
+/// name, the sha256 hex and the length. The file is fsynced; the caller renames or removes it.
+pub(crate) fn spool(
+    mut r: impl Read,
+    tmp: &Dir,
+    prefix: &str,
+    limit: u64,
+    mut progress: impl FnMut(u64),
+) -> std::result::Result<(String, String, u64), (Option<String>, String)> {
+    let (name, mut f) = tmp.create_temp(prefix).map_err(|e| (None, e.to_string()))?;
+    let fail = |why: String| (Some(name.clone()), why);
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = r.read(&mut buf).map_err(|e| fail(e.to_string()))?;
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+        if n > limit {
+            return Err(fail(format!("more than {limit} bytes")));
+        }
+        h.update(&buf[..k]);
+        f.write_all(&buf[..k]).map_err(|e| fail(e.to_string()))?;
+        progress(k as u64);
+    }
+    f.sync_all().map_err(|e| fail(e.to_string()))?;
+    Ok((name, hex::encode(h.finalize()), n))
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,6 +12,11 @@
 //! ONNX Runtime handles variable dimensions itself: batches of any shape within the profile
 //! run on the same session. Inputs are fed and outputs read by name; when the names in
 //! `runtime.toml` do not all match the model's, by position (as for tract).
+#![allow(
+    unsafe_code,
+    reason = "FFI: the library is opened with dlopen and its C API version read before `ort` uses it; \
+              tensors are copied between ONNX Runtime's buffers and the batcher's"
+)]
 
 use super::{Backend, Engine};
 use crate::tensor::Tensor;

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod build;
+pub mod cache;
 pub mod cli;
 pub mod deploy;
 pub mod engine;

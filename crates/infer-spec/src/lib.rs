@@ -6,6 +6,7 @@
 //! It must stay free of I/O beyond (de)serialisation, and must not depend on anything
 //! builder-side (recipe parsing, OCI, registry, CLI).
 
+pub mod batch;
 pub mod dtype;
 pub mod engine;
 pub mod runtime;

@@ -116,8 +116,16 @@ mod tests {
             xdg_cache_home: (!x.is_empty()).then(|| x.into()),
             home: (!h.is_empty()).then(|| h.into()),
         };
-        // (flag, INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME, HOME, entry, expected)
-        let cases: &[(Option<&str>, &str, &str, &str, Entry, Option<PathBuf>)] = &[
+        /// (flag, INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME, HOME, entry, expected)
+        type Case = (
+            Option<&'static str>,
+            &'static str,
+            &'static str,
+            &'static str,
+            Entry,
+            Option<PathBuf>,
+        );
+        let cases: &[Case] = &[
             (Some("/f"), "/c", "/x", "/h", Entry::Engines, p("/f")),
             (Some("/f"), "", "", "", Entry::Bases, p("/f")),
             (None, "/c", "/x", "/h", Entry::Engines, p("/c/engines")),

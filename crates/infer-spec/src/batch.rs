@@ -52,8 +52,9 @@ mod tests {
 
     #[test]
     fn the_rule() {
-        // (rows, max, preferred, due, expected)
-        let cases: &[(&[usize], usize, &[usize], bool, Cut)] = &[
+        /// (rows, max, preferred, due, expected)
+        type Case = (&'static [usize], usize, &'static [usize], bool, Cut);
+        let cases: &[Case] = &[
             (&[1, 1, 1], 4, &[4], false, Cut::Wait),
             (&[1, 1, 1], 4, &[4], true, Cut::Take(3)),
             (&[1, 1, 1, 1], 4, &[4], false, Cut::Take(4)),

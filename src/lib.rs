@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod build;
+pub mod cache;
 pub mod cli;
 pub mod deploy;
 pub mod engine;

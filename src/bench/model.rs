@@ -146,9 +146,8 @@ pub struct Policy {
 /// Arrivals replayed per point; the first tenth warms the queue up and is not counted.
 pub const REPLAY_ARRIVALS: usize = 50_000;
 
-/// Replay infer-serve's batcher (see `infer-serve`'s `batcher` module: a batch is formed
-/// only when an instance is idle; it goes at once when full or when the oldest request has
-/// waited the delay, else at the largest preferred size reached, else it waits) against
+/// Replay infer-serve's batcher (a batch is formed only when an instance is idle, cut by the
+/// runtime's own rule, [`infer_spec::batch::cut`]) against
 /// `n` arrivals at `rate` requests per second.
 pub fn replay(
     model: &CostModel,
@@ -171,10 +170,10 @@ pub fn replay(
     let warm = n / 10;
     let mb = policy.max_batch.max(1) as usize;
     let delay = policy.delay_us as f64;
-    let min_pref = policy
-        .preferred
+    let preferred: Vec<usize> = policy.preferred.iter().map(|&p| p as usize).collect();
+    let min_pref = preferred
         .iter()
-        .map(|&p| p as usize)
+        .copied()
         .filter(|&p| p >= 1 && p <= mb)
         .min();
     let mut free = vec![0.0f64; policy.instances.max(1) as usize];
@@ -203,16 +202,16 @@ pub fn replay(
             .take(mb)
             .take_while(|&&a| a <= start)
             .count();
-        let cut = if queued == mb || start >= due {
-            queued
-        } else {
-            policy
-                .preferred
-                .iter()
-                .map(|&p| p as usize)
-                .filter(|&p| p <= queued)
-                .max()
-                .unwrap_or(queued)
+        // The runtime's rule over `queued` one-row requests; `start` was chosen so that a batch
+        // is due, full or at a preferred size, so `Wait` only happens at the sequence's tail.
+        let cut = match infer_spec::batch::cut(
+            std::iter::repeat_n(1, queued),
+            mb,
+            &preferred,
+            start >= due,
+        ) {
+            infer_spec::batch::Cut::Take(n) => n,
+            infer_spec::batch::Cut::Wait => queued,
         }
         .max(1);
         let t = model.batch_us(cut);

@@ -1,6 +1,7 @@
 //! Building KServe V2 `infer` request bodies from the model's metadata, in JSON or with the
 //! binary tensor data extension (`Inference-Header-Content-Length`, raw little-endian bytes).
 
+use infer_spec::DataType;
 use serde_json::{json, Value};
 
 use super::load::{Endpoint, Prepared, Rng};
@@ -82,16 +83,6 @@ pub fn parse_metadata(model: &str, body: &[u8]) -> Result<ModelMeta, Error> {
 }
 
 /// Bytes per element of a V2 datatype bench can generate.
-fn elem_size(dt: &str) -> Option<usize> {
-    Some(match dt {
-        "BOOL" | "INT8" | "UINT8" => 1,
-        "INT16" | "UINT16" => 2,
-        "FP32" | "INT32" | "UINT32" => 4,
-        "FP64" | "INT64" | "UINT64" => 8,
-        _ => return None,
-    })
-}
-
 /// The concrete shape sent for `t` with `batch` rows: the first dynamic dim is the batch.
 fn concrete_shape(model: &str, t: &TensorMeta, batch: u32) -> Result<Vec<i64>, Error> {
     let mut out = Vec::with_capacity(t.shape.len());
@@ -113,23 +104,31 @@ fn concrete_shape(model: &str, t: &TensorMeta, batch: u32) -> Result<Vec<i64>, E
     Ok(out)
 }
 
-/// Deterministic, dtype-valid values (floats in [0, 1), small integers, 0/1 booleans).
-fn values(dt: &str, n: usize, rng: &mut Rng) -> (Vec<Value>, Vec<u8>) {
+/// Deterministic, dtype-valid values (floats in [0, 1), small integers, 0/1 booleans) for a
+/// fixed-size `dt` (the caller refuses `BYTES`).
+fn values(dt: DataType, n: usize, rng: &mut Rng) -> (Vec<Value>, Vec<u8>) {
+    let size = dt.size().unwrap_or(1);
     let mut js = Vec::with_capacity(n);
-    let mut raw = Vec::with_capacity(n * elem_size(dt).unwrap_or(4));
+    let mut raw = Vec::with_capacity(n * size);
     for _ in 0..n {
         match dt {
-            "FP32" => {
+            DataType::F16 | DataType::BF16 => {
+                // k/256 has at most 8 significant bits: exact in both half formats.
+                let v = (rng.next_u64() % 256) as f32 / 256.0;
+                js.push(json!(v));
+                raw.extend_from_slice(&half_bits(dt, v).to_le_bytes());
+            }
+            DataType::F32 => {
                 let v = rng.next_f64() as f32;
                 js.push(json!(v));
                 raw.extend_from_slice(&v.to_le_bytes());
             }
-            "FP64" => {
+            DataType::F64 => {
                 let v = rng.next_f64();
                 js.push(json!(v));
                 raw.extend_from_slice(&v.to_le_bytes());
             }
-            "BOOL" => {
+            DataType::Bool => {
                 let v = rng.next_u64() & 1 == 1;
                 js.push(json!(v));
                 raw.push(u8::from(v));
@@ -137,13 +136,25 @@ fn values(dt: &str, n: usize, rng: &mut Rng) -> (Vec<Value>, Vec<u8>) {
             _ => {
                 let v = (rng.next_u64() % 10) as u8;
                 js.push(json!(v));
-                let size = elem_size(dt).unwrap_or(1);
                 raw.push(v);
                 raw.extend(std::iter::repeat_n(0u8, size - 1));
             }
         }
     }
     (js, raw)
+}
+
+/// The FP16 or BF16 bits of `v`, a value in [0, 1) with at most 8 significant bits.
+fn half_bits(dt: DataType, v: f32) -> u16 {
+    let b = v.to_bits();
+    if dt == DataType::BF16 {
+        return (b >> 16) as u16;
+    }
+    if v == 0.0 {
+        return 0;
+    }
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    ((exp as u16) << 10) | ((b >> 13) & 0x3ff) as u16
 }
 
 /// Build the `infer` request for `batch` rows.
@@ -158,7 +169,7 @@ pub fn infer_request(
     let mut inputs = Vec::new();
     let mut blob = Vec::new();
     for t in &meta.inputs {
-        if elem_size(&t.datatype).is_none() {
+        let Some(dt) = DataType::parse(&t.datatype).filter(|d| d.size().is_some()) else {
             return Err(Error::Metadata {
                 model: meta.name.clone(),
                 why: format!(
@@ -166,14 +177,14 @@ pub fn infer_request(
                     t.name, t.datatype
                 ),
             });
-        }
+        };
         let shape = concrete_shape(&meta.name, t, batch)?;
         let n: i64 = shape.iter().product();
         let n = usize::try_from(n).map_err(|_| Error::Metadata {
             model: meta.name.clone(),
             why: format!("input `{}` has a negative element count", t.name),
         })?;
-        let (js, raw) = values(&t.datatype, n, &mut rng);
+        let (js, raw) = values(dt, n, &mut rng);
         match protocol {
             Protocol::Json => inputs.push(json!({
                 "name": t.name, "shape": shape, "datatype": t.datatype, "data": js
@@ -235,6 +246,39 @@ mod tests {
             addr: "127.0.0.1:1".parse().unwrap(),
             host: "127.0.0.1:1".into(),
             base: String::new(),
+        }
+    }
+
+    /// FP16 and BF16 inputs get 2-byte values whose bits decode to the JSON numbers sent.
+    #[test]
+    fn half_precision_inputs_are_generated() {
+        fn f16_to_f32(h: u16) -> f32 {
+            let (e, m) = (i32::from((h >> 10) & 0x1f), f32::from(h & 0x3ff));
+            if e == 0 {
+                m * 2f32.powi(-24)
+            } else {
+                (1.0 + m / 1024.0) * 2f32.powi(e - 15)
+            }
+        }
+        for dt in ["FP16", "BF16"] {
+            let meta = META.replacen("FP32", dt, 1);
+            let m = parse_metadata("mlp", meta.as_bytes()).unwrap();
+            let mut rng = Rng::new(7);
+            let d = DataType::parse(dt).unwrap();
+            let (js, raw) = values(d, 64, &mut rng);
+            assert_eq!(raw.len(), 128, "{dt}");
+            for (i, v) in js.iter().enumerate() {
+                let h = u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]);
+                let back = match d {
+                    DataType::BF16 => f32::from_bits(u32::from(h) << 16),
+                    _ => f16_to_f32(h),
+                };
+                assert_eq!(f64::from(back), v.as_f64().unwrap(), "{dt} value {i}");
+            }
+            assert!(js.iter().any(|v| v.as_f64().unwrap() > 0.0), "{dt}");
+            let r = infer_request(&ep(), &m, 2, Protocol::Binary, 1).unwrap();
+            let n = r.header_len.unwrap();
+            assert_eq!(r.body.len() - n, 2 * 64 * 2, "{dt}");
         }
     }
 

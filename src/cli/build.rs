@@ -495,13 +495,11 @@ impl<'a> Bases<'a> {
             )));
         }
         if !self.pulled.contains_key(&key) {
-            let cache = pull::default_cache_dir().ok_or_else(|| {
-                Error::Usage(format!(
-                    "target {}: no base cache directory to pull {reference} into: set \
-                     INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME, or pass --base-layout DIR",
-                    t.id
-                ))
-            })?;
+            let cache =
+                crate::cache::require(crate::cache::Entry::Bases, None, "--base-layout DIR")
+                    .map_err(|e| {
+                        Error::Usage(format!("target {}: pulling {reference}: {e}", t.id))
+                    })?;
             let opts = PullOptions {
                 client: ClientOptions {
                     insecure: self.args.insecure,

@@ -23,8 +23,8 @@ pub struct EngineArgs {
     /// The target to build, as `infer-build plan` lists it (`cpu-fp32`, `sm89-fp16`, …).
     #[arg(long, value_name = "ID")]
     pub target: String,
-    /// The engine cache (default `$XDG_CACHE_HOME/infer-build/engines`, else
-    /// `~/.cache/infer-build/engines`).
+    /// The engine cache (default `$INFER_BUILD_CACHE_DIR/engines`, else
+    /// `$XDG_CACHE_HOME/infer-build/engines`, else `~/.cache/infer-build/engines`).
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
     #[command(flatten)]

@@ -1,7 +1,7 @@
 //! `infer-build pull REF`: pull an image (a tag resolves through its index to linux/amd64)
 //! into an OCI layout, every blob verified by digest, and print the resolved digest. Without
 //! `--out` the image goes into the shared base cache that `build` uses for GPU targets
-//! ([`registry::pull::default_cache_dir`]), named `REF@DIGEST`; with `--out DIR` it is named
+//! (`bases` under the cache root, [`crate::cache`]), named `REF@DIGEST`; with `--out DIR` it is named
 //! by its tag, ready for `build --base-layout DIR --base-tag TAG`.
 
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::error::Error;
 use crate::oci::cjson;
-use crate::registry::pull::{self, PullOptions};
+use crate::registry::pull::PullOptions;
 use crate::registry::{self, Reference};
 
 #[derive(Debug, Args)]
@@ -45,7 +45,8 @@ pub struct PullArgs {
 }
 
 pub fn run(args: PullArgs) -> Result<(), Error> {
-    let (dest, named_by_digest) = destination(&args, pull::default_cache_dir())?;
+    let (dest, named_by_digest) =
+        destination(&args, crate::cache::path(crate::cache::Entry::Bases, None))?;
     super::check_credentials_file("--authfile", args.authfile.as_deref())?;
     let opts = PullOptions {
         client: super::registry_client(args.insecure, args.ca_cert.clone(), args.authfile.clone()),
@@ -107,10 +108,7 @@ fn destination(args: &PullArgs, cache: Option<PathBuf>) -> Result<(PathBuf, bool
     match &args.out {
         Some(out) => Ok((out.clone(), false)),
         None => cache.map(|c| (c, true)).ok_or_else(|| {
-            Error::Usage(
-                "no base cache directory: set INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME, or pass --out DIR"
-                    .into(),
-            )
+            Error::Usage(crate::cache::NoCacheDir { flag: "--out DIR" }.to_string())
         }),
     }
 }

@@ -1,7 +1,6 @@
 //! The content-addressed engine cache on disk.
 //!
-//! Layout under the root (default `$XDG_CACHE_HOME/infer-build/engines`, else
-//! `~/.cache/infer-build/engines`):
+//! Layout under the root (default `engines` under the cache root, see [`crate::cache`]):
 //! ```text
 //! v1/entries/<key>/     a complete entry: the engine file, meta.json, profile.json, build.log
 //! v1/staging/<key>.<pid>.<n>/   an entry being built (renamed into entries/ when complete)
@@ -217,16 +216,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 }
 
 impl Cache {
-    /// The default root: `$XDG_CACHE_HOME/infer-build/engines`, else
-    /// `$HOME/.cache/infer-build/engines`.
-    pub fn default_root() -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("infer-build").join("engines"))
-    }
-
     /// Open (creating if needed) a cache at `root`.
     pub fn open(root: &Path) -> Result<Cache, Error> {
         let base = root.join(LAYOUT);
@@ -362,14 +351,6 @@ mod tests {
         let _lock = cache.lock("abc").unwrap();
         assert_eq!(cache.clean_stale("abc").unwrap(), 1);
         assert!(staging.join("abd.999.0").exists());
-    }
-
-    #[test]
-    fn default_root_follows_xdg() {
-        // Read-only check of the rule; the environment is not modified.
-        if let Some(root) = Cache::default_root() {
-            assert!(root.ends_with("infer-build/engines"), "{}", root.display());
-        }
     }
 
     #[test]

@@ -99,8 +99,8 @@ pub enum Error {
     },
     #[error("corrupt engine cache entry {path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
-    #[error("no engine cache directory: pass --cache DIR or set XDG_CACHE_HOME or HOME")]
-    NoCacheDir,
+    #[error(transparent)]
+    NoCacheDir(#[from] crate::cache::NoCacheDir),
     #[error("no engine for target {target} in {dir}: {reason}")]
     NotFound {
         target: String,
@@ -153,7 +153,7 @@ impl Error {
                 | Error::UnsupportedTensorrt { .. }
                 | Error::Precision { .. }
                 | Error::Flag { .. }
-                | Error::NoCacheDir
+                | Error::NoCacheDir(_)
                 | Error::NotFound { .. }
                 | Error::Mismatch { .. }
                 | Error::UnknownTarget { .. }
@@ -691,10 +691,12 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
     d
 }
 
-/// Resolve the cache root: `--cache DIR` if given, else the default location.
+/// Resolve the engine cache root: `--cache DIR` if given, else `engines` under the cache root
+/// ([`crate::cache`]).
 pub fn cache_root(flag: Option<&Path>) -> Result<PathBuf, Error> {
-    match flag {
-        Some(p) => Ok(p.to_path_buf()),
-        None => Cache::default_root().ok_or(Error::NoCacheDir),
-    }
+    Ok(crate::cache::require(
+        crate::cache::Entry::Engines,
+        flag,
+        "--cache DIR",
+    )?)
 }

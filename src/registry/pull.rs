@@ -4,7 +4,8 @@
 //!
 //! An image whose digest is already known (named in the reference or pinned by the lock file)
 //! and complete in the destination layout is not fetched again: no connection is made, so a
-//! pinned base builds offline from the shared base cache ([`default_cache_dir`]).
+//! pinned base builds offline from the shared base cache (`bases` under the
+//! cache root, [`crate::cache`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -48,34 +49,6 @@ pub struct PulledImage {
     pub blobs_reused: usize,
     /// True when the layout already held the pinned image and no registry was contacted.
     pub offline: bool,
-}
-
-/// The shared cache of pulled base images (one OCI layout): `$INFER_BUILD_CACHE_DIR/bases`,
-/// else `$XDG_CACHE_HOME/infer-build/bases`, else `~/.cache/infer-build/bases` (beside the
-/// engine cache, `…/infer-build/engines`). `None` when none of these is set.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    cache_dir_from(
-        var("INFER_BUILD_CACHE_DIR"),
-        var("XDG_CACHE_HOME"),
-        var("HOME"),
-    )
-}
-
-/// [`default_cache_dir`] from the values of its three variables.
-pub fn cache_dir_from(
-    cache_dir: Option<PathBuf>,
-    xdg_cache: Option<PathBuf>,
-    home: Option<PathBuf>,
-) -> Option<PathBuf> {
-    let root = cache_dir
-        .or_else(|| xdg_cache.map(|d| d.join("infer-build")))
-        .or_else(|| home.map(|h| h.join(".cache/infer-build")))?;
-    Some(root.join("bases"))
 }
 
 /// What to pull for a plan's base image: the reference (with `@digest` when the matrix or the
@@ -631,20 +604,6 @@ mod tests {
             cache_ref_name(&format!("r.io/b/cuda:12@{other}"), &d),
             format!("r.io/b/cuda:12@{d}")
         );
-        let p = PathBuf::from;
-        assert_eq!(
-            cache_dir_from(Some(p("/c")), Some(p("/x")), Some(p("/h"))),
-            Some(p("/c/bases"))
-        );
-        assert_eq!(
-            cache_dir_from(None, Some(p("/x")), Some(p("/h"))),
-            Some(p("/x/infer-build/bases"))
-        );
-        assert_eq!(
-            cache_dir_from(None, None, Some(p("/h"))),
-            Some(p("/h/.cache/infer-build/bases"))
-        );
-        assert_eq!(cache_dir_from(None, None, None), None);
     }
 
     #[test]

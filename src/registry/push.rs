@@ -41,7 +41,8 @@ pub struct PushOptions {
     /// Repositories of the same registry to try mounting blobs from.
     pub mount_from: Vec<String>,
     /// The file that remembers which repositories hold which blobs (for mounts); `None` =
-    /// the default cache location, see [`default_locations_file`].
+    /// the default cache location, `registry-locations.json`
+    /// under the cache root ([`crate::cache`]).
     pub locations_file: Option<PathBuf>,
     /// Progress events (the CLI draws them).
     pub progress: Option<Arc<dyn Fn(Progress) + Send + Sync>>,
@@ -489,17 +490,6 @@ fn verify_blob(file: &File, path: &Path, root: &Path, digest: &str, size: u64) -
     Ok(())
 }
 
-/// The default file remembering which repositories hold which blobs:
-/// `$INFER_BUILD_CACHE_DIR/registry-locations.json`, else
-/// `$XDG_CACHE_HOME/infer-build/…`, else `~/.cache/infer-build/…`.
-pub fn default_locations_file() -> Option<PathBuf> {
-    let dir = std::env::var_os("INFER_BUILD_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| Path::new(&d).join("infer-build")))
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/infer-build")))?;
-    Some(dir.join("registry-locations.json"))
-}
-
 /// registry → digest → repositories known to hold it.
 type Locations = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
@@ -548,7 +538,10 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
     };
 
     // Blobs, in parallel.
-    let locations_file = opts.locations_file.clone().or_else(default_locations_file);
+    let locations_file = crate::cache::path(
+        crate::cache::Entry::RegistryLocations,
+        opts.locations_file.as_deref(),
+    );
     let known = locations_file
         .as_deref()
         .map(read_locations)

@@ -39,7 +39,7 @@ use crate::backend::Backend;
 use crate::error::{ApiError, Rejection};
 use crate::metrics::{Gauge, Metrics};
 use crate::tensor::Tensor;
-use infer_spec::RuntimeConfig;
+use infer_spec::{batch, RuntimeConfig};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -445,29 +445,15 @@ impl Queue {
         let Some(first) = self.jobs.front() else {
             return Cut::Wait(None);
         };
-        let (mut rows, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
-        for job in &self.jobs {
-            if !same_shapes(first, job) {
-                continue;
-            }
-            if rows + job.rows > policy.max_batch_size {
-                full = true;
-                break;
-            }
-            rows += job.rows;
-            n += 1;
-            if policy.preferred.contains(&rows) {
-                preferred_cut = Some(n);
-            }
-        }
-        full |= rows == policy.max_batch_size;
         let due = first.enqueued + policy.delay;
-        if full || now >= due {
-            Cut::Take(n)
-        } else if let Some(cut) = preferred_cut {
-            Cut::Take(cut)
-        } else {
-            Cut::Wait(Some(due))
+        let rows = self
+            .jobs
+            .iter()
+            .filter(|job| same_shapes(first, job))
+            .map(|job| job.rows);
+        match batch::cut(rows, policy.max_batch_size, &policy.preferred, now >= due) {
+            batch::Cut::Take(n) => Cut::Take(n),
+            batch::Cut::Wait => Cut::Wait(Some(due)),
         }
     }
 }

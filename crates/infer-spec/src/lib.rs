@@ -14,6 +14,7 @@
     )
 )]
 
+pub mod batch;
 pub mod dtype;
 pub mod engine;
 pub mod runtime;

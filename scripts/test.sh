@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 # The statically linked runtime goes into the CPU images the end-to-end tests build and run.
 INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
 export INFER_SERVE_BIN
+# The glibc-dynamic runtime (tract and ONNX Runtime) that ONNX Runtime images carry.
+INFER_SERVE_DYNAMIC_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh)"
+export INFER_SERVE_DYNAMIC_BIN
 
 # infer-build and the runtime installed the way users install them (the CI example's tools job
 # and scripts/example.sh run the same script: its runtime is the one built above, and

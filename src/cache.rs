@@ -9,8 +9,8 @@
 //! 4. `$HOME/.cache/infer-build/<entry>`.
 //!
 //! An empty variable counts as unset. Entries under the root: `engines` (the engine cache, with
-//! its converted models and Python environments), `bases` (pulled base images, one OCI layout) and
-//! `registry-locations.json` (which repositories hold which blobs, for cross-repository mounts).
+//! its converted models and Python environments), `bases` (pulled base images, one OCI layout), `libraries`
+//! (native runtime libraries from pinned wheels) and `registry-locations.json` (which repositories hold which blobs, for cross-repository mounts).
 //! Reads the environment only; touches no filesystem.
 
 use std::ffi::OsString;
@@ -25,6 +25,8 @@ pub enum Entry {
     Bases,
     /// Blob locations per registry, for cross-repository mounts (`registry::push`).
     RegistryLocations,
+    /// Native runtime libraries from pinned wheels (`native`).
+    Libraries,
 }
 
 impl Entry {
@@ -34,6 +36,7 @@ impl Entry {
             Entry::Engines => "engines",
             Entry::Bases => "bases",
             Entry::RegistryLocations => "registry-locations.json",
+            Entry::Libraries => "libraries",
         }
     }
 }

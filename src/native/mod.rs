@@ -101,8 +101,7 @@ pub struct Library {
 /// The library cache: `$INFER_BUILD_CACHE_DIR/libraries`, else
 /// `$XDG_CACHE_HOME/infer-build/libraries`, else `~/.cache/infer-build/libraries`.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    crate::registry::pull::default_cache_dir()
-        .and_then(|bases| bases.parent().map(|p| p.join("libraries")))
+    crate::cache::path(crate::cache::Entry::Libraries, None)
 }
 
 /// The row of `name` for `platform`, with the lock file's pin checked against it: a lock that

@@ -34,7 +34,7 @@ pub(crate) enum FileKind {
     Evaluation,
 }
 
-const ROOT_KEYS: [&str; 8] = [
+const ROOT_KEYS: [&str; 9] = [
     "model", "targets", "engine", "int8", "accuracy", "batching", "warmup", "image", "deploy",
 ];
 const ENGINE_KEYS: [&str; 1] = ["cpu"];

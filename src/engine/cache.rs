@@ -217,11 +217,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 
 impl Cache {
     /// Open (creating if needed) a cache at `root`.
+    ///
+    /// The root is the user's (a link there is followed); below it, `v1` and its four
+    /// directories are opened without following links, so a cache whose `v1/staging` or
+    /// `v1/entries` is a link to elsewhere is refused rather than written through.
     pub fn open(root: &Path) -> Result<Cache, Error> {
-        let base = root.join(LAYOUT);
+        let oci = |path: PathBuf| {
+            move |e: crate::oci::Error| Error::Io {
+                path,
+                source: e.into_io(),
+            }
+        };
+        let base = crate::oci::Dir::create(root)
+            .and_then(|r| r.sub(LAYOUT, true))
+            .map_err(oci(root.join(LAYOUT)))?;
         for sub in ["entries", "staging", "locks", "timing"] {
-            let d = base.join(sub);
-            fs::create_dir_all(&d).map_err(|source| Error::Io { path: d, source })?;
+            base.sub(sub, true)
+                .map_err(oci(root.join(LAYOUT).join(sub)))?;
         }
         Ok(Cache {
             root: root.to_path_buf(),
@@ -285,14 +297,17 @@ impl Cache {
     /// A fresh staging directory for `key`. Call with the key's lock held.
     pub fn stage(&self, key: &str) -> Result<Staging, Error> {
         let n = STAGING_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = self
-            .base()
-            .join("staging")
-            .join(format!("{key}.{}.{n}", std::process::id()));
-        fs::create_dir_all(&dir).map_err(|source| Error::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        let name = format!("{key}.{}.{n}", std::process::id());
+        let staging = self.base().join("staging");
+        let dir = staging.join(&name);
+        // Created and opened below `staging` without following a link: a planted link of the
+        // same name is refused, never built into.
+        crate::oci::Dir::open(&staging)
+            .and_then(|d| d.sub(&name, true))
+            .map_err(|e| Error::Io {
+                path: dir.clone(),
+                source: e.into_io(),
+            })?;
         Ok(Staging {
             dir,
             target: self.entry_dir(key),
@@ -324,6 +339,40 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn linked_cache_directories_are_refused_not_written_through() {
+        for linked in ["v1/staging", "v1/entries", "v1/locks", "v1"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let outside = tmp.path().join("outside");
+            fs::create_dir_all(&outside).unwrap();
+            let root = tmp.path().join("cache");
+            let link = root.join(linked);
+            fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(&outside, &link).unwrap();
+            let e = Cache::open(&root).unwrap_err();
+            // What the CLI shows: the error and its cause.
+            let err = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+            assert!(err.contains("symbolic link"), "{linked}: {err}");
+            assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "{linked}");
+        }
+    }
+
+    #[test]
+    fn a_planted_staging_link_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&tmp.path().join("c")).unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        let n = STAGING_COUNTER.load(Ordering::Relaxed);
+        // Plant links at the next few names this process would use.
+        for k in n..n + 64 {
+            let name = format!("abc.{}.{k}", std::process::id());
+            std::os::unix::fs::symlink(&outside, cache.base().join("staging").join(name)).unwrap();
+        }
+        assert!(cache.stage("abc").is_err());
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    }
 
     #[test]
     fn staging_is_removed_unless_committed() {

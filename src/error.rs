@@ -22,7 +22,7 @@ pub enum Error {
     #[error(transparent)]
     Oci(#[from] crate::oci::Error),
     #[error(transparent)]
-    Build(#[from] crate::build::Error),
+    Build(#[from] crate::assemble::Error),
     #[error(transparent)]
     Engine(#[from] crate::engine::Error),
     #[error(transparent)]

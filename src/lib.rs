@@ -11,8 +11,8 @@
     )
 )]
 
+pub mod assemble;
 pub mod bench;
-pub mod build;
 pub mod cache;
 pub mod cli;
 pub mod deploy;

@@ -254,8 +254,8 @@ fn from_recipe(path: &Path, synthetic: bool) -> Result<FromRecipe, Error> {
         ))
         .into());
     }
-    let (model, _) = crate::build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
-    let config = crate::build::spec::runtime_config(
+    let (model, _) = crate::assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
+    let config = crate::assemble::spec::runtime_config(
         &recipe,
         infer_spec::EngineKind::TractOnnx,
         &model.to_string_lossy(),

@@ -1,8 +1,8 @@
 //! `infer-build build RECIPE`: assemble one image per target into an OCI layout (default
 //! `out/<model>`), optionally also an `oci-archive`, without a Docker daemon.
 //!
-//! This file only turns flags and the plan into [`build::TargetSpec`]s, draws progress and
-//! prints the result; the assembly is [`crate::build`]. The base image of each GPU target comes
+//! This file only turns flags and the plan into [`assemble::TargetSpec`]s, draws progress and
+//! prints the result; the assembly is [`crate::assemble`]. The base image of each GPU target comes
 //! from `--base-layout DIR` when given, else [`registry::pull`] fetches `TargetPlan.base` into
 //! the shared base cache, pinned in the recipe's lock file.
 
@@ -13,7 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::build::{self, BuildOptions, BuildReport, Policy, Progress};
+use crate::assemble::{self, BuildOptions, BuildReport, Policy, Progress};
 use crate::error::Error;
 use crate::oci::image::Platform;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
@@ -97,7 +97,7 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
         zstd_workers: zstd_workers(),
     };
     let mut progress = Bars::default();
-    let report = build::build(&out, &meta, &targets, &opts, &mut progress)?;
+    let report = assemble::build(&out, &meta, &targets, &opts, &mut progress)?;
     let sboms = crate::sbom::write_for_build(&report, &meta, &targets, &model, epoch)?;
     if let Some(a) = &archive {
         let store = BlobStore::open(&out)?;
@@ -229,8 +229,8 @@ impl Progress for Bars {
 }
 
 type Targets = (
-    build::ImageMeta,
-    Vec<build::TargetSpec>,
+    assemble::ImageMeta,
+    Vec<assemble::TargetSpec>,
     Vec<PulledImage>,
     PathBuf,
 );
@@ -261,16 +261,16 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
 
     // Each runtime flavour is looked for only when a target needs it.
     let exe = std::env::current_exe().ok();
-    let runtime = |flavour: build::RuntimeFlavour| {
+    let runtime = |flavour: assemble::RuntimeFlavour| {
         let (_, env_name, _) = flavour.names();
         let env = std::env::var(env_name).ok();
         let flag = match flavour {
-            build::RuntimeFlavour::Static => args.runtime.as_deref(),
-            build::RuntimeFlavour::Dynamic => args.runtime_dynamic.as_deref(),
+            assemble::RuntimeFlavour::Static => args.runtime.as_deref(),
+            assemble::RuntimeFlavour::Dynamic => args.runtime_dynamic.as_deref(),
         };
-        build::locate(flavour, flag, env.as_deref(), exe.as_deref())
+        assemble::locate(flavour, flag, env.as_deref(), exe.as_deref())
     };
-    let (model, _) = build::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
+    let (model, _) = assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
     // The model's dimension names, for the runtime's check that inputs sharing a variable
     // dimension agree, and its outputs when the recipe leaves them to the model; a model that
     // does not parse is refused later, by the engine stage.
@@ -288,7 +288,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     }
     let samples = match &recipe.warmup.samples {
         Some(s) => {
-            let (p, _) = build::safe_input(&recipe.dir, &s.value)?;
+            let (p, _) = assemble::safe_input(&recipe.dir, &s.value)?;
             // Read once (a regular file, bounded) and shared by every target's layer.
             Some(std::sync::Arc::<[u8]>::from(crate::oci::dir::read_file(
                 &p,
@@ -303,7 +303,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let mut specs = Vec::new();
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
-        let platform = build::spec::platform(t);
+        let platform = assemble::spec::platform(t);
         if let Some(cpu) = t
             .cpu
             .as_ref()
@@ -311,19 +311,19 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         {
             let files =
                 onnxruntime_files(args, &matrix, &lock_path, &mut bases, t, cpu, &platform)?;
-            let files = build::spec::Files {
-                serve_bin: runtime(build::RuntimeFlavour::Dynamic)?,
+            let files = assemble::spec::Files {
+                serve_bin: runtime(assemble::RuntimeFlavour::Dynamic)?,
                 model: model.clone(),
                 warmup_samples: samples.clone(),
                 dim_names: dim_names.clone(),
                 ..files
             };
-            build::check_runtime_binary(&files.serve_bin, &platform.architecture, false)?;
-            specs.push(build::spec::target_spec(&recipe, t, files)?);
+            assemble::check_runtime_binary(&files.serve_bin, &platform.architecture, false)?;
+            specs.push(assemble::spec::target_spec(&recipe, t, files)?);
             continue;
         }
-        let serve = runtime(build::RuntimeFlavour::Static)?;
-        build::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
+        let serve = runtime(assemble::RuntimeFlavour::Static)?;
+        assemble::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
         let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
         let (engine, engine_profile) = match engine {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
@@ -332,13 +332,13 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         let base = match (&args.base_layout, gpu) {
             (_, false) => None,
             // An explicit layout wins over pulling.
-            (Some(layout), true) => Some(build::BaseRef {
+            (Some(layout), true) => Some(assemble::BaseRef {
                 layout: layout.clone(),
                 tag: args.base_tag.clone(),
             }),
             (None, true) => Some(bases.get(t, &platform)?),
         };
-        let files = build::spec::Files {
+        let files = assemble::spec::Files {
             serve_bin: serve.clone(),
             model: model.clone(),
             engine,
@@ -348,9 +348,9 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             base,
             library: None,
         };
-        specs.push(build::spec::target_spec(&recipe, t, files)?);
+        specs.push(assemble::spec::target_spec(&recipe, t, files)?);
     }
-    let mut meta = build::spec::image_meta(&recipe, &plan);
+    let mut meta = assemble::spec::image_meta(&recipe, &plan);
     meta.revision = nonempty(args.revision.as_deref());
     meta.source = nonempty(args.source.as_deref());
     Ok((meta, specs, bases.pulled.into_values().collect(), model))
@@ -368,7 +368,7 @@ fn onnxruntime_files(
     t: &TargetPlan,
     cpu: &crate::plan::CpuPlan,
     platform: &Platform,
-) -> Result<build::spec::Files, Error> {
+) -> Result<assemble::spec::Files, Error> {
     let Some(pin) = &cpu.glibc_base else {
         return Err(Error::Usage(format!(
             "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
@@ -404,7 +404,7 @@ fn onnxruntime_files(
         );
     }
     let base = bases.get_pin(t, pin, platform)?;
-    Ok(build::spec::Files {
+    Ok(assemble::spec::Files {
         serve_bin: PathBuf::new(),
         model: PathBuf::new(),
         engine: None,
@@ -412,7 +412,7 @@ fn onnxruntime_files(
         warmup_samples: None,
         dim_names: Vec::new(),
         base: Some(base),
-        library: Some(build::spec::LibraryFiles {
+        library: Some(assemble::spec::LibraryFiles {
             files: lib.files.clone(),
             load: row.load_path(),
         }),
@@ -461,7 +461,7 @@ impl<'a> Bases<'a> {
         }
     }
 
-    fn get(&mut self, t: &TargetPlan, platform: &Platform) -> Result<build::BaseRef, Error> {
+    fn get(&mut self, t: &TargetPlan, platform: &Platform) -> Result<assemble::BaseRef, Error> {
         self.get_pin(t, &t.base, platform)
     }
 
@@ -471,9 +471,9 @@ impl<'a> Bases<'a> {
         t: &TargetPlan,
         pin: &crate::plan::ImagePin,
         platform: &Platform,
-    ) -> Result<build::BaseRef, Error> {
+    ) -> Result<assemble::BaseRef, Error> {
         let Some((reference, pinned_by_lock)) = pull::base_request(pin) else {
-            return Err(build::Error::NeedBaseLayout {
+            return Err(assemble::Error::NeedBaseLayout {
                 target: t.id.clone(),
             }
             .into());
@@ -532,7 +532,7 @@ impl<'a> Bases<'a> {
             self.pulled.insert(key.clone(), p);
         }
         let p = &self.pulled[&key];
-        Ok(build::BaseRef {
+        Ok(assemble::BaseRef {
             layout: p.layout.clone(),
             tag: Some(p.ref_name.clone()),
         })
@@ -574,7 +574,7 @@ fn cached_engine(
         None => return Ok(None),
     };
     let read = |name: &str| -> Result<Vec<u8>, Error> {
-        let (p, _) = build::safe_input(&found.dir, Path::new(name))?;
+        let (p, _) = assemble::safe_input(&found.dir, Path::new(name))?;
         Ok(crate::oci::dir::read_file(
             &p,
             crate::oci::MAX_DOCUMENT,
@@ -586,7 +586,7 @@ fn cached_engine(
         .file_name()
         .map(PathBuf::from)
         .unwrap_or_default();
-    let (file, _) = build::safe_input(&found.dir, &name)?;
+    let (file, _) = assemble::safe_input(&found.dir, &name)?;
     eprintln!(
         "target {}: engine {} from {}",
         t.id,

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::build::{paths, BuildReport, ImageMeta, Payload, TargetSpec};
+use crate::assemble::{paths, BuildReport, ImageMeta, Payload, TargetSpec};
 
 /// The workspace lock file, as infer-build was compiled with.
 pub const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
@@ -239,7 +239,7 @@ pub fn input_for(
     layout: &Path,
     meta: &ImageMeta,
     spec: &TargetSpec,
-    report: &crate::build::TargetReport,
+    report: &crate::assemble::TargetReport,
     model: &Path,
     crates: &[lock::Crate],
     epoch: u64,

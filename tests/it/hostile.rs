@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use infer_build::build::{self, BuildOptions, ImageMeta, NoProgress, Payload, Policy, TargetSpec};
+use infer_build::assemble::{
+    self, BuildOptions, ImageMeta, NoProgress, Payload, Policy, TargetSpec,
+};
 use infer_build::oci::image::Platform;
 use infer_build::oci::store::BlobStore;
 use infer_build::oci::{layout, Digest};
@@ -69,20 +71,23 @@ fn gpu_target(dir: &Path, base: &Path) -> TargetSpec {
     t.id = "sm90-fp16".into();
     t.tag = "1.0.0-sm90-fp16".into();
     t.gpu = true;
-    t.base = Some(build::BaseRef {
+    t.base = Some(assemble::BaseRef {
         layout: base.into(),
         tag: None,
     });
     t
 }
 
-fn build_into(out: &Path, targets: &[TargetSpec]) -> Result<build::BuildReport, build::Error> {
+fn build_into(
+    out: &Path,
+    targets: &[TargetSpec],
+) -> Result<assemble::BuildReport, assemble::Error> {
     let opts = BuildOptions {
         epoch: 0,
         policy: Policy::Auto,
         zstd_workers: 1,
     };
-    build::build(out, &meta(), targets, &opts, &mut NoProgress)
+    assemble::build(out, &meta(), targets, &opts, &mut NoProgress)
 }
 
 /// A gzip-compressed tar layer holding `files` (path bytes, content).
@@ -529,7 +534,7 @@ fn layout_writers_go_through_directory_handles() {
         "fs::remove_file(",
     ];
     let mut found = Vec::new();
-    for dir in ["src/oci", "src/build", "src/sbom"] {
+    for dir in ["src/oci", "src/assemble", "src/sbom"] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.ends_with("dir.rs") || p.extension().is_none_or(|x| x != "rs") {
@@ -637,7 +642,7 @@ fn warmup_samples_are_shared_by_every_target() {
     assert!(plan.targets.len() >= 2);
     let samples: Arc<[u8]> = Arc::from(vec![b'x'; 1 << 20]);
     for t in &plan.targets {
-        let files = build::spec::Files {
+        let files = assemble::spec::Files {
             serve_bin: "infer-serve".into(),
             model: "model.onnx".into(),
             engine: None,
@@ -647,7 +652,7 @@ fn warmup_samples_are_shared_by_every_target() {
             base: None,
             library: None,
         };
-        let spec = build::spec::target_spec(&recipe, t, files).unwrap();
+        let spec = assemble::spec::target_spec(&recipe, t, files).unwrap();
         let shipped = spec
             .extra_files
             .values()

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use infer_build::build::{
+use infer_build::assemble::{
     self, BuildOptions, BuildReport, ImageMeta, NoProgress, Payload, Policy, TargetSpec,
 };
 use infer_build::oci::image::Platform;
@@ -93,7 +93,7 @@ fn build_into(out: &Path, targets: &[TargetSpec], policy: Policy) -> BuildReport
         policy,
         zstd_workers: 2,
     };
-    build::build(out, &meta(), targets, &opts, &mut NoProgress).unwrap()
+    assemble::build(out, &meta(), targets, &opts, &mut NoProgress).unwrap()
 }
 
 fn digests(r: &BuildReport) -> Vec<String> {
@@ -235,7 +235,7 @@ fn gpu_targets_need_a_base_layout() {
         policy: Policy::Auto,
         zstd_workers: 1,
     };
-    let e = build::build(out.path(), &meta(), &[t], &opts, &mut NoProgress).unwrap_err();
+    let e = assemble::build(out.path(), &meta(), &[t], &opts, &mut NoProgress).unwrap_err();
     assert!(e.to_string().contains("--base-layout"), "{e}");
     assert!(e.is_bad_input());
 }
@@ -251,7 +251,7 @@ fn gpu_target_stacks_on_a_base_layout() {
     t.id = "sm90-fp16".into();
     t.tag = "1.0.0-sm90-fp16".into();
     t.gpu = true;
-    t.base = Some(build::BaseRef {
+    t.base = Some(assemble::BaseRef {
         layout: base.path().into(),
         tag: Some("1.0.0-cpu-fp32".into()),
     });

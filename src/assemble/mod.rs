@@ -56,7 +56,7 @@ pub const PORTS: [u16; 2] = [
 /// (`docs/BENCHMARKS.md`, "Layer build").
 pub const WEIGHTS_THRESHOLD: u64 = 4 << 20;
 
-/// Errors of the `build` module.
+/// Errors of the `assemble` module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]

@@ -64,6 +64,14 @@ def h2load(n):
     return {"rps": rps, "mean_ms": mean_ms}
 
 
+def failures():
+    """The server's failed-request counters by reason (REJECTED, CANCELED, BACKEND, OTHER)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return {r: int(float(v)) for r, v in
+            re.findall(r'nv_inference_request_failure\{[^}]*reason="([A-Z]+)"\} (\S+)', text)}
+
+
+failed = {}
 BODY = grpc_body()
 cfg = rl.write_config("grpc.toml", port)
 os.environ["INFER_GRPC_PORT"] = str(gport)  # the server inherits it
@@ -72,8 +80,16 @@ results = {}
 try:
     for n in streams:
         for _ in range(rounds):
+            before = failures()
             results.setdefault(("http binary", n), []).append(rl.wrk(port, n, "binary"))
+            mid = failures()
             results.setdefault(("grpc raw", n), []).append(h2load(n))
+            after = failures()
+            for kind, a, b in (("http binary", before, mid), ("grpc raw", mid, after)):
+                for reason in b:
+                    if b[reason] - a.get(reason, 0):
+                        failed.setdefault((kind, n, reason), 0)
+                        failed[(kind, n, reason)] += b[reason] - a.get(reason, 0)
     stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/mlp/stats").read())
     fails = stats["model_stats"][0]["inference_stats"]["fail"]["count"]
 finally:
@@ -86,3 +102,5 @@ for (kind, n), runs in results.items():
            else f"mean {statistics.median(r['mean_ms'] for r in runs):.2f} ms")
     print(f"| {kind} | {n} | {rps:,.0f} | {lat} |")
 print(f"\nfailed requests on the server: {fails}")
+for (kind, n, reason), k in sorted(failed.items()):
+    print(f"  {kind} at {n}: {k} {reason}")

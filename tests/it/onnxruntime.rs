@@ -39,15 +39,7 @@ datatype = "FP32"
 dims = [-1, -1, 6625]
 "#;
 
-fn cache_dir() -> PathBuf {
-    std::env::var_os("INFER_BUILD_MODEL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| support::root().join("target/real-models"))
-}
-
-fn script() -> PathBuf {
-    support::root().join("tests/it/real_models.py")
-}
+use super::real_models::{cache_dir, script};
 
 /// A `runtime.toml` in `dir` serving `onnx` with ONNX Runtime from `library`.
 fn config(dir: &Path, name: &str, tensors: &str, onnx: &Path, library: &Path) -> PathBuf {

@@ -431,10 +431,8 @@ fn docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image() {
             PathBuf::from(stdout(&o).trim().lines().last().unwrap_or_default())
         }
     };
-    let script = root().join("tests/it/real_models.py");
-    let models_dir = std::env::var_os("INFER_BUILD_MODEL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/real-models"));
+    let script = super::real_models::script();
+    let models_dir = super::real_models::cache_dir();
     let o = Command::new(&py)
         .arg(&script)
         .arg("fetch")

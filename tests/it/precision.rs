@@ -21,11 +21,7 @@ fn pyenv_root() -> PathBuf {
         .unwrap_or_else(|| support::root().join("target/convert-pyenv"))
 }
 
-fn model_cache() -> PathBuf {
-    std::env::var_os("INFER_BUILD_MODEL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| support::root().join("target/real-models"))
-}
+use super::real_models::cache_dir as model_cache;
 
 const RECIPE: &str = r#"[model]
 name = "ocr-cls"
@@ -104,7 +100,7 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         return;
     }
     let o = Command::new(&py)
-        .arg(support::root().join("tests/it/real_models.py"))
+        .arg(super::real_models::script())
         .arg("fetch")
         .arg(model_cache())
         .output()

@@ -75,13 +75,16 @@ datatype = "fp32"
 shape = [-1, -1, 6625]
 "#;
 
-fn cache_dir() -> PathBuf {
+/// Where the real models are fetched to (`$INFER_BUILD_MODEL_CACHE`, else `target/real-models`);
+/// shared by every test that serves them.
+pub(super) fn cache_dir() -> PathBuf {
     std::env::var_os("INFER_BUILD_MODEL_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| support::root().join("target/real-models"))
 }
 
-fn script() -> PathBuf {
+/// `real_models.py`: fetches the models and checks answers against onnxruntime.
+pub(super) fn script() -> PathBuf {
     support::root().join("tests/it/real_models.py")
 }
 

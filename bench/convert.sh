@@ -3,7 +3,7 @@
 # engine` of a GPU target of the PaddleOCR direction classifier (tests/it/precision.rs's recipe:
 # TensorRT 11, L4) on a machine without a GPU, so each call converts (or finds the conversion),
 # runs the accuracy gate and stops at the GPU check (exit 1, ignored here):
-#   - fp16 and int8 cold: the conversion cache emptied before every run (the converter
+#   - fp16, int8 and fp8 cold: the conversion cache emptied before every run (the converter
 #     environment stays: it is created once per machine);
 #   - the same calls with the conversion cached;
 #   - reference, in the same run: the bare converter (src/engine/convert.py with the same
@@ -30,27 +30,35 @@ sed -n '/^const RECIPE: &str = r#"/,/^"#;/p' tests/it/precision.rs | sed '1s/.*r
 # Once, to create the converter environment if needed and to print the figures.
 "$BIN" engine "$W/r/recipe.toml" --target sm89-fp16 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
 "$BIN" engine "$W/r/recipe.toml" --target sm89-int8 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
+"$BIN" engine "$W/r/recipe.toml" --target sm89-fp8 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
 envpy=$(ls -d "$INFER_BUILD_PYENV"/convert-*/ | grep -v staging | head -1)bin/python
 req() {
-    printf '{"command":"convert","source":"%s","output":"%s","precision":"%s","method":"percentile","calibration":%s,"evaluation":"%s","inputs":[{"name":"x","datatype":"fp32","shape":[1,3,48,192]}],"quantize_ops":["Conv","ConvTranspose","Gemm","MatMul"],"fp16_keep_ops":["Exp","Log","Pow","Sqrt","Reciprocal","ReduceMean","ReduceSum","ReduceSumSquare","ReduceL2","ReduceLogSumExp","Softmax","LogSoftmax","LayerNormalization","InstanceNormalization"]}' \
-        "$W/r/model.onnx" "$W/bare/$1.onnx" "$1" "$2" "$W/r/eval"
+    printf '{"command":"convert","source":"%s","output":"%s","precision":"%s","method":"percentile","calibration":%s,"evaluation":"%s","inputs":[{"name":"x","datatype":"fp32","shape":[1,3,48,192]}],"quantize_ops":%s,"fp16_keep_ops":["Exp","Log","Pow","Sqrt","Reciprocal","ReduceMean","ReduceSum","ReduceSumSquare","ReduceL2","ReduceLogSumExp","Softmax","LogSoftmax","LayerNormalization","InstanceNormalization"]}' \
+        "$W/r/model.onnx" "$W/bare/$1.onnx" "$1" "$2" "$W/r/eval" "${3:-[\"Conv\",\"ConvTranspose\",\"Gemm\",\"MatMul\"]}"
 }
 mkdir -p "$W/bare"
 req fp16 null > "$W/fp16.json"
 req int8 "\"$W/r/calib\"" > "$W/int8.json"
+req fp8 "\"$W/r/calib\"" '["Conv","Gemm","MatMul"]' > "$W/fp8.json"
 hyperfine -N -i --runs "$RUNS" --export-json "$W/h.json" \
     --prepare "rm -rf $W/c1/v1/converted" -n "engine fp16, cold conversion" \
         "$BIN engine $W/r/recipe.toml --target sm89-fp16 --cache $W/c1" \
     --prepare "rm -rf $W/c1/v1/converted" -n "engine int8, cold conversion" \
         "$BIN engine $W/r/recipe.toml --target sm89-int8 --cache $W/c1" \
+    --prepare "rm -rf $W/c1/v1/converted" -n "engine fp8, cold conversion" \
+        "$BIN engine $W/r/recipe.toml --target sm89-fp8 --cache $W/c1" \
     --prepare "true" -n "engine fp16, cached" \
         "$BIN engine $W/r/recipe.toml --target sm89-fp16 --cache $W/c0" \
     --prepare "true" -n "engine int8, cached" \
         "$BIN engine $W/r/recipe.toml --target sm89-int8 --cache $W/c0" \
+    --prepare "true" -n "engine fp8, cached" \
+        "$BIN engine $W/r/recipe.toml --target sm89-fp8 --cache $W/c0" \
     --prepare "true" -n "bare converter fp16 (reference)" \
         "sh -c '$envpy src/engine/convert.py < $W/fp16.json'" \
     --prepare "true" -n "bare converter int8 (reference)" \
-        "sh -c '$envpy src/engine/convert.py < $W/int8.json'" >&2
+        "sh -c '$envpy src/engine/convert.py < $W/int8.json'" \
+    --prepare "true" -n "bare converter fp8 (reference)" \
+        "sh -c '$envpy src/engine/convert.py < $W/fp8.json'" >&2
 python3 - "$W/h.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["results"]
@@ -59,7 +67,7 @@ print("|---|---|---|")
 for r in rows:
     print(f"| {r['command']} | {r['median']:.3f} | {' '.join(f'{t:.2f}' for t in r['times'])} |")
 med = {r["command"]: r["median"] for r in rows}
-for p in ("fp16", "int8"):
+for p in ("fp16", "int8", "fp8"):
     cold, bare, hit = med[f"engine {p}, cold conversion"], med[f"bare converter {p} (reference)"], med[f"engine {p}, cached"]
     print(f"{p}: cold / bare converter = {cold / bare:.2f}x, cached / cold = {hit / cold:.3f}x")
 PY

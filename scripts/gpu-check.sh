@@ -7,13 +7,23 @@
 #   3. builds infer-serve with feature `tensorrt` against the headers of the TensorRT major found
 #      (scripts/build-runtime.sh FLAVOUR=gpu) and serves each engine through the real backend;
 #   4. sends the same random batches to it and to onnxruntime on the ONNX model, and compares
-#      (max abs difference: 1e-4 for fp32, 2e-2 for fp16).
+#      (max abs difference: 1e-4 for fp32, 2e-2 for fp16);
+#   5. repeats the precision accuracy comparison on built engines: on the real PaddleOCR
+#      direction classifier (tests/it/real_models.py) `infer-build engine` converts the model
+#      (fp16, int8, and fp8 on sm_89 and newer), gates it on the CPU and builds its engine with
+#      the local trtexec; the served engine and onnxruntime on the converted ONNX (the model the
+#      gate measured) get the same evaluation batches, compared with a tolerance per precision
+#      (max abs difference of the class probabilities: fp16 2e-2, int8 and fp8 5e-2); the
+#      engine's top-1 agreement with FP32 is printed.
 #
 # Every step it cannot do is said plainly ("NOT DONE: …") and makes the exit status non-zero;
 # exit 0 only when everything above ran and matched. Needs python with numpy, onnxruntime and
 # tritonclient[http] ($INFER_BUILD_PYTHON, default python3).
 #
-#   WORK=DIR  scratch directory (default: a new temporary one)
+#   WORK=DIR         scratch directory (default: a new temporary one)
+#   GPU_NAME=NAME    the GPU's name as matrix/gpus.toml spells it (default: nvidia-smi's, less
+#                    "NVIDIA ")
+#   INFER_BUILD=BIN  the infer-build binary (default: built here with cargo)
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -146,6 +156,145 @@ EOF
     kill -TERM "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
 done
+
+# 5. Converted precisions on a real model, engine vs the converted ONNX.
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
+gpu_name=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/^NVIDIA //')}
+sm="sm${cc//./}"
+infer_build=${INFER_BUILD:-}
+if [[ -z $infer_build ]]; then
+    if (cd "$root" && cargo build --release -q --bin infer-build); then
+        infer_build="${CARGO_TARGET_DIR:-$root/target}/release/infer-build"
+    fi
+fi
+precisions=(fp16 int8)
+# FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer.
+if [[ ${cc%%.*} -gt 8 || $cc == 8.9 ]]; then
+    precisions+=(fp8)
+fi
+cls="$work/cls"
+mkdir -p "$cls"
+models=$("$py" "$root/tests/it/real_models.py" fetch "$work/models" 2>"$cls/fetch.log")
+onnx=$(printf '%s' "$models" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["ocr-cls"])' 2>/dev/null)
+if [[ -z $infer_build || ! -x $infer_build ]]; then
+    not_done "converted precisions: no infer-build binary"
+elif [[ -z $onnx ]] || ! "$py" "$root/tests/it/precision_data.py" "$cls" >>"$cls/fetch.log" 2>&1; then
+    not_done "converted precisions: the classifier or its data could not be made (see $cls/fetch.log)"
+else
+    cp "$onnx" "$cls/model.onnx"
+    plist=$(printf '"%s", ' "${precisions[@]}")
+    cat >"$cls/recipe.toml" <<EOF
+[model]
+name = "ocr-cls"
+version = "1"
+onnx = "model.onnx"
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, 192]
+[model.outputs."save_infer_model/scale_0.tmp_1"]
+datatype = "fp32"
+shape = [-1, 2]
+[targets]
+gpus = ["$gpu_name"]
+precision = [${plist%, }]
+tensorrt = "$trt_version"
+cpu = false
+[int8]
+calibration = "calib/"
+[fp8]
+calibration = "calib/"
+[accuracy]
+data = "eval/"
+[accuracy.int8]
+min_top1 = 0.9
+[batching]
+max_batch_size = 8
+EOF
+    for precision in "${precisions[@]}"; do
+        dir="$cls/$precision"
+        mkdir -p "$dir"
+        if ! (cd "$cls" && "$infer_build" engine recipe.toml --target "$sm-$precision" \
+            --cache "$cls/cache" --json) >"$dir/engine.json" 2>"$dir/engine.log"; then
+            not_done "$precision: infer-build engine failed for $sm-$precision (see $dir/engine.log)"
+            continue
+        fi
+        read -r engine converted < <("$py" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["engine"], d["conversion"]["onnx"])' "$dir/engine.json")
+        cp "$engine" "$dir/engine.plan"
+        cat >"$dir/runtime.toml" <<EOF
+[model]
+name = "ocr-cls"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, 48, 192]
+[[outputs]]
+name = "save_infer_model/scale_0.tmp_1"
+datatype = "FP32"
+dims = [-1, 2]
+[batching]
+max_batch_size = 8
+[engine]
+kind = "tensorrt"
+path = "engine.plan"
+[server]
+host = "127.0.0.1"
+port = 0
+EOF
+        INFER_TRT_LIBRARY=$libnvinfer "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
+        pid=$!
+        port=""
+        for _ in $(seq 1 120); do
+            port=$(sed -n 's/.*"addr":"127\.0\.0\.1:\([0-9]*\)".*/\1/p' "$dir/serve.log" | head -n1)
+            grep -q '"ready"' "$dir/serve.log" && break
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        if ! grep -q '"ready"' "$dir/serve.log"; then
+            not_done "$precision: infer-serve did not become ready on the classifier engine (see $dir/serve.log)"
+            kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+            continue
+        fi
+        tol=2e-2; [[ $precision != fp16 ]] && tol=5e-2
+        if "$py" - "$cls/model.onnx" "$converted" "$cls/eval" "$port" "$tol" "$precision" <<'EOF'; then
+import glob, os, sys
+import numpy as np
+import onnxruntime as ort
+import tritonclient.http as http
+
+fp32, converted, data, port, tol, precision = sys.argv[1:7]
+tol = float(tol)
+opts = ort.SessionOptions()
+if precision == "fp8":
+    # As the accuracy gate: ONNX Runtime's Q/DQ fusions miscompute FP8 Conv on the CPU.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+ref = ort.InferenceSession(fp32, providers=["CPUExecutionProvider"])
+conv = ort.InferenceSession(converted, opts, providers=["CPUExecutionProvider"])
+name = "save_infer_model/scale_0.tmp_1"
+client = http.InferenceServerClient(f"127.0.0.1:{port}")
+worst, rows, agree = 0.0, 0, 0
+for f in sorted(glob.glob(os.path.join(data, "*.npy"))):
+    x = np.load(f).astype(np.float32)
+    inp = http.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    got = client.infer("ocr-cls", [inp]).as_numpy(name)
+    want = conv.run([name], {"x": x})[0]
+    base = ref.run([name], {"x": x})[0]
+    assert got.shape == want.shape, (got.shape, want.shape)
+    worst = max(worst, float(np.max(np.abs(got - want))))
+    rows += len(got)
+    agree += int((got.argmax(1) == base.argmax(1)).sum())
+print(f"gpu-check: {precision}: max |tensorrt - onnxruntime on the converted model| = {worst:.3g} "
+      f"(tolerance {tol:g}); engine top-1 agreement with FP32 {agree}/{rows}")
+sys.exit(0 if worst <= tol else 1)
+EOF
+            say "$precision: the classifier engine matches its converted model"
+        else
+            not_done "$precision: the classifier engine differs from its converted model beyond the tolerance, or the request failed"
+        fi
+        kill -TERM "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+fi
 
 if ((failures > 0)); then
     say "$failures step(s) not done; see above"

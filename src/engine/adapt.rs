@@ -11,29 +11,32 @@ use crate::matrix;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
 
-/// Map the matrix precision to the engine's; bf16/fp8/fp4/tf32 engines are not built yet.
+/// Map the matrix precision to the engine's; bf16/fp4/tf32 engines are not built.
 fn precision(target: &str, p: matrix::Precision) -> Result<Precision, Error> {
     match p {
         matrix::Precision::Fp32 => Ok(Precision::Fp32),
         matrix::Precision::Fp16 => Ok(Precision::Fp16),
         matrix::Precision::Int8 => Ok(Precision::Int8),
+        matrix::Precision::Fp8 => Ok(Precision::Fp8),
         other => Err(Error::Input {
             target: target.into(),
             input: "-".into(),
             reason: format!(
-                "{other} engines are not supported by the engine stage (fp32, fp16 and int8 are)"
+                "{other} engines are not supported by the engine stage (fp32, fp16, int8 and fp8 are)"
             ),
         }),
     }
 }
 
-/// The conversion of a target: `[int8] method` and calibration data, `[accuracy]` data and
-/// limits over the per-precision defaults.
+/// The conversion of a target: `[int8]` / `[fp8]` method and calibration data, `[accuracy]`
+/// data and limits over the per-precision defaults.
 fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
     let int8 = recipe.int8.as_ref();
+    let fp8 = recipe.fp8.as_ref();
     let mut thresholds = Thresholds::default_for(p);
     let key = match p {
         Precision::Int8 => crate::recipe::Precision::Int8,
+        Precision::Fp8 => crate::recipe::Precision::Fp8,
         _ => crate::recipe::Precision::Fp16,
     };
     if let Some(l) = recipe.accuracy.limits.get(&key) {
@@ -42,12 +45,17 @@ fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
         thresholds.min_top1 = l.min_top1.unwrap_or(thresholds.min_top1);
     }
     ConvertSpec {
-        method: int8
-            .and_then(|i| i.method.as_ref())
-            .map_or_else(|| DEFAULT_METHOD.to_string(), |m| m.value.clone()),
+        method: match p {
+            Precision::Fp8 => fp8.and_then(|f| f.method.as_ref()),
+            _ => int8.and_then(|i| i.method.as_ref()),
+        }
+        .map_or_else(|| DEFAULT_METHOD.to_string(), |m| m.value.clone()),
         calibration: match p {
             Precision::Int8 => int8
                 .and_then(|i| i.calibration.as_ref())
+                .map(|c| recipe.resolve(&c.value)),
+            Precision::Fp8 => fp8
+                .and_then(|f| f.calibration.as_ref())
                 .map(|c| recipe.resolve(&c.value)),
             _ => None,
         },

@@ -8,6 +8,14 @@
 //!   (zero point 0, as TensorRT requires), per-channel weights kept as float behind Q/DQ pairs,
 //!   biases unquantized, only the operators TensorRT runs in INT8 ([`QUANTIZE_OPS`]); the
 //!   calibration method is `[int8] method` (default [`DEFAULT_METHOD`]).
+//! - FP8 (E4M3): the script's own Q/DQ insertion with the onnx package (ONNX Runtime 1.32's FP8
+//!   path in `quantize_static` fails in its calibrator): opset 19 QuantizeLinear /
+//!   DequantizeLinear with FLOAT8E4M3FN zero points on the inputs of [`FP8_QUANTIZE_OPS`];
+//!   activations per tensor, scale = calibration amax / 448 (`[fp8] method`: `minmax` or
+//!   `percentile`, default [`DEFAULT_METHOD`]); weights stored in FP8 behind a
+//!   DequantizeLinear, per output channel for Conv (and Gemm with transB = 1), per tensor
+//!   otherwise; biases, other operators, inputs and outputs FP32. The gate runs it under ONNX
+//!   Runtime on the CPU with graph optimisations off (its Q/DQ fusions miscompute FP8 Conv).
 //!
 //! The converter is the embedded script `convert.py`, run by the interpreter of the pinned
 //! environment ([`super::pyenv`]) through [`crate::process`] with a deadline. The result is
@@ -45,6 +53,10 @@ pub const DEFAULT_METHOD: &str = "percentile";
 pub const METHODS: [&str; 3] = ["minmax", "entropy", "percentile"];
 /// Operators quantized for TensorRT: those it runs in INT8; the rest stay in float.
 pub const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
+/// Operators given FP8 Q/DQ inputs: the GEMM-shaped ones TensorRT runs in FP8.
+pub const FP8_QUANTIZE_OPS: [&str; 3] = ["Conv", "Gemm", "MatMul"];
+/// Calibration methods of the FP8 quantiser.
+pub const FP8_METHODS: [&str; 2] = ["minmax", "percentile"];
 /// Operators kept FP32 in an FP16 model, besides onnxconverter-common's own block list.
 pub const FP16_KEEP_OPS: [&str; 14] = [
     "Exp",
@@ -69,9 +81,9 @@ const CONVERT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// What to convert a target's model to, from the recipe.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertSpec {
-    /// The calibration method (INT8).
+    /// The calibration method (INT8, FP8).
     pub method: String,
-    /// Calibration data directory (`*.npy` / `*.npz`); required for INT8.
+    /// Calibration data directory (`*.npy` / `*.npz`); required for INT8 and FP8.
     pub calibration: Option<PathBuf>,
     /// Evaluation data directory for the accuracy figures; default: the calibration data,
     /// else [`GENERATED_SAMPLES`] seeded inputs.
@@ -143,6 +155,7 @@ struct KeyMaterial<'a> {
 fn tool_name(p: Precision) -> &'static str {
     match p {
         Precision::Int8 => "onnxruntime.quantization",
+        Precision::Fp8 => "infer-build.fp8-qdq",
         _ => "onnxconverter-common.float16",
     }
 }
@@ -153,6 +166,10 @@ fn options(precision: Precision, c: &ConvertSpec) -> serde_json::Value {
         Precision::Int8 => serde_json::json!({
             "method": c.method,
             "quantize_ops": QUANTIZE_OPS,
+        }),
+        Precision::Fp8 => serde_json::json!({
+            "method": c.method,
+            "quantize_ops": FP8_QUANTIZE_OPS,
         }),
         _ => serde_json::json!({ "fp16_keep_ops": FP16_KEEP_OPS }),
     }
@@ -205,11 +222,11 @@ pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, E
 /// Precisions infer-build converts to, with the reason for the others.
 pub fn check_supported(spec: &EngineSpec) -> Result<(), Error> {
     match spec.precision {
-        Precision::Fp16 | Precision::Int8 => Ok(()),
+        Precision::Fp16 | Precision::Int8 | Precision::Fp8 => Ok(()),
         other => Err(Error::Input {
             target: spec.target.clone(),
             input: "-".into(),
-            reason: format!("infer-build converts models to fp16 and int8, not {other}"),
+            reason: format!("infer-build converts models to fp16, int8 and fp8, not {other}"),
         }),
     }
 }
@@ -262,11 +279,27 @@ pub fn convert(
     if let Some(hit) = read_entry(&dir, &key, spec.precision)? {
         return Ok(hit);
     }
-    if spec.precision == Precision::Int8 && c.calibration.is_none() {
+    let table = match spec.precision {
+        Precision::Int8 => "int8",
+        Precision::Fp8 => "fp8",
+        _ => "",
+    };
+    if !table.is_empty() && c.calibration.is_none() {
         return Err(Error::Input {
             target: spec.target.clone(),
             input: "-".into(),
-            reason: "int8 conversion needs calibration data: set `[int8] calibration` to a directory of *.npy / *.npz batches".into(),
+            reason: format!("{} conversion needs calibration data: set `[{table}] calibration` to a directory of *.npy / *.npz batches", spec.precision),
+        });
+    }
+    if spec.precision == Precision::Fp8 && !FP8_METHODS.contains(&c.method.as_str()) {
+        return Err(Error::Input {
+            target: spec.target.clone(),
+            input: "-".into(),
+            reason: format!(
+                "fp8 calibration method `{}`: use one of {}",
+                c.method,
+                FP8_METHODS.join(", ")
+            ),
         });
     }
     std::fs::create_dir_all(&root).map_err(|source| Error::Io {

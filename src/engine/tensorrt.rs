@@ -38,6 +38,7 @@ pub fn expected_path(spec: &EngineSpec, trt: &TrtSpec) -> Result<PrecisionPath, 
         (_, Fp16) => PrecisionPath::Fp16Flag,
         (_, Int8) if trt.calibration.is_some() => PrecisionPath::Int8Calibrated,
         (_, Int8) => PrecisionPath::Int8Explicit,
+        (_, Fp8) => PrecisionPath::Fp8Explicit,
     })
 }
 

@@ -8,6 +8,7 @@
 //!   quantize) with `--calib=<cache>` for implicit quantization, or without `--calib` for a Q/DQ
 //!   model (explicit quantization). INT8 with neither is refused: TensorRT would use placeholder
 //!   scales.
+//! - FP8 (8.6 and 10.x): `--fp8 --fp16` on an FP8 Q/DQ model (explicit quantization only).
 //! - 11.x: strongly typed only; `--fp16/--int8/--calib` were removed. FP16 needs an ONNX already
 //!   converted to FP16, INT8 one with Q/DQ nodes (infer-build makes both, see
 //!   [`super::convert`]); anything else is refused.
@@ -56,6 +57,8 @@ pub enum PrecisionPath {
     Int8Calibrated,
     /// `--int8 --fp16` on a Q/DQ model: explicit quantization (8.6/10.x).
     Int8Explicit,
+    /// `--fp8 --fp16` on an FP8 Q/DQ model: explicit quantization (8.6/10.x).
+    Fp8Explicit,
     /// 11.x: the ONNX carries its types (FP16 tensors or Q/DQ nodes); no precision flag.
     StronglyTyped,
 }
@@ -96,6 +99,18 @@ pub fn precision_path(
                 "int8 needs calibration data or a calibration cache ([int8] calibration), or a model with Q/DQ nodes".into(),
             )),
         },
+        (line, Precision::Fp8) => {
+            if trt.calibration.is_some() {
+                return Err(refuse("fp8 has no TensorRT calibration: infer-build quantizes the model to FP8 Q/DQ from `[fp8] calibration` data".into()));
+            }
+            match (line, onnx.has_qdq()) {
+                (_, false) => Err(refuse(
+                    "fp8 needs a model with FP8 Q/DQ nodes (infer-build makes one from `[fp8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes".into(),
+                )),
+                (TrtLine::V11, true) => Ok(PrecisionPath::StronglyTyped),
+                (_, true) => Ok(PrecisionPath::Fp8Explicit),
+            }
+        }
         (TrtLine::V11, Precision::Fp16) => {
             if trt.calibration.is_some() {
                 return Err(refuse("TensorRT 11 has no calibration: infer-build converts fp16 models itself".into()));
@@ -181,6 +196,7 @@ pub fn build_args(
         PrecisionPath::Fp32 | PrecisionPath::StronglyTyped => {}
         PrecisionPath::Fp16Flag => a.push("--fp16".into()),
         PrecisionPath::Int8Explicit => a.extend(["--int8".into(), "--fp16".into()]),
+        PrecisionPath::Fp8Explicit => a.extend(["--fp8".into(), "--fp16".into()]),
         PrecisionPath::Int8Calibrated => {
             let cache = paths.calibration_cache.as_deref().ok_or(Error::Internal(
                 "calibrated int8 build without a calibration cache path",
@@ -523,6 +539,52 @@ mod tests {
 , { "name" : "idle", "timeMs" : 0, "averageMs" : 0, "medianMs" : 0, "percentage" : -nan }
 ]
 "#;
+
+    #[test]
+    fn fp8_needs_a_qdq_model_and_builds_explicitly() {
+        let v = |s: &str| s.parse().unwrap();
+        let mut summary = OnnxSummary {
+            op_types: ["Conv".to_string()].into_iter().collect(),
+            inputs: Vec::new(),
+            fp16_tensors: false,
+            input_dim_names: Vec::new(),
+            outputs: Vec::new(),
+        };
+        let trt = |version: &str| TrtSpec::new(v(version), v("12.9"), Sm::new(8, 9), v("575.57"));
+        let plain = precision_path("sm89-fp8", &trt("10.16.1.11"), Precision::Fp8, &summary);
+        assert!(
+            matches!(&plain, Err(Error::Precision { reason, .. }) if reason.contains("FP8 Q/DQ")),
+            "{plain:?}"
+        );
+        summary.op_types.insert("QuantizeLinear".into());
+        summary.op_types.insert("DequantizeLinear".into());
+        let p10 = precision_path("sm89-fp8", &trt("10.16.1.11"), Precision::Fp8, &summary).unwrap();
+        assert_eq!(p10, PrecisionPath::Fp8Explicit);
+        let args = build_args(
+            &trt("10.16.1.11"),
+            &p10,
+            &[],
+            false,
+            &BuildPaths::placeholders(false),
+        )
+        .unwrap();
+        assert_eq!(args[3..5], ["--fp8", "--fp16"]);
+        let p11 = precision_path("sm89-fp8", &trt("11.4.0.106"), Precision::Fp8, &summary).unwrap();
+        assert_eq!(p11, PrecisionPath::StronglyTyped);
+        let args = build_args(
+            &trt("11.4.0.106"),
+            &p11,
+            &[],
+            false,
+            &BuildPaths::placeholders(false),
+        )
+        .unwrap();
+        assert!(
+            !args.iter().any(|a| a == "--fp8" || a == "--fp16"),
+            "{args:?}"
+        );
+        assert!(args.contains(&"--stronglyTyped".to_string()), "{args:?}");
+    }
 
     #[test]
     fn times_json_summary() {

@@ -440,7 +440,6 @@ fn resolve_gpu_target<'m>(
     // target the plan accepts builds (docs/engines.md, "Precision").
     let not_built = match precision {
         Precision::Bf16 => Some("infer-build does not build bf16 engines: no BF16 converter runs without torch, and ONNX Runtime on the CPU cannot check a BF16 model's accuracy"),
-        Precision::Fp8 => Some("infer-build cannot make FP8 models yet: ONNX Runtime 1.32's FP8 quantiser fails in its calibrator (AttributeError in the Distribution method), and ModelOpt needs torch"),
         Precision::Fp4 => Some("infer-build cannot make FP4 models: ONNX Runtime has no FP4 quantiser, and ModelOpt needs torch"),
         _ => None,
     };
@@ -451,7 +450,7 @@ fn resolve_gpu_target<'m>(
             Refusal {
                 rule: "precision-not-built",
                 message: message.into(),
-                hint: format!("build fp16 or int8 for {sm}"),
+                hint: format!("build fp16, int8 or fp8 (sm_89 and newer) for {sm}"),
             },
         ));
     }
@@ -853,7 +852,9 @@ fn gpu_target(
     let precision_mode = match (precision, r.precision_api) {
         (Precision::Fp32, _) => PrecisionMode::Native,
         (Precision::Int8, _) if qdq => PrecisionMode::Qdq,
-        (Precision::Fp8 | Precision::Fp4, _) => PrecisionMode::Qdq,
+        // infer-build quantizes to FP8 Q/DQ from `[fp8] calibration` (the recipe requires it).
+        (Precision::Fp8, _) => PrecisionMode::Convert,
+        (Precision::Fp4, _) => PrecisionMode::Qdq,
         // A TensorRT calibration cache: TensorRT's own (implicit) calibration, 10.x and older.
         (Precision::Int8, PrecisionApi::BuilderFlags)
             if int8.is_some_and(|i| i.calibration_is_cache == Some(true)) =>

@@ -158,15 +158,29 @@ fn every_accepted_precision_is_one_the_engine_stage_builds() {
     for (p, mode) in [
         ("fp16", PrecisionMode::Convert),
         ("fp32", PrecisionMode::Native),
+        ("fp8", PrecisionMode::Convert),
     ] {
-        let t = plan_with(
-            &format!("[targets]\ngpus = [\"H100\"]\nprecision = [\"{p}\"]\ntensorrt = \"11\"\n"),
-            None,
-        )
-        .unwrap();
-        assert_eq!(t.targets[0].tensorrt.as_ref().unwrap().precision_mode, mode);
+        for trt in ["11", "10"] {
+            let t = plan_with(
+                &format!("[targets]\ngpus = [\"H100\", \"L4\"]\nprecision = [\"{p}\"]\ntensorrt = \"{trt}\"\n[fp8]\ncalibration = \"calib\"\n"),
+                None,
+            )
+            .unwrap();
+            for target in &t.targets {
+                let mode = if p == "fp16" && trt == "10" {
+                    PrecisionMode::BuilderFlag
+                } else {
+                    mode
+                };
+                assert_eq!(
+                    target.tensorrt.as_ref().unwrap().precision_mode,
+                    mode,
+                    "{p} {trt}"
+                );
+            }
+        }
     }
-    for p in ["bf16", "fp8"] {
+    for p in ["bf16"] {
         let d = refused(
             &format!("[targets]\ngpus = [\"H100\"]\nprecision = [\"{p}\"]\n"),
             &["precision-not-built"],
@@ -219,7 +233,7 @@ fn refusal_v100_with_tensorrt_10_5_or_newer() {
 #[test]
 fn refusal_fp8_on_sm86() {
     let d = refused(
-        "[targets]\ngpus = [\"A10\"]\nprecision = [\"fp8\"]\n",
+        "[targets]\ngpus = [\"A10\"]\nprecision = [\"fp8\"]\n[fp8]\ncalibration = \"c\"\n",
         &["fp8-needs-sm89"],
     );
     assert!(d[0].contains("targets.precision[0]"), "{}", d[0]);
@@ -270,7 +284,7 @@ fn refusal_cuda13_base_for_a_driver_below_580() {
 #[test]
 fn all_refusals_are_reported_at_once() {
     refused(
-        "[targets]\ngpus = [\"V100\", \"A10\", \"H900\"]\nprecision = [\"fp8\"]\ntensorrt = \"10.16\"\n",
+        "[targets]\ngpus = [\"V100\", \"A10\", \"H900\"]\nprecision = [\"fp8\"]\ntensorrt = \"10.16\"\n[fp8]\ncalibration = \"c\"\n",
         &["known-gpu", "fp8-needs-sm89", "fp8-needs-sm89"],
     );
 }

@@ -180,7 +180,8 @@ pub enum PrecisionMode {
     /// TensorRT 11.x: the ONNX carries its precision (only FP32 reaches this today).
     StronglyTyped,
     /// infer-build converts the FP32 ONNX and gates it on accuracy before the build: FP16 for
-    /// TensorRT 11.x, Q/DQ INT8 from `[int8] calibration` data for every TensorRT.
+    /// TensorRT 11.x, Q/DQ INT8 from `[int8] calibration` data and FP8 Q/DQ from `[fp8]
+    /// calibration` data for every TensorRT.
     Convert,
 }
 

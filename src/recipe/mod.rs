@@ -313,7 +313,7 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
 fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>) {
     let what = match f.kind {
         FileKind::Model => "model file",
-        FileKind::Calibration => "calibration data",
+        FileKind::Calibration | FileKind::CalibrationBatches => "calibration data",
         FileKind::Samples => "warm-up samples file",
         FileKind::Evaluation => "evaluation data",
     };
@@ -340,6 +340,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
             let hint = match f.kind {
                 FileKind::Model => "export the model to this path, or point `onnx` at your export (relative to the recipe)",
                 FileKind::Calibration => "put the calibration data (a directory of samples or a calibration cache) at this path",
+                FileKind::CalibrationBatches => "put the calibration batches (*.npy / *.npz) in this directory",
                 FileKind::Samples => "write the warm-up requests file at this path, or remove `samples` to warm up with synthetic data",
                 FileKind::Evaluation => "put the evaluation batches (*.npy / *.npz) in this directory, or remove `data` to evaluate on the calibration data",
             };
@@ -369,13 +370,13 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
         Ok(meta) => {
             let ok = match f.kind {
                 FileKind::Calibration => meta.is_file() || meta.is_dir(),
-                FileKind::Evaluation => meta.is_dir(),
+                FileKind::Evaluation | FileKind::CalibrationBatches => meta.is_dir(),
                 FileKind::Model | FileKind::Samples => meta.is_file(),
             };
             if !ok {
                 let expected = match f.kind {
                     FileKind::Calibration => "a regular file or a directory",
-                    FileKind::Evaluation => "a directory",
+                    FileKind::Evaluation | FileKind::CalibrationBatches => "a directory",
                     FileKind::Model | FileKind::Samples => "a regular file",
                 };
                 out.push(diag(

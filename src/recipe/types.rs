@@ -20,6 +20,8 @@ pub struct Recipe {
     pub targets: Targets,
     /// Present when the recipe has an `[int8]` table.
     pub int8: Option<Int8>,
+    /// Present when the recipe has an `[fp8]` table.
+    pub fp8: Option<Fp8>,
     /// `[accuracy]`: the accuracy gate of converted models (defaults when absent).
     pub accuracy: Accuracy,
     pub batching: Batching,
@@ -457,6 +459,21 @@ pub struct Int8 {
 
 /// Calibration methods `[int8] method` accepts (ONNX Runtime's static quantisation).
 pub const CALIBRATION_METHODS: [&str; 3] = ["minmax", "entropy", "percentile"];
+
+/// `[fp8]`: how infer-build quantizes the model to FP8 (E4M3) Q/DQ.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8 {
+    /// Calibration data directory (`*.npy` / `*.npz` batches), relative to the recipe's
+    /// directory. TensorRT has no FP8 calibrator: the Q/DQ model is always made from data.
+    pub calibration: Option<Located<PathBuf>>,
+    /// How activation ranges are taken from the calibration data: one of
+    /// [`FP8_CALIBRATION_METHODS`]; `None` for the default (`percentile`).
+    pub method: Option<Located<String>>,
+}
+
+/// Calibration methods `[fp8] method` accepts (infer-build's FP8 quantiser: the largest
+/// magnitude, or its 99.999th percentile).
+pub const FP8_CALIBRATION_METHODS: [&str; 2] = ["minmax", "percentile"];
 
 /// `[accuracy]`: what a converted (FP16, INT8) model must keep against the FP32 model.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -32,10 +32,13 @@ pub(crate) enum FileKind {
     Samples,
     /// `accuracy.data`: a directory.
     Evaluation,
+    /// `fp8.calibration`: a directory of batches.
+    CalibrationBatches,
 }
 
-const ROOT_KEYS: [&str; 9] = [
-    "model", "targets", "engine", "int8", "accuracy", "batching", "warmup", "image", "deploy",
+const ROOT_KEYS: [&str; 10] = [
+    "model", "targets", "engine", "int8", "fp8", "accuracy", "batching", "warmup", "image",
+    "deploy",
 ];
 const ENGINE_KEYS: [&str; 1] = ["cpu"];
 const MODEL_KEYS: [&str; 6] = [
@@ -59,7 +62,8 @@ const TARGETS_KEYS: [&str; 7] = [
     "hardware_compatibility",
 ];
 const INT8_KEYS: [&str; 3] = ["calibration", "qdq", "method"];
-const ACCURACY_KEYS: [&str; 3] = ["data", "fp16", "int8"];
+const FP8_KEYS: [&str; 2] = ["calibration", "method"];
+const ACCURACY_KEYS: [&str; 4] = ["data", "fp16", "int8", "fp8"];
 const LIMIT_KEYS: [&str; 3] = ["max_abs", "max_rel", "min_top1"];
 const BATCHING_KEYS: [&str; 6] = [
     "max_batch_size",
@@ -131,6 +135,9 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let int8_table = cx.table(&root, "int8");
     let int8 = int8_table.as_ref().map(|t| int8(cx, t, &mut files));
     check_int8_needed(cx, &targets, int8_table.as_ref());
+    let fp8_table = cx.table(&root, "fp8");
+    let fp8 = fp8_table.as_ref().map(|t| fp8(cx, t, &mut files));
+    check_fp8_needed(cx, &targets, fp8_table.as_ref());
     let accuracy_table = cx.table(&root, "accuracy");
     let accuracy = accuracy_table
         .as_ref()
@@ -153,6 +160,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             model,
             targets,
             int8,
+            fp8,
             accuracy,
             batching,
             warmup,
@@ -945,6 +953,58 @@ fn int8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> In
 }
 
 // ---------------------------------------------------------------------------------------------
+// [fp8]
+
+fn fp8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Fp8 {
+    cx.unknown_keys(t, &FP8_KEYS);
+    let calibration = cx
+        .string(t, "calibration")
+        .and_then(|p| relative_path(cx, p, "the calibration data"));
+    match &calibration {
+        Some(p) => files.push(FileRef {
+            path: p.clone(),
+            kind: FileKind::CalibrationBatches,
+        }),
+        None if t.inner.get("calibration").is_none() => cx.error_hint(
+            t.span,
+            "fp8",
+            "[fp8] needs `calibration`: a directory of calibration batches",
+            "add `calibration = \"calibration/\"` (*.npy / *.npz batches of the model's inputs)",
+        ),
+        None => {}
+    }
+    let method = cx.string(t, "method");
+    if let Some(m) = &method {
+        if !FP8_CALIBRATION_METHODS.contains(&m.value.as_str()) {
+            cx.error_hint(
+                m.span,
+                &m.key,
+                format!("unknown fp8 calibration method `{}`", m.value),
+                format!("use one of {}", FP8_CALIBRATION_METHODS.join(", ")),
+            );
+        }
+    }
+    Fp8 {
+        calibration,
+        method,
+    }
+}
+
+fn check_fp8_needed(cx: &mut Checker<'_>, targets: &Targets, table: Option<&Table<'_, '_>>) {
+    let Some(p) = targets.precision.iter().find(|p| p.value == Precision::Fp8) else {
+        return;
+    };
+    if table.is_none() {
+        cx.error_hint(
+            p.span,
+            &p.key,
+            "fp8 engines need an FP8 Q/DQ model, which infer-build makes from calibration data, and the recipe has no [fp8] table",
+            "add `[fp8]` with `calibration = \"calibration/\"`",
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // [accuracy]
 
 fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Accuracy {
@@ -959,7 +1019,11 @@ fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -
         });
     }
     let mut limits = BTreeMap::new();
-    for (name, precision) in [("fp16", Precision::Fp16), ("int8", Precision::Int8)] {
+    for (name, precision) in [
+        ("fp16", Precision::Fp16),
+        ("int8", Precision::Int8),
+        ("fp8", Precision::Fp8),
+    ] {
         let Some(lt) = cx.table(t, name) else {
             continue;
         };

@@ -1,7 +1,8 @@
 //! Precision as a build step, on a real pretrained model (PaddleOCR's text direction classifier
 //! from the pinned `rapidocr-onnxruntime` wheel, see `real_models.rs`), with no GPU:
 //! `infer-build engine` of a GPU target converts the FP32 ONNX (FP16 with onnxconverter-common,
-//! INT8 Q/DQ with ONNX Runtime's quantiser) in the pinned environment it creates, measures the
+//! INT8 Q/DQ with ONNX Runtime's quantiser, FP8 E4M3 Q/DQ with infer-build's own insertion) in
+//! the pinned environment it creates, measures the
 //! converted model against FP32 under ONNX Runtime, and stops at the GPU check; a second call
 //! is a conversion cache hit; a deliberately bad calibration set is refused by the accuracy gate
 //! with its figures (exit 2); the shipped ResNet-50 recipe's INT8 target converts.
@@ -38,11 +39,14 @@ shape = [-1, 2]
 
 [targets]
 gpus = ["L4"]
-precision = ["fp16", "int8"]
+precision = ["fp16", "int8", "fp8"]
 tensorrt = "11"
 cpu = false
 
 [int8]
+calibration = "CALIB/"
+
+[fp8]
 calibration = "CALIB/"
 
 [accuracy]
@@ -54,6 +58,27 @@ min_top1 = 0.9
 
 [batching]
 max_batch_size = 8
+"#;
+
+/// Counts a model's Q/DQ nodes and those whose zero point is FLOAT8E4M3FN, its FP8 weights,
+/// its opset, and the element type of its inputs and outputs.
+const FP8_CHECK: &str = r#"
+import json, sys
+import onnx
+from onnx import TensorProto as T
+m = onnx.load(sys.argv[1])
+g = m.graph
+types = {i.name: i.data_type for i in g.initializer}
+q = [n for n in g.node if n.op_type == "QuantizeLinear"]
+dq = [n for n in g.node if n.op_type == "DequantizeLinear"]
+fp8 = lambda n: len(n.input) > 2 and types.get(n.input[2]) == T.FLOAT8E4M3FN
+io = {v.type.tensor_type.elem_type for v in list(g.input) + list(g.output)}
+print(json.dumps({
+    "opset": max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")),
+    "q": len(q), "q_fp8": sum(map(fp8, q)), "dq_fp8": sum(map(fp8, dq)),
+    "fp8_weights": sum(1 for n in dq if types.get(n.input[0]) == T.FLOAT8E4M3FN),
+    "io": "fp32" if io == {T.FLOAT} else str(io),
+}))
 "#;
 
 fn engine(dir: &Path, cache: &Path, target: &str) -> (std::process::Output, f64) {
@@ -128,7 +153,7 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         assert_eq!(t["tensorrt"]["precision_mode"], "convert", "{t}");
     }
 
-    for target in ["sm89-fp16", "sm89-int8"] {
+    for target in ["sm89-fp16", "sm89-int8", "sm89-fp8"] {
         let (first, t1) = engine(&good, &cache, target);
         let err = stderr(&first);
         eprintln!("{target} first call ({t1:.1}s):\n{err}");
@@ -175,7 +200,7 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         .filter_map(|e| std::fs::read(e.unwrap().path().join("conversion.json")).ok())
         .map(|b| serde_json::from_slice(&b).unwrap())
         .collect();
-    assert_eq!(reports.len(), 2);
+    assert_eq!(reports.len(), 3);
     for r in &reports {
         assert_eq!(r["versions"]["onnxruntime"], "1.32.0", "{r}");
         assert_eq!(r["versions"]["onnx"], "1.23.2", "{r}");
@@ -183,6 +208,36 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         assert_eq!(o["rows"], 32, "{r}");
         assert!(o["top1_agreement"].as_f64().unwrap() >= 0.9, "{r}");
     }
+
+    // The FP8 model really is FP8: opset 19 Q/DQ pairs with FLOAT8E4M3FN zero points on the
+    // activations, FP8 weights behind DequantizeLinear, inputs and outputs still FP32.
+    let fp8 = std::fs::read_dir(cache.join("v1/converted"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            std::fs::read(p.join("conversion.json"))
+                .map(|b| String::from_utf8_lossy(&b).contains("FLOAT8E4M3FN"))
+                .unwrap_or(false)
+        })
+        .expect("an fp8 conversion");
+    let o = Command::new(&py)
+        .arg("-c")
+        .arg(FP8_CHECK)
+        .arg(fp8.join("model.onnx"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let census: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    eprintln!("fp8 model: {census}");
+    assert!(census["opset"].as_i64().unwrap() >= 19, "{census}");
+    assert!(census["q_fp8"].as_u64().unwrap() > 0, "{census}");
+    assert_eq!(census["q_fp8"], census["q"], "{census}");
+    assert!(
+        census["dq_fp8"].as_u64().unwrap() > census["q_fp8"].as_u64().unwrap(),
+        "{census}"
+    );
+    assert!(census["fp8_weights"].as_u64().unwrap() > 0, "{census}");
+    assert_eq!(census["io"], "fp32", "{census}");
 
     // A useless calibration set: the INT8 model is refused with its figures, exit 2.
     let bad = recipe_dir(tmp.path(), &onnx, &data, "bad");
@@ -198,6 +253,15 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         "{err}"
     );
     assert!(!err.contains("needs a GPU"), "{err}");
+    let (o, _) = engine(&bad, &cache, "sm89-fp8");
+    let err = stderr(&o);
+    eprintln!("bad fp8 calibration:\n{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("target sm89-fp8: the fp8 model fails the accuracy gate")
+            && err.contains("< 95.00%"),
+        "{err}"
+    );
 
     // The shipped ResNet-50 recipe's INT8 targets convert from its committed calibration set
     // (TensorRT 10 here: explicit quantization instead of TensorRT's own calibration).

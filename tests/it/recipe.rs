@@ -1398,3 +1398,30 @@ recipe.toml:19:1: accuracy.fp16.max: unknown key `max` in [accuracy.fp16]
   hint: valid keys in [accuracy.fp16]: max_abs, max_rel, min_top1"#,
     );
 }
+
+#[test]
+fn fp8_calibration_table() {
+    let targets = "\n[targets]\ngpus = [\"L4\"]\nprecision = [\"fp8\"]\n";
+    let r = parse_ok(&format!(
+        "{BASE}{targets}[fp8]\ncalibration = \"c/\"\nmethod = \"minmax\"\n[accuracy.fp8]\nmin_top1 = 0.9\n"
+    ));
+    let f = r.fp8.as_ref().unwrap();
+    assert_eq!(f.calibration.as_ref().unwrap().value, Path::new("c/"));
+    assert_eq!(f.method.as_ref().unwrap().value, "minmax");
+    assert_eq!(
+        r.accuracy.limits[&recipe::Precision::Fp8].min_top1,
+        Some(0.9)
+    );
+    let errors = |src: String| match recipe::parse(&src, Path::new("recipe.toml")) {
+        Ok(_) => panic!("accepted:\n{src}"),
+        Err(e) => recipe::render(e.diagnostics()),
+    };
+    let e = errors(format!("{BASE}{targets}"));
+    assert!(e.contains("the recipe has no [fp8] table"), "{e}");
+    let e = errors(format!("{BASE}{targets}[fp8]\nmethod = \"entropy\"\n"));
+    assert!(
+        e.contains("[fp8] needs `calibration`")
+            && e.contains("unknown fp8 calibration method `entropy`"),
+        "{e}"
+    );
+}

@@ -88,6 +88,8 @@ pub enum Precision {
     Fp32,
     Fp16,
     Int8,
+    /// FP8 E4M3 through Q/DQ nodes (explicit quantization; Ada sm_89, Hopper and newer).
+    Fp8,
 }
 
 impl fmt::Display for Precision {
@@ -96,6 +98,7 @@ impl fmt::Display for Precision {
             Precision::Fp32 => "fp32",
             Precision::Fp16 => "fp16",
             Precision::Int8 => "int8",
+            Precision::Fp8 => "fp8",
         })
     }
 }
@@ -107,7 +110,8 @@ impl FromStr for Precision {
             "fp32" => Ok(Precision::Fp32),
             "fp16" => Ok(Precision::Fp16),
             "int8" => Ok(Precision::Int8),
-            _ => Err(ParseError::new("precision", s, "fp32, fp16 or int8")),
+            "fp8" => Ok(Precision::Fp8),
+            _ => Err(ParseError::new("precision", s, "fp32, fp16, int8 or fp8")),
         }
     }
 }

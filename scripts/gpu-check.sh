@@ -33,6 +33,23 @@ mkdir -p "$work"
 failures=0
 say() { echo "gpu-check: $*"; }
 not_done() { echo "gpu-check: NOT DONE: $*"; failures=$((failures + 1)); }
+# Starts "$serve" on DIR/runtime.toml (its log in DIR/serve.log) and waits up to 60 s for
+# "ready"; sets pid and port. On failure the server is stopped and the status is 1.
+serve_until_ready() {
+    local dir=$1
+    INFER_TRT_LIBRARY=$libnvinfer "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
+    pid=$!
+    port=""
+    for _ in $(seq 1 120); do
+        port=$(sed -n 's/.*"addr":"127\.0\.0\.1:\([0-9]*\)".*/\1/p' "$dir/serve.log" | head -n1)
+        grep -q '"ready"' "$dir/serve.log" && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    grep -q '"ready"' "$dir/serve.log" && return 0
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    return 1
+}
 
 # 1. What this node has.
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -111,18 +128,8 @@ path = "engine.plan"
 host = "127.0.0.1"
 port = 0
 EOF
-    INFER_TRT_LIBRARY=$libnvinfer "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
-    pid=$!
-    port=""
-    for _ in $(seq 1 120); do
-        port=$(sed -n 's/.*"addr":"127\.0\.0\.1:\([0-9]*\)".*/\1/p' "$dir/serve.log" | head -n1)
-        grep -q '"ready"' "$dir/serve.log" && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    if ! grep -q '"ready"' "$dir/serve.log"; then
+    if ! serve_until_ready "$dir"; then
         not_done "$precision: infer-serve did not become ready (see $dir/serve.log)"
-        kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
         continue
     fi
     say "$precision: $(grep '"node"' "$dir/serve.log" | head -n1)"
@@ -240,18 +247,8 @@ path = "engine.plan"
 host = "127.0.0.1"
 port = 0
 EOF
-        INFER_TRT_LIBRARY=$libnvinfer "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
-        pid=$!
-        port=""
-        for _ in $(seq 1 120); do
-            port=$(sed -n 's/.*"addr":"127\.0\.0\.1:\([0-9]*\)".*/\1/p' "$dir/serve.log" | head -n1)
-            grep -q '"ready"' "$dir/serve.log" && break
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.5
-        done
-        if ! grep -q '"ready"' "$dir/serve.log"; then
+        if ! serve_until_ready "$dir"; then
             not_done "$precision: infer-serve did not become ready on the classifier engine (see $dir/serve.log)"
-            kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
             continue
         fi
         tol=2e-2; [[ $precision != fp16 ]] && tol=5e-2

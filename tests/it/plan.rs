@@ -68,7 +68,7 @@ fn refuses_v100_with_tensorrt_10_5_or_newer() {
 #[test]
 fn refuses_fp8_on_sm86() {
     let e = refused(
-        "[targets]\ngpus = [\"sm_86\"]\nprecision = [\"fp8\"]\n",
+        "[targets]\ngpus = [\"sm_86\"]\nprecision = [\"fp8\"]\n[fp8]\ncalibration = \".\"\n",
         &["fp8-needs-sm89"],
     );
     assert!(e.contains("r.toml:10:14: targets.precision[0]:"), "{e}");
@@ -103,7 +103,7 @@ fn refuses_a_cuda_13_base_below_driver_580() {
 #[test]
 fn reports_every_refusal_at_once() {
     refused(
-        "[targets]\ngpus = [\"V100\", \"A10\", \"Jetson AGX Orin\", \"H9000\"]\nprecision = [\"fp16\", \"fp8\"]\ntensorrt = \"11\"\n",
+        "[targets]\ngpus = [\"V100\", \"A10\", \"Jetson AGX Orin\", \"H9000\"]\nprecision = [\"fp16\", \"fp8\"]\ntensorrt = \"11\"\n[fp8]\ncalibration = \".\"\n",
         &["tensorrt-min-sm", "fp8-needs-sm89", "tensorrt-11-no-jetson", "known-gpu"],
     );
 }

@@ -17,35 +17,9 @@ use infer_serve::grpc::codec::{decode_infer, encode_infer, frame, unframe};
 use infer_spec::RuntimeConfig;
 use libfuzzer_sys::fuzz_target;
 
-const CFG: &str = r#"
-[model]
-name = "m"
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 2]
-[[inputs]]
-name = "ids"
-datatype = "INT8"
-dims = [-1, 2]
-[[inputs]]
-name = "s"
-datatype = "BYTES"
-dims = [-1, 1]
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 2]
-[batching]
-max_batch_size = 4
-[engine]
-kind = "tract-onnx"
-path = "m.onnx"
-"#;
-
 fn cfg() -> &'static RuntimeConfig {
     static CFG_ONCE: OnceLock<RuntimeConfig> = OnceLock::new();
-    CFG_ONCE.get_or_init(|| RuntimeConfig::from_toml_str(CFG).expect("the fuzz config parses"))
+    CFG_ONCE.get_or_init(|| infer_serve::fixtures::decoder_model("INT8", true))
 }
 
 fuzz_target!(|data: &[u8]| {

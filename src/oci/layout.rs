@@ -78,6 +78,9 @@ pub fn resolve(store: &BlobStore, tag: &str) -> Result<Descriptor, Error> {
 pub struct FoundImage {
     pub descriptor: Descriptor,
     pub manifest: Manifest,
+    /// The manifest as stored (verified against the descriptor), for readers that keep
+    /// fields [`Manifest`] does not model.
+    pub manifest_bytes: Vec<u8>,
     /// The config as JSON, verified against its digest.
     pub config: serde_json::Value,
 }
@@ -101,29 +104,124 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
                 stack.extend(i.manifests.into_iter().rev());
                 indexes.push(d);
             }
-            _ => {
-                let manifest: Manifest = decode(&format!("manifest {}", d.digest), &bytes)?;
-                if manifest.layers.len() > MAX_LAYERS {
-                    return Err(Error::NotALayout {
-                        path: store.root().into(),
-                        why: format!(
-                            "manifest {} has {} layers, more than the {MAX_LAYERS} infer-build accepts",
-                            d.digest,
-                            manifest.layers.len()
-                        ),
-                    });
-                }
-                let cfg = store.read_exact(&manifest.config.digest, manifest.config.size)?;
-                let config = decode(&format!("config {}", manifest.config.digest), &cfg)?;
-                images.push(FoundImage {
-                    descriptor: d,
-                    manifest,
-                    config,
-                });
-            }
+            _ => images.push(read_image(store, d, bytes)?),
         }
     }
     Ok((images, indexes))
+}
+
+/// The image manifest `d` (whose verified bytes are `bytes`) with its verified config.
+fn read_image(store: &BlobStore, d: Descriptor, bytes: Vec<u8>) -> Result<FoundImage, Error> {
+    let manifest: Manifest = decode(&format!("manifest {}", d.digest), &bytes)?;
+    if manifest.layers.len() > MAX_LAYERS {
+        return Err(Error::NotALayout {
+            path: store.root().into(),
+            why: format!(
+                "manifest {} has {} layers, more than the {MAX_LAYERS} infer-build accepts",
+                d.digest,
+                manifest.layers.len()
+            ),
+        });
+    }
+    let cfg = store.read_exact(&manifest.config.digest, manifest.config.size)?;
+    let config = decode(&format!("config {}", manifest.config.digest), &cfg)?;
+    Ok(FoundImage {
+        descriptor: d,
+        manifest,
+        manifest_bytes: bytes,
+        config,
+    })
+}
+
+fn is_index(d: &Descriptor) -> bool {
+    d.media_type == media::INDEX || d.media_type == media::DOCKER_LIST
+}
+
+/// The platform every image infer-build builds or reads runs on.
+pub const PLATFORM: (&str, &str) = ("linux", "amd64");
+
+/// Select one image of the layout: `want` is a digest (of a top-level entry, or of a manifest
+/// listed in a top-level index: a platform manifest pinned by a lock file), a ref name, or
+/// `None` when the layout holds exactly one entry. An index is followed to its `linux/amd64`
+/// manifest (else its only one), at most four levels deep. Every document is read verified
+/// against its descriptor (size, digest, [`super::MAX_DOCUMENT`]).
+pub fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error> {
+    let no_image = |why: String| Error::NoImage {
+        layout: store.root().into(),
+        why,
+    };
+    let entries = read_index(store)?.manifests;
+    let pick = |d: &&Descriptor| match want {
+        None => true,
+        Some(w) if w.starts_with("sha256:") => d.digest.as_str() == w,
+        Some(w) => ref_name(d).as_deref() == Some(w),
+    };
+    let found: Vec<&Descriptor> = entries.iter().filter(pick).collect();
+    let mut desc = match (found.as_slice(), want) {
+        ([one], _) => (*one).clone(),
+        ([], Some(w)) if w.starts_with("sha256:") => match nested(store, &entries, w)? {
+            Some(d) => d,
+            None => return Err(no_image(format!("no image `{w}` in the layout"))),
+        },
+        ([], Some(w)) => return Err(no_image(format!("no image `{w}` in the layout"))),
+        ([], None) => return Err(no_image("the layout holds no image".into())),
+        (_, _) => {
+            return Err(no_image(
+                "the layout holds several images; name one (digest or ref name)".into(),
+            ))
+        }
+    };
+    for _ in 0..4 {
+        let bytes = store.read_exact(&desc.digest, desc.size)?;
+        if !is_index(&desc) {
+            let img = read_image(store, desc, bytes)?;
+            let m = img.manifest.media_type.as_str();
+            if !m.is_empty() && m != media::MANIFEST && m != media::DOCKER_MANIFEST {
+                return Err(no_image(format!(
+                    "{} is a `{m}`, not an image manifest",
+                    img.descriptor.digest
+                )));
+            }
+            return Ok(img);
+        }
+        let idx: Index = decode(&format!("index {}", desc.digest), &bytes)?;
+        let (os, arch) = PLATFORM;
+        let native = idx.manifests.iter().find(|m| {
+            m.platform
+                .as_ref()
+                .is_some_and(|p| p.os == os && p.architecture == arch)
+        });
+        desc = match (native, idx.manifests.as_slice()) {
+            (Some(m), _) | (None, [m]) => m.clone(),
+            _ => {
+                return Err(no_image(format!(
+                    "index {} has no {os}/{arch} image",
+                    desc.digest
+                )))
+            }
+        };
+    }
+    Err(no_image("indexes nested too deep".into()))
+}
+
+/// The descriptor with digest `want` inside one of the indexes listed in `entries`.
+fn nested(
+    store: &BlobStore,
+    entries: &[Descriptor],
+    want: &str,
+) -> Result<Option<Descriptor>, Error> {
+    for e in entries.iter().filter(|e| is_index(e)) {
+        let bytes = store.read_exact(&e.digest, e.size)?;
+        let idx: Index = decode(&format!("index {}", e.digest), &bytes)?;
+        if let Some(m) = idx
+            .manifests
+            .into_iter()
+            .find(|m| m.digest.as_str() == want)
+        {
+            return Ok(Some(m));
+        }
+    }
+    Ok(None)
 }
 
 /// Write the layout as an `oci-archive` at `dest` (through a temp file and a rename).

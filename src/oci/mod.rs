@@ -4,8 +4,9 @@
 //! `oci` owns the canonical tar writer ([`tar`]), the compressors ([`compress`]), the one-pass
 //! layer writer ([`layer`]: tar → sha256 diff_id → compressor → sha256 digest → temp file →
 //! fsync → atomic rename), the content-addressed blob store with its lock and build cache
-//! ([`store`]), canonical JSON ([`cjson`]), the config/manifest/index types ([`image`]) and
-//! OCI layout / archive reading and writing ([`layout`]).
+//! ([`store`]), canonical JSON ([`cjson`]), the config/manifest/index types ([`image`]),
+//! OCI layout / archive reading and writing with image selection ([`layout`]) and the one
+//! layer reader ([`unpack`]) that every module decoding a layer blob goes through.
 //!
 //! It knows nothing about recipes, plans, engines or the terminal: callers hand it entries
 //! (paths inside the image, modes, sources) and get descriptors back. Invariants:
@@ -25,6 +26,7 @@ pub mod layer;
 pub mod layout;
 pub mod store;
 pub mod tar;
+pub mod unpack;
 
 use std::path::PathBuf;
 
@@ -143,6 +145,10 @@ pub enum Error {
         tag: String,
         known: String,
     },
+    #[error("layer {digest} has media type `{media_type}`, not a layer infer-build can read (tar, tar+gzip, tar+zstd)")]
+    UnsupportedLayer { digest: Digest, media_type: String },
+    #[error("{layout}: {why}")]
+    NoImage { layout: PathBuf, why: String },
     #[error("layer pipeline failed: {0}")]
     Pipeline(String),
 }
@@ -164,6 +170,8 @@ impl Error {
                 | Error::MissingBlob { .. }
                 | Error::NotALayout { .. }
                 | Error::NoSuchTag { .. }
+                | Error::UnsupportedLayer { .. }
+                | Error::NoImage { .. }
         )
     }
 

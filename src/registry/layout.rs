@@ -1,5 +1,8 @@
-//! The little OCI image layout reading and writing the registry client needs: `index.json`,
-//! `blobs/sha256/<hex>`, descriptors. Generic (any valid layout); the image-assembly module
+//! The registry's view of an OCI image layout: its loose descriptor and manifest types (push,
+//! pull and warm-up carry fields infer-build does not model) over the one layout reader,
+//! [`crate::oci::store::BlobStore`]: every read (`index.json`, manifests, configs, blob checks)
+//! goes through it, so links are refused, sizes and digests checked and documents capped as for
+//! every other layout. Pulls add blobs and `index.json` entries here; the image-assembly module
 //! owns the real layout writer.
 
 use std::collections::BTreeMap;
@@ -7,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{canonical_json, digest_hex, media, sha256_digest, Error, Result};
+use super::{canonical_json, media, sha256_digest, Error, Result};
+use crate::oci::store::BlobStore;
+use crate::oci::Digest;
 
 /// The annotation that names a manifest in a layout's `index.json`.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
@@ -62,26 +67,19 @@ impl Manifest {
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub root: PathBuf,
+    store: BlobStore,
 }
 
 impl Layout {
     /// Open an existing layout: `oci-layout` and `index.json` must be there.
     pub fn open(root: &Path) -> Result<Layout> {
-        let bad = |reason: String| Error::Layout {
-            path: root.to_path_buf(),
-            reason,
-        };
-        if !root.join("oci-layout").is_file() {
-            return Err(bad(
-                "no `oci-layout` file (is this an OCI image layout directory?)".into(),
-            ));
-        }
-        if !root.join("index.json").is_file() {
-            return Err(bad("no `index.json`".into()));
-        }
-        Ok(Layout {
+        let store = BlobStore::open(root).map_err(|e| layout_error(root, e))?;
+        let layout = Layout {
             root: root.to_path_buf(),
-        })
+            store,
+        };
+        layout.read_index()?;
+        Ok(layout)
     }
 
     /// Open `root` as a layout, creating an empty one when it does not exist.
@@ -100,23 +98,26 @@ impl Layout {
         Layout::open(root)
     }
 
-    /// Read a top-level file of the layout: a regular file (no link followed), at most
-    /// `oci::MAX_DOCUMENT` bytes.
-    fn read_top(&self, name: &str) -> Result<Vec<u8>> {
-        crate::oci::Dir::open(&self.root)
-            .and_then(|d| d.read(name, crate::oci::MAX_DOCUMENT, name))
-            .map_err(|e| Error::Layout {
-                path: self.root.clone(),
-                reason: e.to_string(),
-            })
+    fn err(&self, e: crate::oci::Error) -> Error {
+        layout_error(&self.root, e)
+    }
+
+    fn read_index(&self) -> Result<serde_json::Value> {
+        let bytes = self
+            .store
+            .read_file("index.json")
+            .map_err(|e| self.err(e))?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Layout {
+            path: self.root.join("index.json"),
+            reason: format!("index.json is not JSON: {e}"),
+        })
     }
 
     /// The `index.json` entries.
     pub fn index(&self) -> Result<Vec<Descriptor>> {
-        let path = self.root.join("index.json");
-        let bytes = self.read_top("index.json")?;
-        let m = serde_json::from_slice::<Manifest>(&bytes).map_err(|e| Error::Layout {
-            path: path.clone(),
+        let index = self.read_index()?;
+        let m = serde_json::from_value::<Manifest>(index).map_err(|e| Error::Layout {
+            path: self.root.join("index.json"),
             reason: format!("index.json is not an image index: {e}"),
         })?;
         Ok(m.manifests)
@@ -124,64 +125,42 @@ impl Layout {
 
     /// The path of a blob (not checked for existence). Errors on a malformed digest.
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf> {
-        let hex = digest_hex(digest).ok_or_else(|| Error::Layout {
+        Ok(self.store.blob_path(&self.digest(digest)?))
+    }
+
+    fn digest(&self, digest: &str) -> Result<Digest> {
+        Digest::parse(digest).map_err(|_| Error::Layout {
             path: self.root.clone(),
             reason: format!("unsupported or malformed digest `{digest}`"),
-        })?;
-        Ok(self.root.join("blobs/sha256").join(hex))
+        })
     }
 
-    /// Check that a blob exists with the descriptor's size.
+    /// Check that a blob is there, a regular file (no link followed) of the descriptor's size.
     pub fn check_blob(&self, desc: &Descriptor) -> Result<PathBuf> {
-        let path = self.blob_path(&desc.digest)?;
-        let meta = std::fs::metadata(&path).map_err(|_| Error::Layout {
-            path: self.root.clone(),
-            reason: format!("blob {} is missing", desc.digest),
-        })?;
-        if meta.len() != desc.size {
-            return Err(Error::Layout {
-                path: self.root.clone(),
-                reason: format!(
-                    "blob {} has {} bytes, its descriptor says {}",
-                    desc.digest,
-                    meta.len(),
-                    desc.size
-                ),
-            });
-        }
-        Ok(path)
+        let d = self.digest(&desc.digest)?;
+        self.store
+            .open_blob(&d, desc.size)
+            .map_err(|e| self.err(e))?;
+        Ok(self.store.blob_path(&d))
     }
 
-    /// Read a small blob (manifest, index, config) and verify its digest.
+    /// Read a small blob (manifest, index, config): a regular file of the descriptor's size, at
+    /// most [`crate::oci::MAX_DOCUMENT`] bytes, whose digest is verified.
     pub fn read_small(&self, desc: &Descriptor) -> Result<Vec<u8>> {
-        let path = self.check_blob(desc)?;
-        if desc.size > crate::oci::MAX_DOCUMENT {
-            return Err(Error::Layout {
-                path: self.root.clone(),
-                reason: format!(
-                    "{} is {} bytes, too big for a manifest or config",
-                    desc.digest, desc.size
-                ),
-            });
-        }
-        // Opened without following a link, as a regular file, and read no further than the
-        // descriptor's size.
-        let bytes = crate::oci::Dir::open(&self.root)
-            .and_then(|d| d.sub("blobs/sha256", false))
-            .and_then(|d| d.read(path.file_name().unwrap_or_default(), desc.size, "blob"))
-            .map_err(|e| Error::Layout {
-                path: self.root.clone(),
-                reason: e.to_string(),
-            })?;
-        let actual = sha256_digest(&bytes);
-        if actual != desc.digest {
-            return Err(Error::DigestMismatch {
-                what: format!("{}", path.display()),
+        let d = self.digest(&desc.digest)?;
+        self.store.read_exact(&d, desc.size).map_err(|e| match e {
+            crate::oci::Error::Corrupt { actual, .. } => Error::DigestMismatch {
+                what: self.store.blob_path(&d).display().to_string(),
                 expected: desc.digest.clone(),
-                actual,
-            });
-        }
-        Ok(bytes)
+                actual: actual.to_string(),
+            },
+            e => self.err(e),
+        })
+    }
+
+    /// The layout's blob store, for the layer reader.
+    pub fn store(&self) -> &BlobStore {
+        &self.store
     }
 
     /// Store bytes as a blob; returns its digest.
@@ -197,12 +176,7 @@ impl Layout {
     /// Add or replace the `index.json` entry named `name` (by `org.opencontainers.image.ref.name`).
     pub fn set_ref(&self, name: &str, mut desc: Descriptor) -> Result<()> {
         let path = self.root.join("index.json");
-        let bytes = self.read_top("index.json")?;
-        let mut index: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| Error::Layout {
-                path: path.clone(),
-                reason: format!("index.json is not JSON: {e}"),
-            })?;
+        let mut index = self.read_index()?;
         desc.annotations.insert(REF_NAME.into(), name.into());
         let entry = serde_json::to_value(&desc).unwrap_or_default();
         let list = index
@@ -219,6 +193,14 @@ impl Layout {
         });
         list.push(entry);
         write_atomic(&path, &canonical_json(&index))
+    }
+}
+
+/// A layout read refused by the one layout reader, as a registry error.
+fn layout_error(root: &Path, e: crate::oci::Error) -> Error {
+    Error::Layout {
+        path: root.to_path_buf(),
+        reason: e.to_string(),
     }
 }
 

@@ -267,20 +267,19 @@ fn find_runtime_config(layout: &Layout, m: &Manifest) -> Result<Option<String>> 
         if layer.size > MAX_SCAN_LAYER {
             continue;
         }
-        let path = layout.check_blob(layer)?;
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-        let reader: Box<dyn Read> = if layer.media_type.ends_with("+gzip") {
-            Box::new(flate2::read::GzDecoder::new(file))
-        } else if layer.media_type.ends_with("+zstd") {
-            match zstd::stream::read::Decoder::new(file) {
-                Ok(d) => Box::new(d),
-                Err(_) => continue,
-            }
-        } else if layer.media_type.ends_with(".tar") || layer.media_type.ends_with("tar") {
-            Box::new(file)
-        } else {
+        if crate::oci::unpack::Encoding::of(&layer.media_type).is_none() {
             continue;
-        };
+        }
+        let digest = crate::oci::Digest::parse(&layer.digest).map_err(|e| Error::Layout {
+            path: layout.root.clone(),
+            reason: e.to_string(),
+        })?;
+        let reader =
+            crate::oci::unpack::open(layout.store(), &digest, layer.size, &layer.media_type)
+                .map_err(|e| Error::Layout {
+                    path: layout.root.clone(),
+                    reason: e.to_string(),
+                })?;
         let mut archive = tar::Archive::new(reader);
         let Ok(entries) = archive.entries() else {
             continue;

@@ -18,6 +18,9 @@ use super::elf::ElfInfo;
 use super::report::{self, LayerSize, SizeReport};
 use super::tree::{self, File, Node, Source, Tree};
 use super::Error;
+use crate::oci::store::BlobStore;
+use crate::oci::unpack::{self, LayerReader};
+use crate::oci::Digest;
 
 /// ELF objects larger than this are not parsed (their facts are marked unknown, and the build
 /// fails only if the closure reaches one). TensorRT's largest runtime library is ~110 MB; the
@@ -34,12 +37,7 @@ pub const UNCOMPRESSED_SIZE: &str = "dev.infer-build.uncompressed-size";
 /// Layer descriptor annotation written by `build`: the layer's role (`serve`, `model`…).
 const LAYER_ROLE: &str = "dev.infer-build.layer";
 
-const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+use crate::oci::media::{CONFIG, LAYER_GZIP, MANIFEST};
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
     move |source| Error::Io {
@@ -59,10 +57,10 @@ fn layout_err(path: &Path, message: impl Into<String>) -> Error {
 /// One layer descriptor of an image.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layer {
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
     pub size: u64,
-    /// The descriptor as found (annotations kept).
+    /// The descriptor as found (annotations and fields infer-build does not model kept).
     pub descriptor: Value,
 }
 
@@ -70,247 +68,58 @@ pub struct Layer {
 #[derive(Clone, Debug)]
 pub struct Image {
     pub layout: PathBuf,
+    pub store: BlobStore,
     pub manifest_digest: String,
     pub manifest: Value,
     pub config: Value,
     pub layers: Vec<Layer>,
 }
 
-/// `dir/blobs/sha256/<hex>`, refusing anything that is not a sha256 digest.
-pub fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, Error> {
-    let hex = digest.strip_prefix("sha256:").unwrap_or("");
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(layout_err(dir, format!("unsupported digest `{digest}`")));
-    }
-    Ok(dir.join("blobs/sha256").join(hex))
-}
-
-/// Open blob `digest` of the layout at `dir` for reading: a regular file reached without
-/// following any link inside the layout (a blob linked to `/etc/shadow`, `/dev/zero` or a FIFO
-/// is refused, naming it), whose size is `size` when the descriptor gives one.
-fn open_blob(
-    dir: &Path,
-    digest: &str,
-    size: Option<u64>,
-) -> Result<(PathBuf, fs::File, u64), Error> {
-    let path = blob_path(dir, digest)?;
-    let hex = &digest["sha256:".len()..];
-    let (f, st) = crate::oci::Dir::open(dir)?
-        .sub("blobs/sha256", false)?
-        .open_file(hex)?;
-    if let Some(want) = size.filter(|&w| w != st.size) {
-        return Err(layout_err(
-            &path,
-            format!("blob has {} bytes, its descriptor says {want}", st.size),
-        ));
-    }
-    Ok((path, f, st.size))
-}
-
-fn read_json(dir: &Path, digest: &str) -> Result<(Value, Vec<u8>), Error> {
-    let (path, f, size) = open_blob(dir, digest, None)?;
-    let max = crate::oci::MAX_DOCUMENT;
-    if size > max {
-        return Err(layout_err(
-            &path,
-            format!("{size} bytes, over the {max}-byte limit for a manifest, index or config"),
-        ));
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    f.take(max)
-        .read_to_end(&mut bytes)
-        .map_err(io_err("read", &path))?;
-    let got = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
-    if got != digest {
-        return Err(layout_err(
-            &path,
-            format!("blob content has digest {got}, not {digest}"),
-        ));
-    }
-    let v = serde_json::from_slice(&bytes)
-        .map_err(|e| layout_err(&path, format!("invalid JSON: {e}")))?;
-    Ok((v, bytes))
+/// Read the image `want` from the OCI layout at `dir` (see [`crate::oci::layout::select`]: a
+/// manifest or index digest, a ref name, or `None` for the only image; an index is followed to
+/// its `linux/amd64` manifest). Every document is verified against its descriptor.
+pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
+    let store = BlobStore::open(dir)?;
+    let found = crate::oci::layout::select(&store, want)?;
+    // The manifest's own JSON keeps what `oci::image::Manifest` does not model (layer `urls`,
+    // annotations), which the slim image carries over.
+    let manifest: Value = serde_json::from_slice(&found.manifest_bytes)
+        .map_err(|e| layout_err(dir, format!("manifest {}: {e}", found.descriptor.digest)))?;
+    let raw = manifest
+        .get("layers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let layers = found
+        .manifest
+        .layers
+        .iter()
+        .zip(raw)
+        .map(|(l, descriptor)| Layer {
+            digest: l.digest.clone(),
+            media_type: l.media_type.clone(),
+            size: l.size,
+            descriptor,
+        })
+        .collect();
+    Ok(Image {
+        layout: dir.to_path_buf(),
+        store,
+        manifest_digest: found.descriptor.digest.to_string(),
+        manifest,
+        config: found.config,
+        layers,
+    })
 }
 
 fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
 }
 
-/// Read the image `want` from the OCI layout at `dir`: a manifest or index digest, a
-/// `org.opencontainers.image.ref.name`, or `None` when the layout holds exactly one image. An
-/// index is followed to its `linux/amd64` manifest (else its only one).
-pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
-    let index_path = dir.join("index.json");
-    let text =
-        crate::oci::Dir::open(dir)?.read("index.json", crate::oci::MAX_DOCUMENT, "index.json")?;
-    let index: Value = serde_json::from_slice(&text)
-        .map_err(|e| layout_err(&index_path, format!("invalid JSON: {e}")))?;
-    let entries = index
-        .get("manifests")
-        .and_then(Value::as_array)
-        .ok_or_else(|| layout_err(&index_path, "no `manifests` array"))?;
-    let pick = |e: &&Value| match want {
-        None => true,
-        Some(w) if w.starts_with("sha256:") => str_field(e, "digest") == Some(w),
-        Some(w) => {
-            e.pointer("/annotations/org.opencontainers.image.ref.name")
-                .and_then(Value::as_str)
-                == Some(w)
-        }
-    };
-    let found: Vec<&Value> = entries.iter().filter(pick).collect();
-    let mut desc = match (found.as_slice(), want) {
-        ([one], _) => (*one).clone(),
-        // A platform manifest pinned by the lock, listed in an index of the layout.
-        ([], Some(w)) if w.starts_with("sha256:") && nested(dir, entries, w)?.is_some() => {
-            nested(dir, entries, w)?.unwrap_or_default()
-        }
-        ([], Some(w)) => return Err(layout_err(dir, format!("no image `{w}` in the layout"))),
-        ([], None) => return Err(layout_err(dir, "the layout holds no image")),
-        (_, _) => {
-            return Err(layout_err(
-                dir,
-                "the layout holds several images; name one (digest or ref name)",
-            ))
-        }
-    };
-    for _ in 0..4 {
-        let media = str_field(&desc, "mediaType").unwrap_or("");
-        let digest = str_field(&desc, "digest")
-            .ok_or_else(|| layout_err(dir, "descriptor without a digest"))?;
-        if media != INDEX && media != DOCKER_LIST {
-            let (manifest, _) = read_json(dir, digest)?;
-            return image_from_manifest(dir, digest, manifest);
-        }
-        let (idx, _) = read_json(dir, digest)?;
-        let list = idx
-            .get("manifests")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let amd64 = list.iter().find(|m| {
-            m.pointer("/platform/architecture").and_then(Value::as_str) == Some("amd64")
-                && m.pointer("/platform/os").and_then(Value::as_str) == Some("linux")
-        });
-        desc = match (amd64, list.as_slice()) {
-            (Some(m), _) | (None, [m]) => m.clone(),
-            _ => {
-                return Err(layout_err(
-                    dir,
-                    format!("index {digest} has no linux/amd64 image"),
-                ))
-            }
-        };
-    }
-    Err(layout_err(dir, "indexes nested too deep"))
-}
-
-/// The descriptor with digest `want` inside one of the indexes listed in `entries`.
-fn nested(dir: &Path, entries: &[Value], want: &str) -> Result<Option<Value>, Error> {
-    for e in entries {
-        let media = str_field(e, "mediaType").unwrap_or("");
-        let Some(digest) =
-            str_field(e, "digest").filter(|_| media == INDEX || media == DOCKER_LIST)
-        else {
-            continue;
-        };
-        let (idx, _) = read_json(dir, digest)?;
-        let list = idx
-            .get("manifests")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if let Some(m) = list
-            .into_iter()
-            .find(|m| str_field(m, "digest") == Some(want))
-        {
-            return Ok(Some(m));
-        }
-    }
-    Ok(None)
-}
-
-fn image_from_manifest(dir: &Path, digest: &str, manifest: Value) -> Result<Image, Error> {
-    let media = str_field(&manifest, "mediaType").unwrap_or(MANIFEST);
-    if media != MANIFEST && media != DOCKER_MANIFEST {
-        return Err(layout_err(
-            dir,
-            format!("{digest} is a `{media}`, not an image manifest"),
-        ));
-    }
-    let config_digest = manifest
-        .pointer("/config/digest")
-        .and_then(Value::as_str)
-        .ok_or_else(|| layout_err(dir, format!("manifest {digest} has no config")))?;
-    let (config, _) = read_json(dir, config_digest)?;
-    let layers = manifest
-        .get("layers")
-        .and_then(Value::as_array)
-        .ok_or_else(|| layout_err(dir, format!("manifest {digest} has no layers")))?
-        .iter()
-        .map(|l| {
-            Ok(Layer {
-                digest: str_field(l, "digest")
-                    .ok_or_else(|| layout_err(dir, "layer without a digest"))?
-                    .to_string(),
-                media_type: str_field(l, "mediaType").unwrap_or("").to_string(),
-                size: l.get("size").and_then(Value::as_u64).unwrap_or(0),
-                descriptor: l.clone(),
-            })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(Image {
-        layout: dir.to_path_buf(),
-        manifest_digest: digest.to_string(),
-        manifest,
-        config,
-        layers,
-    })
-}
-
-/// Counts and hashes what is read through it.
-struct Tee<R> {
-    inner: R,
-    hash: Sha256,
-    count: u64,
-}
-
-impl<R: Read> Read for Tee<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-}
-
-/// A layer may uncompress to at most `MAX_EXPANSION` times its compressed size, or
-/// `EXPANSION_FLOOR` bytes when that is more. Real layers expand 2-5×; deflate's own limit is
-/// about 1000×, which only runs of zeros reach.
-const MAX_EXPANSION: u64 = 100;
-const EXPANSION_FLOOR: u64 = 1 << 30;
-
-/// Fails a read once more than `limit` bytes came through.
-struct Bounded<R> {
-    inner: R,
-    left: u64,
-    limit: u64,
-}
-
-impl<R: Read> Read for Bounded<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "the layer uncompresses to more than {} bytes, over {MAX_EXPANSION} times its compressed size (a decompression bomb?)",
-                    self.limit
-                ),
-            )
-        })?;
-        Ok(n)
-    }
+/// Open layer `i` of `img` as its uncompressed tar stream (the blob verified first).
+fn open_layer(img: &Image, i: usize) -> Result<LayerReader, Error> {
+    let l = &img.layers[i];
+    Ok(unpack::open(&img.store, &l.digest, l.size, &l.media_type)?)
 }
 
 /// Counts and hashes what is written through it.
@@ -330,78 +139,6 @@ impl<W: Write> Write for HashWriter<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
-}
-
-/// Open layer `i` of `img` as an uncompressed tar stream; the blob's digest is checked when the
-/// stream is finished with [`finish_layer`].
-fn open_layer(img: &Image, i: usize) -> Result<(PathBuf, Tee<Box<dyn Read>>), Error> {
-    let layer = &img.layers[i];
-    let (path, file, size) = open_blob(&img.layout, &layer.digest, Some(layer.size))?;
-    let raw = Tee {
-        inner: Box::new(io::BufReader::new(file.take(size))) as Box<dyn Read>,
-        hash: Sha256::new(),
-        count: 0,
-    };
-    let m = layer.media_type.as_str();
-    let decoded: Box<dyn Read> =
-        if m.ends_with("+gzip") || m.ends_with(".tar.gzip") || m.ends_with("tar.gzip") {
-            Box::new(flate2::read::MultiGzDecoder::new(raw))
-        } else if m.ends_with("+zstd") || m.ends_with(".zstd") {
-            Box::new(zstd::Decoder::new(raw).map_err(io_err("decompress", &path))?)
-        } else if m.ends_with(".tar") || m.ends_with(".rootfs.diff.tar") {
-            Box::new(raw)
-        } else {
-            return Err(layout_err(
-                &path,
-                format!("unsupported layer media type `{m}`"),
-            ));
-        };
-    // A decompression bomb is stopped once it has expanded past what any real layer does.
-    let limit = EXPANSION_FLOOR.max(size.saturating_mul(MAX_EXPANSION));
-    let decoded: Box<dyn Read> = Box::new(Bounded {
-        inner: decoded,
-        left: limit,
-        limit,
-    });
-    // The raw digest is checked by re-hashing in `verify_blob`: the decoders own the raw reader.
-    Ok((
-        path,
-        Tee {
-            inner: decoded,
-            hash: Sha256::new(),
-            count: 0,
-        },
-    ))
-}
-
-/// Check that a blob is a regular file of the descriptor's size whose bytes have the digest
-/// that names it (never reading more than `size` bytes).
-fn verify_blob(dir: &Path, digest: &str, size: u64) -> Result<(), Error> {
-    let (path, f, _) = open_blob(dir, digest, Some(size))?;
-    let mut f = f.take(size);
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err("read", &path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    let got = format!("sha256:{}", hex::encode(h.finalize()));
-    if got != digest {
-        return Err(layout_err(
-            &path,
-            format!("blob content has digest {got}, not {digest}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Drain what the tar reader left (the end-of-archive blocks) and return the uncompressed size.
-fn finish_layer(path: &Path, mut tee: Tee<Box<dyn Read>>) -> Result<u64, Error> {
-    io::copy(&mut tee, &mut io::sink()).map_err(io_err("read layer", path))?;
-    Ok(tee.count)
 }
 
 /// A tar member name as text; not UTF-8 is an error naming the layer and showing the bytes.
@@ -434,9 +171,9 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
     let mut t = Tree::new();
     let mut sizes = Vec::new();
     for i in 0..img.layers.len() {
-        verify_blob(&img.layout, &img.layers[i].digest, img.layers[i].size)?;
-        let (path, tee) = open_layer(img, i)?;
-        let mut archive = tar::Archive::new(tee);
+        let layer = open_layer(img, i)?;
+        let path = layer.path().to_path_buf();
+        let mut archive = tar::Archive::new(layer);
         let mut pending = Vec::new();
         let mut whiteouts = Vec::new();
         let mut opaque = Vec::new();
@@ -493,8 +230,7 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                 _ => {}
             }
         }
-        let tee = archive.into_inner();
-        sizes.push(finish_layer(&path, tee)?);
+        sizes.push(archive.into_inner().finish()?);
         for d in opaque {
             t.clear_dir(&d);
         }
@@ -609,8 +345,9 @@ fn extract(
         }
     }
     for (layer, members) in wanted {
-        let (path, tee) = open_layer(builder, layer)?;
-        let mut archive = tar::Archive::new(tee);
+        let reader = open_layer(builder, layer)?;
+        let path = reader.path().to_path_buf();
+        let mut archive = tar::Archive::new(reader);
         for entry in archive.entries().map_err(io_err("read layer", &path))? {
             let mut entry = entry.map_err(io_err("read layer", &path))?;
             // `flatten` refused names that are not UTF-8; none can be wanted here.
@@ -831,10 +568,8 @@ pub fn build(
         &crate::oci::Digest::parse(&layer_digest)?,
     )?;
 
-    let base_store = crate::oci::store::BlobStore::open(&base.layout)?;
     for l in &base.layers {
-        let d = crate::oci::Digest::parse(&l.digest)?;
-        store.import(&base_store, &d, l.size, true)?;
+        store.import(&base.store, &l.digest, l.size, true)?;
     }
 
     let mut config = base.config.clone();
@@ -914,7 +649,7 @@ fn layer_sizes_of(img: &Image, uncompressed: &[u64], from: &str) -> Vec<LayerSiz
         .iter()
         .zip(uncompressed)
         .map(|(l, u)| LayerSize {
-            digest: l.digest.clone(),
+            digest: l.digest.to_string(),
             media_type: l.media_type.clone(),
             size: l.size,
             uncompressed: *u,
@@ -1089,11 +824,14 @@ pub fn load_definitions(dir: &Path) -> Result<Vec<Definition>, Error> {
 mod tests {
     use super::*;
 
+    use crate::oci::media::INDEX;
+
     fn put(dir: &Path, bytes: &[u8]) -> String {
-        let d = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
-        fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-        fs::write(blob_path(dir, &d).unwrap(), bytes).unwrap();
-        d
+        BlobStore::create(dir)
+            .unwrap()
+            .put(bytes)
+            .unwrap()
+            .to_string()
     }
 
     /// A gzip layer from (path, kind) entries: `f:content`, `l:symlink target`, `h:hardlink`, `d`.
@@ -1257,14 +995,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let m = layout(tmp.path(), &[layer(&[("f", "f:1")])]);
         let img = read_layout(tmp.path(), Some(&m)).unwrap();
-        let p = blob_path(tmp.path(), &img.layers[0].digest).unwrap();
+        let p = img.store.blob_path(&img.layers[0].digest);
         // Same size, other bytes: caught by the digest.
         let mut bytes = fs::read(&p).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&p, &bytes).unwrap();
         let err = flatten(&img).unwrap_err().to_string();
-        assert!(err.contains("blob content has digest"), "{err}");
+        assert!(err.contains("is corrupt"), "{err}");
         // Another size: caught before reading.
         fs::write(&p, b"tampered").unwrap();
         let err = flatten(&img).unwrap_err().to_string();

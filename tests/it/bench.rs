@@ -85,22 +85,8 @@ fn start_serve(dir: &Path, config: &str) -> Serve {
 
 fn mlp_config() -> String {
     let onnx = support::root().join("examples/mlp/mlp.onnx");
-    format!(
-        r#"[model]
-name = "mlp"
-version = "1"
-
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-
-[batching]
+    support::mlp_runtime_config(&format!(
+        r#"[batching]
 max_batch_size = 32
 preferred_batch_sizes = [8, 16, 32]
 max_queue_delay_us = 1000
@@ -118,7 +104,7 @@ port = PORT
 drain_delay_s = 0
 "#,
         onnx.display()
-    )
+    ))
 }
 
 /// Count occurrences of `needle` in `hay`.

@@ -131,23 +131,7 @@ fn gpu_target(plan: &Value) -> &Value {
 /// A copy of the matrix whose base image for `plan`'s GPU target is `base` instead.
 fn matrix_with_base(dir: &Path, plan: &Value, base: &str) -> PathBuf {
     let chosen = gpu_target(plan)["base"]["reference"].as_str().unwrap();
-    for file in [
-        "matrix/tensorrt.toml",
-        "matrix/cuda.toml",
-        "matrix/gpus.toml",
-        "base-images/images.toml",
-    ] {
-        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
-        if file == "base-images/images.toml" {
-            let row = format!("reference = \"{chosen}\"");
-            assert!(text.contains(&row), "{chosen} not in {file}");
-            text = text.replace(&row, &format!("reference = \"{base}\""));
-        }
-        let path = dir.join(file);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    dir.to_path_buf()
+    super::support::matrix_with_base(dir, chosen, base, super::support::BaseRow::Replace)
 }
 
 #[test]

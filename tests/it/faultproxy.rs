@@ -5,8 +5,10 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{Shutdown, TcpStream};
+
+use super::support::Server;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ pub struct FaultProxy {
     /// `127.0.0.1:PORT` to give the client.
     pub addr: String,
     pub stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
+    _server: Server,
 }
 
 /// Which faults, how often.
@@ -35,37 +37,20 @@ pub struct Faults {
     pub max_429: usize,
 }
 
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(&self.addr);
-    }
-}
-
 impl FaultProxy {
     pub fn start(upstream: &str, faults: Faults) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
         let stats = Arc::new(Stats::default());
-        let stop = Arc::new(AtomicBool::new(false));
         let rng = Arc::new(Mutex::new(faults.seed | 1));
         let upstream = upstream.to_string();
-        {
-            let (stats, stop) = (stats.clone(), stop.clone());
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let (stats, rng, upstream) = (stats.clone(), rng.clone(), upstream.clone());
-                    std::thread::spawn(move || {
-                        let _ = handle(conn, &upstream, &stats, &rng, faults);
-                    });
-                }
-            });
+        let s = stats.clone();
+        let server = Server::start(move |conn, _| {
+            let _ = handle(conn, &upstream, &s, &rng, faults);
+        });
+        FaultProxy {
+            addr: server.addr.clone(),
+            stats,
+            _server: server,
         }
-        FaultProxy { addr, stats, stop }
     }
 }
 
@@ -86,21 +71,10 @@ fn handle(
 ) -> std::io::Result<()> {
     client.set_read_timeout(Some(Duration::from_secs(30)))?;
     // Read the request head.
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let head_end = loop {
-        let n = client.read(&mut tmp)?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > 64 * 1024 {
-            return Ok(());
-        }
+    let Some((buf, head_end)) = super::support::read_request_head(&mut client)? else {
+        return Ok(());
     };
+    let mut tmp = [0u8; 8192];
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let body_start = buf[head_end..].to_vec();
     let mut lines = head.split("\r\n");

@@ -8,9 +8,10 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::support::Server;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,14 +90,7 @@ pub struct Hostile {
     pub addr: String,
     /// Every request, in arrival order.
     pub seen: Arc<Mutex<Vec<Seen>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Hostile {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(&self.addr);
-    }
+    _server: Server,
 }
 
 impl Hostile {
@@ -134,40 +128,30 @@ impl Hostile {
     }
 
     fn spawn(tls: Option<Arc<rustls::ServerConfig>>, handler: Arc<Handler>) -> Hostile {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        {
-            let (seen, stop) = (seen.clone(), stop.clone());
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let (seen, stop, handler, tls) =
-                        (seen.clone(), stop.clone(), handler.clone(), tls.clone());
-                    std::thread::spawn(move || {
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-                        match tls {
-                            Some(config) => {
-                                let Ok(server) = rustls::ServerConnection::new(config) else {
-                                    return;
-                                };
-                                let mut s = rustls::StreamOwned::new(server, conn);
-                                let _ = serve(&mut s, &seen, &stop, &*handler);
-                            }
-                            None => {
-                                let mut s = conn;
-                                let _ = serve(&mut s, &seen, &stop, &*handler);
-                            }
-                        }
-                    });
+        let seen2 = seen.clone();
+        let server = Server::start(move |conn, stop| {
+            let (seen, handler) = (&seen2, &*handler);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+            match tls.clone() {
+                Some(config) => {
+                    let Ok(server) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    let mut s = rustls::StreamOwned::new(server, conn);
+                    let _ = serve(&mut s, seen, stop, handler);
                 }
-            });
+                None => {
+                    let mut s = conn;
+                    let _ = serve(&mut s, seen, stop, handler);
+                }
+            }
+        });
+        Hostile {
+            addr: server.addr.clone(),
+            seen,
+            _server: server,
         }
-        Hostile { addr, seen, stop }
     }
 
     /// The requests seen so far.
@@ -182,21 +166,10 @@ fn serve(
     stop: &AtomicBool,
     handler: &Handler,
 ) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 16384];
-    let head_end = loop {
-        let n = s.read(&mut tmp)?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > 64 * 1024 {
-            return Ok(());
-        }
+    let Some((buf, head_end)) = super::support::read_request_head(s)? else {
+        return Ok(());
     };
+    let mut tmp = [0u8; 16384];
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
     let mut first = lines.next().unwrap_or("").split(' ');

@@ -146,25 +146,12 @@ pub fn push_glibc_base(reg: &Registry) -> String {
 
 /// A `--matrix DIR` copy of the embedded data whose default glibc CPU base is `base`.
 pub fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
-    let m = dir.join("matrix-dir");
-    for file in [
-        "matrix/tensorrt.toml",
-        "matrix/cuda.toml",
-        "matrix/gpus.toml",
-        "matrix/runtime-libraries.toml",
-        "base-images/images.toml",
-    ] {
-        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
-        if file == "base-images/images.toml" {
-            let was = "reference = \"gcr.io/distroless/cc-debian12\"";
-            assert!(text.contains(was));
-            text = text.replace(was, &format!("reference = \"{base}\""));
-        }
-        let path = m.join(file);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    m
+    super::support::matrix_with_base(
+        &dir.join("matrix-dir"),
+        "gcr.io/distroless/cc-debian12",
+        base,
+        super::support::BaseRow::Replace,
+    )
 }
 
 /// Put the pinned wheel into the library cache under `cache` when a previous run downloaded it

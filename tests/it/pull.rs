@@ -168,26 +168,12 @@ fn matrix_with_base(f: &Fixture, recipe: &Path, base: &str, name: &str) -> PathB
         .as_str()
         .unwrap()
         .to_string();
-    let m = f.path(name);
-    for file in [
-        "matrix/tensorrt.toml",
-        "matrix/cuda.toml",
-        "matrix/gpus.toml",
-        "base-images/images.toml",
-    ] {
-        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
-        if file == "base-images/images.toml" {
-            let at = text.find(&format!("reference = \"{chosen}\"")).unwrap();
-            let start = text[..at].rfind("[[image]]").unwrap();
-            let end = text[at..].find("[[image]]").map_or(text.len(), |e| at + e);
-            let row = text[start..end].replace(&chosen, base);
-            text = format!("{text}\n{row}");
-        }
-        let path = m.join(file);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    m
+    super::support::matrix_with_base(
+        &f.path(name),
+        &chosen,
+        base,
+        super::support::BaseRow::Append,
+    )
 }
 
 fn gpu_recipe(f: &Fixture, name: &str, base: Option<&str>) -> PathBuf {

@@ -493,7 +493,7 @@ fn hostile_push_sends_no_symlinked_or_corrupt_blob() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("not a regular file"),
+        stderr(&out).contains("is a symbolic link"),
         "{}",
         stderr(&out)
     );

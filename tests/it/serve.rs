@@ -21,21 +21,8 @@ fn binary() -> PathBuf {
     support::serve_test_binary()
 }
 
-const MLP: &str = r#"
-[model]
-name = "mlp"
-version = "1"
-
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-
+/// The batching, engine and server tables of the MLP tests (`MODEL` is the engine's path).
+const MLP_TAIL: &str = r#"
 [batching]
 max_batch_size = 32
 preferred_batch_sizes = [8, 16, 32]
@@ -88,9 +75,13 @@ exit_timeout_s = 10
     )
 }
 
+fn mlp_template() -> String {
+    support::mlp_runtime_config(MLP_TAIL)
+}
+
 fn mlp_config() -> String {
     let model = support::root().join("examples/mlp/mlp.onnx");
-    MLP.replace("MODEL", &model.display().to_string())
+    mlp_template().replace("MODEL", &model.display().to_string())
 }
 
 /// A running server; killed on drop.
@@ -693,7 +684,7 @@ fn serve_loads_the_cpu_engine_that_infer_build_engine_writes() {
         other => panic!("a CPU engine in format {other}"),
     };
     let meta = engine.parent().unwrap().join("meta.json");
-    let nnef_cfg = MLP.replace("tract-onnx", kind).replace(
+    let nnef_cfg = mlp_template().replace("tract-onnx", kind).replace(
         "path = \"MODEL\"",
         &format!(
             "path = \"{}\"\nmetadata = \"{}\"",

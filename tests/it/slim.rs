@@ -341,9 +341,10 @@ paths = ["/opt/app/bin/app", "/opt/app/lib/*.so"]
 fn layer_entries(layout: &Path, manifest_digest: &str) -> BTreeSet<String> {
     let img = slim::image::read_layout(layout, Some(manifest_digest)).unwrap();
     let last = img.layers.last().unwrap();
-    let blob = slim::image::blob_path(layout, &last.digest).unwrap();
-    let mut archive =
-        tar::Archive::new(flate2::read::GzDecoder::new(fs::File::open(blob).unwrap()));
+    let mut archive = tar::Archive::new(
+        infer_build::oci::unpack::open(&img.store, &last.digest, last.size, &last.media_type)
+            .unwrap(),
+    );
     let mut out = BTreeSet::new();
     for e in archive.entries().unwrap() {
         let mut e = e.unwrap();

@@ -128,3 +128,119 @@ pub fn first_gpu_target(plan: &serde_json::Value) -> String {
         .expect("a target id")
         .to_string()
 }
+
+/// How a matrix copy points a base-image row at a local base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaseRow {
+    /// Add a copy of the row under the new reference; the original row stays.
+    Append,
+    /// Rename the row's reference to the new one.
+    Replace,
+}
+
+/// A `--matrix DIR` copy of the shipped matrix data at `dir` in which the base-image row whose
+/// reference is `chosen` is pointed at `base` (appended as a new row or renamed, as `how` says).
+pub fn matrix_with_base(dir: &Path, chosen: &str, base: &str, how: BaseRow) -> PathBuf {
+    for file in [
+        "matrix/tensorrt.toml",
+        "matrix/cuda.toml",
+        "matrix/gpus.toml",
+        "matrix/runtime-libraries.toml",
+        "base-images/images.toml",
+    ] {
+        let mut text = std::fs::read_to_string(root().join(file)).unwrap();
+        if file == "base-images/images.toml" {
+            let reference = format!("reference = \"{chosen}\"");
+            let at = text
+                .find(&reference)
+                .unwrap_or_else(|| panic!("{chosen} not in {file}"));
+            text = match how {
+                BaseRow::Replace => text.replace(&reference, &format!("reference = \"{base}\"")),
+                BaseRow::Append => {
+                    let start = text[..at].rfind("[[image]]").unwrap();
+                    let end = text[at..].find("[[image]]").map_or(text.len(), |e| at + e);
+                    let row = text[start..end].replace(chosen, base);
+                    format!("{text}\n{row}")
+                }
+            };
+        }
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// Read an HTTP/1.1 request head from `s`, as the test servers do: the bytes read so far (the
+/// head and whatever part of the body came with it) and where the head ends (after its blank
+/// line). `None` when the peer closes first or the head passes 64 KiB.
+pub fn read_request_head(s: &mut impl std::io::Read) -> std::io::Result<Option<(Vec<u8>, usize)>> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    loop {
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(Some((buf, i + 4)));
+        }
+        if buf.len() > 64 * 1024 {
+            return Ok(None);
+        }
+    }
+}
+
+/// A loopback TCP server for the test servers (hostile registries, fault proxies): each
+/// connection is handed to `handle` on a thread of its own, with the flag that is set when the
+/// server is dropped.
+pub struct Server {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Server {
+    pub fn start(
+        handle: impl Fn(std::net::TcpStream, &std::sync::atomic::AtomicBool) + Send + Sync + 'static,
+    ) -> Server {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = Arc::new(handle);
+        let flag = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let (handle, flag) = (handle.clone(), flag.clone());
+                std::thread::spawn(move || handle(conn, &flag));
+            }
+        });
+        Server { addr, stop }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::net::TcpStream::connect(&self.addr);
+    }
+}
+
+/// The example MLP (`examples/mlp/mlp.onnx`) as `runtime.toml` describes it, from the
+/// runtime's own fixture (`crates/infer-serve/testdata/mlp.runtime.toml`): its model, inputs and
+/// outputs, followed by `tail` (the test's batching, engine and server tables).
+pub fn mlp_runtime_config(tail: &str) -> String {
+    let path = root().join("crates/infer-serve/testdata/mlp.runtime.toml");
+    let fixture = std::fs::read_to_string(&path).unwrap();
+    let head = &fixture[..fixture
+        .find("[batching]")
+        .expect("the fixture has [batching]")];
+    format!("{head}{tail}")
+}

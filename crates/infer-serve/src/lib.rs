@@ -33,6 +33,8 @@ pub mod args;
 pub mod backend;
 pub mod batcher;
 pub mod error;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod grpc;
 pub mod http;
 pub mod log;

@@ -734,34 +734,8 @@ fn push_json_data(out: &mut Vec<u8>, t: &Tensor) {
 mod tests {
     use super::*;
 
-    const CFG: &str = r#"
-[model]
-name = "m"
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 2]
-[[inputs]]
-name = "ids"
-datatype = "INT64"
-dims = [-1, 2]
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 2]
-[[outputs]]
-name = "z"
-datatype = "INT64"
-dims = [-1, 1]
-[batching]
-max_batch_size = 4
-[engine]
-kind = "tract-onnx"
-path = "m.onnx"
-"#;
-
     fn cfg() -> RuntimeConfig {
-        RuntimeConfig::from_toml_str(CFG).unwrap()
+        crate::fixtures::decoder_model("INT64", false)
     }
 
     fn le<T: Copy>(v: &[T], f: fn(T) -> Vec<u8>) -> Vec<u8> {
@@ -845,7 +819,7 @@ path = "m.onnx"
     #[test]
     fn variable_dims() {
         let cfg = RuntimeConfig::from_toml_str(
-            &CFG.replace(
+            &crate::fixtures::decoder_model_toml("INT64", false).replace(
                 "dims = [-1, 2]\n[[inputs]]\nname = \"ids\"\ndatatype = \"INT64\"\ndims = [-1, 2]",
                 "dims = [-1, -1, 2]\nprofile = { min = [2, 2], opt = [3, 2], max = [4, 2] }\ndim_names = [\"seq\", \"\"]\n[[inputs]]\nname = \"ids\"\ndatatype = \"INT64\"\ndims = [-1, -1]\nprofile = { min = [1], opt = [3], max = [4] }\ndim_names = [\"seq\"]",
             ),

@@ -738,21 +738,14 @@ impl fmt::Display for RuntimeConfig {
 mod tests {
     use super::*;
 
-    const MLP: &str = r#"
-[model]
-name = "mlp"
-version = "1"
+    /// The example MLP from the runtime's fixture, with these batching and engine tables.
+    fn mlp() -> String {
+        let fixture = include_str!("../../infer-serve/testdata/mlp.runtime.toml");
+        let head = &fixture[..fixture.find("[batching]").unwrap()];
+        format!("{head}{MLP_TAIL}")
+    }
 
-[[inputs]]
-name = "input"
-datatype = "FP32"
-dims = [-1, 64]
-
-[[outputs]]
-name = "output"
-datatype = "FP32"
-dims = [-1, 10]
-
+    const MLP_TAIL: &str = r#"
 [batching]
 max_batch_size = 32
 preferred_batch_sizes = [8, 16, 32]
@@ -782,18 +775,18 @@ path = "mlp.onnx"
 
     #[test]
     fn valid_and_defaults() {
-        let cfg = RuntimeConfig::from_toml_str(MLP).unwrap();
+        let cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
         assert_eq!(cfg.server, Server::default());
         assert_eq!(cfg.server.port, 8000);
         assert_eq!(cfg.platform(), "onnx_onnxv1");
         assert_eq!(cfg.warmup_batch_sizes(), vec![1, 2, 4, 8, 16, 32]);
         assert_eq!(cfg.inputs[0].row_elements(), 64);
-        check(MLP, Ok(()));
+        check(&mlp(), Ok(()));
     }
 
     #[test]
     fn canonical_round_trip() {
-        let cfg = RuntimeConfig::from_toml_str(MLP).unwrap();
+        let cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
         let text = cfg.to_toml_string();
         let again = RuntimeConfig::from_toml_str(&text).unwrap();
         assert_eq!(cfg, again);
@@ -819,7 +812,7 @@ path = "mlp.onnx"
     #[test]
     fn problems_are_all_reported() {
         check(
-            &MLP.replace("[-1, 64]", "[4, 0]")
+            &mlp().replace("[-1, 64]", "[4, 0]")
                 .replace("preferred_batch_sizes = [8, 16, 32]", "preferred_batch_sizes = [0, 64]")
                 .replace("instances = 1", "instances = 0"),
             Err(&[
@@ -831,18 +824,18 @@ path = "mlp.onnx"
             ]),
         );
         check(
-            &MLP.replace(
+            &mlp().replace(
                 "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
                 "kind = \"synthetic\"",
             ),
             Err(&["engine.synthetic is required when engine.kind = \"synthetic\""]),
         );
         check(
-            &MLP.replace("path = \"mlp.onnx\"", ""),
+            &mlp().replace("path = \"mlp.onnx\"", ""),
             Err(&["engine.path is required when engine.kind = \"tract-onnx\""]),
         );
         check(
-            &MLP.replace("name = \"mlp\"", "name = \"a/b\""),
+            &mlp().replace("name = \"mlp\"", "name = \"a/b\""),
             Err(&["model.name \"a/b\" must be non-empty without '/'"]),
         );
     }
@@ -850,11 +843,11 @@ path = "mlp.onnx"
     #[test]
     fn strict_parsing() {
         check(
-            &MLP.replace("instances = 1", "instances = 1\nbogus = 2"),
+            &mlp().replace("instances = 1", "instances = 1\nbogus = 2"),
             Err(&["unknown field `bogus`"]),
         );
         check(
-            &MLP.replace("\"FP32\"", "\"fp32\""),
+            &mlp().replace("\"FP32\"", "\"fp32\""),
             Err(&["unknown variant `fp32`"]),
         );
         check("[model", Err(&["unclosed table"]));
@@ -862,7 +855,7 @@ path = "mlp.onnx"
 
     #[test]
     fn synthetic_engine() {
-        let src = MLP.replace(
+        let src = mlp().replace(
             "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
             "kind = \"synthetic\"\nsynthetic = { base_ms = 40.0, per_row_ms = 6.0 }",
         );
@@ -962,7 +955,7 @@ path = "minilm.onnx"
     #[test]
     fn hostile_bounds() {
         check(
-            &MLP.replace("max_batch_size = 32", "max_batch_size = 1000000000")
+            &mlp().replace("max_batch_size = 32", "max_batch_size = 1000000000")
                 .replace("preferred_batch_sizes = [8, 16, 32]", ""),
             Err(&[
                 "batching.max_batch_size 1000000000 is more than 65536",
@@ -970,21 +963,21 @@ path = "minilm.onnx"
             ]),
         );
         check(
-            &MLP.replace("[-1, 64]", "[-1, 3, 224, 224000]"),
+            &mlp().replace("[-1, 64]", "[-1, 3, 224, 224000]"),
             Err(&[
                 "one row of the inputs at their largest shape is 602112000 bytes, more than server.max_body_bytes 67108864: no request could carry it",
                 "batching.instances 1 x max_batch_size 32 x 602112040 bytes per input and output row (largest shapes) = 19267585280 bytes, more than server.memory_budget_bytes 4294967296",
             ]),
         );
         check(
-            &MLP.replace("instances = 1", "instances = 1000000"),
+            &mlp().replace("instances = 1", "instances = 1000000"),
             Err(&[
                 "batching.instances 1000000 is more than 256",
                 "batching.instances 1000000 x max_batch_size 32 x 296 bytes per input and output row (largest shapes) = 9472000000 bytes, more than server.memory_budget_bytes 4294967296",
             ]),
         );
         check(
-            &(MLP.replace("max_queue_delay_us = 500", "max_queue_delay_us = 9223372036854775807")
+            &(mlp().replace("max_queue_delay_us = 500", "max_queue_delay_us = 9223372036854775807")
                 .replace("default_timeout_ms = 1000", "default_timeout_ms = 9000000000")
                 + "[server]\ndrain_delay_s = 100000\nexit_timeout_s = 3601\nmax_body_bytes = 2147483648\n"),
             Err(&[
@@ -999,7 +992,7 @@ path = "minilm.onnx"
 
     #[test]
     fn onnxruntime_engine() {
-        let ort = MLP.replace(
+        let ort = mlp().replace(
             "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
             "kind = \"onnxruntime\"\npath = \"mlp.onnx\"\nlibrary = \"lib/libonnxruntime.so.1.31.0\"\nthreads = 2",
         );
@@ -1036,7 +1029,7 @@ path = "minilm.onnx"
             Err(&["engine.library must be non-empty"]),
         );
         check(
-            &MLP.replace(
+            &mlp().replace(
                 "path = \"mlp.onnx\"",
                 "path = \"mlp.onnx\"\nlibrary = \"x.so\"\nthreads = 1",
             ),
@@ -1047,7 +1040,7 @@ path = "minilm.onnx"
         );
         // TensorRT may name its runtime library.
         check(
-            &MLP.replace(
+            &mlp().replace(
                 "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
                 "kind = \"tensorrt\"\npath = \"engine.plan\"\nlibrary = \"libnvinfer_lean.so.10\"",
             ),
@@ -1057,7 +1050,7 @@ path = "minilm.onnx"
 
     #[test]
     fn warmup_sizes() {
-        let mut cfg = RuntimeConfig::from_toml_str(MLP).unwrap();
+        let mut cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
         cfg.batching.max_batch_size = 24;
         cfg.batching.preferred_batch_sizes = vec![6, 24];
         assert_eq!(cfg.warmup_batch_sizes(), vec![1, 2, 4, 6, 8, 16, 24]);

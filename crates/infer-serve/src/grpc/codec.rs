@@ -368,34 +368,8 @@ mod tests {
     use super::*;
     use pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 
-    const CFG: &str = r#"
-[model]
-name = "m"
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 2]
-[[inputs]]
-name = "ids"
-datatype = "INT8"
-dims = [-1, 2]
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 2]
-[[outputs]]
-name = "z"
-datatype = "INT64"
-dims = [-1, 1]
-[batching]
-max_batch_size = 4
-[engine]
-kind = "tract-onnx"
-path = "m.onnx"
-"#;
-
     fn cfg() -> RuntimeConfig {
-        RuntimeConfig::from_toml_str(CFG).unwrap()
+        crate::fixtures::decoder_model("INT8", false)
     }
 
     fn input(name: &str, datatype: &str, shape: &[i64]) -> InferInputTensor {

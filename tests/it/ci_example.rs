@@ -16,7 +16,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::engine::trt_banner;
+use super::engine::fake_gpu_tools;
 use super::image::serve_checks;
 use super::registry_support::Registry;
 use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
@@ -69,43 +69,6 @@ fn py_ci_example_is_a_valid_github_workflow() {
         .output()
         .unwrap();
     assert!(!o.status.success(), "{}", stdout(&o));
-}
-
-fn write_script(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-/// Stand-ins for the GPU tools of a TensorRT builder image: `nvidia-smi` reports an L4,
-/// `trtexec` of TensorRT `version` writes the files it is asked to write.
-fn fake_gpu_tools(dir: &Path, version: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    write_script(
-        &dir.join("nvidia-smi"),
-        "#!/bin/sh\necho '8.9, 580.95.05, NVIDIA L4'\n",
-    );
-    let banner = trt_banner(version);
-    write_script(
-        &dir.join("trtexec"),
-        &format!(
-            r#"#!/bin/bash
-# Stand-in for trtexec {version} on a machine without a GPU: the engine bytes depend on the flags.
-flags=()
-for a in "$@"; do [[ $a == */* ]] || flags+=("$a"); done
-for a in "$@"; do
-  case $a in
-    --saveEngine=*) printf 'fake plan {version} %s' "${{flags[*]}}" > "${{a#*=}}" ;;
-    --exportTimes=*) echo '[{{ "computeMs" : 0.181, "latencyMs" : 0.2, "h2dMs" : 0.012, "d2hMs" : 0.007 }}, {{ "computeMs" : 0.182, "latencyMs" : 0.201, "h2dMs" : 0.012, "d2hMs" : 0.007 }}]' > "${{a#*=}}" ;;
-    --exportProfile=*) echo '[{{ "count" : 10 }}, {{ "name" : "/fc1/Gemm", "timeMs" : 1.0, "averageMs" : 0.1, "medianMs" : 0.1, "percentage" : 100.0 }}]' > "${{a#*=}}" ;;
-  esac
-done
-echo "&&&& RUNNING TensorRT.trtexec {banner} # trtexec $*"
-echo "[I] Selected Device: NVIDIA L4"
-echo "&&&& PASSED TensorRT.trtexec {banner} # trtexec $*"
-"#
-        ),
-    );
 }
 
 fn plan_json(recipe: &Path, matrix: Option<&Path>) -> Value {
@@ -178,7 +141,7 @@ fn registry_ci_example_runs_as_written() {
     let gpu = gpu_target(&plan);
     assert_eq!(gpu["base"]["reference"], base.as_str());
     let trt = gpu["tensorrt"]["build"].as_str().unwrap().to_string();
-    fake_gpu_tools(&t("gpu-tools"), &trt);
+    fake_gpu_tools(&t("gpu-tools"), "8.9, 580.95.05, NVIDIA L4", &trt);
 
     let cache = t("cache");
     let auth = t("auth.json");

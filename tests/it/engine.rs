@@ -47,6 +47,45 @@ pub fn trt_banner(version: &str) -> String {
     format!("[TensorRT v{n}] [b{}]", p[3])
 }
 
+pub fn write_script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Stand-ins for the GPU tools of a TensorRT builder image, in `dir`: `nvidia-smi` answers
+/// `smi` (`compute_cap, driver_version, name`), `trtexec` of TensorRT `version` (the GA build,
+/// `10.16.1.11`) writes the files it is asked to write; the engine's bytes name its flags.
+pub fn fake_gpu_tools(dir: &Path, smi: &str, version: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    write_script(
+        &dir.join("nvidia-smi"),
+        &format!("#!/bin/sh\necho '{smi}'\n"),
+    );
+    let banner = trt_banner(version);
+    let device = smi.rsplit(", ").next().unwrap_or_default();
+    write_script(
+        &dir.join("trtexec"),
+        &format!(
+            r#"#!/bin/bash
+# Stand-in for trtexec {version} on a machine without a GPU: the engine bytes depend on the flags.
+flags=()
+for a in "$@"; do [[ $a == */* ]] || flags+=("$a"); done
+for a in "$@"; do
+  case $a in
+    --saveEngine=*) printf 'fake plan {version} %s' "${{flags[*]}}" > "${{a#*=}}" ;;
+    --exportTimes=*) echo '[{{ "computeMs" : 0.181, "latencyMs" : 0.2, "h2dMs" : 0.012, "d2hMs" : 0.007 }}, {{ "computeMs" : 0.182, "latencyMs" : 0.201, "h2dMs" : 0.012, "d2hMs" : 0.007 }}]' > "${{a#*=}}" ;;
+    --exportProfile=*) echo '[{{ "count" : 10 }}, {{ "name" : "/fc1/Gemm", "timeMs" : 1.0, "averageMs" : 0.1, "medianMs" : 0.1, "percentage" : 100.0 }}]' > "${{a#*=}}" ;;
+  esac
+done
+echo "&&&& RUNNING TensorRT.trtexec {banner} # trtexec $*"
+echo "[I] Selected Device: {device}"
+echo "&&&& PASSED TensorRT.trtexec {banner} # trtexec $*"
+"#
+        ),
+    );
+}
+
 /// A GPU builder host as the tools would answer: nvidia-smi reports `gpu`, trtexec is
 /// `trtexec_version` and writes the files it is asked to write, Polygraphy writes a cache.
 fn fake_host(gpu: &'static str, trtexec_version: &'static str) -> RecordingRunner {

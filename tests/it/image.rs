@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
 
-use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
+use super::support::{
+    docker_port, have_docker, have_tool, infer_build, python, root, stderr, stdout,
+};
 
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
 /// not serve (the Docker serving test uses the real one).
@@ -603,19 +605,7 @@ fn docker_serves_the_example_like_onnxruntime() {
 /// Container `id` (the example MLP, port 8000 published) becomes ready, and an inference equals
 /// onnxruntime's on `model`.
 pub fn serve_checks(id: &str, model: &Path) -> Result<(), String> {
-    let o = Command::new("docker")
-        .args(["port", id, "8000/tcp"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let port = stdout(&o)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .rsplit(':')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let url = format!("http://127.0.0.1:{port}");
+    let url = format!("http://{}", docker_port(id, "8000/tcp")?);
     let start = Instant::now();
     loop {
         let code = curl(&[

@@ -70,9 +70,16 @@ fn run_ok(c: &mut Command, what: &str) -> Output {
 }
 
 /// The OCI layout of the glibc test base (tag `1`), built once from the pinned packages.
+///
+/// Tests of one run (threads of one process) and concurrent runs share it: an exclusive lock
+/// on `target/glibc-base/.lock` makes exactly one of them build it, so no one extracts a
+/// package another is still downloading, or layers a root filesystem another is deleting
+/// (which gave a layer whose last file was cut short).
 pub fn glibc_base_layout() -> PathBuf {
     let dir = shared_dir("glibc-base");
     let layout = dir.join("layout");
+    let lock = std::fs::File::create(dir.join(".lock")).unwrap();
+    lock.lock().unwrap();
     if layout.join("index.json").is_file() {
         return layout;
     }
@@ -115,18 +122,31 @@ pub fn glibc_base_layout() -> PathBuf {
         Command::new("umoci").args(["new", "--image", &image]),
         "umoci new",
     );
+    // Through a bundle, not `umoci insert`: umoci 0.4.7's insert leaves the layer's tar
+    // unterminated (no padding after the last file, no end-of-archive blocks), which Docker
+    // accepts and a strict tar reader refuses.
+    let bundle = dir.join(format!("bundle-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bundle);
     run_ok(
         Command::new("umoci")
-            .args(["insert", "--image", &image])
-            .arg(&rootfs)
-            .arg("/"),
-        "umoci insert",
+            .args(["unpack", "--image", &image])
+            .arg(&bundle),
+        "umoci unpack",
+    );
+    let mut into = bundle.join("rootfs").into_os_string();
+    into.push("/");
+    let mut from = rootfs.clone().into_os_string();
+    from.push("/.");
+    run_ok(Command::new("cp").arg("-a").arg(&from).arg(&into), "cp -a");
+    run_ok(
+        Command::new("umoci")
+            .args(["repack", "--image", &image])
+            .arg(&bundle),
+        "umoci repack",
     );
     let _ = std::fs::remove_dir_all(&rootfs);
-    // Another test may have finished first: either layout is a valid base.
-    if std::fs::rename(&tmp, &layout).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
+    let _ = std::fs::remove_dir_all(&bundle);
+    std::fs::rename(&tmp, &layout).unwrap();
     layout
 }
 
@@ -154,27 +174,46 @@ pub fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
     )
 }
 
-/// Put the pinned wheel into the library cache under `cache` when a previous run downloaded it
-/// (`target/onnxruntime-wheel`), so only the first run goes to the network.
+/// Put the pinned ONNX Runtime wheel into the library cache under `cache` when a previous run
+/// downloaded it, so only the first run goes to the network.
 pub fn seed_wheel(cache: &Path) {
-    let sha = wheel_sha256();
-    let shared = shared_dir("onnxruntime-wheel").join(format!("{sha}.whl"));
-    if shared.is_file() {
-        let wheels = cache.join("libraries/wheels");
-        std::fs::create_dir_all(&wheels).unwrap();
-        std::fs::copy(&shared, wheels.join(format!("{sha}.whl"))).unwrap();
+    seed_wheels(cache, &[wheel_sha256()]);
+}
+
+/// Keep the ONNX Runtime wheel a build downloaded into `cache` for later runs.
+pub fn keep_wheel(cache: &Path) {
+    keep_wheels(cache, &[wheel_sha256()]);
+}
+
+/// Copy the wheels of sha256 `shas` that earlier tests kept (`target/wheels/<sha256>.whl`) into
+/// the library cache under `cache`.
+pub fn seed_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
+    let wheels = cache.join("libraries/wheels");
+    std::fs::create_dir_all(&wheels).unwrap();
+    for sha in shas {
+        let name = format!("{}.whl", sha.as_ref());
+        let shared = shared_dir("wheels").join(&name);
+        if shared.is_file() {
+            std::fs::copy(&shared, wheels.join(&name)).unwrap();
+        }
     }
 }
 
-/// Keep the wheel a build downloaded into `cache` for later runs.
-pub fn keep_wheel(cache: &Path) {
-    let sha = wheel_sha256();
-    let got = cache.join(format!("libraries/wheels/{sha}.whl"));
-    let shared = shared_dir("onnxruntime-wheel").join(format!("{sha}.whl"));
-    if got.is_file() && !shared.is_file() {
-        let tmp = shared.with_extension(format!("tmp-{}", std::process::id()));
-        std::fs::copy(&got, &tmp).unwrap();
-        std::fs::rename(&tmp, &shared).unwrap();
+/// Keep the wheels of sha256 `shas` that a build downloaded into `cache` (the library cache
+/// verified them) for later tests and runs; each lands whole, under a temporary name unique to
+/// this copy, then renamed.
+pub fn keep_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
+    static COPY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    for sha in shas {
+        let name = format!("{}.whl", sha.as_ref());
+        let got = cache.join("libraries/wheels").join(&name);
+        let shared = shared_dir("wheels").join(&name);
+        if got.is_file() && !shared.is_file() {
+            let n = COPY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = shared.with_extension(format!("tmp-{}-{n}", std::process::id()));
+            std::fs::copy(&got, &tmp).unwrap();
+            std::fs::rename(&tmp, &shared).unwrap();
+        }
     }
 }
 

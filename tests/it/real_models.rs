@@ -226,21 +226,7 @@ impl Container {
             .unwrap();
         assert!(o.status.success(), "docker run: {}", stderr(&o));
         let id = stdout(&o).trim().to_string();
-        let port = |p: &str| {
-            let o = Command::new("docker")
-                .args(["port", &id, p])
-                .output()
-                .unwrap();
-            let port = stdout(&o)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .rsplit(':')
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            format!("127.0.0.1:{port}")
-        };
+        let port = |p: &str| support::docker_port(&id, p).unwrap();
         let (http, grpc) = (port("8000/tcp"), port("8001/tcp"));
         Container { id, http, grpc }
     }

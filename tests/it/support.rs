@@ -80,14 +80,35 @@ pub fn have_docker(test: &str) -> bool {
     ok
 }
 
+/// The loopback address (`127.0.0.1:PORT`) Docker published for `container_port` (e.g.
+/// `"8000/tcp"`) of container `id`.
+pub fn docker_port(id: &str, container_port: &str) -> Result<String, String> {
+    let o = Command::new("docker")
+        .args(["port", id, container_port])
+        .output()
+        .map_err(|e| format!("docker port: {e}"))?;
+    let line = stdout(&o).lines().next().unwrap_or_default().to_string();
+    match line.rsplit_once(':') {
+        Some((_, port)) if o.status.success() && !port.is_empty() => {
+            Ok(format!("127.0.0.1:{port}"))
+        }
+        _ => Err(format!(
+            "docker port {id} {container_port}: no published port ({}{})",
+            line,
+            stderr(&o)
+        )),
+    }
+}
+
 /// The `infer-serve` binary the runtime and bench tests start on loopback. It needs the
 /// `synthetic` backend (a cost model for overload, drain and tuning tests), which images never
 /// carry, and the ONNX Runtime backend, so it is NOT the statically linked image runtime of
 /// `INFER_SERVE_BIN`.
 ///
-/// `INFER_SERVE_TEST_BIN` points at a binary built elsewhere; otherwise it is built once per
-/// test run into `target/serve-it` (its own target dir: the outer `cargo test` holds the lock
-/// on the main one). `scripts/test.sh` builds it first, so the tests find it up to date.
+/// `INFER_SERVE_TEST_BIN` points at a binary built elsewhere (`scripts/test.sh`: the one
+/// `cargo test --workspace` builds, with both backends through infer-build's dev-dependency);
+/// otherwise it is built once per test run into `target/serve-it` (its own target dir: the
+/// outer `cargo test` holds the lock on the main one).
 pub fn serve_test_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

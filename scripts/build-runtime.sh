@@ -54,8 +54,11 @@ case $flavour in
         ;;
     *) echo "build-runtime: FLAVOUR must be cpu, gpu or dynamic, not $flavour" >&2; exit 2 ;;
 esac
-# Timestamps never enter a Rust binary, but keep anything that honours it stable.
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
+# Timestamps never enter a Rust binary, but keep anything that honours it stable. Always 0, not
+# the caller's: a caller's SOURCE_DATE_EPOCH dates the images infer-build writes, and the C
+# compiler wrappers of several dependencies rebuild when it changes (cargo:rerun-if-env-changed),
+# so inheriting it would rebuild the whole runtime, to the same bytes, for every new value.
+export SOURCE_DATE_EPOCH=0
 
 args=(build --locked -p infer-serve --target "$target" --profile "$profile")
 if [[ -n "${FEATURES:-}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install infer-build and the runtime its images carry, from this checkout, into PREFIX/bin:
 #
-#   scripts/install.sh [--prefix DIR]        (default DIR: $HOME/.local)
+#   scripts/install.sh [--prefix DIR] [--with-gpu]      (default DIR: $HOME/.local)
 #
 # What `infer-build build` needs on a fresh machine is two binaries side by side: `infer-build`
 # itself and `infer-serve`, the runtime every image starts. The image runtime is not an
@@ -11,7 +11,11 @@
 # byte-identical runtimes. `build` finds the runtime next to `infer-build`, so after this script
 # nothing else is needed: no INFER_SERVE_BIN, no --runtime. Images whose engine is ONNX Runtime
 # run on a glibc base with the dynamically linked flavour, installed beside it as
-# `infer-serve-dynamic` (FLAVOUR=dynamic scripts/build-runtime.sh).
+# `infer-serve-dynamic` (FLAVOUR=dynamic scripts/build-runtime.sh). With --with-gpu, the runtime
+# of GPU images on TensorRT's lean runtime is built too (FLAVOUR=gpu scripts/build-runtime.sh:
+# feature `tensorrt`, its C++ shim compiled against TensorRT's headers, which TENSORRT_ROOT names,
+# the directory of a TensorRT tar package, with include/NvInferRuntime.h) and installed as
+# `infer-serve-gpu`.
 #
 # Needs Rust (cargo) and a C compiler; nothing is downloaded but the crates Cargo.lock pins.
 # Idempotent: a second run with nothing changed rebuilds nothing and copies the same files.
@@ -19,16 +23,22 @@
 #
 #   PREFIX              the same as --prefix
 #   CARGO_TARGET_DIR    where cargo builds (default: target/ of this checkout)
+#   INFER_BUILD_PROFILE cargo profile of infer-build itself (default release). The runtimes are
+#                       always built with release-serve, the profile images ship. scripts/test.sh
+#                       sets dev, so the test run compiles the builder once, not a second time
+#                       with the release profile's link-time optimisation.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 prefix=${PREFIX:-$HOME/.local}
+with_gpu=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
         --prefix=*) prefix=${1#--prefix=}; shift ;;
+        --with-gpu) with_gpu=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install: unknown argument '$1' (usage: scripts/install.sh [--prefix DIR])" >&2; exit 2 ;;
+        *) echo "install: unknown argument '$1' (usage: scripts/install.sh [--prefix DIR] [--with-gpu])" >&2; exit 2 ;;
     esac
 done
 command -v cargo >/dev/null || { echo "install: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
@@ -39,15 +49,27 @@ serve=$("$root/scripts/build-runtime.sh")
 echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
 serve_dynamic=$(FLAVOUR=dynamic "$root/scripts/build-runtime.sh")
 
+pairs=()
+if [[ $with_gpu == 1 ]]; then
+    echo "==> building the GPU image runtime (TensorRT backend, headers at ${TENSORRT_ROOT:-TENSORRT_ROOT unset})" >&2
+    serve_gpu=$(FLAVOUR=gpu CHECK=1 "$root/scripts/build-runtime.sh")
+    pairs+=("$serve_gpu:infer-serve-gpu")
+fi
+
 echo "==> building infer-build" >&2
-(cd "$root" && cargo build --release --locked --quiet --bin infer-build) >&2
-builder="${CARGO_TARGET_DIR:-$root/target}/release/infer-build"
+builder_profile=${INFER_BUILD_PROFILE:-release}
+# Without the caller's SOURCE_DATE_EPOCH (it dates images, not this build; several dependencies'
+# C builds rerun when it changes), so this is the same build `cargo test` makes.
+(cd "$root" && unset SOURCE_DATE_EPOCH && cargo build --profile "$builder_profile" --locked --quiet --bin infer-build) >&2
+builder_dir=$builder_profile
+[[ $builder_profile == dev ]] && builder_dir=debug
+builder="${CARGO_TARGET_DIR:-$root/target}/$builder_dir/infer-build"
 [[ -x $builder ]] || { echo "install: $builder was not produced" >&2; exit 1; }
 
 bin="$prefix/bin"
 mkdir -p "$bin"
 # Copy under a temporary name and rename: a running infer-build in PREFIX is never half-written.
-for pair in "$builder:infer-build" "$serve:infer-serve" "$serve_dynamic:infer-serve-dynamic"; do
+for pair in "$builder:infer-build" "$serve:infer-serve" "$serve_dynamic:infer-serve-dynamic" ${pairs[@]+"${pairs[@]}"}; do
     src=${pair%%:*} name=${pair##*:}
     install -m 0755 "$src" "$bin/.$name.tmp.$$"
     mv -f "$bin/.$name.tmp.$$" "$bin/$name"
@@ -58,4 +80,4 @@ case ":$PATH:" in
     *":$bin:"*) ;;
     *) echo "install: add $bin to PATH (e.g. export PATH=\"$bin:\$PATH\")" >&2 ;;
 esac
-(cd "$bin" && sha256sum infer-build infer-serve infer-serve-dynamic)
+(cd "$bin" && sha256sum infer-build infer-serve infer-serve-dynamic ${pairs[@]+"${pairs[@]##*:}"})

@@ -12,21 +12,31 @@ export INFER_SERVE_BIN
 # The glibc-dynamic runtime (tract and ONNX Runtime) that ONNX Runtime images carry.
 INFER_SERVE_DYNAMIC_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh)"
 export INFER_SERVE_DYNAMIC_BIN
+# The runtime of GPU images (feature `tensorrt`, its shim compiled against TensorRT's public
+# headers): the lean GPU image tests assemble it, load it into Docker and start it.
+INFER_SERVE_GPU_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 \
+    TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" scripts/build-runtime.sh)"
+export INFER_SERVE_GPU_BIN
 
 # infer-build and the runtime installed the way users install them (the CI example's tools job
-# and scripts/example.sh run the same script: its runtime is the one built above, and
-# infer-build is built once more with the release profile).
+# and scripts/example.sh run the same script: its runtimes are the ones built above). The tests
+# run infer-build as `cargo test` builds it; the install (and the CI example's tools job, which
+# inherits this variable) uses that same dev-profile build instead of compiling the builder a
+# second time with the release profile.
+export INFER_BUILD_PROFILE=${INFER_BUILD_PROFILE:-dev}
 scripts/install.sh --prefix target/install >/dev/null
-
-# The runtime the tests start on loopback carries the synthetic cost-model backend (never
-# shipped in images) and the ONNX Runtime backend; building it here keeps the tests' own build
-# of it a no-op.
-cargo build -q -p infer-serve --features synthetic,onnxruntime --target-dir target/serve-it
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
-# The TensorRT backend, its C++ shim compiled against TensorRT's public headers (no GPU needed).
+# The runtime's optional backends in one pass: TensorRT, its C++ shim compiled against
+# TensorRT's public headers (no GPU needed), and ONNX Runtime.
 TENSORRT_ROOT="$PWD/../shared/third_party/tensorrt-headers/10.16" \
-    cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt --all-targets -- -D warnings
-cargo clippy -p infer-serve --features onnxruntime --all-targets -- -D warnings
+    cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt,infer-serve/onnxruntime \
+    --all-targets -- -D warnings
+# The runtime the tests start on loopback carries the synthetic cost-model backend (never
+# shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
+# turns both on in this one build of the workspace.
+cargo test --workspace --no-run
+INFER_SERVE_TEST_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/infer-serve"
+export INFER_SERVE_TEST_BIN
 cargo test --workspace

@@ -47,8 +47,14 @@ serve_until_ready() {
         sleep 0.5
     done
     grep -q '"ready"' "$dir/serve.log" && return 0
-    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    stop_server
     return 1
+}
+
+# Stops the server serve_until_ready started (SIGTERM: it drains and exits) and waits for it.
+stop_server() {
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
 }
 
 # 1. What this node has.
@@ -160,8 +166,7 @@ EOF
     else
         not_done "$precision: outputs differ from onnxruntime beyond the tolerance, or the request failed"
     fi
-    kill -TERM "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
+    stop_server
 done
 
 # 5. Converted precisions on a real model, engine vs the converted ONNX.
@@ -288,8 +293,7 @@ EOF
         else
             not_done "$precision: the classifier engine differs from its converted model beyond the tolerance, or the request failed"
         fi
-        kill -TERM "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
+        stop_server
     done
 fi
 

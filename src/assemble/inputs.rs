@@ -85,6 +85,9 @@ pub fn locate_runtime(
 pub enum RuntimeFlavour {
     Static,
     Dynamic,
+    /// Dynamically linked against glibc with feature `tensorrt`: GPU images on TensorRT's lean
+    /// runtime.
+    Gpu,
 }
 
 impl RuntimeFlavour {
@@ -97,6 +100,7 @@ impl RuntimeFlavour {
                 "INFER_SERVE_DYNAMIC_BIN",
                 "infer-serve-dynamic",
             ),
+            RuntimeFlavour::Gpu => ("--runtime-gpu", "INFER_SERVE_GPU_BIN", "infer-serve-gpu"),
         }
     }
 }
@@ -131,6 +135,9 @@ pub fn locate(
             looked: looked.join(", "),
         },
         RuntimeFlavour::Dynamic => Error::NoDynamicRuntime {
+            looked: looked.join(", "),
+        },
+        RuntimeFlavour::Gpu => Error::NoGpuRuntime {
             looked: looked.join(", "),
         },
     })
@@ -311,6 +318,15 @@ mod tests {
             msg.contains("--runtime-dynamic")
                 && msg.contains("$INFER_SERVE_DYNAMIC_BIN")
                 && msg.contains("infer-serve-dynamic"),
+            "{msg}"
+        );
+        let e = locate(RuntimeFlavour::Gpu, None, None, Some(&exe)).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--runtime-gpu")
+                && msg.contains("$INFER_SERVE_GPU_BIN")
+                && msg.contains("infer-serve-gpu")
+                && msg.contains("FLAVOUR=gpu"),
             "{msg}"
         );
         fs::write(d.path().join("infer-serve-dynamic"), b"").unwrap();

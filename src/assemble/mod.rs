@@ -50,6 +50,13 @@ pub const PORTS: [u16; 2] = [
     infer_spec::runtime::DEFAULT_GRPC_PORT,
 ];
 
+/// The environment a GPU image sets when its base does not: which GPUs the NVIDIA container
+/// toolkit exposes and which driver libraries it injects (no `libcuda` is ever in an image).
+pub const GPU_ENV: [&str; 2] = [
+    "NVIDIA_VISIBLE_DEVICES=all",
+    "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+];
+
 /// Layers of barely compressible data (weights, engines) at least this large are stored
 /// uncompressed under the `auto` policy: deflate buys ~7% on float weights for 10-20× the time,
 /// and an uncompressed layer is both faster and smaller than `umoci insert`'s near-stored gzip
@@ -79,6 +86,8 @@ pub enum Error {
     NoRuntime { looked: String },
     #[error("no dynamically linked infer-serve found (looked at {looked}); images whose engine is ONNX Runtime need it\nhint: build one with `FLAVOUR=dynamic scripts/build-runtime.sh` and pass --runtime-dynamic FILE or set INFER_SERVE_DYNAMIC_BIN, or force the tract engine with `[engine] cpu = \"tract\"`")]
     NoDynamicRuntime { looked: String },
+    #[error("no infer-serve built with TensorRT found (looked at {looked}); GPU images with TensorRT's lean runtime need it\nhint: build one with `FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) and pass --runtime-gpu FILE or set INFER_SERVE_GPU_BIN")]
+    NoGpuRuntime { looked: String },
     #[error("runtime binary `{path}` {why}\nhint: `scripts/build-runtime.sh` builds a statically linked infer-serve for scratch images")]
     BadRuntime { path: PathBuf, why: String },
     #[error("no targets to build")]
@@ -608,6 +617,17 @@ fn build_target(
         let key = kv.split('=').next().unwrap_or("").to_string();
         env.retain(|e| e.split('=').next() != Some(key.as_str()));
         env.push(kv);
+    }
+    // GPU images: the NVIDIA container toolkit injects the driver (libcuda, NVML) only when
+    // asked; a CUDA base already asks, a glibc base (lean images) does not. A base's own values
+    // are kept.
+    if t.gpu {
+        for kv in GPU_ENV {
+            let key = kv.split('=').next().unwrap_or("");
+            if !env.iter().any(|e| e.split('=').next() == Some(key)) {
+                env.push(kv.to_string());
+            }
+        }
     }
     let mut cc = ContainerConfig {
         user: meta

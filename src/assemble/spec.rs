@@ -224,8 +224,8 @@ pub struct Files {
     /// The model's input dimension names (see [`name_dims`]).
     pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
-    /// The native library the engine loads (ONNX Runtime): shipped as the runtime-libraries
-    /// layer and named by `runtime.toml`'s `engine.library`.
+    /// The native library the engine loads (ONNX Runtime, TensorRT's lean runtime): shipped as
+    /// the runtime-libraries layer and named by `runtime.toml`'s `engine.library`.
     pub library: Option<LibraryFiles>,
 }
 
@@ -285,13 +285,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     };
     // `runtime_config` checks the config it makes, and an onnxruntime engine is valid only
     // with its library: it is made as the tract kind, then given both (checked again below).
+    // A TensorRT engine names the lean runtime it ships with (the full runtime of a CUDA base
+    // is found by its soname).
     let library = match (kind, &files.library) {
-        (EngineKind::OnnxRuntime, Some(l)) => Some(l.load.clone()),
+        (EngineKind::OnnxRuntime | EngineKind::TensorRt, Some(l)) => Some(l.load.clone()),
         _ => None,
     };
     let mut rc = runtime_config(
         recipe,
-        if library.is_some() {
+        if kind == EngineKind::OnnxRuntime && library.is_some() {
             EngineKind::TractOnnx
         } else {
             kind
@@ -300,7 +302,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         metadata.as_ref().map(|(path, _)| path.as_str()),
     )?;
     if library.is_some() {
-        rc.engine.kind = EngineKind::OnnxRuntime;
+        rc.engine.kind = kind;
         rc.engine.library = library;
     }
     name_dims(&mut rc, &files.dim_names);

@@ -45,6 +45,10 @@ pub struct BuildArgs {
     /// $INFER_SERVE_DYNAMIC_BIN, else `infer-serve-dynamic` next to infer-build).
     #[arg(long, value_name = "FILE")]
     pub runtime_dynamic: Option<PathBuf>,
+    /// The dynamically linked infer-serve built with TensorRT, for GPU images on TensorRT's
+    /// lean runtime (else $INFER_SERVE_GPU_BIN, else `infer-serve-gpu` next to infer-build).
+    #[arg(long, value_name = "FILE")]
+    pub runtime_gpu: Option<PathBuf>,
     /// OCI layout holding the base image of GPU targets (default: pull each target's base into
     /// the shared base cache, pinned in the recipe's lock file).
     #[arg(long, value_name = "DIR")]
@@ -267,6 +271,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         let flag = match flavour {
             assemble::RuntimeFlavour::Static => args.runtime.as_deref(),
             assemble::RuntimeFlavour::Dynamic => args.runtime_dynamic.as_deref(),
+            assemble::RuntimeFlavour::Gpu => args.runtime_gpu.as_deref(),
         };
         assemble::locate(flavour, flag, env.as_deref(), exe.as_deref())
     };
@@ -322,9 +327,27 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             specs.push(assemble::spec::target_spec(&recipe, t, files)?);
             continue;
         }
-        let serve = runtime(assemble::RuntimeFlavour::Static)?;
+        let lean = t.tensorrt.as_ref().and_then(|trt| trt.lean.as_ref());
+        let serve = runtime(if lean.is_some() {
+            assemble::RuntimeFlavour::Gpu
+        } else {
+            assemble::RuntimeFlavour::Static
+        })?;
         assemble::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
         let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
+        let library = match lean {
+            Some(pin) => {
+                if engine.is_none() {
+                    return Err(Error::Usage(format!(
+                        "target {}: an image on TensorRT's lean runtime serves a TensorRT engine; \
+                         pass --engines DIR holding the engine `infer-build engine` built for it",
+                        t.id
+                    )));
+                }
+                Some(library_files(args, &matrix, &lock_path, t, pin)?)
+            }
+            None => None,
+        };
         let (engine, engine_profile) = match engine {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
             None => (None, None),
@@ -346,7 +369,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             warmup_samples: samples.clone(),
             dim_names: dim_names.clone(),
             base,
-            library: None,
+            library,
         };
         specs.push(assemble::spec::target_spec(&recipe, t, files)?);
     }
@@ -383,11 +406,53 @@ fn onnxruntime_files(
         lock.as_ref().map(|l| (lock_path, l)),
         args.update_lock,
     )?;
+    let library = ensure_library(t, row, lock_path)?;
+    let base = bases.get_pin(t, pin, platform)?;
+    Ok(assemble::spec::Files {
+        serve_bin: PathBuf::new(),
+        model: PathBuf::new(),
+        engine: None,
+        engine_profile: None,
+        warmup_samples: None,
+        dim_names: Vec::new(),
+        base: Some(base),
+        library: Some(library),
+    })
+}
+
+/// TensorRT's lean runtime of a version-compatible target (`pin`, from the plan), from its
+/// pinned wheel through the library cache, pinned in the lock file.
+fn library_files(
+    args: &BuildArgs,
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    t: &TargetPlan,
+    pin: &crate::plan::LibraryPin,
+) -> Result<assemble::spec::LibraryFiles, Error> {
+    let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
+    let row = crate::native::resolve_version(
+        matrix,
+        &pin.name,
+        t.platform,
+        &pin.version,
+        lock.as_ref().map(|l| (lock_path, l)),
+        args.update_lock,
+    )?;
+    ensure_library(t, row, lock_path)
+}
+
+/// The files of library `row` from the library cache (downloaded and verified when missing),
+/// its pin recorded in the lock file.
+fn ensure_library(
+    t: &TargetPlan,
+    row: &crate::matrix::RuntimeLibrary,
+    lock_path: &Path,
+) -> Result<assemble::spec::LibraryFiles, Error> {
     let cache = crate::native::default_cache_dir().ok_or_else(|| {
         Error::Usage(format!(
-            "target {}: no cache directory for the ONNX Runtime library: set \
+            "target {}: no cache directory for the {} library: set \
              INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME",
-            t.id
+            t.id, row.name
         ))
     })?;
     let lib = crate::native::ensure(row, &cache, &crate::native::fetch::Options::default())?;
@@ -403,19 +468,9 @@ fn onnxruntime_files(
             row.name, row.version, lib.bytes_downloaded, row.sha256
         );
     }
-    let base = bases.get_pin(t, pin, platform)?;
-    Ok(assemble::spec::Files {
-        serve_bin: PathBuf::new(),
-        model: PathBuf::new(),
-        engine: None,
-        engine_profile: None,
-        warmup_samples: None,
-        dim_names: Vec::new(),
-        base: Some(base),
-        library: Some(assemble::spec::LibraryFiles {
-            files: lib.files.clone(),
-            load: row.load_path(),
-        }),
+    Ok(assemble::spec::LibraryFiles {
+        files: lib.files,
+        load: row.load_path(),
     })
 }
 

@@ -123,14 +123,14 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
         }
         if m.libraries
             .iter()
-            .filter(|o| o.name == l.name && o.platform == l.platform)
+            .filter(|o| o.name == l.name && o.platform == l.platform && o.version == l.version)
             .count()
             > 1
         {
             out.push(problem(
                 &l.origin,
                 "name",
-                format!("{what}: one row per library and platform"),
+                format!("{what}: one row per library, version and platform"),
             ));
         }
     }

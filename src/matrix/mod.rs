@@ -660,6 +660,19 @@ impl Matrix {
             .find(|l| l.name == name && l.platform == platform)
     }
 
+    /// The library row `name` of exactly `version` for `platform` (TensorRT's lean runtime has
+    /// one row per release).
+    pub fn library_version(
+        &self,
+        name: &str,
+        platform: Platform,
+        version: &Version,
+    ) -> Option<&RuntimeLibrary> {
+        self.libraries
+            .iter()
+            .find(|l| l.name == name && l.platform == platform && &l.version == version)
+    }
+
     /// The default glibc-based CPU base image (for engines that need a dynamic runtime).
     pub fn glibc_cpu_base(&self) -> Option<&BaseImage> {
         self.images

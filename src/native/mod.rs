@@ -117,6 +117,36 @@ pub fn resolve<'m>(
         name: name.into(),
         platform: platform.to_string(),
     })?;
+    check_pin(row, lock, update_lock)
+}
+
+/// [`resolve`] for a library with one row per version (TensorRT's lean runtime): the row of
+/// exactly `version`.
+pub fn resolve_version<'m>(
+    matrix: &'m crate::matrix::Matrix,
+    name: &str,
+    platform: Platform,
+    version: &crate::matrix::Version,
+    lock: Option<(&Path, &Lock)>,
+    update_lock: bool,
+) -> Result<&'m RuntimeLibrary> {
+    let row = matrix
+        .library_version(name, platform, version)
+        .ok_or_else(|| Error::NoRow {
+            name: format!("{name} {version}"),
+            platform: platform.to_string(),
+        })?;
+    check_pin(row, lock, update_lock)
+}
+
+/// `row`, unless the lock file pins another wheel for its name and platform (and the pin is
+/// not being moved).
+fn check_pin<'m>(
+    row: &'m RuntimeLibrary,
+    lock: Option<(&Path, &Lock)>,
+    update_lock: bool,
+) -> Result<&'m RuntimeLibrary> {
+    let (name, platform) = (row.name.as_str(), row.platform);
     if let (Some((path, lock)), false) = (lock, update_lock) {
         if let Some(l) = lock.library(name, platform.as_str()) {
             if l != &locked(row) {

@@ -879,7 +879,20 @@ fn gpu_target(
             .and_then(|c| matrix.toolkit(c))
             .map(|t| t.min_driver.clone())
     };
-    let base = pin_image(&choice.base.reference, choice.base.digest.as_deref(), lock);
+    let mut base = pin_image(&choice.base.reference, choice.base.digest.as_deref(), lock);
+    let lean = lean_runtime(recipe, matrix, group.platform, r, &choice.cuda_build);
+    let mut notes = Vec::new();
+    match &lean {
+        Ok((glibc_base, _)) => {
+            base = pin_image(&glibc_base.reference, glibc_base.digest.as_deref(), lock)
+        }
+        Err(Some(why)) => notes.push(format!(
+            "full TensorRT runtime on {}: {why}",
+            choice.base.reference
+        )),
+        Err(None) => {}
+    }
+    let lean = lean.ok().map(|(_, l)| l);
     // A builder with exactly this TensorRT; the same CUDA minor is preferred, the same major
     // is enough (engines bind to the TensorRT version, not the CUDA minor).
     let builders: Vec<&BaseImage> = matrix
@@ -904,7 +917,6 @@ fn gpu_target(
         .or(builders.first())
         .map(|i| pin_image(&i.reference, i.digest.as_deref(), lock));
 
-    let mut notes = Vec::new();
     if !r.confirmed {
         notes.push(format!(
             "TensorRT {} matrix row not fully confirmed from a primary source",
@@ -973,6 +985,7 @@ fn gpu_target(
                 .as_ref()
                 .map(|h| hw_of(h.value)),
             confirmed: r.confirmed,
+            lean,
         }),
         cuda,
         cudnn: Some(CudnnPlan {
@@ -991,6 +1004,55 @@ fn gpu_target(
         image: String::new(),
         notes,
     }
+}
+
+/// The lean image of a version-compatible GPU target: the glibc base and TensorRT's lean runtime
+/// library from its pinned wheel (`tensorrt-lean-cu<major>` of exactly this release). `Err(None)`
+/// when the engine is not version-compatible (the full runtime is the only one that runs it),
+/// `Err(Some(why))` when it is but the matrix lacks what a lean image needs, or the recipe names
+/// its own base: then the target keeps the full runtime on its CUDA base.
+fn lean_runtime<'m>(
+    recipe: &Recipe,
+    matrix: &'m Matrix,
+    platform: Platform,
+    r: &Release,
+    cuda_build: &Version,
+) -> Result<(&'m BaseImage, LibraryPin), Option<String>> {
+    if !recipe.targets.version_compatible.value || !r.lean_runtime {
+        return Err(None);
+    }
+    if recipe.image.base.is_some() {
+        return Err(Some("the recipe names the base image".into()));
+    }
+    let name = format!("tensorrt-lean-cu{}", cuda_build.major());
+    let Some(row) = matrix.library_version(&name, platform, &r.version) else {
+        return Err(Some(format!(
+            "the compatibility matrix has no {name} {} library for {platform}",
+            r.version
+        )));
+    };
+    let Some(glibc) = matrix
+        .glibc_cpu_base()
+        .filter(|b| b.platforms.contains(&platform))
+        .filter(|b| match (&b.glibc, &row.glibc_min) {
+            (Some(have), Some(need)) => have >= need,
+            _ => true,
+        })
+    else {
+        return Err(Some(format!(
+            "no glibc base image in the compatibility matrix for {platform} with glibc {} or newer",
+            row.glibc_min.as_ref().map_or("-".into(), |v| v.to_string())
+        )));
+    };
+    Ok((
+        glibc,
+        LibraryPin {
+            name: row.name.clone(),
+            version: row.version.clone(),
+            sha256: row.sha256.clone(),
+            path: row.load_path(),
+        },
+    ))
 }
 
 /// The CPU target's engine choice and what an ONNX Runtime image would need: the default glibc

@@ -163,6 +163,10 @@ pub struct TensorRtPlan {
     pub hardware_compat: Option<HwCompat>,
     /// False when a value of the release's matrix row was not confirmed from a primary source.
     pub confirmed: bool,
+    /// Version-compatible engines: TensorRT's lean runtime from its pinned wheel, shipped in the
+    /// image (then `base` is the glibc base, not a CUDA image). `None`: the engine needs the full
+    /// runtime of its CUDA base (not version-compatible, or the matrix has no lean wheel for it).
+    pub lean: Option<LibraryPin>,
 }
 
 /// How the engine build obtains the target precision.

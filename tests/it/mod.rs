@@ -3,6 +3,7 @@ pub mod ci_example;
 pub mod deploy;
 pub mod engine;
 pub mod faultproxy;
+pub mod gpu_image;
 pub mod hostile;
 pub mod hostile_registry;
 pub mod image;

@@ -298,9 +298,13 @@ fn real_lean_libraries_version_and_major_refusal() {
     }
 }
 
-/// `infer-serve` with feature `tensorrt`, its shim built against the 10.16 headers, into
+/// `infer-serve` with feature `tensorrt`, its shim built against the 10.16 headers:
+/// `$INFER_SERVE_GPU_BIN` (the GPU image runtime scripts/test.sh builds), else built into
 /// `target/serve-trt` (its own target dir: the outer `cargo test` holds the main one).
 fn serve_trt() -> PathBuf {
+    if let Some(p) = std::env::var_os("INFER_SERVE_GPU_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
     let target = root().join("target/serve-trt");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let (code, text) = run(Command::new(cargo)
@@ -375,6 +379,28 @@ port = 0
         text.contains(&format!("libnvinfer_lean.so.10 {}", w.version)),
         "{text}"
     );
+
+    // `engine.library` (what a GPU image's runtime.toml names) is the library opened, with no
+    // library path set.
+    let lean = so(dir, w);
+    let toml = std::fs::read_to_string(d.join("runtime.toml")).unwrap();
+    std::fs::write(
+        d.join("runtime.toml"),
+        toml.replace(
+            "path = \"engine.plan\"\n",
+            &format!("path = \"engine.plan\"\nlibrary = \"{}\"\n", lean.display()),
+        ),
+    )
+    .unwrap();
+    let (code, text) = run(Command::new(&bin)
+        .arg("--config")
+        .arg(d.join("runtime.toml")));
+    assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
+    assert!(
+        text.contains(&format!("{} {}", lean.display(), w.version)),
+        "the library engine.library names is opened: {text}"
+    );
+    std::fs::write(d.join("runtime.toml"), toml).unwrap();
 
     // The same 10.x-built runtime handed the real 11.x library refuses it at start, naming both
     // majors, before any call into it but its version entry point.

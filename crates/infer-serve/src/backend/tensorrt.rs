@@ -22,11 +22,12 @@ use std::path::Path;
 /// overriding the choice made from the engine's metadata.
 pub const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
 
-/// The runtime library for this engine: `INFER_TRT_LIBRARY`, else the library the engine's
-/// metadata calls for (lean for version-compatible plans that exclude the lean runtime,
-/// dispatch for other version-compatible ones, the full runtime otherwise), else the lean one;
-/// the major is that of the headers infer-serve was built against.
-fn library(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), String> {
+/// The runtime library for this engine: `INFER_TRT_LIBRARY`, else `engine.library` (the lean
+/// runtime a GPU image ships, resolved against the directory of `runtime.toml`), else the
+/// library the engine's metadata calls for (lean for version-compatible plans that exclude the
+/// lean runtime, dispatch for other version-compatible ones, the full runtime otherwise), else
+/// the lean one, by soname; the major is that of the headers infer-serve was built against.
+fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), String> {
     let meta = match &cfg.engine.metadata {
         Some(m) => {
             let p = base.join(m);
@@ -38,6 +39,16 @@ fn library(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMet
     };
     if let Ok(l) = std::env::var(LIBRARY_ENV) {
         return Ok((l, meta));
+    }
+    if let Some(rel) = cfg.engine.library.as_deref() {
+        // dlopen searches the library path for a bare name; a path with a directory is used
+        // as is, so a relative one is made absolute against runtime.toml's directory.
+        let p = if rel.contains('/') {
+            base.join(rel).to_string_lossy().into_owned()
+        } else {
+            rel.to_owned()
+        };
+        return Ok((p, meta));
     }
     let major = header_version()
         .map(version_major)
@@ -53,7 +64,7 @@ fn library(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMet
 /// capability, name, driver). Fails, naming what is missing, when the library cannot be opened
 /// or no driver or GPU is visible.
 pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
-    let (name, _) = library(cfg, base)?;
+    let (name, _) = library_name(cfg, base)?;
     let lib = TrtLibrary::open(&name).map_err(|e| format!("no TensorRT runtime library: {e}"))?;
     lib.check_headers().map_err(|e| e.to_string())?;
     let gpu = probe_gpu().map_err(|e| {
@@ -81,7 +92,7 @@ pub struct TensorrtEngine {
 
 impl TensorrtEngine {
     pub fn load(cfg: &RuntimeConfig, base: &Path, path: &Path) -> Result<TensorrtEngine, String> {
-        let (name, meta) = library(cfg, base)?;
+        let (name, meta) = library_name(cfg, base)?;
         let plan =
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let lib = TrtLibrary::open(&name).map_err(|e| e.to_string())?;

@@ -19,7 +19,9 @@ use serde_json::Value;
 use super::engine::fake_gpu_tools;
 use super::image::serve_checks;
 use super::registry_support::Registry;
-use super::support::{have_docker, have_tool, infer_build, python, root, stderr, stdout};
+use super::support::{
+    docker_load, have_docker, have_tool, infer_build, python, root, stderr, stdout,
+};
 
 const WORKFLOW: &str = "examples/ci/build-images.yml";
 
@@ -275,13 +277,7 @@ fn registry_ci_example_runs_as_written() {
         .output()
         .unwrap();
     assert!(o.status.success(), "pulling the CPU tag: {}", stderr(&o));
-    let o = Command::new("docker")
-        .arg("load")
-        .arg("-i")
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    docker_load(&archive);
     let o = Command::new("docker")
         .args(["run", "-d", "--rm", "-p", "127.0.0.1::8000"])
         .arg(format!("ci-example/mlp:{tag}"))

@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
-use super::ort_image::{glibc_base_layout, keep_wheels, seed_wheels};
-use super::support::{have_docker, have_tool, infer_build, root, stderr, stdout};
+use super::ort_image::{glibc_base_layout, keep_wheels, library_rows, seed_wheels};
+use super::support::{docker_load, have_docker, have_tool, infer_build, root, stderr, stdout};
 
 const RECIPE: &str = r#"
 [model]
@@ -68,24 +68,7 @@ fn path_with_bin(dir: &Path) -> String {
 
 /// The lean library rows of the matrix: (name, version, sha256) for x86_64.
 fn lean_rows() -> Vec<(String, String, String)> {
-    let text = std::fs::read_to_string(root().join("matrix/runtime-libraries.toml")).unwrap();
-    let v: toml::Value = toml::from_str(&text).unwrap();
-    v["library"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| {
-            l["name"].as_str().unwrap().starts_with("tensorrt-lean-")
-                && l["platform"].as_str() == Some("x86_64")
-        })
-        .map(|l| {
-            (
-                l["name"].as_str().unwrap().into(),
-                l["version"].as_str().unwrap().into(),
-                l["sha256"].as_str().unwrap().into(),
-            )
-        })
-        .collect()
+    library_rows(|n| n.starts_with("tensorrt-lean-"))
 }
 
 /// The sha256 of every lean library wheel the matrix pins for x86_64.
@@ -418,13 +401,7 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
     if !have_docker(test) {
         return;
     }
-    let o = Command::new("docker")
-        .arg("load")
-        .arg("-i")
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "docker load: {}", stderr(&o));
+    docker_load(&archive);
     let tag = "localhost/infer-build/mlp-gpu:1.0.0-sm80-fp16";
     let o = Command::new("docker")
         .args(["run", "--rm", "--name"])

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sha2::Digest as _;
 
 use super::support::{
-    docker_port, have_docker, have_tool, infer_build, python, root, stderr, stdout,
+    docker_load, docker_port, have_docker, have_tool, infer_build, python, root, stderr, stdout,
 };
 
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
@@ -518,14 +518,8 @@ fn docker_load_and_run_the_archive() {
     );
     assert_eq!(v["archive"], archive.display().to_string());
     let tag = "localhost/infer-build/mlp:1.0.0-cpu-fp32";
-    let o = Command::new("docker")
-        .arg("load")
-        .arg("-i")
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains(tag), "{}", stdout(&o));
+    let loaded = docker_load(&archive);
+    assert!(loaded.contains(tag), "{loaded}");
     let o = Command::new("docker")
         .args([
             "image",
@@ -577,13 +571,7 @@ fn docker_serves_the_example_like_onnxruntime() {
         &["--output", &format!("oci-archive:{}", archive.display())],
     );
     let tag = "localhost/infer-build/mlp:1.0.0-cpu-fp32";
-    let o = Command::new("docker")
-        .arg("load")
-        .arg("-i")
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    docker_load(&archive);
     let o = Command::new("docker")
         .args(["run", "-d", "-p", "127.0.0.1::8000", tag])
         .output()

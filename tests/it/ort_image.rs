@@ -35,21 +35,28 @@ pub const DEBS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The matrix's pinned x86_64 onnxruntime wheel: sha256 (its name in the library cache).
-fn wheel_sha256() -> String {
+/// The x86_64 rows of matrix/runtime-libraries.toml whose name `name` accepts, as
+/// (name, version, sha256 of the wheel: its name in the library cache).
+pub fn library_rows(name: impl Fn(&str) -> bool) -> Vec<(String, String, String)> {
     let text = std::fs::read_to_string(root().join("matrix/runtime-libraries.toml")).unwrap();
     let v: toml::Value = toml::from_str(&text).unwrap();
     v["library"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|l| {
-            l["name"].as_str() == Some("onnxruntime") && l["platform"].as_str() == Some("x86_64")
+        .filter(|l| name(l["name"].as_str().unwrap()) && l["platform"].as_str() == Some("x86_64"))
+        .map(|l| {
+            let field = |k: &str| l[k].as_str().unwrap().to_string();
+            (field("name"), field("version"), field("sha256"))
         })
-        .unwrap()["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string()
+        .collect()
+}
+
+/// The matrix's pinned x86_64 onnxruntime wheel: sha256 (its name in the library cache).
+fn wheel_sha256() -> String {
+    let rows = library_rows(|n| n == "onnxruntime");
+    assert_eq!(rows.len(), 1, "one x86_64 onnxruntime row: {rows:?}");
+    rows[0].2.clone()
 }
 
 fn shared_dir(name: &str) -> PathBuf {
@@ -79,7 +86,7 @@ pub fn glibc_base_layout() -> PathBuf {
     let dir = shared_dir("glibc-base");
     let layout = dir.join("layout");
     let lock = std::fs::File::create(dir.join(".lock")).unwrap();
-    lock.lock().unwrap();
+    fs4::FileExt::lock(&lock).unwrap();
     if layout.join("index.json").is_file() {
         return layout;
     }

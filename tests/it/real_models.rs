@@ -205,13 +205,7 @@ pub(super) struct Container {
 impl Container {
     /// `docker load -i archive`, then `docker run -d` of `tag`.
     pub fn load_and_run(archive: &Path, tag: &str) -> Container {
-        let o = Command::new("docker")
-            .arg("load")
-            .arg("-i")
-            .arg(archive)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "docker load: {}", stderr(&o));
+        support::docker_load(archive);
         let o = Command::new("docker")
             .args([
                 "run",

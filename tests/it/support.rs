@@ -80,6 +80,23 @@ pub fn have_docker(test: &str) -> bool {
     ok
 }
 
+/// `docker load -i archive`; its stdout (the tags loaded). Panics with Docker's error.
+pub fn docker_load(archive: &Path) -> String {
+    let o = Command::new("docker")
+        .arg("load")
+        .arg("-i")
+        .arg(archive)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "docker load {}: {}",
+        archive.display(),
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
 /// The loopback address (`127.0.0.1:PORT`) Docker published for `container_port` (e.g.
 /// `"8000/tcp"`) of container `id`.
 pub fn docker_port(id: &str, container_port: &str) -> Result<String, String> {

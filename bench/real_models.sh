@@ -3,11 +3,14 @@
 # and tests/it/ort_image.rs (pinned wheels from the Python registry, fetched and cached by
 # tests/it/real_models.py) served by infer-serve with the engine their recipes ship, against
 # onnxruntime in Python at the same thread count (one intra-op thread; tract computes on one).
-# Tract translates neither Magika nor the recogniser, so their recipes ship ONNX Runtime.
+# Tract translates neither Magika nor the recogniser, so they ship ONNX Runtime; the detector and
+# the classifier run on both engines (ONNX Runtime is what `auto` ships for them).
 #
 #   model       engine        runtime               shapes (batch 1, 4, 16)
-#   ocr-det     tract-onnx    static  (INFER_SERVE)    x 3x96x96 (variable height and width)
-#   ocr-cls     tract-onnx    static                   x 3x48x192 (the folded graph)
+#   ocr-det     onnxruntime   dynamic (INFER_SERVE_DYNAMIC) x 3x96x96 (variable height and width)
+#   ocr-det     tract-onnx    static  (INFER_SERVE)
+#   ocr-cls     onnxruntime   dynamic                  x 3x48x192
+#   ocr-cls     tract-onnx    static                   the folded graph
 #   magika      onnxruntime   dynamic (INFER_SERVE_DYNAMIC, library of the pinned 1.31.0 wheel)
 #                                                      bytes 2048 (int32)
 #   ocr-rec     onnxruntime   dynamic                  x 3x48x160 (variable width)
@@ -90,7 +93,7 @@ for l in sys.stdin: r=json.loads(l); r['engine']='$engine'; print(json.dumps(r))
     kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }
 
-run ocr-det ocr-det tract-onnx x FP32 '[[inputs]]
+DET='[[inputs]]
 name = "x"
 datatype = "FP32"
 dims = [-1, 3, -1, -1]
@@ -99,8 +102,8 @@ profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
 [[outputs]]
 name = "sigmoid_0.tmp_0"
 datatype = "FP32"
-dims = [-1, 1, -1, -1]' '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
-run ocr-cls ocr-cls.folded tract-onnx x FP32 '[[inputs]]
+dims = [-1, 1, -1, -1]'
+CLS='[[inputs]]
 name = "x"
 datatype = "FP32"
 dims = [-1, 3, 48, 192]
@@ -108,7 +111,14 @@ dims = [-1, 3, 48, 192]
 [[outputs]]
 name = "save_infer_model/scale_0.tmp_1"
 datatype = "FP32"
-dims = [-1, 2]' '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
+dims = [-1, 2]'
+# The detector and the classifier on both engines: ONNX Runtime is what `engine.cpu = "auto"`
+# ships for them (tests/it/real_models.rs checks the detector's choice), tract what
+# `cpu = "tract"` ships.
+run ocr-det ocr-det onnxruntime x FP32 "$DET" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+run ocr-det ocr-det tract-onnx x FP32 "$DET" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+run ocr-cls ocr-cls onnxruntime x FP32 "$CLS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
+run ocr-cls ocr-cls.folded tract-onnx x FP32 "$CLS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
 run magika magika onnxruntime bytes INT32 '[[inputs]]
 name = "bytes"
 datatype = "INT32"

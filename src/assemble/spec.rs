@@ -371,5 +371,24 @@ pub fn startup_annotations(p: &infer_spec::engine::EngineProfile) -> BTreeMap<St
             m.insert("startup.nnef-load-ms".into(), format!("{n:.1}"));
         }
     }
+    // The measured CPU engine choice: policy, what shipped, and each candidate's summed T(b).
+    if let Some(sel) = &p.selection {
+        let sums: Vec<String> = sel
+            .candidates
+            .iter()
+            .map(|c| match &c.error {
+                Some(_) => format!("{}=no-load", c.kind),
+                None => format!(
+                    "{}={:.1}us",
+                    c.kind,
+                    c.batches.iter().map(|b| b.median_us).sum::<f64>()
+                ),
+            })
+            .collect();
+        m.insert(
+            "engine.selection".into(),
+            format!("{} -> {} ({})", sel.policy, sel.chosen, sums.join(" ")),
+        );
+    }
     m
 }

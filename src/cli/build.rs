@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::assemble::{self, BuildOptions, BuildReport, Policy, Progress};
+use crate::engine::onnxruntime::OrtCandidate;
 use crate::error::Error;
 use crate::oci::image::Platform;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
@@ -309,19 +310,41 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
-        if let Some(cpu) = t
-            .cpu
+        let ort = ort_candidate(&matrix, &lock_path, args.update_lock, t, &recipe)?;
+        let engine = cached_engine(
+            args.engines.as_deref(),
+            &recipe,
+            t,
+            ort.as_ref().map(|(c, _)| c.clone()),
+        )?;
+        let ort_engine = engine
             .as_ref()
-            .filter(|c| c.engine == CpuEngine::OnnxRuntime)
-        {
-            let files =
-                onnxruntime_files(args, &matrix, &lock_path, &mut bases, t, cpu, &platform)?;
+            .is_some_and(|e| e.kind == infer_spec::engine::EngineKind::Onnxruntime);
+        if let (Some(e), true) = (&engine, ort.is_some()) {
+            if let Some(line) = &e.selection {
+                eprintln!("target {}: {line}", t.id);
+            }
+        }
+        let (engine, engine_profile) = match engine {
+            Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
+            None => (None, None),
+        };
+        if let (Some((_, lib)), true) = (&ort, ort_engine) {
+            let Some(pin) = t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()) else {
+                return Err(Error::Usage(format!(
+                    "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
+                    t.id
+                )));
+            };
             let files = assemble::spec::Files {
                 serve_bin: runtime(assemble::RuntimeFlavour::Dynamic)?,
                 model: model.clone(),
+                engine,
+                engine_profile,
                 warmup_samples: samples.clone(),
                 dim_names: dim_names.clone(),
-                ..files
+                base: Some(bases.get_pin(t, pin, &platform)?),
+                library: Some(lib.clone()),
             };
             assemble::check_runtime_binary(&files.serve_bin, &platform.architecture, false)?;
             specs.push(assemble::spec::target_spec(&recipe, t, files)?);
@@ -334,7 +357,6 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             assemble::RuntimeFlavour::Static
         })?;
         assemble::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
-        let engine = cached_engine(args.engines.as_deref(), &recipe, t)?;
         let library = match lean {
             Some(pin) => {
                 if engine.is_none() {
@@ -347,10 +369,6 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
                 Some(library_files(args, &matrix, &lock_path, t, pin)?)
             }
             None => None,
-        };
-        let (engine, engine_profile) = match engine {
-            Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
-            None => (None, None),
         };
         let base = match (&args.base_layout, gpu) {
             (_, false) => None,
@@ -379,45 +397,66 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     Ok((meta, specs, bases.pulled.into_values().collect(), model))
 }
 
-/// What an ONNX Runtime image of target `t` is made of besides the model: the glibc base
-/// (pulled into the base cache, pinned in the lock file) and the library from the pinned wheel
-/// (fetched into the library cache, pinned in the lock file). The runtime and the model are
-/// filled in by the caller.
-fn onnxruntime_files(
-    args: &BuildArgs,
+/// ONNX Runtime as an engine candidate of CPU target `t` (`engine.cpu` `auto` or
+/// `onnxruntime`, where the matrix has its library and a glibc base): the library from the
+/// pinned wheel (fetched into the library cache, pinned in the lock file), what the engine
+/// stage loads to measure it, and the files an ONNX Runtime image ships. `None`: tract only,
+/// including under `auto` when the library cannot be had (no network and not cached), which is
+/// said on standard error; a forced ONNX Runtime fails instead.
+pub(crate) fn ort_candidate(
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
-    bases: &mut Bases<'_>,
+    update_lock: bool,
     t: &TargetPlan,
-    cpu: &crate::plan::CpuPlan,
-    platform: &Platform,
-) -> Result<assemble::spec::Files, Error> {
-    let Some(pin) = &cpu.glibc_base else {
-        return Err(Error::Usage(format!(
-            "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
-            t.id
-        )));
+    recipe: &crate::recipe::Recipe,
+) -> Result<Option<(OrtCandidate, assemble::spec::LibraryFiles)>, Error> {
+    let Some(cpu) = t
+        .cpu
+        .as_ref()
+        .filter(|c| t.kind == TargetKind::Cpu && c.onnxruntime_possible())
+    else {
+        return Ok(None);
     };
+    let forced = cpu.engine == CpuEngine::OnnxRuntime;
     let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
     let row = crate::native::resolve(
         matrix,
         "onnxruntime",
         t.platform,
+        None,
         lock.as_ref().map(|l| (lock_path, l)),
-        args.update_lock,
+        update_lock,
     )?;
-    let library = ensure_library(t, row, lock_path)?;
-    let base = bases.get_pin(t, pin, platform)?;
-    Ok(assemble::spec::Files {
-        serve_bin: PathBuf::new(),
-        model: PathBuf::new(),
-        engine: None,
-        engine_profile: None,
-        warmup_samples: None,
-        dim_names: Vec::new(),
-        base: Some(base),
-        library: Some(library),
-    })
+    let (load, files) = match ensure_library(t, row, lock_path, true) {
+        Ok(got) => got,
+        Err(Error::Native(e)) if !forced && !e.is_bad_input() => {
+            eprintln!(
+                "target {}: ONNX Runtime is not measured, tract ships (engine.cpu = auto): {e}",
+                t.id
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // The runtime's rule (`engine.threads` unset): the CPUs it may use over its instances.
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let threads = (cpus / recipe.batching.instances.max(1) as usize).max(1);
+    let version = row
+        .version
+        .to_string()
+        .parse()
+        .map_err(|_| Error::Usage(format!("library version {}", row.version)))?;
+    Ok(Some((
+        OrtCandidate {
+            library: load,
+            version,
+            threads,
+            forced,
+        },
+        files,
+    )))
 }
 
 /// TensorRT's lean runtime of a version-compatible target (`pin`, from the plan), from its
@@ -430,24 +469,26 @@ fn library_files(
     pin: &crate::plan::LibraryPin,
 ) -> Result<assemble::spec::LibraryFiles, Error> {
     let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
-    let row = crate::native::resolve_version(
+    let row = crate::native::resolve(
         matrix,
         &pin.name,
         t.platform,
-        &pin.version,
+        Some(&pin.version),
         lock.as_ref().map(|l| (lock_path, l)),
         args.update_lock,
     )?;
-    ensure_library(t, row, lock_path)
+    Ok(ensure_library(t, row, lock_path, false)?.1)
 }
 
 /// The files of library `row` from the library cache (downloaded and verified when missing),
-/// its pin recorded in the lock file.
+/// its pin recorded in the lock file (`only`: as the one version of its name, see
+/// [`crate::native::record`]); and the path to load it from on this machine.
 fn ensure_library(
     t: &TargetPlan,
     row: &crate::matrix::RuntimeLibrary,
     lock_path: &Path,
-) -> Result<assemble::spec::LibraryFiles, Error> {
+    only: bool,
+) -> Result<(PathBuf, assemble::spec::LibraryFiles), Error> {
     let cache = crate::native::default_cache_dir().ok_or_else(|| {
         Error::Usage(format!(
             "target {}: no cache directory for the {} library: set \
@@ -456,7 +497,7 @@ fn ensure_library(
         ))
     })?;
     let lib = crate::native::ensure(row, &cache, &crate::native::fetch::Options::default())?;
-    crate::native::record(lock_path, row)?;
+    crate::native::record(lock_path, row, only)?;
     if lib.offline {
         eprintln!(
             "library {} {} (from the library cache)",
@@ -468,10 +509,13 @@ fn ensure_library(
             row.name, row.version, lib.bytes_downloaded, row.sha256
         );
     }
-    Ok(assemble::spec::LibraryFiles {
-        files: lib.files,
-        load: row.load_path(),
-    })
+    Ok((
+        lib.load.clone(),
+        assemble::spec::LibraryFiles {
+            files: lib.files,
+            load: row.load_path(),
+        },
+    ))
 }
 
 /// The outputs the ONNX file declares, as recipe tensors (batch first, `-1` where the file has
@@ -609,8 +653,11 @@ fn cached_engine(
     dir: Option<&Path>,
     recipe: &crate::recipe::Recipe,
     t: &TargetPlan,
+    ort: Option<OrtCandidate>,
 ) -> Result<Option<CachedEngine>, Error> {
-    let found = match dir.map(|dir| (dir, crate::engine::lookup_target(recipe, t, dir))) {
+    let mut spec = crate::engine::adapt::spec(recipe, t)?;
+    spec.onnxruntime = ort;
+    let found = match dir.map(|dir| (dir, crate::engine::lookup(&spec, dir))) {
         Some((_, Ok(a))) => a,
         Some((dir, Err(crate::engine::Error::NotFound { reason, .. })))
             if t.kind == TargetKind::Cpu =>
@@ -620,12 +667,12 @@ fn cached_engine(
                 t.id,
                 dir.display()
             );
-            cpu_engine(recipe, t)?
+            cpu_engine(&spec)?
         }
         Some((_, Err(e))) => return Err(e.into()),
         // A CPU target always goes through the engine stage (its cache makes a rebuild free):
         // a model tract cannot load or run is refused here, not by the image at start.
-        None if t.kind == TargetKind::Cpu => cpu_engine(recipe, t)?,
+        None if t.kind == TargetKind::Cpu => cpu_engine(&spec)?,
         None => return Ok(None),
     };
     let read = |name: &str| -> Result<Vec<u8>, Error> {
@@ -652,21 +699,70 @@ fn cached_engine(
         file,
         meta_json: read(infer_spec::engine::META_FILE)?,
         profile: found.profile.to_canonical_json(),
+        kind: found.meta.kind,
+        selection: found.profile.selection.as_ref().map(selection_line),
     }))
 }
 
-/// The CPU engine of `t`, built into (or found in) the default engine cache.
-fn cpu_engine(
-    recipe: &crate::recipe::Recipe,
-    t: &TargetPlan,
-) -> Result<crate::engine::EngineArtifact, Error> {
+/// The CPU engine of `spec`, built into (or found in) the default engine cache.
+fn cpu_engine(spec: &crate::engine::EngineSpec) -> Result<crate::engine::EngineArtifact, Error> {
     let root = crate::engine::cache_root(None)?;
     let cache = crate::engine::Cache::open(&root)?;
-    Ok(crate::engine::build_target(recipe, t, &cache)?)
+    Ok(crate::engine::build(
+        spec,
+        &cache,
+        &crate::process::SystemRunner,
+    )?)
+}
+
+/// The CPU engine choice in one line: what shipped, why, and each candidate's figures.
+pub(crate) fn selection_line(s: &infer_spec::engine::EngineSelection) -> String {
+    let mut line = format!(
+        "CPU engine {} (engine.cpu = {}): {}",
+        s.chosen, s.policy, s.reason
+    );
+    for c in &s.candidates {
+        match (&c.error, c.startup_ms) {
+            (Some(e), _) => {
+                line.push_str(&format!("\n  {} {}: does not load: {e}", c.kind, c.version))
+            }
+            (None, startup) => {
+                let tb: Vec<String> = c
+                    .batches
+                    .iter()
+                    .map(|b| format!("T({})={:.1} µs", b.batch, b.median_us))
+                    .collect();
+                line.push_str(&format!(
+                    "\n  {} {} ({} thread{}): start-up {} ms, {}",
+                    c.kind,
+                    c.version,
+                    c.threads,
+                    if c.threads == 1 { "" } else { "s" },
+                    startup.map_or("-".into(), |v| format!("{v:.1}")),
+                    tb.join(" ")
+                ));
+            }
+        }
+    }
+    if let Some(a) = &s.agreement {
+        line.push_str(&format!(
+            "\n  outputs {} (max |a-b| {:.2e}, max rel {:.2e}; atol {:e}, rtol {:e}; {})",
+            if a.agreed { "agree" } else { "differ" },
+            a.max_abs,
+            a.max_rel,
+            a.atol,
+            a.rtol,
+            a.inputs
+        ));
+    }
+    line
 }
 
 struct CachedEngine {
     file: PathBuf,
     meta_json: Vec<u8>,
     profile: Vec<u8>,
+    kind: infer_spec::engine::EngineKind,
+    /// The CPU engine choice, in words.
+    selection: Option<String>,
 }

@@ -52,7 +52,16 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    let spec = engine::adapt::spec(&recipe, target)?;
+    let mut spec = engine::adapt::spec(&recipe, target)?;
+    // A CPU target whose engine may be ONNX Runtime: measure it against tract.
+    spec.onnxruntime = crate::cli::build::ort_candidate(
+        &matrix,
+        &crate::plan::lock::path_for(&recipe.file),
+        false,
+        target,
+        &recipe,
+    )?
+    .map(|(candidate, _)| candidate);
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
     let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;
@@ -121,6 +130,9 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
         );
         for b in &art.profile.batches {
             eprintln!("  T({}) = {:.1} us", b.batch, b.median_us);
+        }
+        if let Some(s) = &art.profile.selection {
+            eprintln!("  {}", crate::cli::build::selection_line(s));
         }
     }
     Ok(())

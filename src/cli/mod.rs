@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::error::{Error, EXIT_BAD_INPUT, EXIT_OK};
 
 mod bench;
-mod build;
+pub(crate) mod build;
 mod check;
 mod deploy;
 mod engine;

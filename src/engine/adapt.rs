@@ -11,21 +11,18 @@ use crate::matrix;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
 
-/// Map the matrix precision to the engine's; bf16/fp4/tf32 engines are not built.
-fn precision(target: &str, p: matrix::Precision) -> Result<Precision, Error> {
-    match p {
-        matrix::Precision::Fp32 => Ok(Precision::Fp32),
-        matrix::Precision::Fp16 => Ok(Precision::Fp16),
-        matrix::Precision::Int8 => Ok(Precision::Int8),
-        matrix::Precision::Fp8 => Ok(Precision::Fp8),
-        other => Err(Error::Input {
-            target: target.into(),
-            input: "-".into(),
-            reason: format!(
-                "{other} engines are not supported by the engine stage (fp32, fp16, int8 and fp8 are)"
-            ),
-        }),
+/// The precision of a target's engine; bf16/fp4/tf32 engines are not built.
+fn precision(target: &str, p: Precision) -> Result<Precision, Error> {
+    if p.engine_buildable() {
+        return Ok(p);
     }
+    Err(Error::Input {
+        target: target.into(),
+        input: "-".into(),
+        reason: format!(
+            "{p} engines are not supported by the engine stage (fp32, fp16, int8 and fp8 are)"
+        ),
+    })
 }
 
 /// The conversion of a target: `[int8]` / `[fp8]` method and calibration data, `[accuracy]`
@@ -35,9 +32,8 @@ fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
     let fp8 = recipe.fp8.as_ref();
     let mut thresholds = Thresholds::default_for(p);
     let key = match p {
-        Precision::Int8 => crate::recipe::Precision::Int8,
-        Precision::Fp8 => crate::recipe::Precision::Fp8,
-        _ => crate::recipe::Precision::Fp16,
+        Precision::Int8 | Precision::Fp8 => p,
+        _ => Precision::Fp16,
     };
     if let Some(l) = recipe.accuracy.limits.get(&key) {
         thresholds.max_abs = l.max_abs.or(thresholds.max_abs);
@@ -146,7 +142,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
             t.lean_runtime = trt.version_compatible;
             if trt.precision_mode == crate::plan::PrecisionMode::Convert {
                 t.convert = Some(convert_spec(recipe, precision(id, target.precision)?));
-            } else if target.precision == matrix::Precision::Int8 {
+            } else if target.precision == Precision::Int8 {
                 if let Some(c) = recipe.int8.as_ref().and_then(|i| i.calibration.as_ref()) {
                     let path = recipe.resolve(&c.value);
                     t.calibration = Some(if path.is_dir() {
@@ -169,5 +165,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
         opt_batch,
         batch_sizes: recipe.warmup_batch_sizes(),
         backend,
+        // Filled by the caller that has the library (see `crate::cli::build`).
+        onnxruntime: None,
     })
 }

@@ -23,6 +23,12 @@ pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub enum BackendKey {
     Tract {
         tract: String,
+        /// `engine.cpu` and the ONNX Runtime version when ONNX Runtime was a candidate
+        /// (absent for tract alone, so those keys are unchanged).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cpu_engine: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        onnxruntime: Option<String>,
     },
     Tensorrt {
         /// Version with build number.
@@ -140,6 +146,8 @@ mod tests {
                 Box::new(|m| {
                     m.backend = BackendKey::Tract {
                         tract: "0.23.9".into(),
+                        cpu_engine: None,
+                        onnxruntime: None,
                     }
                 }),
             ),

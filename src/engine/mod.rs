@@ -17,8 +17,10 @@ pub mod convert;
 pub mod gpu;
 pub mod key;
 pub mod onnx;
+pub mod onnxruntime;
 pub mod polygraphy;
 pub mod pyenv;
+pub mod select;
 pub mod spec;
 pub mod tensorrt;
 pub mod tract;
@@ -59,6 +61,14 @@ pub enum Error {
         "target {target}: the model does not load in tract with the declared inputs: {reason}"
     )]
     Tract { target: String, reason: String },
+    #[error("target {target}: neither CPU engine loads the model with the declared inputs:\n  tract: {tract}\n  ONNX Runtime: {onnxruntime}")]
+    NoCpuEngine {
+        target: String,
+        tract: String,
+        onnxruntime: String,
+    },
+    #[error("target {target}: ONNX Runtime does not load the model (engine.cpu = \"onnxruntime\"): {reason}")]
+    Onnxruntime { target: String, reason: String },
     #[error("TensorRT {version} is not supported (8.6, 10.x and 11.x are)")]
     UnsupportedTensorrt { version: String },
     #[error("target {target} with TensorRT {tensorrt}: {reason}")]
@@ -150,6 +160,8 @@ impl Error {
             Error::Onnx { .. }
                 | Error::Input { .. }
                 | Error::Tract { .. }
+                | Error::NoCpuEngine { .. }
+                | Error::Onnxruntime { .. }
                 | Error::UnsupportedTensorrt { .. }
                 | Error::Precision { .. }
                 | Error::Flag { .. }
@@ -237,6 +249,11 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
     let backend = match &spec.backend {
         Backend::Cpu => BackendKey::Tract {
             tract: tract::TRACT_VERSION.into(),
+            cpu_engine: spec
+                .onnxruntime
+                .as_ref()
+                .map(|c| if c.forced { "onnxruntime" } else { "auto" }.to_string()),
+            onnxruntime: spec.onnxruntime.as_ref().map(|c| c.version.to_string()),
         },
         Backend::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
@@ -362,41 +379,36 @@ pub fn build_prepared(
     let dir = staging.path().to_path_buf();
 
     let shape_profile = spec.shape_profile()?;
+    let mut selection = None;
+    let mut cpu_kind = EngineKind::Tract;
     let (format, engine_path, gpu, cpu, batches, startup, measured_on, source, log) =
         match &spec.backend {
             Backend::Cpu => {
-                let built = tract::build(spec, &onnx_bytes).map_err(|e| Error::Tract {
-                    target: spec.target.clone(),
-                    reason: format!("{e:#}"),
-                })?;
-                let path = dir.join(built.format.file_name());
-                cache::write_atomic(&path, &built.bytes)?;
+                let chosen = select::choose(spec, &onnx_bytes)?;
+                let path = dir.join(chosen.format.file_name());
+                cache::write_atomic(&path, &chosen.bytes)?;
                 let cpu = CpuMeta {
                     arch: std::env::consts::ARCH.into(),
                     tract: tract::TRACT_VERSION
                         .parse()
                         .map_err(|_| Error::Internal("tract version literal"))?,
-                    onnxruntime: None,
+                    onnxruntime: chosen.onnxruntime.clone(),
                     // tract picks its kernels at run time from the CPU it finds (with portable
-                    // fallbacks), so the stored model requires nothing beyond the architecture.
+                    // fallbacks), so the stored model requires nothing beyond the architecture;
+                    // so does ONNX Runtime's CPU provider.
                     required_features: Vec::new(),
                 };
-                let threads = std::thread::available_parallelism()
-                    .map(|n| n.get())
-                    .unwrap_or(1);
-                let on = format!(
-                    "{} cpu, tract single-threaded, {threads} cores visible",
-                    std::env::consts::ARCH
-                );
+                selection = chosen.selection;
+                cpu_kind = chosen.kind;
                 (
-                    built.format,
+                    chosen.format,
                     path,
                     None,
                     Some(cpu),
-                    built.batches,
-                    Some(built.startup),
-                    on,
-                    "tract",
+                    chosen.batches,
+                    Some(chosen.startup),
+                    chosen.measured_on,
+                    chosen.source,
                     String::new(),
                 )
             }
@@ -462,7 +474,7 @@ pub fn build_prepared(
     let kind = if gpu.is_some() {
         EngineKind::Tensorrt
     } else {
-        EngineKind::Tract
+        cpu_kind
     };
     let meta = EngineMeta {
         schema: META_SCHEMA,
@@ -489,6 +501,7 @@ pub fn build_prepared(
         measured_on,
         batches,
         startup,
+        selection,
     };
     cache::write_atomic(&dir.join(PROFILE_FILE), &profile.to_canonical_json())?;
     // meta.json last: an entry with metadata is complete.
@@ -662,6 +675,9 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
     match (&spec.backend, &meta.gpu, &meta.cpu) {
         (Backend::Cpu, None, Some(c)) => {
             diff("tract", tract::TRACT_VERSION.into(), c.tract.to_string());
+            if let (Some(o), Some(v)) = (&spec.onnxruntime, &c.onnxruntime) {
+                diff("ONNX Runtime", o.version.to_string(), v.to_string());
+            }
         }
         (Backend::Tensorrt(t), Some(g), None) => {
             diff("compute capability", t.sm.to_string(), g.sm.to_string());

@@ -133,6 +133,9 @@ pub struct EngineSpec {
     /// [`EngineSpec::planned_batches`].
     pub batch_sizes: Vec<u32>,
     pub backend: Backend,
+    /// ONNX Runtime as a candidate of a CPU target (`engine.cpu` `auto` or `onnxruntime`, with
+    /// the library at hand); `None`: tract only.
+    pub onnxruntime: Option<super::onnxruntime::OrtCandidate>,
 }
 
 impl EngineSpec {
@@ -280,6 +283,7 @@ pub(crate) mod tests {
             opt_batch: 16,
             batch_sizes: vec![16, 8, 32],
             backend,
+            onnxruntime: None,
         }
     }
 

@@ -39,6 +39,13 @@ pub fn expected_path(spec: &EngineSpec, trt: &TrtSpec) -> Result<PrecisionPath, 
         (_, Int8) if trt.calibration.is_some() => PrecisionPath::Int8Calibrated,
         (_, Int8) => PrecisionPath::Int8Explicit,
         (_, Fp8) => PrecisionPath::Fp8Explicit,
+        (_, p @ (Tf32 | Bf16 | Fp4)) => {
+            return Err(Error::Precision {
+                target: spec.target.clone(),
+                tensorrt: trt.tensorrt.to_string(),
+                reason: format!("{p} engines are not built (fp32, fp16, int8 and fp8 are)"),
+            })
+        }
     })
 }
 

@@ -29,7 +29,7 @@ use super::trtexec::{median_sorted, round_us};
 pub const TRACT_VERSION: &str = "0.23.9";
 
 /// Number of loads per form when measuring start-up.
-const STARTUP_RUNS: usize = 5;
+pub const STARTUP_RUNS: usize = 5;
 /// Timed runs per batch size (after warm-up), and the time budget that may cut them short.
 const PROFILE_RUNS: usize = 25;
 const PROFILE_BUDGET_S: f64 = 2.0;
@@ -42,6 +42,9 @@ pub struct CpuEngine {
     pub bytes: Vec<u8>,
     pub startup: StartupMeasurement,
     pub batches: Vec<BatchTiming>,
+    /// The inputs the outputs were checked on (one row at the profile's `opt`, in the model's
+    /// input order), and tract's outputs for them: the reference another engine is compared to.
+    pub reference: (TVec<TValue>, TVec<TValue>),
 }
 
 /// Map a recipe datatype name to tract's.
@@ -381,6 +384,7 @@ pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
         bytes: engine_bytes,
         startup,
         batches,
+        reference: (probe, reference),
     })
 }
 

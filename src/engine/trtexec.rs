@@ -137,6 +137,9 @@ pub fn precision_path(
                 ))
             }
         }
+        (_, p @ (Precision::Tf32 | Precision::Bf16 | Precision::Fp4)) => Err(refuse(format!(
+            "{p} engines are not built (fp32, fp16, int8 and fp8 are)"
+        ))),
     }
 }
 

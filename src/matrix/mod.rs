@@ -145,53 +145,9 @@ impl std::fmt::Display for Platform {
     }
 }
 
-/// A numeric precision (of an engine, or supported by tensor cores).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Precision {
-    Fp32,
-    Tf32,
-    Fp16,
-    Bf16,
-    Int8,
-    Fp8,
-    Fp4,
-}
-
-impl Precision {
-    pub const ALL: [Precision; 7] = [
-        Precision::Fp32,
-        Precision::Tf32,
-        Precision::Fp16,
-        Precision::Bf16,
-        Precision::Int8,
-        Precision::Fp8,
-        Precision::Fp4,
-    ];
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Tf32 => "tf32",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-            Precision::Int8 => "int8",
-            Precision::Fp8 => "fp8",
-            Precision::Fp4 => "fp4",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Precision> {
-        let s = s.trim().to_ascii_lowercase();
-        Precision::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// A numeric precision (supported by tensor cores, or of a target): the one type shared with
+/// recipes and engines.
+pub use infer_spec::engine::Precision;
 
 /// How a TensorRT release learns an engine's precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -653,24 +609,17 @@ impl Matrix {
         self.toolkits.iter().find(|t| &t.version == version)
     }
 
-    /// The library row `name` for `platform`.
-    pub fn library(&self, name: &str, platform: Platform) -> Option<&RuntimeLibrary> {
-        self.libraries
-            .iter()
-            .find(|l| l.name == name && l.platform == platform)
-    }
-
-    /// The library row `name` of exactly `version` for `platform` (TensorRT's lean runtime has
-    /// one row per release).
-    pub fn library_version(
+    /// The library row `name` for `platform`: of exactly `version` when given (TensorRT's lean
+    /// runtime has one row per release), else the first (ONNX Runtime has one).
+    pub fn library(
         &self,
         name: &str,
         platform: Platform,
-        version: &Version,
+        version: Option<&Version>,
     ) -> Option<&RuntimeLibrary> {
-        self.libraries
-            .iter()
-            .find(|l| l.name == name && l.platform == platform && &l.version == version)
+        self.libraries.iter().find(|l| {
+            l.name == name && l.platform == platform && version.is_none_or(|v| &l.version == v)
+        })
     }
 
     /// The default glibc-based CPU base image (for engines that need a dynamic runtime).

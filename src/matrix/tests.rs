@@ -250,7 +250,7 @@ fn line_and_column_count_from_one() {
 fn library_rows_are_checked() {
     let good = EMBEDDED_LIBRARIES;
     let m = with_file(LIBRARIES_FILE, good).unwrap();
-    let ort = m.library("onnxruntime", Platform::X86_64).unwrap();
+    let ort = m.library("onnxruntime", Platform::X86_64, None).unwrap();
     assert!(ort.url.starts_with("https://files.pythonhosted.org/"));
     assert!(ort.files.contains(&ort.load));
     assert!(ort

@@ -104,51 +104,29 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     crate::cache::path(crate::cache::Entry::Libraries, None)
 }
 
-/// The row of `name` for `platform`, with the lock file's pin checked against it: a lock that
-/// pins another wheel is refused unless `update_lock`.
+/// The matrix row of library `name` for `platform` (of exactly `version` when given: TensorRT's
+/// lean runtime has one row per release), unless the lock file pins another wheel for it and
+/// the pin is not being moved (`update_lock`).
 pub fn resolve<'m>(
     matrix: &'m crate::matrix::Matrix,
     name: &str,
     platform: Platform,
-    lock: Option<(&Path, &Lock)>,
-    update_lock: bool,
-) -> Result<&'m RuntimeLibrary> {
-    let row = matrix.library(name, platform).ok_or_else(|| Error::NoRow {
-        name: name.into(),
-        platform: platform.to_string(),
-    })?;
-    check_pin(row, lock, update_lock)
-}
-
-/// [`resolve`] for a library with one row per version (TensorRT's lean runtime): the row of
-/// exactly `version`.
-pub fn resolve_version<'m>(
-    matrix: &'m crate::matrix::Matrix,
-    name: &str,
-    platform: Platform,
-    version: &crate::matrix::Version,
+    version: Option<&crate::matrix::Version>,
     lock: Option<(&Path, &Lock)>,
     update_lock: bool,
 ) -> Result<&'m RuntimeLibrary> {
     let row = matrix
-        .library_version(name, platform, version)
+        .library(name, platform, version)
         .ok_or_else(|| Error::NoRow {
-            name: format!("{name} {version}"),
+            name: match version {
+                Some(v) => format!("{name} {v}"),
+                None => name.into(),
+            },
             platform: platform.to_string(),
         })?;
-    check_pin(row, lock, update_lock)
-}
-
-/// `row`, unless the lock file pins another wheel for its name and platform (and the pin is
-/// not being moved).
-fn check_pin<'m>(
-    row: &'m RuntimeLibrary,
-    lock: Option<(&Path, &Lock)>,
-    update_lock: bool,
-) -> Result<&'m RuntimeLibrary> {
-    let (name, platform) = (row.name.as_str(), row.platform);
     if let (Some((path, lock)), false) = (lock, update_lock) {
-        if let Some(l) = lock.library(name, platform.as_str()) {
+        let pinned = version.map(|_| row.version.to_string());
+        if let Some(l) = lock.library(name, platform.as_str(), pinned.as_deref()) {
             if l != &locked(row) {
                 return Err(Error::LockMismatch {
                     lock: path.display().to_string(),
@@ -175,8 +153,9 @@ pub fn locked(row: &RuntimeLibrary) -> LockedLibrary {
 }
 
 /// Record `row`'s pin in the lock file at `path` (atomically, canonical text), keeping every
-/// other entry. Unchanged pins rewrite identical bytes.
-pub fn record(path: &Path, row: &RuntimeLibrary) -> Result<()> {
+/// other entry; `only`: it replaces the pins of other versions of its name and platform (see
+/// [`Lock::set_library`]). Unchanged pins rewrite identical bytes.
+pub fn record(path: &Path, row: &RuntimeLibrary, only: bool) -> Result<()> {
     let err = |why: String| Error::Lock {
         path: path.into(),
         why,
@@ -184,7 +163,7 @@ pub fn record(path: &Path, row: &RuntimeLibrary) -> Result<()> {
     let mut lock = crate::plan::lock::read(path)
         .map_err(|e| err(e.to_string()))?
         .unwrap_or_default();
-    lock.set_library(locked(row));
+    lock.set_library(locked(row), only);
     crate::oci::dir::write_atomic(path, crate::plan::lock::render(&lock).as_bytes())?;
     Ok(())
 }

@@ -271,19 +271,26 @@ fn plain_http_and_missing_members_are_refused() {
 #[test]
 fn the_lock_pin_must_match_the_matrix_unless_updated() {
     let m = crate::matrix::Matrix::embedded().unwrap();
-    let row = m.library("onnxruntime", Platform::X86_64).unwrap().clone();
+    let row = m
+        .library("onnxruntime", Platform::X86_64, None)
+        .unwrap()
+        .clone();
     let dir = tempfile::tempdir().unwrap();
     let lock_path = dir.path().join("r.lock");
-    record(&lock_path, &row).unwrap();
+    record(&lock_path, &row, true).unwrap();
     let first = std::fs::read(&lock_path).unwrap();
-    record(&lock_path, &row).unwrap();
+    record(&lock_path, &row, true).unwrap();
     assert_eq!(std::fs::read(&lock_path).unwrap(), first, "canonical");
     let lock = crate::plan::lock::read(&lock_path).unwrap().unwrap();
-    assert_eq!(lock.library("onnxruntime", "x86_64"), Some(&locked(&row)));
+    assert_eq!(
+        lock.library("onnxruntime", "x86_64", None),
+        Some(&locked(&row))
+    );
     resolve(
         &m,
         "onnxruntime",
         Platform::X86_64,
+        None,
         Some((&lock_path, &lock)),
         false,
     )
@@ -293,11 +300,12 @@ fn the_lock_pin_must_match_the_matrix_unless_updated() {
     let mut old = locked(&row);
     old.version = "1.0.0".into();
     old.sha256 = "0".repeat(64);
-    moved.set_library(old);
+    moved.set_library(old, true);
     let e = resolve(
         &m,
         "onnxruntime",
         Platform::X86_64,
+        None,
         Some((&lock_path, &moved)),
         false,
     )
@@ -311,13 +319,52 @@ fn the_lock_pin_must_match_the_matrix_unless_updated() {
         &m,
         "onnxruntime",
         Platform::X86_64,
+        None,
         Some((&lock_path, &moved)),
         true,
     )
     .unwrap();
-    let e = resolve(&m, "nothing", Platform::X86_64, None, false).unwrap_err();
+    let e = resolve(&m, "nothing", Platform::X86_64, None, None, false).unwrap_err();
     assert!(
         e.to_string().contains("no nothing library for x86_64"),
         "{e}"
     );
+}
+
+/// TensorRT's lean runtime has one row per release: two targets of one recipe on different
+/// releases keep one pin each, and each is checked against its own row.
+#[test]
+fn lean_runtimes_of_different_releases_keep_a_pin_each() {
+    let m = crate::matrix::Matrix::embedded().unwrap();
+    let rows: Vec<_> = m
+        .libraries
+        .iter()
+        .filter(|l| l.name == "tensorrt-lean-cu12" && l.platform == Platform::X86_64)
+        .take(2)
+        .cloned()
+        .collect();
+    assert_eq!(rows.len(), 2, "the matrix has several lean releases");
+    let dir = tempfile::tempdir().unwrap();
+    let lock_path = dir.path().join("r.lock");
+    for r in &rows {
+        record(&lock_path, r, false).unwrap();
+    }
+    let lock = crate::plan::lock::read(&lock_path).unwrap().unwrap();
+    assert_eq!(lock.libraries.len(), 2, "{:?}", lock.libraries);
+    for r in &rows {
+        let got = resolve(
+            &m,
+            &r.name,
+            Platform::X86_64,
+            Some(&r.version),
+            Some((&lock_path, &lock)),
+            false,
+        )
+        .unwrap();
+        assert_eq!((&got.version, &got.sha256), (&r.version, &r.sha256));
+    }
+    // A pin of the one-version kind replaces the other versions of its name.
+    record(&lock_path, &rows[1], true).unwrap();
+    let lock = crate::plan::lock::read(&lock_path).unwrap().unwrap();
+    assert_eq!(lock.libraries, vec![locked(&rows[1])]);
 }

@@ -110,18 +110,30 @@ impl Lock {
             .map(|i| i.digest.as_str())
     }
 
-    /// The pinned wheel of library `name` on `platform`.
-    pub fn library(&self, name: &str, platform: &str) -> Option<&LockedLibrary> {
-        self.libraries
-            .iter()
-            .find(|l| l.name == name && l.platform == platform)
+    /// The pinned wheel of library `name` on `platform`: of exactly `version` when given (a
+    /// library with one pin per release, TensorRT's lean runtime), else the one pin of the
+    /// name (ONNX Runtime).
+    pub fn library(
+        &self,
+        name: &str,
+        platform: &str,
+        version: Option<&str>,
+    ) -> Option<&LockedLibrary> {
+        self.libraries.iter().find(|l| {
+            l.name == name && l.platform == platform && version.is_none_or(|v| l.version == v)
+        })
     }
 
-    /// Record (or replace) a library pin, keeping the entries sorted.
-    pub fn set_library(&mut self, lib: LockedLibrary) {
-        match self.libraries.binary_search_by(|l| {
-            (l.name.as_str(), l.platform.as_str()).cmp(&(lib.name.as_str(), lib.platform.as_str()))
-        }) {
+    /// Record (or replace) a library pin, keeping the entries sorted by name, platform and
+    /// version. `only`: the pin replaces every other version of the name on the platform
+    /// (a library the matrix pins one version of); otherwise each version has its own pin.
+    pub fn set_library(&mut self, lib: LockedLibrary, only: bool) {
+        if only {
+            self.libraries
+                .retain(|l| !(l.name == lib.name && l.platform == lib.platform));
+        }
+        let key = |l: &LockedLibrary| (l.name.clone(), l.platform.clone(), l.version.clone());
+        match self.libraries.binary_search_by(|l| key(l).cmp(&key(&lib))) {
             Ok(i) => self.libraries[i] = lib,
             Err(i) => self.libraries.insert(i, lib),
         }
@@ -204,13 +216,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
                 ),
             ));
         }
-        if lock.library(&lib.name, &lib.platform).is_some() {
+        if lock
+            .library(&lib.name, &lib.platform, Some(&lib.version))
+            .is_some()
+        {
             return Err(invalid(
                 at,
-                format!("library {} ({}) is listed twice", lib.name, lib.platform),
+                format!(
+                    "library {} {} ({}) is listed twice",
+                    lib.name, lib.version, lib.platform
+                ),
             ));
         }
-        lock.set_library(lib);
+        lock.set_library(lib, false);
     }
     Ok(lock)
 }
@@ -230,7 +248,9 @@ pub fn render(lock: &Lock) -> String {
         s.push_str(&format!("digest = {}\n", toml_string(&i.digest)));
     }
     let mut libs = lock.libraries.clone();
-    libs.sort_by(|a, b| (&a.name, &a.platform).cmp(&(&b.name, &b.platform)));
+    libs.sort_by(|a, b| {
+        (&a.name, &a.platform, &a.version).cmp(&(&b.name, &b.platform, &b.version))
+    });
     for l in &libs {
         s.push_str("\n[[library]]\n");
         for (k, v) in [
@@ -332,15 +352,18 @@ mod tests {
             url: "https://files.pythonhosted.org/packages/x/o.whl".into(),
             sha256: "b".repeat(64),
         };
-        lock.set_library(lib("x86_64"));
-        lock.set_library(lib("sbsa"));
-        lock.set_library(lib("x86_64"));
+        lock.set_library(lib("x86_64"), true);
+        lock.set_library(lib("sbsa"), true);
+        lock.set_library(lib("x86_64"), true);
         assert_eq!(lock.libraries.len(), 2);
         let text = render(&lock);
         assert!(text.contains("\n[[library]]\nname = \"onnxruntime\"\nplatform = \"sbsa\"\n"));
         let back = parse(&text, Path::new("r.lock")).unwrap();
         assert_eq!(back, lock);
-        assert_eq!(back.library("onnxruntime", "x86_64"), Some(&lib("x86_64")));
+        assert_eq!(
+            back.library("onnxruntime", "x86_64", None),
+            Some(&lib("x86_64"))
+        );
         let bad = text.replace(&"b".repeat(64), "xyz");
         let e = parse(&bad, Path::new("r.lock")).unwrap_err().to_string();
         assert!(

@@ -72,17 +72,6 @@ fn to_matrix_version(v: &recipe::Version) -> Option<Version> {
     v.text.parse().ok()
 }
 
-fn precision_of(p: recipe::Precision) -> Precision {
-    match p {
-        recipe::Precision::Fp32 => Precision::Fp32,
-        recipe::Precision::Fp16 => Precision::Fp16,
-        recipe::Precision::Bf16 => Precision::Bf16,
-        recipe::Precision::Int8 => Precision::Int8,
-        recipe::Precision::Fp8 => Precision::Fp8,
-        recipe::Precision::Fp4 => Precision::Fp4,
-    }
-}
-
 fn hw_of(h: HardwareCompatibility) -> HwCompat {
     match h {
         HardwareCompatibility::AmperePlus => HwCompat::AmperePlus,
@@ -259,7 +248,7 @@ pub fn resolve(
     let precisions: Vec<&Located<recipe::Precision>> = recipe.targets.precision.iter().collect();
     for group in groups.values() {
         for p in &precisions {
-            let precision = precision_of(p.value);
+            let precision = p.value;
             match resolve_gpu_target(
                 recipe,
                 matrix,
@@ -615,13 +604,18 @@ fn resolve_gpu_target<'m>(
             }));
         }
     }
-    if recipe.targets.version_compatible.value {
+    if let Some(vc) = recipe
+        .targets
+        .version_compatible
+        .as_ref()
+        .filter(|v| v.value)
+    {
         let before = c.clone();
         c.retain(|r| r.version_compatible);
         if c.is_empty() {
             return Err(diag(
                 file,
-                &recipe.targets.version_compatible,
+                vc,
                 Refusal {
                     rule: "tensorrt-version-compatible",
                     message: format!(
@@ -887,12 +881,22 @@ fn gpu_target(
             base = pin_image(&glibc_base.reference, glibc_base.digest.as_deref(), lock)
         }
         Err(Some(why)) => notes.push(format!(
-            "full TensorRT runtime on {}: {why}",
-            choice.base.reference
+            "full TensorRT runtime on {}: {why}{}",
+            choice.base.reference,
+            if recipe.targets.version_compatible.is_none() {
+                " (so the engine is an ordinary one, not version-compatible)"
+            } else {
+                ""
+            }
         )),
         Err(None) => {}
     }
     let lean = lean.ok().map(|(_, l)| l);
+    // Unset: version-compatible exactly where the image is lean.
+    let version_compatible = match &recipe.targets.version_compatible {
+        Some(v) => v.value,
+        None => lean.is_some(),
+    };
     // A builder with exactly this TensorRT; the same CUDA minor is preferred, the same major
     // is enough (engines bind to the TensorRT version, not the CUDA minor).
     let builders: Vec<&BaseImage> = matrix
@@ -978,7 +982,7 @@ fn gpu_target(
             cuda_build: choice.cuda_build.major_minor(),
             precision_api: r.precision_api,
             precision_mode,
-            version_compatible: recipe.targets.version_compatible.value,
+            version_compatible,
             hardware_compat: recipe
                 .targets
                 .hardware_compatibility
@@ -1018,14 +1022,15 @@ fn lean_runtime<'m>(
     r: &Release,
     cuda_build: &Version,
 ) -> Result<(&'m BaseImage, LibraryPin), Option<String>> {
-    if !recipe.targets.version_compatible.value || !r.lean_runtime {
+    let asked = recipe.targets.version_compatible.as_ref().map(|v| v.value);
+    if asked == Some(false) || !r.lean_runtime || !r.version_compatible {
         return Err(None);
     }
     if recipe.image.base.is_some() {
         return Err(Some("the recipe names the base image".into()));
     }
     let name = format!("tensorrt-lean-cu{}", cuda_build.major());
-    let Some(row) = matrix.library_version(&name, platform, &r.version) else {
+    let Some(row) = matrix.library(&name, platform, Some(&r.version)) else {
         return Err(Some(format!(
             "the compatibility matrix has no {name} {} library for {platform}",
             r.version
@@ -1070,7 +1075,7 @@ fn cpu_plan(
     let glibc_row = override_row
         .filter(|r| r.role == ImageRole::Cpu && r.glibc.is_some())
         .or_else(|| matrix.glibc_cpu_base());
-    let library = matrix.library("onnxruntime", platform);
+    let library = matrix.library("onnxruntime", platform, None);
     let mut plan = CpuPlan {
         engine,
         glibc_base: None,

@@ -95,12 +95,12 @@ fn newest_tensorrt_and_cuda_by_default_and_products_collapse_by_sm() {
         "[targets]\ngpus = [\"H100\", \"L4\", \"H200\", \"sm_86\"]\nprecision = [\"fp16\", \"int8\"]\ncpu = true\n[int8]\nqdq = true\n",
         &[
             "cpu-fp32 products=- trt=- cuda=- driver=- base=scratch tag=1.0.0-cpu-fp32",
-            "sm86-fp16 products=A10+A10G+A40+RTX 3090 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm86-fp16",
-            "sm86-int8 products=A10+A10G+A40+RTX 3090 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm86-int8",
-            "sm89-fp16 products=L4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm89-fp16",
-            "sm89-int8 products=L4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm89-int8",
-            "sm90-fp16 products=H100+H200 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16",
-            "sm90-int8 products=H100+H200 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm90-int8",
+            "sm86-fp16 products=A10+A10G+A40+RTX 3090 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm86-fp16",
+            "sm86-int8 products=A10+A10G+A40+RTX 3090 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm86-int8",
+            "sm89-fp16 products=L4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm89-fp16",
+            "sm89-int8 products=L4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm89-int8",
+            "sm90-fp16 products=H100+H200 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm90-fp16",
+            "sm90-int8 products=H100+H200 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm90-int8",
         ],
     );
 }
@@ -109,7 +109,7 @@ fn newest_tensorrt_and_cuda_by_default_and_products_collapse_by_sm() {
 fn pins_pick_the_newest_matching_release_and_its_newest_cuda() {
     check(
         "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\n",
-        &["sm89-fp16 products=L4 trt=10.16.1 cuda=13.2.1 driver=595.58.03 base=docker.io/nvidia/cuda:13.2.1-base-ubuntu24.04 tag=1.0.0-sm89-fp16"],
+        &["sm89-fp16 products=L4 trt=10.16.1 cuda=13.2.1 driver=595.58.03 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm89-fp16"],
     );
     check(
         "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.8\"\n",
@@ -117,7 +117,7 @@ fn pins_pick_the_newest_matching_release_and_its_newest_cuda() {
     );
     check(
         "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\n",
-        &["sm89-fp16 products=L4 trt=10.16.1 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm89-fp16"],
+        &["sm89-fp16 products=L4 trt=10.16.1 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm89-fp16"],
     );
 }
 
@@ -134,7 +134,7 @@ fn int8_calibration_data_converts_on_the_newest_tensorrt() {
     // Calibration data (a directory): infer-build quantizes to Q/DQ, which TensorRT 11 builds.
     check(
         "[targets]\ngpus = [\"T4\"]\nprecision = [\"int8\"]\n[int8]\ncalibration = \"calib\"\n",
-        &["sm75-int8 products=T4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm75-int8"],
+        &["sm75-int8 products=T4 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm75-int8"],
     );
     let text =
         "[targets]\ngpus = [\"T4\"]\nprecision = [\"int8\"]\n[int8]\ncalibration = \"calib\"\n";
@@ -196,9 +196,9 @@ fn driver_floor_selection_picks_what_the_fleet_runs() {
     // With a stated driver: the newest CUDA major it runs, then the newest TensorRT with a
     // build for that major, then that build's newest CUDA the driver runs.
     let cases: [(&str, &str, &str); 7] = [
-        ("H100", "595.58.03", "sm90-fp16 products=H100 trt=11.0.0 cuda=13.2.1 driver=595.58.03 base=docker.io/nvidia/cuda:13.2.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
+        ("H100", "595.58.03", "sm90-fp16 products=H100 trt=11.0.0 cuda=13.2.1 driver=595.58.03 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm90-fp16"),
         ("H100", "580.95.05", "sm90-fp16 products=H100 trt=10.14.1 cuda=13.0.2 driver=580.95.05 base=docker.io/nvidia/cuda:13.0.2-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
-        ("H100", "575.57.08", "sm90-fp16 products=H100 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
+        ("H100", "575.57.08", "sm90-fp16 products=H100 trt=11.4.0 cuda=12.9.1 driver=575.57.08 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm90-fp16"),
         ("H100", "570.124.06", "sm90-fp16 products=H100 trt=10.9.0 cuda=12.8.1 driver=570.124.06 base=docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"),
         ("H100", "550.54.15", "sm90-fp16 products=H100 trt=10.1.0 cuda=12.4.1 driver=550.54.15 base=docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04 tag=1.0.0-sm90-fp16"),
         // Below every CUDA 12 floor the matrix has: CUDA 11.8 (TensorRT 10.13.0 is the last with it).
@@ -214,7 +214,7 @@ fn driver_floor_selection_picks_what_the_fleet_runs() {
     // With TensorRT 10 pinned and a 595 driver, the CUDA 13.2 build of 10.16.1 runs.
     check(
         "[targets]\ngpus = [\"H100\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\n[deploy]\nnode_driver = \"595.58.03\"\n",
-        &["sm90-fp16 products=H100 trt=10.16.1 cuda=13.2.1 driver=595.58.03 base=docker.io/nvidia/cuda:13.2.1-base-ubuntu24.04 tag=1.0.0-sm90-fp16"],
+        &["sm90-fp16 products=H100 trt=10.16.1 cuda=13.2.1 driver=595.58.03 base=gcr.io/distroless/cc-debian12 tag=1.0.0-sm90-fp16"],
     );
 }
 
@@ -289,8 +289,8 @@ fn all_refusals_are_reported_at_once() {
 
 #[test]
 fn base_images_are_pinned_by_the_lock_file_or_marked_to_be() {
-    let extra =
-        "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\n";
+    // Not version-compatible: the full runtime on NVIDIA's CUDA base.
+    let extra = "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\nversion_compatible = false\n";
     let p = plan_with(extra, None).unwrap();
     let b = &p.targets[0].base;
     assert_eq!((b.digest.as_deref(), b.pinned_by), (None, PinnedBy::Lock));

@@ -264,8 +264,11 @@ pub struct Targets {
     pub tensorrt: Option<Located<Version>>,
     /// CUDA version pin (`"12"`, `"12.8"`).
     pub cuda: Option<Located<Version>>,
-    /// Build version-compatible engines (run by the lean runtime of a later TensorRT).
-    pub version_compatible: Located<bool>,
+    /// Build version-compatible engines (run by the lean runtime of a later TensorRT). Unset:
+    /// version-compatible with a lean image wherever the release and the matrix allow one,
+    /// ordinary engines on the full runtime elsewhere; `true` insists (a release that cannot
+    /// is refused), `false` declines.
+    pub version_compatible: Option<Located<bool>>,
     /// Hardware-compatible engines: one engine for several GPU architectures.
     pub hardware_compatibility: Option<Located<HardwareCompatibility>>,
 }
@@ -290,49 +293,9 @@ impl fmt::Display for Gpu {
     }
 }
 
-/// Engine precisions. Which GPU supports which is the matrix's business; the recipe only
-/// knows the names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Precision {
-    Fp32,
-    Fp16,
-    Bf16,
-    Int8,
-    Fp8,
-    Fp4,
-}
-
-impl Precision {
-    pub const ALL: [Precision; 6] = [
-        Precision::Fp32,
-        Precision::Fp16,
-        Precision::Bf16,
-        Precision::Int8,
-        Precision::Fp8,
-        Precision::Fp4,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-            Precision::Int8 => "int8",
-            Precision::Fp8 => "fp8",
-            Precision::Fp4 => "fp4",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Precision> {
-        Precision::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// A precision of `targets.precision` and `[accuracy.<precision>]`: the one type shared with
+/// the matrix and engines (a recipe may ask for [`Precision::REQUESTABLE`]).
+pub use infer_spec::engine::Precision;
 
 /// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -646,14 +646,13 @@ fn show_dims(d: &[Located<i64>]) -> String {
 // [targets]
 
 fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
-    let span = span_or(t);
     let mut out = Targets {
         gpus: Vec::new(),
         precision: Vec::new(),
         cpu: true,
         tensorrt: None,
         cuda: None,
-        version_compatible: Located::new(false, span, "targets.version_compatible"),
+        version_compatible: None,
         hardware_compatibility: None,
     };
     let Some(t) = t else {
@@ -709,7 +708,7 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
             for (i, item) in arr.iter().enumerate() {
                 let item_key = format!("{key}[{i}]");
                 let item_span = cx.span_of(item);
-                let names: Vec<&str> = Precision::ALL.iter().map(|p| p.as_str()).collect();
+                let names: Vec<&str> = Precision::REQUESTABLE.iter().map(|p| p.as_str()).collect();
                 let DeValue::String(s) = item.get_ref() else {
                     cx.expected(
                         item,
@@ -718,7 +717,8 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
                     );
                     continue;
                 };
-                let Some(p) = Precision::parse(s) else {
+                let Some(p) = Precision::parse(s).filter(|p| Precision::REQUESTABLE.contains(p))
+                else {
                     let mut message = format!("unknown precision {s:?}");
                     if let Some(c) = closest(s, &names) {
                         message.push_str(&format!("; did you mean `{c}`?"));
@@ -802,9 +802,7 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
             out.cuda = Some(v);
         }
     }
-    if let Some(v) = cx.bool(t, "version_compatible") {
-        out.version_compatible = v;
-    }
+    out.version_compatible = cx.bool(t, "version_compatible");
     if let Some(h) = cx.string(t, "hardware_compatibility") {
         let level = match h.value.to_ascii_lowercase().as_str() {
             "none" => Some(None),

@@ -165,6 +165,7 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> En
         opt_batch: 16,
         batch_sizes: vec![8, 16, 32],
         backend,
+        onnxruntime: None,
     }
 }
 
@@ -1085,6 +1086,9 @@ precision = ["fp16", "int8"]
 cpu = true
 tensorrt = "10"
 version_compatible = true
+
+[engine]
+cpu = "tract"
 
 [int8]
 calibration = "calib.cache"

@@ -195,7 +195,9 @@ fn build_image(
 }
 
 /// The plan of a version-compatible target ships the lean runtime on the glibc base; without
-/// version compatibility it keeps the full runtime of its CUDA base.
+/// version compatibility it keeps the full runtime of its CUDA base. Left unset, a target is
+/// version-compatible and lean where the matrix has the release's lean wheel, and an ordinary
+/// engine on the full runtime (with a note) where it has not.
 #[test]
 fn plan_lean_runtime_only_for_version_compatible_engines() {
     let f = tempfile::tempdir().unwrap();
@@ -225,17 +227,47 @@ fn plan_lean_runtime_only_for_version_compatible_engines() {
     assert_eq!(lean["version"], t["tensorrt"]["version"]);
     assert_eq!(lean["path"], "/opt/tensorrt/lib/libnvinfer_lean.so.10");
 
+    let full = |t: &Value| {
+        assert!(t["tensorrt"]["lean"].is_null(), "{t}");
+        assert!(
+            t["base"]["reference"]
+                .as_str()
+                .unwrap()
+                .contains("nvidia/cuda"),
+            "{}",
+            t["base"]
+        );
+    };
     let p = plan(&RECIPE.replace("version_compatible = true", "version_compatible = false"));
     let t = &p["targets"][0];
-    assert!(t["tensorrt"]["lean"].is_null());
+    full(t);
+    assert_eq!(t["tensorrt"]["version_compatible"], false);
+
+    // The default: lean where it can be.
+    let p = plan(&RECIPE.replace("version_compatible = true\n", ""));
+    let t = &p["targets"][0];
+    assert_eq!(t["tensorrt"]["version_compatible"], true);
+    assert_eq!(t["base"]["reference"], "gcr.io/distroless/cc-debian12");
+    assert!(t["tensorrt"]["lean"].is_object(), "{t}");
+    // TensorRT 10.11 has no lean wheel in the matrix: an ordinary engine on the full runtime,
+    // and the plan says why.
+    let old = RECIPE
+        .replace("version_compatible = true\n", "")
+        .replace("tensorrt = \"10\"", "tensorrt = \"10.11\"");
+    let p = plan(&old);
+    let t = &p["targets"][0];
+    full(t);
+    assert_eq!(t["tensorrt"]["version_compatible"], false);
     assert!(
-        t["base"]["reference"]
-            .as_str()
-            .unwrap()
-            .contains("nvidia/cuda"),
+        t["notes"].to_string().contains("full TensorRT runtime"),
         "{}",
-        t["base"]
+        t["notes"]
     );
+    // Asked for explicitly, it stays version-compatible (on the full runtime there).
+    let p = plan(&RECIPE.replace("tensorrt = \"10\"", "tensorrt = \"10.11\""));
+    let t = &p["targets"][0];
+    full(t);
+    assert_eq!(t["tensorrt"]["version_compatible"], true);
 }
 
 /// The assembled image: lean library from the pinned wheel, the GPU runtime, `runtime.toml`

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod ci_example;
+pub mod cpu_select;
 pub mod deploy;
 pub mod engine;
 pub mod faultproxy;

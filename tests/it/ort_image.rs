@@ -294,7 +294,7 @@ fn ort_recipe(dir: &Path, name: &str) -> PathBuf {
     let text = std::fs::read_to_string(d.join("recipe.toml")).unwrap();
     std::fs::write(
         d.join("recipe.toml"),
-        format!("{text}\n[engine]\ncpu = \"onnxruntime\"\n"),
+        text.replace("cpu = \"tract\"", "cpu = \"onnxruntime\""),
     )
     .unwrap();
     d.join("recipe.toml")

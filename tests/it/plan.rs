@@ -153,7 +153,7 @@ fn json_lists_every_target_with_versions_base_and_tag() {
 #[test]
 fn the_lock_file_beside_the_recipe_pins_base_digests() {
     let dir = fixture(
-        "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\n",
+        "[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\ncuda = \"12\"\nversion_compatible = false\n",
     );
     let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
     std::fs::write(

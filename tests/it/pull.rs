@@ -176,11 +176,13 @@ fn matrix_with_base(f: &Fixture, recipe: &Path, base: &str, name: &str) -> PathB
     )
 }
 
+/// The example with an L4 target on the full TensorRT runtime of its CUDA base (not
+/// version-compatible, so not lean): these tests are about pulling that base.
 fn gpu_recipe(f: &Fixture, name: &str, base: Option<&str>) -> PathBuf {
     f.recipe(name, |t| {
         let t = t.replace(
             "[targets]\ncpu = true",
-            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]",
+            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\nversion_compatible = false",
         );
         match base {
             Some(b) => t.replace("[image]\n", &format!("[image]\nbase = \"{b}\"\n")),

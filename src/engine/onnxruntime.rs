@@ -1,0 +1,232 @@
+//! The ONNX Runtime candidate of a CPU target: load the model in `libonnxruntime` (the pinned
+//! wheel's library from the library cache, opened at run time through the `ort` crate's
+//! `load-dynamic`), measure start-up and T(b) with the thread count the runtime will use, and
+//! run the same inputs as tract to compare outputs. [`super::select`] decides.
+//!
+//! The session is made as infer-serve's ONNX Runtime backend makes it: all graph optimisations,
+//! `threads` intra-op threads, one inter-op thread.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use infer_spec::engine::{BatchTiming, Version};
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+use tract_onnx::prelude::{TValue, TVec, Tensor};
+
+use super::spec::EngineSpec;
+use super::tract::{sample_inputs, STARTUP_RUNS};
+use super::trtexec::{median_sorted, round_us};
+
+/// Timed runs per batch size (after warm-up), and the time budget that may cut them short:
+/// the same as tract's.
+const PROFILE_RUNS: usize = 25;
+const PROFILE_BUDGET_S: f64 = 2.0;
+
+/// ONNX Runtime as a candidate engine of a CPU target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrtCandidate {
+    /// `libonnxruntime.so` on this machine (the library cache).
+    pub library: PathBuf,
+    /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
+    pub version: Version,
+    /// Intra-op threads of one runtime instance.
+    pub threads: usize,
+    /// True when the recipe forces ONNX Runtime (`engine.cpu = "onnxruntime"`): tract is
+    /// then not tried.
+    pub forced: bool,
+}
+
+/// An output as its shape and its elements widened to f64 (row-major), for the comparison.
+pub type Output = (Vec<usize>, Vec<f64>);
+
+/// What ONNX Runtime measured.
+pub struct OrtMeasured {
+    pub startup_ms: f64,
+    pub startup_runs: u32,
+    pub batches: Vec<BatchTiming>,
+    /// Outputs on the reference inputs (as f64, row-major), when asked for.
+    pub outputs: Option<Vec<Output>>,
+}
+
+fn environment(c: &OrtCandidate) -> Result<ort::environment::Environment, String> {
+    if !c.library.is_file() {
+        return Err(format!(
+            "the ONNX Runtime library {} is missing",
+            c.library.display()
+        ));
+    }
+    ort::init_from(&c.library)
+        .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", c.library.display()))?
+        .with_name("infer-build")
+        .with_telemetry(false)
+        .build()
+        .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))
+}
+
+fn session(
+    env: &ort::environment::Environment,
+    bytes: &[u8],
+    threads: usize,
+) -> Result<Session, String> {
+    Session::builder(env)
+        .map_err(|e| e.to_string())?
+        .with_optimization_level(GraphOptimizationLevel::All)
+        .map_err(|e| e.to_string())?
+        .with_intra_threads(threads)
+        .map_err(|e| e.to_string())?
+        .with_inter_threads(1)
+        .map_err(|e| e.to_string())?
+        .commit_from_memory(bytes)
+        .map_err(|e| e.to_string())
+}
+
+/// A tract tensor as an ONNX Runtime value of the same type and shape.
+fn to_ort(t: &Tensor) -> Result<DynValue, String> {
+    use tract_onnx::prelude::DatumType as D;
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    macro_rules! conv {
+        ($ty:ty) => {
+            OrtTensor::from_array((
+                shape,
+                t.to_plain_array_view::<$ty>()
+                    .map_err(|e| e.to_string())?
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<$ty>>(),
+            ))
+            .map(|v| v.into_dyn())
+            .map_err(|e| e.to_string())
+        };
+    }
+    match t.datum_type() {
+        D::F32 => conv!(f32),
+        D::F64 => conv!(f64),
+        D::I64 => conv!(i64),
+        D::I32 => conv!(i32),
+        D::I16 => conv!(i16),
+        D::I8 => conv!(i8),
+        D::U8 => conv!(u8),
+        D::Bool => conv!(bool),
+        other => Err(format!(
+            "datatype {other:?} is not measured with ONNX Runtime"
+        )),
+    }
+}
+
+/// An output value as (shape, elements as f64).
+fn from_ort(v: &DynValue) -> Result<Output, String> {
+    let ty = match v.dtype() {
+        ValueType::Tensor { ty, .. } => *ty,
+        other => return Err(format!("an output is {other}, not a tensor")),
+    };
+    macro_rules! ext {
+        ($ty:ty) => {{
+            let (shape, data) = v.try_extract_tensor::<$ty>().map_err(|e| e.to_string())?;
+            (
+                shape.iter().map(|&d| d.max(0) as usize).collect(),
+                data.iter().map(|&x| x as f64).collect(),
+            )
+        }};
+    }
+    Ok(match ty {
+        TensorElementType::Float32 => ext!(f32),
+        TensorElementType::Float64 => ext!(f64),
+        TensorElementType::Int64 => ext!(i64),
+        TensorElementType::Int32 => ext!(i32),
+        TensorElementType::Int16 => ext!(i16),
+        TensorElementType::Int8 => ext!(i8),
+        TensorElementType::Uint8 => ext!(u8),
+        TensorElementType::Bool => {
+            let (shape, data) = v.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
+            (
+                shape.iter().map(|&d| d.max(0) as usize).collect(),
+                data.iter().map(|&x| f64::from(u8::from(x))).collect(),
+            )
+        }
+        other => return Err(format!("output type {other} is not compared")),
+    })
+}
+
+fn feed(names: &[String], inputs: &TVec<TValue>) -> Result<Vec<(String, DynValue)>, String> {
+    names
+        .iter()
+        .zip(inputs.iter())
+        .map(|(name, t)| Ok((name.clone(), to_ort(t)?)))
+        .collect()
+}
+
+fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<Output>, String> {
+    let feed = feed(names, inputs)?;
+    let outputs: Vec<String> = s.outputs().iter().map(|o| o.name().to_owned()).collect();
+    let out = s.run(feed).map_err(|e| e.to_string())?;
+    outputs
+        .iter()
+        .map(|n| {
+            out.get(n.as_str())
+                .ok_or_else(|| format!("ONNX Runtime returned no output {n:?}"))
+                .and_then(from_ort)
+        })
+        .collect()
+}
+
+/// Load `bytes` in ONNX Runtime and measure it for `spec`; `reference` are the inputs (in the
+/// model's input order) whose outputs are returned for the comparison with tract.
+pub fn measure(
+    spec: &EngineSpec,
+    c: &OrtCandidate,
+    bytes: &[u8],
+    reference: Option<&TVec<TValue>>,
+) -> Result<OrtMeasured, String> {
+    let env = environment(c)?;
+    let mut ms = Vec::with_capacity(STARTUP_RUNS);
+    let mut s = None;
+    for _ in 0..STARTUP_RUNS {
+        let t = Instant::now();
+        let made = session(&env, bytes, c.threads)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        s = Some(made);
+    }
+    let mut s = s.ok_or("no session")?;
+    ms.sort_by(f64::total_cmp);
+    let names: Vec<String> = s.inputs().iter().map(|o| o.name().to_owned()).collect();
+    let outputs = match reference {
+        Some(r) => Some(run(&mut s, &names, r)?),
+        None => None,
+    };
+    let mut batches = Vec::new();
+    for b in spec.planned_batches() {
+        let inputs =
+            sample_inputs(&spec.inputs, &names, b as usize).map_err(|e| format!("{e:#}"))?;
+        for _ in 0..3 {
+            run(&mut s, &names, &inputs)?;
+        }
+        let mut us = Vec::with_capacity(PROFILE_RUNS);
+        let start = Instant::now();
+        while us.len() < PROFILE_RUNS
+            && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
+        {
+            // As tract's timing: the inputs are made before the clock starts.
+            let f = feed(&names, &inputs)?;
+            let t = Instant::now();
+            s.run(f).map_err(|e| e.to_string())?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        us.sort_by(f64::total_cmp);
+        batches.push(BatchTiming {
+            batch: b,
+            median_us: round_us(median_sorted(&us)),
+            min_us: round_us(us[0]),
+            max_us: round_us(us[us.len() - 1]),
+            runs: us.len() as u32,
+            layers: Vec::new(),
+        });
+    }
+    Ok(OrtMeasured {
+        startup_ms: round_us(median_sorted(&ms)),
+        startup_runs: STARTUP_RUNS as u32,
+        batches,
+        outputs,
+    })
+}

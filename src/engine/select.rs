@@ -1,0 +1,319 @@
+//! The CPU engine of a target, chosen by measurement between tract and ONNX Runtime.
+//!
+//! - tract alone (`engine.cpu = "tract"`, or no ONNX Runtime library for the target): tract's
+//!   engine, as [`super::tract::build`] makes it; a model tract cannot load is refused.
+//! - `engine.cpu = "onnxruntime"`: ONNX Runtime alone; a model it cannot load is refused.
+//! - `auto`: both are loaded and measured on the same inputs (start-up, T(b) at every planned
+//!   batch size; tract single-threaded as the runtime runs it, ONNX Runtime with the intra-op
+//!   threads the runtime gives one instance). The outputs of one row at the profile's `opt` are
+//!   compared (`|a - b| <= ATOL + RTOL * |b|`, element-wise). ONNX Runtime ships when it loads,
+//!   agrees with tract, and its summed T(b) over the planned batch sizes is at most
+//!   [`ORT_MARGIN`] of tract's; tract ships otherwise. When only one engine loads, it ships; when neither does, the build is refused
+//!   with both reasons.
+//!
+//! Everything measured goes into the profile's `selection`.
+
+use infer_spec::engine::{
+    Agreement, BatchTiming, CandidateMeasurement, EngineFormat, EngineKind, EngineSelection,
+    StartupMeasurement, Version,
+};
+
+use super::onnxruntime::{self, OrtCandidate};
+use super::spec::EngineSpec;
+use super::{tract, Error};
+
+/// Absolute and relative tolerance of the output comparison between tract and ONNX Runtime
+/// (FP32 engines that fuse and reorder differently).
+pub const ATOL: f64 = 1e-4;
+pub const RTOL: f64 = 1e-3;
+
+/// ONNX Runtime ships under `auto` only when its summed T(b) is at most this fraction of
+/// tract's. Its image is larger (a glibc base and the library, about 30 MB) and needs a base
+/// pulled from a registry, so a gain within the measurement's noise is not worth it, and the
+/// choice does not flip between builds on noise.
+pub const ORT_MARGIN: f64 = 0.9;
+
+/// The chosen CPU engine, ready for the cache.
+pub struct Chosen {
+    pub kind: EngineKind,
+    pub format: EngineFormat,
+    pub bytes: Vec<u8>,
+    pub startup: StartupMeasurement,
+    pub batches: Vec<BatchTiming>,
+    pub onnxruntime: Option<Version>,
+    pub measured_on: String,
+    pub source: &'static str,
+    pub selection: Option<EngineSelection>,
+}
+
+fn threads_text() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn tract_chosen(built: tract::CpuEngine, selection: Option<EngineSelection>) -> Chosen {
+    Chosen {
+        kind: EngineKind::Tract,
+        format: built.format,
+        bytes: built.bytes,
+        startup: built.startup,
+        batches: built.batches,
+        onnxruntime: None,
+        measured_on: format!(
+            "{} cpu, tract single-threaded, {} cores visible",
+            std::env::consts::ARCH,
+            threads_text()
+        ),
+        source: "tract",
+        selection,
+    }
+}
+
+/// Compare ONNX Runtime's outputs with tract's.
+fn agreement(
+    tract_out: &[tract_onnx::prelude::TValue],
+    ort_out: &[onnxruntime::Output],
+    inputs: String,
+) -> Agreement {
+    let mut max_abs = 0f64;
+    let mut max_rel = 0f64;
+    let mut agreed = tract_out.len() == ort_out.len();
+    for (tv, (shape, o)) in tract_out.iter().zip(ort_out) {
+        let Ok(cast) = tv.cast_to::<f64>() else {
+            agreed = false;
+            continue;
+        };
+        let Ok(view) = cast.to_plain_array_view::<f64>() else {
+            agreed = false;
+            continue;
+        };
+        let t: Vec<f64> = view.iter().copied().collect();
+        if tv.shape() != shape.as_slice() || t.len() != o.len() {
+            agreed = false;
+            continue;
+        }
+        for (&a, &b) in o.iter().zip(&t) {
+            let d = (a - b).abs();
+            if d.is_nan() {
+                agreed = false;
+                continue;
+            }
+            max_abs = max_abs.max(d);
+            if b.abs() > 0.0 {
+                max_rel = max_rel.max(d / b.abs());
+            }
+            if d > ATOL + RTOL * b.abs() {
+                agreed = false;
+            }
+        }
+    }
+    Agreement {
+        atol: ATOL,
+        rtol: RTOL,
+        max_abs,
+        max_rel,
+        agreed,
+        inputs,
+    }
+}
+
+/// The rule of `auto` when both engines load: ONNX Runtime ships when its outputs agree with
+/// tract's and its summed T(b) is at most [`ORT_MARGIN`] of tract's.
+pub fn ort_ships(tract_sum_us: f64, ort_sum_us: f64, agreed: bool) -> bool {
+    agreed && ort_sum_us <= ORT_MARGIN * tract_sum_us
+}
+
+fn sum_us(b: &[BatchTiming]) -> f64 {
+    b.iter().map(|t| t.median_us).sum()
+}
+
+fn ort_chosen(
+    c: &OrtCandidate,
+    bytes: &[u8],
+    m: onnxruntime::OrtMeasured,
+    selection: EngineSelection,
+) -> Chosen {
+    Chosen {
+        kind: EngineKind::Onnxruntime,
+        format: EngineFormat::Onnx,
+        bytes: bytes.to_vec(),
+        startup: StartupMeasurement {
+            onnx_ms: m.startup_ms,
+            nnef_ms: None,
+            chosen: EngineFormat::Onnx,
+            runs: m.startup_runs,
+            note: Some("ONNX Runtime session from the onnx model".into()),
+        },
+        batches: m.batches,
+        onnxruntime: Some(c.version.clone()),
+        measured_on: format!(
+            "{} cpu, ONNX Runtime {} with {} intra-op threads, {} cores visible",
+            std::env::consts::ARCH,
+            c.version,
+            c.threads,
+            threads_text()
+        ),
+        source: "onnxruntime",
+        selection: Some(selection),
+    }
+}
+
+/// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
+pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
+    let Some(c) = &spec.onnxruntime else {
+        let built = tract::build(spec, bytes).map_err(|e| Error::Tract {
+            target: spec.target.clone(),
+            reason: format!("{e:#}"),
+        })?;
+        return Ok(tract_chosen(built, None));
+    };
+    let ort_candidate =
+        |m: Option<&onnxruntime::OrtMeasured>, error: Option<String>| CandidateMeasurement {
+            kind: EngineKind::Onnxruntime,
+            version: c.version.to_string(),
+            threads: c.threads as u32,
+            startup_ms: m.map(|m| m.startup_ms),
+            batches: m.map(|m| m.batches.clone()).unwrap_or_default(),
+            error,
+        };
+    if c.forced {
+        let m =
+            onnxruntime::measure(spec, c, bytes, None).map_err(|reason| Error::Onnxruntime {
+                target: spec.target.clone(),
+                reason,
+            })?;
+        let selection = EngineSelection {
+            policy: "onnxruntime".into(),
+            chosen: EngineKind::Onnxruntime,
+            reason: "forced by engine.cpu; tract was not measured".into(),
+            candidates: vec![ort_candidate(Some(&m), None)],
+            agreement: None,
+        };
+        return Ok(ort_chosen(c, bytes, m, selection));
+    }
+
+    let tract_built = tract::build(spec, bytes).map_err(|e| format!("{e:#}"));
+    let reference = tract_built.as_ref().ok().map(|b| &b.reference.0);
+    let ort = onnxruntime::measure(spec, c, bytes, reference);
+    let tract_candidate = match &tract_built {
+        Ok(b) => CandidateMeasurement {
+            kind: EngineKind::Tract,
+            version: tract::TRACT_VERSION.into(),
+            threads: 1,
+            startup_ms: Some(match b.startup.chosen {
+                EngineFormat::TractNnefTar => b.startup.nnef_ms.unwrap_or(b.startup.onnx_ms),
+                _ => b.startup.onnx_ms,
+            }),
+            batches: b.batches.clone(),
+            error: None,
+        },
+        Err(e) => CandidateMeasurement {
+            kind: EngineKind::Tract,
+            version: tract::TRACT_VERSION.into(),
+            threads: 1,
+            startup_ms: None,
+            batches: Vec::new(),
+            error: Some(e.clone()),
+        },
+    };
+    match (tract_built, ort) {
+        (Err(t), Err(o)) => Err(Error::NoCpuEngine {
+            target: spec.target.clone(),
+            tract: t,
+            onnxruntime: o,
+        }),
+        (Err(t), Ok(m)) => {
+            let selection = EngineSelection {
+                policy: "auto".into(),
+                chosen: EngineKind::Onnxruntime,
+                reason: format!("tract does not load the model: {t}"),
+                candidates: vec![tract_candidate, ort_candidate(Some(&m), None)],
+                agreement: None,
+            };
+            Ok(ort_chosen(c, bytes, m, selection))
+        }
+        (Ok(b), Err(o)) => {
+            let selection = EngineSelection {
+                policy: "auto".into(),
+                chosen: EngineKind::Tract,
+                reason: "ONNX Runtime does not load or run the model".into(),
+                candidates: vec![tract_candidate, ort_candidate(None, Some(o))],
+                agreement: None,
+            };
+            Ok(tract_chosen(b, Some(selection)))
+        }
+        (Ok(b), Ok(m)) => {
+            let agree = agreement(
+                &b.reference.1,
+                m.outputs.as_deref().unwrap_or(&[]),
+                format!(
+                    "batch 1 at the profile's opt: {}",
+                    b.reference
+                        .0
+                        .iter()
+                        .map(|t| format!("{:?}", t.shape()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+            let (t_sum, o_sum) = (sum_us(&b.batches), sum_us(&m.batches));
+            let batches: Vec<String> = b.batches.iter().map(|t| t.batch.to_string()).collect();
+            let compared = format!(
+                "sum of T(b) over batch sizes {}: tract {:.1} µs, ONNX Runtime {:.1} µs ({:.2}x; ONNX Runtime ships at {ORT_MARGIN}x or less)",
+                batches.join(", "),
+                t_sum,
+                o_sum,
+                o_sum / t_sum.max(f64::MIN_POSITIVE),
+            );
+            let ort_wins = ort_ships(t_sum, o_sum, agree.agreed);
+            let reason = if !agree.agreed {
+                format!(
+                    "the outputs differ beyond the tolerance (max |a-b| {:.3e}, atol {ATOL:e}, rtol {RTOL:e}); tract is kept; {compared}",
+                    agree.max_abs
+                )
+            } else if ort_wins {
+                format!("ONNX Runtime is faster; {compared}")
+            } else {
+                format!("ONNX Runtime is not enough faster; {compared}")
+            };
+            let candidates = vec![tract_candidate, ort_candidate(Some(&m), None)];
+            let selection = EngineSelection {
+                policy: "auto".into(),
+                chosen: if ort_wins {
+                    EngineKind::Onnxruntime
+                } else {
+                    EngineKind::Tract
+                },
+                reason,
+                candidates,
+                agreement: Some(agree),
+            };
+            if ort_wins {
+                Ok(ort_chosen(c, bytes, m, selection))
+            } else {
+                Ok(tract_chosen(b, Some(selection)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ort_ships;
+
+    #[test]
+    fn onnxruntime_ships_only_when_it_agrees_and_is_clearly_faster() {
+        // (tract µs, ONNX Runtime µs, outputs agree) → ONNX Runtime ships
+        for (t, o, agreed, ships) in [
+            (1000.0, 100.0, true, true),
+            (1000.0, 900.0, true, true),
+            (1000.0, 901.0, true, false),
+            (1000.0, 1000.0, true, false),
+            (100.0, 1000.0, true, false),
+            (1000.0, 100.0, false, false),
+        ] {
+            assert_eq!(ort_ships(t, o, agreed), ships, "{t} {o} {agreed}");
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! `engine.cpu = "auto"`: the engine stage loads the model in tract and in ONNX Runtime (the
+//! pinned wheel's library, downloaded once into the library cache), measures both, compares
+//! their outputs and ships the faster one that loads and agrees; the choice and both
+//! measurements are in the engine profile. A model neither loads is refused at `build` with
+//! both reasons and no image is written; a model only ONNX Runtime loads goes to ONNX Runtime.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use super::ort_image::{keep_wheel, seed_wheel};
+use super::support::{infer_build, root, stderr, stdout};
+
+/// `infer-build engine RECIPE --target cpu-fp32 --json` with its own cache root.
+fn engine(recipe: &Path, cache: &Path) -> Output {
+    seed_wheel(cache);
+    let o = infer_build()
+        .arg("engine")
+        .arg(recipe)
+        .args(["--target", "cpu-fp32", "--json"])
+        .env("INFER_BUILD_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    keep_wheel(cache);
+    o
+}
+
+fn copy_example(dir: &Path, engine: &str) -> PathBuf {
+    let d = dir.join("recipe");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(root().join("examples/mlp/mlp.onnx"), d.join("mlp.onnx")).unwrap();
+    // The example pins tract; these tests set the engine themselves.
+    let text = std::fs::read_to_string(root().join("examples/mlp/recipe.toml")).unwrap();
+    assert!(text.contains("cpu = \"tract\""));
+    std::fs::write(
+        d.join("recipe.toml"),
+        text.replace("cpu = \"tract\"", &format!("cpu = \"{engine}\"")),
+    )
+    .unwrap();
+    d.join("recipe.toml")
+}
+
+#[test]
+fn auto_measures_tract_and_onnxruntime_records_both_and_a_rebuild_is_cached() {
+    let f = tempfile::tempdir().unwrap();
+    let recipe = copy_example(f.path(), "auto");
+    let cache = f.path().join("cache");
+    let o = engine(&recipe, &cache);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["cached"], false);
+    let sel = &doc["profile"]["selection"];
+    assert_eq!(sel["policy"], "auto", "{doc}");
+    let cands = sel["candidates"].as_array().unwrap();
+    let kinds: Vec<&str> = cands.iter().map(|c| c["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["tract", "onnxruntime"]);
+    let planned: Vec<u64> = doc["profile"]["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["batch"].as_u64().unwrap())
+        .collect();
+    for c in cands {
+        assert!(c["error"].is_null(), "{c}");
+        assert!(c["startup_ms"].as_f64().unwrap() > 0.0, "{c}");
+        let b: Vec<u64> = c["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["batch"].as_u64().unwrap())
+            .collect();
+        assert_eq!(b, planned, "both measured at the planned batch sizes: {c}");
+    }
+    // Same model, same inputs: the outputs agree within the recorded tolerance.
+    let a = &sel["agreement"];
+    assert_eq!(a["agreed"], true, "{a}");
+    assert!(a["max_abs"].as_f64().unwrap() <= a["atol"].as_f64().unwrap() + 1e-2);
+    // What shipped is what was chosen, and its T(b) is the chosen candidate's.
+    let chosen = sel["chosen"].as_str().unwrap();
+    assert_eq!(doc["meta"]["kind"], chosen);
+    let winner = cands.iter().find(|c| c["kind"] == chosen).unwrap();
+    assert_eq!(winner["batches"], doc["profile"]["batches"]);
+    let sum = |c: &Value| -> f64 {
+        c["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["median_us"].as_f64().unwrap())
+            .sum()
+    };
+    let (t, r) = (sum(&cands[0]), sum(&cands[1]));
+    // The rule: ONNX Runtime only when at most 0.9x tract's summed T(b) (`select::ORT_MARGIN`).
+    assert_eq!(
+        chosen == "onnxruntime",
+        r <= 0.9 * t,
+        "tract {t} us, onnxruntime {r} us"
+    );
+    if chosen == "onnxruntime" {
+        assert_eq!(doc["meta"]["format"], "onnx");
+        assert!(doc["meta"]["cpu"]["onnxruntime"].is_string(), "{doc}");
+    }
+
+    // The rebuild costs nothing: the measured choice is cached with the engine.
+    let again = engine(&recipe, &cache);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let doc2: Value = serde_json::from_str(&stdout(&again)).unwrap();
+    assert_eq!(doc2["cached"], true);
+    assert_eq!(doc2["key"], doc["key"]);
+    assert_eq!(doc2["profile"], doc["profile"]);
+}
+
+#[test]
+fn forcing_tract_measures_nothing_else() {
+    let f = tempfile::tempdir().unwrap();
+    let recipe = copy_example(f.path(), "tract");
+    let cache = f.path().join("cache");
+    let o = infer_build()
+        .arg("engine")
+        .arg(&recipe)
+        .args(["--target", "cpu-fp32", "--json"])
+        .env("INFER_BUILD_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["meta"]["kind"], "tract");
+    assert!(doc["profile"]["selection"].is_null(), "{doc}");
+    assert!(
+        !cache.join("libraries").exists(),
+        "no ONNX Runtime library is fetched for a tract-only target"
+    );
+}
+
+/// A model with an operator neither engine knows: `build` refuses it with both engines'
+/// reasons (exit 2) and writes no image.
+#[test]
+fn py_a_model_neither_engine_loads_is_refused_at_build_with_both_reasons() {
+    let py = super::support::python();
+    let f = tempfile::tempdir().unwrap();
+    let d = f.path().join("recipe");
+    std::fs::create_dir_all(&d).unwrap();
+    let onnx = d.join("model.onnx");
+    let o = Command::new(&py)
+        .arg("-c")
+        .arg(
+            r#"
+import sys, onnx
+from onnx import helper, TensorProto
+x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4])
+y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 4])
+node = helper.make_node("NoSuchOperator", ["input"], ["output"])
+g = helper.make_graph([node], "g", [x], [y])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 8
+onnx.save(m, sys.argv[1])
+"#,
+        )
+        .arg(&onnx)
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        eprintln!(
+            "skipping: {} cannot write an ONNX model: {}",
+            py.display(),
+            stderr(&o)
+        );
+        return;
+    }
+    std::fs::write(
+        d.join("recipe.toml"),
+        r#"[model]
+name = "unknown-op"
+version = "1"
+onnx = "model.onnx"
+
+[model.inputs.input]
+datatype = "fp32"
+shape = [-1, 4]
+
+[model.outputs.output]
+datatype = "fp32"
+shape = [-1, 4]
+
+[targets]
+cpu = true
+
+[batching]
+max_batch_size = 4
+"#,
+    )
+    .unwrap();
+    let cache = f.path().join("cache");
+    seed_wheel(&cache);
+    let out = f.path().join("out");
+    let o = infer_build()
+        .arg("build")
+        .arg(d.join("recipe.toml"))
+        .arg("--out")
+        .arg(&out)
+        .env("INFER_BUILD_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    keep_wheel(&cache);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("neither CPU engine loads the model"), "{err}");
+    assert!(
+        err.contains("tract:") && err.contains("ONNX Runtime:"),
+        "{err}"
+    );
+    assert!(err.contains("NoSuchOperator"), "{err}");
+    assert!(
+        !out.join("index.json").exists(),
+        "no image may be written: {:?}",
+        std::fs::read_dir(&out).map(|r| r.count())
+    );
+}
+
+/// PaddleOCR's text recogniser, which tract cannot translate, goes to ONNX Runtime under
+/// `auto`, with tract's reason recorded.
+#[test]
+fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
+    let py = super::support::python();
+    let o = Command::new(&py)
+        .arg(super::real_models::script())
+        .arg("fetch")
+        .arg(super::real_models::cache_dir())
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        eprintln!("skipping: fetching the real models failed: {}", stderr(&o));
+        return;
+    }
+    let models: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let onnx = PathBuf::from(models["ocr-rec"].as_str().unwrap());
+    let f = tempfile::tempdir().unwrap();
+    let d = f.path().join("recipe");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(&onnx, d.join("model.onnx")).unwrap();
+    std::fs::write(
+        d.join("recipe.toml"),
+        r#"[model]
+name = "ocr-rec"
+version = "1"
+onnx = "model.onnx"
+
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, -1]
+profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
+
+[model.outputs."softmax_11.tmp_0"]
+datatype = "fp32"
+shape = [-1, -1, 6625]
+
+[targets]
+cpu = true
+
+[batching]
+max_batch_size = 4
+instances = 1
+"#,
+    )
+    .unwrap();
+    let o = engine(&d.join("recipe.toml"), &f.path().join("cache"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["meta"]["kind"], "onnxruntime", "{doc}");
+    let sel = &doc["profile"]["selection"];
+    assert_eq!(sel["chosen"], "onnxruntime");
+    assert!(
+        sel["candidates"][0]["error"].is_string(),
+        "tract's reason is recorded: {sel}"
+    );
+    assert!(sel["candidates"][1]["batches"].as_array().unwrap().len() >= 2);
+    assert!(
+        sel["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("tract does not load the model"),
+        "{sel}"
+    );
+}

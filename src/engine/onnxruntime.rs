@@ -19,11 +19,6 @@ use super::spec::EngineSpec;
 use super::tract::{sample_inputs, STARTUP_RUNS};
 use super::trtexec::{median_sorted, round_us};
 
-/// Timed runs per batch size (after warm-up), and the time budget that may cut them short:
-/// the same as tract's.
-const PROFILE_RUNS: usize = 25;
-const PROFILE_BUDGET_S: f64 = 2.0;
-
 /// ONNX Runtime as a candidate engine of a CPU target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrtCandidate {
@@ -202,26 +197,13 @@ pub fn measure(
         for _ in 0..3 {
             run(&mut s, &names, &inputs)?;
         }
-        let mut us = Vec::with_capacity(PROFILE_RUNS);
-        let start = Instant::now();
-        while us.len() < PROFILE_RUNS
-            && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
-        {
+        batches.push(super::tract::time_batch(b, || {
             // As tract's timing: the inputs are made before the clock starts.
             let f = feed(&names, &inputs)?;
             let t = Instant::now();
             s.run(f).map_err(|e| e.to_string())?;
-            us.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        us.sort_by(f64::total_cmp);
-        batches.push(BatchTiming {
-            batch: b,
-            median_us: round_us(median_sorted(&us)),
-            min_us: round_us(us[0]),
-            max_us: round_us(us[us.len() - 1]),
-            runs: us.len() as u32,
-            layers: Vec::new(),
-        });
+            Ok::<_, String>(t.elapsed())
+        })?);
     }
     Ok(OrtMeasured {
         startup_ms: round_us(median_sorted(&ms)),

@@ -271,6 +271,31 @@ fn outputs_close(a: &TVec<TValue>, b: &TVec<TValue>) -> bool {
         })
 }
 
+/// T(b) of one batch size: `run` (which prepares its inputs and returns the time of the run
+/// alone) is timed up to [`PROFILE_RUNS`] times, at least 5, within [`PROFILE_BUDGET_S`]; the
+/// median, minimum and maximum in µs. The one timing rule of every CPU engine candidate.
+pub fn time_batch<E>(
+    batch: u32,
+    mut run: impl FnMut() -> Result<std::time::Duration, E>,
+) -> Result<BatchTiming, E> {
+    let mut us = Vec::with_capacity(PROFILE_RUNS);
+    let start = Instant::now();
+    while us.len() < PROFILE_RUNS
+        && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
+    {
+        us.push(run()?.as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(BatchTiming {
+        batch,
+        median_us: round_us(median_sorted(&us)),
+        min_us: round_us(us[0]),
+        max_us: round_us(us[us.len() - 1]),
+        runs: us.len() as u32,
+        layers: Vec::new(),
+    })
+}
+
 /// Build the CPU engine for `spec` from the ONNX `bytes`.
 pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
     let typed = typed_from_onnx(bytes, &spec.inputs)?;
@@ -359,25 +384,12 @@ pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
         for _ in 0..3 {
             runnable.run(inputs.clone())?;
         }
-        let mut us = Vec::with_capacity(PROFILE_RUNS);
-        let start = Instant::now();
-        while us.len() < PROFILE_RUNS
-            && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
-        {
+        batches.push(time_batch(b, || {
             let inputs = inputs.clone();
             let t = Instant::now();
             runnable.run(inputs)?;
-            us.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        us.sort_by(f64::total_cmp);
-        batches.push(BatchTiming {
-            batch: b,
-            median_us: round_us(median_sorted(&us)),
-            min_us: round_us(us[0]),
-            max_us: round_us(us[us.len() - 1]),
-            runs: us.len() as u32,
-            layers: Vec::new(),
-        });
+            TractResult::Ok(t.elapsed())
+        })?);
     }
     Ok(CpuEngine {
         format,

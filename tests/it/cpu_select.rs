@@ -240,27 +240,10 @@ fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
     std::fs::copy(&onnx, d.join("model.onnx")).unwrap();
     std::fs::write(
         d.join("recipe.toml"),
-        r#"[model]
-name = "ocr-rec"
-version = "1"
-onnx = "model.onnx"
-
-[model.inputs.x]
-datatype = "fp32"
-shape = [-1, 3, 48, -1]
-profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
-
-[model.outputs."softmax_11.tmp_0"]
-datatype = "fp32"
-shape = [-1, -1, 6625]
-
-[targets]
-cpu = true
-
-[batching]
-max_batch_size = 4
-instances = 1
-"#,
+        format!(
+            "[model]\nname = \"ocr-rec\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}\n[targets]\ncpu = true\n\n[batching]\nmax_batch_size = 4\ninstances = 1\n",
+            super::real_models::REC
+        ),
     )
     .unwrap();
     let o = engine(&d.join("recipe.toml"), &f.path().join("cache"));

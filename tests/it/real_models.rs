@@ -112,7 +112,8 @@ shape = [-1, 214]
     },
 ];
 
-const REC: &str = r#"
+/// The recogniser's tensor tables (variable width), shared with `cpu_select.rs`.
+pub(super) const REC: &str = r#"
 [model.inputs.x]
 datatype = "fp32"
 shape = [-1, 3, 48, -1]

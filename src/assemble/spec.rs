@@ -190,6 +190,8 @@ pub fn runtime_config(
             } else {
                 vec![]
             }),
+            // Set by `target_spec` once the samples are checked against the inputs.
+            samples: None,
         },
         server: Server {
             drain_delay_s: recipe.deploy.drain_delay_s.into(),
@@ -306,6 +308,26 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         rc.engine.library = library;
     }
     name_dims(&mut rc, &files.dim_names);
+    if let Some(bytes) = &files.warmup_samples {
+        // Checked against the inputs the runtime will serve, so that no image ships a sample
+        // its warm-up would refuse; the error names the recipe's key.
+        let checked = std::str::from_utf8(bytes)
+            .map_err(|_| "the file is not UTF-8 text".to_string())
+            .and_then(|text| infer_spec::samples::check(&rc, text));
+        if let Err(e) = checked {
+            let what = match &recipe.warmup.samples {
+                Some(l) => l
+                    .diagnostic(
+                        &recipe.file,
+                        format!("{}: {e}", recipe.resolve(&l.value).display()),
+                    )
+                    .to_string(),
+                None => format!("warm-up samples: {e}"),
+            };
+            return Err(Error::Spec { what });
+        }
+        rc.warmup.samples = Some(format!("/{}/warmup/samples.json", paths::CONFIG_DIR));
+    }
     let problems = rc.problems();
     if !problems.is_empty() {
         return Err(Error::Spec {

@@ -640,7 +640,16 @@ fn warmup_samples_are_shared_by_every_target() {
     let matrix = infer_build::matrix::load(None).unwrap();
     let plan = infer_build::plan::resolve(&recipe, &matrix, None).unwrap();
     assert!(plan.targets.len() >= 2);
-    let samples: Arc<[u8]> = Arc::from(vec![b'x'; 1 << 20]);
+    // One valid request (ResNet-50's `input`, FP32 [1, 3, 224, 224]) padded to exactly 1 MiB
+    // with a request parameter, so that `target_spec`'s check of the samples passes.
+    let data = vec!["0"; 3 * 224 * 224].join(",");
+    let head = r#"{"parameters": {"pad": ""#;
+    let tail = format!(
+        r#""}}, "inputs": [{{"name": "input", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": [{data}]}}]}}"#
+    );
+    let pad = (1usize << 20) - head.len() - tail.len();
+    let samples: Arc<[u8]> = Arc::from(format!("{head}{}{tail}", "x".repeat(pad)).into_bytes());
+    assert_eq!(samples.len(), 1 << 20);
     for t in &plan.targets {
         let files = assemble::spec::Files {
             serve_bin: "infer-serve".into(),

@@ -435,11 +435,20 @@ fn kill_9_mid_build_leaves_no_partial_blob_and_the_rebuild_matches() {
     // A 96 MiB file in the config layer (warm-up samples, shipped as they are) compressed at
     // gzip -6: seconds of work to interrupt. (The model must stay a real one: the engine stage
     // refuses what tract cannot load.)
-    let big: Vec<u8> = (0..96u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 15) as u8)
+    // A valid sample request whose request-level parameter carries 96 MiB of pseudo-random
+    // text (the V2 protocol lets a request carry any parameters; warm-up ignores this one).
+    let big: String = (0..96u32 << 20)
+        .map(|i| char::from(b'a' + ((i.wrapping_mul(2_654_435_761) >> 15) % 26) as u8))
         .collect();
-    std::fs::write(ex.path("recipe/warmup.json"), &big).unwrap();
+    let sample = mlp_samples(&[1]);
+    let sample = sample.replacen(
+        "{\"inputs\"",
+        &format!("{{\"parameters\": {{\"pad\": \"{big}\"}}, \"inputs\""),
+        1,
+    );
     drop(big);
+    std::fs::write(ex.path("recipe/warmup.json"), &sample).unwrap();
+    drop(sample);
     let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
     std::fs::write(
         ex.recipe(),
@@ -565,6 +574,14 @@ fn docker_serves_the_example_like_onnxruntime() {
     };
     let ex = Example::new();
     std::fs::copy(&serve, ex.path("infer-serve")).unwrap();
+    // Warm-up samples: the image's warm-up sends them (the ready line counts them).
+    std::fs::write(ex.path("recipe/warmup.json"), mlp_samples(&[1, 3])).unwrap();
+    let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
+    std::fs::write(
+        ex.recipe(),
+        format!("{recipe}\n[warmup]\nsamples = \"warmup.json\"\n"),
+    )
+    .unwrap();
     let archive = ex.path("mlp.tar");
     ex.build(
         "out",
@@ -587,6 +604,61 @@ fn docker_serves_the_example_like_onnxruntime() {
     let _ = Command::new("docker").args(["rm", "-f", &id]).output();
     if let Err(e) = result {
         panic!("{e}\ncontainer logs:\n{logs}");
+    }
+    assert!(
+        logs.contains("\"warmup_samples\":2"),
+        "warm-up sent the two samples: {logs}"
+    );
+}
+
+/// Warm-up sample requests for the example MLP (`input`, FP32 `[rows, 64]`), one request per
+/// entry of `rows`.
+fn mlp_samples(rows: &[usize]) -> String {
+    let reqs: Vec<String> = rows
+        .iter()
+        .map(|&n| {
+            let data: Vec<String> = (0..n * 64).map(|i| format!("{}", (i % 13) as f32 / 13.0)).collect();
+            format!(
+                r#"{{"inputs": [{{"name": "input", "datatype": "FP32", "shape": [{n}, 64], "data": [{}]}}]}}"#,
+                data.join(", ")
+            )
+        })
+        .collect();
+    format!("[{}]", reqs.join(",\n"))
+}
+
+/// A samples file the model would refuse is refused at `build` (exit 2), naming the recipe's
+/// key, the request and the input, and no image is written.
+#[test]
+fn warmup_samples_the_model_would_refuse_are_refused_at_build() {
+    let ex = Example::new();
+    let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
+    std::fs::write(
+        ex.recipe(),
+        format!("{recipe}\n[warmup]\nsamples = \"warmup.json\"\n"),
+    )
+    .unwrap();
+    for (text, want) in [
+        (
+            mlp_samples(&[1, 2]).replacen("[2, 64]", "[2, 63]", 1),
+            "request 1: input \"input\": dimension 1 of shape [2, 63] is 63, the model takes 64",
+        ),
+        (
+            mlp_samples(&[40]),
+            "request 0: input \"input\": batch of 40 rows: 1 to max_batch_size (32)",
+        ),
+        ("not json".into(), "not valid JSON"),
+    ] {
+        std::fs::write(ex.path("recipe/warmup.json"), &text).unwrap();
+        let o = ex.cmd("out", &[]).output().unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert!(
+            e.contains("recipe.toml:") && e.contains("warmup.samples"),
+            "{e}"
+        );
+        assert!(e.contains(want), "{e}\nwant: {want}");
+        assert!(!ex.path("out/index.json").exists());
     }
 }
 

@@ -1213,3 +1213,60 @@ fn serve_refuses_hostile_configs_and_non_regular_files() {
         ],
     );
 }
+
+/// `[warmup] samples`: warm-up sends the sample requests (and the ready line counts them); a
+/// sample the server would refuse as a request stops the start with exit 1, naming it.
+#[test]
+fn warmup_sends_the_samples_and_a_bad_sample_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let row: Vec<String> = (0..64)
+        .map(|i| format!("{}", (i % 9) as f32 / 9.0))
+        .collect();
+    let good = dir.path().join("good.json");
+    std::fs::write(
+        &good,
+        format!(
+            r#"[{{"inputs": [{{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [{r}]}}]}},
+               {{"inputs": [{{"name": "input", "datatype": "FP32", "shape": [2, 64], "data": [[{r}], [{r}]]}}]}}]"#,
+            r = row.join(", ")
+        ),
+    )
+    .unwrap();
+    let with = |samples: &Path| {
+        format!(
+            "{}\n[warmup]\nsamples = \"{}\"\n",
+            mlp_config(),
+            samples.display()
+        )
+    };
+    let s = Server::start(&with(&good));
+    let ready = s.wait_log("\"ready\"", Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(v["warmup_samples"], 2, "{ready}");
+    let r = s.get("/v2/health/ready");
+    assert_eq!(r.status, 200);
+    drop(s);
+
+    // A shape the model does not take: refused as the request would be (400 there).
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&good)
+            .unwrap()
+            .replacen("[2, 64]", "[2, 63]", 1),
+    )
+    .unwrap();
+    let path = dir.path().join("runtime.toml");
+    std::fs::write(&path, with(&bad)).unwrap();
+    let o = Command::new(binary())
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("cannot read the warm-up samples") && log.contains("request 1"),
+        "{log}"
+    );
+}

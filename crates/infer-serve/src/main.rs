@@ -322,6 +322,12 @@ fn main() {
     let t = Instant::now();
     let sizes = cfg.warmup_batch_sizes();
     let runs = warmup::runs(&cfg);
+    // Sample requests (`[warmup] samples`) are decoded as requests are; a bad one stops here.
+    let samples = match &cfg.warmup.samples {
+        Some(p) if !sizes.is_empty() => warmup::Samples::load(&cfg, &base.join(p))
+            .unwrap_or_else(|e| fail(1, "cannot read the warm-up samples", &[("error", json!(e))])),
+        _ => warmup::Samples::default(),
+    };
     let mut backends = Vec::new();
     for instance in 0..cfg.batching.instances {
         let mut b = engine.instance().unwrap_or_else(|e| {
@@ -331,8 +337,21 @@ fn main() {
                 &[("instance", json!(instance)), ("error", json!(e))],
             )
         });
+        for (i, inputs) in samples.requests().iter().enumerate() {
+            if let Err(e) = warmup::run_sample(&cfg, b.as_mut(), inputs) {
+                fail(
+                    1,
+                    "warm-up failed on a sample request; not starting",
+                    &[
+                        ("instance", json!(instance)),
+                        ("sample", json!(i)),
+                        ("error", json!(e)),
+                    ],
+                );
+            }
+        }
         for (rows, shapes) in &runs {
-            if let Err(e) = warmup::run_at(&cfg, b.as_mut(), *rows, shapes) {
+            if let Err(e) = warmup::run_at(&cfg, b.as_mut(), &samples, *rows, shapes) {
                 fail(
                     1,
                     "warm-up failed; not starting",
@@ -369,6 +388,7 @@ fn main() {
         &[
             ("warmup_seconds", json!(warm.as_secs_f64())),
             ("warmup_batch_sizes", json!(sizes)),
+            ("warmup_samples", json!(samples.len())),
             ("instances", json!(cfg.batching.instances)),
             (
                 "start_to_ready_seconds",

@@ -7,11 +7,87 @@
 //! shape, then one row at `min` and one at `max` ([`runs`]): the engine prepares each shape
 //! it will see most (the tract backend optimises one plan per shape) and a shape at either
 //! bound that the engine cannot run stops the start instead of failing the first request.
+//!
+//! With `[warmup] samples` ([`Samples`]), warm-up first sends every sample request as given,
+//! then fills each run of a shape some sample has with that sample's rows (repeated in order
+//! to the batch size); only runs of shapes no sample has get synthetic data.
 
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
+use std::path::Path;
+
+/// Warm-up samples (`[warmup] samples`): each request of the file decoded exactly as the
+/// server decodes a request body, so a sample the server would refuse stops the start.
+#[derive(Debug, Default)]
+pub struct Samples(Vec<Vec<Tensor>>);
+
+impl Samples {
+    /// Reads and decodes the samples file at `path`; the error names the file and the request.
+    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<Samples, String> {
+        let at = |m: String| format!("warm-up samples {}: {m}", path.display());
+        let len = std::fs::metadata(path)
+            .map_err(|e| at(e.to_string()))?
+            .len();
+        if len > infer_spec::samples::MAX_BYTES {
+            return Err(at(format!(
+                "{len} bytes, more than the {} a samples file may have",
+                infer_spec::samples::MAX_BYTES
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
+        let mut out = Vec::new();
+        for (i, r) in infer_spec::samples::requests(&text)
+            .map_err(at)?
+            .iter()
+            .enumerate()
+        {
+            let body = Bytes::from(serde_json::to_vec(r).map_err(|e| at(e.to_string()))?);
+            let req = crate::v2::decode_request(cfg, None, &body)
+                .map_err(|e| at(format!("request {i}: {e}")))?;
+            out.push(req.inputs);
+        }
+        Ok(Samples(out))
+    }
+
+    /// The number of sample requests.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there is no sample (warm-up is synthetic).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The sample requests, as given.
+    pub fn requests(&self) -> &[Vec<Tensor>] {
+        &self.0
+    }
+
+    /// `rows` rows of the non-batch `shapes` from the first sample of those shapes, its rows
+    /// repeated in order; `None` when no sample has them.
+    pub fn at(&self, rows: usize, shapes: &Shapes) -> Option<Vec<Tensor>> {
+        let sample = self.0.iter().find(|inputs| {
+            inputs
+                .iter()
+                .zip(shapes)
+                .all(|(t, dims)| t.shape.get(1..) == Some(dims.as_slice()))
+        })?;
+        sample
+            .iter()
+            .map(|t| {
+                let have = t.rows().max(1);
+                let parts: Vec<Tensor> = (0..rows)
+                    .map(|i| t.slice_rows(i % have, 1))
+                    .collect::<Option<_>>()?;
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                Tensor::concat_rows(&refs)
+            })
+            .collect()
+    }
+}
 
 /// The non-batch dimensions of every input, in the config's input order.
 pub type Shapes = Vec<Vec<usize>>;
@@ -87,17 +163,32 @@ pub fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tenso
 /// was wrong.
 pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Result<(), String> {
     let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
-    run_at(cfg, backend, rows, &opt)
+    run_at(cfg, backend, &Samples::default(), rows, &opt)
 }
 
-/// Runs one warm-up sample of the given shapes and checks its outputs.
+/// Runs one warm-up execution of the given shapes, with the samples' data when one has them
+/// (else synthetic), and checks its outputs.
 pub fn run_at(
     cfg: &RuntimeConfig,
     backend: &mut dyn Backend,
+    samples: &Samples,
     rows: usize,
     shapes: &Shapes,
 ) -> Result<(), String> {
-    check_outputs(cfg, rows, &backend.execute(&sample_at(cfg, rows, shapes))?)
+    let inputs = samples
+        .at(rows, shapes)
+        .unwrap_or_else(|| sample_at(cfg, rows, shapes));
+    check_outputs(cfg, rows, &backend.execute(&inputs)?)
+}
+
+/// Runs one sample request as given and checks its outputs.
+pub fn run_sample(
+    cfg: &RuntimeConfig,
+    backend: &mut dyn Backend,
+    inputs: &[Tensor],
+) -> Result<(), String> {
+    let rows = inputs.first().map_or(0, Tensor::rows);
+    check_outputs(cfg, rows, &backend.execute(inputs)?)
 }
 
 /// Checks a batch's outputs against the config: count, datatypes, rows, and every fixed

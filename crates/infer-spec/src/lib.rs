@@ -18,6 +18,7 @@ pub mod batch;
 pub mod dtype;
 pub mod engine;
 pub mod runtime;
+pub mod samples;
 
 pub use dtype::DataType;
 pub use runtime::{

@@ -356,6 +356,10 @@ pub struct Warmup {
     /// An empty list turns warm-up off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_sizes: Option<Vec<u32>>,
+    /// Sample requests warm-up sends (`infer_spec::samples`: one V2 JSON request or an array
+    /// of them), relative to this file's directory or absolute; synthetic data when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<String>,
 }
 
 /// `[server]`: the HTTP listener and the shutdown sequence.

@@ -610,9 +610,15 @@ impl<'a> Bases<'a> {
                 name_by_digest: true,
             };
             let p = registry::pull_with(&reference, &cache, &opts).inspect_err(|_| {
+                // An ONNX Runtime CPU image is the one CPU image with a base; tract needs none.
+                let hint = if t.kind == TargetKind::Cpu {
+                    "set `[engine] cpu = \"tract\"` for a FROM scratch image that needs no base, \
+                     or name a reachable glibc CPU base in a --matrix DIR"
+                } else {
+                    "pass --base-layout DIR to build from an OCI layout on disk instead"
+                };
                 eprintln!(
-                    "target {}: cannot pull base image {reference} into {}\nhint: pass \
-                     --base-layout DIR to build from an OCI layout on disk instead",
+                    "target {}: cannot pull base image {reference} into {}\nhint: {hint}",
                     t.id,
                     cache.display()
                 )

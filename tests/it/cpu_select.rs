@@ -265,3 +265,42 @@ fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
         "{sel}"
     );
 }
+
+/// An ONNX Runtime image (here forced, so that the outcome does not hang on a measurement;
+/// under `auto` the example MLP goes the same way, ONNX Runtime being about 4x faster here) needs
+/// the glibc base: when that base cannot be pulled, `build` fails (exit 1) and says how to build
+/// without one.
+#[test]
+fn an_onnxruntime_image_without_a_reachable_base_says_how_to_build_without_one() {
+    let f = tempfile::tempdir().unwrap();
+    let recipe = copy_example(f.path(), "onnxruntime");
+    let cache = f.path().join("cache");
+    seed_wheel(&cache);
+    // `.invalid` never resolves (RFC 2606): the pull fails at once.
+    let matrix =
+        super::ort_image::matrix_with_glibc_base(f.path(), "registry.invalid/distroless/cc:12");
+    let stand_in = f.path().join("infer-serve");
+    super::image::tiny_static_elf(&stand_in);
+    let o = infer_build()
+        .arg("build")
+        .arg(&recipe)
+        .arg("--out")
+        .arg(f.path().join("out"))
+        .arg("--matrix")
+        .arg(&matrix)
+        .arg("--runtime")
+        .arg(&stand_in)
+        .arg("--runtime-dynamic")
+        .arg(&stand_in)
+        .env("INFER_BUILD_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    keep_wheel(&cache);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("registry.invalid") && e.contains("[engine] cpu = \"tract\""),
+        "{e}"
+    );
+    assert!(!f.path().join("out/index.json").exists());
+}

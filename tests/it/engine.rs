@@ -55,12 +55,23 @@ pub fn write_script(path: &Path, text: &str) {
 
 /// Stand-ins for the GPU tools of a TensorRT builder image, in `dir`: `nvidia-smi` answers
 /// `smi` (`compute_cap, driver_version, name`), `trtexec` of TensorRT `version` (the GA build,
-/// `10.16.1.11`) writes the files it is asked to write; the engine's bytes name its flags.
+/// `10.16.1.11`) writes the files it is asked to write ([`TIMES_JSON`], [`LAYERS_JSON`]); the
+/// engine's bytes name its flags.
 pub fn fake_gpu_tools(dir: &Path, smi: &str, version: &str) {
+    fake_gpu_tools_logged(dir, smi, version, None)
+}
+
+/// [`fake_gpu_tools`] that also appends each call's arguments to `log`, and whose trtexec
+/// sleeps `$FAKE_TRTEXEC_SLEEP` seconds after writing the engine (to be killed mid-build).
+pub fn fake_gpu_tools_logged(dir: &Path, smi: &str, version: &str, log: Option<&Path>) {
     std::fs::create_dir_all(dir).unwrap();
+    let logged = |tool: &str| match log {
+        Some(l) => format!("echo \"{tool} $*\" >> '{}'\n", l.display()),
+        None => String::new(),
+    };
     write_script(
         &dir.join("nvidia-smi"),
-        &format!("#!/bin/sh\necho '{smi}'\n"),
+        &format!("#!/bin/sh\n{}echo '{smi}'\n", logged("nvidia-smi")),
     );
     let banner = trt_banner(version);
     let device = smi.rsplit(", ").next().unwrap_or_default();
@@ -69,19 +80,25 @@ pub fn fake_gpu_tools(dir: &Path, smi: &str, version: &str) {
         &format!(
             r#"#!/bin/bash
 # Stand-in for trtexec {version} on a machine without a GPU: the engine bytes depend on the flags.
-flags=()
+{log}flags=()
 for a in "$@"; do [[ $a == */* ]] || flags+=("$a"); done
 for a in "$@"; do
   case $a in
-    --saveEngine=*) printf 'fake plan {version} %s' "${{flags[*]}}" > "${{a#*=}}" ;;
-    --exportTimes=*) echo '[{{ "computeMs" : 0.181, "latencyMs" : 0.2, "h2dMs" : 0.012, "d2hMs" : 0.007 }}, {{ "computeMs" : 0.182, "latencyMs" : 0.201, "h2dMs" : 0.012, "d2hMs" : 0.007 }}]' > "${{a#*=}}" ;;
-    --exportProfile=*) echo '[{{ "count" : 10 }}, {{ "name" : "/fc1/Gemm", "timeMs" : 1.0, "averageMs" : 0.1, "medianMs" : 0.1, "percentage" : 100.0 }}]' > "${{a#*=}}" ;;
+    --saveEngine=*) printf 'fake plan {version} %s' "${{flags[*]}}" > "${{a#*=}}"
+                    [ -n "$FAKE_TRTEXEC_SLEEP" ] && sleep "$FAKE_TRTEXEC_SLEEP" ;;
+    --exportTimes=*) cat > "${{a#*=}}" <<'JSON'
+{TIMES_JSON}JSON
+    ;;
+    --exportProfile=*) cat > "${{a#*=}}" <<'JSON'
+{LAYERS_JSON}JSON
+    ;;
   esac
 done
 echo "&&&& RUNNING TensorRT.trtexec {banner} # trtexec $*"
 echo "[I] Selected Device: {device}"
 echo "&&&& PASSED TensorRT.trtexec {banner} # trtexec $*"
-"#
+"#,
+            log = logged("trtexec"),
         ),
     );
 }
@@ -1107,8 +1124,8 @@ tag = "{version}-{target}"
 "#;
 
 /// A project directory with the recipe above, the example model and a calibration cache, and a
-/// `bin/` of stand-in `nvidia-smi` and `trtexec` scripts (an A100 host with TensorRT 10.16.1)
-/// that log their arguments to `calls.log` and write what trtexec would write.
+/// `bin/` of stand-in `nvidia-smi` and `trtexec` (an A100 host with TensorRT 10.16.1, see
+/// [`fake_gpu_tools_logged`]) that log their arguments to `calls.log`.
 fn project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -1119,37 +1136,12 @@ fn project() -> tempfile::TempDir {
         "TRT-101601-EntropyCalibration2\ninput: 3c008912\n",
     )
     .unwrap();
-    fs::write(d.join("times.json"), TIMES_JSON).unwrap();
-    fs::write(d.join("layers.json"), LAYERS_JSON).unwrap();
-    let bin = d.join("bin");
-    fs::create_dir_all(&bin).unwrap();
-    let log = d.join("calls.log");
-    let smi = format!(
-        "#!/bin/sh\necho \"nvidia-smi $*\" >> '{}'\necho '8.0, 595.58.03, NVIDIA A100-SXM4-40GB'\n",
-        log.display()
+    fake_gpu_tools_logged(
+        &d.join("bin"),
+        "8.0, 595.58.03, NVIDIA A100-SXM4-40GB",
+        "10.16.1.11",
+        Some(&d.join("calls.log")),
     );
-    let trtexec = format!(
-        r#"#!/bin/sh
-echo "trtexec $*" >> '{log}'
-for a in "$@"; do
-  case "$a" in
-    --saveEngine=*) printf 'plan' > "${{a#--saveEngine=}}"; [ -n "$FAKE_TRTEXEC_SLEEP" ] && sleep "$FAKE_TRTEXEC_SLEEP" ;;
-    --exportTimes=*) cat '{d}/times.json' > "${{a#--exportTimes=}}" ;;
-    --exportProfile=*) cat '{d}/layers.json' > "${{a#--exportProfile=}}" ;;
-  esac
-done
-echo "&&&& RUNNING TensorRT.trtexec [TensorRT v101601] [b11] # trtexec"
-echo "&&&& PASSED TensorRT.trtexec [TensorRT v101601] [b11] # trtexec"
-"#,
-        log = log.display(),
-        d = d.display()
-    );
-    for (name, text) in [("nvidia-smi", smi), ("trtexec", trtexec)] {
-        let p = bin.join(name);
-        fs::write(&p, text).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-    }
     dir
 }
 

@@ -79,9 +79,6 @@ pub struct BuildArgs {
     pub matrix: super::MatrixArgs,
 }
 
-/// The most bytes a recipe's warm-up samples file may have.
-const MAX_WARMUP_SAMPLES: u64 = 1 << 30;
-
 pub fn run(args: BuildArgs) -> Result<(), Error> {
     let policy = parse_policy(&args.compression)?;
     let epoch = source_date_epoch(std::env::var("SOURCE_DATE_EPOCH").ok().as_deref())?;
@@ -298,7 +295,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             // Read once (a regular file, bounded) and shared by every target's layer.
             Some(std::sync::Arc::<[u8]>::from(crate::oci::dir::read_file(
                 &p,
-                MAX_WARMUP_SAMPLES,
+                infer_spec::samples::MAX_BYTES,
                 "warm-up samples",
             )?))
         }
@@ -438,11 +435,9 @@ pub(crate) fn ort_candidate(
         }
         Err(e) => return Err(e),
     };
-    // The runtime's rule (`engine.threads` unset): the CPUs it may use over its instances.
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let threads = (cpus / recipe.batching.instances.max(1) as usize).max(1);
+    // The runtime's rule (`engine.threads` is never set in images): its CPUs over its instances.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = infer_spec::runtime::default_intra_op_threads(cpus, recipe.batching.instances);
     let version = row
         .version
         .to_string()

@@ -132,7 +132,9 @@ impl Lock {
             self.libraries
                 .retain(|l| !(l.name == lib.name && l.platform == lib.platform));
         }
-        let key = |l: &LockedLibrary| (l.name.clone(), l.platform.clone(), l.version.clone());
+        fn key(l: &LockedLibrary) -> (&str, &str, &str) {
+            (&l.name, &l.platform, &l.version)
+        }
         match self.libraries.binary_search_by(|l| key(l).cmp(&key(&lib))) {
             Ok(i) => self.libraries[i] = lib,
             Err(i) => self.libraries.insert(i, lib),

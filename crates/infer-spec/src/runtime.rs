@@ -407,6 +407,12 @@ pub enum ConfigError {
     Invalid(Vec<String>),
 }
 
+/// The threads one instance computes with when `engine.threads` is unset: the `cpus` the
+/// process may use over `instances`, at least 1 (see [`RuntimeConfig::intra_op_threads`]).
+pub fn default_intra_op_threads(cpus: usize, instances: u32) -> usize {
+    (cpus / instances.max(1) as usize).max(1)
+}
+
 impl RuntimeConfig {
     /// Parses and validates a `runtime.toml`. Pure: no file system access (engine paths are
     /// checked by whoever opens them).
@@ -637,7 +643,7 @@ impl RuntimeConfig {
     pub fn intra_op_threads(&self, cpus: usize) -> usize {
         match self.engine.threads {
             Some(t) => t as usize,
-            None => (cpus / (self.batching.instances.max(1) as usize)).max(1),
+            None => default_intra_op_threads(cpus, self.batching.instances),
         }
     }
 

@@ -8,17 +8,12 @@ use serde_json::Value;
 
 use crate::runtime::RuntimeConfig;
 
-/// The largest samples file accepted (it is read whole, at build time and at start).
+/// The largest samples file accepted: it is read whole, at build time and at start, and both
+/// readers refuse a larger one before reading it.
 pub const MAX_BYTES: u64 = 256 << 20;
 
 /// The requests of a samples file, in order; an error says what is wrong with the file.
 pub fn requests(text: &str) -> Result<Vec<Value>, String> {
-    if text.len() as u64 > MAX_BYTES {
-        return Err(format!(
-            "{} bytes, more than the {MAX_BYTES} a samples file may have",
-            text.len()
-        ));
-    }
     let doc: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let list = match doc {
         Value::Array(items) => items,

@@ -34,7 +34,45 @@ fn main() {
     // another release under the same TENSORRT_ROOT rebuild the shim.
     println!("cargo::rerun-if-changed={}", include.display());
     build_shim(&include);
+    // The release the shim is compiled against, named in the binary (`HEADERS_MARK`) so that
+    // infer-build can refuse a GPU runtime of another TensorRT major before writing an image.
+    let version = std::fs::read_to_string(include.join("NvInferVersion.h"))
+        .ok()
+        .and_then(|h| headers_release(&h))
+        .unwrap_or_else(|| {
+            panic!(
+                "infer-trt: no NV_TENSORRT_MAJOR/MINOR/PATCH in {}",
+                include.join("NvInferVersion.h").display()
+            )
+        });
+    println!("cargo::rustc-env=INFER_TRT_HEADERS={version}");
     println!("cargo::rustc-cfg=infer_trt_shim");
+}
+
+/// `major.minor.patch` from `NvInferVersion.h`: `#define NV_TENSORRT_MAJOR 8`, or (10.x and
+/// later) `#define NV_TENSORRT_MAJOR TRT_MAJOR_ENTERPRISE` with that macro defined above it.
+fn headers_release(header: &str) -> Option<String> {
+    let define = |name: &str| {
+        header.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("#define") && w.next() == Some(name))
+                .then(|| w.next().map(str::to_owned))
+                .flatten()
+        })
+    };
+    let number = |name: &str| {
+        let v = define(name)?;
+        match v.parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(_) => define(&v)?.parse().ok(),
+        }
+    };
+    Some(format!(
+        "{}.{}.{}",
+        number("NV_TENSORRT_MAJOR")?,
+        number("NV_TENSORRT_MINOR")?,
+        number("NV_TENSORRT_PATCH")?
+    ))
 }
 
 #[cfg(feature = "tensorrt")]

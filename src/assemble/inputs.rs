@@ -85,8 +85,8 @@ pub fn locate_runtime(
 pub enum RuntimeFlavour {
     Static,
     Dynamic,
-    /// Dynamically linked against glibc with feature `tensorrt`: GPU images on TensorRT's lean
-    /// runtime.
+    /// Dynamically linked against glibc with feature `tensorrt`: every GPU image, whether
+    /// TensorRT comes from its base (full) or from its lean library layer.
     Gpu,
 }
 
@@ -101,6 +101,21 @@ impl RuntimeFlavour {
                 "infer-serve-dynamic",
             ),
             RuntimeFlavour::Gpu => ("--runtime-gpu", "INFER_SERVE_GPU_BIN", "infer-serve-gpu"),
+        }
+    }
+
+    /// How to build this flavour, for errors about a missing or unfit binary.
+    pub fn build_hint(self) -> &'static str {
+        match self {
+            RuntimeFlavour::Static => {
+                "`scripts/build-runtime.sh` builds the statically linked infer-serve of scratch images"
+            }
+            RuntimeFlavour::Dynamic => {
+                "`FLAVOUR=dynamic scripts/build-runtime.sh` builds the dynamically linked infer-serve of ONNX Runtime images"
+            }
+            RuntimeFlavour::Gpu => {
+                "`FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) builds the infer-serve of GPU images: TensorRT backend, dynamically linked"
+            }
         }
     }
 }
@@ -143,12 +158,15 @@ pub fn locate(
     })
 }
 
-/// Check an ELF binary: its machine must match `arch` (OCI name), and for scratch images it
-/// must be statically linked (no `PT_INTERP` program header: static and static-pie pass).
-pub fn check_runtime_binary(path: &Path, arch: &str, need_static: bool) -> Result<(), Error> {
+/// Check the `flavour` runtime binary: an ELF whose machine matches `arch` (OCI name); the
+/// static flavour of scratch images has no `PT_INTERP` program header (static and static-pie
+/// pass), the dynamic ones have one (they `dlopen` ONNX Runtime or TensorRT, which a static
+/// glibc binary cannot do reliably).
+pub fn check_runtime_binary(path: &Path, arch: &str, flavour: RuntimeFlavour) -> Result<(), Error> {
     let bad = |why: String| Error::BadRuntime {
         path: path.into(),
         why,
+        hint: flavour.build_hint().to_owned(),
     };
     let m = fs::metadata(path).map_err(|source| Error::Input {
         path: path.into(),
@@ -178,10 +196,53 @@ pub fn check_runtime_binary(path: &Path, arch: &str, need_static: bool) -> Resul
             elf.machine
         )));
     }
-    if need_static && elf.interp {
-        return Err(bad("is dynamically linked (it names a program interpreter), and a scratch image has no libc".into()));
+    match (flavour, elf.interp) {
+        (RuntimeFlavour::Static, true) => Err(bad(
+            "is dynamically linked (it names a program interpreter), and a scratch image has no libc".into(),
+        )),
+        (RuntimeFlavour::Dynamic | RuntimeFlavour::Gpu, false) => Err(bad(format!(
+            "is statically linked, so it cannot open {} at run time (`{}` takes the dynamically linked flavour)",
+            if flavour == RuntimeFlavour::Gpu { "TensorRT and the NVIDIA driver" } else { "ONNX Runtime" },
+            flavour.names().0
+        ))),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// The GPU runtime of target `target` on TensorRT `tensorrt`: its TensorRT backend must be
+/// compiled in, against headers of the same major (the runtime names them in its binary,
+/// [`infer_spec::engine::TENSORRT_HEADERS_MARKER`]); otherwise every image would be refused at
+/// start, on the GPU node.
+pub fn check_gpu_runtime_headers(
+    path: &Path,
+    target: &str,
+    tensorrt: &crate::matrix::Version,
+) -> Result<(), Error> {
+    let bytes = fs::read(path).map_err(|source| Error::Input {
+        path: path.into(),
+        source,
+    })?;
+    let bad = |why: String| Error::BadRuntime {
+        path: path.into(),
+        why,
+        hint: format!(
+            "{}, with TENSORRT_ROOT at TensorRT {}.x headers",
+            RuntimeFlavour::Gpu.build_hint(),
+            tensorrt.major()
+        ),
+    };
+    match infer_spec::engine::tensorrt_headers_in(&bytes) {
+        None => Err(bad(format!(
+            "has no TensorRT backend (it does not name the TensorRT headers it was compiled against), \
+             so target {target} could not serve its engine"
+        ))),
+        Some(h) if h.major() != u64::from(tensorrt.major()) => Err(bad(format!(
+            "has its TensorRT backend compiled against TensorRT {h} headers, but target {target} uses \
+             TensorRT {tensorrt}: it would refuse that library at start (virtual-table layouts differ \
+             between majors)"
+        ))),
+        Some(_) => Ok(()),
+    }
 }
 
 struct Elf {
@@ -272,15 +333,69 @@ mod tests {
         } else {
             "arm64"
         };
-        assert!(check_runtime_binary(&exe, arch, false).is_ok());
-        let e = check_runtime_binary(&exe, arch, true).unwrap_err();
+        use RuntimeFlavour::{Dynamic, Gpu, Static};
+        assert!(check_runtime_binary(&exe, arch, Dynamic).is_ok());
+        assert!(check_runtime_binary(&exe, arch, Gpu).is_ok());
+        let e = check_runtime_binary(&exe, arch, Static).unwrap_err();
         assert!(e.to_string().contains("dynamically linked"), "{e}");
         assert!(e.to_string().contains("scripts/build-runtime.sh"));
         let other = if arch == "amd64" { "arm64" } else { "amd64" };
-        assert!(check_runtime_binary(&exe, other, false).is_err());
+        assert!(check_runtime_binary(&exe, other, Dynamic).is_err());
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("sh"), b"#!/bin/sh\n").unwrap();
-        assert!(check_runtime_binary(&d.path().join("sh"), arch, true).is_err());
+        assert!(check_runtime_binary(&d.path().join("sh"), arch, Static).is_err());
+        // A static binary (an ELF header without program headers, so no PT_INTERP) passes for
+        // scratch images and is refused where the runtime must open a library.
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[18..20].copy_from_slice(&(if arch == "amd64" { 62u16 } else { 183 }).to_le_bytes());
+        let st = d.path().join("static");
+        fs::write(&st, &elf).unwrap();
+        assert!(check_runtime_binary(&st, arch, Static).is_ok());
+        for (flavour, lib, flag) in [
+            (Gpu, "TensorRT", "--runtime-gpu"),
+            (Dynamic, "ONNX Runtime", "--runtime-dynamic"),
+        ] {
+            let e = check_runtime_binary(&st, arch, flavour)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("statically linked") && e.contains(lib) && e.contains(flag),
+                "{e}"
+            );
+            assert!(e.contains(flavour.build_hint()), "{e}");
+        }
+    }
+
+    #[test]
+    fn gpu_runtime_must_name_headers_of_the_targets_major() {
+        let d = tempfile::tempdir().unwrap();
+        let bin = d.path().join("infer-serve-gpu");
+        let v = |s: &str| -> crate::matrix::Version { s.parse().unwrap() };
+        fs::write(&bin, b"\x7fELF... no backend").unwrap();
+        let e = check_gpu_runtime_headers(&bin, "sm89-fp16", &v("10.16.1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("has no TensorRT backend") && e.contains("sm89-fp16"),
+            "{e}"
+        );
+        assert!(e.contains("TensorRT 10.x headers"), "{e}");
+        let marked = format!(
+            "\x7fELF...{}10.16.0;...",
+            infer_spec::engine::TENSORRT_HEADERS_MARKER
+        );
+        fs::write(&bin, marked).unwrap();
+        check_gpu_runtime_headers(&bin, "sm89-fp16", &v("10.1.0")).unwrap();
+        let e = check_gpu_runtime_headers(&bin, "sm89-fp16", &v("11.1.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TensorRT 10.16.0 headers")
+                && e.contains("TensorRT 11.1.0")
+                && e.contains("TensorRT 11.x headers"),
+            "{e}"
+        );
     }
 
     #[test]

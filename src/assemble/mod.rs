@@ -30,7 +30,10 @@ use crate::oci::store::{BlobStore, LayerRecord};
 use crate::oci::tar::Entry;
 use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREFIX, LAYER_RECIPE};
 
-pub use inputs::{check_runtime_binary, locate, locate_runtime, safe_input, RuntimeFlavour};
+pub use inputs::{
+    check_gpu_runtime_headers, check_runtime_binary, locate, locate_runtime, safe_input,
+    RuntimeFlavour,
+};
 
 /// Where things live inside every image.
 pub mod paths {
@@ -86,10 +89,14 @@ pub enum Error {
     NoRuntime { looked: String },
     #[error("no dynamically linked infer-serve found (looked at {looked}); images whose engine is ONNX Runtime need it\nhint: build one with `FLAVOUR=dynamic scripts/build-runtime.sh` and pass --runtime-dynamic FILE or set INFER_SERVE_DYNAMIC_BIN, or force the tract engine with `[engine] cpu = \"tract\"`")]
     NoDynamicRuntime { looked: String },
-    #[error("no infer-serve built with TensorRT found (looked at {looked}); GPU images with TensorRT's lean runtime need it\nhint: build one with `FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) and pass --runtime-gpu FILE or set INFER_SERVE_GPU_BIN")]
+    #[error("no infer-serve built with TensorRT found (looked at {looked}); GPU images need it (their engine is served by its TensorRT backend)\nhint: build one with `FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) and pass --runtime-gpu FILE or set INFER_SERVE_GPU_BIN")]
     NoGpuRuntime { looked: String },
-    #[error("runtime binary `{path}` {why}\nhint: `scripts/build-runtime.sh` builds a statically linked infer-serve for scratch images")]
-    BadRuntime { path: PathBuf, why: String },
+    #[error("runtime binary `{path}` {why}\nhint: {hint}")]
+    BadRuntime {
+        path: PathBuf,
+        why: String,
+        hint: String,
+    },
     #[error("no targets to build")]
     NoTargets,
     #[error("{what}")]

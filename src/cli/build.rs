@@ -46,8 +46,8 @@ pub struct BuildArgs {
     /// $INFER_SERVE_DYNAMIC_BIN, else `infer-serve-dynamic` next to infer-build).
     #[arg(long, value_name = "FILE")]
     pub runtime_dynamic: Option<PathBuf>,
-    /// The dynamically linked infer-serve built with TensorRT, for GPU images on TensorRT's
-    /// lean runtime (else $INFER_SERVE_GPU_BIN, else `infer-serve-gpu` next to infer-build).
+    /// The dynamically linked infer-serve built with TensorRT, for GPU images (else
+    /// $INFER_SERVE_GPU_BIN, else `infer-serve-gpu` next to infer-build).
     #[arg(long, value_name = "FILE")]
     pub runtime_gpu: Option<PathBuf>,
     /// OCI layout holding the base image of GPU targets (default: pull each target's base into
@@ -343,17 +343,28 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
                 base: Some(bases.get_pin(t, pin, &platform)?),
                 library: Some(lib.clone()),
             };
-            assemble::check_runtime_binary(&files.serve_bin, &platform.architecture, false)?;
+            assemble::check_runtime_binary(
+                &files.serve_bin,
+                &platform.architecture,
+                assemble::RuntimeFlavour::Dynamic,
+            )?;
             specs.push(assemble::spec::target_spec(&recipe, t, files)?);
             continue;
         }
         let lean = t.tensorrt.as_ref().and_then(|trt| trt.lean.as_ref());
-        let serve = runtime(if lean.is_some() {
+        // Every GPU image serves its engine through the TensorRT backend, which only the
+        // dynamically linked flavour has (a static binary cannot dlopen TensorRT and the driver),
+        // whether TensorRT comes from the image's base (full) or the lean library layer.
+        let flavour = if gpu {
             assemble::RuntimeFlavour::Gpu
         } else {
             assemble::RuntimeFlavour::Static
-        })?;
-        assemble::check_runtime_binary(&serve, &platform.architecture, !gpu)?;
+        };
+        let serve = runtime(flavour)?;
+        assemble::check_runtime_binary(&serve, &platform.architecture, flavour)?;
+        if let Some(trt) = &t.tensorrt {
+            assemble::check_gpu_runtime_headers(&serve, &t.id, &trt.version)?;
+        }
         let library = match lean {
             Some(pin) => {
                 if engine.is_none() {

@@ -281,6 +281,8 @@ fn an_onnxruntime_image_without_a_reachable_base_says_how_to_build_without_one()
         super::ort_image::matrix_with_glibc_base(f.path(), "registry.invalid/distroless/cc:12");
     let stand_in = f.path().join("infer-serve");
     super::image::tiny_static_elf(&stand_in);
+    let dynamic_stand_in = f.path().join("infer-serve-dynamic");
+    super::image::tiny_dynamic_elf(&dynamic_stand_in, None);
     let o = infer_build()
         .arg("build")
         .arg(&recipe)
@@ -291,7 +293,7 @@ fn an_onnxruntime_image_without_a_reachable_base_says_how_to_build_without_one()
         .arg("--runtime")
         .arg(&stand_in)
         .arg("--runtime-dynamic")
-        .arg(&stand_in)
+        .arg(&dynamic_stand_in)
         .env("INFER_BUILD_CACHE_DIR", &cache)
         .output()
         .unwrap();

@@ -1,9 +1,10 @@
-//! GPU images on TensorRT's lean runtime: a version-compatible engine (a stand-in plan written by
-//! a stand-in `trtexec`, since nothing here has a GPU), the glibc base, the lean library from the
+//! GPU images, lean and full, both with the dynamically linked runtime built with feature
+//! `tensorrt`. Lean: a version-compatible engine (a stand-in plan written by a stand-in
+//! `trtexec`, since nothing here has a GPU), the glibc base, and the lean library from the
 //! matrix's pinned `tensorrt-lean-cu1x-libs` wheel (downloaded once, verified, cached, pinned in
-//! the lock file) and the dynamically linked runtime built with feature `tensorrt`.
+//! the lock file). Full: an ordinary engine on a base that brings TensorRT.
 //!
-//! The docker test runs the image on this machine, which has no GPU and no NVIDIA container
+//! The docker tests run the images on this machine, which has no GPU and no NVIDIA container
 //! toolkit: the real runtime must exit 1 naming the missing GPU or driver, never die of a signal.
 
 use std::path::{Path, PathBuf};
@@ -457,4 +458,121 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
         "the lean library was found and named: {logs}"
     );
     let _ = Command::new("docker").args(["rmi", tag]).output();
+}
+
+/// A full GPU image (an ordinary engine, TensorRT from the base) carries the same runtime as a
+/// lean one, built with TensorRT: before, it carried the static CPU runtime, which has no
+/// TensorRT backend, so no full GPU image could ever serve. With Docker, on this GPU-less
+/// machine, it starts and exits 1 naming what is missing.
+#[test]
+fn docker_full_gpu_image_carries_the_tensorrt_runtime() {
+    let test = "docker_full_gpu_image_carries_the_tensorrt_runtime";
+    for tool in ["umoci", "apt-get", "dpkg-deb"] {
+        if !have_tool(tool, test) {
+            return;
+        }
+    }
+    let Some(serve) = gpu_runtime(test) else {
+        return;
+    };
+    let f = tempfile::tempdir().unwrap();
+    let dir = f.path().join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    project(&dir);
+    std::fs::write(
+        dir.join("recipe.toml"),
+        RECIPE.replace("version_compatible = true", "version_compatible = false"),
+    )
+    .unwrap();
+    let cache = f.path().join("cache");
+    let archive = f.path().join("gpu-full.tar");
+
+    // A static binary is refused where the runtime must open TensorRT.
+    let stub = f.path().join("static-serve");
+    super::image::tiny_static_elf(&stub);
+    let o = build_image(&dir, &cache, &stub, "bad", None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("statically linked") && stderr(&o).contains("FLAVOUR=gpu"),
+        "{}",
+        stderr(&o)
+    );
+
+    // So is a GPU runtime whose TensorRT backend has another major than the target's (10.16.1).
+    let other = f.path().join("serve-trt11");
+    super::image::tiny_dynamic_elf(&other, Some("11.1.0"));
+    let o = build_image(&dir, &cache, &other, "bad", None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("TensorRT 11.1.0 headers") && stderr(&o).contains("TensorRT 10.16.1"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = build_image(&dir, &cache, &serve, "out", Some(&archive));
+    assert!(o.status.success(), "build: {}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let digest = report["targets"][0]["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let layout = dir.join("out");
+    let man: Value = serde_json::from_slice(&blob(&layout, &digest)).unwrap();
+    let layers = man["layers"].as_array().unwrap();
+    let role = |l: &Value| {
+        l["annotations"]["dev.infer-build.layer"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let serve_layer = layers.iter().find(|l| role(l) == "infer-serve").unwrap();
+    let bins = layer_files(&layout, serve_layer);
+    assert_eq!(bins[0].0, "usr/local/bin/infer-serve");
+    assert_eq!(bins[0].1, std::fs::read(&serve).unwrap());
+    // No lean library: TensorRT is the base's.
+    for l in layers.iter().filter(|l| role(l) == "runtime-libs") {
+        assert!(layer_files(&layout, l).is_empty(), "{l}");
+    }
+    let config_layer = layers.iter().find(|l| role(l) == "config").unwrap();
+    let rt = layer_files(&layout, config_layer)
+        .into_iter()
+        .find(|(p, _)| p == "etc/infer/runtime.toml")
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .unwrap();
+    assert!(rt.contains("kind = \"tensorrt\""), "{rt}");
+    assert!(!rt.contains("library ="), "{rt}");
+
+    if !have_docker(test) {
+        return;
+    }
+    docker_load(&archive);
+    let tag = "localhost/infer-build/mlp-gpu:1.0.0-sm80-fp16";
+    let o = Command::new("docker")
+        .args(["run", "--rm", "--name"])
+        .arg(format!("infer-gpu-full-{}", std::process::id()))
+        .arg(tag)
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rmi", tag]).output();
+    let logs = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the image must exit 1 without a GPU (137/139 would be a signal): {logs}"
+    );
+    assert!(
+        !logs.contains("is not built into this infer-serve"),
+        "the image carries a runtime without TensorRT: {logs}"
+    );
+    let lower = logs.to_lowercase();
+    assert!(
+        lower.contains("gpu") || lower.contains("driver") || lower.contains("libnvinfer"),
+        "the error names the missing GPU, driver or TensorRT library: {logs}"
+    );
+    let headers = infer_spec::engine::tensorrt_headers_in(&std::fs::read(&serve).unwrap())
+        .expect("the GPU runtime names its TensorRT headers");
+    assert!(
+        logs.contains(&format!("compiled against TensorRT {headers} headers")),
+        "the error says which TensorRT the runtime was built for: {logs}"
+    );
 }

@@ -41,6 +41,52 @@ pub fn tiny_static_elf(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A stand-in for the dynamically linked runtime flavours (GPU images, ONNX Runtime images):
+/// like them it names a program interpreter (`PT_INTERP`), which `build` checks, and, for GPU
+/// images, the release of the TensorRT headers its backend would be compiled against
+/// (`infer_spec::engine::TENSORRT_HEADERS_MARKER`). It is never run.
+pub fn tiny_dynamic_elf(path: &Path, tensorrt_headers: Option<&str>) {
+    let interp = b"/lib64/ld-linux-x86-64.so.2\0";
+    let code: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]; // exit(0)
+    let base: u64 = 0x40_0000;
+    let headers = 64 + 2 * 56;
+    let total = (headers + interp.len() + code.len()) as u64;
+    let mut b = Vec::new();
+    b.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    b.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    b.extend_from_slice(&62u16.to_le_bytes()); // x86-64
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(base + (headers + interp.len()) as u64).to_le_bytes()); // entry
+    b.extend_from_slice(&64u64.to_le_bytes()); // phoff
+    b.extend_from_slice(&0u64.to_le_bytes()); // shoff
+    b.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 2, 0, 0, 0] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+    b.extend_from_slice(&4u32.to_le_bytes()); // R
+    let at = headers as u64;
+    let n = interp.len() as u64;
+    for v in [at, base + at, base + at, n, n, 1] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    b.extend_from_slice(&5u32.to_le_bytes()); // R+X
+    for v in [0, base, base, total, total, 0x1000] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(interp);
+    b.extend_from_slice(&code);
+    if let Some(h) = tensorrt_headers {
+        b.extend_from_slice(
+            format!("{}{h};", infer_spec::engine::TENSORRT_HEADERS_MARKER).as_bytes(),
+        );
+    }
+    std::fs::write(path, b).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// A fresh copy of the example recipe and model, and a stand-in runtime.
 pub(crate) struct Example {
     dir: tempfile::TempDir,

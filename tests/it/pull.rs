@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use super::image::tiny_static_elf;
+use super::image::{tiny_dynamic_elf, tiny_static_elf};
 use super::registry_support::Registry;
 use super::support::{first_gpu_target, have_tool, infer_build, root, stderr, stdout};
 
@@ -21,6 +21,7 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         tiny_static_elf(&dir.path().join("infer-serve"));
+        tiny_dynamic_elf(&dir.path().join("infer-serve-gpu"), Some("10.16.0"));
         Fixture { dir }
     }
 
@@ -64,6 +65,7 @@ impl Fixture {
 
     fn build_raw(&self, recipe: &Path, out: &str, extra: &[&str]) -> Output {
         let runtime = self.path("infer-serve");
+        let gpu_runtime = self.path("infer-serve-gpu");
         let out = self.path(out);
         let mut args = vec![
             "build",
@@ -72,6 +74,8 @@ impl Fixture {
             out.to_str().unwrap(),
             "--runtime",
             runtime.to_str().unwrap(),
+            "--runtime-gpu",
+            gpu_runtime.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
         self.run(&args)
@@ -177,12 +181,13 @@ fn matrix_with_base(f: &Fixture, recipe: &Path, base: &str, name: &str) -> PathB
 }
 
 /// The example with an L4 target on the full TensorRT runtime of its CUDA base (not
-/// version-compatible, so not lean): these tests are about pulling that base.
+/// version-compatible, so not lean): these tests are about pulling that base. TensorRT 10, the
+/// major of the stand-in GPU runtime's headers.
 fn gpu_recipe(f: &Fixture, name: &str, base: Option<&str>) -> PathBuf {
     f.recipe(name, |t| {
         let t = t.replace(
             "[targets]\ncpu = true",
-            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\nversion_compatible = false",
+            "[targets]\ncpu = true\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10\"\nversion_compatible = false",
         );
         match base {
             Some(b) => t.replace("[image]\n", &format!("[image]\nbase = \"{b}\"\n")),

@@ -982,6 +982,18 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
             .unwrap(),
     );
     let gpu = first_gpu_target(&plan);
+    // This test is about sizes: a stand-in GPU runtime naming headers of the target's major.
+    let trt = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == gpu.as_str())
+        .unwrap()["tensorrt"]["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let gpu_runtime = t.join("infer-serve-gpu");
+    super::image::tiny_dynamic_elf(&gpu_runtime, Some(&trt));
     let build = |out: &Path| {
         json_of(
             &infer_build()
@@ -990,8 +1002,8 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
                 .args(["--target", &gpu, "--base-tag", "curl-slim", "--json"])
                 .arg("--base-layout")
                 .arg(&slim_out)
-                .arg("--runtime")
-                .arg(super::support::serve_test_binary())
+                .arg("--runtime-gpu")
+                .arg(&gpu_runtime)
                 .arg("--out")
                 .arg(out)
                 .output()

@@ -777,6 +777,31 @@ pub enum MismatchReason {
     OnnxruntimeVersion { built: Version, found: Version },
 }
 
+/// How an `infer-serve` built with TensorRT names, inside its binary, the release of the
+/// TensorRT headers its backend was compiled against: this prefix, the release (`10.16.0`),
+/// then `;`. `infer-build build` reads it to refuse, before an image is written, a GPU runtime
+/// without the TensorRT backend or one whose TensorRT major differs from the target's (the
+/// runtime would refuse the library at start: virtual-table layouts differ between majors).
+pub const TENSORRT_HEADERS_MARKER: &str = "infer-serve/tensorrt-headers=";
+
+/// The TensorRT headers release named by [`TENSORRT_HEADERS_MARKER`] in `binary`, if any.
+pub fn tensorrt_headers_in(binary: &[u8]) -> Option<Version> {
+    let m = TENSORRT_HEADERS_MARKER.as_bytes();
+    let mut from = 0;
+    while let Some(at) = binary.get(from..)?.windows(m.len()).position(|w| w == m) {
+        let rest = &binary[from + at + m.len()..];
+        let end = rest.iter().take(32).position(|&b| b == b';');
+        if let Some(v) = end
+            .and_then(|e| std::str::from_utf8(&rest[..e]).ok())
+            .and_then(|t| t.parse().ok())
+        {
+            return Some(v);
+        }
+        from += at + 1;
+    }
+    None
+}
+
 /// Check that the engine described by `meta` can run on what the runtime `found`.
 ///
 /// Rules:
@@ -1087,6 +1112,24 @@ fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensorrt_headers_marker_is_found_in_a_binary() {
+        let mut bin = b"\x7fELF....".to_vec();
+        // A prefix without a release first, as a binary may hold the bare prefix too.
+        bin.extend_from_slice(TENSORRT_HEADERS_MARKER.as_bytes());
+        bin.extend_from_slice(b"\0\0");
+        bin.extend_from_slice(TENSORRT_HEADERS_MARKER.as_bytes());
+        bin.extend_from_slice(b"10.16.0;\0more");
+        assert_eq!(
+            tensorrt_headers_in(&bin).map(|v| v.to_string()),
+            Some("10.16.0".into())
+        );
+        assert_eq!(tensorrt_headers_in(b"\x7fELF no marker"), None);
+        let unterminated = format!("{TENSORRT_HEADERS_MARKER}10.16.0");
+        assert_eq!(tensorrt_headers_in(unterminated.as_bytes()), None);
+        assert_eq!(tensorrt_headers_in(b""), None);
+    }
 
     const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";

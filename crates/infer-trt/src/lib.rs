@@ -35,6 +35,25 @@ use infer_spec::engine::Version;
 /// True when the C++ shim was compiled in (feature `tensorrt` and `TENSORRT_ROOT` headers).
 pub const SHIM_COMPILED: bool = cfg!(infer_trt_shim);
 
+/// The marker `infer-build` looks for in a GPU runtime ([`infer_spec::engine::TENSORRT_HEADERS_MARKER`],
+/// the headers' release, `;`); empty without the shim.
+#[cfg(infer_trt_shim)]
+const HEADERS_MARK: &str = concat!(
+    "infer-serve/tensorrt-headers=",
+    env!("INFER_TRT_HEADERS"),
+    ";"
+);
+#[cfg(not(infer_trt_shim))]
+const HEADERS_MARK: &str = "";
+
+/// The release of the TensorRT headers the shim was compiled against (`10.16.0`); `None`
+/// without the shim. Read through the whole marker, which keeps the marker in the binary.
+pub fn headers_release() -> Option<&'static str> {
+    std::hint::black_box(HEADERS_MARK)
+        .strip_prefix(infer_spec::engine::TENSORRT_HEADERS_MARKER)?
+        .strip_suffix(';')
+}
+
 /// Errors of the TensorRT backend.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -341,6 +360,28 @@ pub use runtime::{header_version, probe_gpu, Tensors, TrtEngine, TrtLibrary, Trt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headers_marker_names_the_shims_headers() {
+        let release = headers_release();
+        assert_eq!(release.is_some(), SHIM_COMPILED, "{HEADERS_MARK:?}");
+        match release {
+            Some(r) => {
+                let v: Version = r.parse().unwrap();
+                assert_eq!(
+                    infer_spec::engine::tensorrt_headers_in(HEADERS_MARK.as_bytes()),
+                    Some(v.clone())
+                );
+                #[cfg(feature = "tensorrt")]
+                assert_eq!(
+                    v.major() as i32,
+                    version_major(header_version().unwrap()),
+                    "the marker and NV_TENSORRT_VERSION agree"
+                );
+            }
+            None => assert_eq!(HEADERS_MARK, ""),
+        }
+    }
 
     #[test]
     fn library_choice() {

@@ -65,7 +65,12 @@ fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<Engi
 /// or no driver or GPU is visible.
 pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
     let (name, _) = library_name(cfg, base)?;
-    let lib = TrtLibrary::open(&name).map_err(|e| format!("no TensorRT runtime library: {e}"))?;
+    let lib = TrtLibrary::open(&name).map_err(|e| {
+        format!(
+            "no TensorRT runtime library: {e} (this infer-serve's TensorRT backend is compiled against TensorRT {} headers)",
+            infer_trt::headers_release().unwrap_or("no")
+        )
+    })?;
     lib.check_headers().map_err(|e| e.to_string())?;
     let gpu = probe_gpu().map_err(|e| {
         format!(

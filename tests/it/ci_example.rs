@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
 use super::image::serve_checks;
+use super::ort_image::glibc_base_layout;
 use super::registry_support::Registry;
 use super::support::{
     docker_load, have_docker, have_tool, infer_build, python, root, stderr, stdout,
@@ -134,8 +135,21 @@ fn registry_ci_example_runs_as_written() {
         );
     std::fs::write(repo.join("recipes/mlp.toml"), recipe).unwrap();
 
+    // The tools job builds the GPU image runtime against TensorRT's headers (checked out from
+    // NVIDIA/TensorRT in the workflow; here the copy scripts/test.sh built it against).
+    let headers = std::env::var("TENSORRT_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("../shared/third_party/tensorrt-headers/10.16"));
+    if !headers.join("include/NvInferRuntime.h").is_file() {
+        eprintln!(
+            "skipping {test}: no TensorRT headers at {} (set TENSORRT_ROOT)",
+            headers.display()
+        );
+        return;
+    }
+
     // The GPU target's base lives in the loopback registry (NVIDIA's registries are not
-    // reachable here): the example's own CPU image, pushed by infer-build.
+    // reachable here): the glibc test base, so that the GPU image's runtime starts in Docker.
     let plan = plan_json(&repo.join("recipes/mlp.toml"), None);
     let base = format!("{}/bases/cuda:1.0.0", reg.addr);
     let matrix = matrix_with_base(&t("matrix"), &plan, &base);
@@ -154,7 +168,10 @@ fn registry_ci_example_runs_as_written() {
             .env("REGISTRY_AUTH_FILE", &auth)
             .env("DOCKER_CONFIG", t("docker"))
             .env("SOURCE_DATE_EPOCH", "1700000000")
+            // The jobs use the runtimes the tools job installed, never the test run's.
             .env_remove("INFER_SERVE_BIN")
+            .env_remove("INFER_SERVE_DYNAMIC_BIN")
+            .env_remove("INFER_SERVE_GPU_BIN")
             .env_remove("INFER_BUILD_REGISTRY_USER")
             .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
         // What `cargo test` sets for this test binary (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...)
@@ -167,32 +184,14 @@ fn registry_ci_example_runs_as_written() {
             }
         }
     };
-    // A stand-in runtime is enough: the base only has to be a real image in the registry.
-    super::image::tiny_static_elf(&t("stub-serve"));
-    let o = {
-        let mut c = infer_build();
-        with_env(&mut c);
-        c.arg("build")
-            .arg(root().join("examples/mlp/recipe.toml"))
-            .arg("--out")
-            .arg(t("base"))
-            .arg("--runtime")
-            .arg(t("stub-serve"))
-            .output()
-            .unwrap()
-    };
-    assert!(o.status.success(), "building the base: {}", stderr(&o));
-    let o = {
-        let mut c = infer_build();
-        with_env(&mut c);
-        c.arg("push")
-            .arg(t("base"))
-            .args(["--to", &format!("{}/bases/cuda", reg.addr), "--no-warmup"])
-            .env("INFER_BUILD_REGISTRY_USER", &tls.user)
-            .env("INFER_BUILD_REGISTRY_PASSWORD", &tls.password)
-            .output()
-            .unwrap()
-    };
+    let o = Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("--dest-cert-dir={}", tls.cert_dir.display()))
+        .arg(format!("--dest-creds={}:{}", tls.user, tls.password))
+        .arg(format!("oci:{}:1", glibc_base_layout().display()))
+        .arg(format!("docker://{base}"))
+        .output()
+        .unwrap();
     assert!(o.status.success(), "pushing the base: {}", stderr(&o));
 
     // Run the workflow.
@@ -210,6 +209,8 @@ fn registry_ci_example_runs_as_written() {
         .arg(&work)
         .arg("--gpu-tools")
         .arg(t("gpu-tools"))
+        .arg("--tensorrt-headers")
+        .arg(&headers)
         .args([
             "--set",
             "env.RECIPE=recipes/mlp.toml",
@@ -303,4 +304,55 @@ fn registry_ci_example_runs_as_written() {
     if let Err(e) = result {
         panic!("{e}\ncontainer log:\n{}{}", stdout(&logs), stderr(&logs));
     }
+
+    // The GPU tag carries the runtime built with TensorRT: on this machine without a GPU it
+    // starts and exits 1 naming what is missing (before, GPU images on a CUDA base carried the
+    // CPU runtime, which cannot serve a TensorRT engine at all).
+    let gpu_id = gpu["id"].as_str().unwrap();
+    let gpu_tag = build["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == gpu_id)
+        .unwrap()["tag"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let archive = t("gpu.tar");
+    let o = Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("--src-cert-dir={}", tls.cert_dir.display()))
+        .arg(format!("--src-creds={}:{}", tls.user, tls.password))
+        .arg(format!("docker://{}/models:{gpu_tag}", reg.addr))
+        .arg(format!(
+            "docker-archive:{}:ci-example/mlp:{gpu_tag}",
+            archive.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pulling the GPU tag: {}", stderr(&o));
+    docker_load(&archive);
+    let o = Command::new("docker")
+        .args(["run", "--rm"])
+        .arg(format!("ci-example/mlp:{gpu_tag}"))
+        .output()
+        .unwrap();
+    let _ = Command::new("docker")
+        .args(["rmi", &format!("ci-example/mlp:{gpu_tag}")])
+        .output();
+    let logs = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the GPU image must exit 1 without a GPU (137/139 would be a signal): {logs}"
+    );
+    assert!(
+        !logs.contains("is not built into this infer-serve"),
+        "the GPU image carries a runtime without TensorRT: {logs}"
+    );
+    let lower = logs.to_lowercase();
+    assert!(
+        lower.contains("gpu") || lower.contains("driver") || lower.contains("libnvinfer"),
+        "the error names the missing GPU, driver or TensorRT library: {logs}"
+    );
 }

@@ -5,7 +5,8 @@ Every `run:` step runs as written (bash -eo pipefail, in the job's workspace, wi
 GITHUB_PATH and GITHUB_ENV honoured); `${{ }}` expressions are evaluated by a small evaluator
 that knows the contexts the example uses and refuses anything else, so a new expression in the
 example fails here instead of on a user's runner. The `uses:` steps the example needs are
-emulated: checkout (the user's repository, or infer-build's own checkout), cache (always a
+emulated: checkout (the user's repository, infer-build's own checkout, or TensorRT's headers from
+`--tensorrt-headers`), cache (always a
 miss), upload-artifact and download-artifact (through a local folder, with the executable bits
 dropped as the real artifact store drops them). Jobs run in `needs` order; a matrix from an
 expression fans out into one run per entry. What cannot run here is said, not hidden: a job
@@ -13,7 +14,7 @@ container (the TensorRT builder image) runs on the host with the fake GPU tools 
 `--gpu-tools` first on PATH.
 
 usage: ci_workflow.py WORKFLOW --user-repo DIR --infer-build-repo DIR --work DIR
-                      [--gpu-tools DIR] [--set CONTEXT.NAME=VALUE ...]
+                      [--gpu-tools DIR] [--tensorrt-headers DIR] [--set CONTEXT.NAME=VALUE ...]
 Prints one JSON line per job run, and `ok` at the end.
 """
 
@@ -342,6 +343,14 @@ class Runner:
                 # The infer-build checkout of this test run stands for the pinned release.
                 os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
                 os.symlink(os.path.abspath(self.args.infer_build_repo), dest)
+            elif repo == "NVIDIA/TensorRT":
+                # TensorRT's headers: the copy the test names (--tensorrt-headers), which is the
+                # one scripts/test.sh built the GPU runtime against (build-runtime.sh resolves
+                # the link, so the install finds that build and compiles nothing again).
+                if not self.args.tensorrt_headers:
+                    raise WorkflowError(f"job {job}: checkout of {repo} needs --tensorrt-headers")
+                os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                os.symlink(os.path.abspath(self.args.tensorrt_headers), dest)
             else:
                 raise WorkflowError(f"job {job}: checkout of {repo} is not emulated")
             return {}
@@ -400,6 +409,7 @@ def main():
     ap.add_argument("--infer-build-repo", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--gpu-tools")
+    ap.add_argument("--tensorrt-headers")
     ap.add_argument("--set", action="append", default=[])
     args = ap.parse_args()
     with open(args.workflow) as f:

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 recipe="${1:-examples/mlp/recipe.toml}"
 
-scripts/install.sh --prefix target/install >/dev/null
+scripts/install.sh --prefix target/install --without-onnxruntime >/dev/null
 ib=target/install/bin/infer-build
 
 "$ib" check "$recipe"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install infer-build and the runtime its images carry, from this checkout, into PREFIX/bin:
 #
-#   scripts/install.sh [--prefix DIR] [--with-gpu]      (default DIR: $HOME/.local)
+#   scripts/install.sh [--prefix DIR] [--with-gpu] [--without-onnxruntime]   (default DIR: $HOME/.local)
 #
 # What `infer-build build` needs on a fresh machine is two binaries side by side: `infer-build`
 # itself and `infer-serve`, the runtime every image starts. The image runtime is not an
@@ -12,10 +12,12 @@
 # nothing else is needed: no INFER_SERVE_BIN, no --runtime. Images whose engine is ONNX Runtime
 # run on a glibc base with the dynamically linked flavour, installed beside it as
 # `infer-serve-dynamic` (FLAVOUR=dynamic scripts/build-runtime.sh). With --with-gpu, the runtime
-# of GPU images on TensorRT's lean runtime is built too (FLAVOUR=gpu scripts/build-runtime.sh:
+# of GPU images (full and lean) is built too (FLAVOUR=gpu scripts/build-runtime.sh:
 # feature `tensorrt`, its C++ shim compiled against TensorRT's headers, which TENSORRT_ROOT names,
 # the directory of a TensorRT tar package, with include/NvInferRuntime.h) and installed as
-# `infer-serve-gpu`.
+# `infer-serve-gpu`. --without-onnxruntime leaves out `infer-serve-dynamic`: enough for images
+# whose CPU engine is tract (`[engine] cpu = "tract"`, as in the example scripts/example.sh
+# builds) and GPU images, in about half the build time.
 #
 # Needs Rust (cargo) and a C compiler; nothing is downloaded but the crates Cargo.lock pins.
 # Idempotent: a second run with nothing changed rebuilds nothing and copies the same files.
@@ -32,13 +34,15 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 prefix=${PREFIX:-$HOME/.local}
 with_gpu=0
+with_ort=1
 while [[ $# -gt 0 ]]; do
     case $1 in
         --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
         --prefix=*) prefix=${1#--prefix=}; shift ;;
         --with-gpu) with_gpu=1; shift ;;
+        --without-onnxruntime) with_ort=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install: unknown argument '$1' (usage: scripts/install.sh [--prefix DIR] [--with-gpu])" >&2; exit 2 ;;
+        *) echo "install: unknown argument '$1' (usage: scripts/install.sh [--prefix DIR] [--with-gpu] [--without-onnxruntime])" >&2; exit 2 ;;
     esac
 done
 command -v cargo >/dev/null || { echo "install: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
@@ -46,10 +50,12 @@ command -v cargo >/dev/null || { echo "install: cargo not found: install Rust (h
 echo "==> building the image runtime (statically linked infer-serve)" >&2
 serve=$("$root/scripts/build-runtime.sh")
 
-echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
-serve_dynamic=$(FLAVOUR=dynamic "$root/scripts/build-runtime.sh")
-
 pairs=()
+if [[ $with_ort == 1 ]]; then
+    echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
+    serve_dynamic=$(FLAVOUR=dynamic "$root/scripts/build-runtime.sh")
+    pairs+=("$serve_dynamic:infer-serve-dynamic")
+fi
 if [[ $with_gpu == 1 ]]; then
     echo "==> building the GPU image runtime (TensorRT backend, headers at ${TENSORRT_ROOT:-TENSORRT_ROOT unset})" >&2
     serve_gpu=$(FLAVOUR=gpu CHECK=1 "$root/scripts/build-runtime.sh")
@@ -69,7 +75,7 @@ builder="${CARGO_TARGET_DIR:-$root/target}/$builder_dir/infer-build"
 bin="$prefix/bin"
 mkdir -p "$bin"
 # Copy under a temporary name and rename: a running infer-build in PREFIX is never half-written.
-for pair in "$builder:infer-build" "$serve:infer-serve" "$serve_dynamic:infer-serve-dynamic" ${pairs[@]+"${pairs[@]}"}; do
+for pair in "$builder:infer-build" "$serve:infer-serve" ${pairs[@]+"${pairs[@]}"}; do
     src=${pair%%:*} name=${pair##*:}
     install -m 0755 "$src" "$bin/.$name.tmp.$$"
     mv -f "$bin/.$name.tmp.$$" "$bin/$name"
@@ -80,4 +86,4 @@ case ":$PATH:" in
     *":$bin:"*) ;;
     *) echo "install: add $bin to PATH (e.g. export PATH=\"$bin:\$PATH\")" >&2 ;;
 esac
-(cd "$bin" && sha256sum infer-build infer-serve infer-serve-dynamic ${pairs[@]+"${pairs[@]##*:}"})
+(cd "$bin" && sha256sum infer-build infer-serve ${pairs[@]+"${pairs[@]##*:}"})

@@ -6,25 +6,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The runtimes the images carry are built with the profile images ship (fat LTO). The two
+# glibc-dynamic ones build in their own target directories, in the background, while the
+# static one, the builder and the lints below take the main one: their long single-threaded
+# link steps then leave the second core to the other chain.
+bg_dir=$(mktemp -d)
+trap 'rm -rf "$bg_dir"' EXIT
+(
+    set -e
+    # The glibc-dynamic runtime (tract and ONNX Runtime) that ONNX Runtime images carry.
+    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh >"$bg_dir/dynamic"
+    # The runtime of GPU images (feature `tensorrt`, its shim compiled against TensorRT's public
+    # headers): the GPU image tests assemble it, load it into Docker and start it.
+    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 \
+        TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" \
+        scripts/build-runtime.sh >"$bg_dir/gpu"
+) 2>"$bg_dir/log" &
+bg=$!
+
 # The statically linked runtime goes into the CPU images the end-to-end tests build and run.
 INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
 export INFER_SERVE_BIN
-# The glibc-dynamic runtime (tract and ONNX Runtime) that ONNX Runtime images carry.
-INFER_SERVE_DYNAMIC_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh)"
-export INFER_SERVE_DYNAMIC_BIN
-# The runtime of GPU images (feature `tensorrt`, its shim compiled against TensorRT's public
-# headers): the lean GPU image tests assemble it, load it into Docker and start it.
-INFER_SERVE_GPU_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 \
-    TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" scripts/build-runtime.sh)"
-export INFER_SERVE_GPU_BIN
-
-# infer-build and the runtime installed the way users install them (the CI example's tools job
-# and scripts/example.sh run the same script: its runtimes are the ones built above). The tests
-# run infer-build as `cargo test` builds it; the install (and the CI example's tools job, which
-# inherits this variable) uses that same dev-profile build instead of compiling the builder a
-# second time with the release profile.
-export INFER_BUILD_PROFILE=${INFER_BUILD_PROFILE:-dev}
-scripts/install.sh --prefix target/install >/dev/null
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
@@ -39,4 +41,24 @@ TENSORRT_ROOT="$PWD/../shared/third_party/tensorrt-headers/10.16" \
 cargo test --workspace --no-run
 INFER_SERVE_TEST_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/infer-serve"
 export INFER_SERVE_TEST_BIN
+
+if ! wait "$bg"; then
+    cat "$bg_dir/log" >&2
+    echo "test.sh: building the dynamic or GPU runtime failed (its log is above)" >&2
+    exit 1
+fi
+grep -h 'build-runtime:\|Finished' "$bg_dir/log" >&2 || true
+INFER_SERVE_DYNAMIC_BIN=$(tail -n1 "$bg_dir/dynamic")
+INFER_SERVE_GPU_BIN=$(tail -n1 "$bg_dir/gpu")
+export INFER_SERVE_DYNAMIC_BIN INFER_SERVE_GPU_BIN
+
+# infer-build and the runtimes installed the way users install them (the CI example's tools job
+# and scripts/example.sh run the same script: the runtimes are the ones built above). The
+# tests run infer-build as `cargo test` builds it; the install (and the CI example's tools
+# job, which inherits this variable) uses that same dev-profile build instead of compiling the
+# builder a second time with the release profile.
+export INFER_BUILD_PROFILE=${INFER_BUILD_PROFILE:-dev}
+TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" \
+    scripts/install.sh --prefix target/install --with-gpu >/dev/null
+
 cargo test --workspace

@@ -17,6 +17,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
+use super::gpu_image::run_refuses_without_a_gpu;
 use super::image::serve_checks;
 use super::ort_image::glibc_base_layout;
 use super::registry_support::Registry;
@@ -274,20 +275,24 @@ fn registry_ci_example_runs_as_written() {
         .unwrap()
         .next()
         .is_some());
-    let archive = t("cpu.tar");
-    let o = Command::new("skopeo")
-        .args(["copy", "--quiet"])
-        .arg(format!("--src-cert-dir={}", tls.cert_dir.display()))
-        .arg(format!("--src-creds={}:{}", tls.user, tls.password))
-        .arg(format!("docker://{}/models:{tag}", reg.addr))
-        .arg(format!(
-            "docker-archive:{}:ci-example/mlp:{tag}",
-            archive.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pulling the CPU tag: {}", stderr(&o));
-    docker_load(&archive);
+    // A pushed tag, pulled back with skopeo into Docker as `ci-example/mlp:TAG`.
+    let pull = |tag: &str| {
+        let archive = t(&format!("{tag}.tar"));
+        let o = Command::new("skopeo")
+            .args(["copy", "--quiet"])
+            .arg(format!("--src-cert-dir={}", tls.cert_dir.display()))
+            .arg(format!("--src-creds={}:{}", tls.user, tls.password))
+            .arg(format!("docker://{}/models:{tag}", reg.addr))
+            .arg(format!(
+                "docker-archive:{}:ci-example/mlp:{tag}",
+                archive.display()
+            ))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "pulling {tag}: {}", stderr(&o));
+        docker_load(&archive);
+    };
+    pull(tag);
     let o = Command::new("docker")
         .args(["run", "-d", "--rm", "-p", "127.0.0.1::8000"])
         .arg(format!("ci-example/mlp:{tag}"))
@@ -318,41 +323,6 @@ fn registry_ci_example_runs_as_written() {
         .as_str()
         .unwrap()
         .to_string();
-    let archive = t("gpu.tar");
-    let o = Command::new("skopeo")
-        .args(["copy", "--quiet"])
-        .arg(format!("--src-cert-dir={}", tls.cert_dir.display()))
-        .arg(format!("--src-creds={}:{}", tls.user, tls.password))
-        .arg(format!("docker://{}/models:{gpu_tag}", reg.addr))
-        .arg(format!(
-            "docker-archive:{}:ci-example/mlp:{gpu_tag}",
-            archive.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pulling the GPU tag: {}", stderr(&o));
-    docker_load(&archive);
-    let o = Command::new("docker")
-        .args(["run", "--rm"])
-        .arg(format!("ci-example/mlp:{gpu_tag}"))
-        .output()
-        .unwrap();
-    let _ = Command::new("docker")
-        .args(["rmi", &format!("ci-example/mlp:{gpu_tag}")])
-        .output();
-    let logs = format!("{}{}", stdout(&o), stderr(&o));
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "the GPU image must exit 1 without a GPU (137/139 would be a signal): {logs}"
-    );
-    assert!(
-        !logs.contains("is not built into this infer-serve"),
-        "the GPU image carries a runtime without TensorRT: {logs}"
-    );
-    let lower = logs.to_lowercase();
-    assert!(
-        lower.contains("gpu") || lower.contains("driver") || lower.contains("libnvinfer"),
-        "the error names the missing GPU, driver or TensorRT library: {logs}"
-    );
+    pull(&gpu_tag);
+    run_refuses_without_a_gpu(&format!("ci-example/mlp:{gpu_tag}"));
 }

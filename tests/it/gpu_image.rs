@@ -147,6 +147,53 @@ fn gpu_runtime(test: &str) -> Option<PathBuf> {
     ))
 }
 
+/// What the Docker GPU image tests need: the image tools and the GPU runtime (`None`, reason
+/// printed, when one is missing), and a project in a fresh temporary directory.
+fn gpu_test(test: &str) -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
+    for tool in ["umoci", "apt-get", "dpkg-deb"] {
+        if !have_tool(tool, test) {
+            return None;
+        }
+    }
+    let serve = gpu_runtime(test)?;
+    let f = tempfile::tempdir().unwrap();
+    let dir = f.path().join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    project(&dir);
+    Some((serve, f, dir))
+}
+
+/// `docker run` of a GPU image on this machine, which has no GPU: it must start and exit 1 (a
+/// signal would be 137 or 139), with an error that names the missing GPU, driver or TensorRT
+/// library, from a runtime that has the TensorRT backend. Returns the container's output.
+pub fn run_refuses_without_a_gpu(tag: &str) -> String {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let o = Command::new("docker")
+        .args(["run", "--rm", "--name"])
+        .arg(format!("infer-gpu-image-{}-{n}", std::process::id()))
+        .arg(tag)
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rmi", tag]).output();
+    let logs = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the image must exit 1 without a GPU (137/139 would be a signal): {logs}"
+    );
+    assert!(
+        !logs.contains("is not built into this infer-serve"),
+        "the image carries a runtime without TensorRT: {logs}"
+    );
+    let lower = logs.to_lowercase();
+    assert!(
+        lower.contains("gpu") || lower.contains("driver") || lower.contains("libnvinfer"),
+        "the error names the missing GPU, driver or TensorRT library: {logs}"
+    );
+    logs
+}
+
 /// Build the sm80-fp16 engine with the stand-in trtexec into `dir/cache`, then the image on the
 /// glibc test base with `serve` as the GPU runtime; returns the build's JSON report.
 fn build_image(
@@ -277,18 +324,9 @@ fn plan_lean_runtime_only_for_version_compatible_engines() {
 #[test]
 fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
     let test = "docker_lean_gpu_image_loads_and_refuses_without_a_gpu";
-    for tool in ["umoci", "apt-get", "dpkg-deb"] {
-        if !have_tool(tool, test) {
-            return;
-        }
-    }
-    let Some(serve) = gpu_runtime(test) else {
+    let Some((serve, f, dir)) = gpu_test(test) else {
         return;
     };
-    let f = tempfile::tempdir().unwrap();
-    let dir = f.path().join("project");
-    std::fs::create_dir_all(&dir).unwrap();
-    project(&dir);
     let cache = f.path().join("cache");
     seed_wheels(&cache, &lean_wheels());
     let archive = f.path().join("gpu.tar");
@@ -435,29 +473,11 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
         return;
     }
     docker_load(&archive);
-    let tag = "localhost/infer-build/mlp-gpu:1.0.0-sm80-fp16";
-    let o = Command::new("docker")
-        .args(["run", "--rm", "--name"])
-        .arg(format!("infer-gpu-image-{}", std::process::id()))
-        .arg(tag)
-        .output()
-        .unwrap();
-    let logs = format!("{}{}", stdout(&o), stderr(&o));
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "the image must exit 1 without a GPU (137/139 would be a signal): {logs}"
-    );
-    let lower = logs.to_lowercase();
-    assert!(
-        lower.contains("gpu") || lower.contains("driver") || lower.contains("libcuda"),
-        "the error names the missing GPU or driver: {logs}"
-    );
+    let logs = run_refuses_without_a_gpu("localhost/infer-build/mlp-gpu:1.0.0-sm80-fp16");
     assert!(
         logs.contains("libnvinfer_lean.so.10"),
         "the lean library was found and named: {logs}"
     );
-    let _ = Command::new("docker").args(["rmi", tag]).output();
 }
 
 /// A full GPU image (an ordinary engine, TensorRT from the base) carries the same runtime as a
@@ -467,21 +487,15 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
 #[test]
 fn docker_full_gpu_image_carries_the_tensorrt_runtime() {
     let test = "docker_full_gpu_image_carries_the_tensorrt_runtime";
-    for tool in ["umoci", "apt-get", "dpkg-deb"] {
-        if !have_tool(tool, test) {
-            return;
-        }
-    }
-    let Some(serve) = gpu_runtime(test) else {
+    let Some((serve, f, dir)) = gpu_test(test) else {
         return;
     };
-    let f = tempfile::tempdir().unwrap();
-    let dir = f.path().join("project");
-    std::fs::create_dir_all(&dir).unwrap();
-    project(&dir);
     std::fs::write(
         dir.join("recipe.toml"),
-        RECIPE.replace("version_compatible = true", "version_compatible = false"),
+        // Its own repository: the lean test's image, loaded into the same Docker, has the other.
+        RECIPE
+            .replace("version_compatible = true", "version_compatible = false")
+            .replace("/mlp-gpu\"", "/mlp-gpu-full\""),
     )
     .unwrap();
     let cache = f.path().join("cache");
@@ -546,29 +560,7 @@ fn docker_full_gpu_image_carries_the_tensorrt_runtime() {
         return;
     }
     docker_load(&archive);
-    let tag = "localhost/infer-build/mlp-gpu:1.0.0-sm80-fp16";
-    let o = Command::new("docker")
-        .args(["run", "--rm", "--name"])
-        .arg(format!("infer-gpu-full-{}", std::process::id()))
-        .arg(tag)
-        .output()
-        .unwrap();
-    let _ = Command::new("docker").args(["rmi", tag]).output();
-    let logs = format!("{}{}", stdout(&o), stderr(&o));
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "the image must exit 1 without a GPU (137/139 would be a signal): {logs}"
-    );
-    assert!(
-        !logs.contains("is not built into this infer-serve"),
-        "the image carries a runtime without TensorRT: {logs}"
-    );
-    let lower = logs.to_lowercase();
-    assert!(
-        lower.contains("gpu") || lower.contains("driver") || lower.contains("libnvinfer"),
-        "the error names the missing GPU, driver or TensorRT library: {logs}"
-    );
+    let logs = run_refuses_without_a_gpu("localhost/infer-build/mlp-gpu-full:1.0.0-sm80-fp16");
     let headers = infer_spec::engine::tensorrt_headers_in(&std::fs::read(&serve).unwrap())
         .expect("the GPU runtime names its TensorRT headers");
     assert!(

@@ -17,7 +17,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
-use super::gpu_image::run_refuses_without_a_gpu;
+use super::gpu_image::{run_refuses_without_a_gpu, tensorrt_headers};
 use super::image::serve_checks;
 use super::ort_image::glibc_base_layout;
 use super::registry_support::Registry;
@@ -138,16 +138,9 @@ fn registry_ci_example_runs_as_written() {
 
     // The tools job builds the GPU image runtime against TensorRT's headers (checked out from
     // NVIDIA/TensorRT in the workflow; here the copy scripts/test.sh built it against).
-    let headers = std::env::var("TENSORRT_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("../shared/third_party/tensorrt-headers/10.16"));
-    if !headers.join("include/NvInferRuntime.h").is_file() {
-        eprintln!(
-            "skipping {test}: no TensorRT headers at {} (set TENSORRT_ROOT)",
-            headers.display()
-        );
+    let Some(headers) = tensorrt_headers(test) else {
         return;
-    }
+    };
 
     // The GPU target's base lives in the loopback registry (NVIDIA's registries are not
     // reachable here): the glibc test base, so that the GPU image's runtime starts in Docker.

@@ -111,6 +111,22 @@ fn layer_files(layout: &Path, layer: &Value) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// The TensorRT headers the tests build the GPU runtime against: `$TENSORRT_ROOT`, else the
+/// 10.16 headers of `../shared/third_party` (`None`, reason printed, when they are not there).
+pub fn tensorrt_headers(test: &str) -> Option<PathBuf> {
+    let headers = std::env::var("TENSORRT_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("../shared/third_party/tensorrt-headers/10.16"));
+    if !headers.join("include/NvInferRuntime.h").is_file() {
+        eprintln!(
+            "skipping {test}: no TensorRT headers at {} (set TENSORRT_ROOT)",
+            headers.display()
+        );
+        return None;
+    }
+    Some(headers)
+}
+
 /// The runtime GPU images carry: `$INFER_SERVE_GPU_BIN`, else built with
 /// `FLAVOUR=gpu scripts/build-runtime.sh` against the 10.16 headers of `../shared/third_party`
 /// (`None`, reason printed, when neither is there).
@@ -120,16 +136,7 @@ fn gpu_runtime(test: &str) -> Option<PathBuf> {
             return Some(PathBuf::from(p));
         }
     }
-    let headers = std::env::var("TENSORRT_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("../shared/third_party/tensorrt-headers/10.16"));
-    if !headers.join("include/NvInferRuntime.h").is_file() {
-        eprintln!(
-            "skipping {test}: no INFER_SERVE_GPU_BIN and no TensorRT headers at {} (set TENSORRT_ROOT)",
-            headers.display()
-        );
-        return None;
-    }
+    let headers = tensorrt_headers(test)?;
     let o = Command::new(root().join("scripts/build-runtime.sh"))
         .current_dir(root())
         .env("FLAVOUR", "gpu")

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 # glibc-dynamic ones build in their own target directories, in the background, while the
 # static one, the builder and the lints below take the main one: their long single-threaded
 # link steps then leave the second core to the other chain.
+# TensorRT's public headers the GPU runtime and the TensorRT lint pass compile against.
+trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT
 (
@@ -18,8 +20,7 @@ trap 'rm -rf "$bg_dir"' EXIT
     PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh >"$bg_dir/dynamic"
     # The runtime of GPU images (feature `tensorrt`, its shim compiled against TensorRT's public
     # headers): the GPU image tests assemble it, load it into Docker and start it.
-    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 \
-        TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" \
+    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 TENSORRT_ROOT="$trt_headers" \
         scripts/build-runtime.sh >"$bg_dir/gpu"
 ) 2>"$bg_dir/log" &
 bg=$!
@@ -32,7 +33,7 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The runtime's optional backends in one pass: TensorRT, its C++ shim compiled against
 # TensorRT's public headers (no GPU needed), and ONNX Runtime.
-TENSORRT_ROOT="$PWD/../shared/third_party/tensorrt-headers/10.16" \
+TENSORRT_ROOT="$trt_headers" \
     cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt,infer-serve/onnxruntime \
     --all-targets -- -D warnings
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
@@ -58,7 +59,6 @@ export INFER_SERVE_DYNAMIC_BIN INFER_SERVE_GPU_BIN
 # job, which inherits this variable) uses that same dev-profile build instead of compiling the
 # builder a second time with the release profile.
 export INFER_BUILD_PROFILE=${INFER_BUILD_PROFILE:-dev}
-TENSORRT_ROOT="${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}" \
-    scripts/install.sh --prefix target/install --with-gpu >/dev/null
+TENSORRT_ROOT="$trt_headers" scripts/install.sh --prefix target/install --with-gpu >/dev/null
 
 cargo test --workspace

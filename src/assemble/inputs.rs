@@ -209,19 +209,26 @@ pub fn check_runtime_binary(path: &Path, arch: &str, flavour: RuntimeFlavour) ->
     }
 }
 
-/// The GPU runtime of target `target` on TensorRT `tensorrt`: its TensorRT backend must be
-/// compiled in, against headers of the same major (the runtime names them in its binary,
-/// [`infer_spec::engine::TENSORRT_HEADERS_MARKER`]); otherwise every image would be refused at
-/// start, on the GPU node.
-pub fn check_gpu_runtime_headers(
-    path: &Path,
-    target: &str,
-    tensorrt: &crate::matrix::Version,
-) -> Result<(), Error> {
+/// The release of the TensorRT headers the GPU runtime at `path` names in its binary
+/// ([`infer_spec::engine::TENSORRT_HEADERS_MARKER`]); `None` when it names none, as a runtime
+/// built without the TensorRT backend does.
+pub fn runtime_tensorrt_headers(path: &Path) -> Result<Option<infer_spec::engine::Version>, Error> {
     let bytes = fs::read(path).map_err(|source| Error::Input {
         path: path.into(),
         source,
     })?;
+    Ok(infer_spec::engine::tensorrt_headers_in(&bytes))
+}
+
+/// The GPU runtime at `path`, whose binary names `headers` ([`runtime_tensorrt_headers`]), for
+/// target `target` on TensorRT `tensorrt`: its TensorRT backend must be compiled in, against
+/// headers of the same major; otherwise every image would be refused at start, on the GPU node.
+pub fn check_gpu_runtime_headers(
+    path: &Path,
+    headers: Option<&infer_spec::engine::Version>,
+    target: &str,
+    tensorrt: &crate::matrix::Version,
+) -> Result<(), Error> {
     let bad = |why: String| Error::BadRuntime {
         path: path.into(),
         why,
@@ -231,7 +238,7 @@ pub fn check_gpu_runtime_headers(
             tensorrt.major()
         ),
     };
-    match infer_spec::engine::tensorrt_headers_in(&bytes) {
+    match headers {
         None => Err(bad(format!(
             "has no TensorRT backend (it does not name the TensorRT headers it was compiled against), \
              so target {target} could not serve its engine"
@@ -372,10 +379,12 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let bin = d.path().join("infer-serve-gpu");
         let v = |s: &str| -> crate::matrix::Version { s.parse().unwrap() };
+        let check = |tensorrt: &str| {
+            let headers = runtime_tensorrt_headers(&bin).unwrap();
+            check_gpu_runtime_headers(&bin, headers.as_ref(), "sm89-fp16", &v(tensorrt))
+        };
         fs::write(&bin, b"\x7fELF... no backend").unwrap();
-        let e = check_gpu_runtime_headers(&bin, "sm89-fp16", &v("10.16.1"))
-            .unwrap_err()
-            .to_string();
+        let e = check("10.16.1").unwrap_err().to_string();
         assert!(
             e.contains("has no TensorRT backend") && e.contains("sm89-fp16"),
             "{e}"
@@ -386,16 +395,15 @@ mod tests {
             infer_spec::engine::TENSORRT_HEADERS_MARKER
         );
         fs::write(&bin, marked).unwrap();
-        check_gpu_runtime_headers(&bin, "sm89-fp16", &v("10.1.0")).unwrap();
-        let e = check_gpu_runtime_headers(&bin, "sm89-fp16", &v("11.1.0"))
-            .unwrap_err()
-            .to_string();
+        check("10.1.0").unwrap();
+        let e = check("11.1.0").unwrap_err().to_string();
         assert!(
             e.contains("TensorRT 10.16.0 headers")
                 && e.contains("TensorRT 11.1.0")
                 && e.contains("TensorRT 11.x headers"),
             "{e}"
         );
+        assert!(runtime_tensorrt_headers(&d.path().join("missing")).is_err());
     }
 
     #[test]

@@ -31,8 +31,8 @@ use crate::oci::tar::Entry;
 use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREFIX, LAYER_RECIPE};
 
 pub use inputs::{
-    check_gpu_runtime_headers, check_runtime_binary, locate, locate_runtime, safe_input,
-    RuntimeFlavour,
+    check_gpu_runtime_headers, check_runtime_binary, locate, locate_runtime,
+    runtime_tensorrt_headers, safe_input, RuntimeFlavour,
 };
 
 /// Where things live inside every image.

@@ -304,6 +304,8 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
 
     let mut bases = Bases::new(args, lock_path.clone());
     let mut specs = Vec::new();
+    // The GPU runtime and the TensorRT headers it names.
+    let mut gpu_headers: Option<(PathBuf, Option<infer_spec::engine::Version>)> = None;
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
@@ -363,7 +365,12 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
         let serve = runtime(flavour)?;
         assemble::check_runtime_binary(&serve, &platform.architecture, flavour)?;
         if let Some(trt) = &t.tensorrt {
-            assemble::check_gpu_runtime_headers(&serve, &t.id, &trt.version)?;
+            // Read once per runtime binary, not once per GPU target.
+            if gpu_headers.as_ref().is_none_or(|(p, _)| *p != serve) {
+                gpu_headers = Some((serve.clone(), assemble::runtime_tensorrt_headers(&serve)?));
+            }
+            let headers = gpu_headers.as_ref().and_then(|(_, h)| h.as_ref());
+            assemble::check_gpu_runtime_headers(&serve, headers, &t.id, &trt.version)?;
         }
         let library = match lean {
             Some(pin) => {

@@ -15,30 +15,7 @@ use super::support::{
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
 /// not serve (the Docker serving test uses the real one).
 pub fn tiny_static_elf(path: &Path) {
-    let code: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]; // exit(0)
-    let base: u64 = 0x40_0000;
-    let total = 64 + 56 + code.len() as u64;
-    let mut b = Vec::new();
-    b.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
-    b.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    b.extend_from_slice(&62u16.to_le_bytes()); // x86-64
-    b.extend_from_slice(&1u32.to_le_bytes());
-    b.extend_from_slice(&(base + 120).to_le_bytes()); // entry
-    b.extend_from_slice(&64u64.to_le_bytes()); // phoff
-    b.extend_from_slice(&0u64.to_le_bytes()); // shoff
-    b.extend_from_slice(&0u32.to_le_bytes());
-    for v in [64u16, 56, 1, 0, 0, 0] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    b.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    for v in [0, base, base, total, total, 0x1000] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.extend_from_slice(&code);
-    std::fs::write(path, b).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    tiny_elf(path, None, b"");
 }
 
 /// A stand-in for the dynamically linked runtime flavours (GPU images, ONNX Runtime images):
@@ -46,29 +23,45 @@ pub fn tiny_static_elf(path: &Path) {
 /// images, the release of the TensorRT headers its backend would be compiled against
 /// (`infer_spec::engine::TENSORRT_HEADERS_MARKER`). It is never run.
 pub fn tiny_dynamic_elf(path: &Path, tensorrt_headers: Option<&str>) {
-    let interp = b"/lib64/ld-linux-x86-64.so.2\0";
+    let marker = tensorrt_headers
+        .map(|h| format!("{}{h};", infer_spec::engine::TENSORRT_HEADERS_MARKER))
+        .unwrap_or_default();
+    tiny_elf(
+        path,
+        Some(b"/lib64/ld-linux-x86-64.so.2\0"),
+        marker.as_bytes(),
+    );
+}
+
+/// An x86-64 executable of one loaded segment whose code exits 0: the ELF header, a
+/// `PT_INTERP` program header when `interp` is given, a `PT_LOAD` one, the interpreter's path,
+/// the code, then `trailer`.
+fn tiny_elf(path: &Path, interp: Option<&[u8]>, trailer: &[u8]) {
     let code: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]; // exit(0)
     let base: u64 = 0x40_0000;
-    let headers = 64 + 2 * 56;
-    let total = (headers + interp.len() + code.len()) as u64;
+    let interp = interp.unwrap_or_default();
+    let phnum: u16 = if interp.is_empty() { 1 } else { 2 };
+    let headers = 64 + 56 * u64::from(phnum);
+    let n = interp.len() as u64;
+    let total = headers + n + code.len() as u64;
     let mut b = Vec::new();
     b.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
     b.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
     b.extend_from_slice(&62u16.to_le_bytes()); // x86-64
     b.extend_from_slice(&1u32.to_le_bytes());
-    b.extend_from_slice(&(base + (headers + interp.len()) as u64).to_le_bytes()); // entry
+    b.extend_from_slice(&(base + headers + n).to_le_bytes()); // entry
     b.extend_from_slice(&64u64.to_le_bytes()); // phoff
     b.extend_from_slice(&0u64.to_le_bytes()); // shoff
     b.extend_from_slice(&0u32.to_le_bytes());
-    for v in [64u16, 56, 2, 0, 0, 0] {
+    for v in [64u16, 56, phnum, 0, 0, 0] {
         b.extend_from_slice(&v.to_le_bytes());
     }
-    b.extend_from_slice(&3u32.to_le_bytes()); // PT_INTERP
-    b.extend_from_slice(&4u32.to_le_bytes()); // R
-    let at = headers as u64;
-    let n = interp.len() as u64;
-    for v in [at, base + at, base + at, n, n, 1] {
-        b.extend_from_slice(&v.to_le_bytes());
+    if !interp.is_empty() {
+        b.extend_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+        b.extend_from_slice(&4u32.to_le_bytes()); // R
+        for v in [headers, base + headers, base + headers, n, n, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
     }
     b.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
     b.extend_from_slice(&5u32.to_le_bytes()); // R+X
@@ -77,11 +70,7 @@ pub fn tiny_dynamic_elf(path: &Path, tensorrt_headers: Option<&str>) {
     }
     b.extend_from_slice(interp);
     b.extend_from_slice(&code);
-    if let Some(h) = tensorrt_headers {
-        b.extend_from_slice(
-            format!("{}{h};", infer_spec::engine::TENSORRT_HEADERS_MARKER).as_bytes(),
-        );
-    }
+    b.extend_from_slice(trailer);
     std::fs::write(path, b).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();

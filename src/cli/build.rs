@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::assemble::{self, BuildOptions, BuildReport, Policy, Progress};
-use crate::engine::onnxruntime::OrtCandidate;
+use crate::engine::onnxruntime::{Folding, OrtCandidate};
 use crate::error::Error;
 use crate::oci::image::Platform;
 use crate::oci::{cjson, layout, store::BlobStore, Compression};
@@ -315,6 +315,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             &recipe,
             t,
             ort.as_ref().map(|(c, _)| c.clone()),
+            folding(&matrix, &lock_path, args.update_lock, t),
         )?;
         let ort_engine = engine
             .as_ref()
@@ -323,6 +324,9 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
             if let Some(line) = &e.selection {
                 eprintln!("target {}: {line}", t.id);
             }
+        }
+        if let Some(line) = engine.as_ref().and_then(|e| e.folded.as_ref()) {
+            eprintln!("target {}: {line}", t.id);
         }
         let (engine, engine_profile) = match engine {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
@@ -470,6 +474,38 @@ pub(crate) fn ort_candidate(
         },
         files,
     )))
+}
+
+/// ONNX Runtime for the constant folding of a CPU target under `engine.cpu = "tract"` (see
+/// [`Folding`]): the matrix's library for the target's platform, its version part of the engine
+/// key; checked against the lock file, fetched into the library cache and pinned in the lock
+/// file only when tract cannot load the model as it is. `None` for other targets and policies,
+/// and where the matrix has no ONNX Runtime for the platform.
+pub(crate) fn folding(
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    update_lock: bool,
+    t: &TargetPlan,
+) -> Option<Folding> {
+    t.cpu
+        .as_ref()
+        .filter(|c| t.kind == TargetKind::Cpu && c.engine == CpuEngine::Tract)?;
+    let row = matrix.library("onnxruntime", t.platform, None)?.clone();
+    let version = row.version.to_string().parse().ok()?;
+    let (t, lock_path) = (t.clone(), lock_path.to_path_buf());
+    Some(Folding::new(version, move || {
+        let lock = crate::plan::lock::read(&lock_path).map_err(|e| e.to_string())?;
+        crate::native::check_lock(
+            &row,
+            None,
+            lock.as_ref().map(|l| (lock_path.as_path(), l)),
+            update_lock,
+        )
+        .map_err(|e| e.to_string())?;
+        ensure_library(&t, &row, &lock_path, true)
+            .map(|(load, _)| load)
+            .map_err(|e| e.to_string())
+    }))
 }
 
 /// TensorRT's lean runtime of a version-compatible target (`pin`, from the plan), from its
@@ -673,9 +709,11 @@ fn cached_engine(
     recipe: &crate::recipe::Recipe,
     t: &TargetPlan,
     ort: Option<OrtCandidate>,
+    folding: Option<Folding>,
 ) -> Result<Option<CachedEngine>, Error> {
     let mut spec = crate::engine::adapt::spec(recipe, t)?;
     spec.onnxruntime = ort;
+    spec.folding = folding;
     let found = match dir.map(|dir| (dir, crate::engine::lookup(&spec, dir))) {
         Some((_, Ok(a))) => a,
         Some((dir, Err(crate::engine::Error::NotFound { reason, .. })))
@@ -720,7 +758,16 @@ fn cached_engine(
         profile: found.profile.to_canonical_json(),
         kind: found.meta.kind,
         selection: found.profile.selection.as_ref().map(selection_line),
+        folded: folded_line(&found.meta),
     }))
+}
+
+/// For a tract engine built from ONNX Runtime's constant-folded model, that fact in words.
+pub(crate) fn folded_line(meta: &infer_spec::engine::EngineMeta) -> Option<String> {
+    let v = meta.cpu.as_ref()?.folded_by.as_ref()?;
+    Some(format!(
+        "tract loads the model only after ONNX Runtime {v}'s constant folding; the engine is the folded model"
+    ))
 }
 
 /// The CPU engine of `spec`, built into (or found in) the default engine cache.
@@ -784,4 +831,6 @@ struct CachedEngine {
     kind: infer_spec::engine::EngineKind,
     /// The CPU engine choice, in words.
     selection: Option<String>,
+    /// How the model was folded for tract, in words.
+    folded: Option<String>,
 }

@@ -62,6 +62,13 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
         &recipe,
     )?
     .map(|(candidate, _)| candidate);
+    // Under `engine.cpu = "tract"`: the ONNX Runtime that may fold the model for tract.
+    spec.folding = crate::cli::build::folding(
+        &matrix,
+        &crate::plan::lock::path_for(&recipe.file),
+        false,
+        target,
+    );
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
     let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;
@@ -133,6 +140,9 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
         }
         if let Some(s) = &art.profile.selection {
             eprintln!("  {}", crate::cli::build::selection_line(s));
+        }
+        if let Some(line) = crate::cli::build::folded_line(&art.meta) {
+            eprintln!("  {line}");
         }
     }
     Ok(())

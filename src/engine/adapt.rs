@@ -167,5 +167,6 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
         backend,
         // Filled by the caller that has the library (see `crate::cli::build`).
         onnxruntime: None,
+        folding: None,
     })
 }

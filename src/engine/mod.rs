@@ -249,11 +249,18 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
     let backend = match &spec.backend {
         Backend::Cpu => BackendKey::Tract {
             tract: tract::TRACT_VERSION.into(),
-            cpu_engine: spec
-                .onnxruntime
-                .as_ref()
-                .map(|c| if c.forced { "onnxruntime" } else { "auto" }.to_string()),
-            onnxruntime: spec.onnxruntime.as_ref().map(|c| c.version.to_string()),
+            // ONNX Runtime's version when it is a candidate, or (under `tract`) may fold the
+            // model: either way it can change the engine.
+            cpu_engine: match (&spec.onnxruntime, &spec.folding) {
+                (Some(c), _) => Some(if c.forced { "onnxruntime" } else { "auto" }.to_string()),
+                (None, Some(_)) => Some("tract".to_string()),
+                (None, None) => None,
+            },
+            onnxruntime: match (&spec.onnxruntime, &spec.folding) {
+                (Some(c), _) => Some(c.version.to_string()),
+                (None, Some(f)) => Some(f.version.to_string()),
+                (None, None) => None,
+            },
         },
         Backend::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
@@ -393,6 +400,7 @@ pub fn build_prepared(
                         .parse()
                         .map_err(|_| Error::Internal("tract version literal"))?,
                     onnxruntime: chosen.onnxruntime.clone(),
+                    folded_by: chosen.folded_by.clone(),
                     // tract picks its kernels at run time from the CPU it finds (with portable
                     // fallbacks), so the stored model requires nothing beyond the architecture;
                     // so does ONNX Runtime's CPU provider.
@@ -677,6 +685,13 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
             diff("tract", tract::TRACT_VERSION.into(), c.tract.to_string());
             if let (Some(o), Some(v)) = (&spec.onnxruntime, &c.onnxruntime) {
                 diff("ONNX Runtime", o.version.to_string(), v.to_string());
+            }
+            if let (Some(f), Some(v)) = (&spec.folding, &c.folded_by) {
+                diff(
+                    "ONNX Runtime (folding)",
+                    f.version.to_string(),
+                    v.to_string(),
+                );
             }
         }
         (Backend::Tensorrt(t), Some(g), None) => {

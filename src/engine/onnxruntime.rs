@@ -5,8 +5,13 @@
 //!
 //! The session is made as infer-serve's ONNX Runtime backend makes it: all graph optimisations,
 //! `threads` intra-op threads, one inter-op thread.
+//!
+//! [`fold`] is the constant-folding pass tract is retried on: ONNX Runtime's basic graph
+//! optimisation (constant folding and the rewrites that keep the graph portable ONNX), written
+//! back out as ONNX.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use infer_spec::engine::{BatchTiming, Version};
@@ -33,6 +38,64 @@ pub struct OrtCandidate {
     pub forced: bool,
 }
 
+/// ONNX Runtime for constant folding only (`engine.cpu = "tract"`): its version (part of the
+/// engine key) and how to get its library, called only when tract cannot load a model as it
+/// is, so a recipe whose model tract loads never fetches it.
+#[derive(Clone)]
+pub struct Folding {
+    pub version: Version,
+    fetch: Arc<dyn Fn() -> Result<PathBuf, String> + Send + Sync>,
+}
+
+impl Folding {
+    pub fn new(
+        version: Version,
+        fetch: impl Fn() -> Result<PathBuf, String> + Send + Sync + 'static,
+    ) -> Folding {
+        Folding {
+            version,
+            fetch: Arc::new(fetch),
+        }
+    }
+
+    /// The library, fetched into the library cache if needed.
+    pub fn library(&self) -> Result<PathBuf, String> {
+        (self.fetch)()
+    }
+}
+
+impl std::fmt::Debug for Folding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Folding(onnxruntime {})", self.version)
+    }
+}
+
+impl PartialEq for Folding {
+    fn eq(&self, other: &Folding) -> bool {
+        self.version == other.version
+    }
+}
+
+/// `bytes` after ONNX Runtime's basic graph optimisation (level 1: constant folding, shape
+/// computations of known dimensions, redundant-node elimination; no fused or
+/// hardware-specific operators), as ONNX. The same library and model give the same bytes.
+pub fn fold(library: &Path, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let env = environment_at(library)?;
+    let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+    let out = dir.path().join("folded.onnx");
+    Session::builder(&env)
+        .map_err(|e| e.to_string())?
+        .with_optimization_level(GraphOptimizationLevel::Level1)
+        .map_err(|e| e.to_string())?
+        .with_intra_threads(1)
+        .map_err(|e| e.to_string())?
+        .with_optimized_model_path(&out)
+        .map_err(|e| e.to_string())?
+        .commit_from_memory(bytes)
+        .map_err(|e| e.to_string())?;
+    std::fs::read(&out).map_err(|e| format!("reading the folded model: {e}"))
+}
+
 /// An output as its shape and its elements widened to f64 (row-major), for the comparison.
 pub type Output = (Vec<usize>, Vec<f64>);
 
@@ -45,19 +108,37 @@ pub struct OrtMeasured {
     pub outputs: Option<Vec<Output>>,
 }
 
-fn environment(c: &OrtCandidate) -> Result<ort::environment::Environment, String> {
-    if !c.library.is_file() {
+/// The process's ONNX Runtime environment, from `library`. ONNX Runtime allows one environment
+/// per process, so the first call creates it and later calls share it; a later call for another
+/// library is refused.
+fn environment_at(library: &Path) -> Result<ort::environment::Environment, String> {
+    static ENV: std::sync::Mutex<Option<(PathBuf, ort::environment::Environment)>> =
+        std::sync::Mutex::new(None);
+    let mut env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((loaded, e)) = env.as_ref() {
+        if loaded == library {
+            return Ok(e.clone());
+        }
         return Err(format!(
-            "the ONNX Runtime library {} is missing",
-            c.library.display()
+            "ONNX Runtime is already loaded from {} in this process; {} cannot be loaded too",
+            loaded.display(),
+            library.display()
         ));
     }
-    ort::init_from(&c.library)
-        .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", c.library.display()))?
+    if !library.is_file() {
+        return Err(format!(
+            "the ONNX Runtime library {} is missing",
+            library.display()
+        ));
+    }
+    let made = ort::init_from(library)
+        .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?
         .with_name("infer-build")
         .with_telemetry(false)
         .build()
-        .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))
+        .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+    *env = Some((library.to_path_buf(), made.clone()));
+    Ok(made)
 }
 
 fn session(
@@ -174,7 +255,7 @@ pub fn measure(
     bytes: &[u8],
     reference: Option<&TVec<TValue>>,
 ) -> Result<OrtMeasured, String> {
-    let env = environment(c)?;
+    let env = environment_at(&c.library)?;
     let mut ms = Vec::with_capacity(STARTUP_RUNS);
     let mut s = None;
     for _ in 0..STARTUP_RUNS {

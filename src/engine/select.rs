@@ -12,6 +12,13 @@
 //!   with both reasons.
 //!
 //! Everything measured goes into the profile's `selection`.
+//!
+//! When tract cannot load the model as it is and ONNX Runtime is at hand (the candidate's
+//! library, or under `tract` the [`Folding`](super::onnxruntime::Folding) library, fetched only
+//! then), tract is retried on ONNX Runtime's constant-folded graph ([`onnxruntime::fold`]):
+//! many exports compute shapes at run time that tract cannot translate but that fold to
+//! constants. A tract engine built that way ships the folded model and records the ONNX
+//! Runtime version that folded it (`CpuMeta::folded_by`).
 
 use infer_spec::engine::{
     Agreement, BatchTiming, CandidateMeasurement, EngineFormat, EngineKind, EngineSelection,
@@ -44,6 +51,8 @@ pub struct Chosen {
     pub measured_on: String,
     pub source: &'static str,
     pub selection: Option<EngineSelection>,
+    /// The ONNX Runtime version whose constant folding tract's engine was built from.
+    pub folded_by: Option<Version>,
 }
 
 fn threads_text() -> usize {
@@ -52,7 +61,37 @@ fn threads_text() -> usize {
         .unwrap_or(1)
 }
 
-fn tract_chosen(built: tract::CpuEngine, selection: Option<EngineSelection>) -> Chosen {
+/// tract's engine of `bytes`, retried on ONNX Runtime's constant-folded graph when tract cannot
+/// load the model as it is and ONNX Runtime is at hand; with the version that folded it.
+fn tract_build(
+    spec: &EngineSpec,
+    bytes: &[u8],
+) -> Result<(tract::CpuEngine, Option<Version>), String> {
+    let first = match tract::build(spec, bytes) {
+        Ok(b) => return Ok((b, None)),
+        Err(e) => format!("{e:#}"),
+    };
+    let (library, version) = match (&spec.onnxruntime, &spec.folding) {
+        (Some(c), _) => (Ok(c.library.clone()), &c.version),
+        (None, Some(f)) => (f.library(), &f.version),
+        (None, None) => return Err(first),
+    };
+    let folded = library
+        .and_then(|l| onnxruntime::fold(&l, bytes))
+        .map_err(|e| {
+            format!("{first} (ONNX Runtime {version} could not fold the model for a retry: {e})")
+        })?;
+    tract::build(spec, &folded)
+        .map(|b| (b, Some(version.clone())))
+        .map_err(|e| {
+            format!("{first} (and after ONNX Runtime {version}'s constant folding: {e:#})")
+        })
+}
+
+fn tract_chosen(
+    (built, folded_by): (tract::CpuEngine, Option<Version>),
+    selection: Option<EngineSelection>,
+) -> Chosen {
     Chosen {
         kind: EngineKind::Tract,
         format: built.format,
@@ -61,12 +100,17 @@ fn tract_chosen(built: tract::CpuEngine, selection: Option<EngineSelection>) -> 
         batches: built.batches,
         onnxruntime: None,
         measured_on: format!(
-            "{} cpu, tract single-threaded, {} cores visible",
+            "{} cpu, tract single-threaded, {} cores visible{}",
             std::env::consts::ARCH,
-            threads_text()
+            threads_text(),
+            match &folded_by {
+                Some(v) => format!(", the model as ONNX Runtime {v} folded it"),
+                None => String::new(),
+            }
         ),
         source: "tract",
         selection,
+        folded_by,
     }
 }
 
@@ -156,15 +200,16 @@ fn ort_chosen(
         ),
         source: "onnxruntime",
         selection: Some(selection),
+        folded_by: None,
     }
 }
 
 /// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
 pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
     let Some(c) = &spec.onnxruntime else {
-        let built = tract::build(spec, bytes).map_err(|e| Error::Tract {
+        let built = tract_build(spec, bytes).map_err(|reason| Error::Tract {
             target: spec.target.clone(),
-            reason: format!("{e:#}"),
+            reason,
         })?;
         return Ok(tract_chosen(built, None));
     };
@@ -193,11 +238,11 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
         return Ok(ort_chosen(c, bytes, m, selection));
     }
 
-    let tract_built = tract::build(spec, bytes).map_err(|e| format!("{e:#}"));
-    let reference = tract_built.as_ref().ok().map(|b| &b.reference.0);
+    let tract_built = tract_build(spec, bytes);
+    let reference = tract_built.as_ref().ok().map(|(b, _)| &b.reference.0);
     let ort = onnxruntime::measure(spec, c, bytes, reference);
     let tract_candidate = match &tract_built {
-        Ok(b) => CandidateMeasurement {
+        Ok((b, _)) => CandidateMeasurement {
             kind: EngineKind::Tract,
             version: tract::TRACT_VERSION.into(),
             threads: 1,
@@ -233,7 +278,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
             };
             Ok(ort_chosen(c, bytes, m, selection))
         }
-        (Ok(b), Err(o)) => {
+        (Ok(built), Err(o)) => {
             let selection = EngineSelection {
                 policy: "auto".into(),
                 chosen: EngineKind::Tract,
@@ -241,9 +286,10 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 candidates: vec![tract_candidate, ort_candidate(None, Some(o))],
                 agreement: None,
             };
-            Ok(tract_chosen(b, Some(selection)))
+            Ok(tract_chosen(built, Some(selection)))
         }
-        (Ok(b), Ok(m)) => {
+        (Ok(built), Ok(m)) => {
+            let b = &built.0;
             let agree = agreement(
                 &b.reference.1,
                 m.outputs.as_deref().unwrap_or(&[]),
@@ -267,16 +313,23 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 o_sum / t_sum.max(f64::MIN_POSITIVE),
             );
             let ort_wins = ort_ships(t_sum, o_sum, agree.agreed);
-            let reason = if !agree.agreed {
-                format!(
+            let folded = match &built.1 {
+                Some(v) => {
+                    format!("tract loads the model after ONNX Runtime {v}'s constant folding; ")
+                }
+                None => String::new(),
+            };
+            let reason = folded
+                + &if !agree.agreed {
+                    format!(
                     "the outputs differ beyond the tolerance (max |a-b| {:.3e}, atol {ATOL:e}, rtol {RTOL:e}); tract is kept; {compared}",
                     agree.max_abs
                 )
-            } else if ort_wins {
-                format!("ONNX Runtime is faster; {compared}")
-            } else {
-                format!("ONNX Runtime is not enough faster; {compared}")
-            };
+                } else if ort_wins {
+                    format!("ONNX Runtime is faster; {compared}")
+                } else {
+                    format!("ONNX Runtime is not enough faster; {compared}")
+                };
             let candidates = vec![tract_candidate, ort_candidate(Some(&m), None)];
             let selection = EngineSelection {
                 policy: "auto".into(),
@@ -292,7 +345,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
             if ort_wins {
                 Ok(ort_chosen(c, bytes, m, selection))
             } else {
-                Ok(tract_chosen(b, Some(selection)))
+                Ok(tract_chosen(built, Some(selection)))
             }
         }
     }

@@ -136,6 +136,10 @@ pub struct EngineSpec {
     /// ONNX Runtime as a candidate of a CPU target (`engine.cpu` `auto` or `onnxruntime`, with
     /// the library at hand); `None`: tract only.
     pub onnxruntime: Option<super::onnxruntime::OrtCandidate>,
+    /// `engine.cpu = "tract"`: the ONNX Runtime whose constant folding tract is retried on when
+    /// it cannot load the model as it is (see [`super::onnxruntime::fold`]). Under `auto` and
+    /// `onnxruntime` the candidate's library serves.
+    pub folding: Option<super::onnxruntime::Folding>,
 }
 
 impl EngineSpec {
@@ -284,6 +288,7 @@ pub(crate) mod tests {
             batch_sizes: vec![16, 8, 32],
             backend,
             onnxruntime: None,
+            folding: None,
         }
     }
 

@@ -124,21 +124,33 @@ pub fn resolve<'m>(
             },
             platform: platform.to_string(),
         })?;
+    check_lock(row, version, lock, update_lock)?;
+    Ok(row)
+}
+
+/// The lock file's pin of `row`'s library (of `version` when one was asked for) must be `row`'s,
+/// unless the lock is being updated.
+pub fn check_lock(
+    row: &RuntimeLibrary,
+    version: Option<&crate::matrix::Version>,
+    lock: Option<(&Path, &Lock)>,
+    update_lock: bool,
+) -> Result<()> {
     if let (Some((path, lock)), false) = (lock, update_lock) {
         let pinned = version.map(|_| row.version.to_string());
-        if let Some(l) = lock.library(name, platform.as_str(), pinned.as_deref()) {
+        if let Some(l) = lock.library(&row.name, row.platform.as_str(), pinned.as_deref()) {
             if l != &locked(row) {
                 return Err(Error::LockMismatch {
                     lock: path.display().to_string(),
-                    name: name.into(),
-                    platform: platform.to_string(),
+                    name: row.name.clone(),
+                    platform: row.platform.to_string(),
                     locked: format!("{} ({}, sha256 {})", l.version, l.url, l.sha256),
                     matrix: format!("{} ({}, sha256 {})", row.version, row.url, row.sha256),
                 });
             }
         }
     }
-    Ok(row)
+    Ok(())
 }
 
 /// The lock entry of a row.

@@ -217,10 +217,9 @@ max_batch_size = 4
     );
 }
 
-/// PaddleOCR's text recogniser, which tract cannot translate, goes to ONNX Runtime under
-/// `auto`, with tract's reason recorded.
-#[test]
-fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
+/// A real model for the recipes below: `real_models.py fetch`, or `None` (with the reason
+/// printed) when the models cannot be fetched.
+fn real_model(name: &str) -> Option<PathBuf> {
     let py = super::support::python();
     let o = Command::new(&py)
         .arg(super::real_models::script())
@@ -230,23 +229,78 @@ fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
         .unwrap();
     if !o.status.success() {
         eprintln!("skipping: fetching the real models failed: {}", stderr(&o));
-        return;
+        return None;
     }
     let models: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let onnx = PathBuf::from(models["ocr-rec"].as_str().unwrap());
-    let f = tempfile::tempdir().unwrap();
-    let d = f.path().join("recipe");
+    Some(PathBuf::from(models[name].as_str().unwrap()))
+}
+
+/// A CPU recipe for a copy of `onnx` with the given tensor tables and `engine.cpu`.
+fn real_recipe(dir: &Path, name: &str, onnx: &Path, tensors: &str, cpu: &str) -> PathBuf {
+    let d = dir.join("recipe");
     std::fs::create_dir_all(&d).unwrap();
-    std::fs::copy(&onnx, d.join("model.onnx")).unwrap();
+    std::fs::copy(onnx, d.join("model.onnx")).unwrap();
     std::fs::write(
         d.join("recipe.toml"),
         format!(
-            "[model]\nname = \"ocr-rec\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}\n[targets]\ncpu = true\n\n[batching]\nmax_batch_size = 4\ninstances = 1\n",
-            super::real_models::REC
+            "[model]\nname = \"{name}\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{tensors}\n[targets]\ncpu = true\n\n[engine]\ncpu = \"{cpu}\"\n\n[batching]\nmax_batch_size = 4\ninstances = 1\n",
         ),
     )
     .unwrap();
-    let o = engine(&d.join("recipe.toml"), &f.path().join("cache"));
+    d.join("recipe.toml")
+}
+
+/// PaddleOCR's direction classifier computes a reshape's shape at run time, which tract cannot
+/// translate: under `engine.cpu = "tract"` the engine stage fetches the pinned ONNX Runtime
+/// (only now), folds the model with it and builds tract's engine from the folded model, which
+/// the metadata records; a rebuild is cached.
+#[test]
+fn py_tract_loads_a_model_after_onnxruntime_folds_it() {
+    let Some(onnx) = real_model("ocr-cls") else {
+        return;
+    };
+    let f = tempfile::tempdir().unwrap();
+    let recipe = real_recipe(f.path(), "ocr-cls", &onnx, super::real_models::CLS, "tract");
+    let cache = f.path().join("cache");
+    let o = engine(&recipe, &cache);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["meta"]["kind"], "tract", "{doc}");
+    assert_eq!(doc["meta"]["cpu"]["folded_by"], "1.31.0", "{doc}");
+    assert!(doc["profile"]["selection"].is_null(), "{doc}");
+    assert!(
+        stderr(&o).contains("library onnxruntime 1.31.0"),
+        "{}",
+        stderr(&o)
+    );
+    // The engine is not the recipe's model: it is the folded one (or tract's NNEF of it).
+    let engine_file =
+        PathBuf::from(doc["dir"].as_str().unwrap()).join(if doc["meta"]["format"] == "onnx" {
+            "model.onnx"
+        } else {
+            "model.nnef.tar"
+        });
+    assert_ne!(
+        std::fs::read(&engine_file).unwrap(),
+        std::fs::read(&onnx).unwrap()
+    );
+    let again = engine(&recipe, &cache);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let doc2: Value = serde_json::from_str(&stdout(&again)).unwrap();
+    assert_eq!(doc2["cached"], true);
+    assert_eq!(doc2["meta"], doc["meta"]);
+}
+
+/// PaddleOCR's text recogniser, which tract cannot translate, goes to ONNX Runtime under
+/// `auto`, with tract's reason recorded.
+#[test]
+fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
+    let Some(onnx) = real_model("ocr-rec") else {
+        return;
+    };
+    let f = tempfile::tempdir().unwrap();
+    let recipe = real_recipe(f.path(), "ocr-rec", &onnx, super::real_models::REC, "auto");
+    let o = engine(&recipe, &f.path().join("cache"));
     assert!(o.status.success(), "{}", stderr(&o));
     let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(doc["meta"]["kind"], "onnxruntime", "{doc}");

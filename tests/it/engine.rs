@@ -183,6 +183,7 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> En
         batch_sizes: vec![8, 16, 32],
         backend,
         onnxruntime: None,
+        folding: None,
     }
 }
 

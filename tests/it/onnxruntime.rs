@@ -238,6 +238,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             arch: std::env::consts::ARCH.into(),
             tract: "0.23.9".parse().unwrap(),
             onnxruntime: Some("1.30.0".parse().unwrap()),
+            folded_by: None,
             required_features: vec![],
         }),
         conversion: None,

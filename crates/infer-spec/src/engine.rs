@@ -432,6 +432,11 @@ pub struct CpuMeta {
     /// engine, whose runtime loads a library of the same major.minor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<Version>,
+    /// tract engines: the ONNX Runtime version whose constant folding (basic graph
+    /// optimisation) rewrote the model before tract loaded it, when tract could not load the
+    /// recipe's ONNX as it is. The engine is that folded model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folded_by: Option<Version>,
     /// CPU features the engine requires, sorted (empty: the architecture's baseline).
     pub required_features: Vec<String>,
 }
@@ -1217,6 +1222,7 @@ mod tests {
                 arch: "x86_64".into(),
                 tract: v("0.23.9"),
                 onnxruntime: None,
+                folded_by: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
             }),
             conversion: None,

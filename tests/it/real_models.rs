@@ -4,16 +4,22 @@
 //! - PaddleOCR v4's text detector (DBNet, a CNN with variable height and width), built with
 //!   `[engine] cpu = "auto"`: tract and ONNX Runtime both load it and ONNX Runtime, an order of
 //!   magnitude faster on it, must be the engine chosen;
-//! - its direction classifier (MobileNetV3, fixed shape; tract translates it only after
-//!   onnxruntime's basic optimisation folded its shape computations, which `fetch` writes as
-//!   `ocr-cls.folded.onnx`), with `cpu = "tract"`: a tract image, the static runtime of
+//! - its direction classifier (MobileNetV3, fixed shape), with `cpu = "tract"`: tract translates
+//!   it only after ONNX Runtime's basic optimisation folded its shape computations, which
+//!   `infer-build` does itself when tract refuses the model as it is (the pinned ONNX Runtime
+//!   from the library cache); a tract image of the folded model, the static runtime of
 //!   `$INFER_SERVE_BIN`, FROM scratch;
 //! - PaddleOCR v4's text recogniser (SVTR-LCNet + CTC, variable width, so a variable output
 //!   sequence length), with `cpu = "onnxruntime"`;
 //! - Magika v3.3 (Google's content-type classifier over file bytes: int32 tokens `[N, 2048]`),
-//!   with `cpu = "auto"`.
+//!   with `cpu = "auto"`;
+//! - WordLlama (a text-embedding model: pretrained token embeddings mean-pooled under the
+//!   attention mask; `[N, S]` int64 ids and mask, the sequence length `S` variable and shared by
+//!   both inputs), with `cpu = "auto"`. Its wheel ships weights and tokenizer, and `fetch`
+//!   writes its inference as an ONNX graph; the served embeddings of real sentences are compared
+//!   with wordllama's own inference (`real_models.py check-text`).
 //!
-//! Tract translates neither of the last two, even folded ("shape input is variable"). ONNX
+//! Tract translates neither Magika nor the recogniser, even folded ("shape input is variable"). ONNX
 //! Runtime images carry the dynamic runtime of `$INFER_SERVE_DYNAMIC_BIN` on the glibc test
 //! base of `ort_image.rs`. The tract build of the recogniser must be refused, with tract's
 //! reason, and write no image.
@@ -41,6 +47,11 @@ struct Case {
     /// or `onnxruntime` (glibc base, dynamic runtime, pinned library).
     engine: &'static str,
     shapes: &'static [&'static [usize]],
+    /// Sentences instead of shapes (the text model): one request per list, checked by
+    /// `real_models.py check-text`.
+    texts: &'static [&'static [&'static str]],
+    /// tract loads the model only after `infer-build` folded it with ONNX Runtime.
+    folds: bool,
 }
 
 const CASES: &[Case] = &[
@@ -66,23 +77,19 @@ shape = [-1, 1, -1, -1]
             &[1, 3, 96, 96],
             &[1, 3, 64, 96],
         ],
+        texts: &[],
+        folds: false,
     },
     Case {
-        name: "ocr-cls.folded",
-        recipe: r#"
-[model.inputs.x]
-datatype = "fp32"
-shape = [-1, 3, 48, 192]
-
-[model.outputs."save_infer_model/scale_0.tmp_1"]
-datatype = "fp32"
-shape = [-1, 2]
-"#,
+        name: "ocr-cls",
+        recipe: CLS,
         input: "x",
         datatype: "FP32",
         policy: "tract",
         engine: "tract",
         shapes: &[&[1, 3, 48, 192], &[3, 3, 48, 192]],
+        texts: &[],
+        folds: true,
     },
     Case {
         name: "magika",
@@ -100,6 +107,8 @@ shape = [-1, 214]
         policy: "auto",
         engine: "onnxruntime",
         shapes: &[&[1, 2048], &[3, 2048], &[2, 2048]],
+        texts: &[],
+        folds: false,
     },
     Case {
         name: "ocr-rec",
@@ -109,8 +118,54 @@ shape = [-1, 214]
         policy: "onnxruntime",
         engine: "onnxruntime",
         shapes: &[&[1, 3, 48, 160], &[2, 3, 48, 96], &[1, 3, 48, 320]],
+        texts: &[],
+        folds: false,
+    },
+    Case {
+        name: "wordllama",
+        recipe: r#"
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [128] }
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [128] }
+
+[model.outputs.embedding]
+datatype = "fp32"
+shape = [-1, 256]
+"#,
+        input: "input_ids",
+        datatype: "INT64",
+        policy: "auto",
+        engine: "onnxruntime",
+        shapes: &[],
+        texts: &[
+            &["A dog runs in the park."],
+            &["a dog", "a puppy", "tax law"],
+            &[
+                "Serving models in containers, one image per GPU architecture.",
+                "The runtime batches requests whose shapes are equal.",
+            ],
+            &["A cat sleeps on the sofa."],
+        ],
+        folds: false,
     },
 ];
+
+/// The direction classifier's tensor tables, shared with `cpu_select.rs`.
+pub(super) const CLS: &str = r#"
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, 192]
+
+[model.outputs."save_infer_model/scale_0.tmp_1"]
+datatype = "fp32"
+shape = [-1, 2]
+"#;
 
 /// The recogniser's tensor tables (variable width), shared with `cpu_select.rs`.
 pub(super) const REC: &str = r#"
@@ -350,10 +405,23 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         registry = Some(reg);
     } else {
         cmd.arg("--runtime").arg(static_runtime());
+        if case.folds {
+            // The ONNX Runtime that folds the model, from the library cache.
+            super::ort_image::seed_wheel(&cache);
+            cmd.env("INFER_BUILD_CACHE_DIR", &cache);
+        }
     }
     let o = cmd.output().unwrap();
     assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
     drop(registry);
+    if case.folds {
+        assert!(
+            stderr(&o).contains("tract loads the model only after ONNX Runtime"),
+            "{}: {}",
+            case.name,
+            stderr(&o)
+        );
+    }
     // `auto` says what it chose and why, with both engines' figures.
     if case.policy == "auto" {
         let chosen = format!("CPU engine {} (engine.cpu = auto)", case.engine);
@@ -364,7 +432,7 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
             stderr(&o)
         );
     }
-    if ort {
+    if ort || case.folds {
         super::ort_image::keep_wheel(&cache);
     }
     let c = Container::load_and_run(
@@ -372,23 +440,29 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         &format!("localhost/infer-build/{name}:1-cpu-fp32"),
     );
     let result = c.wait_ready(300).and_then(|()| {
-        let cases: Vec<serde_json::Value> = case
-            .shapes
-            .iter()
-            .map(
-                |s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}),
-            )
-            .collect();
-        let o = Command::new(&py)
-            .arg(script())
-            .arg("check")
-            .arg(&c.http)
-            .arg(&name)
-            .arg(&onnx)
-            .arg(serde_json::to_string(&cases).unwrap())
-            .arg(&c.grpc)
-            .output()
-            .map_err(|e| e.to_string())?;
+        let mut check = Command::new(&py);
+        check.arg(script());
+        if case.texts.is_empty() {
+            let cases: Vec<serde_json::Value> = case
+                .shapes
+                .iter()
+                .map(|s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}))
+                .collect();
+            check
+                .arg("check")
+                .arg(&c.http)
+                .arg(&name)
+                .arg(&onnx)
+                .arg(serde_json::to_string(&cases).unwrap());
+        } else {
+            check
+                .arg("check-text")
+                .arg(&c.http)
+                .arg(&name)
+                .arg(cache_dir())
+                .arg(serde_json::to_string(case.texts).unwrap());
+        }
+        let o = check.arg(&c.grpc).output().map_err(|e| e.to_string())?;
         if o.status.success() {
             Ok(stdout(&o))
         } else {
@@ -454,6 +528,14 @@ fn docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image() {
     );
 }
 
+#[test]
+fn docker_registry_py_wordllama_text_embeddings_serve_like_wordllama() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_wordllama_text_embeddings_serve_like_wordllama",
+        &CASES[4],
+    );
+}
+
 /// A model tract cannot translate: refused at build, with tract's reason, and no image.
 #[test]
 fn py_ocr_recogniser_is_refused_by_tract_with_its_reason() {
@@ -466,21 +548,26 @@ fn py_ocr_recogniser_is_refused_by_tract_with_its_reason() {
     let stand_in = runtime.path().join("infer-serve");
     // The build stops before the runtime is read; a minimal static ELF stands in for it.
     super::image::tiny_static_elf(&stand_in);
-    for name in ["ocr-rec", "ocr-rec.folded"] {
-        let dir = tempfile::tempdir().unwrap();
-        let onnx = PathBuf::from(models[name].as_str().unwrap());
-        let o = build(dir.path(), name, REC, "tract", &onnx)
-            .arg("--runtime")
-            .arg(&stand_in)
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains("the model does not load in tract")
-                && stderr(&o).contains("shape input is variable"),
-            "{name}: {}",
-            stderr(&o)
-        );
-        assert!(!dir.path().join("out/index.json").exists(), "{name}");
-    }
+    // tract refuses it as it is and after ONNX Runtime's constant folding, which the build
+    // tries (the library from the library cache): both reasons are given.
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    super::ort_image::seed_wheel(&cache);
+    let onnx = PathBuf::from(models["ocr-rec"].as_str().unwrap());
+    let o = build(dir.path(), "ocr-rec", REC, "tract", &onnx)
+        .arg("--runtime")
+        .arg(&stand_in)
+        .env("INFER_BUILD_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    super::ort_image::keep_wheel(&cache);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the model does not load in tract")
+            && err.contains("shape input is variable")
+            && err.contains("after ONNX Runtime 1.31.0's constant folding"),
+        "{err}"
+    );
+    assert!(!dir.path().join("out/index.json").exists());
 }

@@ -210,15 +210,23 @@ pub fn sample_inputs_at(
         let n: usize = shape.iter().product();
         let dt =
             datum_type(&spec.datatype).ok_or_else(|| format_err!("datatype {}", spec.datatype))?;
-        let ramp = (0..n).map(|i| (i % 7) as f64 / 7.0);
+        // The runtime's warm-up values (`infer_spec::samples`), so what ran here runs at start.
+        use infer_spec::samples::{synthetic_integer, synthetic_unit};
+        let ramp = (0..n).map(synthetic_unit);
         let t = Tensor::from_shape(&shape, &ramp.map(|v| v as f32).collect::<Vec<f32>>())?;
         let t = if dt == bool::datum_type() {
-            Tensor::from_shape(&shape, &(0..n).map(|i| i % 2 == 0).collect::<Vec<bool>>())?
-        } else if dt.is_integer() {
-            // Small non-negative integers: valid token ids, indices and masks.
             Tensor::from_shape(
                 &shape,
-                &(0..n).map(|i| (i % 2) as i64).collect::<Vec<i64>>(),
+                &(0..n)
+                    .map(|i| synthetic_integer(i) == 1)
+                    .collect::<Vec<bool>>(),
+            )?
+        } else if dt.is_integer() {
+            Tensor::from_shape(
+                &shape,
+                &(0..n)
+                    .map(|i| i64::from(synthetic_integer(i)))
+                    .collect::<Vec<i64>>(),
             )?
             .cast_to_dt(dt)?
             .into_owned()

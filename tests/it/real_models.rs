@@ -17,7 +17,7 @@
 //!   attention mask; `[N, S]` int64 ids and mask, the sequence length `S` variable and shared by
 //!   both inputs), with `cpu = "auto"`. Its wheel ships weights and tokenizer, and `fetch`
 //!   writes its inference as an ONNX graph; the served embeddings of real sentences are compared
-//!   with wordllama's own inference (`real_models.py check-text`).
+//!   with wordllama's own inference and with onnxruntime (`real_models.py check-text`).
 //!
 //! Tract translates neither Magika nor the recogniser, even folded ("shape input is variable"). ONNX
 //! Runtime images carry the dynamic runtime of `$INFER_SERVE_DYNAMIC_BIN` on the glibc test
@@ -268,6 +268,11 @@ impl Container {
     /// `docker load -i archive`, then `docker run -d` of `tag`.
     pub fn load_and_run(archive: &Path, tag: &str) -> Container {
         support::docker_load(archive);
+        Container::run(tag)
+    }
+
+    /// `docker run -d` of `tag`, already loaded.
+    pub fn run(tag: &str) -> Container {
         let o = Command::new("docker")
             .args([
                 "run",
@@ -287,10 +292,19 @@ impl Container {
         Container { id, http, grpc }
     }
 
-    /// Waits until `/v2/health/ready` answers 200 (after the warm-up), at most `secs`.
+    /// Waits until `/v2/health/ready` answers 200 (after the warm-up), at most `secs`; an error at
+    /// once when the container has exited.
     pub fn wait_ready(&self, secs: u64) -> Result<(), String> {
         let start = Instant::now();
         loop {
+            let running = Command::new("docker")
+                .args(["inspect", "-f", "{{.State.Running}}", &self.id])
+                .output()
+                .map(|o| stdout(&o).trim() == "true")
+                .unwrap_or(false);
+            if !running {
+                return Err("the container exited".into());
+            }
             let ready = Command::new("curl")
                 .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
                 .arg(format!("http://{}/v2/health/ready", self.http))
@@ -534,6 +548,93 @@ fn docker_registry_py_wordllama_text_embeddings_serve_like_wordllama() {
         "docker_registry_py_wordllama_text_embeddings_serve_like_wordllama",
         &CASES[4],
     );
+}
+
+/// Every recipe shipped under `recipes/` (stand-in models that load and run but compute nothing
+/// useful, see `recipes/models/`) builds its CPU image, the target this machine can build, under
+/// the recipe's own `engine.cpu` (`auto`: whichever engine the measurement picks, an ONNX Runtime
+/// image on the glibc test base); each image starts under `docker run`, serves its warm-up and
+/// answers ready. (The example's image is run by `image.rs`; GPU targets by `gpu_image.rs`.)
+#[test]
+fn docker_registry_every_shipped_recipe_builds_a_cpu_image_that_warms_up() {
+    let test = "docker_registry_every_shipped_recipe_builds_a_cpu_image_that_warms_up";
+    if !support::have_docker(test) {
+        return;
+    }
+    for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
+        if !support::have_tool(tool, test) {
+            return;
+        }
+    }
+    let Some(reg) = super::registry_support::Registry::start(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A copy: `build` writes the lock file beside the recipe.
+    let recipes = dir.path().join("recipes");
+    let o = Command::new("cp")
+        .arg("-r")
+        .arg(support::root().join("recipes"))
+        .arg(&recipes)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base = super::ort_image::push_glibc_base(&reg);
+    let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
+    let cache = dir.path().join("cache");
+    super::ort_image::seed_wheel(&cache);
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&recipes)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "{names:?}");
+    for recipe in names {
+        let name = recipe.file_stem().unwrap().to_string_lossy().to_string();
+        let archive = dir.path().join(format!("{name}.tar"));
+        let o = support::infer_build()
+            .arg("build")
+            .arg(&recipe)
+            .args(["--target", "cpu-fp32", "--insecure"])
+            .arg("--out")
+            .arg(dir.path().join(format!("out-{name}")))
+            .arg("--output")
+            .arg(format!("oci-archive:{}", archive.display()))
+            .arg("--matrix")
+            .arg(&matrix)
+            .arg("--runtime")
+            .arg(static_runtime())
+            .arg("--runtime-dynamic")
+            .arg(dynamic_runtime())
+            .env("INFER_BUILD_CACHE_DIR", &cache)
+            .env("DOCKER_CONFIG", dir.path().join("docker"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let loaded = support::docker_load(&archive);
+        let tag = loaded
+            .lines()
+            .find_map(|l| l.strip_prefix("Loaded image: "))
+            .unwrap_or_else(|| panic!("{name}: docker load said {loaded}"))
+            .trim()
+            .to_string();
+        let c = Container::run(&tag);
+        let ready = c.wait_ready(300);
+        let logs = c.logs();
+        drop(c);
+        let _ = Command::new("docker").args(["rmi", &tag]).output();
+        if let Err(e) = ready {
+            panic!("{name} ({tag}): {e}\ncontainer logs:\n{logs}");
+        }
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("\"msg\":\"ready\"") && l.contains("warmup_batch_sizes")),
+            "{name}: {logs}"
+        );
+        eprintln!("{name}: {tag} warmed up and ready");
+    }
+    super::ort_image::keep_wheel(&cache);
 }
 
 /// A model tract cannot translate: refused at build, with tract's reason, and no image.

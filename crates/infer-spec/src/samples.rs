@@ -8,6 +8,19 @@ use serde_json::Value;
 
 use crate::runtime::RuntimeConfig;
 
+/// Element `i` of a synthetic integer or boolean input, where no sample is given (the runtime's
+/// warm-up; the builder's measurements and checks): 0 and 1 alternating. Valid as a token id, a
+/// mask and an index into any table of two rows or more (a segment or token-type embedding has
+/// two), so a model the builder ran on these values runs on them at start.
+pub fn synthetic_integer(i: usize) -> u8 {
+    (i % 2) as u8
+}
+
+/// Element `i` of a synthetic floating-point input: 0, 1/7, …, 6/7, repeating.
+pub fn synthetic_unit(i: usize) -> f64 {
+    (i % 7) as f64 / 7.0
+}
+
 /// The largest samples file accepted: it is read whole, at build time and at start, and both
 /// readers refuse a larger one before reading it.
 pub const MAX_BYTES: u64 = 256 << 20;

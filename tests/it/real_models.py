@@ -30,7 +30,8 @@ usage:
       sentences) is tokenised with the model's own tokenizer (padded to the case's longest
       sentence, so each case has its own sequence length) and sent as one request through
       tritonclient HTTP and gRPC, all in flight together; each answer is compared with
-      wordllama's own inference (`WordLlamaInference.embed`, numpy) on the same sentences. Then
+      wordllama's own inference (`WordLlamaInference.embed`, numpy) on the same sentences and
+      with onnxruntime in this Python on the same token ids. Then
       two bad requests over HTTP: input_ids and attention_mask of different lengths, and a
       sequence longer than the profile's max; each must get a 400 that says what is wrong.
       Prints one JSON summary line; exits non-zero on the first mismatch.
@@ -391,6 +392,12 @@ def check_text(url, model, cache, cases, grpc_url):
     with zipfile.ZipFile(download_wheel(cache, MODELS[model][0])) as z:
         embedding = safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight")
     wl = WordLlamaInference(embedding, Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json")))
+    # And onnxruntime in this Python on the same ONNX graph and the same token ids.
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), opts, providers=["CPUExecutionProvider"])
     meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
     jobs = [(p, texts) for p in ("http", "grpc") for texts in cases]
 
@@ -417,7 +424,8 @@ def check_text(url, model, cache, cases, grpc_url):
         got = res.as_numpy("embedding")
         if got is None or got.shape != want.shape:
             raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, wordllama {want.shape}")
-        return list(ids.shape), float(np.abs(got - want).max())
+        by_ort = sess.run(["embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+        return list(ids.shape), max(float(np.abs(got - want).max()), float(np.abs(got - by_ort).max()))
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         results = list(pool.map(one, jobs))

@@ -212,7 +212,7 @@ pub fn check_runtime_binary(path: &Path, arch: &str, flavour: RuntimeFlavour) ->
 /// The release of the TensorRT headers the GPU runtime at `path` names in its binary
 /// ([`infer_spec::engine::TENSORRT_HEADERS_MARKER`]); `None` when it names none, as a runtime
 /// built without the TensorRT backend does.
-pub fn runtime_tensorrt_headers(path: &Path) -> Result<Option<infer_spec::engine::Version>, Error> {
+pub fn runtime_tensorrt_headers(path: &Path) -> Result<Option<crate::matrix::Version>, Error> {
     let bytes = fs::read(path).map_err(|source| Error::Input {
         path: path.into(),
         source,
@@ -225,7 +225,7 @@ pub fn runtime_tensorrt_headers(path: &Path) -> Result<Option<infer_spec::engine
 /// headers of the same major; otherwise every image would be refused at start, on the GPU node.
 pub fn check_gpu_runtime_headers(
     path: &Path,
-    headers: Option<&infer_spec::engine::Version>,
+    headers: Option<&crate::matrix::Version>,
     target: &str,
     tensorrt: &crate::matrix::Version,
 ) -> Result<(), Error> {
@@ -243,7 +243,7 @@ pub fn check_gpu_runtime_headers(
             "has no TensorRT backend (it does not name the TensorRT headers it was compiled against), \
              so target {target} could not serve its engine"
         ))),
-        Some(h) if h.major() != u64::from(tensorrt.major()) => Err(bad(format!(
+        Some(h) if h.major() != tensorrt.major() => Err(bad(format!(
             "has its TensorRT backend compiled against TensorRT {h} headers, but target {target} uses \
              TensorRT {tensorrt}: it would refuse that library at start (virtual-table layouts differ \
              between majors)"

@@ -305,7 +305,7 @@ fn targets(args: &BuildArgs) -> Result<Targets, Error> {
     let mut bases = Bases::new(args, lock_path.clone());
     let mut specs = Vec::new();
     // The GPU runtime and the TensorRT headers it names.
-    let mut gpu_headers: Option<(PathBuf, Option<infer_spec::engine::Version>)> = None;
+    let mut gpu_headers: Option<(PathBuf, Option<crate::matrix::Version>)> = None;
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
@@ -460,15 +460,10 @@ pub(crate) fn ort_candidate(
     // The runtime's rule (`engine.threads` is never set in images): its CPUs over its instances.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = infer_spec::runtime::default_intra_op_threads(cpus, recipe.batching.instances);
-    let version = row
-        .version
-        .to_string()
-        .parse()
-        .map_err(|_| Error::Usage(format!("library version {}", row.version)))?;
     Ok(Some((
         OrtCandidate {
             library: load,
-            version,
+            version: row.version.clone(),
             threads,
             forced,
         },
@@ -491,9 +486,8 @@ pub(crate) fn folding(
         .as_ref()
         .filter(|c| t.kind == TargetKind::Cpu && c.engine == CpuEngine::Tract)?;
     let row = matrix.library("onnxruntime", t.platform, None)?.clone();
-    let version = row.version.to_string().parse().ok()?;
     let (t, lock_path) = (t.clone(), lock_path.to_path_buf());
-    Some(Folding::new(version, move || {
+    Some(Folding::new(row.version.clone(), move || {
         let lock = crate::plan::lock::read(&lock_path).map_err(|e| e.to_string())?;
         crate::native::check_lock(
             &row,

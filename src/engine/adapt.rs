@@ -125,10 +125,10 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
             let cc = gpu.compute_capability;
             let mut t = TrtSpec::new(
                 version(id, "TensorRT build", &trt.build)?,
-                version(id, "CUDA", &trt.cuda_build.to_string())?,
+                trt.cuda_build.clone(),
                 Sm::new(cc.major, cc.minor),
                 match &target.driver_floor {
-                    Some(v) => version(id, "driver floor", &v.to_string())?,
+                    Some(v) => v.clone(),
                     None => version(id, "driver floor", "0")?,
                 },
             );

@@ -213,7 +213,7 @@ pub struct Release {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CudaMajor {
-    pub major: u32,
+    pub major: u64,
     /// Driver floor of CUDA minor-version compatibility inside this major.
     pub minor_compat_driver: Version,
     pub min_cc: Cc,
@@ -600,7 +600,7 @@ impl Matrix {
         self.releases.iter().find(|r| &r.version == version)
     }
 
-    pub fn cuda_major(&self, major: u32) -> Option<&CudaMajor> {
+    pub fn cuda_major(&self, major: u64) -> Option<&CudaMajor> {
         self.cuda_majors.iter().find(|m| m.major == major)
     }
 

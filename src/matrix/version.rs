@@ -1,124 +1,14 @@
 //! Dotted numeric versions (`10.16.1`, `575.57.08`) and compute capabilities (`8.9`).
 
-use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A dotted numeric version. Missing trailing components compare as 0, so `580` < `580.65.06`
-/// and `12.9` == `12.9.0`. Displays exactly as written.
-#[derive(Debug, Clone)]
-pub struct Version {
-    parts: Vec<u32>,
-    text: String,
-}
-
-impl Version {
-    /// The numeric components as written.
-    pub fn parts(&self) -> &[u32] {
-        &self.parts
-    }
-
-    pub fn major(&self) -> u32 {
-        self.parts.first().copied().unwrap_or(0)
-    }
-
-    pub fn minor(&self) -> u32 {
-        self.parts.get(1).copied().unwrap_or(0)
-    }
-
-    /// `major.minor`, as a version of its own.
-    pub fn major_minor(&self) -> Version {
-        let parts = vec![self.major(), self.minor()];
-        Version {
-            text: format!("{}.{}", parts[0], parts[1]),
-            parts,
-        }
-    }
-
-    /// True when `self` (`10`, `10.16`, `10.16.1`) names a prefix of `other` (`10.16.1`).
-    pub fn is_prefix_of(&self, other: &Version) -> bool {
-        self.parts
-            .iter()
-            .enumerate()
-            .all(|(i, p)| other.parts.get(i).copied().unwrap_or(0) == *p)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
-
-impl FromStr for Version {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let text = s.trim();
-        if text.is_empty() {
-            return Err("empty version".into());
-        }
-        let mut parts = Vec::new();
-        for p in text.split('.') {
-            let n: u32 = p.parse().map_err(|_| {
-                format!("invalid version \"{text}\": expected numbers separated by dots, such as \"10.16.1\"")
-            })?;
-            parts.push(n);
-        }
-        Ok(Version {
-            parts,
-            text: text.to_string(),
-        })
-    }
-}
-
-impl PartialEq for Version {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Version {}
-
-impl PartialOrd for Version {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Version {
-    fn cmp(&self, other: &Self) -> Ordering {
-        let n = self.parts.len().max(other.parts.len());
-        for i in 0..n {
-            let a = self.parts.get(i).copied().unwrap_or(0);
-            let b = other.parts.get(i).copied().unwrap_or(0);
-            match a.cmp(&b) {
-                Ordering::Equal => continue,
-                o => return o,
-            }
-        }
-        Ordering::Equal
-    }
-}
-
-impl fmt::Display for Version {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl Serialize for Version {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.text)
-    }
-}
-
-impl<'de> Deserialize<'de> for Version {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+/// A dotted numeric version: the one type of the builder and the runtime (see
+/// [`infer_spec::engine::Version`]). Missing trailing components compare as 0, so `580` <
+/// `580.65.06` and `12.9` == `12.9.0`; it displays exactly as written.
+pub use infer_spec::engine::Version;
 
 /// A CUDA compute capability, `major.minor` (`8.9`). Engines bind to it: its target-id form
 /// is `sm89`.

@@ -642,7 +642,7 @@ fn resolve_gpu_target<'m>(
         .flat_map(|r| r.cuda_builds.iter().map(move |cb| (*r, cb)))
         .collect();
     if let Some(d) = driver {
-        let runs = |major: u32| {
+        let runs = |major: u64| {
             matrix
                 .toolkits
                 .iter()

@@ -322,6 +322,20 @@ impl Version {
         (0..n).all(|i| self.part(i) == other.part(i))
     }
 
+    /// True when `self` (`10`, `10.16`, `10.16.1`) names a prefix of `other` (`10.16.1`): every
+    /// component `self` has is `other`'s.
+    pub fn is_prefix_of(&self, other: &Version) -> bool {
+        self.same_prefix(other, self.parts.len())
+    }
+
+    /// `major.minor`, as a version of its own.
+    pub fn major_minor(&self) -> Version {
+        Version {
+            text: format!("{}.{}", self.major(), self.minor()),
+            parts: vec![self.major(), self.minor()],
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.text
     }

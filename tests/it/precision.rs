@@ -24,19 +24,8 @@ fn pyenv_root() -> PathBuf {
 
 use super::real_models::cache_dir as model_cache;
 
-const RECIPE: &str = r#"[model]
-name = "ocr-cls"
-version = "1"
-onnx = "model.onnx"
-
-[model.inputs.x]
-datatype = "fp32"
-shape = [-1, 3, 48, 192]
-
-[model.outputs."save_infer_model/scale_0.tmp_1"]
-datatype = "fp32"
-shape = [-1, 2]
-
+/// The classifier's recipe after `[model]` and its tensor tables (`real_models::CLS`).
+const RECIPE: &str = r#"
 [targets]
 gpus = ["L4"]
 precision = ["fp16", "int8", "fp8"]
@@ -108,7 +97,12 @@ fn recipe_dir(root: &Path, onnx: &Path, data: &Path, calib: &str) -> PathBuf {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
     }
-    std::fs::write(dir.join("recipe.toml"), RECIPE.replace("CALIB", calib)).unwrap();
+    let recipe = format!(
+        "[model]\nname = \"ocr-cls\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{}{}",
+        super::real_models::CLS,
+        RECIPE.replace("CALIB", calib)
+    );
+    std::fs::write(dir.join("recipe.toml"), recipe).unwrap();
     dir
 }
 

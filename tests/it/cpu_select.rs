@@ -274,12 +274,9 @@ fn py_tract_loads_a_model_after_onnxruntime_folds_it() {
         stderr(&o)
     );
     // The engine is not the recipe's model: it is the folded one (or tract's NNEF of it).
-    let engine_file =
-        PathBuf::from(doc["dir"].as_str().unwrap()).join(if doc["meta"]["format"] == "onnx" {
-            "model.onnx"
-        } else {
-            "model.nnef.tar"
-        });
+    let format: infer_spec::engine::EngineFormat =
+        serde_json::from_value(doc["meta"]["format"].clone()).unwrap();
+    let engine_file = PathBuf::from(doc["dir"].as_str().unwrap()).join(format.file_name());
     assert_ne!(
         std::fs::read(&engine_file).unwrap(),
         std::fs::read(&onnx).unwrap()

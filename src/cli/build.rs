@@ -694,7 +694,7 @@ fn nonempty(v: Option<&str>) -> Option<String> {
 }
 
 /// The engine of target `t` under `--engines DIR` (an engine cache, or the entries of several
-/// caches copied under one folder), found and verified by [`crate::engine::lookup_target`]:
+/// caches copied under one folder), found and verified by [`crate::engine::lookup`]:
 /// its metadata must match the plan and its file its digest. A GPU target needs one; a CPU
 /// target without one ships the ONNX model (tract optimises it at start). Returns the engine
 /// file, its metadata JSON and its profile JSON.

@@ -637,29 +637,6 @@ pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
     }
 }
 
-/// [`lookup`] for a target of a resolved plan: what `infer-build build --engines DIR` calls.
-pub fn lookup_target(
-    recipe: &crate::recipe::Recipe,
-    target: &crate::plan::TargetPlan,
-    dir: &Path,
-) -> Result<EngineArtifact, Error> {
-    lookup(&adapt::spec(recipe, target)?, dir)
-}
-
-/// [`build`] for a target of a resolved plan (with the real process runner): what
-/// `infer-build build` calls to reuse or build engines in the default cache.
-pub fn build_target(
-    recipe: &crate::recipe::Recipe,
-    target: &crate::plan::TargetPlan,
-    cache: &Cache,
-) -> Result<EngineArtifact, Error> {
-    build(
-        &adapt::spec(recipe, target)?,
-        cache,
-        &crate::process::SystemRunner,
-    )
-}
-
 /// What differs between the plan (`spec`, `material`) and an engine's metadata, one phrase each.
 pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta) -> Vec<String> {
     let mut d = Vec::new();

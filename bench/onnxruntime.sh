@@ -8,11 +8,11 @@
 # server one at a time (end to end through HTTP, binary tensors), alternating with the Python
 # runs, and the median of the server's compute time per execution (each request's change of
 # /v2/models/M/stats); the ratio is served compute / Python median.
-#   usage: bench/onnxruntime.sh    (env: RUNS=30 INFER_SERVE=target/dynamic/.../infer-serve PY=.venv/bin/python)
+#   usage: bench/onnxruntime.sh    (env: RUNS=30 INFER_SERVE=target/runtime/.../dynamic/infer-serve PY=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-30}
-BIN=${INFER_SERVE:-target/dynamic/x86_64-unknown-linux-gnu/release-serve/infer-serve}
+BIN=${INFER_SERVE:-target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve}
 PY=${PY:-${INFER_BUILD_PYTHON:-.venv/bin/python}}
 [ -x "$BIN" ] || { echo "build first: FLAVOUR=dynamic scripts/build-runtime.sh" >&2; exit 1; }
 cache=${INFER_BUILD_MODEL_CACHE:-target/real-models}

@@ -26,14 +26,14 @@
 # Prints the Markdown tables of docs/BENCHMARKS.md and keeps the raw rows in $OUT (default
 # target/bench-real-models).
 #   usage: bench/real_models.sh   (env: RUNS=20 DURATION=10 PY=.venv/bin/python
-#          INFER_SERVE=target/x86_64-unknown-linux-gnu/release-serve/infer-serve
-#          INFER_SERVE_DYNAMIC=target/dynamic/x86_64-unknown-linux-gnu/release-serve/infer-serve)
+#          INFER_SERVE=target/runtime/x86_64-unknown-linux-gnu/release-serve/static/infer-serve
+#          INFER_SERVE_DYNAMIC=target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-20}
 DURATION=${DURATION:-10}
-STATIC=${INFER_SERVE:-target/x86_64-unknown-linux-gnu/release-serve/infer-serve}
-DYNAMIC=${INFER_SERVE_DYNAMIC:-target/dynamic/x86_64-unknown-linux-gnu/release-serve/infer-serve}
+STATIC=${INFER_SERVE:-target/runtime/x86_64-unknown-linux-gnu/release-serve/static/infer-serve}
+DYNAMIC=${INFER_SERVE_DYNAMIC:-target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve}
 PY=${PY:-${INFER_BUILD_PYTHON:-.venv/bin/python}}
 OUT=${OUT:-target/bench-real-models}
 [ -x "$STATIC" ] || { echo "build first: scripts/build-runtime.sh (or set INFER_SERVE)" >&2; exit 1; }

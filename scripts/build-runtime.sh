@@ -16,12 +16,19 @@
 #             feature `tensorrt`, linked dynamically against glibc (a static glibc binary cannot
 #             reliably dlopen TensorRT and the NVIDIA driver), its C++ shim compiled against
 #             TENSORRT_ROOT (default ../shared/third_party/tensorrt-headers/$TRT_HEADERS, with
-#             TRT_HEADERS=10.16), into target/gpu-<headers>/; CHECK=1 then verifies that it
-#             needs nothing beyond glibc, libstdc++ and libgcc_s;
+#             TRT_HEADERS=10.16); CHECK=1 then verifies that it needs nothing beyond glibc,
+#             libstdc++ and libgcc_s;
 #             or dynamic: the binary of glibc-based CPU images, with features `tract` and
 #             `onnxruntime` (libonnxruntime is opened at run time, not linked), linked
-#             dynamically against glibc, into target/dynamic/ (or $CARGO_TARGET_DIR/dynamic/);
-#             CHECK=1 verifies the same as for gpu.
+#             dynamically against glibc; CHECK=1 verifies the same as for gpu.
+#
+# The three flavours share one target directory, target/runtime/ (or $CARGO_TARGET_DIR/runtime/):
+# they differ only in infer-serve's own features and in how its binary is linked, so the
+# dependencies (tract, tokio, hyper...) compile once for all three, with the same flags. The
+# static one gets `+crt-static` on its final link only (`cargo rustc`), not through RUSTFLAGS,
+# which would make every dependency a different build. Cargo writes each flavour's binary to the
+# same path, so it is copied, under a lock, to <dir>/<flavour>/infer-serve, the path printed.
+# Its own directory also lets a runtime build run beside a build of the builder (scripts/test.sh).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -31,45 +38,63 @@ cargo_home=${CARGO_HOME:-$HOME/.cargo}
 cargo_home=$(cd "$cargo_home" && pwd -P)
 
 flavour=${FLAVOUR:-cpu}
-remap="--remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$cargo_home/git/checkouts=/cargo/git/checkouts --remap-path-prefix=$root=/build/infer-build"
+export RUSTFLAGS="--remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$cargo_home/git/checkouts=/cargo/git/checkouts --remap-path-prefix=$root=/build/infer-build"
+# Only the final crate's link differs between flavours (see above).
+final_flags=()
 case $flavour in
-    cpu) export RUSTFLAGS="-C target-feature=+crt-static $remap" ;;
+    cpu) tag=static; final_flags=(-C target-feature=+crt-static) ;;
     gpu)
         headers=${TRT_HEADERS:-10.16}
         export TENSORRT_ROOT=${TENSORRT_ROOT:-$root/../shared/third_party/tensorrt-headers/$headers}
         [[ -f $TENSORRT_ROOT/include/NvInferRuntime.h ]] || {
             echo "build-runtime: no TensorRT headers at $TENSORRT_ROOT (set TENSORRT_ROOT)" >&2; exit 1; }
         TENSORRT_ROOT=$(cd "$TENSORRT_ROOT" && pwd -P)
-        export RUSTFLAGS="$remap"
+        # The headers' version names the copy: switching versions rebuilds only infer-trt's shim
+        # and the final crate.
+        tag=gpu-$(basename "$TENSORRT_ROOT")
+        # Only infer-trt compiles C++ (its shim), so this touches no other crate's build.
         export CXXFLAGS="${CXXFLAGS:-} -ffile-prefix-map=$root=/build/infer-build -ffile-prefix-map=$TENSORRT_ROOT=/tensorrt"
-        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/gpu-$headers}
         FEATURES=${FEATURES:+$FEATURES,}tensorrt
         ;;
     dynamic)
-        export RUSTFLAGS="$remap"
-        # Its own directory (also under a caller's CARGO_TARGET_DIR): other RUSTFLAGS than the
-        # static build, which would otherwise rebuild everything and overwrite its binary.
-        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/dynamic
+        tag=dynamic
         FEATURES=${FEATURES:+$FEATURES,}tract,onnxruntime
         ;;
     *) echo "build-runtime: FLAVOUR must be cpu, gpu or dynamic, not $flavour" >&2; exit 2 ;;
 esac
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/runtime
 # Timestamps never enter a Rust binary, but keep anything that honours it stable. Always 0, not
 # the caller's: a caller's SOURCE_DATE_EPOCH dates the images infer-build writes, and the C
 # compiler wrappers of several dependencies rebuild when it changes (cargo:rerun-if-env-changed),
 # so inheriting it would rebuild the whole runtime, to the same bytes, for every new value.
 export SOURCE_DATE_EPOCH=0
 
-args=(build --locked -p infer-serve --target "$target" --profile "$profile")
+args=(rustc --locked -p infer-serve --bin infer-serve --target "$target" --profile "$profile")
 if [[ -n "${FEATURES:-}" ]]; then
     args+=(--features "$FEATURES")
 fi
-(cd "$root" && cargo "${args[@]}") >&2
+if [[ ${#final_flags[@]} -gt 0 ]]; then
+    args+=(-- "${final_flags[@]}")
+fi
 
 dir=$profile
 [[ $profile == dev ]] && dir=debug
-bin="${CARGO_TARGET_DIR:-$root/target}/$target/$dir/infer-serve"
-[[ -x $bin ]] || { echo "build-runtime: $bin was not produced" >&2; exit 1; }
+out_dir="$CARGO_TARGET_DIR/$target/$dir"
+bin="$out_dir/$tag/infer-serve"
+mkdir -p "$CARGO_TARGET_DIR"
+(
+    # Two builds of different flavours at once would overwrite each other's binary between
+    # cargo's write and the copy below.
+    flock 9
+    (cd "$root" && cargo "${args[@]}") >&2
+    [[ -x $out_dir/infer-serve ]] || { echo "build-runtime: $out_dir/infer-serve was not produced" >&2; exit 1; }
+    mkdir -p "$out_dir/$tag"
+    if ! cmp -s "$out_dir/infer-serve" "$bin"; then
+        # Under a temporary name and renamed: a reader of the previous copy never sees half a file.
+        cp "$out_dir/infer-serve" "$bin.tmp.$$"
+        mv -f "$bin.tmp.$$" "$bin"
+    fi
+) 9>"$CARGO_TARGET_DIR/.build-runtime.lock"
 
 if [[ ${CHECK:-0} == 1 && $flavour != cpu ]]; then
     extra=$(readelf -dW "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' \

@@ -47,26 +47,42 @@ while [[ $# -gt 0 ]]; do
 done
 command -v cargo >/dev/null || { echo "install: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 
-echo "==> building the image runtime (statically linked infer-serve)" >&2
-serve=$("$root/scripts/build-runtime.sh")
-
-pairs=()
-if [[ $with_ort == 1 ]]; then
-    echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
-    serve_dynamic=$(FLAVOUR=dynamic "$root/scripts/build-runtime.sh")
-    pairs+=("$serve_dynamic:infer-serve-dynamic")
-fi
-if [[ $with_gpu == 1 ]]; then
-    echo "==> building the GPU image runtime (TensorRT backend, headers at ${TENSORRT_ROOT:-TENSORRT_ROOT unset})" >&2
-    serve_gpu=$(FLAVOUR=gpu CHECK=1 "$root/scripts/build-runtime.sh")
-    pairs+=("$serve_gpu:infer-serve-gpu")
-fi
+# The runtimes (target/runtime, scripts/build-runtime.sh) and the builder (target/) build in
+# different target directories, so they build side by side: each one's long single-threaded
+# steps (the runtimes' link-time optimisation, the builder's last crates) leave the second core
+# to the other.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+(
+    set -e
+    echo "==> building the image runtime (statically linked infer-serve)" >&2
+    "$root/scripts/build-runtime.sh" >"$work/serve"
+    if [[ $with_ort == 1 ]]; then
+        echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
+        FLAVOUR=dynamic "$root/scripts/build-runtime.sh" >"$work/serve-dynamic"
+    fi
+    if [[ $with_gpu == 1 ]]; then
+        echo "==> building the GPU image runtime (TensorRT backend, headers at ${TENSORRT_ROOT:-TENSORRT_ROOT unset})" >&2
+        FLAVOUR=gpu CHECK=1 "$root/scripts/build-runtime.sh" >"$work/serve-gpu"
+    fi
+) &
+runtimes=$!
 
 echo "==> building infer-build" >&2
 builder_profile=${INFER_BUILD_PROFILE:-release}
 # Without the caller's SOURCE_DATE_EPOCH (it dates images, not this build; several dependencies'
 # C builds rerun when it changes), so this is the same build `cargo test` makes.
-(cd "$root" && unset SOURCE_DATE_EPOCH && cargo build --profile "$builder_profile" --locked --quiet --bin infer-build) >&2
+builder_ok=1
+(cd "$root" && unset SOURCE_DATE_EPOCH && cargo build --profile "$builder_profile" --locked --quiet --bin infer-build) >&2 || builder_ok=0
+runtimes_ok=1
+wait "$runtimes" || runtimes_ok=0
+[[ $builder_ok == 1 ]] || { echo "install: building infer-build failed (above)" >&2; exit 1; }
+[[ $runtimes_ok == 1 ]] || { echo "install: building the image runtime failed (above)" >&2; exit 1; }
+
+serve=$(tail -n1 "$work/serve")
+pairs=()
+[[ $with_ort == 1 ]] && pairs+=("$(tail -n1 "$work/serve-dynamic"):infer-serve-dynamic")
+[[ $with_gpu == 1 ]] && pairs+=("$(tail -n1 "$work/serve-gpu"):infer-serve-gpu")
 builder_dir=$builder_profile
 [[ $builder_profile == dev ]] && builder_dir=debug
 builder="${CARGO_TARGET_DIR:-$root/target}/$builder_dir/infer-build"

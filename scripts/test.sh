@@ -6,36 +6,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The runtimes the images carry are built with the profile images ship (fat LTO). The two
-# glibc-dynamic ones build in their own target directories, in the background, while the
-# static one, the builder and the lints below take the main one: their long single-threaded
-# link steps then leave the second core to the other chain.
+# The runtimes the images carry are built with the profile images ship (fat LTO), all three in
+# their own target directory (target/runtime, where they share their dependencies' build), in
+# the background, while the lints and the test build take the main one: the runtimes' long
+# single-threaded link steps then leave the second core to the other chain.
 # TensorRT's public headers the GPU runtime and the TensorRT lint pass compile against.
 trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
+serve_profile=${INFER_SERVE_PROFILE:-release-serve}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT
 (
     set -e
+    # The statically linked runtime of the CPU images the end-to-end tests build and run.
+    PROFILE=$serve_profile CHECK=1 scripts/build-runtime.sh >"$bg_dir/static"
     # The glibc-dynamic runtime (tract and ONNX Runtime) that ONNX Runtime images carry.
-    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=dynamic scripts/build-runtime.sh >"$bg_dir/dynamic"
+    PROFILE=$serve_profile FLAVOUR=dynamic CHECK=1 scripts/build-runtime.sh >"$bg_dir/dynamic"
     # The runtime of GPU images (feature `tensorrt`, its shim compiled against TensorRT's public
     # headers): the GPU image tests assemble it, load it into Docker and start it.
-    PROFILE=${INFER_SERVE_PROFILE:-release-serve} FLAVOUR=gpu CHECK=1 TENSORRT_ROOT="$trt_headers" \
+    PROFILE=$serve_profile FLAVOUR=gpu CHECK=1 TENSORRT_ROOT="$trt_headers" \
         scripts/build-runtime.sh >"$bg_dir/gpu"
 ) 2>"$bg_dir/log" &
 bg=$!
 
-# The statically linked runtime goes into the CPU images the end-to-end tests build and run.
-INFER_SERVE_BIN="$(PROFILE=${INFER_SERVE_PROFILE:-release-serve} scripts/build-runtime.sh)"
-export INFER_SERVE_BIN
-
 cargo fmt --all --check
-cargo clippy --workspace --all-targets -- -D warnings
-# The runtime's optional backends in one pass: TensorRT, its C++ shim compiled against
-# TensorRT's public headers (no GPU needed), and ONNX Runtime.
-TENSORRT_ROOT="$trt_headers" \
-    cargo clippy -p infer-trt -p infer-serve --features infer-serve/tensorrt,infer-serve/onnxruntime \
-    --all-targets -- -D warnings
+# One pass over every crate and target, the runtime's optional backends included: TensorRT (its
+# C++ shim compiled against TensorRT's public headers, no GPU needed) and ONNX Runtime.
+TENSORRT_ROOT="$trt_headers" cargo clippy --workspace --all-targets \
+    --features infer-serve/tensorrt,infer-serve/onnxruntime -- -D warnings
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
 # turns both on in this one build of the workspace.
@@ -45,13 +42,14 @@ export INFER_SERVE_TEST_BIN
 
 if ! wait "$bg"; then
     cat "$bg_dir/log" >&2
-    echo "test.sh: building the dynamic or GPU runtime failed (its log is above)" >&2
+    echo "test.sh: building a runtime failed (its log is above)" >&2
     exit 1
 fi
 grep -h 'build-runtime:\|Finished' "$bg_dir/log" >&2 || true
+INFER_SERVE_BIN=$(tail -n1 "$bg_dir/static")
 INFER_SERVE_DYNAMIC_BIN=$(tail -n1 "$bg_dir/dynamic")
 INFER_SERVE_GPU_BIN=$(tail -n1 "$bg_dir/gpu")
-export INFER_SERVE_DYNAMIC_BIN INFER_SERVE_GPU_BIN
+export INFER_SERVE_BIN INFER_SERVE_DYNAMIC_BIN INFER_SERVE_GPU_BIN
 
 # infer-build and the runtimes installed the way users install them (the CI example's tools job
 # and scripts/example.sh run the same script: the runtimes are the ones built above). The

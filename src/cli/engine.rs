@@ -88,6 +88,7 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
                     ""
                 }
             );
+            eprintln!("  converter: {}", c.report.tool());
             eprintln!(
                 "  accuracy against FP32 on {}: passed",
                 engine::evaluation_text(&c.report)

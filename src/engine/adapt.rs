@@ -4,7 +4,7 @@
 use infer_spec::engine::{HardwareCompat, Precision, Sm};
 
 use super::accuracy::Thresholds;
-use super::convert::{ConvertSpec, DEFAULT_METHOD};
+use super::convert::ConvertSpec;
 use super::spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
 use super::Error;
 use crate::matrix;
@@ -40,12 +40,14 @@ fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
         thresholds.max_rel = l.max_rel.unwrap_or(thresholds.max_rel);
         thresholds.min_top1 = l.min_top1.unwrap_or(thresholds.min_top1);
     }
+    let tool = recipe.engine.convert.value;
     ConvertSpec {
+        tool,
         method: match p {
             Precision::Fp8 => fp8.and_then(|f| f.method.as_ref()),
             _ => int8.and_then(|i| i.method.as_ref()),
         }
-        .map_or_else(|| DEFAULT_METHOD.to_string(), |m| m.value.clone()),
+        .map_or_else(|| tool.default_method().to_string(), |m| m.value.clone()),
         calibration: match p {
             Precision::Int8 => int8
                 .and_then(|i| i.calibration.as_ref())

@@ -11,7 +11,14 @@ Request:
    "method": "minmax"|"entropy"|"percentile" (fp8: "minmax"|"percentile"),
    "calibration": DIR|null, "evaluation": DIR|null,
    "inputs": [{"name": N, "datatype": "fp32", "shape": [concrete dims]}],
-   "generated_samples": K, "fp16_keep_ops": [OP, ...], "quantize_ops": [OP, ...]}
+   "generated_samples": K, "fp16_keep_ops": [OP, ...], "quantize_ops": [OP, ...],
+   "tool": "builtin"|"modelopt"}
+  {"command": "versions", "tool": "modelopt"}: also ModelOpt's and torch's versions, failing
+  with the import error when either cannot be imported.
+
+With "tool": "modelopt" the interpreter is the user's (one with nvidia-modelopt and torch, as
+NVIDIA's TensorRT containers have): AutoCast makes the FP16 model, modelopt.onnx.quantization
+the INT8 / FP8 Q/DQ one; the accuracy figures are measured the same way.
 """
 import glob
 import json
@@ -20,7 +27,12 @@ import sys
 import time
 
 
-def versions():
+def versions(tool="builtin"):
+    if tool == "modelopt":
+        # Imported first, so a missing package is the error a user sees, not a later one.
+        import modelopt
+        import modelopt.onnx.quantization  # noqa: F401 - imports torch, as ModelOpt's ONNX tools do
+        import torch
     import numpy
     import onnx
     import onnxruntime
@@ -37,6 +49,9 @@ def versions():
         out["onnxconverter-common"] = onnxconverter_common.__version__
     except Exception:  # noqa: BLE001 - reported as absent
         pass
+    if tool == "modelopt":
+        out["nvidia-modelopt"] = modelopt.__version__
+        out["torch"] = torch.__version__
     return out
 
 
@@ -395,6 +410,48 @@ def to_fp8(source, output, method, batches, quantize_ops):
     }
 
 
+MODELOPT_METHODS = {"minmax": "max", "entropy": "entropy"}
+
+
+def modelopt_convert(source, output, precision, method, batches):
+    """ModelOpt: AutoCast (FP16, inputs and outputs kept FP32) or post-training quantisation
+    to INT8 / FP8 Q/DQ on the CPU execution provider, the other operators kept FP32."""
+    import modelopt
+
+    if precision == "fp16":
+        import onnx
+        from modelopt.onnx.autocast import convert_to_mixed_precision
+
+        model = convert_to_mixed_precision(
+            onnx_path=source, low_precision_type="fp16", keep_io_types=True, providers=["cpu"]
+        )
+        onnx.save(model, output)
+        return {"tool": "modelopt.onnx.autocast", "version": modelopt.__version__,
+                "low_precision_type": "fp16", "keep_io_types": True}
+    import numpy as np
+    from modelopt.onnx.quantization import quantize as mo_quantize
+
+    if method not in MODELOPT_METHODS:
+        raise SystemExit(
+            f"ModelOpt calibrates with minmax (its 'max') or entropy, not {method!r}: "
+            "set the [int8] / [fp8] method"
+        )
+    names = list(batches[0].keys())
+    data = {n: np.concatenate([b[n] for b in batches], axis=0) for n in names}
+    mo_quantize(
+        onnx_path=source,
+        quantize_mode=precision,
+        calibration_data=data,
+        calibration_method=MODELOPT_METHODS[method],
+        calibration_eps=["cpu"],
+        high_precision_dtype="fp32",
+        output_path=output,
+    )
+    return {"tool": "modelopt.onnx.quantization", "version": modelopt.__version__,
+            "quantize_mode": precision, "calibration_method": MODELOPT_METHODS[method],
+            "high_precision_dtype": "fp32"}
+
+
 def compare(source, converted, batches, literal=False):
     """Per output: max absolute error, max relative error (the absolute error over the FP32
     output's largest magnitude) and, for [N, C] outputs with C >= 2, top-1 agreement."""
@@ -450,7 +507,12 @@ def convert(req):
     else:
         evaluation, what = generated(inputs, req.get("generated_samples", 8), 0), "generated inputs (seed 0, uniform -1..1)"
     scratch = os.path.dirname(os.path.abspath(req["output"]))
-    if precision == "fp16":
+    tool = req.get("tool", "builtin")
+    if tool == "modelopt":
+        if precision in ("int8", "fp8") and calib is None:
+            raise SystemExit(f"{precision} quantisation needs calibration data")
+        options = modelopt_convert(req["source"], req["output"], precision, req["method"], calib)
+    elif precision == "fp16":
         options = to_fp16(req["source"], req["output"], req.get("fp16_keep_ops", []))
     elif precision == "int8":
         if calib is None:
@@ -468,7 +530,7 @@ def convert(req):
     figures = compare(req["source"], req["output"], evaluation, literal=precision in ("int8", "fp8"))
     t2 = time.monotonic()
     return {
-        "versions": versions(),
+        "versions": versions(tool),
         "options": options,
         "evaluation": {"source": what, "batches": len(evaluation)},
         "outputs": figures,
@@ -491,7 +553,7 @@ def main():
     req = json.loads(sys.stdin.read())
     cmd = req.get("command")
     if cmd == "versions":
-        out = versions()
+        out = versions(req.get("tool", "builtin"))
     elif cmd == "convert":
         out = convert(req)
     else:

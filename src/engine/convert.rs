@@ -7,15 +7,24 @@
 //! - INT8: ONNX Runtime's `quantize_static`, QDQ format, symmetric activations and weights
 //!   (zero point 0, as TensorRT requires), per-channel weights kept as float behind Q/DQ pairs,
 //!   biases unquantized, only the operators TensorRT runs in INT8 ([`QUANTIZE_OPS`]); the
-//!   calibration method is `[int8] method` (default [`DEFAULT_METHOD`]).
+//!   calibration method is `[int8] method` (default `percentile`).
 //! - FP8 (E4M3): the script's own Q/DQ insertion with the onnx package (ONNX Runtime 1.32's FP8
 //!   path in `quantize_static` fails in its calibrator): opset 19 QuantizeLinear /
 //!   DequantizeLinear with FLOAT8E4M3FN zero points on the inputs of [`FP8_QUANTIZE_OPS`];
 //!   activations per tensor, scale = calibration amax / 448 (`[fp8] method`: `minmax` or
-//!   `percentile`, default [`DEFAULT_METHOD`]); weights stored in FP8 behind a
+//!   `percentile`, default `percentile`); weights stored in FP8 behind a
 //!   DequantizeLinear, per output channel for Conv (and Gemm with transB = 1), per tensor
 //!   otherwise; biases, other operators, inputs and outputs FP32. The gate runs it under ONNX
 //!   Runtime on the CPU with graph optimisations off (its Q/DQ fusions miscompute FP8 Conv).
+//!
+//! With `engine.convert = "modelopt"`, NVIDIA's Model Optimizer converts instead: AutoCast for
+//! FP16 (inputs and outputs kept FP32), `modelopt.onnx.quantization.quantize` for INT8 and FP8
+//! (calibration `minmax`, its `max`, or `entropy`, its default; the other operators kept FP32),
+//! run on ONNX Runtime's CPU execution provider. Its ONNX tools import torch, so it runs in the
+//! user's interpreter ([`pyenv::modelopt_python`]), probed first: one that cannot import it is
+//! refused with the import error. The key then covers that interpreter instead of the pinned
+//! requirements; the report records the versions it ran with (ModelOpt, torch, onnx, ONNX
+//! Runtime). The accuracy figures are measured the same way for both tools.
 //!
 //! The converter is the embedded script `convert.py`, run by the interpreter of the pinned
 //! environment ([`super::pyenv`]) through [`crate::process`] with a deadline. The result is
@@ -38,6 +47,7 @@ use super::pyenv::{self, PyEnv};
 use super::spec::{EngineSpec, InputSpec};
 use super::Error;
 use crate::process::{Cmd, Runner};
+use crate::recipe::ConvertTool;
 
 /// Version of the conversion key derivation.
 pub const CONVERT_KEY_SCHEME: &str = "infer-build-convert-key/1";
@@ -45,18 +55,10 @@ pub const CONVERT_KEY_SCHEME: &str = "infer-build-convert-key/1";
 pub const MODEL_FILE: &str = "model.onnx";
 /// The conversion report's file name in its cache entry.
 pub const REPORT_FILE: &str = "conversion.json";
-/// The calibration method when `[int8] method` is not given. Percentile (99.999th) clips rare
-/// outliers; on the PaddleOCR classifier it kept top-1 agreement where min-max and entropy
-/// did not (docs/engines.md).
-pub const DEFAULT_METHOD: &str = "percentile";
-/// Calibration methods `[int8] method` accepts.
-pub const METHODS: [&str; 3] = ["minmax", "entropy", "percentile"];
 /// Operators quantized for TensorRT: those it runs in INT8; the rest stay in float.
 pub const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
 /// Operators given FP8 Q/DQ inputs: the GEMM-shaped ones TensorRT runs in FP8.
 pub const FP8_QUANTIZE_OPS: [&str; 3] = ["Conv", "Gemm", "MatMul"];
-/// Calibration methods of the FP8 quantiser.
-pub const FP8_METHODS: [&str; 2] = ["minmax", "percentile"];
 /// Operators kept FP32 in an FP16 model, besides onnxconverter-common's own block list.
 pub const FP16_KEEP_OPS: [&str; 14] = [
     "Exp",
@@ -81,7 +83,9 @@ const CONVERT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// What to convert a target's model to, from the recipe.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertSpec {
-    /// The calibration method (INT8, FP8).
+    /// The tool that converts (`engine.convert`).
+    pub tool: ConvertTool,
+    /// The calibration method (INT8, FP8): one of `tool.methods(..)`.
     pub method: String,
     /// Calibration data directory (`*.npy` / `*.npz`); required for INT8 and FP8.
     pub calibration: Option<PathBuf>,
@@ -145,6 +149,10 @@ struct KeyMaterial<'a> {
     precision: Precision,
     tool: String,
     requirements: String,
+    /// The interpreter that converts, when it is the user's (ModelOpt) rather than the pinned
+    /// environment's; absent otherwise, so builtin keys are what they were before ModelOpt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interpreter: Option<String>,
     script: String,
     options: serde_json::Value,
     calibration: Option<String>,
@@ -152,16 +160,26 @@ struct KeyMaterial<'a> {
     inputs: Vec<(String, String, Vec<u64>)>,
 }
 
-fn tool_name(p: Precision) -> &'static str {
-    match p {
-        Precision::Int8 => "onnxruntime.quantization",
-        Precision::Fp8 => "infer-build.fp8-qdq",
-        _ => "onnxconverter-common.float16",
+fn tool_name(p: Precision, tool: ConvertTool) -> &'static str {
+    match (tool, p) {
+        (ConvertTool::ModelOpt, Precision::Int8 | Precision::Fp8) => "modelopt.onnx.quantization",
+        (ConvertTool::ModelOpt, _) => "modelopt.onnx.autocast",
+        (ConvertTool::Builtin, Precision::Int8) => "onnxruntime.quantization",
+        (ConvertTool::Builtin, Precision::Fp8) => "infer-build.fp8-qdq",
+        (ConvertTool::Builtin, _) => "onnxconverter-common.float16",
     }
 }
 
 /// The converter's options for `precision` (what goes into the key and the request).
 fn options(precision: Precision, c: &ConvertSpec) -> serde_json::Value {
+    if c.tool == ConvertTool::ModelOpt {
+        return match precision {
+            Precision::Int8 | Precision::Fp8 => {
+                serde_json::json!({ "tool": "modelopt", "method": c.method })
+            }
+            _ => serde_json::json!({ "tool": "modelopt" }),
+        };
+    }
     match precision {
         Precision::Int8 => serde_json::json!({
             "method": c.method,
@@ -206,8 +224,9 @@ pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, E
         scheme: CONVERT_KEY_SCHEME,
         source,
         precision: spec.precision,
-        tool: tool_name(spec.precision).into(),
+        tool: tool_name(spec.precision, c.tool).into(),
         requirements: sha256_digest(pyenv::REQUIREMENTS.as_bytes()),
+        interpreter: (c.tool == ConvertTool::ModelOpt).then(pyenv::modelopt_python),
         script: sha256_digest(pyenv::SCRIPT.as_bytes()),
         options: options(spec.precision, c),
         calibration: digest(&c.calibration)?,
@@ -291,14 +310,16 @@ pub fn convert(
             reason: format!("{} conversion needs calibration data: set `[{table}] calibration` to a directory of *.npy / *.npz batches", spec.precision),
         });
     }
-    if spec.precision == Precision::Fp8 && !FP8_METHODS.contains(&c.method.as_str()) {
+    let methods = c.tool.methods(spec.precision == Precision::Fp8);
+    if !table.is_empty() && !methods.contains(&c.method.as_str()) {
         return Err(Error::Input {
             target: spec.target.clone(),
             input: "-".into(),
             reason: format!(
-                "fp8 calibration method `{}`: use one of {}",
+                "{table} calibration method `{}` under the {} converter: use one of {}",
                 c.method,
-                FP8_METHODS.join(", ")
+                c.tool,
+                methods.join(", ")
             ),
         });
     }
@@ -310,7 +331,10 @@ pub fn convert(
     if let Some(hit) = read_entry(&dir, &key, spec.precision)? {
         return Ok(hit);
     }
-    let env = pyenv::ensure(pyenv_root, runner)?;
+    let env = match c.tool {
+        ConvertTool::Builtin => pyenv::ensure(pyenv_root, runner)?,
+        ConvertTool::ModelOpt => pyenv::modelopt(runner)?,
+    };
     let staging = root.join(format!("{key}.staging.{}", std::process::id()));
     if staging.exists() {
         let _ = std::fs::remove_dir_all(&staging);
@@ -399,6 +423,18 @@ fn run_converter(
 }
 
 impl Report {
+    /// The tool that converted, with ModelOpt's and torch's versions when it was ModelOpt.
+    pub fn tool(&self) -> String {
+        let name = self.options["tool"].as_str().unwrap_or("unknown");
+        match (
+            self.versions.get("nvidia-modelopt"),
+            self.versions.get("torch"),
+        ) {
+            (Some(m), Some(t)) => format!("{name} (nvidia-modelopt {m}, torch {t})"),
+            _ => name.to_string(),
+        }
+    }
+
     /// One line per output: `name: max abs …, max rel …, top-1 …`.
     pub fn summary(&self) -> Vec<String> {
         let f = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.3e}"));
@@ -439,7 +475,8 @@ mod tests {
             v("580.65"),
         );
         let c = ConvertSpec {
-            method: DEFAULT_METHOD.into(),
+            tool: ConvertTool::Builtin,
+            method: ConvertTool::Builtin.default_method().into(),
             calibration: calib,
             evaluation: None,
             thresholds: super::super::accuracy::Thresholds::default_for(precision),
@@ -527,5 +564,86 @@ mod tests {
         assert!(again.cached);
         assert_eq!(runner.calls().len(), 4);
         assert_eq!(again.onnx_digest, done.onnx_digest);
+    }
+
+    /// `engine.convert = "modelopt"`: the user's interpreter is probed (no venv, no pip); one
+    /// that cannot import ModelOpt is refused with the import error; one that can converts with
+    /// `"tool": "modelopt"` in the request, and its key is not the builtin one.
+    #[test]
+    fn modelopt_runs_in_the_users_python_or_is_refused_with_the_import_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&tmp.path().join("cache")).unwrap();
+        let data = tmp.path().join("calib");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("a.npy"), b"1").unwrap();
+        let (s, builtin) = spec(Precision::Int8, Some(data.clone()));
+        let c = ConvertSpec {
+            tool: ConvertTool::ModelOpt,
+            method: ConvertTool::ModelOpt.default_method().into(),
+            ..builtin.clone()
+        };
+        assert_ne!(
+            key(&s, &c, "sha256:a").unwrap(),
+            key(&s, &builtin, "sha256:a").unwrap()
+        );
+        let envs = tmp.path().join("pyenv");
+
+        let missing = RecordingRunner::new(|_| {
+            Output::failed(
+                1,
+                "Traceback (most recent call last):\n  File \"<string>\", line 30, in versions\nModuleNotFoundError: No module named 'modelopt'\n",
+            )
+        });
+        let e = convert(&s, &c, "sha256:a", &cache, &envs, &missing).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::NoModelOpt { .. }) && !e.is_bad_input(),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("No module named 'modelopt'")
+                && msg.contains("INFER_BUILD_MODELOPT_PYTHON")
+                && msg.contains(&format!("`{}`", pyenv::modelopt_python())),
+            "{msg}"
+        );
+        let calls = missing.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].argv()[0], pyenv::modelopt_python());
+        assert!(!envs.exists(), "no environment is created for ModelOpt");
+
+        let versions = r#"{"numpy": "2.2.6", "nvidia-modelopt": "0.47.0", "onnx": "1.19.1", "onnxruntime": "1.22.0", "python": "3.11.7", "torch": "2.9.1"}"#;
+        let ok = RecordingRunner::new(move |cmd| {
+            let req: serde_json::Value =
+                serde_json::from_slice(cmd.stdin.as_deref().unwrap_or(b"{}")).unwrap();
+            assert_eq!(req["tool"], "modelopt", "{req}");
+            if req["command"] == "versions" {
+                return Output::ok(format!("\n{versions}\n"));
+            }
+            assert_eq!(req["method"], "entropy", "{req}");
+            std::fs::write(req["output"].as_str().unwrap(), b"quantized").unwrap();
+            Output::ok(format!(
+                "\n{{\"versions\": {versions}, \"options\": {{\"tool\": \"modelopt.onnx.quantization\"}}, \"evaluation\": {{\"source\": \"calibration data\", \"batches\": 1}}, \"outputs\": [{{\"name\": \"output\", \"max_abs\": 0.01, \"max_rel\": 0.02}}], \"seconds\": {{\"convert\": 2.0, \"compare\": 0.1}}}}\n"
+            ))
+        });
+        let done = convert(&s, &c, "sha256:a", &cache, &envs, &ok).unwrap();
+        assert!(!done.cached && !done.env_created);
+        assert_eq!(
+            done.report.tool(),
+            "modelopt.onnx.quantization (nvidia-modelopt 0.47.0, torch 2.9.1)"
+        );
+        let argv: Vec<Vec<String>> = ok.calls().iter().map(|c| c.argv()).collect();
+        assert_eq!(argv.len(), 2, "{argv:?}");
+        assert!(argv.iter().all(|a| a[0] == pyenv::modelopt_python()));
+
+        // ModelOpt has no percentile calibration.
+        let p = ConvertSpec {
+            method: "percentile".into(),
+            ..c.clone()
+        };
+        let e = convert(&s, &p, "sha256:b", &cache, &envs, &ok).unwrap_err();
+        assert!(
+            e.is_bad_input() && e.to_string().contains("minmax, entropy"),
+            "{e}"
+        );
     }
 }

@@ -148,6 +148,8 @@ pub enum Error {
         reason: String,
         converted: String,
     },
+    #[error("engine.convert = \"modelopt\" needs a Python with nvidia-modelopt, torch, onnx and onnxruntime (NVIDIA's TensorRT containers have them), and `{python}` cannot import them: {reason}\nhint: set INFER_BUILD_MODELOPT_PYTHON to such an interpreter, or drop engine.convert to use the builtin converter (no torch needed)")]
+    NoModelOpt { python: String, reason: String },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }

@@ -35,6 +35,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct PyEnv {
     pub dir: PathBuf,
+    /// The interpreter when it is not the environment's own (`engine.convert = "modelopt"`).
+    pub interpreter: Option<PathBuf>,
     /// Package versions as the environment reports them (`python`, `numpy`, `onnx`,
     /// `onnxruntime`, `onnxconverter-common`).
     pub versions: BTreeMap<String, String>,
@@ -44,6 +46,9 @@ pub struct PyEnv {
 
 impl PyEnv {
     pub fn python(&self) -> PathBuf {
+        if let Some(p) = &self.interpreter {
+            return p.clone();
+        }
         self.dir.join("bin").join("python")
     }
 }
@@ -111,6 +116,51 @@ pub fn probe(runner: &dyn Runner, python: &Path) -> Result<BTreeMap<String, Stri
     })
 }
 
+/// The interpreter `engine.convert = "modelopt"` runs: `$INFER_BUILD_MODELOPT_PYTHON`, else
+/// `python3` on `PATH`. It is the user's (ModelOpt's ONNX tools import torch, which the pinned
+/// environment does not carry), so infer-build installs nothing into it.
+pub fn modelopt_python() -> String {
+    std::env::var("INFER_BUILD_MODELOPT_PYTHON")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "python3".into())
+}
+
+/// The ModelOpt interpreter, ready: it imports `modelopt.onnx.quantization` (hence torch),
+/// onnx and onnxruntime, and reports their versions. Refused with the import error otherwise.
+pub fn modelopt(runner: &dyn Runner) -> Result<PyEnv, Error> {
+    let python = modelopt_python();
+    let cmd = Cmd::new(&python)
+        .args(["-c", SCRIPT])
+        .stdin(br#"{"command": "versions", "tool": "modelopt"}"#.to_vec())
+        .timeout(PROBE_TIMEOUT);
+    let missing = |reason: String| Error::NoModelOpt {
+        python: python.clone(),
+        reason,
+    };
+    let out = runner.run(&cmd).map_err(|e| missing(e.to_string()))?;
+    if !out.success() {
+        // The import error is the last line of the traceback.
+        let tail = out.tail(1);
+        return Err(missing(if tail.trim().is_empty() {
+            format!("exit {:?}", out.code)
+        } else {
+            tail.trim().to_string()
+        }));
+    }
+    let versions: BTreeMap<String, String> =
+        last_json(&out.stdout_text()).map_err(|reason| Error::ToolOutput {
+            tool: "converter",
+            reason,
+        })?;
+    Ok(PyEnv {
+        dir: PathBuf::new(),
+        interpreter: Some(PathBuf::from(python)),
+        versions,
+        created: false,
+    })
+}
+
 /// The last line of `text` that parses as JSON.
 pub fn last_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     let line = text
@@ -134,6 +184,7 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if let Some(versions) = ready(&dir) {
         return Ok(PyEnv {
             dir,
+            interpreter: None,
             versions,
             created: false,
         });
@@ -143,6 +194,7 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if let Some(versions) = ready(&dir) {
         return Ok(PyEnv {
             dir,
+            interpreter: None,
             versions,
             created: false,
         });
@@ -166,6 +218,7 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     std::fs::rename(&staging, &dir).map_err(io(&dir))?;
     Ok(PyEnv {
         dir,
+        interpreter: None,
         versions,
         created: true,
     })

@@ -38,6 +38,66 @@ pub struct Engine {
     /// `engine.cpu`: the CPU target's engine (default `auto`; span: the table, or the start
     /// when there is none).
     pub cpu: Located<CpuEngine>,
+    /// `engine.convert`: the tool that makes the FP16 / INT8 / FP8 model of GPU targets
+    /// (default `builtin`; span: the key, the table, or the start).
+    pub convert: Located<ConvertTool>,
+}
+
+/// `engine.convert`: which tool converts an FP32 ONNX to the precision a GPU target asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvertTool {
+    /// The pinned environment infer-build creates: onnxconverter-common (FP16), ONNX Runtime's
+    /// quantiser (INT8), infer-build's own Q/DQ insertion (FP8). Runs anywhere, no torch.
+    #[default]
+    Builtin,
+    /// NVIDIA's Model Optimizer (AutoCast for FP16, `modelopt.onnx.quantization` for INT8 and
+    /// FP8), from a Python that has it and torch (NVIDIA's TensorRT containers do).
+    ModelOpt,
+}
+
+impl ConvertTool {
+    pub fn parse(s: &str) -> Option<ConvertTool> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "builtin" => Some(ConvertTool::Builtin),
+            "modelopt" | "model-optimizer" | "nvidia-modelopt" => Some(ConvertTool::ModelOpt),
+            _ => None,
+        }
+    }
+
+    /// The calibration methods this tool takes for INT8 (`fp8 = false`) or FP8.
+    pub fn methods(self, fp8: bool) -> &'static [&'static str] {
+        match (self, fp8) {
+            (ConvertTool::Builtin, false) => &CALIBRATION_METHODS,
+            (ConvertTool::Builtin, true) => &FP8_CALIBRATION_METHODS,
+            // ModelOpt's `max` and `entropy` (int8 and fp8 alike).
+            (ConvertTool::ModelOpt, _) => &MODELOPT_CALIBRATION_METHODS,
+        }
+    }
+
+    /// The calibration method when `[int8] method` / `[fp8] method` is not given.
+    pub fn default_method(self) -> &'static str {
+        match self {
+            // Percentile (99.999th) clips rare outliers; on the PaddleOCR classifier it kept
+            // top-1 agreement where min-max and entropy did not (docs/engines.md).
+            ConvertTool::Builtin => "percentile",
+            // ModelOpt's own default for INT8 and FP8.
+            ConvertTool::ModelOpt => "entropy",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConvertTool::Builtin => "builtin",
+            ConvertTool::ModelOpt => "modelopt",
+        }
+    }
+}
+
+impl fmt::Display for ConvertTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `engine.cpu`: which engine the CPU target ships.
@@ -433,6 +493,10 @@ pub struct Fp8 {
     /// [`FP8_CALIBRATION_METHODS`]; `None` for the default (`percentile`).
     pub method: Option<Located<String>>,
 }
+
+/// Calibration methods `[int8] method` and `[fp8] method` accept under `engine.convert =
+/// "modelopt"` (ModelOpt's `max`, spelled `minmax` here as for the builtin tools, and `entropy`).
+pub const MODELOPT_CALIBRATION_METHODS: [&str; 2] = ["minmax", "entropy"];
 
 /// Calibration methods `[fp8] method` accepts (infer-build's FP8 quantiser: the largest
 /// magnitude, or its 99.999th percentile).

@@ -40,7 +40,7 @@ const ROOT_KEYS: [&str; 10] = [
     "model", "targets", "engine", "int8", "fp8", "accuracy", "batching", "warmup", "image",
     "deploy",
 ];
-const ENGINE_KEYS: [&str; 1] = ["cpu"];
+const ENGINE_KEYS: [&str; 2] = ["cpu", "convert"];
 const MODEL_KEYS: [&str; 6] = [
     "name",
     "version",
@@ -132,11 +132,14 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             None
         }
     };
+    let engine_table = cx.table(&root, "engine");
+    let engine = engine(cx, engine_table.as_ref());
+    let tool = engine.convert.value;
     let int8_table = cx.table(&root, "int8");
-    let int8 = int8_table.as_ref().map(|t| int8(cx, t, &mut files));
+    let int8 = int8_table.as_ref().map(|t| int8(cx, t, tool, &mut files));
     check_int8_needed(cx, &targets, int8_table.as_ref());
     let fp8_table = cx.table(&root, "fp8");
-    let fp8 = fp8_table.as_ref().map(|t| fp8(cx, t, &mut files));
+    let fp8 = fp8_table.as_ref().map(|t| fp8(cx, t, tool, &mut files));
     check_fp8_needed(cx, &targets, fp8_table.as_ref());
     let accuracy_table = cx.table(&root, "accuracy");
     let accuracy = accuracy_table
@@ -150,8 +153,6 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let image = image(cx, image_table.as_ref(), model_name, &targets);
     let deploy_table = cx.table(&root, "deploy");
     let deploy = deploy(cx, deploy_table.as_ref(), &batching);
-    let engine_table = cx.table(&root, "engine");
-    let engine = engine(cx, engine_table.as_ref());
 
     let recipe = match (cx.diagnostics.is_empty(), model) {
         (true, Some(model)) => Some(Recipe {
@@ -179,6 +180,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
 fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
     let mut out = Engine {
         cpu: Located::new(CpuEngine::Auto, span_or(t), "engine.cpu"),
+        convert: Located::new(ConvertTool::Builtin, span_or(t), "engine.convert"),
     };
     let Some(t) = t else {
         return out;
@@ -192,6 +194,17 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
                 &v.key,
                 format!("unknown CPU engine {:?}", v.value),
                 "engines: \"auto\" (measure both, ship the faster), \"tract\", \"onnxruntime\"",
+            ),
+        }
+    }
+    if let Some(v) = cx.string(t, "convert") {
+        match ConvertTool::parse(&v.value) {
+            Some(c) => out.convert = Located::new(c, v.span, v.key.clone()),
+            None => cx.error_hint(
+                v.span,
+                &v.key,
+                format!("unknown precision converter {:?}", v.value),
+                "converters: \"builtin\" (the pinned environment infer-build creates, no torch), \"modelopt\" (NVIDIA Model Optimizer, from a Python with it and torch)",
             ),
         }
     }
@@ -893,7 +906,44 @@ fn version(
 // ---------------------------------------------------------------------------------------------
 // [int8]
 
-fn int8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Int8 {
+/// `[int8] method` / `[fp8] method`: one the converter (`engine.convert`) has.
+fn check_method(cx: &mut Checker<'_>, m: &Located<String>, tool: ConvertTool, fp8: bool) {
+    let methods = tool.methods(fp8);
+    if methods.contains(&m.value.as_str()) {
+        return;
+    }
+    let what = if fp8 {
+        "fp8 calibration method"
+    } else {
+        "calibration method"
+    };
+    let known = ConvertTool::Builtin
+        .methods(fp8)
+        .iter()
+        .chain(ConvertTool::ModelOpt.methods(fp8))
+        .any(|k| *k == m.value);
+    let message = if known {
+        format!(
+            "the {tool} converter (engine.convert) has no {what} `{}`",
+            m.value
+        )
+    } else {
+        format!("unknown {what} `{}`", m.value)
+    };
+    cx.error_hint(
+        m.span,
+        &m.key,
+        message,
+        format!("use one of {}", methods.join(", ")),
+    );
+}
+
+fn int8(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    tool: ConvertTool,
+    files: &mut Vec<FileRef>,
+) -> Int8 {
     cx.unknown_keys(t, &INT8_KEYS);
     let calibration = cx
         .string(t, "calibration")
@@ -925,14 +975,7 @@ fn int8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> In
     }
     let method = cx.string(t, "method");
     if let Some(m) = &method {
-        if !CALIBRATION_METHODS.contains(&m.value.as_str()) {
-            cx.error_hint(
-                m.span,
-                &m.key,
-                format!("unknown calibration method `{}`", m.value),
-                format!("use one of {}", CALIBRATION_METHODS.join(", ")),
-            );
-        }
+        check_method(cx, m, tool, false);
         if qdq.value {
             cx.error_hint(
                 m.span,
@@ -953,7 +996,12 @@ fn int8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> In
 // ---------------------------------------------------------------------------------------------
 // [fp8]
 
-fn fp8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Fp8 {
+fn fp8(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    tool: ConvertTool,
+    files: &mut Vec<FileRef>,
+) -> Fp8 {
     cx.unknown_keys(t, &FP8_KEYS);
     let calibration = cx
         .string(t, "calibration")
@@ -973,14 +1021,7 @@ fn fp8(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -> Fp8
     }
     let method = cx.string(t, "method");
     if let Some(m) = &method {
-        if !FP8_CALIBRATION_METHODS.contains(&m.value.as_str()) {
-            cx.error_hint(
-                m.span,
-                &m.key,
-                format!("unknown fp8 calibration method `{}`", m.value),
-                format!("use one of {}", FP8_CALIBRATION_METHODS.join(", ")),
-            );
-        }
+        check_method(cx, m, tool, true);
     }
     Fp8 {
         calibration,

@@ -284,3 +284,144 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         "{err}"
     );
 }
+
+/// `engine.convert = "modelopt"` on the same classifier. Its interpreter is the user's
+/// (`$INFER_BUILD_MODELOPT_PYTHON`): the test tools' Python has onnx and onnxruntime but not
+/// ModelOpt (its ONNX tools import torch, which CI does not install), so the engine stage
+/// refuses before converting anything, naming the import error and the variable; a ModelOpt
+/// calibration method ModelOpt lacks is refused by `check` with the recipe's line. Where
+/// `$INFER_BUILD_TEST_MODELOPT_PYTHON` names an interpreter with nvidia-modelopt and torch, the
+/// three precisions are converted by ModelOpt and pass the same accuracy gate.
+#[test]
+fn py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing() {
+    let py = python();
+    let have = Command::new(&py)
+        .args(["-c", "import onnxruntime, numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!(
+            "skipping py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing: {} lacks onnxruntime/numpy",
+            py.display()
+        );
+        return;
+    }
+    let o = Command::new(&py)
+        .arg(super::real_models::script())
+        .arg("fetch")
+        .arg(model_cache())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "fetching the models: {}", stderr(&o));
+    let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let onnx = PathBuf::from(models["ocr-cls"].as_str().unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let o = Command::new(&py)
+        .arg(support::root().join("tests/it/precision_data.py"))
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir = recipe_dir(tmp.path(), &onnx, &data, "calib");
+    let recipe = dir.join("recipe.toml");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    std::fs::write(
+        &recipe,
+        format!("{text}\n[engine]\nconvert = \"modelopt\"\n"),
+    )
+    .unwrap();
+    let cache = tmp.path().join("cache");
+    let engine_with = |python: &Path, target: &str| {
+        support::infer_build()
+            .current_dir(&dir)
+            .env("INFER_BUILD_PYENV", pyenv_root())
+            .env("INFER_BUILD_MODELOPT_PYTHON", python)
+            .args(["engine", "recipe.toml", "--target", target, "--cache"])
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+
+    // An interpreter without ModelOpt: refused before any conversion, exit 1 (the machine's
+    // tools, not the recipe), with the import error and what to do.
+    let o = engine_with(&py, "sm89-int8");
+    let err = stderr(&o);
+    eprintln!("without modelopt:\n{err}");
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("engine.convert = \"modelopt\" needs a Python with nvidia-modelopt")
+            && err.contains("No module named 'modelopt'")
+            && err.contains("INFER_BUILD_MODELOPT_PYTHON"),
+        "{err}"
+    );
+    assert!(
+        !cache.join("v1/converted").exists()
+            || std::fs::read_dir(cache.join("v1/converted"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+
+    // A calibration method ModelOpt does not have: `check` names the line and the key.
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    std::fs::write(
+        &recipe,
+        text.replace("[int8]\n", "[int8]\nmethod = \"percentile\"\n"),
+    )
+    .unwrap();
+    let o = support::run_in(&dir, &["check", "recipe.toml"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("recipe.toml:")
+            && err.contains("int8.method")
+            && err.contains(
+                "the modelopt converter (engine.convert) has no calibration method `percentile`"
+            )
+            && err.contains("minmax, entropy"),
+        "{err}"
+    );
+    std::fs::write(&recipe, &text).unwrap();
+
+    let Some(modelopt) = std::env::var_os("INFER_BUILD_TEST_MODELOPT_PYTHON") else {
+        eprintln!(
+            "py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing: ModelOpt's own conversions not run: set INFER_BUILD_TEST_MODELOPT_PYTHON to a Python with nvidia-modelopt[onnx] and torch (the test tools leave torch out)"
+        );
+        return;
+    };
+    let modelopt = PathBuf::from(modelopt);
+    for target in ["sm89-fp16", "sm89-int8", "sm89-fp8"] {
+        let start = Instant::now();
+        let o = engine_with(&modelopt, target);
+        let err = stderr(&o);
+        eprintln!(
+            "{target} with ModelOpt ({:.1}s):\n{err}",
+            start.elapsed().as_secs_f64()
+        );
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("accuracy against FP32 on evaluation data, 16 batches: passed")
+                && err.contains("needs a GPU"),
+            "{err}"
+        );
+    }
+    let reports: Vec<serde_json::Value> = std::fs::read_dir(cache.join("v1/converted"))
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.unwrap().path().join("conversion.json")).ok())
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 3);
+    for r in &reports {
+        assert!(r["versions"]["nvidia-modelopt"].is_string(), "{r}");
+        assert!(r["versions"]["torch"].is_string(), "{r}");
+        assert!(
+            r["options"]["tool"]
+                .as_str()
+                .unwrap()
+                .starts_with("modelopt.onnx."),
+            "{r}"
+        );
+    }
+}

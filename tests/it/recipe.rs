@@ -1421,7 +1421,37 @@ fn fp8_calibration_table() {
     let e = errors(format!("{BASE}{targets}[fp8]\nmethod = \"entropy\"\n"));
     assert!(
         e.contains("[fp8] needs `calibration`")
-            && e.contains("unknown fp8 calibration method `entropy`"),
+            && e.contains(
+                "the builtin converter (engine.convert) has no fp8 calibration method `entropy`"
+            )
+            && e.contains("hint: use one of minmax, percentile"),
         "{e}"
+    );
+}
+
+#[test]
+fn engine_convert_picks_the_converter_and_its_calibration_methods() {
+    let targets = "\n[targets]\ngpus = [\"L4\"]\nprecision = [\"int8\", \"fp8\"]\n";
+    let tables = "[int8]\ncalibration = \"c/\"\n[fp8]\ncalibration = \"c/\"\n";
+    let r = parse_ok(&format!("{BASE}{targets}{tables}"));
+    assert_eq!(r.engine.convert.value, recipe::ConvertTool::Builtin);
+    let r = parse_ok(&format!(
+        "{BASE}{targets}{tables}[engine]\nconvert = \"modelopt\"\n"
+    ));
+    assert_eq!(r.engine.convert.value, recipe::ConvertTool::ModelOpt);
+    // ModelOpt's `entropy` is fine for FP8 there; its missing percentile is refused at its line.
+    let r = parse_ok(&format!(
+        "{BASE}{targets}[int8]\ncalibration = \"c/\"\nmethod = \"minmax\"\n[fp8]\ncalibration = \"c/\"\nmethod = \"entropy\"\n[engine]\nconvert = \"modelopt\"\n"
+    ));
+    assert_eq!(r.fp8.unwrap().method.unwrap().value, "entropy");
+    check(
+        &format!("{BASE}{targets}[int8]\ncalibration = \"c/\"\nmethod = \"percentile\"\n[fp8]\ncalibration = \"c/\"\n[engine]\nconvert = \"torch\"\n"),
+        r#"recipe.toml:19:11: engine.convert: unknown precision converter "torch"
+  hint: converters: "builtin" (the pinned environment infer-build creates, no torch), "modelopt" (NVIDIA Model Optimizer, from a Python with it and torch)"#,
+    );
+    check(
+        &format!("{BASE}{targets}[int8]\ncalibration = \"c/\"\nmethod = \"percentile\"\n[fp8]\ncalibration = \"c/\"\n[engine]\nconvert = \"modelopt\"\n"),
+        r#"recipe.toml:15:10: int8.method: the modelopt converter (engine.convert) has no calibration method `percentile`
+  hint: use one of minmax, entropy"#,
     );
 }

@@ -8,6 +8,8 @@
 #   - the same calls with the conversion cached;
 #   - reference, in the same run: the bare converter (src/engine/convert.py with the same
 #     request, run by the environment's Python), i.e. the tools' own cost without infer-build.
+#   - with INFER_BUILD_MODELOPT_PYTHON set (a Python with nvidia-modelopt[onnx] and torch): the
+#     three cold conversions again under `engine.convert = "modelopt"`.
 #   usage: bench/convert.sh   (env: RUNS=5 INFER_BUILD=target/release/infer-build
 #                              INFER_BUILD_PYTHON=python with numpy+onnxruntime for the data)
 set -euo pipefail
@@ -27,6 +29,16 @@ cp "$onnx" "$W/r/model.onnx"
 "$PY" tests/it/precision_data.py "$W/r"
 sed -n '/^const RECIPE: &str = r#"/,/^"#;/p' tests/it/precision.rs | sed '1s/.*r#"//; $d' \
     | sed 's/CALIB/calib/' > "$W/r/recipe.toml"
+modelopt=()
+if [ -n "${INFER_BUILD_MODELOPT_PYTHON:-}" ]; then
+    mkdir -p "$W/m"
+    cp -r "$W/r/." "$W/m/"
+    printf '\n[engine]\nconvert = "modelopt"\n' >> "$W/m/recipe.toml"
+    for p in fp16 int8 fp8; do
+        modelopt+=(--prepare "rm -rf $W/c2/v1/converted" -n "engine $p, cold conversion, modelopt"
+            "$BIN engine $W/m/recipe.toml --target sm89-$p --cache $W/c2")
+    done
+fi
 # Once, to create the converter environment if needed and to print the figures.
 "$BIN" engine "$W/r/recipe.toml" --target sm89-fp16 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
 "$BIN" engine "$W/r/recipe.toml" --target sm89-int8 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
@@ -58,7 +70,8 @@ hyperfine -N -i --runs "$RUNS" --export-json "$W/h.json" \
     --prepare "true" -n "bare converter int8 (reference)" \
         "sh -c '$envpy src/engine/convert.py < $W/int8.json'" \
     --prepare "true" -n "bare converter fp8 (reference)" \
-        "sh -c '$envpy src/engine/convert.py < $W/fp8.json'" >&2
+        "sh -c '$envpy src/engine/convert.py < $W/fp8.json'" \
+    ${modelopt[@]+"${modelopt[@]}"} >&2
 python3 - "$W/h.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["results"]

@@ -240,26 +240,14 @@ type Targets = (
 /// The image identity, one spec per target to build, the base images pulled for them and the
 /// ONNX model (for the SBOM).
 fn targets(args: &BuildArgs) -> Result<Targets, Error> {
-    let mut recipe = crate::recipe::load(&args.input)?;
-    let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
-    let lock_path = crate::plan::lock::path_for(&recipe.file);
-    let lock = crate::plan::lock::read(&lock_path).map_err(crate::plan::Error::from)?;
-    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
-    let mut selected: Vec<&TargetPlan> = Vec::new();
-    if args.targets.is_empty() {
-        selected = plan.targets.iter().collect();
-    } else {
-        for id in &args.targets {
-            let t = plan.target(id).ok_or_else(|| {
-                let known: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
-                Error::Usage(format!(
-                    "--target {id}: the plan has no such target (targets: {})",
-                    known.join(", ")
-                ))
-            })?;
-            selected.push(t);
-        }
-    }
+    let crate::plan::Project {
+        mut recipe,
+        matrix,
+        lock_path,
+        plan,
+        ..
+    } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
+    let selected: Vec<&TargetPlan> = plan.select(&args.targets)?;
 
     // Each runtime flavour is looked for only when a target needs it.
     let exe = std::env::current_exe().ok();

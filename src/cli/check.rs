@@ -21,11 +21,7 @@ pub struct CheckArgs {
 /// Load the recipe, the matrix and the lock file beside the recipe, and resolve the plan. The
 /// shared first half of `check` and `plan`.
 pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPlan, Error> {
-    let recipe = crate::recipe::load(recipe)?;
-    let matrix = crate::matrix::load(matrix)?;
-    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
-        .map_err(crate::plan::Error::from)?;
-    Ok(crate::plan::resolve(&recipe, &matrix, lock.as_ref())?)
+    Ok(crate::plan::Project::load(recipe, matrix)?.plan)
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Error> {

@@ -62,31 +62,13 @@ fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
 }
 
 pub fn run(a: DeployArgs) -> Result<(), Error> {
-    let recipe = crate::recipe::load(&a.input)?;
-    let matrix = crate::matrix::load(a.matrix.matrix.as_deref())?;
-    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
-        .map_err(crate::plan::Error::from)?;
-    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
-
-    let known = || {
-        plan.targets
-            .iter()
-            .map(|t| t.id.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let targets: Vec<&TargetPlan> = if a.targets.is_empty() {
-        plan.targets.iter().collect()
-    } else {
-        let mut v = Vec::new();
-        for id in &a.targets {
-            v.push(plan.target(id).ok_or_else(|| DeployError::UnknownTarget {
-                target: id.clone(),
-                known: known(),
-            })?);
-        }
-        v
-    };
+    let crate::plan::Project {
+        recipe,
+        matrix,
+        plan,
+        ..
+    } = crate::plan::Project::load(&a.input, a.matrix.matrix.as_deref())?;
+    let targets: Vec<&TargetPlan> = plan.select(&a.targets)?;
     if a.image.is_some() && targets.len() != 1 {
         return Err(Error::Usage(format!(
             "--image names one image but the plan has {} targets: add --target ID",

@@ -36,39 +36,21 @@ pub struct EngineArgs {
 
 pub fn run(args: EngineArgs) -> Result<(), Error> {
     let started = Instant::now();
-    let recipe = crate::recipe::load(&args.input)?;
-    let matrix = crate::matrix::load(args.matrix.matrix.as_deref())?;
-    let lock = crate::plan::lock::read(&crate::plan::lock::path_for(&recipe.file))
-        .map_err(crate::plan::Error::from)?;
-    let plan = crate::plan::resolve(&recipe, &matrix, lock.as_ref())?;
-    let target = plan
-        .target(&args.target)
-        .ok_or_else(|| engine::Error::UnknownTarget {
-            target: args.target.clone(),
-            available: plan
-                .targets
-                .iter()
-                .map(|t| t.id.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+    let crate::plan::Project {
+        recipe,
+        matrix,
+        lock_path,
+        plan,
+        ..
+    } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
+    let target = plan.require(&args.target)?;
     let mut spec = engine::adapt::spec(&recipe, target)?;
     // A CPU target whose engine may be ONNX Runtime: measure it against tract.
-    spec.onnxruntime = crate::cli::build::ort_candidate(
-        &matrix,
-        &crate::plan::lock::path_for(&recipe.file),
-        false,
-        target,
-        &recipe,
-    )?
-    .map(|(candidate, _)| candidate);
+    spec.onnxruntime =
+        crate::cli::build::ort_candidate(&matrix, &lock_path, false, target, &recipe)?
+            .map(|(candidate, _)| candidate);
     // Under `engine.cpu = "tract"`: the ONNX Runtime that may fold the model for tract.
-    spec.folding = crate::cli::build::folding(
-        &matrix,
-        &crate::plan::lock::path_for(&recipe.file),
-        false,
-        target,
-    );
+    spec.folding = crate::cli::build::folding(&matrix, &lock_path, false, target);
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
     let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;

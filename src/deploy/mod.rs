@@ -31,8 +31,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("deploy: target `{target}` is not in the plan (targets: {known})")]
-    UnknownTarget { target: String, known: String },
     #[error("deploy: {0}")]
     Input(String),
 }

@@ -123,8 +123,6 @@ pub enum Error {
         path: PathBuf,
         differences: String,
     },
-    #[error("unknown target `{target}`; the plan has: {available}")]
-    UnknownTarget { target: String, available: String },
     #[error("precision conversion: {reason}")]
     Convert { reason: String },
     #[error("target {target}: converting the model to {precision} failed:\n{tail}")]
@@ -170,7 +168,6 @@ impl Error {
                 | Error::NoCacheDir(_)
                 | Error::NotFound { .. }
                 | Error::Mismatch { .. }
-                | Error::UnknownTarget { .. }
                 | Error::Accuracy { .. }
         )
     }

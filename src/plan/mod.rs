@@ -10,16 +10,18 @@
 //! `file:line:col` (the recipe module's [`Diagnostic`]).
 //!
 //! Pure: no filesystem, network, environment or clock; the CLI reads the recipe, the matrix and
-//! the lock file and passes values in. The one exception is [`lock::read`], the edge function
-//! that loads a lock file for callers. This module must not build, pull or push anything.
+//! the lock file and passes values in. The exceptions are the edge functions that load for
+//! callers: [`lock::read`] (a lock file) and [`Project::load`] (recipe, matrix, lock, plan). This module must not build, pull or push anything.
 
 pub mod lock;
+pub mod project;
 mod resolve;
 pub mod tag;
 mod types;
 
 use std::path::PathBuf;
 
+pub use project::Project;
 pub use resolve::resolve;
 pub use types::*;
 
@@ -29,7 +31,13 @@ use crate::recipe::Diagnostic;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
+    Recipe(#[from] crate::recipe::Error),
+    #[error(transparent)]
+    Matrix(#[from] crate::matrix::Error),
+    #[error(transparent)]
     Lock(#[from] lock::LockError),
+    #[error("unknown target `{target}`; the plan has: {available}")]
+    UnknownTarget { target: String, available: String },
     /// Targets the matrix says cannot work; every one found, in recipe order.
     #[error("{}", render_refused(file, diagnostics))]
     Refused {
@@ -53,8 +61,12 @@ impl Error {
     /// True when the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
+            Error::Recipe(e) => e.is_bad_input(),
+            Error::Matrix(e) => e.is_bad_input(),
             Error::Lock(lock::LockError::Read { .. }) => false,
-            Error::Lock(lock::LockError::Invalid { .. }) | Error::Refused { .. } => true,
+            Error::Lock(lock::LockError::Invalid { .. })
+            | Error::Refused { .. }
+            | Error::UnknownTarget { .. } => true,
         }
     }
 
@@ -62,7 +74,7 @@ impl Error {
     pub fn diagnostics(&self) -> &[Diagnostic] {
         match self {
             Error::Refused { diagnostics, .. } => diagnostics,
-            Error::Lock(_) => &[],
+            _ => &[],
         }
     }
 }

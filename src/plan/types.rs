@@ -33,6 +33,28 @@ impl BuildPlan {
         self.targets.iter().find(|t| t.id == id)
     }
 
+    /// The target `id`, or bad input naming the targets the plan has.
+    pub fn require(&self, id: &str) -> Result<&TargetPlan, super::Error> {
+        self.target(id).ok_or_else(|| super::Error::UnknownTarget {
+            target: id.to_string(),
+            available: self
+                .targets
+                .iter()
+                .map(|t| t.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// The targets named by `ids`, in that order (every target when `ids` is empty); an id the
+    /// plan does not have is bad input naming the ones it has.
+    pub fn select(&self, ids: &[String]) -> Result<Vec<&TargetPlan>, super::Error> {
+        if ids.is_empty() {
+            return Ok(self.targets.iter().collect());
+        }
+        ids.iter().map(|id| self.require(id)).collect()
+    }
+
     /// Base images that still need their digest recorded in the lock file (first pull).
     pub fn unpinned_images(&self) -> Vec<&ImagePin> {
         let mut v: Vec<&ImagePin> = self

@@ -401,10 +401,16 @@ fn bench_tune_on_the_known_cost_model() {
     // The cost model fitted to the sweep is the synthetic backend's T(b) = 40 + 6b ms (plus
     // sleep overshoot), and its replay reproduces the batches the server really formed.
     let model = &v["model"];
+    // The sweep's batches are 1 to 2 rows on average, so what the data pins down is T(b) over
+    // that range, not its intercept and slope apart: a few hundred microseconds of sleep
+    // overshoot on a busy machine trade one against the other (38.4 + 7.5b fits as well as
+    // 40 + 6b there). T(1) = 46 ms and T(2) = 52 ms, late by at most a few ms, and T grows.
     let fixed = model["fixed_us"].as_f64().expect("a cost model") / 1000.0;
     let per_row = model["per_row_us"].as_f64().unwrap() / 1000.0;
-    assert!((39.0..43.0).contains(&fixed), "{model}\n{err}");
-    assert!((5.0..7.0).contains(&per_row), "{model}\n{err}");
+    let t = |b: f64| fixed + per_row * b;
+    assert!((44.0..50.0).contains(&t(1.0)), "{model}\n{err}");
+    assert!((50.0..57.0).contains(&t(2.0)), "{model}\n{err}");
+    assert!((3.0..10.0).contains(&per_row), "{model}\n{err}");
     for r in results {
         let (meas, pred) = (
             r["mean_batch"].as_f64().unwrap(),

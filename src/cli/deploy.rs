@@ -62,12 +62,8 @@ fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
 }
 
 pub fn run(a: DeployArgs) -> Result<(), Error> {
-    let crate::plan::Project {
-        recipe,
-        matrix,
-        plan,
-        ..
-    } = crate::plan::Project::load(&a.input, a.matrix.matrix.as_deref())?;
+    let crate::plan::Project { recipe, plan, .. } =
+        crate::plan::Project::load(&a.input, a.matrix.matrix.as_deref())?;
     let targets: Vec<&TargetPlan> = plan.select(&a.targets)?;
     if a.image.is_some() && targets.len() != 1 {
         return Err(Error::Usage(format!(

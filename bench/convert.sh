@@ -27,8 +27,15 @@ onnx=$(echo "$models" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["o
 mkdir -p "$W/r"
 cp "$onnx" "$W/r/model.onnx"
 "$PY" tests/it/precision_data.py "$W/r"
-sed -n '/^const RECIPE: &str = r#"/,/^"#;/p' tests/it/precision.rs | sed '1s/.*r#"//; $d' \
-    | sed 's/CALIB/calib/' > "$W/r/recipe.toml"
+# The recipe of tests/it/precision.rs: [model], the classifier's tensor tables
+# (real_models::CLS), then its RECIPE.
+{
+    printf '[model]\nname = "ocr-cls"\nversion = "1"\nonnx = "model.onnx"\n'
+    sed -n '/^pub(super) const CLS: &str = r#"/,/^"#;/p' tests/it/real_models.rs | sed '1s/.*r#"//; $d'
+    sed -n '/^const RECIPE: &str = r#"/,/^"#;/p' tests/it/precision.rs | sed '1s/.*r#"//; $d' \
+        | sed 's/CALIB/calib/'
+} > "$W/r/recipe.toml"
+"$BIN" check "$W/r/recipe.toml" >&2
 modelopt=()
 if [ -n "${INFER_BUILD_MODELOPT_PYTHON:-}" ]; then
     mkdir -p "$W/m"
@@ -39,10 +46,19 @@ if [ -n "${INFER_BUILD_MODELOPT_PYTHON:-}" ]; then
             "$BIN engine $W/m/recipe.toml --target sm89-$p --cache $W/c2")
     done
 fi
-# Once, to create the converter environment if needed and to print the figures.
-"$BIN" engine "$W/r/recipe.toml" --target sm89-fp16 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
-"$BIN" engine "$W/r/recipe.toml" --target sm89-int8 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
-"$BIN" engine "$W/r/recipe.toml" --target sm89-fp8 --cache "$W/c0" 2>&1 | sed -n '1,3p' >&2 || true
+# Once, to create the converter environment if needed and to print the figures; a call that
+# does not get as far as the GPU check (the conversion and its gate passed) stops the bench.
+once() {
+    local out
+    out=$("$BIN" engine "$1" --target "$2" --cache "$3" 2>&1 || true)
+    printf '%s\n' "$out" | sed -n '1,5p' >&2
+    grep -q 'needs a GPU to build its TensorRT engine' <<<"$out" \
+        || { echo "bench/convert.sh: engine $2 of $1 failed before the GPU check" >&2; exit 1; }
+}
+for p in fp16 int8 fp8; do once "$W/r/recipe.toml" "sm89-$p" "$W/c0"; done
+if [ ${#modelopt[@]} -gt 0 ]; then
+    for p in fp16 int8 fp8; do once "$W/m/recipe.toml" "sm89-$p" "$W/c2"; done
+fi
 envpy=$(ls -d "$INFER_BUILD_PYENV"/convert-*/ | grep -v staging | head -1)bin/python
 req() {
     printf '{"command":"convert","source":"%s","output":"%s","precision":"%s","method":"percentile","calibration":%s,"evaluation":"%s","inputs":[{"name":"x","datatype":"fp32","shape":[1,3,48,192]}],"quantize_ops":%s,"fp16_keep_ops":["Exp","Log","Pow","Sqrt","Reciprocal","ReduceMean","ReduceSum","ReduceSumSquare","ReduceL2","ReduceLogSumExp","Softmax","LogSoftmax","LayerNormalization","InstanceNormalization"]}' \

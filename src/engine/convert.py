@@ -509,6 +509,7 @@ def convert(req):
     scratch = os.path.dirname(os.path.abspath(req["output"]))
     tool = req.get("tool", "builtin")
     if tool == "modelopt":
+        versions(tool)  # every import first: a missing package fails here, before any work
         if precision in ("int8", "fp8") and calib is None:
             raise SystemExit(f"{precision} quantisation needs calibration data")
         options = modelopt_convert(req["source"], req["output"], precision, req["method"], calib)

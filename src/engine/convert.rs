@@ -21,8 +21,8 @@
 //! FP16 (inputs and outputs kept FP32), `modelopt.onnx.quantization.quantize` for INT8 and FP8
 //! (calibration `minmax`, its `max`, or `entropy`, its default; the other operators kept FP32),
 //! run on ONNX Runtime's CPU execution provider. Its ONNX tools import torch, so it runs in the
-//! user's interpreter ([`pyenv::modelopt_python`]), probed first: one that cannot import it is
-//! refused with the import error. The key then covers that interpreter instead of the pinned
+//! user's interpreter ([`pyenv::modelopt_python`]), which imports everything it needs before it
+//! converts: one that cannot import it is refused with the import error. The key then covers that interpreter instead of the pinned
 //! requirements; the report records the versions it ran with (ModelOpt, torch, onnx, ONNX
 //! Runtime). The accuracy figures are measured the same way for both tools.
 //!
@@ -333,7 +333,7 @@ pub fn convert(
     }
     let env = match c.tool {
         ConvertTool::Builtin => pyenv::ensure(pyenv_root, runner)?,
-        ConvertTool::ModelOpt => pyenv::modelopt(runner)?,
+        ConvertTool::ModelOpt => pyenv::modelopt(),
     };
     let staging = root.join(format!("{key}.staging.{}", std::process::id()));
     if staging.exists() {
@@ -397,10 +397,21 @@ fn run_converter(
         .cwd(staging)
         .stdin(serde_json::to_vec(&req).map_err(|_| Error::Internal("request json"))?)
         .timeout(CONVERT_TIMEOUT);
-    let out = runner.run(&cmd).map_err(|e| Error::Convert {
-        reason: format!("running the converter: {e}"),
+    let out = runner.run(&cmd).map_err(|e| match c.tool {
+        ConvertTool::ModelOpt => Error::NoModelOpt {
+            python: pyenv::modelopt_python(),
+            reason: e.to_string(),
+        },
+        ConvertTool::Builtin => Error::Convert {
+            reason: format!("running the converter: {e}"),
+        },
     })?;
     if !out.success() {
+        if c.tool == ConvertTool::ModelOpt {
+            if let Some(e) = pyenv::missing_modelopt(&out) {
+                return Err(e);
+            }
+        }
         return Err(Error::ConvertFailed {
             target: spec.target.clone(),
             precision: spec.precision.to_string(),
@@ -566,9 +577,9 @@ mod tests {
         assert_eq!(again.onnx_digest, done.onnx_digest);
     }
 
-    /// `engine.convert = "modelopt"`: the user's interpreter is probed (no venv, no pip); one
-    /// that cannot import ModelOpt is refused with the import error; one that can converts with
-    /// `"tool": "modelopt"` in the request, and its key is not the builtin one.
+    /// `engine.convert = "modelopt"`: the user's interpreter converts (no venv, no pip, no
+    /// separate probe); one that cannot import ModelOpt is refused with the import error; one that
+    /// can converts with `"tool": "modelopt"` in the request, and its key is not the builtin one.
     #[test]
     fn modelopt_runs_in_the_users_python_or_is_refused_with_the_import_error() {
         let tmp = tempfile::tempdir().unwrap();
@@ -616,9 +627,7 @@ mod tests {
             let req: serde_json::Value =
                 serde_json::from_slice(cmd.stdin.as_deref().unwrap_or(b"{}")).unwrap();
             assert_eq!(req["tool"], "modelopt", "{req}");
-            if req["command"] == "versions" {
-                return Output::ok(format!("\n{versions}\n"));
-            }
+            assert_eq!(req["command"], "convert", "{req}");
             assert_eq!(req["method"], "entropy", "{req}");
             std::fs::write(req["output"].as_str().unwrap(), b"quantized").unwrap();
             Output::ok(format!(
@@ -632,7 +641,7 @@ mod tests {
             "modelopt.onnx.quantization (nvidia-modelopt 0.47.0, torch 2.9.1)"
         );
         let argv: Vec<Vec<String>> = ok.calls().iter().map(|c| c.argv()).collect();
-        assert_eq!(argv.len(), 2, "{argv:?}");
+        assert_eq!(argv.len(), 1, "{argv:?}");
         assert!(argv.iter().all(|a| a[0] == pyenv::modelopt_python()));
 
         // ModelOpt has no percentile calibration.

@@ -126,38 +126,28 @@ pub fn modelopt_python() -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
-/// The ModelOpt interpreter, ready: it imports `modelopt.onnx.quantization` (hence torch),
-/// onnx and onnxruntime, and reports their versions. Refused with the import error otherwise.
-pub fn modelopt(runner: &dyn Runner) -> Result<PyEnv, Error> {
-    let python = modelopt_python();
-    let cmd = Cmd::new(&python)
-        .args(["-c", SCRIPT])
-        .stdin(br#"{"command": "versions", "tool": "modelopt"}"#.to_vec())
-        .timeout(PROBE_TIMEOUT);
-    let missing = |reason: String| Error::NoModelOpt {
-        python: python.clone(),
-        reason,
-    };
-    let out = runner.run(&cmd).map_err(|e| missing(e.to_string()))?;
-    if !out.success() {
-        // The import error is the last line of the traceback.
-        let tail = out.tail(1);
-        return Err(missing(if tail.trim().is_empty() {
-            format!("exit {:?}", out.code)
-        } else {
-            tail.trim().to_string()
-        }));
-    }
-    let versions: BTreeMap<String, String> =
-        last_json(&out.stdout_text()).map_err(|reason| Error::ToolOutput {
-            tool: "converter",
-            reason,
-        })?;
-    Ok(PyEnv {
+/// The ModelOpt interpreter. Not probed on its own: importing torch costs seconds, so the
+/// conversion itself imports everything first and [`missing_modelopt`] reads its failure.
+pub fn modelopt() -> PyEnv {
+    PyEnv {
         dir: PathBuf::new(),
-        interpreter: Some(PathBuf::from(python)),
-        versions,
+        interpreter: Some(PathBuf::from(modelopt_python())),
+        versions: BTreeMap::new(),
         created: false,
+    }
+}
+
+/// The refusal of a ModelOpt interpreter whose conversion failed on an import (`output`: that
+/// run); `None` when it failed for another reason.
+pub fn missing_modelopt(output: &crate::process::Output) -> Option<Error> {
+    let text = format!("{}{}", output.stderr_text(), output.stdout_text());
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("ModuleNotFoundError") || l.starts_with("ImportError"))?;
+    Some(Error::NoModelOpt {
+        python: modelopt_python(),
+        reason: line.trim().to_string(),
     })
 }
 

@@ -26,9 +26,11 @@
 #   PREFIX              the same as --prefix
 #   CARGO_TARGET_DIR    where cargo builds (default: target/ of this checkout)
 #   INFER_BUILD_PROFILE cargo profile of infer-build itself (default release). The runtimes are
-#                       always built with release-serve, the profile images ship. scripts/test.sh
-#                       sets dev, so the test run compiles the builder once, not a second time
-#                       with the release profile's link-time optimisation.
+#                       always built with release-serve, the profile images ship.
+#   INFER_BUILD_BIN     an infer-build already built, installed instead of building one.
+#                       scripts/test.sh passes the one `cargo test` built: a `cargo build` of the
+#                       builder alone resolves its dependencies' features without the workspace's
+#                       dev-dependencies, so it would compile tokio, hyper and the builder again.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -68,12 +70,16 @@ trap 'rm -rf "$work"' EXIT
 ) &
 runtimes=$!
 
-echo "==> building infer-build" >&2
-builder_profile=${INFER_BUILD_PROFILE:-release}
-# Without the caller's SOURCE_DATE_EPOCH (it dates images, not this build; several dependencies'
-# C builds rerun when it changes), so this is the same build `cargo test` makes.
 builder_ok=1
-(cd "$root" && unset SOURCE_DATE_EPOCH && cargo build --profile "$builder_profile" --locked --quiet --bin infer-build) >&2 || builder_ok=0
+builder_profile=${INFER_BUILD_PROFILE:-release}
+if [[ -n ${INFER_BUILD_BIN:-} ]]; then
+    echo "==> infer-build: $INFER_BUILD_BIN (INFER_BUILD_BIN)" >&2
+else
+    echo "==> building infer-build" >&2
+    # Without the caller's SOURCE_DATE_EPOCH (it dates images, not this build; several
+    # dependencies' C builds rerun when it changes).
+    (cd "$root" && unset SOURCE_DATE_EPOCH && cargo build --profile "$builder_profile" --locked --quiet --bin infer-build) >&2 || builder_ok=0
+fi
 runtimes_ok=1
 wait "$runtimes" || runtimes_ok=0
 [[ $builder_ok == 1 ]] || { echo "install: building infer-build failed (above)" >&2; exit 1; }
@@ -83,10 +89,15 @@ serve=$(tail -n1 "$work/serve")
 pairs=()
 [[ $with_ort == 1 ]] && pairs+=("$(tail -n1 "$work/serve-dynamic"):infer-serve-dynamic")
 [[ $with_gpu == 1 ]] && pairs+=("$(tail -n1 "$work/serve-gpu"):infer-serve-gpu")
-builder_dir=$builder_profile
-[[ $builder_profile == dev ]] && builder_dir=debug
-builder="${CARGO_TARGET_DIR:-$root/target}/$builder_dir/infer-build"
-[[ -x $builder ]] || { echo "install: $builder was not produced" >&2; exit 1; }
+if [[ -n ${INFER_BUILD_BIN:-} ]]; then
+    builder=$INFER_BUILD_BIN
+    [[ -x $builder ]] || { echo "install: INFER_BUILD_BIN=$builder is not an executable" >&2; exit 2; }
+else
+    builder_dir=$builder_profile
+    [[ $builder_profile == dev ]] && builder_dir=debug
+    builder="${CARGO_TARGET_DIR:-$root/target}/$builder_dir/infer-build"
+    [[ -x $builder ]] || { echo "install: $builder was not produced" >&2; exit 1; }
+fi
 
 bin="$prefix/bin"
 mkdir -p "$bin"

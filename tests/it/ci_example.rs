@@ -9,7 +9,8 @@
 //! Docker, and must serve like onnxruntime.
 //!
 //! The `tools` job runs `scripts/install.sh` of this checkout; `scripts/test.sh` runs the same
-//! script before the tests, so here it finds everything built.
+//! script before the tests, so here it finds the runtimes built, and installs the infer-build
+//! `cargo test` built (`INFER_BUILD_BIN`, which `scripts/test.sh` sets and the jobs inherit).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -106,8 +106,10 @@ fn recipe_dir(root: &Path, onnx: &Path, data: &Path, calib: &str) -> PathBuf {
     dir
 }
 
-#[test]
-fn py_precision_conversion_gate_and_cache_on_a_real_model() {
+/// The classifier (fetched into the shared model cache) and its calibration, evaluation and bad
+/// calibration batches written under `tmp/data`: `(python, onnx, data)`, or `None`, with the
+/// reason printed, when the test Python lacks onnxruntime or numpy.
+fn classifier_and_data(test: &str, tmp: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let py = python();
     let have = Command::new(&py)
         .args(["-c", "import onnxruntime, numpy"])
@@ -115,11 +117,8 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
         .map(|s| s.success())
         .unwrap_or(false);
     if !have {
-        eprintln!(
-            "skipping py_precision_conversion_gate_and_cache_on_a_real_model: {} lacks onnxruntime/numpy",
-            py.display()
-        );
-        return;
+        eprintln!("skipping {test}: {} lacks onnxruntime/numpy", py.display());
+        return None;
     }
     let o = Command::new(&py)
         .arg(super::real_models::script())
@@ -130,15 +129,25 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
     assert!(o.status.success(), "fetching the models: {}", stderr(&o));
     let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let onnx = PathBuf::from(models["ocr-cls"].as_str().unwrap());
-
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let data = tmp.join("data");
     let o = Command::new(&py)
         .arg(support::root().join("tests/it/precision_data.py"))
         .arg(&data)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
+    Some((py, onnx, data))
+}
+
+#[test]
+fn py_precision_conversion_gate_and_cache_on_a_real_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((py, onnx, data)) = classifier_and_data(
+        "py_precision_conversion_gate_and_cache_on_a_real_model",
+        tmp.path(),
+    ) else {
+        return;
+    };
     let good = recipe_dir(tmp.path(), &onnx, &data, "calib");
     let cache = tmp.path().join("cache");
 
@@ -294,36 +303,13 @@ fn py_precision_conversion_gate_and_cache_on_a_real_model() {
 /// three precisions are converted by ModelOpt and pass the same accuracy gate.
 #[test]
 fn py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing() {
-    let py = python();
-    let have = Command::new(&py)
-        .args(["-c", "import onnxruntime, numpy"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !have {
-        eprintln!(
-            "skipping py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing: {} lacks onnxruntime/numpy",
-            py.display()
-        );
-        return;
-    }
-    let o = Command::new(&py)
-        .arg(super::real_models::script())
-        .arg("fetch")
-        .arg(model_cache())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "fetching the models: {}", stderr(&o));
-    let models: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let onnx = PathBuf::from(models["ocr-cls"].as_str().unwrap());
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let o = Command::new(&py)
-        .arg(support::root().join("tests/it/precision_data.py"))
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    let Some((py, onnx, data)) = classifier_and_data(
+        "py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing",
+        tmp.path(),
+    ) else {
+        return;
+    };
     let dir = recipe_dir(tmp.path(), &onnx, &data, "calib");
     let recipe = dir.join("recipe.toml");
     let text = std::fs::read_to_string(&recipe).unwrap();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: format check, clippy with warnings denied, then every test of the
-# workspace (unit tests and the one integration-test binary). Tests that need Docker, the
+# The project's test command: format check, clippy and rustdoc with warnings denied, then every
+# test of the workspace (unit tests and the one integration-test binary). Tests that need Docker, the
 # registry or Python tools skip with a printed reason only where the tool is absent; `.ci/run`
 # installs them all.
 set -euo pipefail
@@ -33,6 +33,10 @@ cargo fmt --all --check
 # C++ shim compiled against TensorRT's public headers, no GPU needed) and ONNX Runtime.
 TENSORRT_ROOT="$trt_headers" cargo clippy --workspace --all-targets \
     --features infer-serve/tensorrt,infer-serve/onnxruntime -- -D warnings
+# The API docs of every crate, with the same features: a broken intra-doc link, or a public
+# item's docs linking to a private one, is an error (it reuses the lints' metadata: seconds).
+TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace \
+    --features infer-serve/tensorrt,infer-serve/onnxruntime
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
 # turns both on in this one build of the workspace.

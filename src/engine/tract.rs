@@ -31,8 +31,8 @@ pub const TRACT_VERSION: &str = "0.23.9";
 /// Number of loads per form when measuring start-up.
 pub const STARTUP_RUNS: usize = 5;
 /// Timed runs per batch size (after warm-up), and the time budget that may cut them short.
-const PROFILE_RUNS: usize = 25;
-const PROFILE_BUDGET_S: f64 = 2.0;
+pub const PROFILE_RUNS: usize = 25;
+pub const PROFILE_BUDGET_S: f64 = 2.0;
 
 pub type Runnable = Arc<TypedRunnableModel>;
 

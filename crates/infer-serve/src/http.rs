@@ -1,5 +1,5 @@
 //! The V2 HTTP/1.1 surface: routing, handlers, and the server's lifecycle (drain on SIGTERM),
-//! whose accept loop and inference path ([`execute`]) the gRPC surface shares.
+//! whose accept loop and inference path (`execute`) the gRPC surface shares.
 //!
 //! Handlers turn requests into [`crate::v2`] decodes and [`Batcher`] submissions and every
 //! failure into an [`ApiError`]; they never run a model. Routes: `/v2/health/{live,ready}`,

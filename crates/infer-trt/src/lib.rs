@@ -8,7 +8,7 @@
 //!   inputs, and reading the driver version from `/proc/driver/nvidia/version`.
 //! - Feature `tensorrt`: the Rust side — `dlopen` of libnvinfer / lean / dispatch and of the
 //!   CUDA driver and NVML (`libloading`; a missing driver is an error, never a panic),
-//!   [`TrtLibrary`], [`TrtRuntime`], [`TrtEngine`]. Builds without TensorRT or CUDA installed;
+//!   `TrtLibrary`, `TrtRuntime`, `TrtEngine`. Builds without TensorRT or CUDA installed;
 //!   creating a runtime then fails with [`Error::NoShim`] unless…
 //! - …`TENSORRT_ROOT` pointed at TensorRT headers at build time: then `build.rs` compiled
 //!   `shim/shim.cpp` (cfg `infer_trt_shim`) and the calls go to TensorRT.

@@ -3,8 +3,8 @@
 //! a request or an [`ApiError`] out; no I/O, no batching, no model.
 //!
 //! Validation is the HTTP decoder's: names, datatypes and shapes go through
-//! [`v2::check_shape`], tensor bytes (`raw_input_contents`, and typed `contents` once turned
-//! into bytes) through [`v2::check_binary`], so both protocols accept and refuse the same
+//! `v2::check_shape`, tensor bytes (`raw_input_contents`, and typed `contents` once turned
+//! into bytes) through `v2::check_binary`, so both protocols accept and refuse the same
 //! tensors with the same words. No input can make it panic (the mutation test below and the
 //! fuzz target `fuzz/fuzz_targets/grpc_request.rs`).
 

@@ -6,8 +6,8 @@
 //! one length-prefixed message, answered by one message and a `grpc-status` trailer): no
 //! gRPC framework, so the size limit, malformed messages and every other failure map to
 //! statuses through [`ApiError::grpc_code`], like HTTP statuses, and the accept loop and drain
-//! are HTTP's ([`http::accept_loop`], with GOAWAY from SIGTERM on). Inference goes through the
-//! same [`http::execute`] path and batcher as HTTP; [`codec`] decodes with the HTTP decoder's
+//! are HTTP's (`http::accept_loop`, with GOAWAY from SIGTERM on). Inference goes through the
+//! same `http::execute` path and batcher as HTTP; [`codec`] decodes with the HTTP decoder's
 //! checks. Owns no model. Streaming RPCs (`ModelStreamInfer`, health `Watch`) and the
 //! repository, shared-memory, trace and log RPCs answer `UNIMPLEMENTED`.
 

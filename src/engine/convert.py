@@ -13,8 +13,6 @@ Request:
    "inputs": [{"name": N, "datatype": "fp32", "shape": [concrete dims]}],
    "generated_samples": K, "fp16_keep_ops": [OP, ...], "quantize_ops": [OP, ...],
    "tool": "builtin"|"modelopt"}
-  {"command": "versions", "tool": "modelopt"}: also ModelOpt's and torch's versions, failing
-  with the import error when either cannot be imported.
 
 With "tool": "modelopt" the interpreter is the user's (one with nvidia-modelopt and torch, as
 NVIDIA's TensorRT containers have): AutoCast makes the FP16 model, modelopt.onnx.quantization
@@ -508,8 +506,9 @@ def convert(req):
         evaluation, what = generated(inputs, req.get("generated_samples", 8), 0), "generated inputs (seed 0, uniform -1..1)"
     scratch = os.path.dirname(os.path.abspath(req["output"]))
     tool = req.get("tool", "builtin")
+    # Every import first (with ModelOpt, torch too): a missing package fails here, before any work.
+    found = versions(tool)
     if tool == "modelopt":
-        versions(tool)  # every import first: a missing package fails here, before any work
         if precision in ("int8", "fp8") and calib is None:
             raise SystemExit(f"{precision} quantisation needs calibration data")
         options = modelopt_convert(req["source"], req["output"], precision, req["method"], calib)
@@ -531,7 +530,7 @@ def convert(req):
     figures = compare(req["source"], req["output"], evaluation, literal=precision in ("int8", "fp8"))
     t2 = time.monotonic()
     return {
-        "versions": versions(tool),
+        "versions": found,
         "options": options,
         "evaluation": {"source": what, "batches": len(evaluation)},
         "outputs": figures,
@@ -554,7 +553,7 @@ def main():
     req = json.loads(sys.stdin.read())
     cmd = req.get("command")
     if cmd == "versions":
-        out = versions(req.get("tool", "builtin"))
+        out = versions()
     elif cmd == "convert":
         out = convert(req)
     else:

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cache::{self, Cache};
 use super::key::sha256_digest;
-use super::pyenv::{self, PyEnv};
+use super::pyenv;
 use super::spec::{EngineSpec, InputSpec};
 use super::Error;
 use crate::process::{Cmd, Runner};
@@ -331,9 +331,13 @@ pub fn convert(
     if let Some(hit) = read_entry(&dir, &key, spec.precision)? {
         return Ok(hit);
     }
-    let env = match c.tool {
-        ConvertTool::Builtin => pyenv::ensure(pyenv_root, runner)?,
-        ConvertTool::ModelOpt => pyenv::modelopt(),
+    // The interpreter that converts, and whether this call created its environment.
+    let (python, env_created) = match c.tool {
+        ConvertTool::Builtin => {
+            let env = pyenv::ensure(pyenv_root, runner)?;
+            (env.python(), env.created)
+        }
+        ConvertTool::ModelOpt => (PathBuf::from(pyenv::modelopt_python()), false),
     };
     let staging = root.join(format!("{key}.staging.{}", std::process::id()));
     if staging.exists() {
@@ -343,7 +347,7 @@ pub fn convert(
         path: staging.clone(),
         source,
     })?;
-    let result = run_converter(spec, c, &env, &staging, runner).and_then(|report| {
+    let result = run_converter(spec, c, &python, &staging, runner).and_then(|report| {
         cache::write_atomic(
             &staging.join(REPORT_FILE),
             &serde_json::to_vec_pretty(&report).map_err(|_| Error::Internal("report json"))?,
@@ -360,14 +364,14 @@ pub fn convert(
     let mut done = read_entry(&dir, &key, spec.precision)?
         .ok_or(Error::Internal("converted entry vanished"))?;
     done.cached = false;
-    done.env_created = env.created;
+    done.env_created = env_created;
     Ok(done)
 }
 
 fn run_converter(
     spec: &EngineSpec,
     c: &ConvertSpec,
-    env: &PyEnv,
+    python: &Path,
     staging: &Path,
     runner: &dyn Runner,
 ) -> Result<Report, Error> {
@@ -392,7 +396,7 @@ fn run_converter(
     {
         r.extend(o);
     }
-    let cmd = Cmd::new(env.python().to_string_lossy())
+    let cmd = Cmd::new(python.to_string_lossy())
         .args(["-c", pyenv::SCRIPT])
         .cwd(staging)
         .stdin(serde_json::to_vec(&req).map_err(|_| Error::Internal("request json"))?)

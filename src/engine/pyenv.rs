@@ -35,8 +35,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct PyEnv {
     pub dir: PathBuf,
-    /// The interpreter when it is not the environment's own (`engine.convert = "modelopt"`).
-    pub interpreter: Option<PathBuf>,
     /// Package versions as the environment reports them (`python`, `numpy`, `onnx`,
     /// `onnxruntime`, `onnxconverter-common`).
     pub versions: BTreeMap<String, String>,
@@ -46,9 +44,6 @@ pub struct PyEnv {
 
 impl PyEnv {
     pub fn python(&self) -> PathBuf {
-        if let Some(p) = &self.interpreter {
-            return p.clone();
-        }
         self.dir.join("bin").join("python")
     }
 }
@@ -118,23 +113,14 @@ pub fn probe(runner: &dyn Runner, python: &Path) -> Result<BTreeMap<String, Stri
 
 /// The interpreter `engine.convert = "modelopt"` runs: `$INFER_BUILD_MODELOPT_PYTHON`, else
 /// `python3` on `PATH`. It is the user's (ModelOpt's ONNX tools import torch, which the pinned
-/// environment does not carry), so infer-build installs nothing into it.
+/// environment does not carry), so infer-build installs nothing into it. It is not probed on its
+/// own (importing torch costs seconds): the conversion imports everything first, and
+/// [`missing_modelopt`] reads a failure there.
 pub fn modelopt_python() -> String {
     std::env::var("INFER_BUILD_MODELOPT_PYTHON")
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "python3".into())
-}
-
-/// The ModelOpt interpreter. Not probed on its own: importing torch costs seconds, so the
-/// conversion itself imports everything first and [`missing_modelopt`] reads its failure.
-pub fn modelopt() -> PyEnv {
-    PyEnv {
-        dir: PathBuf::new(),
-        interpreter: Some(PathBuf::from(modelopt_python())),
-        versions: BTreeMap::new(),
-        created: false,
-    }
 }
 
 /// The refusal of a ModelOpt interpreter whose conversion failed on an import (`output`: that
@@ -174,7 +160,6 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if let Some(versions) = ready(&dir) {
         return Ok(PyEnv {
             dir,
-            interpreter: None,
             versions,
             created: false,
         });
@@ -184,7 +169,6 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if let Some(versions) = ready(&dir) {
         return Ok(PyEnv {
             dir,
-            interpreter: None,
             versions,
             created: false,
         });
@@ -208,7 +192,6 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     std::fs::rename(&staging, &dir).map_err(io(&dir))?;
     Ok(PyEnv {
         dir,
-        interpreter: None,
         versions,
         created: true,
     })

@@ -46,7 +46,7 @@ pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
         m.insert("gpu.sm".into(), g.sm.clone());
         m.insert(
             "gpu.compute_capability".into(),
-            g.compute_capability.to_string(),
+            g.compute_capability.dotted().to_string(),
         );
         m.insert("gpu.products".into(), g.products.join(","));
     }

@@ -1,7 +1,7 @@
 //! From a validated recipe and one resolved target to an [`EngineSpec`]: the only place the
 //! engine stage reads recipe or plan types. Pure.
 
-use infer_spec::engine::{HardwareCompat, Precision, Sm};
+use infer_spec::engine::{ComputeCapability, HardwareCompat, Precision};
 
 use super::accuracy::Thresholds;
 use super::convert::ConvertSpec;
@@ -128,7 +128,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
             let mut t = TrtSpec::new(
                 version(id, "TensorRT build", &trt.build)?,
                 trt.cuda_build.clone(),
-                Sm::new(cc.major, cc.minor),
+                ComputeCapability::new(cc.major, cc.minor),
                 match &target.driver_floor {
                     Some(v) => v.clone(),
                     None => version(id, "driver floor", "0")?,

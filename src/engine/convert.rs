@@ -486,7 +486,7 @@ mod tests {
         let mut t = TrtSpec::new(
             v("11.4.0.106"),
             v("13.0"),
-            infer_spec::engine::Sm::new(8, 9),
+            infer_spec::engine::ComputeCapability::new(8, 9),
             v("580.65"),
         );
         let c = ConvertSpec {

@@ -1,7 +1,7 @@
 //! The builder-side GPU check: query the GPU with `nvidia-smi` (through [`crate::process`]) and
 //! refuse to build an engine for a target the GPU cannot produce.
 
-use infer_spec::engine::{HardwareCompat, Sm, Version};
+use infer_spec::engine::{ComputeCapability, HardwareCompat, Version};
 
 use super::spec::TrtSpec;
 use super::Error;
@@ -10,7 +10,7 @@ use crate::process::{Cmd, Runner};
 /// One GPU as `nvidia-smi` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
-    pub sm: Sm,
+    pub sm: ComputeCapability,
     pub driver: Version,
     pub name: String,
 }
@@ -89,15 +89,15 @@ pub fn query(runner: &dyn Runner) -> Result<GpuInfo, Error> {
 pub fn check_builder(target: &str, gpu: &GpuInfo, trt: &TrtSpec) -> Result<(), Error> {
     let refuse = |reason: String| Error::GpuMismatch {
         target: target.to_string(),
-        gpu: format!("{} ({}, driver {})", gpu.name, gpu.sm, gpu.driver),
+        gpu: format!("{} ({}, driver {})", gpu.name, gpu.sm.sm(), gpu.driver),
         reason,
     };
     match trt.hardware_compat {
         HardwareCompat::AmperePlus => {
-            if gpu.sm < Sm::new(8, 0) {
+            if gpu.sm < ComputeCapability::new(8, 0) {
                 return Err(refuse(format!(
                     "hardware compatibility level ampere+ needs an Ampere or newer builder (sm_80+), this GPU is {}",
-                    gpu.sm
+                    gpu.sm.sm()
                 )));
             }
         }
@@ -105,7 +105,7 @@ pub fn check_builder(target: &str, gpu: &GpuInfo, trt: &TrtSpec) -> Result<(), E
             if gpu.sm != trt.sm {
                 return Err(refuse(format!(
                     "the target needs {} and sets no hardware compatibility level; build on a {} GPU",
-                    trt.sm, trt.sm
+                    trt.sm.sm(), trt.sm.sm()
                 )));
             }
         }
@@ -126,7 +126,7 @@ mod tests {
     fn check(text: &str, expected: Result<Vec<(&str, &str, &str)>, &str>) {
         let got = parse_query(text).map(|v| {
             v.into_iter()
-                .map(|g| (g.sm.to_string(), g.driver.to_string(), g.name))
+                .map(|g| (g.sm.sm().to_string(), g.driver.to_string(), g.name))
                 .collect::<Vec<_>>()
         });
         let expected = expected
@@ -168,15 +168,20 @@ mod tests {
     #[test]
     fn builder_checks() {
         let v = |s: &str| s.parse::<Version>().unwrap();
-        let mut trt = TrtSpec::new(v("10.8.0.43"), v("12.8"), Sm::new(8, 9), v("570.26"));
+        let mut trt = TrtSpec::new(
+            v("10.8.0.43"),
+            v("12.8"),
+            ComputeCapability::new(8, 9),
+            v("570.26"),
+        );
         let l4 = GpuInfo {
-            sm: Sm::new(8, 9),
+            sm: ComputeCapability::new(8, 9),
             driver: v("570.86.10"),
             name: "NVIDIA L4".into(),
         };
         assert!(check_builder("sm89-fp16", &l4, &trt).is_ok());
         let a100 = GpuInfo {
-            sm: Sm::new(8, 0),
+            sm: ComputeCapability::new(8, 0),
             ..l4.clone()
         };
         let e = check_builder("sm89-fp16", &a100, &trt).unwrap_err();
@@ -184,7 +189,7 @@ mod tests {
         trt.hardware_compat = HardwareCompat::AmperePlus;
         assert!(check_builder("sm89-fp16", &a100, &trt).is_ok());
         let t4 = GpuInfo {
-            sm: Sm::new(7, 5),
+            sm: ComputeCapability::new(7, 5),
             ..l4.clone()
         };
         assert!(check_builder("x", &t4, &trt).is_err());

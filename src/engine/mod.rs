@@ -264,7 +264,7 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
         Backend::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
             cuda: trt.cuda.to_string(),
-            sm: trt.sm.to_string(),
+            sm: trt.sm.sm().to_string(),
             driver_floor: trt.driver_floor.to_string(),
             builder_flags: tensorrt::key_flags(spec, trt)?,
             calibration: trt
@@ -431,7 +431,7 @@ pub fn build_prepared(
                         {
                             Error::NoGpu {
                                 target: spec.target.clone(),
-                                sm: trt.sm.to_string(),
+                                sm: trt.sm.sm().to_string(),
                                 reason: "`nvidia-smi` was not found on PATH".into(),
                                 converted: converted
                                     .as_ref()
@@ -453,7 +453,9 @@ pub fn build_prepared(
                 };
                 let on = format!(
                     "{} ({}, driver {})",
-                    built.gpu.name, built.gpu.sm, built.gpu.driver
+                    built.gpu.name,
+                    built.gpu.sm.sm(),
+                    built.gpu.driver
                 );
                 (
                     EngineFormat::TensorrtPlan,
@@ -671,7 +673,11 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
             }
         }
         (Backend::Tensorrt(t), Some(g), None) => {
-            diff("compute capability", t.sm.to_string(), g.sm.to_string());
+            diff(
+                "compute capability",
+                t.sm.sm().to_string(),
+                g.sm.sm().to_string(),
+            );
             diff("TensorRT", t.tensorrt.to_string(), g.tensorrt.to_string());
             diff("CUDA", t.cuda.to_string(), g.cuda.to_string());
             diff(

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use infer_spec::engine::{HardwareCompat, InputProfile, Precision, Sm, Version};
+use infer_spec::engine::{ComputeCapability, HardwareCompat, InputProfile, Precision, Version};
 
 use super::Error;
 
@@ -63,7 +63,7 @@ pub struct TrtSpec {
     pub tensorrt: Version,
     pub cuda: Version,
     /// The target's compute capability.
-    pub sm: Sm,
+    pub sm: ComputeCapability,
     pub driver_floor: Version,
     pub hardware_compat: HardwareCompat,
     /// Build a version-compatible engine without the lean runtime inside
@@ -85,7 +85,12 @@ pub struct TrtSpec {
 
 impl TrtSpec {
     /// Settings with defaults for everything optional.
-    pub fn new(tensorrt: Version, cuda: Version, sm: Sm, driver_floor: Version) -> TrtSpec {
+    pub fn new(
+        tensorrt: Version,
+        cuda: Version,
+        sm: ComputeCapability,
+        driver_floor: Version,
+    ) -> TrtSpec {
         TrtSpec {
             tensorrt,
             cuda,

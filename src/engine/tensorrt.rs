@@ -143,8 +143,12 @@ pub fn build(
     };
 
     let engine = staging.join(ENGINE_FILE);
-    let (timing, timing_lock) =
-        cache.timing_cache(&format!("trt-{}-{}-{}", trt.tensorrt, gpu.sm, gpu.name));
+    let (timing, timing_lock) = cache.timing_cache(&format!(
+        "trt-{}-{}-{}",
+        trt.tensorrt,
+        gpu.sm.sm(),
+        gpu.name
+    ));
     let paths = BuildPaths {
         onnx: path_str(onnx_path),
         engine: path_str(&engine),

@@ -14,7 +14,7 @@
 //!   [`super::convert`]); anything else is refused.
 
 use infer_spec::engine::{
-    BatchTiming, HardwareCompat, InputProfile, LayerTiming, Precision, Sm, Version,
+    BatchTiming, ComputeCapability, HardwareCompat, InputProfile, LayerTiming, Precision, Version,
 };
 use serde::Deserialize;
 
@@ -318,7 +318,7 @@ pub struct TrtexecLog {
     /// `Selected Device: NVIDIA L4`.
     pub device: Option<String>,
     /// `Compute Capability: 8.9`.
-    pub compute_capability: Option<Sm>,
+    pub compute_capability: Option<ComputeCapability>,
     /// `Engine built in 12.3 sec.`
     pub build_seconds: Option<f64>,
 }
@@ -553,7 +553,14 @@ mod tests {
             input_dim_names: Vec::new(),
             outputs: Vec::new(),
         };
-        let trt = |version: &str| TrtSpec::new(v(version), v("12.9"), Sm::new(8, 9), v("575.57"));
+        let trt = |version: &str| {
+            TrtSpec::new(
+                v(version),
+                v("12.9"),
+                ComputeCapability::new(8, 9),
+                v("575.57"),
+            )
+        };
         let plain = precision_path("sm89-fp8", &trt("10.16.1.11"), Precision::Fp8, &summary);
         assert!(
             matches!(&plain, Err(Error::Precision { reason, .. }) if reason.contains("FP8 Q/DQ")),
@@ -645,7 +652,7 @@ mod tests {
         assert_eq!(p.passed, Some(true));
         assert_eq!(p.version.unwrap().to_string(), "10.8.0.43");
         assert_eq!(p.device.as_deref(), Some("NVIDIA L4"));
-        assert_eq!(p.compute_capability, Some(Sm::new(8, 9)));
+        assert_eq!(p.compute_capability, Some(ComputeCapability::new(8, 9)));
         assert_eq!(p.build_seconds, Some(7.81));
         let failed = parse_log("&&&& RUNNING TensorRT.trtexec [TensorRT v8601] [b6] # trtexec\n[E] Unknown option: --fp16\n&&&& FAILED TensorRT.trtexec [TensorRT v8601] [b6] # trtexec\n");
         assert_eq!(failed.passed, Some(false));

@@ -188,7 +188,9 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
                 "min_cc",
                 format!(
                     "TensorRT {}: min_cc {} is above max_cc {}",
-                    r.version, r.min_cc, r.max_cc
+                    r.version,
+                    r.min_cc.dotted(),
+                    r.max_cc.dotted()
                 ),
             ));
         }
@@ -279,7 +281,7 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
                 && r.platforms.contains(&g.platform)
         });
         if !covered {
-            out.push(problem(&g.origin, "cc", format!("GPU {} (sm {}) on {} is supported by no TensorRT release in matrix/tensorrt.toml", g.name, g.cc, g.platform)));
+            out.push(problem(&g.origin, "cc", format!("GPU {} (sm {}) on {} is supported by no TensorRT release in matrix/tensorrt.toml", g.name, g.cc.dotted(), g.platform)));
         }
     }
 

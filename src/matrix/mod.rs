@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use version::{Cc, Version};
+pub use version::{ComputeCapability, Version};
 
 /// The data files, relative to the matrix root (`--matrix DIR` or the repository root).
 pub const FILES: [&str; 4] = [TENSORRT_FILE, CUDA_FILE, GPUS_FILE, IMAGES_FILE];
@@ -187,8 +187,8 @@ pub struct Release {
     pub cuda_compatible: String,
     pub cudnn: CudnnNeed,
     pub cudnn_version: String,
-    pub min_cc: Cc,
-    pub max_cc: Cc,
+    pub min_cc: ComputeCapability,
+    pub max_cc: ComputeCapability,
     #[serde(default)]
     pub glibc_min: Option<Version>,
     pub platforms: Vec<Platform>,
@@ -216,8 +216,8 @@ pub struct CudaMajor {
     pub major: u64,
     /// Driver floor of CUDA minor-version compatibility inside this major.
     pub minor_compat_driver: Version,
-    pub min_cc: Cc,
-    pub max_cc: Cc,
+    pub min_cc: ComputeCapability,
+    pub max_cc: ComputeCapability,
     pub source: Vec<String>,
     pub confirmed: bool,
     #[serde(default)]
@@ -249,7 +249,7 @@ pub struct Gpu {
     pub name: String,
     #[serde(default)]
     pub aliases: Vec<String>,
-    pub cc: Cc,
+    pub cc: ComputeCapability,
     pub arch: String,
     pub platform: Platform,
     pub tensor_cores: Vec<Precision>,
@@ -574,7 +574,7 @@ impl Matrix {
     }
 
     /// Products with compute capability `cc`, in table order.
-    pub fn gpus_with_cc(&self, cc: Cc) -> impl Iterator<Item = &Gpu> {
+    pub fn gpus_with_cc(&self, cc: ComputeCapability) -> impl Iterator<Item = &Gpu> {
         self.gpus.iter().filter(move |g| g.cc == cc)
     }
 

@@ -132,7 +132,7 @@ fn gpu_lookup_by_product_alias_and_loose_spelling() {
 #[test]
 fn known_facts_hold() {
     let m = embedded();
-    let cc = |n: &str| m.gpu(n).unwrap().cc.to_string();
+    let cc = |n: &str| m.gpu(n).unwrap().cc.dotted().to_string();
     assert_eq!(cc("V100"), "7.0");
     assert_eq!(cc("A10"), "8.6");
     assert_eq!(cc("L4"), "8.9");
@@ -141,8 +141,8 @@ fn known_facts_hold() {
     assert!(!m.gpu("A10").unwrap().tensor_cores.contains(&Precision::Fp8));
     assert!(m.gpu("L4").unwrap().tensor_cores.contains(&Precision::Fp8));
     let r = |v: &str| m.release(&v.parse().unwrap()).unwrap();
-    assert_eq!(r("10.4.0").min_cc, Cc::new(7, 0));
-    assert_eq!(r("10.5.0").min_cc, Cc::new(7, 5));
+    assert_eq!(r("10.4.0").min_cc, ComputeCapability::new(7, 0));
+    assert_eq!(r("10.5.0").min_cc, ComputeCapability::new(7, 5));
     assert_eq!(r("11.0.0").precision_api, PrecisionApi::StronglyTyped);
     assert_eq!(r("10.16.1").precision_api, PrecisionApi::BuilderFlags);
     assert!(!r("11.0.0").platforms.contains(&Platform::Jetson));

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::matrix::{
-    self, BaseImage, Cc, HwCompat, ImageRole, Matrix, Platform, Precision, PrecisionApi, Release,
-    Version,
+    self, BaseImage, ComputeCapability, HwCompat, ImageRole, Matrix, Platform, Precision,
+    PrecisionApi, Release, Version,
 };
 use crate::recipe::{self, CpuEngine, Diagnostic, HardwareCompatibility, Located, Recipe};
 
@@ -32,7 +32,7 @@ fn diag<T>(file: &Path, at: &Located<T>, r: Refusal) -> Diagnostic {
 
 /// One GPU architecture the recipe asks for: an SM on a platform, with its products.
 struct GpuGroup<'m> {
-    cc: Cc,
+    cc: ComputeCapability,
     platform: Platform,
     /// Matrix rows of the products (deduplicated, in matrix order).
     products: Vec<&'m matrix::Gpu>,
@@ -46,14 +46,9 @@ impl GpuGroup<'_> {
     fn label(&self) -> String {
         let names: Vec<&str> = self.products.iter().map(|g| g.name.as_str()).collect();
         if names.is_empty() {
-            format!("sm_{}{}", self.cc.major, self.cc.minor)
+            self.cc.sm().to_string()
         } else {
-            format!(
-                "{} (sm_{}{})",
-                names.join(", "),
-                self.cc.major,
-                self.cc.minor
-            )
+            format!("{} ({})", names.join(", "), self.cc.sm())
         }
     }
 
@@ -136,10 +131,12 @@ pub fn resolve(
     let driver_v = node_driver.and_then(|p| to_matrix_version(&p.value));
 
     // 1. GPUs → groups by (SM, platform).
-    let mut groups: BTreeMap<(Cc, Platform), GpuGroup> = BTreeMap::new();
+    let mut groups: BTreeMap<(ComputeCapability, Platform), GpuGroup> = BTreeMap::new();
     for g in &recipe.targets.gpus {
         let at = Located::new((), g.span, g.key.clone());
-        let (cc, platform, products): (Cc, Platform, Vec<&matrix::Gpu>) = match &g.value {
+        let (cc, platform, products): (ComputeCapability, Platform, Vec<&matrix::Gpu>) = match &g
+            .value
+        {
             recipe::Gpu::Product(name) => match matrix.gpu(name) {
                 Some(row) => (row.cc, row.platform, vec![row]),
                 None => {
@@ -171,23 +168,33 @@ pub fn resolve(
                     continue;
                 }
             },
-            recipe::Gpu::Sm(n) => {
-                let cc = Cc::new(n / 10, n % 10);
+            recipe::Gpu::Sm(cc) => {
+                let cc = *cc;
                 let all: Vec<&matrix::Gpu> = matrix.gpus_with_cc(cc).collect();
                 if all.is_empty() {
                     let known: Vec<String> = {
-                        let mut v: Vec<Cc> = matrix.gpus.iter().map(|g| g.cc).collect();
+                        let mut v: Vec<ComputeCapability> =
+                            matrix.gpus.iter().map(|g| g.cc).collect();
                         v.sort();
                         v.dedup();
-                        v.iter()
-                            .map(|c| format!("sm_{}{}", c.major, c.minor))
-                            .collect()
+                        v.iter().map(|c| c.sm().to_string()).collect()
                     };
-                    refusals.push(diag(file, g, Refusal {
-                        rule: "known-gpu",
-                        message: format!("no GPU in the compatibility matrix has compute capability {cc} (sm_{n})"),
-                        hint: format!("use one of {}, or add the GPU to matrix/gpus.toml", known.join(", ")),
-                    }));
+                    refusals.push(diag(
+                        file,
+                        g,
+                        Refusal {
+                            rule: "known-gpu",
+                            message: format!(
+                                "no GPU in the compatibility matrix has compute capability {} ({})",
+                                cc.dotted(),
+                                cc.sm()
+                            ),
+                            hint: format!(
+                                "use one of {}, or add the GPU to matrix/gpus.toml",
+                                known.join(", ")
+                            ),
+                        },
+                    ));
                     continue;
                 }
                 // An SM name means the x86_64 parts when there are any (sm_90: H100, not GH200).
@@ -387,7 +394,7 @@ fn resolve_gpu_target<'m>(
     base_override: Option<&'m BaseImage>,
 ) -> Result<Choice<'m>, Diagnostic> {
     let file = recipe.file.as_path();
-    let sm = format!("sm_{}{}", group.cc.major, group.cc.minor);
+    let sm = group.cc.sm().to_string();
     let label = group.label();
     let trt_at = recipe.targets.tensorrt.as_ref();
     let at_trt_or_gpu = |r: Refusal| match trt_at {
@@ -531,7 +538,7 @@ fn resolve_gpu_target<'m>(
         let newest_ok = all.iter().find(fits);
         let r = before[0];
         let (rule, message) = if group.cc < r.min_cc {
-            let why = if group.cc == Cc::new(7, 0) {
+            let why = if group.cc == ComputeCapability::new(7, 0) {
                 " (TensorRT 10.5 removed Volta)"
             } else {
                 ""
@@ -540,11 +547,13 @@ fn resolve_gpu_target<'m>(
                 "tensorrt-min-sm",
                 format!(
                     "TensorRT {} needs compute capability {} or newer; {label} is {}{why}",
-                    r.version, r.min_cc, group.cc
+                    r.version,
+                    r.min_cc.dotted(),
+                    group.cc.dotted()
                 ),
             )
         } else {
-            ("tensorrt-max-sm", format!("TensorRT {} has no kernels for {label}: it supports compute capability up to {}", r.version, r.max_cc))
+            ("tensorrt-max-sm", format!("TensorRT {} has no kernels for {label}: it supports compute capability up to {}", r.version, r.max_cc.dotted()))
         };
         let hint = match (newest_ok, trt_at) {
             (Some(ok), Some(_)) => format!(
@@ -587,7 +596,7 @@ fn resolve_gpu_target<'m>(
 
     if let Some(h) = &recipe.targets.hardware_compatibility {
         let level = hw_of(h.value);
-        if level == HwCompat::AmperePlus && group.cc < Cc::new(8, 0) {
+        if level == HwCompat::AmperePlus && group.cc < ComputeCapability::new(8, 0) {
             return Err(diag(file, h, Refusal {
                 rule: "ampere-plus-needs-sm80",
                 message: format!("hardware compatibility \"ampere+\" runs only on Ampere (sm_80) or newer; {label} is older"),
@@ -836,7 +845,7 @@ fn gpu_target(
     choice: &Choice,
 ) -> TargetPlan {
     let r = choice.release;
-    let sm = group.cc.sm();
+    let sm = group.cc.target_id();
     let id = match group.platform {
         Platform::X86_64 => format!("{sm}-{precision}"),
         p => format!("{sm}-{p}-{precision}"),
@@ -965,7 +974,7 @@ fn gpu_target(
         platform: group.platform,
         oci_platform: group.platform.oci().into(),
         gpu: Some(GpuPlan {
-            sm,
+            sm: sm.to_string(),
             compute_capability: group.cc,
             products: group.products.iter().map(|g| g.name.clone()).collect(),
             requested: group.requested.clone(),

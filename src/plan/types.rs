@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::matrix::{Cc, CudnnNeed, HwCompat, Platform, Precision, PrecisionApi, Version};
+use crate::matrix::{
+    ComputeCapability, CudnnNeed, HwCompat, Platform, Precision, PrecisionApi, Version,
+};
 
 /// The resolved plan of one recipe.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -155,7 +157,8 @@ pub struct GpuPlan {
     /// `sm90`.
     pub sm: String,
     /// `9.0`.
-    pub compute_capability: Cc,
+    #[serde(serialize_with = "infer_spec::engine::serialize_dotted")]
+    pub compute_capability: ComputeCapability,
     /// Products the engine serves (all share the SM and platform), as named in the matrix.
     pub products: Vec<String>,
     /// What the recipe wrote for this target (`H100`, `sm_90`), in recipe order.

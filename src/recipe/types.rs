@@ -339,16 +339,15 @@ pub struct Targets {
 pub enum Gpu {
     /// A product name as written, such as `"L4"`, `"H100"`, `"RTX 4090"`.
     Product(String),
-    /// A compute capability written as an SM name (`"sm_86"`, `"sm86"`): major × 10 + minor
-    /// (`86`; `100` for `sm_100`).
-    Sm(u32),
+    /// A compute capability written as an SM name (`"sm_86"`, `"sm86"`, `"sm_100"`).
+    Sm(ComputeCapability),
 }
 
 impl fmt::Display for Gpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Gpu::Product(p) => f.write_str(p),
-            Gpu::Sm(sm) => write!(f, "sm_{sm}"),
+            Gpu::Sm(cc) => write!(f, "{}", cc.sm()),
         }
     }
 }
@@ -356,6 +355,9 @@ impl fmt::Display for Gpu {
 /// A precision of `targets.precision` and `[accuracy.<precision>]`: the one type shared with
 /// the matrix and engines (a recipe may ask for [`Precision::REQUESTABLE`]).
 pub use infer_spec::engine::Precision;
+
+/// A CUDA compute capability: the one type of the recipe, the matrix and the runtime.
+pub use infer_spec::engine::ComputeCapability;
 
 /// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

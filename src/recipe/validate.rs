@@ -842,16 +842,16 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
     out
 }
 
-/// `"sm_86"`, `"sm86"`, `"SM_86"` → `Sm(86)`; anything else that looks like a product name →
-/// `Product`.
+/// `"sm_86"`, `"sm86"`, `"SM_86"` → `Sm(8.6)` (majors 1 to 19); anything else that looks like
+/// a product name → `Product`.
 fn parse_gpu(s: &str) -> Option<Gpu> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
     if let Some(rest) = lower.strip_prefix("sm") {
         let digits = rest.strip_prefix('_').unwrap_or(rest);
         if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-            return match digits.parse::<u32>() {
-                Ok(n) if (10..=199).contains(&n) => Some(Gpu::Sm(n)),
+            return match t.parse::<ComputeCapability>() {
+                Ok(cc) if (1..=19).contains(&cc.major) => Some(Gpu::Sm(cc)),
                 _ => None,
             };
         }
@@ -1753,9 +1753,10 @@ mod tests {
 
     #[test]
     fn gpu_names() {
-        assert_eq!(parse_gpu("sm_86"), Some(Gpu::Sm(86)));
-        assert_eq!(parse_gpu("SM90"), Some(Gpu::Sm(90)));
-        assert_eq!(parse_gpu("sm_100"), Some(Gpu::Sm(100)));
+        let sm = |major, minor| Some(Gpu::Sm(ComputeCapability::new(major, minor)));
+        assert_eq!(parse_gpu("sm_86"), sm(8, 6));
+        assert_eq!(parse_gpu("SM90"), sm(9, 0));
+        assert_eq!(parse_gpu("sm_100"), sm(10, 0));
         assert_eq!(parse_gpu("sm_5"), None);
         assert_eq!(parse_gpu("sm_99999999999999999999"), None);
         assert_eq!(parse_gpu("RTX 4090"), Some(Gpu::Product("RTX 4090".into())));

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use infer_build::engine::{self, Backend, Cache, Calibration, EngineSpec, InputSpec, TrtSpec};
 use infer_build::process::{Cmd, Output, RecordingRunner};
 use infer_spec::engine::{
-    check_compat, EngineMeta, Found, FoundCpu, FoundGpu, HardwareCompat, Precision, Sm,
+    check_compat, ComputeCapability, EngineMeta, Found, FoundCpu, FoundGpu, HardwareCompat,
+    Precision,
 };
 
 use super::support;
@@ -157,7 +158,7 @@ fn trt_spec(version: &str, cuda: &str) -> TrtSpec {
     TrtSpec::new(
         version.parse().unwrap(),
         cuda.parse().unwrap(),
-        Sm::new(8, 9),
+        ComputeCapability::new(8, 9),
         "570.26".parse().unwrap(),
     )
 }
@@ -165,7 +166,7 @@ fn trt_spec(version: &str, cuda: &str) -> TrtSpec {
 fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> EngineSpec {
     let target = match &backend {
         Backend::Cpu => format!("cpu-{precision}"),
-        Backend::Tensorrt(t) => format!("{}-{precision}", t.sm.to_string().replace('_', "")),
+        Backend::Tensorrt(t) => format!("{}-{precision}", t.sm.target_id()),
     };
     EngineSpec {
         model: "mlp".into(),
@@ -558,7 +559,7 @@ fn golden_profile_vector_and_hardware_compat() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = Cache::open(tmp.path()).unwrap();
     let mut t = trt_spec("10.8.0.43", "12.8");
-    t.sm = Sm::new(8, 0);
+    t.sm = ComputeCapability::new(8, 0);
     t.hardware_compat = HardwareCompat::AmperePlus;
     let s = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
     // An ampere+ engine may be built on any Ampere-or-newer GPU.
@@ -906,7 +907,7 @@ fn lookup_verifies_engines_built_elsewhere() {
         Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let mut t90 = trt_spec("10.8.0.43", "12.8");
-    t90.sm = Sm::new(9, 0);
+    t90.sm = ComputeCapability::new(9, 0);
     let s90 = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t90));
     let a = engine::build(
         &s89,
@@ -934,7 +935,7 @@ fn lookup_verifies_engines_built_elsewhere() {
 
     // The plan changed (another TensorRT build): the engine present is named and explained.
     let mut t = trt_spec("10.8.0.44", "12.8");
-    t.sm = Sm::new(8, 9);
+    t.sm = ComputeCapability::new(8, 9);
     let newer = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
     let e = engine::lookup(&newer, jobs.path()).unwrap_err();
     assert!(e.is_bad_input());
@@ -991,7 +992,7 @@ fn runtime_check_refuses_a_tampered_tuple() {
         &fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43"),
     )
     .unwrap();
-    let node = |sm: Sm| Found {
+    let node = |sm: ComputeCapability| Found {
         gpu: Some(FoundGpu {
             sm,
             driver: "580.95.05".parse().unwrap(),
@@ -1002,12 +1003,12 @@ fn runtime_check_refuses_a_tampered_tuple() {
         cpu: FoundCpu::detect(),
     };
     let meta = EngineMeta::from_json(&fs::read(art.dir.join("meta.json")).unwrap()).unwrap();
-    check_compat(&meta, &node(Sm::new(8, 9))).unwrap();
+    check_compat(&meta, &node(ComputeCapability::new(8, 9))).unwrap();
     let tampered = fs::read_to_string(art.dir.join("meta.json"))
         .unwrap()
         .replace("sm_89", "sm_90");
     let meta = EngineMeta::from_json(tampered.as_bytes()).unwrap();
-    let e = check_compat(&meta, &node(Sm::new(8, 9))).unwrap_err();
+    let e = check_compat(&meta, &node(ComputeCapability::new(8, 9))).unwrap_err();
     assert_eq!(e.to_string(), "engine for target sm89-fp16 was built for sm_90 with TensorRT 10.8.0.43 (CUDA 12.8, driver >= 570.26), this node has sm_89 (NVIDIA L4) with TensorRT 10.8.0 and driver 580.95.05: compute capability differs (sm_90 != sm_89) and the engine has no hardware compatibility level");
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use infer_build::recipe::{self, DataType, Gpu, Precision, Recipe};
+use infer_build::recipe::{self, ComputeCapability, DataType, Gpu, Precision, Recipe};
 
 use super::support;
 
@@ -64,7 +64,13 @@ fn located_values_point_into_the_recipe() {
     );
     let r = parse_ok(&src);
     let gpus: Vec<_> = r.targets.gpus.iter().map(|g| g.value.clone()).collect();
-    assert_eq!(gpus, vec![Gpu::Product("L4".into()), Gpu::Sm(90)]);
+    assert_eq!(
+        gpus,
+        vec![
+            Gpu::Product("L4".into()),
+            Gpu::Sm(ComputeCapability::new(9, 0))
+        ]
+    );
     let sm = &r.targets.gpus[1];
     assert_eq!(
         (sm.span.line, sm.span.col, sm.key.as_str()),

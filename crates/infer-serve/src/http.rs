@@ -179,7 +179,7 @@ impl App {
         };
         config["parameters"] = json!({
             "gpu": param(g.name.clone()),
-            "compute_capability": param(g.sm.to_string()),
+            "compute_capability": param(g.sm.sm().to_string()),
             "driver": param(g.driver.to_string()),
             "tensorrt": param(found.tensorrt.as_ref().map(|v| v.to_string()).unwrap_or_default()),
         });
@@ -657,7 +657,7 @@ where
 #[cfg(test)]
 mod node_tests {
     use super::*;
-    use infer_spec::engine::{Found, FoundCpu, FoundGpu, Sm};
+    use infer_spec::engine::{ComputeCapability, Found, FoundCpu, FoundGpu};
 
     #[test]
     fn the_model_config_says_which_gpu_driver_and_tensorrt_were_found() {
@@ -679,7 +679,7 @@ mod node_tests {
         assert_eq!(app.model_config, before, "no GPU found: nothing to add");
         app.set_node(&Found {
             gpu: Some(FoundGpu {
-                sm: Sm::new(9, 0),
+                sm: ComputeCapability::new(9, 0),
                 driver: "570.86.10".parse().unwrap(),
                 name: "NVIDIA H100".into(),
             }),
@@ -694,7 +694,7 @@ mod node_tests {
         assert_eq!(p["tensorrt"]["string_value"], "10.16.1.11");
         assert_eq!(
             p["compute_capability"]["string_value"],
-            Sm::new(9, 0).to_string()
+            ComputeCapability::new(9, 0).sm().to_string()
         );
         assert_eq!(v["instance_group"][0]["kind"], "KIND_GPU");
     }

@@ -205,7 +205,7 @@ fn main() {
             "node",
             &[
                 ("gpu", json!(g.name)),
-                ("compute_capability", json!(g.sm.to_string())),
+                ("compute_capability", json!(g.sm.sm().to_string())),
                 ("driver", json!(g.driver.to_string())),
                 (
                     "tensorrt",

@@ -225,28 +225,54 @@ impl ParseError {
     }
 }
 
-/// A CUDA compute capability (`sm_89` is 8.9). Serialised as `"sm_89"`.
+/// A CUDA compute capability, 8.9: the one type of the builder and the runtime.
+///
+/// It has two written forms, and no `Display`, so that every place that writes one says which:
+/// [`dotted`](Self::dotted) `8.9` (NVIDIA's tables, `nvidia-smi`, the matrix, the plan, the
+/// `gpu.compute_capability` annotation) and [`sm`](Self::sm) `sm_89` (the compiler's name, the
+/// engine metadata and its compatibility key). Target ids use [`target_id`](Self::target_id)
+/// `sm89`. Serialised as `"sm_89"`; both forms parse (`sm89` and `SM_90` too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Sm {
+pub struct ComputeCapability {
     pub major: u32,
     pub minor: u32,
 }
 
-impl Sm {
+impl ComputeCapability {
     pub const fn new(major: u32, minor: u32) -> Self {
-        Sm { major, minor }
+        ComputeCapability { major, minor }
+    }
+
+    /// `8.9`.
+    pub fn dotted(self) -> impl fmt::Display {
+        CcForm(self, "", ".")
+    }
+
+    /// `sm_89`.
+    pub fn sm(self) -> impl fmt::Display {
+        CcForm(self, "sm_", "")
+    }
+
+    /// `sm89`, as in target ids (`sm89-fp16`).
+    pub fn target_id(self) -> impl fmt::Display {
+        CcForm(self, "sm", "")
     }
 }
 
-impl fmt::Display for Sm {
+/// One written form of a compute capability: prefix, major, separator, minor.
+struct CcForm(ComputeCapability, &'static str, &'static str);
+
+impl fmt::Display for CcForm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sm_{}{}", self.major, self.minor)
+        let CcForm(cc, prefix, sep) = self;
+        write!(f, "{prefix}{}{sep}{}", cc.major, cc.minor)
     }
 }
 
-impl FromStr for Sm {
+impl FromStr for ComputeCapability {
     type Err = ParseError;
-    /// Accepts `sm_89`, `sm89`, `SM_90` and the dotted `8.9` that `nvidia-smi` prints.
+    /// Accepts `sm_89`, `sm89`, `SM_90` and the dotted `8.9` that `nvidia-smi` prints. In the SM
+    /// form the last digit is the minor version (`sm_100` is 10.0).
     fn from_str(s: &str) -> Result<Self, ParseError> {
         let err = || {
             ParseError::new(
@@ -255,39 +281,49 @@ impl FromStr for Sm {
                 "sm_XY or X.Y, such as sm_89 or 8.9",
             )
         };
+        let number = |t: &str| -> Result<u32, ParseError> {
+            if t.is_empty() || t.len() > 3 || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(err());
+            }
+            t.parse().map_err(|_| err())
+        };
         let t = s.trim();
         if let Some((a, b)) = t.split_once('.') {
-            let major = a.parse().map_err(|_| err())?;
-            let minor = b.parse().map_err(|_| err())?;
-            return Ok(Sm { major, minor });
+            return Ok(ComputeCapability::new(number(a)?, number(b)?));
         }
         let lower = t.to_ascii_lowercase();
         let digits = lower
             .strip_prefix("sm_")
             .or_else(|| lower.strip_prefix("sm"))
             .ok_or_else(err)?;
-        if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        if digits.len() < 2 || digits.len() > 3 {
             return Err(err());
         }
         let (a, b) = digits.split_at(digits.len() - 1);
-        Ok(Sm {
-            major: a.parse().map_err(|_| err())?,
-            minor: b.parse().map_err(|_| err())?,
-        })
+        Ok(ComputeCapability::new(number(a)?, number(b)?))
     }
 }
 
-impl Serialize for Sm {
+impl Serialize for ComputeCapability {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        s.collect_str(&self.sm())
     }
 }
 
-impl<'de> Deserialize<'de> for Sm {
+impl<'de> Deserialize<'de> for ComputeCapability {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
     }
+}
+
+/// Serialise a compute capability in its dotted form (`#[serde(serialize_with = ...)]`), for
+/// documents that have always written `"8.9"`.
+pub fn serialize_dotted<S: serde::Serializer>(
+    cc: &ComputeCapability,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(&cc.dotted())
 }
 
 /// A dotted numeric version (`10.8.0.43`, `12.8`, `570.124.06`). Compared component-wise as
@@ -416,7 +452,7 @@ pub struct InputProfile {
 #[serde(deny_unknown_fields)]
 pub struct GpuMeta {
     /// Compute capability of the target (and of the building GPU).
-    pub sm: Sm,
+    pub sm: ComputeCapability,
     /// TensorRT version including the build number, e.g. `10.8.0.43`.
     pub tensorrt: Version,
     /// CUDA version of the TensorRT build, e.g. `12.8`.
@@ -573,7 +609,7 @@ impl EngineMeta {
             .collect();
         put("shape_profile", profile.join(","));
         if let Some(g) = &self.gpu {
-            put("gpu.sm", g.sm.to_string());
+            put("gpu.sm", g.sm.sm().to_string());
             put("gpu.builder", g.builder_gpu.clone());
             put("trt.version", g.tensorrt.to_string());
             put("cuda.version", g.cuda.to_string());
@@ -613,7 +649,10 @@ impl EngineMeta {
             (Some(g), _) => {
                 let mut s = format!(
                     "{} with TensorRT {} (CUDA {}, driver >= {}",
-                    g.sm, g.tensorrt, g.cuda, g.driver_floor
+                    g.sm.sm(),
+                    g.tensorrt,
+                    g.cuda,
+                    g.driver_floor
                 );
                 if g.hardware_compat != HardwareCompat::None {
                     s.push_str(&format!(
@@ -686,7 +725,7 @@ pub struct Found {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundGpu {
-    pub sm: Sm,
+    pub sm: ComputeCapability,
     pub driver: Version,
     pub name: String,
 }
@@ -735,7 +774,7 @@ impl fmt::Display for Found {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.gpu {
             Some(g) => {
-                write!(f, "{} ({}) with ", g.sm, g.name)?;
+                write!(f, "{} ({}) with ", g.sm.sm(), g.name)?;
                 match &self.tensorrt {
                     Some(t) => write!(f, "TensorRT {t}")?,
                     None => f.write_str("no TensorRT library")?,
@@ -774,10 +813,16 @@ pub enum MismatchReason {
     Meta(MetaError),
     #[error("no GPU is visible")]
     NoGpu,
-    #[error("compute capability differs ({built} != {found}) and the engine has no hardware compatibility level")]
-    ComputeCapability { built: Sm, found: Sm },
-    #[error("compute capability {found} is below {min}, the minimum of hardware compatibility level ampere+")]
-    BelowAmpere { found: Sm, min: Sm },
+    #[error("compute capability differs ({} != {}) and the engine has no hardware compatibility level", built.sm(), found.sm())]
+    ComputeCapability {
+        built: ComputeCapability,
+        found: ComputeCapability,
+    },
+    #[error("compute capability {} is below {}, the minimum of hardware compatibility level ampere+", found.sm(), min.sm())]
+    BelowAmpere {
+        found: ComputeCapability,
+        min: ComputeCapability,
+    },
     #[error("driver {found} is older than the engine's floor {floor}")]
     Driver { found: Version, floor: Version },
     #[error("no TensorRT library was loaded")]
@@ -851,7 +896,7 @@ pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
             .ok_or_else(|| fail(MismatchReason::NoGpu))?;
         match g.hardware_compat {
             HardwareCompat::AmperePlus => {
-                let min = Sm::new(8, 0);
+                let min = ComputeCapability::new(8, 0);
                 if node.sm < min {
                     return Err(fail(MismatchReason::BelowAmpere {
                         found: node.sm,
@@ -1157,12 +1202,12 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn trt_meta(sm: Sm, trt: &str, hw: HardwareCompat, vc: bool) -> EngineMeta {
+    fn trt_meta(sm: ComputeCapability, trt: &str, hw: HardwareCompat, vc: bool) -> EngineMeta {
         EngineMeta {
             schema: META_SCHEMA,
             kind: EngineKind::Tensorrt,
             format: EngineFormat::TensorrtPlan,
-            target: format!("{}-fp16", sm.to_string().replace('_', "")),
+            target: format!("{}-fp16", sm.target_id()),
             precision: Precision::Fp16,
             shape_profile: vec![InputProfile {
                 name: "input".into(),
@@ -1192,7 +1237,12 @@ mod tests {
 
     #[test]
     fn conversion_goes_into_annotations_and_round_trips() {
-        let mut m = trt_meta(Sm::new(8, 9), "11.4.0.106", HardwareCompat::None, false);
+        let mut m = trt_meta(
+            ComputeCapability::new(8, 9),
+            "11.4.0.106",
+            HardwareCompat::None,
+            false,
+        );
         m.conversion = Some(ConversionMeta {
             converted_digest: D2.into(),
             tool: "onnxruntime.quantization.quantize_static".into(),
@@ -1212,7 +1262,12 @@ mod tests {
         let back = EngineMeta::from_json(&m.to_canonical_json()).unwrap();
         assert_eq!(back, m);
         // Without a conversion, the JSON has no `conversion` key (older readers accept it).
-        let plain = trt_meta(Sm::new(8, 9), "11.4.0.106", HardwareCompat::None, false);
+        let plain = trt_meta(
+            ComputeCapability::new(8, 9),
+            "11.4.0.106",
+            HardwareCompat::None,
+            false,
+        );
         assert!(!String::from_utf8(plain.to_canonical_json())
             .unwrap()
             .contains("conversion"));
@@ -1243,7 +1298,7 @@ mod tests {
         }
     }
 
-    fn gpu(sm: Sm, driver: &str, trt: Option<&str>) -> Found {
+    fn gpu(sm: ComputeCapability, driver: &str, trt: Option<&str>) -> Found {
         Found {
             gpu: Some(FoundGpu {
                 sm,
@@ -1267,8 +1322,8 @@ mod tests {
 
     #[test]
     fn gpu_rules() {
-        let sm89 = Sm::new(8, 9);
-        let sm80 = Sm::new(8, 0);
+        let sm89 = ComputeCapability::new(8, 9);
+        let sm80 = ComputeCapability::new(8, 0);
         let exact = trt_meta(sm89, "10.8.0.43", HardwareCompat::None, false);
         check(&exact, &gpu(sm89, "580.95.05", Some("10.8.0")), None);
         check(&exact, &gpu(sm89, "580.95.05", Some("10.8.0.43")), None);
@@ -1304,9 +1359,21 @@ mod tests {
         );
 
         let ampere = trt_meta(sm80, "10.8.0.43", HardwareCompat::AmperePlus, false);
-        check(&ampere, &gpu(Sm::new(9, 0), "580", Some("10.8.0")), None);
-        check(&ampere, &gpu(Sm::new(8, 6), "580", Some("10.8.0")), None);
-        let e = check_compat(&ampere, &gpu(Sm::new(7, 5), "580", Some("10.8.0"))).unwrap_err();
+        check(
+            &ampere,
+            &gpu(ComputeCapability::new(9, 0), "580", Some("10.8.0")),
+            None,
+        );
+        check(
+            &ampere,
+            &gpu(ComputeCapability::new(8, 6), "580", Some("10.8.0")),
+            None,
+        );
+        let e = check_compat(
+            &ampere,
+            &gpu(ComputeCapability::new(7, 5), "580", Some("10.8.0")),
+        )
+        .unwrap_err();
         assert!(
             matches!(e.reason, MismatchReason::BelowAmpere { .. }),
             "{e}"
@@ -1323,12 +1390,16 @@ mod tests {
             false,
         );
         check(&same_cc, &gpu(sm89, "580", Some("10.9.0")), None);
-        assert!(check_compat(&same_cc, &gpu(Sm::new(8, 6), "580", Some("10.9.0"))).is_err());
+        assert!(check_compat(
+            &same_cc,
+            &gpu(ComputeCapability::new(8, 6), "580", Some("10.9.0"))
+        )
+        .is_err());
     }
 
     #[test]
     fn version_compatible_rules() {
-        let sm = Sm::new(9, 0);
+        let sm = ComputeCapability::new(9, 0);
         let vc = trt_meta(sm, "10.8.0.43", HardwareCompat::None, true);
         for ok in ["10.8.0", "10.16.1", "11.0.0", "11.4.0.106"] {
             check(&vc, &gpu(sm, "580", Some(ok)), None);
@@ -1438,7 +1509,13 @@ mod tests {
             MismatchReason::Meta(MetaError::Schema(99))
         ));
         let mut m = cpu_meta(&[]);
-        m.gpu = trt_meta(Sm::new(8, 9), "10.8.0.43", HardwareCompat::None, false).gpu;
+        m.gpu = trt_meta(
+            ComputeCapability::new(8, 9),
+            "10.8.0.43",
+            HardwareCompat::None,
+            false,
+        )
+        .gpu;
         assert!(m.validate().is_err());
         let mut m = cpu_meta(&[]);
         m.engine_digest = "sha256:XYZ".into();
@@ -1451,16 +1528,28 @@ mod tests {
             ("sm_89", (8, 9)),
             ("sm90", (9, 0)),
             ("SM_100", (10, 0)),
+            ("sm_120", (12, 0)),
             ("12.0", (12, 0)),
             (" 8.6 ", (8, 6)),
         ];
         for (s, (a, b)) in cases {
-            assert_eq!(s.parse::<Sm>(), Ok(Sm::new(a, b)), "{s}");
+            assert_eq!(
+                s.parse::<ComputeCapability>(),
+                Ok(ComputeCapability::new(a, b)),
+                "{s}"
+            );
         }
-        for bad in ["", "sm_", "sm_8", "8", "gpu", "sm_8x", "8.x"] {
-            assert!(bad.parse::<Sm>().is_err(), "{bad}");
+        for bad in [
+            "", "sm_", "sm_8", "8", "gpu", "sm_8x", "8.x", "sm_1000", ".9", "8.",
+        ] {
+            assert!(bad.parse::<ComputeCapability>().is_err(), "{bad}");
         }
-        assert_eq!(Sm::new(12, 0).to_string(), "sm_120");
+        assert_eq!(ComputeCapability::new(12, 0).sm().to_string(), "sm_120");
+        assert_eq!(ComputeCapability::new(12, 0).dotted().to_string(), "12.0");
+        assert_eq!(
+            ComputeCapability::new(12, 0).target_id().to_string(),
+            "sm120"
+        );
         assert!(v("570.124.06") > v("570.86.10"));
         assert!(v("10.16.1") > v("10.8.0.43"));
         assert_eq!(v("12.8"), v("12.8.0"));
@@ -1472,7 +1561,12 @@ mod tests {
 
     #[test]
     fn json_round_trip_is_canonical() {
-        let m = trt_meta(Sm::new(8, 9), "10.8.0.43", HardwareCompat::AmperePlus, true);
+        let m = trt_meta(
+            ComputeCapability::new(8, 9),
+            "10.8.0.43",
+            HardwareCompat::AmperePlus,
+            true,
+        );
         let bytes = m.to_canonical_json();
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
-use infer_spec::engine::{Sm, Version};
+use infer_spec::engine::{ComputeCapability, Version};
 
 use crate::{parse_proc_driver_version, Error};
 
@@ -123,7 +123,10 @@ impl Driver {
     }
 
     /// GPU `ordinal`'s compute capability and name.
-    pub(crate) fn device(&self, ordinal: i32) -> Result<(CuDevice, Sm, String), Error> {
+    pub(crate) fn device(
+        &self,
+        ordinal: i32,
+    ) -> Result<(CuDevice, ComputeCapability, String), Error> {
         let mut count = 0;
         // SAFETY: writes one int.
         self.check(
@@ -164,7 +167,11 @@ impl Driver {
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
             .to_string_lossy()
             .into_owned();
-        Ok((dev, Sm::new(major.max(0) as u32, minor.max(0) as u32), name))
+        Ok((
+            dev,
+            ComputeCapability::new(major.max(0) as u32, minor.max(0) as u32),
+            name,
+        ))
     }
 }
 

@@ -42,7 +42,6 @@ use infer_spec::engine::{canonical_json, Precision};
 use serde::{Deserialize, Serialize};
 
 use super::cache::{self, Cache};
-use super::key::sha256_digest;
 use super::pyenv;
 use super::spec::{EngineSpec, InputSpec};
 use super::Error;
@@ -225,9 +224,9 @@ pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, E
         source,
         precision: spec.precision,
         tool: tool_name(spec.precision, c.tool).into(),
-        requirements: sha256_digest(pyenv::REQUIREMENTS.as_bytes()),
+        requirements: crate::oci::Digest::of(pyenv::REQUIREMENTS.as_bytes()).to_string(),
         interpreter: (c.tool == ConvertTool::ModelOpt).then(pyenv::modelopt_python),
-        script: sha256_digest(pyenv::SCRIPT.as_bytes()),
+        script: crate::oci::Digest::of(pyenv::SCRIPT.as_bytes()).to_string(),
         options: options(spec.precision, c),
         calibration: digest(&c.calibration)?,
         evaluation: digest(&c.evaluation)?,

@@ -9,7 +9,6 @@
 
 use infer_spec::engine::{canonical_json, InputProfile, Precision};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 /// Version of the key derivation; bump when the material below changes meaning.
 pub const KEY_SCHEME: &str = "infer-build-engine-key/1";
@@ -68,13 +67,8 @@ impl KeyMaterial {
 
     /// The key: lowercase hex sha256 of [`KeyMaterial::canonical`].
     pub fn key(&self) -> String {
-        hex::encode(Sha256::digest(self.canonical()))
+        crate::oci::Digest::of(&self.canonical()).hex().to_string()
     }
-}
-
-/// `sha256:<hex>` of some bytes.
-pub fn sha256_digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
 #[cfg(test)]
@@ -85,7 +79,7 @@ mod tests {
         KeyMaterial {
             scheme: KEY_SCHEME.into(),
             tool: "0.1.0".into(),
-            onnx: sha256_digest(b"model"),
+            onnx: crate::oci::Digest::of(b"model").to_string(),
             target: "sm89-fp16".into(),
             precision: Precision::Fp16,
             shape_profile: vec![InputProfile {
@@ -116,7 +110,7 @@ mod tests {
             "{\"backend\":{\"builder_flags\":[\"--onnx=<onnx>\",\"--fp16\"],\"calibration\":null,\"cuda\":\"12.8\",\"driver_floor\":\"570.26\",\"kind\":\"tensorrt\",\"sm\":\"sm_89\",\"tensorrt\":\"10.8.0.43\"},\"batch_sizes\":[1,8,16,32],\"onnx\":\"sha256:ce8e2fc9b3f84e4f8f6b4eb2b2c42b8a9b4f3d3e4b1f9a83dcbb0b6cd6d3d3b1\",\"precision\":\"fp16\",\"scheme\":\"infer-build-engine-key/1\",\"shape_profile\":[{\"max\":[32,64],\"min\":[1,64],\"name\":\"input\",\"opt\":[16,64]}],\"target\":\"sm89-fp16\",\"tool\":\"0.1.0\"}\n"
                 .replace(
                     "sha256:ce8e2fc9b3f84e4f8f6b4eb2b2c42b8a9b4f3d3e4b1f9a83dcbb0b6cd6d3d3b1",
-                    &sha256_digest(b"model")
+                    &crate::oci::Digest::of(b"model").to_string()
                 )
         );
         assert_eq!(m.key().len(), 64);
@@ -128,7 +122,10 @@ mod tests {
         let k0 = base().key();
         type Mutation = Box<dyn Fn(&mut KeyMaterial)>;
         let mutations: Vec<(&str, Mutation)> = vec![
-            ("onnx", Box::new(|m| m.onnx = sha256_digest(b"modem"))),
+            (
+                "onnx",
+                Box::new(|m| m.onnx = crate::oci::Digest::of(b"modem").to_string()),
+            ),
             ("target", Box::new(|m| m.target = "sm89-fp16b".into())),
             ("precision", Box::new(|m| m.precision = Precision::Int8)),
             ("tool", Box::new(|m| m.tool = "0.1.1".into())),
@@ -171,7 +168,7 @@ mod tests {
                 "calib",
                 Box::new(|m| {
                     if let BackendKey::Tensorrt { calibration, .. } = &mut m.backend {
-                        *calibration = Some(sha256_digest(b"c"))
+                        *calibration = Some(crate::oci::Digest::of(b"c").to_string())
                     }
                 }),
             ),

@@ -38,7 +38,7 @@ pub use key::{KeyMaterial, TOOL_VERSION};
 pub use spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
 
 use crate::process::Runner;
-use key::{sha256_digest, BackendKey, KEY_SCHEME};
+use key::{BackendKey, KEY_SCHEME};
 
 /// Errors of the `engine` module.
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +214,7 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
 /// list of (relative path, file digest) of the files in it.
 pub fn calibration_digest(c: &Calibration) -> Result<String, Error> {
     match c {
-        Calibration::Cache(p) => Ok(sha256_digest(&read(p)?)),
+        Calibration::Cache(p) => Ok(crate::oci::Digest::of(&read(p)?).to_string()),
         Calibration::Data(dir) => {
             let mut files = Vec::new();
             for e in walkdir::WalkDir::new(dir).sort_by_file_name() {
@@ -238,7 +238,7 @@ pub fn calibration_digest(c: &Calibration) -> Result<String, Error> {
                     reason: "the calibration directory holds no files".into(),
                 });
             }
-            Ok(sha256_digest(files.join("\n").as_bytes()))
+            Ok(crate::oci::Digest::of(files.join("\n").as_bytes()).to_string())
         }
     }
 }
@@ -305,7 +305,7 @@ pub struct Prepared {
 /// cache) and apply the accuracy gate. Runs on any machine: no GPU is involved.
 pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<Prepared, Error> {
     let onnx_bytes = read(&spec.onnx)?;
-    let onnx_digest = sha256_digest(&onnx_bytes);
+    let onnx_digest = crate::oci::Digest::of(&onnx_bytes).to_string();
     let converted = match &spec.backend {
         Backend::Tensorrt(TrtSpec {
             convert: Some(c), ..
@@ -550,7 +550,7 @@ pub fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::Conversion
 /// ONNX digest, shape profile, backend tuple) and the engine file must hash to its recorded
 /// digest.
 pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
-    let onnx_digest = sha256_digest(&read(&spec.onnx)?);
+    let onnx_digest = crate::oci::Digest::of(&read(&spec.onnx)?).to_string();
     let material = key_material(spec, &onnx_digest)?;
     let key = material.key();
     let not_found = |reason: String| Error::NotFound {

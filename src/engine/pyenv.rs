@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cache::{self, Cache, FileLock};
-use super::key::sha256_digest;
 use super::Error;
 use crate::process::{Cmd, Runner};
 
@@ -50,7 +49,7 @@ impl PyEnv {
 
 /// The environment's identity: a short digest of the requirements.
 pub fn env_id() -> String {
-    let d = sha256_digest(REQUIREMENTS.as_bytes());
+    let d = crate::oci::Digest::of(REQUIREMENTS.as_bytes()).to_string();
     format!("convert-{}", &d["sha256:".len().."sha256:".len() + 16])
 }
 

@@ -4,6 +4,7 @@
 //! map type produced it (oci-spec keeps annotations in `HashMap`s: never serialize those
 //! directly).
 
+use infer_spec::engine::write_canonical;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -11,55 +12,15 @@ use serde_json::Value;
 pub fn to_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
     let v = serde_json::to_value(value)?;
     let mut out = Vec::with_capacity(512);
-    write(&v, &mut out);
+    write_canonical(&v, &mut out);
     Ok(out)
 }
 
 /// Write an already-built JSON value canonically.
 pub fn value_to_vec(v: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
-    write(v, &mut out);
+    write_canonical(v, &mut out);
     out
-}
-
-fn write(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Value::Number(n) => out.extend_from_slice(n.to_string().as_bytes()),
-        Value::String(s) => write_str(s, out),
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write(x, out);
-            }
-            out.push(b']');
-        }
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(k, out);
-                out.push(b':');
-                write(&m[k], out);
-            }
-            out.push(b'}');
-        }
-    }
-}
-
-fn write_str(s: &str, out: &mut Vec<u8>) {
-    // serde_json's string escaping is fixed (`\"`, `\\`, `\n`… and `\u00XX` for other control
-    // characters, everything else verbatim UTF-8); writing a `&str` cannot fail.
-    let escaped = serde_json::to_string(s).unwrap_or_default();
-    out.extend_from_slice(escaped.as_bytes());
 }
 
 #[cfg(test)]

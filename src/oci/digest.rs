@@ -24,14 +24,9 @@ impl Digest {
 
     /// Parse and validate `sha256:<64 lowercase hex>`.
     pub fn parse(s: &str) -> Result<Digest, Error> {
-        let hex = s
-            .strip_prefix("sha256:")
-            .ok_or_else(|| Error::BadDigest(s.into()))?;
-        let ok = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        if ok {
-            Ok(Digest(s.into()))
-        } else {
-            Err(Error::BadDigest(s.into()))
+        match hex_of(s) {
+            Some(_) => Ok(Digest(s.into())),
+            None => Err(Error::BadDigest(s.into())),
         }
     }
 
@@ -43,6 +38,13 @@ impl Digest {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The hex part of a `sha256:<64 lowercase hex>` digest, or `None` when it is not one. The
+/// check matters: digests become file names in layouts and path segments in URLs.
+pub fn hex_of(digest: &str) -> Option<&str> {
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
 }
 
 impl fmt::Display for Digest {
@@ -85,7 +87,9 @@ mod tests {
             "sha512:00",
             &empty.to_uppercase(),
             &empty[..70],
+            "sha256:../../etc/passwd",
         ] {
+            assert_eq!(hex_of(bad), None, "{bad}");
             assert!(Digest::parse(bad).is_err(), "{bad}");
         }
     }

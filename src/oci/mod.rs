@@ -31,7 +31,7 @@ pub mod unpack;
 use std::path::PathBuf;
 
 pub use compress::Compression;
-pub use digest::Digest;
+pub use digest::{hex_of, Digest};
 pub use dir::{write_atomic, Dir};
 
 /// The most bytes a JSON document read from a layout may have (`index.json`, manifests,

@@ -134,79 +134,78 @@ pub fn resolve(
     let mut groups: BTreeMap<(ComputeCapability, Platform), GpuGroup> = BTreeMap::new();
     for g in &recipe.targets.gpus {
         let at = Located::new((), g.span, g.key.clone());
-        let (cc, platform, products): (ComputeCapability, Platform, Vec<&matrix::Gpu>) = match &g
-            .value
-        {
-            recipe::Gpu::Product(name) => match matrix.gpu(name) {
-                Some(row) => (row.cc, row.platform, vec![row]),
-                None => {
-                    let close = matrix.closest_gpus(name);
-                    let hint = if close.is_empty() {
-                        "name a product listed in matrix/gpus.toml, or an SM such as \"sm_90\""
-                            .to_string()
-                    } else {
-                        format!(
-                            "did you mean {}? or name the SM, such as \"sm_90\"",
-                            close
-                                .iter()
-                                .map(|c| format!("\"{c}\""))
-                                .collect::<Vec<_>>()
-                                .join(" or ")
-                        )
-                    };
-                    refusals.push(diag(
-                        file,
-                        g,
-                        Refusal {
-                            rule: "known-gpu",
-                            message: format!(
-                                "unknown GPU \"{name}\": not in the compatibility matrix"
-                            ),
-                            hint,
-                        },
-                    ));
-                    continue;
-                }
-            },
-            recipe::Gpu::Sm(cc) => {
-                let cc = *cc;
-                let all: Vec<&matrix::Gpu> = matrix.gpus_with_cc(cc).collect();
-                if all.is_empty() {
-                    let known: Vec<String> = {
-                        let mut v: Vec<ComputeCapability> =
-                            matrix.gpus.iter().map(|g| g.cc).collect();
-                        v.sort();
-                        v.dedup();
-                        v.iter().map(|c| c.sm().to_string()).collect()
-                    };
-                    refusals.push(diag(
-                        file,
-                        g,
-                        Refusal {
-                            rule: "known-gpu",
-                            message: format!(
+        let (cc, platform, products): (ComputeCapability, Platform, Vec<&matrix::Gpu>) =
+            match &g.value {
+                recipe::Gpu::Product(name) => match matrix.gpu(name) {
+                    Some(row) => (row.cc, row.platform, vec![row]),
+                    None => {
+                        let close = matrix.closest_gpus(name);
+                        let hint = if close.is_empty() {
+                            "name a product listed in matrix/gpus.toml, or an SM such as \"sm_90\""
+                                .to_string()
+                        } else {
+                            format!(
+                                "did you mean {}? or name the SM, such as \"sm_90\"",
+                                close
+                                    .iter()
+                                    .map(|c| format!("\"{c}\""))
+                                    .collect::<Vec<_>>()
+                                    .join(" or ")
+                            )
+                        };
+                        refusals.push(diag(
+                            file,
+                            g,
+                            Refusal {
+                                rule: "known-gpu",
+                                message: format!(
+                                    "unknown GPU \"{name}\": not in the compatibility matrix"
+                                ),
+                                hint,
+                            },
+                        ));
+                        continue;
+                    }
+                },
+                recipe::Gpu::Sm(cc) => {
+                    let cc = *cc;
+                    let all: Vec<&matrix::Gpu> = matrix.gpus_with_cc(cc).collect();
+                    if all.is_empty() {
+                        let known: Vec<String> = {
+                            let mut v: Vec<ComputeCapability> =
+                                matrix.gpus.iter().map(|g| g.cc).collect();
+                            v.sort();
+                            v.dedup();
+                            v.iter().map(|c| c.sm().to_string()).collect()
+                        };
+                        refusals.push(diag(
+                            file,
+                            g,
+                            Refusal {
+                                rule: "known-gpu",
+                                message: format!(
                                 "no GPU in the compatibility matrix has compute capability {} ({})",
                                 cc.dotted(),
                                 cc.sm()
                             ),
-                            hint: format!(
-                                "use one of {}, or add the GPU to matrix/gpus.toml",
-                                known.join(", ")
-                            ),
-                        },
-                    ));
-                    continue;
+                                hint: format!(
+                                    "use one of {}, or add the GPU to matrix/gpus.toml",
+                                    known.join(", ")
+                                ),
+                            },
+                        ));
+                        continue;
+                    }
+                    // An SM name means the x86_64 parts when there are any (sm_90: H100, not GH200).
+                    let platform = if all.iter().any(|g| g.platform == Platform::X86_64) {
+                        Platform::X86_64
+                    } else {
+                        all[0].platform
+                    };
+                    let products = all.into_iter().filter(|g| g.platform == platform).collect();
+                    (cc, platform, products)
                 }
-                // An SM name means the x86_64 parts when there are any (sm_90: H100, not GH200).
-                let platform = if all.iter().any(|g| g.platform == Platform::X86_64) {
-                    Platform::X86_64
-                } else {
-                    all[0].platform
-                };
-                let products = all.into_iter().filter(|g| g.platform == platform).collect();
-                (cc, platform, products)
-            }
-        };
+            };
         let group = groups.entry((cc, platform)).or_insert_with(|| GpuGroup {
             cc,
             platform,

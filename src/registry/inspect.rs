@@ -5,13 +5,12 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use ureq::http::Method;
 
-use super::client::{header, status_error, Client, ClientOptions, Req};
+use super::client::{Client, ClientOptions};
 use super::layout::{Descriptor, Manifest};
 use super::reference::Reference;
 use super::warmup::{self, Referrer};
-use super::{media, sha256_digest, Error, Result};
+use super::{get_manifest, media, Error, Result};
 
 /// An image (or index) in a registry.
 #[derive(Debug, Clone, Serialize)]
@@ -116,8 +115,14 @@ pub fn inspect(
 ) -> Result<RemoteImage> {
     let client = Client::connect(&reference.registry, opts.clone())?;
     let scopes = vec![format!("repository:{}:pull", reference.repository)];
-    let (bytes, media_type) = get(&client, reference, reference.manifest_ref(), &scopes)?;
-    let digest = sha256_digest(&bytes);
+    let (bytes, media_type) = get_manifest(
+        &client,
+        reference,
+        reference.manifest_ref(),
+        &scopes,
+        "reading",
+    )?;
+    let digest = crate::oci::Digest::of(&bytes).to_string();
     if let Some(want) = &reference.digest {
         if want != &digest {
             return Err(Error::DigestMismatch {
@@ -142,8 +147,8 @@ pub fn inspect(
     let mut images = Vec::new();
     if media::is_index(&media_type) {
         for child in &top.manifests {
-            let (b, mt) = get(&client, reference, &child.digest, &scopes)?;
-            let got = sha256_digest(&b);
+            let (b, mt) = get_manifest(&client, reference, &child.digest, &scopes, "reading")?;
+            let got = crate::oci::Digest::of(&b).to_string();
             if got != child.digest {
                 return Err(Error::DigestMismatch {
                     what: format!("manifest listed by {reference}"),
@@ -216,51 +221,6 @@ fn describe(
             .fold(0u64, |t, d| t.saturating_add(d.size)),
         layers: m.layers.clone(),
         referrers,
-    }
-}
-
-fn get(
-    client: &Client,
-    r: &Reference,
-    reference: &str,
-    scopes: &[String],
-) -> Result<(Vec<u8>, String)> {
-    let url = client.url(&format!("{}/manifests/{reference}", r.repository));
-    let req = Req::new(Method::GET, url.clone()).header("accept", media::ACCEPT_MANIFESTS);
-    let mut resp = client.send(&req, scopes)?;
-    match resp.status().as_u16() {
-        200 => {
-            let ct = header(&resp, "content-type").unwrap_or("").to_string();
-            let bytes = resp
-                .body_mut()
-                .with_config()
-                .limit(super::client::MAX_MANIFEST)
-                .read_to_vec()
-                .map_err(|e| Error::Transport {
-                    method: "GET".into(),
-                    url: url.clone(),
-                    source: Box::new(e),
-                })?;
-            let m = Manifest::parse(&bytes, reference)?;
-            super::check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
-                |reason| Error::Protocol {
-                    what: format!("manifest {reference} from {}", r.registry),
-                    reason,
-                },
-            )?;
-            let mt = m.media_type.unwrap_or(ct);
-            Ok((bytes, mt))
-        }
-        404 => Err(Error::NotFound {
-            reference: format!("{}/{}:{reference}", r.registry, r.repository),
-            reason: "no such manifest in the registry".into(),
-        }),
-        401 | 403 => Err(Error::Unauthorized {
-            registry: r.registry.clone(),
-            status: resp.status().as_u16(),
-            what: format!("reading {}", r.repository),
-        }),
-        s => Err(status_error(&Method::GET, &url, s, resp)),
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{canonical_json, media, sha256_digest, Error, Result};
+use super::{media, Error, Result};
 use crate::oci::store::BlobStore;
 use crate::oci::Digest;
 
@@ -94,7 +94,10 @@ impl Layout {
         )?;
         let empty =
             serde_json::json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": []});
-        write_atomic(&root.join("index.json"), &canonical_json(&empty))?;
+        write_atomic(
+            &root.join("index.json"),
+            &crate::oci::cjson::value_to_vec(&empty),
+        )?;
         Layout::open(root)
     }
 
@@ -165,7 +168,7 @@ impl Layout {
 
     /// Store bytes as a blob; returns its digest.
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<String> {
-        let digest = sha256_digest(bytes);
+        let digest = crate::oci::Digest::of(bytes).to_string();
         let path = self.blob_path(&digest)?;
         if !path.exists() {
             write_atomic(&path, bytes)?;
@@ -192,7 +195,7 @@ impl Layout {
                 != Some(name)
         });
         list.push(entry);
-        write_atomic(&path, &canonical_json(&index))
+        write_atomic(&path, &crate::oci::cjson::value_to_vec(&index))
     }
 }
 

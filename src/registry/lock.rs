@@ -6,7 +6,8 @@ use std::path::Path;
 
 use crate::plan::lock as plan_lock;
 
-use super::{digest_hex, layout::write_atomic, Error, Result};
+use super::{layout::write_atomic, Error, Result};
+use crate::oci::hex_of;
 
 fn lock_error(path: &Path, e: plan_lock::LockError) -> Error {
     Error::Lock {
@@ -23,7 +24,7 @@ pub fn lookup(path: &Path, reference: &str) -> Result<Option<String>> {
 
 /// Pin `reference` to `digest`, keeping every other entry.
 pub fn record(path: &Path, reference: &str, digest: &str) -> Result<()> {
-    if digest_hex(digest).is_none() {
+    if hex_of(digest).is_none() {
         return Err(Error::Lock {
             path: path.to_path_buf(),
             reason: format!("refusing to record malformed digest `{digest}`"),

@@ -155,6 +155,69 @@ pub const MAX_INDEX_ENTRIES: usize = 1000;
 /// The largest blob a descriptor may claim (1 TiB).
 pub const MAX_BLOB: u64 = 1 << 40;
 
+/// GET a manifest or index by tag or digest: its bytes and media type (the document's own
+/// `mediaType` when it has one, else the `content-type` header without its parameters), bounded
+/// in size and in what it lists. `doing` names the operation in an authorisation error
+/// ("pulling", "reading").
+pub fn get_manifest(
+    client: &client::Client,
+    r: &reference::Reference,
+    reference: &str,
+    scopes: &[String],
+    doing: &str,
+) -> Result<(Vec<u8>, String)> {
+    let url = client.url(&format!("{}/manifests/{reference}", r.repository));
+    let req = client::Req::new(ureq::http::Method::GET, url.clone())
+        .header("accept", media::ACCEPT_MANIFESTS);
+    let mut resp = client.send(&req, scopes)?;
+    match resp.status().as_u16() {
+        200 => {
+            let ct = client::header(&resp, "content-type")
+                .unwrap_or("")
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            let bytes = resp
+                .body_mut()
+                .with_config()
+                .limit(client::MAX_MANIFEST)
+                .read_to_vec()
+                .map_err(|e| Error::Transport {
+                    method: "GET".into(),
+                    url: url.clone(),
+                    source: Box::new(e),
+                })?;
+            // Trust the document's own mediaType over the header when it has one.
+            let m = layout::Manifest::parse(&bytes, reference)?;
+            check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
+                |reason| Error::Protocol {
+                    what: format!("manifest {reference} from {}", r.registry),
+                    reason,
+                },
+            )?;
+            let mt = m.media_type.unwrap_or(ct);
+            Ok((bytes, mt))
+        }
+        404 => Err(Error::NotFound {
+            reference: format!("{}/{}:{reference}", r.registry, r.repository),
+            reason: "no such manifest in the registry".into(),
+        }),
+        401 | 403 => Err(Error::Unauthorized {
+            registry: r.registry.clone(),
+            status: resp.status().as_u16(),
+            what: format!("{doing} {}", r.repository),
+        }),
+        s => Err(client::status_error(
+            &ureq::http::Method::GET,
+            &url,
+            s,
+            resp,
+        )),
+    }
+}
+
 /// Check the counts and sizes a manifest or index claims, before anything is fetched or
 /// added up: a hostile registry or layout cannot make us walk 100k layers or overflow a total.
 /// The reason names the bound.
@@ -178,7 +241,7 @@ pub fn check_manifest_bounds(m: &layout::Manifest, what: &str) -> std::result::R
                 d.digest, d.size
             ));
         }
-        if digest_hex(&d.digest).is_none() {
+        if crate::oci::hex_of(&d.digest).is_none() {
             return Err(format!(
                 "{what}: `{}` is not a sha256 digest",
                 d.digest.chars().take(80).collect::<String>()
@@ -209,50 +272,14 @@ pub fn fuzz_registry_response(data: &[u8]) {
 /// The empty JSON object `{}`: the config blob of artifact manifests.
 pub const EMPTY_JSON: &[u8] = b"{}";
 
-/// `sha256:<hex>` of `bytes`.
-pub fn sha256_digest(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
-
-/// The hex part of a `sha256:<64 lowercase hex>` digest, or `None` when it is not one. The
-/// check matters: digests become file names in layouts and path segments in URLs.
-pub fn digest_hex(digest: &str) -> Option<&str> {
-    let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
-}
-
-/// Canonical JSON: object keys sorted (serde_json's `Value` map is a BTreeMap here), no
-/// insignificant whitespace. Everything this module creates and hashes goes through it.
-pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
-    // Serialising a `Value` cannot fail: its map keys are strings.
-    serde_json::to_vec(value).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn digest_hex_accepts_only_sha256_hex() {
-        let good = format!("sha256:{}", "a".repeat(64));
-        assert_eq!(digest_hex(&good), Some("a".repeat(64).as_str()));
-        for bad in [
-            "sha256:abc",
-            "sha512:aa",
-            "sha256:../../etc/passwd",
-            &format!("sha256:{}", "A".repeat(64)),
-        ] {
-            assert_eq!(digest_hex(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn canonical_json_sorts_keys() {
-        let v = serde_json::json!({"b": 1, "a": {"d": 2, "c": [3]}});
-        assert_eq!(canonical_json(&v), br#"{"a":{"c":[3],"d":2},"b":1}"#);
+    fn the_empty_config_has_the_well_known_digest() {
         assert_eq!(
-            sha256_digest(EMPTY_JSON),
+            crate::oci::Digest::of(EMPTY_JSON).to_string().as_str(),
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
     }

@@ -16,7 +16,8 @@ use ureq::http::Method;
 use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::{Descriptor, Layout, Manifest};
 use super::reference::Reference;
-use super::{digest_hex, lock, media, sha256_digest, Error, Result};
+use super::{get_manifest, lock, media, Error, Result};
+use crate::oci::hex_of;
 use crate::plan::{ImagePin, PinnedBy};
 
 /// Options of a pull.
@@ -123,24 +124,25 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
 
     let client = Client::connect(&r.registry, opts.client.clone())?;
     let scopes = vec![format!("repository:{}:pull", r.repository)];
-    let (mut bytes, mut media_type) = match get_manifest(&client, &r, r.manifest_ref(), &scopes) {
-        Err(Error::NotFound {
-            reference: what, ..
-        }) if pinned_by_lock.is_some() => {
-            let path = pinned_by_lock.unwrap_or_default();
-            return Err(Error::NotFound {
-                reference: what,
-                reason: format!(
-                    "the registry no longer has the digest pinned by lock file {} (the image \
+    let (mut bytes, mut media_type) =
+        match get_manifest(&client, &r, r.manifest_ref(), &scopes, "pulling") {
+            Err(Error::NotFound {
+                reference: what, ..
+            }) if pinned_by_lock.is_some() => {
+                let path = pinned_by_lock.unwrap_or_default();
+                return Err(Error::NotFound {
+                    reference: what,
+                    reason: format!(
+                        "the registry no longer has the digest pinned by lock file {} (the image \
                      was deleted or garbage-collected); re-resolve the tag on purpose with \
                      --update-lock, or restore the image",
-                    path.display()
-                ),
-            });
-        }
-        other => other?,
-    };
-    let first_digest = sha256_digest(&bytes);
+                        path.display()
+                    ),
+                });
+            }
+            other => other?,
+        };
+    let first_digest = crate::oci::Digest::of(&bytes).to_string();
     if let Some(want) = &r.digest {
         if &first_digest != want {
             return Err(Error::DigestMismatch {
@@ -162,8 +164,8 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
                 reason: format!("the index lists no {os}/{arch} image"),
             })?;
         let want = pick.digest.clone();
-        let (b, mt) = get_manifest(&client, &r, &want, &scopes)?;
-        let got = sha256_digest(&b);
+        let (b, mt) = get_manifest(&client, &r, &want, &scopes, "pulling")?;
+        let got = crate::oci::Digest::of(&b).to_string();
         if got != want {
             return Err(Error::DigestMismatch {
                 what: format!("{os}/{arch} manifest of {r}"),
@@ -181,7 +183,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             reason: format!("unsupported manifest media type `{media_type}`"),
         });
     }
-    let digest = sha256_digest(&bytes);
+    let digest = crate::oci::Digest::of(&bytes).to_string();
     let manifest = Manifest::parse(&bytes, &digest)?;
     let dirs = PullDirs::open(&layout)?;
     let mut downloaded = 0;
@@ -325,7 +327,7 @@ impl PullDirs {
 
     /// Moves the verified temp file `name` into the blobs as `digest`, durably.
     fn commit(&self, name: &str, digest: &str) -> Result<()> {
-        let hex = digest_hex(digest).ok_or_else(|| Error::Protocol {
+        let hex = hex_of(digest).ok_or_else(|| Error::Protocol {
             what: "a blob".into(),
             reason: format!("unsupported or malformed digest `{digest}`"),
         })?;
@@ -360,8 +362,8 @@ fn dir_error(layout: &Layout, e: crate::oci::Error) -> Error {
 
 /// Store small bytes (a manifest) as a blob through the pull's temporary directory.
 fn store_blob(dirs: &PullDirs, bytes: &[u8]) -> Result<String> {
-    let digest = sha256_digest(bytes);
-    let hex = digest_hex(&digest).unwrap_or_default();
+    let digest = crate::oci::Digest::of(bytes).to_string();
+    let hex = hex_of(&digest).unwrap_or_default();
     if dirs
         .blobs
         .stat(hex)
@@ -393,58 +395,6 @@ fn platform_is(d: &Descriptor, os: &str, arch: &str) -> bool {
     let p = d.platform.as_ref();
     let get = |k: &str| p.and_then(|p| p.get(k)).and_then(|v| v.as_str());
     get("os") == Some(os) && get("architecture") == Some(arch)
-}
-
-fn get_manifest(
-    client: &Client,
-    r: &Reference,
-    reference: &str,
-    scopes: &[String],
-) -> Result<(Vec<u8>, String)> {
-    let url = client.url(&format!("{}/manifests/{reference}", r.repository));
-    let req = Req::new(Method::GET, url.clone()).header("accept", media::ACCEPT_MANIFESTS);
-    let mut resp = client.send(&req, scopes)?;
-    match resp.status().as_u16() {
-        200 => {
-            let ct = header(&resp, "content-type")
-                .unwrap_or("")
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string();
-            let bytes = resp
-                .body_mut()
-                .with_config()
-                .limit(super::client::MAX_MANIFEST)
-                .read_to_vec()
-                .map_err(|e| Error::Transport {
-                    method: "GET".into(),
-                    url: url.clone(),
-                    source: Box::new(e),
-                })?;
-            // Trust the document's own mediaType over the header when it has one.
-            let m = Manifest::parse(&bytes, reference)?;
-            super::check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
-                |reason| Error::Protocol {
-                    what: format!("manifest {reference} from {}", r.registry),
-                    reason,
-                },
-            )?;
-            let mt = m.media_type.unwrap_or(ct);
-            Ok((bytes, mt))
-        }
-        404 => Err(Error::NotFound {
-            reference: format!("{}/{}:{reference}", r.registry, r.repository),
-            reason: "no such manifest in the registry".into(),
-        }),
-        401 | 403 => Err(Error::Unauthorized {
-            registry: r.registry.clone(),
-            status: resp.status().as_u16(),
-            what: format!("pulling {}", r.repository),
-        }),
-        s => Err(status_error(&Method::GET, &url, s, resp)),
-    }
 }
 
 /// Stream a blob to a temporary file in `tmp_dir`, hashing as it goes; rename it into the
@@ -622,7 +572,7 @@ mod tests {
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_bytes.len()}],
         });
         let m = layout
-            .put_bytes(&super::super::canonical_json(&manifest))
+            .put_bytes(&crate::oci::cjson::value_to_vec(&manifest))
             .unwrap();
         let lock = dir.path().join("r.lock");
         // The registry address does not answer: only the layout can satisfy this pull.

@@ -321,7 +321,10 @@ impl Plan {
     fn attach(&mut self, kind: ArtifactKind, subject: &Descriptor, w: warmup::WarmupArtifact) {
         for (digest, payload) in [
             (w.payload_digest.clone(), w.payload),
-            (super::sha256_digest(EMPTY_JSON), EMPTY_JSON.to_vec()),
+            (
+                crate::oci::Digest::of(EMPTY_JSON).to_string(),
+                EMPTY_JSON.to_vec(),
+            ),
         ] {
             self.blobs.entry(digest.clone()).or_insert(Blob {
                 digest,

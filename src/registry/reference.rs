@@ -1,6 +1,7 @@
 //! Image references: `REGISTRY[:PORT]/REPO[:TAG][@sha256:HEX]`. Pure parsing, no I/O.
 
-use super::{digest_hex, Error, Result};
+use super::{Error, Result};
+use crate::oci::hex_of;
 
 /// A parsed image reference. `registry` is the host (and port) the client connects to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,7 @@ impl Reference {
         };
         let (rest, digest) = match reference.split_once('@') {
             Some((rest, d)) => {
-                if digest_hex(d).is_none() {
+                if hex_of(d).is_none() {
                     return Err(bad(
                         "the digest must be sha256: followed by 64 lowercase hex digits",
                     ));

@@ -21,7 +21,8 @@ use ureq::http::Method;
 use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::{Descriptor, Layout, Manifest};
 use super::reference::Reference;
-use super::{canonical_json, digest_hex, media, sha256_digest, Error, Result, EMPTY_JSON};
+use super::{media, Error, Result, EMPTY_JSON};
+use crate::oci::hex_of;
 
 /// Where the runtime configuration lives in an image.
 pub const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
@@ -123,7 +124,7 @@ pub fn build(
         "ports": ports(runtime_toml),
         "missing": missing,
     });
-    let payload = canonical_json(&doc);
+    let payload = crate::oci::cjson::value_to_vec(&doc);
     let annotations = json!({"org.opencontainers.image.title": "warm-up manifest", "dev.infer-build.warmup.subject": desc.digest});
     artifact(
         desc,
@@ -146,19 +147,19 @@ pub fn artifact(
     annotations: Value,
     missing: Vec<String>,
 ) -> WarmupArtifact {
-    let payload_digest = sha256_digest(&payload);
+    let payload_digest = crate::oci::Digest::of(&payload).to_string();
     let manifest = json!({
         "schemaVersion": 2,
         "mediaType": media::OCI_MANIFEST,
         "artifactType": artifact_type,
-        "config": {"mediaType": media::OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": EMPTY_JSON.len(), "data": "e30="},
+        "config": {"mediaType": media::OCI_EMPTY, "digest": crate::oci::Digest::of(EMPTY_JSON).to_string(), "size": EMPTY_JSON.len(), "data": "e30="},
         "layers": [{"mediaType": layer_media_type, "digest": payload_digest, "size": payload.len()}],
         "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
         "annotations": annotations,
     });
-    let manifest = canonical_json(&manifest);
+    let manifest = crate::oci::cjson::value_to_vec(&manifest);
     WarmupArtifact {
-        manifest_digest: sha256_digest(&manifest),
+        manifest_digest: crate::oci::Digest::of(&manifest).to_string(),
         payload,
         payload_digest,
         manifest,
@@ -378,8 +379,8 @@ pub fn merge_fallback(
         };
         d(a).cmp(&d(b))
     });
-    let bytes = canonical_json(&index);
-    let digest = sha256_digest(&bytes);
+    let bytes = crate::oci::cjson::value_to_vec(&index);
+    let digest = crate::oci::Digest::of(&bytes).to_string();
     Ok(Some((bytes, digest)))
 }
 
@@ -412,7 +413,7 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
             let resp = client.send(&req, &scopes)?;
             match resp.status().as_u16() {
                 200 => header(&resp, "docker-content-digest")
-                    .filter(|d| digest_hex(d).is_some())
+                    .filter(|d| hex_of(d).is_some())
                     .map(str::to_string)
                     .ok_or_else(|| Error::Protocol {
                         what: format!("HEAD {url}"),
@@ -567,7 +568,10 @@ mod tests {
         assert_eq!(doc["ports"], json!({"http": 8000, "grpc": 8001}));
         let man: Value = serde_json::from_slice(&w.manifest).unwrap();
         assert_eq!(man["subject"]["digest"], json!(image.digest));
-        assert_eq!(man["config"]["digest"], json!(sha256_digest(b"{}")));
+        assert_eq!(
+            man["config"]["digest"],
+            json!(crate::oci::Digest::of(b"{}").to_string())
+        );
         assert_eq!(man["artifactType"], json!(media::WARMUP_ARTIFACT));
         // Deterministic.
         assert_eq!(

@@ -82,12 +82,6 @@ impl Error {
     }
 }
 
-/// Lowercase hex sha256 of `bytes`.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
 /// Where the SBOM of `target` lives in the layout at `layout`.
 pub fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
     let ok = !target.is_empty()
@@ -157,7 +151,11 @@ fn stat_key(path: &Path) -> Option<String> {
     let canon = std::fs::canonicalize(path).ok()?;
     let stat = crate::oci::layer::stat_of(&canon).ok()?;
     let key = serde_json::json!(["file-sha256/v1", canon.to_string_lossy(), stat]);
-    Some(sha256_hex(&crate::oci::cjson::value_to_vec(&key)))
+    Some(
+        crate::oci::Digest::of(&crate::oci::cjson::value_to_vec(&key))
+            .hex()
+            .to_string(),
+    )
 }
 
 /// [`hash_file`] through a cache in the layout's private directory, keyed by [`stat_key`]:
@@ -335,7 +333,10 @@ pub fn write_for_build(
         out.push(Written {
             target: t.id.clone(),
             path,
-            digest: format!("sha256:{}", sha256_hex(&bytes)),
+            digest: format!(
+                "sha256:{}",
+                crate::oci::Digest::of(&bytes).hex().to_string()
+            ),
         });
     }
     Ok(out)

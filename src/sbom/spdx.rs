@@ -384,7 +384,9 @@ pub fn render(input: &SbomInput) -> Value {
         "packages": packages,
         "relationships": relationships,
     });
-    let digest = super::sha256_hex(&crate::oci::cjson::value_to_vec(&doc));
+    let digest = crate::oci::Digest::of(&crate::oci::cjson::value_to_vec(&doc))
+        .hex()
+        .to_string();
     doc["documentNamespace"] = json!(format!(
         "{}/{}/{}-{digest}",
         input.namespace_base.trim_end_matches('/'),

@@ -366,7 +366,7 @@ fn extract(
             }
             let staged = staging.join(format!(
                 "l{layer}-{}",
-                hex::encode(Sha256::digest(p.as_bytes()))
+                crate::oci::Digest::of(p.as_bytes()).hex()
             ));
             let mut f = fs::File::create(&staged).map_err(io_err("create", &staged))?;
             io::copy(&mut entry, &mut f).map_err(io_err("extract", &staged))?;

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sha2::{Digest as _, Sha256};
 
 use super::elf::ElfInfo;
 
@@ -113,7 +112,7 @@ impl File {
         File {
             mode,
             size: bytes.len() as u64,
-            sha256: hex::encode(Sha256::digest(bytes)),
+            sha256: crate::oci::Digest::of(bytes).hex().to_string(),
             elf: ElfInfo::is_elf(bytes).then(|| ElfInfo::parse(bytes)),
             source: Source::Inline(Arc::from(bytes)),
         }

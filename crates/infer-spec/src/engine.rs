@@ -1142,7 +1142,10 @@ pub fn canonical_json<T: Serialize>(value: &T) -> Vec<u8> {
     out
 }
 
-fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
+/// Append `v` to `out` as canonical JSON (keys sorted by their bytes, no whitespace, strings
+/// escaped as serde_json escapes them), without a trailing newline: the one canonical writer
+/// of the workspace (the builder's OCI documents go through it too).
+pub fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match v {
         Value::Object(map) => {

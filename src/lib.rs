@@ -21,6 +21,7 @@ pub mod error;
 pub mod matrix;
 pub mod native;
 pub mod oci;
+pub mod pipeline;
 pub mod plan;
 pub mod process;
 pub mod recipe;

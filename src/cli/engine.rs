@@ -45,12 +45,13 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
     } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
     let target = plan.require(&args.target)?;
     let mut spec = engine::adapt::spec(&recipe, target)?;
+    let notes = super::build::stderr_notes();
     // A CPU target whose engine may be ONNX Runtime: measure it against tract.
     spec.onnxruntime =
-        crate::cli::build::ort_candidate(&matrix, &lock_path, false, target, &recipe)?
+        crate::pipeline::ort_candidate(&matrix, &lock_path, false, target, &recipe, &notes)?
             .map(|(candidate, _)| candidate);
     // Under `engine.cpu = "tract"`: the ONNX Runtime that may fold the model for tract.
-    spec.folding = crate::cli::build::folding(&matrix, &lock_path, false, target);
+    spec.folding = crate::pipeline::folding(&matrix, &lock_path, false, target, &notes);
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
     let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;
@@ -122,9 +123,9 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
             eprintln!("  T({}) = {:.1} us", b.batch, b.median_us);
         }
         if let Some(s) = &art.profile.selection {
-            eprintln!("  {}", crate::cli::build::selection_line(s));
+            eprintln!("  {}", crate::pipeline::selection_line(s));
         }
-        if let Some(line) = crate::cli::build::folded_line(&art.meta) {
+        if let Some(line) = crate::pipeline::folded_line(&art.meta) {
             eprintln!("  {line}");
         }
     }

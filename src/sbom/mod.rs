@@ -333,10 +333,7 @@ pub fn write_for_build(
         out.push(Written {
             target: t.id.clone(),
             path,
-            digest: format!(
-                "sha256:{}",
-                crate::oci::Digest::of(&bytes).hex().to_string()
-            ),
+            digest: crate::oci::Digest::of(&bytes).to_string(),
         });
     }
     Ok(out)

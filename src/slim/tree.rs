@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-
 use super::elf::ElfInfo;
 
 /// How many symlinks one resolution may follow before it is called a loop (Linux's limit).

@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::bench::load::{Arrival, Bounds, Load};
-use crate::bench::report::{self, Labels, Section, Series};
-use crate::bench::tune::{self, SweepOptions, SweepResult};
+use crate::bench::report::{self, Labels};
+use crate::bench::tune;
 use crate::bench::v2::Protocol;
 use crate::bench::{self, parse_duration, Error as BenchError, Options, Step};
 use crate::error::Error;
@@ -237,205 +237,32 @@ fn find_serve(flag: Option<PathBuf>) -> PathBuf {
     PathBuf::from("infer-serve")
 }
 
-/// What a recipe gives a sweep: the runtime config `build` would put in its CPU image (tract on
-/// the ONNX model, the recipe's batching), the p99 budget and the peak rate.
-struct FromRecipe {
-    config: infer_spec::RuntimeConfig,
-    slo_ms: Option<f64>,
-    peak_qps: Option<f64>,
-}
-
-fn from_recipe(path: &Path, synthetic: bool) -> Result<FromRecipe, Error> {
-    let recipe = crate::recipe::load(path)?;
-    if !recipe.targets.cpu && !synthetic {
-        return Err(BenchError::TuneInput(format!(
-            "a CPU target in {}: tuning runs its ONNX model on tract here (set `cpu = true` under [targets], or pass --synthetic)",
-            path.display()
-        ))
-        .into());
-    }
-    let (model, _) = crate::assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
-    let config = crate::assemble::spec::runtime_config(
-        &recipe,
-        infer_spec::EngineKind::TractOnnx,
-        &model.to_string_lossy(),
-        None,
-    )?;
-    Ok(FromRecipe {
-        config,
-        slo_ms: recipe.deploy.latency_slo_ms.map(f64::from),
-        peak_qps: recipe.deploy.peak_qps,
-    })
-}
-
 fn run_tune(a: BenchOpts) -> Result<(), Error> {
-    let path = a.tune.clone().unwrap_or_default();
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;
-    let kind = tune::input_kind(&text);
-    let (mut base, recipe_slo, recipe_peak) = match kind {
-        tune::InputKind::Recipe => {
-            let r = from_recipe(&path, a.synthetic.is_some())?;
-            (r.config, r.slo_ms, r.peak_qps)
-        }
-        tune::InputKind::RuntimeConfig => (
-            infer_spec::RuntimeConfig::from_toml_str(&text).map_err(|e| {
-                Error::from(BenchError::TuneInput(format!(
-                    "a valid runtime.toml or recipe: {}: {e}",
-                    path.display()
-                )))
-            })?,
-            None,
-            None,
-        ),
-    };
-    if let Some(spec) = &a.synthetic {
-        let parts: Vec<f64> = spec
-            .split(',')
-            .map(|p| p.trim().parse::<f64>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| {
-                Error::Usage(format!("--synthetic `{spec}` must be BASE_MS,PER_ROW_MS"))
-            })?;
-        let [base_ms, per_row_ms] = parts[..] else {
-            return Err(Error::Usage(format!(
-                "--synthetic `{spec}` must be BASE_MS,PER_ROW_MS"
-            )));
-        };
-        base.engine = infer_spec::EngineSection {
-            kind: infer_spec::EngineKind::Synthetic,
-            path: None,
-            metadata: None,
-            library: None,
-            threads: None,
-            synthetic: Some(infer_spec::Synthetic {
-                base_ms,
-                per_row_ms,
-            }),
-        };
-    }
-    let (budget_ms, budget_from) = a
-        .budget_ms
-        .map(|b| (b, "--budget-ms"))
-        .or_else(|| recipe_slo.map(|b| (b, "deploy.latency_slo_ms")))
-        .ok_or_else(|| {
-            Error::from(BenchError::TuneInput(
-                "a p99 budget (--budget-ms, or deploy.latency_slo_ms in a recipe)".into(),
-            ))
-        })?;
-    let (peak, peak_from) = a
-        .peak_qps
-        .map(|p| (p, "--peak-qps"))
-        .or_else(|| a.rate.first().map(|r| (*r, "--rate")))
-        .or_else(|| recipe_peak.map(|p| (p, "deploy.peak_qps")))
-        .ok_or_else(|| {
-            Error::from(BenchError::TuneInput(
-                "a peak rate (--peak-qps or --rate, or deploy.peak_qps in a recipe)".into(),
-            ))
-        })?;
-    if !(budget_ms.is_finite() && budget_ms > 0.0) {
-        return Err(Error::Usage(format!(
-            "the p99 budget {budget_ms} ms must be a positive number"
-        )));
-    }
-    if !(peak.is_finite() && peak > 0.0) {
-        return Err(Error::Usage(format!(
-            "the peak rate {peak} req/s must be a positive number"
-        )));
-    }
-    let rate = a.rate.first().copied().unwrap_or(peak);
-    if !(1.0..=2.0).contains(&a.headroom) {
-        return Err(Error::Usage(format!(
-            "--headroom {} is outside 1.0-2.0 (the usual is 1.2-1.5)",
-            a.headroom
-        )));
-    }
-    let delays: Vec<f64> = if a.delays_ms.is_empty() {
-        (0..=6).map(|i| f64::from(i) * 10.0).collect()
-    } else {
-        a.delays_ms.clone()
-    };
-    if delays.iter().any(|d| !(d.is_finite() && *d >= 0.0)) {
-        return Err(Error::Usage(
-            "--delays-ms values must be zero or positive".into(),
-        ));
-    }
-    let max_batches = if a.max_batch.is_empty() {
-        vec![base.batching.max_batch_size]
-    } else {
-        a.max_batch.clone()
-    };
-    if max_batches.contains(&0) {
-        return Err(Error::Usage("--max-batch values must be at least 1".into()));
-    }
-    let opts = SweepOptions {
-        base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+    let file = a.tune.clone().unwrap_or_default();
+    let base = crate::pipeline::tune_base(&file, a.synthetic.is_some())?;
+    let resolved = tune::Request {
         base,
-        serve: find_serve(a.serve.clone()),
-        max_batches,
-        delays_us: delays.iter().map(|d| (d * 1000.0).round() as u64).collect(),
-        rate,
+        synthetic: a.synthetic.clone(),
+        budget_ms: a.budget_ms,
+        peak_qps: a.peak_qps,
+        rate: a.rate.first().copied(),
+        delays_ms: a.delays_ms.clone(),
+        max_batches: a.max_batch.clone(),
+        headroom: a.headroom,
+        min_gain: a.min_gain,
         arrival: arrival(a.arrival),
         warmup: a.warmup,
         duration: a.duration,
-        budget_ms,
-        min_gain: a.min_gain,
-        headroom: a.headroom,
-        ready_timeout: Duration::from_secs(60),
-        progress: bench::Progress::to(|line| eprintln!("{line}")),
         seed: a.seed,
-    };
-    eprintln!(
-        "tune: {} {}: p99 budget {budget_ms} ms ({budget_from}), peak {peak} req/s ({peak_from}), driven at {rate} req/s",
-        match kind {
-            tune::InputKind::Recipe => "recipe",
-            tune::InputKind::RuntimeConfig => "runtime config",
-        },
-        path.display()
-    );
-    let mut result = tune::sweep(&opts)?;
-    result.input = Some(tune::InputSummary {
-        kind,
-        file: path.clone(),
-        budget_ms_from: budget_from.into(),
-        peak_qps: peak,
-        peak_qps_from: peak_from.into(),
-    });
-    // The capacity plan is for the peak, which may differ from the rate points were driven at.
-    if let Some(r) = &result.recommendation {
-        result.capacity = Some(tune::capacity_plan(peak, r.capacity_rps, a.headroom));
+        serve: find_serve(a.serve.clone()),
+        progress: bench::Progress::to(|line| eprintln!("{line}")),
     }
-    let model = opts.base.model.name.clone();
-    let labeled: Vec<(Labels, Step)> = result
-        .results
-        .iter()
-        .map(|m| {
-            (
-                vec![
-                    ("Max Batch Size".to_string(), m.point.max_batch.to_string()),
-                    (
-                        "Max Queue Delay (us)".to_string(),
-                        m.point.delay_us.to_string(),
-                    ),
-                    (
-                        "Capacity (rows/s)".to_string(),
-                        m.capacity_rps.map_or(String::new(), |c| format!("{c:.1}")),
-                    ),
-                    (
-                        "Replayed Capacity (rows/s)".to_string(),
-                        m.predicted
-                            .map_or(String::new(), |p| format!("{:.1}", p.capacity_rps)),
-                    ),
-                    (
-                        "Replayed Mean Latency (usec)".to_string(),
-                        m.predicted
-                            .map_or(String::new(), |p| format!("{:.0}", p.mean_us)),
-                    ),
-                ],
-                m.step.clone(),
-            )
-        })
-        .collect();
+    .resolve()?;
+    eprintln!("tune: {}", resolved.describe());
+    let model = resolved.options.base.model.name.clone();
+    let budget_ms = resolved.options.budget_ms;
+    let result = resolved.run()?;
+    let labeled = tune::html::rows(&result);
     let csv_path = a
         .csv
         .unwrap_or_else(|| PathBuf::from(format!("tune-{model}.csv")));
@@ -443,7 +270,7 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
         .report
         .unwrap_or_else(|| PathBuf::from(format!("tune-{model}.html")));
     write(&csv_path, &report::csv(&labeled))?;
-    write(&html_path, &tune_html(&model, &result, &labeled))?;
+    write(&html_path, &tune::html::html(&model, &result, &labeled))?;
     match (&result.recommendation, &result.capacity) {
         (Some(r), Some(c)) => {
             for reason in &r.reasons {
@@ -479,104 +306,4 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
         ))));
     }
     Ok(())
-}
-
-/// The tuning report: p99 and capacity against delay per max batch, latency against capacity.
-fn tune_html(model: &str, r: &SweepResult, labeled: &[(Labels, Step)]) -> String {
-    let mut batches: Vec<u32> = r.results.iter().map(|m| m.point.max_batch).collect();
-    batches.sort_unstable();
-    batches.dedup();
-    let per_batch = |f: &dyn Fn(&tune::Measured) -> Option<(f64, f64)>| -> Vec<Series> {
-        batches
-            .iter()
-            .map(|b| Series {
-                name: format!("max batch {b}"),
-                points: r
-                    .results
-                    .iter()
-                    .filter(|m| m.point.max_batch == *b)
-                    .filter_map(f)
-                    .collect(),
-            })
-            .collect()
-    };
-    let p99 = per_batch(&|m| Some((m.point.delay_us as f64 / 1000.0, m.p99_ms)));
-    let cap = per_batch(&|m| {
-        m.capacity_rps
-            .map(|c| (m.point.delay_us as f64 / 1000.0, c))
-    });
-    let knee = per_batch(&|m| m.capacity_rps.map(|c| (c, m.p99_ms)));
-    let budget = vec![(r.budget_ms, format!("p99 budget {} ms", r.budget_ms))];
-    let mut sections = vec![Section::Paragraph(format!(
-        "Each point: infer-serve started with that max batch size and max queue delay, driven open-loop at {} req/s. Capacity = rows per batch / compute time per batch, from the server's metrics.",
-        r.rate
-    ))];
-    sections.push(Section::Paragraph(match (&r.model, &r.model_refused) {
-        (Some(m), _) => format!(
-            "Cost model fitted to all points: T(b) = {:.2} + {:.3} x b ms per batch (within {:.1}% of every point). Each point was replayed against it with {} arrivals; the capacity gain and mean-latency cost of each step are read from the replay, which the short measured samples are too noisy to rank. The p99 budget and errors are judged on the measurements.",
-            m.fixed_us / 1000.0,
-            m.per_row_us / 1000.0,
-            m.max_rel_error * 100.0,
-            tune::REPLAY_ARRIVALS
-        ),
-        (None, Some(why)) => format!("No cost model: {why}. Gains and costs are read from the measurements."),
-        (None, None) => "No cost model.".to_string(),
-    }));
-    match (&r.recommendation, &r.capacity) {
-        (Some(rec), Some(c)) => {
-            sections.push(Section::Heading("Recommendation".into()));
-            sections.push(Section::Paragraph(format!(
-                "max_batch_size = {}, max_queue_delay_us = {}: p99 {:.1} ms, {:.1} rows/s per replica. {}; scale out at {:.1} req/s per replica (70% of its limit).",
-                rec.point.max_batch, rec.point.delay_us, rec.p99_ms, rec.capacity_rps, c.formula, c.scale_out_qps
-            )));
-            for reason in &rec.reasons {
-                sections.push(Section::Paragraph(reason.clone()));
-            }
-        }
-        _ => sections.push(Section::Paragraph(format!(
-            "No point kept p99 within {} ms without errors.",
-            r.budget_ms
-        ))),
-    }
-    sections.push(Section::Heading("Sweep".into()));
-    sections.push(Section::Svg(report::line_chart(
-        "p99 latency vs max queue delay",
-        "max queue delay (ms)",
-        "p99 latency (ms)",
-        &p99,
-        &budget,
-    )));
-    sections.push(Section::Svg(report::line_chart(
-        "Capacity vs max queue delay",
-        "max queue delay (ms)",
-        "capacity (rows/s per replica)",
-        &cap,
-        &[],
-    )));
-    sections.push(Section::Svg(report::line_chart(
-        "Latency vs throughput (the knee)",
-        "capacity (rows/s per replica)",
-        "p99 latency (ms)",
-        &knee,
-        &budget,
-    )));
-    sections.push(Section::Heading("Results".into()));
-    sections.push(report::steps_table(labeled));
-    sections.push(Section::Heading("Batch sizes formed by the server".into()));
-    for m in &r.results {
-        if let Some(d) = m.step.server.as_ref().filter(|d| !d.batch_sizes.is_empty()) {
-            let bars: Vec<(String, f64)> = d
-                .batch_sizes
-                .iter()
-                .map(|(l, n)| (l.clone(), *n as f64))
-                .collect();
-            sections.push(Section::Svg(report::bar_chart(
-                &format!("Batch sizes, {}", m.point),
-                "rows per batch",
-                "batches",
-                &bars,
-            )));
-        }
-    }
-    report::html(&format!("infer-build bench --tune: {model}"), &sections)
 }

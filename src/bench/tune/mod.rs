@@ -11,6 +11,10 @@
 //! The pure part ([`recommend`], [`capacity_plan`]) takes measurements and returns decisions;
 //! [`sweep`] is the effectful edge that starts servers (through [`crate::process::Background`]).
 //! Every server is a child of this process, bound to 127.0.0.1, killed when its point is measured.
+//! [`request`] turns what a user asked for into [`SweepOptions`]; [`html`] writes the report.
+
+pub mod html;
+pub mod request;
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +28,7 @@ pub use super::model::REPLAY_ARRIVALS;
 use super::model::{self, CostModel, Policy, Predicted};
 use super::v2::Protocol;
 use super::{Error, Options, Progress, Step};
+pub use request::{Base, Request, Resolved};
 
 /// One grid point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -323,7 +328,7 @@ pub struct SweepResult {
     pub model_refused: Option<String>,
     pub recommendation: Option<Recommendation>,
     pub capacity: Option<CapacityPlan>,
-    /// What the sweep was given and where its budget and peak came from (set by the CLI).
+    /// What the sweep was given and where its budget and peak came from (set by [`Resolved::run`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input: Option<InputSummary>,
 }

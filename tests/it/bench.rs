@@ -1,87 +1,14 @@
 //! `infer-build bench` against the real runtime: `infer-serve` on the example MLP (tract) and
 //! on the synthetic cost model T(b) = 40 + 6·b ms, on ephemeral loopback ports.
 //!
-//! `infer-serve` belongs to another workspace package, so `CARGO_BIN_EXE_infer-serve` does not
-//! exist here: [`serve_binary`] builds it once per test run with the `synthetic` feature into
-//! `target/serve-it` (the directory the runtime's own tests use; the outer `cargo test` holds
-//! the lock on the main target dir). `INFER_SERVE_TEST_BIN` points at a binary built elsewhere (see `support::serve_test_binary`).
+//! The runtime is `support::serve_test_binary` (built with the `synthetic` feature), started
+//! by `support::start_serve`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::support;
-
-fn serve_binary() -> PathBuf {
-    support::serve_test_binary()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A running `infer-serve`, killed on drop.
-struct Serve {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn http_ok(port: u16, path: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).is_err() {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.1 200")
-}
-
-fn start_serve(dir: &Path, config: &str) -> Serve {
-    let port = free_port();
-    let cfg = dir.join("runtime.toml");
-    std::fs::write(&cfg, config.replace("PORT", &port.to_string())).unwrap();
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let child = Command::new(serve_binary())
-        .arg("--config")
-        .arg(&cfg)
-        // A fixed HTTP port makes gRPC default to 8001, which parallel tests would share.
-        .env("INFER_GRPC_PORT", "0")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start infer-serve");
-    let serve = Serve {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let t0 = Instant::now();
-    while !http_ok(port, "/v2/health/ready") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "infer-serve not ready: {}",
-            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    serve
-}
 
 fn mlp_config() -> String {
     let onnx = support::root().join("examples/mlp/mlp.onnx");
@@ -140,7 +67,7 @@ fn check_report_structure(html: &str, steps: usize) {
 #[test]
 fn bench_mlp_closed_loop_writes_csv_and_html() {
     let dir = tempfile::tempdir().unwrap();
-    let serve = start_serve(dir.path(), &mlp_config());
+    let serve = support::start_serve(dir.path(), &mlp_config());
     let csv = dir.path().join("bench.csv");
     let html = dir.path().join("bench.html");
     let out = support::run(&[
@@ -202,7 +129,7 @@ fn bench_mlp_closed_loop_writes_csv_and_html() {
 #[test]
 fn bench_mlp_open_loop_json_counts_what_it_sent() {
     let dir = tempfile::tempdir().unwrap();
-    let serve = start_serve(dir.path(), &mlp_config());
+    let serve = support::start_serve(dir.path(), &mlp_config());
     let csv = dir.path().join("rate.csv");
     let html = dir.path().join("rate.html");
     let out = support::run(&[
@@ -244,7 +171,7 @@ fn bench_mlp_open_loop_json_counts_what_it_sent() {
 #[test]
 fn bench_unknown_model_and_bad_url_are_bad_input() {
     let dir = tempfile::tempdir().unwrap();
-    let serve = start_serve(dir.path(), &mlp_config());
+    let serve = support::start_serve(dir.path(), &mlp_config());
     let out = support::run(&["bench", &serve.url, "--model", "nope", "--concurrency", "1"]);
     assert_eq!(out.status.code(), Some(1), "{}", support::stderr(&out));
     assert!(
@@ -263,7 +190,7 @@ fn bench_report_renders_in_headless_chromium() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let serve = start_serve(dir.path(), &mlp_config());
+    let serve = support::start_serve(dir.path(), &mlp_config());
     let html = dir.path().join("r.html");
     let csv = dir.path().join("r.csv");
     let out = support::run(&[
@@ -359,7 +286,7 @@ fn bench_tune_on_the_known_cost_model() {
     let html = dir.path().join("tune.html");
     let out = support::infer_build()
         .current_dir(dir.path())
-        .env("INFER_SERVE", serve_binary())
+        .env("INFER_SERVE", support::serve_test_binary())
         .args(["bench", "--tune"])
         .arg(&cfg)
         .args([
@@ -499,7 +426,7 @@ fn bench_tune_takes_a_recipe_and_its_slo() {
     let tune = |recipe: &Path, extra: &[&str]| {
         let out = support::infer_build()
             .current_dir(dir.path())
-            .env("INFER_SERVE", serve_binary())
+            .env("INFER_SERVE", support::serve_test_binary())
             .args(["bench", "--tune"])
             .arg(recipe)
             .args(["--warmup", "500ms", "--json"])

@@ -794,13 +794,8 @@ fn second_build_is_a_cache_hit_without_any_process() {
 }
 
 fn key_of(s: &EngineSpec) -> String {
-    let digest = format!("sha256:{}", sha256_hex(&fs::read(&s.onnx).unwrap()));
+    let digest = format!("sha256:{}", support::sha256_file(&s.onnx));
     engine::key_material(s, &digest).unwrap().key()
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(b))
 }
 
 #[test]
@@ -1333,4 +1328,70 @@ fn cli_kill_9_mid_build_leaves_a_consistent_cache() {
             .count(),
         1
     );
+}
+
+/// The CPU engine `infer-build engine` writes (tract NNEF decluttered from the ONNX, or the
+/// ONNX itself when that loads faster) serves the same numbers as the ONNX it came from, after
+/// the runtime checked its tuple. (The NNEF loader itself is tested in infer-serve's
+/// `backend::tract` unit tests, whatever the builder chose here.)
+#[test]
+fn serve_loads_the_cpu_engine_that_infer_build_engine_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = support::infer_build()
+        .current_dir(dir.path())
+        .arg("engine")
+        .arg(support::root().join("examples/mlp/recipe.toml"))
+        .args(["--target", "cpu-fp32", "--json", "--cache", "cache"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", support::stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&o)).unwrap();
+    let engine = dir.path().join(v["engine"].as_str().unwrap());
+    // The builder keeps NNEF only when it loads faster than the ONNX on the build machine.
+    let kind = match v["meta"]["format"].as_str().unwrap() {
+        "tract-nnef-tar" => "tract-nnef",
+        "onnx" => "tract-onnx",
+        other => panic!("a CPU engine in format {other}"),
+    };
+    let config = |engine: &str| {
+        support::mlp_runtime_config(&format!(
+            "[batching]\nmax_batch_size = 8\n\n[engine]\n{engine}\n\n\
+             [server]\nhost = \"127.0.0.1\"\nport = PORT\ndrain_delay_s = 0\n"
+        ))
+    };
+    let (built_dir, onnx_dir) = (dir.path().join("built"), dir.path().join("onnx"));
+    fs::create_dir_all(&built_dir).unwrap();
+    fs::create_dir_all(&onnx_dir).unwrap();
+    let built = support::start_serve(
+        &built_dir,
+        &config(&format!(
+            "kind = \"{kind}\"\npath = \"{}\"\nmetadata = \"{}\"",
+            engine.display(),
+            engine.parent().unwrap().join("meta.json").display()
+        )),
+    );
+    let log = fs::read_to_string(built_dir.join("serve.log")).unwrap();
+    assert!(log.contains("engine matches this node"), "{log}");
+    let onnx = support::start_serve(
+        &onnx_dir,
+        &config(&format!(
+            "kind = \"tract-onnx\"\npath = \"{}\"",
+            support::root().join("examples/mlp/mlp.onnx").display()
+        )),
+    );
+    let rows: Vec<f32> = (0..3 * 64).map(|i| (i % 7) as f32 / 7.0).collect();
+    let body = serde_json::json!({
+        "inputs": [{ "name": "input", "shape": [3, 64], "datatype": "FP32", "data": rows }]
+    })
+    .to_string();
+    let out = |s: &support::Serve| -> Vec<f64> {
+        let (status, answer) = s.post_json("/v2/models/mlp/infer", &body);
+        assert_eq!(status, 200, "{answer}");
+        serde_json::from_value(answer["outputs"][0]["data"].clone()).unwrap()
+    };
+    let (a, b) = (out(&built), out(&onnx));
+    assert_eq!(a.len(), 30);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5, "{a:?}\n{b:?}");
+    }
 }

@@ -17,13 +17,8 @@ use infer_build::oci::image::Platform;
 use infer_build::oci::store::BlobStore;
 use infer_build::oci::{layout, Digest};
 use serde_json::{json, Value};
-use sha2::{Digest as _, Sha256};
 
-use super::support::{infer_build, stderr};
-
-fn sha(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
+use super::support::{infer_build, sha256, stderr};
 
 fn meta() -> ImageMeta {
     ImageMeta {
@@ -103,7 +98,7 @@ fn layer(files: &[(&[u8], &[u8])]) -> (Vec<u8>, String) {
         tar.append(&h, *content).unwrap();
     }
     let tar = tar.into_inner().unwrap();
-    let diff_id = sha(&tar);
+    let diff_id = sha256(&tar);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&tar).unwrap();
     (gz.finish().unwrap(), diff_id)
@@ -120,7 +115,7 @@ fn make_layout(
     std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
     std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     let put = |bytes: &[u8]| {
-        let d = sha(bytes);
+        let d = sha256(bytes);
         std::fs::write(dir.join("blobs/sha256").join(&d[7..]), bytes).unwrap();
         d
     };
@@ -326,7 +321,7 @@ fn base_layout_with_a_wrong_diff_id_is_refused() {
     inputs(t.path());
     let base = t.path().join("base");
     let l = layer(&[(b"etc/hostname", b"base\n")]);
-    let bogus = sha(b"not the layer");
+    let bogus = sha256(b"not the layer");
     make_layout(&base, &[l], Some(vec![bogus.clone()]), json!({}));
     let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
     assert!(e.to_string().contains(&bogus), "{e}");
@@ -407,7 +402,7 @@ fn inspect_refuses_a_layer_of_u64_max_bytes() {
     let mut m: Value = serde_json::from_slice(&std::fs::read(blob(&dir, &md)).unwrap()).unwrap();
     m["layers"][0]["size"] = json!(u64::MAX);
     let mb = serde_json::to_vec(&m).unwrap();
-    let nd = sha(&mb);
+    let nd = sha256(&mb);
     std::fs::write(blob(&dir, &nd), &mb).unwrap();
     let idx = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [{
         "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": nd, "size": mb.len()}]});
@@ -602,7 +597,7 @@ fn mutated_layouts_never_panic() {
             }
         }
         if manifest_too {
-            let d = sha(&bytes);
+            let d = sha256(&bytes);
             std::fs::write(blob(&dir, &d), &bytes).unwrap();
             let text = String::from_utf8_lossy(&index_bytes)
                 .replace(&manifest, &d)
@@ -711,7 +706,7 @@ fn slim_stops_a_gzip_bomb() {
     assert!(bomb.len() < 8 << 20, "{} bytes", bomb.len());
     let dir = t.path().join("bomb");
     // The diff_id is not checked by `flatten`; any value will do.
-    make_layout(&dir, &[(bomb, sha(b"unused"))], None, json!({}));
+    make_layout(&dir, &[(bomb, sha256(b"unused"))], None, json!({}));
     let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err();
     let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
     assert!(chain.contains("decompression bomb"), "{chain}");

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::Digest as _;
-
 use super::support::{
     docker_load, docker_port, have_docker, have_tool, infer_build, python, root, stderr, stdout,
 };
@@ -393,7 +391,7 @@ fn two_concurrent_builds_of_one_layout_agree() {
     for e in std::fs::read_dir(&blobs).unwrap() {
         let p = e.unwrap().path();
         let bytes = std::fs::read(&p).unwrap();
-        let hex = hex::encode(sha2::Sha256::digest(&bytes));
+        let hex = super::support::sha256_hex(&bytes);
         assert_eq!(
             p.file_name().unwrap().to_string_lossy(),
             hex,

@@ -20,6 +20,5 @@ pub mod registry;
 pub mod registry_attacks;
 pub mod registry_support;
 pub mod sbom;
-pub mod serve;
 pub mod slim;
 pub mod support;

@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use super::registry_support::Registry;
-use super::support::{have_tool, infer_build, root, stderr, stdout};
+use super::support::{have_tool, infer_build, root, sha256_file, stderr, stdout};
 
 /// The Debian 12 packages of the test base: name, version, sha256 of the `.deb`.
 pub const DEBS: &[(&str, &str, &str)] = &[
@@ -63,11 +63,6 @@ fn shared_dir(name: &str) -> PathBuf {
     let d = root().join("target").join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn sha256_file(p: &Path) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(p).unwrap()))
 }
 
 fn run_ok(c: &mut Command, what: &str) -> Output {

@@ -11,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sha2::Digest as _;
 
 pub struct Registry {
     child: Child,
@@ -284,9 +283,7 @@ fn have_htpasswd(test: &str) -> bool {
     ok
 }
 
-pub fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
+pub use super::support::sha256;
 
 /// Deterministic incompressible bytes.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {

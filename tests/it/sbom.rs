@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::image::tiny_static_elf;
 use super::registry_support::{sha256, Registry};
-use super::support::{infer_build, python, root, stderr, stdout};
+use super::support::{infer_build, python, root, sha256_file, stderr, stdout};
 
 const SPDX: &str = "application/spdx+json";
 
@@ -49,10 +49,6 @@ fn package<'a>(doc: &'a Value, id: &str) -> &'a Value {
         .iter()
         .find(|p| p["SPDXID"] == id)
         .unwrap_or_else(|| panic!("no package {id}"))
-}
-
-fn sha256_of(p: &Path) -> String {
-    sha256(&std::fs::read(p).unwrap())[7..].to_string()
 }
 
 /// The SPDX 2.3 fields every document, package and relationship must have, and that every
@@ -135,12 +131,15 @@ fn build_writes_a_deterministic_spdx_sbom_per_target() {
     assert_eq!(image["checksums"][0]["checksumValue"], manifest[7..]);
     assert_eq!(image["primaryPackagePurpose"], "CONTAINER");
     let runtime = package(&doc, "SPDXRef-Runtime");
-    assert_eq!(runtime["checksums"][0]["checksumValue"], sha256_of(&serve));
+    assert_eq!(
+        runtime["checksums"][0]["checksumValue"],
+        sha256_file(&serve)
+    );
     assert_eq!(runtime["packageFileName"], "/usr/local/bin/infer-serve");
     let model = package(&doc, "SPDXRef-Model");
     assert_eq!(
         model["checksums"][0]["checksumValue"],
-        sha256_of(&recipe.with_file_name("mlp.onnx"))
+        sha256_file(&recipe.with_file_name("mlp.onnx"))
     );
     // The CPU target went through the engine stage: the image ships its engine, which
     // replaces the model (recorded by content, not as a file of the image).

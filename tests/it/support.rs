@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -152,6 +153,114 @@ pub fn serve_test_binary() -> PathBuf {
         target.join("debug/infer-serve")
     })
     .clone()
+}
+
+/// sha256 of `bytes` as lowercase hex, computed here with `sha2`, not by the code under test.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// sha256 of `bytes` as an OCI digest, `sha256:HEX`.
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", sha256_hex(bytes))
+}
+
+/// sha256 of the file at `p`, as lowercase hex.
+pub fn sha256_file(p: &Path) -> String {
+    sha256_hex(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+}
+
+/// A running `infer-serve` (`serve_test_binary`) on a loopback port, killed on drop.
+pub struct Serve {
+    child: std::process::Child,
+    pub port: u16,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    /// POST `body` (JSON) to `path`: the status and the JSON answer.
+    pub fn post_json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let answer = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(answer).unwrap_or_default())
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+/// Starts `serve_test_binary` on `config` (its `PORT` replaced by a free port) in `dir` and
+/// waits until it is ready; its log is `dir/serve.log`.
+pub fn start_serve(dir: &Path, config: &str) -> Serve {
+    let port = free_port();
+    let cfg = dir.join("runtime.toml");
+    std::fs::write(&cfg, config.replace("PORT", &port.to_string())).unwrap();
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = Command::new(serve_test_binary())
+        .arg("--config")
+        .arg(&cfg)
+        // A fixed HTTP port makes gRPC default to 8001, which parallel tests would share.
+        .env("INFER_GRPC_PORT", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start infer-serve");
+    let serve = Serve {
+        child,
+        port,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let t0 = std::time::Instant::now();
+    while !http_ok(port, "/v2/health/ready") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "infer-serve not ready: {}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve
 }
 
 /// The id of the first GPU target in `infer-build plan --json` output.

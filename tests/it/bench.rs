@@ -4,9 +4,8 @@
 //! The runtime is `support::serve_test_binary` (built with the `synthetic` feature), started
 //! by `support::start_serve`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
 use super::support;
 

@@ -124,9 +124,9 @@ fn positive(v: f64) -> bool {
 }
 
 impl Request {
-    /// Apply the defaults and check every number: a flag wins over the recipe, `--rate` stands
-    /// in for a missing peak, the grid defaults to [`DEFAULT_DELAYS_MS`] × the configuration's
-    /// max batch size. Every refusal is bad input.
+    /// Apply the defaults and check every number: a flag wins over the recipe (`--rate`
+    /// stands in for a missing `--peak-qps`), the grid defaults to [`DEFAULT_DELAYS_MS`] × the
+    /// configuration's max batch size. Every refusal is bad input.
     pub fn resolve(self) -> Result<Resolved, Error> {
         let Request {
             base,
@@ -316,18 +316,18 @@ mod tests {
             (r.options.budget_ms, r.input.budget_ms_from.as_str()),
             (20.0, "--budget-ms")
         );
-        // A rate is where points are driven; the peak stays the recipe's.
-        assert_eq!((r.input.peak_qps, r.options.rate), (200.0, 80.0));
+        // A flag wins over the recipe: the rate stands in for the peak.
+        assert_eq!((r.input.peak_qps, r.options.rate), (80.0, 80.0));
+        assert_eq!(r.input.peak_qps_from, "--rate");
         assert_eq!(r.options.delays_us, [500]);
 
-        // Without a peak anywhere, the rate stands in for it.
-        let mut q = request(Some(50.0), None);
+        // With both, points are driven at the rate and capacity is planned for the peak.
+        let mut q = request(Some(50.0), Some(200.0));
+        q.peak_qps = Some(300.0);
         q.rate = Some(80.0);
         let r = q.resolve().unwrap();
-        assert_eq!(
-            (r.input.peak_qps, r.input.peak_qps_from.as_str()),
-            (80.0, "--rate")
-        );
+        assert_eq!((r.input.peak_qps, r.options.rate), (300.0, 80.0));
+        assert_eq!(r.input.peak_qps_from, "--peak-qps");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::gpu::{self, GpuInfo};
 use super::onnx::OnnxSummary;
 use super::polygraphy;
 use super::spec::{Calibration, EngineSpec, TrtSpec};
-use super::trtexec::{self, BuildPaths, PrecisionPath, TrtLine};
+use super::trtexec::{self, BuildPaths, PrecisionPath};
 use super::{cache, Error};
 use crate::process::{Cmd, Output, Runner};
 
@@ -27,31 +27,9 @@ pub struct TrtBuilt {
     pub build_log: String,
 }
 
-/// The precision path the key assumes, from the spec alone. For every input the build accepts
-/// this equals [`trtexec::precision_path`] (which also checks the ONNX); inputs it refuses never
-/// reach the cache. Computing it without parsing the ONNX keeps cache hits cheap.
-pub fn expected_path(spec: &EngineSpec, trt: &TrtSpec) -> Result<PrecisionPath, Error> {
-    use infer_spec::engine::Precision::*;
-    Ok(match (TrtLine::of(&trt.tensorrt)?, spec.precision) {
-        (_, Fp32) => PrecisionPath::Fp32,
-        (TrtLine::V11, _) => PrecisionPath::StronglyTyped,
-        (_, Fp16) => PrecisionPath::Fp16Flag,
-        (_, Int8) if trt.calibration.is_some() => PrecisionPath::Int8Calibrated,
-        (_, Int8) => PrecisionPath::Int8Explicit,
-        (_, Fp8) => PrecisionPath::Fp8Explicit,
-        (_, p @ (Tf32 | Bf16 | Fp4)) => {
-            return Err(Error::Precision {
-                target: spec.target.clone(),
-                tensorrt: trt.tensorrt.to_string(),
-                reason: format!("{p} engines are not built (fp32, fp16, int8 and fp8 are)"),
-            })
-        }
-    })
-}
-
 /// The trtexec build flags that go into the cache key (placeholder paths).
 pub fn key_flags(spec: &EngineSpec, trt: &TrtSpec) -> Result<Vec<String>, Error> {
-    let path = expected_path(spec, trt)?;
+    let path = trtexec::expected_path(&spec.target, trt, spec.precision)?;
     let profile = spec.shape_profile()?;
     trtexec::build_args(
         trt,

@@ -63,83 +63,79 @@ pub enum PrecisionPath {
     StronglyTyped,
 }
 
-/// Decide the precision path, refusing combinations TensorRT cannot build correctly.
+/// The precision path, from the spec alone: the TensorRT line, the precision, and whether the
+/// plan gave TensorRT a calibration input. This is the one decision; the cache key is computed
+/// from it (so a cache hit parses no ONNX), and [`precision_path`] checks the model fits it.
+pub fn expected_path(
+    target: &str,
+    trt: &TrtSpec,
+    precision: Precision,
+) -> Result<PrecisionPath, Error> {
+    Ok(match (TrtLine::of(&trt.tensorrt)?, precision) {
+        (_, Precision::Fp32) => PrecisionPath::Fp32,
+        (TrtLine::V11, _) => PrecisionPath::StronglyTyped,
+        (_, Precision::Fp16) => PrecisionPath::Fp16Flag,
+        (_, Precision::Int8) if trt.calibration.is_some() => PrecisionPath::Int8Calibrated,
+        (_, Precision::Int8) => PrecisionPath::Int8Explicit,
+        (_, Precision::Fp8) => PrecisionPath::Fp8Explicit,
+        (_, p @ (Precision::Tf32 | Precision::Bf16 | Precision::Fp4)) => {
+            return Err(Error::Precision {
+                target: target.to_string(),
+                tensorrt: trt.tensorrt.to_string(),
+                reason: format!("{p} engines are not built (fp32, fp16, int8 and fp8 are)"),
+            })
+        }
+    })
+}
+
+/// The precision path [`expected_path`] decides, once the ONNX is known to fit it: refused when
+/// a calibration input is given where none is used, or the model lacks the Q/DQ nodes or FP16
+/// tensors the path builds from (or has Q/DQ nodes where TensorRT would calibrate).
 pub fn precision_path(
     target: &str,
     trt: &TrtSpec,
     precision: Precision,
     onnx: &OnnxSummary,
 ) -> Result<PrecisionPath, Error> {
-    let line = TrtLine::of(&trt.tensorrt)?;
-    let refuse = |reason: String| Error::Precision {
-        target: target.to_string(),
-        tensorrt: trt.tensorrt.to_string(),
-        reason,
+    let path = expected_path(target, trt, precision)?;
+    let calibrated = trt.calibration.is_some();
+    let reason: Option<&str> = match (&path, precision) {
+        (PrecisionPath::Fp32 | PrecisionPath::Fp16Flag, _) if calibrated => {
+            Some("calibration is only used for int8")
+        }
+        (PrecisionPath::Int8Calibrated, _) if onnx.has_qdq() => {
+            Some("the model already has Q/DQ nodes; drop the calibration input")
+        }
+        (PrecisionPath::Int8Explicit, _) if !onnx.has_qdq() => Some(
+            "int8 needs calibration data or a calibration cache ([int8] calibration), or a model with Q/DQ nodes",
+        ),
+        (_, Precision::Fp8) if calibrated => Some(
+            "fp8 has no TensorRT calibration: infer-build quantizes the model to FP8 Q/DQ from `[fp8] calibration` data",
+        ),
+        (_, Precision::Fp8) if !onnx.has_qdq() => Some(
+            "fp8 needs a model with FP8 Q/DQ nodes (infer-build makes one from `[fp8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes",
+        ),
+        (PrecisionPath::StronglyTyped, Precision::Fp16) if calibrated => {
+            Some("TensorRT 11 has no calibration: infer-build converts fp16 models itself")
+        }
+        (PrecisionPath::StronglyTyped, Precision::Fp16) if !onnx.has_fp16() => Some(
+            "TensorRT 11 builds strongly typed networks only: the ONNX must be fp16 (infer-build converts it when the plan's precision mode is `convert`); this model has no fp16 tensors",
+        ),
+        (PrecisionPath::StronglyTyped, Precision::Int8) if calibrated => Some(
+            "TensorRT 11 has no calibration: point `[int8] calibration` at a directory of calibration batches and infer-build quantizes the model to Q/DQ",
+        ),
+        (PrecisionPath::StronglyTyped, Precision::Int8) if !onnx.has_qdq() => Some(
+            "TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (infer-build makes one from `[int8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes",
+        ),
+        _ => None,
     };
-    match (line, precision) {
-        (_, Precision::Fp32) => {
-            if trt.calibration.is_some() {
-                return Err(refuse("calibration is only used for int8".into()));
-            }
-            Ok(PrecisionPath::Fp32)
-        }
-        (TrtLine::V8_6 | TrtLine::V10, Precision::Fp16) => {
-            if trt.calibration.is_some() {
-                return Err(refuse("calibration is only used for int8".into()));
-            }
-            Ok(PrecisionPath::Fp16Flag)
-        }
-        (TrtLine::V8_6 | TrtLine::V10, Precision::Int8) => match (&trt.calibration, onnx.has_qdq()) {
-            (Some(_), true) => Err(refuse(
-                "the model already has Q/DQ nodes; drop the calibration input".into(),
-            )),
-            (Some(_), false) => Ok(PrecisionPath::Int8Calibrated),
-            (None, true) => Ok(PrecisionPath::Int8Explicit),
-            (None, false) => Err(refuse(
-                "int8 needs calibration data or a calibration cache ([int8] calibration), or a model with Q/DQ nodes".into(),
-            )),
-        },
-        (line, Precision::Fp8) => {
-            if trt.calibration.is_some() {
-                return Err(refuse("fp8 has no TensorRT calibration: infer-build quantizes the model to FP8 Q/DQ from `[fp8] calibration` data".into()));
-            }
-            match (line, onnx.has_qdq()) {
-                (_, false) => Err(refuse(
-                    "fp8 needs a model with FP8 Q/DQ nodes (infer-build makes one from `[fp8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes".into(),
-                )),
-                (TrtLine::V11, true) => Ok(PrecisionPath::StronglyTyped),
-                (_, true) => Ok(PrecisionPath::Fp8Explicit),
-            }
-        }
-        (TrtLine::V11, Precision::Fp16) => {
-            if trt.calibration.is_some() {
-                return Err(refuse("TensorRT 11 has no calibration: infer-build converts fp16 models itself".into()));
-            }
-            if onnx.has_fp16() {
-                Ok(PrecisionPath::StronglyTyped)
-            } else {
-                Err(refuse(
-                    "TensorRT 11 builds strongly typed networks only: the ONNX must be fp16 (infer-build converts it when the plan's precision mode is `convert`); this model has no fp16 tensors".into(),
-                ))
-            }
-        }
-        (TrtLine::V11, Precision::Int8) => {
-            if trt.calibration.is_some() {
-                return Err(refuse(
-                    "TensorRT 11 has no calibration: point `[int8] calibration` at a directory of calibration batches and infer-build quantizes the model to Q/DQ".into(),
-                ));
-            }
-            if onnx.has_qdq() {
-                Ok(PrecisionPath::StronglyTyped)
-            } else {
-                Err(refuse(
-                    "TensorRT 11 builds strongly typed networks only: int8 needs a Q/DQ model (infer-build makes one from `[int8] calibration` data); this model has no QuantizeLinear/DequantizeLinear nodes".into(),
-                ))
-            }
-        }
-        (_, p @ (Precision::Tf32 | Precision::Bf16 | Precision::Fp4)) => Err(refuse(format!(
-            "{p} engines are not built (fp32, fp16, int8 and fp8 are)"
-        ))),
+    match reason {
+        Some(reason) => Err(Error::Precision {
+            target: target.to_string(),
+            tensorrt: trt.tensorrt.to_string(),
+            reason: reason.to_string(),
+        }),
+        None => Ok(path),
     }
 }
 

@@ -7,9 +7,10 @@
 //! capacity plan ([`tune`]).
 //!
 //! What it must not do: decide exit codes or print anything but progress lines (the CLI owns
-//! the terminal); parse recipes itself (the CLI hands it numbers); hide client-side
-//! saturation (open-loop sends it cannot make are counted as `client_overload` errors, never
-//! silently skipped). Every run is bounded in time and in request count.
+//! the terminal); parse recipes itself (`pipeline::tune_base` hands it a runtime
+//! configuration); hide client-side saturation (open-loop sends it cannot make are counted as
+//! `client_overload` errors, never silently skipped). Every run is bounded in time and in
+//! request count.
 
 pub mod load;
 pub mod metrics;

@@ -378,10 +378,7 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
         &format!("docker://{to}:v1"),
     ]);
     assert!(ok, "{e}");
-    assert_eq!(
-        super::registry_support::sha256(raw.as_bytes()),
-        made.index_digest
-    );
+    assert_eq!(super::support::sha256(raw.as_bytes()), made.index_digest);
     let copy = tmp.path().join("copy");
     let (ok, _, e) = skopeo(&[
         "copy",

@@ -15,7 +15,8 @@ use infer_build::registry::{
 use serde_json::json;
 
 use super::hostile_registry::{Hostile, Reply, Seen};
-use super::registry_support::{have_openssl_for, make_layout, sha256, test_ca, Target};
+use super::registry_support::{have_openssl_for, make_layout, test_ca, Target};
+use super::support::sha256;
 use super::support::{infer_build, stderr};
 
 /// Quick, hermetic client options: credentials only from `creds` (a credentials file, or

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::support::sha256;
+
 pub struct Registry {
     child: Child,
     /// `127.0.0.1:PORT`
@@ -282,8 +284,6 @@ fn have_htpasswd(test: &str) -> bool {
     }
     ok
 }
-
-pub use super::support::sha256;
 
 /// Deterministic incompressible bytes.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {

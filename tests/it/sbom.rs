@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::image::tiny_static_elf;
-use super::registry_support::{sha256, Registry};
-use super::support::{infer_build, python, root, sha256_file, stderr, stdout};
+use super::registry_support::Registry;
+use super::support::{infer_build, python, root, sha256, sha256_file, stderr, stdout};
 
 const SPDX: &str = "application/spdx+json";
 

@@ -238,29 +238,28 @@ fn find_serve(flag: Option<PathBuf>) -> PathBuf {
 }
 
 fn run_tune(a: BenchOpts) -> Result<(), Error> {
-    let file = a.tune.clone().unwrap_or_default();
+    let file = a.tune.unwrap_or_default();
     let base = crate::pipeline::tune_base(&file, a.synthetic.is_some())?;
     let resolved = tune::Request {
         base,
-        synthetic: a.synthetic.clone(),
+        synthetic: a.synthetic,
         budget_ms: a.budget_ms,
         peak_qps: a.peak_qps,
         rate: a.rate.first().copied(),
-        delays_ms: a.delays_ms.clone(),
-        max_batches: a.max_batch.clone(),
+        delays_ms: a.delays_ms,
+        max_batches: a.max_batch,
         headroom: a.headroom,
         min_gain: a.min_gain,
         arrival: arrival(a.arrival),
         warmup: a.warmup,
         duration: a.duration,
         seed: a.seed,
-        serve: find_serve(a.serve.clone()),
+        serve: find_serve(a.serve),
         progress: bench::Progress::to(|line| eprintln!("{line}")),
     }
     .resolve()?;
     eprintln!("tune: {}", resolved.describe());
     let model = resolved.options.base.model.name.clone();
-    let budget_ms = resolved.options.budget_ms;
     let result = resolved.run()?;
     let labeled = tune::html::rows(&result);
     let csv_path = a
@@ -286,7 +285,8 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
             );
         }
         _ => eprintln!(
-            "tune: no grid point kept p99 within {budget_ms} ms without errors; lower the rate or widen the grid"
+            "tune: no grid point kept p99 within {} ms without errors; lower the rate or widen the grid",
+            result.budget_ms
         ),
     }
     eprintln!(
@@ -302,7 +302,8 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
     }
     if result.recommendation.is_none() {
         return Err(Error::from(BenchError::TuneInput(format!(
-            "a grid point within the {budget_ms} ms p99 budget; none was"
+            "a grid point within the {} ms p99 budget; none was",
+            result.budget_ms
         ))));
     }
     Ok(())

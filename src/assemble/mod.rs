@@ -694,6 +694,8 @@ fn build_target(
                 d
             })
             .collect(),
+        subject: None,
+        artifact_type: None,
         annotations: ann,
     };
     let m_bytes = image::encode("manifest", &manifest)?;

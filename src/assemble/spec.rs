@@ -77,13 +77,11 @@ pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
 /// The OCI platform of a target (`linux/amd64` → os `linux`, architecture `amd64`).
 pub fn platform(t: &TargetPlan) -> Platform {
     let mut parts = t.oci_platform.splitn(3, '/');
-    let os = parts.next().unwrap_or("linux").to_string();
-    let architecture = parts.next().unwrap_or("amd64").to_string();
-    let variant = parts.next().map(String::from);
+    let os = parts.next().unwrap_or("linux");
+    let architecture = parts.next().unwrap_or("amd64");
     Platform {
-        architecture,
-        os,
-        variant,
+        variant: parts.next().map(String::from),
+        ..Platform::new(os, architecture)
     }
 }
 

@@ -160,16 +160,16 @@ impl Bars {
                     .unwrap_or_else(|_| ProgressStyle::default_bar())
                     .progress_chars("=> "),
                 );
-                bar.set_message(short(&digest));
-                bars.insert(digest, bar);
+                bar.set_message(short(digest.as_str()));
+                bars.insert(digest.to_string(), bar);
             }
             Progress::BlobBytes { digest, bytes } => {
-                if let Some(b) = bars.get(&digest) {
+                if let Some(b) = bars.get(digest.as_str()) {
                     b.inc(bytes);
                 }
             }
             Progress::BlobDone { digest, size, how } => {
-                if let Some(b) = bars.remove(&digest) {
+                if let Some(b) = bars.remove(digest.as_str()) {
                     b.finish_and_clear();
                 }
                 let how = match how {
@@ -177,13 +177,16 @@ impl Bars {
                     BlobOutcome::Mounted => "mounted",
                     BlobOutcome::Skipped => "exists",
                 };
-                self.line(format!("{} {how} ({size} bytes)", short(&digest)));
+                self.line(format!("{} {how} ({size} bytes)", short(digest.as_str())));
             }
             Progress::Retry { what, reason } => {
                 self.line(format!("retrying {what}: {reason}"));
             }
             Progress::Resumed { digest, offset } => {
-                self.line(format!("{} resumed at byte {offset}", short(&digest)));
+                self.line(format!(
+                    "{} resumed at byte {offset}",
+                    short(digest.as_str())
+                ));
             }
             Progress::Manifest {
                 reference, written, ..

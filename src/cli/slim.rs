@@ -339,8 +339,8 @@ fn source(
     // The build reads exactly what was pulled: the platform manifest (a pinned index digest
     // resolves to it), also when the image was allowed unpinned.
     match &r.digest {
-        Some(_) => r.digest = Some(pulled.digest.clone()),
-        None => opts.lock.set(&r.reference, &pulled.digest),
+        Some(_) => r.digest = Some(pulled.digest.to_string()),
+        None => opts.lock.set(&r.reference, pulled.digest.as_str()),
     }
     Ok(Source {
         layout: dest,

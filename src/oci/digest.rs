@@ -26,7 +26,8 @@ impl Digest {
     pub fn parse(s: &str) -> Result<Digest, Error> {
         match hex_of(s) {
             Some(_) => Ok(Digest(s.into())),
-            None => Err(Error::BadDigest(s.into())),
+            // Bounded: the text may come from a hostile document.
+            None => Err(Error::BadDigest(s.chars().take(80).collect())),
         }
     }
 
@@ -45,6 +46,25 @@ impl Digest {
 pub fn hex_of(digest: &str) -> Option<&str> {
     let hex = digest.strip_prefix("sha256:")?;
     (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
+}
+
+/// A typed digest equals the same text read from elsewhere (a header, a report, a test).
+impl PartialEq<str> for Digest {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Digest {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Digest {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
 }
 
 impl fmt::Display for Digest {

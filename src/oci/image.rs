@@ -1,7 +1,13 @@
-//! The OCI JSON objects infer-build writes: image config, manifest, index and descriptors.
-//! Own small serde structs with `BTreeMap`s (never `HashMap`), always written through
-//! [`super::cjson`]. Reading goes through the same structs (unknown fields are ignored) or,
-//! for a base image's config, through `serde_json::Value` so nothing is lost.
+//! The OCI image model: image config, manifest, index, descriptors and platforms, for what
+//! infer-build writes and for what it reads from layouts and registries. Own small serde
+//! structs with `BTreeMap`s (never `HashMap`), always written through [`super::cjson`].
+//!
+//! Reading goes through the same structs: a [`Descriptor`] keeps the fields it does not model
+//! (`urls`, extensions) in [`Descriptor::extra`], so one copied from a registry into a layout
+//! is written back whole; a base image's config is read as `serde_json::Value` so nothing is
+//! lost; a document whose kind is not known yet (what a registry answers to a manifest GET) is
+//! read as a [`Document`]. Digests are typed ([`Digest`]): a descriptor naming anything but a
+//! well-formed sha256 digest does not parse.
 
 use std::collections::BTreeMap;
 
@@ -9,13 +15,44 @@ use serde::{Deserialize, Serialize};
 
 use super::{cjson, media, Digest, Error};
 
+/// An image's platform (image-spec `image-index.md`), every field the spec defines.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Platform {
     pub architecture: String,
     pub os: String,
+    #[serde(
+        rename = "os.version",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub os_version: Option<String>,
+    #[serde(rename = "os.features", default, skip_serializing_if = "Vec::is_empty")]
+    pub os_features: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
+
+impl Platform {
+    pub fn new(os: &str, architecture: &str) -> Platform {
+        Platform {
+            architecture: architecture.into(),
+            os: os.into(),
+            os_version: None,
+            os_features: Vec::new(),
+            variant: None,
+            features: Vec::new(),
+        }
+    }
+
+    /// Whether this is `os`/`architecture` (any variant).
+    pub fn is(&self, os: &str, architecture: &str) -> bool {
+        self.os == os && self.architecture == architecture
+    }
+}
+
+/// An OCI content descriptor (image-spec `descriptor.md`).
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,6 +66,12 @@ pub struct Descriptor {
     pub annotations: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_type: Option<String>,
+    /// The content itself, base64 (the empty config of artifact manifests carries `e30=`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Fields infer-build does not model (`urls`, extensions), kept as read.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 impl Descriptor {
@@ -40,7 +83,23 @@ impl Descriptor {
             platform: None,
             annotations: BTreeMap::new(),
             artifact_type: None,
+            data: None,
+            extra: BTreeMap::new(),
         }
+    }
+
+    /// Whether the descriptor is for `os`/`architecture`.
+    pub fn is_platform(&self, os: &str, architecture: &str) -> bool {
+        self.platform
+            .as_ref()
+            .is_some_and(|p| p.is(os, architecture))
+    }
+
+    /// The `org.opencontainers.image.ref.name` it is tagged with in a layout's `index.json`.
+    pub fn ref_name(&self) -> Option<&str> {
+        self.annotations
+            .get(super::annotation::REF_NAME)
+            .map(String::as_str)
     }
 }
 
@@ -50,10 +109,127 @@ pub struct Manifest {
     pub schema_version: u32,
     #[serde(default)]
     pub media_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
     pub config: Descriptor,
     pub layers: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Descriptor>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// The empty JSON object `{}`: the config blob of artifact manifests.
+pub const EMPTY_JSON: &[u8] = b"{}";
+
+impl Manifest {
+    /// An OCI 1.1 artifact manifest attached to `subject`: `artifactType`, the empty config
+    /// (its bytes inline), the one `layer` and `annotations`. The warm-up manifest and the SBOM
+    /// are both made here.
+    pub fn artifact(
+        subject: &Descriptor,
+        artifact_type: &str,
+        layer: Descriptor,
+        annotations: BTreeMap<String, String>,
+    ) -> Manifest {
+        let mut config = Descriptor::new(
+            media::EMPTY,
+            Digest::of(EMPTY_JSON),
+            EMPTY_JSON.len() as u64,
+        );
+        config.data = Some("e30=".into());
+        Manifest {
+            schema_version: 2,
+            media_type: media::MANIFEST.into(),
+            artifact_type: Some(artifact_type.into()),
+            config,
+            layers: vec![layer],
+            subject: Some(Descriptor::new(
+                &subject.media_type,
+                subject.digest.clone(),
+                subject.size,
+            )),
+            annotations,
+        }
+    }
+}
+
+/// A manifest or an index read before its kind is known (what a registry answers to a
+/// manifest GET, a blob a layout's `index.json` points at), parsed loosely: every field
+/// optional, both kinds' lists. [`Document::check_bounds`] bounds what it lists before anyone
+/// walks it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Document {
+    #[serde(default)]
+    pub media_type: Option<String>,
+    #[serde(default)]
+    pub artifact_type: Option<String>,
+    #[serde(default)]
+    pub config: Option<Descriptor>,
+    #[serde(default)]
+    pub layers: Vec<Descriptor>,
+    #[serde(default)]
+    pub manifests: Vec<Descriptor>,
+    #[serde(default)]
+    pub subject: Option<Descriptor>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The most manifests an index may list.
+pub const MAX_INDEX_ENTRIES: usize = 1000;
+/// The largest blob a descriptor may claim (1 TiB).
+pub const MAX_BLOB: u64 = 1 << 40;
+
+impl Document {
+    pub fn parse(bytes: &[u8]) -> Result<Document, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
+    /// Its media type: its own `mediaType`, else what its shape says (`mediaType` is optional
+    /// in OCI documents: an index lists manifests, an image manifest has a config).
+    pub fn kind(&self) -> Option<&str> {
+        match (&self.media_type, &self.config) {
+            (Some(m), _) => Some(m),
+            (None, _) if !self.manifests.is_empty() => Some(media::INDEX),
+            (None, Some(_)) => Some(media::MANIFEST),
+            (None, None) => None,
+        }
+    }
+
+    /// Check the counts and sizes it claims, before anything is fetched or added up: a hostile
+    /// registry or layout cannot make us walk 100k layers or overflow a total. The reason
+    /// names the bound; `what` names the document in it.
+    pub fn check_bounds(&self, what: &str) -> Result<(), String> {
+        let max_layers = super::layout::MAX_LAYERS;
+        if self.layers.len() > max_layers {
+            return Err(format!(
+                "{what} lists {} layers, more than the {max_layers} accepted",
+                self.layers.len()
+            ));
+        }
+        if self.manifests.len() > MAX_INDEX_ENTRIES {
+            return Err(format!(
+                "{what} lists {} manifests, more than the {MAX_INDEX_ENTRIES} accepted",
+                self.manifests.len()
+            ));
+        }
+        for d in self
+            .config
+            .iter()
+            .chain(&self.layers)
+            .chain(&self.manifests)
+        {
+            if d.size > MAX_BLOB {
+                return Err(format!(
+                    "{what}: {} claims {} bytes, more than the {MAX_BLOB} accepted",
+                    d.digest, d.size
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,6 +360,82 @@ pub fn rfc3339(epoch: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const D: &str = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+    #[test]
+    fn a_descriptor_read_from_elsewhere_is_written_back_whole() {
+        let read = format!(
+            r#"{{"annotations":{{"a":"b"}},"digest":"{D}","io.example.ext":{{"k":[1,2]}},"mediaType":"application/vnd.oci.image.manifest.v1+json","platform":{{"architecture":"arm64","features":["f"],"os":"windows","os.features":["win32k"],"os.version":"10.0.17763.1040","variant":"v8"}},"size":0,"urls":["https://example.com/x"]}}"#
+        );
+        let d: Descriptor = decode("descriptor", read.as_bytes()).unwrap();
+        assert_eq!(d.digest, D);
+        let p = d.platform.as_ref().unwrap();
+        assert!(p.is("windows", "arm64") && d.is_platform("windows", "arm64"));
+        assert_eq!(p.os_version.as_deref(), Some("10.0.17763.1040"));
+        assert_eq!(
+            d.extra.keys().collect::<Vec<_>>(),
+            ["io.example.ext", "urls"]
+        );
+        assert_eq!(String::from_utf8(encode("d", &d).unwrap()).unwrap(), read);
+    }
+
+    #[test]
+    fn documents_name_their_kind_and_refuse_what_infer_build_cannot_address() {
+        let index = format!(r#"{{"manifests":[{{"mediaType":"m","digest":"{D}","size":1}}]}}"#);
+        assert_eq!(
+            Document::parse(index.as_bytes()).unwrap().kind(),
+            Some(media::INDEX)
+        );
+        let image = format!(r#"{{"config":{{"mediaType":"c","digest":"{D}","size":1}}}}"#);
+        assert_eq!(
+            Document::parse(image.as_bytes()).unwrap().kind(),
+            Some(media::MANIFEST)
+        );
+        assert_eq!(Document::parse(b"{}").unwrap().kind(), None);
+        // A digest that is not sha256 (or not well formed) would become a file name and a
+        // URL path segment: the document does not parse.
+        for bad in ["sha512:00", "sha256:../../etc/passwd", "sha256:ABC"] {
+            let doc = format!(r#"{{"layers":[{{"mediaType":"l","digest":"{bad}","size":1}}]}}"#);
+            let e = Document::parse(doc.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("digest"), "{bad}: {e}");
+        }
+        let huge = format!(
+            r#"{{"layers":[{{"mediaType":"l","digest":"{D}","size":{}}}]}}"#,
+            MAX_BLOB + 1
+        );
+        let e = Document::parse(huge.as_bytes())
+            .unwrap()
+            .check_bounds("m")
+            .unwrap_err();
+        assert!(e.contains("more than the 1099511627776 accepted"), "{e}");
+    }
+
+    #[test]
+    fn artifact_manifests_are_canonical_oci_1_1() {
+        let subject = Descriptor {
+            annotations: [("x".to_string(), "y".to_string())].into(),
+            ..Descriptor::new(media::MANIFEST, Digest::of(b"image"), 5)
+        };
+        let layer = Descriptor::new("application/x", Digest::of(b"payload"), 7);
+        let m = Manifest::artifact(
+            &subject,
+            "application/t",
+            layer,
+            [("k".to_string(), "v".to_string())].into(),
+        );
+        // The subject is referenced by type, digest and size only; the empty config carries
+        // its bytes inline.
+        assert_eq!(
+            String::from_utf8(encode("artifact", &m).unwrap()).unwrap(),
+            format!(
+                r#"{{"annotations":{{"k":"v"}},"artifactType":"application/t","config":{{"data":"e30=","digest":"{}","mediaType":"application/vnd.oci.empty.v1+json","size":2}},"layers":[{{"digest":"{}","mediaType":"application/x","size":7}}],"mediaType":"application/vnd.oci.image.manifest.v1+json","schemaVersion":2,"subject":{{"digest":"{}","mediaType":"application/vnd.oci.image.manifest.v1+json","size":5}}}}"#,
+                Digest::of(EMPTY_JSON),
+                Digest::of(b"payload"),
+                Digest::of(b"image")
+            )
+        );
+    }
 
     #[test]
     fn rfc3339_dates() {

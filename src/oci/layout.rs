@@ -56,7 +56,7 @@ pub fn write_index(store: &BlobStore, entries: Vec<Descriptor>) -> Result<Digest
 }
 
 pub fn ref_name(d: &Descriptor) -> Option<String> {
-    d.annotations.get(annotation::REF_NAME).cloned()
+    d.ref_name().map(str::to_string)
 }
 
 /// The `index.json` entry tagged `tag`.
@@ -134,7 +134,7 @@ fn read_image(store: &BlobStore, d: Descriptor, bytes: Vec<u8>) -> Result<FoundI
 }
 
 fn is_index(d: &Descriptor) -> bool {
-    d.media_type == media::INDEX || d.media_type == media::DOCKER_LIST
+    media::is_index(&d.media_type)
 }
 
 /// The platform every image infer-build builds or reads runs on.
@@ -176,7 +176,7 @@ pub fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error
         if !is_index(&desc) {
             let img = read_image(store, desc, bytes)?;
             let m = img.manifest.media_type.as_str();
-            if !m.is_empty() && m != media::MANIFEST && m != media::DOCKER_MANIFEST {
+            if !m.is_empty() && !media::is_manifest(m) {
                 return Err(no_image(format!(
                     "{} is a `{m}`, not an image manifest",
                     img.descriptor.digest
@@ -186,11 +186,7 @@ pub fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error
         }
         let idx: Index = decode(&format!("index {}", desc.digest), &bytes)?;
         let (os, arch) = PLATFORM;
-        let native = idx.manifests.iter().find(|m| {
-            m.platform
-                .as_ref()
-                .is_some_and(|p| p.os == os && p.architecture == arch)
-        });
+        let native = idx.manifests.iter().find(|m| m.is_platform(os, arch));
         desc = match (native, idx.manifests.as_slice()) {
             (Some(m), _) | (None, [m]) => m.clone(),
             _ => {

@@ -62,6 +62,24 @@ pub mod media {
     pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
     pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
     pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+    /// The empty descriptor's media type (the config of artifact manifests).
+    pub const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+
+    /// The `Accept` header for manifest requests: every manifest kind infer-build reads.
+    pub const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \
+application/vnd.oci.image.manifest.v1+json, \
+application/vnd.docker.distribution.manifest.list.v2+json, \
+application/vnd.docker.distribution.manifest.v2+json";
+
+    /// An image index or a Docker manifest list.
+    pub fn is_index(media_type: &str) -> bool {
+        media_type == INDEX || media_type == DOCKER_LIST
+    }
+
+    /// An OCI or Docker image manifest.
+    pub fn is_manifest(media_type: &str) -> bool {
+        media_type == MANIFEST || media_type == DOCKER_MANIFEST
+    }
 }
 
 /// Standard annotation keys (image-spec `annotations.md`).

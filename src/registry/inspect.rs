@@ -7,16 +7,17 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::client::{Client, ClientOptions};
-use super::layout::{Descriptor, Manifest};
 use super::reference::Reference;
 use super::warmup::{self, Referrer};
-use super::{get_manifest, media, Error, Result};
+use super::{get_manifest, media, parse_document, Error, Result};
+use crate::oci::image::{Descriptor, Document, Platform};
+use crate::oci::Digest;
 
 /// An image (or index) in a registry.
 #[derive(Debug, Clone, Serialize)]
 pub struct RemoteImage {
     pub reference: String,
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
     pub annotations: BTreeMap<String, String>,
     /// One entry for a plain manifest; one per child for an index.
@@ -39,7 +40,7 @@ pub struct PlainPull {
     /// How many entries have that platform.
     pub candidates: usize,
     /// The entry a plain pull gets.
-    pub digest: String,
+    pub digest: Digest,
     /// Its `dev.infer-build.target`, when it has one.
     pub target: Option<String>,
     /// One line for people.
@@ -51,15 +52,7 @@ pub struct PlainPull {
 pub fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
     let matching: Vec<&Descriptor> = entries
         .iter()
-        .filter(|d| {
-            let get = |k: &str| {
-                d.platform
-                    .as_ref()
-                    .and_then(|p| p.get(k))
-                    .and_then(|v| v.as_str())
-            };
-            get("os") == Some("linux") && get("architecture") == Some("amd64")
-        })
+        .filter(|d| d.is_platform("linux", "amd64"))
         .collect();
     let first = matching.first()?;
     let target = first
@@ -94,9 +87,9 @@ pub fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RemoteManifest {
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
-    pub platform: Option<serde_json::Value>,
+    pub platform: Option<Platform>,
     pub artifact_type: Option<String>,
     /// The index entry's annotations merged with the manifest's own.
     pub annotations: BTreeMap<String, String>,
@@ -122,23 +115,23 @@ pub fn inspect(
         &scopes,
         "reading",
     )?;
-    let digest = crate::oci::Digest::of(&bytes).to_string();
+    let digest = Digest::of(&bytes);
     if let Some(want) = &reference.digest {
         if want != &digest {
             return Err(Error::DigestMismatch {
                 what: format!("manifest of {reference}"),
-                expected: want.clone(),
-                actual: digest,
+                expected: want.to_string(),
+                actual: digest.to_string(),
             });
         }
     }
-    let top = Manifest::parse(&bytes, &digest)?;
-    let refs_of = |d: &str| -> Result<Option<Vec<Referrer>>> {
+    let top = parse_document(&bytes, digest.as_str())?;
+    let refs_of = |d: &Digest| -> Result<Option<Vec<Referrer>>> {
         if !with_referrers {
             return Ok(None);
         }
         let r = Reference {
-            digest: Some(d.to_string()),
+            digest: Some(d.clone()),
             tag: None,
             ..reference.clone()
         };
@@ -147,16 +140,22 @@ pub fn inspect(
     let mut images = Vec::new();
     if media::is_index(&media_type) {
         for child in &top.manifests {
-            let (b, mt) = get_manifest(&client, reference, &child.digest, &scopes, "reading")?;
-            let got = crate::oci::Digest::of(&b).to_string();
+            let (b, mt) = get_manifest(
+                &client,
+                reference,
+                child.digest.as_str(),
+                &scopes,
+                "reading",
+            )?;
+            let got = Digest::of(&b);
             if got != child.digest {
                 return Err(Error::DigestMismatch {
                     what: format!("manifest listed by {reference}"),
-                    expected: child.digest.clone(),
-                    actual: got,
+                    expected: child.digest.to_string(),
+                    actual: got.to_string(),
                 });
             }
-            let m = Manifest::parse(&b, &child.digest)?;
+            let m = parse_document(&b, child.digest.as_str())?;
             let mut annotations = child.annotations.clone();
             annotations.extend(m.annotations.clone());
             images.push(describe(
@@ -199,15 +198,15 @@ pub fn inspect(
 }
 
 fn describe(
-    digest: &str,
+    digest: &Digest,
     media_type: &str,
-    platform: Option<serde_json::Value>,
+    platform: Option<Platform>,
     annotations: BTreeMap<String, String>,
-    m: &Manifest,
+    m: &Document,
     referrers: Option<Vec<Referrer>>,
 ) -> RemoteManifest {
     RemoteManifest {
-        digest: digest.to_string(),
+        digest: digest.clone(),
         media_type: media_type.to_string(),
         platform,
         artifact_type: m.artifact_type.clone(),
@@ -229,18 +228,17 @@ mod tests {
     use super::*;
 
     fn entry(digest: char, platform: Option<(&str, &str)>, target: &str) -> Descriptor {
-        Descriptor {
-            media_type: media::OCI_MANIFEST.into(),
-            digest: format!("sha256:{}", digest.to_string().repeat(64)),
-            size: 1,
-            artifact_type: None,
-            platform: platform
-                .map(|(os, arch)| serde_json::json!({"os": os, "architecture": arch})),
-            annotations: [("dev.infer-build.target".to_string(), target.to_string())]
-                .into_iter()
-                .collect(),
-            extra: Default::default(),
-        }
+        let hex = digest.to_string().repeat(64);
+        let mut d = Descriptor::new(
+            media::MANIFEST,
+            Digest::parse(&format!("sha256:{hex}")).unwrap(),
+            1,
+        );
+        d.platform = platform.map(|(os, arch)| Platform::new(os, arch));
+        d.annotations = [("dev.infer-build.target".to_string(), target.to_string())]
+            .into_iter()
+            .collect();
+        d
     }
 
     #[test]
@@ -257,10 +255,7 @@ mod tests {
             entry('d', Some(("linux", "amd64")), "sm89-fp16"),
         ];
         let p = plain_pull(&mixed).unwrap();
-        assert_eq!(
-            (p.candidates, p.digest.as_str()),
-            (1, mixed[1].digest.as_str())
-        );
+        assert_eq!((p.candidates, &p.digest), (1, &mixed[1].digest));
         assert!(!p.note.contains("GPU nodes must pull"));
         assert!(plain_pull(&[entry('e', None, "x")]).is_none());
     }

@@ -1,67 +1,18 @@
-//! The registry's view of an OCI image layout: its loose descriptor and manifest types (push,
-//! pull and warm-up carry fields infer-build does not model) over the one layout reader,
-//! [`crate::oci::store::BlobStore`]: every read (`index.json`, manifests, configs, blob checks)
+//! The registry's view of an OCI image layout, in the one image model ([`crate::oci::image`])
+//! over the one layout reader, [`crate::oci::store::BlobStore`]: every read (`index.json`, manifests, configs, blob checks)
 //! goes through it, so links are refused, sizes and digests checked and documents capped as for
 //! every other layout. Pulls add blobs and `index.json` entries here; the image-assembly module
 //! owns the real layout writer.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::{media, Error, Result};
+use crate::oci::annotation::REF_NAME;
+use crate::oci::image::{Descriptor, Document};
 use crate::oci::store::BlobStore;
 use crate::oci::Digest;
-
-/// The annotation that names a manifest in a layout's `index.json`.
-pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
-
-/// An OCI content descriptor (the fields we use; unknown ones are kept).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Descriptor {
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub artifact_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub platform: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(flatten)]
-    pub extra: BTreeMap<String, serde_json::Value>,
-}
-
-/// A manifest or an index, parsed loosely: what push, pull and warm-up need.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    #[serde(default)]
-    pub media_type: Option<String>,
-    #[serde(default)]
-    pub artifact_type: Option<String>,
-    #[serde(default)]
-    pub config: Option<Descriptor>,
-    #[serde(default)]
-    pub layers: Vec<Descriptor>,
-    #[serde(default)]
-    pub manifests: Vec<Descriptor>,
-    #[serde(default)]
-    pub subject: Option<Descriptor>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Manifest {
-    pub fn parse(bytes: &[u8], what: &str) -> Result<Manifest> {
-        serde_json::from_slice(bytes).map_err(|e| Error::Protocol {
-            what: what.to_string(),
-            reason: format!("not a manifest or index: {e}"),
-        })
-    }
-}
 
 /// An OCI layout directory.
 #[derive(Debug, Clone)]
@@ -93,7 +44,7 @@ impl Layout {
             br#"{"imageLayoutVersion":"1.0.0"}"#,
         )?;
         let empty =
-            serde_json::json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": []});
+            serde_json::json!({"schemaVersion": 2, "mediaType": media::INDEX, "manifests": []});
         write_atomic(
             &root.join("index.json"),
             &crate::oci::cjson::value_to_vec(&empty),
@@ -105,7 +56,7 @@ impl Layout {
         layout_error(&self.root, e)
     }
 
-    fn read_index(&self) -> Result<serde_json::Value> {
+    fn read_index(&self) -> Result<Value> {
         let bytes = self
             .store
             .read_file("index.json")
@@ -119,42 +70,34 @@ impl Layout {
     /// The `index.json` entries.
     pub fn index(&self) -> Result<Vec<Descriptor>> {
         let index = self.read_index()?;
-        let m = serde_json::from_value::<Manifest>(index).map_err(|e| Error::Layout {
+        let m = serde_json::from_value::<Document>(index).map_err(|e| Error::Layout {
             path: self.root.join("index.json"),
             reason: format!("index.json is not an image index: {e}"),
         })?;
         Ok(m.manifests)
     }
 
-    /// The path of a blob (not checked for existence). Errors on a malformed digest.
-    pub fn blob_path(&self, digest: &str) -> Result<PathBuf> {
-        Ok(self.store.blob_path(&self.digest(digest)?))
-    }
-
-    fn digest(&self, digest: &str) -> Result<Digest> {
-        Digest::parse(digest).map_err(|_| Error::Layout {
-            path: self.root.clone(),
-            reason: format!("unsupported or malformed digest `{digest}`"),
-        })
+    /// The path of a blob (not checked for existence).
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.store.blob_path(digest)
     }
 
     /// Check that a blob is there, a regular file (no link followed) of the descriptor's size.
     pub fn check_blob(&self, desc: &Descriptor) -> Result<PathBuf> {
-        let d = self.digest(&desc.digest)?;
         self.store
-            .open_blob(&d, desc.size)
+            .open_blob(&desc.digest, desc.size)
             .map_err(|e| self.err(e))?;
-        Ok(self.store.blob_path(&d))
+        Ok(self.store.blob_path(&desc.digest))
     }
 
     /// Read a small blob (manifest, index, config): a regular file of the descriptor's size, at
     /// most [`crate::oci::MAX_DOCUMENT`] bytes, whose digest is verified.
     pub fn read_small(&self, desc: &Descriptor) -> Result<Vec<u8>> {
-        let d = self.digest(&desc.digest)?;
-        self.store.read_exact(&d, desc.size).map_err(|e| match e {
+        let d = &desc.digest;
+        self.store.read_exact(d, desc.size).map_err(|e| match e {
             crate::oci::Error::Corrupt { actual, .. } => Error::DigestMismatch {
-                what: self.store.blob_path(&d).display().to_string(),
-                expected: desc.digest.clone(),
+                what: self.store.blob_path(d).display().to_string(),
+                expected: d.to_string(),
                 actual: actual.to_string(),
             },
             e => self.err(e),
@@ -167,9 +110,9 @@ impl Layout {
     }
 
     /// Store bytes as a blob; returns its digest.
-    pub fn put_bytes(&self, bytes: &[u8]) -> Result<String> {
-        let digest = crate::oci::Digest::of(bytes).to_string();
-        let path = self.blob_path(&digest)?;
+    pub fn put_bytes(&self, bytes: &[u8]) -> Result<Digest> {
+        let digest = Digest::of(bytes);
+        let path = self.blob_path(&digest);
         if !path.exists() {
             write_atomic(&path, bytes)?;
         }
@@ -182,6 +125,7 @@ impl Layout {
         let mut index = self.read_index()?;
         desc.annotations.insert(REF_NAME.into(), name.into());
         let entry = serde_json::to_value(&desc).unwrap_or_default();
+        // Entries are edited as JSON: fields of `index.json` the model does not know are kept.
         let list = index
             .get_mut("manifests")
             .and_then(|m| m.as_array_mut())
@@ -190,8 +134,9 @@ impl Layout {
                 reason: "index.json has no `manifests` list".into(),
             })?;
         list.retain(|m| {
-            m.pointer("/annotations/org.opencontainers.image.ref.name")
-                .and_then(|v| v.as_str())
+            m.get("annotations")
+                .and_then(|a| a.get(REF_NAME))
+                .and_then(Value::as_str)
                 != Some(name)
         });
         list.push(entry);

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::plan::lock as plan_lock;
 
 use super::{layout::write_atomic, Error, Result};
-use crate::oci::hex_of;
+use crate::oci::Digest;
 
 fn lock_error(path: &Path, e: plan_lock::LockError) -> Error {
     Error::Lock {
@@ -17,23 +17,23 @@ fn lock_error(path: &Path, e: plan_lock::LockError) -> Error {
 }
 
 /// The digest pinned for `reference`, if any.
-pub fn lookup(path: &Path, reference: &str) -> Result<Option<String>> {
+pub fn lookup(path: &Path, reference: &str) -> Result<Option<Digest>> {
     let lock = plan_lock::read(path).map_err(|e| lock_error(path, e))?;
-    Ok(lock.and_then(|l| l.digest(reference).map(str::to_string)))
+    let Some(pinned) = lock.as_ref().and_then(|l| l.digest(reference)) else {
+        return Ok(None);
+    };
+    Digest::parse(pinned).map(Some).map_err(|_| Error::Lock {
+        path: path.to_path_buf(),
+        reason: format!("`{reference}` is pinned to `{pinned}`, not a sha256 digest"),
+    })
 }
 
 /// Pin `reference` to `digest`, keeping every other entry.
-pub fn record(path: &Path, reference: &str, digest: &str) -> Result<()> {
-    if hex_of(digest).is_none() {
-        return Err(Error::Lock {
-            path: path.to_path_buf(),
-            reason: format!("refusing to record malformed digest `{digest}`"),
-        });
-    }
+pub fn record(path: &Path, reference: &str, digest: &Digest) -> Result<()> {
     let mut lock = plan_lock::read(path)
         .map_err(|e| lock_error(path, e))?
         .unwrap_or_default();
-    lock.set(reference, digest);
+    lock.set(reference, digest.as_str());
     write_atomic(path, plan_lock::render(&lock).as_bytes())
 }
 
@@ -45,8 +45,8 @@ mod tests {
     fn record_keeps_other_entries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("recipe.lock");
-        let d1 = format!("sha256:{}", "1".repeat(64));
-        let d2 = format!("sha256:{}", "2".repeat(64));
+        let d1 = Digest::parse(&format!("sha256:{}", "1".repeat(64))).unwrap();
+        let d2 = Digest::parse(&format!("sha256:{}", "2".repeat(64))).unwrap();
         record(&path, "z.io/other:1", &d2).unwrap();
         record(&path, "nvcr.io/nvidia/cuda:12", &d1).unwrap();
         assert_eq!(
@@ -57,7 +57,6 @@ mod tests {
         assert!(std::fs::read_to_string(&path)
             .unwrap()
             .starts_with("# infer-build lock file"));
-        assert!(record(&path, "x", "sha256:bad").is_err());
         assert_eq!(lookup(&dir.path().join("none"), "x").unwrap(), None);
         std::fs::write(&path, "version = [").unwrap();
         assert!(lookup(&path, "x").unwrap_err().is_bad_input());

@@ -4,7 +4,9 @@
 //! retries with backoff, TLS, deadlines), the credential lookup (`auth`: environment, containers
 //! `auth.json`, Docker's `config.json`, credential helpers, `login`), pushing an OCI layout
 //! (`push`), pulling a base image into a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
-//! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`).
+//! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`). The
+//! image model it reads and writes (descriptors, manifests, indexes, artifact manifests) is
+//! [`crate::oci::image`]'s.
 //!
 //! It does not build images, encode layers or decide tags: it pushes what a layout holds, under
 //! the `org.opencontainers.image.ref.name` names the layout gives. It never prints: progress
@@ -16,6 +18,8 @@
 //! is canonical JSON, so the same inputs give the same digests.
 
 use std::path::PathBuf;
+
+use crate::oci::image::Document;
 
 pub mod auth;
 pub mod client;
@@ -117,43 +121,24 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Media types this module reads and writes.
+/// Media types: the OCI ones ([`crate::oci::media`]) and infer-build's artifacts.
 pub mod media {
-    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-    pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
-    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub use crate::oci::media::*;
     /// The `artifactType` of the warm-up manifest.
     pub const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The media type of the warm-up manifest's one layer (the JSON document).
     pub const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The `artifactType` of the SBOM manifest and the media type of its one layer.
     pub const SBOM_ARTIFACT: &str = crate::sbom::MEDIA_TYPE;
-
-    /// The `Accept` header for manifest requests: every manifest kind we understand.
-    pub const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \
-application/vnd.oci.image.manifest.v1+json, \
-application/vnd.docker.distribution.manifest.list.v2+json, \
-application/vnd.docker.distribution.manifest.v2+json";
-
-    pub fn is_index(media_type: &str) -> bool {
-        media_type == OCI_INDEX || media_type == DOCKER_LIST
-    }
-
-    pub fn is_manifest(media_type: &str) -> bool {
-        media_type == OCI_MANIFEST || media_type == DOCKER_MANIFEST
-    }
 }
 
-/// The most layers an image manifest may list (real images have tens; the overlay filesystem
-/// stops near 128).
-pub const MAX_LAYERS: usize = 1000;
-/// The most manifests an index may list.
-pub const MAX_INDEX_ENTRIES: usize = 1000;
-/// The largest blob a descriptor may claim (1 TiB).
-pub const MAX_BLOB: u64 = 1 << 40;
+/// Parse a manifest or index `what` names, as a protocol error when it is not one.
+pub fn parse_document(bytes: &[u8], what: &str) -> Result<Document> {
+    Document::parse(bytes).map_err(|e| Error::Protocol {
+        what: what.to_string(),
+        reason: format!("not a manifest or index: {e}"),
+    })
+}
 
 /// GET a manifest or index by tag or digest: its bytes and media type (the document's own
 /// `mediaType` when it has one, else the `content-type` header without its parameters), bounded
@@ -190,13 +175,12 @@ pub fn get_manifest(
                     source: Box::new(e),
                 })?;
             // Trust the document's own mediaType over the header when it has one.
-            let m = layout::Manifest::parse(&bytes, reference)?;
-            check_manifest_bounds(&m, &format!("{}:{reference}", r.repository)).map_err(
-                |reason| Error::Protocol {
+            let m = parse_document(&bytes, reference)?;
+            m.check_bounds(&format!("{}:{reference}", r.repository))
+                .map_err(|reason| Error::Protocol {
                     what: format!("manifest {reference} from {}", r.registry),
                     reason,
-                },
-            )?;
+                })?;
             let mt = m.media_type.unwrap_or(ct);
             Ok((bytes, mt))
         }
@@ -218,39 +202,6 @@ pub fn get_manifest(
     }
 }
 
-/// Check the counts and sizes a manifest or index claims, before anything is fetched or
-/// added up: a hostile registry or layout cannot make us walk 100k layers or overflow a total.
-/// The reason names the bound.
-pub fn check_manifest_bounds(m: &layout::Manifest, what: &str) -> std::result::Result<(), String> {
-    if m.layers.len() > MAX_LAYERS {
-        return Err(format!(
-            "{what} lists {} layers, more than the {MAX_LAYERS} accepted",
-            m.layers.len()
-        ));
-    }
-    if m.manifests.len() > MAX_INDEX_ENTRIES {
-        return Err(format!(
-            "{what} lists {} manifests, more than the {MAX_INDEX_ENTRIES} accepted",
-            m.manifests.len()
-        ));
-    }
-    for d in m.config.iter().chain(&m.layers).chain(&m.manifests) {
-        if d.size > MAX_BLOB {
-            return Err(format!(
-                "{what}: {} claims {} bytes, more than the {MAX_BLOB} accepted",
-                d.digest, d.size
-            ));
-        }
-        if crate::oci::hex_of(&d.digest).is_none() {
-            return Err(format!(
-                "{what}: `{}` is not a sha256 digest",
-                d.digest.chars().take(80).collect::<String>()
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Every parser of what a registry (or a credentials file) says, run on `data`: the entry
 /// point of the fuzz target `registry_response` and of a mutation test. Must never panic.
 pub fn fuzz_registry_response(data: &[u8]) {
@@ -258,8 +209,8 @@ pub fn fuzz_registry_response(data: &[u8]) {
     let _ = auth::parse_challenge(&text);
     let _ = client::parse_range(&text);
     let _ = client::origin(&text);
-    if let Ok(m) = layout::Manifest::parse(data, "fuzz") {
-        let _ = check_manifest_bounds(&m, "fuzz");
+    if let Ok(m) = Document::parse(data) {
+        let _ = m.check_bounds("fuzz");
     }
     if let Ok(c) = auth::parse_docker_config(&text) {
         for registry in ["r.io", "registry-1.docker.io", "127.0.0.1:5000"] {
@@ -269,17 +220,12 @@ pub fn fuzz_registry_response(data: &[u8]) {
     let _ = warmup::fallback_tag(&text);
 }
 
-/// The empty JSON object `{}`: the config blob of artifact manifests.
-pub const EMPTY_JSON: &[u8] = b"{}";
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn the_empty_config_has_the_well_known_digest() {
         assert_eq!(
-            crate::oci::Digest::of(EMPTY_JSON).to_string().as_str(),
+            crate::oci::Digest::of(crate::oci::image::EMPTY_JSON).as_str(),
             "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
     }

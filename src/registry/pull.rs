@@ -14,10 +14,11 @@ use sha2::Digest as _;
 use ureq::http::Method;
 
 use super::client::{header, status_error, Client, ClientOptions, Req};
-use super::layout::{Descriptor, Layout, Manifest};
+use super::layout::Layout;
 use super::reference::Reference;
-use super::{get_manifest, lock, media, Error, Result};
-use crate::oci::hex_of;
+use super::{get_manifest, lock, media, parse_document, Error, Result};
+use crate::oci::image::{Descriptor, Document, Platform};
+use crate::oci::Digest;
 use crate::plan::{ImagePin, PinnedBy};
 
 /// Options of a pull.
@@ -40,9 +41,9 @@ pub struct PullOptions {
 pub struct PulledImage {
     pub reference: String,
     /// The platform image manifest's digest (what the lock file pins).
-    pub digest: String,
+    pub digest: Digest,
     /// The index the tag pointed at, when it was one.
-    pub index_digest: Option<String>,
+    pub index_digest: Option<Digest>,
     /// The layout holding the image, under `ref_name`.
     pub layout: PathBuf,
     pub ref_name: String,
@@ -65,7 +66,7 @@ pub fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
 
 /// The name of an image in the shared base cache: the reference without any digest, then
 /// `@` and the platform manifest's digest.
-pub fn cache_ref_name(reference: &str, digest: &str) -> String {
+pub fn cache_ref_name(reference: &str, digest: &Digest) -> String {
     let name = reference.split_once('@').map_or(reference, |(n, _)| n);
     format!("{name}@{digest}")
 }
@@ -91,13 +92,13 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         .platform
         .clone()
         .unwrap_or_else(|| ("linux".to_string(), "amd64".to_string()));
-    let ref_name_for = |digest: &str| {
+    let ref_name_for = |digest: &Digest| {
         if opts.name_by_digest {
             cache_ref_name(reference, digest)
         } else {
             r.tag
                 .clone()
-                .unwrap_or_else(|| super::warmup::fallback_tag(digest))
+                .unwrap_or_else(|| super::warmup::fallback_tag(digest.as_str()))
         }
     };
 
@@ -142,38 +143,38 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             }
             other => other?,
         };
-    let first_digest = crate::oci::Digest::of(&bytes).to_string();
+    let first_digest = Digest::of(&bytes);
     if let Some(want) = &r.digest {
         if &first_digest != want {
             return Err(Error::DigestMismatch {
                 what: format!("manifest of {r}"),
-                expected: want.clone(),
-                actual: first_digest,
+                expected: want.to_string(),
+                actual: first_digest.to_string(),
             });
         }
     }
     let mut index_digest = None;
     if media::is_index(&media_type) {
-        let index = Manifest::parse(&bytes, &first_digest)?;
+        let index = parse_document(&bytes, first_digest.as_str())?;
         let pick = index
             .manifests
             .iter()
-            .find(|d| platform_is(d, &os, &arch))
+            .find(|d| d.is_platform(&os, &arch))
             .ok_or_else(|| Error::NotFound {
                 reference: r.to_string(),
                 reason: format!("the index lists no {os}/{arch} image"),
             })?;
         let want = pick.digest.clone();
-        let (b, mt) = get_manifest(&client, &r, &want, &scopes, "pulling")?;
-        let got = crate::oci::Digest::of(&b).to_string();
+        let (b, mt) = get_manifest(&client, &r, want.as_str(), &scopes, "pulling")?;
+        let got = Digest::of(&b);
         if got != want {
             return Err(Error::DigestMismatch {
                 what: format!("{os}/{arch} manifest of {r}"),
-                expected: want,
-                actual: got,
+                expected: want.to_string(),
+                actual: got.to_string(),
             });
         }
-        index_digest = Some(first_digest.clone());
+        index_digest = Some(first_digest);
         bytes = b;
         media_type = mt;
     }
@@ -183,8 +184,8 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             reason: format!("unsupported manifest media type `{media_type}`"),
         });
     }
-    let digest = crate::oci::Digest::of(&bytes).to_string();
-    let manifest = Manifest::parse(&bytes, &digest)?;
+    let digest = Digest::of(&bytes);
+    let manifest = parse_document(&bytes, digest.as_str())?;
     let dirs = PullDirs::open(&layout)?;
     let mut downloaded = 0;
     let mut reused = 0;
@@ -198,15 +199,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     store_blob(&dirs, &bytes)?;
     dirs.finish();
     let ref_name = ref_name_for(&digest);
-    let desc = Descriptor {
-        media_type: media_type.clone(),
-        digest: digest.clone(),
-        size: bytes.len() as u64,
-        artifact_type: None,
-        platform: None,
-        annotations: Default::default(),
-        extra: Default::default(),
-    };
+    let desc = Descriptor::new(&media_type, digest.clone(), bytes.len() as u64);
     layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
     if let Some(lock_path) = &opts.lock {
         lock::record(lock_path, reference, &digest)?;
@@ -225,7 +218,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
 
 /// The `index.json` entry of a pulled image: its platform and the reference it came from.
 fn base_descriptor(mut desc: Descriptor, reference: &str, os: &str, arch: &str) -> Descriptor {
-    desc.platform = Some(serde_json::json!({"os": os, "architecture": arch}));
+    desc.platform = Some(Platform::new(os, arch));
     desc.artifact_type = None;
     desc.annotations = [(
         "org.opencontainers.image.base.name".to_string(),
@@ -242,32 +235,16 @@ fn base_descriptor(mut desc: Descriptor, reference: &str, os: &str, arch: &str) 
 /// layers are checked by size (the build verifies every layer's digest as it imports it).
 fn local_image(
     layout: &Layout,
-    digest: &str,
+    digest: &Digest,
     os: &str,
     arch: &str,
-) -> Option<(Descriptor, Option<String>, usize)> {
-    let read = |digest: &str| -> Option<(Descriptor, Manifest)> {
-        let path = layout.blob_path(digest).ok()?;
-        let size = std::fs::metadata(path).ok()?.len();
-        let mut desc = Descriptor {
-            media_type: String::new(),
-            digest: digest.to_string(),
-            size,
-            artifact_type: None,
-            platform: None,
-            annotations: Default::default(),
-            extra: Default::default(),
-        };
+) -> Option<(Descriptor, Option<Digest>, usize)> {
+    let read = |digest: &Digest| -> Option<(Descriptor, Document)> {
+        let size = std::fs::metadata(layout.blob_path(digest)).ok()?.len();
+        let mut desc = Descriptor::new("", digest.clone(), size);
         let bytes = layout.read_small(&desc).ok()?;
-        let m = Manifest::parse(&bytes, digest).ok()?;
-        // `mediaType` is optional in OCI manifests: an index lists manifests, an image has a config.
-        desc.media_type = m.media_type.clone().or_else(|| {
-            if !m.manifests.is_empty() {
-                Some(media::OCI_INDEX.to_string())
-            } else {
-                m.config.as_ref().map(|_| media::OCI_MANIFEST.to_string())
-            }
-        })?;
+        let m = Document::parse(&bytes).ok()?;
+        desc.media_type = m.kind()?.to_string();
         Some((desc, m))
     };
     let (mut desc, mut manifest) = read(digest)?;
@@ -276,7 +253,7 @@ fn local_image(
         let pick = manifest
             .manifests
             .iter()
-            .find(|d| platform_is(d, os, arch))?
+            .find(|d| d.is_platform(os, arch))?
             .digest
             .clone();
         index_digest = Some(desc.digest.clone());
@@ -326,11 +303,8 @@ impl PullDirs {
     }
 
     /// Moves the verified temp file `name` into the blobs as `digest`, durably.
-    fn commit(&self, name: &str, digest: &str) -> Result<()> {
-        let hex = hex_of(digest).ok_or_else(|| Error::Protocol {
-            what: "a blob".into(),
-            reason: format!("unsupported or malformed digest `{digest}`"),
-        })?;
+    fn commit(&self, name: &str, digest: &Digest) -> Result<()> {
+        let hex = digest.hex();
         let res = self.tmp.rename(name, &self.blobs, hex);
         if res.is_err() {
             let _ = self.tmp.remove(name);
@@ -361,9 +335,9 @@ fn dir_error(layout: &Layout, e: crate::oci::Error) -> Error {
 }
 
 /// Store small bytes (a manifest) as a blob through the pull's temporary directory.
-fn store_blob(dirs: &PullDirs, bytes: &[u8]) -> Result<String> {
-    let digest = crate::oci::Digest::of(bytes).to_string();
-    let hex = hex_of(&digest).unwrap_or_default();
+fn store_blob(dirs: &PullDirs, bytes: &[u8]) -> Result<Digest> {
+    let digest = Digest::of(bytes);
+    let hex = digest.hex();
     if dirs
         .blobs
         .stat(hex)
@@ -389,12 +363,6 @@ fn lock_layout(layout: &Layout) -> Result<std::fs::File> {
     let path = layout.root.join(".infer-build/pull.lock");
     fs4::FileExt::lock(&file).map_err(|e| Error::io(&path, e))?;
     Ok(file)
-}
-
-fn platform_is(d: &Descriptor, os: &str, arch: &str) -> bool {
-    let p = d.platform.as_ref();
-    let get = |k: &str| p.and_then(|p| p.get(k)).and_then(|v| v.as_str());
-    get("os") == Some(os) && get("architecture") == Some(arch)
 }
 
 /// Stream a blob to a temporary file in `tmp_dir`, hashing as it goes; rename it into the
@@ -480,12 +448,12 @@ fn fetch_blob(
                 source: Box::new(ureq::Error::Io(e)),
             });
         }
-        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+        let actual = Digest::from_hasher(hasher);
         if actual != blob.digest || total != blob.size {
             return Err(Error::DigestMismatch {
                 what: format!("blob of {r} ({total} bytes, expected {})", blob.size),
-                expected: blob.digest.clone(),
-                actual,
+                expected: blob.digest.to_string(),
+                actual: actual.to_string(),
             });
         }
         tmp.sync_all()
@@ -544,7 +512,7 @@ mod tests {
 
     #[test]
     fn cache_names_and_directory() {
-        let d = format!("sha256:{}", "c".repeat(64));
+        let d = Digest::parse(&format!("sha256:{}", "c".repeat(64))).unwrap();
         assert_eq!(
             cache_ref_name("127.0.0.1:5000/b/cuda:12", &d),
             format!("127.0.0.1:5000/b/cuda:12@{d}")
@@ -568,7 +536,7 @@ mod tests {
         let config = layout.put_bytes(config_bytes).unwrap();
         let manifest = serde_json::json!({
             "schemaVersion": 2,
-            "config": {"mediaType": media::OCI_CONFIG, "digest": config, "size": config_bytes.len()},
+            "config": {"mediaType": media::CONFIG, "digest": config, "size": config_bytes.len()},
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_bytes.len()}],
         });
         let m = layout
@@ -593,7 +561,7 @@ mod tests {
         assert_eq!(named[0].digest, m);
 
         // A missing layer sends the pull to the registry, which is not there.
-        std::fs::remove_file(layout.blob_path(&layer).unwrap()).unwrap();
+        std::fs::remove_file(layout.blob_path(&layer)).unwrap();
         let opts = PullOptions {
             client: ClientOptions {
                 insecure: true,

@@ -21,9 +21,12 @@ use super::client::{
     header, parse_range, retry_after, status_error, with_query, Body, Client, ClientOptions, Req,
     Resp,
 };
-use super::layout::{Descriptor, Layout, Manifest, REF_NAME};
+use super::layout::Layout;
 use super::reference::{valid_tag, Reference};
-use super::{media, warmup, Error, Result, EMPTY_JSON};
+use super::{media, parse_document, warmup, Error, Result};
+use crate::oci::annotation::REF_NAME;
+use crate::oci::image::{Descriptor, Document, EMPTY_JSON};
+use crate::oci::Digest;
 
 /// What a push does beyond the defaults.
 #[derive(Clone)]
@@ -67,23 +70,23 @@ impl Default for PushOptions {
 #[derive(Debug, Clone)]
 pub enum Progress {
     /// The blob will be uploaded (`size` bytes).
-    BlobStart { digest: String, size: u64 },
+    BlobStart { digest: Digest, size: u64 },
     /// `bytes` more of the blob went out (retried bytes count again).
-    BlobBytes { digest: String, bytes: u64 },
+    BlobBytes { digest: Digest, bytes: u64 },
     /// The blob is in the registry: how it got there.
     BlobDone {
-        digest: String,
+        digest: Digest,
         size: u64,
         how: BlobOutcome,
     },
     /// A request failed and is being retried.
     Retry { what: String, reason: String },
     /// An interrupted upload continues from `offset`, where the registry says it stands.
-    Resumed { digest: String, offset: u64 },
+    Resumed { digest: Digest, offset: u64 },
     /// A manifest or tag was written (or was already right).
     Manifest {
         reference: String,
-        digest: String,
+        digest: Digest,
         written: bool,
     },
 }
@@ -122,13 +125,13 @@ pub struct PushReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct TagReport {
     pub tag: String,
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BlobReport {
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     pub outcome: BlobOutcome,
 }
@@ -137,9 +140,9 @@ pub struct BlobReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct ArtifactReport {
     /// The per-target image manifest it is attached to.
-    pub subject: String,
+    pub subject: Digest,
     /// The artifact manifest.
-    pub digest: String,
+    pub digest: Digest,
     /// `referrers-api` or `fallback-tag:sha256-…`.
     pub attached_via: String,
     /// Document fields that could not be filled (e.g. no measured warm-up timings).
@@ -159,14 +162,14 @@ enum Source {
 
 #[derive(Debug, Clone)]
 struct Blob {
-    digest: String,
+    digest: Digest,
     size: u64,
     source: Source,
 }
 
 #[derive(Debug, Clone)]
 struct ManifestItem {
-    digest: String,
+    digest: Digest,
     media_type: String,
     bytes: Vec<u8>,
     tags: Vec<String>,
@@ -175,7 +178,7 @@ struct ManifestItem {
 /// Everything a push sends, read from a layout (no network).
 #[derive(Debug, Default)]
 struct Plan {
-    blobs: BTreeMap<String, Blob>,
+    blobs: BTreeMap<Digest, Blob>,
     /// Children before the indexes that list them.
     manifests: Vec<ManifestItem>,
     /// Artifacts to attach, in layout order.
@@ -198,7 +201,7 @@ enum ArtifactKind {
 #[derive(Debug)]
 struct Attached {
     kind: ArtifactKind,
-    subject: String,
+    subject: Digest,
     item: ManifestItem,
     missing: Vec<String>,
 }
@@ -258,7 +261,7 @@ fn visit(
         return Ok(());
     }
     let bytes = layout.read_small(desc)?;
-    let m = Manifest::parse(&bytes, &desc.digest)?;
+    let m = parse_document(&bytes, desc.digest.as_str())?;
     let media_type = m
         .media_type
         .clone()
@@ -268,10 +271,11 @@ fn visit(
             visit(layout, child, plan, attach, depth + 1)?;
         }
     } else if media::is_manifest(&media_type) {
-        super::check_manifest_bounds(&m, &desc.digest).map_err(|reason| Error::Layout {
-            path: layout.root.clone(),
-            reason,
-        })?;
+        m.check_bounds(desc.digest.as_str())
+            .map_err(|reason| Error::Layout {
+                path: layout.root.clone(),
+                reason,
+            })?;
         for blob in m.config.iter().chain(m.layers.iter()) {
             if plan.blobs.contains_key(&blob.digest) {
                 continue;
@@ -291,7 +295,7 @@ fn visit(
             && m.subject.is_none()
             && m.config
                 .as_ref()
-                .is_some_and(|c| c.media_type != media::OCI_EMPTY);
+                .is_some_and(|c| c.media_type != media::EMPTY);
         if attach.warmup && is_image {
             let w = warmup::for_image(layout, desc, &bytes, &m)?;
             plan.attach(ArtifactKind::Warmup, desc, w);
@@ -321,10 +325,7 @@ impl Plan {
     fn attach(&mut self, kind: ArtifactKind, subject: &Descriptor, w: warmup::WarmupArtifact) {
         for (digest, payload) in [
             (w.payload_digest.clone(), w.payload),
-            (
-                crate::oci::Digest::of(EMPTY_JSON).to_string(),
-                EMPTY_JSON.to_vec(),
-            ),
+            (Digest::of(EMPTY_JSON), EMPTY_JSON.to_vec()),
         ] {
             self.blobs.entry(digest.clone()).or_insert(Blob {
                 digest,
@@ -337,7 +338,7 @@ impl Plan {
             subject: subject.digest.clone(),
             item: ManifestItem {
                 digest: w.manifest_digest,
-                media_type: media::OCI_MANIFEST.into(),
+                media_type: media::MANIFEST.into(),
                 bytes: w.manifest,
                 tags: Vec::new(),
             },
@@ -352,7 +353,7 @@ impl Plan {
 fn sbom_artifact(
     layout: &Layout,
     desc: &Descriptor,
-    m: &Manifest,
+    m: &Document,
 ) -> Result<Option<warmup::WarmupArtifact>> {
     let key = format!("{}target", warmup::ANNOTATION_PREFIX);
     let Some(target) = m
@@ -381,10 +382,16 @@ fn sbom_artifact(
             ),
         });
     }
-    let annotations = serde_json::json!({
-        "org.opencontainers.image.title": format!("{target}.spdx.json"),
-        "dev.infer-build.sbom.subject": desc.digest,
-    });
+    let annotations = BTreeMap::from([
+        (
+            crate::oci::annotation::TITLE.to_string(),
+            format!("{target}.spdx.json"),
+        ),
+        (
+            "dev.infer-build.sbom.subject".to_string(),
+            desc.digest.to_string(),
+        ),
+    ]);
     Ok(Some(warmup::artifact(
         desc,
         media::SBOM_ARTIFACT,
@@ -425,21 +432,13 @@ fn check_regular(root: &Path, path: &Path, desc: &Descriptor) -> Result<std::fs:
 
 /// Open a layout blob for upload, just before: [`check_regular`] again, then the file opened
 /// must be the one checked (same device and inode) and of the descriptor's size.
-fn open_blob(root: &Path, path: &Path, digest: &str, size: u64) -> Result<File> {
+fn open_blob(root: &Path, path: &Path, digest: &Digest, size: u64) -> Result<File> {
     use std::os::unix::fs::MetadataExt as _;
     let bad = |reason: String| Error::Layout {
         path: root.to_path_buf(),
         reason: format!("blob {digest}: {reason}"),
     };
-    let desc = Descriptor {
-        media_type: String::new(),
-        digest: digest.to_string(),
-        size,
-        artifact_type: None,
-        platform: None,
-        annotations: Default::default(),
-        extra: Default::default(),
-    };
+    let desc = Descriptor::new("", digest.clone(), size);
     let link = check_regular(root, path, &desc)?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
@@ -460,7 +459,7 @@ fn open_blob(root: &Path, path: &Path, digest: &str, size: u64) -> Result<File> 
 }
 
 /// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
-fn verify_blob(file: &File, path: &Path, root: &Path, digest: &str, size: u64) -> Result<()> {
+fn verify_blob(file: &File, path: &Path, root: &Path, digest: &Digest, size: u64) -> Result<()> {
     use sha2::Digest as _;
     use std::os::unix::fs::FileExt as _;
     let mut hasher = sha2::Sha256::new();
@@ -480,8 +479,8 @@ fn verify_blob(file: &File, path: &Path, root: &Path, digest: &str, size: u64) -
         hasher.update(&buf[..n]);
         pos += n as u64;
     }
-    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
-    if pos != size || actual != digest {
+    let actual = Digest::from_hasher(hasher);
+    if pos != size || &actual != digest {
         return Err(Error::Layout {
             path: root.to_path_buf(),
             reason: format!(
@@ -557,28 +556,24 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
     let mut tags = Vec::new();
     let mut written = 0;
     for m in &plan.manifests {
-        let refs: Vec<String> = if m.tags.is_empty() {
-            vec![m.digest.clone()]
-        } else {
-            m.tags.clone()
-        };
-        for r in refs {
-            if pusher.put_manifest(m, &r)? {
+        if m.tags.is_empty() && pusher.put_manifest(m, m.digest.as_str())? {
+            written += 1;
+        }
+        for tag in &m.tags {
+            if pusher.put_manifest(m, tag)? {
                 written += 1;
             }
-            if r != m.digest {
-                tags.push(TagReport {
-                    tag: r,
-                    digest: m.digest.clone(),
-                    media_type: m.media_type.clone(),
-                });
-            }
+            tags.push(TagReport {
+                tag: tag.clone(),
+                digest: m.digest.clone(),
+                media_type: m.media_type.clone(),
+            });
         }
     }
     let mut warmups = Vec::new();
     let mut sboms = Vec::new();
     for a in &plan.artifacts {
-        if pusher.put_manifest(&a.item, &a.item.digest)? {
+        if pusher.put_manifest(&a.item, a.item.digest.as_str())? {
             written += 1;
         }
         let via = pusher.attach_referrer(&a.subject, &a.item)?;
@@ -603,14 +598,14 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
                     "{}/{}:{} read back",
                     target.registry, target.repository, t.tag
                 ),
-                expected: t.digest.clone(),
+                expected: t.digest.to_string(),
                 actual: got.unwrap_or_else(|| "nothing".into()),
             });
         }
     }
 
     if let Some(path) = &locations_file {
-        let digests: Vec<String> = plan.blobs.keys().cloned().collect();
+        let digests: Vec<String> = plan.blobs.keys().map(Digest::to_string).collect();
         save_locations(path, &target.registry, &target.repository, &digests);
     }
 
@@ -707,7 +702,7 @@ impl Pusher<'_> {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(blob) = blobs.get(i) else { break };
                     let mut candidates: Vec<String> = self.opts.mount_from.clone();
-                    if let Some(repos) = known.get(&blob.digest) {
+                    if let Some(repos) = known.get(blob.digest.as_str()) {
                         candidates.extend(repos.iter().cloned());
                     }
                     candidates.retain(|r| r != self.repo);
@@ -738,7 +733,7 @@ impl Pusher<'_> {
         Ok(out)
     }
 
-    fn blob_exists(&self, digest: &str, scopes: &[String]) -> Result<bool> {
+    fn blob_exists(&self, digest: &Digest, scopes: &[String]) -> Result<bool> {
         let url = self.client.url(&format!("{}/blobs/{digest}", self.repo));
         let resp = self
             .client
@@ -774,7 +769,11 @@ impl Pusher<'_> {
         for from in mount_candidates.iter().take(3) {
             let scopes = self.scopes(Some(from));
             let url = self.client.url(&format!("{}/blobs/uploads/", self.repo));
-            let url = with_query(&with_query(&url, "mount", &blob.digest), "from", from);
+            let url = with_query(
+                &with_query(&url, "mount", blob.digest.as_str()),
+                "from",
+                from,
+            );
             let resp = self.client.send(&Req::new(Method::POST, url), &scopes)?;
             match resp.status().as_u16() {
                 201 => {
@@ -969,7 +968,7 @@ impl Pusher<'_> {
             wait: None,
         };
         if s.offset == 0 && blob.size <= chunk {
-            let url = with_query(&s.location, "digest", &blob.digest);
+            let url = with_query(&s.location, "digest", blob.digest.as_str());
             let req = Req::new(Method::PUT, url.clone())
                 .header("content-type", "application/octet-stream")
                 .body(body(0, blob.size));
@@ -1016,7 +1015,7 @@ impl Pusher<'_> {
             };
             s.offset = next;
         }
-        let url = with_query(&s.location, "digest", &blob.digest);
+        let url = with_query(&s.location, "digest", blob.digest.as_str());
         let resp = self
             .client
             .attempt(&Req::new(Method::PUT, url.clone()), scopes)
@@ -1065,7 +1064,7 @@ impl Pusher<'_> {
         &self,
         bytes: &[u8],
         media_type: &str,
-        digest: &str,
+        digest: &Digest,
         reference: &str,
     ) -> Result<Resp> {
         let url = self
@@ -1078,7 +1077,7 @@ impl Pusher<'_> {
         match resp.status().as_u16() {
             201 => {
                 if let Some(got) = header(&resp, "docker-content-digest") {
-                    if got != digest {
+                    if got != digest.as_str() {
                         return Err(Error::DigestMismatch {
                             what: format!("manifest {reference} stored by the registry"),
                             expected: digest.to_string(),
@@ -1095,22 +1094,21 @@ impl Pusher<'_> {
 
     /// Make `artifact` findable as a referrer of `subject`: through the referrers API when the
     /// registry has one, else through the fallback tag `sha256-<hex>` index.
-    fn attach_referrer(&self, subject: &str, artifact: &ManifestItem) -> Result<String> {
+    fn attach_referrer(&self, subject: &Digest, artifact: &ManifestItem) -> Result<String> {
         let url = self
             .client
             .url(&format!("{}/referrers/{subject}", self.repo));
-        let req = Req::new(Method::GET, url).header("accept", media::OCI_INDEX);
+        let req = Req::new(Method::GET, url).header("accept", media::INDEX);
         let resp = self.client.send(&req, &self.scopes(None))?;
-        let is_index =
-            header(&resp, "content-type").is_some_and(|c| c.starts_with(media::OCI_INDEX));
+        let is_index = header(&resp, "content-type").is_some_and(|c| c.starts_with(media::INDEX));
         if resp.status().as_u16() == 200 && is_index {
             return Ok("referrers-api".into());
         }
-        let tag = warmup::fallback_tag(subject);
+        let tag = warmup::fallback_tag(subject.as_str());
         let existing = self.get_manifest_bytes(&tag)?;
         let desc = warmup::referrer_descriptor(&artifact.bytes, &artifact.digest)?;
         if let Some((bytes, digest)) = warmup::merge_fallback(existing.as_deref(), desc)? {
-            self.put_manifest_raw(&bytes, media::OCI_INDEX, &digest, &tag)?;
+            self.put_manifest_raw(&bytes, media::INDEX, &digest, &tag)?;
         }
         Ok(format!("fallback-tag:{tag}"))
     }

@@ -1,7 +1,7 @@
 //! Image references: `REGISTRY[:PORT]/REPO[:TAG][@sha256:HEX]`. Pure parsing, no I/O.
 
 use super::{Error, Result};
-use crate::oci::hex_of;
+use crate::oci::Digest;
 
 /// A parsed image reference. `registry` is the host (and port) the client connects to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,7 +9,7 @@ pub struct Reference {
     pub registry: String,
     pub repository: String,
     pub tag: Option<String>,
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
 }
 
 const DOCKER_HUB: &str = "registry-1.docker.io";
@@ -23,14 +23,14 @@ impl Reference {
             reason: reason.to_string(),
         };
         let (rest, digest) = match reference.split_once('@') {
-            Some((rest, d)) => {
-                if hex_of(d).is_none() {
+            Some((rest, d)) => match Digest::parse(d) {
+                Ok(d) => (rest, Some(d)),
+                Err(_) => {
                     return Err(bad(
                         "the digest must be sha256: followed by 64 lowercase hex digits",
-                    ));
+                    ))
                 }
-                (rest, Some(d.to_string()))
-            }
+            },
             None => (reference, None),
         };
         // A tag follows the last `:` after the last `/` (a `:` before it is a port).
@@ -75,7 +75,8 @@ impl Reference {
     /// one, else the tag, else `latest`.
     pub fn manifest_ref(&self) -> &str {
         self.digest
-            .as_deref()
+            .as_ref()
+            .map(Digest::as_str)
             .or(self.tag.as_deref())
             .unwrap_or("latest")
     }
@@ -132,9 +133,14 @@ mod tests {
     use super::*;
 
     fn check(input: &str, expected: Option<(&str, &str, Option<&str>, Option<&str>)>) {
-        let got = Reference::parse(input)
-            .ok()
-            .map(|r| (r.registry, r.repository, r.tag, r.digest));
+        let got = Reference::parse(input).ok().map(|r| {
+            (
+                r.registry,
+                r.repository,
+                r.tag,
+                r.digest.map(|d| d.to_string()),
+            )
+        });
         let expected = expected.map(|(a, b, c, d)| {
             (
                 a.to_string(),

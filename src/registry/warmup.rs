@@ -19,10 +19,11 @@ use serde_json::{json, Value};
 use ureq::http::Method;
 
 use super::client::{header, status_error, Client, ClientOptions, Req};
-use super::layout::{Descriptor, Layout, Manifest};
+use super::layout::Layout;
 use super::reference::Reference;
-use super::{media, Error, Result, EMPTY_JSON};
-use crate::oci::hex_of;
+use super::{media, parse_document, Error, Result};
+use crate::oci::image::{Descriptor, Document, Manifest};
+use crate::oci::Digest;
 
 /// Where the runtime configuration lives in an image.
 pub const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
@@ -37,9 +38,9 @@ const MAX_SCAN_LAYER: u64 = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct WarmupArtifact {
     pub payload: Vec<u8>,
-    pub payload_digest: String,
+    pub payload_digest: Digest,
     pub manifest: Vec<u8>,
-    pub manifest_digest: String,
+    pub manifest_digest: Digest,
     /// Fields left out because the image does not carry them.
     pub missing: Vec<String>,
 }
@@ -49,7 +50,7 @@ pub fn for_image(
     layout: &Layout,
     desc: &Descriptor,
     manifest_bytes: &[u8],
-    m: &Manifest,
+    m: &Document,
 ) -> Result<WarmupArtifact> {
     let config: Value = match &m.config {
         Some(c) => serde_json::from_slice(&layout.read_small(c)?).unwrap_or(Value::Null),
@@ -63,7 +64,7 @@ pub fn for_image(
 pub fn build(
     desc: &Descriptor,
     manifest_bytes: &[u8],
-    m: &Manifest,
+    m: &Document,
     config: &Value,
     runtime_toml: Option<&str>,
 ) -> WarmupArtifact {
@@ -125,7 +126,16 @@ pub fn build(
         "missing": missing,
     });
     let payload = crate::oci::cjson::value_to_vec(&doc);
-    let annotations = json!({"org.opencontainers.image.title": "warm-up manifest", "dev.infer-build.warmup.subject": desc.digest});
+    let annotations = BTreeMap::from([
+        (
+            crate::oci::annotation::TITLE.to_string(),
+            "warm-up manifest".to_string(),
+        ),
+        (
+            "dev.infer-build.warmup.subject".to_string(),
+            desc.digest.to_string(),
+        ),
+    ]);
     artifact(
         desc,
         media::WARMUP_ARTIFACT,
@@ -136,30 +146,28 @@ pub fn build(
     )
 }
 
-/// Pure: an OCI 1.1 artifact manifest attached to the image `subject`: `artifactType`, the
-/// empty config, one layer holding `payload` (of `layer_media_type`) and `annotations`. The
-/// warm-up manifest and the SBOM are both made here.
+/// Pure: the OCI 1.1 artifact manifest ([`Manifest::artifact`]) attached to the image
+/// `subject`, whose one layer holds `payload` (of `layer_media_type`). The warm-up manifest
+/// and the SBOM are both pushed through here.
 pub fn artifact(
     subject: &Descriptor,
     artifact_type: &str,
     layer_media_type: &str,
     payload: Vec<u8>,
-    annotations: Value,
+    annotations: BTreeMap<String, String>,
     missing: Vec<String>,
 ) -> WarmupArtifact {
-    let payload_digest = crate::oci::Digest::of(&payload).to_string();
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": media::OCI_MANIFEST,
-        "artifactType": artifact_type,
-        "config": {"mediaType": media::OCI_EMPTY, "digest": crate::oci::Digest::of(EMPTY_JSON).to_string(), "size": EMPTY_JSON.len(), "data": "e30="},
-        "layers": [{"mediaType": layer_media_type, "digest": payload_digest, "size": payload.len()}],
-        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
-        "annotations": annotations,
-    });
-    let manifest = crate::oci::cjson::value_to_vec(&manifest);
+    let payload_digest = Digest::of(&payload);
+    let layer = Descriptor::new(
+        layer_media_type,
+        payload_digest.clone(),
+        payload.len() as u64,
+    );
+    let manifest = Manifest::artifact(subject, artifact_type, layer, annotations);
+    // Plain strings and numbers in a struct of our own: serializing cannot fail.
+    let manifest = crate::oci::image::encode("artifact manifest", &manifest).unwrap_or_default();
     WarmupArtifact {
-        manifest_digest: crate::oci::Digest::of(&manifest).to_string(),
+        manifest_digest: Digest::of(&manifest),
         payload,
         payload_digest,
         manifest,
@@ -263,7 +271,7 @@ fn node_selector(
 }
 
 /// Look for `runtime.toml` in the image's small layers, top layer first.
-fn find_runtime_config(layout: &Layout, m: &Manifest) -> Result<Option<String>> {
+fn find_runtime_config(layout: &Layout, m: &Document) -> Result<Option<String>> {
     for layer in m.layers.iter().rev() {
         if layer.size > MAX_SCAN_LAYER {
             continue;
@@ -271,12 +279,8 @@ fn find_runtime_config(layout: &Layout, m: &Manifest) -> Result<Option<String>> 
         if crate::oci::unpack::Encoding::of(&layer.media_type).is_none() {
             continue;
         }
-        let digest = crate::oci::Digest::parse(&layer.digest).map_err(|e| Error::Layout {
-            path: layout.root.clone(),
-            reason: e.to_string(),
-        })?;
         let reader =
-            crate::oci::unpack::open(layout.store(), &digest, layer.size, &layer.media_type)
+            crate::oci::unpack::open(layout.store(), &layer.digest, layer.size, &layer.media_type)
                 .map_err(|e| Error::Layout {
                     path: layout.root.clone(),
                     reason: e.to_string(),
@@ -322,24 +326,16 @@ pub fn fallback_tag(digest: &str) -> String {
 
 /// The descriptor of an artifact manifest as it appears in a referrers list: `artifactType`
 /// and annotations copied from the manifest.
-pub fn referrer_descriptor(manifest: &[u8], digest: &str) -> Result<Descriptor> {
-    let m = Manifest::parse(manifest, digest)?;
-    let artifact_type = m
-        .artifact_type
-        .clone()
-        .or_else(|| m.config.as_ref().map(|c| c.media_type.clone()));
-    Ok(Descriptor {
-        media_type: m
-            .media_type
-            .clone()
-            .unwrap_or_else(|| media::OCI_MANIFEST.into()),
-        digest: digest.to_string(),
-        size: manifest.len() as u64,
-        artifact_type,
-        platform: None,
-        annotations: m.annotations,
-        extra: BTreeMap::new(),
-    })
+pub fn referrer_descriptor(manifest: &[u8], digest: &Digest) -> Result<Descriptor> {
+    let m = parse_document(manifest, digest.as_str())?;
+    let mut desc = Descriptor::new(
+        m.media_type.as_deref().unwrap_or(media::MANIFEST),
+        digest.clone(),
+        manifest.len() as u64,
+    );
+    desc.artifact_type = m.artifact_type.or_else(|| m.config.map(|c| c.media_type));
+    desc.annotations = m.annotations;
+    Ok(desc)
 }
 
 /// Add `desc` to the fallback index `existing` (or a new one). `None` when it is already
@@ -348,13 +344,13 @@ pub fn referrer_descriptor(manifest: &[u8], digest: &str) -> Result<Descriptor> 
 pub fn merge_fallback(
     existing: Option<&[u8]>,
     desc: Descriptor,
-) -> Result<Option<(Vec<u8>, String)>> {
+) -> Result<Option<(Vec<u8>, Digest)>> {
     let mut index: Value = match existing {
         Some(b) => serde_json::from_slice(b).map_err(|e| Error::Protocol {
             what: "referrers fallback index".into(),
             reason: format!("not JSON: {e}"),
         })?,
-        None => json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": []}),
+        None => json!({"schemaVersion": 2, "mediaType": media::INDEX, "manifests": []}),
     };
     let list = index
         .get_mut("manifests")
@@ -380,14 +376,14 @@ pub fn merge_fallback(
         d(a).cmp(&d(b))
     });
     let bytes = crate::oci::cjson::value_to_vec(&index);
-    let digest = crate::oci::Digest::of(&bytes).to_string();
+    let digest = Digest::of(&bytes);
     Ok(Some((bytes, digest)))
 }
 
 /// One thing attached to a manifest.
 #[derive(Debug, Clone, Serialize)]
 pub struct Referrer {
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
     pub artifact_type: Option<String>,
     pub size: u64,
@@ -398,7 +394,7 @@ pub struct Referrer {
 
 /// What is attached to `reference` (a tag is resolved to its digest first): the referrers
 /// API when the registry has it, else the `sha256-<hex>` fallback tag.
-pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String, Vec<Referrer>)> {
+pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(Digest, Vec<Referrer>)> {
     let client = Client::connect(&reference.registry, opts.clone())?;
     let scopes = vec![format!("repository:{}:pull", reference.repository)];
     let digest = match &reference.digest {
@@ -413,8 +409,7 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
             let resp = client.send(&req, &scopes)?;
             match resp.status().as_u16() {
                 200 => header(&resp, "docker-content-digest")
-                    .filter(|d| hex_of(d).is_some())
-                    .map(str::to_string)
+                    .and_then(|d| Digest::parse(d).ok())
                     .ok_or_else(|| Error::Protocol {
                         what: format!("HEAD {url}"),
                         reason: "no Docker-Content-Digest header".into(),
@@ -437,13 +432,13 @@ pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(String,
 pub(crate) fn referrers_with(
     client: &Client,
     reference: &Reference,
-    digest: &str,
+    digest: &Digest,
 ) -> Result<Vec<Referrer>> {
     let scopes = vec![format!("repository:{}:pull", reference.repository)];
     let url = client.url(&format!("{}/referrers/{digest}", reference.repository));
-    let req = Req::new(Method::GET, url).header("accept", media::OCI_INDEX);
+    let req = Req::new(Method::GET, url).header("accept", media::INDEX);
     let mut resp = client.send(&req, &scopes)?;
-    let is_index = header(&resp, "content-type").is_some_and(|c| c.starts_with(media::OCI_INDEX));
+    let is_index = header(&resp, "content-type").is_some_and(|c| c.starts_with(media::INDEX));
     let (bytes, source) = if resp.status().as_u16() == 200 && is_index {
         (
             resp.body_mut()
@@ -454,9 +449,9 @@ pub(crate) fn referrers_with(
             "referrers-api",
         )
     } else {
-        let tag = fallback_tag(digest);
+        let tag = fallback_tag(digest.as_str());
         let url = client.url(&format!("{}/manifests/{tag}", reference.repository));
-        let req = Req::new(Method::GET, url.clone()).header("accept", media::OCI_INDEX);
+        let req = Req::new(Method::GET, url.clone()).header("accept", media::INDEX);
         let mut resp = client.send(&req, &scopes)?;
         match resp.status().as_u16() {
             200 => (
@@ -475,7 +470,7 @@ pub(crate) fn referrers_with(
             s => return Err(status_error(&Method::GET, &url, s, resp)),
         }
     };
-    let index = Manifest::parse(&bytes, "referrers index")?;
+    let index = parse_document(&bytes, "referrers index")?;
     let list = index
         .manifests
         .into_iter()
@@ -496,15 +491,9 @@ mod tests {
     use super::*;
 
     fn desc(digest: &str) -> Descriptor {
-        Descriptor {
-            media_type: media::OCI_MANIFEST.into(),
-            digest: digest.into(),
-            size: 10,
-            artifact_type: Some(media::WARMUP_ARTIFACT.into()),
-            platform: None,
-            annotations: BTreeMap::new(),
-            extra: BTreeMap::new(),
-        }
+        let mut d = Descriptor::new(media::MANIFEST, Digest::parse(digest).unwrap(), 10);
+        d.artifact_type = Some(media::WARMUP_ARTIFACT.into());
+        d
     }
 
     #[test]
@@ -538,7 +527,7 @@ mod tests {
     #[test]
     fn warmup_document() {
         let image = desc(&format!("sha256:{}", "c".repeat(64)));
-        let mut m = Manifest::default();
+        let mut m = Document::default();
         m.annotations
             .insert("dev.infer-build.sm".into(), "89".into());
         m.annotations
@@ -570,7 +559,7 @@ mod tests {
         assert_eq!(man["subject"]["digest"], json!(image.digest));
         assert_eq!(
             man["config"]["digest"],
-            json!(crate::oci::Digest::of(b"{}").to_string())
+            json!(Digest::of(b"{}").to_string())
         );
         assert_eq!(man["artifactType"], json!(media::WARMUP_ARTIFACT));
         // Deterministic.
@@ -579,7 +568,7 @@ mod tests {
             w.manifest_digest
         );
         // Without timings or runtime config, says so.
-        let bare = build(&image, b"x", &Manifest::default(), &json!({}), None);
+        let bare = build(&image, b"x", &Document::default(), &json!({}), None);
         let doc: Value = serde_json::from_slice(&bare.payload).unwrap();
         assert_eq!(doc["startup_timings_ms"], Value::Null);
         assert_eq!(bare.missing.len(), 3);

@@ -69,11 +69,7 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
     TargetSpec {
         id: "cpu-fp32".into(),
         tag: "1.0.0-cpu-fp32".into(),
-        platform: Platform {
-            architecture: "amd64".into(),
-            os: "linux".into(),
-            variant: None,
-        },
+        platform: Platform::new("linux", "amd64"),
         gpu: false,
         base: None,
         runtime_libs: vec![],

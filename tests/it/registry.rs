@@ -690,14 +690,15 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     let pulled = registry::pull_with(&reference, &dest, &pull_opts).unwrap();
     // The tag names an index; the amd64 manifest is what gets pinned.
     assert_eq!(
-        pulled.index_digest.as_deref(),
+        pulled.index_digest.as_ref().map(|d| d.as_str()),
         Some(made.index_digest.as_str())
     );
     assert_eq!(pulled.digest, made.targets[0].1);
     assert_eq!(
         registry::lock::lookup(&lock, &reference)
             .unwrap()
-            .as_deref(),
+            .as_ref()
+            .map(|d| d.as_str()),
         Some(made.targets[0].1.as_str())
     );
     for d in &made.blobs {
@@ -731,7 +732,8 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     assert_eq!(
         registry::lock::lookup(&lock, &reference)
             .unwrap()
-            .as_deref(),
+            .as_ref()
+            .map(|d| d.as_str()),
         Some(moved.targets[0].1.as_str())
     );
 }

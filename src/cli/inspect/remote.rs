@@ -46,15 +46,7 @@ fn print_human(image: &RemoteImage) {
         let platform = m
             .platform
             .as_ref()
-            .map(|p| {
-                format!(
-                    "{}/{}",
-                    p.get("os").and_then(|v| v.as_str()).unwrap_or("?"),
-                    p.get("architecture")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("?")
-                )
-            })
+            .map(|p| format!("{}/{}", p.os, p.architecture))
             .unwrap_or_default();
         let target = m
             .annotations

@@ -240,21 +240,8 @@ fn bench_report_renders_in_headless_chromium() {
     }
 }
 
-const SYNTHETIC: &str = r#"[model]
-name = "synth"
-version = "1"
-
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 4]
-
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 4]
-
-[batching]
+/// The tables after the synthetic model's inputs and outputs ([`support::synthetic_runtime_config`]).
+const SYNTHETIC_TAIL: &str = r#"[batching]
 max_batch_size = 8
 max_queue_delay_us = 0
 max_queue_size = 1024
@@ -280,7 +267,7 @@ port = 8000
 fn bench_tune_on_the_known_cost_model() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("runtime.toml");
-    std::fs::write(&cfg, SYNTHETIC).unwrap();
+    std::fs::write(&cfg, support::synthetic_runtime_config(SYNTHETIC_TAIL)).unwrap();
     let csv = dir.path().join("tune.csv");
     let html = dir.path().join("tune.html");
     let out = support::infer_build()

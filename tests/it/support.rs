@@ -384,7 +384,19 @@ impl Drop for Server {
 /// runtime's own fixture (`crates/infer-serve/testdata/mlp.runtime.toml`): its model, inputs and
 /// outputs, followed by `tail` (the test's batching, engine and server tables).
 pub fn mlp_runtime_config(tail: &str) -> String {
-    let path = root().join("crates/infer-serve/testdata/mlp.runtime.toml");
+    head_with("mlp.runtime.toml", tail)
+}
+
+/// The runtime's synthetic test model (`crates/infer-serve/testdata/synthetic.runtime.toml`,
+/// model `synthetic`, served by a binary built with the `synthetic` feature): its model, inputs
+/// and outputs, followed by `tail`.
+pub fn synthetic_runtime_config(tail: &str) -> String {
+    head_with("synthetic.runtime.toml", tail)
+}
+
+/// The tables of the runtime's fixture `name` before `[batching]`, then `tail`.
+fn head_with(name: &str, tail: &str) -> String {
+    let path = root().join("crates/infer-serve/testdata").join(name);
     let fixture = std::fs::read_to_string(&path).unwrap();
     let head = &fixture[..fixture
         .find("[batching]")

@@ -49,7 +49,17 @@ mod support {
     /// The example MLP as the runtime's fixture (`testdata/mlp.runtime.toml`) describes it: its
     /// model, inputs and outputs, followed by `tail` (the test's own tables).
     pub fn mlp_runtime_config(tail: &str) -> String {
-        let fixture = include_str!("../testdata/mlp.runtime.toml");
+        head_with(include_str!("../testdata/mlp.runtime.toml"), tail)
+    }
+
+    /// The synthetic test model (`testdata/synthetic.runtime.toml`, model `synthetic`): its
+    /// model, inputs and outputs, followed by `tail`.
+    pub fn synthetic_runtime_config(tail: &str) -> String {
+        head_with(include_str!("../testdata/synthetic.runtime.toml"), tail)
+    }
+
+    /// A fixture's tables before `[batching]`, then `tail`.
+    fn head_with(fixture: &str, tail: &str) -> String {
         let head = &fixture[..fixture
             .find("[batching]")
             .expect("the fixture has [batching]")];
@@ -90,21 +100,11 @@ exit_timeout_s = 10
 max_body_bytes = 1048576
 "#;
 
-/// A synthetic engine: each batch sleeps `base_ms` (+0 per row), one row of 4 FP32 in and out.
+/// The synthetic model (`testdata/synthetic.runtime.toml`): each batch sleeps `base_ms` (+0
+/// per row), one row of 4 FP32 in and out.
 fn synthetic(base_ms: u32, max_batch: u32, queue: u32, drain_s: u32) -> String {
-    format!(
-        r#"
-[model]
-name = "syn"
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 4]
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 4]
-[batching]
+    support::synthetic_runtime_config(&format!(
+        r#"[batching]
 max_batch_size = {max_batch}
 max_queue_size = {queue}
 instances = 1
@@ -119,7 +119,7 @@ port = 0
 drain_delay_s = {drain_s}
 exit_timeout_s = 10
 "#
-    )
+    ))
 }
 
 fn mlp_template() -> String {
@@ -586,7 +586,7 @@ fn grpc_drain_survives_a_late_stream() {
 /// `Connection: close`.
 fn keep_alive_request(s: &mut TcpStream, addr: &str, body: &[u8]) -> std::io::Result<(u16, bool)> {
     let head = format!(
-        "POST /v2/models/syn/infer HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n",
+        "POST /v2/models/synthetic/infer HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;
@@ -881,7 +881,7 @@ fn serve_overload_gives_503_with_retry_after() {
                 http(
                     &addr,
                     "POST",
-                    "/v2/models/syn/infer",
+                    "/v2/models/synthetic/infer",
                     &[],
                     f32_json(1, 4, i as f32).as_bytes(),
                 )
@@ -908,7 +908,7 @@ fn serve_overload_gives_503_with_retry_after() {
         "{\"inputs\"",
         "{\"parameters\":{\"timeout\":20000},\"inputs\"",
     );
-    let r = s.post("/v2/models/syn/infer", &[], body.as_bytes());
+    let r = s.post("/v2/models/synthetic/infer", &[], body.as_bytes());
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.json()["error"], "request timeout expired");
@@ -936,7 +936,7 @@ fn serve_drops_queued_requests_of_clients_that_went_away() {
         http(
             &addr,
             "POST",
-            "/v2/models/syn/infer",
+            "/v2/models/synthetic/infer",
             &[],
             f32_json(1, 4, 1.0).as_bytes(),
         )
@@ -947,7 +947,7 @@ fn serve_drops_queued_requests_of_clients_that_went_away() {
     let mut b = TcpStream::connect(&s.addr).unwrap();
     write!(
         b,
-        "POST /v2/models/syn/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v2/models/synthetic/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -988,7 +988,7 @@ fn serve_sigterm_drains_then_exits_zero() {
                     match try_http(
                         &addr,
                         "POST",
-                        "/v2/models/syn/infer",
+                        "/v2/models/synthetic/infer",
                         &[],
                         f32_json(1, 4, i as f32).as_bytes(),
                     ) {

@@ -769,6 +769,24 @@ kind = "tract-onnx"
 path = "mlp.onnx"
 "#;
 
+    /// The runtime's fixtures are whole configurations too, not only heads for tests' tables.
+    #[test]
+    fn the_runtime_fixtures_parse_whole() {
+        for (name, text) in [
+            (
+                "mlp",
+                include_str!("../../infer-serve/testdata/mlp.runtime.toml"),
+            ),
+            (
+                "synthetic",
+                include_str!("../../infer-serve/testdata/synthetic.runtime.toml"),
+            ),
+        ] {
+            let c = RuntimeConfig::from_toml_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.model.name, name);
+        }
+    }
+
     fn check(src: &str, expected: Result<(), &[&str]>) {
         match (RuntimeConfig::from_toml_str(src), expected) {
             (Ok(_), Ok(())) => {}

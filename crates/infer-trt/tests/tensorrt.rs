@@ -344,19 +344,15 @@ fn serving_a_tensorrt_engine_without_a_driver_exits_1_naming_it() {
     let d = work("serve");
     // A stand-in plan: the start-up check fails before any plan is read.
     std::fs::write(d.join("engine.plan"), b"not a plan").unwrap();
+    // The synthetic test model's inputs and outputs, on a TensorRT engine.
+    let fixture = include_str!("../../infer-serve/testdata/synthetic.runtime.toml");
+    let head = &fixture[..fixture
+        .find("[batching]")
+        .expect("the fixture has [batching]")];
     std::fs::write(
         d.join("runtime.toml"),
-        r#"
-[model]
-name = "gpu"
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 4]
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [-1, 4]
+        head.to_string()
+            + r#"
 [engine]
 kind = "tensorrt"
 path = "engine.plan"

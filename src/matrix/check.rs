@@ -75,7 +75,7 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
     for l in &m.libraries {
         let what = format!("library {} {} ({})", l.name, l.version, l.platform);
         check_sources(&mut out, &l.origin, &what, &l.source);
-        if !crate::plan::lock::is_digest(&format!("sha256:{}", l.sha256)) {
+        if !crate::oci::digest::is_sha256_hex(&l.sha256) {
             out.push(problem(
                 &l.origin,
                 "sha256",

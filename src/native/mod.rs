@@ -172,12 +172,8 @@ pub fn record(path: &Path, row: &RuntimeLibrary, only: bool) -> Result<()> {
         path: path.into(),
         why,
     };
-    let mut lock = crate::plan::lock::read(path)
-        .map_err(|e| err(e.to_string()))?
-        .unwrap_or_default();
-    lock.set_library(locked(row), only);
-    crate::oci::dir::write_atomic(path, crate::plan::lock::render(&lock).as_bytes())?;
-    Ok(())
+    crate::plan::lock::update(path, |lock| lock.set_library(locked(row), only))
+        .map_err(|e| err(e.to_string()))
 }
 
 /// The library of `row` in the cache at `cache`, downloading and extracting it when missing.
@@ -275,7 +271,7 @@ fn from_index(
         let Some(hex) = doc["members"][member]["sha256"].as_str() else {
             return Ok(None);
         };
-        if !crate::plan::lock::is_digest(&format!("sha256:{hex}")) {
+        if !crate::oci::digest::is_sha256_hex(hex) {
             return Ok(None);
         }
         match files.stat(hex)? {

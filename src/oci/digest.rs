@@ -45,7 +45,12 @@ impl Digest {
 /// check matters: digests become file names in layouts and path segments in URLs.
 pub fn hex_of(digest: &str) -> Option<&str> {
     let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
+    is_sha256_hex(hex).then_some(hex)
+}
+
+/// True for 64 lowercase hex digits: a sha256 as wheels' and libraries' pins write it.
+pub fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A typed digest equals the same text read from elsewhere (a header, a report, a test).

@@ -19,9 +19,10 @@
 //! sha256 = "…"
 //! ```
 //!
-//! The plan reads it ([`parse`]/[`read`]); the registry step writes it after pulling
-//! ([`Lock::set`] then [`render`]). [`render`] is canonical (sorted by reference, fixed layout),
-//! so writing an unchanged lock rewrites identical bytes.
+//! The plan reads it ([`parse`]/[`read`]); pulling a base and fetching a native library pin
+//! what they resolved through [`update`], the one writer of lock files (atomic and durable,
+//! through [`crate::oci::write_atomic`]). [`render`] is canonical (sorted by reference, fixed
+//! layout), so writing an unchanged lock rewrites identical bytes.
 
 use std::path::{Path, PathBuf};
 
@@ -59,9 +60,15 @@ pub struct LockedImage {
     pub digest: String,
 }
 
-/// Errors reading a lock file.
+/// Errors reading or writing a lock file.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
+    #[error("cannot write lock file {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot read lock file {}", path.display())]
     Read {
         path: PathBuf,
@@ -92,12 +99,22 @@ pub fn path_for(recipe: &Path) -> PathBuf {
     recipe.with_extension("lock")
 }
 
-/// True for `sha256:` followed by 64 lowercase hex digits.
-pub fn is_digest(s: &str) -> bool {
-    s.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+impl LockError {
+    /// True when the user can fix this by changing the lock file (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, LockError::Invalid { .. })
+    }
+}
+
+/// Read the lock file at `path` (an empty lock when there is none), change it with `change`
+/// and write it back in canonical text, atomically and durably, keeping every entry `change`
+/// leaves alone.
+pub fn update(path: &Path, change: impl FnOnce(&mut Lock)) -> Result<(), LockError> {
+    let mut lock = read(path)?.unwrap_or_default();
+    change(&mut lock);
+    crate::oci::write_atomic(path, render(&lock).as_bytes()).map_err(|e| LockError::Write {
+        path: path.to_path_buf(),
+        source: e.into_io(),
     })
 }
 
@@ -189,7 +206,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
     for s in raw.image {
         let at = s.span().start;
         let img = s.into_inner();
-        if !is_digest(&img.digest) {
+        if crate::oci::hex_of(&img.digest).is_none() {
             return Err(invalid(
                 at,
                 format!(
@@ -209,7 +226,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
     for s in raw.library {
         let at = s.span().start;
         let lib = s.into_inner();
-        if !is_digest(&format!("sha256:{}", lib.sha256)) {
+        if !crate::oci::digest::is_sha256_hex(&lib.sha256) {
             return Err(invalid(
                 at,
                 format!(

@@ -63,10 +63,8 @@ impl Error {
         match self {
             Error::Recipe(e) => e.is_bad_input(),
             Error::Matrix(e) => e.is_bad_input(),
-            Error::Lock(lock::LockError::Read { .. }) => false,
-            Error::Lock(lock::LockError::Invalid { .. })
-            | Error::Refused { .. }
-            | Error::UnknownTarget { .. } => true,
+            Error::Lock(e) => e.is_bad_input(),
+            Error::Refused { .. } | Error::UnknownTarget { .. } => true,
         }
     }
 

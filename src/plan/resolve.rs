@@ -232,7 +232,7 @@ pub fn resolve(
     if let Some(b) = base_override {
         let (reference, digest) = split_digest(&b.value);
         if let Some(d) = digest {
-            if !lock::is_digest(d) {
+            if crate::oci::hex_of(d).is_none() {
                 refusals.push(diag(file, b, Refusal {
                     rule: "base-digest",
                     message: format!("base image digest \"{d}\" is not sha256: followed by 64 lowercase hex digits"),

@@ -6,13 +6,18 @@ use std::path::Path;
 
 use crate::plan::lock as plan_lock;
 
-use super::{layout::write_atomic, Error, Result};
+use super::{Error, Result};
 use crate::oci::Digest;
 
+/// A lock file that does not parse is bad input; one that cannot be read or written, I/O.
 fn lock_error(path: &Path, e: plan_lock::LockError) -> Error {
-    Error::Lock {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
+    match e {
+        plan_lock::LockError::Read { path, source }
+        | plan_lock::LockError::Write { path, source } => Error::io(path, source),
+        e => Error::Lock {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -30,11 +35,8 @@ pub fn lookup(path: &Path, reference: &str) -> Result<Option<Digest>> {
 
 /// Pin `reference` to `digest`, keeping every other entry.
 pub fn record(path: &Path, reference: &str, digest: &Digest) -> Result<()> {
-    let mut lock = plan_lock::read(path)
-        .map_err(|e| lock_error(path, e))?
-        .unwrap_or_default();
-    lock.set(reference, digest.as_str());
-    write_atomic(path, plan_lock::render(&lock).as_bytes())
+    plan_lock::update(path, |lock| lock.set(reference, digest.as_str()))
+        .map_err(|e| lock_error(path, e))
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ pub fn run(args: SlimArgs) -> Result<(), Error> {
         eprintln!("building slim base {} into {}", def.name, out.display());
     }
     let built = image::build(&def, &base.layout, &builder.layout, &out, &opts)?;
-    let manifest = image::read_layout(&out, Some(&built.manifest_digest))?.manifest;
+    let manifest = image::read_layout(&out, Some(built.manifest_digest.as_str()))?.manifest;
     let ann = |k: &str| {
         manifest
             .pointer(&format!("/annotations/{}", k.replace('/', "~1")))

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::assemble::{paths, BuildReport, ImageMeta, Payload, TargetSpec};
+use crate::oci::Digest;
 
 /// The workspace lock file, as infer-build was compiled with.
 pub const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
@@ -199,37 +200,29 @@ fn file_info(
     })
 }
 
-/// The base image recorded in a built manifest's annotations.
-fn base_of(layout: &Path, digest: &crate::oci::Digest) -> Result<Option<spdx::BaseInfo>, Error> {
+/// The base image recorded in a built manifest's annotations, read through the layout's blob
+/// store (verified against its digest, bounded, no link followed).
+fn base_of(layout: &Path, digest: &Digest) -> Result<Option<spdx::BaseInfo>, Error> {
     let bad = |why: String| Error::Manifest {
         layout: layout.to_path_buf(),
         digest: digest.to_string(),
         why,
     };
-    let path = layout.join("blobs/sha256").join(digest.hex());
-    let bytes = std::fs::read(&path).map_err(|source| Error::Io {
-        what: "read",
-        path,
-        source,
-    })?;
-    let m: Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let ann = |k: &str| {
-        m.pointer(&format!(
-            "/annotations/{}",
-            k.replace('~', "~0").replace('/', "~1")
-        ))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    };
-    Ok(
-        match (
-            ann(crate::oci::annotation::BASE_NAME),
-            ann(crate::oci::annotation::BASE_DIGEST),
-        ) {
-            (Some(name), Some(digest)) => Some(spdx::BaseInfo { name, digest }),
-            _ => None,
+    let store = crate::oci::store::BlobStore::open(layout).map_err(Error::Oci)?;
+    let bytes = store.read(digest).map_err(Error::Oci)?;
+    let m: crate::oci::image::Manifest =
+        crate::oci::image::decode("manifest", &bytes).map_err(|e| bad(e.to_string()))?;
+    let ann = |k: &str| m.annotations.get(k).cloned();
+    match (
+        ann(crate::oci::annotation::BASE_NAME),
+        ann(crate::oci::annotation::BASE_DIGEST),
+    ) {
+        (Some(name), Some(base)) => match Digest::parse(&base) {
+            Ok(digest) => Ok(Some(spdx::BaseInfo { name, digest })),
+            Err(e) => Err(bad(format!("its base image annotation: {e}"))),
         },
-    )
+        _ => Ok(None),
+    }
 }
 
 /// The SBOM input of one built target (reads and hashes its files).
@@ -288,7 +281,7 @@ pub fn input_for(
             target: spec.id.clone(),
             repository: meta.repository.clone(),
             tag: spec.tag.clone(),
-            manifest_digest: report.manifest_digest.to_string(),
+            manifest_digest: report.manifest_digest.clone(),
             os: spec.platform.os.clone(),
             architecture: spec.platform.architecture.clone(),
         },
@@ -333,7 +326,7 @@ pub fn write_for_build(
         out.push(Written {
             target: t.id.clone(),
             path,
-            digest: crate::oci::Digest::of(&bytes).to_string(),
+            digest: Digest::of(&bytes),
         });
     }
     Ok(out)
@@ -344,7 +337,7 @@ pub fn write_for_build(
 pub struct Written {
     pub target: String,
     pub path: PathBuf,
-    pub digest: String,
+    pub digest: Digest,
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::lock::Crate;
+use crate::oci::Digest;
 
 /// The SPDXID of the image package; [`super::described_image`] looks for it.
 pub const IMAGE_ID: &str = "SPDXRef-Image";
@@ -40,8 +41,8 @@ pub struct ImageInfo {
     /// `registry.example.com/ml/resnet50`; may be empty.
     pub repository: String,
     pub tag: String,
-    /// `sha256:<hex>` of the image manifest.
-    pub manifest_digest: String,
+    /// The image manifest's digest.
+    pub manifest_digest: Digest,
     pub os: String,
     pub architecture: String,
 }
@@ -61,7 +62,7 @@ pub struct FileInfo {
 #[derive(Debug, Clone)]
 pub struct BaseInfo {
     pub name: String,
-    pub digest: String,
+    pub digest: Digest,
 }
 
 /// Everything one target's SBOM says.
@@ -99,11 +100,7 @@ fn id_part(s: &str) -> String {
         .collect()
 }
 
-fn hex_of(digest: &str) -> &str {
-    digest.strip_prefix("sha256:").unwrap_or(digest)
-}
-
-fn purl_oci(repository_or_name: &str, digest: &str, quals: &[(&str, &str)]) -> String {
+fn purl_oci(repository_or_name: &str, digest: &Digest, quals: &[(&str, &str)]) -> String {
     // The name is the last path segment, without tag or digest, lowercase.
     let last = repository_or_name
         .rsplit('/')
@@ -120,7 +117,7 @@ fn purl_oci(repository_or_name: &str, digest: &str, quals: &[(&str, &str)]) -> S
     let mut s = format!(
         "pkg:oci/{}@sha256%3A{}",
         if last.is_empty() { "image" } else { &last },
-        hex_of(digest)
+        digest.hex()
     );
     if !q.is_empty() {
         s.push('?');
@@ -205,7 +202,7 @@ pub fn render(input: &SbomInput) -> Value {
         Some(img.version.as_str()),
         "CONTAINER",
     );
-    p.insert("checksums".into(), sha256(hex_of(&img.manifest_digest)));
+    p.insert("checksums".into(), sha256(img.manifest_digest.hex()));
     let repo = if img.repository.is_empty() {
         img.model.as_str()
     } else {
@@ -315,7 +312,7 @@ pub fn render(input: &SbomInput) -> Value {
 
     if let Some(b) = &input.base {
         let mut p = package("SPDXRef-Base", &b.name, None, "CONTAINER");
-        p.insert("checksums".into(), sha256(hex_of(&b.digest)));
+        p.insert("checksums".into(), sha256(b.digest.hex()));
         p.insert(
             "externalRefs".into(),
             purl_ref(purl_oci(&b.name, &b.digest, &[])),
@@ -430,7 +427,7 @@ mod tests {
                 target: "cpu".into(),
                 repository: "localhost/infer-build/mlp".into(),
                 tag: "1.0.0-cpu".into(),
-                manifest_digest: format!("sha256:{}", "c".repeat(64)),
+                manifest_digest: Digest::parse(&format!("sha256:{}", "c".repeat(64))).unwrap(),
                 os: "linux".into(),
                 architecture: "amd64".into(),
             },
@@ -589,7 +586,7 @@ mod tests {
         ));
         i.base = Some(BaseInfo {
             name: "nvcr.io/nvidia/cuda:12.8.0-runtime-ubuntu24.04".into(),
-            digest: format!("sha256:{}", "2".repeat(64)),
+            digest: Digest::parse(&format!("sha256:{}", "2".repeat(64))).unwrap(),
         });
         let doc = render(&i);
         let rels = doc["relationships"].to_string();

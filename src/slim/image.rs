@@ -69,7 +69,7 @@ pub struct Layer {
 pub struct Image {
     pub layout: PathBuf,
     pub store: BlobStore,
-    pub manifest_digest: String,
+    pub manifest_digest: Digest,
     pub manifest: Value,
     pub config: Value,
     pub layers: Vec<Layer>,
@@ -105,7 +105,7 @@ pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
     Ok(Image {
         layout: dir.to_path_buf(),
         store,
-        manifest_digest: found.descriptor.digest.to_string(),
+        manifest_digest: found.descriptor.digest.clone(),
         manifest,
         config: found.config,
         layers,
@@ -468,7 +468,7 @@ pub struct BuildOptions {
 pub struct Built {
     /// The output layout and the digest of the slim image's manifest in it.
     pub layout: PathBuf,
-    pub manifest_digest: String,
+    pub manifest_digest: Digest,
     pub plan: SlimPlan,
     pub report: SizeReport,
 }
@@ -625,7 +625,7 @@ pub fn build(
     });
     let manifest_bytes = crate::oci::cjson::value_to_vec(&manifest);
     let digest = store.put(&manifest_bytes)?;
-    let manifest_digest = digest.as_str().to_string();
+    let manifest_digest = digest.clone();
     let mut desc =
         crate::oci::image::Descriptor::new(MANIFEST, digest, manifest_bytes.len() as u64);
     desc.annotations.insert(

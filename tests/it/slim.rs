@@ -369,7 +369,7 @@ fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (P
     )
     .unwrap_or_else(|e| panic!("slim build failed: {e}"));
 
-    let got = layer_entries(&out, &built.manifest_digest);
+    let got = layer_entries(&out, built.manifest_digest.as_str());
     let missing: Vec<_> = f.expected.difference(&got).collect();
     let extra: Vec<_> = got.difference(&f.expected).collect();
     assert!(
@@ -397,7 +397,7 @@ fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (P
     );
     assert!(r.builder_size > r.size && r.reduction > 1.0, "{r:?}");
     assert_eq!(
-        slim::image::size_report_of_layout(&out, Some(&built.manifest_digest))
+        slim::image::size_report_of_layout(&out, Some(built.manifest_digest.as_str()))
             .unwrap()
             .as_ref(),
         Some(r)
@@ -430,7 +430,7 @@ fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (P
         !rootfs.join("opt/app/lib/libold-plugin.so").exists(),
         "a whited-out file came back"
     );
-    (out, built.manifest_digest)
+    (out, built.manifest_digest.to_string())
 }
 
 #[test]

@@ -141,7 +141,7 @@ pub fn github_matrix(plan: &BuildPlan) -> String {
 fn pin_text(p: &ImagePin) -> String {
     match (&p.digest, p.pinned_by) {
         (_, PinnedBy::None) => p.reference.clone(),
-        (Some(d), _) => format!("{}@{}", p.reference, &d[..d.len().min(19)]),
+        (Some(d), _) => format!("{}@{}", p.reference, d.short()),
         (None, _) => format!("{} (digest: lock file, first pull)", p.reference),
     }
 }

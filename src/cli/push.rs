@@ -160,7 +160,7 @@ impl Bars {
                     .unwrap_or_else(|_| ProgressStyle::default_bar())
                     .progress_chars("=> "),
                 );
-                bar.set_message(short(digest.as_str()));
+                bar.set_message(digest.short().to_string());
                 bars.insert(digest.to_string(), bar);
             }
             Progress::BlobBytes { digest, bytes } => {
@@ -177,16 +177,13 @@ impl Bars {
                     BlobOutcome::Mounted => "mounted",
                     BlobOutcome::Skipped => "exists",
                 };
-                self.line(format!("{} {how} ({size} bytes)", short(digest.as_str())));
+                self.line(format!("{} {how} ({size} bytes)", digest.short()));
             }
             Progress::Retry { what, reason } => {
                 self.line(format!("retrying {what}: {reason}"));
             }
             Progress::Resumed { digest, offset } => {
-                self.line(format!(
-                    "{} resumed at byte {offset}",
-                    short(digest.as_str())
-                ));
+                self.line(format!("{} resumed at byte {offset}", digest.short()));
             }
             Progress::Manifest {
                 reference, written, ..
@@ -204,8 +201,4 @@ impl Bars {
         }
         let _ = self.multi.clear();
     }
-}
-
-fn short(digest: &str) -> String {
-    digest.chars().take(19).collect()
 }

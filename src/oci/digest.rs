@@ -39,6 +39,11 @@ impl Digest {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// `sha256:` and the first 12 hex digits, as people read digests in logs and tables.
+    pub fn short(&self) -> &str {
+        &self.0[..19]
+    }
 }
 
 /// The hex part of a `sha256:<64 lowercase hex>` digest, or `None` when it is not one. The

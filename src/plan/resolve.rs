@@ -17,6 +17,7 @@ use crate::recipe::{self, CpuEngine, Diagnostic, HardwareCompatibility, Located,
 
 use super::lock::{self, Lock};
 use super::types::*;
+use crate::oci::Digest;
 
 /// A refusal before it is placed in the recipe: the rule's name, the message and the way out.
 struct Refusal {
@@ -90,16 +91,19 @@ fn pin_image(reference: &str, row_digest: Option<&str>, lock: Option<&Lock>) -> 
             pinned_by: PinnedBy::None,
         };
     }
-    if let Some(d) = row_digest {
+    // The matrix check and the lock parser refuse malformed digests before a plan is made.
+    if let Some(d) = row_digest.and_then(|d| Digest::parse(d).ok()) {
         return ImagePin {
             reference: reference.into(),
-            digest: Some(d.into()),
+            digest: Some(d),
             pinned_by: PinnedBy::Matrix,
         };
     }
     ImagePin {
         reference: reference.into(),
-        digest: lock.and_then(|l| l.digest(reference)).map(String::from),
+        digest: lock
+            .and_then(|l| l.digest(reference))
+            .and_then(|d| Digest::parse(d).ok()),
         pinned_by: PinnedBy::Lock,
     }
 }
@@ -282,9 +286,10 @@ pub fn resolve(
             Some(b) => {
                 let (reference, digest) = split_digest(&b.value);
                 match digest {
+                    // A malformed digest was refused above: the plan is not made.
                     Some(d) => ImagePin {
                         reference: reference.into(),
-                        digest: Some(d.into()),
+                        digest: Digest::parse(d).ok(),
                         pinned_by: PinnedBy::Recipe,
                     },
                     None => pin_image(
@@ -329,7 +334,7 @@ pub fn resolve(
     if let Some(b) = base_override {
         if let (_, Some(d)) = split_digest(&b.value) {
             for t in targets.iter_mut().filter(|t| t.kind == TargetKind::Gpu) {
-                t.base.digest = Some(d.into());
+                t.base.digest = Digest::parse(d).ok();
                 t.base.pinned_by = PinnedBy::Recipe;
             }
         }

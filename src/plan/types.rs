@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use crate::oci::Digest;
 use serde::Serialize;
 
 use crate::matrix::{
@@ -226,8 +227,8 @@ pub struct CudnnPlan {
 pub struct ImagePin {
     /// `docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04`, or `scratch`.
     pub reference: String,
-    /// `sha256:…` when known; `None` until the first pull records it in the lock file.
-    pub digest: Option<String>,
+    /// The digest when known; `None` until the first pull records it in the lock file.
+    pub digest: Option<Digest>,
     pub pinned_by: PinnedBy,
 }
 

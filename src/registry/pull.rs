@@ -481,7 +481,7 @@ mod tests {
     fn pin(reference: &str, digest: Option<&str>, by: PinnedBy) -> ImagePin {
         ImagePin {
             reference: reference.into(),
-            digest: digest.map(String::from),
+            digest: digest.map(|d| Digest::parse(d).unwrap()),
             pinned_by: by,
         }
     }

@@ -494,12 +494,15 @@ fn grpc_infer_headers(authority: &str) -> Vec<u8> {
     h
 }
 
-/// A length-prefixed ModelInferRequest for `syn`: input `x`, FP32 [1, 4], raw contents.
+/// A length-prefixed ModelInferRequest for `synthetic`: input `x`, FP32 [1, 4], raw contents.
 fn grpc_infer_message() -> Vec<u8> {
     let mut input = vec![0x0a, 1, b'x', 0x12, 4];
     input.extend_from_slice(b"FP32");
     input.extend_from_slice(&[0x1a, 2, 1, 4]);
-    let mut msg = vec![0x0a, 3, b's', b'y', b'n', 0x2a, input.len() as u8];
+    const MODEL: &[u8] = b"synthetic";
+    let mut msg = vec![0x0a, MODEL.len() as u8];
+    msg.extend_from_slice(MODEL);
+    msg.extend_from_slice(&[0x2a, input.len() as u8]);
     msg.extend_from_slice(&input);
     msg.extend_from_slice(&[0x3a, 16]);
     msg.extend_from_slice(&[0; 16]);
@@ -913,11 +916,11 @@ fn serve_overload_gives_503_with_retry_after() {
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.json()["error"], "request timeout expired");
     let m = s.get("/metrics").text();
-    assert!(metric(&m, "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"queue_full\"}") >= 1.0);
+    assert!(metric(&m, "infer_serve_rejected_requests_total{model=\"synthetic\",version=\"1\",reason=\"queue_full\"}") >= 1.0);
     assert!(
         metric(
             &m,
-            "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"timeout\"}"
+            "infer_serve_rejected_requests_total{model=\"synthetic\",version=\"1\",reason=\"timeout\"}"
         ) >= 1.0
     );
 }
@@ -928,7 +931,12 @@ fn serve_overload_gives_503_with_retry_after() {
 fn serve_drops_queued_requests_of_clients_that_went_away() {
     // One instance, 300 ms per batch, one row per batch.
     let s = Server::ready(&synthetic(300, 1, 8, 0));
-    let exec = |m: &str| metric(m, "nv_inference_exec_count{model=\"syn\",version=\"1\"}");
+    let exec = |m: &str| {
+        metric(
+            m,
+            "nv_inference_exec_count{model=\"synthetic\",version=\"1\"}",
+        )
+    };
     let before = exec(&s.get("/metrics").text());
     let addr = s.addr.clone();
     // A occupies the only instance for 300 ms.
@@ -966,7 +974,7 @@ fn serve_drops_queued_requests_of_clients_that_went_away() {
     assert_eq!(
         metric(
             &m,
-            "infer_serve_rejected_requests_total{model=\"syn\",version=\"1\",reason=\"cancelled\"}"
+            "infer_serve_rejected_requests_total{model=\"synthetic\",version=\"1\",reason=\"cancelled\"}"
         ),
         1.0,
         "{m}"

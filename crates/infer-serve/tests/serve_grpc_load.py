@@ -41,7 +41,7 @@ def work(i):
     while not gone.is_set() and time.monotonic() < end:
         after = draining.is_set()
         try:
-            r = client.infer("syn", [inp], client_timeout=10)
+            r = client.infer("synthetic", [inp], client_timeout=10)
             assert r.as_numpy("y").shape == (1, 4)
             with lock:
                 counts["ok"] += 1

@@ -1,8 +1,8 @@
 //! The registry's view of an OCI image layout, in the one image model ([`crate::oci::image`])
 //! over the one layout reader, [`crate::oci::store::BlobStore`]: every read (`index.json`,
 //! manifests, configs, blob checks) goes through it, so links are refused, sizes and digests
-//! checked and documents capped as for every other layout. Pulls add blobs and `index.json` entries here; the image-assembly module
-//! owns the real layout writer.
+//! checked and documents capped as for every other layout. Pulls add blobs and `index.json`
+//! entries here; the image-assembly module owns the real layout writer.
 
 use std::path::{Path, PathBuf};
 

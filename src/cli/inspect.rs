@@ -91,9 +91,7 @@ pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
             .fold(img.manifest.config.size, |t, l| t.saturating_add(l.size));
         grand = grand.saturating_add(total);
         // A slim base, or an image built on one, carries its size report in annotations.
-        let slim = serde_json::to_value(&img.manifest)
-            .ok()
-            .and_then(|m| crate::slim::image::report_from_manifest(&m))
+        let slim = crate::slim::image::report_from_manifest(&img.manifest)
             .and_then(|r| serde_json::to_value(r).ok())
             .unwrap_or(Value::Null);
         let c = img.config.get("config").cloned().unwrap_or(Value::Null);

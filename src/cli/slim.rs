@@ -170,13 +170,7 @@ pub fn run(args: SlimArgs) -> Result<(), Error> {
     }
     let built = image::build(&def, &base.layout, &builder.layout, &out, &opts)?;
     let manifest = image::read_layout(&out, Some(built.manifest_digest.as_str()))?.manifest;
-    let ann = |k: &str| {
-        manifest
-            .pointer(&format!("/annotations/{}", k.replace('/', "~1")))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
+    let ann = |k: &str| manifest.annotations.get(k).cloned().unwrap_or_default();
     let base_digest = ann("org.opencontainers.image.base.digest");
     let builder_digest = ann(&format!("{}builder", image::ANNOTATION))
         .rsplit_once('@')

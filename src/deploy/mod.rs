@@ -801,11 +801,10 @@ pub fn validate(spec: &DeploySpec) -> Result<(), Error> {
         ));
     }
     if let Some(d) = &spec.digest {
-        let ok = d
-            .strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !ok {
-            return bad(format!("image digest `{d}` is not sha256:<64 hex>"));
+        if crate::oci::hex_of(d).is_none() {
+            return bad(format!(
+                "image digest `{d}` is not sha256:<64 lowercase hex>"
+            ));
         }
     }
     Ok(())

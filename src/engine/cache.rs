@@ -117,26 +117,17 @@ impl Entry {
 
 /// `sha256:<hex>` of a file, streamed.
 pub fn digest_file(path: &Path) -> Result<String, Error> {
-    use sha2::{Digest, Sha256};
     // A regular file only: a directory or FIFO given as an engine path gets a message saying
     // so (instead of an error from the first read, or a read that never returns).
-    let (mut f, _) = crate::oci::dir::open_file(path).map_err(|e| Error::Io {
+    let (f, _) = crate::oci::dir::open_file(path).map_err(|e| Error::Io {
         path: path.to_path_buf(),
         source: e.into_io(),
     })?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buf).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    let (digest, _) = crate::oci::Digest::of_reader(f).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(digest.to_string())
 }
 
 /// An exclusive lock on a file, released on drop (or when the process dies).

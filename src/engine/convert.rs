@@ -232,9 +232,9 @@ pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, E
         evaluation: digest(&c.evaluation)?,
         inputs: sample_inputs(&spec.inputs),
     };
-    Ok(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
-        canonical_json(&m),
-    )))
+    Ok(crate::oci::Digest::of(&canonical_json(&m))
+        .hex()
+        .to_string())
 }
 
 /// Precisions infer-build converts to, with the reason for the others.

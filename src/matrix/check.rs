@@ -290,12 +290,7 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
     let mut glibc_defaults = 0;
     for i in &m.images {
         if let Some(d) = &i.digest {
-            let ok = d.strip_prefix("sha256:").is_some_and(|h| {
-                h.len() == 64
-                    && h.bytes()
-                        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-            });
-            if !ok {
+            if crate::oci::hex_of(d).is_none() {
                 out.push(problem(&i.origin, "digest", format!("image {}: digest \"{d}\" is not sha256: followed by 64 lowercase hex digits", i.reference)));
             }
             if i.digest_source.is_none() {

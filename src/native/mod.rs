@@ -28,8 +28,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use sha2::Digest as _;
-
 use crate::matrix::{Platform, RuntimeLibrary};
 use crate::oci::Dir;
 use crate::plan::lock::{Lock, LockedLibrary};
@@ -306,21 +304,10 @@ fn from_index(
 }
 
 /// sha256 (hex) and length of everything `r` yields.
-pub(crate) fn hash_reader(mut r: impl Read) -> Result<(String, u64)> {
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut n = 0u64;
-    loop {
-        let k = r
-            .read(&mut buf)
-            .map_err(|e| crate::oci::Error::io("read", PathBuf::from("library cache"))(e))?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
-    Ok((hex::encode(h.finalize()), n))
+pub(crate) fn hash_reader(r: impl Read) -> Result<(String, u64)> {
+    let (digest, n) = crate::oci::Digest::of_reader(r)
+        .map_err(|e| crate::oci::Error::io("read", PathBuf::from("library cache"))(e))?;
+    Ok((digest.hex().to_string(), n))
 }
 
 /// Copy `r` into a new temp file in `tmp` (at most `limit` bytes), hashing it; returns the temp
@@ -334,16 +321,14 @@ pub(crate) fn spool(
 ) -> std::result::Result<(String, String, u64), (Option<String>, String)> {
     let (name, mut f) = tmp.create_temp(prefix).map_err(|e| (None, e.to_string()))?;
     let fail = |why: String| (Some(name.clone()), why);
-    let mut h = sha2::Sha256::new();
+    let mut h = crate::oci::digest::Hasher::new();
     let mut buf = vec![0u8; 1 << 16];
-    let mut n = 0u64;
     loop {
         let k = r.read(&mut buf).map_err(|e| fail(e.to_string()))?;
         if k == 0 {
             break;
         }
-        n += k as u64;
-        if n > limit {
+        if h.count() + k as u64 > limit {
             return Err(fail(format!("more than {limit} bytes")));
         }
         h.update(&buf[..k]);
@@ -351,7 +336,8 @@ pub(crate) fn spool(
         progress(k as u64);
     }
     f.sync_all().map_err(|e| fail(e.to_string()))?;
-    Ok((name, hex::encode(h.finalize()), n))
+    let (digest, n) = h.finish();
+    Ok((name, digest.hex().to_string(), n))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ fn wheel_bytes(lib: &[u8]) -> Vec<u8> {
 }
 
 fn sha(b: &[u8]) -> String {
-    hex::encode(sha2::Sha256::digest(b))
+    crate::oci::Digest::of(b).hex().to_string()
 }
 
 /// What the loopback server answers, per request, in order (the last one repeats).

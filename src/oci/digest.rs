@@ -1,6 +1,7 @@
 //! sha256 content digests (`sha256:<64 lowercase hex>`), the only algorithm infer-build writes.
 
 use std::fmt;
+use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest as _, Sha256};
@@ -14,12 +15,23 @@ pub struct Digest(String);
 impl Digest {
     /// The digest of `bytes`.
     pub fn of(bytes: &[u8]) -> Digest {
-        Digest::from_hasher(Sha256::new_with_prefix(bytes))
+        let mut h = Hasher::new();
+        h.update(bytes);
+        h.digest()
     }
 
-    /// The digest a finished hasher holds.
-    pub fn from_hasher(h: Sha256) -> Digest {
-        Digest(format!("sha256:{}", hex::encode(h.finalize())))
+    /// The digest and length of everything `r` yields, read in 1 MiB pieces.
+    pub fn of_reader(mut r: impl Read) -> io::Result<(Digest, u64)> {
+        let mut h = Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return Ok(h.finish()),
+                Ok(n) => h.update(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Parse and validate `sha256:<64 lowercase hex>`.
@@ -46,6 +58,82 @@ impl Digest {
     }
 }
 
+/// A running sha256 and the number of bytes it has seen: the one streaming digest (layers,
+/// blobs, downloads, files), so every digest infer-build computes is formatted by [`Digest`].
+#[derive(Clone, Default)]
+pub struct Hasher {
+    h: Sha256,
+    count: u64,
+}
+
+impl Hasher {
+    pub fn new() -> Hasher {
+        Hasher::default()
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.h.update(bytes);
+        self.count += bytes.len() as u64;
+    }
+
+    /// The bytes seen so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The digest and the byte count.
+    pub fn finish(self) -> (Digest, u64) {
+        let n = self.count;
+        (self.digest(), n)
+    }
+
+    pub fn digest(self) -> Digest {
+        Digest(format!("sha256:{}", hex::encode(self.h.finalize())))
+    }
+}
+
+/// A writer that hashes and counts everything written through it into `inner` (a file, a
+/// compressor, or [`io::sink`] to only hash).
+pub struct HashWriter<W> {
+    inner: W,
+    hasher: Hasher,
+}
+
+impl<W> HashWriter<W> {
+    pub fn new(inner: W) -> HashWriter<W> {
+        HashWriter {
+            inner,
+            hasher: Hasher::new(),
+        }
+    }
+
+    /// The bytes written so far.
+    pub fn count(&self) -> u64 {
+        self.hasher.count()
+    }
+
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.inner
+    }
+
+    /// The writer, the digest of what was written through it and its length.
+    pub fn into_parts(self) -> (W, Digest, u64) {
+        let (d, n) = self.hasher.finish();
+        (self.inner, d, n)
+    }
+}
+
+impl<W: Write> Write for HashWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The hex part of a `sha256:<64 lowercase hex>` digest, or `None` when it is not one. The
 /// check matters: digests become file names in layouts and path segments in URLs.
 pub fn hex_of(digest: &str) -> Option<&str> {
@@ -54,9 +142,7 @@ pub fn hex_of(digest: &str) -> Option<&str> {
 }
 
 /// True for 64 lowercase hex digits: a sha256 as wheels' and libraries' pins write it.
-pub fn is_sha256_hex(hex: &str) -> bool {
-    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+pub use infer_spec::engine::is_sha256_hex;
 
 /// A typed digest equals the same text read from elsewhere (a header, a report, a test).
 impl PartialEq<str> for Digest {
@@ -122,5 +208,22 @@ mod tests {
             assert_eq!(hex_of(bad), None, "{bad}");
             assert!(Digest::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn streaming_agrees_with_one_shot() {
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let whole = Digest::of(&bytes);
+        assert_eq!(
+            Digest::of_reader(&bytes[..]).unwrap(),
+            (whole.clone(), bytes.len() as u64)
+        );
+        let mut w = HashWriter::new(Vec::new());
+        for piece in bytes.chunks(77_777) {
+            w.write_all(piece).unwrap();
+        }
+        assert_eq!(w.count(), bytes.len() as u64);
+        let (inner, d, n) = w.into_parts();
+        assert_eq!((inner, d, n), (bytes.clone(), whole, bytes.len() as u64));
     }
 }

@@ -25,9 +25,9 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use super::compress::Encoder;
+use super::digest::{HashWriter, Hasher};
 use super::store::{BlobStore, LayerRecord};
 use super::tar::{self, Entry, Source};
 use super::{cjson, Compression, Digest, Error, LAYER_RECIPE};
@@ -151,14 +151,12 @@ pub fn hash_tar(
     mtime: u64,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(Digest, u64), Error> {
-    let mut h = Sha256::new();
-    let mut n = 0u64;
+    let mut h = Hasher::new();
     produce(entries, mtime, progress, &mut |c: Arc<Vec<u8>>| {
         h.update(&c[..]);
-        n += c.len() as u64;
         Ok(())
     })?;
-    Ok((Digest::from_hasher(h), n))
+    Ok(h.finish())
 }
 
 /// Write a layer blob in one pass (no cache lookup). `entries` must be canonical.
@@ -237,24 +235,6 @@ pub fn write_layer(
     })
 }
 
-struct HashWriter<W: Write> {
-    inner: W,
-    h: Sha256,
-    n: u64,
-}
-
-impl<W: Write> Write for HashWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let k = self.inner.write(buf)?;
-        self.h.update(&buf[..k]);
-        self.n += k as u64;
-        Ok(k)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 fn compress_thread(
     rx: Receiver<Arc<Vec<u8>>>,
     file: File,
@@ -262,11 +242,7 @@ fn compress_thread(
     workers: u32,
     path: &Path,
 ) -> Result<(Digest, u64, File), Error> {
-    let sink = HashWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        h: Sha256::new(),
-        n: 0,
-    };
+    let sink = HashWriter::new(BufWriter::with_capacity(1 << 20, file));
     let mut enc =
         Encoder::new(c, sink, workers).map_err(Error::io("start compressor for", path))?;
     for chunk in rx {
@@ -274,22 +250,21 @@ fn compress_thread(
     }
     let mut sink = enc.finish().map_err(Error::io("finish", path))?;
     sink.flush().map_err(Error::io("write", path))?;
-    let file = sink.inner.into_inner().map_err(|e| Error::Io {
+    let (buffered, digest, n) = sink.into_parts();
+    let file = buffered.into_inner().map_err(|e| Error::Io {
         op: "write",
         path: path.into(),
         source: e.into_error(),
     })?;
-    Ok((Digest::from_hasher(sink.h), sink.n, file))
+    Ok((digest, n, file))
 }
 
 fn hash_thread(rx: Receiver<Arc<Vec<u8>>>) -> Result<(Digest, u64), Error> {
-    let mut h = Sha256::new();
-    let mut n = 0u64;
+    let mut h = Hasher::new();
     for chunk in rx {
         h.update(&chunk[..]);
-        n += chunk.len() as u64;
     }
-    Ok((Digest::from_hasher(h), n))
+    Ok(h.finish())
 }
 
 /// Cuts the tar stream into fixed-size chunks and hands each full one to `emit`.

@@ -14,8 +14,8 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
+use super::digest::Hasher;
 use super::dir::{Dir, Kind};
 use super::{cjson, Digest, Error, MAX_DOCUMENT};
 
@@ -329,19 +329,18 @@ impl BlobStore {
         let p = self.blob_path(d);
         let f = self.open_blob(d, size)?;
         let mut r = BufReader::with_capacity(1 << 20, f.take(size));
-        let mut h = Sha256::new();
+        let mut h = Hasher::new();
         let mut buf = vec![0u8; 1 << 20];
-        let mut n = 0u64;
         loop {
             let k = r.read(&mut buf).map_err(Error::io("read", &p))?;
             if k == 0 {
                 break;
             }
             h.update(&buf[..k]);
-            n += k as u64;
             w.write_all(&buf[..k])
                 .map_err(Error::io("write blob", &p))?;
         }
+        let (actual, n) = h.finish();
         if n != size {
             return Err(Error::WrongSize {
                 layout: self.root.clone(),
@@ -350,7 +349,6 @@ impl BlobStore {
                 actual: n,
             });
         }
-        let actual = Digest::from_hasher(h);
         if &actual != d {
             return Err(Error::Corrupt {
                 layout: self.root.clone(),
@@ -408,12 +406,12 @@ impl BlobStore {
         media_type: &str,
         diff_id: &Digest,
     ) -> Result<(), Error> {
-        let mut key = Sha256::new();
+        let mut key = Hasher::new();
         key.update(b"diff_id\0");
-        key.update(d.to_string().as_bytes());
+        key.update(d.as_str().as_bytes());
         key.update(b"\0");
-        key.update(diff_id.to_string().as_bytes());
-        let key = format!("diff-id-{}", Digest::from_hasher(key).hex());
+        key.update(diff_id.as_str().as_bytes());
+        let key = format!("diff-id-{}", key.digest().hex());
         if let Some(c) = &self.cache {
             if matches!(c.stat(&key), Ok(Some(s)) if s.kind == Kind::File) {
                 return Ok(());
@@ -421,10 +419,8 @@ impl BlobStore {
         }
         // The blob itself was verified when it was imported into this store.
         let mut r = super::unpack::open_unverified(self, d, size, media_type)?;
-        let mut h = Sha256::new();
-        io::copy(&mut r, &mut HashWriter(&mut h))
-            .map_err(Error::io("decompress", self.blob_path(d)))?;
-        let actual = Digest::from_hasher(h);
+        let (actual, _) =
+            Digest::of_reader(&mut r).map_err(Error::io("decompress", self.blob_path(d)))?;
         if &actual != diff_id {
             return Err(Error::WrongDiffId {
                 layout: self.root.clone(),
@@ -469,18 +465,6 @@ impl BlobStore {
     /// [`MAX_DOCUMENT`] bytes.
     pub fn read_file(&self, name: &str) -> Result<Vec<u8>, Error> {
         self.top.read(name, MAX_DOCUMENT, name)
-    }
-}
-
-struct HashWriter<'a>(&'a mut Sha256);
-
-impl Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 

@@ -10,7 +10,6 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use sha2::Digest as _;
 use ureq::http::Method;
 
 use super::client::{header, status_error, Client, ClientOptions, Req};
@@ -410,7 +409,7 @@ fn fetch_blob(
             .map_err(|e| Error::io(dirs.tmp.path(), e.into_io()))?;
         // Removed on every way out but the rename into the blobs.
         let temp = TempName(&dirs.tmp, &tmp_name);
-        let mut hasher = sha2::Sha256::new();
+        let mut hasher = crate::oci::digest::Hasher::new();
         let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
@@ -448,7 +447,7 @@ fn fetch_blob(
                 source: Box::new(ureq::Error::Io(e)),
             });
         }
-        let actual = Digest::from_hasher(hasher);
+        let actual = hasher.digest();
         if actual != blob.digest || total != blob.size {
             return Err(Error::DigestMismatch {
                 what: format!("blob of {r} ({total} bytes, expected {})", blob.size),

@@ -372,12 +372,12 @@ fn sbom_artifact(
         Err(e) => return Err(Error::io(&path, e)),
     };
     let described = crate::sbom::described_image(&bytes);
-    if described.as_deref() != Some(desc.digest.as_str()) {
+    if described.as_ref() != Some(&desc.digest) {
         return Err(Error::Layout {
             path,
             reason: format!(
                 "this SBOM describes {}, not the layout's image {} for target `{target}`: rebuild the layout with `infer-build build`",
-                described.as_deref().unwrap_or("no image"),
+                described.as_ref().map_or("no image", Digest::as_str),
                 desc.digest
             ),
         });
@@ -460,9 +460,8 @@ fn open_blob(root: &Path, path: &Path, digest: &Digest, size: u64) -> Result<Fil
 
 /// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
 fn verify_blob(file: &File, path: &Path, root: &Path, digest: &Digest, size: u64) -> Result<()> {
-    use sha2::Digest as _;
     use std::os::unix::fs::FileExt as _;
-    let mut hasher = sha2::Sha256::new();
+    let mut hasher = crate::oci::digest::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut pos = 0u64;
     loop {
@@ -479,7 +478,7 @@ fn verify_blob(file: &File, path: &Path, root: &Path, digest: &Digest, size: u64
         hasher.update(&buf[..n]);
         pos += n as u64;
     }
-    let actual = Digest::from_hasher(hasher);
+    let actual = hasher.digest();
     if pos != size || &actual != digest {
         return Err(Error::Layout {
             path: root.to_path_buf(),

@@ -21,7 +21,6 @@ pub mod lock;
 pub mod spdx;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -97,8 +96,9 @@ pub fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
 }
 
 /// The image manifest digest an SBOM describes (`sha256:<hex>`): the SHA256 checksum of its
-/// `SPDXRef-Image` package. `None` when the bytes are not such a document.
-pub fn described_image(bytes: &[u8]) -> Option<String> {
+/// `SPDXRef-Image` package. `None` when the bytes are not such a document, or its checksum is
+/// not a sha256.
+pub fn described_image(bytes: &[u8]) -> Option<Digest> {
     let doc: Value = serde_json::from_slice(bytes).ok()?;
     let pkg = doc
         .get("packages")?
@@ -112,7 +112,7 @@ pub fn described_image(bytes: &[u8]) -> Option<String> {
         .find(|c| c.get("algorithm").and_then(Value::as_str) == Some("SHA256"))?
         .get("checksumValue")?
         .as_str()?;
-    Some(format!("sha256:{hex}"))
+    Digest::parse(&format!("sha256:{hex}")).ok()
 }
 
 /// The runtime's crates from the embedded lock file: `infer-serve` first.
@@ -125,25 +125,14 @@ pub fn runtime_crates() -> Result<Vec<lock::Crate>, Error> {
 }
 
 fn hash_file(path: &Path) -> Result<(String, u64), Error> {
-    use sha2::Digest as _;
     let io = |source| Error::Io {
         what: "hash",
         path: path.to_path_buf(),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((hex::encode(h.finalize()), size))
+    let f = std::fs::File::open(path).map_err(io)?;
+    let (digest, size) = crate::oci::Digest::of_reader(f).map_err(io)?;
+    Ok((digest.hex().to_string(), size))
 }
 
 /// The cache key of a file's digest: its canonical path and the layer cache's stat identity
@@ -169,7 +158,7 @@ fn hash_file_cached(path: &Path, cache: &Path) -> Result<(String, u64), Error> {
         if let Ok(text) = std::fs::read_to_string(cache.join(k)) {
             let mut it = text.split_whitespace();
             if let (Some(hex), Some(size)) = (it.next(), it.next().and_then(|n| n.parse().ok())) {
-                if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                if crate::oci::digest::is_sha256_hex(hex) {
                     return Ok((hex.to_string(), size));
                 }
             }
@@ -417,7 +406,7 @@ mod tests {
         ]});
         assert_eq!(
             described_image(doc.to_string().as_bytes()),
-            Some(format!("sha256:{hex}"))
+            Some(Digest::parse(&format!("sha256:{hex}")).unwrap())
         );
         assert_eq!(described_image(b"not json"), None);
         assert_eq!(described_image(b"{}"), None);

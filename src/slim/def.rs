@@ -180,12 +180,7 @@ impl Definition {
                 return Err(bad(format!("`{key}.digest` needs a `{key}.digest_source` naming the public source that gives it")));
             }
             if let Some(d) = &r.digest {
-                let hex = d.strip_prefix("sha256:").unwrap_or("");
-                if hex.len() != 64
-                    || !hex
-                        .bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                {
+                if crate::oci::hex_of(d).is_none() {
                     return Err(bad(format!(
                         "`{key}.digest` is `{d}`, expected sha256:<64 lowercase hex>"
                     )));

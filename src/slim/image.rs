@@ -10,7 +10,6 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use sha2::{Digest as _, Sha256};
 
 use super::closure::{self, CopyItem, SlimPlan, Spec};
 use super::def::{Definition, Needs};
@@ -18,6 +17,8 @@ use super::elf::ElfInfo;
 use super::report::{self, LayerSize, SizeReport};
 use super::tree::{self, File, Node, Source, Tree};
 use super::Error;
+use crate::oci::digest::HashWriter;
+use crate::oci::image::{Descriptor, Manifest};
 use crate::oci::store::BlobStore;
 use crate::oci::unpack::{self, LayerReader};
 use crate::oci::Digest;
@@ -54,25 +55,23 @@ fn layout_err(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
-/// One layer descriptor of an image.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layer {
-    pub digest: Digest,
-    pub media_type: String,
-    pub size: u64,
-    /// The descriptor as found (annotations and fields infer-build does not model kept).
-    pub descriptor: Value,
-}
-
 /// An image read from an OCI layout.
 #[derive(Clone, Debug)]
 pub struct Image {
     pub layout: PathBuf,
     pub store: BlobStore,
     pub manifest_digest: Digest,
-    pub manifest: Value,
+    pub manifest: Manifest,
+    /// The config as JSON: the slim image's config is the base's with a layer and an
+    /// environment added, every other field kept as found.
     pub config: Value,
-    pub layers: Vec<Layer>,
+}
+
+impl Image {
+    /// The layer descriptors, as found (fields infer-build does not model kept in `extra`).
+    pub fn layers(&self) -> &[Descriptor] {
+        &self.manifest.layers
+    }
 }
 
 /// Read the image `want` from the OCI layout at `dir` (see [`crate::oci::layout::select`]: a
@@ -81,64 +80,19 @@ pub struct Image {
 pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
     let store = BlobStore::open(dir)?;
     let found = crate::oci::layout::select(&store, want)?;
-    // The manifest's own JSON keeps what `oci::image::Manifest` does not model (layer `urls`,
-    // annotations), which the slim image carries over.
-    let manifest: Value = serde_json::from_slice(&found.manifest_bytes)
-        .map_err(|e| layout_err(dir, format!("manifest {}: {e}", found.descriptor.digest)))?;
-    let raw = manifest
-        .get("layers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let layers = found
-        .manifest
-        .layers
-        .iter()
-        .zip(raw)
-        .map(|(l, descriptor)| Layer {
-            digest: l.digest.clone(),
-            media_type: l.media_type.clone(),
-            size: l.size,
-            descriptor,
-        })
-        .collect();
     Ok(Image {
         layout: dir.to_path_buf(),
         store,
-        manifest_digest: found.descriptor.digest.clone(),
-        manifest,
+        manifest_digest: found.descriptor.digest,
+        manifest: found.manifest,
         config: found.config,
-        layers,
     })
-}
-
-fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str)
 }
 
 /// Open layer `i` of `img` as its uncompressed tar stream (the blob verified first).
 fn open_layer(img: &Image, i: usize) -> Result<LayerReader, Error> {
-    let l = &img.layers[i];
+    let l = &img.layers()[i];
     Ok(unpack::open(&img.store, &l.digest, l.size, &l.media_type)?)
-}
-
-/// Counts and hashes what is written through it.
-struct HashWriter<W> {
-    inner: W,
-    hash: Sha256,
-    count: u64,
-}
-
-impl<W: Write> Write for HashWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// A tar member name as text; not UTF-8 is an error naming the layer and showing the bytes.
@@ -170,7 +124,7 @@ enum Pending {
 pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
     let mut t = Tree::new();
     let mut sizes = Vec::new();
-    for i in 0..img.layers.len() {
+    for i in 0..img.layers().len() {
         let layer = open_layer(img, i)?;
         let path = layer.path().to_path_buf();
         let mut archive = tar::Archive::new(layer);
@@ -265,7 +219,7 @@ fn read_file(
             format!("/{p} has {declared} bytes, over the {INLINE_LIMIT}-byte limit for a loader configuration file"),
         ));
     }
-    let mut hash = Sha256::new();
+    let mut hash = crate::oci::digest::Hasher::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut kept: Vec<u8> = Vec::new();
     let mut size = 0u64;
@@ -285,7 +239,7 @@ fn read_file(
             }
         }
         hash.update(&buf[..n]);
-        size += n as u64;
+        size = hash.count();
         if (is_elf || inline) && size <= ELF_PARSE_LIMIT {
             kept.extend_from_slice(&buf[..n]);
         }
@@ -310,7 +264,7 @@ fn read_file(
     Ok(File {
         mode,
         size,
-        sha256: hex::encode(hash.finalize()),
+        sha256: hash.digest().hex().to_string(),
         elf,
         source,
     })
@@ -532,43 +486,29 @@ pub fn build(
     // One pass: tar → sha256 (diff_id) → gzip → sha256 (digest) → temp file → rename.
     let tmp = staging.path().join("layer.tar.gz");
     let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
-    let gz_out = HashWriter {
-        inner: io::BufWriter::new(file),
-        hash: Sha256::new(),
-        count: 0,
-    };
+    let gz_out = HashWriter::new(io::BufWriter::new(file));
     let gz = flate2::write::GzEncoder::new(gz_out, flate2::Compression::new(6));
-    let mut tar_out = HashWriter {
-        inner: gz,
-        hash: Sha256::new(),
-        count: 0,
-    };
+    let mut tar_out = HashWriter::new(gz);
     write_tar(&mut tar_out, &base_tree, &builder_tree, &plan, &staged)?;
-    let diff_id = format!("sha256:{}", hex::encode(tar_out.hash.finalize()));
-    let uncompressed = tar_out.count;
-    let mut gz_out = tar_out.inner.finish().map_err(io_err("compress", &tmp))?;
+    let (gz, diff_id, uncompressed) = tar_out.into_parts();
+    let mut gz_out = gz.finish().map_err(io_err("compress", &tmp))?;
     gz_out.flush().map_err(io_err("write", &tmp))?;
-    let HashWriter {
-        inner,
-        hash,
-        count: layer_size,
-    } = gz_out;
+    let (buffered, layer_digest, layer_size) = gz_out.into_parts();
     // Durable before it becomes visible under its digest.
-    let file = inner.into_inner().map_err(|e| Error::Io {
+    let file = buffered.into_inner().map_err(|e| Error::Io {
         op: "write",
         path: tmp.clone(),
         source: e.into_error(),
     })?;
     file.sync_all().map_err(io_err("sync", &tmp))?;
     drop(file);
-    let layer_digest = format!("sha256:{}", hex::encode(hash.finalize()));
     store.adopt(
         &crate::oci::Dir::open(staging.path())?,
         "layer.tar.gz",
-        &crate::oci::Digest::parse(&layer_digest)?,
+        &layer_digest,
     )?;
 
-    for l in &base.layers {
+    for l in base.layers() {
         store.import(&base.store, &l.digest, l.size, true)?;
     }
 
@@ -577,7 +517,7 @@ pub fn build(
         .pointer_mut("/rootfs/diff_ids")
         .and_then(Value::as_array_mut)
         .ok_or_else(|| layout_err(base_layout, "base config has no rootfs.diff_ids"))?;
-    diff_ids.push(Value::String(diff_id));
+    diff_ids.push(Value::String(diff_id.to_string()));
     if let Some(h) = config.get_mut("history").and_then(Value::as_array_mut) {
         h.push(json!({ "created_by": format!("infer-build slim {}", def.name), "comment": format!("files from {}", def.builder.reference) }));
     }
@@ -585,49 +525,79 @@ pub fn build(
         set_library_path(&mut config, &def.closure.search_dirs);
     }
     let config_bytes = crate::oci::cjson::value_to_vec(&config);
-    let config_digest = store.put(&config_bytes)?.as_str().to_string();
+    let config_digest = store.put(&config_bytes)?;
 
-    let mut layers: Vec<Value> = base
-        .layers
+    let mut layers: Vec<Descriptor> = base
+        .layers()
         .iter()
         .zip(&base_sizes)
         .map(|(l, size)| {
-            let mut d = l.descriptor.clone();
-            if let Some(obj) = d.as_object_mut() {
-                let ann = obj.entry("annotations").or_insert_with(|| json!({}));
-                ann[UNCOMPRESSED_SIZE] = Value::String(size.to_string());
-                ann[format!("{ANNOTATION}from")] = Value::String("base".into());
-            }
+            let mut d = l.clone();
+            d.annotations
+                .insert(UNCOMPRESSED_SIZE.into(), size.to_string());
+            d.annotations
+                .insert(format!("{ANNOTATION}from"), "base".into());
             d
         })
         .collect();
-    layers.push(json!({
-        "mediaType": LAYER_GZIP,
-        "digest": layer_digest,
-        "size": layer_size,
-        "annotations": { UNCOMPRESSED_SIZE: uncompressed.to_string(), format!("{ANNOTATION}from"): "slim" },
-    }));
+    let mut slim_layer = Descriptor::new(LAYER_GZIP, layer_digest, layer_size);
+    slim_layer.annotations = BTreeMap::from([
+        (UNCOMPRESSED_SIZE.to_string(), uncompressed.to_string()),
+        (format!("{ANNOTATION}from"), "slim".to_string()),
+    ]);
+    layers.push(slim_layer);
     let builder_layers = layer_sizes_of(&builder, &builder_sizes, "builder");
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST,
-        "config": { "mediaType": CONFIG, "digest": config_digest, "size": config_bytes.len() },
-        "layers": layers,
-        "annotations": {
-            "org.opencontainers.image.base.name": def.base.reference,
-            "org.opencontainers.image.base.digest": base.manifest_digest,
-            format!("{ANNOTATION}definition"): def.name,
-            format!("{ANNOTATION}builder"): format!("{}@{}", def.builder.reference, builder.manifest_digest),
-            format!("{ANNOTATION}builder-size"): builder_layers.iter().map(|l| l.size).sum::<u64>().to_string(),
-            format!("{ANNOTATION}builder-uncompressed-size"): builder_layers.iter().map(|l| l.uncompressed).sum::<u64>().to_string(),
-            format!("{ANNOTATION}excluded"): plan.excluded.iter().map(|e| e.name.clone()).collect::<Vec<_>>().join(","),
-        },
-    });
-    let manifest_bytes = crate::oci::cjson::value_to_vec(&manifest);
+    let manifest = Manifest {
+        schema_version: 2,
+        media_type: MANIFEST.into(),
+        artifact_type: None,
+        config: Descriptor::new(CONFIG, config_digest, config_bytes.len() as u64),
+        layers,
+        subject: None,
+        annotations: BTreeMap::from([
+            (
+                "org.opencontainers.image.base.name".to_string(),
+                def.base.reference.clone(),
+            ),
+            (
+                "org.opencontainers.image.base.digest".to_string(),
+                base.manifest_digest.to_string(),
+            ),
+            (format!("{ANNOTATION}definition"), def.name.clone()),
+            (
+                format!("{ANNOTATION}builder"),
+                format!("{}@{}", def.builder.reference, builder.manifest_digest),
+            ),
+            (
+                format!("{ANNOTATION}builder-size"),
+                builder_layers
+                    .iter()
+                    .map(|l| l.size)
+                    .sum::<u64>()
+                    .to_string(),
+            ),
+            (
+                format!("{ANNOTATION}builder-uncompressed-size"),
+                builder_layers
+                    .iter()
+                    .map(|l| l.uncompressed)
+                    .sum::<u64>()
+                    .to_string(),
+            ),
+            (
+                format!("{ANNOTATION}excluded"),
+                plan.excluded
+                    .iter()
+                    .map(|e| e.name.clone())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ]),
+    };
+    let manifest_bytes = crate::oci::image::encode("slim manifest", &manifest)?;
     let digest = store.put(&manifest_bytes)?;
     let manifest_digest = digest.clone();
-    let mut desc =
-        crate::oci::image::Descriptor::new(MANIFEST, digest, manifest_bytes.len() as u64);
+    let mut desc = Descriptor::new(MANIFEST, digest, manifest_bytes.len() as u64);
     desc.annotations.insert(
         crate::oci::annotation::REF_NAME.to_string(),
         def.name.clone(),
@@ -645,7 +615,7 @@ pub fn build(
 }
 
 fn layer_sizes_of(img: &Image, uncompressed: &[u64], from: &str) -> Vec<LayerSize> {
-    img.layers
+    img.layers()
         .iter()
         .zip(uncompressed)
         .map(|(l, u)| LayerSize {
@@ -660,36 +630,26 @@ fn layer_sizes_of(img: &Image, uncompressed: &[u64], from: &str) -> Vec<LayerSiz
 
 /// The size report recorded in a slim image's manifest (for `inspect` and the build summary).
 /// `None` when the manifest is not a slim image's.
-pub fn report_from_manifest(manifest: &Value) -> Option<SizeReport> {
-    let ann = |k: &str| -> Option<u64> {
-        manifest
-            .pointer(&format!("/annotations/{}", k.replace('/', "~1")))?
-            .as_str()?
-            .parse()
-            .ok()
-    };
+pub fn report_from_manifest(manifest: &Manifest) -> Option<SizeReport> {
+    let ann = |k: &str| -> Option<u64> { manifest.annotations.get(k)?.parse().ok() };
     let builder_size = ann(&format!("{ANNOTATION}builder-size"))?;
     let builder_uncompressed = ann(&format!("{ANNOTATION}builder-uncompressed-size"))?;
     let layers: Vec<LayerSize> = manifest
-        .get("layers")?
-        .as_array()?
+        .layers
         .iter()
         .map(|l| {
-            let a = l.get("annotations");
+            let a = &l.annotations;
             Some(LayerSize {
-                digest: str_field(l, "digest")?.to_string(),
-                media_type: str_field(l, "mediaType").unwrap_or("").to_string(),
-                size: l.get("size")?.as_u64()?,
-                uncompressed: a?.get(UNCOMPRESSED_SIZE)?.as_str()?.parse().ok()?,
+                digest: l.digest.to_string(),
+                media_type: l.media_type.clone(),
+                size: l.size,
+                uncompressed: a.get(UNCOMPRESSED_SIZE)?.parse().ok()?,
                 // Layers an image built on the slim base added on top: their role.
                 from: a
-                    .and_then(|a| {
-                        a.get(format!("{ANNOTATION}from"))
-                            .or_else(|| a.get(LAYER_ROLE))
-                    })
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                    .get(&format!("{ANNOTATION}from"))
+                    .or_else(|| a.get(LAYER_ROLE))
+                    .cloned()
+                    .unwrap_or_default(),
             })
         })
         .collect::<Option<_>>()?;
@@ -951,21 +911,28 @@ mod tests {
             "dev.infer-build.slim.definition": "t",
             "org.opencontainers.image.title": "other",
         });
-        let mut manifest = json!({
+        let mut manifest: Manifest = serde_json::from_value(json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": {"mediaType": CONFIG, "digest": d("f"), "size": 2},
             "layers": [
                 layer("a", 10, json!({UNCOMPRESSED_SIZE: "30", "dev.infer-build.slim.from": "base"})),
                 layer("b", 40, json!({UNCOMPRESSED_SIZE: "90", "dev.infer-build.slim.from": "slim"})),
             ],
             "annotations": slim_ann,
-        });
+        }))
+        .unwrap();
         let slim = report_from_manifest(&manifest).unwrap();
         assert_eq!((slim.size, slim.builder_size), (50, 1000));
         assert!(slim.render().contains("full builder image"));
-        manifest["layers"].as_array_mut().unwrap().push(layer(
-            "c",
-            50,
-            json!({UNCOMPRESSED_SIZE: "60", LAYER_ROLE: "model"}),
-        ));
+        manifest.layers.push(
+            serde_json::from_value(layer(
+                "c",
+                50,
+                json!({UNCOMPRESSED_SIZE: "60", LAYER_ROLE: "model"}),
+            ))
+            .unwrap(),
+        );
         let r = report_from_manifest(&manifest).unwrap();
         assert_eq!(r.layers[2].from, "model");
         assert_eq!((r.size, r.builder_size), (100, 1050));
@@ -977,11 +944,10 @@ mod tests {
             r.render()
         );
         // A layer without its uncompressed size: no report rather than a wrong one.
-        manifest["layers"][2]["annotations"] = json!({});
+        manifest.layers[2].annotations.clear();
         assert!(report_from_manifest(&manifest).is_none());
 
-        let ann: BTreeMap<String, String> =
-            serde_json::from_value(manifest["annotations"].clone()).unwrap();
+        let ann = manifest.annotations.clone();
         let kept = carried_annotations(&ann);
         assert_eq!(kept.len(), 3);
         assert!(!kept.contains_key("org.opencontainers.image.title"));
@@ -995,7 +961,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let m = layout(tmp.path(), &[layer(&[("f", "f:1")])]);
         let img = read_layout(tmp.path(), Some(&m)).unwrap();
-        let p = img.store.blob_path(&img.layers[0].digest);
+        let p = img.store.blob_path(&img.layers()[0].digest);
         // Same size, other bytes: caught by the digest.
         let mut bytes = fs::read(&p).unwrap();
         let last = bytes.len() - 1;

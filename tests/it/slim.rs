@@ -340,7 +340,7 @@ paths = ["/opt/app/bin/app", "/opt/app/lib/*.so"]
 /// Non-directory entries of the slim layer (the last layer of the image).
 fn layer_entries(layout: &Path, manifest_digest: &str) -> BTreeSet<String> {
     let img = slim::image::read_layout(layout, Some(manifest_digest)).unwrap();
-    let last = img.layers.last().unwrap();
+    let last = img.layers().last().unwrap();
     let mut archive = tar::Archive::new(
         infer_build::oci::unpack::open(&img.store, &last.digest, last.size, &last.media_type)
             .unwrap(),
@@ -891,8 +891,8 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
     let img = slim::image::read_layout(&slim_out, Some(&digest)).unwrap();
     let report = doc["report"].clone();
     let layers = report["layers"].as_array().unwrap();
-    assert_eq!(layers.len(), img.layers.len());
-    for (l, m) in layers.iter().zip(&img.layers) {
+    assert_eq!(layers.len(), img.layers().len());
+    for (l, m) in layers.iter().zip(img.layers()) {
         assert_eq!(l["digest"], m.digest.as_str());
         assert_eq!(l["size"], m.size);
         assert!(l["uncompressed"].as_u64().unwrap() > m.size, "{l}");
@@ -900,8 +900,8 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
     let froms: Vec<&str> = layers.iter().map(|l| l["from"].as_str().unwrap()).collect();
     assert_eq!(froms, ["base", "slim"]);
     let builder = slim::image::read_layout(&f.builder_layout, Some(&f.builder_digest)).unwrap();
-    let builder_size: u64 = builder.layers.iter().map(|l| l.size).sum();
-    let size: u64 = img.layers.iter().map(|l| l.size).sum();
+    let builder_size: u64 = builder.layers().iter().map(|l| l.size).sum();
+    let size: u64 = img.layers().iter().map(|l| l.size).sum();
     assert_eq!(report["builder_size"], builder_size);
     assert_eq!(report["size"], size);
     let reduction = report["reduction"].as_f64().unwrap();

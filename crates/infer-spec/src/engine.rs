@@ -177,6 +177,17 @@ pub enum HardwareCompat {
     SameComputeCapability,
 }
 
+/// As recipes write it: `none`, `ampere+`, `same-compute-capability`.
+impl fmt::Display for HardwareCompat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HardwareCompat::None => "none",
+            HardwareCompat::AmperePlus => "ampere+",
+            HardwareCompat::SameComputeCapability => "same-compute-capability",
+        })
+    }
+}
+
 impl HardwareCompat {
     /// The value `trtexec --hardwareCompatibilityLevel=` takes.
     pub fn trtexec_value(self) -> &'static str {
@@ -687,11 +698,13 @@ impl EngineMeta {
 }
 
 fn is_sha256_digest(s: &str) -> bool {
-    s.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    })
+    s.strip_prefix("sha256:").is_some_and(is_sha256_hex)
+}
+
+/// True for 64 lowercase hex digits: a sha256 as digests (`sha256:<hex>`), wheels' and
+/// libraries' pins write it. The one check, shared with the builder (`oci::digest`).
+pub fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A metadata document that cannot be used.

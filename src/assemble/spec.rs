@@ -147,7 +147,6 @@ pub fn runtime_config(
             ),
         });
     }
-    let b = &recipe.batching;
     let cfg = RuntimeConfig {
         model: ModelSection {
             name: recipe.model.name.clone(),
@@ -166,14 +165,7 @@ pub fn runtime_config(
             .iter()
             .map(tensor)
             .collect::<Result<_, _>>()?,
-        batching: infer_spec::Batching {
-            max_batch_size: b.max_batch_size,
-            preferred_batch_sizes: b.preferred_batch_sizes.clone(),
-            max_queue_delay_us: b.max_queue_delay_us,
-            max_queue_size: b.max_queue_size,
-            default_timeout_ms: b.default_timeout_ms,
-            instances: b.instances,
-        },
+        batching: recipe.batching.clone(),
         engine: EngineSection {
             kind,
             path: Some(engine_path.into()),

@@ -187,37 +187,35 @@ fn ports(runtime_toml: Option<&str>) -> Value {
 }
 
 /// The warm-up requests from `runtime.toml`: the model, its inputs and the batch sizes that
-/// warm-up runs (explicit `warmup.batch_sizes`, else preferred sizes and powers of two up to
-/// `batching.max_batch_size`, as the runtime does).
+/// warm-up runs, by the runtime's own rule ([`infer_spec::Warmup::sizes`]). The file is read
+/// loosely (only the keys used here), so an image from another version still gets a manifest.
 fn warmup_requests(text: &str) -> std::result::Result<Value, String> {
     let v: toml::Value =
         toml::from_str(text).map_err(|e| format!("not valid TOML: {}", e.message()))?;
     let v = serde_json::to_value(v).map_err(|e| e.to_string())?;
-    let sizes: Vec<u64> = match v.pointer("/warmup/batch_sizes").and_then(Value::as_array) {
-        Some(list) => list.iter().filter_map(Value::as_u64).collect(),
-        None => {
-            let max = v
-                .pointer("/batching/max_batch_size")
-                .and_then(Value::as_u64)
-                .unwrap_or(1)
-                .max(1);
-            let mut s: Vec<u64> = v
-                .pointer("/batching/preferred_batch_sizes")
-                .and_then(Value::as_array)
-                .map(|l| l.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default();
-            let mut p = 1;
-            while p <= max {
-                s.push(p);
-                p *= 2;
-            }
-            s.retain(|&x| x >= 1 && x <= max);
-            s
-        }
+    let u32s = |ptr: &str| -> Option<Vec<u32>> {
+        let list = v.pointer(ptr)?.as_array()?;
+        Some(
+            list.iter()
+                .filter_map(|x| u32::try_from(x.as_u64()?).ok())
+                .collect(),
+        )
     };
-    let mut sizes = sizes;
-    sizes.sort_unstable();
-    sizes.dedup();
+    let batching = infer_spec::Batching {
+        max_batch_size: v
+            .pointer("/batching/max_batch_size")
+            .and_then(Value::as_u64)
+            .and_then(|m| u32::try_from(m).ok())
+            .unwrap_or(1)
+            .max(1),
+        preferred_batch_sizes: u32s("/batching/preferred_batch_sizes").unwrap_or_default(),
+        ..infer_spec::Batching::default()
+    };
+    let warmup = infer_spec::Warmup {
+        batch_sizes: u32s("/warmup/batch_sizes"),
+        samples: None,
+    };
+    let sizes = warmup.sizes(&batching);
     Ok(json!({
         "model": v.get("model").cloned().unwrap_or(Value::Null),
         "inputs": v.get("inputs").cloned().unwrap_or(Value::Null),
@@ -542,7 +540,7 @@ mod tests {
         let runtime = "[model]\nname = \"mlp\"\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n[batching]\nmax_batch_size = 8\npreferred_batch_sizes = [6]\n";
         let w = build(&image, b"0123456789", &m, &config, Some(runtime));
         let doc: Value = serde_json::from_slice(&w.payload).unwrap();
-        assert_eq!(doc["requests"]["batch_sizes"], json!([1, 2, 4, 6, 8]));
+        assert_eq!(doc["requests"]["batch_sizes"], json!([1, 6, 8]));
         assert_eq!(doc["requests"]["model"]["name"], json!("mlp"));
         assert_eq!(doc["startup_timings_ms"]["engine-load-ms"], json!(812.0));
         assert_eq!(

@@ -263,6 +263,18 @@ impl Batching {
             set.into_iter().collect()
         }
     }
+
+    /// The batch sizes warm-up runs when none are named: 1, every preferred size and
+    /// `max_batch_size`, ascending (the sizes the batcher aims for, and both ends of the range).
+    /// The one default: the recipe, the runtime and the warm-up manifest all use it.
+    pub fn default_warmup_sizes(&self) -> Vec<u32> {
+        let mut set: BTreeSet<u32> = self.preferred_batch_sizes.iter().copied().collect();
+        set.insert(1);
+        set.insert(self.max_batch_size);
+        set.into_iter()
+            .filter(|&s| (1..=self.max_batch_size.max(1)).contains(&s))
+            .collect()
+    }
 }
 
 /// Which engine runs batches.
@@ -352,8 +364,8 @@ pub struct Synthetic {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Warmup {
-    /// Batch sizes to run; absent means preferred sizes ∪ powers of two ≤ `max_batch_size`.
-    /// An empty list turns warm-up off.
+    /// Batch sizes to run; absent means [`Batching::default_warmup_sizes`] (1, the preferred
+    /// sizes and `max_batch_size`). An empty list turns warm-up off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_sizes: Option<Vec<u32>>,
     /// Sample requests warm-up sends (`infer_spec::samples`: one V2 JSON request or an array
@@ -647,26 +659,24 @@ impl RuntimeConfig {
         }
     }
 
-    /// The batch sizes warm-up runs, ascending: `warmup.batch_sizes` when given, else the
-    /// preferred sizes ∪ powers of two ≤ `max_batch_size`.
+    /// The batch sizes warm-up runs, ascending and without repeats: `warmup.batch_sizes` when
+    /// given, else [`Batching::default_warmup_sizes`].
     pub fn warmup_batch_sizes(&self) -> Vec<u32> {
-        let mut set = BTreeSet::new();
-        match &self.warmup.batch_sizes {
-            Some(sizes) => set.extend(sizes.iter().copied()),
-            None => {
-                let max = self.batching.max_batch_size;
-                set.extend(self.batching.preferred());
-                let mut p = 1u32;
-                while p <= max {
-                    set.insert(p);
-                    p = match p.checked_mul(2) {
-                        Some(n) => n,
-                        None => break,
-                    };
-                }
+        self.warmup.sizes(&self.batching)
+    }
+}
+
+impl Warmup {
+    /// The batch sizes this warm-up runs under `batching`, ascending and without repeats:
+    /// `batch_sizes` when given (an empty list: none), else the batcher's default.
+    pub fn sizes(&self, batching: &Batching) -> Vec<u32> {
+        match &self.batch_sizes {
+            Some(sizes) => {
+                let set: BTreeSet<u32> = sizes.iter().copied().filter(|&s| s >= 1).collect();
+                set.into_iter().collect()
             }
+            None => batching.default_warmup_sizes(),
         }
-        set.into_iter().filter(|&s| s >= 1).collect()
     }
 }
 
@@ -807,7 +817,7 @@ path = "mlp.onnx"
         assert_eq!(cfg.server, Server::default());
         assert_eq!(cfg.server.port, 8000);
         assert_eq!(cfg.platform(), "onnx_onnxv1");
-        assert_eq!(cfg.warmup_batch_sizes(), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(cfg.warmup_batch_sizes(), vec![1, 8, 16, 32]);
         assert_eq!(cfg.inputs[0].row_elements(), 64);
         check(&mlp(), Ok(()));
     }
@@ -1081,7 +1091,11 @@ path = "minilm.onnx"
         let mut cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
         cfg.batching.max_batch_size = 24;
         cfg.batching.preferred_batch_sizes = vec![6, 24];
-        assert_eq!(cfg.warmup_batch_sizes(), vec![1, 2, 4, 6, 8, 16, 24]);
+        assert_eq!(cfg.warmup_batch_sizes(), vec![1, 6, 24]);
+        cfg.batching.preferred_batch_sizes = vec![];
+        assert_eq!(cfg.warmup_batch_sizes(), vec![1, 24]);
+        cfg.batching.max_batch_size = 1;
+        assert_eq!(cfg.warmup_batch_sizes(), vec![1]);
         cfg.warmup.batch_sizes = Some(vec![3, 1, 3]);
         assert_eq!(cfg.warmup_batch_sizes(), vec![1, 3]);
         cfg.warmup.batch_sizes = Some(vec![]);

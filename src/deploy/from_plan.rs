@@ -2,7 +2,7 @@
 //! comes from (recipe, plan, engine profile, or a stated default) is decided here, and
 //! nowhere else. Pure.
 
-use crate::matrix::HwCompat;
+use crate::matrix::HardwareCompat;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
 
@@ -97,7 +97,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
     let gpu = match (&target.gpu, gpu_target) {
         (Some(g), true) => Some(
             match target.tensorrt.as_ref().and_then(|t| t.hardware_compat) {
-                Some(HwCompat::AmperePlus) => GpuSelector::ComputeAtLeast { major: 8 },
+                Some(HardwareCompat::AmperePlus) => GpuSelector::ComputeAtLeast { major: 8 },
                 _ => GpuSelector::Compute {
                     major: g.compute_capability.major,
                     minor: g.compute_capability.minor,

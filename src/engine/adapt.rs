@@ -7,7 +7,6 @@ use super::accuracy::Thresholds;
 use super::convert::ConvertSpec;
 use super::spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
 use super::Error;
-use crate::matrix;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
 
@@ -134,13 +133,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
                     None => version(id, "driver floor", "0")?,
                 },
             );
-            t.hardware_compat = match trt.hardware_compat {
-                None => HardwareCompat::None,
-                Some(matrix::HwCompat::AmperePlus) => HardwareCompat::AmperePlus,
-                Some(matrix::HwCompat::SameComputeCapability) => {
-                    HardwareCompat::SameComputeCapability
-                }
-            };
+            t.hardware_compat = trt.hardware_compat.unwrap_or(HardwareCompat::None);
             t.lean_runtime = trt.version_compatible;
             if trt.precision_mode == crate::plan::PrecisionMode::Convert {
                 t.convert = Some(convert_spec(recipe, precision(id, target.precision)?));

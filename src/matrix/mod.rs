@@ -167,15 +167,9 @@ pub enum CudnnNeed {
     Optional,
 }
 
-/// A TensorRT hardware-compatibility level (engine portability across GPUs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HwCompat {
-    /// `ampere+`: runs on CC >= 8.0.
-    AmperePlus,
-    /// `sameComputeCapability`: runs on any GPU of the builder's CC.
-    SameComputeCapability,
-}
+/// A TensorRT hardware-compatibility level (engine portability across GPUs): the one type,
+/// written `ampere-plus` / `same-compute-capability` in `tensorrt.toml`.
+pub use infer_spec::engine::HardwareCompat;
 
 /// One TensorRT release (`matrix/tensorrt.toml`, `[[release]]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -197,7 +191,7 @@ pub struct Release {
     pub version_compatible: bool,
     pub lean_runtime: bool,
     #[serde(default)]
-    pub hardware_compat: Vec<HwCompat>,
+    pub hardware_compat: Vec<HardwareCompat>,
     pub source: Vec<String>,
     pub confirmed: bool,
     /// Set when facts needed to build are unknown: the row is listed but never selected.

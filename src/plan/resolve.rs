@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::matrix::{
-    self, BaseImage, ComputeCapability, HwCompat, ImageRole, Matrix, Platform, Precision,
+    self, BaseImage, ComputeCapability, HardwareCompat, ImageRole, Matrix, Platform, Precision,
     PrecisionApi, Release, Version,
 };
-use crate::recipe::{self, CpuEngine, Diagnostic, HardwareCompatibility, Located, Recipe};
+use crate::recipe::{self, CpuEngine, Diagnostic, Located, Recipe};
 
 use super::lock::{self, Lock};
 use super::types::*;
@@ -61,17 +61,6 @@ impl GpuGroup<'_> {
             .unwrap_or_default();
         tc.sort();
         tc
-    }
-}
-
-fn to_matrix_version(v: &recipe::Version) -> Option<Version> {
-    v.text.parse().ok()
-}
-
-fn hw_of(h: HardwareCompatibility) -> HwCompat {
-    match h {
-        HardwareCompatibility::AmperePlus => HwCompat::AmperePlus,
-        HardwareCompatibility::SameComputeCapability => HwCompat::SameComputeCapability,
     }
 }
 
@@ -130,9 +119,9 @@ pub fn resolve(
     let base_override = recipe.image.base.as_ref();
 
     // Matrix versions of the recipe's pins (the recipe's own Version type is syntax only).
-    let trt_pin_v = tensorrt_pin.and_then(|p| to_matrix_version(&p.value));
-    let cuda_pin_v = cuda_pin.and_then(|p| to_matrix_version(&p.value));
-    let driver_v = node_driver.and_then(|p| to_matrix_version(&p.value));
+    let trt_pin_v = tensorrt_pin.map(|p| p.value.clone());
+    let cuda_pin_v = cuda_pin.map(|p| p.value.clone());
+    let driver_v = node_driver.map(|p| p.value.clone());
 
     // 1. GPUs → groups by (SM, platform).
     let mut groups: BTreeMap<(ComputeCapability, Platform), GpuGroup> = BTreeMap::new();
@@ -372,7 +361,7 @@ pub fn resolve(
     })
 }
 
-fn pin_text(p: &Located<recipe::Version>) -> String {
+fn pin_text(p: &Located<Version>) -> String {
     format!("{} = \"{}\"", p.key, p.value)
 }
 
@@ -599,8 +588,8 @@ fn resolve_gpu_target<'m>(
     }
 
     if let Some(h) = &recipe.targets.hardware_compatibility {
-        let level = hw_of(h.value);
-        if level == HwCompat::AmperePlus && group.cc < ComputeCapability::new(8, 0) {
+        let level = h.value;
+        if level == HardwareCompat::AmperePlus && group.cc < ComputeCapability::new(8, 0) {
             return Err(diag(file, h, Refusal {
                 rule: "ampere-plus-needs-sm80",
                 message: format!("hardware compatibility \"ampere+\" runs only on Ampere (sm_80) or newer; {label} is older"),
@@ -790,9 +779,7 @@ fn resolve_gpu_target<'m>(
         } else {
             trt_at.map(|p| p.clone().map(|_| ()))
         };
-        let below_major = major_floor
-            .as_ref()
-            .is_some_and(|m| d.value.text.parse::<Version>().is_ok_and(|v| &v < m));
+        let below_major = major_floor.as_ref().is_some_and(|m| &d.value < m);
         let (rule, message) = if cuda.major() >= 13 && below_major {
             (
                 "cuda13-needs-driver-580",
@@ -806,7 +793,7 @@ fn resolve_gpu_target<'m>(
                 format!("CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer; the fleet runs {driver} (deploy.node_driver)"),
             )
         };
-        let fleet = d.value.text.parse::<Version>().ok();
+        let fleet = Some(d.value.clone());
         let older = matrix
             .toolkits
             .iter()
@@ -1000,7 +987,7 @@ fn gpu_target(
                 .targets
                 .hardware_compatibility
                 .as_ref()
-                .map(|h| hw_of(h.value)),
+                .map(|h| h.value),
             confirmed: r.confirmed,
             lean,
         }),

@@ -8,7 +8,7 @@ use crate::oci::Digest;
 use serde::Serialize;
 
 use crate::matrix::{
-    ComputeCapability, CudnnNeed, HwCompat, Platform, Precision, PrecisionApi, Version,
+    ComputeCapability, CudnnNeed, HardwareCompat, Platform, Precision, PrecisionApi, Version,
 };
 
 /// The resolved plan of one recipe.
@@ -186,7 +186,7 @@ pub struct TensorRtPlan {
     /// Build a version-compatible engine (runs on later runtimes; lean/dispatch runtime).
     pub version_compatible: bool,
     /// Hardware-compatibility level, when the recipe asks for one.
-    pub hardware_compat: Option<HwCompat>,
+    pub hardware_compat: Option<HardwareCompat>,
     /// False when a value of the release's matrix row was not confirmed from a primary source.
     pub confirmed: bool,
     /// Version-compatible engines: TensorRT's lean runtime from its pinned wheel, shipped in the

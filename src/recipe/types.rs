@@ -145,14 +145,10 @@ impl Recipe {
     /// The batch sizes warm-up runs: `[warmup] batch_sizes` when given, else 1, every preferred
     /// batch size and `max_batch_size`, sorted and without duplicates.
     pub fn warmup_batch_sizes(&self) -> Vec<u32> {
-        if let Some(sizes) = &self.warmup.batch_sizes {
-            return sizes.clone();
+        match &self.warmup.batch_sizes {
+            Some(sizes) => sizes.clone(),
+            None => self.batching.default_warmup_sizes(),
         }
-        let mut sizes = vec![1, self.batching.max_batch_size];
-        sizes.extend(&self.batching.preferred_batch_sizes);
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes
     }
 
     /// How many targets the recipe asks for: one per GPU × precision, plus the CPU target.
@@ -330,7 +326,7 @@ pub struct Targets {
     /// is refused), `false` declines.
     pub version_compatible: Option<Located<bool>>,
     /// Hardware-compatible engines: one engine for several GPU architectures.
-    pub hardware_compatibility: Option<Located<HardwareCompatibility>>,
+    pub hardware_compatibility: Option<Located<HardwareCompat>>,
 }
 
 /// A GPU as named in `targets.gpus`. Product names are not checked here (the recipe module
@@ -359,109 +355,34 @@ pub use infer_spec::engine::Precision;
 /// A CUDA compute capability: the one type of the recipe, the matrix and the runtime.
 pub use infer_spec::engine::ComputeCapability;
 
-/// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum HardwareCompatibility {
-    /// `"ampere+"`: one engine runs on Ampere and every later architecture.
-    AmperePlus,
-    /// `"same-compute-capability"`: one engine runs on every GPU with the compute capability
-    /// it was built on.
-    SameComputeCapability,
-}
+/// `[batching]`: the runtime's dynamic batcher, the one type the recipe validates and the
+/// image's `runtime.toml` carries. Batch sizes count rows (the first dimension); the queue
+/// limit counts requests. After validation `preferred_batch_sizes` is sorted, without
+/// duplicates, each at most `max_batch_size` (empty: any size).
+pub use infer_spec::Batching;
 
-impl HardwareCompatibility {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HardwareCompatibility::AmperePlus => "ampere+",
-            HardwareCompatibility::SameComputeCapability => "same-compute-capability",
-        }
-    }
-}
+/// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels, the one type of
+/// the recipe, the matrix, plans and engine metadata (the recipe stores `none` as no level).
+pub use infer_spec::engine::HardwareCompat;
 
-impl fmt::Display for HardwareCompatibility {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// A dotted numeric version (`"10.8"`, `"550.54.15"`, `"535.104.05"`): the one version type
+/// of the recipe, the matrix, plans and engines. Compares numerically; displays as written
+/// (driver versions keep their leading zeros).
+pub use infer_spec::engine::Version;
 
-/// A dotted numeric version as written (`"10.8"`, `"550.54.15"`, `"535.104.05"`): 1 to 4
-/// components. Compares numerically; displays as written (driver versions keep their leading
-/// zeros).
-#[derive(Debug, Clone, Eq)]
-pub struct Version {
-    pub text: String,
-    pub parts: Vec<u64>,
-}
-
-impl Version {
-    /// Parse `1` to `4` dot-separated decimal components of at most 9 digits each.
-    pub fn parse(s: &str) -> Option<Version> {
-        let parts: Option<Vec<u64>> = s
-            .split('.')
-            .map(|p| {
-                if p.is_empty() || p.len() > 9 || !p.bytes().all(|b| b.is_ascii_digit()) {
-                    None
-                } else {
-                    p.parse().ok()
-                }
-            })
-            .collect();
-        let parts = parts?;
-        if parts.is_empty() || parts.len() > 4 {
-            return None;
-        }
-        Some(Version {
-            text: s.to_string(),
-            parts,
-        })
-    }
-
-    pub fn major(&self) -> u64 {
-        self.parts.first().copied().unwrap_or(0)
-    }
-
-    pub fn minor(&self) -> Option<u64> {
-        self.parts.get(1).copied()
-    }
-
-    /// True when this version, read as a pin, matches `full`: every component written here
-    /// equals the same component of `full` (`"10.8"` matches `10.8.0.43`, not `10.9`).
-    pub fn matches(&self, full: &Version) -> bool {
-        self.parts.len() <= full.parts.len()
-            && self.parts.iter().zip(&full.parts).all(|(a, b)| a == b)
-    }
-}
-
-impl PartialEq for Version {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == std::cmp::Ordering::Equal
-    }
-}
-
-impl PartialOrd for Version {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Version {
-    /// Numeric, component by component; missing components count as 0 (`10.8 == 10.8.0`).
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        let n = self.parts.len().max(other.parts.len());
-        (0..n)
-            .map(|i| {
-                let a = self.parts.get(i).copied().unwrap_or(0);
-                let b = other.parts.get(i).copied().unwrap_or(0);
-                a.cmp(&b)
-            })
-            .find(|o| o.is_ne())
-            .unwrap_or(std::cmp::Ordering::Equal)
-    }
-}
-
-impl fmt::Display for Version {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+/// A version as a recipe may write it: 1 to 4 dot-separated decimal components of at most 9
+/// digits each, nothing around them (stricter than [`Version`]'s own parser, which also reads
+/// the matrix's longer build numbers).
+pub fn parse_version(s: &str) -> Option<Version> {
+    let parts: Vec<&str> = s.split('.').collect();
+    let ok = (1..=4).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| (1..=9).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()));
+    if ok {
+        s.parse().ok()
+    } else {
+        None
     }
 }
 
@@ -524,21 +445,6 @@ pub struct AccuracyLimits {
     pub max_rel: Option<f64>,
     /// Smallest fraction of rows whose arg-max agrees (classification-shaped outputs).
     pub min_top1: Option<f64>,
-}
-
-/// `[batching]`: the runtime's dynamic batcher. Batch sizes count rows (the first dimension),
-/// not requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batching {
-    pub max_batch_size: u32,
-    /// Sorted ascending, no duplicates, each ≤ `max_batch_size`; empty means "any size".
-    pub preferred_batch_sizes: Vec<u32>,
-    pub max_queue_delay_us: u64,
-    /// Rows waiting in the queue before requests are refused with 503.
-    pub max_queue_size: u32,
-    pub default_timeout_ms: u64,
-    /// Model instances (engine execution contexts / tract plans) serving batches in parallel.
-    pub instances: u32,
 }
 
 /// `[warmup]`.
@@ -615,12 +521,12 @@ mod tests {
 
     #[test]
     fn versions_compare_numerically_and_match_as_pins() {
-        let v = |s| Version::parse(s).unwrap();
+        let v = |s| parse_version(s).unwrap();
         assert!(v("10.10") > v("10.9"));
         assert_eq!(v("10.8"), v("10.8.0"));
-        assert!(v("10.8").matches(&v("10.8.0.43")));
-        assert!(!v("10.8").matches(&v("10.9.0")));
-        assert!(!v("10.8.1").matches(&v("10.8")));
+        assert!(v("10.8").is_prefix_of(&v("10.8.0.43")));
+        assert!(!v("10.8").is_prefix_of(&v("10.9.0")));
+        assert!(!v("10.8.1").is_prefix_of(&v("10.8")));
         assert_eq!(v("535.104.05").to_string(), "535.104.05");
         for bad in [
             "",
@@ -631,8 +537,10 @@ mod tests {
             "10.x",
             "9999999999",
             "-1",
+            " 10.8",
+            "+1",
         ] {
-            assert!(Version::parse(bad).is_none(), "{bad}");
+            assert!(parse_version(bad).is_none(), "{bad}");
         }
     }
 

@@ -819,11 +819,9 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
     if let Some(h) = cx.string(t, "hardware_compatibility") {
         let level = match h.value.to_ascii_lowercase().as_str() {
             "none" => Some(None),
-            "ampere+" | "ampere_plus" | "ampere-plus" => {
-                Some(Some(HardwareCompatibility::AmperePlus))
-            }
+            "ampere+" | "ampere_plus" | "ampere-plus" => Some(Some(HardwareCompat::AmperePlus)),
             "same-compute-capability" | "same_compute_capability" | "same-cc" => {
-                Some(Some(HardwareCompatibility::SameComputeCapability))
+                Some(Some(HardwareCompat::SameComputeCapability))
             }
             _ => None,
         };
@@ -871,7 +869,7 @@ fn version(
 ) -> Option<Located<Version>> {
     let (v, key, span) = cx.get(t, name)?;
     match v.get_ref() {
-        DeValue::String(s) => match Version::parse(s) {
+        DeValue::String(s) => match parse_version(s) {
             Some(ver) => Some(Located::new(ver, span, key)),
             None => {
                 cx.error_hint(
@@ -1455,12 +1453,7 @@ fn base_problem(r: &str) -> Option<&'static str> {
         None => (r, None),
     };
     if let Some(d) = digest {
-        let ok = d.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64
-                && h.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
-        if !ok {
+        if crate::oci::hex_of(d).is_none() {
             return Some("the digest must be sha256: and 64 lowercase hex digits");
         }
     }

@@ -547,6 +547,8 @@ pub fn build(
     ]);
     layers.push(slim_layer);
     let builder_layers = layer_sizes_of(&builder, &builder_sizes, "builder");
+    let builder_total =
+        |size: fn(&LayerSize) -> u64| builder_layers.iter().map(size).sum::<u64>().to_string();
     let manifest = Manifest {
         schema_version: 2,
         media_type: MANIFEST.into(),
@@ -570,19 +572,11 @@ pub fn build(
             ),
             (
                 format!("{ANNOTATION}builder-size"),
-                builder_layers
-                    .iter()
-                    .map(|l| l.size)
-                    .sum::<u64>()
-                    .to_string(),
+                builder_total(|l| l.size),
             ),
             (
                 format!("{ANNOTATION}builder-uncompressed-size"),
-                builder_layers
-                    .iter()
-                    .map(|l| l.uncompressed)
-                    .sum::<u64>()
-                    .to_string(),
+                builder_total(|l| l.uncompressed),
             ),
             (
                 format!("{ANNOTATION}excluded"),

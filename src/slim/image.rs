@@ -222,7 +222,6 @@ fn read_file(
     let mut hash = crate::oci::digest::Hasher::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut kept: Vec<u8> = Vec::new();
-    let mut size = 0u64;
     let mut is_elf = false;
     let inline = keep_inline(p);
     loop {
@@ -230,7 +229,7 @@ fn read_file(
         if n == 0 {
             break;
         }
-        if size == 0 {
+        if hash.count() == 0 {
             is_elf = ElfInfo::is_elf(&buf[..n]);
             // What is kept is at most one file of `ELF_PARSE_LIMIT` bytes, allocated once at
             // its declared size rather than grown by doubling.
@@ -239,11 +238,11 @@ fn read_file(
             }
         }
         hash.update(&buf[..n]);
-        size = hash.count();
-        if (is_elf || inline) && size <= ELF_PARSE_LIMIT {
+        if (is_elf || inline) && hash.count() <= ELF_PARSE_LIMIT {
             kept.extend_from_slice(&buf[..n]);
         }
     }
+    let (digest, size) = hash.finish();
     let elf = if !is_elf {
         None
     } else if size > ELF_PARSE_LIMIT {
@@ -264,7 +263,7 @@ fn read_file(
     Ok(File {
         mode,
         size,
-        sha256: hash.digest().hex().to_string(),
+        sha256: digest.hex().to_string(),
         elf,
         source,
     })

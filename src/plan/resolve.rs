@@ -793,11 +793,10 @@ fn resolve_gpu_target<'m>(
                 format!("CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer; the fleet runs {driver} (deploy.node_driver)"),
             )
         };
-        let fleet = Some(d.value.clone());
         let older = matrix
             .toolkits
             .iter()
-            .find(|t| fleet.as_ref().is_some_and(|f| &t.min_driver <= f))
+            .find(|t| t.min_driver <= d.value)
             .map(|t| t.version.major_minor().to_string());
         let hint = match older {
             Some(o) => format!("upgrade the fleet's driver to {floor} or newer (R{} branch), or pin a base the fleet runs (CUDA {o} or older: targets.cuda = \"{o}\")", floor.major()),

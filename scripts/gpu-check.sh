@@ -98,11 +98,23 @@ if [[ -z $trtexec || -z $libnvinfer || -z $headers ]]; then
     not_done "no TensorRT builder (trtexec + libnvinfer of major 8, 10 or 11): no engine built, nothing served"
     exit 1
 fi
+# TensorRT is compatible from older headers to newer libraries only: infer-serve refuses a library
+# older than its headers (an NGC image's 10.9-10.13 under the 10.16 headers, say). The node's minor
+# against the headers', said either way; TENSORRT_ROOT (headers of that release or older) overrides.
+node_minor=$(cut -d. -f2 <<<"$trt_version")
+if [[ -n ${TENSORRT_ROOT:-} ]]; then
+    say "TensorRT headers: $TENSORRT_ROOT (TENSORRT_ROOT), node library $trt_version"
+elif (( node_minor < ${headers#*.} )); then
+    not_done "the node's TensorRT $trt_version is older than the $headers headers infer-serve is compiled against by default, and infer-serve refuses such a library; rerun with TENSORRT_ROOT naming headers of $major.$node_minor or older (a directory with include/NvInfer*.h: NGC images ship them in /usr/include/x86_64-linux-gnu)"
+    exit 1
+else
+    say "TensorRT headers: $headers, node library $trt_version (same or newer minor: supported)"
+fi
 
 # 2-4. Build, serve, compare, per precision.
 serve=$(FLAVOUR=gpu TRT_HEADERS=$headers PROFILE=release "$root/scripts/build-runtime.sh") || {
     not_done "building infer-serve with feature tensorrt failed"; exit 1; }
-say "infer-serve (tensorrt, TensorRT $headers headers): $serve"
+say "infer-serve (tensorrt, TensorRT ${TENSORRT_ROOT:-$headers} headers): $serve"
 
 for precision in fp32 fp16; do
     dir="$work/$precision"

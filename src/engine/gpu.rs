@@ -60,9 +60,33 @@ pub fn parse_query(text: &str) -> Result<Vec<GpuInfo>, String> {
     Ok(out)
 }
 
-/// Ask `nvidia-smi` for the first visible GPU.
+/// A `trtexec` command on the GPU [`query`] describes. CUDA numbers devices fastest first by
+/// default while `nvidia-smi` lists them in PCI bus order: with `CUDA_DEVICE_ORDER=PCI_BUS_ID`
+/// trtexec's device 0 is the first GPU `nvidia-smi` lists, so the GPU checked against the target
+/// is the GPU that builds the engine. (`CUDA_VISIBLE_DEVICES` is honoured by both: see
+/// [`query_cmd_for`].)
+pub fn trtexec_cmd(trtexec: &str) -> Cmd {
+    Cmd::new(trtexec).env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+}
+
+/// The query restricted to the first GPU of `CUDA_VISIBLE_DEVICES` (an index or a `GPU-…`
+/// UUID, which `nvidia-smi --id` takes as they are) when it names one: CUDA's device 0 is then
+/// that GPU, which `nvidia-smi` (blind to the variable) would otherwise not list first.
+pub fn query_cmd_for(visible: Option<&str>) -> Cmd {
+    let first = visible
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && !id.starts_with("MIG-"));
+    match first {
+        Some(id) => query_cmd().args([format!("--id={id}")]),
+        None => query_cmd(),
+    }
+}
+
+/// Ask `nvidia-smi` for the first visible GPU: CUDA's device 0 in PCI order, as trtexec sees it.
 pub fn query(runner: &dyn Runner) -> Result<GpuInfo, Error> {
-    let cmd = query_cmd();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let cmd = query_cmd_for(visible.as_deref());
     let out = runner.run(&cmd).map_err(Error::Process)?;
     if !out.success() {
         return Err(Error::Tool {
@@ -137,6 +161,23 @@ mod tests {
             })
             .map_err(String::from);
         assert_eq!(got, expected, "{text:?}");
+    }
+
+    #[test]
+    fn the_gpu_checked_is_the_gpu_trtexec_builds_on() {
+        let argv = |v: Option<&str>| query_cmd_for(v).argv().join(" ");
+        let plain = "nvidia-smi --query-gpu=compute_cap,driver_version,name --format=csv,noheader";
+        assert_eq!(argv(None), plain);
+        assert_eq!(argv(Some("")), plain);
+        assert_eq!(argv(Some("2,0")), format!("{plain} --id=2"));
+        assert_eq!(argv(Some("GPU-5f1e,1")), format!("{plain} --id=GPU-5f1e"));
+        // A MIG instance is no GPU nvidia-smi's --id takes: the plain query stays.
+        assert_eq!(argv(Some("MIG-3b2a")), plain);
+        let t = trtexec_cmd("trtexec");
+        assert_eq!(
+            t.env,
+            vec![("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string())]
+        );
     }
 
     #[test]

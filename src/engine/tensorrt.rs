@@ -134,7 +134,7 @@ pub fn build(
         calibration_cache,
     };
     let args = trtexec::build_args(trt, &path, &profile, dynamic, &paths)?;
-    let cmd = Cmd::new(&trt.trtexec).args(args);
+    let cmd = gpu::trtexec_cmd(&trt.trtexec).args(args);
     let out = {
         // One trtexec at a time per timing cache: it rewrites the file when it finishes.
         let _guard = cache::FileLock::acquire(&timing_lock)?;
@@ -171,7 +171,7 @@ pub fn build(
             &path_str(&times),
             &path_str(&layers),
         );
-        let out = run_checked(runner, &Cmd::new(&trt.trtexec).args(args))?;
+        let out = run_checked(runner, &gpu::trtexec_cmd(&trt.trtexec).args(args))?;
         log.push_str(&out.stdout_text());
         let read = |p: &Path| {
             std::fs::read(p).map_err(|source| Error::Io {

@@ -844,6 +844,8 @@ pub enum MismatchReason {
     TensorrtExact { built: Version, found: Version },
     #[error("TensorRT {found} cannot run a version-compatible engine from TensorRT {built}")]
     TensorrtVersionCompat { built: Version, found: Version },
+    #[error("TensorRT {found} is not the lean runtime of TensorRT {built}, which a version-compatible engine built without its lean runtime (--excludeLeanRuntime) needs exactly")]
+    TensorrtLeanExact { built: Version, found: Version },
     #[error("cpu architecture {found} differs from {built}")]
     Arch { built: String, found: String },
     #[error("cpu lacks required features {0}")]
@@ -936,22 +938,28 @@ pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
             .tensorrt
             .as_ref()
             .ok_or_else(|| fail(MismatchReason::NoTensorrt))?;
-        if g.version_compatible {
+        if g.version_compatible && g.exclude_lean_runtime {
+            // Such a plan carries no lean runtime of its own: it runs only on the lean runtime
+            // of exactly the release that built it (NVIDIA's version-compatibility rules), which
+            // the image ships beside it. A newer library or a major hop is refused.
+            if !same_release(&g.tensorrt, trt) {
+                return Err(fail(MismatchReason::TensorrtLeanExact {
+                    built: g.tensorrt.clone(),
+                    found: trt.clone(),
+                }));
+            }
+        } else if g.version_compatible {
             if !version_compatible_runs(&g.tensorrt, trt) {
                 return Err(fail(MismatchReason::TensorrtVersionCompat {
                     built: g.tensorrt.clone(),
                     found: trt.clone(),
                 }));
             }
-        } else {
-            // Compare as many components as both sides carry (at least major.minor.patch).
-            let n = g.tensorrt.parts().len().min(trt.parts().len()).max(3);
-            if !g.tensorrt.same_prefix(trt, n) {
-                return Err(fail(MismatchReason::TensorrtExact {
-                    built: g.tensorrt.clone(),
-                    found: trt.clone(),
-                }));
-            }
+        } else if !same_release(&g.tensorrt, trt) {
+            return Err(fail(MismatchReason::TensorrtExact {
+                built: g.tensorrt.clone(),
+                found: trt.clone(),
+            }));
         }
     }
     if let Some(c) = &meta.cpu {
@@ -987,6 +995,14 @@ pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
         }
     }
     Ok(())
+}
+
+/// Whether `found` is the release `built`: as many components as both sides carry are equal,
+/// at least major.minor.patch (the library reports major.minor.patch and, from TensorRT 10, the
+/// build; the plan records the build too).
+fn same_release(built: &Version, found: &Version) -> bool {
+    let n = built.parts().len().min(found.parts().len()).max(3);
+    built.same_prefix(found, n)
 }
 
 /// Whether a version-compatible plan built with TensorRT `built` loads on `found`.
@@ -1243,7 +1259,7 @@ mod tests {
                 driver_floor: v("570.26"),
                 hardware_compat: hw,
                 version_compatible: vc,
-                exclude_lean_runtime: vc,
+                exclude_lean_runtime: false,
                 builder_gpu: "NVIDIA L4".into(),
             }),
             cpu: None,
@@ -1430,6 +1446,26 @@ mod tests {
         let vc86 = trt_meta(sm, "8.6.1.6", HardwareCompat::None, true);
         check(&vc86, &gpu(sm, "580", Some("10.0.1")), None);
         assert!(check_compat(&vc86, &gpu(sm, "580", Some("11.0.0"))).is_err());
+    }
+
+    #[test]
+    fn a_plan_without_its_lean_runtime_needs_exactly_its_release() {
+        // What `infer-build` builds by default: version-compatible, lean runtime excluded, the
+        // lean library of the same release shipped beside it.
+        let sm = ComputeCapability::new(9, 0);
+        let mut m = trt_meta(sm, "10.16.1.11", HardwareCompat::None, true);
+        m.gpu.as_mut().unwrap().exclude_lean_runtime = true;
+        for ok in ["10.16.1", "10.16.1.11"] {
+            check(&m, &gpu(sm, "580", Some(ok)), None);
+        }
+        for bad in ["10.16.2", "10.16.1.12", "10.17.0", "10.8.0", "11.0.0"] {
+            let e = check_compat(&m, &gpu(sm, "580", Some(bad))).unwrap_err();
+            assert!(
+                matches!(e.reason, MismatchReason::TensorrtLeanExact { .. }),
+                "{bad}: {e}"
+            );
+            assert!(e.to_string().contains("--excludeLeanRuntime"), "{e}");
+        }
     }
 
     #[test]

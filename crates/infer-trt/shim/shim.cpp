@@ -8,9 +8,10 @@
 //
 // Errors: every call that can fail takes an `err` buffer of `cap` bytes and writes into it what
 // TensorRT's logger reported at error severity during that call (or the shim's own reason), so
-// an error text is never stale and never another call's. The logger also counts errors from
-// every thread, so a call fails when TensorRT logged an error during it even if it returned a
-// usable-looking pointer.
+// an error text is never stale and never another call's. The logger counts errors per thread, so
+// a call fails when TensorRT logged an error on the calling thread during it, even if it returned
+// a usable-looking pointer, and never because another thread's call logged one (instances are
+// created and run on several threads).
 
 #include <NvInferRuntime.h>
 
@@ -19,16 +20,23 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#ifdef ITRT_TEST_HOOKS
+#include <thread>
+#endif
 
 namespace
 {
 // Errors logged on this thread since the current shim call began.
 thread_local std::string tCaptured;
-// Errors logged on any thread, ever (a call compares the count before and after).
-std::atomic<uint64_t> gErrorCount{0};
-// The last error logged on a thread that was not inside a shim call (TensorRT worker threads).
+// Errors logged on this thread, ever (a call compares the count before and after; a thread's own
+// counter needs no lock and cannot see another thread's errors).
+thread_local uint64_t tErrorCount = 0;
+// The last error logged on any thread (TensorRT's worker threads log outside a shim call), and
+// how many have been logged: a failing call with nothing logged on its own thread names it only
+// when it was logged during the call.
 std::mutex gOtherMutex;
 std::string gOther;
+std::atomic<uint64_t> gOtherCount{0};
 
 class Logger : public nvinfer1::ILogger
 {
@@ -39,7 +47,7 @@ public:
         {
             return;
         }
-        gErrorCount.fetch_add(1);
+        ++tErrorCount;
         try
         {
             std::string text = msg != nullptr ? msg : "(no message)";
@@ -50,6 +58,7 @@ public:
             tCaptured += text;
             std::lock_guard<std::mutex> lock(gOtherMutex);
             gOther = text;
+            gOtherCount.fetch_add(1);
         }
         catch (...)
         {
@@ -73,7 +82,8 @@ public:
     Call(char* err, size_t cap) noexcept
         : mErr(err)
         , mCap(cap)
-        , mStart(gErrorCount.load())
+        , mStart(tErrorCount)
+        , mOtherStart(gOtherCount.load())
     {
         tCaptured.clear();
         write("");
@@ -81,7 +91,7 @@ public:
 
     bool failed() const noexcept
     {
-        return gErrorCount.load() != mStart;
+        return tErrorCount != mStart;
     }
 
     // Writes `reason`, followed by what TensorRT logged during the call, into the buffer.
@@ -91,10 +101,12 @@ public:
         {
             std::string text = reason;
             std::string logged = tCaptured;
-            if (logged.empty() && failed())
+            if (logged.empty() && gOtherCount.load() != mOtherStart)
             {
+                // Nothing logged on this thread: an error another thread logged during the call
+                // (TensorRT's own worker threads) is the best explanation there is, said as such.
                 std::lock_guard<std::mutex> lock(gOtherMutex);
-                logged = gOther;
+                logged = "during the call, on another thread: " + gOther;
             }
             if (!logged.empty())
             {
@@ -125,6 +137,7 @@ private:
     char* mErr;
     size_t mCap;
     uint64_t mStart;
+    uint64_t mOtherStart;
 };
 
 template <typename D>
@@ -146,6 +159,12 @@ int32_t majorOf(int32_t version) noexcept
 {
     return version >= 100000 ? version / 10000 : version / 1000;
 }
+
+// The minor of such a value: 8601 → 6, 101600 → 16.
+int32_t minorOf(int32_t version) noexcept
+{
+    return version >= 100000 ? (version / 100) % 100 : (version / 100) % 10;
+}
 } // namespace
 
 extern "C"
@@ -164,9 +183,9 @@ extern "C"
 
     // Creates an IRuntime with `create_fn` (the library's createInferRuntime_INTERNAL) after
     // checking, with `version_fn` (the same library's getInferLibVersion), that the library has the
-    // headers' major version. Returns null, with the reason in `err`, on a major mismatch (before
-    // any other call into the library), on a null result, and when TensorRT logged an error during
-    // creation (a runtime created without a usable CUDA driver is not safe to use or to destroy,
+    // headers' major version and is not an older release of it. Returns null, with the reason in
+    // `err`, on a version mismatch (before any other call into the library), on a null result, and
+    // when TensorRT logged an error during creation (a runtime created without a usable CUDA driver is not safe to use or to destroy,
     // so it is leaked, once, rather than destroyed).
     void* itrt_runtime_create(void* create_fn, void* version_fn, char* err, size_t cap)
     {
@@ -183,6 +202,16 @@ extern "C"
                 + std::to_string(lib) + ") but this shim was compiled against TensorRT "
                 + std::to_string(NV_TENSORRT_MAJOR) + ".x headers (version " + std::to_string(NV_TENSORRT_VERSION)
                 + "); their virtual-table layouts differ, so the library is not used";
+            call.fail(reason.c_str());
+            return nullptr;
+        }
+        if (minorOf(lib) < minorOf(NV_TENSORRT_VERSION))
+        {
+            std::string reason = "the library is TensorRT " + std::to_string(majorOf(lib)) + "."
+                + std::to_string(minorOf(lib)) + " (version " + std::to_string(lib)
+                + "), older than the headers this shim was compiled against (version "
+                + std::to_string(NV_TENSORRT_VERSION)
+                + "); TensorRT is compatible only from older headers to newer libraries, so it is not used";
             call.fail(reason.c_str());
             return nullptr;
         }
@@ -334,6 +363,24 @@ extern "C"
         }
         return true;
     }
+
+#ifdef ITRT_TEST_HOOKS
+    // Tests only (tests/shim_probe.c; never in the runtime's build): runs one call during which
+    // another thread logs an error. Returns 0 when the call is not failed by it and its failure
+    // text names it as another thread's; 1 when the call counted it; 2 when the text is wrong.
+    int32_t itrt_test_foreign_error_during_call(char* err, size_t cap)
+    {
+        Call call(err, cap);
+        std::thread other([] { gLogger.log(nvinfer1::ILogger::Severity::kERROR, "an error on a worker thread"); });
+        other.join();
+        if (call.failed())
+        {
+            return 1;
+        }
+        call.fail("a failure of this call");
+        return std::strstr(err, "on another thread: an error on a worker thread") != nullptr ? 0 : 2;
+    }
+#endif
 
     // stream: a CUstream (the driver API handle is the runtime API's cudaStream_t).
     bool itrt_context_enqueue_v3(void* c, void* stream, char* err, size_t cap)

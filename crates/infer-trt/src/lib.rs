@@ -3,7 +3,7 @@
 //!
 //! Layers, from always-built to most conditional:
 //! - Pure helpers (always built, tested in CI): which library to `dlopen` for an engine
-//!   ([`LibraryKind`]), decoding `getInferLibVersion`, the header/library major check, TensorRT
+//!   ([`LibraryKind`]), decoding `getInferLibVersion`, the header/library version check, TensorRT
 //!   datatype codes, buffer sizes that refuse unresolved dimensions, the checks of a batch's
 //!   inputs, and reading the driver version from `/proc/driver/nvidia/version`.
 //! - Feature `tensorrt`: the Rust side — `dlopen` of libnvinfer / lean / dispatch and of the
@@ -334,20 +334,48 @@ pub fn version_major(n: i32) -> i32 {
     }
 }
 
-/// Refuses a library whose major differs from the headers the shim was compiled against.
-pub fn check_major(library: &str, header_version: i32, lib_version: i32) -> Result<(), Error> {
-    let (h, l) = (version_major(header_version), version_major(lib_version));
-    if h == l {
-        return Ok(());
+/// The minor version in a `getInferLibVersion()` / `NV_TENSORRT_VERSION` value.
+pub fn version_minor(n: i32) -> i32 {
+    if n >= 100_000 {
+        (n / 100) % 100
+    } else {
+        (n / 100) % 10
     }
-    Err(Error::Load {
-        library: library.into(),
-        reason: format!(
-            "it is TensorRT {l}.x (getInferLibVersion {lib_version}) but this infer-serve was built \
-             against TensorRT {h}.x headers ({header_version}); virtual-table layouts differ between \
-             majors, so it is not used"
-        ),
-    })
+}
+
+/// Refuses a library the shim cannot use safely: one of another major than the headers it was
+/// compiled against (virtual-table layouts differ between majors), or an older release of the
+/// same major. NVIDIA promises compatibility from older headers to newer libraries only: a
+/// method the newer headers declare may be missing from an older library's tables, and
+/// `createInferRuntime_INTERNAL` is given the headers' version. Refused at start, clearly,
+/// rather than guessed at (NGC images often carry 10.9 to 10.13 while the shim is compiled
+/// against 10.16).
+pub fn check_library(library: &str, header_version: i32, lib_version: i32) -> Result<(), Error> {
+    let (h, l) = (version_major(header_version), version_major(lib_version));
+    if h != l {
+        return Err(Error::Load {
+            library: library.into(),
+            reason: format!(
+                "it is TensorRT {l}.x (getInferLibVersion {lib_version}) but this infer-serve was \
+                 built against TensorRT {h}.x headers ({header_version}); virtual-table layouts \
+                 differ between majors, so it is not used"
+            ),
+        });
+    }
+    let (hm, lm) = (version_minor(header_version), version_minor(lib_version));
+    if lm < hm {
+        return Err(Error::Load {
+            library: library.into(),
+            reason: format!(
+                "it is TensorRT {l}.{lm} (getInferLibVersion {lib_version}), older than the \
+                 TensorRT {h}.{hm} headers this infer-serve was built against \
+                 ({header_version}); TensorRT is compatible only from older headers to newer \
+                 libraries, so it is not used (build infer-serve against headers of {l}.{lm} \
+                 or older, or run a TensorRT {h}.{hm} or newer library)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(feature = "tensorrt")]
@@ -497,16 +525,36 @@ mod tests {
     }
 
     #[test]
-    fn a_library_of_another_major_is_refused() {
-        check_major("libnvinfer_lean.so.10", 101600, 101611).unwrap();
-        let e = check_major("libnvinfer_lean.so.11", 101600, 110400)
+    fn a_library_of_another_major_or_an_older_minor_is_refused() {
+        check_library("libnvinfer_lean.so.10", 101600, 101611).unwrap();
+        check_library("libnvinfer_lean.so.10", 101600, 101600).unwrap();
+        check_library("libnvinfer_lean.so.10", 101600, 101700).unwrap();
+        check_library("libnvinfer.so.8", 8601, 8602).unwrap();
+        let e = check_library("libnvinfer_lean.so.11", 101600, 110400)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("TensorRT 11.x") && e.contains("TensorRT 10.x headers"),
             "{e}"
         );
-        assert!(check_major("libnvinfer.so.8", 110100, 8601).is_err());
+        assert!(check_library("libnvinfer.so.8", 110100, 8601).is_err());
+        // Older minors of the same major: NGC's 10.9 library under 10.16 headers.
+        for (headers, lib) in [
+            (101600, 100900),
+            (101600, 101300),
+            (110100, 110000),
+            (8601, 8501),
+        ] {
+            let e = check_library("libnvinfer.so", headers, lib)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("older than the TensorRT"),
+                "{headers} {lib}: {e}"
+            );
+        }
+        assert_eq!(version_minor(101600), 16);
+        assert_eq!(version_minor(8601), 6);
     }
 
     #[cfg(all(feature = "tensorrt", not(infer_trt_shim)))]

@@ -8,7 +8,7 @@ use infer_spec::engine::{FoundGpu, Version};
 
 use crate::cuda::{kernel_driver_version, DeviceBuffer, Driver, Gpu, Stream};
 use crate::{
-    byte_len, check_inputs, check_major, decode_lib_version, Error, IoTensor, TrtDataType,
+    byte_len, check_inputs, check_library, decode_lib_version, Error, IoTensor, TrtDataType,
 };
 
 #[cfg(infer_trt_shim)]
@@ -262,14 +262,15 @@ impl TrtLibrary {
     }
 
     /// Refuses the library when its major differs from the headers the shim was compiled
-    /// against (or when there is no shim).
+    /// against, when it is an older release of that major (or when there is no shim).
     pub fn check_headers(&self) -> Result<(), Error> {
         let header = header_version().ok_or(Error::NoShim)?;
-        check_major(&self.name, header, self.code)
+        check_library(&self.name, header, self.code)
     }
 
     /// Creates a runtime. Refused, before any call into the library other than its version
-    /// entry point, when the library's major differs from the shim's headers; refused when
+    /// entry point, when the library's major differs from the shim's headers or it is an older
+    /// release of that major ([`check_library`]); refused when
     /// TensorRT logged an error during creation (no usable CUDA driver, for one).
     pub fn runtime(self) -> Result<TrtRuntime, Error> {
         self.check_headers()?;

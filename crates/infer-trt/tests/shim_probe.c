@@ -2,7 +2,9 @@
  * dlopen the library, look up getInferLibVersion and createInferRuntime_INTERNAL, hand both to
  * itrt_runtime_create. Prints one line: "headers H library L build B created" or
  * "headers H library L build B refused: <error text>"; exits 0 when created, 3 when refused, 2 when the
- * library cannot be opened, 4 when an error text leaks from one call into the next. Used by
+ * library cannot be opened, 4 when an error text leaks from one call into the next. With
+ * `--threads` instead, checks that an error logged on another thread during a call does not fail
+ * it (exit 0, else 4). Used by
  * tests/tensorrt.rs (not shipped). */
 #include <dlfcn.h>
 #include <stddef.h>
@@ -12,9 +14,24 @@
 
 void* itrt_runtime_create(void* create_fn, void* version_fn, char* err, size_t cap);
 int32_t itrt_header_version(void);
+int32_t itrt_test_foreign_error_during_call(char* err, size_t cap);
 
 int main(int argc, char** argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--threads") == 0)
+    {
+        /* The shim compiled with ITRT_TEST_HOOKS: a call during which another thread logs an
+         * error must not count it as its own. */
+        char err[1024];
+        int32_t r = itrt_test_foreign_error_during_call(err, sizeof err);
+        if (r != 0)
+        {
+            printf("per-thread errors broken (%d): %s\n", r, err);
+            return 4;
+        }
+        printf("per-thread errors ok: %s\n", err);
+        return 0;
+    }
     if (argc != 2)
     {
         fprintf(stderr, "usage: %s LIBRARY\n", argv[0]);

@@ -54,8 +54,8 @@ fn run(cmd: &mut Command) -> (Option<i32>, String) {
 }
 
 /// Compiles shim.cpp against one header release with build.rs's flags; returns the object.
-fn compile_shim(release: &str) -> PathBuf {
-    let out = work(&format!("shim-{release}")).join("shim.o");
+fn compile_shim(release: &str, hooks: bool) -> PathBuf {
+    let out = work(&format!("shim-{release}")).join(if hooks { "shim-hooks.o" } else { "shim.o" });
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("shim");
     let (code, text) = run(Command::new(&cxx)
@@ -66,6 +66,7 @@ fn compile_shim(release: &str) -> PathBuf {
             headers(release).join("include").display()
         ))
         .arg(format!("-isystem{}", shim.join("cuda_stub").display()))
+        .args(hooks.then_some("-DITRT_TEST_HOOKS"))
         .arg("-o")
         .arg(&out));
     assert_eq!(
@@ -83,7 +84,7 @@ fn compile_shim(release: &str) -> PathBuf {
 /// The probe program (tests/shim_probe.c) linked with the shim compiled against `release`.
 fn probe(release: &str) -> PathBuf {
     let dir = work(&format!("shim-{release}"));
-    let shim = compile_shim(release);
+    let shim = compile_shim(release, true);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let obj = dir.join("probe.o");
@@ -249,7 +250,19 @@ fn as_version(code: i64, build: i64) -> String {
 #[test]
 fn shim_compiles_warning_free_against_every_header_release() {
     for release in ["8.6", "10.16", "11.1"] {
-        compile_shim(release);
+        compile_shim(release, false);
+    }
+}
+
+#[test]
+fn an_error_on_another_thread_never_fails_a_call() {
+    // Instances are created and run on several threads: an error TensorRT logs on one must not
+    // make another thread's good call look failed (the counter is per thread), and a failing
+    // call with nothing of its own names the other thread's error only as such.
+    for release in ["8.6", "10.16", "11.1"] {
+        let (code, text) = run(Command::new(probe(release)).arg("--threads"));
+        assert_eq!(code, Some(0), "{release}: {text}");
+        assert!(text.contains("per-thread errors ok"), "{release}: {text}");
     }
 }
 
@@ -362,10 +375,25 @@ port = 0
 "#,
     )
     .unwrap();
+    // Without engine metadata nothing says the plan is version-compatible: the full runtime,
+    // the one library that runs any plan, is what is looked for (the library path holds only
+    // the lean one here).
     let (code, text) = run(Command::new(&bin)
         .arg("--config")
         .arg(d.join("runtime.toml"))
         .env("LD_LIBRARY_PATH", dir));
+    assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
+    assert!(
+        text.contains("cannot load libnvinfer.so.10") && text.contains("10.16.0 headers"),
+        "{text}"
+    );
+    // The lean library by soname (INFER_TRT_LIBRARY) from the library path: opened, its
+    // version read, then refused for want of a driver.
+    let (code, text) = run(Command::new(&bin)
+        .arg("--config")
+        .arg(d.join("runtime.toml"))
+        .env("LD_LIBRARY_PATH", dir)
+        .env("INFER_TRT_LIBRARY", "libnvinfer_lean.so.10"));
     assert_eq!(code, Some(1), "exit 1 expected (not a signal):\n{text}");
     assert!(
         text.contains("libcuda.so.1") && text.contains("no NVIDIA driver"),

@@ -11,7 +11,7 @@
 use super::{Backend, Engine};
 use crate::tensor::Tensor;
 use bytes::Bytes;
-use infer_spec::engine::{EngineMeta, Found, FoundCpu};
+use infer_spec::engine::{EngineMeta, Found, FoundCpu, GpuMeta};
 use infer_spec::{DataType, RuntimeConfig, TensorSpec};
 use infer_trt::{
     header_version, probe_gpu, version_major, IoTensor, LibraryKind, TrtLibrary, TrtRuntime,
@@ -26,7 +26,9 @@ pub const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
 /// runtime a GPU image ships, resolved against the directory of `runtime.toml`), else the
 /// library the engine's metadata calls for (lean for version-compatible plans that exclude the
 /// lean runtime, dispatch for other version-compatible ones, the full runtime otherwise), else
-/// the lean one, by soname; the major is that of the headers infer-serve was built against.
+/// the full one, by soname (without metadata nothing says the plan is version-compatible, and
+/// only the full runtime runs an ordinary plan); the major is that of the headers infer-serve
+/// was built against.
 fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), String> {
     let meta = match &cfg.engine.metadata {
         Some(m) => {
@@ -53,11 +55,16 @@ fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<Engi
     let major = header_version()
         .map(version_major)
         .ok_or_else(|| infer_trt::Error::NoShim.to_string())?;
-    let kind = match meta.as_ref().and_then(|m| m.gpu.as_ref()) {
-        Some(g) => LibraryKind::for_engine(g.version_compatible, g.exclude_lean_runtime),
-        None => LibraryKind::Lean,
-    };
+    let kind = library_kind(meta.as_ref().and_then(|m| m.gpu.as_ref()));
     Ok((kind.soname(major as u64), meta))
+}
+
+/// The library the engine's metadata calls for; the full runtime without metadata.
+fn library_kind(gpu: Option<&GpuMeta>) -> LibraryKind {
+    match gpu {
+        Some(g) => LibraryKind::for_engine(g.version_compatible, g.exclude_lean_runtime),
+        None => LibraryKind::Full,
+    }
 }
 
 /// What this node has for a TensorRT engine: the runtime library's version and GPU 0 (compute
@@ -102,13 +109,7 @@ impl TensorrtEngine {
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let lib = TrtLibrary::open(&name).map_err(|e| e.to_string())?;
         let runtime = lib.runtime().map_err(|e| e.to_string())?;
-        // Version-compatible plans carry host code the full runtime must be allowed to run.
-        let allow_host_code = meta
-            .as_ref()
-            .and_then(|m| m.gpu.as_ref())
-            .is_some_and(|g| g.version_compatible)
-            && !name.contains("_lean")
-            && !name.contains("_dispatch");
+        let allow_host_code = allow_host_code(meta.as_ref().and_then(|m| m.gpu.as_ref()));
         let engine = TensorrtEngine {
             runtime,
             plan,
@@ -118,6 +119,14 @@ impl TensorrtEngine {
         };
         Ok(engine)
     }
+}
+
+/// Whether deserializing is allowed to run the plan's host code: for every version-compatible
+/// plan, on whichever library opens it, as trtexec and Polygraphy do
+/// (`setEngineHostCodeAllowed(true)`). A plan that embeds its lean runtime, opened through
+/// `libnvinfer_dispatch`, fails to deserialize without it.
+fn allow_host_code(gpu: Option<&GpuMeta>) -> bool {
+    gpu.is_some_and(|g| g.version_compatible)
 }
 
 /// Checks the engine's IO tensors against runtime.toml: the same names, each with a datatype
@@ -273,6 +282,37 @@ mod tests {
             dims: vec![-1, 4],
             profile: None,
             dim_names: Vec::new(),
+        }
+    }
+
+    fn gpu(version_compatible: bool, exclude_lean_runtime: bool) -> GpuMeta {
+        GpuMeta {
+            sm: infer_spec::engine::ComputeCapability::new(8, 9),
+            tensorrt: "10.16.1.11".parse().unwrap(),
+            cuda: "12.9".parse().unwrap(),
+            driver_floor: "575.57".parse().unwrap(),
+            hardware_compat: infer_spec::engine::HardwareCompat::None,
+            version_compatible,
+            exclude_lean_runtime,
+            builder_gpu: "NVIDIA L4".into(),
+        }
+    }
+
+    #[test]
+    fn library_and_host_code_follow_the_metadata() {
+        // (metadata, library, host code allowed): what trtexec does for each kind of plan.
+        let cases = [
+            // What infer-build builds by default: the lean library shipped beside the plan.
+            (Some(gpu(true, true)), LibraryKind::Lean, true),
+            // A plan embedding its lean runtime: the dispatch library, which must run host code.
+            (Some(gpu(true, false)), LibraryKind::Dispatch, true),
+            (Some(gpu(false, false)), LibraryKind::Full, false),
+            // Nothing says the plan is version-compatible: only the full runtime runs any plan.
+            (None, LibraryKind::Full, false),
+        ];
+        for (meta, library, host) in cases {
+            assert_eq!(library_kind(meta.as_ref()), library, "{meta:?}");
+            assert_eq!(allow_host_code(meta.as_ref()), host, "{meta:?}");
         }
     }
 

@@ -496,7 +496,7 @@ fn import_base(store: &BlobStore, b: &BaseRef, platform: &Platform) -> Result<Ba
             )));
         }
         store.import(&src, &l.digest, l.size, false)?;
-        store.verify_diff_id(&l.digest, l.size, &l.media_type, diff_id)?;
+        store.verify_diff_id(&l.digest, l.size, &l.media_type, diff_id, &b.layout)?;
         let media_type = if l.media_type == media::DOCKER_LAYER_GZIP {
             media::LAYER_GZIP.into()
         } else {

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::image::{decode, encode, Descriptor, Index, Manifest};
+use super::image::{decode_in, encode, Descriptor, Index, Manifest};
 use super::store::BlobStore;
 use super::tar::{self, Entry};
 use super::{annotation, cjson, media, Digest, Dir, Error};
@@ -33,7 +33,7 @@ pub fn read_index(store: &BlobStore) -> Result<Index, Error> {
             why: format!("cannot read index.json: {e}"),
         },
     })?;
-    decode("index.json", &bytes)
+    decode_in(store.root(), "index.json", &bytes)
 }
 
 /// Write `index.json` holding `entries` first, then the old entries whose ref name is not
@@ -100,7 +100,7 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
         let bytes = store.read_exact(&d.digest, d.size)?;
         match d.media_type.as_str() {
             media::INDEX | media::DOCKER_LIST => {
-                let i: Index = decode(&format!("index {}", d.digest), &bytes)?;
+                let i: Index = decode_in(store.root(), &format!("index {}", d.digest), &bytes)?;
                 stack.extend(i.manifests.into_iter().rev());
                 indexes.push(d);
             }
@@ -112,7 +112,7 @@ pub fn walk(store: &BlobStore) -> Result<(Vec<FoundImage>, Vec<Descriptor>), Err
 
 /// The image manifest `d` (whose verified bytes are `bytes`) with its verified config.
 fn read_image(store: &BlobStore, d: Descriptor, bytes: Vec<u8>) -> Result<FoundImage, Error> {
-    let manifest: Manifest = decode(&format!("manifest {}", d.digest), &bytes)?;
+    let manifest: Manifest = decode_in(store.root(), &format!("manifest {}", d.digest), &bytes)?;
     if manifest.layers.len() > MAX_LAYERS {
         return Err(Error::NotALayout {
             path: store.root().into(),
@@ -124,7 +124,11 @@ fn read_image(store: &BlobStore, d: Descriptor, bytes: Vec<u8>) -> Result<FoundI
         });
     }
     let cfg = store.read_exact(&manifest.config.digest, manifest.config.size)?;
-    let config = decode(&format!("config {}", manifest.config.digest), &cfg)?;
+    let config = decode_in(
+        store.root(),
+        &format!("config {}", manifest.config.digest),
+        &cfg,
+    )?;
     Ok(FoundImage {
         descriptor: d,
         manifest,
@@ -184,7 +188,7 @@ pub fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error
             }
             return Ok(img);
         }
-        let idx: Index = decode(&format!("index {}", desc.digest), &bytes)?;
+        let idx: Index = decode_in(store.root(), &format!("index {}", desc.digest), &bytes)?;
         let (os, arch) = PLATFORM;
         let native = idx.manifests.iter().find(|m| m.is_platform(os, arch));
         desc = match (native, idx.manifests.as_slice()) {
@@ -208,7 +212,7 @@ fn nested(
 ) -> Result<Option<Descriptor>, Error> {
     for e in entries.iter().filter(|e| is_index(e)) {
         let bytes = store.read_exact(&e.digest, e.size)?;
-        let idx: Index = decode(&format!("index {}", e.digest), &bytes)?;
+        let idx: Index = decode_in(store.root(), &format!("index {}", e.digest), &bytes)?;
         if let Some(m) = idx
             .manifests
             .into_iter()
@@ -224,7 +228,7 @@ fn nested(
 pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), Error> {
     let (images, indexes) = walk(store)?;
     let index_bytes = store.read_file("index.json")?;
-    let idx: Index = decode("index.json", &index_bytes)?;
+    let idx: Index = decode_in(store.root(), "index.json", &index_bytes)?;
     let mut blobs: BTreeMap<Digest, u64> = BTreeMap::new();
     for d in &indexes {
         blobs.insert(d.digest.clone(), d.size);

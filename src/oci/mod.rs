@@ -151,11 +151,30 @@ pub enum Error {
     MissingBlob { layout: PathBuf, digest: Digest },
     #[error("{path} is not an OCI image layout: {why}")]
     NotALayout { path: PathBuf, why: String },
+    /// A document JSON could not encode (never the fault of a layout: see [`Error::Malformed`]).
     #[error("invalid JSON in {what}: {source}")]
     Json {
         what: String,
         #[source]
         source: serde_json::Error,
+    },
+    /// A document of a layout (`index.json`, a manifest, an index, a config) that does not
+    /// parse as one: not JSON, not UTF-8, a digest that is not `sha256:<64 lowercase hex>`, a
+    /// size that is not a `u64`. Bad input, naming the layout it was read from.
+    #[error("{layout}: {what} is malformed: {why}")]
+    Malformed {
+        layout: PathBuf,
+        what: String,
+        why: String,
+    },
+    /// A layer blob (its digest already verified) whose content cannot be decoded: corrupt
+    /// compression, a broken tar, or a decompression bomb stopped at its bound. Bad input,
+    /// naming the layout the layer came from.
+    #[error("layer {digest} of {layout} cannot be read: {why}")]
+    BadLayer {
+        layout: PathBuf,
+        digest: Digest,
+        why: String,
     },
     #[error("no image tagged `{tag}` in {layout} (tags: {known})")]
     NoSuchTag {
@@ -163,8 +182,12 @@ pub enum Error {
         tag: String,
         known: String,
     },
-    #[error("layer {digest} has media type `{media_type}`, not a layer infer-build can read (tar, tar+gzip, tar+zstd)")]
-    UnsupportedLayer { digest: Digest, media_type: String },
+    #[error("layer {digest} in {layout} has media type `{media_type}`, not a layer infer-build can read (tar, tar+gzip, tar+zstd)")]
+    UnsupportedLayer {
+        layout: PathBuf,
+        digest: Digest,
+        media_type: String,
+    },
     #[error("{layout}: {why}")]
     NoImage { layout: PathBuf, why: String },
     #[error("layer pipeline failed: {0}")]
@@ -187,6 +210,8 @@ impl Error {
                 | Error::Corrupt { .. }
                 | Error::MissingBlob { .. }
                 | Error::NotALayout { .. }
+                | Error::Malformed { .. }
+                | Error::BadLayer { .. }
                 | Error::NoSuchTag { .. }
                 | Error::UnsupportedLayer { .. }
                 | Error::NoImage { .. }

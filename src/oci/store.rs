@@ -398,13 +398,16 @@ impl BlobStore {
 
     /// Check that the uncompressed content of layer `d` (media type `media_type`) hashes to
     /// `diff_id`, as the image config claims. The answer is remembered in the build cache, so
-    /// a base layer is decompressed once per layout, not once per build.
+    /// a base layer is decompressed once per layout, not once per build. `origin` is the layout
+    /// the layer and its config came from (a base imported into this store): a wrong diff_id or
+    /// a layer that does not decode names it, not this store.
     pub fn verify_diff_id(
         &self,
         d: &Digest,
         size: u64,
         media_type: &str,
         diff_id: &Digest,
+        origin: &Path,
     ) -> Result<(), Error> {
         let mut key = Hasher::new();
         key.update(b"diff_id\0");
@@ -418,12 +421,22 @@ impl BlobStore {
             }
         }
         // The blob itself was verified when it was imported into this store.
-        let mut r = super::unpack::open_unverified(self, d, size, media_type)?;
-        let (actual, _) =
-            Digest::of_reader(&mut r).map_err(Error::io("decompress", self.blob_path(d)))?;
+        let mut r =
+            super::unpack::open_unverified(self, d, size, media_type).map_err(|e| match e {
+                Error::UnsupportedLayer {
+                    digest, media_type, ..
+                } => Error::UnsupportedLayer {
+                    layout: origin.into(),
+                    digest,
+                    media_type,
+                },
+                e => e,
+            })?;
+        let errors = r.errors().in_layout(origin);
+        let (actual, _) = Digest::of_reader(&mut r).map_err(|e| errors.error("decompress", e))?;
         if &actual != diff_id {
             return Err(Error::WrongDiffId {
-                layout: self.root.clone(),
+                layout: origin.into(),
                 digest: d.clone(),
                 diff_id: diff_id.clone(),
                 actual,

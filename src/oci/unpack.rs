@@ -5,10 +5,14 @@
 //! Invariants: the blob is opened as a regular file without following links and must have the
 //! descriptor's size before a byte is read; [`open`] checks its digest before any byte is
 //! decoded; the decoded stream fails once it grows past [`expansion_limit`] (a decompression
-//! bomb stops there instead of filling the disk or memory).
+//! bomb stops there instead of filling the disk or memory). A stream that fails is classified
+//! by [`LayerErrors`]: a failed read of the file itself is an I/O error, anything the decoder or
+//! a tar reader refuses is [`Error::BadLayer`] (bad input, naming the layout).
 
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::store::BlobStore;
 use super::{Digest, Error};
@@ -53,6 +57,60 @@ pub struct LayerReader {
     inner: Box<dyn Read>,
     path: PathBuf,
     count: u64,
+    errors: LayerErrors,
+}
+
+/// Classifies the errors of one layer's stream, also once the [`LayerReader`] has moved into a
+/// tar reader: the blob was verified, so an error that is not a failed read of the file is the
+/// layer's own fault (corrupt compression, broken tar, decompression bomb).
+#[derive(Clone, Debug)]
+pub struct LayerErrors {
+    layout: PathBuf,
+    digest: Digest,
+    path: PathBuf,
+    raw_failed: Arc<AtomicBool>,
+}
+
+impl LayerErrors {
+    /// The layout named as the layer's origin (the base a layer was imported from, rather
+    /// than the output it is read back from).
+    pub fn in_layout(mut self, origin: &Path) -> LayerErrors {
+        self.layout = origin.to_path_buf();
+        self
+    }
+
+    /// `e`, met while doing `op` on the layer's stream, as an [`Error`].
+    pub fn error(&self, op: &'static str, e: io::Error) -> Error {
+        if self.raw_failed.load(Ordering::Relaxed) {
+            Error::Io {
+                op,
+                path: self.path.clone(),
+                source: e,
+            }
+        } else {
+            Error::BadLayer {
+                layout: self.layout.clone(),
+                digest: self.digest.clone(),
+                why: e.to_string(),
+            }
+        }
+    }
+}
+
+/// The blob's file; records whether a read of it failed.
+struct Raw<R> {
+    inner: R,
+    failed: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Raw<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf).inspect_err(|e| {
+            if e.kind() != io::ErrorKind::Interrupted {
+                self.failed.store(true, Ordering::Relaxed);
+            }
+        })
+    }
 }
 
 impl Read for LayerReader {
@@ -69,11 +127,16 @@ impl LayerReader {
         &self.path
     }
 
+    /// The classifier of this stream's errors.
+    pub fn errors(&self) -> LayerErrors {
+        self.errors.clone()
+    }
+
     /// Read what is left (a tar reader stops before the end-of-archive blocks) and return the
     /// uncompressed size of the layer.
     pub fn finish(mut self) -> Result<u64, Error> {
-        let path = self.path.clone();
-        io::copy(&mut self, &mut io::sink()).map_err(Error::io("read layer", path))?;
+        let errors = self.errors();
+        io::copy(&mut self, &mut io::sink()).map_err(|e| errors.error("read layer", e))?;
         Ok(self.count)
     }
 }
@@ -100,16 +163,27 @@ pub fn open_unverified(
 ) -> Result<LayerReader, Error> {
     let path = store.blob_path(d);
     let encoding = Encoding::of(media_type).ok_or_else(|| Error::UnsupportedLayer {
+        layout: store.root().into(),
         digest: d.clone(),
         media_type: media_type.into(),
     })?;
-    let raw = BufReader::with_capacity(1 << 20, store.open_blob(d, size)?.take(size));
+    let errors = LayerErrors {
+        layout: store.root().into(),
+        digest: d.clone(),
+        path: path.clone(),
+        raw_failed: Arc::new(AtomicBool::new(false)),
+    };
+    let raw = Raw {
+        inner: store.open_blob(d, size)?.take(size),
+        failed: errors.raw_failed.clone(),
+    };
+    let raw = BufReader::with_capacity(1 << 20, raw);
     let decoded: Box<dyn Read> = match encoding {
         Encoding::Tar => Box::new(raw),
         Encoding::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(raw)),
         Encoding::Zstd => Box::new(
             zstd::stream::read::Decoder::with_buffer(raw)
-                .map_err(Error::io("decompress", &path))?,
+                .map_err(|e| errors.error("decompress", e))?,
         ),
     };
     let limit = expansion_limit(size);
@@ -121,6 +195,7 @@ pub fn open_unverified(
         }),
         path,
         count: 0,
+        errors,
     })
 }
 
@@ -188,5 +263,27 @@ mod tests {
         };
         let e = io::copy(&mut b, &mut io::sink()).unwrap_err();
         assert!(e.to_string().contains("decompression bomb"), "{e}");
+    }
+
+    #[test]
+    fn a_layer_that_does_not_decode_is_bad_input_naming_its_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = BlobStore::create(dir.path()).unwrap();
+        let blob = b"not gzip at all".to_vec();
+        let d = s.put(&blob).unwrap();
+        let r = open(&s, &d, blob.len() as u64, super::super::media::LAYER_GZIP).unwrap();
+        let e = r.finish().unwrap_err();
+        assert!(matches!(e, Error::BadLayer { .. }), "{e:?}");
+        assert!(e.is_bad_input());
+        assert!(
+            e.to_string().contains(&dir.path().display().to_string()),
+            "{e}"
+        );
+        let r = open(&s, &d, blob.len() as u64, super::super::media::LAYER_GZIP).unwrap();
+        let e = r.errors().in_layout(Path::new("/the/base")).error(
+            "read layer",
+            io::Error::new(io::ErrorKind::InvalidData, "corrupt deflate stream"),
+        );
+        assert!(e.to_string().contains("/the/base"), "{e}");
     }
 }

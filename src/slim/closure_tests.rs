@@ -10,7 +10,7 @@ const X86_64: u16 = goblin::elf::header::EM_X86_64;
 
 /// A fake x86_64 ELF object with these dynamic facts; `tag` makes contents differ.
 fn so(tag: &str, needed: &[&str], runpath: &[&str], rpath: &[&str]) -> Node {
-    Node::File(File {
+    Node::File(Box::new(File {
         mode: 0o644,
         size: tag.len() as u64,
         sha256: format!("{:0>64}", hex::encode(tag)),
@@ -24,7 +24,7 @@ fn so(tag: &str, needed: &[&str], runpath: &[&str], rpath: &[&str]) -> Node {
             interpreter: None,
         })),
         source: Source::Inline(Arc::from(tag.as_bytes())),
-    })
+    }))
 }
 
 fn base() -> Tree {
@@ -65,10 +65,7 @@ fn builder() -> Tree {
     t.insert_symlink("opt/x/lib/libB.so.2", "libB.so.2.0");
     t.insert("opt/x/deps/libz.so.1", so("other zlib", &[], &[], &[]));
     t.insert("opt/x/lib/libcuda.so.1", so("stub", &[], &[], &[]));
-    t.insert(
-        "usr/include/a.h",
-        Node::File(File::inline(0o644, b"header")),
-    );
+    t.insert("usr/include/a.h", File::inline(0o644, b"header").into());
     t
 }
 
@@ -209,7 +206,7 @@ fn conflicts_with_the_base_need_a_winner() {
     let mut a = base();
     a.insert(
         "usr/include/a.h",
-        Node::File(File::inline(0o644, b"other header")),
+        File::inline(0o644, b"other header").into(),
     );
     check(
         &a,
@@ -234,12 +231,10 @@ fn rpath_runpath_and_class_rules() {
     b.insert("usr/bin/r", so("r", &["libA.so"], &[], &["/opt/x/lib"]));
     // A 32-bit libA earlier in the search order is skipped, as the loader does.
     let mut wrong = so("A32", &[], &[], &[]);
-    if let Node::File(File {
-        elf: Some(Ok(info)),
-        ..
-    }) = &mut wrong
-    {
-        info.is_64 = false;
+    if let Node::File(f) = &mut wrong {
+        if let Some(Ok(info)) = &mut f.elf {
+            info.is_64 = false;
+        }
     }
     b.insert("usr/lib/x86_64-linux-gnu/libA.so", wrong);
     check(

@@ -31,6 +31,81 @@ pub const ELF_PARSE_LIMIT: u64 = 1 << 30;
 /// The most bytes a loader configuration file (`etc/ld.so.conf*`, kept in memory) may have.
 const INLINE_LIMIT: u64 = 1 << 20;
 
+/// The most entries slim holds of the images it reads, base and builder together, every layer
+/// counted (with a layer's entries and whiteouts read but not yet applied). Real CUDA and
+/// TensorRT images hold tens of thousands; each layer is bounded by its size alone
+/// ([`crate::oci::unpack::expansion_limit`]), so without this a few small layers of millions
+/// of directory entries would take gigabytes.
+pub const MAX_ENTRIES: usize = 1_000_000;
+/// The most bytes slim holds of those trees: paths, link targets, file facts (digest, ELF
+/// dependencies) and a fixed cost per entry ([`tree::ENTRY_OVERHEAD`]).
+pub const MAX_TREE_BYTES: u64 = 256 << 20;
+/// The longest path or link target slim accepts in a layer (Linux's `PATH_MAX`).
+pub const MAX_NAME: usize = 4096;
+/// Test knob: lowers [`MAX_ENTRIES`] (a larger value is ignored), so that a test reaches the
+/// bound with a few thousand entries. It cannot raise the bound.
+const MAX_ENTRIES_ENV: &str = "INFER_BUILD_SLIM_MAX_ENTRIES";
+
+/// What slim may still hold of the trees it reads: one budget for the base and the builder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// The bounds.
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    /// Held by trees already read.
+    spent_entries: usize,
+    spent_bytes: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        let lowered = std::env::var(MAX_ENTRIES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        Budget::new(
+            lowered.map_or(MAX_ENTRIES, |n| n.min(MAX_ENTRIES)),
+            MAX_TREE_BYTES,
+        )
+    }
+}
+
+impl Budget {
+    pub fn new(max_entries: usize, max_bytes: u64) -> Budget {
+        Budget {
+            max_entries,
+            max_bytes,
+            spent_entries: 0,
+            spent_bytes: 0,
+        }
+    }
+
+    /// `None` when `entries` and `bytes` more fit; else which bound they pass.
+    fn exceeded(&self, entries: usize, bytes: u64) -> Option<String> {
+        if self.spent_entries.saturating_add(entries) > self.max_entries {
+            Some(format!("more than {} entries", self.max_entries))
+        } else if self.spent_bytes.saturating_add(bytes) > self.max_bytes {
+            Some(format!(
+                "more than {} bytes of paths and file facts",
+                self.max_bytes
+            ))
+        } else {
+            None
+        }
+    }
+
+    fn spend(&mut self, t: &Tree) {
+        let (n, bytes) = weight(t);
+        self.spent_entries += n;
+        self.spent_bytes += bytes;
+    }
+}
+
+/// A tree's entries and bytes, with the fixed cost of each entry.
+fn weight(t: &Tree) -> (usize, u64) {
+    let (n, bytes) = t.weight();
+    (n, bytes + n as u64 * tree::ENTRY_OVERHEAD)
+}
+
 /// Annotation prefix of everything this module records in manifests.
 pub const ANNOTATION: &str = "dev.infer-build.slim.";
 /// Layer descriptor annotation: the uncompressed size of the layer, for the size report.
@@ -120,20 +195,64 @@ enum Pending {
 
 /// Flatten the layers of `img` into one tree, applying whiteouts (`.wh.NAME` removes `NAME`,
 /// `.wh..wh..opq` empties its directory) to the layers below, as an overlay filesystem does.
-/// Returns the tree and the uncompressed size of each layer.
+/// Returns the tree and the uncompressed size of each layer. Bounded by a [`Budget`] of its
+/// own; see [`flatten_within`].
 pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
+    flatten_within(img, "image", &mut Budget::default())
+}
+
+/// [`flatten`] within `budget`, shared with the other images of one slim build: the tree, and
+/// the entries and whiteouts of the layer being read, are counted as they come, and the read
+/// stops with an error naming the `role` (`base`, `builder`), the layout, the layer and the
+/// bound once they would pass it. What is held is spent from `budget`.
+pub fn flatten_within(
+    img: &Image,
+    role: &str,
+    budget: &mut Budget,
+) -> Result<(Tree, Vec<u64>), Error> {
     let mut t = Tree::new();
     let mut sizes = Vec::new();
-    for i in 0..img.layers().len() {
+    let layers = img.layers().len();
+    for i in 0..layers {
         let layer = open_layer(img, i)?;
         let path = layer.path().to_path_buf();
+        let errors = layer.errors();
+        let bad = |e: io::Error| Error::from(errors.error("read layer", e));
         let mut archive = tar::Archive::new(layer);
         let mut pending = Vec::new();
         let mut whiteouts = Vec::new();
         let mut opaque = Vec::new();
-        for entry in archive.entries().map_err(io_err("read layer", &path))? {
-            let mut entry = entry.map_err(io_err("read layer", &path))?;
+        // What the tree holds plus what this layer has added so far.
+        let (mut held_entries, mut held_bytes) = weight(&t);
+        let mut hold = |bytes: u64| -> Result<(), Error> {
+            held_entries += 1;
+            held_bytes += bytes + tree::ENTRY_OVERHEAD;
+            match budget.exceeded(held_entries, held_bytes) {
+                None => Ok(()),
+                Some(bound) => Err(layout_err(
+                    &path,
+                    format!(
+                        "the {role} image in {} holds {bound} by its layer {} of {layers}; slim holds at most {} entries and {} bytes of the images it reads (real CUDA and TensorRT images hold tens of thousands of entries)",
+                        img.layout.display(),
+                        i + 1,
+                        budget.max_entries,
+                        budget.max_bytes
+                    ),
+                )),
+            }
+        };
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
             let raw = entry.path_bytes().into_owned();
+            if raw.len() > MAX_NAME {
+                return Err(layout_err(
+                    &path,
+                    format!(
+                        "an entry's path has {} bytes, more than the {MAX_NAME} accepted",
+                        raw.len()
+                    ),
+                ));
+            }
             // Names are compared and written as text: a name that is not UTF-8 is refused
             // rather than converted lossily (two names would merge into one).
             let name = utf8_name(&raw, &path, "path")?;
@@ -143,6 +262,7 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
             }
             let base = tree::file_name(&p);
             if base == ".wh..wh..opq" {
+                hold(p.len() as u64)?;
                 opaque.push(tree::parent(&p).to_string());
                 continue;
             }
@@ -154,6 +274,7 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                         format!("whiteout `{name}` names no file (only `.wh.<name>` and `.wh..wh..opq` exist)"),
                     ));
                 }
+                hold(p.len() as u64)?;
                 whiteouts.push(tree::join(tree::parent(&p), hidden));
                 continue;
             }
@@ -163,22 +284,34 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
                 let l = entry
                     .link_name_bytes()
                     .ok_or_else(|| layout_err(&path, format!("link `{name}` without a target")))?;
+                if l.len() > MAX_NAME {
+                    return Err(layout_err(
+                        &path,
+                        format!("link `{name}` has a target of {} bytes, more than the {MAX_NAME} accepted", l.len()),
+                    ));
+                }
                 utf8_name(&l, &path, "link target")
             };
             match kind {
-                tar::EntryType::Directory => pending.push(Pending::Node(p, Node::Dir { mode })),
+                tar::EntryType::Directory => {
+                    hold(p.len() as u64)?;
+                    pending.push(Pending::Node(p, Node::Dir { mode }));
+                }
                 tar::EntryType::Symlink => {
                     let target = link()?;
+                    hold((p.len() + target.len()) as u64)?;
                     pending.push(Pending::Node(p, Node::Symlink { target }));
                 }
                 tar::EntryType::Link => {
                     let target = tree::normalize(&link()?);
+                    hold((p.len() + target.len()) as u64)?;
                     pending.push(Pending::Hardlink(p, target));
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
                     let declared = entry.header().size().unwrap_or(0);
-                    let file = read_file(&mut entry, &path, i, &p, mode, declared)?;
-                    pending.push(Pending::Node(p, Node::File(file)));
+                    let file = read_file(&mut entry, &path, &errors, i, &p, mode, declared)?;
+                    hold(p.len() as u64 + file.heap_bytes())?;
+                    pending.push(Pending::Node(p, file.into()));
                 }
                 // Devices, fifos and the like are not library material.
                 _ => {}
@@ -202,12 +335,14 @@ pub fn flatten(img: &Image) -> Result<(Tree, Vec<u64>), Error> {
             }
         }
     }
+    budget.spend(&t);
     Ok((t, sizes))
 }
 
 fn read_file(
     entry: &mut impl Read,
     layer: &Path,
+    errors: &unpack::LayerErrors,
     i: usize,
     p: &str,
     mode: u32,
@@ -225,7 +360,9 @@ fn read_file(
     let mut is_elf = false;
     let inline = keep_inline(p);
     loop {
-        let n = entry.read(&mut buf).map_err(io_err("read layer", layer))?;
+        let n = entry
+            .read(&mut buf)
+            .map_err(|e| errors.error("read layer", e))?;
         if n == 0 {
             break;
         }
@@ -299,10 +436,11 @@ fn extract(
     }
     for (layer, members) in wanted {
         let reader = open_layer(builder, layer)?;
-        let path = reader.path().to_path_buf();
+        let errors = reader.errors();
+        let bad = |e: io::Error| Error::from(errors.error("read layer", e));
         let mut archive = tar::Archive::new(reader);
-        for entry in archive.entries().map_err(io_err("read layer", &path))? {
-            let mut entry = entry.map_err(io_err("read layer", &path))?;
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
             // `flatten` refused names that are not UTF-8; none can be wanted here.
             let Ok(name) = std::str::from_utf8(&entry.path_bytes()).map(str::to_string) else {
                 continue;
@@ -462,8 +600,9 @@ pub fn build(
 ) -> Result<Built, Error> {
     let base = open_pinned(base_layout, &def.base, opts)?;
     let builder = open_pinned(builder_layout, &def.builder, opts)?;
-    let (base_tree, base_sizes) = flatten(&base)?;
-    let (builder_tree, builder_sizes) = flatten(&builder)?;
+    let mut budget = Budget::default();
+    let (base_tree, base_sizes) = flatten_within(&base, "base", &mut budget)?;
+    let (builder_tree, builder_sizes) = flatten_within(&builder, "builder", &mut budget)?;
     let selections = def.selections_for(&opts.needs);
     let plan = closure::compute(
         &base_tree,

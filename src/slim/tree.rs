@@ -4,6 +4,10 @@
 //!
 //! Paths are stored relative to the image root, `/`-separated, without `.`/`..` components
 //! (`usr/lib/x86_64-linux-gnu/libz.so.1`); the root itself is the empty path.
+//!
+//! A tree of a builder image can be large and comes from elsewhere, so it is compact (a
+//! directory or a symlink costs its path, its target and a few words; a file's facts are
+//! boxed) and it counts what it holds ([`Tree::weight`]) for the reader to bound.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,19 +40,43 @@ pub struct File {
     pub source: Source,
 }
 
-/// One entry of the tree.
+/// One entry of the tree. A file's facts are boxed, so that the directories and symlinks
+/// that make up most of an image cost a few words each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
     Dir { mode: u32 },
-    File(File),
+    File(Box<File>),
     Symlink { target: String },
+}
+
+impl From<File> for Node {
+    fn from(f: File) -> Node {
+        Node::File(Box::new(f))
+    }
+}
+
+impl Node {
+    /// The bytes this entry holds besides its path (a link's target, a file's facts).
+    pub fn heap_bytes(&self) -> u64 {
+        match self {
+            Node::Dir { .. } => 0,
+            Node::Symlink { target } => target.len() as u64,
+            Node::File(f) => f.heap_bytes(),
+        }
+    }
 }
 
 /// The flattened file tree of one image.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tree {
     nodes: BTreeMap<String, Node>,
+    /// The bytes of every path held plus each entry's [`Node::heap_bytes`].
+    bytes: u64,
 }
+
+/// The per-entry cost counted besides its bytes: a map slot, a path and a node header.
+pub const ENTRY_OVERHEAD: u64 =
+    (std::mem::size_of::<String>() + std::mem::size_of::<Node>() + 16) as u64;
 
 /// Why a path could not be resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +145,28 @@ impl File {
         }
     }
 
+    /// The bytes this file's entry holds: its boxed facts, digest, member name, ELF strings.
+    pub fn heap_bytes(&self) -> u64 {
+        let strings = |v: &[String]| v.iter().map(|s| s.len() as u64 + 24).sum::<u64>();
+        let elf = match &self.elf {
+            None => 0,
+            Some(Err(why)) => why.len() as u64,
+            Some(Ok(e)) => {
+                strings(&e.needed)
+                    + strings(&e.rpath)
+                    + strings(&e.runpath)
+                    + e.soname.as_ref().map_or(0, |s| s.len() as u64)
+                    + e.interpreter.as_ref().map_or(0, |s| s.len() as u64)
+                    + std::mem::size_of::<ElfInfo>() as u64
+            }
+        };
+        let source = match &self.source {
+            Source::Inline(b) => b.len() as u64,
+            Source::Layer { member, .. } => member.len() as u64,
+        };
+        std::mem::size_of::<File>() as u64 + self.sha256.len() as u64 + elf + source
+    }
+
     /// The ELF facts, when this is a valid ELF object.
     pub fn elf(&self) -> Option<&ElfInfo> {
         match &self.elf {
@@ -138,6 +188,29 @@ impl Tree {
 
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// What the tree holds: its number of entries and the bytes of their paths, link targets
+    /// and file facts (see [`Node::heap_bytes`]; [`ENTRY_OVERHEAD`] per entry not included).
+    pub fn weight(&self) -> (usize, u64) {
+        (self.nodes.len(), self.bytes)
+    }
+
+    /// Store `node` at the normalized `path`, keeping the byte count.
+    fn put(&mut self, path: String, node: Node) {
+        let add = path.len() as u64 + node.heap_bytes();
+        if let Some(old) = self.nodes.get(&path) {
+            self.bytes -= path.len() as u64 + old.heap_bytes();
+        }
+        self.bytes += add;
+        self.nodes.insert(path, node);
+    }
+
+    /// Remove the entry at exactly `path`, keeping the byte count.
+    fn take(&mut self, path: &str) -> Option<Node> {
+        let node = self.nodes.remove(path)?;
+        self.bytes -= path.len() as u64 + node.heap_bytes();
+        Some(node)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -171,14 +244,14 @@ impl Tree {
             dir = parent(dir);
         }
         for d in missing {
-            self.nodes.insert(d, Node::Dir { mode: 0o755 });
+            self.put(d, Node::Dir { mode: 0o755 });
         }
-        self.nodes.insert(path, node);
+        self.put(path, node);
     }
 
     /// Insert a file held in memory (see [`File::inline`]).
     pub fn insert_bytes(&mut self, path: &str, mode: u32, bytes: &[u8]) {
-        self.insert(path, Node::File(File::inline(mode, bytes)));
+        self.insert(path, File::inline(mode, bytes).into());
     }
 
     /// Insert a symlink.
@@ -194,7 +267,7 @@ impl Tree {
     /// Remove an entry and everything under it (a whiteout).
     pub fn remove(&mut self, path: &str) {
         let path = normalize(path);
-        self.nodes.remove(&path);
+        self.take(&path);
         let prefix = format!("{path}/");
         let under: Vec<String> = self
             .nodes
@@ -203,7 +276,7 @@ impl Tree {
             .map(|(k, _)| k.clone())
             .collect();
         for k in under {
-            self.nodes.remove(&k);
+            self.take(&k);
         }
     }
 
@@ -213,7 +286,7 @@ impl Tree {
         let keep = self.nodes.get(&dir).cloned();
         self.remove(&dir);
         if let Some(node) = keep {
-            self.nodes.insert(dir, node);
+            self.put(dir, node);
         }
     }
 
@@ -270,7 +343,7 @@ impl Tree {
     pub fn file(&self, path: &str) -> Option<(Resolved, &File)> {
         let r = self.resolve(path, true).ok()?;
         match self.nodes.get(&r.path) {
-            Some(Node::File(f)) => Some((r, f)),
+            Some(Node::File(f)) => Some((r, &**f)),
             _ => None,
         }
     }
@@ -409,5 +482,31 @@ mod tests {
         t.clear_dir("loop");
         assert!(t.get("loop").is_some());
         assert!(t.get("loop/a").is_none());
+    }
+
+    #[test]
+    fn the_weight_follows_inserts_replacements_and_removals() {
+        let mut t = Tree::new();
+        assert_eq!(t.weight(), (0, 0));
+        t.insert_symlink("a/b", "target");
+        // `a` (1 byte), `a/b` (3) and the target (6).
+        assert_eq!(t.weight(), (2, 10));
+        t.insert_symlink("a/b", "t");
+        assert_eq!(t.weight(), (2, 5));
+        t.insert_bytes("a/c", 0o644, b"xyz");
+        let (n, bytes) = t.weight();
+        assert_eq!(n, 3);
+        assert!(bytes > 5 + 3 + 64, "{bytes}");
+        t.remove("a");
+        assert_eq!(t.weight(), (0, 0));
+        t.insert("d/e", Node::Dir { mode: 0o700 });
+        t.clear_dir("d");
+        assert_eq!(t.weight(), (1, 1));
+        // A directory costs a few words besides its path.
+        assert!(
+            std::mem::size_of::<Node>() <= 32,
+            "{}",
+            std::mem::size_of::<Node>()
+        );
     }
 }

@@ -599,7 +599,7 @@ fn client_opts(tmp: &Path) -> infer_build::registry::ClientOptions {
 
 /// A fake ELF object with the dynamic facts the TensorRT research recorded.
 fn elf(needed: &[&str]) -> slim::tree::Node {
-    slim::tree::Node::File(slim::tree::File {
+    slim::tree::Node::File(Box::new(slim::tree::File {
         mode: 0o644,
         size: 1,
         sha256: format!("{:0>64}", needed.len()),
@@ -610,7 +610,7 @@ fn elf(needed: &[&str]) -> slim::tree::Node {
             ..Default::default()
         })),
         source: slim::tree::Source::Inline(std::sync::Arc::from(&b"x"[..])),
-    })
+    }))
 }
 
 /// The shape of nvcr.io/nvidia/tensorrt (paths unconfirmed, see the definitions) and of the CUDA

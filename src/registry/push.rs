@@ -260,8 +260,16 @@ fn visit(
         }
         return Ok(());
     }
-    let bytes = layout.read_small(desc)?;
-    let m = parse_document(&bytes, desc.digest.as_str())?;
+    // A document of the layout that is corrupt or does not parse is a bad layout (exit 2).
+    let as_layout = |e: Error| Error::Layout {
+        path: layout.root.clone(),
+        reason: e.to_string(),
+    };
+    let bytes = layout.read_small(desc).map_err(|e| match e {
+        e @ Error::DigestMismatch { .. } => as_layout(e),
+        e => e,
+    })?;
+    let m = parse_document(&bytes, desc.digest.as_str()).map_err(as_layout)?;
     let media_type = m
         .media_type
         .clone()
@@ -276,6 +284,20 @@ fn visit(
                 path: layout.root.clone(),
                 reason,
             })?;
+        // An image config is a document of the layout too: one that is not JSON is refused
+        // here, as `build` and `inspect` refuse it, not pushed.
+        if let Some(c) = m.config.as_ref().filter(|c| {
+            c.media_type == media::CONFIG || c.media_type == media::DOCKER_CONFIG
+        }) {
+            let config = layout.read_small(c).map_err(|e| match e {
+                e @ Error::DigestMismatch { .. } => as_layout(e),
+                e => e,
+            })?;
+            serde_json::from_slice::<serde_json::Value>(&config).map_err(|e| Error::Layout {
+                path: layout.root.clone(),
+                reason: format!("config {} is malformed: {e}", c.digest),
+            })?;
+        }
         for blob in m.config.iter().chain(m.layers.iter()) {
             if plan.blobs.contains_key(&blob.digest) {
                 continue;

@@ -296,6 +296,58 @@ extern "C"
         return copyDims(static_cast<nvinfer1::ICudaEngine*>(e)->getTensorShape(name), out, cap);
     }
 
+    // nvinfer1::TensorFormat of a tensor (0 kLINEAR; the others are vectorized or channel-last
+    // layouts that infer-serve does not exchange).
+    int32_t itrt_engine_io_format(void* e, char const* name)
+    {
+        return static_cast<int32_t>(static_cast<nvinfer1::ICudaEngine*>(e)->getTensorFormat(name));
+    }
+
+    // The values (not the dimensions) optimisation profile `profile` allows for the shape tensor
+    // input `name`, at `which` (0 min, 1 opt, 2 max): writes up to `cap` and returns how many the
+    // tensor has, or -1 when TensorRT gives none (not a shape tensor).
+    int32_t itrt_engine_profile_values(
+        void* e, char const* name, int32_t profile, int32_t which, int64_t* out, int32_t cap)
+    {
+        auto engine = static_cast<nvinfer1::ICudaEngine*>(e);
+        nvinfer1::Dims const d = engine->getTensorShape(name);
+        if (d.nbDims < 0)
+        {
+            return -1;
+        }
+        int64_t count = 1;
+        for (int32_t i = 0; i < d.nbDims; ++i)
+        {
+            if (d.d[i] < 0)
+            {
+                return -1;
+            }
+            count *= d.d[i];
+        }
+        auto sel = static_cast<nvinfer1::OptProfileSelector>(which);
+#if NV_TENSORRT_MAJOR > 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR >= 11)
+        // 10.11 added the 64-bit form and deprecated the 32-bit one (gone in 11).
+        int64_t const* values = engine->getProfileTensorValuesV2(name, profile, sel);
+#elif NV_TENSORRT_MAJOR == 10
+        int32_t const* values = engine->getProfileTensorValues(name, profile, sel);
+#else
+        // 8.6 has only the binding-index form, deprecated there but the one that exists.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        int32_t const* values = engine->getProfileShapeValues(profile, engine->getBindingIndex(name), sel);
+#pragma GCC diagnostic pop
+#endif
+        if (values == nullptr)
+        {
+            return -1;
+        }
+        for (int64_t i = 0; i < count && i < cap; ++i)
+        {
+            out[i] = static_cast<int64_t>(values[i]);
+        }
+        return static_cast<int32_t>(count);
+    }
+
     int32_t itrt_engine_num_profiles(void* e)
     {
         return static_cast<nvinfer1::ICudaEngine*>(e)->getNbOptimizationProfiles();

@@ -325,6 +325,10 @@ impl DeviceBuffer {
     pub(crate) fn addr(&self) -> *mut c_void {
         self.ptr as *mut c_void
     }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for DeviceBuffer {

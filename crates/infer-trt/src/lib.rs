@@ -286,6 +286,94 @@ impl IoTensor {
     }
 }
 
+/// Refuses a tensor whose layout is not TensorRT's linear one (`TensorFormat::kLINEAR`, 0):
+/// vectorized and channel-last formats (kCHW4, kHWC8, …) would need a conversion infer-serve
+/// does not make, and read as linear they give wrong answers silently.
+pub fn check_linear(name: &str, format: i32) -> Result<(), Error> {
+    if format == 0 {
+        return Ok(());
+    }
+    Err(tensor_err(
+        name,
+        format!(
+            "uses TensorRT tensor format {format}, not the linear one infer-serve exchanges \
+             (build the engine with linear IO formats, e.g. trtexec's default \
+             --inputIOFormats/--outputIOFormats)"
+        ),
+    ))
+}
+
+/// The error for an output whose shape stays unresolved once every input's shape and values are
+/// set: its size depends on the data (NonZero, NMS), which needs an output allocator.
+pub fn data_dependent(name: &str, shape: &[i64]) -> Error {
+    tensor_err(
+        name,
+        format!(
+            "has a data-dependent shape {shape:?} (from an operator such as NonZero or NMS); \
+             infer-serve sizes outputs before a batch runs, so such an engine is not served"
+        ),
+    )
+}
+
+/// Refuses an output shape that does not fit the `capacity` bytes bound for it, before anything
+/// is enqueued (a shape tensor's values can make an output larger than at allocation).
+pub fn check_fits(
+    name: &str,
+    shape: &[i64],
+    dtype: TrtDataType,
+    capacity: usize,
+) -> Result<(), Error> {
+    let need = byte_len(name, shape, dtype)?;
+    if need <= capacity {
+        return Ok(());
+    }
+    Err(tensor_err(
+        name,
+        format!(
+            "this batch's shape {shape:?} needs {need} bytes, more than the {capacity} bound for \
+             the profile's largest shapes"
+        ),
+    ))
+}
+
+/// The host bytes of a shape tensor holding `values` (native-endian INT32 or INT64, as TensorRT
+/// reads them), exactly `len` bytes long.
+pub fn shape_values_bytes(
+    name: &str,
+    values: &[i64],
+    dtype: TrtDataType,
+    len: usize,
+) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::with_capacity(len);
+    for &v in values {
+        match dtype {
+            TrtDataType::Int32 => {
+                let v = i32::try_from(v)
+                    .map_err(|_| tensor_err(name, format!("shape value {v} does not fit INT32")))?;
+                out.extend_from_slice(&v.to_ne_bytes());
+            }
+            TrtDataType::Int64 => out.extend_from_slice(&v.to_ne_bytes()),
+            other => {
+                return Err(tensor_err(
+                    name,
+                    format!("is a shape tensor of {other:?}; TensorRT's are INT32 or INT64"),
+                ))
+            }
+        }
+    }
+    if out.len() != len {
+        return Err(tensor_err(
+            name,
+            format!(
+                "{} profile values make {} bytes, its shape needs {len}",
+                values.len(),
+                out.len()
+            ),
+        ));
+    }
+    Ok(out)
+}
+
 /// Checks one batch's inputs `(name, shape, byte length)` against the engine's IO tensors: every
 /// input given exactly once, no unknown or output name, each shape accepted and each byte length
 /// equal to shape × element size.
@@ -494,6 +582,31 @@ mod tests {
             input("s", &[2, 4], None).max_input_shape().unwrap(),
             vec![2, 4]
         );
+    }
+
+    #[test]
+    fn shape_tensors_outputs_and_formats() {
+        // A shape tensor of 2 INT32 values is filled with the profile's largest values, not zeros.
+        let b = shape_values_bytes("s", &[8, 640], TrtDataType::Int32, 8).unwrap();
+        assert_eq!(b, [8i32.to_ne_bytes(), 640i32.to_ne_bytes()].concat());
+        let b = shape_values_bytes("s", &[3], TrtDataType::Int64, 8).unwrap();
+        assert_eq!(b, 3i64.to_ne_bytes());
+        let e = |r: Result<Vec<u8>, Error>| r.unwrap_err().to_string();
+        assert!(e(shape_values_bytes("s", &[1 << 40], TrtDataType::Int32, 4)).contains("INT32"));
+        assert!(e(shape_values_bytes("s", &[1], TrtDataType::Float, 4)).contains("shape tensor"));
+        assert!(e(shape_values_bytes("s", &[1], TrtDataType::Int32, 8)).contains("needs 8"));
+        // An output a batch's shapes make larger than its buffer is refused before the enqueue.
+        check_fits("y", &[8, 4], TrtDataType::Float, 128).unwrap();
+        let msg = check_fits("y", &[9, 4], TrtDataType::Float, 128)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("144 bytes") && msg.contains("128"), "{msg}");
+        assert!(check_fits("y", &[-1, 4], TrtDataType::Float, 128).is_err());
+        let msg = data_dependent("boxes", &[-1, 4]).to_string();
+        assert!(msg.contains("`boxes`") && msg.contains("NonZero"), "{msg}");
+        check_linear("x", 0).unwrap();
+        let msg = check_linear("x", 4).unwrap_err().to_string();
+        assert!(msg.contains("format 4") && msg.contains("linear"), "{msg}");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use infer_spec::engine::{FoundGpu, Version};
 
 use crate::cuda::{kernel_driver_version, DeviceBuffer, Driver, Gpu, Stream};
 use crate::{
-    byte_len, check_inputs, check_library, decode_lib_version, Error, IoTensor, TrtDataType,
+    byte_len, check_fits, check_inputs, check_library, check_linear, data_dependent,
+    decode_lib_version, shape_values_bytes, Error, IoTensor, TrtDataType,
 };
 
 #[cfg(infer_trt_shim)]
@@ -40,6 +41,15 @@ mod ffi {
         pub fn itrt_engine_io_shape(
             e: *mut c_void,
             name: *const c_char,
+            out: *mut i64,
+            cap: i32,
+        ) -> i32;
+        pub fn itrt_engine_io_format(e: *mut c_void, name: *const c_char) -> i32;
+        pub fn itrt_engine_profile_values(
+            e: *mut c_void,
+            name: *const c_char,
+            profile: i32,
+            which: i32,
             out: *mut i64,
             cap: i32,
         ) -> i32;
@@ -127,6 +137,19 @@ mod ffi {
         -1
     }
     pub unsafe fn itrt_engine_io_shape(_: P, _: S, _: *mut i64, _: i32) -> i32 {
+        -1
+    }
+    pub unsafe fn itrt_engine_io_format(_: P, _: S) -> i32 {
+        -1
+    }
+    pub unsafe fn itrt_engine_profile_values(
+        _: P,
+        _: S,
+        _: i32,
+        _: i32,
+        _: *mut i64,
+        _: i32,
+    ) -> i32 {
         -1
     }
     pub unsafe fn itrt_engine_num_profiles(_: P) -> i32 {
@@ -408,6 +431,8 @@ unsafe impl Send for TrtEngine {}
 impl Drop for TrtEngine {
     fn drop(&mut self) {
         let _ = self.gpu.bind();
+        // No work may be in flight on the stream when its context and buffers go.
+        let _ = self.stream.synchronize();
         // SAFETY: context before engine, each destroyed once; the runtime outlives both (Arc);
         // buffers, stream and GPU context drop after this body.
         unsafe {
@@ -473,6 +498,10 @@ impl TrtEngine {
                 } else {
                     None
                 };
+                check_linear(
+                    &name,
+                    ffi::itrt_engine_io_format(self.engine, cname.as_ptr()),
+                )?;
                 let host = ffi::itrt_engine_io_location(self.engine, cname.as_ptr()) == 1;
                 out.push(IoTensor {
                     name,
@@ -517,41 +546,84 @@ impl TrtEngine {
             })
     }
 
-    /// Sizes every buffer once: inputs at profile 0's maximum, outputs at the shapes TensorRT
-    /// resolves for those inputs (no `-1` may remain), and binds their addresses.
+    /// The values profile 0 allows at most for the shape tensor input `t` (one per element of
+    /// its shape).
+    fn profile_max_values(&self, t: &IoTensor) -> Result<Vec<i64>, Error> {
+        let c = cname(&t.name)?;
+        let mut buf = [0i64; 64];
+        // SAFETY: engine is live; writes at most `buf.len()` values.
+        let n = unsafe {
+            ffi::itrt_engine_profile_values(self.engine, c.as_ptr(), 0, 2, buf.as_mut_ptr(), 64)
+        };
+        match usize::try_from(n) {
+            Ok(n) if n <= buf.len() => Ok(buf[..n].to_vec()),
+            _ => Err(Error::Tensor {
+                name: t.name.clone(),
+                reason: format!(
+                    "a shape tensor whose profile values TensorRT does not give (count {n})"
+                ),
+            }),
+        }
+    }
+
+    /// Binds `buffer` as the address of tensor `name`.
+    fn bind_buffer(&self, name: &str, buffer: &mut Buffer) -> Result<(), Error> {
+        let c = cname(name)?;
+        let addr = match buffer {
+            Buffer::Device(d) => d.addr(),
+            Buffer::Host(h) => h.as_mut_ptr().cast(),
+        };
+        let mut err = ErrBuf::new();
+        // SAFETY: the caller keeps the buffer in `self.buffers` as long as the context (a Vec's
+        // heap block does not move when the Vec is moved into the list).
+        if !unsafe {
+            ffi::itrt_context_set_tensor_address(self.ctx, c.as_ptr(), addr, err.ptr(), 2048)
+        } {
+            return Err(err.error(&format!("setTensorAddress({name}) failed")));
+        }
+        Ok(())
+    }
+
+    /// Sizes every buffer once, inputs first: each input at profile 0's maximum shape, and a
+    /// shape tensor input (host memory) filled with profile 0's maximum *values*; then each
+    /// output at the shape TensorRT resolves for those (no `-1` may remain: a data-dependent
+    /// output is refused by name). Sized from a zero-filled shape tensor instead, an output
+    /// buffer could be empty and a real batch would write past it on the device.
     fn allocate(&mut self) -> Result<(), Error> {
         self.gpu.bind()?;
         let io = self.io.clone();
-        for t in io.iter().filter(|t| t.input) {
-            self.set_input_shape(&cname(&t.name)?, &t.max_input_shape()?)?;
-        }
-        for t in &io {
-            let c = cname(&t.name)?;
-            let shape = if t.input {
-                t.max_input_shape()?
+        let mut slots: Vec<Option<Buffer>> = io.iter().map(|_| None).collect();
+        for (i, t) in io.iter().enumerate().filter(|(_, t)| t.input) {
+            let shape = t.max_input_shape()?;
+            self.set_input_shape(&cname(&t.name)?, &shape)?;
+            let len = byte_len(&t.name, &shape, t.dtype)?;
+            let mut buffer = if t.host {
+                let values = self.profile_max_values(t)?;
+                Buffer::Host(shape_values_bytes(&t.name, &values, t.dtype, len)?)
             } else {
-                self.context_shape(&c)?
+                Buffer::Device(self.gpu.alloc(len)?)
             };
+            self.bind_buffer(&t.name, &mut buffer)?;
+            slots[i] = Some(buffer);
+        }
+        // Every input is bound (shape tensors holding their values) before an output's shape is
+        // asked for.
+        for (i, t) in io.iter().enumerate().filter(|(_, t)| !t.input) {
+            let shape = self.context_shape(&cname(&t.name)?)?;
+            if shape.iter().any(|&d| d < 0) {
+                return Err(data_dependent(&t.name, &shape));
+            }
             let len = byte_len(&t.name, &shape, t.dtype)?;
             let mut buffer = if t.host {
                 Buffer::Host(vec![0; len.max(1)])
             } else {
                 Buffer::Device(self.gpu.alloc(len)?)
             };
-            let addr = match &mut buffer {
-                Buffer::Device(d) => d.addr(),
-                Buffer::Host(h) => h.as_mut_ptr().cast(),
-            };
-            let mut err = ErrBuf::new();
-            // SAFETY: the buffer lives in `self.buffers` as long as the context (a Vec's heap
-            // block does not move when the Vec is moved into the list).
-            if !unsafe {
-                ffi::itrt_context_set_tensor_address(self.ctx, c.as_ptr(), addr, err.ptr(), 2048)
-            } {
-                return Err(err.error(&format!("setTensorAddress({}) failed", t.name)));
-            }
-            self.buffers.push(buffer);
+            self.bind_buffer(&t.name, &mut buffer)?;
+            slots[i] = Some(buffer);
         }
+        // One buffer per `io` entry, in its order.
+        self.buffers = slots.into_iter().flatten().collect();
         Ok(())
     }
 
@@ -587,12 +659,32 @@ impl TrtEngine {
                     .copy_from_slice(bytes),
             }
         }
+        // The shapes and shape-tensor values of this batch decide the outputs' shapes: each must
+        // still fit the buffer bound for it before anything is enqueued.
+        for (t, b) in self.io.iter().zip(&self.buffers).filter(|(t, _)| !t.input) {
+            let shape = self.context_shape(&cname(&t.name)?)?;
+            if shape.iter().any(|&d| d < 0) {
+                return Err(data_dependent(&t.name, &shape));
+            }
+            check_fits(&t.name, &shape, t.dtype, b.len())?;
+        }
         let mut err = ErrBuf::new();
-        // SAFETY: every IO address is bound to a live buffer sized for the largest shapes.
+        // SAFETY: every IO address is bound to a live buffer the checks above found large enough.
         if !unsafe { ffi::itrt_context_enqueue_v3(self.ctx, self.stream.raw(), err.ptr(), 2048) } {
             let _ = self.stream.synchronize();
             return Err(err.error("enqueueV3 failed"));
         }
+        let out = self.collect_outputs();
+        // Whatever happened after the enqueue, no work of this batch is left in flight when
+        // inference returns (the input bytes it reads are the caller's).
+        let synced = self.stream.synchronize();
+        let out = out?;
+        synced?;
+        Ok(out)
+    }
+
+    /// Copies every output of the batch just enqueued to the host.
+    fn collect_outputs(&mut self) -> Result<Tensors, Error> {
         let mut out = Vec::new();
         for (t, b) in self.io.iter().zip(&self.buffers).filter(|(t, _)| !t.input) {
             let shape = self.context_shape(&cname(&t.name)?)?;
@@ -610,7 +702,15 @@ impl TrtEngine {
             }
             out.push((t.name.clone(), shape, host));
         }
-        self.stream.synchronize()?;
         Ok(out)
+    }
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Device(d) => d.len(),
+            Buffer::Host(h) => h.len(),
+        }
     }
 }

@@ -139,6 +139,8 @@ datatype = "FP32"
 dims = [-1, 10]
 [batching]
 max_batch_size = 32
+# Two execution contexts on the one deserialized engine.
+instances = 2
 [engine]
 kind = "tensorrt"
 path = "engine.plan"

@@ -377,6 +377,20 @@ extern "C"
         delete static_cast<nvinfer1::IExecutionContext*>(c);
     }
 
+    // Selects optimisation profile `profile` for the context, on `stream` (TensorRT 8.6 gives
+    // each context of an engine its own profile; the caller synchronizes the stream).
+    bool itrt_context_set_profile(void* c, int32_t profile, void* stream, char* err, size_t cap)
+    {
+        Call call(err, cap);
+        if (!static_cast<nvinfer1::IExecutionContext*>(c)->setOptimizationProfileAsync(
+                profile, static_cast<cudaStream_t>(stream)))
+        {
+            call.fail("setOptimizationProfileAsync failed");
+            return false;
+        }
+        return true;
+    }
+
     bool itrt_context_set_input_shape(void* c, char const* name, int64_t const* dims, int32_t n, char* err, size_t cap)
     {
         Call call(err, cap);

@@ -8,7 +8,8 @@
 //!   inputs, and reading the driver version from `/proc/driver/nvidia/version`.
 //! - Feature `tensorrt`: the Rust side — `dlopen` of libnvinfer / lean / dispatch and of the
 //!   CUDA driver and NVML (`libloading`; a missing driver is an error, never a panic),
-//!   `TrtLibrary`, `TrtRuntime`, `TrtEngine`. Builds without TensorRT or CUDA installed;
+//!   `TrtLibrary`, `TrtRuntime`, `TrtPlan` (one deserialized engine per process), `TrtEngine`
+//!   (an execution context per instance). Builds without TensorRT or CUDA installed;
 //!   creating a runtime then fails with [`Error::NoShim`] unless…
 //! - …`TENSORRT_ROOT` pointed at TensorRT headers at build time: then `build.rs` compiled
 //!   `shim/shim.cpp` (cfg `infer_trt_shim`) and the calls go to TensorRT.
@@ -413,6 +414,37 @@ pub fn check_inputs(io: &[IoTensor], inputs: &[(&str, &[i64], usize)]) -> Result
     Ok(())
 }
 
+/// The optimisation profile the execution context of instance `instance` (0, 1, …) runs, for a
+/// plan of `profiles` profiles on TensorRT `major`. Every instance shares one deserialized
+/// engine. From TensorRT 10 each context may run profile 0; TensorRT 8.6 requires each context
+/// of an engine to have a profile of its own, so instance *i* gets profile *i* and an instance
+/// beyond the plan's profiles is refused, saying what to change.
+pub fn context_profile(major: i32, instance: usize, profiles: i32) -> Result<i32, Error> {
+    if profiles < 1 {
+        return Err(Error::Tensorrt {
+            what: "the plan has no optimisation profile".into(),
+            detail: String::new(),
+        });
+    }
+    if major >= 10 {
+        return Ok(0);
+    }
+    match i32::try_from(instance) {
+        Ok(i) if i < profiles => Ok(i),
+        _ => Err(Error::Tensorrt {
+            what: format!(
+                "instance {} needs an optimisation profile of its own on TensorRT {major}.x, and \
+                 the plan has {profiles}",
+                instance + 1
+            ),
+            detail: format!(
+                "run at most {profiles} instances (the recipe's instance count), or build the plan \
+                 with one profile per instance"
+            ),
+        }),
+    }
+}
+
 /// The major version in a `getInferLibVersion()` / `NV_TENSORRT_VERSION` value.
 pub fn version_major(n: i32) -> i32 {
     if n >= 100_000 {
@@ -471,7 +503,7 @@ mod cuda;
 #[cfg(feature = "tensorrt")]
 mod runtime;
 #[cfg(feature = "tensorrt")]
-pub use runtime::{header_version, probe_gpu, Tensors, TrtEngine, TrtLibrary, TrtRuntime};
+pub use runtime::{header_version, probe_gpu, Tensors, TrtEngine, TrtLibrary, TrtPlan, TrtRuntime};
 
 #[cfg(test)]
 mod tests {
@@ -582,6 +614,22 @@ mod tests {
             input("s", &[2, 4], None).max_input_shape().unwrap(),
             vec![2, 4]
         );
+    }
+
+    #[test]
+    fn one_engine_and_a_context_per_instance() {
+        // TensorRT 10 and 11: every context on profile 0.
+        for instance in [0, 1, 7] {
+            assert_eq!(context_profile(10, instance, 1).unwrap(), 0);
+            assert_eq!(context_profile(11, instance, 2).unwrap(), 0);
+        }
+        // TensorRT 8.6: a profile per context, as many instances as profiles.
+        assert_eq!(context_profile(8, 0, 2).unwrap(), 0);
+        assert_eq!(context_profile(8, 1, 2).unwrap(), 1);
+        let e = context_profile(8, 2, 2).unwrap_err().to_string();
+        assert!(e.contains("instance 3") && e.contains("has 2"), "{e}");
+        assert!(e.contains("at most 2 instances"), "{e}");
+        assert!(context_profile(10, 0, 0).is_err());
     }
 
     #[test]

@@ -64,6 +64,13 @@ mod ffi {
         ) -> i32;
         pub fn itrt_context_create(e: *mut c_void, err: *mut c_char, cap: usize) -> *mut c_void;
         pub fn itrt_context_destroy(c: *mut c_void);
+        pub fn itrt_context_set_profile(
+            c: *mut c_void,
+            profile: i32,
+            stream: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
+        ) -> bool;
         pub fn itrt_context_set_input_shape(
             c: *mut c_void,
             name: *const c_char,
@@ -169,6 +176,9 @@ mod ffi {
         null_mut()
     }
     pub unsafe fn itrt_context_destroy(_: P) {}
+    pub unsafe fn itrt_context_set_profile(_: P, _: i32, _: P, _: *mut c_char, _: usize) -> bool {
+        false
+    }
     pub unsafe fn itrt_context_set_input_shape(
         _: P,
         _: S,
@@ -362,13 +372,12 @@ impl TrtRuntime {
         &self.version
     }
 
-    /// Deserializes a plan on GPU 0 and creates one execution context on its own stream, with
-    /// device buffers for the largest shapes profile 0 allows. `allow_host_code` is needed to
-    /// run version-compatible plans with the full runtime.
-    pub fn deserialize(&self, plan: &[u8], allow_host_code: bool) -> Result<TrtEngine, Error> {
+    /// Deserializes a plan on GPU 0, once per process: its weights sit in GPU memory once,
+    /// whatever the number of instances ([`TrtPlan::context`] gives each its own execution
+    /// context). `allow_host_code` lets a version-compatible plan run its host code.
+    pub fn deserialize(&self, plan: &[u8], allow_host_code: bool) -> Result<TrtPlan, Error> {
         let gpu = Gpu::open(0)?;
         gpu.bind()?;
-        let stream = gpu.stream()?;
         let mut err = ErrBuf::new();
         // SAFETY: rt is live; plan is a valid buffer for its length.
         let engine = unsafe {
@@ -384,23 +393,97 @@ impl TrtRuntime {
         if engine.is_null() {
             return Err(err.error("deserializing the engine failed"));
         }
+        let inner = PlanInner {
+            engine,
+            gpu,
+            _rt: self.inner.clone(),
+        };
         // SAFETY: engine is live.
+        let profiles = unsafe { ffi::itrt_engine_num_profiles(engine) };
+        let major = crate::version_major(header_version().unwrap_or(0));
+        let io = describe(engine, 0)?;
+        Ok(TrtPlan {
+            inner: Arc::new(inner),
+            io,
+            profiles,
+            major,
+        })
+    }
+}
+
+struct PlanInner {
+    engine: *mut c_void,
+    gpu: Gpu,
+    _rt: Arc<RuntimeInner>,
+}
+
+// SAFETY: an ICudaEngine may be shared between threads; each context is used by one at a time.
+unsafe impl Send for PlanInner {}
+unsafe impl Sync for PlanInner {}
+
+impl Drop for PlanInner {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        // SAFETY: destroyed once, after every context (each holds an Arc to this) and before the
+        // runtime (fields drop after this body).
+        unsafe { ffi::itrt_engine_destroy(self.engine) };
+    }
+}
+
+/// A deserialized plan, shared by every instance of the process.
+pub struct TrtPlan {
+    inner: Arc<PlanInner>,
+    io: Vec<IoTensor>,
+    profiles: i32,
+    major: i32,
+}
+
+impl TrtPlan {
+    /// The engine's inputs and outputs (shapes of optimisation profile 0).
+    pub fn io(&self) -> &[IoTensor] {
+        &self.io
+    }
+
+    /// An execution context for instance `instance` (0, 1, …) on its own stream, with device
+    /// buffers for the largest shapes of the profile it gets ([`context_profile`]).
+    pub fn context(&self, instance: usize) -> Result<TrtEngine, Error> {
+        let profile = crate::context_profile(self.major, instance, self.profiles)?;
+        let gpu = Gpu::open(0)?;
+        gpu.bind()?;
+        let stream = gpu.stream()?;
+        let engine = self.inner.engine;
+        let mut err = ErrBuf::new();
+        // SAFETY: engine is live (held by `inner`).
         let ctx = unsafe { ffi::itrt_context_create(engine, err.ptr(), 2048) };
         if ctx.is_null() {
-            // SAFETY: destroyed once.
-            unsafe { ffi::itrt_engine_destroy(engine) };
             return Err(err.error("creating an execution context failed"));
         }
+        let io = if profile == 0 {
+            Ok(self.io.clone())
+        } else {
+            describe(engine, profile)
+        };
         let mut e = TrtEngine {
             ctx,
-            engine,
             io: Vec::new(),
             buffers: Vec::new(),
             stream,
             gpu,
-            _rt: self.inner.clone(),
+            plan: self.inner.clone(),
+            profile,
         };
-        e.io = e.describe()?;
+        e.io = io?;
+        if profile != 0 {
+            let mut err = ErrBuf::new();
+            // SAFETY: ctx is live; the stream is this context's.
+            let ok = unsafe {
+                ffi::itrt_context_set_profile(ctx, profile, e.stream.raw(), err.ptr(), 2048)
+            };
+            e.stream.synchronize()?;
+            if !ok {
+                return Err(err.error(&format!("selecting optimisation profile {profile} failed")));
+            }
+        }
         e.allocate()?;
         Ok(e)
     }
@@ -412,16 +495,17 @@ enum Buffer {
     Host(Vec<u8>),
 }
 
-/// A deserialized engine with one execution context, its own CUDA stream and its IO buffers.
+/// One execution context of a shared plan, with its own CUDA stream and its IO buffers.
 pub struct TrtEngine {
     ctx: *mut c_void,
-    engine: *mut c_void,
     io: Vec<IoTensor>,
     /// One per `io` entry, same order.
     buffers: Vec<Buffer>,
     stream: Stream,
     gpu: Gpu,
-    _rt: Arc<RuntimeInner>,
+    plan: Arc<PlanInner>,
+    /// The optimisation profile this context runs.
+    profile: i32,
 }
 
 // SAFETY: one execution context is used by one thread at a time (`&mut self` for inference);
@@ -433,12 +517,9 @@ impl Drop for TrtEngine {
         let _ = self.gpu.bind();
         // No work may be in flight on the stream when its context and buffers go.
         let _ = self.stream.synchronize();
-        // SAFETY: context before engine, each destroyed once; the runtime outlives both (Arc);
-        // buffers, stream and GPU context drop after this body.
-        unsafe {
-            ffi::itrt_context_destroy(self.ctx);
-            ffi::itrt_engine_destroy(self.engine);
-        }
+        // SAFETY: destroyed once; the plan outlives it (Arc); buffers, stream and GPU context
+        // drop after this body.
+        unsafe { ffi::itrt_context_destroy(self.ctx) };
     }
 }
 
@@ -455,67 +536,64 @@ fn cname(s: &str) -> Result<CString, Error> {
     })
 }
 
-impl TrtEngine {
-    fn describe(&self) -> Result<Vec<IoTensor>, Error> {
-        // SAFETY: engine is live; names returned by TensorRT live as long as the engine, and
-        // are copied before use.
-        unsafe {
-            let n = ffi::itrt_engine_num_io(self.engine);
-            let profiles = ffi::itrt_engine_num_profiles(self.engine);
-            let mut out = Vec::new();
-            for i in 0..n {
-                let p = ffi::itrt_engine_io_name(self.engine, i);
-                if p.is_null() {
-                    return Err(Error::Tensorrt {
-                        what: format!("IO tensor {i} has no name"),
-                        detail: String::new(),
-                    });
-                }
-                let cname = CStr::from_ptr(p).to_owned();
-                let name = cname.to_string_lossy().into_owned();
-                let mode = ffi::itrt_engine_io_mode(self.engine, cname.as_ptr());
-                let code = ffi::itrt_engine_io_dtype(self.engine, cname.as_ptr());
-                let dtype = TrtDataType::from_code(code).ok_or_else(|| Error::Tensor {
-                    name: name.clone(),
-                    reason: format!("unknown TensorRT datatype code {code}"),
-                })?;
-                let shape =
-                    dims(|b, c| ffi::itrt_engine_io_shape(self.engine, cname.as_ptr(), b, c))
-                        .ok_or_else(|| Error::Tensor {
-                            name: name.clone(),
-                            reason: "the engine gives no shape".into(),
-                        })?;
-                let profile = if mode == 1 && profiles > 0 {
-                    let sel = |w| {
-                        dims(|b, c| {
-                            ffi::itrt_engine_profile_shape(self.engine, cname.as_ptr(), 0, w, b, c)
-                        })
-                    };
-                    match (sel(0), sel(1), sel(2)) {
-                        (Some(a), Some(o), Some(m)) if a.len() == shape.len() => Some([a, o, m]),
-                        _ => None,
-                    }
-                } else {
-                    None
-                };
-                check_linear(
-                    &name,
-                    ffi::itrt_engine_io_format(self.engine, cname.as_ptr()),
-                )?;
-                let host = ffi::itrt_engine_io_location(self.engine, cname.as_ptr()) == 1;
-                out.push(IoTensor {
-                    name,
-                    input: mode == 1,
-                    dtype,
-                    shape,
-                    profile,
-                    host,
+/// The IO tensors of `engine`, inputs with optimisation profile `profile`'s shapes.
+fn describe(engine: *mut c_void, profile: i32) -> Result<Vec<IoTensor>, Error> {
+    // SAFETY: engine is live; names returned by TensorRT live as long as the engine, and
+    // are copied before use.
+    unsafe {
+        let n = ffi::itrt_engine_num_io(engine);
+        let profiles = ffi::itrt_engine_num_profiles(engine);
+        let mut out = Vec::new();
+        for i in 0..n {
+            let p = ffi::itrt_engine_io_name(engine, i);
+            if p.is_null() {
+                return Err(Error::Tensorrt {
+                    what: format!("IO tensor {i} has no name"),
+                    detail: String::new(),
                 });
             }
-            Ok(out)
+            let cname = CStr::from_ptr(p).to_owned();
+            let name = cname.to_string_lossy().into_owned();
+            let mode = ffi::itrt_engine_io_mode(engine, cname.as_ptr());
+            let code = ffi::itrt_engine_io_dtype(engine, cname.as_ptr());
+            let dtype = TrtDataType::from_code(code).ok_or_else(|| Error::Tensor {
+                name: name.clone(),
+                reason: format!("unknown TensorRT datatype code {code}"),
+            })?;
+            let shape = dims(|b, c| ffi::itrt_engine_io_shape(engine, cname.as_ptr(), b, c))
+                .ok_or_else(|| Error::Tensor {
+                    name: name.clone(),
+                    reason: "the engine gives no shape".into(),
+                })?;
+            let bounds = if mode == 1 && profiles > 0 {
+                let sel = |w| {
+                    dims(|b, c| {
+                        ffi::itrt_engine_profile_shape(engine, cname.as_ptr(), profile, w, b, c)
+                    })
+                };
+                match (sel(0), sel(1), sel(2)) {
+                    (Some(a), Some(o), Some(m)) if a.len() == shape.len() => Some([a, o, m]),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            check_linear(&name, ffi::itrt_engine_io_format(engine, cname.as_ptr()))?;
+            let host = ffi::itrt_engine_io_location(engine, cname.as_ptr()) == 1;
+            out.push(IoTensor {
+                name,
+                input: mode == 1,
+                dtype,
+                shape,
+                profile: bounds,
+                host,
+            });
         }
+        Ok(out)
     }
+}
 
+impl TrtEngine {
     fn set_input_shape(&mut self, name: &CStr, shape: &[i64]) -> Result<(), Error> {
         let mut err = ErrBuf::new();
         // SAFETY: ctx is live; shape is a valid slice.
@@ -546,14 +624,21 @@ impl TrtEngine {
             })
     }
 
-    /// The values profile 0 allows at most for the shape tensor input `t` (one per element of
-    /// its shape).
+    /// The values this context's profile allows at most for the shape tensor input `t` (one per
+    /// element of its shape).
     fn profile_max_values(&self, t: &IoTensor) -> Result<Vec<i64>, Error> {
         let c = cname(&t.name)?;
         let mut buf = [0i64; 64];
         // SAFETY: engine is live; writes at most `buf.len()` values.
         let n = unsafe {
-            ffi::itrt_engine_profile_values(self.engine, c.as_ptr(), 0, 2, buf.as_mut_ptr(), 64)
+            ffi::itrt_engine_profile_values(
+                self.plan.engine,
+                c.as_ptr(),
+                self.profile,
+                2,
+                buf.as_mut_ptr(),
+                64,
+            )
         };
         match usize::try_from(n) {
             Ok(n) if n <= buf.len() => Ok(buf[..n].to_vec()),
@@ -584,8 +669,8 @@ impl TrtEngine {
         Ok(())
     }
 
-    /// Sizes every buffer once, inputs first: each input at profile 0's maximum shape, and a
-    /// shape tensor input (host memory) filled with profile 0's maximum *values*; then each
+    /// Sizes every buffer once, inputs first: each input at its profile's maximum shape, and a
+    /// shape tensor input (host memory) filled with the profile's maximum *values*; then each
     /// output at the shape TensorRT resolves for those (no `-1` may remain: a data-dependent
     /// output is refused by name). Sized from a zero-filled shape tensor instead, an output
     /// buffer could be empty and a real batch would write past it on the device.

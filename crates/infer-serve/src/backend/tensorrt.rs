@@ -2,9 +2,10 @@
 //!
 //! At start-up [`probe`] opens the TensorRT runtime library (`dlopen`; only its version entry
 //! points are called) and asks the NVIDIA driver for GPU 0, so the compatibility check compares
-//! the engine with what the node really has. [`TensorrtEngine::load`] reads the plan once and
-//! creates the runtime; each instance deserializes it into its own engine, execution context and
-//! CUDA stream, with device buffers sized once for the largest shapes of profile 0 and reused.
+//! the engine with what the node really has. [`TensorrtEngine::load`] reads the plan and
+//! deserializes it once per process (its weights sit in GPU memory once); each instance gets its
+//! own execution context and CUDA stream, with device buffers sized once for the largest shapes
+//! of its optimisation profile and reused.
 //! A batch smaller than a static batch dimension is padded with zeros and its outputs trimmed
 //! back to the batch's rows.
 
@@ -14,9 +15,10 @@ use bytes::Bytes;
 use infer_spec::engine::{EngineMeta, Found, FoundCpu, GpuMeta};
 use infer_spec::{DataType, RuntimeConfig, TensorSpec};
 use infer_trt::{
-    header_version, probe_gpu, version_major, IoTensor, LibraryKind, TrtLibrary, TrtRuntime,
+    header_version, probe_gpu, version_major, IoTensor, LibraryKind, TrtLibrary, TrtPlan,
 };
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Environment variable naming the TensorRT runtime library to `dlopen` (a soname or a path),
 /// overriding the choice made from the engine's metadata.
@@ -93,11 +95,12 @@ pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
     })
 }
 
-/// A plan and the runtime that deserializes it, shared by every instance.
+/// The plan, deserialized once: every instance shares its engine (the weights sit in GPU memory
+/// once) and gets an execution context of its own.
 pub struct TensorrtEngine {
-    runtime: TrtRuntime,
-    plan: Vec<u8>,
-    allow_host_code: bool,
+    plan: TrtPlan,
+    /// Instances created so far: the next one's index (TensorRT 8.6 gives each its own profile).
+    instances: AtomicUsize,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
 }
@@ -110,14 +113,16 @@ impl TensorrtEngine {
         let lib = TrtLibrary::open(&name).map_err(|e| e.to_string())?;
         let runtime = lib.runtime().map_err(|e| e.to_string())?;
         let allow_host_code = allow_host_code(meta.as_ref().and_then(|m| m.gpu.as_ref()));
-        let engine = TensorrtEngine {
-            runtime,
+        let plan = runtime
+            .deserialize(&plan, allow_host_code)
+            .map_err(|e| e.to_string())?;
+        check_io(plan.io(), &cfg.inputs, &cfg.outputs)?;
+        Ok(TensorrtEngine {
             plan,
-            allow_host_code,
+            instances: AtomicUsize::new(0),
             inputs: cfg.inputs.clone(),
             outputs: cfg.outputs.clone(),
-        };
-        Ok(engine)
+        })
     }
 }
 
@@ -174,11 +179,8 @@ pub fn check_io(
 
 impl Engine for TensorrtEngine {
     fn instance(&self) -> Result<Box<dyn Backend>, String> {
-        let engine = self
-            .runtime
-            .deserialize(&self.plan, self.allow_host_code)
-            .map_err(|e| e.to_string())?;
-        check_io(engine.io(), &self.inputs, &self.outputs)?;
+        let n = self.instances.fetch_add(1, Ordering::Relaxed);
+        let engine = self.plan.context(n).map_err(|e| e.to_string())?;
         Ok(Box::new(TensorrtBackend {
             engine,
             inputs: self.inputs.iter().map(|s| s.name.clone()).collect(),

@@ -234,6 +234,34 @@ extern "C"
         delete static_cast<nvinfer1::IRuntime*>(rt);
     }
 
+    // Registers the full runtime's plugins: `init_fn` is libnvinfer_plugin's
+    // `bool initLibNvInferPlugins(void* logger, char const* libNamespace)`, given the shim's logger.
+    bool itrt_init_plugins(void* init_fn, char* err, size_t cap)
+    {
+        Call call(err, cap);
+        using InitFn = bool (*)(void*, char const*);
+        if (init_fn == nullptr || !reinterpret_cast<InitFn>(init_fn)(&gLogger, ""))
+        {
+            call.fail("initLibNvInferPlugins failed");
+            return false;
+        }
+        return true;
+    }
+
+    // Loads a plugin library (the version-compatible libnvinfer_vc_plugin for the lean and dispatch
+    // runtimes) into the runtime's plugin registry.
+    bool itrt_runtime_load_plugin_library(void* rt, char const* path, char* err, size_t cap)
+    {
+        Call call(err, cap);
+        auto& registry = static_cast<nvinfer1::IRuntime*>(rt)->getPluginRegistry();
+        if (registry.loadLibrary(path) == nullptr || call.failed())
+        {
+            call.fail("IPluginRegistry::loadLibrary failed");
+            return false;
+        }
+        return true;
+    }
+
     // Deserializes a plan. `allow_host_code` (needed by version-compatible plans on the full
     // runtime) is set and the plan deserialized under one lock, so concurrent calls cannot race.
     void* itrt_engine_deserialize(void* rt, void const* data, size_t size, bool allow_host_code, char* err, size_t cap)

@@ -94,6 +94,18 @@ impl LibraryKind {
         }
     }
 
+    /// The kind of a runtime library, from its file name (`…/libnvinfer_lean.so.10` is lean).
+    pub fn of_name(library: &str) -> LibraryKind {
+        let file = library.rsplit('/').next().unwrap_or(library);
+        if file.starts_with("libnvinfer_lean") {
+            LibraryKind::Lean
+        } else if file.starts_with("libnvinfer_dispatch") {
+            LibraryKind::Dispatch
+        } else {
+            LibraryKind::Full
+        }
+    }
+
     /// The soname for TensorRT major version `major`.
     pub fn soname(self, major: u64) -> String {
         match self {
@@ -101,6 +113,20 @@ impl LibraryKind {
             LibraryKind::Lean => format!("libnvinfer_lean.so.{major}"),
             LibraryKind::Dispatch => format!("libnvinfer_dispatch.so.{major}"),
         }
+    }
+}
+
+/// The TensorRT plugin library a runtime library of `kind` registers (`libnvinfer_plugin.so.N`
+/// for the full runtime, the version-compatible `libnvinfer_vc_plugin.so.N` for lean and
+/// dispatch), beside `library` when that is a path, else by soname.
+pub fn plugin_library_path(kind: LibraryKind, major: u64, library: &str) -> String {
+    let file = match kind {
+        LibraryKind::Full => format!("libnvinfer_plugin.so.{major}"),
+        LibraryKind::Lean | LibraryKind::Dispatch => format!("libnvinfer_vc_plugin.so.{major}"),
+    };
+    match library.rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}/{file}"),
+        None => file,
     }
 }
 
@@ -545,6 +571,32 @@ mod tests {
             LibraryKind::for_engine(false, false).soname(8),
             "libnvinfer.so.8"
         );
+    }
+
+    #[test]
+    fn plugin_library_beside_the_runtime_library() {
+        let cases = [
+            ("libnvinfer.so.10", "libnvinfer_plugin.so.10"),
+            (
+                "/opt/trt/lib/libnvinfer.so.10",
+                "/opt/trt/lib/libnvinfer_plugin.so.10",
+            ),
+            ("libnvinfer_lean.so.10", "libnvinfer_vc_plugin.so.10"),
+            (
+                "/app/trt/libnvinfer_lean.so.11",
+                "/app/trt/libnvinfer_vc_plugin.so.11",
+            ),
+            ("libnvinfer_dispatch.so.10", "libnvinfer_vc_plugin.so.10"),
+        ];
+        for (library, plugin) in cases {
+            let kind = LibraryKind::of_name(library);
+            let major = library.rsplit('.').next().unwrap().parse().unwrap();
+            assert_eq!(
+                plugin_library_path(kind, major, library),
+                plugin,
+                "{library}"
+            );
+        }
     }
 
     #[test]

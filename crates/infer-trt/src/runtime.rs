@@ -9,7 +9,7 @@ use infer_spec::engine::{FoundGpu, Version};
 use crate::cuda::{kernel_driver_version, DeviceBuffer, Driver, Gpu, Stream};
 use crate::{
     byte_len, check_fits, check_inputs, check_library, check_linear, data_dependent,
-    decode_lib_version, shape_values_bytes, Error, IoTensor, TrtDataType,
+    decode_lib_version, shape_values_bytes, Error, IoTensor, LibraryKind, TrtDataType,
 };
 
 #[cfg(infer_trt_shim)]
@@ -24,6 +24,13 @@ mod ffi {
             cap: usize,
         ) -> *mut c_void;
         pub fn itrt_runtime_destroy(rt: *mut c_void);
+        pub fn itrt_init_plugins(init_fn: *mut c_void, err: *mut c_char, cap: usize) -> bool;
+        pub fn itrt_runtime_load_plugin_library(
+            rt: *mut c_void,
+            path: *const c_char,
+            err: *mut c_char,
+            cap: usize,
+        ) -> bool;
         pub fn itrt_engine_deserialize(
             rt: *mut c_void,
             data: *const c_void,
@@ -117,6 +124,12 @@ mod ffi {
         null_mut()
     }
     pub unsafe fn itrt_runtime_destroy(_: P) {}
+    pub unsafe fn itrt_init_plugins(_: P, _: *mut c_char, _: usize) -> bool {
+        false
+    }
+    pub unsafe fn itrt_runtime_load_plugin_library(_: P, _: S, _: *mut c_char, _: usize) -> bool {
+        false
+    }
     pub unsafe fn itrt_engine_deserialize(
         _: P,
         _: *const c_void,
@@ -325,16 +338,68 @@ impl TrtLibrary {
         if rt.is_null() {
             return Err(err.error(&format!("creating a runtime from {} failed", self.name)));
         }
+        let mut inner = RuntimeInner {
+            rt,
+            _lib: self.lib,
+            _plugins: None,
+        };
+        let plugins = load_plugins(&mut inner, &self.name)?;
         Ok(TrtRuntime {
-            inner: Arc::new(RuntimeInner { rt, _lib: self.lib }),
+            inner: Arc::new(inner),
             version: self.version,
+            plugins,
         })
     }
+}
+
+/// Registers TensorRT's plugins with a new runtime, as trtexec does, so a plan whose ONNX import
+/// used one (EfficientNMS_TRT, say) deserializes: on the full runtime `libnvinfer_plugin.so.N`
+/// and its `initLibNvInferPlugins`; on the lean and dispatch runtimes the version-compatible
+/// `libnvinfer_vc_plugin.so.N` through the runtime's plugin registry. Each is looked for beside
+/// the runtime library when that was named by path, else by soname; absent, nothing is
+/// registered (a plan without plugins needs none). Returns the plugin library loaded.
+fn load_plugins(inner: &mut RuntimeInner, library: &str) -> Result<Option<String>, Error> {
+    let kind = LibraryKind::of_name(library);
+    let Some(major) = header_version().map(crate::version_major) else {
+        return Ok(None);
+    };
+    let path = crate::plugin_library_path(kind, major as u64, library);
+    // SAFETY: loading TensorRT's plugin library runs its initialisers, nothing else.
+    let Ok(lib) = (unsafe { libloading::Library::new(&path) }) else {
+        return Ok(None);
+    };
+    let mut err = ErrBuf::new();
+    let loaded = match kind {
+        LibraryKind::Full => {
+            // SAFETY: resolved as an opaque pointer and called by the shim with the signature
+            // NvInferPlugin.h declares: `bool initLibNvInferPlugins(void*, char const*)`.
+            let init = unsafe { lib.get::<*mut c_void>(b"initLibNvInferPlugins\0") }
+                .map(|f| *f)
+                .map_err(|e| Error::Load {
+                    library: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            // SAFETY: `init` comes from the loaded library, which stays loaded in `inner`.
+            unsafe { ffi::itrt_init_plugins(init, err.ptr(), 2048) }
+        }
+        LibraryKind::Lean | LibraryKind::Dispatch => {
+            let c = cname(&path)?;
+            // SAFETY: rt is live; the path is NUL-terminated.
+            unsafe { ffi::itrt_runtime_load_plugin_library(inner.rt, c.as_ptr(), err.ptr(), 2048) }
+        }
+    };
+    if !loaded {
+        return Err(err.error(&format!("registering the plugins of {path} failed")));
+    }
+    inner._plugins = Some(lib);
+    Ok(Some(path))
 }
 
 struct RuntimeInner {
     rt: *mut c_void,
     _lib: libloading::Library,
+    /// TensorRT's plugin library, when one was loaded (unloaded after the runtime is destroyed).
+    _plugins: Option<libloading::Library>,
 }
 
 // SAFETY: IRuntime may be used from any thread; the shim serialises deserialization.
@@ -356,6 +421,7 @@ pub type Tensors = Vec<(String, Vec<i64>, Vec<u8>)>;
 pub struct TrtRuntime {
     inner: Arc<RuntimeInner>,
     version: Version,
+    plugins: Option<String>,
 }
 
 impl TrtRuntime {
@@ -370,6 +436,11 @@ impl TrtRuntime {
     /// The library's version.
     pub fn version(&self) -> &Version {
         &self.version
+    }
+
+    /// The TensorRT plugin library registered with this runtime, if one was found.
+    pub fn plugins(&self) -> Option<&str> {
+        self.plugins.as_deref()
     }
 
     /// Deserializes a plan on GPU 0, once per process: its weights sit in GPU memory once,

@@ -311,6 +311,26 @@ fn real_lean_libraries_version_and_major_refusal() {
     }
 }
 
+#[test]
+fn the_lean_wheels_ship_the_plugin_library_the_runtime_registers() {
+    // What a lean image's runtime looks for beside its lean library: the version-compatible
+    // plugin library, which exports the creators the plugin registry loads.
+    let Some(libs) = libraries() else { return };
+    for (w, dir) in &libs {
+        let lean = so(dir, w).display().to_string();
+        let major: u64 = w.version.split('.').next().unwrap().parse().unwrap();
+        let kind = infer_trt::LibraryKind::of_name(&lean);
+        assert_eq!(kind, infer_trt::LibraryKind::Lean);
+        let plugin = infer_trt::plugin_library_path(kind, major, &lean);
+        let (code, text) = run(Command::new("nm").args(["-D", "--defined-only", &plugin]));
+        assert_eq!(code, Some(0), "{plugin}: {text}");
+        assert!(
+            text.lines().any(|l| l.ends_with(" T getCreators")),
+            "{plugin} exports no getCreators:\n{text}"
+        );
+    }
+}
+
 /// `infer-serve` with feature `tensorrt`, its shim built against the 10.16 headers:
 /// `$INFER_SERVE_GPU_BIN` (the GPU image runtime scripts/test.sh builds), else built into
 /// `target/serve-trt` (its own target dir: the outer `cargo test` holds the main one).

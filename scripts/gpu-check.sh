@@ -20,12 +20,19 @@
 # exit 0 only when everything above ran and matched. Needs python with numpy, onnxruntime and
 # tritonclient[http] ($INFER_BUILD_PYTHON, default python3).
 #
+# `--dry-run` (or DRY_RUN=1), for a machine without a GPU: every step says what it would run
+# (trtexec's flags, the library and runtime.toml each engine is served with) and that it was
+# skipped; the header/library check runs on a stated node (DRY_TRT, default 10.16.1; DRY_GPU,
+# default "NVIDIA L4, 8.9, 580.95.05"). Exit 0 when the script ran through.
+#
 #   WORK=DIR         scratch directory (default: a new temporary one)
 #   GPU_NAME=NAME    the GPU's name as matrix/gpus.toml spells it (default: nvidia-smi's, less
 #                    "NVIDIA ")
 #   INFER_BUILD=BIN  the infer-build binary (default: built here with cargo)
 set -uo pipefail
 
+dry=${DRY_RUN:-0}
+[[ ${1:-} == --dry-run ]] && dry=1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 py=${INFER_BUILD_PYTHON:-python3}
 work=${WORK:-$(mktemp -d)}
@@ -33,11 +40,21 @@ mkdir -p "$work"
 failures=0
 say() { echo "gpu-check: $*"; }
 not_done() { echo "gpu-check: NOT DONE: $*"; failures=$((failures + 1)); }
-# Starts "$serve" on DIR/runtime.toml (its log in DIR/serve.log) and waits up to 60 s for
-# "ready"; sets pid and port. On failure the server is stopped and the status is 1.
+# In a dry run: says what the step would do and that it was skipped (status 0); else status 1.
+skipped() {
+    [[ $dry == 1 ]] || return 1
+    echo "gpu-check: skipped (dry run): would $*"
+}
+# Starts "$serve" on DIR/runtime.toml (its log in DIR/serve.log) with the TensorRT library
+# LIBRARY (empty: the one the engine's metadata calls for) and waits up to 60 s for "ready";
+# sets pid and port. On failure the server is stopped and the status is 1.
 serve_until_ready() {
-    local dir=$1
-    INFER_TRT_LIBRARY=$libnvinfer "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
+    local dir=$1 library=${2:-}
+    if [[ -n $library ]]; then
+        INFER_TRT_LIBRARY=$library "$serve" --config "$dir/runtime.toml" >"$dir/serve.log" 2>&1 &
+    else
+        (unset INFER_TRT_LIBRARY; exec "$serve" --config "$dir/runtime.toml") >"$dir/serve.log" 2>&1 &
+    fi
     pid=$!
     port=""
     for _ in $(seq 1 120); do
@@ -58,7 +75,10 @@ stop_server() {
 }
 
 # 1. What this node has.
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+if [[ $dry == 1 ]]; then
+    dry_gpu=${DRY_GPU:-NVIDIA L4, 8.9, 580.95.05}
+    say "GPU (dry run, stated, not queried): $dry_gpu"
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     say "GPU: $(nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader | head -n1)"
 else
     not_done "no GPU visible (nvidia-smi absent or it sees no device); nothing else can run"
@@ -66,6 +86,11 @@ else
 fi
 trtexec=$(command -v trtexec || ls /usr/src/tensorrt/bin/trtexec 2>/dev/null || true)
 libnvinfer=$(ldconfig -p | sed -n 's/.*\(libnvinfer\.so\.[0-9]*\) .*=> \(.*\)/\2/p' | head -n1)
+if [[ $dry == 1 ]]; then
+    dry_trt=${DRY_TRT:-10.16.1}
+    trtexec=${trtexec:-trtexec}
+    libnvinfer=${libnvinfer:-libnvinfer.so.${dry_trt%%.*}}
+fi
 if [[ -n $libnvinfer ]]; then
     say "TensorRT runtime: $libnvinfer"
 else
@@ -75,7 +100,7 @@ fi
 
 # The TensorRT version, from the library itself.
 trt_version=""
-if [[ -n $libnvinfer ]]; then
+if [[ -n $libnvinfer && $dry != 1 ]]; then
     trt_version=$("$py" - "$libnvinfer" <<'EOF' 2>/dev/null
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -85,6 +110,10 @@ print(f"{major}.{rest // 100}.{rest % 100}")
 EOF
 )
     say "TensorRT version: ${trt_version:-unreadable}"
+fi
+if [[ $dry == 1 ]]; then
+    trt_version=$dry_trt
+    say "TensorRT version (dry run, stated): $trt_version"
 fi
 major=${trt_version%%.*}
 case $major in
@@ -112,8 +141,12 @@ else
 fi
 
 # 2-4. Build, serve, compare, per precision.
-serve=$(FLAVOUR=gpu TRT_HEADERS=$headers PROFILE=release "$root/scripts/build-runtime.sh") || {
-    not_done "building infer-serve with feature tensorrt failed"; exit 1; }
+if skipped "build infer-serve with feature tensorrt: FLAVOUR=gpu TRT_HEADERS=$headers PROFILE=release scripts/build-runtime.sh"; then
+    serve=infer-serve
+else
+    serve=$(FLAVOUR=gpu TRT_HEADERS=$headers PROFILE=release "$root/scripts/build-runtime.sh") || {
+        not_done "building infer-serve with feature tensorrt failed"; exit 1; }
+fi
 say "infer-serve (tensorrt, TensorRT ${TENSORRT_ROOT:-$headers} headers): $serve"
 
 for precision in fp32 fp16; do
@@ -122,6 +155,10 @@ for precision in fp32 fp16; do
     flags=(--onnx="$root/examples/mlp/mlp.onnx" --saveEngine="$dir/engine.plan"
         --minShapes=input:1x64 --optShapes=input:8x64 --maxShapes=input:32x64)
     [[ $precision == fp16 ]] && flags+=(--fp16)
+    # An ordinary plan (not version-compatible), served through the full runtime.
+    if skipped "build an ordinary $precision plan: $trtexec ${flags[*]}; serve it through $libnvinfer (the full runtime), two instances on one engine; compare batches 1, 3, 8, 32 with onnxruntime"; then
+        continue
+    fi
     if ! "$trtexec" "${flags[@]}" >"$dir/build.log" 2>&1; then
         not_done "$precision: trtexec could not build the engine (see $dir/build.log)"
         continue
@@ -148,7 +185,7 @@ path = "engine.plan"
 host = "127.0.0.1"
 port = 0
 EOF
-    if ! serve_until_ready "$dir"; then
+    if ! serve_until_ready "$dir" "$libnvinfer"; then
         not_done "$precision: infer-serve did not become ready (see $dir/serve.log)"
         continue
     fi
@@ -184,9 +221,23 @@ EOF
 done
 
 # 5. Converted precisions on a real model, engine vs the converted ONNX.
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
-gpu_name=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/^NVIDIA //')}
+if [[ $dry == 1 ]]; then
+    cc=$(cut -d, -f2 <<<"$dry_gpu" | tr -d ' ')
+    gpu_name=${GPU_NAME:-$(cut -d, -f1 <<<"$dry_gpu" | sed 's/^NVIDIA //')}
+else
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
+    gpu_name=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/^NVIDIA //')}
+fi
 sm="sm${cc//./}"
+if [[ $dry == 1 ]]; then
+    precisions=(fp16 int8)
+    [[ ${cc%%.*} -gt 8 || $cc == 8.9 ]] && precisions+=(fp8)
+    for precision in "${precisions[@]}"; do
+        skipped "build the classifier's $precision engine ($gpu_name) with infer-build engine --target $sm-$precision (version-compatible, lean runtime excluded, as build makes it); serve it with its metadata (runtime.toml [engine] metadata), so that infer-serve opens libnvinfer_lean.so.${trt_version%%.*} as the metadata calls for; compare with onnxruntime on the converted model"
+    done
+    say "dry run: every GPU step above was skipped; nothing ran on a GPU"
+    exit 0
+fi
 infer_build=${INFER_BUILD:-}
 if [[ -z $infer_build ]]; then
     if (cd "$root" && cargo build --release -q --bin infer-build); then
@@ -246,6 +297,10 @@ EOF
         fi
         read -r engine converted < <("$py" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["engine"], d["conversion"]["onnx"])' "$dir/engine.json")
         cp "$engine" "$dir/engine.plan"
+        # The engine's metadata says which library runs it: `build` makes version-compatible
+        # plans without their lean runtime, which only the lean library of the same release runs.
+        "$py" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["meta"], open(sys.argv[2], "w"))' \
+            "$dir/engine.json" "$dir/engine.meta.json"
         cat >"$dir/runtime.toml" <<EOF
 [model]
 name = "ocr-cls"
@@ -262,11 +317,12 @@ max_batch_size = 8
 [engine]
 kind = "tensorrt"
 path = "engine.plan"
+metadata = "engine.meta.json"
 [server]
 host = "127.0.0.1"
 port = 0
 EOF
-        if ! serve_until_ready "$dir"; then
+        if ! serve_until_ready "$dir" ""; then
             not_done "$precision: infer-serve did not become ready on the classifier engine (see $dir/serve.log)"
             continue
         fi

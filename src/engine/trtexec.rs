@@ -270,12 +270,11 @@ pub fn profile_args(
 ) -> Vec<String> {
     let mut a = vec![format!("--loadEngine={engine}")];
     if trt.lean_runtime {
-        // The plan excludes the lean runtime: load it from the TensorRT installation.
+        // The plan excludes the lean runtime: time it on the lean library of the installation,
+        // as infer-serve runs it. `--useRuntime=lean` alone does exactly that; adding
+        // `--leanDLLPath` makes trtexec create its parent runtime from the lean library and
+        // `loadRuntime` on it, a combination its documentation does not describe.
         a.push("--useRuntime=lean".into());
-        a.push(format!(
-            "--leanDLLPath=libnvinfer_lean.so.{}",
-            trt.tensorrt.major()
-        ));
     }
     if dynamic {
         let shapes: Vec<(String, Vec<u64>)> = profile

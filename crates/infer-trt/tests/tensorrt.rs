@@ -331,6 +331,44 @@ fn the_lean_wheels_ship_the_plugin_library_the_runtime_registers() {
     }
 }
 
+#[test]
+fn gpu_check_runs_end_to_end_in_a_dry_run() {
+    // The script a lent GPU runs: here each GPU step says what it would do and that it was
+    // skipped, and the header/library rule runs on a stated node.
+    let script = root().join("scripts/gpu-check.sh");
+    let work = work("gpu-check-dry");
+    let dry = |trt: &str| {
+        run(Command::new("bash")
+            .arg(&script)
+            .arg("--dry-run")
+            .env("WORK", &work)
+            .env("DRY_TRT", trt)
+            .env_remove("TENSORRT_ROOT"))
+    };
+    let (code, text) = dry("10.16.1");
+    assert_eq!(code, Some(0), "{text}");
+    for step in [
+        "skipped (dry run): would build infer-serve with feature tensorrt",
+        "would build an ordinary fp32 plan",
+        "would build an ordinary fp16 plan",
+        "serve it through libnvinfer.so.10 (the full runtime), two instances",
+        "would build the classifier's int8 engine",
+        "opens libnvinfer_lean.so.10 as the metadata calls for",
+        "nothing ran on a GPU",
+    ] {
+        assert!(text.contains(step), "{step}:\n{text}");
+    }
+    assert!(!text.contains("NOT DONE"), "{text}");
+    // A node older than the headers: said, with what to set, and not passed.
+    let (code, text) = dry("10.9.0");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("TensorRT 10.9.0 is older than the 10.16 headers")
+            && text.contains("TENSORRT_ROOT"),
+        "{text}"
+    );
+}
+
 /// `infer-serve` with feature `tensorrt`, its shim built against the 10.16 headers:
 /// `$INFER_SERVE_GPU_BIN` (the GPU image runtime scripts/test.sh builds), else built into
 /// `target/serve-trt` (its own target dir: the outer `cargo test` holds the main one).

@@ -1,7 +1,9 @@
 //! Credentials and authentication challenges.
 //!
 //! Credentials for a registry come from, first match wins:
-//! 1. `INFER_BUILD_REGISTRY_USER` and `INFER_BUILD_REGISTRY_PASSWORD` (for every registry);
+//! 1. `INFER_BUILD_REGISTRY_USER` and `INFER_BUILD_REGISTRY_PASSWORD`, for the one registry
+//!    `INFER_BUILD_REGISTRY` names (`host[:port]`), and for no other host: without
+//!    `INFER_BUILD_REGISTRY` they are not used at all ([`env_credential`]);
 //! 2. credentials files, in the order skopeo and podman read them: `REGISTRY_AUTH_FILE` when set
 //!    (then only that file), else `$XDG_RUNTIME_DIR/containers/auth.json`,
 //!    `$XDG_CONFIG_HOME/containers/auth.json` (default `~/.config/…`), then Docker's
@@ -23,9 +25,11 @@ use base64::Engine as _;
 use super::{Error, Result};
 use crate::process::{Cmd, SystemRunner};
 
-/// Environment variables that give credentials for every registry.
+/// Environment variables that give credentials for the one registry [`ENV_REGISTRY`] names.
 pub const ENV_USER: &str = "INFER_BUILD_REGISTRY_USER";
 pub const ENV_PASSWORD: &str = "INFER_BUILD_REGISTRY_PASSWORD";
+/// The registry (`host[:port]`) the environment credentials are for; unset = they are not used.
+pub const ENV_REGISTRY: &str = "INFER_BUILD_REGISTRY";
 /// The containers tools' variable naming the one credentials file to use.
 pub const ENV_AUTH_FILE: &str = "REGISTRY_AUTH_FILE";
 /// How long a credential helper may take.
@@ -71,7 +75,7 @@ pub struct Keychain {
     /// same format) instead of searching the default locations; a missing file gives no
     /// credentials (the CLI refuses a missing file it was given). `None` = the default search.
     pub docker_config: Option<PathBuf>,
-    /// Ignore `INFER_BUILD_REGISTRY_USER/PASSWORD`.
+    /// Ignore `INFER_BUILD_REGISTRY_USER/PASSWORD` (and `INFER_BUILD_REGISTRY`).
     pub ignore_env: bool,
 }
 
@@ -87,13 +91,8 @@ impl Keychain {
     /// The credentials for `registry` (`host[:port]`), or `None` for anonymous access.
     pub fn lookup(&self, registry: &str) -> Result<Option<Credential>> {
         if !self.ignore_env {
-            if let (Ok(u), Ok(p)) = (std::env::var(ENV_USER), std::env::var(ENV_PASSWORD)) {
-                if !u.is_empty() {
-                    return Ok(Some(Credential::Basic {
-                        username: u,
-                        password: p,
-                    }));
-                }
+            if let EnvCredential::For(c) = env_credential(registry, &env_var) {
+                return Ok(Some(c));
             }
         }
         for file in self.files() {
@@ -145,6 +144,59 @@ impl Keychain {
             }];
         }
         default_files(&|k| std::env::var_os(k).filter(|v| !v.is_empty()))
+    }
+}
+
+fn env_var(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+/// What the environment's credentials are for one registry.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EnvCredential {
+    /// `INFER_BUILD_REGISTRY_USER` is not set (or empty).
+    None,
+    /// They are for this registry: `INFER_BUILD_REGISTRY` names it.
+    For(Credential),
+    /// They are set but not for this registry; why, for a hint (never a secret).
+    NotHere(String),
+}
+
+/// The environment credentials (`var` reads the environment) for `registry` (`host[:port]`):
+/// only when `INFER_BUILD_REGISTRY` names that registry (`host[:port]`, case-insensitive;
+/// `https://` and a path are ignored, Docker Hub's names are one registry). Never for
+/// another host, so a token realm, upload location or redirect elsewhere cannot get them.
+pub fn env_credential(registry: &str, var: &dyn Fn(&str) -> Option<String>) -> EnvCredential {
+    let Some(username) = var(ENV_USER).filter(|u| !u.is_empty()) else {
+        return EnvCredential::None;
+    };
+    let bound = var(ENV_REGISTRY).map(|b| b.trim().to_ascii_lowercase());
+    match bound.as_deref().filter(|b| !b.is_empty()) {
+        None => EnvCredential::NotHere(format!(
+            "{ENV_USER}/{ENV_PASSWORD} are set but not used: {ENV_REGISTRY} is unset (set it to `{registry}` to use them for this registry)"
+        )),
+        Some(b) if same_registry(b, &registry.to_ascii_lowercase()) => {
+            EnvCredential::For(Credential::Basic {
+                username,
+                password: var(ENV_PASSWORD).unwrap_or_default(),
+            })
+        }
+        Some(b) => EnvCredential::NotHere(format!(
+            "{ENV_USER}/{ENV_PASSWORD} are for `{}` ({ENV_REGISTRY}), not for `{registry}`",
+            key_host(b)
+        )),
+    }
+}
+
+/// What to tell a user whose request `registry` refused without credentials: where
+/// credentials come from, and why the environment's were not used when they are set.
+pub fn missing_credentials_hint(registry: &str) -> String {
+    let how = format!(
+        "run `infer-build login`, skopeo or docker login, or set {ENV_REGISTRY}={registry} with {ENV_USER}/{ENV_PASSWORD}"
+    );
+    match env_credential(registry, &env_var) {
+        EnvCredential::NotHere(why) => format!("no credentials found: {why}; {how}"),
+        _ => format!("no credentials found: {how}"),
     }
 }
 
@@ -774,6 +826,65 @@ mod tests {
         );
         assert!(e.contains("did not answer within"), "{e}");
         assert!(run_helper(&SystemRunner, "../x", "r.io", HELPER_TIMEOUT).is_err());
+    }
+
+    #[test]
+    fn environment_credentials_are_bound_to_the_registry_named() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let basic = EnvCredential::For(Credential::Basic {
+            username: "ci".into(),
+            password: "pw".into(),
+        });
+        let bound = env(&[
+            (ENV_USER, "ci"),
+            (ENV_PASSWORD, "pw"),
+            (ENV_REGISTRY, "Reg.example.com:5000"),
+        ]);
+        assert_eq!(env_credential("reg.example.com:5000", &bound), basic);
+        // Another host, another port of the same host, a token realm's host: nothing.
+        for other in [
+            "reg.example.com",
+            "reg.example.com:5001",
+            "auth.example.com",
+            "127.0.0.1:5000",
+        ] {
+            match env_credential(other, &bound) {
+                EnvCredential::NotHere(why) => {
+                    assert!(why.contains("reg.example.com:5000") && !why.contains("pw"), "{why}")
+                }
+                e => panic!("{other}: {e:?}"),
+            }
+        }
+        // Spellings of the same registry, as in credentials files.
+        let url = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "https://r.io/v1/")]);
+        assert!(matches!(env_credential("r.io", &url), EnvCredential::For(_)));
+        let hub = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "docker.io")]);
+        assert!(matches!(
+            env_credential("registry-1.docker.io", &hub),
+            EnvCredential::For(_)
+        ));
+        // Unbound: not used at all, and the reason says what to set.
+        let unbound = env(&[(ENV_USER, "ci"), (ENV_PASSWORD, "pw")]);
+        match env_credential("r.io", &unbound) {
+            EnvCredential::NotHere(why) => assert!(why.contains(ENV_REGISTRY), "{why}"),
+            e => panic!("{e:?}"),
+        }
+        let empty = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, " ")]);
+        assert!(matches!(
+            env_credential("r.io", &empty),
+            EnvCredential::NotHere(_)
+        ));
+        assert_eq!(
+            env_credential("r.io", &env(&[(ENV_REGISTRY, "r.io")])),
+            EnvCredential::None
+        );
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //!   carry any ([`Client::same_origin`]);
 //! - a TLS registry is never left for plain HTTP: `http://` locations, realms and redirects are
 //!   refused;
-//! - every request has a connect deadline, an idle deadline per read and write, and a total
-//!   deadline that grows with the bytes it carries ([`ClientOptions`]);
+//! - every request has a connect deadline, an idle deadline per read and write, a deadline
+//!   for the answer once the request is sent (never scaled by a size), and a total deadline
+//!   that grows with the bytes it carries; a body that moves slower than the minimum rate
+//!   over a window is stopped ([`ClientOptions`], [`RateGuard`]);
 //! - response bodies read whole are capped ([`MAX_MANIFEST`], [`MAX_TOKEN`], [`MAX_ERROR_BODY`]).
 
 use std::collections::HashMap;
@@ -26,7 +28,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ureq::http::{self, Method, Response};
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
@@ -43,6 +45,14 @@ pub const MAX_TOKEN: u64 = 256 << 10;
 pub const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Timeouts allowed per request (first try included) before giving up.
 pub const MAX_TIMEOUTS: u32 = 3;
+/// The environment variable that sets [`ClientOptions::min_rate`] (bytes per second).
+pub const ENV_MIN_RATE: &str = "INFER_BUILD_REGISTRY_MIN_RATE";
+/// The environment variable that sets [`ClientOptions::rate_window`] (seconds).
+pub const ENV_RATE_WINDOW: &str = "INFER_BUILD_REGISTRY_RATE_WINDOW";
+/// The default minimum transfer rate: 64 KiB/s.
+pub const DEFAULT_MIN_RATE: u64 = 64 << 10;
+/// The default window over which the minimum rate is measured.
+pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
 
 /// How a client connects.
 #[derive(Debug, Clone)]
@@ -65,12 +75,69 @@ pub struct ClientOptions {
     /// The longest silence on a connection: no byte read or written for this long fails the
     /// request (waiting for response headers included).
     pub idle_timeout: Duration,
-    /// The total deadline of a request without a large body.
+    /// The total deadline of a request without a large body, and the deadline for the
+    /// answer to start once a request (body included) is sent, whatever its size.
     pub request_timeout: Duration,
-    /// The slowest transfer accepted, in bytes per second: a request carrying `n` bytes gets
-    /// `request_timeout + n / min_rate` in all, so a registry that trickles cannot hold a push
-    /// or pull forever.
+    /// The slowest transfer accepted, in bytes per second (at least 1): a blob body, up or
+    /// down, that moves fewer than `min_rate × rate_window` bytes in a window is stopped
+    /// ([`RateGuard`]), and a request carrying `n` bytes gets `request_timeout + n / min_rate`
+    /// in all, so a registry that trickles cannot hold a push or pull for long. Default
+    /// [`DEFAULT_MIN_RATE`], or `INFER_BUILD_REGISTRY_MIN_RATE`.
     pub min_rate: u64,
+    /// The window the minimum rate is measured over; also the longest a request body may
+    /// stall on one write. Default [`DEFAULT_RATE_WINDOW`], or
+    /// `INFER_BUILD_REGISTRY_RATE_WINDOW` (seconds).
+    pub rate_window: Duration,
+}
+
+/// `min_rate` and `rate_window` from the environment `var` reads
+/// (`INFER_BUILD_REGISTRY_MIN_RATE`: bytes per second, a whole number of at least 1;
+/// `INFER_BUILD_REGISTRY_RATE_WINDOW`: seconds, decimals allowed, above 0 and at most a day),
+/// each `None` when unset or empty; an error names the variable and what it holds.
+pub fn rate_limits_from(
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<u64>, Option<Duration>)> {
+    let get = |k: &str| var(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let bad = |name: &str, value: &str, want: &str| Error::Setting {
+        name: name.to_string(),
+        reason: format!(
+            "`{}` is not {want}",
+            value.chars().take(64).collect::<String>()
+        ),
+    };
+    let rate = match get(ENV_MIN_RATE) {
+        None => None,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                return Err(bad(
+                    ENV_MIN_RATE,
+                    &v,
+                    "a rate in bytes per second (a whole number, at least 1)",
+                ))
+            }
+        },
+    };
+    let window = match get(ENV_RATE_WINDOW) {
+        None => None,
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
+                Some(Duration::from_secs_f64(s))
+            }
+            _ => {
+                return Err(bad(
+                    ENV_RATE_WINDOW,
+                    &v,
+                    "a number of seconds above 0 and at most 86400",
+                ))
+            }
+        },
+    };
+    Ok((rate, window))
+}
+
+fn env_string(k: &str) -> Option<String> {
+    std::env::var(k).ok()
 }
 
 impl Default for ClientOptions {
@@ -86,8 +153,84 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(15),
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(120),
-            min_rate: 64 << 10,
+            // A malformed setting is refused by `Client::connect`; the defaults stand here.
+            min_rate: rate_limits_from(&env_string)
+                .ok()
+                .and_then(|l| l.0)
+                .unwrap_or(DEFAULT_MIN_RATE),
+            rate_window: rate_limits_from(&env_string)
+                .ok()
+                .and_then(|l| l.1)
+                .unwrap_or(DEFAULT_RATE_WINDOW),
         }
+    }
+}
+
+/// Stops a transfer that moves fewer than `min_rate` bytes per second over a window: the
+/// clock starts at the first byte, and each time a window has passed the bytes it moved are
+/// checked, so a registry that trickles (a byte a second, or just under the rate) is cut off
+/// after at most two windows, whatever size it declared. The error is a `TimedOut` I/O error
+/// (a timeout for the retry rules) naming the rate.
+#[derive(Debug, Clone)]
+pub struct RateGuard {
+    min_rate: u64,
+    window: Duration,
+    start: Option<Instant>,
+    bytes: u64,
+}
+
+impl RateGuard {
+    pub fn new(min_rate: u64, window: Duration) -> RateGuard {
+        RateGuard {
+            min_rate: min_rate.max(1),
+            window,
+            start: None,
+            bytes: 0,
+        }
+    }
+
+    /// Count `n` more bytes moved now.
+    pub fn tick(&mut self, n: u64) -> std::io::Result<()> {
+        self.tick_at(n, Instant::now())
+    }
+
+    fn tick_at(&mut self, n: u64, now: Instant) -> std::io::Result<()> {
+        let start = *self.start.get_or_insert(now);
+        self.bytes = self.bytes.saturating_add(n);
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.window {
+            return Ok(());
+        }
+        let need = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
+        if self.bytes < need {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "{} bytes moved in {:.1} s, below the minimum rate of {} bytes/s ({ENV_MIN_RATE}, over {ENV_RATE_WINDOW}={} s)",
+                    self.bytes,
+                    elapsed.as_secs_f64(),
+                    self.min_rate,
+                    self.window.as_secs_f64()
+                ),
+            ));
+        }
+        self.start = Some(now);
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// A reader whose bytes go through a [`RateGuard`].
+pub struct Guarded<R> {
+    pub inner: R,
+    pub guard: RateGuard,
+}
+
+impl<R: Read> Read for Guarded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.guard.tick(n as u64)?;
+        Ok(n)
     }
 }
 
@@ -215,6 +358,8 @@ impl Client {
             }
         }
         let scheme = if opts.insecure { "http" } else { "https" };
+        // A malformed rate setting is bad input, said before any connection.
+        rate_limits_from(&env_string)?;
         let credential = match &opts.credential {
             Some(c) => Some(c.clone()),
             None => opts.keychain.lookup(registry)?,
@@ -243,6 +388,25 @@ impl Client {
 
     pub fn registry(&self) -> &str {
         &self.registry
+    }
+
+    /// A [`RateGuard`] with this client's minimum rate and window, for a body read by the
+    /// caller (a blob download).
+    pub fn rate_guard(&self) -> RateGuard {
+        RateGuard::new(self.opts.min_rate, self.opts.rate_window)
+    }
+
+    /// The minimum rate and its window, for messages.
+    pub fn min_rate(&self) -> (u64, Duration) {
+        (self.opts.min_rate, self.opts.rate_window)
+    }
+
+    /// For an authorisation error: what to do when no credentials were found (and why the
+    /// environment's were not used, when they are set); `None` when there were credentials.
+    pub fn missing_credentials_hint(&self) -> Option<String> {
+        self.credential
+            .is_none()
+            .then(|| super::auth::missing_credentials_hint(&self.registry))
     }
 
     /// True when the credentials were presented to the registry (basic auth, or a token
@@ -281,10 +445,9 @@ impl Client {
             401 => Err(Error::Unauthorized {
                 registry: self.registry.clone(),
                 status: 401,
-                what: if self.credential.is_some() {
-                    "the API version check".into()
-                } else {
-                    "the API version check (no credentials found: run `infer-build login`, skopeo or docker login, or set INFER_BUILD_REGISTRY_USER/PASSWORD)".into()
+                what: match self.missing_credentials_hint() {
+                    None => "the API version check".into(),
+                    Some(hint) => format!("the API version check ({hint})"),
                 },
             }),
             s => Err(status_error(&Method::GET, &url, s, resp)),
@@ -312,6 +475,13 @@ impl Client {
                     }
                     let wait = retry_after(&resp);
                     self.pause(attempt, wait);
+                }
+                // A TLS registry sending the client to plain HTTP: refused, and said so.
+                Err(ureq::Error::RequireHttpsOnly(why)) => {
+                    return Err(Error::Protocol {
+                        what: format!("{} {}", req.method, strip_query(&req.url)),
+                        reason: downgrade_reason(why),
+                    })
                 }
                 Err(e) if !last && retryable_error(&e) => self.pause(attempt, None),
                 Err(e) => {
@@ -420,6 +590,8 @@ impl Client {
                         tokens.insert(scope_key(scopes), token.clone());
                         tokens.insert(scope_key(&all), token);
                     }
+                    // Not a refusal of the credentials: the realm itself is refused.
+                    Err(e @ ureq::Error::RequireHttpsOnly(_)) => return Err(e),
                     Err(_) => return Ok(resp),
                 }
             }
@@ -505,7 +677,8 @@ impl Client {
     ) -> std::result::Result<String, ureq::Error> {
         if !self.opts.insecure && !realm.starts_with("https://") {
             return Err(ureq::Error::RequireHttpsOnly(format!(
-                "token realm `{}` of a TLS registry is not https",
+                "the TLS registry {} names the token realm `{}`: realm scheme downgrade to plain HTTP refused (nothing was sent to it)",
+                self.registry,
                 strip_query(realm)
             )));
         }
@@ -593,14 +766,37 @@ impl Client {
                 builder = builder.header("authorization", h);
             }
         } else if !self.opts.insecure && !req.url.starts_with("https://") {
-            return Err(ureq::Error::RequireHttpsOnly(strip_query(&req.url)));
+            return Err(ureq::Error::RequireHttpsOnly(format!(
+                "the TLS registry {} sent the client to `{}`: scheme downgrade to plain HTTP refused",
+                self.registry,
+                strip_query(&req.url)
+            )));
         }
         // The total deadline: the base budget plus the bytes carried at the slowest rate.
+        // Bodies are also held to the rate over each window ([`RateGuard`]), and the answer
+        // must start within `request_timeout` of the request being sent, whatever its size.
         let bytes = req.body.len().saturating_add(req.expect_bytes);
         let total = self
             .opts
             .request_timeout
             .saturating_add(Duration::from_secs(bytes / self.opts.min_rate.max(1)));
+        // A body that stalls on one write for a whole window moved nothing in it.
+        let write_idle = self.opts.idle_timeout.min(self.opts.rate_window);
+        macro_rules! run {
+            ($r:expr, $with_body:expr) => {{
+                let c = self
+                    .agent
+                    .configure_request($r)
+                    .timeout_global(Some(total))
+                    .timeout_recv_response(Some(self.opts.request_timeout));
+                let c = if $with_body {
+                    c.timeout_per_write(Some(write_idle))
+                } else {
+                    c
+                };
+                self.agent.run(c.build())
+            }};
+        }
         match &req.body {
             Body::Empty => {
                 let with_body = matches!(req.method, Method::POST | Method::PUT | Method::PATCH);
@@ -610,24 +806,14 @@ impl Client {
                 let r = builder
                     .body(())
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(
-                    self.agent
-                        .configure_request(r)
-                        .timeout_global(Some(total))
-                        .build(),
-                )
+                run!(r, false)
             }
             Body::Bytes(b) => {
                 let r = builder
                     .header("content-length", b.len().to_string())
                     .body(*b)
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(
-                    self.agent
-                        .configure_request(r)
-                        .timeout_global(Some(total))
-                        .build(),
-                )
+                run!(r, true)
             }
             Body::File {
                 file,
@@ -635,25 +821,23 @@ impl Client {
                 len,
                 progress,
             } => {
-                let mut reader = Counting {
-                    inner: At {
-                        file,
-                        pos: *offset,
-                        end: offset.saturating_add(*len),
+                let mut reader = Guarded {
+                    inner: Counting {
+                        inner: At {
+                            file,
+                            pos: *offset,
+                            end: offset.saturating_add(*len),
+                        },
+                        progress: *progress,
                     },
-                    progress: *progress,
+                    guard: self.rate_guard(),
                 };
                 let r = builder
                     .header("content-length", len.to_string())
                     .header("content-type", "application/octet-stream")
                     .body(SendBody::from_reader(&mut reader))
                     .map_err(|e| ureq::Error::BadUri(e.to_string()))?;
-                self.agent.run(
-                    self.agent
-                        .configure_request(r)
-                        .timeout_global(Some(total))
-                        .build(),
-                )
+                run!(r, true)
             }
         }
     }
@@ -844,6 +1028,18 @@ pub fn origin(url: &str) -> Option<String> {
     Some(format!("{scheme}://{host}:{port}"))
 }
 
+/// The reason of a refused downgrade: ours say it; ureq's (a redirect) give only the URL.
+pub fn downgrade_reason(why: String) -> String {
+    if why.contains("downgrade") {
+        why
+    } else {
+        format!(
+            "redirected to `{}`: scheme downgrade to plain HTTP refused",
+            strip_query(&why)
+        )
+    }
+}
+
 /// URLs of upload sessions carry opaque state in their query: keep errors short and free of it.
 fn strip_query(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_string()
@@ -981,6 +1177,60 @@ mod tests {
         }
         assert_ne!(origin("https://r.io/"), origin("http://r.io:443/"));
         assert_ne!(origin("https://r.io/"), origin("https://r.io:8443/"));
+    }
+
+    #[test]
+    fn rate_guard_cuts_a_trickle_and_lets_a_transfer_at_the_rate_through() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 1000 B/s over 1 s windows: a byte a second fails at the end of the first window.
+        let mut g = RateGuard::new(1000, Duration::from_secs(1));
+        g.tick_at(1, at(0)).unwrap();
+        g.tick_at(1, at(500)).unwrap();
+        let e = g.tick_at(1, at(1000)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("minimum rate of 1000 bytes/s"), "{e}");
+        // At the rate, window after window: never stopped.
+        let mut g = RateGuard::new(1000, Duration::from_secs(1));
+        for i in 0..50 {
+            g.tick_at(100, at(i * 100)).unwrap();
+        }
+        // A fast start banks nothing for a trickle later: each window is judged alone.
+        let mut g = RateGuard::new(1000, Duration::from_secs(1));
+        g.tick_at(1 << 20, at(0)).unwrap();
+        g.tick_at(1, at(1000)).unwrap();
+        g.tick_at(1, at(1900)).unwrap();
+        assert!(g.tick_at(1, at(2000)).is_err());
+    }
+
+    #[test]
+    fn rate_settings_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(rate_limits_from(&env(&[])).unwrap(), (None, None));
+        assert_eq!(
+            rate_limits_from(&env(&[(ENV_MIN_RATE, "1000"), (ENV_RATE_WINDOW, "0.5")])).unwrap(),
+            (Some(1000), Some(Duration::from_millis(500)))
+        );
+        for (k, v) in [
+            (ENV_MIN_RATE, "0"),
+            (ENV_MIN_RATE, "fast"),
+            (ENV_MIN_RATE, "-1"),
+            (ENV_RATE_WINDOW, "0"),
+            (ENV_RATE_WINDOW, "inf"),
+            (ENV_RATE_WINDOW, "NaN"),
+            (ENV_RATE_WINDOW, "1e9"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(k, v)]));
+            let e = rate_limits_from(&env(pairs)).unwrap_err();
+            assert!(e.is_bad_input() && e.to_string().contains(k), "{k}={v}: {e}");
+        }
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub enum Error {
     Protocol { what: String, reason: String },
     #[error("lock file {}: {reason}", path.display())]
     Lock { path: PathBuf, reason: String },
+    /// A setting from the environment that is not a value it takes.
+    #[error("{name}: {reason}")]
+    Setting { name: String, reason: String },
 }
 
 fn detail_suffix(detail: &str) -> String {
@@ -108,6 +111,7 @@ impl Error {
                 | Error::Unauthorized { .. }
                 | Error::NotFound { .. }
                 | Error::Lock { .. }
+                | Error::Setting { .. }
         )
     }
 
@@ -191,7 +195,10 @@ pub fn get_manifest(
         401 | 403 => Err(Error::Unauthorized {
             registry: r.registry.clone(),
             status: resp.status().as_u16(),
-            what: format!("{doing} {}", r.repository),
+            what: match client.missing_credentials_hint() {
+                Some(hint) => format!("{doing} {} ({hint})", r.repository),
+                None => format!("{doing} {}", r.repository),
+            },
         }),
         s => Err(client::status_error(
             &ureq::http::Method::GET,

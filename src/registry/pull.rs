@@ -410,7 +410,11 @@ fn fetch_blob(
         // Removed on every way out but the rename into the blobs.
         let temp = TempName(&dirs.tmp, &tmp_name);
         let mut hasher = crate::oci::digest::Hasher::new();
-        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+        // A body slower than the minimum rate over a window is cut off (a timeout).
+        let mut reader = super::client::Guarded {
+            inner: resp.body_mut().with_config().limit(u64::MAX).reader(),
+            guard: client.rate_guard(),
+        };
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
         let streamed: std::io::Result<()> = loop {

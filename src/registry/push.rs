@@ -18,8 +18,8 @@ use serde::Serialize;
 use ureq::http::Method;
 
 use super::client::{
-    header, parse_range, retry_after, status_error, with_query, Body, Client, ClientOptions, Req,
-    Resp,
+    downgrade_reason, header, is_timeout, parse_range, retry_after, status_error, with_query,
+    Body, Client, ClientOptions, Req, Resp, ENV_MIN_RATE, ENV_RATE_WINDOW, MAX_TIMEOUTS,
 };
 use super::layout::Layout;
 use super::reference::{valid_tag, Reference};
@@ -682,6 +682,8 @@ enum StepError {
     Retry {
         reason: String,
         wait: Option<std::time::Duration>,
+        /// A deadline or the minimum rate ended the try (a stall or a trickle).
+        slow: bool,
     },
     Restart {
         reason: String,
@@ -768,10 +770,14 @@ impl Pusher<'_> {
     }
 
     fn unauthorized(&self, status: u16, what: &str) -> Error {
+        let what = format!("{what} in {}", self.repo);
         Error::Unauthorized {
             registry: self.client.registry().to_string(),
             status,
-            what: format!("{what} in {}", self.repo),
+            what: match self.client.missing_credentials_hint() {
+                Some(hint) => format!("{what} ({hint})"),
+                None => what,
+            },
         }
     }
 
@@ -873,6 +879,9 @@ impl Pusher<'_> {
     ) -> Result<()> {
         let mut session = session;
         let mut failures = 0;
+        // Tries ended by a deadline or the minimum rate: a registry that stalls or trickles
+        // gets `MAX_TIMEOUTS` of them per blob, not `max_attempts`.
+        let mut slow_tries = 0;
         loop {
             let mut s = match session.take() {
                 Some(s) => s,
@@ -882,7 +891,22 @@ impl Pusher<'_> {
             let (reason, wait, restart) = match step {
                 Ok(()) => return Ok(()),
                 Err(StepError::Fatal(e)) => return Err(e),
-                Err(StepError::Retry { reason, wait }) => (reason, wait, false),
+                Err(StepError::Retry { reason, wait, slow }) => {
+                    if slow {
+                        slow_tries += 1;
+                        if slow_tries >= MAX_TIMEOUTS {
+                            let (rate, window) = self.client.min_rate();
+                            return Err(Error::Protocol {
+                                what: format!("upload of {}", blob.digest),
+                                reason: format!(
+                                    "the registry stalled or took the blob slower than {rate} bytes/s over {:.1} s ({ENV_MIN_RATE}, {ENV_RATE_WINDOW}) {slow_tries} times: {reason}",
+                                    window.as_secs_f64()
+                                ),
+                            });
+                        }
+                    }
+                    (reason, wait, false)
+                }
                 Err(StepError::Restart { reason }) => (reason, None, true),
             };
             failures += 1;
@@ -947,6 +971,7 @@ impl Pusher<'_> {
             408 | 429 | 500 | 502 | 503 | 504 | 416 => StepError::Retry {
                 reason: format!("HTTP {status}"),
                 wait: retry_after(&resp),
+                slow: false,
             },
             404 => StepError::Restart {
                 reason: "the registry forgot the upload session (HTTP 404)".into(),
@@ -984,9 +1009,21 @@ impl Pusher<'_> {
                 Payload::Bytes(b) => Body::Bytes(&b[offset as usize..(offset + len) as usize]),
             }
         };
-        let transport = |e: ureq::Error| StepError::Retry {
-            reason: e.to_string(),
-            wait: None,
+        let transport = |e: ureq::Error| match e {
+            // A TLS registry's location on plain HTTP: refused, not retried.
+            ureq::Error::RequireHttpsOnly(why) => StepError::Fatal(Error::Protocol {
+                what: format!("upload of {}", blob.digest),
+                reason: downgrade_reason(why),
+            }),
+            e => StepError::Retry {
+                slow: match &e {
+                    ureq::Error::Timeout(_) => true,
+                    ureq::Error::Io(io) => is_timeout(io),
+                    _ => false,
+                },
+                reason: e.to_string(),
+                wait: None,
+            },
         };
         if s.offset == 0 && blob.size <= chunk {
             let url = with_query(&s.location, "digest", blob.digest.as_str());
@@ -1016,25 +1053,22 @@ impl Pusher<'_> {
             if let Some(l) = header(&resp, "location") {
                 s.location = self.client.resolve(l);
             }
-            // The registry says how far it got. It must have moved forward, and not past what
-            // was sent: anything else would loop forever or skip bytes.
-            let next = match header(&resp, "range") {
-                None => end + 1,
-                Some(r) => match parse_range(r) {
-                    Some(last) if last >= s.offset && last <= end => last + 1,
-                    _ => {
-                        return Err(StepError::Fatal(Error::Protocol {
-                            what: format!("upload of {}", blob.digest),
-                            reason: format!(
-                                "after bytes {}-{end} the registry answered `Range: {}`, which is not progress within them",
-                                s.offset,
-                                r.chars().take(64).collect::<String>()
-                            ),
-                        }))
-                    }
-                },
-            };
-            s.offset = next;
+            // A 202 accepts the whole chunk: the registry's `Range` must end at its last byte.
+            // Anything short of it would have the chunk resent for a byte's progress (a blob
+            // sent once per byte), anything past it skip bytes: both are refused.
+            if let Some(r) = header(&resp, "range") {
+                if parse_range(r) != Some(end) {
+                    return Err(StepError::Fatal(Error::Protocol {
+                        what: format!("upload of {}", blob.digest),
+                        reason: format!(
+                            "after accepting bytes {}-{end} (HTTP 202) the registry answered `Range: {}`; it must be `0-{end}`, the whole chunk",
+                            s.offset,
+                            r.chars().take(64).collect::<String>()
+                        ),
+                    }));
+                }
+            }
+            s.offset = end + 1;
         }
         let url = with_query(&s.location, "digest", blob.digest.as_str());
         let resp = self

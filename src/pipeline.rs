@@ -223,6 +223,12 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
             }
             let headers = gpu_headers.as_ref().and_then(|(_, h)| h.as_ref());
             assemble::check_gpu_runtime_headers(&serve, headers, &t.id, &trt.version)?;
+            // The library the image runs on: the lean one from its pinned wheel, else the base's.
+            let library = lean.map_or(&trt.version, |pin| &pin.version);
+            if let Some(warning) = headers.and_then(|h| assemble::headers_newer(h, library, &t.id))
+            {
+                note(&warning);
+            }
         }
         let library = match lean {
             Some(pin) => {

@@ -252,6 +252,30 @@ pub fn check_gpu_runtime_headers(
     }
 }
 
+/// A warning when a GPU runtime's TensorRT headers are a newer release of the major than the
+/// library target `target`'s image runs on: `infer-serve` refuses a library older than its
+/// headers (TensorRT is compatible from older headers to newer libraries only), so such an
+/// image would not start on a GPU. Not an error here: the image is still the one asked for, and
+/// a node's library may be newer than the target's. `None` when the headers are not newer.
+pub fn headers_newer(
+    headers: &crate::matrix::Version,
+    library: &crate::matrix::Version,
+    target: &str,
+) -> Option<String> {
+    let minor = |v: &crate::matrix::Version| (v.major(), v.part(1));
+    (headers.major() == library.major() && minor(headers) > minor(library)).then(|| {
+        format!(
+            "target {target}: warning: the GPU runtime's TensorRT backend is compiled against \
+             TensorRT {headers} headers, newer than the TensorRT {library} its image runs on; \
+             infer-serve refuses a library older than its headers, so this image will not start \
+             on a GPU with that library. Build the runtime against TensorRT {}.{} headers or \
+             older (TENSORRT_ROOT)",
+            library.major(),
+            library.part(1)
+        )
+    })
+}
+
 struct Elf {
     machine: u16,
     interp: bool,
@@ -404,6 +428,30 @@ mod tests {
             "{e}"
         );
         assert!(runtime_tensorrt_headers(&d.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn headers_newer_than_the_images_library_are_said() {
+        let v = |s: &str| -> crate::matrix::Version { s.parse().unwrap() };
+        let w = headers_newer(&v("10.16.0"), &v("10.11.0"), "sm89-fp16").unwrap();
+        assert!(
+            w.contains("sm89-fp16")
+                && w.contains("TensorRT 10.16.0 headers")
+                && w.contains("10.11 headers"),
+            "{w}"
+        );
+        for (headers, library) in [
+            ("10.16.0", "10.16.1"),
+            ("10.16.0", "10.17.0"),
+            ("10.1.0", "10.16.1"),
+            ("11.1.0", "10.11.0"),
+        ] {
+            assert_eq!(
+                headers_newer(&v(headers), &v(library), "t"),
+                None,
+                "{headers} {library}"
+            );
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::oci::tar::Entry;
 use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREFIX, LAYER_RECIPE};
 
 pub use inputs::{
-    check_gpu_runtime_headers, check_runtime_binary, locate, locate_runtime,
+    check_gpu_runtime_headers, check_runtime_binary, headers_newer, locate, locate_runtime,
     runtime_tensorrt_headers, safe_input, RuntimeFlavour,
 };
 

@@ -393,7 +393,32 @@ pub struct Server {
     /// the bytes of one input and output row at its largest shape must fit (the engine's own
     /// working memory comes on top).
     pub memory_budget_bytes: u64,
+    /// Seconds a client has to send a request's headers, from its first byte (HTTP/1.1). A
+    /// connection over it is closed without an answer.
+    pub header_read_timeout_s: u64,
+    /// Seconds a request body may take before [`Server::body_min_bytes_per_s`] counts: the
+    /// body must have arrived by this plus one second per `body_min_bytes_per_s` bytes it has
+    /// delivered (HTTP/1.1 and gRPC). Over it: 408 (gRPC `DEADLINE_EXCEEDED`).
+    pub body_read_timeout_s: u64,
+    /// The slowest request body accepted past [`Server::body_read_timeout_s`], in bytes per
+    /// second on average; 0: the whole body must arrive within `body_read_timeout_s`.
+    pub body_min_bytes_per_s: u64,
+    /// Seconds a connection may stay open without a request in progress (a keep-alive
+    /// connection between requests, an HTTP/2 connection without a call) before it is closed
+    /// (HTTP/2: GOAWAY first).
+    pub idle_timeout_s: u64,
+    /// Open connections per listener (HTTP and gRPC each). At the cap a new connection closes
+    /// the one idle the longest, or, when every one has a request in progress, is refused at
+    /// once (HTTP/1.1: 503). Lowered at start to what the process's descriptor limit allows.
+    pub max_connections: u32,
 }
+
+/// The largest `header_read_timeout_s`, `body_read_timeout_s` and `idle_timeout_s`: 1 h each.
+pub const MAX_CLIENT_TIMEOUT_S: u64 = 3_600;
+/// The largest `body_min_bytes_per_s`: 1 GiB/s.
+pub const MAX_BODY_RATE: u64 = 1 << 30;
+/// The largest `max_connections`.
+pub const MAX_CONNECTIONS: u32 = 1 << 20;
 
 impl Default for Server {
     fn default() -> Self {
@@ -404,6 +429,11 @@ impl Default for Server {
             exit_timeout_s: 30,
             max_body_bytes: 64 << 20,
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET,
+            header_read_timeout_s: 10,
+            body_read_timeout_s: 30,
+            body_min_bytes_per_s: 64 << 10,
+            idle_timeout_s: 60,
+            max_connections: 4096,
         }
     }
 }
@@ -613,6 +643,29 @@ impl RuntimeConfig {
                     "server.{key} {v} is more than {MAX_SHUTDOWN_S} (1 h)"
                 ));
             }
+        }
+        for (key, v) in [
+            ("header_read_timeout_s", srv.header_read_timeout_s),
+            ("body_read_timeout_s", srv.body_read_timeout_s),
+            ("idle_timeout_s", srv.idle_timeout_s),
+        ] {
+            if !(1..=MAX_CLIENT_TIMEOUT_S).contains(&v) {
+                p.push(format!(
+                    "server.{key} {v} is outside 1..={MAX_CLIENT_TIMEOUT_S} (1 s to 1 h)"
+                ));
+            }
+        }
+        if srv.body_min_bytes_per_s > MAX_BODY_RATE {
+            p.push(format!(
+                "server.body_min_bytes_per_s {} is more than {MAX_BODY_RATE} (1 GiB/s)",
+                srv.body_min_bytes_per_s
+            ));
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&srv.max_connections) {
+            p.push(format!(
+                "server.max_connections {} is outside 1..={MAX_CONNECTIONS}",
+                srv.max_connections
+            ));
         }
         let row = |ts: &[TensorSpec]| {
             ts.iter()
@@ -1024,6 +1077,45 @@ path = "minilm.onnx"
                 "server.max_body_bytes 2147483648 is more than 1073741824 (1 GiB)",
                 "server.drain_delay_s 100000 is more than 3600 (1 h)",
                 "server.exit_timeout_s 3601 is more than 3600 (1 h)",
+            ]),
+        );
+    }
+
+    /// The client timeouts and the connection cap: defaults that keep old files working, and
+    /// bounds refused with their key.
+    #[test]
+    fn client_timeouts_and_connection_cap() {
+        let cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
+        let srv = &cfg.server;
+        assert_eq!(
+            (
+                srv.header_read_timeout_s,
+                srv.body_read_timeout_s,
+                srv.body_min_bytes_per_s,
+                srv.idle_timeout_s,
+                srv.max_connections
+            ),
+            (10, 30, 65536, 60, 4096)
+        );
+        let set = mlp()
+            + "[server]\nheader_read_timeout_s = 2\nbody_read_timeout_s = 3\nbody_min_bytes_per_s = 0\nidle_timeout_s = 4\nmax_connections = 256\n";
+        let cfg = RuntimeConfig::from_toml_str(&set).unwrap();
+        assert_eq!(cfg.server.header_read_timeout_s, 2);
+        assert_eq!(cfg.server.body_min_bytes_per_s, 0);
+        assert_eq!(cfg.server.max_connections, 256);
+        assert_eq!(
+            RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
+            cfg
+        );
+        check(
+            &(mlp()
+                + "[server]\nheader_read_timeout_s = 0\nbody_read_timeout_s = 3601\nbody_min_bytes_per_s = 2147483648\nidle_timeout_s = 0\nmax_connections = 0\n"),
+            Err(&[
+                "server.header_read_timeout_s 0 is outside 1..=3600 (1 s to 1 h)",
+                "server.body_read_timeout_s 3601 is outside 1..=3600 (1 s to 1 h)",
+                "server.idle_timeout_s 0 is outside 1..=3600 (1 s to 1 h)",
+                "server.body_min_bytes_per_s 2147483648 is more than 1073741824 (1 GiB/s)",
+                "server.max_connections 0 is outside 1..=1048576",
             ]),
         );
     }

@@ -69,6 +69,10 @@ pub enum ApiError {
     /// A gRPC method or encoding the server does not implement.
     #[error("{0}")]
     Unimplemented(String),
+    /// The request body came slower than `[server]` allows (`body_read_timeout_s`,
+    /// `body_min_bytes_per_s`).
+    #[error("the request body came too slowly: {received} bytes in {seconds} s (server.body_read_timeout_s, server.body_min_bytes_per_s)")]
+    BodyTimeout { received: u64, seconds: u64 },
     #[error("model is not ready")]
     NotReady,
     #[error("{}", rejection_message(*.0))]
@@ -94,6 +98,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::NotReady | ApiError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -110,7 +115,9 @@ impl ApiError {
                 GrpcCode::Unimplemented
             }
             ApiError::PayloadTooLarge { .. } => GrpcCode::ResourceExhausted,
-            ApiError::Rejected(Rejection::Timeout) => GrpcCode::DeadlineExceeded,
+            ApiError::Rejected(Rejection::Timeout) | ApiError::BodyTimeout { .. } => {
+                GrpcCode::DeadlineExceeded
+            }
             ApiError::Rejected(Rejection::Cancelled) => GrpcCode::Cancelled,
             ApiError::NotReady | ApiError::Rejected(_) => GrpcCode::Unavailable,
             ApiError::Internal(_) => GrpcCode::Internal,
@@ -143,6 +150,7 @@ mod tests {
             413 => GrpcCode::ResourceExhausted,
             500 => GrpcCode::Internal,
             501 => GrpcCode::Unimplemented,
+            408 => GrpcCode::DeadlineExceeded,
             _ if e == ApiError::Rejected(Rejection::Timeout) => GrpcCode::DeadlineExceeded,
             _ => GrpcCode::Unavailable,
         };
@@ -170,6 +178,15 @@ mod tests {
             413,
             None,
             r#"{"error":"request body is larger than the limit of 10 bytes"}"#,
+        );
+        check(
+            ApiError::BodyTimeout {
+                received: 5,
+                seconds: 31,
+            },
+            408,
+            None,
+            r#"{"error":"the request body came too slowly: 5 bytes in 31 s (server.body_read_timeout_s, server.body_min_bytes_per_s)"}"#,
         );
         check(
             ApiError::NotReady,

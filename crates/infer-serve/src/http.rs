@@ -9,12 +9,13 @@
 //! instead of sending on a connection that is about to close.
 
 use crate::batcher::Batcher;
+use crate::conn::{Closed, Conn, Watched};
 use crate::error::{ApiError, Rejection};
 use crate::log;
 use crate::metrics::Metrics;
 use crate::v2::{self, RequestedOutput};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
@@ -22,8 +23,9 @@ use hyper::header::{
 use hyper::{Method, Request, Response, StatusCode};
 use infer_spec::RuntimeConfig;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Shared state of the server.
@@ -43,6 +45,9 @@ pub struct App {
     /// How long a lone request's handler polls for its answer before parking (see
     /// [`Batcher::poll_briefly`]); zero turns polling off.
     pub busy_poll: Duration,
+    /// Open connections per listener: `server.max_connections`, lowered at start to what the
+    /// descriptor limit allows.
+    pub max_connections: usize,
     server_metadata: Bytes,
     model_metadata: Bytes,
     model_config: Bytes,
@@ -145,6 +150,7 @@ impl App {
             stopping: AtomicBool::new(false),
             draining_tx: tokio::sync::watch::channel(false).0,
             busy_poll: Duration::ZERO,
+            max_connections: cfg.server.max_connections as usize,
             server_metadata: Bytes::from(server_metadata.to_string()),
             model_metadata: Bytes::from(model_metadata.to_string()),
             model_config: Bytes::from(model_config.to_string()),
@@ -429,21 +435,12 @@ async fn infer_inner(
         .get(v2::HEADER_LENGTH)
         .map(|v| v2::parse_header_length(v.as_bytes()))
         .transpose()?;
-    let limited = Limited::new(
+    let body = crate::conn::read_body(
         req.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
-    );
-    let body = match limited.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::PayloadTooLarge { limit })
-        }
-        Err(e) => {
-            return Err(ApiError::BadRequest(format!(
-                "reading the request body: {e}"
-            )))
-        }
-    };
+        &app.cfg.server,
+    )
+    .await?;
     let request = v2::decode_request(&app.cfg, header_length, &body)?;
     drop(body);
     let answer = execute(app, request.inputs, request.rows, request.timeout_us, start).await?;
@@ -536,12 +533,19 @@ pub async fn serve(
         stop,
         exit_timeout,
         WindDown::OnStop,
-        move |io, _seen| {
+        move |io, conn: Arc<Conn>| {
             let app = service_app.clone();
+            let watched = conn.clone();
             let service = hyper::service::service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+                let busy = conn.request();
+                async move {
+                    let r = handle(app, req).await;
+                    drop(busy);
+                    Ok::<_, std::convert::Infallible>(r)
+                }
             });
+            let io = hyper_util::rt::TokioIo::new(Watched::new(io.into_inner(), watched));
             http.serve_connection(io, service)
         },
     )
@@ -567,10 +571,24 @@ pub(crate) enum WindDown {
 /// drain).
 const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
 
+/// What an HTTP/1.1 client gets when every connection slot has a request in progress.
+const REFUSED_HTTP1: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 62\r\n\r\n{\"error\":\"too many open connections (server.max_connections)\"}";
+
+/// How long a connection closed for idleness may take to say goodbye (HTTP/2's GOAWAY).
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 /// The accept loop of both protocols. Accepts until `stop` fires, then takes the connections
 /// already queued in the kernel's backlog (so a client whose connect just succeeded is served,
 /// not reset), closes the listener, and waits up to `exit_timeout` for every connection to
 /// finish. Returns true when they all did.
+///
+/// Slow and idle clients: each connection has a watchdog ([`Conn::watchdog`]) that closes it
+/// when a request's headers take longer than `server.header_read_timeout_s` (HTTP/1.1) or no
+/// request is in progress for `server.idle_timeout_s`. At most [`App::max_connections`] are
+/// open: at the cap a new connection closes the one idle the longest (a half-open or idle
+/// client, not a request in progress), or is refused at once when every one has a request in
+/// progress (HTTP/1.1: a 503), so the health endpoints keep answering while a client holds
+/// connections open.
 pub(crate) async fn accept_loop<C, E>(
     app: &App,
     protocol: &'static str,
@@ -578,7 +596,7 @@ pub(crate) async fn accept_loop<C, E>(
     mut stop: tokio::sync::watch::Receiver<bool>,
     exit_timeout: Duration,
     wind_down: WindDown,
-    mut serve: impl FnMut(hyper_util::rt::TokioIo<tokio::net::TcpStream>, Arc<tokio::sync::Notify>) -> C,
+    mut serve: impl FnMut(hyper_util::rt::TokioIo<tokio::net::TcpStream>, Arc<Conn>) -> C,
 ) -> bool
 where
     C: hyper_util::server::graceful::GracefulConnection<Error = E> + Send + 'static,
@@ -587,12 +605,51 @@ where
     let (open_tx, mut open_rx) = tokio::sync::watch::channel(0usize);
     let open_tx = Arc::new(open_tx);
     let stop_seen = stop.clone();
+    // HTTP/1.1 has request heads to time and a 503 to refuse with; HTTP/2 neither.
+    let http1 = protocol == "http";
+    let header = Duration::from_secs(app.cfg.server.header_read_timeout_s);
+    let idle = Duration::from_secs(app.cfg.server.idle_timeout_s);
+    let cap = app.max_connections.max(1);
+    // The open connections by accept order; the accept loop makes room among them at the cap.
+    let conns: Arc<Mutex<BTreeMap<u64, Arc<Conn>>>> = Arc::default();
+    let mut next_id = 0u64;
     let mut spawn = |stream: tokio::net::TcpStream| {
+        let counts = app.metrics.connections(protocol);
+        {
+            let mut open = conns.lock().unwrap_or_else(|e| e.into_inner());
+            if open.len() >= cap {
+                let victim = open
+                    .iter()
+                    .filter(|(_, c)| c.is_idle())
+                    .min_by_key(|(_, c)| c.idle_since())
+                    .map(|(&id, _)| id);
+                match victim.and_then(|id| open.remove(&id)) {
+                    Some(c) => c.evict(),
+                    None => {
+                        drop(open);
+                        counts.refused.add(1);
+                        if http1 {
+                            // Best effort, without waiting: the socket closes right after.
+                            let _ = stream.try_write(REFUSED_HTTP1);
+                        }
+                        return;
+                    }
+                }
+            }
+        }
         let _ = stream.set_nodelay(true);
-        // Notified by the connection's service on each request.
-        let seen = Arc::new(tokio::sync::Notify::new());
-        let conn = serve(hyper_util::rt::TokioIo::new(stream), seen.clone());
+        let state = Arc::new(Conn::new(http1));
+        next_id += 1;
+        let id = next_id;
+        conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, state.clone());
+        counts.open.fetch_add(1, Relaxed);
+        let conn = serve(hyper_util::rt::TokioIo::new(stream), state.clone());
         let open = open_tx.clone();
+        let conns = conns.clone();
+        let metrics = app.metrics.clone();
         let mut draining = app.draining_tx.subscribe();
         let mut stopped = stop_seen.clone();
         open.send_modify(|n| *n += 1);
@@ -602,7 +659,8 @@ where
                 match wind_down {
                     WindDown::OnDrain => {
                         let _ = draining.wait_for(|d| *d).await;
-                        let _ = tokio::time::timeout(FIRST_REQUEST_GRACE, seen.notified()).await;
+                        let _ =
+                            tokio::time::timeout(FIRST_REQUEST_GRACE, state.seen.notified()).await;
                     }
                     WindDown::OnStop => {
                         let _ = stopped.wait_for(|s| *s).await;
@@ -616,7 +674,17 @@ where
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
+                why = state.watchdog(header, idle) => {
+                    metrics.connections(protocol).record_closed(why);
+                    if why == Closed::IdleTimeout {
+                        // Nothing in progress: HTTP/2 says GOAWAY, HTTP/1.1 just closes.
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(IDLE_CLOSE_GRACE, conn).await;
+                    }
+                }
             }
+            conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            metrics.connections(protocol).open.fetch_sub(1, Relaxed);
             open.send_modify(|n| *n -= 1);
         });
     };
@@ -652,6 +720,24 @@ where
         .await
         .is_ok();
     finished
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn the_http1_refusal_is_a_complete_503() {
+        let text = std::str::from_utf8(REFUSED_HTTP1).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(v["error"].is_string());
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //! Code map (data flows top to bottom):
 //! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
 //! - [`http`]: routes, handlers, the accept loop and the drain on SIGTERM; owns no model.
+//! - [`conn`]: slow and idle clients: each connection's watchdog (header and idle timeouts),
+//!   the request-body reader with a minimum rate; the cap on connections is `http`'s accept loop.
 //! - [`grpc`]: the gRPC service and `grpc.health.v1` on HTTP/2, sharing `http`'s accept loop,
 //!   drain and inference path; [`grpc::codec`] is its pure decoder (fuzzed like `v2`).
 //! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
@@ -32,6 +34,7 @@
 pub mod args;
 pub mod backend;
 pub mod batcher;
+pub mod conn;
 pub mod error;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;

@@ -38,23 +38,43 @@ fn regular_file(p: &Path) -> Result<(), String> {
     let Ok(m) = std::fs::metadata(p) else {
         return Ok(());
     };
-    let ft = m.file_type();
-    if ft.is_file() {
-        return Ok(());
+    match warmup::not_regular(m.file_type()) {
+        None => Ok(()),
+        Some(what) => Err(format!("{} is {what}, not a regular file", p.display())),
     }
-    use std::os::unix::fs::FileTypeExt;
-    let what = if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "a device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
+}
+
+/// Descriptors kept for everything but client connections (the listeners, the engine's files
+/// and libraries, the runtime's own) when the connection cap is derived from the limit.
+const FD_HEADROOM: u64 = 256;
+
+/// Raises the soft limit on open files to the hard one (connections are descriptors); returns
+/// the soft limit in force, `None` when it cannot be read.
+#[allow(
+    unsafe_code,
+    reason = "getrlimit/setrlimit on a local struct: the runtime's one direct libc call"
+)]
+fn raise_open_files_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
     };
-    Err(format!("{} is {what}, not a regular file", p.display()))
+    // SAFETY: `r` is a valid, writable rlimit for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return None;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; failure (a hard limit the kernel caps lower)
+        // leaves the soft limit as it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r.rlim_cur = r.rlim_max;
+        }
+    }
+    Some(r.rlim_cur as u64)
 }
 
 fn fail(code: i32, msg: &str, fields: &[(&str, serde_json::Value)]) -> ! {
@@ -137,6 +157,7 @@ fn main() {
         ("engine.path", cfg.engine.path.as_deref()),
         ("engine.metadata", cfg.engine.metadata.as_deref()),
         ("engine.library", cfg.engine.library.as_deref()),
+        ("warmup.samples", cfg.warmup.samples.as_deref()),
     ] {
         let Some(rel) = rel else { continue };
         let p = base.join(rel);
@@ -151,6 +172,33 @@ fn main() {
             )
         }
     }
+
+    // The warm-up samples are read now, from the open file (a FIFO or a device put there after
+    // the check above is refused too, and a file over the bound is not read past it); they are
+    // decoded at warm-up.
+    let sizes = cfg.warmup_batch_sizes();
+    let samples_text = match &cfg.warmup.samples {
+        Some(rel) if !sizes.is_empty() => {
+            let p = base.join(rel);
+            match warmup::read_samples(&p) {
+                Ok(text) => Some((p, text)),
+                Err(warmup::ReadError::Refused(e)) => fail(
+                    2,
+                    "bad runtime config",
+                    &[
+                        ("path", json!(path)),
+                        ("error", json!(format!("warmup.samples: {e}"))),
+                    ],
+                ),
+                Err(warmup::ReadError::Io(e)) => fail(
+                    1,
+                    "cannot read the warm-up samples",
+                    &[("error", json!(format!("warm-up samples {e}")))],
+                ),
+            }
+        }
+        _ => None,
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -225,6 +273,26 @@ fn main() {
         args.busy_poll_us
             .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
     );
+    // Connections are descriptors: the soft limit goes up to the hard one, and the cap per
+    // listener comes down to what the limit holds beside the server's own files.
+    let open_files = raise_open_files_limit();
+    let listeners = 1 + u64::from(args::grpc_port(args.grpc_port, cfg.server.port).is_some());
+    if let Some(limit) = open_files {
+        let fits = (limit.saturating_sub(FD_HEADROOM) / listeners).max(1);
+        if (app.max_connections as u64) > fits {
+            log::log(
+                "warn",
+                "server.max_connections is more than the open-files limit allows: lowered",
+                &[
+                    ("max_connections", json!(app.max_connections)),
+                    ("lowered_to", json!(fits)),
+                    ("open_files_limit", json!(limit)),
+                    ("listeners", json!(listeners)),
+                ],
+            );
+            app.max_connections = fits as usize;
+        }
+    }
     let app = Arc::new(app);
 
     let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
@@ -263,6 +331,8 @@ fn main() {
             ("engine", json!(cfg.engine.kind.as_str())),
             ("config", json!(path)),
             ("busy_poll_us", json!(app.busy_poll.as_micros() as u64)),
+            ("max_connections", json!(app.max_connections)),
+            ("open_files_limit", json!(open_files)),
         ],
     );
 
@@ -320,13 +390,12 @@ fn main() {
     );
 
     let t = Instant::now();
-    let sizes = cfg.warmup_batch_sizes();
     let runs = warmup::runs(&cfg);
     // Sample requests (`[warmup] samples`) are decoded as requests are; a bad one stops here.
-    let samples = match &cfg.warmup.samples {
-        Some(p) if !sizes.is_empty() => warmup::Samples::load(&cfg, &base.join(p))
+    let samples = match samples_text {
+        Some((p, text)) => warmup::Samples::decode(&cfg, &p, &text)
             .unwrap_or_else(|e| fail(1, "cannot read the warm-up samples", &[("error", json!(e))])),
-        _ => warmup::Samples::default(),
+        None => warmup::Samples::default(),
     };
     let mut backends = Vec::new();
     for instance in 0..cfg.batching.instances {

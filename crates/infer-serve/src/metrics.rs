@@ -12,6 +12,7 @@
 //! more than the arithmetic. Gauges the server reads to decide (queue depth, in-flight
 //! requests, readiness) stay single atomics.
 
+use crate::conn::Closed;
 use crate::error::Rejection;
 use std::cell::Cell;
 use std::fmt::Write;
@@ -227,13 +228,50 @@ pub struct Metrics {
     pub ready: AtomicU64,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
+    /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
+    /// `max_connections`, those the watchdog closed.
+    pub connections: [Connections; 2],
     /// When two infer requests last overlapped: ms since `epoch`, plus one (0: never). On a
     /// line of its own: read on every request, written at most once per millisecond.
     overlapped_ms: Gauge,
     epoch: Instant,
 }
 
+/// The listeners, as the `protocol` label names them.
+pub const PROTOCOLS: [&str; 2] = ["http", "grpc"];
+
+/// One listener's connections.
+pub struct Connections {
+    pub open: Gauge,
+    /// Refused at `max_connections` (every open one had a request in progress).
+    pub refused: Counter,
+    /// Closed by the watchdog, by [`Closed`] reason.
+    pub closed: [Counter; 3],
+}
+
+impl Connections {
+    fn new() -> Connections {
+        Connections {
+            open: Gauge::new(0),
+            refused: Counter::new(),
+            closed: std::array::from_fn(|_| Counter::new()),
+        }
+    }
+
+    /// Counts a connection the watchdog closed.
+    pub fn record_closed(&self, why: Closed) {
+        let i = Closed::ALL.iter().position(|&x| x == why).unwrap_or(0);
+        self.closed[i].add(1);
+    }
+}
+
 impl Metrics {
+    /// The counters of the listener `protocol` names (`http` or `grpc`).
+    pub fn connections(&self, protocol: &str) -> &Connections {
+        let i = PROTOCOLS.iter().position(|&p| p == protocol).unwrap_or(0);
+        &self.connections[i]
+    }
+
     pub fn new(model: &str, version: &str, max_batch_size: u32) -> Metrics {
         let esc = |s: &str| {
             s.replace('\\', "\\\\")
@@ -282,6 +320,7 @@ impl Metrics {
             engine_load_us: z(),
             warmup_us: z(),
             overlapped_ms: Gauge::new(0),
+            connections: std::array::from_fn(|_| Connections::new()),
             epoch: Instant::now(),
         }
     }
@@ -513,6 +552,33 @@ impl Metrics {
                 r.as_str(),
                 v.get()
             );
+        }
+        let _ = writeln!(o, "# HELP infer_serve_open_connections Open client connections, by listener\n# TYPE infer_serve_open_connections gauge");
+        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+            let _ = writeln!(
+                o,
+                "infer_serve_open_connections{{{l},protocol=\"{p}\"}} {}",
+                c.open.load(Relaxed)
+            );
+        }
+        let _ = writeln!(o, "# HELP infer_serve_refused_connections_total Connections refused at server.max_connections, every open one having a request in progress\n# TYPE infer_serve_refused_connections_total counter");
+        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+            let _ = writeln!(
+                o,
+                "infer_serve_refused_connections_total{{{l},protocol=\"{p}\"}} {}",
+                c.refused.get()
+            );
+        }
+        let _ = writeln!(o, "# HELP infer_serve_closed_connections_total Connections the server closed: headers too slow, idle too long, or the longest idle one at server.max_connections\n# TYPE infer_serve_closed_connections_total counter");
+        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+            for (why, v) in Closed::ALL.iter().zip(&c.closed) {
+                let _ = writeln!(
+                    o,
+                    "infer_serve_closed_connections_total{{{l},protocol=\"{p}\",reason=\"{}\"}} {}",
+                    why.as_str(),
+                    v.get()
+                );
+            }
         }
         o
     }

@@ -23,22 +23,84 @@ use std::path::Path;
 #[derive(Debug, Default)]
 pub struct Samples(Vec<Vec<Tensor>>);
 
+/// Why the samples file could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// Not a regular file (a FIFO, a device, a directory, a socket) or larger than
+    /// [`infer_spec::samples::MAX_BYTES`]: a bad config (exit 2). The message names the path.
+    Refused(String),
+    /// The file could not be opened or read (missing, unreadable).
+    Io(String),
+}
+
+/// What a file type is, for an error naming it; `None` for a regular file.
+pub fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    Some(if ft.is_file() {
+        return None;
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    })
+}
+
+/// Reads the samples file at `path` as the engine's files are checked, but on the open file:
+/// opened without blocking (a FIFO with no writer would block `open` for good), its type and
+/// size taken from the open descriptor (not from a second look at the path, which may have
+/// been replaced meanwhile), and read through a bound one byte past the limit, so a file that
+/// grows while it is read is refused rather than read without end.
+pub fn read_samples(path: &Path) -> Result<String, ReadError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let max = infer_spec::samples::MAX_BYTES;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+    if let Some(what) = not_regular(meta.file_type()) {
+        return Err(ReadError::Refused(format!(
+            "{} is {what}, not a regular file",
+            path.display()
+        )));
+    }
+    let too_large = |len: u64| {
+        ReadError::Refused(format!(
+            "{} is {len} bytes or more, more than the {max} a samples file may have",
+            path.display()
+        ))
+    };
+    if meta.len() > max {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| ReadError::Io(format!("{}: not UTF-8 text", path.display())))
+}
+
 impl Samples {
-    /// Reads and decodes the samples file at `path`; the error names the file and the request.
-    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<Samples, String> {
+    /// Decodes the samples file's `text` (read from `path` by [`read_samples`]); the error
+    /// names the file and the request.
+    pub fn decode(cfg: &RuntimeConfig, path: &Path, text: &str) -> Result<Samples, String> {
         let at = |m: String| format!("warm-up samples {}: {m}", path.display());
-        let len = std::fs::metadata(path)
-            .map_err(|e| at(e.to_string()))?
-            .len();
-        if len > infer_spec::samples::MAX_BYTES {
-            return Err(at(format!(
-                "{len} bytes, more than the {} a samples file may have",
-                infer_spec::samples::MAX_BYTES
-            )));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
         let mut out = Vec::new();
-        for (i, r) in infer_spec::samples::requests(&text)
+        for (i, r) in infer_spec::samples::requests(text)
             .map_err(at)?
             .iter()
             .enumerate()
@@ -225,6 +287,39 @@ pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The samples file is checked on the open descriptor: a FIFO without a writer does not
+    /// block, a device is not read, a file over the bound is refused before it is read.
+    #[test]
+    fn read_samples_refuses_fifos_devices_and_oversized_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("s.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let refused = |p: &Path, needle: &str| match read_samples(p) {
+            Err(ReadError::Refused(m)) => assert!(m.contains(needle), "{m}"),
+            other => panic!("{}: {other:?}", p.display()),
+        };
+        refused(&fifo, "is a FIFO, not a regular file");
+        refused(Path::new("/dev/zero"), "/dev/zero is a device");
+        refused(dir.path(), "is a directory");
+        let big = dir.path().join("big.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(infer_spec::samples::MAX_BYTES + 1)
+            .unwrap();
+        refused(&big, "more than the 268435456 a samples file may have");
+        let ok = dir.path().join("ok.json");
+        std::fs::write(&ok, "{}").unwrap();
+        assert_eq!(read_samples(&ok), Ok("{}".to_owned()));
+        assert!(matches!(
+            read_samples(&dir.path().join("missing.json")),
+            Err(ReadError::Io(_))
+        ));
+    }
 
     /// Integer inputs get 0 and 1 only, the builder's values: a token-type id indexes a
     /// two-row embedding (an image whose engine ran at build time must warm up at start).

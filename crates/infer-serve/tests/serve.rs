@@ -1276,3 +1276,237 @@ fn warmup_sends_the_samples_and_a_bad_sample_stops_the_start() {
         "{log}"
     );
 }
+
+/// `[warmup] samples` is opened as the engine's files are: a FIFO (which would leave the server
+/// never ready) and a device (`/dev/zero` would be read without end) are refused at start, at
+/// once, with exit 2 and the path; so is a file over the samples bound.
+#[test]
+fn serve_refuses_warmup_samples_that_are_not_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("samples.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let huge = dir.path().join("huge.json");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len((256 << 20) + 1)
+        .unwrap();
+    for (name, samples, needle) in [
+        (
+            "fifo.toml",
+            fifo.clone(),
+            format!("{} is a FIFO, not a regular file", fifo.display()),
+        ),
+        (
+            "zero.toml",
+            PathBuf::from("/dev/zero"),
+            "/dev/zero is a device, not a regular file".to_owned(),
+        ),
+        (
+            "huge.toml",
+            huge.clone(),
+            format!("{} is 268435457 bytes or more", huge.display()),
+        ),
+    ] {
+        let config = dir.path().join(name);
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[warmup]\nsamples = \"{}\"\n",
+                mlp_config(),
+                samples.display()
+            ),
+        )
+        .unwrap();
+        let t = Instant::now();
+        let (code, out) = run_bounded(&config);
+        assert_eq!(code, Some(2), "{name}: {out}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{name}: {:?}",
+            t.elapsed()
+        );
+        assert!(out.contains("bad runtime config"), "{name}: {out}");
+        assert!(out.contains("warmup.samples: "), "{name}: {out}");
+        assert!(out.contains(&needle), "{name}: {out} lacks {needle:?}");
+        assert!(!out.contains("\"listening\""), "{name}: {out}");
+    }
+}
+
+/// The soft limit on open files of this process (the client side of the slow-client test).
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
+/// Slow and idle clients (slowloris): thousands of connections with unfinished headers, then
+/// more unfinished bodies than the cap, then idle HTTP/2 connections. The server keeps at most
+/// `max_connections` open per listener, makes room by closing the connection idle the
+/// longest (so `/v2/health/live` answers during the attack), refuses the excess with 503 when
+/// every slot has a request in progress, closes slow heads, slow bodies (408) and idle
+/// connections after their timeouts, counts all of it in `/metrics`, and recovers.
+#[test]
+fn serve_sheds_slow_and_idle_clients() {
+    let config = synthetic(1, 8, 64, 1)
+        + "header_read_timeout_s = 2\nbody_read_timeout_s = 1\nidle_timeout_s = 2\nmax_connections = 256\n";
+    let s = Server::ready(&config);
+    let addr: std::net::SocketAddr = s.addr.parse().unwrap();
+    let live = |why: &str| {
+        let r = http(&s.addr, "GET", "/v2/health/live", &[], b"");
+        assert_eq!(r.status, 200, "{why}: {}", r.text());
+    };
+    live("before");
+    let metrics = || s.get("/metrics").text();
+    let labels = "model=\"synthetic\",version=\"1\"";
+    let counter = |m: &str, name: &str, rest: &str| metric(m, &format!("{name}{{{labels}{rest}}}"));
+
+    // 1. Unfinished headers on thousands of connections (what the client's limit allows).
+    let n = 2500.min(open_files_limit().saturating_sub(300));
+    let started = Instant::now();
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+            continue;
+        };
+        let _ = c.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+        held.push(c);
+    }
+    assert!(held.len() >= n * 9 / 10, "{} of {n} connected", held.len());
+    // While they are held: the server answers (each new connection closes the longest idle).
+    live("under the header attack");
+    let during = started.elapsed();
+    let m = metrics();
+    assert!(
+        counter(&m, "infer_serve_open_connections", ",protocol=\"http\"") <= 257.0,
+        "{m}"
+    );
+    let closed = |m: &str, reason: &str| {
+        counter(
+            m,
+            "infer_serve_closed_connections_total",
+            &format!(",protocol=\"http\",reason=\"{reason}\""),
+        )
+    };
+    // Made room for (or, when opening them took longer than the header timeout, timed out).
+    assert!(
+        closed(&m, "evicted") + closed(&m, "header_timeout") >= (n - 300) as f64,
+        "{m}"
+    );
+    eprintln!("{n} half-open connections; /v2/health/live answered after {during:?}");
+    // After the header timeout every one of them is closed.
+    std::thread::sleep(Duration::from_secs(3));
+    let m = metrics();
+    assert!(
+        counter(
+            &m,
+            "infer_serve_closed_connections_total",
+            ",protocol=\"http\",reason=\"header_timeout\""
+        ) >= 200.0,
+        "{m}"
+    );
+    for c in held.iter_mut().take(50) {
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut buf = [0u8; 64];
+        assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)), "still open");
+    }
+    drop(held);
+
+    // 2. Unfinished bodies: requests in progress, more than the cap. The excess is refused
+    // with 503 at once; the bodies time out (408) after body_read_timeout_s.
+    let mut bodies = Vec::new();
+    for i in 0..356 {
+        if i == 256 {
+            // Every slot now holds a request in progress.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+            continue;
+        };
+        let _ = c.write_all(
+            b"POST /v2/models/synthetic/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"inputs\"",
+        );
+        bodies.push(c);
+    }
+    let mut refused = 0;
+    let mut timed_out = 0;
+    for c in &mut bodies {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = Vec::new();
+        let _ = c.read_to_end(&mut raw);
+        let head = String::from_utf8_lossy(&raw);
+        if head.starts_with("HTTP/1.1 503") {
+            assert!(head.contains("too many open connections"), "{head}");
+            refused += 1;
+        } else if head.starts_with("HTTP/1.1 408") {
+            timed_out += 1;
+        }
+    }
+    assert!(
+        timed_out >= 200 && refused >= 50,
+        "{timed_out} timed out, {refused} refused"
+    );
+    live("after the body attack");
+    let m = metrics();
+    assert!(
+        counter(
+            &m,
+            "infer_serve_refused_connections_total",
+            ",protocol=\"http\""
+        ) >= 1.0,
+        "{m}"
+    );
+    drop(bodies);
+
+    // 3. Idle: a keep-alive connection after its request, and HTTP/2 connections that never
+    // send a request, are closed after idle_timeout_s.
+    let mut keep = TcpStream::connect(addr).unwrap();
+    let (status, _) =
+        keep_alive_request(&mut keep, &s.addr, f32_json(1, 4, 0.0).as_bytes()).unwrap();
+    assert_eq!(status, 200);
+    let grpc: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(&s.grpc_addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_secs(4));
+    keep.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut buf = [0u8; 64];
+    assert!(
+        matches!(keep.read(&mut buf), Ok(0) | Err(_)),
+        "keep-alive still open"
+    );
+    let m = metrics();
+    assert!(
+        counter(
+            &m,
+            "infer_serve_closed_connections_total",
+            ",protocol=\"grpc\",reason=\"idle_timeout\""
+        ) >= 20.0,
+        "{m}"
+    );
+    assert_eq!(
+        counter(&m, "infer_serve_open_connections", ",protocol=\"grpc\""),
+        0.0,
+        "{m}"
+    );
+    drop(grpc);
+
+    // Recovered: a normal request works, and nothing ran out of descriptors.
+    let r = s.post(
+        "/v2/models/synthetic/infer",
+        &[],
+        f32_json(1, 4, 1.0).as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    live("after");
+    while let Ok(line) = s.logs.try_recv() {
+        assert!(!line.contains("accept failed"), "{line}");
+    }
+}

@@ -18,7 +18,6 @@ pub mod pb;
 use crate::error::{ApiError, GrpcCode};
 use crate::http::{self, App, WindDown};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
@@ -72,7 +71,7 @@ pub async fn serve(
         stop,
         exit_timeout,
         WindDown::OnDrain,
-        move |io, seen: Arc<tokio::sync::Notify>| {
+        move |io, conn: Arc<crate::conn::Conn>| {
             let grpc = grpc.clone();
             // h2 would answer a late stream's WINDOW_UPDATE during the drain with
             // GOAWAY(PROTOCOL_ERROR), losing the calls in flight: see `goaway_guard`.
@@ -81,9 +80,13 @@ pub async fn serve(
                 draining.clone(),
             ));
             let service = hyper::service::service_fn(move |req| {
-                seen.notify_one();
+                let busy = conn.request();
                 let grpc = grpc.clone();
-                async move { Ok::<_, Infallible>(grpc.handle(req).await) }
+                async move {
+                    let r = grpc.handle(req).await;
+                    drop(busy);
+                    Ok::<_, Infallible>(r)
+                }
             });
             h2.serve_connection(io, service)
         },
@@ -134,7 +137,7 @@ impl Grpc {
             (INFERENCE_SERVICE, "ModelInfer") => {
                 let work = async {
                     http::batcher(app)?;
-                    let msg = read_message(body, cfg.server.max_body_bytes).await?;
+                    let msg = read_message(body, cfg.server.max_body_bytes, &cfg.server).await?;
                     let request = codec::decode_infer(cfg, msg)?;
                     let timeout_us = match (request.timeout_us.filter(|&t| t > 0), timeout) {
                         (Some(t), Some(d)) => Some(t.min(d.as_micros() as u64)),
@@ -221,20 +224,17 @@ impl Grpc {
 }
 
 /// Reads the request body (at most `limit` bytes of message) and returns its one message.
-async fn read_message(body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
+async fn read_message(
+    body: Incoming,
+    limit: u64,
+    srv: &infer_spec::runtime::Server,
+) -> Result<Bytes, ApiError> {
     let cap = usize::try_from(limit)
         .unwrap_or(usize::MAX)
         .saturating_add(codec::PREFIX);
-    let body = match Limited::new(body, cap).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::PayloadTooLarge { limit })
-        }
-        Err(e) => {
-            return Err(ApiError::BadRequest(format!(
-                "reading the request body: {e}"
-            )))
-        }
+    let body = match crate::conn::read_body(body, cap, srv).await {
+        Err(ApiError::PayloadTooLarge { .. }) => return Err(ApiError::PayloadTooLarge { limit }),
+        other => other?,
     };
     codec::unframe(&body)
 }
@@ -243,7 +243,7 @@ async fn read<M: prost::Message + Default>(
     body: Incoming,
     cfg: &infer_spec::RuntimeConfig,
 ) -> Result<M, ApiError> {
-    let msg = read_message(body, cfg.server.max_body_bytes).await?;
+    let msg = read_message(body, cfg.server.max_body_bytes, &cfg.server).await?;
     let name = std::any::type_name::<M>()
         .rsplit("::")
         .next()

@@ -74,7 +74,7 @@ fn raise_open_files_limit() -> Option<u64> {
             r.rlim_cur = r.rlim_max;
         }
     }
-    Some(r.rlim_cur as u64)
+    Some(r.rlim_cur)
 }
 
 fn fail(code: i32, msg: &str, fields: &[(&str, serde_json::Value)]) -> ! {

@@ -336,16 +336,19 @@ pub fn decode<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, 
 
 /// Parse `what` (`index.json`, `manifest sha256:…`), a document read from the layout at
 /// `layout`: one that does not parse is [`Error::Malformed`], bad input naming the layout.
+/// JSON is UTF-8 throughout: a byte that is not is refused even in a field nobody reads.
 pub fn decode_in<'a, T: Deserialize<'a>>(
     layout: &std::path::Path,
     what: &str,
     bytes: &'a [u8],
 ) -> Result<T, Error> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
+    let malformed = |why: String| Error::Malformed {
         layout: layout.to_path_buf(),
         what: what.into(),
-        why: e.to_string(),
-    })
+        why,
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+    serde_json::from_str(text).map_err(|e| malformed(e.to_string()))
 }
 
 /// RFC 3339 UTC time of a Unix timestamp (`1970-01-01T00:00:00Z` for 0), without a clock or a

@@ -679,8 +679,21 @@ fn warmup_samples_are_shared_by_every_target() {
 fn slim_stops_a_gzip_bomb() {
     use infer_build::slim::image::{flatten, read_layout};
     let t = tempfile::tempdir().unwrap();
-    // Gzip members concatenate: one member of a tar header, then the same compressed MiB of
-    // zeros over and over, then the end-of-archive blocks. Quick to make, never held whole.
+    // Quick to make, never held whole.
+    let bomb = gzip_bomb();
+    let dir = t.path().join("bomb");
+    // The diff_id is not checked by `flatten`; any value will do.
+    make_layout(&dir, &[(bomb, sha256(b"unused"))], None, json!({}));
+    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("decompression bomb"), "{e}");
+    assert!(e.to_string().contains(&dir.display().to_string()), "{e}");
+    assert!(e.is_bad_input(), "{e}");
+}
+
+/// A gzip layer of one tar entry that uncompresses past 1 GiB (the expansion bound of a small
+/// layer): gzip members concatenate, so it is one member of a tar header, then the same
+/// compressed MiB of zeros over and over, then the end-of-archive blocks.
+fn gzip_bomb() -> Vec<u8> {
     let gz = |bytes: &[u8]| {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         e.write_all(bytes).unwrap();
@@ -700,10 +713,357 @@ fn slim_stops_a_gzip_bomb() {
     }
     bomb.extend_from_slice(&gz(&[0u8; 1024]));
     assert!(bomb.len() < 8 << 20, "{} bytes", bomb.len());
-    let dir = t.path().join("bomb");
-    // The diff_id is not checked by `flatten`; any value will do.
-    make_layout(&dir, &[(bomb, sha256(b"unused"))], None, json!({}));
-    let e = flatten(&read_layout(&dir, None).unwrap()).unwrap_err();
-    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
-    assert!(chain.contains("decompression bomb"), "{chain}");
+    bomb
+}
+
+/// A gzip layer of `n` directory entries under `prefix/` (small once compressed).
+fn many_dirs(prefix: &str, n: usize) -> (Vec<u8>, String) {
+    let mut tar = tar::Builder::new(Vec::new());
+    for i in 0..n {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(format!("{prefix}/d{i}/")).unwrap();
+        h.set_size(0);
+        h.set_mode(0o755);
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_cksum();
+        tar.append(&h, std::io::empty()).unwrap();
+    }
+    let tar = tar.into_inner().unwrap();
+    let diff_id = sha256(&tar);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    (gz.finish().unwrap(), diff_id)
+}
+
+/// `bytes` as a blob of the layout at `dir`; its digest.
+fn put_blob(dir: &Path, bytes: &[u8]) -> String {
+    let d = sha256(bytes);
+    std::fs::write(blob(dir, &d), bytes).unwrap();
+    d
+}
+
+/// Replace the one manifest of the layout at `dir` by `edit` of its bytes (`index.json`
+/// updated to the new digest and size).
+fn rewrite_manifest(dir: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {
+    let mut idx: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let md = idx["manifests"][0]["digest"].as_str().unwrap().to_string();
+    let bytes = edit(std::fs::read(blob(dir, &md)).unwrap());
+    idx["manifests"][0]["size"] = json!(bytes.len());
+    idx["manifests"][0]["digest"] = json!(put_blob(dir, &bytes));
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&idx).unwrap()).unwrap();
+}
+
+/// Replace the config of the layout at `dir` by `edit` of its bytes (manifest rewritten).
+fn rewrite_config(dir: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {
+    rewrite_manifest(dir, |m| {
+        let mut m: Value = serde_json::from_slice(&m).unwrap();
+        let cd = m["config"]["digest"].as_str().unwrap().to_string();
+        let bytes = edit(std::fs::read(blob(dir, &cd)).unwrap());
+        m["config"]["size"] = json!(bytes.len());
+        m["config"]["digest"] = json!(put_blob(dir, &bytes));
+        serde_json::to_vec(&m).unwrap()
+    });
+}
+
+/// `bytes` with every `from` replaced by `to`.
+fn replace(bytes: &[u8], from: &str, to: &[u8]) -> Vec<u8> {
+    let (text, from) = (bytes.to_vec(), from.as_bytes());
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        if text[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(text[i]);
+            i += 1;
+        }
+    }
+    assert_ne!(out, bytes, "nothing to replace");
+    out
+}
+
+/// `{"x":<value>,` in front of a JSON object's fields: a field of raw bytes.
+fn with_field(bytes: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = b"{\"x\":".to_vec();
+    out.extend_from_slice(value);
+    out.push(b',');
+    out.extend_from_slice(&bytes[1..]);
+    out
+}
+
+/// The hostile layout of one row of the threat model's exit-code table, at `dir`.
+fn hostile_layout(case: &str, dir: &Path, outside: &Path) {
+    let one = || vec![layer(&[(b"a", b"a")])];
+    match case {
+        "layer-wrong-diff-id" => {
+            make_layout(dir, &one(), Some(vec![sha256(b"not it")]), json!({}));
+            return;
+        }
+        "layer-not-gzip" => {
+            let l = (b"not gzip at all".to_vec(), sha256(b"unused"));
+            make_layout(dir, &[l], None, json!({}));
+            return;
+        }
+        // The diff_id is right for nothing: the bomb stops before it is compared.
+        "layer-gzip-bomb" => {
+            make_layout(dir, &[(gzip_bomb(), sha256(b"unused"))], None, json!({}));
+            return;
+        }
+        "layer-many-entries" => {
+            let layers: Vec<_> = (0..3).map(|i| many_dirs(&format!("l{i}"), 2000)).collect();
+            make_layout(dir, &layers, None, json!({}));
+            return;
+        }
+        "manifest-too-many-layers" => {
+            make_layout(dir, &vec![layer(&[(b"a", b"a")]); 1001], None, json!({}));
+            return;
+        }
+        _ => {}
+    }
+    let (digests, md) = make_layout(dir, &one(), None, json!({}));
+    let index = || std::fs::read(dir.join("index.json")).unwrap();
+    let set_index = |b: Vec<u8>| std::fs::write(dir.join("index.json"), b).unwrap();
+    match case {
+        "index-not-json" => set_index(b"{\"schemaVersion\": 2, \"manifests\": [".to_vec()),
+        "index-not-utf8" => set_index(with_field(&index(), b"\"\xff\xfe\"")),
+        "index-uppercase-digest" => set_index(replace(
+            &index(),
+            &md[7..],
+            md[7..].to_uppercase().as_bytes(),
+        )),
+        "index-dotdot-digest" => set_index(replace(&index(), &md, b"sha256:../../../etc/passwd")),
+        "index-huge-size" => {
+            let size = std::fs::metadata(blob(dir, &md)).unwrap().len();
+            set_index(replace(
+                &index(),
+                &format!("\"size\":{size}"),
+                b"\"size\":1e400",
+            ))
+        }
+        "index-oversized" => set_index(with_field(&index(), &vec![b'1'; 5 << 20])),
+        "manifest-not-json" => rewrite_manifest(dir, |_| b"<manifest/>".to_vec()),
+        "manifest-uppercase-digest" => rewrite_manifest(dir, |m| {
+            replace(
+                &m,
+                &digests[0][7..],
+                digests[0][7..].to_uppercase().as_bytes(),
+            )
+        }),
+        "manifest-dotdot-digest" => {
+            rewrite_manifest(dir, |m| replace(&m, &digests[0], b"sha256:../../x"))
+        }
+        "manifest-huge-size" => rewrite_manifest(dir, |m| {
+            let mut m: Value = serde_json::from_slice(&m).unwrap();
+            m["layers"][0]["size"] = json!("@size@");
+            replace(&serde_json::to_vec(&m).unwrap(), "\"@size@\"", b"1e400")
+        }),
+        "manifest-corrupt" => {
+            let mut b = std::fs::read(blob(dir, &md)).unwrap();
+            let n = b.len() - 2;
+            b[n] = b' ';
+            std::fs::write(blob(dir, &md), b).unwrap();
+        }
+        "config-not-utf8" => rewrite_config(dir, |c| with_field(&c, b"\"\xff\xfe\"")),
+        "config-huge-number" => rewrite_config(dir, |c| with_field(&c, b"1e400")),
+        "layer-missing" => std::fs::remove_file(blob(dir, &digests[0])).unwrap(),
+        "layer-symlink" => {
+            let target = outside.join("layer");
+            std::fs::rename(blob(dir, &digests[0]), &target).unwrap();
+            symlink(&target, blob(dir, &digests[0])).unwrap();
+        }
+        _ => panic!("the table names case `{case}`, which this test cannot build: add it here"),
+    }
+}
+
+/// The rows of the exit-code table of `docs/threat-model.md`: case, commands, exit code and
+/// the phrases of which the message holds one.
+fn exit_code_table() -> Vec<(String, Vec<String>, i32, Vec<String>)> {
+    let doc = include_str!("../../docs/threat-model.md");
+    let section = doc
+        .split("## Exit codes")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/threat-model.md has an `## Exit codes` section");
+    let quoted = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            assert_eq!(cells.len(), 5, "a row of five cells: {l}");
+            let case = quoted(cells[0]).remove(0);
+            let commands = cells[2].split(',').map(|c| c.trim().to_string()).collect();
+            let code = cells[3]
+                .parse()
+                .unwrap_or_else(|_| panic!("exit code: {l}"));
+            (case, commands, code, quoted(cells[4]))
+        })
+        .collect()
+}
+
+/// Every row of the threat model's exit-code table: its hostile layout is built, and each
+/// command the row lists is run on it (`inspect`, `push` and `slim` as the binary, `build
+/// --base-layout` through `assemble::build`, the library call it makes, with the exit code
+/// `error::Error::exit_code` gives the CLI): the exit code is the table's, and the message
+/// names the layout and holds one of the row's phrases. `build` never names its output.
+#[test]
+fn every_hostile_layout_of_the_table_is_exit_2_naming_its_layout() {
+    let rows = exit_code_table();
+    assert!(rows.len() >= 20, "{} rows", rows.len());
+    let t = tempfile::tempdir().unwrap();
+    inputs(t.path());
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let def = t.path().join("hostile.toml");
+    std::fs::write(
+        &def,
+        "name = \"hostile\"\nengine = \"full\"\n[base]\nreference = \"localhost/h/base:1\"\n\
+         [builder]\nreference = \"localhost/h/builder:1\"\n[[select]]\npaths = [\"/a\"]\n",
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    for (case, commands, want, phrases) in &rows {
+        let dir = t.path().join(case);
+        hostile_layout(case, &dir, &outside);
+        let shown = dir.display().to_string();
+        for command in commands {
+            let start = Instant::now();
+            let out = t.path().join(format!("out-{case}-{command}"));
+            let (code, message) = match command.as_str() {
+                "build" => match build_into(&out, &[gpu_target(t.path(), &dir)]) {
+                    Ok(_) => (0, String::new()),
+                    Err(e) => {
+                        let e = infer_build::error::Error::from(e);
+                        let mut m = e.to_string();
+                        let mut source = std::error::Error::source(&e);
+                        while let Some(c) = source {
+                            m.push_str(&format!("\n  caused by: {c}"));
+                            source = c.source();
+                        }
+                        assert!(
+                            !m.contains(&out.display().to_string()),
+                            "{case}: build names its output: {m}"
+                        );
+                        (e.exit_code(), m)
+                    }
+                },
+                "inspect" | "push" | "slim" => {
+                    let mut cmd = infer_build();
+                    cmd.env("INFER_BUILD_SLIM_MAX_ENTRIES", "5000");
+                    match command.as_str() {
+                        "inspect" => cmd.arg("inspect").arg(&dir),
+                        // Nothing listens there: a layout that passes reaches the network
+                        // and fails with 1, a refused one never connects.
+                        "push" => cmd.arg("push").arg(&dir).args([
+                            "--to",
+                            "127.0.0.1:9/hostile",
+                            "--insecure",
+                        ]),
+                        _ => cmd
+                            .args(["slim", "--allow-unpinned", "--definition"])
+                            .arg(&def)
+                            .arg("--base-layout")
+                            .arg(&dir)
+                            .arg("--builder-layout")
+                            .arg(&dir)
+                            .arg("--out")
+                            .arg(&out),
+                    };
+                    let o = cmd.output().unwrap();
+                    (o.status.code().unwrap_or(-1), stderr(&o))
+                }
+                other => panic!("{case}: unknown command `{other}` in the table"),
+            };
+            let elapsed = start.elapsed();
+            if code != *want
+                || !message.contains(&shown)
+                || !phrases.iter().any(|p| message.contains(p.as_str()))
+            {
+                failures.push(format!(
+                    "{case} / {command}: exit {code} (want {want}), message should name {shown} and hold one of {phrases:?}:\n{message}"
+                ));
+            }
+            assert!(
+                elapsed < Duration::from_secs(60),
+                "{case} / {command} took {elapsed:?}"
+            );
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Slim bounds what it holds across layers: each of these layers is small and far under any
+/// per-layer bound, together they pass the budget, and the refusal names the image, its
+/// layout, the layer and the bound. The byte bound and the name bound hold the same way.
+#[test]
+fn slim_bounds_the_whole_tree_across_layers() {
+    use infer_build::slim::image::{flatten_within, read_layout, Budget, MAX_ENTRIES};
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("many");
+    let layers: Vec<_> = (0..3).map(|i| many_dirs(&format!("l{i}"), 3000)).collect();
+    assert!(layers.iter().all(|(b, _)| b.len() < 200_000));
+    make_layout(&dir, &layers, None, json!({}));
+    let img = read_layout(&dir, None).unwrap();
+    let start = Instant::now();
+    let e = flatten_within(&img, "base", &mut Budget::new(8000, 1 << 30)).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains("the base image in") && m.contains(&dir.display().to_string()),
+        "{m}"
+    );
+    assert!(
+        m.contains("more than 8000 entries by its layer 3 of 3"),
+        "{m}"
+    );
+    assert!(e.is_bad_input());
+    assert!(start.elapsed() < Duration::from_secs(20));
+    // Within the bound, the budget is spent for the next image.
+    let mut budget = Budget::new(10_000, 1 << 30);
+    let (tree, _) = flatten_within(&img, "base", &mut budget).unwrap();
+    assert_eq!(tree.len(), 9003);
+    let e = flatten_within(&img, "builder", &mut budget)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the builder image") && e.contains("layer 1 of 3"),
+        "{e}"
+    );
+    // The byte bound.
+    let e = flatten_within(&img, "base", &mut Budget::new(MAX_ENTRIES, 100_000))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("more than 100000 bytes"), "{e}");
+    // The default is the documented bound; the test knob only lowers it.
+    assert!(Budget::default().max_entries <= MAX_ENTRIES);
+    // A path longer than PATH_MAX is refused.
+    let long = format!("{}f", "x/".repeat(2100));
+    let dir = t.path().join("long");
+    make_layout(&dir, &[layer_with_long_name(&long)], None, json!({}));
+    let e = infer_build::slim::image::flatten(&read_layout(&dir, None).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("more than the 4096 accepted"), "{e}");
+}
+
+/// A gzip layer of one file whose (GNU long) name is `name`.
+fn layer_with_long_name(name: &str) -> (Vec<u8>, String) {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    tar.append_data(&mut h, name, &b"x"[..]).unwrap();
+    let tar = tar.into_inner().unwrap();
+    let diff_id = sha256(&tar);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    (gz.finish().unwrap(), diff_id)
 }

@@ -167,6 +167,7 @@ fn registry_ci_example_runs_as_written() {
             .env_remove("INFER_SERVE_BIN")
             .env_remove("INFER_SERVE_DYNAMIC_BIN")
             .env_remove("INFER_SERVE_GPU_BIN")
+            .env_remove("INFER_BUILD_REGISTRY")
             .env_remove("INFER_BUILD_REGISTRY_USER")
             .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
         // What `cargo test` sets for this test binary (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...)

@@ -2,7 +2,8 @@
 //! CA) whose every answer comes from a handler, so a test can send what a real registry never
 //! would: token realms and upload locations on other origins, redirects from TLS to plain
 //! HTTP, `Range` headers that never move, headers then silence, bodies that trickle or run past
-//! their descriptor. It records every request (method, target, headers, body size) for the
+//! their descriptor, request bodies read a byte at a time ([`Hostile::start_slow_reader`]). It
+//! records every request (method, target, headers, body size) for the
 //! test to check what the client sent where. One request per connection.
 
 #![allow(dead_code)]
@@ -96,7 +97,17 @@ pub struct Hostile {
 impl Hostile {
     /// Plain HTTP.
     pub fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Hostile {
-        Self::spawn(None, Arc::new(handler))
+        Self::spawn(None, Arc::new(handler), None)
+    }
+
+    /// Plain HTTP, reading every request body longer than `over` bytes one byte per `every`
+    /// (a registry that trickles what it takes); the handler answers once the body is in.
+    pub fn start_slow_reader(
+        over: u64,
+        every: Duration,
+        handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+    ) -> Hostile {
+        Self::spawn(None, Arc::new(handler), Some((over, every)))
     }
 
     /// TLS with `cert` (PEM chain) and `key` (PEM private key), e.g. from
@@ -124,10 +135,14 @@ impl Hostile {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap();
-        Self::spawn(Some(Arc::new(config)), Arc::new(handler))
+        Self::spawn(Some(Arc::new(config)), Arc::new(handler), None)
     }
 
-    fn spawn(tls: Option<Arc<rustls::ServerConfig>>, handler: Arc<Handler>) -> Hostile {
+    fn spawn(
+        tls: Option<Arc<rustls::ServerConfig>>,
+        handler: Arc<Handler>,
+        slow: Option<(u64, Duration)>,
+    ) -> Hostile {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = seen.clone();
         let server = Server::start(move |conn, stop| {
@@ -139,11 +154,11 @@ impl Hostile {
                         return;
                     };
                     let mut s = rustls::StreamOwned::new(server, conn);
-                    let _ = serve(&mut s, seen, stop, handler);
+                    let _ = serve(&mut s, seen, stop, handler, slow);
                 }
                 None => {
                     let mut s = conn;
-                    let _ = serve(&mut s, seen, stop, handler);
+                    let _ = serve(&mut s, seen, stop, handler, slow);
                 }
             }
         });
@@ -165,6 +180,7 @@ fn serve(
     seen: &Mutex<Vec<Seen>>,
     stop: &AtomicBool,
     handler: &Handler,
+    slow: Option<(u64, Duration)>,
 ) -> std::io::Result<()> {
     let Some((buf, head_end)) = super::support::read_request_head(s)? else {
         return Ok(());
@@ -184,10 +200,19 @@ fn serve(
         .find(|(k, _)| k == "content-length")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
-    // Read (and discard) the request body.
+    // Read (and discard) the request body: a byte per `every` when it is long and this is a
+    // slow reader.
     let mut got = (buf.len() - head_end) as u64;
+    let every = slow.filter(|(over, _)| len > *over).map(|(_, every)| every);
     while got < len {
-        let n = s.read(&mut tmp[..((len - got).min(16384)) as usize])?;
+        if let Some(every) = every {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            std::thread::sleep(every);
+        }
+        let most = if every.is_some() { 1 } else { 16384 };
+        let n = s.read(&mut tmp[..((len - got).min(most)) as usize])?;
         if n == 0 {
             break;
         }

@@ -35,6 +35,7 @@ impl Fixture {
             .env("INFER_BUILD_CACHE_DIR", self.path("cache"))
             .env("DOCKER_CONFIG", self.path("docker"))
             .env("SOURCE_DATE_EPOCH", "1700000000")
+            .env_remove("INFER_BUILD_REGISTRY")
             .env_remove("INFER_BUILD_REGISTRY_USER")
             .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
         c

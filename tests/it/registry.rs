@@ -75,6 +75,7 @@ fn push_cli(layout: &Path, to: &str, cache: &Path, extra: &[&str]) -> (i32, Valu
         .env("XDG_CONFIG_HOME", cache.join("xdg-config"))
         .env_remove("XDG_RUNTIME_DIR")
         .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("INFER_BUILD_REGISTRY")
         .env_remove("INFER_BUILD_REGISTRY_USER")
         .env_remove("INFER_BUILD_REGISTRY_PASSWORD")
         .output()
@@ -137,6 +138,7 @@ fn push_with_env(
         .env("XDG_CONFIG_HOME", home.join("xdg-config"))
         .env_remove("XDG_RUNTIME_DIR")
         .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("INFER_BUILD_REGISTRY")
         .env_remove("INFER_BUILD_REGISTRY_USER")
         .env_remove("INFER_BUILD_REGISTRY_PASSWORD");
     for (k, v) in env {
@@ -582,6 +584,37 @@ fn registry_tls_basic_auth_with_docker_config() {
         "{err}"
     );
 
+    // Environment credentials: used for the registry INFER_BUILD_REGISTRY names, and only
+    // then (CI secrets bound to their registry).
+    let env_push = |bound: Option<&str>| {
+        let mut cmd = infer_build();
+        cmd.args(["push"])
+            .arg(&made.dir)
+            .args(["--to", &to, "--ca-cert", ca, "--no-warmup"])
+            .env("INFER_BUILD_CACHE_DIR", tmp.path())
+            .env("DOCKER_CONFIG", tmp.path().join("env-docker"))
+            .env("XDG_CONFIG_HOME", tmp.path().join("env-xdg"))
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("REGISTRY_AUTH_FILE")
+            .env("INFER_BUILD_REGISTRY_USER", &tls.user)
+            .env("INFER_BUILD_REGISTRY_PASSWORD", &tls.password)
+            .env_remove("INFER_BUILD_REGISTRY");
+        if let Some(b) = bound {
+            cmd.env("INFER_BUILD_REGISTRY", b);
+        }
+        cmd.output().unwrap()
+    };
+    let out = env_push(None);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("INFER_BUILD_REGISTRY is unset"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env_push(Some(&reg.addr));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains(&tls.password));
+
     // Unknown CA: a TLS failure, not a silent downgrade.
     let (code, _, err) = push_cli(&made.dir, &to, tmp.path(), &[]);
     assert_ne!(code, 0, "{err}");
@@ -637,6 +670,7 @@ fn registry_tls_basic_auth_with_docker_config() {
         .env("PATH", &path)
         .env("DOCKER_CONFIG", &docker)
         .env("INFER_BUILD_CACHE_DIR", tmp.path())
+        .env_remove("INFER_BUILD_REGISTRY")
         .env_remove("INFER_BUILD_REGISTRY_USER")
         .output()
         .unwrap();

@@ -233,6 +233,18 @@ fn hostile_tls_registry_never_sends_anything_to_a_plain_http_realm() {
         "a TLS registry's credentials went to a plain-HTTP realm: {:?} ({e})",
         token.requests()
     );
+    // Said for what it is: the realm is refused, not the credentials.
+    let msg = e.to_string();
+    assert!(
+        msg.contains("realm scheme downgrade") && msg.contains(&realm_shown(&token.addr)),
+        "{msg}"
+    );
+    assert!(!msg.contains("refused the credentials"), "{msg}");
+    assert!(!e.is_bad_input(), "the registry's doing: exit 1 ({msg})");
+}
+
+fn realm_shown(token_addr: &str) -> String {
+    format!("http://{token_addr}/token")
 }
 
 /// A registry with basic auth whose upload sessions live at `location(request)`.
@@ -308,7 +320,10 @@ fn hostile_tls_upload_location_on_plain_http_is_refused() {
         other.requests().is_empty(),
         "TLS was left for plain HTTP ({e})"
     );
-    assert!(e.contains("https"), "{e}");
+    assert!(e.contains("downgrade to plain HTTP refused"), "{e}");
+    // Refused at once, not retried.
+    let posts = reg.requests().iter().filter(|r| r.method == "POST").count();
+    assert!(posts <= 3, "{posts} upload sessions ({e})");
 }
 
 #[test]
@@ -764,4 +779,344 @@ fn hostile_login_exit_codes_say_whose_mistake() {
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("auth.json")).unwrap()).unwrap();
     assert_eq!(doc["auths"][&reg.addr]["auth"], "YmVuY2g6czNjcmV0");
+}
+
+/// `infer-build ARGS` in a hermetic environment (no credentials file of this machine, no
+/// environment credentials) plus `env`: exit code, stderr and how long it took.
+fn cli(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, Duration) {
+    let mut cmd = infer_build();
+    cmd.args(args)
+        .env("HOME", tmp)
+        .env("INFER_BUILD_CACHE_DIR", tmp.join("cache"))
+        .env("DOCKER_CONFIG", tmp.join("docker"))
+        .env("XDG_CONFIG_HOME", tmp.join("xdg-config"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("SSL_CERT_FILE");
+    for k in [
+        "INFER_BUILD_REGISTRY",
+        "INFER_BUILD_REGISTRY_USER",
+        "INFER_BUILD_REGISTRY_PASSWORD",
+        "INFER_BUILD_REGISTRY_MIN_RATE",
+        "INFER_BUILD_REGISTRY_RATE_WINDOW",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let start = Instant::now();
+    let out = cmd.output().unwrap();
+    (out.status.code(), stderr(&out), start.elapsed())
+}
+
+/// `bench:s3cret` from the environment, for `registry`.
+fn env_creds(registry: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("INFER_BUILD_REGISTRY_USER", "bench".into()),
+        ("INFER_BUILD_REGISTRY_PASSWORD", "s3cret".into()),
+        ("INFER_BUILD_REGISTRY", registry.into()),
+    ]
+}
+
+fn as_env<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    v.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[test]
+fn hostile_env_credentials_go_only_to_the_registry_infer_build_registry_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let no_auth = |seen: Vec<Seen>, what: &str| {
+        assert!(!seen.is_empty(), "{what} was never asked");
+        assert!(
+            seen.iter().all(|r| r.header("authorization").is_none()),
+            "environment credentials went to {what}: {seen:?}"
+        );
+    };
+
+    // 1. A token realm on another origin: asked anonymously, by pull and push alike.
+    let token = Hostile::start(|_| Reply::with(200, &[], br#"{"token":"t0k"}"#));
+    let storage = Hostile::start(|_| Reply::status(404));
+    let realm = format!("http://{}/token", token.addr);
+    // 2. ... and blobs redirected to storage on another origin.
+    let blob_elsewhere = format!("http://{}/storage/blob", storage.addr);
+    let inner = serve(image(1), move |_, _| {
+        Some(Reply::with(307, &[("location", &blob_elsewhere)], b""))
+    });
+    let reg = Hostile::start(move |r| {
+        if r.header("authorization") != Some("Bearer t0k") {
+            return Reply::with(
+                401,
+                &[(
+                    "www-authenticate",
+                    &format!(r#"Bearer realm="{realm}",service="x""#),
+                )],
+                b"",
+            );
+        }
+        inner(r)
+    });
+    let creds = env_creds(&reg.addr);
+    let out = t.join("pulled");
+    let (code, err, _) = cli(
+        t,
+        &[
+            "pull",
+            &format!("{}/x/img:v1", reg.addr),
+            "--insecure",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &as_env(&creds),
+    );
+    assert_ne!(code, Some(0), "{err}");
+    no_auth(token.requests(), "a token realm on another origin");
+    no_auth(storage.requests(), "a blob redirect to another origin");
+    assert!(!err.contains("s3cret"), "{err}");
+
+    // The control: a realm on the registry's own origin gets them.
+    let reg = Hostile::start(|r| match (r.path(), r.header("authorization")) {
+        ("/token", Some(BASIC)) => Reply::with(200, &[], br#"{"token":"t1k"}"#),
+        ("/token", _) => Reply::status(401),
+        ("/v2/", Some("Bearer t1k")) => Reply::status(200),
+        (_, Some("Bearer t1k")) => Reply::status(404),
+        _ => Reply::with(
+            401,
+            &[(
+                "www-authenticate",
+                &format!(
+                    r#"Bearer realm="http://{}/token",service="x""#,
+                    r.header("host").unwrap_or("")
+                ),
+            )],
+            b"",
+        ),
+    });
+    let creds = env_creds(&reg.addr);
+    let (code, err, _) = cli(
+        t,
+        &["inspect", &format!("{}/x/img:v1", reg.addr), "--insecure"],
+        &as_env(&creds),
+    );
+    assert_ne!(code, Some(0), "no such image");
+    assert!(
+        reg.requests()
+            .iter()
+            .any(|r| r.path() == "/token" && r.header("authorization") == Some(BASIC)),
+        "the registry's own realm never got its credentials: {err}"
+    );
+
+    // 3. An upload location on another origin: the registry gets its credentials, the
+    // location none.
+    let made = make_layout(&t.join("layout"), "v1", &one_target(), 6);
+    let other = Hostile::start(|_| Reply::status(400));
+    let elsewhere = format!("http://{}/upload/1", other.addr);
+    let reg = Hostile::start(basic_auth_registry(move |_| elsewhere.clone()));
+    let push = |reg: &Hostile, env: &[(&str, &str)]| {
+        cli(
+            t,
+            &[
+                "push",
+                made.dir.to_str().unwrap(),
+                "--to",
+                &format!("{}/x/img", reg.addr),
+                "--insecure",
+                "--no-warmup",
+            ],
+            env,
+        )
+    };
+    let creds = env_creds(&reg.addr);
+    let (code, err, _) = push(&reg, &as_env(&creds));
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        reg.requests()
+            .iter()
+            .any(|r| r.header("authorization") == Some(BASIC)),
+        "the registry INFER_BUILD_REGISTRY names never got the credentials"
+    );
+    no_auth(other.requests(), "an upload location on another origin");
+
+    // 4. Without INFER_BUILD_REGISTRY, or naming another registry, they are not used at all,
+    // and the refusal says why (exit 2).
+    let reg = Hostile::start(basic_auth_registry(|_| "/upload/1".into()));
+    let unbound = [
+        ("INFER_BUILD_REGISTRY_USER", "bench"),
+        ("INFER_BUILD_REGISTRY_PASSWORD", "s3cret"),
+    ];
+    let (code, err, _) = push(&reg, &unbound);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("INFER_BUILD_REGISTRY is unset"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    let elsewhere = [
+        ("INFER_BUILD_REGISTRY_USER", "bench"),
+        ("INFER_BUILD_REGISTRY_PASSWORD", "s3cret"),
+        ("INFER_BUILD_REGISTRY", "registry.example.com"),
+    ];
+    let (code, err, _) = push(&reg, &elsewhere);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("are for `registry.example.com`") && err.contains(&reg.addr),
+        "{err}"
+    );
+    no_auth(reg.requests(), "a registry INFER_BUILD_REGISTRY does not name");
+}
+
+#[test]
+fn hostile_creeping_range_is_refused_at_the_first_chunk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let made = make_layout(&t.join("layout"), "v1", &one_target(), 7);
+    // Each PATCH "accepted" (202) with a Range one byte past the previous one: the client
+    // would resend the chunk for every byte of the blob. Past 200 PATCHes the server
+    // answers 400 so that a regression fails instead of running for minutes.
+    let patches = std::sync::atomic::AtomicUsize::new(0);
+    let reg = Hostile::start(move |r| match (r.method.as_str(), r.path()) {
+        ("GET", "/v2/") => Reply::status(200),
+        ("HEAD", _) => Reply::status(404),
+        ("POST", _) => Reply::with(202, &[("location", "/upload/1")], b""),
+        ("PATCH", _) if patches.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 200 => {
+            Reply::status(400)
+        }
+        ("PATCH", _) => {
+            let start = r
+                .header("content-range")
+                .and_then(|c| c.split('-').next())
+                .unwrap_or("0")
+                .to_string();
+            Reply::with(
+                202,
+                &[("location", "/upload/1"), ("range", &format!("0-{start}"))],
+                b"",
+            )
+        }
+        ("PUT", _) => Reply::status(201),
+        _ => Reply::status(500),
+    });
+    let (code, err, took) = cli(
+        t,
+        &[
+            "push",
+            made.dir.to_str().unwrap(),
+            "--to",
+            &format!("{}/x/img", reg.addr),
+            "--insecure",
+            "--no-warmup",
+            "--chunk-size",
+            "4096",
+            "--jobs",
+            "1",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1), "the registry's doing: {err}");
+    assert!(
+        err.contains("answered `Range: 0-") && err.contains("the whole chunk"),
+        "{err}"
+    );
+    let patches = reg
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .count();
+    assert_eq!(patches, 1, "{err}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+#[test]
+fn hostile_trickling_registry_is_cut_off_at_the_minimum_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // A small window, so that the test takes seconds; the rule is the default one's.
+    let rate = [
+        ("INFER_BUILD_REGISTRY_MIN_RATE", "65536"),
+        ("INFER_BUILD_REGISTRY_RATE_WINDOW", "1"),
+    ];
+
+    // Push: the registry takes a blob's body at one byte a second. Larger than what the
+    // sockets buffer, so the client sees it.
+    let made = make_layout(
+        &t.join("layout"),
+        "v1",
+        &[Target {
+            id: "cpu-fp32",
+            sm: None,
+            model_bytes: 8 << 20,
+        }],
+        8,
+    );
+    let reg = Hostile::start_slow_reader(1 << 20, Duration::from_secs(1), |r| {
+        match (r.method.as_str(), r.path()) {
+            ("GET", "/v2/") => Reply::status(200),
+            ("HEAD", _) => Reply::status(404),
+            ("POST", _) => Reply::with(202, &[("location", "/upload/1")], b""),
+            ("PUT", _) => Reply::status(201),
+            _ => Reply::status(404),
+        }
+    });
+    let (code, err, took) = cli(
+        t,
+        &[
+            "push",
+            made.dir.to_str().unwrap(),
+            "--to",
+            &format!("{}/x/img", reg.addr),
+            "--insecure",
+            "--no-warmup",
+        ],
+        &rate,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("slower than 65536 bytes/s") && err.contains("INFER_BUILD_REGISTRY_MIN_RATE"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}: {err}");
+    // Two small blobs, and at most three tries of the trickled one.
+    let sessions = reg.requests().iter().filter(|r| r.method == "POST").count();
+    assert!(sessions <= 5, "{sessions} upload sessions: {err}");
+
+    // Pull: a blob body at one byte a second (it says 11 bytes; a large one is the same).
+    let reg = Hostile::start(serve(image(1), |_, bytes| {
+        Some(Reply::Trickle {
+            status: 200,
+            headers: Vec::new(),
+            body: bytes.to_vec(),
+            every: Duration::from_secs(1),
+        })
+    }));
+    let out = t.join("pulled");
+    let (code, err, took) = cli(
+        t,
+        &[
+            "pull",
+            &format!("{}/x/img:v1", reg.addr),
+            "--insecure",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[
+            ("INFER_BUILD_REGISTRY_MIN_RATE", "1000"),
+            ("INFER_BUILD_REGISTRY_RATE_WINDOW", "1"),
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("below the minimum rate of 1000 bytes/s"), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}: {err}");
+
+    // A setting that is not a rate: bad input, before any connection.
+    let (code, err, _) = cli(
+        t,
+        &[
+            "pull",
+            &format!("{}/x/img:v1", reg.addr),
+            "--insecure",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("INFER_BUILD_REGISTRY_MIN_RATE", "fast")],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("INFER_BUILD_REGISTRY_MIN_RATE"), "{err}");
 }

@@ -283,6 +283,7 @@ fn registry_push_attaches_the_sbom_as_a_referrer() {
             .args(["--to", &to, "--insecure", "--json"])
             .env("INFER_BUILD_CACHE_DIR", &cache)
             .env("DOCKER_CONFIG", cache.join("docker"))
+            .env_remove("INFER_BUILD_REGISTRY")
             .env_remove("INFER_BUILD_REGISTRY_USER")
             .env_remove("INFER_BUILD_REGISTRY_PASSWORD")
             .output()

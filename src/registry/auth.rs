@@ -857,14 +857,20 @@ mod tests {
         ] {
             match env_credential(other, &bound) {
                 EnvCredential::NotHere(why) => {
-                    assert!(why.contains("reg.example.com:5000") && !why.contains("pw"), "{why}")
+                    assert!(
+                        why.contains("reg.example.com:5000") && !why.contains("pw"),
+                        "{why}"
+                    )
                 }
                 e => panic!("{other}: {e:?}"),
             }
         }
         // Spellings of the same registry, as in credentials files.
         let url = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "https://r.io/v1/")]);
-        assert!(matches!(env_credential("r.io", &url), EnvCredential::For(_)));
+        assert!(matches!(
+            env_credential("r.io", &url),
+            EnvCredential::For(_)
+        ));
         let hub = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "docker.io")]);
         assert!(matches!(
             env_credential("registry-1.docker.io", &hub),

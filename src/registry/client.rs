@@ -97,7 +97,11 @@ pub struct ClientOptions {
 pub fn rate_limits_from(
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Option<u64>, Option<Duration>)> {
-    let get = |k: &str| var(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let get = |k: &str| {
+        var(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     let bad = |name: &str, value: &str, want: &str| Error::Setting {
         name: name.to_string(),
         reason: format!(
@@ -121,9 +125,7 @@ pub fn rate_limits_from(
     let window = match get(ENV_RATE_WINDOW) {
         None => None,
         Some(v) => match v.parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
-                Some(Duration::from_secs_f64(s))
-            }
+            Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
             _ => {
                 return Err(bad(
                     ENV_RATE_WINDOW,
@@ -1189,7 +1191,10 @@ mod tests {
         g.tick_at(1, at(500)).unwrap();
         let e = g.tick_at(1, at(1000)).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
-        assert!(e.to_string().contains("minimum rate of 1000 bytes/s"), "{e}");
+        assert!(
+            e.to_string().contains("minimum rate of 1000 bytes/s"),
+            "{e}"
+        );
         // At the rate, window after window: never stopped.
         let mut g = RateGuard::new(1000, Duration::from_secs(1));
         for i in 0..50 {
@@ -1229,7 +1234,10 @@ mod tests {
         ] {
             let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(k, v)]));
             let e = rate_limits_from(&env(pairs)).unwrap_err();
-            assert!(e.is_bad_input() && e.to_string().contains(k), "{k}={v}: {e}");
+            assert!(
+                e.is_bad_input() && e.to_string().contains(k),
+                "{k}={v}: {e}"
+            );
         }
     }
 

@@ -18,8 +18,8 @@ use serde::Serialize;
 use ureq::http::Method;
 
 use super::client::{
-    downgrade_reason, header, is_timeout, parse_range, retry_after, status_error, with_query,
-    Body, Client, ClientOptions, Req, Resp, ENV_MIN_RATE, ENV_RATE_WINDOW, MAX_TIMEOUTS,
+    downgrade_reason, header, is_timeout, parse_range, retry_after, status_error, with_query, Body,
+    Client, ClientOptions, Req, Resp, ENV_MIN_RATE, ENV_RATE_WINDOW, MAX_TIMEOUTS,
 };
 use super::layout::Layout;
 use super::reference::{valid_tag, Reference};
@@ -286,9 +286,11 @@ fn visit(
             })?;
         // An image config is a document of the layout too: one that is not JSON is refused
         // here, as `build` and `inspect` refuse it, not pushed.
-        if let Some(c) = m.config.as_ref().filter(|c| {
-            c.media_type == media::CONFIG || c.media_type == media::DOCKER_CONFIG
-        }) {
+        if let Some(c) = m
+            .config
+            .as_ref()
+            .filter(|c| c.media_type == media::CONFIG || c.media_type == media::DOCKER_CONFIG)
+        {
             let config = layout.read_small(c).map_err(|e| match e {
                 e @ Error::DigestMismatch { .. } => as_layout(e),
                 e => e,

@@ -960,7 +960,10 @@ fn hostile_env_credentials_go_only_to_the_registry_infer_build_registry_names() 
         err.contains("are for `registry.example.com`") && err.contains(&reg.addr),
         "{err}"
     );
-    no_auth(reg.requests(), "a registry INFER_BUILD_REGISTRY does not name");
+    no_auth(
+        reg.requests(),
+        "a registry INFER_BUILD_REGISTRY does not name",
+    );
 }
 
 #[test]
@@ -1102,7 +1105,10 @@ fn hostile_trickling_registry_is_cut_off_at_the_minimum_rate() {
         ],
     );
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("below the minimum rate of 1000 bytes/s"), "{err}");
+    assert!(
+        err.contains("below the minimum rate of 1000 bytes/s"),
+        "{err}"
+    );
     assert!(took < Duration::from_secs(30), "{took:?}: {err}");
 
     // A setting that is not a rate: bad input, before any connection.

@@ -395,22 +395,53 @@ pub struct Server {
     pub memory_budget_bytes: u64,
     /// Seconds a client has to send a request's headers, from its first byte (HTTP/1.1). A
     /// connection over it is closed without an answer.
+    ///
+    /// These five client bounds are written only when not the default, so the runtime.toml
+    /// of earlier builds, and its digest, stay as they were.
+    #[serde(skip_serializing_if = "is_default_header_read_timeout")]
     pub header_read_timeout_s: u64,
     /// Seconds a request body may take before [`Server::body_min_bytes_per_s`] counts: the
     /// body must have arrived by this plus one second per `body_min_bytes_per_s` bytes it has
     /// delivered (HTTP/1.1 and gRPC). Over it: 408 (gRPC `DEADLINE_EXCEEDED`).
+    #[serde(skip_serializing_if = "is_default_body_read_timeout")]
     pub body_read_timeout_s: u64,
     /// The slowest request body accepted past [`Server::body_read_timeout_s`], in bytes per
     /// second on average; 0: the whole body must arrive within `body_read_timeout_s`.
+    #[serde(skip_serializing_if = "is_default_body_rate")]
     pub body_min_bytes_per_s: u64,
     /// Seconds a connection may stay open without a request in progress (a keep-alive
     /// connection between requests, an HTTP/2 connection without a call) before it is closed
     /// (HTTP/2: GOAWAY first).
+    #[serde(skip_serializing_if = "is_default_idle_timeout")]
     pub idle_timeout_s: u64,
     /// Open connections per listener (HTTP and gRPC each). At the cap a new connection closes
     /// the one idle the longest, or, when every one has a request in progress, is refused at
     /// once (HTTP/1.1: 503). Lowered at start to what the process's descriptor limit allows.
+    #[serde(skip_serializing_if = "is_default_max_connections")]
     pub max_connections: u32,
+}
+
+/// The defaults of the client bounds in `[server]`.
+pub const DEFAULT_HEADER_READ_TIMEOUT_S: u64 = 10;
+pub const DEFAULT_BODY_READ_TIMEOUT_S: u64 = 30;
+pub const DEFAULT_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
+pub const DEFAULT_IDLE_TIMEOUT_S: u64 = 60;
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+
+fn is_default_header_read_timeout(v: &u64) -> bool {
+    *v == DEFAULT_HEADER_READ_TIMEOUT_S
+}
+fn is_default_body_read_timeout(v: &u64) -> bool {
+    *v == DEFAULT_BODY_READ_TIMEOUT_S
+}
+fn is_default_body_rate(v: &u64) -> bool {
+    *v == DEFAULT_BODY_MIN_BYTES_PER_S
+}
+fn is_default_idle_timeout(v: &u64) -> bool {
+    *v == DEFAULT_IDLE_TIMEOUT_S
+}
+fn is_default_max_connections(v: &u32) -> bool {
+    *v == DEFAULT_MAX_CONNECTIONS
 }
 
 /// The largest `header_read_timeout_s`, `body_read_timeout_s` and `idle_timeout_s`: 1 h each.
@@ -429,11 +460,11 @@ impl Default for Server {
             exit_timeout_s: 30,
             max_body_bytes: 64 << 20,
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET,
-            header_read_timeout_s: 10,
-            body_read_timeout_s: 30,
-            body_min_bytes_per_s: 64 << 10,
-            idle_timeout_s: 60,
-            max_connections: 4096,
+            header_read_timeout_s: DEFAULT_HEADER_READ_TIMEOUT_S,
+            body_read_timeout_s: DEFAULT_BODY_READ_TIMEOUT_S,
+            body_min_bytes_per_s: DEFAULT_BODY_MIN_BYTES_PER_S,
+            idle_timeout_s: DEFAULT_IDLE_TIMEOUT_S,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -1097,6 +1128,10 @@ path = "minilm.onnx"
             ),
             (10, 30, 65536, 60, 4096)
         );
+        // Defaults are not written: earlier builds' runtime.toml (and digest) stay as they were.
+        let text = cfg.to_toml_string();
+        assert!(!text.contains("timeout_s = 10") && !text.contains("max_connections"), "{text}");
+        assert!(text.contains("drain_delay_s"), "{text}");
         let set = mlp()
             + "[server]\nheader_read_timeout_s = 2\nbody_read_timeout_s = 3\nbody_min_bytes_per_s = 0\nidle_timeout_s = 4\nmax_connections = 256\n";
         let cfg = RuntimeConfig::from_toml_str(&set).unwrap();

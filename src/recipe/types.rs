@@ -359,7 +359,7 @@ pub use infer_spec::engine::ComputeCapability;
 /// image's `runtime.toml` carries. Batch sizes count rows (the first dimension); the queue
 /// limit counts requests. After validation `preferred_batch_sizes` is sorted, without
 /// duplicates, each at most `max_batch_size` (empty: any size).
-pub use infer_spec::Batching;
+pub use infer_spec::{Batching, QueueDelay};
 
 /// `targets.hardware_compatibility`: TensorRT's hardware-compatibility levels, the one type of
 /// the recipe, the matrix, plans and engine metadata (the recipe stores `none` as no level).

@@ -65,10 +65,11 @@ const INT8_KEYS: [&str; 3] = ["calibration", "qdq", "method"];
 const FP8_KEYS: [&str; 2] = ["calibration", "method"];
 const ACCURACY_KEYS: [&str; 4] = ["data", "fp16", "int8", "fp8"];
 const LIMIT_KEYS: [&str; 3] = ["max_abs", "max_rel", "min_top1"];
-const BATCHING_KEYS: [&str; 6] = [
+const BATCHING_KEYS: [&str; 7] = [
     "max_batch_size",
     "preferred_batch_sizes",
     "max_queue_delay_us",
+    "queue_delay",
     "max_queue_size",
     "default_timeout_ms",
     "instances",
@@ -1120,11 +1121,23 @@ fn batching(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Batching {
         max_queue_size: DEFAULT_MIN_QUEUE_SIZE,
         default_timeout_ms: DEFAULT_TIMEOUT_MS,
         instances: 1,
+        queue_delay: QueueDelay::Adaptive,
     };
     let Some(t) = t else {
         return b;
     };
     cx.unknown_keys(t, &BATCHING_KEYS);
+    if let Some(v) = cx.string(t, "queue_delay") {
+        match QueueDelay::parse(&v.value) {
+            Some(q) => b.queue_delay = q,
+            None => cx.error_hint(
+                v.span,
+                &v.key,
+                format!("unknown queue delay {:?}", v.value),
+                "\"adaptive\" (wait only while more requests can come: the default) or \"strict\" (always wait, as Triton does)",
+            ),
+        }
+    }
     let max = cx.int(
         t,
         "max_batch_size",

@@ -133,7 +133,7 @@ max_batchsize = 8
 {shown}:11:18: batching.max_batch_size: expected a positive integer up to 4096, found string \"eight\"
   hint: write a number without quotes
 {shown}:12:1: batching.max_batchsize: unknown key `max_batchsize` in [batching]; did you mean `max_batch_size`?
-  hint: valid keys in [batching]: max_batch_size, preferred_batch_sizes, max_queue_delay_us, max_queue_size, default_timeout_ms, instances",
+  hint: valid keys in [batching]: max_batch_size, preferred_batch_sizes, max_queue_delay_us, queue_delay, max_queue_size, default_timeout_ms, instances",
         d.display()
     );
     assert_eq!(recipe::render(err.diagnostics()), expected);
@@ -702,6 +702,20 @@ recipe.toml:11:18: batching.max_batch_size: expected a positive integer up to 40
 recipe.toml:12:22: batching.max_queue_delay_us: expected an integer from 0 to 10000000 (10 s), found integer -5
 recipe.toml:14:13: batching.instances: expected an integer from 1 to 64, found string "2"
   hint: drop the quotes: `instances = 2`
+"#,
+    );
+    // batching_queue_delay
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[batching]
+queue_delay = "sometimes"
+"#
+        ),
+        r#"
+recipe.toml:11:15: batching.queue_delay: unknown queue delay "sometimes"
+  hint: "adaptive" (wait only while more requests can come: the default) or "strict" (always wait, as Triton does)
 "#,
     );
 }

@@ -16,7 +16,10 @@
 //! - the batch is taken at once when it is full or when the oldest request has waited
 //!   `max_queue_delay_us`; otherwise, if a preferred size was reached on the way, the largest
 //!   such prefix is taken; otherwise the leader waits for more until the oldest request's
-//!   delay ends;
+//!   delay ends, but only while more can be expected (the adaptive delay, the default:
+//!   [`infer_spec::batch::Arrivals`] measures the traffic; a lone request at low load goes at
+//!   once instead of waiting the delay for company that cannot come). Under `strict` delay,
+//!   Triton's rule, it always waits;
 //! - `max_queue_size` requests waiting for an instance → the next one is refused at once, in
 //!   [`Batcher::submit`] (`queue_full`); one request per idle instance is not counted, as an
 //!   idle instance takes it as soon as it is seen;
@@ -88,6 +91,9 @@ pub struct Policy {
     /// How long an idle leader polls the channel before parking (`--busy-poll-us`; zero:
     /// never). Not part of `[batching]`: a property of the machine, set by the server.
     pub busy_poll: Duration,
+    /// Wait the delay only while more requests can be expected (`[batching] delay =
+    /// "adaptive"`, the default); false: always wait it, as Triton does (`"strict"`).
+    pub adaptive: bool,
 }
 
 impl Policy {
@@ -99,6 +105,7 @@ impl Policy {
             delay: Duration::from_micros(b.max_queue_delay_us),
             max_queue_size: b.max_queue_size as usize,
             busy_poll: Duration::ZERO,
+            adaptive: b.adaptive_delay(),
         }
     }
 }
@@ -111,6 +118,8 @@ struct Shared {
     last_compute_ns: Gauge,
     /// Instances not running a batch.
     idle: Gauge,
+    /// Instances in all.
+    instances: u64,
     /// Handler polls that ran out their window, as a leaky bucket: a miss adds
     /// [`POLL_MISS_WEIGHT`], an answer found takes one away.
     poll_misses: Gauge,
@@ -161,6 +170,7 @@ impl Batcher {
             policy,
             last_compute_ns: Gauge::new(0),
             idle: Gauge::new(backends.len() as u64),
+            instances: backends.len() as u64,
             poll_misses: Gauge::new(0),
             poll_off_until_ns: Gauge::new(0),
             epoch: Instant::now(),
@@ -171,6 +181,7 @@ impl Batcher {
             jobs: VecDeque::new(),
             shared: shared.clone(),
             last_gap: Duration::ZERO,
+            arrivals: batch::Arrivals::default(),
         }));
         for (id, backend) in backends.into_iter().enumerate() {
             let instance = Instance {
@@ -285,6 +296,8 @@ struct Queue {
     shared: Arc<Shared>,
     /// How long the last wait for a request lasted until one came.
     last_gap: Duration,
+    /// The traffic as the adaptive delay sees it.
+    arrivals: batch::Arrivals,
 }
 
 fn same_shapes(a: &Job, b: &Job) -> bool {
@@ -309,7 +322,7 @@ impl Queue {
     fn next_batch(&mut self) -> Option<Vec<Job>> {
         loop {
             while let Ok(job) = self.rx.try_recv() {
-                self.jobs.push_back(job);
+                self.push(job);
             }
             let now = Instant::now();
             self.purge(now);
@@ -323,7 +336,7 @@ impl Queue {
                 Cut::Wait(wait) => wait,
             };
             match self.receive(now, wait) {
-                Ok(job) => self.jobs.push_back(job),
+                Ok(job) => self.push(job),
                 Err(RecvTimeoutError::Timeout) => {} // the delay is over
                 Err(RecvTimeoutError::Disconnected) => match wait {
                     // Shutting down: what is queued still runs when its delay ends.
@@ -382,6 +395,15 @@ impl Queue {
             self.last_gap = now.elapsed();
         }
         received
+    }
+
+    /// Queues a request, noting for the adaptive delay whether it found company (another
+    /// request queued, or a batch running).
+    fn push(&mut self, job: Job) {
+        let shared = &*self.shared;
+        let alone = self.jobs.is_empty() && shared.idle.load(Relaxed) >= shared.instances;
+        self.arrivals.observe(shared.ns(job.enqueued), alone);
+        self.jobs.push_back(job);
     }
 
     /// Removes requests whose client is gone or whose deadline passed.
@@ -451,7 +473,18 @@ impl Queue {
             .iter()
             .filter(|job| same_shapes(first, job))
             .map(|job| job.rows);
-        match batch::cut(rows, policy.max_batch_size, &policy.preferred, now >= due) {
+        let expect_more = !policy.adaptive || {
+            let at = self.shared.ns(now);
+            self.arrivals
+                .expect_within(at, self.shared.ns(due).saturating_sub(at))
+        };
+        match batch::cut(
+            rows,
+            policy.max_batch_size,
+            &policy.preferred,
+            now >= due,
+            expect_more,
+        ) {
             batch::Cut::Take(n) => Cut::Take(n),
             batch::Cut::Wait => Cut::Wait(Some(due)),
         }
@@ -583,6 +616,8 @@ mod tests {
             delay: Duration::from_millis(delay_ms),
             max_queue_size: queue,
             busy_poll: Duration::ZERO,
+            // These tests check Triton's rule; the adaptive delay has its own below.
+            adaptive: false,
         }
     }
 
@@ -625,6 +660,43 @@ mod tests {
         wait(rx).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(30));
         assert_eq!(*sizes.lock().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn adaptive_delay_sends_a_lone_request_at_once_and_waits_under_load() {
+        let adaptive = |delay_ms| Policy {
+            adaptive: true,
+            ..policy(8, &[], delay_ms, 0)
+        };
+        // One client, each request sent once the last is answered: none waits the delay.
+        let (b, sizes) = start(adaptive(200), 1, 0);
+        let t = Instant::now();
+        for i in 0..5 {
+            wait(b.submit(vec![row(i as f32, 1)], 1, None).unwrap()).unwrap();
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(*sizes.lock().unwrap(), vec![1; 5]);
+
+        // Requests overlapping a running batch, 1 ms apart: the next batch waits for company
+        // as under the strict rule and fills up to max_batch_size.
+        let (b, sizes) = start(adaptive(100), 1, 30);
+        let mut rxs = Vec::new();
+        for i in 0..24 {
+            rxs.push(b.submit(vec![row(i as f32, 1)], 1, None).unwrap());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for (i, rx) in rxs.into_iter().enumerate() {
+            assert_eq!(wait(rx).unwrap().outputs, vec![row(i as f32, 1)]);
+        }
+        let sizes = sizes.lock().unwrap().clone();
+        assert!(
+            sizes.iter().skip(1).any(|&n| n == 8),
+            "batches should fill under load: {sizes:?}"
+        );
     }
 
     #[test]

@@ -22,6 +22,6 @@ pub mod samples;
 
 pub use dtype::DataType;
 pub use runtime::{
-    Batching, ConfigError, DimProfile, EngineKind, EngineSection, ModelSection, RuntimeConfig,
-    Server, Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
+    Batching, ConfigError, DimProfile, EngineKind, EngineSection, ModelSection, QueueDelay,
+    RuntimeConfig, Server, Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
 };

@@ -237,6 +237,39 @@ pub struct Batching {
     pub default_timeout_ms: u64,
     /// Backend instances, each a thread with one batch in flight; ≥ 1.
     pub instances: u32,
+    /// When the queue delay is waited: only while more requests can be expected (the default)
+    /// or always (Triton's rule). Written only when not the default, so runtime.toml files of
+    /// earlier builds and their digests stay as they were.
+    #[serde(skip_serializing_if = "QueueDelay::is_adaptive")]
+    pub queue_delay: QueueDelay,
+}
+
+/// When the batcher waits `max_queue_delay_us` for a batch to fill.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueDelay {
+    /// Only while more requests can be expected within it, from the traffic the batcher
+    /// measures (`infer_spec::batch::Arrivals`): a lone request at low load goes at once; under
+    /// load batches form as with `Strict`.
+    #[default]
+    Adaptive,
+    /// Always, as Triton does: a lone request waits the whole delay.
+    Strict,
+}
+
+impl QueueDelay {
+    pub fn is_adaptive(&self) -> bool {
+        *self == QueueDelay::Adaptive
+    }
+
+    /// As recipes and runtime.toml write it.
+    pub fn parse(s: &str) -> Option<QueueDelay> {
+        match s {
+            "adaptive" => Some(QueueDelay::Adaptive),
+            "strict" => Some(QueueDelay::Strict),
+            _ => None,
+        }
+    }
 }
 
 impl Default for Batching {
@@ -248,11 +281,17 @@ impl Default for Batching {
             max_queue_size: 0,
             default_timeout_ms: 0,
             instances: 1,
+            queue_delay: QueueDelay::Adaptive,
         }
     }
 }
 
 impl Batching {
+    /// Whether the batcher waits the delay only while more requests can be expected.
+    pub fn adaptive_delay(&self) -> bool {
+        self.queue_delay.is_adaptive()
+    }
+
     /// The preferred sizes after normalisation: sorted, deduplicated, and `[max_batch_size]`
     /// when none are given (as Triton normalises an empty list).
     pub fn preferred(&self) -> Vec<u32> {
@@ -1115,6 +1154,21 @@ path = "minilm.onnx"
     /// The client timeouts and the connection cap: defaults that keep old files working, and
     /// bounds refused with their key.
     #[test]
+    fn queue_delay_is_adaptive_unless_strict() {
+        let cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
+        assert!(cfg.batching.adaptive_delay());
+        // The default is not written: earlier builds' runtime.toml (and digest) stay as they were.
+        assert!(!cfg.to_toml_string().contains("\nqueue_delay"));
+        let strict = mlp().replace("[batching]\n", "[batching]\nqueue_delay = \"strict\"\n");
+        let cfg = RuntimeConfig::from_toml_str(&strict).unwrap();
+        assert_eq!(cfg.batching.queue_delay, QueueDelay::Strict);
+        assert!(cfg.to_toml_string().contains("queue_delay = \"strict\""));
+        let bad = mlp().replace("[batching]\n", "[batching]\nqueue_delay = \"sometimes\"\n");
+        let e = RuntimeConfig::from_toml_str(&bad).unwrap_err().to_string();
+        assert!(e.contains("queue_delay") || e.contains("sometimes"), "{e}");
+    }
+
+    #[test]
     fn client_timeouts_and_connection_cap() {
         let cfg = RuntimeConfig::from_toml_str(&mlp()).unwrap();
         let srv = &cfg.server;
@@ -1130,7 +1184,10 @@ path = "minilm.onnx"
         );
         // Defaults are not written: earlier builds' runtime.toml (and digest) stay as they were.
         let text = cfg.to_toml_string();
-        assert!(!text.contains("timeout_s = 10") && !text.contains("max_connections"), "{text}");
+        assert!(
+            !text.contains("timeout_s = 10") && !text.contains("max_connections"),
+            "{text}"
+        );
         assert!(text.contains("drain_delay_s"), "{text}");
         let set = mlp()
             + "[server]\nheader_read_timeout_s = 2\nbody_read_timeout_s = 3\nbody_min_bytes_per_s = 0\nidle_timeout_s = 4\nmax_connections = 256\n";

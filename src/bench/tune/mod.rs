@@ -230,7 +230,7 @@ pub fn predict(
     results: &mut [Measured],
     rate: f64,
     arrival: Arrival,
-    preferred: &[u32],
+    batching: &infer_spec::Batching,
     instances: u32,
     seed: u64,
 ) -> Result<CostModel, model::NoFit> {
@@ -239,12 +239,14 @@ pub fn predict(
         let policy = Policy {
             max_batch: m.point.max_batch,
             delay_us: m.point.delay_us,
-            preferred: preferred
+            preferred: batching
+                .preferred_batch_sizes
                 .iter()
                 .copied()
                 .filter(|&p| p <= m.point.max_batch)
                 .collect(),
             instances,
+            adaptive: batching.adaptive_delay(),
         };
         m.predicted = model::replay(&cost, &policy, rate, arrival, model::REPLAY_ARRIVALS, seed);
     }
@@ -597,7 +599,7 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
         &mut results,
         opts.rate,
         opts.arrival,
-        &opts.base.batching.preferred_batch_sizes,
+        &opts.base.batching,
         instances,
         opts.seed,
     );
@@ -735,6 +737,7 @@ mod tests {
                 delay_us: p.point.delay_us,
                 preferred: vec![],
                 instances: 1,
+                adaptive: false,
             };
             p.predicted = model::replay(&cost, &policy, 20.0, Arrival::Poisson, 50_000, 1);
         }

@@ -516,7 +516,7 @@ impl TrtPlan {
     }
 
     /// An execution context for instance `instance` (0, 1, …) on its own stream, with device
-    /// buffers for the largest shapes of the profile it gets ([`context_profile`]).
+    /// buffers for the largest shapes of the profile it gets ([`crate::context_profile`]).
     pub fn context(&self, instance: usize) -> Result<TrtEngine, Error> {
         let profile = crate::context_profile(self.major, instance, self.profiles)?;
         let gpu = Gpu::open(0)?;

@@ -830,14 +830,7 @@ mod tests {
 
     #[test]
     fn environment_credentials_are_bound_to_the_registry_named() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
+        let env = crate::registry::test_env;
         let basic = EnvCredential::For(Credential::Basic {
             username: "ci".into(),
             password: "pw".into(),

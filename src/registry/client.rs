@@ -1210,14 +1210,7 @@ mod tests {
 
     #[test]
     fn rate_settings_from_the_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
+        let env = crate::registry::test_env;
         assert_eq!(rate_limits_from(&env(&[])).unwrap(), (None, None));
         assert_eq!(
             rate_limits_from(&env(&[(ENV_MIN_RATE, "1000"), (ENV_RATE_WINDOW, "0.5")])).unwrap(),

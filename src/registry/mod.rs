@@ -227,6 +227,20 @@ pub fn fuzz_registry_response(data: &[u8]) {
     let _ = warmup::fallback_tag(&text);
 }
 
+/// An environment lookup over fixed pairs, for tests of code that reads variables through a
+/// lookup function.
+#[cfg(test)]
+pub(crate) fn test_env(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<String> {
+    move |k: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

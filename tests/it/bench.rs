@@ -267,7 +267,14 @@ port = 8000
 fn bench_tune_on_the_known_cost_model() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("runtime.toml");
-    std::fs::write(&cfg, support::synthetic_runtime_config(SYNTHETIC_TAIL)).unwrap();
+    // The notes' example is about Triton's rule, every request waiting the delay: under the
+    // adaptive delay (the default) requests 50 ms apart never wait for one another, every point
+    // forms the same batches, and there is nothing to tune.
+    let strict = SYNTHETIC_TAIL.replace(
+        "max_queue_delay_us = 0\n",
+        "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",
+    );
+    std::fs::write(&cfg, support::synthetic_runtime_config(&strict)).unwrap();
     let csv = dir.path().join("tune.csv");
     let html = dir.path().join("tune.html");
     let out = support::infer_build()

@@ -577,6 +577,9 @@ const REFUSED_HTTP1: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type:
 /// How long a connection closed for idleness may take to say goodbye (HTTP/2's GOAWAY).
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// The longest the accept loop waits for evicted connections to close before accepting again.
+const EVICTION_WAIT: Duration = Duration::from_millis(100);
+
 /// The accept loop of both protocols. Accepts until `stop` fires, then takes the connections
 /// already queued in the kernel's backlog (so a client whose connect just succeeded is served,
 /// not reset), closes the listener, and waits up to `exit_timeout` for every connection to
@@ -691,7 +694,18 @@ where
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => spawn(stream),
+                Ok((stream, _)) => {
+                    spawn(stream);
+                    // An evicted connection closes on its own task: let it before accepting
+                    // more, so that a flood of connects cannot outrun the closes and hold more
+                    // than the cap (plus the one just accepted) open. Bounded: a close that
+                    // lags does not stop the listener.
+                    let _ = tokio::time::timeout(
+                        EVICTION_WAIT,
+                        async { open_rx.wait_for(|n| *n <= cap).await.is_ok() },
+                    )
+                    .await;
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     log::error("accept failed", &[("error", json!(e.to_string()))]);

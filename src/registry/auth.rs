@@ -91,7 +91,7 @@ impl Keychain {
     /// The credentials for `registry` (`host[:port]`), or `None` for anonymous access.
     pub fn lookup(&self, registry: &str) -> Result<Option<Credential>> {
         if !self.ignore_env {
-            if let EnvCredential::For(c) = env_credential(registry, &env_var) {
+            if let EnvCredential::For(c) = env_credential(registry, &super::env_var) {
                 return Ok(Some(c));
             }
         }
@@ -147,10 +147,6 @@ impl Keychain {
     }
 }
 
-fn env_var(k: &str) -> Option<String> {
-    std::env::var(k).ok()
-}
-
 /// What the environment's credentials are for one registry.
 #[derive(Debug, PartialEq, Eq)]
 pub enum EnvCredential {
@@ -194,7 +190,7 @@ pub fn missing_credentials_hint(registry: &str) -> String {
     let how = format!(
         "run `infer-build login`, skopeo or docker login, or set {ENV_REGISTRY}={registry} with {ENV_USER}/{ENV_PASSWORD}"
     );
-    match env_credential(registry, &env_var) {
+    match env_credential(registry, &super::env_var) {
         EnvCredential::NotHere(why) => format!("no credentials found: {why}; {how}"),
         _ => format!("no credentials found: {how}"),
     }

@@ -138,12 +138,10 @@ pub fn rate_limits_from(
     Ok((rate, window))
 }
 
-fn env_string(k: &str) -> Option<String> {
-    std::env::var(k).ok()
-}
-
 impl Default for ClientOptions {
     fn default() -> Self {
+        // A malformed setting is refused by `Client::connect`; the defaults stand here.
+        let (min_rate, rate_window) = rate_limits_from(&super::env_var).unwrap_or_default();
         ClientOptions {
             insecure: false,
             ca_cert: None,
@@ -155,15 +153,8 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(15),
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(120),
-            // A malformed setting is refused by `Client::connect`; the defaults stand here.
-            min_rate: rate_limits_from(&env_string)
-                .ok()
-                .and_then(|l| l.0)
-                .unwrap_or(DEFAULT_MIN_RATE),
-            rate_window: rate_limits_from(&env_string)
-                .ok()
-                .and_then(|l| l.1)
-                .unwrap_or(DEFAULT_RATE_WINDOW),
+            min_rate: min_rate.unwrap_or(DEFAULT_MIN_RATE),
+            rate_window: rate_window.unwrap_or(DEFAULT_RATE_WINDOW),
         }
     }
 }
@@ -361,7 +352,7 @@ impl Client {
         }
         let scheme = if opts.insecure { "http" } else { "https" };
         // A malformed rate setting is bad input, said before any connection.
-        rate_limits_from(&env_string)?;
+        rate_limits_from(&super::env_var)?;
         let credential = match &opts.credential {
             Some(c) => Some(c.clone()),
             None => opts.keychain.lookup(registry)?,

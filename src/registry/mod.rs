@@ -227,6 +227,12 @@ pub fn fuzz_registry_response(data: &[u8]) {
     let _ = warmup::fallback_tag(&text);
 }
 
+/// The process environment as the lookup function that code reading settings takes (tests
+/// pass `test_env` instead).
+pub(crate) fn env_var(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
 /// An environment lookup over fixed pairs, for tests of code that reads variables through a
 /// lookup function.
 #[cfg(test)]

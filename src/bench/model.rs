@@ -176,9 +176,6 @@ pub fn replay(
     let delay = policy.delay_us as f64;
     let preferred: Vec<usize> = policy.preferred.iter().map(|&p| p as usize).collect();
     let mut free = vec![0.0f64; policy.instances.max(1) as usize];
-    // When each request's batch ends (requests are answered in arrival order), for whether a
-    // later arrival found company.
-    let mut ends: Vec<f64> = Vec::with_capacity(n);
     let mut arrivals = infer_spec::batch::Arrivals::default();
     let mut observed = 0;
     let ns = |us: f64| (us.max(0.0) * 1000.0) as u64;
@@ -199,10 +196,9 @@ pub fn replay(
         let cut = loop {
             while observed < n && arr[observed] <= now {
                 // Alone: nothing queued (every earlier request is in a batch) and no batch
-                // running (the previous request's has ended).
-                let alone = observed == 0
-                    || (observed <= i && ends[observed - 1] <= arr[observed])
-                        && free.iter().all(|&f| f <= arr[observed]);
+                // running. Every batch dispatched so far started before this arrival (it is
+                // observed before any batch starting after it), so `free` says which still run.
+                let alone = observed <= i && free.iter().all(|&f| f <= arr[observed]);
                 arrivals.observe(ns(arr[observed]), alone);
                 observed += 1;
             }
@@ -231,7 +227,6 @@ pub fn replay(
         let t = model.batch_us(cut);
         let end = start + t;
         free[slot] = end;
-        ends.extend(std::iter::repeat_n(end, cut));
         if i >= warm {
             rows += cut;
             batches += 1;

@@ -516,6 +516,7 @@ impl<'a> Bases<'a> {
                 update_lock: self.req.update_lock,
                 platform: Some((platform.os.clone(), platform.architecture.clone())),
                 name_by_digest: true,
+                registries: None,
             };
             let p = registry::pull_with(&reference, &cache, &opts).inspect_err(|_| {
                 // An ONNX Runtime CPU image is the one CPU image with a base; tract needs none.
@@ -537,8 +538,14 @@ impl<'a> Bases<'a> {
                     p.digest
                 ));
             } else {
+                let from = p.served_by.as_ref().map_or(String::new(), |s| {
+                    for failed in &s.mirrors_failed {
+                        (self.note)(&format!("base {reference}: mirror passed over: {failed}"));
+                    }
+                    format!(" from {}{}", if s.mirror { "mirror " } else { "" }, s.place)
+                });
                 (self.note)(&format!(
-                    "base {reference} {} (pulled: {} bytes downloaded, {} blobs reused)",
+                    "base {reference} {} (pulled{from}: {} bytes downloaded, {} blobs reused)",
                     p.digest, p.bytes_downloaded, p.blobs_reused
                 ));
             }

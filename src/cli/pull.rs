@@ -39,7 +39,11 @@ pub struct PullArgs {
     /// (default `$REGISTRY_AUTH_FILE`, then the usual search; see docs/registry.md).
     #[arg(long, value_name = "FILE")]
     pub authfile: Option<PathBuf>,
-    /// Print one JSON document (reference, digest, index digest, layout, name, bytes).
+    /// Mirrors and remapped registries from this registries.conf (containers-registries.conf(5))
+    /// instead of `$CONTAINERS_REGISTRIES_CONF` or the usual files (see docs/registry.md).
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// Print one JSON document (reference, digest, index digest, layout, name, bytes, source).
     #[arg(long)]
     pub json: bool,
 }
@@ -54,6 +58,10 @@ pub fn run(args: PullArgs) -> Result<(), Error> {
         update_lock: args.update_lock,
         platform: None,
         name_by_digest: named_by_digest,
+        registries: Some(std::sync::Arc::new(registry::sources::Registries::load(
+            args.registries_conf.as_deref(),
+            &registry::env_var,
+        )?)),
     };
     let p = registry::pull_with(&args.reference, &dest, &opts)?;
     if args.json {
@@ -66,6 +74,7 @@ pub fn run(args: PullArgs) -> Result<(), Error> {
             "bytes_downloaded": p.bytes_downloaded,
             "blobs_reused": p.blobs_reused,
             "offline": p.offline,
+            "served_by": p.served_by,
             "lock": args.lock.as_ref().map(|l| l.display().to_string()),
         });
         println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
@@ -80,6 +89,13 @@ pub fn run(args: PullArgs) -> Result<(), Error> {
         )
     };
     eprintln!("pulled {} {} ({how})", p.reference, p.digest);
+    if let Some(s) = &p.served_by {
+        for failed in &s.mirrors_failed {
+            eprintln!("mirror passed over: {failed}");
+        }
+        let what = if s.mirror { "mirror " } else { "" };
+        eprintln!("served by {what}{}", s.place);
+    }
     if let Some(i) = &p.index_digest {
         eprintln!("index {i}");
     }

@@ -319,6 +319,7 @@ fn source(
         update_lock: args.update_lock,
         platform: None,
         name_by_digest: false,
+        registries: None,
     };
     if !args.json {
         eprintln!("pulling {role} {reference}");

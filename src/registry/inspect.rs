@@ -106,7 +106,7 @@ pub fn inspect(
     opts: &ClientOptions,
     with_referrers: bool,
 ) -> Result<RemoteImage> {
-    let client = Client::connect(&reference.registry, opts.clone())?;
+    let client = Client::connect(reference.endpoint(), opts.clone())?;
     let scopes = vec![format!("repository:{}:pull", reference.repository)];
     let (bytes, media_type) = get_manifest(
         &client,

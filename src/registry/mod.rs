@@ -29,6 +29,7 @@ pub mod lock;
 pub mod pull;
 pub mod push;
 pub mod reference;
+pub mod sources;
 pub mod warmup;
 
 pub use client::{Client, ClientOptions};
@@ -89,6 +90,39 @@ pub enum Error {
     /// A setting from the environment that is not a value it takes.
     #[error("{name}: {reason}")]
     Setting { name: String, reason: String },
+    /// A registries.conf file that cannot be used (`line` 0: no line to name).
+    #[error("{}{}: {}{reason}", file.display(), line_suffix(*line), key_prefix(key))]
+    Config {
+        file: PathBuf,
+        line: usize,
+        key: String,
+        reason: String,
+    },
+    #[error("pulling {reference} is blocked by {} (the [[registry]] with prefix `{prefix}` sets `blocked = true`)", file.display())]
+    Blocked {
+        reference: String,
+        file: PathBuf,
+        prefix: String,
+    },
+    /// Every place to pull from failed: the last one's error, after the mirrors tried first.
+    #[error("{source}\n(mirrors tried first: {tried})")]
+    Sources { tried: String, source: Box<Error> },
+}
+
+fn line_suffix(line: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}")
+    }
+}
+
+fn key_prefix(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!("`{key}`: ")
+    }
 }
 
 fn detail_suffix(detail: &str) -> String {
@@ -112,7 +146,9 @@ impl Error {
                 | Error::NotFound { .. }
                 | Error::Lock { .. }
                 | Error::Setting { .. }
-        )
+                | Error::Config { .. }
+                | Error::Blocked { .. }
+        ) || matches!(self, Error::Sources { source, .. } if source.is_bad_input())
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
@@ -209,6 +245,39 @@ pub fn get_manifest(
     }
 }
 
+/// The digest a registry names for a manifest with a HEAD (`Docker-Content-Digest`), which
+/// registries with pull limits do not count; `None` when it does not say (the caller then
+/// GETs by tag). A missing manifest or refused credentials are the errors a GET would give.
+pub fn head_manifest(
+    client: &client::Client,
+    r: &reference::Reference,
+    reference: &str,
+    scopes: &[String],
+) -> Result<Option<crate::oci::Digest>> {
+    let url = client.url(&format!("{}/manifests/{reference}", r.repository));
+    let req = client::Req::new(ureq::http::Method::HEAD, url.clone())
+        .header("accept", media::ACCEPT_MANIFESTS);
+    let resp = client.send(&req, scopes)?;
+    match resp.status().as_u16() {
+        200 => Ok(client::header(&resp, "docker-content-digest")
+            .and_then(|d| crate::oci::Digest::parse(d.trim()).ok())),
+        404 => Err(Error::NotFound {
+            reference: format!("{}/{}:{reference}", r.registry, r.repository),
+            reason: "no such manifest in the registry".into(),
+        }),
+        401 | 403 => Err(Error::Unauthorized {
+            registry: r.registry.clone(),
+            status: resp.status().as_u16(),
+            what: match client.missing_credentials_hint() {
+                Some(hint) => format!("pulling {} ({hint})", r.repository),
+                None => format!("pulling {}", r.repository),
+            },
+        }),
+        // A registry that answers HEAD otherwise is asked with a GET.
+        _ => Ok(None),
+    }
+}
+
 /// Every parser of what a registry (or a credentials file) says, run on `data`: the entry
 /// point of the fuzz target `registry_response` and of a mutation test. Must never panic.
 pub fn fuzz_registry_response(data: &[u8]) {
@@ -229,7 +298,7 @@ pub fn fuzz_registry_response(data: &[u8]) {
 
 /// The process environment as the lookup function that code reading settings takes (tests
 /// pass `test_env` instead).
-pub(crate) fn env_var(k: &str) -> Option<String> {
+pub fn env_var(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 

@@ -15,6 +15,7 @@ use ureq::http::Method;
 use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::Layout;
 use super::reference::Reference;
+use super::sources::{Registries, Source};
 use super::{get_manifest, lock, media, parse_document, Error, Result};
 use crate::oci::image::{Descriptor, Document, Platform};
 use crate::oci::Digest;
@@ -33,6 +34,9 @@ pub struct PullOptions {
     /// Name the image in the layout `REFERENCE@DIGEST` (the shared base cache's naming, unique
     /// per reference and digest) instead of by its tag.
     pub name_by_digest: bool,
+    /// Mirrors and remapped locations; `None` reads the registries.conf files of the
+    /// environment ([`Registries::load`]).
+    pub registries: Option<std::sync::Arc<Registries>>,
 }
 
 /// The result of a pull.
@@ -50,6 +54,8 @@ pub struct PulledImage {
     pub blobs_reused: usize,
     /// True when the layout already held the pinned image and no registry was contacted.
     pub offline: bool,
+    /// Where it came from (`None` when no registry was contacted).
+    pub served_by: Option<Served>,
 }
 
 /// What to pull for a plan's base image: the reference (with `@digest` when the matrix or the
@@ -118,40 +124,85 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
                 bytes_downloaded: 0,
                 blobs_reused: blobs,
                 offline: true,
+                served_by: None,
             });
         }
     }
 
-    let client = Client::connect(&r.registry, opts.client.clone())?;
-    let scopes = vec![format!("repository:{}:pull", r.repository)];
-    let (mut bytes, mut media_type) =
-        match get_manifest(&client, &r, r.manifest_ref(), &scopes, "pulling") {
-            Err(Error::NotFound {
-                reference: what, ..
-            }) if pinned_by_lock.is_some() => {
-                let path = pinned_by_lock.unwrap_or_default();
-                return Err(Error::NotFound {
-                    reference: what,
-                    reason: format!(
-                        "the registry no longer has the digest pinned by lock file {} (the image \
-                     was deleted or garbage-collected); re-resolve the tag on purpose with \
-                     --update-lock, or restore the image",
-                        path.display()
-                    ),
-                });
+    let registries = match &opts.registries {
+        Some(r) => r.clone(),
+        None => std::sync::Arc::new(Registries::load(None, &super::env_var)?),
+    };
+    let sources = registries.sources(&r)?;
+    let mut tried = Vec::new();
+    let mut found = None;
+    for (i, src) in sources.iter().enumerate() {
+        let last = i + 1 == sources.len();
+        match open_source(
+            &r,
+            src,
+            opts,
+            &layout,
+            &os,
+            &arch,
+            pinned_by_lock.as_deref(),
+        ) {
+            Ok(opened) => {
+                found = Some((src, opened));
+                break;
             }
-            other => other?,
-        };
-    let first_digest = Digest::of(&bytes);
-    if let Some(want) = &r.digest {
-        if &first_digest != want {
-            return Err(Error::DigestMismatch {
-                what: format!("manifest of {r}"),
-                expected: want.to_string(),
-                actual: first_digest.to_string(),
-            });
+            // A mirror that fails is passed over; the primary's error is the answer.
+            Err(e) if !last => tried.push(format!("{}: {e}", src.place())),
+            Err(e) if tried.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(Error::Sources {
+                    tried: tried.join("; "),
+                    source: Box::new(e),
+                })
+            }
         }
     }
+    let Some((src, opened)) = found else {
+        return Err(Error::NotFound {
+            reference: r.to_string(),
+            reason: "no place to pull it from".into(),
+        });
+    };
+    let served_by = Served {
+        place: src.place(),
+        mirror: src.mirror,
+        mirrors_failed: tried,
+    };
+    let Opened {
+        client,
+        mut bytes,
+        mut media_type,
+        known,
+    } = opened;
+    if let Some((desc, index_digest, blobs)) = known {
+        // The tag's digest (learnt with a HEAD) names an image the layout already holds.
+        let ref_name = ref_name_for(&desc.digest);
+        let digest = desc.digest.clone();
+        layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
+        if let Some(lock_path) = &opts.lock {
+            lock::record(lock_path, reference, &digest)?;
+        }
+        return Ok(PulledImage {
+            reference: reference.to_string(),
+            digest,
+            index_digest,
+            layout: dest.to_path_buf(),
+            ref_name,
+            bytes_downloaded: 0,
+            blobs_reused: blobs,
+            offline: false,
+            served_by: Some(served_by),
+        });
+    }
+    let r_logical = &r;
+    let r = &src.reference;
+    let scopes = vec![format!("repository:{}:pull", r.repository)];
+    let first_digest = Digest::of(&bytes);
     let mut index_digest = None;
     if media::is_index(&media_type) {
         let index = parse_document(&bytes, first_digest.as_str())?;
@@ -164,11 +215,11 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
                 reason: format!("the index lists no {os}/{arch} image"),
             })?;
         let want = pick.digest.clone();
-        let (b, mt) = get_manifest(&client, &r, want.as_str(), &scopes, "pulling")?;
+        let (b, mt) = get_manifest(&client, r, want.as_str(), &scopes, "pulling")?;
         let got = Digest::of(&b);
         if got != want {
             return Err(Error::DigestMismatch {
-                what: format!("{os}/{arch} manifest of {r}"),
+                what: format!("{os}/{arch} manifest of {r_logical} from {}", src.place()),
                 expected: want.to_string(),
                 actual: got.to_string(),
             });
@@ -193,7 +244,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             reused += 1;
             continue;
         }
-        downloaded += fetch_blob(&client, &r, blob, &dirs, &scopes)?;
+        downloaded += fetch_blob(&client, r, blob, &dirs, &scopes)?;
     }
     store_blob(&dirs, &bytes)?;
     dirs.finish();
@@ -212,6 +263,100 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         bytes_downloaded: downloaded,
         blobs_reused: reused,
         offline: false,
+        served_by: Some(served_by),
+    })
+}
+
+/// Where a pulled image came from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Served {
+    /// `host/repository` that served the manifest and blobs.
+    pub place: String,
+    /// True when that is a registries.conf mirror.
+    pub mirror: bool,
+    /// The mirrors tried before it, each with why it was passed over.
+    pub mirrors_failed: Vec<String>,
+}
+
+/// A source that answered for the reference: its client and the first manifest (or index),
+/// its digest checked against the one the reference pins. `known` is set instead when a HEAD
+/// named a digest the layout already holds whole (no GET was made).
+struct Opened {
+    client: Client,
+    bytes: Vec<u8>,
+    media_type: String,
+    known: Option<(Descriptor, Option<Digest>, usize)>,
+}
+
+/// Connect to one source and read the reference's manifest there. A tag is resolved with a
+/// HEAD first (registries such as Docker Hub count GETs of manifests against a rate limit,
+/// not HEADs): when the digest it names is already complete in the layout, nothing is
+/// downloaded; else the manifest is fetched by that digest and verified against it.
+#[allow(clippy::too_many_arguments)]
+fn open_source(
+    logical: &Reference,
+    src: &Source,
+    opts: &PullOptions,
+    layout: &Layout,
+    os: &str,
+    arch: &str,
+    pinned_by_lock: Option<&Path>,
+) -> Result<Opened> {
+    let mut client_opts = opts.client.clone();
+    client_opts.insecure |= src.insecure;
+    if src.mirror {
+        // A mirror is a shortcut: an unreachable one is passed over quickly.
+        client_opts.max_attempts = client_opts.max_attempts.min(3);
+    }
+    let r = &src.reference;
+    let client = Client::connect(r.endpoint(), client_opts)?;
+    let scopes = vec![format!("repository:{}:pull", r.repository)];
+    let mut want = r.digest.clone();
+    if want.is_none() {
+        if let Some(d) = super::head_manifest(&client, r, r.manifest_ref(), &scopes)? {
+            if let Some(known) = local_image(layout, &d, os, arch) {
+                return Ok(Opened {
+                    client,
+                    bytes: Vec::new(),
+                    media_type: String::new(),
+                    known: Some(known),
+                });
+            }
+            want = Some(d);
+        }
+    }
+    let at = want.as_ref().map_or(r.manifest_ref(), |d| d.as_str());
+    let (bytes, media_type) = match get_manifest(&client, r, at, &scopes, "pulling") {
+        Err(Error::NotFound {
+            reference: what, ..
+        }) if pinned_by_lock.is_some() => {
+            return Err(Error::NotFound {
+                reference: what,
+                reason: format!(
+                    "the registry no longer has the digest pinned by lock file {} (the image \
+                     was deleted or garbage-collected); re-resolve the tag on purpose with \
+                     --update-lock, or restore the image",
+                    pinned_by_lock.unwrap_or(Path::new("")).display()
+                ),
+            });
+        }
+        other => other?,
+    };
+    let got = Digest::of(&bytes);
+    if let Some(want) = &want {
+        if &got != want {
+            return Err(Error::DigestMismatch {
+                what: format!("manifest of {logical} from {}", src.place()),
+                expected: want.to_string(),
+                actual: got.to_string(),
+            });
+        }
+    }
+    Ok(Opened {
+        client,
+        bytes,
+        media_type,
+        known: None,
     })
 }
 

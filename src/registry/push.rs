@@ -553,7 +553,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
             sbom: opts.sbom,
         },
     )?;
-    let client = Client::connect(&target.registry, opts.client.clone())?;
+    let client = Client::connect(target.endpoint(), opts.client.clone())?;
     let pusher = Pusher {
         client: &client,
         repo: &target.repository,

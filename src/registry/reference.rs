@@ -3,7 +3,9 @@
 use super::{Error, Result};
 use crate::oci::Digest;
 
-/// A parsed image reference. `registry` is the host (and port) the client connects to.
+/// A parsed image reference, normalized as Docker and containerd name images: `registry` is
+/// the registry's name as people write it (`docker.io` for Docker Hub), which plans, lock
+/// files and messages show; [`Reference::endpoint`] is the host the client connects to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
     pub registry: String,
@@ -12,11 +14,18 @@ pub struct Reference {
     pub digest: Option<Digest>,
 }
 
-const DOCKER_HUB: &str = "registry-1.docker.io";
+/// Docker Hub's name in references.
+pub const DOCKER_HUB: &str = "docker.io";
+/// Docker Hub's older name, normalized to [`DOCKER_HUB`].
+const DOCKER_HUB_LEGACY: &str = "index.docker.io";
+/// The host that serves Docker Hub's registry API.
+pub const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
 impl Reference {
-    /// Parse `reference`. A first path component without `.` or `:` (and not `localhost`) means
-    /// Docker Hub, as `docker pull` reads it.
+    /// Parse `reference` as `docker pull` reads it (containerd's `ParseNormalizedNamed`): a
+    /// first path component with a `.` or `:`, or `localhost`, or any uppercase letter is a
+    /// registry; anything else means Docker Hub, `docker.io`. `index.docker.io` becomes
+    /// `docker.io`, and a Docker Hub name of one component gets the `library/` namespace.
     pub fn parse(reference: &str) -> Result<Reference> {
         let bad = |reason: &str| Error::BadReference {
             reference: reference.to_string(),
@@ -46,15 +55,22 @@ impl Reference {
                 ));
             }
         }
-        let (registry, repository) = match name.split_once('/') {
+        let (mut registry, mut repository) = match name.split_once('/') {
             Some((first, path))
-                if first.contains('.') || first.contains(':') || first == "localhost" =>
+                if first.contains(['.', ':'])
+                    || first == "localhost"
+                    || first.chars().any(|c| c.is_ascii_uppercase()) =>
             {
                 (first.to_string(), path.to_string())
             }
-            _ if name.contains('/') => (DOCKER_HUB.to_string(), name.to_string()),
-            _ => (DOCKER_HUB.to_string(), format!("library/{name}")),
+            _ => (DOCKER_HUB.to_string(), name.to_string()),
         };
+        if registry == DOCKER_HUB_LEGACY {
+            registry = DOCKER_HUB.to_string();
+        }
+        if registry == DOCKER_HUB && !repository.contains('/') {
+            repository = format!("library/{repository}");
+        }
         if registry.is_empty() || registry.contains(|c: char| c.is_whitespace()) {
             return Err(bad("the registry host is empty or has spaces"));
         }
@@ -69,6 +85,12 @@ impl Reference {
             tag: tag.map(str::to_string),
             digest,
         })
+    }
+
+    /// The host (and port) the registry API is served from: Docker Hub's is
+    /// `registry-1.docker.io` (containerd's `DefaultHost`), every other registry's is its name.
+    pub fn endpoint(&self) -> &str {
+        endpoint_of(&self.registry)
     }
 
     /// The tag or digest used in `/v2/<name>/manifests/<reference>`: the digest when there is
@@ -101,6 +123,15 @@ impl std::fmt::Display for Reference {
             write!(f, "@{d}")?;
         }
         Ok(())
+    }
+}
+
+/// The host serving the registry API of the registry named `registry` in references.
+pub fn endpoint_of(registry: &str) -> &str {
+    if registry == DOCKER_HUB {
+        DOCKER_HUB_API
+    } else {
+        registry
     }
 }
 
@@ -173,17 +204,61 @@ mod tests {
         );
         check(
             "busybox",
-            Some(("registry-1.docker.io", "library/busybox", None, None)),
+            Some(("docker.io", "library/busybox", None, None)),
         );
-        check(
-            "me/app:1",
-            Some(("registry-1.docker.io", "me/app", Some("1"), None)),
-        );
+        check("me/app:1", Some(("docker.io", "me/app", Some("1"), None)));
         check("127.0.0.1:5000/Upper:v1", None);
         check("127.0.0.1:5000/x:bad tag", None);
         check("127.0.0.1:5000/x@sha256:123", None);
         check("127.0.0.1:5000/", None);
         check("127.0.0.1:5000/a//b", None);
+    }
+
+    /// Docker Hub's names, as containerd normalizes them (`reference/docker/normalize.go`:
+    /// `splitDockerDomain`, with `defaultDomain = "docker.io"`, `legacyDefaultDomain =
+    /// "index.docker.io"`, `officialRepoPrefix = "library/"`; the cases follow its
+    /// `normalize_test.go`) and resolves them to a host (`remotes/docker/resolver.go`:
+    /// `DefaultHost` maps `docker.io` to `registry-1.docker.io`). The written form is what
+    /// `Display` shows (plans, lock files, messages); the endpoint is where requests go.
+    #[test]
+    fn normalizes_docker_hub_names_as_containerd_does() {
+        #[rustfmt::skip]
+        let table = [
+            // (written, registry, repository, shown, endpoint)
+            ("ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
+            ("docker.io/ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
+            ("docker.io/library/ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
+            ("index.docker.io/ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
+            ("index.docker.io/library/ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
+            ("user/repo", "docker.io", "user/repo", "docker.io/user/repo", "registry-1.docker.io"),
+            ("docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04", "docker.io", "nvidia/cuda", "docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04", "registry-1.docker.io"),
+            ("a/b/c", "docker.io", "a/b/c", "docker.io/a/b/c", "registry-1.docker.io"),
+            // Written as the API host: kept as written, no `library/` (containerd does the same).
+            ("registry-1.docker.io/ubuntu", "registry-1.docker.io", "ubuntu", "registry-1.docker.io/ubuntu", "registry-1.docker.io"),
+            ("localhost/repo", "localhost", "repo", "localhost/repo", "localhost"),
+            ("localhost:5000/repo", "localhost:5000", "repo", "localhost:5000/repo", "localhost:5000"),
+            ("127.0.0.1:5000/ubuntu", "127.0.0.1:5000", "ubuntu", "127.0.0.1:5000/ubuntu", "127.0.0.1:5000"),
+            ("nvcr.io/nvidia/tritonserver", "nvcr.io", "nvidia/tritonserver", "nvcr.io/nvidia/tritonserver", "nvcr.io"),
+            ("ghcr.io/org/img", "ghcr.io", "org/img", "ghcr.io/org/img", "ghcr.io"),
+            // An uppercase first component is a host, not a Docker Hub user.
+            ("Foo/bar", "Foo", "bar", "Foo/bar", "Foo"),
+        ];
+        for (written, registry, repository, shown, endpoint) in table {
+            let r = Reference::parse(written).unwrap_or_else(|e| panic!("{written}: {e}"));
+            assert_eq!(
+                (
+                    r.registry.as_str(),
+                    r.repository.as_str(),
+                    r.to_string(),
+                    r.endpoint()
+                ),
+                (registry, repository, shown.to_string(), endpoint),
+                "{written}"
+            );
+        }
+        // Uppercase in the repository stays invalid, on Docker Hub as anywhere.
+        check("Foo", None);
+        check("docker.io/Foo/bar", None);
     }
 
     #[test]

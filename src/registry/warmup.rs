@@ -393,7 +393,7 @@ pub struct Referrer {
 /// What is attached to `reference` (a tag is resolved to its digest first): the referrers
 /// API when the registry has it, else the `sha256-<hex>` fallback tag.
 pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(Digest, Vec<Referrer>)> {
-    let client = Client::connect(&reference.registry, opts.clone())?;
+    let client = Client::connect(reference.endpoint(), opts.clone())?;
     let scopes = vec![format!("repository:{}:pull", reference.repository)];
     let digest = match &reference.digest {
         Some(d) => d.clone(),

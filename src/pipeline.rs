@@ -510,6 +510,7 @@ impl<'a> Bases<'a> {
             let opts = PullOptions {
                 client: ClientOptions {
                     insecure: self.req.insecure,
+                    notify: crate::registry::client::Notify(Some(self.note.clone())),
                     ..ClientOptions::default()
                 },
                 lock: pinned_by_lock.then(|| self.lock_path.clone()),

@@ -137,6 +137,9 @@ pub(crate) fn registry_client(
             docker_config,
             ignore_env: false,
         },
+        notify: crate::registry::client::Notify(Some(std::sync::Arc::new(|text: &str| {
+            eprintln!("note: {text}")
+        }))),
         ..crate::registry::ClientOptions::default()
     }
 }

@@ -54,6 +54,36 @@ pub const DEFAULT_MIN_RATE: u64 = 64 << 10;
 /// The default window over which the minimum rate is measured.
 pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
 
+/// The environment variable that lets named registries' credentials go to a token service on
+/// another host: `REGISTRY=REALM_HOST[,REGISTRY=REALM_HOST…]` (https realms only).
+pub const ENV_REALMS: &str = "INFER_BUILD_REGISTRY_REALMS";
+/// The longest `Retry-After` waited for; a registry asking for longer fails the request at
+/// once, naming its limit.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Where the client says what it is waiting for (a rate limit): the CLI prints it; by default
+/// nothing is said.
+#[derive(Clone, Default)]
+pub struct Notify(pub Option<std::sync::Arc<dyn Fn(&str) + Send + Sync>>);
+
+impl std::fmt::Debug for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Notify(on)"
+        } else {
+            "Notify(off)"
+        })
+    }
+}
+
+impl Notify {
+    fn say(&self, text: &str) {
+        if let Some(f) = &self.0 {
+            f(text);
+        }
+    }
+}
+
 /// How a client connects.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -88,6 +118,46 @@ pub struct ClientOptions {
     /// stall on one write. Default [`DEFAULT_RATE_WINDOW`], or
     /// `INFER_BUILD_REGISTRY_RATE_WINDOW` (seconds).
     pub rate_window: Duration,
+    /// Told when the client waits on a registry's rate limit.
+    pub notify: Notify,
+    /// `(registry, realm host)` pairs: the registry's credentials may go to that https token
+    /// service on another host ([`ENV_REALMS`]).
+    pub trusted_realms: Vec<(String, String)>,
+}
+
+/// The pairs of [`ENV_REALMS`] from the environment `var` reads; an error names the entry
+/// that is not `REGISTRY=HOST`.
+pub fn trusted_realms_from(var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>> {
+    let Some(text) = var(ENV_REALMS) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let pair = entry.split_once('=').map(|(r, h)| (r.trim(), h.trim()));
+        match pair {
+            Some((r, h))
+                if !r.is_empty()
+                    && !h.is_empty()
+                    && !r.contains(['/', '@', ' '])
+                    && !h.contains(['/', '@', ' ']) =>
+            {
+                out.push((
+                    super::reference::endpoint_of(&r.to_ascii_lowercase()).to_string(),
+                    h.to_ascii_lowercase(),
+                ))
+            }
+            _ => {
+                return Err(Error::Setting {
+                    name: ENV_REALMS.into(),
+                    reason: format!(
+                        "`{}` is not REGISTRY=REALM_HOST (e.g. registry.gitlab.example.com=gitlab.example.com)",
+                        entry.chars().take(64).collect::<String>()
+                    ),
+                })
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `min_rate` and `rate_window` from the environment `var` reads
@@ -155,6 +225,8 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(120),
             min_rate: min_rate.unwrap_or(DEFAULT_MIN_RATE),
             rate_window: rate_window.unwrap_or(DEFAULT_RATE_WINDOW),
+            notify: Notify::default(),
+            trusted_realms: trusted_realms_from(&super::env_var).unwrap_or_default(),
         }
     }
 }
@@ -312,6 +384,9 @@ pub struct Client {
     presented: std::sync::atomic::AtomicBool,
     /// Credentials configured for token endpoints on other origins, by host.
     realm_credentials: Mutex<HashMap<String, Option<Credential>>>,
+    /// The host of a token service on another origin that got no credentials although the
+    /// registry has some (for the hint of an authorisation error).
+    withheld_realm: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -351,8 +426,9 @@ impl Client {
             }
         }
         let scheme = if opts.insecure { "http" } else { "https" };
-        // A malformed rate setting is bad input, said before any connection.
+        // A malformed setting is bad input, said before any connection.
         rate_limits_from(&super::env_var)?;
+        trusted_realms_from(&super::env_var)?;
         let credential = match &opts.credential {
             Some(c) => Some(c.clone()),
             None => opts.keychain.lookup(registry)?,
@@ -374,6 +450,7 @@ impl Client {
             rng: Mutex::new(seed),
             presented: std::sync::atomic::AtomicBool::new(false),
             realm_credentials: Mutex::new(HashMap::new()),
+            withheld_realm: Mutex::new(None),
         };
         client.ping()?;
         Ok(client)
@@ -396,10 +473,25 @@ impl Client {
 
     /// For an authorisation error: what to do when no credentials were found (and why the
     /// environment's were not used, when they are set); `None` when there were credentials.
+    ///
+    /// Also when the registry's token service is on another host that got none of its
+    /// credentials: the hint names that host, the `login` to run and the opt-in.
     pub fn missing_credentials_hint(&self) -> Option<String> {
-        self.credential
-            .is_none()
-            .then(|| super::auth::missing_credentials_hint(&self.registry))
+        if self.credential.is_none() {
+            return Some(super::auth::missing_credentials_hint(&self.registry));
+        }
+        let host = self
+            .withheld_realm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        Some(format!(
+            "the token service of {registry} is on another host, {host}, and credentials go only to \
+             a registry's own host: its credentials were not sent there. Run `infer-build login {host}` \
+             to give that host its own, or let {registry}'s go there with \
+             {ENV_REALMS}={registry}={host}",
+            registry = self.registry
+        ))
     }
 
     /// True when the credentials were presented to the registry (basic auth, or a token
@@ -467,6 +559,26 @@ impl Client {
                         return Ok(resp);
                     }
                     let wait = retry_after(&resp);
+                    if status == 429 {
+                        // A registry that asks for a longer wait than is worth it: its answer
+                        // (with the limit it names) is the caller's error, now.
+                        if wait.is_some_and(|w| w > MAX_RETRY_AFTER) {
+                            return Ok(resp);
+                        }
+                        self.opts.notify.say(&format!(
+                            "{} is rate limiting ({} {}): waiting {} before try {} of {}{}",
+                            self.registry,
+                            req.method,
+                            strip_query(&req.url),
+                            wait.map_or("a backoff".to_string(), |w| format!(
+                                "{} s (Retry-After)",
+                                w.as_secs()
+                            )),
+                            attempt + 1,
+                            self.opts.max_attempts,
+                            rate_limit_detail(&resp).map_or(String::new(), |d| format!("; {d}"))
+                        ));
+                    }
                     self.pause(attempt, wait);
                 }
                 // A TLS registry sending the client to plain HTTP: refused, and said so.
@@ -492,7 +604,7 @@ impl Client {
     /// (capped at a minute), else exponential backoff with jitter.
     pub fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
         let d = match retry_after {
-            Some(d) => d.min(Duration::from_secs(60)),
+            Some(d) => d.min(MAX_RETRY_AFTER),
             None => {
                 let exp = self
                     .opts
@@ -637,26 +749,41 @@ impl Client {
         if self.realm_gets_credentials(realm) {
             return self.credential.clone();
         }
-        let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
-        if host.is_empty() || host.contains('@') {
-            return None;
-        }
+        let host = realm_host(realm)?;
         let mut cache = self
             .realm_credentials
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        cache
-            .entry(host.to_string())
-            .or_insert_with(|| self.opts.keychain.lookup(host).ok().flatten())
-            .clone()
+        let own = cache
+            .entry(host.clone())
+            .or_insert_with(|| self.opts.keychain.lookup(&host).ok().flatten())
+            .clone();
+        if own.is_none() && self.credential.is_some() {
+            *self
+                .withheld_realm
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(host);
+        }
+        own
     }
 
     /// True when the registry's credentials may go to the token endpoint `realm`: it is on the
     /// registry's own origin, or it is Docker Hub's token service for Docker Hub.
+    ///
+    /// Also a realm whose host the user paired with this registry in [`ENV_REALMS`], over
+    /// https only.
     fn realm_gets_credentials(&self, realm: &str) -> bool {
         self.same_origin(realm)
-            || (self.registry == "registry-1.docker.io"
+            || (self.registry == super::reference::DOCKER_HUB_API
                 && origin(realm).as_deref() == Some("https://auth.docker.io"))
+            || realm_host(realm).is_some_and(|host| {
+                realm.starts_with("https://")
+                    && self
+                        .opts
+                        .trusted_realms
+                        .iter()
+                        .any(|(r, h)| r == &self.registry && h == &host)
+            })
     }
 
     /// Ask the token endpoint for a token covering `scopes`. The registry's credentials go
@@ -884,6 +1011,12 @@ fn scope_key(scopes: &[String]) -> String {
     s.join(" ")
 }
 
+/// The host (and port) of a token realm URL, lowercased; `None` for one with user info.
+fn realm_host(realm: &str) -> Option<String> {
+    let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
+    (!host.is_empty() && !host.contains('@')).then(|| host.to_ascii_lowercase())
+}
+
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
 }
@@ -934,6 +1067,11 @@ pub fn retry_after(resp: &Resp) -> Option<Duration> {
 /// The error for an unexpected status, with the registry's error code and message when the
 /// body is the distribution-spec error JSON.
 pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> Error {
+    let limits = if status == 429 {
+        rate_limit_detail(&resp)
+    } else {
+        None
+    };
     let body = resp
         .body_mut()
         .with_config()
@@ -965,12 +1103,37 @@ pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> 
                 .join("; ")
         })
         .unwrap_or_default();
+    let detail = match limits {
+        None => detail,
+        Some(l) if detail.is_empty() => format!("rate limited: {l}"),
+        Some(l) => format!("{detail}; rate limited: {l}"),
+    };
     Error::Status {
         method: method.to_string(),
         url: strip_query(url),
         status,
         detail,
     }
+}
+
+/// The rate-limit headers a registry sent (`RateLimit-Limit`, `RateLimit-Remaining`,
+/// `RateLimit-Reset`, `Retry-After`, Docker Hub's `Docker-RateLimit-Source`), as
+/// `Name: value` pairs; `None` when it sent none.
+pub fn rate_limit_detail(resp: &Resp) -> Option<String> {
+    let names = [
+        ("ratelimit-limit", "RateLimit-Limit"),
+        ("ratelimit-remaining", "RateLimit-Remaining"),
+        ("ratelimit-reset", "RateLimit-Reset"),
+        ("retry-after", "Retry-After"),
+        ("docker-ratelimit-source", "Docker-RateLimit-Source"),
+    ];
+    let parts: Vec<String> = names
+        .iter()
+        .filter_map(|(h, shown)| {
+            header(resp, h).map(|v| format!("{shown}: {}", v.chars().take(80).collect::<String>()))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// The last byte of a `Range: 0-<last>` (or `bytes=0-<last>`) answer; `None` unless it starts

@@ -273,8 +273,14 @@ pub fn head_manifest(
                 None => format!("pulling {}", r.repository),
             },
         }),
-        // A registry that answers HEAD otherwise is asked with a GET.
-        _ => Ok(None),
+        // A registry that does not answer HEAD for manifests is asked with a GET.
+        405 | 501 => Ok(None),
+        s => Err(client::status_error(
+            &ureq::http::Method::HEAD,
+            &url,
+            s,
+            resp,
+        )),
     }
 }
 

@@ -204,6 +204,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     let scopes = vec![format!("repository:{}:pull", r.repository)];
     let first_digest = Digest::of(&bytes);
     let mut index_digest = None;
+    let mut index_bytes = None;
     if media::is_index(&media_type) {
         let index = parse_document(&bytes, first_digest.as_str())?;
         let pick = index
@@ -225,6 +226,9 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             });
         }
         index_digest = Some(first_digest);
+        // Kept beside the image, so the next pull of this tag finds the digest its HEAD
+        // names in the layout and downloads nothing.
+        index_bytes = Some(std::mem::take(&mut bytes));
         bytes = b;
         media_type = mt;
     }
@@ -247,6 +251,9 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         downloaded += fetch_blob(&client, r, blob, &dirs, &scopes)?;
     }
     store_blob(&dirs, &bytes)?;
+    if let Some(index) = &index_bytes {
+        store_blob(&dirs, index)?;
+    }
     dirs.finish();
     let ref_name = ref_name_for(&digest);
     let desc = Descriptor::new(&media_type, digest.clone(), bytes.len() as u64);

@@ -9,10 +9,12 @@
 //! keeps growing, up to `max_batch_size` rows per batch, while they are all busy):
 //!
 //! - rows are counted, not requests; a batch never exceeds `max_batch_size` rows;
-//! - shapes are never mixed: the next batch is formed from the oldest request and the requests
-//!   whose non-batch shapes equal its own, in arrival order (requests of other shapes keep
-//!   their place and form their own batch once theirs is the oldest, so none starves behind a
-//!   busier shape); it stops before a request that would overflow `max_batch_size`;
+//! - which requests may go together is the model's [`Grouping`]: the next batch is formed from
+//!   the oldest request and the requests its grouping accepts beside it, in arrival order
+//!   (the others keep their place and form their own batch once one of theirs is the oldest,
+//!   so none starves behind a busier group); it stops before a request that would overflow
+//!   `max_batch_size`. The grouping every model has today is [`SameShapes`]: shapes are never
+//!   mixed;
 //! - the batch is taken at once when it is full or when the oldest request has waited
 //!   `max_queue_delay_us`; otherwise, if a preferred size was reached on the way, the largest
 //!   such prefix is taken; otherwise the leader waits for more until the oldest request's
@@ -110,6 +112,35 @@ impl Policy {
     }
 }
 
+/// Which requests may run in one batch: a model's own batching rule, asked while the leader
+/// forms a batch (under the queue's lock, on a backend thread, for each waiting request).
+///
+/// The batch starts from the oldest request and takes, in arrival order, the requests for
+/// which [`Grouping::together`] says yes. The answer must be an equivalence (reflexive,
+/// symmetric, transitive): the batch is concatenated row-wise, so whatever the grouping lets
+/// through must concatenate into tensors the engine takes. A model whose engine takes padded
+/// inputs would group by padded size here and pad in its pre-processing step.
+pub trait Grouping: Send + 'static {
+    /// Whether `other` may run in the same batch as `oldest` (the inputs of two requests, in
+    /// the engine's input order).
+    fn together(&self, oldest: &[Tensor], other: &[Tensor]) -> bool;
+}
+
+/// The rule of models with fixed or per-request shapes: requests go together only when every
+/// input has the same non-batch dimensions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SameShapes;
+
+impl Grouping for SameShapes {
+    #[inline]
+    fn together(&self, a: &[Tensor], b: &[Tensor]) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.shape.get(1..) == y.shape.get(1..))
+    }
+}
+
 /// State the handles and the instances share without the queue's lock.
 struct Shared {
     policy: Policy,
@@ -159,9 +190,21 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts one thread per backend instance; the first becomes the leader.
+    /// Starts one thread per backend instance; the first becomes the leader. Requests are
+    /// grouped by [`SameShapes`].
     pub fn start(
         policy: Policy,
+        backends: Vec<Box<dyn Backend>>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Batcher> {
+        Batcher::start_grouped(policy, SameShapes, backends, metrics)
+    }
+
+    /// [`Batcher::start`] with the model's own [`Grouping`] deciding which requests go
+    /// together. The handle does not depend on it: only the instance threads know it.
+    pub fn start_grouped<G: Grouping>(
+        policy: Policy,
+        grouping: G,
         backends: Vec<Box<dyn Backend>>,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Batcher> {
@@ -182,6 +225,7 @@ impl Batcher {
             shared: shared.clone(),
             last_gap: Duration::ZERO,
             arrivals: batch::Arrivals::default(),
+            grouping,
         }));
         for (id, backend) in backends.into_iter().enumerate() {
             let instance = Instance {
@@ -290,7 +334,7 @@ impl Batcher {
 }
 
 /// The queue, owned by whichever instance holds its lock (the leader).
-struct Queue {
+struct Queue<G> {
     rx: mpsc::Receiver<Job>,
     jobs: VecDeque<Job>,
     shared: Arc<Shared>,
@@ -298,14 +342,8 @@ struct Queue {
     last_gap: Duration,
     /// The traffic as the adaptive delay sees it.
     arrivals: batch::Arrivals,
-}
-
-fn same_shapes(a: &Job, b: &Job) -> bool {
-    a.inputs.len() == b.inputs.len()
-        && a.inputs
-            .iter()
-            .zip(&b.inputs)
-            .all(|(x, y)| x.shape.get(1..) == y.shape.get(1..))
+    /// The model's rule for which requests go together.
+    grouping: G,
 }
 
 /// What the policy says about the queue now.
@@ -316,7 +354,11 @@ enum Cut {
     Wait(Option<Instant>),
 }
 
-impl Queue {
+impl<G: Grouping> Queue<G> {
+    fn together(&self, oldest: &Job, other: &Job) -> bool {
+        self.grouping.together(&oldest.inputs, &other.inputs)
+    }
+
     /// Waits for the next batch and takes it from the queue, counting the calling instance
     /// busy. `None` when every handle is gone and nothing is left.
     fn next_batch(&mut self) -> Option<Vec<Job>> {
@@ -433,14 +475,14 @@ impl Queue {
         }
     }
 
-    /// Takes the first `n` requests of the oldest request's shape, in arrival order; the
+    /// Takes the first `n` requests of the oldest request's group, in arrival order; the
     /// others keep their order.
     fn take(&mut self, n: usize) -> Vec<Job> {
         let Some(first) = self.jobs.front() else {
             return Vec::new();
         };
-        // The common case, one shape: a prefix.
-        if self.jobs.iter().take(n).all(|j| same_shapes(first, j)) {
+        // The common case, one group: a prefix.
+        if self.jobs.iter().take(n).all(|j| self.together(first, j)) {
             return self.jobs.drain(..n).collect();
         }
         let mut taken = Vec::with_capacity(n);
@@ -450,7 +492,7 @@ impl Queue {
             return taken;
         };
         for job in jobs {
-            if taken.len() + 1 < n && same_shapes(&first, &job) {
+            if taken.len() + 1 < n && self.grouping.together(&first.inputs, &job.inputs) {
                 taken.push(job);
             } else {
                 kept.push_back(job);
@@ -471,7 +513,7 @@ impl Queue {
         let rows = self
             .jobs
             .iter()
-            .filter(|job| same_shapes(first, job))
+            .filter(|job| self.together(first, job))
             .map(|job| job.rows);
         let expect_more = !policy.adaptive || {
             let at = self.shared.ns(now);
@@ -499,7 +541,7 @@ struct Instance {
 
 impl Instance {
     /// Leads (forms a batch), hands the leadership on, runs the batch; again.
-    fn run(mut self, queue: &Mutex<Queue>) {
+    fn run<G: Grouping>(mut self, queue: &Mutex<Queue<G>>) {
         loop {
             let batch = {
                 // A panicking backend cannot poison the queue: it runs outside the lock.
@@ -826,6 +868,48 @@ mod tests {
         }
         // The lone wide request was oldest: its batch ran first, after its delay.
         assert_eq!(*sizes.lock().unwrap(), vec![1, 2, 2, 2]);
+    }
+
+    /// A model's own grouping decides: here requests of 1.0 never share a batch with requests
+    /// of 2.0 (their last bytes differ), although their shapes are equal.
+    #[test]
+    fn the_grouping_decides_which_requests_go_together() {
+        struct ByValue;
+        impl Grouping for ByValue {
+            fn together(&self, a: &[Tensor], b: &[Tensor]) -> bool {
+                SameShapes.together(a, b) && a[0].data.last() == b[0].data.last()
+            }
+        }
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let backend = Box::new(Echo {
+            sizes: sizes.clone(),
+            sleep: Duration::from_millis(20),
+        }) as Box<dyn Backend>;
+        let b = Batcher::start_grouped(
+            policy(8, &[], 0, 0),
+            ByValue,
+            vec![backend],
+            Arc::new(Metrics::new("m", "1", 8)),
+        )
+        .unwrap();
+        let block = b.submit(vec![row(0.0, 1)], 1, None).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let sent = [
+            row(1.0, 1),
+            row(2.0, 1),
+            row(1.0, 1),
+            row(2.0, 1),
+            row(1.0, 1),
+        ];
+        let rxs: Vec<_> = sent
+            .iter()
+            .map(|t| b.submit(vec![t.clone()], 1, None).unwrap())
+            .collect();
+        wait(block).unwrap();
+        for (rx, t) in rxs.into_iter().zip(&sent) {
+            assert_eq!(wait(rx).unwrap().outputs, vec![t.clone()]);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 3, 2]);
     }
 
     #[test]

@@ -34,7 +34,7 @@ async fn answer(
         Ok(b) => b.to_bytes(),
         Err(_) => return Response::new(Full::new(Bytes::new())),
     };
-    let request = match v2::decode_request(&cfg, header, &body) {
+    let request = match v2::decode_request(&*cfg, header, &body) {
         Ok(r) => r,
         Err(e) => {
             let mut r = Response::new(Full::new(Bytes::from(e.body())));
@@ -61,7 +61,7 @@ async fn answer(
         .iter()
         .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
         .collect();
-    let (body, header) = v2::encode_response(&cfg, request.id.as_deref(), &selected);
+    let (body, header) = v2::encode_response(&*cfg, request.id.as_deref(), &selected);
     let mut r = Response::new(Full::new(Bytes::from(body)));
     match header {
         Some(h) => {

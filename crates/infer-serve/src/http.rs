@@ -13,6 +13,7 @@ use crate::conn::{Closed, Conn, Watched};
 use crate::error::{ApiError, Rejection};
 use crate::log;
 use crate::metrics::Metrics;
+use crate::model::Model;
 use crate::v2::{self, RequestedOutput};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -21,26 +22,29 @@ use hyper::header::{
     HeaderValue, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
 };
 use hyper::{Method, Request, Response, StatusCode};
-use infer_spec::RuntimeConfig;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Shared state of the server.
-pub struct App {
-    pub cfg: RuntimeConfig,
+/// The server: its listeners' settings, the drain and health state, and the served models,
+/// each in its slot ([`Model`]) keyed by name. Routes of both protocols resolve a model
+/// through [`Server::model`].
+pub struct Server {
+    /// `[server]` of the image's `runtime.toml` (with `--host` and `--port` applied).
+    pub settings: infer_spec::runtime::Server,
+    /// The connection counters and the server-wide series `/metrics` renders; today the one
+    /// model's [`Metrics`] (its slot holds the same).
     pub metrics: Arc<Metrics>,
-    /// Set once warm-up has succeeded.
-    pub batcher: OnceLock<Batcher>,
+    models: Models,
     /// SIGTERM/SIGINT received: readiness says 503 (shared with the gRPC connections' guards).
     pub draining: Arc<AtomicBool>,
     /// The drain delay is over and the listeners are closed. Requests that reached the server
     /// before are still answered (a connection the kernel had accepted, a request already
     /// sent): only `exit_timeout_s` bounds them.
     pub stopping: AtomicBool,
-    /// Turns true with `draining`, for the connections that act on it (see [`App::drain`]).
+    /// Turns true with `draining`, for the connections that act on it (see [`Server::drain`]).
     draining_tx: tokio::sync::watch::Sender<bool>,
     /// How long a lone request's handler polls for its answer before parking (see
     /// [`Batcher::poll_briefly`]); zero turns polling off.
@@ -49,165 +53,102 @@ pub struct App {
     /// descriptor limit allows.
     pub max_connections: usize,
     server_metadata: Bytes,
-    model_metadata: Bytes,
-    model_config: Bytes,
-    /// The JSON the HTTP metadata and config routes answer, from which the gRPC surface builds
-    /// its messages (the same content on both).
+    /// The JSON `GET /v2` answers, from which the gRPC surface builds its message.
     pub(crate) server_metadata_json: serde_json::Value,
-    pub(crate) model_metadata_json: serde_json::Value,
-    pub(crate) model_config_json: serde_json::Value,
+}
+
+/// The model slots by name, with a fast path for the one model an image carries.
+struct Models {
+    by_name: BTreeMap<String, Model>,
+    /// Set when there is exactly one: its name is compared, no map is searched.
+    only: Option<String>,
+}
+
+impl Models {
+    fn get(&self, name: &str) -> Option<&Model> {
+        match &self.only {
+            Some(only) if only == name => self.by_name.values().next(),
+            Some(_) => None,
+            None => self.by_name.get(name),
+        }
+    }
 }
 
 type Resp = Response<Full<Bytes>>;
 
-impl App {
-    pub fn new(cfg: RuntimeConfig, metrics: Arc<Metrics>) -> App {
-        let tensors = |list: &[infer_spec::TensorSpec]| -> Vec<serde_json::Value> {
-            list.iter()
-                .map(
-                    |t| json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.dims }),
-                )
-                .collect()
-        };
+impl Server {
+    /// A server for `models` (at least one; a later one of the same name replaces an earlier
+    /// one), with the `[server]` settings and server-wide `metrics`.
+    pub fn new(
+        settings: infer_spec::runtime::Server,
+        metrics: Arc<Metrics>,
+        models: Vec<Model>,
+    ) -> Server {
         let server_metadata = json!({
             "name": "infer-serve",
             "version": env!("CARGO_PKG_VERSION"),
             "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
         });
-        let model_metadata = json!({
-            "name": cfg.model.name,
-            "versions": [cfg.model.version],
-            "platform": cfg.platform(),
-            "inputs": tensors(&cfg.inputs),
-            "outputs": tensors(&cfg.outputs),
-        });
-        let config_tensors =
-            |list: &[infer_spec::TensorSpec], input: bool| -> Vec<serde_json::Value> {
-                list.iter()
-                    .map(|t| {
-                        let mut v = json!({
-                            "name": t.name,
-                            "data_type": t.datatype.triton_name(),
-                            "dims": t.dims.iter().skip(1).collect::<Vec<_>>(),
-                            "is_shape_tensor": false,
-                        });
-                        if input {
-                            v["format"] = json!("FORMAT_NONE");
-                            v["allow_ragged_batch"] = json!(false);
-                            v["optional"] = json!(false);
-                        } else {
-                            v["label_filename"] = json!("");
-                        }
-                        v
-                    })
-                    .collect()
-            };
-        let b = &cfg.batching;
-        let model_config = json!({
-            "name": cfg.model.name,
-            "platform": cfg.platform(),
-            "backend": cfg.engine.kind.as_str(),
-            "version_policy": { "latest": { "num_versions": 1 } },
-            "max_batch_size": b.max_batch_size,
-            "input": config_tensors(&cfg.inputs, true),
-            "output": config_tensors(&cfg.outputs, false),
-            "batch_input": [],
-            "batch_output": [],
-            "dynamic_batching": {
-                "preferred_batch_size": b.preferred(),
-                "max_queue_delay_microseconds": b.max_queue_delay_us,
-                "preserve_ordering": false,
-                "priority_levels": 0,
-                "default_priority_level": 0,
-                "default_queue_policy": {
-                    "timeout_action": "REJECT",
-                    "default_timeout_microseconds": b.default_timeout_ms * 1000,
-                    "allow_timeout_override": true,
-                    "max_queue_size": b.max_queue_size,
-                },
-                "priority_queue_policy": {},
-            },
-            "instance_group": [{
-                "name": cfg.model.name,
-                "kind": "KIND_CPU",
-                "count": b.instances,
-                "gpus": [],
-                "secondary_devices": [],
-                "profile": [],
-                "passive": false,
-                "host_policy": "",
-            }],
-            "default_model_filename": cfg.engine.path.clone().unwrap_or_default(),
-            "parameters": {},
-            "model_warmup": [],
-            "model_transaction_policy": { "decoupled": false },
-            "response_cache": { "enable": false },
-        });
-        App {
+        let by_name: BTreeMap<String, Model> = models
+            .into_iter()
+            .map(|m| (m.name().to_owned(), m))
+            .collect();
+        let only = match by_name.keys().collect::<Vec<_>>().as_slice() {
+            [one] => Some((*one).clone()),
+            _ => None,
+        };
+        Server {
             metrics,
-            batcher: OnceLock::new(),
+            models: Models { by_name, only },
             draining: Arc::new(AtomicBool::new(false)),
             stopping: AtomicBool::new(false),
             draining_tx: tokio::sync::watch::channel(false).0,
             busy_poll: Duration::ZERO,
-            max_connections: cfg.server.max_connections as usize,
+            max_connections: settings.max_connections as usize,
             server_metadata: Bytes::from(server_metadata.to_string()),
-            model_metadata: Bytes::from(model_metadata.to_string()),
-            model_config: Bytes::from(model_config.to_string()),
             server_metadata_json: server_metadata,
-            model_metadata_json: model_metadata,
-            model_config_json: model_config,
-            cfg,
+            settings,
         }
     }
 
-    /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
-    /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
-    /// instance group; or the ONNX Runtime library that was loaded. Nothing changes when
-    /// neither was found.
-    pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
-        let param = |v: String| json!({ "string_value": v });
-        if let Some(v) = &found.onnxruntime {
-            let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config)
-            else {
-                return;
-            };
-            config["parameters"] = json!({
-                "engine": param("onnxruntime".to_owned()),
-                "onnxruntime": param(v.to_string()),
-            });
-            self.model_config = Bytes::from(config.to_string());
-            self.model_config_json = config;
-        }
-        let Some(g) = &found.gpu else { return };
-        let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.model_config) else {
-            return;
-        };
-        config["parameters"] = json!({
-            "gpu": param(g.name.clone()),
-            "compute_capability": param(g.sm.sm().to_string()),
-            "driver": param(g.driver.to_string()),
-            "tensorrt": param(found.tensorrt.as_ref().map(|v| v.to_string()).unwrap_or_default()),
-        });
-        if let Some(group) = config["instance_group"].get_mut(0) {
-            group["kind"] = json!("KIND_GPU");
-            group["gpus"] = json!([0]);
-        }
-        self.model_config = Bytes::from(config.to_string());
-        self.model_config_json = config;
+    /// The model served under `name`, or the 404 (gRPC `NOT_FOUND`) that names it.
+    pub fn model(&self, name: &str) -> Result<&Model, ApiError> {
+        self.models
+            .get(name)
+            .ok_or_else(|| ApiError::NotFound(format!("unknown model {name:?}")))
+    }
+
+    /// The model `name` at `version` (empty: any), or the 404 that says which is unknown.
+    pub fn model_version(&self, name: &str, version: &str) -> Result<&Model, ApiError> {
+        let model = self.model(name)?;
+        model.served().check_model(name, version)?;
+        Ok(model)
+    }
+
+    /// Every served model, by name.
+    pub fn models(&self) -> impl Iterator<Item = &Model> {
+        self.models.by_name.values()
     }
 
     /// SIGTERM/SIGINT: readiness turns 503, HTTP responses say `Connection: close` and HTTP/2
     /// connections get GOAWAY; requests are still served until the drain delay is over.
     pub fn drain(&self) {
         self.draining.store(true, Relaxed);
+        for m in self.models() {
+            m.metrics.ready.store(0, Relaxed);
+        }
         self.metrics.ready.store(0, Relaxed);
         self.draining_tx.send_replace(true);
     }
 
-    /// Ready: warmed up and not draining.
+    /// Ready: every model warmed up, and not draining.
     pub fn is_ready(&self) -> bool {
-        self.batcher.get().is_some() && !self.draining.load(Relaxed)
+        self.models().all(|m| m.batcher().is_some()) && !self.draining.load(Relaxed)
+    }
+
+    /// One model ready: warmed up, and the server not draining.
+    pub fn is_model_ready(&self, model: &Model) -> bool {
+        model.batcher().is_some() && !self.draining.load(Relaxed)
     }
 
     pub(crate) fn not_ready(&self) -> ApiError {
@@ -216,6 +157,29 @@ impl App {
         } else {
             ApiError::NotReady
         }
+    }
+
+    /// Every model has its batcher (warm-up done); else why not.
+    pub(crate) fn started(&self) -> Result<(), ApiError> {
+        if self.models().all(|m| m.batcher().is_some()) {
+            Ok(())
+        } else {
+            Err(self.not_ready())
+        }
+    }
+
+    /// Triton's statistics body for every model (`GET /v2/models/stats`).
+    pub(crate) fn stats_json(&self) -> serde_json::Value {
+        let mut all = Vec::new();
+        for m in self.models() {
+            let mut s = m
+                .metrics
+                .stats_json(&m.cfg.model.name, &m.cfg.model.version);
+            if let Some(list) = s.get_mut("model_stats").and_then(|v| v.as_array_mut()) {
+                all.append(list);
+            }
+        }
+        json!({ "model_stats": all })
     }
 }
 
@@ -236,7 +200,7 @@ fn error_response(e: &ApiError) -> Resp {
 }
 
 /// Routes one request.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Resp {
+pub async fn handle(app: Arc<Server>, req: Request<Incoming>) -> Resp {
     let mut r = match route(&app, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -248,7 +212,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Resp {
     r
 }
 
-async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let path = req.uri().path().to_owned();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let method = req.method().clone();
@@ -290,22 +254,15 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError>
         }
         ["v2", "models", "stats"] => {
             allow(Method::GET)?;
-            Ok(json_response(
-                StatusCode::OK,
-                app.metrics
-                    .stats_json(&app.cfg.model.name, &app.cfg.model.version)
-                    .to_string(),
-            ))
+            Ok(json_response(StatusCode::OK, app.stats_json().to_string()))
         }
-        ["v2", "models", model, rest @ ..] => {
-            if *model != app.cfg.model.name {
-                return Err(ApiError::NotFound(format!("unknown model {model:?}")));
-            }
+        ["v2", "models", name, rest @ ..] => {
+            let model = app.model(name)?;
             let rest = match rest {
                 ["versions", v, rest @ ..] => {
-                    if *v != app.cfg.model.version {
+                    if *v != model.cfg.model.version {
                         return Err(ApiError::NotFound(format!(
-                            "unknown version {v:?} of model {model:?}"
+                            "unknown version {v:?} of model {name:?}"
                         )));
                     }
                     rest
@@ -315,12 +272,12 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError>
             match rest {
                 [] => {
                     allow(Method::GET)?;
-                    Ok(json_response(StatusCode::OK, app.model_metadata.clone()))
+                    Ok(json_response(StatusCode::OK, model.metadata()))
                 }
                 ["ready"] => {
                     allow(Method::GET)?;
-                    if app.is_ready() {
-                        let body = json!({ "name": app.cfg.model.name, "ready": true }).to_string();
+                    if app.is_model_ready(model) {
+                        let body = json!({ "name": model.name(), "ready": true }).to_string();
                         Ok(json_response(StatusCode::OK, body))
                     } else {
                         Err(app.not_ready())
@@ -328,20 +285,21 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Result<Resp, ApiError>
                 }
                 ["config"] => {
                     allow(Method::GET)?;
-                    Ok(json_response(StatusCode::OK, app.model_config.clone()))
+                    Ok(json_response(StatusCode::OK, model.config()))
                 }
                 ["stats"] => {
                     allow(Method::GET)?;
                     Ok(json_response(
                         StatusCode::OK,
-                        app.metrics
-                            .stats_json(&app.cfg.model.name, &app.cfg.model.version)
+                        model
+                            .metrics
+                            .stats_json(&model.cfg.model.name, &model.cfg.model.version)
                             .to_string(),
                     ))
                 }
                 ["infer"] => {
                     allow(Method::POST)?;
-                    Ok(infer(app, req).await)
+                    Ok(infer(app, model, req).await)
                 }
                 _ => Err(ApiError::NotFound(format!("no route for {path}"))),
             }
@@ -367,18 +325,19 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn infer(app: &Arc<App>, req: Request<Incoming>) -> Resp {
+async fn infer(app: &Server, model: &Model, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
-    match counted(app, start, infer_inner(app, req, start)).await {
+    match counted(app, start, infer_inner(app, model, req, start)).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
 }
 
 /// Runs one infer request of either protocol (`work`, started at `start`): counts it in flight
-/// while it lives and records its outcome.
+/// while it lives and records its outcome, on the server's metrics (a gRPC request names its
+/// model only in its message, and its failures before that count too).
 pub(crate) async fn counted<T>(
-    app: &App,
+    app: &Server,
     start: Instant,
     work: impl std::future::Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
@@ -402,18 +361,19 @@ pub(crate) async fn counted<T>(
     result
 }
 
-/// The batcher, once warm-up is done.
-pub(crate) fn batcher(app: &App) -> Result<&Batcher, ApiError> {
-    app.batcher.get().ok_or_else(|| app.not_ready())
+/// The model's batcher, once warm-up is done.
+pub(crate) fn batcher<'a>(app: &Server, model: &'a Model) -> Result<&'a Batcher, ApiError> {
+    model.batcher().ok_or_else(|| app.not_ready())
 }
 
 async fn infer_inner(
-    app: &Arc<App>,
+    app: &Server,
+    model: &Model,
     req: Request<Incoming>,
     start: Instant,
 ) -> Result<Resp, ApiError> {
-    batcher(app)?;
-    let limit = app.cfg.server.max_body_bytes;
+    batcher(app, model)?;
+    let limit = app.settings.max_body_bytes;
     let headers = req.headers();
     if let Some(len) = headers
         .get(CONTENT_LENGTH)
@@ -438,19 +398,27 @@ async fn infer_inner(
     let body = crate::conn::read_body(
         req.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
-        &app.cfg.server,
+        &app.settings,
     )
     .await?;
-    let request = v2::decode_request(&app.cfg, header_length, &body)?;
+    let request = v2::decode_request(model.served(), header_length, &body)?;
     drop(body);
-    let answer = execute(app, request.inputs, request.rows, request.timeout_us, start).await?;
+    let answer = execute(
+        app,
+        model,
+        request.inputs,
+        request.rows,
+        request.timeout_us,
+        start,
+    )
+    .await?;
     let outputs = &answer.outputs;
     let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> = request
         .outputs
         .iter()
         .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
         .collect();
-    let (body, header) = v2::encode_response(&app.cfg, request.id.as_deref(), &selected);
+    let (body, header) = v2::encode_response(model.served(), request.id.as_deref(), &selected);
     let mut r = Response::new(Full::new(Bytes::from(body)));
     match header {
         Some(h) => {
@@ -466,24 +434,27 @@ async fn infer_inner(
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
-    app.metrics
+    model
+        .metrics
         .overhead_hist
         .observe_duration(start.elapsed().saturating_sub(answer.compute));
     Ok(r)
 }
 
-/// Submits a decoded request's inputs to the batcher and waits for its answer: the inference
-/// path both protocols share. `timeout_us` is the request's own timeout (0 or `None`: none),
-/// bounded by `default_timeout_ms`.
+/// Submits a decoded request's inputs (in the model's served signature) to the model's
+/// batcher and waits for its answer: the inference path both protocols share. `timeout_us` is
+/// the request's own timeout (0 or `None`: none), bounded by `default_timeout_ms`.
 pub(crate) async fn execute(
-    app: &App,
+    app: &Server,
+    model: &Model,
     inputs: Vec<crate::tensor::Tensor>,
     rows: usize,
     timeout_us: Option<u64>,
     start: Instant,
 ) -> Result<crate::batcher::Answer, ApiError> {
-    let batcher = batcher(app)?;
-    let default = app.cfg.batching.default_timeout_ms * 1000;
+    let batcher = batcher(app, model)?;
+    let (inputs, rows) = model.prepare(inputs, rows)?;
+    let default = model.cfg.batching.default_timeout_ms * 1000;
     let timeout_us = match (default, timeout_us.filter(|&t| t > 0)) {
         (0, t) => t,
         (d, None) => Some(d),
@@ -494,7 +465,9 @@ pub(crate) async fn execute(
     // Alone on a server that sees one request at a time: poll for the answer on this
     // (otherwise idle) core rather than park. Not when requests overlap: this worker would
     // hold up the connections it serves.
-    let polled = if app.metrics.in_flight.load(Relaxed) == 1 && app.metrics.sequential(start) {
+    // Requests in flight are the server's: a request to another model takes a core too.
+    let metrics = &app.metrics;
+    let polled = if metrics.in_flight.load(Relaxed) == 1 && metrics.sequential(start) {
         let window = match deadline {
             Some(d) => app
                 .busy_poll
@@ -519,7 +492,7 @@ pub(crate) async fn execute(
 /// Accepts HTTP/1.1 connections until `stop` fires, then stops accepting and lets in-flight
 /// requests finish within `exit_timeout`. Returns true when everything finished in time.
 pub async fn serve(
-    app: Arc<App>,
+    app: Arc<Server>,
     listener: tokio::net::TcpListener,
     stop: tokio::sync::watch::Receiver<bool>,
     exit_timeout: Duration,
@@ -587,13 +560,13 @@ const EVICTION_WAIT: Duration = Duration::from_millis(100);
 ///
 /// Slow and idle clients: each connection has a watchdog ([`Conn::watchdog`]) that closes it
 /// when a request's headers take longer than `server.header_read_timeout_s` (HTTP/1.1) or no
-/// request is in progress for `server.idle_timeout_s`. At most [`App::max_connections`] are
+/// request is in progress for `server.idle_timeout_s`. At most [`Server::max_connections`] are
 /// open: at the cap a new connection closes the one idle the longest (a half-open or idle
 /// client, not a request in progress), or is refused at once when every one has a request in
 /// progress (HTTP/1.1: a 503), so the health endpoints keep answering while a client holds
 /// connections open.
 pub(crate) async fn accept_loop<C, E>(
-    app: &App,
+    app: &Server,
     protocol: &'static str,
     listener: tokio::net::TcpListener,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -610,8 +583,8 @@ where
     let stop_seen = stop.clone();
     // HTTP/1.1 has request heads to time and a 503 to refuse with; HTTP/2 neither.
     let http1 = protocol == "http";
-    let header = Duration::from_secs(app.cfg.server.header_read_timeout_s);
-    let idle = Duration::from_secs(app.cfg.server.idle_timeout_s);
+    let header = Duration::from_secs(app.settings.header_read_timeout_s);
+    let idle = Duration::from_secs(app.settings.idle_timeout_s);
     let cap = app.max_connections.max(1);
     // The open connections by accept order; the accept loop makes room among them at the cap.
     let conns: Arc<Mutex<BTreeMap<u64, Arc<Conn>>>> = Arc::default();
@@ -751,51 +724,5 @@ mod refusal_tests {
         );
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert!(v["error"].is_string());
-    }
-}
-
-#[cfg(test)]
-mod node_tests {
-    use super::*;
-    use infer_spec::engine::{ComputeCapability, Found, FoundCpu, FoundGpu};
-
-    #[test]
-    fn the_model_config_says_which_gpu_driver_and_tensorrt_were_found() {
-        let cfg = RuntimeConfig::from_toml_str(
-            "[model]\nname = \"m\"\n[[inputs]]\nname = \"x\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
-             [[outputs]]\nname = \"y\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
-             [engine]\nkind = \"tensorrt\"\npath = \"engine.plan\"\n",
-        )
-        .unwrap();
-        let metrics = Arc::new(Metrics::new("m", "1", 8));
-        let mut app = App::new(cfg, metrics);
-        let before = app.model_config.clone();
-        app.set_node(&Found {
-            gpu: None,
-            tensorrt: None,
-            onnxruntime: None,
-            cpu: FoundCpu::detect(),
-        });
-        assert_eq!(app.model_config, before, "no GPU found: nothing to add");
-        app.set_node(&Found {
-            gpu: Some(FoundGpu {
-                sm: ComputeCapability::new(9, 0),
-                driver: "570.86.10".parse().unwrap(),
-                name: "NVIDIA H100".into(),
-            }),
-            tensorrt: Some("10.16.1.11".parse().unwrap()),
-            onnxruntime: None,
-            cpu: FoundCpu::detect(),
-        });
-        let v: serde_json::Value = serde_json::from_slice(&app.model_config).unwrap();
-        let p = &v["parameters"];
-        assert_eq!(p["gpu"]["string_value"], "NVIDIA H100");
-        assert_eq!(p["driver"]["string_value"], "570.86.10");
-        assert_eq!(p["tensorrt"]["string_value"], "10.16.1.11");
-        assert_eq!(
-            p["compute_capability"]["string_value"],
-            ComputeCapability::new(9, 0).sm().to_string()
-        );
-        assert_eq!(v["instance_group"][0]["kind"], "KIND_GPU");
     }
 }

@@ -8,13 +8,21 @@
 //!
 //! Code map (data flows top to bottom):
 //! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
-//! - [`http`]: routes, handlers, the accept loop and the drain on SIGTERM; owns no model.
+//! - [`start()`]: start-up as a library, from flags to a ready [`Running`] server or a
+//!   [`StartError`] with its exit code; `main` only logs and exits.
+//! - [`http`]: the [`http::Server`] (settings, drain, health and the model slots by name),
+//!   routes, handlers, the accept loop and the drain on SIGTERM.
+//! - [`model`]: one model slot (config, batcher, metrics, metadata; served and engine
+//!   signatures, and [`model::Model::prepare`] between them).
+//! - [`signature`]: a model's tensors, and the one check of a request's tensors against them
+//!   that both protocols' decoders run.
 //! - [`conn`]: slow and idle clients: each connection's watchdog (header and idle timeouts),
 //!   the request-body reader with a minimum rate; the cap on connections is `http`'s accept loop.
 //! - [`grpc`]: the gRPC service and `grpc.health.v1` on HTTP/2, sharing `http`'s accept loop,
 //!   drain and inference path; [`grpc::codec`] is its pure decoder (fuzzed like `v2`).
 //! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
-//! - [`batcher`]: the queue and the backend instance threads that take turns owning it.
+//! - [`batcher`]: the queue and the backend instance threads that take turns owning it; the
+//!   model's [`batcher::Grouping`] decides which requests go together.
 //! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (default feature `tract`)
 //!   and a sleep-based `synthetic` engine (feature `synthetic`, tests and benchmarks only).
 //! - [`warmup`], [`metrics`], [`log`], [`error`] (the one error → status mapping), [`tensor`].
@@ -42,6 +50,11 @@ pub mod grpc;
 pub mod http;
 pub mod log;
 pub mod metrics;
+pub mod model;
+pub mod signature;
+pub mod start;
 pub mod tensor;
 pub mod v2;
 pub mod warmup;
+
+pub use start::{start, Running, StartError};

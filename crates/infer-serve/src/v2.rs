@@ -6,12 +6,17 @@
 //! (fixed non-batch dimensions from `runtime.toml`, rows ≤ `max_batch_size`), element counts,
 //! binary sizes, `BOOL` bytes and `BYTES` length prefixes. Every problem is a 400 naming the
 //! tensor; no input can make it panic (see the mutation test below and the fuzz target
-//! `fuzz/fuzz_targets/v2_request.rs`).
+//! `fuzz/fuzz_targets/v2_request.rs`). Names, datatypes and shapes are checked against the
+//! model's served [`Signature`] by [`crate::signature::Inputs`], which the gRPC decoder runs
+//! too; what is left here is the JSON and binary framing.
 
 use crate::error::ApiError;
+use crate::signature::Signature;
 use crate::tensor::Tensor;
 use bytes::Bytes;
-use infer_spec::{DataType, RuntimeConfig};
+use infer_spec::DataType;
+#[cfg(test)]
+use infer_spec::RuntimeConfig;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -120,16 +125,18 @@ pub fn parse_header_length(value: &[u8]) -> Result<usize, ApiError> {
         })
 }
 
-/// Decodes a request body. `header_length` is the parsed `Inference-Header-Content-Length`
-/// (present when binary data follows the JSON; 0 means the whole body is the one input's
-/// raw bytes).
-pub fn decode_request(
-    cfg: &RuntimeConfig,
+/// Decodes a request body against the model's served signature (`sig`: a [`Signature`], or
+/// a `&RuntimeConfig` for a model served as its engine takes it). `header_length` is the
+/// parsed `Inference-Header-Content-Length` (present when binary data follows the JSON; 0
+/// means the whole body is the one input's raw bytes).
+pub fn decode_request<'a>(
+    sig: impl Into<Signature<'a>>,
     header_length: Option<usize>,
     body: &Bytes,
 ) -> Result<InferRequest, ApiError> {
+    let sig = sig.into();
     let (json, binary) = match header_length {
-        Some(0) => return decode_raw_binary(cfg, body),
+        Some(0) => return decode_raw_binary(sig, body),
         Some(n) if n > body.len() => {
             return Err(bad(format!(
                 "{HEADER_LENGTH} is {n} but the body has only {} bytes",
@@ -147,33 +154,13 @@ pub fn decode_request(
     let timeout_us = param_u64(&raw.parameters, "timeout", "")?;
     let binary_all = param_bool(&raw.parameters, "binary_data_output", "")?.unwrap_or(false);
 
-    let mut slots: Vec<Option<Tensor>> = vec![None; cfg.inputs.len()];
+    let mut given = sig.request();
     let mut cursor = 0usize;
     for input in &raw.inputs {
-        let Some(index) = cfg.inputs.iter().position(|s| s.name == input.name) else {
-            let known: Vec<&str> = cfg.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(bad(format!(
-                "unknown input {:?} (the model's inputs are {known:?})",
-                input.name
-            )));
-        };
-        if slots[index].is_some() {
-            return Err(bad(format!("input {:?} is given twice", input.name)));
-        }
-        let spec = &cfg.inputs[index];
-        let at = format!("input {:?}: ", input.name);
-        let dtype = DataType::parse(&input.datatype)
-            .ok_or_else(|| bad(format!("{at}unknown datatype {:?}", input.datatype)))?;
-        if dtype != spec.datatype {
-            return Err(bad(format!(
-                "{at}datatype {dtype} does not match the model's {}",
-                spec.datatype
-            )));
-        }
-        let shape = check_shape(cfg, spec, &input.shape).map_err(|m| bad(format!("{at}{m}")))?;
-        let elements: usize = shape.iter().product();
+        let declared = given.declare(&input.name, &input.datatype, Ok(&input.shape))?;
+        let (at, dtype, elements) = (&declared.at, declared.dtype, declared.elements());
         let data = match (
-            param_u64(&input.parameters, "binary_data_size", &at)?,
+            param_u64(&input.parameters, "binary_data_size", at)?,
             input.data,
         ) {
             (Some(_), Some(_)) => {
@@ -219,7 +206,7 @@ pub fn decode_request(
                 Bytes::from(out)
             }
         };
-        slots[index] = Some(Tensor { dtype, shape, data });
+        given.set(declared, data);
     }
     if cursor != binary.len() {
         return Err(bad(format!(
@@ -227,43 +214,19 @@ pub fn decode_request(
             binary.len() - cursor
         )));
     }
-    let inputs = assemble_inputs(cfg, slots)?;
-    let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+    let (inputs, rows) = given.finish()?;
 
     let outputs = match &raw.outputs {
-        None => (0..cfg.outputs.len())
-            .map(|index| RequestedOutput {
-                index,
-                binary: binary_all,
-            })
-            .collect(),
+        None => sig.all_outputs(binary_all),
         Some(list) => {
             let mut out = Vec::with_capacity(list.len());
             for o in list {
-                let at = format!("output {:?}: ", o.name);
-                let index = cfg
-                    .outputs
-                    .iter()
-                    .position(|s| s.name == o.name)
-                    .ok_or_else(|| {
-                        let known: Vec<&str> =
-                            cfg.outputs.iter().map(|s| s.name.as_str()).collect();
-                        bad(format!(
-                            "unknown output {:?} (the model's outputs are {known:?})",
-                            o.name
-                        ))
-                    })?;
-                if o.parameters
+                let classification = o
+                    .parameters
                     .as_ref()
-                    .is_some_and(|p| p.contains_key("classification"))
-                {
-                    return Err(bad(format!(
-                        "{at}the classification extension is not supported"
-                    )));
-                }
-                if out.iter().any(|r: &RequestedOutput| r.index == index) {
-                    return Err(bad(format!("{at}requested twice")));
-                }
+                    .is_some_and(|p| p.contains_key("classification"));
+                let index = sig.output(&o.name, classification, &out)?;
+                let at = format!("output {:?}: ", o.name);
                 let binary = param_bool(&o.parameters, "binary_data", &at)?.unwrap_or(binary_all);
                 out.push(RequestedOutput { index, binary });
             }
@@ -281,11 +244,11 @@ pub fn decode_request(
 
 /// `Inference-Header-Content-Length: 0`: the body is the raw bytes of the model's only input,
 /// one row; every output is returned as binary.
-fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, ApiError> {
-    let [spec] = cfg.inputs.as_slice() else {
+fn decode_raw_binary(sig: Signature, body: &Bytes) -> Result<InferRequest, ApiError> {
+    let [spec] = sig.inputs else {
         return Err(bad(format!(
             "a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly one input, this one has {}",
-            cfg.inputs.len()
+            sig.inputs.len()
         )));
     };
     if spec.is_variable() {
@@ -306,116 +269,10 @@ fn decode_raw_binary(cfg: &RuntimeConfig, body: &Bytes) -> Result<InferRequest, 
             shape,
             data: body.clone(),
         }],
-        outputs: (0..cfg.outputs.len())
-            .map(|index| RequestedOutput {
-                index,
-                binary: true,
-            })
-            .collect(),
+        outputs: sig.all_outputs(true),
         timeout_us: None,
         rows: 1,
     })
-}
-
-/// The request's inputs in the model's order, once each was decoded into its slot: every input
-/// given, all with the same number of rows, named dimensions agreeing. Shared by the HTTP and
-/// gRPC decoders.
-pub(crate) fn assemble_inputs(
-    cfg: &RuntimeConfig,
-    slots: Vec<Option<Tensor>>,
-) -> Result<Vec<Tensor>, ApiError> {
-    let mut inputs = Vec::with_capacity(slots.len());
-    for (slot, spec) in slots.into_iter().zip(&cfg.inputs) {
-        inputs.push(slot.ok_or_else(|| bad(format!("missing input {:?}", spec.name)))?);
-    }
-    let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
-    if let Some(t) = inputs.iter().find(|t| t.rows() != rows) {
-        return Err(bad(format!(
-            "inputs disagree on the batch dimension: {rows} and {} rows",
-            t.rows()
-        )));
-    }
-    check_shared_dims(cfg, &inputs)?;
-    Ok(inputs)
-}
-
-/// Inputs whose dimensions share a name (`dim_names`, from the model's `dim_param`) must
-/// give them the same size: a 400 names both inputs, the dimension and the two sizes.
-pub fn check_shared_dims(cfg: &RuntimeConfig, inputs: &[Tensor]) -> Result<(), ApiError> {
-    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
-    for (spec, t) in cfg.inputs.iter().zip(inputs) {
-        for (axis, &size) in t.shape.iter().enumerate().skip(1) {
-            let Some(name) = spec.dim_name(axis) else {
-                continue;
-            };
-            match seen.iter().find(|(n, _, _)| *n == name) {
-                Some(&(_, other, s)) if s != size => {
-                    return Err(bad(format!(
-                        "inputs {other:?} and {:?} disagree on dimension {name:?}: {s} and {size}",
-                        spec.name
-                    )))
-                }
-                Some(_) => {}
-                None => seen.push((name, &spec.name, size)),
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks a request's shape against the input's spec; shared by the HTTP and gRPC decoders.
-pub(crate) fn check_shape(
-    cfg: &RuntimeConfig,
-    spec: &infer_spec::TensorSpec,
-    shape: &[u64],
-) -> Result<Vec<usize>, String> {
-    let mismatch = || format!("shape {shape:?} does not match the model's {:?}", spec.dims);
-    if shape.len() != spec.dims.len() {
-        return Err(mismatch());
-    }
-    let rows = shape.first().copied().unwrap_or(0);
-    if rows == 0 {
-        return Err(format!("shape {shape:?} has no rows"));
-    }
-    let max = u64::from(cfg.batching.max_batch_size);
-    if rows > max {
-        return Err(format!(
-            "shape {shape:?} has {rows} rows, more than max_batch_size {max}"
-        ));
-    }
-    for (axis, (&got, &want)) in shape.iter().zip(&spec.dims).enumerate().skip(1) {
-        if want != -1 {
-            if i64::try_from(got).ok() != Some(want) {
-                return Err(mismatch());
-            }
-            continue;
-        }
-        let Some((min, max)) = spec.bounds(axis) else {
-            return Err(mismatch());
-        };
-        let got_i = i64::try_from(got).unwrap_or(i64::MAX);
-        if got_i < min || got_i > max {
-            let name = spec
-                .dim_name(axis)
-                .map(|n| format!(" ({n:?})"))
-                .unwrap_or_default();
-            return Err(format!(
-                "shape {shape:?}: dimension {axis}{name} is {got}, outside the model's bounds {min}..={max}"
-            ));
-        }
-    }
-    // All dimensions are now bounded by the config (rows by max_batch_size), so the product
-    // fits; `checked` keeps it total anyway.
-    shape
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| mismatch()))
-        .collect::<Result<Vec<usize>, String>>()
-        .and_then(|s| {
-            s.iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .map(|_| s)
-                .ok_or_else(mismatch)
-        })
 }
 
 /// Checks binary tensor bytes: exact size for fixed-size types, 0/1 for `BOOL`, well-formed
@@ -593,11 +450,12 @@ impl<'de> Visitor<'de> for Flat<'_> {
 /// Encodes a response. `outputs` pairs each requested output with its tensor (already split
 /// to this request's rows). Returns the body and, when any output is binary, the JSON
 /// header's length for `Inference-Header-Content-Length`.
-pub fn encode_response(
-    cfg: &RuntimeConfig,
+pub fn encode_response<'a>(
+    sig: impl Into<Signature<'a>>,
     id: Option<&str>,
     outputs: &[(RequestedOutput, &Tensor)],
 ) -> (Vec<u8>, Option<usize>) {
+    let sig = sig.into();
     let mut out = Vec::with_capacity(
         128 + outputs
             .iter()
@@ -605,9 +463,9 @@ pub fn encode_response(
             .sum::<usize>(),
     );
     out.extend_from_slice(b"{\"model_name\":");
-    push_json_str(&mut out, &cfg.model.name);
+    push_json_str(&mut out, &sig.model.name);
     out.extend_from_slice(b",\"model_version\":");
-    push_json_str(&mut out, &cfg.model.version);
+    push_json_str(&mut out, &sig.model.version);
     if let Some(id) = id {
         out.extend_from_slice(b",\"id\":");
         push_json_str(&mut out, id);
@@ -619,7 +477,7 @@ pub fn encode_response(
             out.push(b',');
         }
         out.extend_from_slice(b"{\"name\":");
-        let name = cfg
+        let name = sig
             .outputs
             .get(req.index)
             .map(|s| s.name.as_str())

@@ -2,18 +2,22 @@
 //! [`InferRequest`], tensors → `ModelInferResponse`. Pure: bytes and the model signature in,
 //! a request or an [`ApiError`] out; no I/O, no batching, no model.
 //!
-//! Validation is the HTTP decoder's: names, datatypes and shapes go through
-//! `v2::check_shape`, tensor bytes (`raw_input_contents`, and typed `contents` once turned
-//! into bytes) through `v2::check_binary`, so both protocols accept and refuse the same
-//! tensors with the same words. No input can make it panic (the mutation test below and the
+//! Validation is the HTTP decoder's: names, datatypes and shapes go through the served
+//! [`Signature`]'s one check ([`crate::signature::Inputs`]), tensor bytes
+//! (`raw_input_contents`, and typed `contents` once turned into bytes) through
+//! `v2::check_binary`, so both protocols accept and refuse the same tensors with the same
+//! words. No input can make it panic (the mutation test below and the
 //! fuzz target `fuzz/fuzz_targets/grpc_request.rs`).
 
 use super::pb::inference as pb;
 use crate::error::ApiError;
+use crate::signature::Signature;
 use crate::tensor::Tensor;
 use crate::v2::{self, InferRequest, RequestedOutput};
 use bytes::Bytes;
-use infer_spec::{DataType, RuntimeConfig};
+use infer_spec::DataType;
+#[cfg(test)]
+use infer_spec::RuntimeConfig;
 use pb::infer_parameter::ParameterChoice;
 use prost::Message;
 
@@ -70,32 +74,20 @@ pub fn decode<M: Message + Default>(msg: Bytes, what: &str) -> Result<M, ApiErro
     M::decode(msg).map_err(|e| bad(format!("malformed {what} message: {e}")))
 }
 
-/// Checks a model name and (optional) version against the served model; same messages as the
-/// HTTP routes.
-pub fn check_model(cfg: &RuntimeConfig, name: &str, version: &str) -> Result<(), ApiError> {
-    if name != cfg.model.name {
-        return Err(ApiError::NotFound(format!("unknown model {name:?}")));
-    }
-    if !version.is_empty() && version != cfg.model.version {
-        return Err(ApiError::NotFound(format!(
-            "unknown version {version:?} of model {name:?}"
-        )));
-    }
-    Ok(())
-}
-
 /// Decodes and validates a `ModelInfer` request message (without its prefix). Outputs are
 /// always answered in `raw_output_contents`, as Triton does, so every [`RequestedOutput`] is
 /// binary.
-pub fn decode_infer(cfg: &RuntimeConfig, msg: Bytes) -> Result<InferRequest, ApiError> {
+pub fn decode_infer<'a>(
+    sig: impl Into<Signature<'a>>,
+    msg: Bytes,
+) -> Result<InferRequest, ApiError> {
     let req: pb::ModelInferRequest = decode(msg, "ModelInferRequest")?;
-    infer_request(cfg, req)
+    infer_request(sig.into(), req)
 }
 
-fn infer_request(
-    cfg: &RuntimeConfig,
-    req: pb::ModelInferRequest,
-) -> Result<InferRequest, ApiError> {
+/// Validates a decoded `ModelInfer` request against the model's served signature (the model
+/// it names, found by the caller: see [`decode_infer`] for one model).
+pub fn infer_request(sig: Signature, req: pb::ModelInferRequest) -> Result<InferRequest, ApiError> {
     let pb::ModelInferRequest {
         model_name,
         model_version,
@@ -105,7 +97,7 @@ fn infer_request(
         outputs: requested,
         raw_input_contents: raw,
     } = req;
-    check_model(cfg, &model_name, &model_version)?;
+    sig.check_model(&model_name, &model_version)?;
     let timeout_us = match parameters
         .get("timeout")
         .and_then(|p| p.parameter_choice.as_ref())
@@ -127,41 +119,16 @@ fn infer_request(
         )));
     }
 
-    let mut slots: Vec<Option<Tensor>> = vec![None; cfg.inputs.len()];
+    let mut inputs = sig.request();
     for (i, input) in given.into_iter().enumerate() {
-        let Some(index) = cfg.inputs.iter().position(|s| s.name == input.name) else {
-            let known: Vec<&str> = cfg.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(bad(format!(
-                "unknown input {:?} (the model's inputs are {known:?})",
-                input.name
-            )));
-        };
-        if slots[index].is_some() {
-            return Err(bad(format!("input {:?} is given twice", input.name)));
-        }
-        let spec = &cfg.inputs[index];
-        let at = format!("input {:?}: ", input.name);
-        let dtype = DataType::parse(&input.datatype)
-            .ok_or_else(|| bad(format!("{at}unknown datatype {:?}", input.datatype)))?;
-        if dtype != spec.datatype {
-            return Err(bad(format!(
-                "{at}datatype {dtype} does not match the model's {}",
-                spec.datatype
-            )));
-        }
-        let dims: Vec<u64> = input
-            .shape
-            .iter()
-            .map(|&d| u64::try_from(d))
-            .collect::<Result<_, _>>()
-            .map_err(|_| {
-                bad(format!(
-                    "{at}shape {:?} has a negative dimension",
-                    input.shape
-                ))
-            })?;
-        let shape = v2::check_shape(cfg, spec, &dims).map_err(|m| bad(format!("{at}{m}")))?;
-        let elements: usize = shape.iter().product();
+        let dims: Result<Vec<u64>, _> = input.shape.iter().map(|&d| u64::try_from(d)).collect();
+        let declared = inputs.declare(
+            &input.name,
+            &input.datatype,
+            dims.as_deref()
+                .map_err(|_| format!("shape {:?} has a negative dimension", input.shape)),
+        )?;
+        let (at, dtype, elements) = (&declared.at, declared.dtype, declared.elements());
         let contents = input
             .contents
             .filter(|c| *c != pb::InferTensorContents::default());
@@ -186,41 +153,16 @@ fn infer_request(
                 data
             }
         };
-        slots[index] = Some(Tensor { dtype, shape, data });
+        inputs.set(declared, data);
     }
-    let inputs = v2::assemble_inputs(cfg, slots)?;
-    let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+    let (inputs, rows) = inputs.finish()?;
 
     let outputs = if requested.is_empty() {
-        (0..cfg.outputs.len())
-            .map(|index| RequestedOutput {
-                index,
-                binary: true,
-            })
-            .collect()
+        sig.all_outputs(true)
     } else {
         let mut out: Vec<RequestedOutput> = Vec::with_capacity(requested.len());
         for o in &requested {
-            let at = format!("output {:?}: ", o.name);
-            let index = cfg
-                .outputs
-                .iter()
-                .position(|s| s.name == o.name)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = cfg.outputs.iter().map(|s| s.name.as_str()).collect();
-                    bad(format!(
-                        "unknown output {:?} (the model's outputs are {known:?})",
-                        o.name
-                    ))
-                })?;
-            if o.parameters.contains_key("classification") {
-                return Err(bad(format!(
-                    "{at}the classification extension is not supported"
-                )));
-            }
-            if out.iter().any(|r| r.index == index) {
-                return Err(bad(format!("{at}requested twice")));
-            }
+            let index = sig.output(&o.name, o.parameters.contains_key("classification"), &out)?;
             out.push(RequestedOutput {
                 index,
                 binary: true,
@@ -331,20 +273,21 @@ fn contents_bytes(
 
 /// The `ModelInfer` response: each requested output's name, datatype and shape, and its bytes
 /// in `raw_output_contents` (in the same order), handed over without a copy.
-pub fn encode_infer(
-    cfg: &RuntimeConfig,
+pub fn encode_infer<'a>(
+    sig: impl Into<Signature<'a>>,
     id: Option<&str>,
     outputs: &[(RequestedOutput, &Tensor)],
 ) -> pb::ModelInferResponse {
+    let sig = sig.into();
     pb::ModelInferResponse {
-        model_name: cfg.model.name.clone(),
-        model_version: cfg.model.version.clone(),
+        model_name: sig.model.name.clone(),
+        model_version: sig.model.version.clone(),
         id: id.unwrap_or_default().to_owned(),
         parameters: Default::default(),
         outputs: outputs
             .iter()
             .map(|(r, t)| pb::model_infer_response::InferOutputTensor {
-                name: cfg
+                name: sig
                     .outputs
                     .get(r.index)
                     .map(|s| s.name.clone())

@@ -16,7 +16,8 @@ mod goaway_guard;
 pub mod pb;
 
 use crate::error::{ApiError, GrpcCode};
-use crate::http::{self, App, WindDown};
+use crate::http::{self, Server, WindDown};
+use crate::model::Model;
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -24,6 +25,7 @@ use hyper::{Request, Response, StatusCode};
 use pb::health::health_check_response::ServingStatus;
 use pb::inference as ipb;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,27 +38,49 @@ pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 
 /// The answers that do not change while the server runs, encoded once.
 struct Grpc {
-    app: Arc<App>,
+    app: Arc<Server>,
     server_metadata: Bytes,
-    model_metadata: Bytes,
-    model_config: Bytes,
+    /// Each model's `ModelMetadata` and `ModelConfig` answers, by name.
+    models: BTreeMap<String, Answers>,
+}
+
+struct Answers {
+    metadata: Bytes,
+    config: Bytes,
+}
+
+impl Grpc {
+    /// The answers of a model [`Server::model_version`] found.
+    fn answers(&self, model: &Model) -> Result<&Answers, ApiError> {
+        self.models
+            .get(model.name())
+            .ok_or_else(|| ApiError::NotFound(format!("unknown model {:?}", model.name())))
+    }
 }
 
 /// Serves gRPC until `stop` fires; the same lifecycle as [`http::serve`], except that
 /// connections get GOAWAY as soon as the drain starts. Returns true when every call finished
 /// within `exit_timeout`.
 pub async fn serve(
-    app: Arc<App>,
+    app: Arc<Server>,
     listener: tokio::net::TcpListener,
     stop: tokio::sync::watch::Receiver<bool>,
     exit_timeout: Duration,
 ) -> bool {
     let grpc = Arc::new(Grpc {
         server_metadata: codec::frame(&server_metadata(&app.server_metadata_json)),
-        model_metadata: codec::frame(&model_metadata(&app.model_metadata_json)),
-        model_config: codec::frame(&ipb::ModelConfigResponse {
-            config: Some(model_config(&app.model_config_json)),
-        }),
+        models: app
+            .models()
+            .map(|m| {
+                let answers = Answers {
+                    metadata: codec::frame(&model_metadata(&m.metadata_json)),
+                    config: codec::frame(&ipb::ModelConfigResponse {
+                        config: Some(model_config(&m.config_json)),
+                    }),
+                };
+                (m.name().to_owned(), answers)
+            })
+            .collect(),
         app: app.clone(),
     });
     let mut h2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
@@ -128,7 +152,7 @@ impl Grpc {
         timeout: Option<Duration>,
     ) -> Result<Bytes, ApiError> {
         let app = &*self.app;
-        let cfg = &app.cfg;
+        let srv = &app.settings;
         let (service, method) = path
             .strip_prefix('/')
             .and_then(|p| p.split_once('/'))
@@ -136,23 +160,30 @@ impl Grpc {
         match (service, method) {
             (INFERENCE_SERVICE, "ModelInfer") => {
                 let work = async {
-                    http::batcher(app)?;
-                    let msg = read_message(body, cfg.server.max_body_bytes, &cfg.server).await?;
-                    let request = codec::decode_infer(cfg, msg)?;
+                    app.started()?;
+                    let msg = read_message(body, srv.max_body_bytes, srv).await?;
+                    let req: ipb::ModelInferRequest = codec::decode(msg, "ModelInferRequest")?;
+                    let model = app.model(&req.model_name)?;
+                    let request = codec::infer_request(model.served(), req)?;
                     let timeout_us = match (request.timeout_us.filter(|&t| t > 0), timeout) {
                         (Some(t), Some(d)) => Some(t.min(d.as_micros() as u64)),
                         (t, d) => t.or(d.map(|d| d.as_micros().max(1) as u64)),
                     };
                     let answer =
-                        http::execute(app, request.inputs, request.rows, timeout_us, start).await?;
+                        http::execute(app, model, request.inputs, request.rows, timeout_us, start)
+                            .await?;
                     let selected: Vec<_> = request
                         .outputs
                         .iter()
                         .filter_map(|r| answer.outputs.get(r.index).map(|t| (*r, t)))
                         .collect();
-                    let out =
-                        codec::frame(&codec::encode_infer(cfg, request.id.as_deref(), &selected));
-                    app.metrics
+                    let out = codec::frame(&codec::encode_infer(
+                        model.served(),
+                        request.id.as_deref(),
+                        &selected,
+                    ));
+                    model
+                        .metrics
                         .overhead_hist
                         .observe_duration(start.elapsed().saturating_sub(answer.compute));
                     Ok(out)
@@ -160,47 +191,50 @@ impl Grpc {
                 http::counted(app, start, work).await
             }
             (INFERENCE_SERVICE, "ServerLive") => {
-                read::<ipb::ServerLiveRequest>(body, cfg).await?;
+                read::<ipb::ServerLiveRequest>(body, srv).await?;
                 Ok(codec::frame(&ipb::ServerLiveResponse { live: true }))
             }
             (INFERENCE_SERVICE, "ServerReady") => {
-                read::<ipb::ServerReadyRequest>(body, cfg).await?;
+                read::<ipb::ServerReadyRequest>(body, srv).await?;
                 Ok(codec::frame(&ipb::ServerReadyResponse {
                     ready: app.is_ready(),
                 }))
             }
             (INFERENCE_SERVICE, "ModelReady") => {
-                let r: ipb::ModelReadyRequest = read(body, cfg).await?;
-                codec::check_model(cfg, &r.name, &r.version)?;
+                let r: ipb::ModelReadyRequest = read(body, srv).await?;
+                let model = app.model_version(&r.name, &r.version)?;
                 Ok(codec::frame(&ipb::ModelReadyResponse {
-                    ready: app.is_ready(),
+                    ready: app.is_model_ready(model),
                 }))
             }
             (INFERENCE_SERVICE, "ServerMetadata") => {
-                read::<ipb::ServerMetadataRequest>(body, cfg).await?;
+                read::<ipb::ServerMetadataRequest>(body, srv).await?;
                 Ok(self.server_metadata.clone())
             }
             (INFERENCE_SERVICE, "ModelMetadata") => {
-                let r: ipb::ModelMetadataRequest = read(body, cfg).await?;
-                codec::check_model(cfg, &r.name, &r.version)?;
-                Ok(self.model_metadata.clone())
+                let r: ipb::ModelMetadataRequest = read(body, srv).await?;
+                let model = app.model_version(&r.name, &r.version)?;
+                Ok(self.answers(model)?.metadata.clone())
             }
             (INFERENCE_SERVICE, "ModelConfig") => {
-                let r: ipb::ModelConfigRequest = read(body, cfg).await?;
-                codec::check_model(cfg, &r.name, &r.version)?;
-                Ok(self.model_config.clone())
+                let r: ipb::ModelConfigRequest = read(body, srv).await?;
+                let model = app.model_version(&r.name, &r.version)?;
+                Ok(self.answers(model)?.config.clone())
             }
             (INFERENCE_SERVICE, "ModelStatistics") => {
-                let r: ipb::ModelStatisticsRequest = read(body, cfg).await?;
+                let r: ipb::ModelStatisticsRequest = read(body, srv).await?;
                 // An empty name asks for every model, as on Triton.
-                if !r.name.is_empty() || !r.version.is_empty() {
-                    codec::check_model(cfg, &r.name, &r.version)?;
-                }
-                let stats = app.metrics.stats_json(&cfg.model.name, &cfg.model.version);
+                let stats = if !r.name.is_empty() || !r.version.is_empty() {
+                    let m = app.model_version(&r.name, &r.version)?;
+                    m.metrics
+                        .stats_json(&m.cfg.model.name, &m.cfg.model.version)
+                } else {
+                    app.stats_json()
+                };
                 Ok(codec::frame(&statistics(&stats)))
             }
             (HEALTH_SERVICE, "Check") => {
-                let r: pb::health::HealthCheckRequest = read(body, cfg).await?;
+                let r: pb::health::HealthCheckRequest = read(body, srv).await?;
                 if !r.service.is_empty() && r.service != INFERENCE_SERVICE {
                     return Err(ApiError::NotFound(format!(
                         "unknown service {:?} (this server reports \"\" and {INFERENCE_SERVICE:?})",
@@ -241,9 +275,9 @@ async fn read_message(
 
 async fn read<M: prost::Message + Default>(
     body: Incoming,
-    cfg: &infer_spec::RuntimeConfig,
+    srv: &infer_spec::runtime::Server,
 ) -> Result<M, ApiError> {
-    let msg = read_message(body, cfg.server.max_body_bytes, &cfg.server).await?;
+    let msg = read_message(body, srv.max_body_bytes, srv).await?;
     let name = std::any::type_name::<M>()
         .rsplit("::")
         .next()
@@ -534,8 +568,8 @@ mod tests {
         )
         .unwrap();
         let metrics = Arc::new(crate::metrics::Metrics::new("m", "1", 8));
-        let app = App::new(cfg, metrics.clone());
-        let c = model_config(&app.model_config_json);
+        let model = Model::new(cfg, metrics.clone());
+        let c = model_config(&model.config_json);
         assert_eq!((c.name.as_str(), c.max_batch_size), ("m", 8));
         assert_eq!(c.input[0].dims, [3]);
         assert_eq!(c.input[0].data_type, ipb::DataType::TypeFp32 as i32);
@@ -549,7 +583,7 @@ mod tests {
             c.instance_group[0].kind,
             ipb::model_instance_group::Kind::Cpu as i32
         );
-        let m = model_metadata(&app.model_metadata_json);
+        let m = model_metadata(&model.metadata_json);
         assert_eq!(m.inputs[0].shape, [-1, 3]);
         assert_eq!(m.outputs[0].datatype, "INT64");
         metrics.record_batch(2, Duration::from_micros(30));

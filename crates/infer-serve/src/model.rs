@@ -1,0 +1,248 @@
+//! A model slot: everything the server keeps for one served model (its config, signatures,
+//! batcher, metrics and the metadata answers), looked up by name through
+//! [`crate::http::Server::model`].
+//!
+//! Images carry one model today, so a server has one slot; nothing outside start-up assumes
+//! it. Serving a second model is a second slot: its own `RuntimeConfig`, batcher (with its own
+//! [`crate::batcher::Grouping`]) and metrics, added to the map [`crate::start`] builds.
+
+use crate::batcher::Batcher;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::signature::Signature;
+use crate::tensor::Tensor;
+use bytes::Bytes;
+use infer_spec::RuntimeConfig;
+use serde_json::json;
+use std::sync::{Arc, OnceLock};
+
+/// One served model.
+pub struct Model {
+    pub cfg: RuntimeConfig,
+    pub metrics: Arc<Metrics>,
+    /// Set once warm-up has succeeded.
+    pub batcher: OnceLock<Batcher>,
+    metadata: Bytes,
+    config: Bytes,
+    /// The JSON the HTTP metadata and config routes answer, from which the gRPC surface builds
+    /// its messages (the same content on both).
+    pub(crate) metadata_json: serde_json::Value,
+    pub(crate) config_json: serde_json::Value,
+}
+
+impl Model {
+    /// A slot for the model `cfg` describes, not ready until its batcher is set.
+    pub fn new(cfg: RuntimeConfig, metrics: Arc<Metrics>) -> Model {
+        let served = Signature::from(&cfg);
+        let tensors = |list: &[infer_spec::TensorSpec]| -> Vec<serde_json::Value> {
+            list.iter()
+                .map(
+                    |t| json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.dims }),
+                )
+                .collect()
+        };
+        let metadata = json!({
+            "name": cfg.model.name,
+            "versions": [cfg.model.version],
+            "platform": cfg.platform(),
+            "inputs": tensors(served.inputs),
+            "outputs": tensors(served.outputs),
+        });
+        let config_tensors =
+            |list: &[infer_spec::TensorSpec], input: bool| -> Vec<serde_json::Value> {
+                list.iter()
+                    .map(|t| {
+                        let mut v = json!({
+                            "name": t.name,
+                            "data_type": t.datatype.triton_name(),
+                            "dims": t.dims.iter().skip(1).collect::<Vec<_>>(),
+                            "is_shape_tensor": false,
+                        });
+                        if input {
+                            v["format"] = json!("FORMAT_NONE");
+                            v["allow_ragged_batch"] = json!(false);
+                            v["optional"] = json!(false);
+                        } else {
+                            v["label_filename"] = json!("");
+                        }
+                        v
+                    })
+                    .collect()
+            };
+        let b = &cfg.batching;
+        let config = json!({
+            "name": cfg.model.name,
+            "platform": cfg.platform(),
+            "backend": cfg.engine.kind.as_str(),
+            "version_policy": { "latest": { "num_versions": 1 } },
+            "max_batch_size": b.max_batch_size,
+            "input": config_tensors(served.inputs, true),
+            "output": config_tensors(served.outputs, false),
+            "batch_input": [],
+            "batch_output": [],
+            "dynamic_batching": {
+                "preferred_batch_size": b.preferred(),
+                "max_queue_delay_microseconds": b.max_queue_delay_us,
+                "preserve_ordering": false,
+                "priority_levels": 0,
+                "default_priority_level": 0,
+                "default_queue_policy": {
+                    "timeout_action": "REJECT",
+                    "default_timeout_microseconds": b.default_timeout_ms * 1000,
+                    "allow_timeout_override": true,
+                    "max_queue_size": b.max_queue_size,
+                },
+                "priority_queue_policy": {},
+            },
+            "instance_group": [{
+                "name": cfg.model.name,
+                "kind": "KIND_CPU",
+                "count": b.instances,
+                "gpus": [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": false,
+                "host_policy": "",
+            }],
+            "default_model_filename": cfg.engine.path.clone().unwrap_or_default(),
+            "parameters": {},
+            "model_warmup": [],
+            "model_transaction_policy": { "decoupled": false },
+            "response_cache": { "enable": false },
+        });
+        Model {
+            metrics,
+            batcher: OnceLock::new(),
+            metadata: Bytes::from(metadata.to_string()),
+            config: Bytes::from(config.to_string()),
+            metadata_json: metadata,
+            config_json: config,
+            cfg,
+        }
+    }
+
+    /// The name routes and requests use.
+    pub fn name(&self) -> &str {
+        &self.cfg.model.name
+    }
+
+    /// What a request carries and metadata shows. A model with a pre-processing step returns
+    /// its step's served signature here.
+    pub fn served(&self) -> Signature<'_> {
+        Signature::from(&self.cfg)
+    }
+
+    /// What the backend takes: `runtime.toml`'s tensors, which warm-up and the engine checks
+    /// use.
+    pub fn engine(&self) -> Signature<'_> {
+        Signature::from(&self.cfg)
+    }
+
+    /// A decoded request's inputs (in the served signature) as the engine takes them, on the
+    /// way from the decoder to the batcher. The seam of a pre-processing step (a tokenizer
+    /// turning strings into token tensors); a model without one passes them on as they are.
+    #[inline]
+    pub fn prepare(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+    ) -> Result<(Vec<Tensor>, usize), ApiError> {
+        Ok((inputs, rows))
+    }
+
+    /// The batcher, once warm-up is done.
+    pub fn batcher(&self) -> Option<&Batcher> {
+        self.batcher.get()
+    }
+
+    /// `GET /v2/models/{m}`'s body.
+    pub fn metadata(&self) -> Bytes {
+        self.metadata.clone()
+    }
+
+    /// `GET /v2/models/{m}/config`'s body.
+    pub fn config(&self) -> Bytes {
+        self.config.clone()
+    }
+
+    /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
+    /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
+    /// instance group; or the ONNX Runtime library that was loaded. Nothing changes when
+    /// neither was found.
+    pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
+        let param = |v: String| json!({ "string_value": v });
+        if let Some(v) = &found.onnxruntime {
+            let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.config) else {
+                return;
+            };
+            config["parameters"] = json!({
+                "engine": param("onnxruntime".to_owned()),
+                "onnxruntime": param(v.to_string()),
+            });
+            self.config = Bytes::from(config.to_string());
+            self.config_json = config;
+        }
+        let Some(g) = &found.gpu else { return };
+        let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.config) else {
+            return;
+        };
+        config["parameters"] = json!({
+            "gpu": param(g.name.clone()),
+            "compute_capability": param(g.sm.sm().to_string()),
+            "driver": param(g.driver.to_string()),
+            "tensorrt": param(found.tensorrt.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+        });
+        if let Some(group) = config["instance_group"].get_mut(0) {
+            group["kind"] = json!("KIND_GPU");
+            group["gpus"] = json!([0]);
+        }
+        self.config = Bytes::from(config.to_string());
+        self.config_json = config;
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+    use infer_spec::engine::{ComputeCapability, Found, FoundCpu, FoundGpu};
+
+    #[test]
+    fn the_model_config_says_which_gpu_driver_and_tensorrt_were_found() {
+        let cfg = RuntimeConfig::from_toml_str(
+            "[model]\nname = \"m\"\n[[inputs]]\nname = \"x\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
+             [[outputs]]\nname = \"y\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\
+             [engine]\nkind = \"tensorrt\"\npath = \"engine.plan\"\n",
+        )
+        .unwrap();
+        let metrics = Arc::new(Metrics::new("m", "1", 8));
+        let mut model = Model::new(cfg, metrics);
+        let before = model.config.clone();
+        model.set_node(&Found {
+            gpu: None,
+            tensorrt: None,
+            onnxruntime: None,
+            cpu: FoundCpu::detect(),
+        });
+        assert_eq!(model.config, before, "no GPU found: nothing to add");
+        model.set_node(&Found {
+            gpu: Some(FoundGpu {
+                sm: ComputeCapability::new(9, 0),
+                driver: "570.86.10".parse().unwrap(),
+                name: "NVIDIA H100".into(),
+            }),
+            tensorrt: Some("10.16.1.11".parse().unwrap()),
+            onnxruntime: None,
+            cpu: FoundCpu::detect(),
+        });
+        let v: serde_json::Value = serde_json::from_slice(&model.config).unwrap();
+        let p = &v["parameters"];
+        assert_eq!(p["gpu"]["string_value"], "NVIDIA H100");
+        assert_eq!(p["driver"]["string_value"], "570.86.10");
+        assert_eq!(p["tensorrt"]["string_value"], "10.16.1.11");
+        assert_eq!(
+            p["compute_capability"]["string_value"],
+            ComputeCapability::new(9, 0).sm().to_string()
+        );
+        assert_eq!(v["instance_group"][0]["kind"], "KIND_GPU");
+    }
+}

@@ -1,0 +1,747 @@
+//! Start-up, as a library: [`start`] takes the parsed flags to a serving [`Running`] server or
+//! a [`StartError`] that says which exit code and why; `main` only logs and exits.
+//!
+//! Steps, in order (each a function below, so a new one goes between two of them):
+//! 1. [`read_config`]: `runtime.toml` with the flags applied, and the bounds that depend on
+//!    this machine (instances per CPU, files that must be regular) — exit 2;
+//! 2. [`read_samples`]: the warm-up samples' text, read now from the open file;
+//! 3. the async runtime, then [`probe_node`]: what this node has for the engine (GPU, driver,
+//!    TensorRT or ONNX Runtime library) — exit 1;
+//! 4. the [`Server`] with its model slots ([`Model`]), the open-files limit, the listeners and
+//!    the signal handlers: from here the server answers liveness (and says not ready);
+//! 5. [`load_model`], per model slot: the engine's compatibility tuple, the engine, warm-up of
+//!    every instance, the batcher — exit 1. A model's extra load step (a tokenizer's files)
+//!    goes here, before its batcher is set;
+//! 6. ready.
+
+use crate::args::{self, Args};
+use crate::backend::{self, Backend};
+use crate::batcher::{Batcher, Policy, SameShapes};
+use crate::http::{self, Server};
+use crate::log;
+use crate::metrics::Metrics;
+use crate::model::Model;
+use crate::warmup;
+use infer_spec::engine::{check_compat, EngineMeta, Found};
+use infer_spec::RuntimeConfig;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// Backend instances allowed per CPU: more only make the instances take turns on the cores.
+pub const MAX_INSTANCES_PER_CPU: u64 = 4;
+
+/// Descriptors kept for everything but client connections (the listeners, the engine's files
+/// and libraries, the runtime's own) when the connection cap is derived from the limit.
+const FD_HEADROOM: u64 = 256;
+
+/// Why the server did not start: the exit code (2 bad flags or config, 1 anything else), the
+/// log message and its fields, as `main` logs them.
+#[derive(Debug)]
+pub struct StartError {
+    pub code: i32,
+    pub msg: &'static str,
+    pub fields: Vec<(&'static str, Value)>,
+}
+
+impl StartError {
+    fn new(code: i32, msg: &'static str, fields: Vec<(&'static str, Value)>) -> StartError {
+        StartError { code, msg, fields }
+    }
+
+    /// Exit 2, `bad runtime config`, naming the config file and the problem.
+    fn bad_config(path: &str, error: impl Into<Value>) -> StartError {
+        StartError::new(
+            2,
+            "bad runtime config",
+            vec![("path", json!(path)), ("error", error.into())],
+        )
+    }
+
+    /// The `error` field, when there is one.
+    pub fn error(&self) -> Option<&Value> {
+        self.fields
+            .iter()
+            .find(|(k, _)| *k == "error")
+            .map(|(_, v)| v)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.msg)?;
+        for (k, v) in &self.fields {
+            write!(f, "; {k}: {v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A started server: serving, warmed up and ready (or draining, when a signal came during
+/// start-up).
+pub struct Running {
+    rt: tokio::runtime::Runtime,
+    server: Arc<Server>,
+    addr: String,
+    grpc_addr: Option<String>,
+    http: tokio::task::JoinHandle<bool>,
+    grpc: Option<tokio::task::JoinHandle<bool>>,
+    drain: Arc<tokio::sync::Notify>,
+}
+
+impl Running {
+    /// The bound HTTP address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The bound gRPC address, `None` when gRPC is off.
+    pub fn grpc_addr(&self) -> Option<&str> {
+        self.grpc_addr.as_deref()
+    }
+
+    pub fn server(&self) -> &Arc<Server> {
+        &self.server
+    }
+
+    /// Starts the drain, as SIGTERM does.
+    pub fn drain(&self) {
+        self.drain.notify_one();
+    }
+
+    /// Serves until the drain (a signal, or [`Running::drain`]) is over and the listeners are
+    /// closed; true when every request finished within `exit_timeout_s`.
+    pub fn wait(self) -> bool {
+        let Running { rt, http, grpc, .. } = self;
+        let clean = rt.block_on(async {
+            let http_clean = http.await.unwrap_or(false);
+            let grpc_clean = match grpc {
+                Some(g) => g.await.unwrap_or(false),
+                None => true,
+            };
+            http_clean && grpc_clean
+        });
+        // Requests still in flight after the exit timeout are abandoned, as the process exit
+        // that follows abandons them: no waiting for their tasks.
+        rt.shutdown_background();
+        clean
+    }
+}
+
+/// `Err` naming the path when `p` exists (after symbolic links) and is not a regular file;
+/// a missing file is left to whoever opens it.
+fn regular_file(p: &Path) -> Result<(), String> {
+    let Ok(m) = std::fs::metadata(p) else {
+        return Ok(());
+    };
+    match warmup::not_regular(m.file_type()) {
+        None => Ok(()),
+        Some(what) => Err(format!("{} is {what}, not a regular file", p.display())),
+    }
+}
+
+/// Raises the soft limit on open files to the hard one (connections are descriptors); returns
+/// the soft limit in force, `None` when it cannot be read.
+#[allow(
+    unsafe_code,
+    reason = "getrlimit/setrlimit on a local struct: the runtime's one direct libc call"
+)]
+fn raise_open_files_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return None;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; failure (a hard limit the kernel caps lower)
+        // leaves the soft limit as it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r.rlim_cur = r.rlim_max;
+        }
+    }
+    Some(r.rlim_cur)
+}
+
+/// A config as read: the config, the directory its paths are relative to, and its path as the
+/// logs show it.
+pub struct Loaded {
+    pub cfg: RuntimeConfig,
+    pub base: PathBuf,
+    pub path: String,
+}
+
+/// Step 1: reads `runtime.toml`, applies `--host` and `--port`, and checks what depends on
+/// this machine (the rest is `RuntimeConfig::problems`).
+pub fn read_config(args: &Args, cpus: usize) -> Result<Loaded, StartError> {
+    let path = args.config.display().to_string();
+    let unreadable = |e: String| {
+        StartError::new(
+            2,
+            "cannot read the runtime config",
+            vec![("path", json!(path)), ("error", json!(e))],
+        )
+    };
+    regular_file(&args.config).map_err(unreadable)?;
+    let text = std::fs::read_to_string(&args.config).map_err(|e| unreadable(e.to_string()))?;
+    let mut cfg = RuntimeConfig::from_toml_str(&text)
+        .map_err(|e| StartError::bad_config(&path, e.to_string()))?;
+    if let Some(h) = &args.host {
+        cfg.server.host = h.clone();
+    }
+    if let Some(p) = args.port {
+        cfg.server.port = p;
+    }
+    let base = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let most = MAX_INSTANCES_PER_CPU * cpus as u64;
+    if u64::from(cfg.batching.instances) > most {
+        return Err(StartError::bad_config(
+            &path,
+            format!(
+                "batching.instances {} is more than {MAX_INSTANCES_PER_CPU} per CPU ({cpus} CPUs here: at most {most})",
+                cfg.batching.instances
+            ),
+        ));
+    }
+    // Files the config names must be regular files: a FIFO or a device would block the start
+    // or feed it without end, a directory gives an obscure error.
+    for (key, rel) in [
+        ("engine.path", cfg.engine.path.as_deref()),
+        ("engine.metadata", cfg.engine.metadata.as_deref()),
+        ("engine.library", cfg.engine.library.as_deref()),
+        ("warmup.samples", cfg.warmup.samples.as_deref()),
+    ] {
+        let Some(rel) = rel else { continue };
+        regular_file(&base.join(rel))
+            .map_err(|e| StartError::bad_config(&path, format!("{key}: {e}")))?;
+    }
+    Ok(Loaded { cfg, base, path })
+}
+
+/// Step 2: the warm-up samples, read now from the open file (a FIFO or a device put there
+/// after [`read_config`]'s check is refused too, and a file over the bound is not read past
+/// it); they are decoded at warm-up. `None` when there are none or warm-up is off.
+pub fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, StartError> {
+    let Some(rel) = &c.cfg.warmup.samples else {
+        return Ok(None);
+    };
+    if c.cfg.warmup_batch_sizes().is_empty() {
+        return Ok(None);
+    }
+    let p = c.base.join(rel);
+    match warmup::read_samples(&p) {
+        Ok(text) => Ok(Some((p, text))),
+        Err(warmup::ReadError::Refused(e)) => Err(StartError::bad_config(
+            &c.path,
+            format!("warmup.samples: {e}"),
+        )),
+        Err(warmup::ReadError::Io(e)) => Err(StartError::new(
+            1,
+            "cannot read the warm-up samples",
+            vec![("error", json!(format!("warm-up samples {e}")))],
+        )),
+    }
+}
+
+/// Step 3: what this node has for the engine (GPU, driver, TensorRT library for a TensorRT
+/// engine), read before anything else: a node without them fails here, naming what is
+/// missing.
+pub fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
+    let cfg = &c.cfg;
+    let found = backend::node(cfg, &c.base).map_err(|e| {
+        StartError::new(
+            1,
+            "this node cannot run the engine; not starting",
+            vec![
+                ("engine", json!(cfg.engine.kind.as_str())),
+                ("error", json!(e)),
+            ],
+        )
+    })?;
+    if let Some(v) = &found.onnxruntime {
+        let threads = cfg.intra_op_threads(cpus);
+        let instances = cfg.batching.instances as usize;
+        log::info(
+            "node",
+            &[
+                ("engine", json!(cfg.engine.kind.as_str())),
+                ("onnxruntime", json!(v.to_string())),
+                ("library", json!(cfg.engine.library)),
+                ("threads_per_instance", json!(threads)),
+                ("instances", json!(instances)),
+                ("cpus", json!(cpus)),
+            ],
+        );
+        if threads.saturating_mul(instances) > cpus {
+            log::log(
+                "warn",
+                "instances x engine.threads is more than the CPUs: the instances will take turns on the cores",
+                &[
+                    ("threads_per_instance", json!(threads)),
+                    ("instances", json!(instances)),
+                    ("cpus", json!(cpus)),
+                ],
+            );
+        }
+    }
+    if let Some(g) = &found.gpu {
+        log::info(
+            "node",
+            &[
+                ("gpu", json!(g.name)),
+                ("compute_capability", json!(g.sm.sm().to_string())),
+                ("driver", json!(g.driver.to_string())),
+                (
+                    "tensorrt",
+                    json!(found.tensorrt.as_ref().map(|v| v.to_string())),
+                ),
+            ],
+        );
+    }
+    Ok(found)
+}
+
+/// The engine's compatibility tuple, when the image carries one: refuse to start on a node it
+/// was not built for instead of failing (or silently slowing down) later.
+fn check_engine_metadata(c: &Loaded, found: &Found) -> Result<(), StartError> {
+    let Some(meta) = &c.cfg.engine.metadata else {
+        return Ok(());
+    };
+    let p = c.base.join(meta);
+    let shown = json!(p.display().to_string());
+    let fail = |msg, e: String| {
+        StartError::new(1, msg, vec![("path", shown.clone()), ("error", json!(e))])
+    };
+    let bytes =
+        std::fs::read(&p).map_err(|e| fail("cannot read the engine metadata", e.to_string()))?;
+    let meta =
+        EngineMeta::from_json(&bytes).map_err(|e| fail("bad engine metadata", e.to_string()))?;
+    check_compat(&meta, found).map_err(|e| {
+        fail(
+            "the engine does not match this node; not starting",
+            e.to_string(),
+        )
+    })?;
+    log::info(
+        "engine matches this node",
+        &[("engine", json!(meta.describe()))],
+    );
+    Ok(())
+}
+
+/// What [`load_model`] reports for the `ready` line.
+struct Loadout {
+    warm: Duration,
+    samples: usize,
+}
+
+/// Step 5, for one model slot: checks the engine against the node, loads it, warms up every
+/// instance (sample requests, then every planned batch size and shape) and starts the batcher
+/// with the model's grouping. Runs on the calling thread while the server answers liveness.
+fn load_model(
+    c: &Loaded,
+    found: &Found,
+    samples_text: Option<(PathBuf, String)>,
+    model: &Model,
+    busy_poll: Duration,
+) -> Result<Loadout, StartError> {
+    let cfg = &c.cfg;
+    check_engine_metadata(c, found)?;
+    let t = Instant::now();
+    let engine = backend::load(cfg, &c.base)
+        .map_err(|e| StartError::new(1, "cannot load the engine", vec![("error", json!(e))]))?;
+    let load = t.elapsed();
+    model
+        .metrics
+        .engine_load_us
+        .store(load.as_micros() as u64, Relaxed);
+    log::info(
+        "engine loaded",
+        &[("engine_load_seconds", json!(load.as_secs_f64()))],
+    );
+
+    let t = Instant::now();
+    let runs = warmup::runs(cfg);
+    // Sample requests (`[warmup] samples`) are decoded as requests are; a bad one stops here.
+    let samples = match samples_text {
+        Some((p, text)) => warmup::Samples::decode(cfg, &p, &text).map_err(|e| {
+            StartError::new(
+                1,
+                "cannot read the warm-up samples",
+                vec![("error", json!(e))],
+            )
+        })?,
+        None => warmup::Samples::default(),
+    };
+    let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+    for instance in 0..cfg.batching.instances {
+        let mut b = engine.instance().map_err(|e| {
+            StartError::new(
+                1,
+                "cannot create a backend instance",
+                vec![("instance", json!(instance)), ("error", json!(e))],
+            )
+        })?;
+        for (i, inputs) in samples.requests().iter().enumerate() {
+            warmup::run_sample(cfg, b.as_mut(), inputs).map_err(|e| {
+                StartError::new(
+                    1,
+                    "warm-up failed on a sample request; not starting",
+                    vec![
+                        ("instance", json!(instance)),
+                        ("sample", json!(i)),
+                        ("error", json!(e)),
+                    ],
+                )
+            })?;
+        }
+        for (rows, shapes) in &runs {
+            warmup::run_at(cfg, b.as_mut(), &samples, *rows, shapes).map_err(|e| {
+                StartError::new(
+                    1,
+                    "warm-up failed; not starting",
+                    vec![
+                        ("instance", json!(instance)),
+                        ("batch_size", json!(rows)),
+                        ("shapes", json!(shapes)),
+                        ("error", json!(e)),
+                    ],
+                )
+            })?;
+        }
+        backends.push(b);
+    }
+    let warm = t.elapsed();
+    model
+        .metrics
+        .warmup_us
+        .store(warm.as_micros() as u64, Relaxed);
+    let policy = Policy {
+        busy_poll,
+        ..Policy::from_config(cfg)
+    };
+    // The model's grouping: every model today batches only equal shapes.
+    let batcher = Batcher::start_grouped(policy, SameShapes, backends, model.metrics.clone())
+        .map_err(|e| {
+            StartError::new(
+                1,
+                "cannot start the batcher",
+                vec![("error", json!(e.to_string()))],
+            )
+        })?;
+    let _ = model.batcher.set(batcher);
+    Ok(Loadout {
+        warm,
+        samples: samples.len(),
+    })
+}
+
+/// Binds `addr`; `what` names the port in the error.
+fn bind(
+    rt: &tokio::runtime::Runtime,
+    addr: String,
+    what: &'static str,
+) -> Result<tokio::net::TcpListener, StartError> {
+    rt.block_on(tokio::net::TcpListener::bind(&addr))
+        .map_err(|e| {
+            StartError::new(
+                1,
+                what,
+                vec![("addr", json!(addr)), ("error", json!(e.to_string()))],
+            )
+        })
+}
+
+/// Starts the server `args` describe and returns once it is ready: every step of the module
+/// docs, in order. Errors carry their exit code; nothing here exits the process.
+pub fn start(args: Args) -> Result<Running, StartError> {
+    let started = Instant::now();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let c = read_config(&args, cpus)?;
+    let samples_text = read_samples(&c)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            StartError::new(
+                1,
+                "cannot start the async runtime",
+                vec![("error", json!(e.to_string()))],
+            )
+        })?;
+    let found = probe_node(&c, cpus)?;
+    let cfg = &c.cfg;
+
+    let metrics = Arc::new(Metrics::new(
+        &cfg.model.name,
+        &cfg.model.version,
+        cfg.batching.max_batch_size,
+    ));
+    let mut model = Model::new(cfg.clone(), metrics.clone());
+    model.set_node(&found);
+    let mut server = Server::new(cfg.server.clone(), metrics, vec![model]);
+    server.busy_poll = Duration::from_micros(
+        args.busy_poll_us
+            .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
+    );
+    // Connections are descriptors: the soft limit goes up to the hard one, and the cap per
+    // listener comes down to what the limit holds beside the server's own files.
+    let open_files = raise_open_files_limit();
+    let grpc_port = args::grpc_port(args.grpc_port, cfg.server.port);
+    let listeners = 1 + u64::from(grpc_port.is_some());
+    if let Some(limit) = open_files {
+        let fits = (limit.saturating_sub(FD_HEADROOM) / listeners).max(1);
+        if (server.max_connections as u64) > fits {
+            log::log(
+                "warn",
+                "server.max_connections is more than the open-files limit allows: lowered",
+                &[
+                    ("max_connections", json!(server.max_connections)),
+                    ("lowered_to", json!(fits)),
+                    ("open_files_limit", json!(limit)),
+                    ("listeners", json!(listeners)),
+                ],
+            );
+            server.max_connections = fits as usize;
+        }
+    }
+    let server = Arc::new(server);
+
+    let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
+    let listener = bind(&rt, addr.clone(), "cannot bind")?;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+    let grpc_listener = grpc_port
+        .map(|port| {
+            bind(
+                &rt,
+                format!("{}:{port}", cfg.server.host),
+                "cannot bind the gRPC port",
+            )
+        })
+        .transpose()?;
+    let grpc_local = grpc_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string());
+    log::info(
+        "listening",
+        &[
+            ("addr", json!(local)),
+            ("grpc_addr", json!(grpc_local)),
+            ("model", json!(cfg.model.name)),
+            ("version", json!(cfg.model.version)),
+            ("engine", json!(cfg.engine.kind.as_str())),
+            ("config", json!(c.path)),
+            ("busy_poll_us", json!(server.busy_poll.as_micros() as u64)),
+            ("max_connections", json!(server.max_connections)),
+            ("open_files_limit", json!(open_files)),
+        ],
+    );
+
+    // As PID 1 in a container the kernel ignores signals without a handler, so installing
+    // these is what makes `docker stop` and Kubernetes work.
+    let signals = {
+        let _in_rt = rt.enter();
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    let (Ok(term), Ok(int)) = signals else {
+        return Err(StartError::new(1, "cannot install signal handlers", vec![]));
+    };
+    let drain = Arc::new(tokio::sync::Notify::new());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    rt.spawn(lifecycle(server.clone(), stop_tx, term, int, drain.clone()));
+    let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
+    let grpc = grpc_listener.map(|l| {
+        rt.spawn(crate::grpc::serve(
+            server.clone(),
+            l,
+            stop_rx.clone(),
+            exit_timeout,
+        ))
+    });
+    let http = rt.spawn(http::serve(server.clone(), listener, stop_rx, exit_timeout));
+
+    let slot = server.model(&cfg.model.name).map_err(|e| {
+        StartError::new(
+            1,
+            "the model has no slot",
+            vec![("error", json!(e.to_string()))],
+        )
+    })?;
+    let loaded = load_model(&c, &found, samples_text, slot, server.busy_poll)?;
+    if !server.draining.load(Relaxed) {
+        server.metrics.ready.store(1, Relaxed);
+    }
+    log::info(
+        "ready",
+        &[
+            ("warmup_seconds", json!(loaded.warm.as_secs_f64())),
+            ("warmup_batch_sizes", json!(cfg.warmup_batch_sizes())),
+            ("warmup_samples", json!(loaded.samples)),
+            ("instances", json!(cfg.batching.instances)),
+            (
+                "start_to_ready_seconds",
+                json!(started.elapsed().as_secs_f64()),
+            ),
+        ],
+    );
+    Ok(Running {
+        rt,
+        server,
+        addr: local,
+        grpc_addr: grpc_local,
+        http,
+        grpc,
+        drain,
+    })
+}
+
+/// Waits for SIGTERM or SIGINT (or [`Running::drain`]), then runs the drain sequence.
+async fn lifecycle(
+    app: Arc<Server>,
+    stop: tokio::sync::watch::Sender<bool>,
+    mut term: Signal,
+    mut int: Signal,
+    drain: Arc<tokio::sync::Notify>,
+) {
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+        _ = drain.notified() => "drain",
+    };
+    app.drain();
+    let delay = Duration::from_secs(app.settings.drain_delay_s);
+    log::info(
+        "draining: readiness now 503, still serving",
+        &[
+            ("signal", json!(name)),
+            ("drain_delay_s", json!(delay.as_secs_f64())),
+            ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
+        ],
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = term.recv() => log::info("second signal: ending the drain delay early", &[]),
+        _ = int.recv() => log::info("second signal: ending the drain delay early", &[]),
+        _ = drain.notified() => log::info("second signal: ending the drain delay early", &[]),
+    }
+    let _ = stop.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SYNTHETIC: &str = include_str!("../testdata/synthetic.runtime.toml");
+
+    fn args(config: &Path) -> Args {
+        Args {
+            config: config.to_owned(),
+            host: Some("127.0.0.1".to_owned()),
+            port: Some(0),
+            grpc_port: Some(0),
+            busy_poll_us: None,
+        }
+    }
+
+    fn config(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+        let p = dir.path().join("runtime.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// The synthetic model served by tract from the ONNX file at `path`.
+    fn onnx(text: &str, path: &str) -> String {
+        let text = text
+            .replace(
+                "kind = \"synthetic\"",
+                &format!("kind = \"tract-onnx\"\npath = \"{path}\""),
+            )
+            .replace("[engine.synthetic]\nbase_ms = 1.0\nper_row_ms = 0.0\n", "");
+        assert!(
+            text.contains(path) && !text.contains("synthetic]"),
+            "{text}"
+        );
+        text
+    }
+
+    fn refused(args: Args) -> StartError {
+        match start(args) {
+            Ok(_) => panic!("started"),
+            Err(e) => e,
+        }
+    }
+
+    fn error_text(e: &StartError) -> String {
+        e.error().map(|v| v.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_config_that_cannot_be_read_is_exit_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = refused(args(&dir.path().join("missing.toml")));
+        assert_eq!((e.code, e.msg), (2, "cannot read the runtime config"));
+        let e = refused(args(dir.path()));
+        assert_eq!((e.code, e.msg), (2, "cannot read the runtime config"));
+        assert!(error_text(&e).contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_config_is_exit_2_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = refused(args(&config(&dir, "[model]\nname = 1\n")));
+        assert_eq!((e.code, e.msg), (2, "bad runtime config"));
+
+        // More instances than this machine has CPUs for.
+        let text = SYNTHETIC.replace("max_batch_size = 8", "max_batch_size = 8\ninstances = 5");
+        let e = read_config(&args(&config(&dir, &text)), 1).err().unwrap();
+        assert_eq!((e.code, e.msg), (2, "bad runtime config"));
+        assert!(error_text(&e).contains("more than 4 per CPU"), "{e}");
+
+        // A file the config names is a directory.
+        std::fs::create_dir(dir.path().join("engine.onnx")).unwrap();
+        let text = onnx(SYNTHETIC, "engine.onnx");
+        let e = refused(args(&config(&dir, &text)));
+        assert_eq!((e.code, e.msg), (2, "bad runtime config"));
+        assert!(error_text(&e).contains("engine.path"), "{e}");
+    }
+
+    #[cfg(feature = "tract")]
+    #[test]
+    fn an_engine_that_does_not_load_is_exit_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = onnx(SYNTHETIC, "missing.onnx");
+        let e = refused(args(&config(&dir, &text)));
+        assert_eq!((e.code, e.msg), (1, "cannot load the engine"), "{e}");
+    }
+
+    #[cfg(feature = "synthetic")]
+    #[test]
+    fn a_started_server_is_ready_and_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{SYNTHETIC}\n[server]\ndrain_delay_s = 0\n");
+        let running = start(args(&config(&dir, &text))).unwrap();
+        assert!(running.addr().starts_with("127.0.0.1:"));
+        assert!(running.grpc_addr().is_none(), "--grpc-port 0 is no gRPC");
+        let server = running.server().clone();
+        assert!(server.is_ready());
+        assert!(server.model("synthetic").unwrap().batcher().is_some());
+        running.drain();
+        assert!(running.wait(), "nothing in flight: a clean exit");
+        assert!(!server.is_ready());
+    }
+}

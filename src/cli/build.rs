@@ -138,6 +138,7 @@ fn print_report(
                     "ref_name": b.ref_name,
                     "bytes_downloaded": b.bytes_downloaded,
                     "offline": b.offline,
+                    "served_by": b.served_by,
                 })
             })
             .collect();

@@ -57,6 +57,9 @@ pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
 /// The environment variable that lets named registries' credentials go to a token service on
 /// another host: `REGISTRY=REALM_HOST[,REGISTRY=REALM_HOST…]` (https realms only).
 pub const ENV_REALMS: &str = "INFER_BUILD_REGISTRY_REALMS";
+/// Docker Hub's token service, the one realm on another host that gets a registry's
+/// credentials without being asked (Docker Hub's own clients send them there).
+pub const DOCKER_HUB_REALM: &str = "https://auth.docker.io";
 /// The longest `Retry-After` waited for; a registry asking for longer fails the request at
 /// once, naming its limit.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -64,7 +67,10 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Where the client says what it is waiting for (a rate limit): the CLI prints it; by default
 /// nothing is said.
 #[derive(Clone, Default)]
-pub struct Notify(pub Option<std::sync::Arc<dyn Fn(&str) + Send + Sync>>);
+pub struct Notify(pub Option<std::sync::Arc<NotifyFn>>);
+
+/// What a [`Notify`] calls.
+pub type NotifyFn = dyn Fn(&str) + Send + Sync;
 
 impl std::fmt::Debug for Notify {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -775,7 +781,8 @@ impl Client {
     fn realm_gets_credentials(&self, realm: &str) -> bool {
         self.same_origin(realm)
             || (self.registry == super::reference::DOCKER_HUB_API
-                && origin(realm).as_deref() == Some("https://auth.docker.io"))
+                && origin(realm).is_some()
+                && origin(realm) == origin(DOCKER_HUB_REALM))
             || realm_host(realm).is_some_and(|host| {
                 realm.starts_with("https://")
                     && self
@@ -1254,6 +1261,36 @@ fn encode_query(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trusted_realms_are_registry_host_pairs() {
+        let env = |v: &'static str| move |k: &str| (k == ENV_REALMS).then(|| v.to_string());
+        assert_eq!(trusted_realms_from(&|_: &str| None).unwrap(), vec![]);
+        assert_eq!(
+            trusted_realms_from(&env(
+                " Registry.GitLab.example.com=gitlab.example.com , docker.io=login.example:8443,"
+            ))
+            .unwrap(),
+            vec![
+                (
+                    "registry.gitlab.example.com".to_string(),
+                    "gitlab.example.com".to_string()
+                ),
+                // Docker Hub's name stands for its API host, the client's registry.
+                (
+                    "registry-1.docker.io".to_string(),
+                    "login.example:8443".to_string()
+                ),
+            ]
+        );
+        for bad in ["r.io", "=h", "r.io=", "r.io=https://h/x", "u@r.io=h"] {
+            let e = trusted_realms_from(&env(bad)).unwrap_err();
+            assert!(
+                e.is_bad_input() && e.to_string().contains(ENV_REALMS),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn query_building() {

@@ -405,3 +405,155 @@ fn gpu_base_that_cannot_be_pulled_fails_with_a_hint_and_unknown_targets_exit_2()
     let o = f.build_raw(&recipe, "o", &[m[0], m[1], "--target", "sm1-fp64"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// A team's registries.conf (containers-registries.conf(5)) sends the matrix's Docker Hub
+/// base to their mirror: `build` pulls it from the mirror with the primary unreachable, says
+/// where it came from, and pins it under the familiar `docker.io/…` name; `pull` of the
+/// digest-pinned reference is served by the mirror too, verified by digest. Mirrors need no
+/// `--insecure`: the mirror's own `insecure = true` applies to it alone.
+#[test]
+fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
+    let test = "registry_mirror_from_registries_conf_serves_the_docker_hub_base";
+    let Some(mirror) = Registry::start(test) else {
+        return;
+    };
+    let f = Fixture::new();
+    let (d1, layers1) = push_base(&f, "1", &format!("{}/hub-cache/cuda", mirror.addr));
+    let recipe = gpu_recipe(&f, "app", None);
+    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = first_gpu_target(&plan);
+    let base = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == gpu.as_str())
+        .unwrap()["base"]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(base.starts_with("docker.io/nvidia/cuda:"), "{base}");
+    // The primary is a closed port: only the mirror can serve the base.
+    let conf = f.path("registries.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "unqualified-search-registries = [\"docker.io\"]\n\n\
+             [[registry]]\nprefix = \"{base}\"\nlocation = \"127.0.0.1:9/unreachable/cuda:1.0.0\"\n\n\
+             [[registry.mirror]]\nlocation = \"{}/hub-cache/cuda:1.0.0\"\ninsecure = true\n",
+            mirror.addr
+        ),
+    )
+    .unwrap();
+    let runtime = f.path("infer-serve");
+    let gpu_runtime = f.path("infer-serve-gpu");
+    let out = f.path("o1");
+    let o = f
+        .cmd(&[
+            "build",
+            recipe.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--runtime",
+            runtime.to_str().unwrap(),
+            "--runtime-gpu",
+            gpu_runtime.to_str().unwrap(),
+            "--target",
+            &gpu,
+            "--json",
+        ])
+        .env("CONTAINERS_REGISTRIES_CONF", &conf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "build: {}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(report["bases"][0]["digest"], d1.as_str());
+    assert_eq!(
+        report["bases"][0]["served_by"]["place"],
+        format!("{}/hub-cache/cuda", mirror.addr).as_str()
+    );
+    assert_eq!(report["bases"][0]["served_by"]["mirror"], true);
+    assert!(
+        stderr(&o).contains(&format!("from mirror {}/hub-cache/cuda", mirror.addr)),
+        "{}",
+        stderr(&o)
+    );
+    let got = layer_digests(&blob(&out, &target_digest(&report, &gpu)));
+    assert_eq!(
+        got[..layers1.len()],
+        layers1[..],
+        "the mirror's base layers first"
+    );
+    let lock = recipe.with_extension("lock");
+    assert_eq!(
+        pinned(&lock, &base).as_deref(),
+        Some(d1.as_str()),
+        "pinned under {base}"
+    );
+
+    // `pull` of the pinned digest: from the mirror, verified, into a fresh layout.
+    let pinned_ref = format!("{base}@{d1}");
+    let o = f
+        .cmd(&[
+            "pull",
+            &pinned_ref,
+            "--out",
+            f.path("pulled").to_str().unwrap(),
+            "--registries-conf",
+            conf.to_str().unwrap(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pull: {}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["digest"], d1.as_str());
+    assert_eq!(v["served_by"]["mirror"], true);
+
+    // A digest the mirror does not have: passed over, then the unreachable primary's error,
+    // with the mirror's answer beside it.
+    let missing = format!("{base}@sha256:{}", "0".repeat(64));
+    let o = f
+        .cmd(&[
+            "pull",
+            &missing,
+            "--out",
+            f.path("missing").to_str().unwrap(),
+            "--registries-conf",
+            conf.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("127.0.0.1:9")
+            && e.contains("mirrors tried first")
+            && e.contains("hub-cache/cuda"),
+        "{e}"
+    );
+
+    // A malformed registries.conf is bad input naming the file, line and key.
+    std::fs::write(
+        &conf,
+        "[[registry]]\nprefix = \"docker.io\"\nlocation = \"https://mirror\"\n",
+    )
+    .unwrap();
+    let o = f
+        .cmd(&[
+            "pull",
+            &pinned_ref,
+            "--out",
+            f.path("bad").to_str().unwrap(),
+        ])
+        .env("CONTAINERS_REGISTRIES_CONF", &conf)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("{}:3: `location`", conf.display())),
+        "{}",
+        stderr(&o)
+    );
+}

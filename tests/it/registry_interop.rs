@@ -136,12 +136,34 @@ fn cli(tmp: &Path, args: &[&str], env: &[(&str, String)]) -> std::process::Outpu
 /// token comes from `auth.docker.io` for `service=registry.docker.io`, the manifest list is
 /// resolved to linux/amd64 with one HEAD and GETs by digest only, and blobs come from the CDN
 /// host, which gets no `Authorization`. The written name stays `docker.io/library/busybox`.
+/// Over TLS with certificates for those names, so the one built-in exception to "credentials
+/// go only to the registry's own host" is exercised as it runs: Docker Hub's credentials (the
+/// `https://index.docker.io/v1/` key of Docker's `config.json`) go to `https://auth.docker.io`.
 #[test]
 fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
+    let test = "docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn";
+    if !super::registry_support::have_openssl_for(test) {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
+    let pki = tmp.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    super::registry_support::test_ca_for(
+        &pki,
+        "DNS:registry-1.docker.io,DNS:auth.docker.io,DNS:production.cloudflare.docker.com",
+    );
+    let (cert, key) = (pki.join("cert.pem"), pki.join("key.pem"));
+    std::fs::create_dir_all(tmp.path().join("docker")).unwrap();
+    let hub_basic = base64::engine::general_purpose::STANDARD.encode("hubuser:hubpass");
+    std::fs::write(
+        tmp.path().join("docker/config.json"),
+        format!(r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{hub_basic}"}}}}}}"#),
+    )
+    .unwrap();
+    let want_basic = format!("Basic {hub_basic}");
     let img = Arc::new(docker_image());
     let cdn_blobs: Arc<Vec<(String, Vec<u8>)>> = Arc::new(img.blobs.clone());
-    let cdn = Hostile::start(move |r| {
+    let cdn = Hostile::start_tls(&cert, &key, move |r| {
         let hex = r.path().rsplit('/').nth(1).unwrap_or("");
         match cdn_blobs
             .iter()
@@ -153,9 +175,12 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
             None => Reply::status(404),
         }
     });
-    let auth = Hostile::start(|r| {
+    let auth = Hostile::start_tls(&cert, &key, move |r| {
         let q = r.target.split_once('?').map_or("", |(_, q)| q);
-        if r.path() == "/token" && q.contains("service=registry.docker.io") {
+        if r.path() == "/token"
+            && q.contains("service=registry.docker.io")
+            && r.header("authorization") == Some(want_basic.as_str())
+        {
             return Reply::with(
                 200,
                 &[("content-type", "application/json")],
@@ -165,7 +190,7 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
         Reply::status(400)
     });
     let hub_img = img.clone();
-    let hub = Hostile::start(move |r| {
+    let hub = Hostile::start_tls(&cert, &key, move |r| {
         if r.header("authorization") != Some("Bearer hubtoken") {
             return Reply::with(
                 401,
@@ -173,7 +198,7 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
                     ("content-type", "application/json"),
                     (
                         "www-authenticate",
-                        r#"Bearer realm="http://auth.docker.io/token",service="registry.docker.io""#,
+                        r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io""#,
                     ),
                 ],
                 br#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required","detail":null}]}"#,
@@ -219,7 +244,7 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
         if let Some(d) = p.strip_prefix("/v2/library/busybox/blobs/") {
             let hex = d.trim_start_matches("sha256:");
             let location = format!(
-                "http://production.cloudflare.docker.com/registry-v2/docker/registry/v2/blobs/sha256/{}/{hex}/data?verify=1&expires=2",
+                "https://production.cloudflare.docker.com/registry-v2/docker/registry/v2/blobs/sha256/{}/{hex}/data?verify=1&expires=2",
                 &hex[..2.min(hex.len())]
             );
             return Reply::with(307, &[("location", &location)], b"");
@@ -227,9 +252,9 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
         Reply::status(404)
     });
     let proxy = HostProxy::start(&[
-        ("registry-1.docker.io:80", &hub.addr),
-        ("auth.docker.io:80", &auth.addr),
-        ("production.cloudflare.docker.com:80", &cdn.addr),
+        ("registry-1.docker.io:443", &hub.addr),
+        ("auth.docker.io:443", &auth.addr),
+        ("production.cloudflare.docker.com:443", &cdn.addr),
     ]);
     let out = tmp.path().join("layout");
     let env = proxy.env();
@@ -241,7 +266,8 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
                 name,
                 "--out",
                 out.to_str().unwrap(),
-                "--insecure",
+                "--ca-cert",
+                pki.join("ca.pem").to_str().unwrap(),
                 "--json",
             ],
             &env,
@@ -258,7 +284,7 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
     }
     let asked = proxy.asked();
     assert!(
-        asked.contains(&"registry-1.docker.io:80".to_string()),
+        asked.contains(&"registry-1.docker.io:443".to_string()),
         "{asked:?}"
     );
     assert!(
@@ -297,9 +323,13 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
         .any(|r| r.method == "HEAD" && r.path().ends_with("/manifests/latest")));
     // The token service was asked for the pull scope of the normalized name.
     let tokens = auth.requests();
-    assert!(tokens.iter().all(|r| r.target.contains("service=registry.docker.io")));
+    assert!(tokens
+        .iter()
+        .all(|r| r.target.contains("service=registry.docker.io")));
     assert!(
-        tokens.iter().any(|r| r.target.contains("scope=repository%3Alibrary%2Fbusybox%3Apull")
+        tokens.iter().any(|r| r
+            .target
+            .contains("scope=repository%3Alibrary%2Fbusybox%3Apull")
             || r.target.contains("scope=repository:library/busybox:pull")),
         "{tokens:?}"
     );
@@ -663,4 +693,94 @@ fn a_mirror_serving_other_bytes_for_a_digest_is_passed_over() {
         "{:?}",
         s.mirrors_failed
     );
+}
+
+/// The opt-in over TLS: with `REGISTRY=REALM_HOST` trusted, the registry's credentials go to
+/// its https token service on the other host, and the pull succeeds.
+#[test]
+fn a_trusted_https_token_service_elsewhere_gets_the_credentials() {
+    let test = "a_trusted_https_token_service_elsewhere_gets_the_credentials";
+    if !super::registry_support::have_openssl_for(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    super::registry_support::test_ca(tmp.path());
+    let (cert, key) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("ci:pw")
+    );
+    let token = Hostile::start_tls(&cert, &key, move |r| {
+        if r.header("authorization") == Some(basic.as_str()) {
+            Reply::with(200, &[], br#"{"token":"gl"}"#)
+        } else {
+            Reply::status(401)
+        }
+    });
+    let realm = format!("https://{}/jwt/auth", token.addr);
+    let (layer, diff_id) = tar_gz_with_diff_id(&[("etc/x", b"x\n")]);
+    let config = serde_json::to_vec(&json!({"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[diff_id]}})).unwrap();
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": config.len(), "digest": sha256(&config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": layer.len(), "digest": sha256(&layer)}],
+    }))
+    .unwrap();
+    let digest = sha256(&manifest);
+    let blobs = vec![(sha256(&config), config), (sha256(&layer), layer)];
+    let reg = Hostile::start_tls(&cert, &key, move |r| {
+        if r.header("authorization") != Some("Bearer gl") {
+            return Reply::with(
+                401,
+                &[(
+                    "www-authenticate",
+                    &format!(r#"Bearer realm="{realm}",service="container_registry""#),
+                )],
+                b"",
+            );
+        }
+        let p = r.path();
+        if p == "/v2/" {
+            return Reply::status(200);
+        }
+        if p.starts_with("/v2/group/img/manifests/") {
+            return manifest_reply(
+                r,
+                &manifest,
+                "application/vnd.oci.image.manifest.v1+json",
+                &[],
+            );
+        }
+        match p
+            .strip_prefix("/v2/group/img/blobs/")
+            .and_then(|d| blobs.iter().find(|(x, _)| x == d))
+        {
+            Some((_, b)) => Reply::with(200, &[], b),
+            None => Reply::status(404),
+        }
+    });
+    let mut client = client_opts(Some((&reg.addr, "ci:pw", tmp.path())));
+    client.insecure = false;
+    client.ca_cert = Some(tmp.path().join("ca.pem"));
+    let reference = format!("{}/group/img:v1", reg.addr);
+    // Not trusted: refused, and the token service saw no credentials.
+    assert!(registry::pull_with(
+        &reference,
+        &tmp.path().join("a"),
+        &pull_opts(client.clone())
+    )
+    .is_err());
+    assert!(token
+        .requests()
+        .iter()
+        .all(|r| r.header("authorization").is_none()));
+    // Trusted: the credentials go there, over TLS.
+    client.trusted_realms = vec![(reg.addr.clone(), token.addr.clone())];
+    let p = registry::pull_with(&reference, &tmp.path().join("b"), &pull_opts(client)).unwrap();
+    assert_eq!(p.digest.as_str(), digest);
+    assert!(token
+        .requests()
+        .iter()
+        .any(|r| r.header("authorization").is_some()));
 }

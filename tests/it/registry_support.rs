@@ -186,6 +186,12 @@ impl Registry {
 /// (`cert.pem`, `key.pem`) in `p`, made with `openssl`. Webpki, like browsers, refuses a
 /// self-signed CA certificate used as the server's own certificate, hence the two.
 pub fn test_ca(p: &Path) {
+    test_ca_for(p, "IP:127.0.0.1")
+}
+
+/// [`test_ca`] with a leaf certificate for `subject_alt_names` (openssl's syntax:
+/// `DNS:registry-1.docker.io,DNS:auth.docker.io`), for servers reached by host name.
+pub fn test_ca_for(p: &Path, subject_alt_names: &str) {
     let openssl = |args: &[&str]| {
         let ok = Command::new("openssl")
             .args(args)
@@ -225,7 +231,7 @@ pub fn test_ca(p: &Path) {
     ]);
     std::fs::write(
         p.join("leaf.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        format!("subjectAltName={subject_alt_names}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"),
     )
     .unwrap();
     openssl(&[

@@ -110,8 +110,10 @@ fn cli(tmp: &Path, args: &[&str], env: &[(&str, String)]) -> std::process::Outpu
         .env("HOME", tmp)
         .env("DOCKER_CONFIG", tmp.join("docker"))
         .env("CONTAINERS_REGISTRIES_CONF", &conf)
-        .env("INFER_BUILD_CACHE_DIR", tmp.join("cache"));
+        .env("INFER_BUILD_CACHE_DIR", tmp.join("cache"))
+        .env("XDG_CONFIG_HOME", tmp.join("xdg-config"));
     for k in [
+        "XDG_RUNTIME_DIR",
         "INFER_BUILD_REGISTRY",
         "INFER_BUILD_REGISTRY_USER",
         "INFER_BUILD_REGISTRY_PASSWORD",
@@ -783,4 +785,84 @@ fn a_trusted_https_token_service_elsewhere_gets_the_credentials() {
         .requests()
         .iter()
         .any(|r| r.header("authorization").is_some()));
+}
+
+/// A real `docker-registry` answering as `registry-1.docker.io` (TLS for that name, basic
+/// auth): `push --to docker.io/bench/app` and `pull docker.io/bench/app:TAG` go to Docker Hub's
+/// API host, never to `docker.io`, with the credentials stored under Docker's
+/// `https://index.docker.io/v1/` key, and what was pushed comes back bit for bit.
+#[test]
+fn docker_hub_names_push_and_pull_through_registry_1() {
+    let test = "docker_hub_names_push_and_pull_through_registry_1";
+    let Some(reg) =
+        super::registry_support::Registry::start_tls_for(test, "DNS:registry-1.docker.io")
+    else {
+        return;
+    };
+    let tls = reg.tls.as_ref().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let auth =
+        base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", tls.user, tls.password));
+    std::fs::create_dir_all(tmp.path().join("docker")).unwrap();
+    std::fs::write(
+        tmp.path().join("docker/config.json"),
+        format!(r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{auth}"}}}}}}"#),
+    )
+    .unwrap();
+    let made = super::registry_support::make_layout(
+        &tmp.path().join("layout"),
+        "1.0.0",
+        &[super::registry_support::Target {
+            id: "cpu-fp32",
+            sm: None,
+            model_bytes: 4_000,
+        }],
+        7,
+    );
+    let proxy = HostProxy::start(&[("registry-1.docker.io:443", &reg.addr)]);
+    let env = proxy.env();
+    let ca = tls.ca.to_str().unwrap();
+    let o = cli(
+        tmp.path(),
+        &[
+            "push",
+            made.dir.to_str().unwrap(),
+            "--to",
+            "docker.io/bench/app",
+            "--ca-cert",
+            ca,
+            "--no-warmup",
+            "--json",
+        ],
+        &env,
+    );
+    assert!(o.status.success(), "push: {}", stderr(&o));
+    let (tag, digest) = made.targets[0].clone();
+    let o = cli(
+        tmp.path(),
+        &[
+            "pull",
+            &format!("docker.io/bench/app:{tag}"),
+            "--out",
+            tmp.path().join("pulled").to_str().unwrap(),
+            "--ca-cert",
+            ca,
+            "--json",
+        ],
+        &env,
+    );
+    assert!(o.status.success(), "pull: {}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["digest"], digest.as_str());
+    assert_eq!(
+        v["reference"],
+        format!("docker.io/bench/app:{tag}").as_str()
+    );
+    assert_eq!(v["served_by"]["place"], "registry-1.docker.io/bench/app");
+    let asked = proxy.asked();
+    assert!(!asked.is_empty());
+    assert!(
+        asked.iter().all(|h| h == "registry-1.docker.io:443"),
+        "{asked:?}"
+    );
 }

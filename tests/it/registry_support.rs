@@ -57,12 +57,18 @@ impl Registry {
 
     /// TLS (a test CA, leaf with SAN IP:127.0.0.1) with htpasswd basic auth.
     pub fn start_tls(test: &str) -> Option<Registry> {
+        Self::start_tls_for(test, "IP:127.0.0.1")
+    }
+
+    /// [`Registry::start_tls`] with a certificate for `subject_alt_names` (e.g.
+    /// `DNS:registry-1.docker.io`, reached through a `HostProxy`).
+    pub fn start_tls_for(test: &str, subject_alt_names: &str) -> Option<Registry> {
         if !have_registry(test) || !have_openssl(test) || !have_htpasswd(test) {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        test_ca(p);
+        test_ca_for(p, subject_alt_names);
         let out = Command::new("htpasswd")
             .args(["-Bbn", "bench", "s3cret-pw"])
             .output()

@@ -376,11 +376,11 @@ fn pull_opts(client: ClientOptions) -> PullOptions {
     }
 }
 
-/// An OCI image served at `repo:tag` by a handler that checks `authorized` first.
-fn oci_registry(
-    repo: &'static str,
-    authorized: impl Fn(&Seen) -> Option<Reply> + Send + Sync + 'static,
-) -> (Hostile, String) {
+/// A blob: its digest and bytes.
+type Blob = (String, Vec<u8>);
+
+/// A small OCI image: its manifest, the manifest's digest, and its blobs (config, layer).
+fn oci_image() -> (Vec<u8>, String, [Blob; 2]) {
     let (layer, diff_id) = tar_gz_with_diff_id(&[("etc/x", b"x\n")]);
     let config = serde_json::to_vec(&json!({"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[diff_id]}})).unwrap();
     let manifest = serde_json::to_vec(&json!({
@@ -391,7 +391,19 @@ fn oci_registry(
     }))
     .unwrap();
     let digest = sha256(&manifest);
-    let blobs = vec![(sha256(&config), config), (sha256(&layer), layer)];
+    (
+        manifest,
+        digest,
+        [(sha256(&config), config), (sha256(&layer), layer)],
+    )
+}
+
+/// An OCI image served at `repo:tag` by a handler that checks `authorized` first.
+fn oci_registry(
+    repo: &'static str,
+    authorized: impl Fn(&Seen) -> Option<Reply> + Send + Sync + 'static,
+) -> (Hostile, String) {
+    let (manifest, digest, blobs) = oci_image();
     let reg = Hostile::start(move |r| {
         if let Some(refused) = authorized(r) {
             return refused;
@@ -720,17 +732,7 @@ fn a_trusted_https_token_service_elsewhere_gets_the_credentials() {
         }
     });
     let realm = format!("https://{}/jwt/auth", token.addr);
-    let (layer, diff_id) = tar_gz_with_diff_id(&[("etc/x", b"x\n")]);
-    let config = serde_json::to_vec(&json!({"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[diff_id]}})).unwrap();
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": config.len(), "digest": sha256(&config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": layer.len(), "digest": sha256(&layer)}],
-    }))
-    .unwrap();
-    let digest = sha256(&manifest);
-    let blobs = vec![(sha256(&config), config), (sha256(&layer), layer)];
+    let (manifest, digest, blobs) = oci_image();
     let reg = Hostile::start_tls(&cert, &key, move |r| {
         if r.header("authorization") != Some("Bearer gl") {
             return Reply::with(

@@ -4,7 +4,7 @@
 //!
 //! Images carry one model today, so a server has one slot; nothing outside start-up assumes
 //! it. Serving a second model is a second slot: its own `RuntimeConfig`, batcher (with its own
-//! [`crate::batcher::Grouping`]) and metrics, added to the map [`crate::start`] builds.
+//! [`crate::batcher::Grouping`]) and metrics, added to the map [`crate::start()`] builds.
 
 use crate::batcher::Batcher;
 use crate::error::ApiError;

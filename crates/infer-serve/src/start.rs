@@ -9,7 +9,7 @@
 //!    TensorRT or ONNX Runtime library) — exit 1;
 //! 4. the [`Server`] with its model slots ([`Model`]), the open-files limit, the listeners and
 //!    the signal handlers: from here the server answers liveness (and says not ready);
-//! 5. [`load_model`], per model slot: the engine's compatibility tuple, the engine, warm-up of
+//! 5. `load_model`, per model slot: the engine's compatibility tuple, the engine, warm-up of
 //!    every instance, the batcher — exit 1. A model's extra load step (a tokenizer's files)
 //!    goes here, before its batcher is set;
 //! 6. ready.

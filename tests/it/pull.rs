@@ -557,3 +557,97 @@ fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
         stderr(&o)
     );
 }
+
+/// `build` pulls the matrix's `docker.io/nvidia/cuda` base as it would on a network: from
+/// Docker Hub's API host with a token from `auth.docker.io` (Docker Hub's credentials sent
+/// there), the manifest list resolved to linux/amd64, blobs from the CDN without credentials;
+/// the lock pins it under its `docker.io/…` name. The Docker Hub here is loopback servers with
+/// certificates for those names, reached through a `CONNECT` proxy standing in for DNS.
+#[test]
+fn build_pulls_the_matrix_docker_hub_base_from_registry_1() {
+    let test = "build_pulls_the_matrix_docker_hub_base_from_registry_1";
+    if !super::registry_support::have_openssl_for(test) {
+        return;
+    }
+    let f = Fixture::new();
+    let hub = super::registry_interop::DockerHub::start(f.dir.path());
+    let recipe = gpu_recipe(&f, "app", None);
+    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = first_gpu_target(&plan);
+    let base = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == gpu.as_str())
+        .unwrap()["base"]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let empty_conf = f.path("registries.conf");
+    std::fs::write(&empty_conf, "").unwrap();
+    let out = f.path("o");
+    let mut cmd = f.cmd(&[
+        "build",
+        recipe.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--runtime",
+        f.path("infer-serve").to_str().unwrap(),
+        "--runtime-gpu",
+        f.path("infer-serve-gpu").to_str().unwrap(),
+        "--target",
+        &gpu,
+        "--json",
+    ]);
+    cmd.env("CONTAINERS_REGISTRIES_CONF", &empty_conf)
+        .env("HOME", f.dir.path())
+        .env("SSL_CERT_FILE", hub.pki.join("ca.pem"));
+    for (k, v) in hub.proxy.env() {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "build: {}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let amd64 = super::support::sha256(&hub.image.amd64);
+    assert_eq!(report["bases"][0]["reference"], base.as_str());
+    assert_eq!(report["bases"][0]["digest"], amd64.as_str());
+    let repo = base
+        .strip_prefix("docker.io/")
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap();
+    assert_eq!(
+        report["bases"][0]["served_by"]["place"],
+        format!("registry-1.docker.io/{repo}").as_str()
+    );
+    assert_eq!(
+        pinned(&recipe.with_extension("lock"), &base).as_deref(),
+        Some(amd64.as_str())
+    );
+    let asked = hub.proxy.asked();
+    assert!(
+        asked.iter().all(|h| [
+            "registry-1.docker.io:443",
+            "auth.docker.io:443",
+            "production.cloudflare.docker.com:443"
+        ]
+        .contains(&h.as_str())),
+        "{asked:?}"
+    );
+    assert!(hub
+        .auth
+        .requests()
+        .iter()
+        .all(|r| r.header("authorization").is_some()));
+    assert!(hub
+        .cdn
+        .requests()
+        .iter()
+        .all(|r| r.header("authorization").is_none()));
+    // The image stacks on the base's layer.
+    let layers = layer_digests(&blob(&out, &target_digest(&report, &gpu)));
+    assert_eq!(layers[0], hub.image.blobs[1].0);
+}

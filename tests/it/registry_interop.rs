@@ -34,13 +34,13 @@ use super::registry_support::tar_gz_with_diff_id;
 use super::support::{infer_build, sha256, stderr, stdout};
 
 /// An image in Docker's media types: a manifest list (amd64 and arm64) over two manifests.
-struct DockerImage {
-    list: Vec<u8>,
-    amd64: Vec<u8>,
-    blobs: Vec<(String, Vec<u8>)>,
+pub struct DockerImage {
+    pub list: Vec<u8>,
+    pub amd64: Vec<u8>,
+    pub blobs: Vec<(String, Vec<u8>)>,
 }
 
-fn docker_image() -> DockerImage {
+pub fn docker_image() -> DockerImage {
     let (layer, diff_id) = tar_gz_with_diff_id(&[("etc/hub", b"from the hub\n")]);
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64", "os": "linux",
@@ -134,6 +134,145 @@ fn cli(tmp: &Path, args: &[&str], env: &[(&str, String)]) -> std::process::Outpu
     c.output().unwrap()
 }
 
+/// A loopback Docker Hub: its registry, token service and CDN over TLS with certificates for
+/// their real names, reached through a `CONNECT` proxy; credentials for `hubuser` under
+/// Docker's `https://index.docker.io/v1/` key in `HOME/docker/config.json`. Every repository
+/// serves [`docker_image`]: a tag names its manifest list.
+pub struct DockerHub {
+    pub registry: Hostile,
+    pub auth: Hostile,
+    pub cdn: Hostile,
+    pub proxy: HostProxy,
+    pub image: Arc<DockerImage>,
+    /// The directory holding the test CA (`ca.pem`).
+    pub pki: std::path::PathBuf,
+}
+
+impl DockerHub {
+    pub fn start(home: &Path) -> DockerHub {
+        let pki = home.join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        super::registry_support::test_ca_for(
+            &pki,
+            "DNS:registry-1.docker.io,DNS:auth.docker.io,DNS:production.cloudflare.docker.com",
+        );
+        let (cert, key) = (pki.join("cert.pem"), pki.join("key.pem"));
+        std::fs::create_dir_all(home.join("docker")).unwrap();
+        let hub_basic = base64::engine::general_purpose::STANDARD.encode("hubuser:hubpass");
+        std::fs::write(
+            home.join("docker/config.json"),
+            format!(r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{hub_basic}"}}}}}}"#),
+        )
+        .unwrap();
+        let want_basic = format!("Basic {hub_basic}");
+        let img = Arc::new(docker_image());
+        let cdn_blobs: Arc<Vec<(String, Vec<u8>)>> = Arc::new(img.blobs.clone());
+        let cdn = Hostile::start_tls(&cert, &key, move |r| {
+            let hex = r.path().rsplit('/').nth(1).unwrap_or("");
+            match cdn_blobs
+                .iter()
+                .find(|(d, _)| d.ends_with(hex) && !hex.is_empty())
+            {
+                Some((_, bytes)) => {
+                    Reply::with(200, &[("content-type", "application/octet-stream")], bytes)
+                }
+                None => Reply::status(404),
+            }
+        });
+        let auth = Hostile::start_tls(&cert, &key, move |r| {
+            let q = r.target.split_once('?').map_or("", |(_, q)| q);
+            if r.path() == "/token"
+                && q.contains("service=registry.docker.io")
+                && r.header("authorization") == Some(want_basic.as_str())
+            {
+                return Reply::with(
+                200,
+                &[("content-type", "application/json")],
+                br#"{"token":"hubtoken","access_token":"hubtoken","expires_in":300,"issued_at":"2026-12-05T00:00:00Z"}"#,
+            );
+            }
+            Reply::status(400)
+        });
+        let hub_img = img.clone();
+        let hub = Hostile::start_tls(&cert, &key, move |r| {
+            if r.header("authorization") != Some("Bearer hubtoken") {
+                return Reply::with(
+                401,
+                &[
+                    ("content-type", "application/json"),
+                    (
+                        "www-authenticate",
+                        r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io""#,
+                    ),
+                ],
+                br#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required","detail":null}]}"#,
+            );
+            }
+            let p = r.path();
+            let limits = [
+                ("ratelimit-limit", "100;w=21600"),
+                ("ratelimit-remaining", "99;w=21600"),
+                ("docker-ratelimit-source", "127.0.0.1"),
+            ];
+            if p == "/v2/" {
+                return Reply::with(
+                    200,
+                    &[("docker-distribution-api-version", "registry/2.0")],
+                    b"{}",
+                );
+            }
+            // Any repository serves the image: a tag names the manifest list.
+            let (repo_path, what) = p.rsplit_once('/').unwrap_or(("", ""));
+            if repo_path.ends_with("/manifests") && !what.starts_with("sha256:") {
+                return manifest_reply(
+                    r,
+                    &hub_img.list,
+                    "application/vnd.docker.distribution.manifest.list.v2+json",
+                    &limits,
+                );
+            }
+            if repo_path.ends_with("/manifests") && what == sha256(&hub_img.list) {
+                return manifest_reply(
+                    r,
+                    &hub_img.list,
+                    "application/vnd.docker.distribution.manifest.list.v2+json",
+                    &limits,
+                );
+            }
+            if repo_path.ends_with("/manifests") && what == sha256(&hub_img.amd64) {
+                return manifest_reply(
+                    r,
+                    &hub_img.amd64,
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    &limits,
+                );
+            }
+            if repo_path.ends_with("/blobs") {
+                let hex = what.trim_start_matches("sha256:");
+                let location = format!(
+                "https://production.cloudflare.docker.com/registry-v2/docker/registry/v2/blobs/sha256/{}/{hex}/data?verify=1&expires=2",
+                &hex[..2.min(hex.len())]
+            );
+                return Reply::with(307, &[("location", &location)], b"");
+            }
+            Reply::status(404)
+        });
+        let proxy = HostProxy::start(&[
+            ("registry-1.docker.io:443", &hub.addr),
+            ("auth.docker.io:443", &auth.addr),
+            ("production.cloudflare.docker.com:443", &cdn.addr),
+        ]);
+        DockerHub {
+            registry: hub,
+            auth,
+            cdn,
+            proxy,
+            image: img,
+            pki,
+        }
+    }
+}
+
 /// Docker Hub: `docker.io/…` (and a bare `busybox`) are asked of `registry-1.docker.io`, the
 /// token comes from `auth.docker.io` for `service=registry.docker.io`, the manifest list is
 /// resolved to linux/amd64 with one HEAD and GETs by digest only, and blobs come from the CDN
@@ -148,116 +287,9 @@ fn docker_hub_shaped_pull_asks_registry_1_and_sends_no_token_to_the_cdn() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let pki = tmp.path().join("pki");
-    std::fs::create_dir_all(&pki).unwrap();
-    super::registry_support::test_ca_for(
-        &pki,
-        "DNS:registry-1.docker.io,DNS:auth.docker.io,DNS:production.cloudflare.docker.com",
-    );
-    let (cert, key) = (pki.join("cert.pem"), pki.join("key.pem"));
-    std::fs::create_dir_all(tmp.path().join("docker")).unwrap();
-    let hub_basic = base64::engine::general_purpose::STANDARD.encode("hubuser:hubpass");
-    std::fs::write(
-        tmp.path().join("docker/config.json"),
-        format!(r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{hub_basic}"}}}}}}"#),
-    )
-    .unwrap();
-    let want_basic = format!("Basic {hub_basic}");
-    let img = Arc::new(docker_image());
-    let cdn_blobs: Arc<Vec<(String, Vec<u8>)>> = Arc::new(img.blobs.clone());
-    let cdn = Hostile::start_tls(&cert, &key, move |r| {
-        let hex = r.path().rsplit('/').nth(1).unwrap_or("");
-        match cdn_blobs
-            .iter()
-            .find(|(d, _)| d.ends_with(hex) && !hex.is_empty())
-        {
-            Some((_, bytes)) => {
-                Reply::with(200, &[("content-type", "application/octet-stream")], bytes)
-            }
-            None => Reply::status(404),
-        }
-    });
-    let auth = Hostile::start_tls(&cert, &key, move |r| {
-        let q = r.target.split_once('?').map_or("", |(_, q)| q);
-        if r.path() == "/token"
-            && q.contains("service=registry.docker.io")
-            && r.header("authorization") == Some(want_basic.as_str())
-        {
-            return Reply::with(
-                200,
-                &[("content-type", "application/json")],
-                br#"{"token":"hubtoken","access_token":"hubtoken","expires_in":300,"issued_at":"2026-12-05T00:00:00Z"}"#,
-            );
-        }
-        Reply::status(400)
-    });
-    let hub_img = img.clone();
-    let hub = Hostile::start_tls(&cert, &key, move |r| {
-        if r.header("authorization") != Some("Bearer hubtoken") {
-            return Reply::with(
-                401,
-                &[
-                    ("content-type", "application/json"),
-                    (
-                        "www-authenticate",
-                        r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io""#,
-                    ),
-                ],
-                br#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required","detail":null}]}"#,
-            );
-        }
-        let p = r.path();
-        let limits = [
-            ("ratelimit-limit", "100;w=21600"),
-            ("ratelimit-remaining", "99;w=21600"),
-            ("docker-ratelimit-source", "127.0.0.1"),
-        ];
-        if p == "/v2/" {
-            return Reply::with(
-                200,
-                &[("docker-distribution-api-version", "registry/2.0")],
-                b"{}",
-            );
-        }
-        if p == "/v2/library/busybox/manifests/latest" {
-            return manifest_reply(
-                r,
-                &hub_img.list,
-                "application/vnd.docker.distribution.manifest.list.v2+json",
-                &limits,
-            );
-        }
-        if p == format!("/v2/library/busybox/manifests/{}", sha256(&hub_img.list)) {
-            return manifest_reply(
-                r,
-                &hub_img.list,
-                "application/vnd.docker.distribution.manifest.list.v2+json",
-                &limits,
-            );
-        }
-        if p == format!("/v2/library/busybox/manifests/{}", sha256(&hub_img.amd64)) {
-            return manifest_reply(
-                r,
-                &hub_img.amd64,
-                "application/vnd.docker.distribution.manifest.v2+json",
-                &limits,
-            );
-        }
-        if let Some(d) = p.strip_prefix("/v2/library/busybox/blobs/") {
-            let hex = d.trim_start_matches("sha256:");
-            let location = format!(
-                "https://production.cloudflare.docker.com/registry-v2/docker/registry/v2/blobs/sha256/{}/{hex}/data?verify=1&expires=2",
-                &hex[..2.min(hex.len())]
-            );
-            return Reply::with(307, &[("location", &location)], b"");
-        }
-        Reply::status(404)
-    });
-    let proxy = HostProxy::start(&[
-        ("registry-1.docker.io:443", &hub.addr),
-        ("auth.docker.io:443", &auth.addr),
-        ("production.cloudflare.docker.com:443", &cdn.addr),
-    ]);
+    let hub = DockerHub::start(tmp.path());
+    let (img, proxy, pki) = (&hub.image, &hub.proxy, &hub.pki);
+    let (hub, auth, cdn) = (&hub.registry, &hub.auth, &hub.cdn);
     let out = tmp.path().join("layout");
     let env = proxy.env();
     for name in ["docker.io/library/busybox", "busybox"] {

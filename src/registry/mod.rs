@@ -224,24 +224,37 @@ pub fn get_manifest(
             let mt = m.media_type.unwrap_or(ct);
             Ok((bytes, mt))
         }
-        404 => Err(Error::NotFound {
-            reference: format!("{}/{}:{reference}", r.registry, r.repository),
-            reason: "no such manifest in the registry".into(),
-        }),
-        401 | 403 => Err(Error::Unauthorized {
-            registry: r.registry.clone(),
-            status: resp.status().as_u16(),
-            what: match client.missing_credentials_hint() {
-                Some(hint) => format!("{doing} {} ({hint})", r.repository),
-                None => format!("{doing} {}", r.repository),
-            },
-        }),
+        s @ (404 | 401 | 403) => Err(manifest_refused(client, r, reference, s, doing)),
         s => Err(client::status_error(
             &ureq::http::Method::GET,
             &url,
             s,
             resp,
         )),
+    }
+}
+
+/// The error for a manifest the registry does not have (404) or will not give (401, 403).
+fn manifest_refused(
+    client: &client::Client,
+    r: &reference::Reference,
+    reference: &str,
+    status: u16,
+    doing: &str,
+) -> Error {
+    if status == 404 {
+        return Error::NotFound {
+            reference: format!("{}/{}:{reference}", r.registry, r.repository),
+            reason: "no such manifest in the registry".into(),
+        };
+    }
+    Error::Unauthorized {
+        registry: r.registry.clone(),
+        status,
+        what: match client.missing_credentials_hint() {
+            Some(hint) => format!("{doing} {} ({hint})", r.repository),
+            None => format!("{doing} {}", r.repository),
+        },
     }
 }
 
@@ -261,18 +274,7 @@ pub fn head_manifest(
     match resp.status().as_u16() {
         200 => Ok(client::header(&resp, "docker-content-digest")
             .and_then(|d| crate::oci::Digest::parse(d.trim()).ok())),
-        404 => Err(Error::NotFound {
-            reference: format!("{}/{}:{reference}", r.registry, r.repository),
-            reason: "no such manifest in the registry".into(),
-        }),
-        401 | 403 => Err(Error::Unauthorized {
-            registry: r.registry.clone(),
-            status: resp.status().as_u16(),
-            what: match client.missing_credentials_hint() {
-                Some(hint) => format!("pulling {} ({hint})", r.repository),
-                None => format!("pulling {}", r.repository),
-            },
-        }),
+        s @ (404 | 401 | 403) => Err(manifest_refused(client, r, reference, s, "pulling")),
         // A registry that does not answer HEAD for manifests is asked with a GET.
         405 | 501 => Ok(None),
         s => Err(client::status_error(

@@ -107,25 +107,29 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         }
     };
 
+    // An image the layout already holds whole: named (and pinned), nothing downloaded.
+    let already_here = |(desc, index_digest, blobs): Known, served_by: Option<Served>| {
+        let ref_name = ref_name_for(&desc.digest);
+        let digest = desc.digest.clone();
+        layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
+        if let Some(lock_path) = &opts.lock {
+            lock::record(lock_path, reference, &digest)?;
+        }
+        Ok(PulledImage {
+            reference: reference.to_string(),
+            digest,
+            index_digest,
+            layout: dest.to_path_buf(),
+            ref_name,
+            bytes_downloaded: 0,
+            blobs_reused: blobs,
+            offline: served_by.is_none(),
+            served_by,
+        })
+    };
     if let Some(want) = &r.digest {
-        if let Some((desc, index_digest, blobs)) = local_image(&layout, want, &os, &arch) {
-            let ref_name = ref_name_for(&desc.digest);
-            let digest = desc.digest.clone();
-            layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
-            if let Some(lock_path) = &opts.lock {
-                lock::record(lock_path, reference, &digest)?;
-            }
-            return Ok(PulledImage {
-                reference: reference.to_string(),
-                digest,
-                index_digest,
-                layout: dest.to_path_buf(),
-                ref_name,
-                bytes_downloaded: 0,
-                blobs_reused: blobs,
-                offline: true,
-                served_by: None,
-            });
+        if let Some(known) = local_image(&layout, want, &os, &arch) {
+            return already_here(known, None);
         }
     }
 
@@ -179,25 +183,9 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         mut media_type,
         known,
     } = opened;
-    if let Some((desc, index_digest, blobs)) = known {
+    if let Some(known) = known {
         // The tag's digest (learnt with a HEAD) names an image the layout already holds.
-        let ref_name = ref_name_for(&desc.digest);
-        let digest = desc.digest.clone();
-        layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
-        if let Some(lock_path) = &opts.lock {
-            lock::record(lock_path, reference, &digest)?;
-        }
-        return Ok(PulledImage {
-            reference: reference.to_string(),
-            digest,
-            index_digest,
-            layout: dest.to_path_buf(),
-            ref_name,
-            bytes_downloaded: 0,
-            blobs_reused: blobs,
-            offline: false,
-            served_by: Some(served_by),
-        });
+        return already_here(known, Some(served_by));
     }
     let r_logical = &r;
     let r = &src.reference;
@@ -292,8 +280,12 @@ struct Opened {
     client: Client,
     bytes: Vec<u8>,
     media_type: String,
-    known: Option<(Descriptor, Option<Digest>, usize)>,
+    known: Option<Known>,
 }
+
+/// An image complete in the layout: its platform manifest's descriptor, the index digest
+/// when it was reached through one, and the number of its blobs.
+type Known = (Descriptor, Option<Digest>, usize);
 
 /// Connect to one source and read the reference's manifest there. A tag is resolved with a
 /// HEAD first (registries such as Docker Hub count GETs of manifests against a rate limit,
@@ -384,12 +376,7 @@ fn base_descriptor(mut desc: Descriptor, reference: &str, os: &str, arch: &str) 
 /// manifest's descriptor, the index digest when `digest` names an index, and the number of
 /// blobs (config and layers) found. Manifests are read with their digest verified; config and
 /// layers are checked by size (the build verifies every layer's digest as it imports it).
-fn local_image(
-    layout: &Layout,
-    digest: &Digest,
-    os: &str,
-    arch: &str,
-) -> Option<(Descriptor, Option<Digest>, usize)> {
+fn local_image(layout: &Layout, digest: &Digest, os: &str, arch: &str) -> Option<Known> {
     let read = |digest: &Digest| -> Option<(Descriptor, Document)> {
         let size = std::fs::metadata(layout.blob_path(digest)).ok()?.len();
         let mut desc = Descriptor::new("", digest.clone(), size);

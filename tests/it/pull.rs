@@ -83,6 +83,45 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// `build RECIPE --out OUT --target TARGET --json` with the stand-in runtimes, to add
+    /// environment to.
+    fn build_cmd(&self, recipe: &Path, out: &Path, target: &str) -> Command {
+        let (runtime, gpu_runtime) = (self.path("infer-serve"), self.path("infer-serve-gpu"));
+        self.cmd(&[
+            "build",
+            recipe.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--runtime",
+            runtime.to_str().unwrap(),
+            "--runtime-gpu",
+            gpu_runtime.to_str().unwrap(),
+            "--target",
+            target,
+            "--json",
+        ])
+    }
+}
+
+/// The recipe's first GPU target and the base reference its plan names.
+fn gpu_target_and_base(f: &Fixture, recipe: &Path) -> (String, String) {
+    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = first_gpu_target(&plan);
+    let base = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == gpu.as_str())
+        .unwrap()["base"]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (gpu, base)
+}
+
 fn json_file(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -420,19 +459,7 @@ fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
     let f = Fixture::new();
     let (d1, layers1) = push_base(&f, "1", &format!("{}/hub-cache/cuda", mirror.addr));
     let recipe = gpu_recipe(&f, "app", None);
-    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let gpu = first_gpu_target(&plan);
-    let base = plan["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["id"] == gpu.as_str())
-        .unwrap()["base"]["reference"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (gpu, base) = gpu_target_and_base(&f, &recipe);
     assert!(base.starts_with("docker.io/nvidia/cuda:"), "{base}");
     // The primary is a closed port: only the mirror can serve the base.
     let conf = f.path("registries.conf");
@@ -446,23 +473,9 @@ fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
         ),
     )
     .unwrap();
-    let runtime = f.path("infer-serve");
-    let gpu_runtime = f.path("infer-serve-gpu");
     let out = f.path("o1");
     let o = f
-        .cmd(&[
-            "build",
-            recipe.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--runtime",
-            runtime.to_str().unwrap(),
-            "--runtime-gpu",
-            gpu_runtime.to_str().unwrap(),
-            "--target",
-            &gpu,
-            "--json",
-        ])
+        .build_cmd(&recipe, &out, &gpu)
         .env("CONTAINERS_REGISTRIES_CONF", &conf)
         .output()
         .unwrap();
@@ -572,35 +585,11 @@ fn build_pulls_the_matrix_docker_hub_base_from_registry_1() {
     let f = Fixture::new();
     let hub = super::registry_interop::DockerHub::start(f.dir.path());
     let recipe = gpu_recipe(&f, "app", None);
-    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let gpu = first_gpu_target(&plan);
-    let base = plan["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["id"] == gpu.as_str())
-        .unwrap()["base"]["reference"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (gpu, base) = gpu_target_and_base(&f, &recipe);
     let empty_conf = f.path("registries.conf");
     std::fs::write(&empty_conf, "").unwrap();
     let out = f.path("o");
-    let mut cmd = f.cmd(&[
-        "build",
-        recipe.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--runtime",
-        f.path("infer-serve").to_str().unwrap(),
-        "--runtime-gpu",
-        f.path("infer-serve-gpu").to_str().unwrap(),
-        "--target",
-        &gpu,
-        "--json",
-    ]);
+    let mut cmd = f.build_cmd(&recipe, &out, &gpu);
     cmd.env("CONTAINERS_REGISTRIES_CONF", &empty_conf)
         .env("HOME", f.dir.path())
         .env("SSL_CERT_FILE", hub.pki.join("ca.pem"));

@@ -462,6 +462,19 @@ fn oci_registry(
     (reg, digest)
 }
 
+/// A 401 whose bearer realm is `path` on the host the request was sent to, then `params`.
+fn challenge_on_own_host(r: &Seen, path: &str, params: &str) -> Reply {
+    let host = r.header("host").unwrap_or("");
+    Reply::with(
+        401,
+        &[(
+            "www-authenticate",
+            &format!(r#"Bearer realm="http://{host}{path}"{params}"#),
+        )],
+        b"",
+    )
+}
+
 /// NGC: the `$oauthtoken` user with an API key goes to the realm on the registry's own host.
 #[test]
 fn ngc_shaped_registry_takes_the_oauthtoken_user_at_its_own_realm() {
@@ -482,16 +495,10 @@ fn ngc_shaped_registry_takes_the_oauthtoken_user_at_its_own_realm() {
         if r.header("authorization") == Some("Bearer ngc-token") {
             return None;
         }
-        let host = r.header("host").unwrap_or("").to_string();
-        Some(Reply::with(
-            401,
-            &[(
-                "www-authenticate",
-                &format!(
-                    r#"Bearer realm="http://{host}/proxy_auth",scope="repository:nvidia/cuda:pull""#
-                ),
-            )],
-            b"",
+        Some(challenge_on_own_host(
+            r,
+            "/proxy_auth",
+            r#",scope="repository:nvidia/cuda:pull""#,
         ))
     });
     let opts = pull_opts(client_opts(Some((&reg.addr, key, tmp.path()))));
@@ -528,16 +535,10 @@ fn ghcr_shaped_registry_pulls_public_images_with_anonymous_tokens() {
         if r.header("authorization") == Some("Bearer anon") {
             return None;
         }
-        let host = r.header("host").unwrap_or("").to_string();
-        Some(Reply::with(
-            401,
-            &[(
-                "www-authenticate",
-                &format!(
-                    r#"Bearer realm="http://{host}/token",service="ghcr.io",scope="repository:org/img:pull""#
-                ),
-            )],
-            b"",
+        Some(challenge_on_own_host(
+            r,
+            "/token",
+            r#",service="ghcr.io",scope="repository:org/img:pull""#,
         ))
     });
     let p = registry::pull_with(

@@ -65,9 +65,14 @@ impl Fixture {
     }
 
     fn build_raw(&self, recipe: &Path, out: &str, extra: &[&str]) -> Output {
-        let runtime = self.path("infer-serve");
-        let gpu_runtime = self.path("infer-serve-gpu");
-        let out = self.path(out);
+        self.build_cmd(recipe, &self.path(out), extra)
+            .output()
+            .unwrap()
+    }
+
+    /// `build RECIPE --out OUT EXTRA…` with the stand-in runtimes, to add environment to.
+    fn build_cmd(&self, recipe: &Path, out: &Path, extra: &[&str]) -> Command {
+        let (runtime, gpu_runtime) = (self.path("infer-serve"), self.path("infer-serve-gpu"));
         let mut args = vec![
             "build",
             recipe.to_str().unwrap(),
@@ -79,28 +84,7 @@ impl Fixture {
             gpu_runtime.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        self.run(&args)
-    }
-}
-
-impl Fixture {
-    /// `build RECIPE --out OUT --target TARGET --json` with the stand-in runtimes, to add
-    /// environment to.
-    fn build_cmd(&self, recipe: &Path, out: &Path, target: &str) -> Command {
-        let (runtime, gpu_runtime) = (self.path("infer-serve"), self.path("infer-serve-gpu"));
-        self.cmd(&[
-            "build",
-            recipe.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--runtime",
-            runtime.to_str().unwrap(),
-            "--runtime-gpu",
-            gpu_runtime.to_str().unwrap(),
-            "--target",
-            target,
-            "--json",
-        ])
+        self.cmd(&args)
     }
 }
 
@@ -475,7 +459,7 @@ fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
     .unwrap();
     let out = f.path("o1");
     let o = f
-        .build_cmd(&recipe, &out, &gpu)
+        .build_cmd(&recipe, &out, &["--target", &gpu, "--json"])
         .env("CONTAINERS_REGISTRIES_CONF", &conf)
         .output()
         .unwrap();
@@ -589,7 +573,7 @@ fn build_pulls_the_matrix_docker_hub_base_from_registry_1() {
     let empty_conf = f.path("registries.conf");
     std::fs::write(&empty_conf, "").unwrap();
     let out = f.path("o");
-    let mut cmd = f.build_cmd(&recipe, &out, &gpu);
+    let mut cmd = f.build_cmd(&recipe, &out, &["--target", &gpu, "--json"]);
     cmd.env("CONTAINERS_REGISTRIES_CONF", &empty_conf)
         .env("HOME", f.dir.path())
         .env("SSL_CERT_FILE", hub.pki.join("ca.pem"));

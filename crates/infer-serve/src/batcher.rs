@@ -40,7 +40,7 @@
 //! wake-ups left: the idle leader polls the channel briefly before parking (`Queue::receive`)
 //! and the lone request's handler polls for its answer ([`Batcher::poll_briefly`]).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ExecError};
 use crate::error::{ApiError, Rejection};
 use crate::metrics::{Gauge, Metrics};
 use crate::tensor::Tensor;
@@ -49,7 +49,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
@@ -158,6 +158,10 @@ struct Shared {
     poll_off_until_ns: Gauge,
     epoch: Instant,
     metrics: Arc<Metrics>,
+    /// Set once, by the first batch that found the device lost (see
+    /// [`ExecError::DeviceLost`]): why. From then on nothing runs and every request is
+    /// answered [`ApiError::DeviceLost`].
+    lost: OnceLock<String>,
 }
 
 impl Shared {
@@ -218,6 +222,7 @@ impl Batcher {
             poll_off_until_ns: Gauge::new(0),
             epoch: Instant::now(),
             metrics,
+            lost: OnceLock::new(),
         });
         let queue = Arc::new(Mutex::new(Queue {
             rx,
@@ -251,6 +256,9 @@ impl Batcher {
         // A request an idle instance is about to take is not waiting for one: as many as there
         // are idle instances do not count against the limit (the leader may not have taken
         // them from the channel yet).
+        if let Some(why) = self.shared.lost.get() {
+            return Err(ApiError::DeviceLost(why.clone()));
+        }
         let max = self.shared.policy.max_queue_size as u64;
         let before = self.shared.queued().fetch_add(1, Relaxed);
         if max > 0 && before >= max + self.shared.idle.load(Relaxed) {
@@ -270,6 +278,12 @@ impl Batcher {
             ApiError::Rejected(Rejection::ShuttingDown)
         })?;
         Ok(rx)
+    }
+
+    /// Why the device is lost, once a batch found it so: the model then serves nothing more
+    /// and is not ready.
+    pub fn device_lost(&self) -> Option<&str> {
+        self.shared.lost.get().map(String::as_str)
     }
 
     /// Polls `rx` without parking for up to `window`, when the answer can be expected that
@@ -561,6 +575,13 @@ impl Instance {
 
     fn execute(&mut self, jobs: Vec<Job>) {
         let metrics = &*self.shared.metrics;
+        // The device is gone: nothing more runs; what was queued is answered why.
+        if let Some(why) = self.shared.lost.get() {
+            for job in jobs {
+                let _ = job.reply.send(Err(ApiError::DeviceLost(why.clone())));
+            }
+            return;
+        }
         let start = Instant::now();
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
         for j in &jobs {
@@ -579,7 +600,9 @@ impl Instance {
             .collect();
         let result = match inputs {
             Some(inputs) => self.backend.execute(&inputs),
-            None => Err("requests in one batch have different shapes".to_owned()),
+            None => Err(ExecError::Batch(
+                "requests in one batch have different shapes".to_owned(),
+            )),
         };
         let compute = start.elapsed();
         metrics.record_batch(rows, compute);
@@ -587,10 +610,10 @@ impl Instance {
             .last_compute_ns
             .store(compute.as_nanos() as u64, Relaxed);
         let outputs = result.and_then(|outs| match outs.iter().find(|o| o.rows() != rows) {
-            Some(o) => Err(format!(
+            Some(o) => Err(ExecError::Batch(format!(
                 "the engine returned {} rows for a batch of {rows}",
                 o.rows()
-            )),
+            ))),
             None => Ok(outs),
         });
         match outputs {
@@ -609,12 +632,33 @@ impl Instance {
                         }));
                 }
             }
-            Err(e) => {
+            Err(ExecError::Batch(e)) => {
                 for job in jobs {
                     let _ = job.reply.send(Err(ApiError::Internal(e.clone())));
                 }
             }
+            Err(ExecError::DeviceLost(why)) => {
+                self.lose_device(&why);
+                for job in jobs {
+                    let _ = job.reply.send(Err(ApiError::DeviceLost(why.clone())));
+                }
+            }
         }
+    }
+
+    /// The first instance to find the device lost records why, counts it, turns the readiness
+    /// gauge to 0 and logs it; later ones (every instance shares the device) add nothing.
+    fn lose_device(&self, why: &str) {
+        if self.shared.lost.set(why.to_owned()).is_err() {
+            return;
+        }
+        let metrics = &*self.shared.metrics;
+        metrics.device_lost.add(1);
+        metrics.ready.store(0, Relaxed);
+        crate::log::error(
+            "the device is lost: no more inferences, readiness now 503 (restart infer-serve)",
+            &[("error", serde_json::json!(why))],
+        );
     }
 }
 
@@ -632,7 +676,7 @@ mod tests {
     }
 
     impl Backend for Echo {
-        fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+        fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
             self.sizes.lock().unwrap().push(inputs[0].rows());
             std::thread::sleep(self.sleep);
             Ok(inputs.to_vec())

@@ -79,6 +79,12 @@ pub enum ApiError {
     Rejected(Rejection),
     #[error("inference failed: {0}")]
     Internal(String),
+    /// The device is unusable for the rest of the process (a sticky CUDA error): this server
+    /// answers no more inferences and is not ready; another replica, or this one restarted, can.
+    #[error(
+        "the device is unusable until infer-serve restarts (this server is no longer ready): {0}"
+    )]
+    DeviceLost(String),
 }
 
 fn rejection_message(r: Rejection) -> &'static str {
@@ -100,7 +106,9 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
-            ApiError::NotReady | ApiError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotReady | ApiError::Rejected(_) | ApiError::DeviceLost(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -119,7 +127,9 @@ impl ApiError {
                 GrpcCode::DeadlineExceeded
             }
             ApiError::Rejected(Rejection::Cancelled) => GrpcCode::Cancelled,
-            ApiError::NotReady | ApiError::Rejected(_) => GrpcCode::Unavailable,
+            ApiError::NotReady | ApiError::Rejected(_) | ApiError::DeviceLost(_) => {
+                GrpcCode::Unavailable
+            }
             ApiError::Internal(_) => GrpcCode::Internal,
         }
     }
@@ -127,7 +137,7 @@ impl ApiError {
     /// Seconds for `Retry-After`, where retrying (here or on another replica) makes sense.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            ApiError::NotReady | ApiError::Rejected(_) => Some(1),
+            ApiError::NotReady | ApiError::Rejected(_) | ApiError::DeviceLost(_) => Some(1),
             _ => None,
         }
     }
@@ -211,6 +221,12 @@ mod tests {
             501,
             None,
             r#"{"error":"method /a/b is not implemented"}"#,
+        );
+        check(
+            ApiError::DeviceLost("CUDA error 700".into()),
+            503,
+            Some(1),
+            r#"{"error":"the device is unusable until infer-serve restarts (this server is no longer ready): CUDA error 700"}"#,
         );
         check(
             ApiError::Internal("boom".into()),

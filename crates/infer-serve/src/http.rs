@@ -141,19 +141,21 @@ impl Server {
         self.draining_tx.send_replace(true);
     }
 
-    /// Ready: every model warmed up, and not draining.
+    /// Ready: every model warmed up with its device usable, and not draining.
     pub fn is_ready(&self) -> bool {
-        self.models().all(|m| m.batcher().is_some()) && !self.draining.load(Relaxed)
+        self.models().all(Model::serving) && !self.draining.load(Relaxed)
     }
 
-    /// One model ready: warmed up, and the server not draining.
+    /// One model ready: warmed up, its device usable, and the server not draining.
     pub fn is_model_ready(&self, model: &Model) -> bool {
-        model.batcher().is_some() && !self.draining.load(Relaxed)
+        model.serving() && !self.draining.load(Relaxed)
     }
 
     pub(crate) fn not_ready(&self) -> ApiError {
         if self.draining.load(Relaxed) {
             ApiError::Rejected(Rejection::ShuttingDown)
+        } else if let Some(why) = self.models().find_map(|m| m.batcher()?.device_lost()) {
+            ApiError::DeviceLost(why.to_owned())
         } else {
             ApiError::NotReady
         }
@@ -354,7 +356,7 @@ pub(crate) async fn counted<T>(
             m.record_failure(
                 start.elapsed(),
                 rejection,
-                matches!(e, ApiError::Internal(_)),
+                matches!(e, ApiError::Internal(_) | ApiError::DeviceLost(_)),
             );
         }
     }

@@ -226,6 +226,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub in_flight: Gauge,
     pub ready: AtomicU64,
+    /// Times the device was found lost (a sticky CUDA error): 0 or 1 in a process's life.
+    pub device_lost: Counter,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
     /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
@@ -317,6 +319,7 @@ impl Metrics {
             queue_depth: Gauge::new(0),
             in_flight: Gauge::new(0),
             ready: z(),
+            device_lost: Counter::new(),
             engine_load_us: z(),
             warmup_us: z(),
             overlapped_ms: Gauge::new(0),
@@ -531,6 +534,11 @@ impl Metrics {
             "infer_serve_ready",
             "1 when the model is ready to serve",
             self.ready.load(Relaxed).to_string(),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP infer_serve_device_lost_total Sticky device errors (the GPU is unusable until the process restarts; the server is not ready from the first)\n# TYPE infer_serve_device_lost_total counter\ninfer_serve_device_lost_total{{{l}}} {}",
+            self.device_lost.get()
         );
         gauge(
             &mut o,

@@ -155,6 +155,11 @@ impl Model {
         self.batcher.get()
     }
 
+    /// Warmed up and its device not lost: what readiness asks of a model.
+    pub fn serving(&self) -> bool {
+        self.batcher().is_some_and(|b| b.device_lost().is_none())
+    }
+
     /// `GET /v2/models/{m}`'s body.
     pub fn metadata(&self) -> Bytes {
         self.metadata.clone()

@@ -143,12 +143,18 @@ struct Server {
 
 impl Server {
     fn start(config: &str) -> Server {
+        Server::start_env(config, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set for the server.
+    fn start_env(config: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runtime.toml");
         std::fs::write(&path, config).unwrap();
         let mut child = Command::new(binary())
             .arg("--config")
             .arg(&path)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -583,6 +589,123 @@ fn grpc_drain_survives_a_late_stream() {
         "the call in flight was answered ({answer} bytes)"
     );
     assert_eq!(s.wait_exit(Duration::from_secs(15)), Some(0));
+}
+
+/// A unary gRPC call with an empty request message (`method` of the inference service) on a
+/// fresh HTTP/2 connection: the response message's bytes (without the length prefix).
+fn grpc_empty_call(addr: &str, method: &str) -> Vec<u8> {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let path = format!("/inference.GRPCInferenceService/{method}");
+    let mut headers = grpc_infer_headers(addr);
+    let infer_path = b"/inference.GRPCInferenceService/ModelInfer";
+    let at = headers
+        .windows(infer_path.len())
+        .position(|w| w == infer_path)
+        .unwrap();
+    headers[at - 1] = path.len() as u8;
+    headers.splice(at..at + infer_path.len(), path.bytes());
+    let call = [
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(),
+        h2_frame(0x4, 0, 0, &[]),
+        h2_frame(0x1, 0x4, 1, &headers),
+        h2_frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0]),
+    ]
+    .concat();
+    c.write_all(&call).unwrap();
+    let mut data = Vec::new();
+    while let Some((kind, flags, stream, payload)) = h2_read(&mut c) {
+        match (kind, stream) {
+            (0x4, 0) if flags & 1 == 0 => c.write_all(&h2_frame(0x4, 0x1, 0, &[])).unwrap(),
+            (0x0, 1) => data.extend_from_slice(&payload),
+            (0x1, 1) if flags & 0x1 != 0 => break,
+            _ => {}
+        }
+    }
+    data.get(5..).unwrap_or_default().to_vec()
+}
+
+/// A sticky device error (the synthetic engine's injected CUDA error 700, as the TensorRT backend
+/// reports `CUDA_ERROR_ILLEGAL_ADDRESS`): the batch that saw it and the request queued behind it
+/// get 503 naming it, readiness fails over HTTP and gRPC, later requests get the same 503, it
+/// is logged once and counted. An ordinary batch error before it is a 500 and changes nothing.
+#[test]
+fn a_lost_device_makes_the_server_not_ready_and_refuses_every_inference() {
+    let config = synthetic(300, 1, 8, 1);
+    let s = Server::start_env(
+        &config,
+        &[(
+            "INFER_SERVE_SYNTHETIC_FAULTS",
+            "batch_error=777,device_lost=999",
+        )],
+    );
+    s.wait_log("\"ready\"", Duration::from_secs(60));
+    let infer = "/v2/models/synthetic/infer";
+    let lost_metric = "infer_serve_device_lost_total{model=\"synthetic\",version=\"1\"}";
+    assert_eq!(
+        s.post(infer, &[], f32_json(1, 4, 1.0).as_bytes()).status,
+        200
+    );
+    // An ordinary failure fails its request only.
+    let r = s.post(infer, &[], f32_json(1, 4, 777.0).as_bytes());
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(s.get("/v2/health/ready").status, 200);
+    assert_eq!(metric(&s.get("/metrics").text(), lost_metric), 0.0);
+    assert_eq!(
+        s.post(infer, &[], f32_json(1, 4, 1.0).as_bytes()).status,
+        200
+    );
+    assert_eq!(grpc_empty_call(&s.grpc_addr, "ServerReady"), [0x08, 0x01]);
+
+    // The device is lost during a batch; another request waits behind it in the queue.
+    let addr = s.addr.clone();
+    let lost = std::thread::spawn(move || {
+        http(&addr, "POST", infer, &[], f32_json(1, 4, 999.0).as_bytes())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let queued = s.post(infer, &[], f32_json(1, 4, 1.0).as_bytes());
+    let lost = lost.join().unwrap();
+    for r in [&lost, &queued] {
+        assert_eq!(r.status, 503, "{}", r.text());
+        let e = r.json()["error"].as_str().unwrap().to_owned();
+        assert!(
+            e.contains("the device is unusable until infer-serve restarts")
+                && e.contains("CUDA error 700"),
+            "{e}"
+        );
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    // Readiness fails, with the reason; liveness does not.
+    let ready = s.get("/v2/health/ready");
+    assert_eq!(ready.status, 503);
+    assert!(ready.text().contains("CUDA error 700"), "{}", ready.text());
+    assert_eq!(s.get("/v2/models/synthetic/ready").status, 503);
+    assert_eq!(s.get("/v2/health/live").status, 200);
+    // gRPC ServerReady says false (proto3 leaves the false field out of the message).
+    assert_eq!(
+        grpc_empty_call(&s.grpc_addr, "ServerReady"),
+        Vec::<u8>::new()
+    );
+    // Later requests are refused at once, without reaching the engine.
+    for _ in 0..3 {
+        let r = s.post(infer, &[], f32_json(1, 4, 1.0).as_bytes());
+        assert_eq!(r.status, 503, "{}", r.text());
+    }
+    let m = s.get("/metrics").text();
+    assert_eq!(metric(&m, lost_metric), 1.0);
+    assert_eq!(
+        metric(&m, "infer_serve_ready{model=\"synthetic\",version=\"1\"}"),
+        0.0
+    );
+    // Logged once.
+    std::thread::sleep(Duration::from_millis(200));
+    let logged: Vec<String> = s
+        .logs
+        .try_iter()
+        .filter(|l| l.contains("the device is lost"))
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].contains("\"level\":\"error\"") && logged[0].contains("CUDA error 700"));
 }
 
 /// One HTTP/1.1 request on a kept-alive connection: the status, and whether the server said

@@ -117,9 +117,11 @@ impl Driver {
         } else {
             "unknown error".into()
         };
-        Err(Error::Driver(format!(
-            "{what} failed: CUDA error {r} ({text})"
-        )))
+        Err(Error::Cuda {
+            call: what.to_owned(),
+            code: r,
+            text,
+        })
     }
 
     /// GPU `ordinal`'s compute capability and name.

@@ -56,7 +56,7 @@ pub fn headers_release() -> Option<&'static str> {
 }
 
 /// Errors of the TensorRT backend.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("infer-trt was built without the TensorRT shim (enable feature `tensorrt` and set TENSORRT_ROOT to TensorRT's headers at build time)")]
     NoShim,
@@ -64,10 +64,61 @@ pub enum Error {
     Load { library: String, reason: String },
     #[error("nvidia driver: {0}")]
     Driver(String),
+    /// A CUDA driver API call returned `code` (a `CUresult`); [`Error::device_lost`] says
+    /// whether the device is unusable from now on.
+    #[error("nvidia driver: {call} failed: CUDA error {code} ({text})")]
+    Cuda {
+        call: String,
+        code: i32,
+        text: String,
+    },
     #[error("tensorrt: {what}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]
     Tensorrt { what: String, detail: String },
     #[error("tensor `{name}`: {reason}")]
     Tensor { name: String, reason: String },
+}
+
+/// The `CUresult` codes after which the CUDA context is unusable for the rest of the process:
+/// CUDA's documentation says of each that "any further CUDA work will return the same error"
+/// or that the device cannot be used again, and that the process must be relaunched (an
+/// uncorrectable ECC error and a destroyed context leave it as unusable).
+pub const STICKY_CUDA_ERRORS: [(i32, &str); 11] = [
+    (214, "CUDA_ERROR_ECC_UNCORRECTABLE"),
+    (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
+    (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+    (710, "CUDA_ERROR_ASSERT"),
+    (714, "CUDA_ERROR_HARDWARE_STACK_ERROR"),
+    (715, "CUDA_ERROR_ILLEGAL_INSTRUCTION"),
+    (716, "CUDA_ERROR_MISALIGNED_ADDRESS"),
+    (717, "CUDA_ERROR_INVALID_ADDRESS_SPACE"),
+    (718, "CUDA_ERROR_INVALID_PC"),
+    (719, "CUDA_ERROR_LAUNCH_FAILED"),
+];
+
+impl Error {
+    /// True when the error leaves the CUDA context unusable (a sticky error, see
+    /// [`STICKY_CUDA_ERRORS`]): every later call on this process's context fails the same way,
+    /// so the server must stop serving rather than fail request after request. An ordinary
+    /// failure (a bad shape, TensorRT refusing one batch, out of memory) is not.
+    pub fn device_lost(&self) -> bool {
+        matches!(self, Error::Cuda { code, .. } if STICKY_CUDA_ERRORS.iter().any(|(c, _)| c == code))
+    }
+}
+
+/// The error to report when a step and the stream synchronisation after it may both have
+/// failed: a sticky CUDA error from either wins (the caller must see that the device is lost,
+/// whatever TensorRT said first), else the step's own error, else the synchronisation's.
+pub fn after_sync(step: Result<(), Error>, synced: Result<(), Error>) -> Error {
+    match (step, synced) {
+        (_, Err(s)) if s.device_lost() => s,
+        (Err(e), _) => e,
+        (Ok(()), Err(s)) => s,
+        (Ok(()), Ok(())) => Error::Tensorrt {
+            what: "inference failed".into(),
+            detail: "no step reported why".into(),
+        },
+    }
 }
 
 /// Which TensorRT runtime library loads an engine.
@@ -682,6 +733,44 @@ mod tests {
         assert!(e.contains("instance 3") && e.contains("has 2"), "{e}");
         assert!(e.contains("at most 2 instances"), "{e}");
         assert!(context_profile(10, 0, 0).is_err());
+    }
+
+    #[test]
+    fn a_sticky_cuda_error_is_a_lost_device_and_wins_over_the_step_that_saw_it() {
+        let cuda = |code: i32, text: &str| Error::Cuda {
+            call: "cuStreamSynchronize".into(),
+            code,
+            text: text.into(),
+        };
+        let illegal = cuda(700, "an illegal memory access was encountered");
+        assert!(illegal.device_lost());
+        assert_eq!(
+            illegal.to_string(),
+            "nvidia driver: cuStreamSynchronize failed: CUDA error 700 (an illegal memory access was encountered)"
+        );
+        for (code, _) in STICKY_CUDA_ERRORS {
+            assert!(cuda(code, "x").device_lost(), "{code}");
+        }
+        // Ordinary failures: out of memory, an invalid value, TensorRT refusing one batch, a
+        // bad tensor, a missing driver.
+        assert!(!cuda(2, "out of memory").device_lost());
+        assert!(!cuda(1, "invalid argument").device_lost());
+        let refused = Error::Tensorrt {
+            what: "enqueueV3 failed".into(),
+            detail: "bad shape".into(),
+        };
+        assert!(!refused.device_lost());
+        assert!(!tensor_err("x", "too big".into()).device_lost());
+        assert!(!Error::Driver("cannot load libcuda.so.1".into()).device_lost());
+        // The step failed and the synchronisation after it found the context lost: lost wins.
+        let e = after_sync(Err(refused.clone()), Err(illegal.clone()));
+        assert!(e.device_lost(), "{e}");
+        // The step succeeded, the synchronisation found it lost.
+        assert!(after_sync(Ok(()), Err(illegal)).device_lost());
+        // An ordinary synchronisation failure does not hide the step's own error.
+        let e = after_sync(Err(refused.clone()), Err(cuda(1, "invalid argument")));
+        assert_eq!(e.to_string(), refused.to_string());
+        assert!(!after_sync(Err(refused), Ok(())).device_lost());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use infer_spec::engine::{FoundGpu, Version};
 
 use crate::cuda::{kernel_driver_version, DeviceBuffer, Driver, Gpu, Stream};
 use crate::{
-    byte_len, check_fits, check_inputs, check_library, check_linear, data_dependent,
+    after_sync, byte_len, check_fits, check_inputs, check_library, check_linear, data_dependent,
     decode_lib_version, shape_values_bytes, Error, IoTensor, LibraryKind, TrtDataType,
 };
 
@@ -827,16 +827,17 @@ impl TrtEngine {
         let mut err = ErrBuf::new();
         // SAFETY: every IO address is bound to a live buffer the checks above found large enough.
         if !unsafe { ffi::itrt_context_enqueue_v3(self.ctx, self.stream.raw(), err.ptr(), 2048) } {
-            let _ = self.stream.synchronize();
-            return Err(err.error("enqueueV3 failed"));
+            let failed = err.error("enqueueV3 failed");
+            return Err(after_sync(Err(failed), self.stream.synchronize()));
         }
         let out = self.collect_outputs();
         // Whatever happened after the enqueue, no work of this batch is left in flight when
         // inference returns (the input bytes it reads are the caller's).
         let synced = self.stream.synchronize();
-        let out = out?;
-        synced?;
-        Ok(out)
+        match (out, synced) {
+            (Ok(out), Ok(())) => Ok(out),
+            (out, synced) => Err(after_sync(out.map(|_| ()), synced)),
+        }
     }
 
     /// Copies every output of the batch just enqueued to the host.

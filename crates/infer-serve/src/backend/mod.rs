@@ -28,7 +28,39 @@ pub trait Engine: Send + Sync {
 /// One instance: executes one batch at a time on its own thread.
 pub trait Backend: Send {
     /// Runs one batch; every input has the same number of rows, and every output must too.
-    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String>;
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError>;
+}
+
+/// Why a batch failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecError {
+    /// This batch failed; the instance (and every other) runs the next one as usual.
+    Batch(String),
+    /// The device is unusable for the rest of the process (a sticky CUDA error such as an
+    /// illegal address): every later batch on any instance would fail the same way. The
+    /// batcher stops serving the model and readiness fails from then on.
+    DeviceLost(String),
+}
+
+impl From<String> for ExecError {
+    fn from(e: String) -> ExecError {
+        ExecError::Batch(e)
+    }
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecError::Batch(e) => f.write_str(e),
+            ExecError::DeviceLost(e) => write!(f, "the device is lost: {e}"),
+        }
+    }
+}
+
+impl From<ExecError> for String {
+    fn from(e: ExecError) -> String {
+        e.to_string()
+    }
 }
 
 /// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.

@@ -18,7 +18,7 @@
               tensors are copied between ONNX Runtime's buffers and the batcher's"
 )]
 
-use super::{Backend, Engine};
+use super::{Backend, Engine, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::engine::Version;
@@ -357,7 +357,13 @@ impl OrtBackend {
 }
 
 impl Backend for OrtBackend {
-    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
+        self.run(inputs).map_err(ExecError::Batch)
+    }
+}
+
+impl OrtBackend {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
         let mut feed = Vec::with_capacity(inputs.len());
         for (t, (name, ty)) in inputs.iter().zip(&self.inputs) {
             feed.push((name.as_str(), self.value(t, *ty)?));

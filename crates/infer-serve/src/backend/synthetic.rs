@@ -3,17 +3,64 @@
 //! deterministic outputs: element `j` of output row `r` is `first(r) + j`, where `first(r)` is
 //! the first element of row `r` of the first input (so tests can see that rows come back to
 //! the request they came from).
+//!
+//! Faults for the server's tests, when [`FAULTS_ENV`] asks for them
+//! (`batch_error=V,device_lost=W`, either part optional): a batch with a row whose first element
+//! is `V` fails as an ordinary batch error; one with a row starting with `W` loses the device,
+//! as a sticky CUDA error does: that batch and every later one, on every instance, fail with
+//! [`ExecError::DeviceLost`].
 
-use super::{Backend, Engine};
+use super::{Backend, Engine, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig, TensorSpec};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The environment variable that injects faults (see the module's documentation).
+pub const FAULTS_ENV: &str = "INFER_SERVE_SYNTHETIC_FAULTS";
+
+/// The row values that inject a fault.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    pub batch_error: Option<f64>,
+    pub device_lost: Option<f64>,
+}
+
+impl Faults {
+    /// Parses `batch_error=V,device_lost=W` (either part optional; empty: none).
+    pub fn parse(text: &str) -> Result<Faults, String> {
+        let mut f = Faults::default();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{FAULTS_ENV}: `{part}` is not key=value"))?;
+            let v: f64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{FAULTS_ENV}: `{value}` is not a number"))?;
+            match key.trim() {
+                "batch_error" => f.batch_error = Some(v),
+                "device_lost" => f.device_lost = Some(v),
+                k => {
+                    return Err(format!(
+                        "{FAULTS_ENV}: unknown fault `{k}` (batch_error, device_lost)"
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
 
 pub struct SyntheticEngine {
     base_ms: f64,
     per_row_ms: f64,
     outputs: Vec<TensorSpec>,
+    faults: Faults,
+    /// Shared by every instance: the device is lost for all of them at once.
+    lost: Arc<AtomicBool>,
 }
 
 impl SyntheticEngine {
@@ -23,10 +70,16 @@ impl SyntheticEngine {
             .synthetic
             .as_ref()
             .ok_or("engine.synthetic is missing")?;
+        let faults = match std::env::var(FAULTS_ENV) {
+            Ok(text) => Faults::parse(&text)?,
+            Err(_) => Faults::default(),
+        };
         Ok(SyntheticEngine {
             base_ms: s.base_ms,
             per_row_ms: s.per_row_ms,
             outputs: cfg.outputs.clone(),
+            faults,
+            lost: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -37,6 +90,8 @@ impl Engine for SyntheticEngine {
             base_ms: self.base_ms,
             per_row_ms: self.per_row_ms,
             outputs: self.outputs.clone(),
+            faults: self.faults,
+            lost: self.lost.clone(),
         }))
     }
 }
@@ -92,11 +147,27 @@ fn push(out: &mut Vec<u8>, dtype: DataType, v: f64) {
 }
 
 impl Backend for SyntheticEngine {
-    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
         let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
         let ms = self.base_ms + self.per_row_ms * rows as f64;
         std::thread::sleep(Duration::from_secs_f64(ms / 1e3));
         let firsts = inputs.first().map(firsts).unwrap_or_default();
+        let has = |v: Option<f64>| v.is_some_and(|v| firsts.contains(&v));
+        if has(self.faults.device_lost) {
+            self.lost.store(true, Relaxed);
+        }
+        if self.lost.load(Relaxed) {
+            return Err(ExecError::DeviceLost(
+                "cuStreamSynchronize failed: CUDA error 700 (an illegal memory access was \
+                 encountered; injected by the synthetic engine)"
+                    .to_owned(),
+            ));
+        }
+        if has(self.faults.batch_error) {
+            return Err(ExecError::Batch(
+                "the synthetic engine failed this batch (injected)".to_owned(),
+            ));
+        }
         Ok(self
             .outputs
             .iter()
@@ -117,5 +188,58 @@ impl Backend for SyntheticEngine {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(faults: Faults) -> SyntheticEngine {
+        SyntheticEngine {
+            base_ms: 0.0,
+            per_row_ms: 0.0,
+            outputs: Vec::new(),
+            faults,
+            lost: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn row(v: f32) -> Vec<Tensor> {
+        vec![Tensor {
+            dtype: DataType::F32,
+            shape: vec![1, 1],
+            data: Bytes::from(v.to_le_bytes().to_vec()),
+        }]
+    }
+
+    #[test]
+    fn injected_faults_a_batch_error_passes_a_lost_device_stays() {
+        assert_eq!(Faults::parse("").unwrap(), Faults::default());
+        let f = Faults::parse("batch_error=-1, device_lost=-2").unwrap();
+        assert_eq!((f.batch_error, f.device_lost), (Some(-1.0), Some(-2.0)));
+        assert!(Faults::parse("lost=1")
+            .unwrap_err()
+            .contains("unknown fault"));
+        assert!(Faults::parse("device_lost").is_err());
+        let e = engine(f);
+        let mut a = e.instance().unwrap();
+        let mut b = e.instance().unwrap();
+        a.execute(&row(1.0)).unwrap();
+        assert!(matches!(a.execute(&row(-1.0)), Err(ExecError::Batch(_))));
+        a.execute(&row(1.0)).unwrap();
+        assert!(matches!(
+            a.execute(&row(-2.0)),
+            Err(ExecError::DeviceLost(_))
+        ));
+        // Sticky, and on every instance.
+        assert!(matches!(
+            a.execute(&row(1.0)),
+            Err(ExecError::DeviceLost(_))
+        ));
+        assert!(matches!(
+            b.execute(&row(1.0)),
+            Err(ExecError::DeviceLost(_))
+        ));
     }
 }

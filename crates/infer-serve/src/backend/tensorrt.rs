@@ -9,7 +9,7 @@
 //! A batch smaller than a static batch dimension is padded with zeros and its outputs trimmed
 //! back to the batch's rows.
 
-use super::{Backend, Engine};
+use super::{Backend, Engine, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::engine::{EngineMeta, Found, FoundCpu, GpuMeta};
@@ -208,8 +208,19 @@ fn run_rows(t: &IoTensor, rows: usize) -> usize {
     }
 }
 
+/// A failure of the TensorRT library as the batcher sees it: a sticky CUDA error leaves the
+/// device unusable for the process ([`infer_trt::Error::device_lost`]), anything else failed
+/// this batch only.
+fn exec_error(e: infer_trt::Error) -> ExecError {
+    if e.device_lost() {
+        ExecError::DeviceLost(e.to_string())
+    } else {
+        ExecError::Batch(e.to_string())
+    }
+}
+
 impl Backend for TensorrtBackend {
-    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
         let rows = inputs.first().map_or(0, Tensor::rows);
         let mut owned: Vec<(String, Vec<i64>, Vec<u8>)> = Vec::with_capacity(inputs.len());
         for (name, t) in self.inputs.iter().zip(inputs) {
@@ -234,7 +245,7 @@ impl Backend for TensorrtBackend {
             .iter()
             .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
             .collect();
-        let out = self.engine.infer(&borrowed).map_err(|e| e.to_string())?;
+        let out = self.engine.infer(&borrowed).map_err(exec_error)?;
         let mut result = Vec::with_capacity(self.outputs.len());
         for (name, dtype) in &self.outputs {
             let (_, shape, data) = out
@@ -348,6 +359,30 @@ mod tests {
         assert!(check_io(&renamed, &inputs, &outputs)
             .unwrap_err()
             .contains("`z`"));
+    }
+
+    #[test]
+    fn a_sticky_cuda_error_loses_the_device_an_ordinary_one_fails_the_batch() {
+        let sticky = infer_trt::Error::Cuda {
+            call: "cuStreamSynchronize".into(),
+            code: 700,
+            text: "an illegal memory access was encountered".into(),
+        };
+        match exec_error(sticky) {
+            ExecError::DeviceLost(m) => assert!(m.contains("CUDA error 700"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let oom = infer_trt::Error::Cuda {
+            call: "cuMemcpyHtoDAsync".into(),
+            code: 2,
+            text: "out of memory".into(),
+        };
+        assert!(matches!(exec_error(oom), ExecError::Batch(_)));
+        let refused = infer_trt::Error::Tensorrt {
+            what: "enqueueV3 failed".into(),
+            detail: String::new(),
+        };
+        assert!(matches!(exec_error(refused), ExecError::Batch(_)));
     }
 
     #[test]

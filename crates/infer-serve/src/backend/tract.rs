@@ -13,7 +13,7 @@
 //! memory stays bounded whatever shapes clients send; clients that bucket or pad their
 //! inputs to a few sizes never wait for an optimisation after warm-up.
 
-use super::{Backend, Engine};
+use super::{Backend, Engine, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
@@ -394,7 +394,13 @@ fn to_tract(t: &Tensor) -> Result<TValue, String> {
 }
 
 impl Backend for TractBackend {
-    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
+        self.run(inputs).map_err(ExecError::Batch)
+    }
+}
+
+impl TractBackend {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
         let values = self
             .inner
             .in_order

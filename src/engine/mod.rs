@@ -148,6 +148,12 @@ pub enum Error {
     },
     #[error("engine.convert = \"modelopt\" needs a Python with nvidia-modelopt, torch, onnx and onnxruntime (NVIDIA's TensorRT containers have them), and `{python}` cannot import them: {reason}\nhint: set INFER_BUILD_MODELOPT_PYTHON to such an interpreter, or drop engine.convert to use the builtin converter (no torch needed)")]
     NoModelOpt { python: String, reason: String },
+    #[error("target {target}: output `{output}` has a shape that depends on the input values (from {op}), which the TensorRT runtime cannot size before a batch runs; serve the model on a CPU target, move {op} out of the model (into post-processing), or, if the output's dimensions do follow from the inputs, declare them in the ONNX file with the inputs' dimension names")]
+    DataDependentOutput {
+        target: String,
+        output: String,
+        op: String,
+    },
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -169,6 +175,7 @@ impl Error {
                 | Error::NotFound { .. }
                 | Error::Mismatch { .. }
                 | Error::Accuracy { .. }
+                | Error::DataDependentOutput { .. }
         )
     }
 }
@@ -306,6 +313,13 @@ pub struct Prepared {
 pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<Prepared, Error> {
     let onnx_bytes = read(&spec.onnx)?;
     let onnx_digest = crate::oci::Digest::of(&onnx_bytes).to_string();
+    if matches!(spec.backend, Backend::Tensorrt(_)) {
+        // Before a conversion spends minutes on a model TensorRT targets cannot serve; a model
+        // that does not parse is refused, with the reason, where the engine is built.
+        if let Ok(summary) = onnx::OnnxSummary::from_bytes(&onnx_bytes) {
+            tensorrt::refuse_data_dependent(&spec.target, &summary)?;
+        }
+    }
     let converted = match &spec.backend {
         Backend::Tensorrt(TrtSpec {
             convert: Some(c), ..

@@ -1,8 +1,9 @@
 //! A summary of an ONNX model's graph, enough to choose the TensorRT precision path: which
 //! operator types occur (Q/DQ nodes mean the model is already quantized) and whether it carries
-//! FP16 tensors (a model pre-converted for a strongly typed FP16 build).
+//! FP16 tensors (a model pre-converted for a strongly typed FP16 build); and which outputs have
+//! a shape that depends on the input values, which the TensorRT runtime does not serve.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tract_onnx::pb::type_proto::Value as TypeValue;
 use tract_onnx::prelude::Framework;
@@ -25,6 +26,83 @@ pub struct OnnxSummary {
     /// Graph outputs: name, ONNX element type and dimensions (`-1` for a symbolic or unknown
     /// one); empty dimensions when the file declares no shape.
     pub outputs: Vec<(String, i32, Vec<i64>)>,
+    /// Graph outputs whose shape depends on the input values: name and the operator upstream of
+    /// it that makes it so (see [`data_dependent_outputs`]).
+    pub data_dependent: Vec<(String, String)>,
+}
+
+/// ONNX operators whose output shape depends on the values of their inputs, not only on their
+/// shapes: TensorRT cannot size such an output before it runs (its dimension stays `-1` once
+/// every input shape is set), and needs an output allocator infer-serve does not have.
+pub const DATA_DEPENDENT_OPS: [&str; 4] = ["NonZero", "NonMaxSuppression", "Unique", "Compress"];
+
+/// The graph outputs whose shape depends on the data: downstream of a [`DATA_DEPENDENT_OPS`]
+/// node, with a declared dimension that is neither a number nor a symbol of one of the graph's
+/// inputs (so nothing but the data can fix it). An output whose declared dimensions all come
+/// from the inputs (a NonZero used only to index into a tensor of fixed shape) is kept, as is
+/// one without a declared shape: the runtime still refuses an unresolved output when it creates
+/// an instance. Returns (output, operator), in the graph's output order.
+pub fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String, String)> {
+    use tract_onnx::pb::tensor_shape_proto::dimension::Value as D;
+    let producer: BTreeMap<&str, &tract_onnx::pb::NodeProto> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
+        .collect();
+    // The operator making `value` data-dependent, searching upstream.
+    let upstream = |value: &str| -> Option<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![value];
+        while let Some(v) = todo.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            let Some(n) = producer.get(v) else { continue };
+            if DATA_DEPENDENT_OPS.contains(&n.op_type.as_str()) {
+                return Some(n.op_type.clone());
+            }
+            todo.extend(n.input.iter().map(String::as_str).filter(|i| !i.is_empty()));
+        }
+        None
+    };
+    let dims = |v: &tract_onnx::pb::ValueInfoProto| -> Option<Vec<Option<D>>> {
+        match v.r#type.as_ref()?.value.as_ref()? {
+            TypeValue::TensorType(t) => Some(
+                t.shape
+                    .as_ref()?
+                    .dim
+                    .iter()
+                    .map(|d| d.value.clone())
+                    .collect(),
+            ),
+            _ => None,
+        }
+    };
+    let input_symbols: BTreeSet<String> = graph
+        .input
+        .iter()
+        .filter_map(dims)
+        .flatten()
+        .filter_map(|d| match d {
+            Some(D::DimParam(p)) if !p.is_empty() => Some(p),
+            _ => None,
+        })
+        .collect();
+    graph
+        .output
+        .iter()
+        .filter_map(|o| {
+            let unresolved = dims(o)?.iter().any(|d| match d {
+                Some(D::DimValue(v)) => *v <= 0,
+                Some(D::DimParam(p)) => !input_symbols.contains(p),
+                None => true,
+            });
+            if !unresolved {
+                return None;
+            }
+            upstream(&o.name).map(|op| (o.name.clone(), op))
+        })
+        .collect()
 }
 
 /// The recipe datatype of an ONNX `TensorProto.DataType`, when the runtime serves it.
@@ -139,6 +217,7 @@ impl OnnxSummary {
                 })
             });
         Ok(OnnxSummary {
+            data_dependent: data_dependent_outputs(&graph),
             op_types: graph.node.iter().map(|n| n.op_type.clone()).collect(),
             inputs,
             fp16_tensors,
@@ -178,5 +257,90 @@ mod tests {
             s.op_types
         );
         assert!(OnnxSummary::from_bytes(b"not a model").is_err());
+        assert!(s.data_dependent.is_empty());
+    }
+
+    fn value(name: &str, dims: &[&str]) -> tract_onnx::pb::ValueInfoProto {
+        use tract_onnx::pb::tensor_shape_proto::{dimension::Value as D, Dimension};
+        use tract_onnx::pb::{type_proto, TensorShapeProto, TypeProto, ValueInfoProto};
+        let dim = dims
+            .iter()
+            .map(|d| Dimension {
+                value: match d.parse::<i64>() {
+                    Ok(v) => Some(D::DimValue(v)),
+                    Err(_) if d.is_empty() => None,
+                    Err(_) => Some(D::DimParam((*d).into())),
+                },
+                ..Default::default()
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(TypeValue::TensorType(type_proto::Tensor {
+                    elem_type: 1,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn node(op: &str, inputs: &[&str], output: &str) -> tract_onnx::pb::NodeProto {
+        tract_onnx::pb::NodeProto {
+            op_type: op.into(),
+            input: inputs.iter().map(|s| (*s).into()).collect(),
+            output: vec![output.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn outputs_whose_shape_depends_on_the_data() {
+        // x[N, 4] → NonZero → Transpose → `indices` [n, 2] (n only the data fixes);
+        // x → Relu → `y` [N, 4]; x → NonZero → Gather of a fixed table → `picked` [N, 4]
+        // (its dimensions all come from the input); boxes → NMS → `selected` [?, 3].
+        let graph = tract_onnx::pb::GraphProto {
+            node: vec![
+                node("NonZero", &["x"], "nz"),
+                node("Transpose", &["nz"], "indices"),
+                node("Relu", &["x"], "y"),
+                node("Gather", &["x", "nz"], "picked"),
+                node(
+                    "NonMaxSuppression",
+                    &["boxes", "scores", "", "iou"],
+                    "selected",
+                ),
+            ],
+            input: vec![
+                value("x", &["N", "4"]),
+                value("boxes", &["1", "100", "4"]),
+                value("scores", &["1", "1", "100"]),
+            ],
+            output: vec![
+                value("indices", &["NonZero_dim_1", "2"]),
+                value("y", &["N", "4"]),
+                value("picked", &["N", "4"]),
+                value("selected", &["", "3"]),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            data_dependent_outputs(&graph),
+            [
+                ("indices".to_string(), "NonZero".to_string()),
+                ("selected".to_string(), "NonMaxSuppression".to_string())
+            ]
+        );
+        // A symbolic dimension with no data-dependent operator upstream is the inputs' business
+        // (a sequence length TensorRT resolves from the profile).
+        let plain = tract_onnx::pb::GraphProto {
+            node: vec![node("Relu", &["x"], "y")],
+            input: vec![value("x", &["N", "4"])],
+            output: vec![value("y", &["N", "seq"])],
+            ..Default::default()
+        };
+        assert!(data_dependent_outputs(&plain).is_empty());
     }
 }

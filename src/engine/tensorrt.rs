@@ -56,6 +56,22 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// Refuses a model with an output whose shape depends on the input values (NonZero, NMS, …:
+/// [`crate::engine::onnx::data_dependent_outputs`]), naming the first such output: infer-serve's
+/// TensorRT backend sizes every output buffer before a batch runs. Checked before any tool runs
+/// (conversion, nvidia-smi, trtexec); the runtime refuses such an engine again, by name, when it
+/// creates an instance.
+pub fn refuse_data_dependent(target: &str, summary: &OnnxSummary) -> Result<(), Error> {
+    match summary.data_dependent.first() {
+        Some((output, op)) => Err(Error::DataDependentOutput {
+            target: target.to_owned(),
+            output: output.clone(),
+            op: op.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Build the engine for `spec` into `staging` (which then holds `engine.plan`).
 #[allow(clippy::too_many_arguments)]
 pub fn build(
@@ -72,6 +88,7 @@ pub fn build(
         path: onnx_path.to_path_buf(),
         reason,
     })?;
+    refuse_data_dependent(&spec.target, &summary)?;
     let path = trtexec::precision_path(&spec.target, trt, spec.precision, &summary)?;
     let dynamic = spec.dynamic_batch();
 

@@ -547,6 +547,7 @@ mod tests {
             fp16_tensors: false,
             input_dim_names: Vec::new(),
             outputs: Vec::new(),
+            data_dependent: Vec::new(),
         };
         let trt = |version: &str| {
             TrtSpec::new(

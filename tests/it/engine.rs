@@ -699,6 +699,32 @@ fn precision_refusals() {
     );
 }
 
+/// An output whose shape only the input values fix (NonZero's) is refused for a TensorRT target,
+/// naming the output and the operator, before any tool runs (exit 2); a CPU target is not a
+/// TensorRT build and does not refuse it here.
+#[test]
+fn a_data_dependent_output_is_refused_for_tensorrt_at_build_time() {
+    let msg = refusal(
+        "10.8.0.43",
+        fixture("nonzero.onnx"),
+        4,
+        Precision::Fp16,
+        false,
+    );
+    assert!(
+        msg.starts_with("target sm89-fp16: output `indices` has a shape that depends on the input values (from NonZero)"),
+        "{msg}"
+    );
+    assert!(refusal(
+        "8.6.1.6",
+        fixture("nonzero.onnx"),
+        4,
+        Precision::Fp16,
+        false
+    )
+    .contains("`indices`"));
+}
+
 #[test]
 fn explicit_int8_on_tensorrt_10_needs_no_calibration() {
     let tmp = tempfile::tempdir().unwrap();

@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
 use super::ort_image::{glibc_base_layout, keep_wheels, library_rows, seed_wheels};
-use super::support::{docker_load, have_docker, have_tool, infer_build, root, stderr, stdout};
+use super::support::{
+    blob_path, docker_load, have_docker, have_tool, infer_build, layer_files, root, stderr, stdout,
+};
 
 const RECIPE: &str = r#"
 [model]
@@ -78,37 +80,7 @@ fn lean_wheels() -> Vec<String> {
 }
 
 fn blob(layout: &Path, digest: &str) -> Vec<u8> {
-    std::fs::read(layout.join("blobs/sha256").join(&digest[7..])).unwrap()
-}
-
-/// Every file of a layer: (path, bytes), read through infer-build's one layer reader (the
-/// blob verified against its digest first).
-fn layer_files(layout: &Path, layer: &Value) -> Vec<(String, Vec<u8>)> {
-    use infer_build::oci::{store::BlobStore, unpack, Digest};
-    use std::io::Read;
-    let store = BlobStore::open(layout).unwrap();
-    let digest = Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
-    let reader = unpack::open(
-        &store,
-        &digest,
-        layer["size"].as_u64().unwrap(),
-        layer["mediaType"].as_str().unwrap(),
-    )
-    .unwrap();
-    let mut a = tar::Archive::new(reader);
-    let mut out = Vec::new();
-    for e in a.entries().unwrap() {
-        let mut e = e.unwrap_or_else(|e| panic!("layer {layer}: {e}"));
-        let path = e.path().unwrap().to_string_lossy().into_owned();
-        if path.ends_with('/') {
-            continue;
-        }
-        let mut b = Vec::new();
-        e.read_to_end(&mut b)
-            .unwrap_or_else(|e| panic!("layer {layer}, {path}: {e}"));
-        out.push((path, b));
-    }
-    out
+    std::fs::read(blob_path(layout, digest)).unwrap()
 }
 
 /// The TensorRT headers the tests build the GPU runtime against: `$TENSORRT_ROOT`, else the
@@ -359,16 +331,19 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
     );
     let n = roles.len();
 
-    // The lean library: exactly the wheel's member, which the lock file pins.
+    // The lean library and, beside it, the version-compatible plugin library the runtime
+    // registers: exactly the wheel's members, which the lock file pins.
     let libs = layer_files(&layout, &layers[n - 4]);
+    let names: Vec<&str> = libs.iter().map(|l| l.0.as_str()).collect();
     assert_eq!(
-        libs.len(),
-        1,
-        "{:?}",
-        libs.iter().map(|l| &l.0).collect::<Vec<_>>()
+        names,
+        [
+            "opt/tensorrt/lib/libnvinfer_lean.so.10",
+            "opt/tensorrt/lib/libnvinfer_vc_plugin.so.10"
+        ]
     );
-    assert_eq!(libs[0].0, "opt/tensorrt/lib/libnvinfer_lean.so.10");
     assert!(libs[0].1.starts_with(b"\x7fELF") && libs[0].1.len() > 50 << 20);
+    assert!(libs[1].1.starts_with(b"\x7fELF"));
     let lock = std::fs::read_to_string(dir.join("recipe.lock")).unwrap();
     let lockv: toml::Value = toml::from_str(&lock).unwrap();
     let pinned = &lockv["library"][0];

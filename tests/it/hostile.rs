@@ -149,7 +149,7 @@ fn make_layout(
 }
 
 fn blob(dir: &Path, digest: &str) -> PathBuf {
-    dir.join("blobs/sha256").join(&digest[7..])
+    super::support::blob_path(dir, digest)
 }
 
 fn mkfifo(p: &Path) {

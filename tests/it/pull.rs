@@ -10,7 +10,9 @@ use serde_json::Value;
 
 use super::image::{tiny_dynamic_elf, tiny_static_elf};
 use super::registry_support::Registry;
-use super::support::{first_gpu_target, have_tool, infer_build, root, stderr, stdout};
+use super::support::{
+    blob_path, first_gpu_target, have_tool, infer_build, root, stderr, stdout, target_digest,
+};
 
 /// A scratch directory with a stand-in runtime, its own base cache and no credentials.
 struct Fixture {
@@ -111,7 +113,7 @@ fn json_file(path: &Path) -> Value {
 }
 
 fn blob(layout: &Path, digest: &str) -> Value {
-    json_file(&layout.join("blobs/sha256").join(&digest[7..]))
+    json_file(&blob_path(layout, digest))
 }
 
 fn layer_digests(manifest: &Value) -> Vec<String> {
@@ -121,19 +123,6 @@ fn layer_digests(manifest: &Value) -> Vec<String> {
         .iter()
         .map(|l| l["digest"].as_str().unwrap().to_string())
         .collect()
-}
-
-/// The manifest digest of target `id` in a build report.
-fn target_digest(report: &Value, id: &str) -> String {
-    report["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["id"] == id)
-        .unwrap_or_else(|| panic!("no target {id} in {report}"))["manifest_digest"]
-        .as_str()
-        .unwrap()
-        .to_string()
 }
 
 /// The digest `reference` is pinned to in a lock file.

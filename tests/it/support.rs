@@ -206,7 +206,8 @@ impl Serve {
     }
 }
 
-fn free_port() -> u16 {
+/// A port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -402,4 +403,52 @@ fn head_with(name: &str, tail: &str) -> String {
         .find("[batching]")
         .expect("the fixture has [batching]")];
     format!("{head}{tail}")
+}
+
+/// Every file of a layer: (path, bytes), read through infer-build's one layer reader (the
+/// blob verified against its digest first).
+pub fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
+    use infer_build::oci::{store::BlobStore, unpack, Digest};
+    use std::io::Read;
+    let store = BlobStore::open(layout).unwrap();
+    let digest = Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
+    let reader = unpack::open(
+        &store,
+        &digest,
+        layer["size"].as_u64().unwrap(),
+        layer["mediaType"].as_str().unwrap(),
+    )
+    .unwrap();
+    let mut a = tar::Archive::new(reader);
+    let mut out = Vec::new();
+    for e in a.entries().unwrap() {
+        let mut e = e.unwrap_or_else(|e| panic!("layer {layer}: {e}"));
+        let path = e.path().unwrap().to_string_lossy().into_owned();
+        if path.ends_with('/') {
+            continue;
+        }
+        let mut b = Vec::new();
+        e.read_to_end(&mut b)
+            .unwrap_or_else(|e| panic!("layer {layer}, {path}: {e}"));
+        out.push((path, b));
+    }
+    out
+}
+
+/// Where the blob `digest` (`sha256:…`) lives in the OCI layout `layout`.
+pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {
+    layout.join("blobs/sha256").join(&digest[7..])
+}
+
+/// The manifest digest of target `id` in a build report (`build --json`).
+pub fn target_digest(report: &serde_json::Value, id: &str) -> String {
+    report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap_or_else(|| panic!("no target {id} in {report}"))["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

@@ -66,17 +66,15 @@ pub fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String
         None
     };
     let dims = |v: &tract_onnx::pb::ValueInfoProto| -> Option<Vec<Option<D>>> {
-        match v.r#type.as_ref()?.value.as_ref()? {
-            TypeValue::TensorType(t) => Some(
-                t.shape
-                    .as_ref()?
-                    .dim
-                    .iter()
-                    .map(|d| d.value.clone())
-                    .collect(),
-            ),
-            _ => None,
-        }
+        let TypeValue::TensorType(t) = v.r#type.as_ref()?.value.as_ref()?;
+        Some(
+            t.shape
+                .as_ref()?
+                .dim
+                .iter()
+                .map(|d| d.value.clone())
+                .collect(),
+        )
     };
     let input_symbols: BTreeSet<String> = graph
         .input

@@ -156,19 +156,13 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
     for t in selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
-        let ort = ort_candidate(&matrix, &lock_path, req.update_lock, t, &recipe, note)?;
-        let engine = cached_engine(
-            req.engines.as_deref(),
-            &recipe,
-            t,
-            ort.as_ref().map(|(c, _)| c.clone()),
-            folding(&matrix, &lock_path, req.update_lock, t, note),
-            note,
-        )?;
+        let (spec, ort) = engine_spec(&matrix, &lock_path, req.update_lock, &recipe, t, note)?;
+        let ort_files = ort.is_some();
+        let engine = cached_engine(req.engines.as_deref(), spec, t, note)?;
         let ort_engine = engine
             .as_ref()
             .is_some_and(|e| e.kind == infer_spec::engine::EngineKind::Onnxruntime);
-        if let (Some(e), true) = (&engine, ort.is_some()) {
+        if let (Some(e), true) = (&engine, ort_files) {
             if let Some(line) = &e.selection {
                 note(&format!("target {}: {line}", t.id));
             }
@@ -180,7 +174,7 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
             None => (None, None),
         };
-        if let (Some((_, lib)), true) = (&ort, ort_engine) {
+        if let (Some(lib), true) = (&ort, ort_engine) {
             let Some(pin) = t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()) else {
                 return Err(Error::Usage(format!(
                     "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
@@ -273,6 +267,35 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
         bases: bases.pulled.into_values().collect(),
         model,
     })
+}
+
+/// The engine-spec step `build` and `engine` share: the recipe's spec for target `t`, with
+/// ONNX Runtime as a candidate where the CPU target may ship it ([`ort_candidate`]: also the
+/// library files an ONNX Runtime image carries) and the ONNX Runtime that may fold the model
+/// for tract ([`folding`]); `update_lock` re-resolves what the lock file pins.
+pub fn engine_spec(
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    update_lock: bool,
+    recipe: &crate::recipe::Recipe,
+    t: &TargetPlan,
+    note: &Notes,
+) -> Result<
+    (
+        crate::engine::EngineSpec,
+        Option<assemble::spec::LibraryFiles>,
+    ),
+    Error,
+> {
+    let mut spec = crate::engine::adapt::spec(recipe, t)?;
+    let ort = ort_candidate(matrix, lock_path, update_lock, t, recipe, note)?;
+    let (candidate, files) = match ort {
+        Some((c, f)) => (Some(c), Some(f)),
+        None => (None, None),
+    };
+    spec.onnxruntime = candidate;
+    spec.folding = folding(matrix, lock_path, update_lock, t, note);
+    Ok((spec, files))
 }
 
 /// ONNX Runtime as an engine candidate of CPU target `t` (`engine.cpu` `auto` or
@@ -579,15 +602,10 @@ fn nonempty(v: Option<&str>) -> Option<String> {
 /// file, its metadata JSON and its profile JSON.
 fn cached_engine(
     dir: Option<&Path>,
-    recipe: &crate::recipe::Recipe,
+    spec: crate::engine::EngineSpec,
     t: &TargetPlan,
-    ort: Option<OrtCandidate>,
-    folding: Option<Folding>,
     note: &Notes,
 ) -> Result<Option<CachedEngine>, Error> {
-    let mut spec = crate::engine::adapt::spec(recipe, t)?;
-    spec.onnxruntime = ort;
-    spec.folding = folding;
     let found = match dir.map(|dir| (dir, crate::engine::lookup(&spec, dir))) {
         Some((_, Ok(a))) => a,
         Some((dir, Err(crate::engine::Error::NotFound { reason, .. })))

@@ -29,6 +29,9 @@ pub struct EngineArgs {
     pub cache: Option<PathBuf>,
     #[command(flatten)]
     pub matrix: MatrixArgs,
+    /// Re-resolve what the lock file pins (the ONNX Runtime library), as `build --update-lock`.
+    #[arg(long)]
+    pub update_lock: bool,
     /// Print the result as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -44,14 +47,17 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
         ..
     } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
     let target = plan.require(&args.target)?;
-    let mut spec = engine::adapt::spec(&recipe, target)?;
     let notes = super::build::stderr_notes();
-    // A CPU target whose engine may be ONNX Runtime: measure it against tract.
-    spec.onnxruntime =
-        crate::pipeline::ort_candidate(&matrix, &lock_path, false, target, &recipe, &notes)?
-            .map(|(candidate, _)| candidate);
-    // Under `engine.cpu = "tract"`: the ONNX Runtime that may fold the model for tract.
-    spec.folding = crate::pipeline::folding(&matrix, &lock_path, false, target, &notes);
+    // The same spec `build` makes: ONNX Runtime measured against tract where the CPU target
+    // may ship it, and the ONNX Runtime that may fold the model for tract.
+    let (spec, _) = crate::pipeline::engine_spec(
+        &matrix,
+        &lock_path,
+        args.update_lock,
+        &recipe,
+        target,
+        &notes,
+    )?;
     let root = engine::cache_root(args.cache.as_deref())?;
     let cache = Cache::open(&root)?;
     let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;

@@ -1,0 +1,301 @@
+//! The engine-spec step `build` and `infer-build engine` share, the engine cache lookup of a
+//! build, the native library an engine stage loads, and the words for an engine choice.
+
+use std::path::{Path, PathBuf};
+
+use crate::assemble;
+use crate::engine::onnxruntime::{Folding, OrtCandidate};
+use crate::error::Error;
+use crate::plan::{TargetKind, TargetPlan};
+use crate::recipe::CpuEngine;
+
+use super::Notes;
+
+/// A target's engine spec and, where ONNX Runtime is a candidate, the library files its image
+/// would carry.
+pub type SpecAndLibrary = (
+    crate::engine::EngineSpec,
+    Option<assemble::spec::LibraryFiles>,
+);
+
+/// The engine-spec step `build` and `engine` share: the recipe's spec for target `t`, with
+/// ONNX Runtime as a candidate where the CPU target may ship it (`ort_candidate`: also the
+/// library files an ONNX Runtime image carries) and the ONNX Runtime that may fold the model
+/// for tract (`folding`); `update_lock` re-resolves what the lock file pins.
+pub fn engine_spec(
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    update_lock: bool,
+    recipe: &crate::recipe::Recipe,
+    t: &TargetPlan,
+    note: &Notes,
+) -> Result<SpecAndLibrary, Error> {
+    let mut spec = crate::engine::adapt::spec(recipe, t)?;
+    let ort = ort_candidate(matrix, lock_path, update_lock, t, recipe, note)?;
+    let (candidate, files) = match ort {
+        Some((c, f)) => (Some(c), Some(f)),
+        None => (None, None),
+    };
+    spec.onnxruntime = candidate;
+    spec.folding = folding(matrix, lock_path, update_lock, t, note);
+    Ok((spec, files))
+}
+
+/// ONNX Runtime as an engine candidate of CPU target `t` (`engine.cpu` `auto` or
+/// `onnxruntime`, where the matrix has its library and a glibc base): the library from the
+/// pinned wheel (fetched into the library cache, pinned in the lock file), what the engine
+/// stage loads to measure it, and the files an ONNX Runtime image ships. `None`: tract only,
+/// including under `auto` when the library cannot be had (no network and not cached), which is
+/// said on standard error; a forced ONNX Runtime fails instead.
+pub fn ort_candidate(
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    update_lock: bool,
+    t: &TargetPlan,
+    recipe: &crate::recipe::Recipe,
+    note: &Notes,
+) -> Result<Option<(OrtCandidate, assemble::spec::LibraryFiles)>, Error> {
+    let Some(cpu) = t
+        .cpu
+        .as_ref()
+        .filter(|c| t.kind == TargetKind::Cpu && c.onnxruntime_possible())
+    else {
+        return Ok(None);
+    };
+    let forced = cpu.engine == CpuEngine::OnnxRuntime;
+    let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
+    let row = crate::native::resolve(
+        matrix,
+        "onnxruntime",
+        t.platform,
+        None,
+        lock.as_ref().map(|l| (lock_path, l)),
+        update_lock,
+    )?;
+    let (load, files) = match ensure_library(t, row, lock_path, true, note) {
+        Ok(got) => got,
+        Err(Error::Native(e)) if !forced && !e.is_bad_input() => {
+            note(&format!(
+                "target {}: ONNX Runtime is not measured, tract ships (engine.cpu = auto): {e}",
+                t.id
+            ));
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // The runtime's rule (`engine.threads` is never set in images): its CPUs over its instances.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = infer_spec::runtime::default_intra_op_threads(cpus, recipe.batching.instances);
+    Ok(Some((
+        OrtCandidate {
+            library: load,
+            version: row.version.clone(),
+            threads,
+            forced,
+        },
+        files,
+    )))
+}
+
+/// ONNX Runtime for the constant folding of a CPU target under `engine.cpu = "tract"` (see
+/// [`Folding`]): the matrix's library for the target's platform, its version part of the engine
+/// key; checked against the lock file, fetched into the library cache and pinned in the lock
+/// file only when tract cannot load the model as it is. `None` for other targets and policies,
+/// and where the matrix has no ONNX Runtime for the platform.
+pub fn folding(
+    matrix: &crate::matrix::Matrix,
+    lock_path: &Path,
+    update_lock: bool,
+    t: &TargetPlan,
+    note: &Notes,
+) -> Option<Folding> {
+    t.cpu
+        .as_ref()
+        .filter(|c| t.kind == TargetKind::Cpu && c.engine == CpuEngine::Tract)?;
+    let row = matrix.library("onnxruntime", t.platform, None)?.clone();
+    let (t, lock_path, note) = (t.clone(), lock_path.to_path_buf(), note.clone());
+    Some(Folding::new(row.version.clone(), move || {
+        let lock = crate::plan::lock::read(&lock_path).map_err(|e| e.to_string())?;
+        crate::native::check_lock(
+            &row,
+            None,
+            lock.as_ref().map(|l| (lock_path.as_path(), l)),
+            update_lock,
+        )
+        .map_err(|e| e.to_string())?;
+        ensure_library(&t, &row, &lock_path, true, &note)
+            .map(|(load, _)| load)
+            .map_err(|e| e.to_string())
+    }))
+}
+
+/// The files of library `row` from the library cache (downloaded and verified when missing),
+/// its pin recorded in the lock file (`only`: as the one version of its name, see
+/// [`crate::native::record`]); and the path to load it from on this machine.
+pub(super) fn ensure_library(
+    t: &TargetPlan,
+    row: &crate::matrix::RuntimeLibrary,
+    lock_path: &Path,
+    only: bool,
+    note: &Notes,
+) -> Result<(PathBuf, assemble::spec::LibraryFiles), Error> {
+    let cache = crate::native::default_cache_dir().ok_or_else(|| {
+        Error::Usage(format!(
+            "target {}: no cache directory for the {} library: set \
+             INFER_BUILD_CACHE_DIR, XDG_CACHE_HOME or HOME",
+            t.id, row.name
+        ))
+    })?;
+    let lib = crate::native::ensure(row, &cache, &crate::native::fetch::Options::default())?;
+    crate::native::record(lock_path, row, only)?;
+    if lib.offline {
+        note(&format!(
+            "library {} {} (from the library cache)",
+            row.name, row.version
+        ));
+    } else {
+        note(&format!(
+            "library {} {} (downloaded {} bytes, sha256 {} verified)",
+            row.name, row.version, lib.bytes_downloaded, row.sha256
+        ));
+    }
+    Ok((
+        lib.load.clone(),
+        assemble::spec::LibraryFiles {
+            files: lib.files,
+            load: row.load_path(),
+        },
+    ))
+}
+
+/// The engine of target `t` under `--engines DIR` (an engine cache, or the entries of several
+/// caches copied under one folder), found and verified by [`crate::engine::lookup`]:
+/// its metadata must match the plan and its file its digest. A GPU target needs one; a CPU
+/// target without one ships the ONNX model (tract optimises it at start). Returns the engine
+/// file, its metadata JSON and its profile JSON.
+pub(super) fn cached_engine(
+    dir: Option<&Path>,
+    spec: crate::engine::EngineSpec,
+    t: &TargetPlan,
+    note: &Notes,
+) -> Result<Option<CachedEngine>, Error> {
+    let found = match dir.map(|dir| (dir, crate::engine::lookup(&spec, dir))) {
+        Some((_, Ok(a))) => a,
+        Some((dir, Err(crate::engine::Error::NotFound { reason, .. })))
+            if t.kind == TargetKind::Cpu =>
+        {
+            note(&format!(
+                "note: target {}: no engine under {} ({reason}); running the engine stage",
+                t.id,
+                dir.display()
+            ));
+            cpu_engine(&spec)?
+        }
+        Some((_, Err(e))) => return Err(e.into()),
+        // A CPU target always goes through the engine stage (its cache makes a rebuild free):
+        // a model tract cannot load or run is refused here, not by the image at start.
+        None if t.kind == TargetKind::Cpu => cpu_engine(&spec)?,
+        None => return Ok(None),
+    };
+    let read = |name: &str| -> Result<Vec<u8>, Error> {
+        let (p, _) = assemble::safe_input(&found.dir, Path::new(name))?;
+        Ok(crate::oci::dir::read_file(
+            &p,
+            crate::oci::MAX_DOCUMENT,
+            name,
+        )?)
+    };
+    let name = found
+        .engine
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let (file, _) = assemble::safe_input(&found.dir, &name)?;
+    note(&format!(
+        "target {}: engine {} from {}",
+        t.id,
+        found.meta.engine_digest,
+        found.dir.display()
+    ));
+    Ok(Some(CachedEngine {
+        file,
+        meta_json: read(infer_spec::engine::META_FILE)?,
+        profile: found.profile.to_canonical_json(),
+        kind: found.meta.kind,
+        selection: found.profile.selection.as_ref().map(selection_line),
+        folded: folded_line(&found.meta),
+    }))
+}
+
+/// The CPU engine of `spec`, built into (or found in) the default engine cache.
+fn cpu_engine(spec: &crate::engine::EngineSpec) -> Result<crate::engine::EngineArtifact, Error> {
+    let root = crate::engine::cache_root(None)?;
+    let cache = crate::engine::Cache::open(&root)?;
+    Ok(crate::engine::build(
+        spec,
+        &cache,
+        &crate::process::SystemRunner,
+    )?)
+}
+
+/// For a tract engine built from ONNX Runtime's constant-folded model, that fact in words.
+pub fn folded_line(meta: &infer_spec::engine::EngineMeta) -> Option<String> {
+    let v = meta.cpu.as_ref()?.folded_by.as_ref()?;
+    Some(format!(
+        "tract loads the model only after ONNX Runtime {v}'s constant folding; the engine is the folded model"
+    ))
+}
+
+/// The CPU engine choice in one line: what shipped, why, and each candidate's figures.
+pub fn selection_line(s: &infer_spec::engine::EngineSelection) -> String {
+    let mut line = format!(
+        "CPU engine {} (engine.cpu = {}): {}",
+        s.chosen, s.policy, s.reason
+    );
+    for c in &s.candidates {
+        match (&c.error, c.startup_ms) {
+            (Some(e), _) => {
+                line.push_str(&format!("\n  {} {}: does not load: {e}", c.kind, c.version))
+            }
+            (None, startup) => {
+                let tb: Vec<String> = c
+                    .batches
+                    .iter()
+                    .map(|b| format!("T({})={:.1} µs", b.batch, b.median_us))
+                    .collect();
+                line.push_str(&format!(
+                    "\n  {} {} ({} thread{}): start-up {} ms, {}",
+                    c.kind,
+                    c.version,
+                    c.threads,
+                    if c.threads == 1 { "" } else { "s" },
+                    startup.map_or("-".into(), |v| format!("{v:.1}")),
+                    tb.join(" ")
+                ));
+            }
+        }
+    }
+    if let Some(a) = &s.agreement {
+        line.push_str(&format!(
+            "\n  outputs {} (max |a-b| {:.2e}, max rel {:.2e}; atol {:e}, rtol {:e}; {})",
+            if a.agreed { "agree" } else { "differ" },
+            a.max_abs,
+            a.max_rel,
+            a.atol,
+            a.rtol,
+            a.inputs
+        ));
+    }
+    line
+}
+
+pub(super) struct CachedEngine {
+    pub(super) file: PathBuf,
+    pub(super) meta_json: Vec<u8>,
+    pub(super) profile: Vec<u8>,
+    pub(super) kind: infer_spec::engine::EngineKind,
+    /// The CPU engine choice, in words.
+    pub(super) selection: Option<String>,
+    /// How the model was folded for tract, in words.
+    pub(super) folded: Option<String>,
+}

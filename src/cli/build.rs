@@ -5,7 +5,6 @@
 //! the pipeline is [`crate::pipeline`], the assembly [`crate::assemble`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,7 +13,7 @@ use serde_json::json;
 use crate::assemble::{BuildOptions, BuildReport, Policy, Progress};
 use crate::error::Error;
 use crate::oci::{cjson, Compression};
-use crate::pipeline::{self, BuildRequest, Notes};
+use crate::pipeline::{self, BuildRequest};
 use crate::registry::pull::PulledImage;
 
 #[derive(Debug, Args)]
@@ -109,15 +108,10 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
         archive.as_deref(),
         &opts,
         &mut progress,
-        &stderr_notes(),
+        &super::stderr_notes(),
     )?;
     print_report(&b.report, &b.sboms, archive.as_deref(), &b.bases, args.json);
     Ok(())
-}
-
-/// The pipeline's notes, one line each on standard error.
-pub(crate) fn stderr_notes() -> Notes {
-    Arc::new(|line: &str| eprintln!("{line}"))
 }
 
 fn print_report(

@@ -47,7 +47,7 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
         ..
     } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
     let target = plan.require(&args.target)?;
-    let notes = super::build::stderr_notes();
+    let notes = super::stderr_notes();
     // The same spec `build` makes: ONNX Runtime measured against tract where the CPU target
     // may ship it, and the ONNX Runtime that may fold the model for tract.
     let (spec, _) = crate::pipeline::engine_spec(

@@ -125,6 +125,11 @@ pub fn report(e: &Error) {
 /// Registry client options from the flags `push` and `slim` share: `--insecure`, `--ca-cert`,
 /// `--docker-config` (credentials from the environment too). A credentials file named on the
 /// command line must exist: [`check_credentials_file`].
+/// The pipeline's notes, one line each on standard error.
+pub(crate) fn stderr_notes() -> crate::pipeline::Notes {
+    std::sync::Arc::new(|line: &str| eprintln!("{line}"))
+}
+
 pub(crate) fn registry_client(
     insecure: bool,
     ca_cert: Option<std::path::PathBuf>,

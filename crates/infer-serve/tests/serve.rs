@@ -686,6 +686,44 @@ fn a_lost_device_makes_the_server_not_ready_and_refuses_every_inference() {
         grpc_empty_call(&s.grpc_addr, "ServerReady"),
         Vec::<u8>::new()
     );
+    // tritonclient's gRPC client sees UNAVAILABLE with the reason, and the server not ready.
+    let py = support::python();
+    let script = r#"
+import sys
+import numpy as np
+import tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+x = g.InferInput("x", [1, 4], "FP32")
+x.set_data_from_numpy(np.ones((1, 4), np.float32))
+try:
+    c.infer("synthetic", [x])
+    print("answered")
+except g.InferenceServerException as e:
+    print(e.status(), e.message())
+print("ready", c.is_server_ready())
+"#;
+    let have = Command::new(&py)
+        .args(["-c", "import tritonclient.grpc, numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if have {
+        let o = Command::new(&py)
+            .args(["-c", script, &s.grpc_addr])
+            .output()
+            .unwrap();
+        let out = support::stdout(&o);
+        assert!(o.status.success(), "{out}{}", support::stderr(&o));
+        assert!(
+            out.contains("StatusCode.UNAVAILABLE") && out.contains("CUDA error 700"),
+            "{out}"
+        );
+        assert!(out.contains("ready False"), "{out}");
+    } else {
+        println!(
+            "skipping the tritonclient part: {} lacks tritonclient.grpc",
+            py.display()
+        );
+    }
     // Later requests are refused at once, without reaching the engine.
     for _ in 0..3 {
         let r = s.post(infer, &[], f32_json(1, 4, 1.0).as_bytes());

@@ -151,6 +151,13 @@ impl Server {
         model.serving() && !self.draining.load(Relaxed)
     }
 
+    /// Why the server can no longer serve at all (a model's device is lost), if it cannot.
+    pub(crate) fn device_lost(&self) -> Option<String> {
+        self.models()
+            .find_map(|m| m.batcher()?.device_lost())
+            .map(str::to_owned)
+    }
+
     pub(crate) fn not_ready(&self) -> ApiError {
         if self.draining.load(Relaxed) {
             ApiError::Rejected(Rejection::ShuttingDown)
@@ -231,7 +238,12 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
     match segs.as_slice() {
         ["v2", "health", "live"] => {
             allow(Method::GET)?;
-            Ok(json_response(StatusCode::OK, r#"{"live":true}"#))
+            // A lost device never comes back in this process: liveness fails so the
+            // orchestrator restarts it (the probe `deploy` writes is this route).
+            match app.device_lost() {
+                None => Ok(json_response(StatusCode::OK, r#"{"live":true}"#)),
+                Some(why) => Err(ApiError::DeviceLost(why)),
+            }
         }
         ["v2", "health", "ready"] => {
             allow(Method::GET)?;

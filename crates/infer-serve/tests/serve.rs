@@ -675,12 +675,20 @@ fn a_lost_device_makes_the_server_not_ready_and_refuses_every_inference() {
         );
         assert_eq!(r.header("retry-after"), Some("1"));
     }
-    // Readiness fails, with the reason; liveness does not.
+    // Readiness and liveness fail, with the reason: the endpoint is taken out of service and
+    // the process restarted (a lost device never comes back in it).
     let ready = s.get("/v2/health/ready");
     assert_eq!(ready.status, 503);
     assert!(ready.text().contains("CUDA error 700"), "{}", ready.text());
     assert_eq!(s.get("/v2/models/synthetic/ready").status, 503);
-    assert_eq!(s.get("/v2/health/live").status, 200);
+    let live = s.get("/v2/health/live");
+    assert_eq!(live.status, 503);
+    assert!(live.text().contains("CUDA error 700"), "{}", live.text());
+    // gRPC ServerLive says false too (the false field is left out of the message).
+    assert_eq!(
+        grpc_empty_call(&s.grpc_addr, "ServerLive"),
+        Vec::<u8>::new()
+    );
     // gRPC ServerReady says false (proto3 leaves the false field out of the message).
     assert_eq!(
         grpc_empty_call(&s.grpc_addr, "ServerReady"),

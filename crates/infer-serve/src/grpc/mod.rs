@@ -192,7 +192,9 @@ impl Grpc {
             }
             (INFERENCE_SERVICE, "ServerLive") => {
                 read::<ipb::ServerLiveRequest>(body, srv).await?;
-                Ok(codec::frame(&ipb::ServerLiveResponse { live: true }))
+                Ok(codec::frame(&ipb::ServerLiveResponse {
+                    live: app.device_lost().is_none(),
+                }))
             }
             (INFERENCE_SERVICE, "ServerReady") => {
                 read::<ipb::ServerReadyRequest>(body, srv).await?;

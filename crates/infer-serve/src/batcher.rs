@@ -866,6 +866,19 @@ mod tests {
         }
     }
 
+    /// Submits each of `sent` alone while `block` holds the one instance, then checks every
+    /// request got its own rows back.
+    fn behind(b: &Batcher, block: oneshot::Receiver<Outcome>, sent: &[Tensor]) {
+        let rxs: Vec<_> = sent
+            .iter()
+            .map(|t| b.submit(vec![t.clone()], 1, None).unwrap())
+            .collect();
+        wait(block).unwrap();
+        for (rx, t) in rxs.into_iter().zip(sent) {
+            assert_eq!(wait(rx).unwrap().outputs, vec![t.clone()]);
+        }
+    }
+
     /// Requests of different non-batch shapes, interleaved, form one batch per shape (oldest
     /// shape first), and each gets its own rows back.
     #[test]
@@ -880,14 +893,7 @@ mod tests {
             wide(20.0),
             row(3.0, 1),
         ];
-        let rxs: Vec<_> = sent
-            .iter()
-            .map(|t| b.submit(vec![t.clone()], 1, None).unwrap())
-            .collect();
-        wait(block).unwrap();
-        for (rx, t) in rxs.into_iter().zip(&sent) {
-            assert_eq!(wait(rx).unwrap().outputs, vec![t.clone()]);
-        }
+        behind(&b, block, &sent);
         assert_eq!(*sizes.lock().unwrap(), vec![1, 3, 2]);
     }
 
@@ -945,14 +951,7 @@ mod tests {
             row(2.0, 1),
             row(1.0, 1),
         ];
-        let rxs: Vec<_> = sent
-            .iter()
-            .map(|t| b.submit(vec![t.clone()], 1, None).unwrap())
-            .collect();
-        wait(block).unwrap();
-        for (rx, t) in rxs.into_iter().zip(&sent) {
-            assert_eq!(wait(rx).unwrap().outputs, vec![t.clone()]);
-        }
+        behind(&b, block, &sent);
         assert_eq!(*sizes.lock().unwrap(), vec![1, 3, 2]);
     }
 

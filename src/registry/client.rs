@@ -781,8 +781,7 @@ impl Client {
     fn realm_gets_credentials(&self, realm: &str) -> bool {
         self.same_origin(realm)
             || (self.registry == super::reference::DOCKER_HUB_API
-                && origin(realm).is_some()
-                && origin(realm) == origin(DOCKER_HUB_REALM))
+                && origin(realm).is_some_and(|o| origin(DOCKER_HUB_REALM) == Some(o)))
             || realm_host(realm).is_some_and(|host| {
                 realm.starts_with("https://")
                     && self

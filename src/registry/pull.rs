@@ -107,8 +107,12 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         }
     };
 
-    // An image the layout already holds whole: named (and pinned), nothing downloaded.
-    let already_here = |(desc, index_digest, blobs): Known, served_by: Option<Served>| {
+    // Every pull ends here: the image named in the layout (and pinned in the lock file).
+    let named = |desc: Descriptor,
+                 index_digest: Option<Digest>,
+                 bytes_downloaded: u64,
+                 blobs_reused: usize,
+                 served_by: Option<Served>| {
         let ref_name = ref_name_for(&desc.digest);
         let digest = desc.digest.clone();
         layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
@@ -121,15 +125,15 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             index_digest,
             layout: dest.to_path_buf(),
             ref_name,
-            bytes_downloaded: 0,
-            blobs_reused: blobs,
+            bytes_downloaded,
+            blobs_reused,
             offline: served_by.is_none(),
             served_by,
         })
     };
     if let Some(want) = &r.digest {
-        if let Some(known) = local_image(&layout, want, &os, &arch) {
-            return already_here(known, None);
+        if let Some((desc, index_digest, blobs)) = local_image(&layout, want, &os, &arch) {
+            return named(desc, index_digest, 0, blobs, None);
         }
     }
 
@@ -138,11 +142,8 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         None => std::sync::Arc::new(Registries::load(None, &super::env_var)?),
     };
     let sources = registries.sources(&r)?;
-    let mut tried = Vec::new();
-    let mut found = None;
-    for (i, src) in sources.iter().enumerate() {
-        let last = i + 1 == sources.len();
-        match open_source(
+    let open = |src: &Source| {
+        open_source(
             &r,
             src,
             opts,
@@ -150,13 +151,24 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
             &os,
             &arch,
             pinned_by_lock.as_deref(),
-        ) {
+        )
+    };
+    // A mirror that fails is passed over, and said; the primary's error is the answer.
+    let mut tried = Vec::new();
+    let mut found = None;
+    for src in &sources.mirrors {
+        match open(src) {
             Ok(opened) => {
                 found = Some((src, opened));
                 break;
             }
-            // A mirror that fails is passed over; the primary's error is the answer.
-            Err(e) if !last => tried.push(format!("{}: {e}", src.place())),
+            Err(e) => tried.push(format!("{}: {e}", src.place())),
+        }
+    }
+    let (src, opened) = match found {
+        Some(found) => found,
+        None => match open(&sources.primary) {
+            Ok(opened) => (&sources.primary, opened),
             Err(e) if tried.is_empty() => return Err(e),
             Err(e) => {
                 return Err(Error::Sources {
@@ -164,13 +176,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
                     source: Box::new(e),
                 })
             }
-        }
-    }
-    let Some((src, opened)) = found else {
-        return Err(Error::NotFound {
-            reference: r.to_string(),
-            reason: "no place to pull it from".into(),
-        });
+        },
     };
     let served_by = Served {
         place: src.place(),
@@ -183,9 +189,9 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         mut media_type,
         known,
     } = opened;
-    if let Some(known) = known {
+    if let Some((desc, index_digest, blobs)) = known {
         // The tag's digest (learnt with a HEAD) names an image the layout already holds.
-        return already_here(known, Some(served_by));
+        return named(desc, index_digest, 0, blobs, Some(served_by));
     }
     let r_logical = &r;
     let r = &src.reference;
@@ -243,23 +249,8 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         store_blob(&dirs, index)?;
     }
     dirs.finish();
-    let ref_name = ref_name_for(&digest);
-    let desc = Descriptor::new(&media_type, digest.clone(), bytes.len() as u64);
-    layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
-    if let Some(lock_path) = &opts.lock {
-        lock::record(lock_path, reference, &digest)?;
-    }
-    Ok(PulledImage {
-        reference: reference.to_string(),
-        digest,
-        index_digest,
-        layout: dest.to_path_buf(),
-        ref_name,
-        bytes_downloaded: downloaded,
-        blobs_reused: reused,
-        offline: false,
-        served_by: Some(served_by),
-    })
+    let desc = Descriptor::new(&media_type, digest, bytes.len() as u64);
+    named(desc, index_digest, downloaded, reused, Some(served_by))
 }
 
 /// Where a pulled image came from.

@@ -213,9 +213,9 @@ impl Registries {
         self.tables.is_empty()
     }
 
-    /// The places to try for `r`, in order: the mirrors that serve this kind of pull, then
+    /// The places to try for `r`: the mirrors that serve this kind of pull, in order, then
     /// the primary location. Without a matching table, `r` itself. A blocked name is an error.
-    pub fn sources(&self, r: &Reference) -> Result<Vec<Source>> {
+    pub fn sources(&self, r: &Reference) -> Result<Sources> {
         let written = r.to_string();
         let Some((table, matched)) = self
             .tables
@@ -223,11 +223,14 @@ impl Registries {
             .filter_map(|t| match_len(&written, &t.prefix).map(|n| (t, n)))
             .max_by_key(|(_, n)| *n)
         else {
-            return Ok(vec![Source {
-                reference: r.clone(),
-                insecure: false,
-                mirror: false,
-            }]);
+            return Ok(Sources {
+                mirrors: Vec::new(),
+                primary: Source {
+                    reference: r.clone(),
+                    insecure: false,
+                    mirror: false,
+                },
+            });
         };
         if table.blocked {
             return Err(Error::Blocked {
@@ -251,7 +254,7 @@ impl Registries {
             })
         };
         let by_digest = r.digest.is_some();
-        let mut out = Vec::new();
+        let mut mirrors = Vec::new();
         for m in &table.mirrors {
             let serves = match m.pull_from {
                 PullFromMirror::All => true,
@@ -259,19 +262,36 @@ impl Registries {
                 PullFromMirror::TagOnly => !by_digest,
             };
             if serves {
-                out.push(Source {
+                mirrors.push(Source {
                     reference: at(&m.location)?,
                     insecure: m.insecure,
                     mirror: true,
                 });
             }
         }
-        out.push(Source {
-            reference: at(&table.location)?,
-            insecure: table.insecure,
-            mirror: false,
-        });
-        Ok(out)
+        Ok(Sources {
+            mirrors,
+            primary: Source {
+                reference: at(&table.location)?,
+                insecure: table.insecure,
+                mirror: false,
+            },
+        })
+    }
+}
+
+/// Where to pull one reference from: the mirrors to try first, then the primary location,
+/// which is always there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources {
+    pub mirrors: Vec<Source>,
+    pub primary: Source,
+}
+
+impl Sources {
+    /// Every place, in the order they are tried.
+    pub fn in_order(&self) -> impl Iterator<Item = &Source> {
+        self.mirrors.iter().chain(std::iter::once(&self.primary))
     }
 }
 
@@ -504,7 +524,7 @@ mod tests {
     fn places(c: &Registries, r: &str) -> Vec<String> {
         c.sources(&Reference::parse(r).unwrap())
             .unwrap()
-            .iter()
+            .in_order()
             .map(|s| {
                 format!(
                     "{}{}{}",

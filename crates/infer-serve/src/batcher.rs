@@ -96,6 +96,34 @@ pub struct Policy {
     /// Wait the delay only while more requests can be expected (`[batching] delay =
     /// "adaptive"`, the default); false: always wait it, as Triton does (`"strict"`).
     pub adaptive: bool,
+    /// Requests of different lengths share a batch, padded (text models); `None`: shapes
+    /// are concatenated as they are.
+    pub padding: Option<Padding>,
+}
+
+/// How requests of different sequence lengths share a batch: every input (`[rows, sequence]`)
+/// is padded on its sequence dimension to the batch's longest, each with its own value (the
+/// attention mask hides the padding from the model), and a batch holds at most
+/// `token_budget` tokens counted as rows x the batch's longest sequence. Goes with the
+/// [`AnyLength`] grouping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Padding {
+    /// Per engine input, in order: the value padding positions get.
+    pub values: Vec<i64>,
+    /// The most rows x longest sequence one batch may hold (at least one request always
+    /// runs, whatever its size).
+    pub token_budget: usize,
+}
+
+impl Padding {
+    /// The sequence length of a request's inputs (their second dimension).
+    fn length(inputs: &[Tensor]) -> usize {
+        inputs
+            .first()
+            .and_then(|t| t.shape.get(1))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl Policy {
@@ -108,6 +136,7 @@ impl Policy {
             max_queue_size: b.max_queue_size as usize,
             busy_poll: Duration::ZERO,
             adaptive: b.adaptive_delay(),
+            padding: None,
         }
     }
 }
@@ -138,6 +167,22 @@ impl Grouping for SameShapes {
             && a.iter()
                 .zip(b)
                 .all(|(x, y)| x.shape.get(1..) == y.shape.get(1..))
+    }
+}
+
+/// The rule of models whose requests are padded to a common length ([`Padding`]): requests
+/// go together when every input has the same dimensions apart from the batch and the sequence
+/// (the second) ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyLength;
+
+impl Grouping for AnyLength {
+    #[inline]
+    fn together(&self, a: &[Tensor], b: &[Tensor]) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.shape.len() == y.shape.len() && x.shape.get(2..) == y.shape.get(2..)
+            })
     }
 }
 
@@ -524,23 +569,44 @@ impl<G: Grouping> Queue<G> {
             return Cut::Wait(None);
         };
         let due = first.enqueued + policy.delay;
-        let rows = self
-            .jobs
-            .iter()
-            .filter(|job| self.together(first, job))
-            .map(|job| job.rows);
+        let group = self.jobs.iter().filter(|job| self.together(first, job));
         let expect_more = !policy.adaptive || {
             let at = self.shared.ns(now);
             self.arrivals
                 .expect_within(at, self.shared.ns(due).saturating_sub(at))
         };
-        match batch::cut(
-            rows,
-            policy.max_batch_size,
-            &policy.preferred,
-            now >= due,
-            expect_more,
-        ) {
+        let cut = match &policy.padding {
+            None => batch::cut(
+                group.map(|job| job.rows),
+                policy.max_batch_size,
+                &policy.preferred,
+                now >= due,
+                expect_more,
+            ),
+            Some(padding) => {
+                // The token budget ends the batch where the next request would overflow it
+                // (padding every row to the longest so far): the batch is full there.
+                let (mut total, mut longest, mut over) = (0usize, 0usize, false);
+                let rows: Vec<usize> = group
+                    .map_while(|job| {
+                        let longer = longest.max(Padding::length(&job.inputs));
+                        if total > 0 && (total + job.rows) * longer > padding.token_budget {
+                            over = true;
+                            return None;
+                        }
+                        (total, longest) = (total + job.rows, longer);
+                        Some(job.rows)
+                    })
+                    .collect();
+                let max = if over {
+                    total.min(policy.max_batch_size)
+                } else {
+                    policy.max_batch_size
+                };
+                batch::cut(rows, max, &policy.preferred, now >= due, expect_more)
+            }
+        };
+        match cut {
             batch::Cut::Take(n) => Cut::Take(n),
             batch::Cut::Wait => Cut::Wait(Some(due)),
         }
@@ -588,14 +654,14 @@ impl Instance {
             metrics.record_queue(start.saturating_duration_since(j.enqueued));
         }
         let n_inputs = jobs.first().map(|j| j.inputs.len()).unwrap_or(0);
+        let padding = self.shared.policy.padding.as_ref();
         let inputs: Option<Vec<Tensor>> = (0..n_inputs)
             .map(|i| {
-                Tensor::concat_rows(
-                    &jobs
-                        .iter()
-                        .filter_map(|j| j.inputs.get(i))
-                        .collect::<Vec<_>>(),
-                )
+                let parts: Vec<&Tensor> = jobs.iter().filter_map(|j| j.inputs.get(i)).collect();
+                match padding {
+                    Some(p) => Tensor::concat_padded(&parts, p.values.get(i).copied().unwrap_or(0)),
+                    None => Tensor::concat_rows(&parts),
+                }
             })
             .collect();
         let result = match inputs {
@@ -704,6 +770,7 @@ mod tests {
             busy_poll: Duration::ZERO,
             // These tests check Triton's rule; the adaptive delay has its own below.
             adaptive: false,
+            padding: None,
         }
     }
 
@@ -746,6 +813,75 @@ mod tests {
         wait(rx).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(30));
         assert_eq!(*sizes.lock().unwrap(), vec![1]);
+    }
+
+    /// A `[1, len]` INT64 request holding `v` in every position.
+    fn ids(v: i64, len: usize) -> Tensor {
+        Tensor {
+            dtype: DataType::I64,
+            shape: vec![1, len],
+            data: Bytes::from((0..len).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>()),
+        }
+    }
+
+    #[test]
+    fn requests_of_different_lengths_share_a_padded_batch_within_the_token_budget() {
+        let padded = |budget| Policy {
+            padding: Some(Padding {
+                values: vec![-1],
+                token_budget: budget,
+            }),
+            ..policy(8, &[], 30, 0)
+        };
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let echo = Box::new(Echo {
+            sizes: sizes.clone(),
+            sleep: Duration::ZERO,
+        }) as Box<dyn Backend>;
+        let m = Arc::new(Metrics::new("m", "1", 8));
+        let b = Batcher::start_grouped(padded(1000), AnyLength, vec![echo], m).unwrap();
+        let rxs: Vec<_> = [(1, 2), (2, 5), (3, 3)]
+            .iter()
+            .map(|&(v, len)| b.submit(vec![ids(v, len)], 1, None).unwrap())
+            .collect();
+        let out: Vec<Vec<Tensor>> = rxs
+            .into_iter()
+            .map(|rx| wait(rx).unwrap().outputs)
+            .collect();
+        // One batch of three, every row padded to 5 with the input's value.
+        assert_eq!(*sizes.lock().unwrap(), vec![3]);
+        let mut want = ids(1, 2);
+        want.shape = vec![1, 5];
+        want.data = Bytes::from(
+            [1i64, 1, -1, -1, -1]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        assert_eq!(out[0][0], want);
+        assert_eq!(out[1][0], ids(2, 5));
+
+        // A budget of 10 tokens: [2] and [5] make 2 x 5 = 10; the third would make 15.
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let echo = Box::new(Echo {
+            sizes: sizes.clone(),
+            sleep: Duration::ZERO,
+        }) as Box<dyn Backend>;
+        let m = Arc::new(Metrics::new("m", "1", 8));
+        let b = Batcher::start_grouped(padded(10), AnyLength, vec![echo], m).unwrap();
+        let t = Instant::now();
+        let rxs: Vec<_> = [(1, 2), (2, 5), (3, 3), (4, 20)]
+            .iter()
+            .map(|&(v, len)| b.submit(vec![ids(v, len)], 1, None).unwrap())
+            .collect();
+        for rx in rxs {
+            wait(rx).unwrap();
+        }
+        // Full at the budget: the first batch goes at once, not after the delay; a request
+        // over the budget on its own still runs, alone.
+        assert_eq!(sizes.lock().unwrap()[0], 2, "{sizes:?}");
+        assert!(sizes.lock().unwrap().contains(&1));
+        assert!(t.elapsed() < Duration::from_millis(200));
     }
 
     #[test]

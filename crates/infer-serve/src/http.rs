@@ -266,6 +266,22 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
             );
             Ok(r)
         }
+        ["v1", "embeddings"] | ["embed"] | ["tokenize"] => {
+            allow(Method::POST)?;
+            let start = Instant::now();
+            let which = segs[0];
+            let work = async {
+                app.started()?;
+                let body = read_json(app, req).await?;
+                match which {
+                    "v1" => crate::embed::openai(app, &body, start).await,
+                    "embed" => crate::embed::tei_embed(app, &body, start).await,
+                    _ => crate::embed::tei_tokenize(app, &body),
+                }
+            };
+            let body = counted(app, start, work).await?;
+            Ok(json_response(StatusCode::OK, body))
+        }
         ["v2", "models", "stats"] => {
             allow(Method::GET)?;
             Ok(json_response(StatusCode::OK, app.stats_json().to_string()))
@@ -380,6 +396,26 @@ pub(crate) fn batcher<'a>(app: &Server, model: &'a Model) -> Result<&'a Batcher,
     model.batcher().ok_or_else(|| app.not_ready())
 }
 
+/// A JSON request's body, within `max_body_bytes` (413 past it).
+async fn read_json(app: &Server, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limit = app.settings.max_body_bytes;
+    if let Some(len) = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if len > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+    }
+    crate::conn::read_body(
+        req.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+        &app.settings,
+    )
+    .await
+}
+
 async fn infer_inner(
     app: &Server,
     model: &Model,
@@ -455,9 +491,10 @@ async fn infer_inner(
     Ok(r)
 }
 
-/// Submits a decoded request's inputs (in the model's served signature) to the model's
-/// batcher and waits for its answer: the inference path both protocols share. `timeout_us` is
-/// the request's own timeout (0 or `None`: none), bounded by `default_timeout_ms`.
+/// Runs a decoded request's inputs (in the model's served signature) through the model:
+/// [`Model::prepare`], the batcher, [`Model::finish`]. The inference path both protocols
+/// share. `timeout_us` is the request's own timeout (0 or `None`: none), bounded by
+/// `default_timeout_ms`.
 pub(crate) async fn execute(
     app: &Server,
     model: &Model,
@@ -466,8 +503,38 @@ pub(crate) async fn execute(
     timeout_us: Option<u64>,
     start: Instant,
 ) -> Result<crate::batcher::Answer, ApiError> {
+    let prepared = model.prepare(inputs, rows)?;
+    let pending = submit(
+        app,
+        model,
+        prepared.inputs,
+        prepared.rows,
+        timeout_us,
+        start,
+    )?;
+    let mut answer = pending.wait(app, start).await?;
+    answer.outputs = model.finish(answer.outputs, prepared.lengths.as_deref())?;
+    Ok(answer)
+}
+
+/// A request in the batcher's queue.
+pub(crate) struct Pending<'a> {
+    batcher: &'a Batcher,
+    rx: tokio::sync::oneshot::Receiver<crate::batcher::Outcome>,
+    deadline: Option<Instant>,
+}
+
+/// Queues engine inputs (as [`Model::prepare`] returns them) in the model's batcher, with the
+/// request's deadline.
+pub(crate) fn submit<'a>(
+    app: &Server,
+    model: &'a Model,
+    inputs: Vec<crate::tensor::Tensor>,
+    rows: usize,
+    timeout_us: Option<u64>,
+    start: Instant,
+) -> Result<Pending<'a>, ApiError> {
     let batcher = batcher(app, model)?;
-    let (inputs, rows) = model.prepare(inputs, rows)?;
     let default = model.cfg.batching.default_timeout_ms * 1000;
     let timeout_us = match (default, timeout_us.filter(|&t| t > 0)) {
         (0, t) => t,
@@ -475,32 +542,47 @@ pub(crate) async fn execute(
         (d, Some(t)) => Some(t.min(d)),
     };
     let deadline = timeout_us.map(|us| start + Duration::from_micros(us));
-    let mut rx = batcher.submit(inputs, rows, deadline)?;
-    // Alone on a server that sees one request at a time: poll for the answer on this
-    // (otherwise idle) core rather than park. Not when requests overlap: this worker would
-    // hold up the connections it serves.
-    // Requests in flight are the server's: a request to another model takes a core too.
-    let metrics = &app.metrics;
-    let polled = if metrics.in_flight.load(Relaxed) == 1 && metrics.sequential(start) {
-        let window = match deadline {
-            Some(d) => app
-                .busy_poll
-                .min(d.saturating_duration_since(Instant::now())),
-            None => app.busy_poll,
+    let rx = batcher.submit(inputs, rows, deadline)?;
+    Ok(Pending {
+        batcher,
+        rx,
+        deadline,
+    })
+}
+
+impl Pending<'_> {
+    /// Waits for the engine's answer.
+    pub(crate) async fn wait(
+        mut self,
+        app: &Server,
+        start: Instant,
+    ) -> Result<crate::batcher::Answer, ApiError> {
+        // Alone on a server that sees one request at a time: poll for the answer on this
+        // (otherwise idle) core rather than park. Not when requests overlap: this worker
+        // would hold up the connections it serves.
+        // Requests in flight are the server's: a request to another model takes a core too.
+        let metrics = &app.metrics;
+        let polled = if metrics.in_flight.load(Relaxed) == 1 && metrics.sequential(start) {
+            let window = match self.deadline {
+                Some(d) => app
+                    .busy_poll
+                    .min(d.saturating_duration_since(Instant::now())),
+                None => app.busy_poll,
+            };
+            self.batcher.poll_briefly(&mut self.rx, window)
+        } else {
+            None
         };
-        batcher.poll_briefly(&mut rx, window)
-    } else {
-        None
-    };
-    let outcome = match (polled, deadline) {
-        (Some(outcome), _) => Ok(outcome),
-        (None, Some(d)) => match tokio::time::timeout_at(d.into(), rx).await {
-            Ok(r) => r,
-            Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
-        },
-        (None, None) => rx.await,
-    };
-    outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))?
+        let outcome = match (polled, self.deadline) {
+            (Some(outcome), _) => Ok(outcome),
+            (None, Some(d)) => match tokio::time::timeout_at(d.into(), self.rx).await {
+                Ok(r) => r,
+                Err(_) => return Err(ApiError::Rejected(Rejection::Timeout)),
+            },
+            (None, None) => self.rx.await,
+        };
+        outcome.map_err(|_| ApiError::Internal("the batcher dropped the request".to_owned()))?
+    }
 }
 
 /// Accepts HTTP/1.1 connections until `stop` fires, then stops accepting and lets in-flight

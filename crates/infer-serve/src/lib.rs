@@ -14,6 +14,9 @@
 //!   routes, handlers, the accept loop and the drain on SIGTERM.
 //! - [`model`]: one model slot (config, batcher, metrics, metadata; served and engine
 //!   signatures, and [`model::Model::prepare`] between them).
+//! - [`text`]: text in (`[text]`): the tokenizer before the engine, the pooling after it.
+//! - [`embed`]: the embedding APIs (OpenAI's `/v1/embeddings`, TEI's `/embed`, `/tokenize`)
+//!   over the same batcher.
 //! - [`signature`]: a model's tensors, and the one check of a request's tensors against them
 //!   that both protocols' decoders run.
 //! - [`conn`]: slow and idle clients: each connection's watchdog (header and idle timeouts),
@@ -43,6 +46,7 @@ pub mod args;
 pub mod backend;
 pub mod batcher;
 pub mod conn;
+pub mod embed;
 pub mod error;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
@@ -54,6 +58,7 @@ pub mod model;
 pub mod signature;
 pub mod start;
 pub mod tensor;
+pub mod text;
 pub mod v2;
 pub mod warmup;
 

@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::signature::Signature;
 use crate::tensor::Tensor;
+use crate::text::{PoolOptions, TextModel};
 use bytes::Bytes;
 use infer_spec::RuntimeConfig;
 use serde_json::json;
@@ -28,12 +29,40 @@ pub struct Model {
     /// its messages (the same content on both).
     pub(crate) metadata_json: serde_json::Value,
     pub(crate) config_json: serde_json::Value,
+    /// The tokenizer and pooling of a text model (`[text]`).
+    text: Option<TextModel>,
+    /// What requests carry and responses hold: the engine's tensors, or a text model's.
+    served_inputs: Vec<infer_spec::TensorSpec>,
+    served_outputs: Vec<infer_spec::TensorSpec>,
+}
+
+/// A request's inputs as the engine takes them ([`Model::prepare`]), with what
+/// [`Model::finish`] needs to turn the engine's rows back into the served outputs.
+pub struct Prepared {
+    pub inputs: Vec<Tensor>,
+    pub rows: usize,
+    /// A text model's tokens per text (before padding).
+    pub lengths: Option<Vec<usize>>,
 }
 
 impl Model {
     /// A slot for the model `cfg` describes, not ready until its batcher is set.
     pub fn new(cfg: RuntimeConfig, metrics: Arc<Metrics>) -> Model {
-        let served = Signature::from(&cfg);
+        Model::with_text(cfg, metrics, None)
+    }
+
+    /// A slot for a model that may take text ([`TextModel::load`] of the same config).
+    pub fn with_text(cfg: RuntimeConfig, metrics: Arc<Metrics>, text: Option<TextModel>) -> Model {
+        let (served_inputs, served_outputs) = match &text {
+            Some(t) => (t.served_inputs().to_vec(), t.served_outputs().to_vec()),
+            None => (cfg.inputs.clone(), cfg.outputs.clone()),
+        };
+        let served = Signature {
+            model: &cfg.model,
+            inputs: &served_inputs,
+            outputs: &served_outputs,
+            max_batch_size: cfg.batching.max_batch_size,
+        };
         let tensors = |list: &[infer_spec::TensorSpec]| -> Vec<serde_json::Value> {
             list.iter()
                 .map(
@@ -118,6 +147,9 @@ impl Model {
             metadata_json: metadata,
             config_json: config,
             cfg,
+            text,
+            served_inputs,
+            served_outputs,
         }
     }
 
@@ -126,10 +158,20 @@ impl Model {
         &self.cfg.model.name
     }
 
-    /// What a request carries and metadata shows. A model with a pre-processing step returns
-    /// its step's served signature here.
+    /// What a request carries and metadata shows: the engine's tensors, or for a text model
+    /// its `text` input and pooled output.
     pub fn served(&self) -> Signature<'_> {
-        Signature::from(&self.cfg)
+        Signature {
+            model: &self.cfg.model,
+            inputs: &self.served_inputs,
+            outputs: &self.served_outputs,
+            max_batch_size: self.cfg.batching.max_batch_size,
+        }
+    }
+
+    /// The tokenizer and pooling, for a text model.
+    pub fn text(&self) -> Option<&TextModel> {
+        self.text.as_ref()
     }
 
     /// What the backend takes: `runtime.toml`'s tensors, which warm-up and the engine checks
@@ -139,15 +181,45 @@ impl Model {
     }
 
     /// A decoded request's inputs (in the served signature) as the engine takes them, on the
-    /// way from the decoder to the batcher. The seam of a pre-processing step (a tokenizer
-    /// turning strings into token tensors); a model without one passes them on as they are.
+    /// way from the decoder to the batcher: a text model tokenizes its `text` input; a model
+    /// without a pre-processing step passes them on as they are.
     #[inline]
-    pub fn prepare(
+    pub fn prepare(&self, inputs: Vec<Tensor>, rows: usize) -> Result<Prepared, ApiError> {
+        let Some(text) = &self.text else {
+            return Ok(Prepared {
+                inputs,
+                rows,
+                lengths: None,
+            });
+        };
+        let texts = inputs
+            .first()
+            .map(TextModel::texts)
+            .transpose()?
+            .unwrap_or_default();
+        let encoded = text.encode(&texts)?;
+        Ok(Prepared {
+            inputs: encoded.inputs,
+            rows,
+            lengths: Some(encoded.lengths),
+        })
+    }
+
+    /// The engine's outputs for a request as the served outputs: a text model's pooled
+    /// vectors; anything else as it is.
+    #[inline]
+    pub fn finish(
         &self,
-        inputs: Vec<Tensor>,
-        rows: usize,
-    ) -> Result<(Vec<Tensor>, usize), ApiError> {
-        Ok((inputs, rows))
+        outputs: Vec<Tensor>,
+        lengths: Option<&[usize]>,
+    ) -> Result<Vec<Tensor>, ApiError> {
+        match (&self.text, lengths) {
+            (Some(text), Some(lengths)) => {
+                let pooled = text.pool(&outputs, lengths, PoolOptions::default())?;
+                Ok(vec![TextModel::pooled_tensor(&pooled)])
+            }
+            _ => Ok(outputs),
+        }
     }
 
     /// The batcher, once warm-up is done.

@@ -16,11 +16,12 @@
 
 use crate::args::{self, Args};
 use crate::backend::{self, Backend};
-use crate::batcher::{Batcher, Policy, SameShapes};
+use crate::batcher::{AnyLength, Batcher, Padding, Policy, SameShapes};
 use crate::http::{self, Server};
 use crate::log;
 use crate::metrics::Metrics;
 use crate::model::Model;
+use crate::text::TextModel;
 use crate::warmup;
 use infer_spec::engine::{check_compat, EngineMeta, Found};
 use infer_spec::RuntimeConfig;
@@ -221,6 +222,10 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Loaded, StartError> {
         ("engine.metadata", cfg.engine.metadata.as_deref()),
         ("engine.library", cfg.engine.library.as_deref()),
         ("warmup.samples", cfg.warmup.samples.as_deref()),
+        (
+            "text.tokenizer",
+            cfg.text.as_ref().map(|t| t.tokenizer.as_str()),
+        ),
     ] {
         let Some(rel) = rel else { continue };
         regular_file(&base.join(rel))
@@ -427,19 +432,33 @@ fn load_model(
         .metrics
         .warmup_us
         .store(warm.as_micros() as u64, Relaxed);
-    let policy = Policy {
+    let mut policy = Policy {
         busy_poll,
         ..Policy::from_config(cfg)
     };
-    // The model's grouping: every model today batches only equal shapes.
-    let batcher = Batcher::start_grouped(policy, SameShapes, backends, model.metrics.clone())
-        .map_err(|e| {
-            StartError::new(
-                1,
-                "cannot start the batcher",
-                vec![("error", json!(e.to_string()))],
-            )
-        })?;
+    // The model's grouping: a text model pads requests of different lengths into one batch,
+    // within its token budget; other models batch only equal shapes.
+    let started = match model.text() {
+        Some(text) => {
+            let budget = match text.config().token_budget {
+                0 => cfg.batching.max_batch_size as usize * text.config().max_length as usize,
+                b => b as usize,
+            };
+            policy.padding = Some(Padding {
+                values: text.pad_values(),
+                token_budget: budget,
+            });
+            Batcher::start_grouped(policy, AnyLength, backends, model.metrics.clone())
+        }
+        None => Batcher::start_grouped(policy, SameShapes, backends, model.metrics.clone()),
+    };
+    let batcher = started.map_err(|e| {
+        StartError::new(
+            1,
+            "cannot start the batcher",
+            vec![("error", json!(e.to_string()))],
+        )
+    })?;
     let _ = model.batcher.set(batcher);
     Ok(Loadout {
         warm,
@@ -488,7 +507,9 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         &cfg.model.version,
         cfg.batching.max_batch_size,
     ));
-    let mut model = Model::new(cfg.clone(), metrics.clone());
+    let text = TextModel::load(cfg, &c.base)
+        .map_err(|e| StartError::new(1, "cannot load the tokenizer", vec![("error", json!(e))]))?;
+    let mut model = Model::with_text(cfg.clone(), metrics.clone(), text);
     model.set_node(&found);
     let mut server = Server::new(cfg.server.clone(), metrics, vec![model]);
     server.busy_poll = Duration::from_micros(

@@ -76,6 +76,49 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// [`Tensor::concat_rows`] of `[rows, sequence]` integer tensors of different sequence
+    /// lengths: each padded on the right to the longest with `pad`. Other tensors are
+    /// concatenated as they are.
+    pub fn concat_padded(parts: &[&Tensor], pad: i64) -> Option<Tensor> {
+        let first = parts.first()?;
+        let longest = parts
+            .iter()
+            .map(|t| t.shape.get(1).copied().unwrap_or(0))
+            .max()?;
+        let size = match first.dtype {
+            DataType::I64 | DataType::I32 if first.shape.len() == 2 => first.dtype.size()?,
+            _ => return Tensor::concat_rows(parts),
+        };
+        if parts.iter().all(|t| t.shape.get(1) == Some(&longest)) {
+            return Tensor::concat_rows(parts);
+        }
+        let pad_bytes = match first.dtype {
+            DataType::I32 => (pad as i32).to_le_bytes().to_vec(),
+            _ => pad.to_le_bytes().to_vec(),
+        };
+        let rows: usize = parts.iter().map(|t| t.rows()).sum();
+        let mut data = Vec::with_capacity(rows * longest * size);
+        for t in parts {
+            if t.dtype != first.dtype || t.shape.len() != 2 {
+                return None;
+            }
+            let len = t.shape[1];
+            for row in t.data.chunks_exact((len * size).max(1)).take(t.rows()) {
+                data.extend_from_slice(row);
+                for _ in len..longest {
+                    data.extend_from_slice(&pad_bytes);
+                }
+            }
+        }
+        (data.len() == rows * longest * size).then(|| Tensor {
+            dtype: first.dtype,
+            shape: vec![rows, longest],
+            data: Bytes::from(data),
+        })
+    }
+}
+
 /// The byte range of rows of a `BYTES` tensor, walking its length prefixes.
 fn bytes_row_range(t: &Tensor, start: usize, n: usize) -> Option<std::ops::Range<usize>> {
     let per_row: usize = t.shape.iter().skip(1).product();

@@ -19,6 +19,7 @@ pub mod dtype;
 pub mod engine;
 pub mod runtime;
 pub mod samples;
+pub mod text;
 
 pub use dtype::DataType;
 pub use runtime::{

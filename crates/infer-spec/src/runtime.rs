@@ -66,6 +66,9 @@ pub struct RuntimeConfig {
     /// The HTTP server and its lifecycle.
     #[serde(default)]
     pub server: Server,
+    /// Text in: the tokenizer in front of the engine and the pooling after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<crate::text::Text>,
 }
 
 /// `[model]`: name and version as clients address them (`/v2/models/{name}/versions/{version}`).
@@ -593,6 +596,9 @@ impl RuntimeConfig {
             }
         }
         shared_dim_problems(&mut p, &self.inputs);
+        if let Some(text) = &self.text {
+            p.extend(text.problems(&self.inputs, &self.outputs));
+        }
         let b = &self.batching;
         if b.max_batch_size == 0 {
             p.push("batching.max_batch_size must be at least 1".to_owned());

@@ -1,0 +1,303 @@
+//! The embedding APIs text users already have clients for, over the same batcher, metrics and
+//! errors as V2: OpenAI's `POST /v1/embeddings`, and Hugging Face text-embeddings-inference's
+//! `POST /embed` and `POST /tokenize`.
+//!
+//! A request's texts are tokenized ([`crate::text::TextModel::encode`]) and queued in pieces
+//! of at most `max_batch_size` texts, all at once, so a client batch larger than the model's
+//! batch is split and reassembled in order rather than refused; each piece is pooled with the
+//! request's own options (`dimensions`, `normalize`).
+
+use crate::error::ApiError;
+use crate::http::{self, Server};
+use crate::model::Model;
+use crate::text::PoolOptions;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Instant;
+
+/// One text or several, as both APIs take them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Input {
+    fn texts(&self) -> Vec<&str> {
+        match self {
+            Input::One(s) => vec![s.as_str()],
+            Input::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// `POST /v1/embeddings` (OpenAI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiRequest {
+    pub input: Input,
+    pub model: String,
+    #[serde(default)]
+    pub dimensions: Option<usize>,
+    #[serde(default)]
+    pub encoding_format: Option<String>,
+    /// Accepted and ignored, as OpenAI does.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// `POST /embed` (TEI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeiRequest {
+    pub inputs: Input,
+    #[serde(default)]
+    pub normalize: Option<bool>,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: Option<String>,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+    #[serde(default)]
+    pub dimensions: Option<usize>,
+}
+
+/// `POST /tokenize` (TEI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub inputs: Input,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("malformed {what} request: {e}")))
+}
+
+/// The vectors of `texts` and their token count: tokenized, queued in pieces of at most
+/// `max_batch_size`, pooled with `opts`.
+pub async fn embed(
+    app: &Server,
+    model: &Model,
+    texts: &[&str],
+    opts: PoolOptions,
+    start: Instant,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let text = model.text().ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "model {:?} takes tensors, not text (its recipe has no [text] table)",
+            model.name()
+        ))
+    })?;
+    if texts.is_empty() {
+        return Err(ApiError::BadRequest("no texts to embed".into()));
+    }
+    let piece = (model.cfg.batching.max_batch_size as usize).max(1);
+    let mut queued = Vec::new();
+    let mut tokens = 0;
+    for (i, chunk) in texts.chunks(piece).enumerate() {
+        let encoded = text.encode(chunk).map_err(|e| match e {
+            // Name the text by its place in the whole request.
+            ApiError::BadRequest(m) if i > 0 => ApiError::BadRequest(format!(
+                "{m} (counting from text {} of the request)",
+                i * piece
+            )),
+            e => e,
+        })?;
+        tokens += encoded.tokens();
+        let pending = http::submit(app, model, encoded.inputs, chunk.len(), None, start)?;
+        queued.push((pending, encoded.lengths));
+    }
+    let mut vectors = Vec::with_capacity(texts.len());
+    for (pending, lengths) in queued {
+        let answer = pending.wait(app, start).await?;
+        model
+            .metrics
+            .overhead_hist
+            .observe_duration(start.elapsed().saturating_sub(answer.compute));
+        vectors.extend(text.pool(&answer.outputs, &lengths, opts)?);
+    }
+    Ok((vectors, tokens))
+}
+
+/// `POST /v1/embeddings`: OpenAI's request and response shapes.
+pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+    let req: OpenAiRequest = parse(body, "embeddings")?;
+    let model = app.model(&req.model)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "encoding_format {other:?} is not one of \"float\", \"base64\""
+            )))
+        }
+    };
+    let texts = req.input.texts();
+    let opts = PoolOptions {
+        dimensions: req.dimensions,
+        normalize: None,
+    };
+    let (vectors, tokens) = embed(app, model, &texts, opts, start).await?;
+    let data: Vec<serde_json::Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(encode_base64(&bytes))
+            } else {
+                json!(v)
+            };
+            json!({ "object": "embedding", "index": i, "embedding": embedding })
+        })
+        .collect();
+    let out = json!({
+        "object": "list",
+        "data": data,
+        "model": model.name(),
+        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+    });
+    Ok(Bytes::from(out.to_string()))
+}
+
+/// The one model the TEI routes serve: TEI serves one model per server.
+fn tei_model(app: &Server) -> Result<&Model, ApiError> {
+    let mut text = app.models().filter(|m| m.text().is_some());
+    match (text.next(), text.next()) {
+        (Some(m), None) => Ok(m),
+        (None, _) => Err(ApiError::NotFound(
+            "no model here takes text (its recipe has no [text] table)".into(),
+        )),
+        (Some(_), Some(_)) => Err(ApiError::BadRequest(
+            "several text models are served here: use /v1/embeddings with \"model\"".into(),
+        )),
+    }
+}
+
+/// `POST /embed`: TEI's request and response shapes (a list of vectors).
+pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+    let req: TeiRequest = parse(body, "embed")?;
+    let model = tei_model(app)?;
+    if req.prompt_name.is_some() {
+        return Err(ApiError::BadRequest(
+            "prompt_name is not supported: the recipe's [text] prefix applies to every text".into(),
+        ));
+    }
+    if let Some(d) = req.truncation_direction.as_deref() {
+        if !d.eq_ignore_ascii_case("right") {
+            return Err(ApiError::BadRequest(format!(
+                "truncation_direction {d:?}: only \"Right\" is supported"
+            )));
+        }
+    }
+    if let (Some(want), Some(text)) = (req.truncate, model.text()) {
+        if want != text.config().truncate {
+            return Err(ApiError::BadRequest(format!(
+                "truncate = {want}: this model is served with truncation {} (the recipe's text.truncate)",
+                if text.config().truncate { "on" } else { "off" }
+            )));
+        }
+    }
+    let opts = PoolOptions {
+        dimensions: req.dimensions,
+        normalize: req.normalize,
+    };
+    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start).await?;
+    Ok(Bytes::from(json!(vectors).to_string()))
+}
+
+/// `POST /tokenize`: TEI's shape, one list of tokens per text.
+pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Bytes, ApiError> {
+    let req: TokenizeRequest = parse(body, "tokenize")?;
+    let model = tei_model(app)?;
+    let text = model
+        .text()
+        .ok_or_else(|| ApiError::NotFound("no text model".into()))?;
+    if req.add_special_tokens == Some(!text.config().special_tokens) {
+        return Err(ApiError::BadRequest(format!(
+            "add_special_tokens = {}: this model is served with special tokens {}",
+            !text.config().special_tokens,
+            if text.config().special_tokens {
+                "on"
+            } else {
+                "off"
+            }
+        )));
+    }
+    let mut out = Vec::new();
+    for t in req.inputs.texts() {
+        let tokens = text.tokens(t)?;
+        let special: Vec<serde_json::Value> = tokens
+            .iter()
+            .map(|(id, s, special)| json!({ "id": id, "text": s, "special": special }))
+            .collect();
+        out.push(special);
+    }
+    Ok(Bytes::from(json!(out).to_string()))
+}
+
+/// Standard base64 with padding (RFC 4648), as OpenAI's `encoding_format = "base64"`.
+fn encode_base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (k, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if k <= chunk.len() {
+                out.push(ALPHABET[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_rfc_4648() {
+        for (raw, want) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foobar", "Zm9vYmFy"),
+            (&[0xff, 0xfe, 0xfd, 0x00][..], "//79AA=="),
+        ] {
+            assert_eq!(encode_base64(raw), want);
+        }
+    }
+
+    #[test]
+    fn requests_take_one_text_or_a_list_and_refuse_unknown_fields() {
+        let r: OpenAiRequest = parse(br#"{"input":"a","model":"m"}"#, "embeddings").unwrap();
+        assert_eq!(r.input.texts(), ["a"]);
+        let r: TeiRequest = parse(br#"{"inputs":["a","b"],"normalize":false}"#, "embed").unwrap();
+        assert_eq!(r.inputs.texts(), ["a", "b"]);
+        let e = parse::<OpenAiRequest>(br#"{"input":[1,2],"model":"m"}"#, "embeddings")
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("malformed embeddings request"),
+            "{e}"
+        );
+        let e = parse::<TeiRequest>(br#"{"inputs":"a","pooling":"max"}"#, "embed")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("unknown field `pooling`"), "{e}");
+    }
+}

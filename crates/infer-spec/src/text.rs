@@ -1,0 +1,363 @@
+//! `[text]` of `runtime.toml`: how the runtime turns text into the engine's token tensors and
+//! the engine's outputs into answers (embeddings).
+//!
+//! The recipe's `[text]` table says the same in the builder's words; the builder checks it
+//! against the ONNX and the tokenizer and writes this section. The runtime then serves a
+//! `text` input (V2 `BYTES`, and the embedding APIs) instead of the engine's token tensors.
+//!
+//! ```toml
+//! [text]
+//! tokenizer = "/etc/infer/text/tokenizer.json"
+//! max_length = 256
+//! input_ids = "input_ids"
+//! attention_mask = "attention_mask"
+//! output = "last_hidden_state"
+//! pooling = "mean"
+//! normalize = true
+//! ```
+
+use crate::{DataType, TensorSpec};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The most tokens one text may become (`max_length`); the largest BERT-family context is 8192.
+pub const MAX_LENGTH: u32 = 32_768;
+
+/// The served input that carries texts (V2 `BYTES`, one text per row).
+pub const TEXT_INPUT: &str = "text";
+
+/// `[text]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Text {
+    /// The Hugging Face `tokenizer.json` inside the image.
+    pub tokenizer: String,
+    /// The most tokens a text becomes, special tokens included.
+    pub max_length: u32,
+    /// A longer text is cut to `max_length` (`true`) or refused with 400 (`false`).
+    #[serde(default = "yes")]
+    pub truncate: bool,
+    /// Whether the tokenizer adds its special tokens (`[CLS]`, `[SEP]`, …).
+    #[serde(default = "yes")]
+    pub special_tokens: bool,
+    /// Put before every text (an instruction such as `"query: "`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// The engine input that takes the token ids.
+    pub input_ids: String,
+    /// The engine input that takes the attention mask, if the model has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_mask: Option<String>,
+    /// The engine input that takes the token type ids, if the model has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_type_ids: Option<String>,
+    /// The engine output the answer comes from.
+    pub output: String,
+    /// How the output becomes one vector per text.
+    pub pooling: Pooling,
+    /// L2-normalise the vector.
+    #[serde(default)]
+    pub normalize: bool,
+    /// The most tokens (rows x the batch's longest text) one batch may hold; 0: no bound
+    /// beyond `max_batch_size` rows of `max_length`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub token_budget: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// How a model's per-token output becomes one vector per text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// The mean of the token vectors the attention mask keeps (sentence-transformers' default).
+    Mean,
+    /// The first token's vector (`[CLS]`).
+    Cls,
+    /// The last kept token's vector (decoder-style embedding models).
+    Last,
+    /// None: the output already has one vector per text (the model pools itself).
+    None,
+}
+
+impl Pooling {
+    pub const ALL: [Pooling; 4] = [Pooling::Mean, Pooling::Cls, Pooling::Last, Pooling::None];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::None => "none",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Pooling> {
+        Pooling::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The rank of the engine output it reads: `[batch, sequence, hidden]` to pool, or
+    /// `[batch, hidden]` already pooled.
+    pub fn output_rank(self) -> usize {
+        match self {
+            Pooling::None => 2,
+            _ => 3,
+        }
+    }
+}
+
+impl fmt::Display for Pooling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Text {
+    /// The engine inputs it fills, in the order ids, mask, type ids.
+    pub fn engine_inputs(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.input_ids.as_str())
+            .chain(self.attention_mask.as_deref())
+            .chain(self.token_type_ids.as_deref())
+    }
+
+    /// What the runtime serves in place of the engine's tensors: one `text` input (`BYTES`,
+    /// `[-1, 1]`, Triton's convention for one string per row) and the pooled output
+    /// (`FP32`, `[-1, hidden]`). `None` when the config's output is not there (see
+    /// [`Text::problems`]).
+    pub fn served(&self, outputs: &[TensorSpec]) -> Option<(Vec<TensorSpec>, Vec<TensorSpec>)> {
+        let out = outputs.iter().find(|t| t.name == self.output)?;
+        let hidden = *out.dims.last()?;
+        let input = TensorSpec {
+            name: TEXT_INPUT.to_owned(),
+            datatype: DataType::Bytes,
+            dims: vec![-1, 1],
+            profile: None,
+            dim_names: Vec::new(),
+        };
+        let output = TensorSpec {
+            name: self.output.clone(),
+            datatype: DataType::F32,
+            dims: vec![-1, hidden],
+            profile: None,
+            dim_names: Vec::new(),
+        };
+        Some((vec![input], vec![output]))
+    }
+
+    /// Everything wrong with the section against the engine's tensors, each as one sentence.
+    pub fn problems(&self, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.tokenizer.is_empty() {
+            p.push("text.tokenizer must be non-empty".to_owned());
+        }
+        if !(1..=MAX_LENGTH).contains(&self.max_length) {
+            p.push(format!(
+                "text.max_length {} is outside 1..={MAX_LENGTH}",
+                self.max_length
+            ));
+        }
+        let keys = [
+            ("input_ids", Some(&self.input_ids)),
+            ("attention_mask", self.attention_mask.as_ref()),
+            ("token_type_ids", self.token_type_ids.as_ref()),
+        ];
+        for (key, name) in keys {
+            let Some(name) = name else { continue };
+            match inputs.iter().find(|t| &t.name == name) {
+                None => p.push(format!(
+                    "text.{key}: the engine has no input {name:?} (its inputs are {:?})",
+                    inputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+                )),
+                Some(t) if !matches!(t.datatype, DataType::I64 | DataType::I32) => p.push(format!(
+                    "text.{key}: input {name:?} is {}, not INT64 or INT32",
+                    t.datatype
+                )),
+                Some(t) if t.dims.len() != 2 => p.push(format!(
+                    "text.{key}: input {name:?} has dims {:?}, not [batch, sequence]",
+                    t.dims
+                )),
+                Some(_) => {}
+            }
+        }
+        let mut named: Vec<&str> = self.engine_inputs().collect();
+        named.sort_unstable();
+        named.dedup();
+        if named.len() != self.engine_inputs().count() {
+            p.push(
+                "text: input_ids, attention_mask and token_type_ids must name different inputs"
+                    .to_owned(),
+            );
+        }
+        if let Some(other) = inputs.iter().find(|t| !named.contains(&t.name.as_str())) {
+            p.push(format!(
+                "text: the engine input {:?} is not one the tokenizer fills (name it as input_ids, attention_mask or token_type_ids)",
+                other.name
+            ));
+        }
+        match outputs.iter().find(|t| t.name == self.output) {
+            None => p.push(format!(
+                "text.output: the engine has no output {:?} (its outputs are {:?})",
+                self.output,
+                outputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+            )),
+            Some(t) if t.datatype != DataType::F32 && t.datatype != DataType::F16 => {
+                p.push(format!(
+                    "text.output: output {:?} is {}, not FP32 or FP16",
+                    t.name, t.datatype
+                ))
+            }
+            Some(t) if t.dims.len() != self.pooling.output_rank() => {
+                p.push(format!(
+                "text.output: pooling {:?} reads a [batch{}, hidden] output; {:?} has dims {:?}",
+                self.pooling.as_str(),
+                if self.pooling == Pooling::None { "" } else { ", sequence" },
+                t.name,
+                t.dims
+            ))
+            }
+            Some(t) if t.dims.last().is_none_or(|&d| d < 1) => p.push(format!(
+                "text.output: {:?} must have a fixed last (hidden) dimension, has dims {:?}",
+                t.name, t.dims
+            )),
+            Some(_) => {}
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: dims.to_vec(),
+            profile: None,
+            dim_names: Vec::new(),
+        }
+    }
+
+    fn text() -> Text {
+        Text {
+            tokenizer: "/etc/infer/text/tokenizer.json".into(),
+            max_length: 128,
+            truncate: true,
+            special_tokens: true,
+            prefix: String::new(),
+            input_ids: "input_ids".into(),
+            attention_mask: Some("attention_mask".into()),
+            token_type_ids: None,
+            output: "last_hidden_state".into(),
+            pooling: Pooling::Mean,
+            normalize: true,
+            token_budget: 0,
+        }
+    }
+
+    #[test]
+    fn a_section_is_checked_against_the_engine_tensors() {
+        let ids = tensor("input_ids", DataType::I64, &[-1, -1]);
+        let mask = tensor("attention_mask", DataType::I64, &[-1, -1]);
+        let hidden = tensor("last_hidden_state", DataType::F32, &[-1, -1, 384]);
+        let pooled = tensor("last_hidden_state", DataType::F32, &[-1, 384]);
+        let ok = text();
+        assert_eq!(
+            ok.problems(&[ids.clone(), mask.clone()], &[hidden.clone()]),
+            Vec::<String>::new()
+        );
+        let (served_in, served_out) = ok.served(&[hidden.clone()]).unwrap();
+        assert_eq!(served_in[0].dims, [-1, 1]);
+        assert_eq!(served_in[0].datatype, DataType::Bytes);
+        assert_eq!(served_out[0].dims, [-1, 384]);
+
+        let cases: Vec<(Text, Vec<TensorSpec>, Vec<TensorSpec>, &str)> = vec![
+            (
+                Text {
+                    input_ids: "ids".into(),
+                    ..text()
+                },
+                vec![ids.clone(), mask.clone()],
+                vec![hidden.clone()],
+                "no input \"ids\"",
+            ),
+            (
+                text(),
+                vec![tensor("input_ids", DataType::F32, &[-1, -1]), mask.clone()],
+                vec![hidden.clone()],
+                "not INT64",
+            ),
+            (
+                text(),
+                vec![
+                    ids.clone(),
+                    mask.clone(),
+                    tensor("token_type_ids", DataType::I64, &[-1, -1]),
+                ],
+                vec![hidden.clone()],
+                "\"token_type_ids\" is not one the tokenizer fills",
+            ),
+            (
+                text(),
+                vec![ids.clone(), mask.clone()],
+                vec![pooled.clone()],
+                "reads a [batch, sequence, hidden] output",
+            ),
+            (
+                Text {
+                    pooling: Pooling::None,
+                    ..text()
+                },
+                vec![ids.clone(), mask.clone()],
+                vec![hidden.clone()],
+                "reads a [batch, hidden] output",
+            ),
+            (
+                Text {
+                    output: "y".into(),
+                    ..text()
+                },
+                vec![ids.clone(), mask.clone()],
+                vec![hidden.clone()],
+                "no output \"y\"",
+            ),
+            (
+                Text {
+                    max_length: 0,
+                    ..text()
+                },
+                vec![ids.clone(), mask.clone()],
+                vec![hidden.clone()],
+                "max_length 0",
+            ),
+            (
+                Text {
+                    attention_mask: Some("input_ids".into()),
+                    ..text()
+                },
+                vec![ids.clone()],
+                vec![hidden.clone()],
+                "different inputs",
+            ),
+        ];
+        for (t, inputs, outputs, want) in cases {
+            let p = t.problems(&inputs, &outputs).join("; ");
+            assert!(p.contains(want), "{want:?} not in {p:?}");
+        }
+    }
+
+    #[test]
+    fn pooling_names_round_trip() {
+        for p in Pooling::ALL {
+            assert_eq!(Pooling::parse(p.as_str()), Some(p));
+        }
+        assert_eq!(Pooling::parse("max"), None);
+    }
+}

@@ -165,6 +165,8 @@ pub struct TargetSpec {
     pub runtime_toml: Vec<u8>,
     /// Warm-up and other small data: path inside the image → bytes.
     pub extra_files: BTreeMap<String, std::sync::Arc<[u8]>>,
+    /// Files that belong to the model (a text model's tokenizer), shipped in its layer.
+    pub model_files: BTreeMap<String, std::sync::Arc<[u8]>>,
     /// Compatibility tuple (keys without the prefix: `gpu.sm`, `trt.version`, `precision`…).
     pub compat: BTreeMap<String, String>,
 }
@@ -391,6 +393,10 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
             )
         }
     };
+    let mut entries = entries;
+    for (path, bytes) in &t.model_files {
+        entries.push(Entry::bytes(path, 0o644, bytes.clone()));
+    }
     let size: u64 = entries.iter().map(Entry::size).sum();
     layers.push(LayerPlan {
         role,

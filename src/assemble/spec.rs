@@ -187,6 +187,15 @@ pub fn runtime_config(
             drain_delay_s: recipe.deploy.drain_delay_s.into(),
             ..Server::default()
         },
+        text: None,
+    };
+    let cfg = RuntimeConfig {
+        text: recipe
+            .text
+            .as_ref()
+            .map(|t| text_section(recipe, t, &cfg))
+            .transpose()?,
+        ..cfg
     };
     let problems = cfg.problems();
     if !problems.is_empty() {
@@ -198,6 +207,62 @@ pub fn runtime_config(
         });
     }
     Ok(cfg)
+}
+
+/// Where the tokenizer travels: beside the model, in its layer.
+pub const TOKENIZER_PATH: &str = "opt/infer/model/tokenizer.json";
+
+/// `runtime.toml`'s `[text]` from the recipe's, with the defaults that depend on the model's
+/// outputs applied and the section checked against the engine's tensors (errors name the
+/// recipe's `[text]` table).
+fn text_section(
+    recipe: &Recipe,
+    t: &crate::recipe::Text,
+    cfg: &RuntimeConfig,
+) -> Result<infer_spec::text::Text, Error> {
+    use infer_spec::text::Pooling;
+    let output = match &t.output {
+        Some(o) => o.value.clone(),
+        None => cfg
+            .outputs
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default(),
+    };
+    let rank = cfg
+        .outputs
+        .iter()
+        .find(|o| o.name == output)
+        .map_or(0, |o| o.dims.len());
+    let section = infer_spec::text::Text {
+        tokenizer: format!("/{TOKENIZER_PATH}"),
+        max_length: t.max_length,
+        truncate: t.truncate,
+        special_tokens: t.special_tokens,
+        prefix: t.prefix.clone(),
+        input_ids: t.input_ids.clone(),
+        attention_mask: t.attention_mask.clone(),
+        token_type_ids: t.token_type_ids.clone(),
+        output,
+        pooling: t.pooling.unwrap_or(if rank == 2 {
+            Pooling::None
+        } else {
+            Pooling::Mean
+        }),
+        normalize: t.normalize,
+        token_budget: t.token_budget,
+    };
+    let problems = section.problems(&cfg.inputs, &cfg.outputs);
+    if problems.is_empty() {
+        return Ok(section);
+    }
+    let at = t
+        .output
+        .as_ref()
+        .map_or_else(|| t.at.clone().map(|()| String::new()), Clone::clone);
+    Err(Error::Spec {
+        what: at.diagnostic(&recipe.file, problems.join("; ")).to_string(),
+    })
 }
 
 /// Files a target ships, already checked by the caller.
@@ -213,6 +278,8 @@ pub struct Files {
     pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
     pub warmup_samples: Option<std::sync::Arc<[u8]>>,
+    /// The tokenizer of a text model (`[text]`), shipped at [`TOKENIZER_PATH`].
+    pub tokenizer: Option<std::sync::Arc<[u8]>>,
     /// The model's input dimension names (see [`name_dims`]).
     pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
@@ -344,6 +411,21 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     if let Some(s) = files.warmup_samples {
         extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);
     }
+    let mut model_files = BTreeMap::new();
+    match (&rc.text, files.tokenizer) {
+        (Some(_), Some(bytes)) => {
+            model_files.insert(TOKENIZER_PATH.to_owned(), bytes);
+        }
+        (Some(_), None) => {
+            return Err(Error::Spec {
+                what: format!(
+                    "target {}: [text] names a tokenizer that was not read",
+                    t.id
+                ),
+            })
+        }
+        _ => {}
+    }
     Ok(TargetSpec {
         id: t.id.clone(),
         tag: t.tag.clone(),
@@ -363,6 +445,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
         payload,
         runtime_toml: rc.to_toml_string().into_bytes(),
         extra_files: extra,
+        model_files,
         compat,
     })
 }

@@ -137,6 +137,10 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
         }
         None => None,
     };
+    let tokenizer = match &recipe.text {
+        Some(t) => Some(read_tokenizer(&recipe, t)?),
+        None => None,
+    };
 
     let mut bases = Bases::new(req, lock_path.clone(), note);
     let mut specs = Vec::new();
@@ -176,6 +180,7 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
                 engine,
                 engine_profile,
                 warmup_samples: samples.clone(),
+                tokenizer: tokenizer.clone(),
                 dim_names: dim_names.clone(),
                 base: Some(bases.get_pin(t, pin, &platform)?),
                 library: Some(lib.clone()),
@@ -241,6 +246,7 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
             engine,
             engine_profile,
             warmup_samples: samples.clone(),
+            tokenizer: tokenizer.clone(),
             dim_names: dim_names.clone(),
             base,
             library,
@@ -426,4 +432,27 @@ fn nonempty(v: Option<&str>) -> Option<String> {
     v.map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
+}
+
+/// The most bytes a `tokenizer.json` may have (large multilingual vocabularies are ~20 MB).
+const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// The tokenizer `[text]` names, read (bounded) and parsed by the tokenizer library the
+/// runtime uses, so that no image ships one its runtime would refuse at start.
+fn read_tokenizer(
+    recipe: &crate::recipe::Recipe,
+    t: &crate::recipe::Text,
+) -> Result<std::sync::Arc<[u8]>, Error> {
+    let (p, _) = assemble::safe_input(&recipe.dir, &t.tokenizer.value)?;
+    let bytes = crate::oci::dir::read_file(&p, MAX_TOKENIZER_BYTES, "tokenizer")?;
+    if let Err(e) = tokenizers::Tokenizer::from_bytes(&bytes) {
+        let message = format!(
+            "{}: not a tokenizer.json the runtime reads: {e}",
+            p.display()
+        );
+        return Err(Error::Usage(
+            t.tokenizer.diagnostic(&recipe.file, message).to_string(),
+        ));
+    }
+    Ok(bytes.into())
 }

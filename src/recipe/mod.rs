@@ -316,6 +316,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
         FileKind::Calibration | FileKind::CalibrationBatches => "calibration data",
         FileKind::Samples => "warm-up samples file",
         FileKind::Evaluation => "evaluation data",
+        FileKind::Tokenizer => "tokenizer",
     };
     let shown = dir.join(&f.path.value);
     let base = if dir.as_os_str().is_empty() {
@@ -343,6 +344,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
                 FileKind::CalibrationBatches => "put the calibration batches (*.npy / *.npz) in this directory",
                 FileKind::Samples => "write the warm-up requests file at this path, or remove `samples` to warm up with synthetic data",
                 FileKind::Evaluation => "put the evaluation batches (*.npy / *.npz) in this directory, or remove `data` to evaluate on the calibration data",
+                FileKind::Tokenizer => "put the model's tokenizer.json (as Hugging Face models ship it) at this path",
             };
             out.push(diag(format!("{what} not found: {}", shown.display()), hint));
             return;
@@ -371,13 +373,13 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
             let ok = match f.kind {
                 FileKind::Calibration => meta.is_file() || meta.is_dir(),
                 FileKind::Evaluation | FileKind::CalibrationBatches => meta.is_dir(),
-                FileKind::Model | FileKind::Samples => meta.is_file(),
+                FileKind::Model | FileKind::Samples | FileKind::Tokenizer => meta.is_file(),
             };
             if !ok {
                 let expected = match f.kind {
                     FileKind::Calibration => "a regular file or a directory",
                     FileKind::Evaluation | FileKind::CalibrationBatches => "a directory",
-                    FileKind::Model | FileKind::Samples => "a regular file",
+                    FileKind::Model | FileKind::Samples | FileKind::Tokenizer => "a regular file",
                 };
                 out.push(diag(
                     format!(

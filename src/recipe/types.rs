@@ -30,6 +30,34 @@ pub struct Recipe {
     pub deploy: Deploy,
     /// `[engine]`: which engine the CPU target ships.
     pub engine: Engine,
+    /// `[text]`: the model takes text (tokenizer in front, pooling after), when present.
+    pub text: Option<Text>,
+}
+
+/// `[text]`: how the served text becomes the model's token tensors and its output one vector
+/// per text. Written into `runtime.toml` as [`infer_spec::text::Text`] once the model's
+/// outputs are known (the defaults of `output` and `pooling` depend on them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Text {
+    /// `text.tokenizer`: a Hugging Face `tokenizer.json`, relative to the recipe's directory.
+    pub tokenizer: Located<PathBuf>,
+    /// `text.max_length` (default: the ids input's profile max, else 512).
+    pub max_length: u32,
+    pub truncate: bool,
+    pub special_tokens: bool,
+    pub prefix: String,
+    pub input_ids: String,
+    pub attention_mask: Option<String>,
+    pub token_type_ids: Option<String>,
+    /// `text.output` (default: the model's first output).
+    pub output: Option<Located<String>>,
+    /// `text.pooling` (default: `mean` for a `[batch, sequence, hidden]` output, `none` for
+    /// `[batch, hidden]`).
+    pub pooling: Option<infer_spec::text::Pooling>,
+    pub normalize: bool,
+    pub token_budget: u32,
+    /// The table, for errors found once the model's outputs are known.
+    pub at: Located<()>,
 }
 
 /// `[engine]`.

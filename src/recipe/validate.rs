@@ -32,13 +32,29 @@ pub(crate) enum FileKind {
     Samples,
     /// `accuracy.data`: a directory.
     Evaluation,
+    /// `text.tokenizer`: a regular file.
+    Tokenizer,
     /// `fp8.calibration`: a directory of batches.
     CalibrationBatches,
 }
 
-const ROOT_KEYS: [&str; 10] = [
+const ROOT_KEYS: [&str; 11] = [
     "model", "targets", "engine", "int8", "fp8", "accuracy", "batching", "warmup", "image",
-    "deploy",
+    "deploy", "text",
+];
+const TEXT_KEYS: [&str; 12] = [
+    "tokenizer",
+    "max_length",
+    "truncate",
+    "special_tokens",
+    "prefix",
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "output",
+    "pooling",
+    "normalize",
+    "token_budget",
 ];
 const ENGINE_KEYS: [&str; 2] = ["cpu", "convert"];
 const MODEL_KEYS: [&str; 6] = [
@@ -154,6 +170,11 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let image = image(cx, image_table.as_ref(), model_name, &targets);
     let deploy_table = cx.table(&root, "deploy");
     let deploy = deploy(cx, deploy_table.as_ref(), &batching);
+    let text_table = cx.table(&root, "text");
+    let text = match (text_table.as_ref(), model.as_ref()) {
+        (Some(t), Some(m)) => text(cx, t, m, &mut files),
+        _ => None,
+    };
 
     let recipe = match (cx.diagnostics.is_empty(), model) {
         (true, Some(model)) => Some(Recipe {
@@ -169,10 +190,192 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             image,
             deploy,
             engine,
+            text,
         }),
         _ => None,
     };
     Outcome { recipe, files }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [text]
+
+/// The token length when neither `max_length` nor the ids input's profile says one.
+const DEFAULT_MAX_LENGTH: u32 = 512;
+
+fn text(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    model: &Model,
+    files: &mut Vec<FileRef>,
+) -> Option<Text> {
+    use infer_spec::text::Pooling;
+    cx.unknown_keys(t, &TEXT_KEYS);
+    let tokenizer = cx
+        .required_string(t, "tokenizer", "\"tokenizer.json\"")
+        .and_then(|p| relative_path(cx, p, "the tokenizer"));
+    if let Some(p) = &tokenizer {
+        files.push(FileRef {
+            path: p.clone(),
+            kind: FileKind::Tokenizer,
+        });
+    }
+    // An input the tokenizer fills: named explicitly (it must exist and take integers), or
+    // by the usual name when the model has one.
+    let input = |cx: &mut Checker<'_>, key: &str, required: bool| -> Option<String> {
+        let named = cx.string(t, key);
+        let name = named.as_ref().map(|n| n.value.clone()).or_else(|| {
+            model
+                .inputs
+                .iter()
+                .any(|i| i.name == key)
+                .then(|| key.to_owned())
+        });
+        let Some(name) = name else {
+            if required {
+                cx.error_hint(
+                    span_or(Some(t)),
+                    &format!("text.{key}"),
+                    format!("the model has no input named {key:?}"),
+                    &format!("name the input that takes the token ids: `{key} = \"...\"`"),
+                );
+            }
+            return None;
+        };
+        let at = named.as_ref().map_or(span_or(Some(t)), |n| n.span);
+        match model.inputs.iter().find(|i| i.name == name) {
+            None => cx.error_hint(
+                at,
+                &format!("text.{key}"),
+                format!("the model has no input {name:?}"),
+                &format!(
+                    "the model's inputs are {:?}",
+                    model.inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
+                ),
+            ),
+            Some(i)
+                if !matches!(i.datatype, DataType::Int64 | DataType::Int32)
+                    || i.shape.len() != 2 =>
+            {
+                cx.error_hint(
+                    at,
+                    &format!("text.{key}"),
+                    format!("input {name:?} is not [batch, sequence] int64 or int32"),
+                    "point it at the input that takes token ids, attention mask or token type ids",
+                )
+            }
+            Some(_) => {}
+        }
+        Some(name)
+    };
+    let input_ids = input(cx, "input_ids", true);
+    let attention_mask = input(cx, "attention_mask", false);
+    let token_type_ids = input(cx, "token_type_ids", false);
+    let named = [&input_ids, &attention_mask, &token_type_ids];
+    let mut seen: Vec<&String> = named.iter().filter_map(|n| n.as_ref()).collect();
+    let filled = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != filled {
+        cx.error_hint(
+            span_or(Some(t)),
+            "text",
+            "input_ids, attention_mask and token_type_ids name the same input",
+            "give each the model input it fills",
+        );
+    } else if let Some(other) = model.inputs.iter().find(|i| !seen.contains(&&i.name)) {
+        cx.error_hint(
+            span_or(Some(t)),
+            "text",
+            format!(
+                "the model input {:?} is not one the tokenizer fills",
+                other.name
+            ),
+            "name it as input_ids, attention_mask or token_type_ids",
+        );
+    }
+    let profile_max = input_ids.as_ref().and_then(|n| {
+        let i = model.inputs.iter().find(|i| &i.name == n)?;
+        match i.shape.get(1) {
+            Some(-1) => i.profile.as_ref()?.max.first().map(|&m| m as u32),
+            Some(&d) => Some(d as u32),
+            None => None,
+        }
+    });
+    let max_length = match cx.int(
+        t,
+        "max_length",
+        1,
+        i64::from(infer_spec::text::MAX_LENGTH),
+        "token count",
+    ) {
+        Some(m) => {
+            if let Some(limit) = profile_max.filter(|&l| m.value as u32 > l) {
+                cx.error_hint(
+                    m.span,
+                    &m.key,
+                    format!(
+                        "max_length {} is more than the model's sequence length {limit}",
+                        m.value
+                    ),
+                    "raise the input's profile max, or lower max_length",
+                );
+            }
+            m.value as u32
+        }
+        None => profile_max.unwrap_or(DEFAULT_MAX_LENGTH),
+    };
+    let pooling = cx.string(t, "pooling").and_then(|p| {
+        let parsed = Pooling::parse(&p.value);
+        if parsed.is_none() {
+            cx.error_hint(
+                p.span,
+                &p.key,
+                format!("unknown pooling {:?}", p.value),
+                "use \"mean\", \"cls\", \"last\" or \"none\" (the model pools itself)",
+            );
+        }
+        parsed
+    });
+    let flag = |cx: &mut Checker<'_>, key: &str, default: bool| {
+        cx.bool(t, key).map_or(default, |b| b.value)
+    };
+    let truncate = flag(cx, "truncate", true);
+    let special_tokens = flag(cx, "special_tokens", true);
+    let normalize = flag(cx, "normalize", true);
+    let prefix = cx.string(t, "prefix").map(|p| p.value).unwrap_or_default();
+    let token_budget = cx
+        .int(t, "token_budget", 1, i64::from(u32::MAX), "token count")
+        .map_or(0, |b| b.value as u32);
+    let output = cx.string(t, "output");
+    if let (Some(o), false) = (&output, model.outputs.is_empty()) {
+        if !model.outputs.iter().any(|m| m.name == o.value) {
+            cx.error_hint(
+                o.span,
+                &o.key,
+                format!("the model has no output {:?}", o.value),
+                &format!(
+                    "the model's outputs are {:?}",
+                    model.outputs.iter().map(|m| &m.name).collect::<Vec<_>>()
+                ),
+            );
+        }
+    }
+    Some(Text {
+        tokenizer: tokenizer?,
+        max_length,
+        truncate,
+        special_tokens,
+        prefix,
+        input_ids: input_ids?,
+        attention_mask,
+        token_type_ids,
+        output,
+        pooling,
+        normalize,
+        token_budget,
+        at: Located::new((), span_or(Some(t)), "text"),
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

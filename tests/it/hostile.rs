@@ -53,6 +53,7 @@ fn cpu_target(dir: &Path) -> TargetSpec {
         },
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: BTreeMap::new(),
+        model_files: BTreeMap::new(),
         compat: BTreeMap::new(),
     }
 }
@@ -648,6 +649,7 @@ fn warmup_samples_are_shared_by_every_target() {
             engine: None,
             engine_profile: None,
             warmup_samples: Some(samples.clone()),
+            tokenizer: None,
             dim_names: Vec::new(),
             base: None,
             library: None,

@@ -79,6 +79,7 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
         },
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: extra,
+        model_files: BTreeMap::new(),
         compat,
     }
 }

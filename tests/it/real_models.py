@@ -33,15 +33,17 @@ usage:
       are in flight together; with GRPC_URL each case is also sent through tritonclient.grpc at
       the same time), and compares each answer with onnxruntime on the same input.
       Prints one JSON summary line; exits non-zero on the first mismatch.
-  real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL
-      For the WordLlama text-embedding model: every case of CASES_JSON (a list of lists of
-      sentences) is tokenised with the model's own tokenizer (padded to the case's longest
-      sentence, so each case has its own sequence length) and sent as one request through
-      tritonclient HTTP and gRPC, all in flight together; each answer is compared with
-      wordllama's own inference (`WordLlamaInference.embed`, numpy) on the same sentences and
-      with onnxruntime in this Python on the same token ids. Then
-      two bad requests over HTTP: input_ids and attention_mask of different lengths, and a
-      sequence longer than the profile's max; each must get a 400 that says what is wrong.
+  real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL [POOLING NORMALIZE]
+      For a text model served from text (the recipe's [text] table): every case of CASES_JSON
+      (a list of lists of sentences) is sent as text through tritonclient HTTP and gRPC (a
+      BYTES input), the `openai` client (`embeddings.create`, and base64 by hand) and TEI's
+      `/embed`, all in flight together, so texts of different lengths share batches; each
+      answer is compared with `reference_embed` (the tokenizers package on the same
+      tokenizer.json, onnxruntime, numpy pooling: POOLING, default "none", L2-normalised when
+      NORMALIZE is "true"). Then all sentences in one request larger than max_batch_size,
+      `dimensions`, and bad requests (an empty text, an unknown encoding_format, an unknown
+      model, too many dimensions, malformed JSON, a token tensor to a text model), each a 4xx
+      naming the problem.
       Prints one JSON summary line; exits non-zero on the first mismatch.
 """
 import concurrent.futures
@@ -666,83 +668,97 @@ def check(url, model, onnx_path, cases, grpc_url=None):
                       "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
 
 
-def check_text(url, model, cache, cases, grpc_url):
+def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=False):
+    import base64
     import urllib.error
     import urllib.request
 
     import numpy as np
+    import openai
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
-    from tokenizers import Tokenizer
-    from wordllama.inference import WordLlamaInference
 
-    # The reference: wordllama's own inference on the same weights and tokenizer.
-    with zipfile.ZipFile(download_wheel(cache, MODELS[model][0])) as z:
-        embedding = safetensors_tensor(z.read(WORDLLAMA_WEIGHTS), "embedding.weight")
-    wl = WordLlamaInference(embedding, Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json")))
-    # And onnxruntime in this Python on the same ONNX graph and the same token ids.
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), opts, providers=["CPUExecutionProvider"])
     meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
-    jobs = [(p, texts) for p in ("http", "grpc") for texts in cases]
+    output = meta["outputs"][0]["name"]
+    # Every case through every API a text user has a client for, all in flight together (so
+    # texts of different lengths share the server's batches).
+    jobs = [(p, texts) for p in ("http", "grpc", "openai", "openai-base64", "tei") for texts in cases]
+
+    def post(path, body):
+        req = urllib.request.Request(f"http://{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req) as r:
+            return json.loads(r.read())
 
     def one(job):
         protocol, texts = job
-        enc = wl.tokenize(texts)
-        ids = np.array([e.ids for e in enc], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
-        want = wl.embed(texts)
-        client = grpcclient if protocol == "grpc" else httpclient
-        if protocol == "grpc":
-            c = grpcclient.InferenceServerClient(url=grpc_url)
-        else:
-            c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
-        inputs = []
-        for name, x in (("input_ids", ids), ("attention_mask", mask)):
-            i = client.InferInput(name, list(x.shape), "INT64")
-            if protocol == "grpc":
-                i.set_data_from_numpy(x)
+        want = reference_embed(model, cache, texts, pooling, normalize)
+        if protocol in ("http", "grpc"):
+            client = grpcclient if protocol == "grpc" else httpclient
+            c = client.InferenceServerClient(url=grpc_url if protocol == "grpc" else url)
+            t = client.InferInput("text", [len(texts), 1], "BYTES")
+            t.set_data_from_numpy(np.array([[s.encode()] for s in texts], dtype=np.object_))
+            got = c.infer(model, [t], outputs=[client.InferRequestedOutput(output)]).as_numpy(output)
+        elif protocol.startswith("openai"):
+            c = openai.OpenAI(base_url=f"http://{url}/v1", api_key="unused", max_retries=0)
+            fmt = "base64" if protocol.endswith("base64") else "float"
+            if fmt == "base64":
+                # The client decodes base64 itself when it asked for floats; ask for the raw form.
+                raw = post("/v1/embeddings", {"model": model, "input": texts, "encoding_format": "base64"})
+                got = np.array([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
             else:
-                i.set_data_from_numpy(x, binary_data=True)
-            inputs.append(i)
-        res = c.infer(model, inputs, outputs=[client.InferRequestedOutput("embedding")])
-        got = res.as_numpy("embedding")
+                r = c.embeddings.create(model=model, input=texts)
+                if r.usage.prompt_tokens <= 0 or [d.index for d in r.data] != list(range(len(texts))):
+                    raise AssertionError(f"openai {texts}: usage {r.usage}, indices {[d.index for d in r.data]}")
+                got = np.array([d.embedding for d in r.data], dtype=np.float32)
+        else:
+            got = np.array(post("/embed", {"inputs": texts, "normalize": normalize}), dtype=np.float32)
         if got is None or got.shape != want.shape:
-            raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, wordllama {want.shape}")
-        by_ort = sess.run(["embedding"], {"input_ids": ids, "attention_mask": mask})[0]
-        return list(ids.shape), max(float(np.abs(got - want).max()), float(np.abs(got - by_ort).max()))
+            raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, reference {want.shape}")
+        return float(np.abs(got - want).max())
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        results = list(pool.map(one, jobs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
+        results = list(pool_.map(one, jobs))
     tol = 1e-4
-    for (protocol, texts), (shape, d) in zip(jobs, results):
+    for (protocol, texts), d in zip(jobs, results):
         if not d <= tol:
-            sys.exit(f"{model} {protocol} {texts} ({shape}): max |diff| {d} > {tol}")
+            sys.exit(f"{model} {protocol} {texts}: max |diff| {d} > {tol}")
 
-    # Bad requests: each must be refused with a 400 that names what is wrong.
-    def refused(inputs, must):
-        body = json.dumps({"inputs": [
-            {"name": n, "shape": [1, k], "datatype": "INT64", "data": [1] * k} for n, k in inputs]}).encode()
-        req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+    # A client batch larger than max_batch_size is split and answered in order.
+    many = [t for case in cases for t in case] * 3
+    got = np.array(post("/embed", {"inputs": many, "normalize": normalize}), dtype=np.float32)
+    d = float(np.abs(got - reference_embed(model, cache, many, pooling, normalize)).max())
+    if not d <= tol:
+        sys.exit(f"{model}: {len(many)} texts in one request: max |diff| {d} > {tol}")
+    # Fewer dimensions, normalised after the cut.
+    cut = post("/v1/embeddings", {"model": model, "input": many[:2], "dimensions": 8})
+    if [len(e["embedding"]) for e in cut["data"]] != [8, 8]:
+        sys.exit(f"{model}: dimensions 8 gave {[len(e['embedding']) for e in cut['data']]}")
+
+    # Bad requests: each a 4xx naming the problem.
+    def refused(path, body, code, must):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://{url}{path}", data, {"Content-Type": "application/json"})
         try:
             urllib.request.urlopen(req)
         except urllib.error.HTTPError as e:
             text = e.read().decode()
-            if e.code != 400 or not all(m in text for m in must):
-                sys.exit(f"{model}: {inputs}: HTTP {e.code} {text!r}, expected 400 naming {must}")
+            if e.code != code or not all(m in text for m in must):
+                sys.exit(f"{model}: {path} {body!r}: HTTP {e.code} {text!r}, expected {code} naming {must}")
             return text
-        sys.exit(f"{model}: {inputs} was accepted")
+        sys.exit(f"{model}: {path} {body!r} was accepted")
 
     errors = [
-        refused([("input_ids", 5), ("attention_mask", 6)], ["input_ids", "attention_mask"]),
-        refused([("input_ids", 200), ("attention_mask", 200)], ["200", "128"]),
+        refused("/embed", {"inputs": ["a dog", ""]}, 400, ["text 1 is empty"]),
+        refused("/v1/embeddings", {"model": model, "input": "a", "encoding_format": "hex"}, 400, ["encoding_format", "hex"]),
+        refused("/v1/embeddings", {"model": "nope", "input": "a"}, 404, ["nope"]),
+        refused("/v1/embeddings", {"model": model, "input": "a", "dimensions": 100000}, 400, ["dimensions"]),
+        refused("/embed", b'{"inputs": 7}', 400, ["malformed embed request"]),
+        refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}, 400, ["empty"]),
+        refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}, 400, ["input_ids"]),
     ]
-    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "shapes": sorted({str(s) for s, _ in results}),
-                      "max_abs_diff": max(d for _, d in results), "tolerance": tol, "inputs": meta["inputs"],
-                      "refused": errors}))
+    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "protocols": sorted({j[0] for j in jobs}),
+                      "max_abs_diff": max(results), "tolerance": tol, "inputs": meta["inputs"],
+                      "outputs": meta["outputs"], "refused": errors}))
 
 
 if __name__ == "__main__":
@@ -751,7 +767,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "verify-bert":
         verify_bert(sys.argv[2])
     elif sys.argv[1] == "check-text":
-        check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
+        check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6],
+                   *sys.argv[7:8], *[a == "true" for a in sys.argv[8:9]])
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
     elif sys.argv[1] == "bench":

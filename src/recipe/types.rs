@@ -56,6 +56,12 @@ pub struct Text {
     pub pooling: Option<infer_spec::text::Pooling>,
     pub normalize: bool,
     pub token_budget: u32,
+    /// `text.pairs`: each row is a (query, passage) pair (cross-encoders).
+    pub pairs: bool,
+    /// `text.activation`: logits to scores (classifiers and rerankers).
+    pub activation: infer_spec::text::Activation,
+    /// `text.labels`: a classifier's label per output column.
+    pub labels: Vec<String>,
     /// The table, for errors found once the model's outputs are known.
     pub at: Located<()>,
 }

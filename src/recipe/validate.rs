@@ -42,7 +42,7 @@ const ROOT_KEYS: [&str; 11] = [
     "model", "targets", "engine", "int8", "fp8", "accuracy", "batching", "warmup", "image",
     "deploy", "text",
 ];
-const TEXT_KEYS: [&str; 12] = [
+const TEXT_KEYS: [&str; 15] = [
     "tokenizer",
     "max_length",
     "truncate",
@@ -55,6 +55,9 @@ const TEXT_KEYS: [&str; 12] = [
     "pooling",
     "normalize",
     "token_budget",
+    "pairs",
+    "activation",
+    "labels",
 ];
 const ENGINE_KEYS: [&str; 2] = ["cpu", "convert"];
 const MODEL_KEYS: [&str; 6] = [
@@ -237,7 +240,7 @@ fn text(
                     span_or(Some(t)),
                     &format!("text.{key}"),
                     format!("the model has no input named {key:?}"),
-                    &format!("name the input that takes the token ids: `{key} = \"...\"`"),
+                    format!("name the input that takes the token ids: `{key} = \"...\"`"),
                 );
             }
             return None;
@@ -248,7 +251,7 @@ fn text(
                 at,
                 &format!("text.{key}"),
                 format!("the model has no input {name:?}"),
-                &format!(
+                format!(
                     "the model's inputs are {:?}",
                     model.inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
                 ),
@@ -342,7 +345,44 @@ fn text(
     };
     let truncate = flag(cx, "truncate", true);
     let special_tokens = flag(cx, "special_tokens", true);
-    let normalize = flag(cx, "normalize", true);
+    let pairs = flag(cx, "pairs", false);
+    let activation = cx.string(t, "activation").and_then(|a| {
+        let parsed = infer_spec::text::Activation::parse(&a.value);
+        if parsed.is_none() {
+            cx.error_hint(
+                a.span,
+                &a.key,
+                format!("unknown activation {:?}", a.value),
+                "use \"sigmoid\" (a reranker, multi-label), \"softmax\" (single-label classifier) or \"none\"",
+            );
+        }
+        parsed
+    });
+    let activation = activation.unwrap_or_default();
+    // Scores are not normalised; embeddings are by default.
+    let normalize = flag(
+        cx,
+        "normalize",
+        activation == infer_spec::text::Activation::None,
+    );
+    let labels = match cx.array(
+        t,
+        "labels",
+        "a list of label names",
+        "[\"negative\", \"positive\"]",
+    ) {
+        Some((list, key, _)) => {
+            let mut labels = Vec::new();
+            for (i, v) in list.iter().enumerate() {
+                match v.get_ref().as_str() {
+                    Some(s) => labels.push(s.to_owned()),
+                    None => cx.expected(v, &format!("{key}[{i}]"), "a string (a label name)"),
+                }
+            }
+            labels
+        }
+        None => Vec::new(),
+    };
     let prefix = cx.string(t, "prefix").map(|p| p.value).unwrap_or_default();
     let token_budget = cx
         .int(t, "token_budget", 1, i64::from(u32::MAX), "token count")
@@ -354,7 +394,7 @@ fn text(
                 o.span,
                 &o.key,
                 format!("the model has no output {:?}", o.value),
-                &format!(
+                format!(
                     "the model's outputs are {:?}",
                     model.outputs.iter().map(|m| &m.name).collect::<Vec<_>>()
                 ),
@@ -374,6 +414,9 @@ fn text(
         pooling,
         normalize,
         token_budget,
+        pairs,
+        activation,
+        labels,
         at: Located::new((), span_or(Some(t)), "text"),
     })
 }

@@ -788,6 +788,8 @@ max_length = 4096
 pooling = "max"
 normalize = "yes"
 colour = 1
+activation = "relu"
+labels = ["a", 2]
 "#
         ),
         r#"
@@ -803,7 +805,10 @@ recipe.toml:21:11: text.pooling: unknown pooling "max"
   hint: use "mean", "cls", "last" or "none" (the model pools itself)
 recipe.toml:22:13: text.normalize: expected a boolean (true or false), found string "yes"
 recipe.toml:23:1: text.colour: unknown key `colour` in [text]
-  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget
+  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, pairs, activation, labels
+recipe.toml:24:14: text.activation: unknown activation "relu"
+  hint: use "sigmoid" (a reranker, multi-label), "softmax" (single-label classifier) or "none"
+recipe.toml:25:16: text.labels[1]: expected a string (a label name), found integer 2
 "#,
     );
 }

@@ -1,6 +1,6 @@
-//! The embedding APIs text users already have clients for, over the same batcher, metrics and
+//! The text APIs their users already have clients for, over the same batcher, metrics and
 //! errors as V2: OpenAI's `POST /v1/embeddings`, and Hugging Face text-embeddings-inference's
-//! `POST /embed` and `POST /tokenize`.
+//! `POST /embed`, `POST /rerank`, `POST /predict` and `POST /tokenize`.
 //!
 //! A request's texts are tokenized ([`crate::text::TextModel::encode`]) and queued in pieces
 //! of at most `max_batch_size` texts, all at once, so a client batch larger than the model's
@@ -88,20 +88,32 @@ pub async fn embed(
     opts: PoolOptions,
     start: Instant,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let items = texts.iter().map(|t| (*t, None)).collect();
+    run(app, model, items, opts, start).await
+}
+
+/// [`embed`] of single texts or pairs (`None` second: a single text).
+pub async fn run(
+    app: &Server,
+    model: &Model,
+    items: Vec<(&str, Option<&str>)>,
+    opts: PoolOptions,
+    start: Instant,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let text = model.text().ok_or_else(|| {
         ApiError::BadRequest(format!(
             "model {:?} takes tensors, not text (its recipe has no [text] table)",
             model.name()
         ))
     })?;
-    if texts.is_empty() {
+    if items.is_empty() {
         return Err(ApiError::BadRequest("no texts to embed".into()));
     }
     let piece = (model.cfg.batching.max_batch_size as usize).max(1);
     let mut queued = Vec::new();
     let mut tokens = 0;
-    for (i, chunk) in texts.chunks(piece).enumerate() {
-        let encoded = text.encode(chunk).map_err(|e| match e {
+    for (i, chunk) in items.chunks(piece).enumerate() {
+        let encoded = text.encode_items(chunk.to_vec()).map_err(|e| match e {
             // Name the text by its place in the whole request.
             ApiError::BadRequest(m) if i > 0 => ApiError::BadRequest(format!(
                 "{m} (counting from text {} of the request)",
@@ -113,7 +125,7 @@ pub async fn embed(
         let pending = http::submit(app, model, encoded.inputs, chunk.len(), None, start)?;
         queued.push((pending, encoded.lengths));
     }
-    let mut vectors = Vec::with_capacity(texts.len());
+    let mut vectors = Vec::with_capacity(items.len());
     for (pending, lengths) in queued {
         let answer = pending.wait(app, start).await?;
         model
@@ -141,7 +153,7 @@ pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, 
     let texts = req.input.texts();
     let opts = PoolOptions {
         dimensions: req.dimensions,
-        normalize: None,
+        ..PoolOptions::default()
     };
     let (vectors, tokens) = embed(app, model, &texts, opts, start).await?;
     let data: Vec<serde_json::Value> = vectors
@@ -189,14 +201,185 @@ pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Byte
             "prompt_name is not supported: the recipe's [text] prefix applies to every text".into(),
         ));
     }
-    if let Some(d) = req.truncation_direction.as_deref() {
+    check_truncation(model, req.truncate, req.truncation_direction.as_deref())?;
+    let opts = PoolOptions {
+        dimensions: req.dimensions,
+        normalize: req.normalize,
+        raw: false,
+    };
+    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start).await?;
+    Ok(Bytes::from(json!(vectors).to_string()))
+}
+
+/// `POST /rerank` (TEI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerankRequest {
+    pub query: String,
+    pub texts: Vec<String>,
+    #[serde(default)]
+    pub raw_scores: bool,
+    #[serde(default)]
+    pub return_text: bool,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: Option<String>,
+}
+
+/// `POST /rerank`: every text scored against the query by a cross-encoder, sorted by score
+/// (TEI's shape: `[{"index", "score", "text"?}]`).
+pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+    let req: RerankRequest = parse(body, "rerank")?;
+    let model = tei_model(app)?;
+    check_truncation(model, req.truncate, req.truncation_direction.as_deref())?;
+    let width = model.text().map_or(0, |t| t.hidden());
+    if width != 1 {
+        return Err(ApiError::BadRequest(format!(
+            "model {:?} is not a reranker: /rerank needs one relevance score per pair, it gives {width} values",
+            model.name()
+        )));
+    }
+    if req.texts.is_empty() {
+        return Err(ApiError::BadRequest("texts is empty".into()));
+    }
+    let items = req
+        .texts
+        .iter()
+        .map(|t| (req.query.as_str(), Some(t.as_str())))
+        .collect();
+    let opts = PoolOptions {
+        raw: req.raw_scores,
+        ..PoolOptions::default()
+    };
+    let (scores, _) = run(app, model, items, opts, start).await?;
+    let mut ranked: Vec<(usize, f32)> = scores
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i, v.first().copied().unwrap_or(f32::NAN)))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let out: Vec<serde_json::Value> = ranked
+        .into_iter()
+        .map(|(index, score)| {
+            let mut v = json!({ "index": index, "score": score });
+            if req.return_text {
+                v["text"] = json!(req.texts[index]);
+            }
+            v
+        })
+        .collect();
+    Ok(Bytes::from(json!(out).to_string()))
+}
+
+/// `POST /predict`: a classifier's scores per label, sorted (TEI's shape). `inputs` is one
+/// text, one pair `[a, b]` (a pair model), a list of texts, or a list of pairs; one input
+/// gets `[{"score", "label"}, …]`, a list gets one such list per input.
+pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+    let req: serde_json::Value = parse(body, "predict")?;
+    let model = tei_model(app)?;
+    let text = model
+        .text()
+        .ok_or_else(|| ApiError::NotFound("no text model".into()))?;
+    let pairs = text.config().pairs;
+    let bad = || {
+        ApiError::BadRequest(if pairs {
+            "inputs must be a pair [\"text\", \"text_pair\"] or a list of pairs".into()
+        } else {
+            "inputs must be a text or a list of texts".into()
+        })
+    };
+    let obj = req.as_object().ok_or_else(bad)?;
+    if let Some(k) = obj.keys().find(|k| {
+        !["inputs", "raw_scores", "truncate", "truncation_direction"].contains(&k.as_str())
+    }) {
+        return Err(ApiError::BadRequest(format!(
+            "malformed predict request: unknown field `{k}`"
+        )));
+    }
+    let raw = obj
+        .get("raw_scores")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    check_truncation(
+        model,
+        obj.get("truncate").and_then(serde_json::Value::as_bool),
+        obj.get("truncation_direction")
+            .and_then(serde_json::Value::as_str),
+    )?;
+    let pair = |v: &serde_json::Value| -> Option<(String, Option<String>)> {
+        match v {
+            serde_json::Value::String(s) if !pairs => Some((s.clone(), None)),
+            serde_json::Value::Array(a) if pairs && a.len() == 2 => {
+                Some((a[0].as_str()?.to_owned(), Some(a[1].as_str()?.to_owned())))
+            }
+            _ => None,
+        }
+    };
+    let inputs = obj.get("inputs").ok_or_else(bad)?;
+    let (one, items) = match pair(inputs) {
+        Some(p) => (true, vec![p]),
+        None => {
+            let list = inputs.as_array().ok_or_else(bad)?;
+            (
+                false,
+                list.iter()
+                    .map(pair)
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(bad)?,
+            )
+        }
+    };
+    let borrowed = items
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_deref()))
+        .collect();
+    let opts = PoolOptions {
+        raw,
+        ..PoolOptions::default()
+    };
+    let (scores, _) = run(app, model, borrowed, opts, start).await?;
+    let labels = &text.config().labels;
+    let ranked: Vec<serde_json::Value> = scores
+        .iter()
+        .map(|v| {
+            let mut by: Vec<(usize, f32)> = v.iter().copied().enumerate().collect();
+            by.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            json!(by
+                .into_iter()
+                .map(|(i, score)| {
+                    let label = labels
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| format!("LABEL_{i}"));
+                    json!({ "score": score, "label": label })
+                })
+                .collect::<Vec<_>>())
+        })
+        .collect();
+    let out = if one {
+        ranked[0].clone()
+    } else {
+        json!(ranked)
+    };
+    Ok(Bytes::from(out.to_string()))
+}
+
+/// TEI's `truncate` and `truncation_direction`: accepted when they ask for what the recipe
+/// serves.
+fn check_truncation(
+    model: &Model,
+    truncate: Option<bool>,
+    direction: Option<&str>,
+) -> Result<(), ApiError> {
+    if let Some(d) = direction {
         if !d.eq_ignore_ascii_case("right") {
             return Err(ApiError::BadRequest(format!(
                 "truncation_direction {d:?}: only \"Right\" is supported"
             )));
         }
     }
-    if let (Some(want), Some(text)) = (req.truncate, model.text()) {
+    if let (Some(want), Some(text)) = (truncate, model.text()) {
         if want != text.config().truncate {
             return Err(ApiError::BadRequest(format!(
                 "truncate = {want}: this model is served with truncation {} (the recipe's text.truncate)",
@@ -204,12 +387,7 @@ pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Byte
             )));
         }
     }
-    let opts = PoolOptions {
-        dimensions: req.dimensions,
-        normalize: req.normalize,
-    };
-    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start).await?;
-    Ok(Bytes::from(json!(vectors).to_string()))
+    Ok(())
 }
 
 /// `POST /tokenize`: TEI's shape, one list of tokens per text.

@@ -266,7 +266,7 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
             );
             Ok(r)
         }
-        ["v1", "embeddings"] | ["embed"] | ["tokenize"] => {
+        ["v1", "embeddings"] | ["embed"] | ["rerank"] | ["predict"] | ["tokenize"] => {
             allow(Method::POST)?;
             let start = Instant::now();
             let which = segs[0];
@@ -276,6 +276,8 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
                 match which {
                     "v1" => crate::embed::openai(app, &body, start).await,
                     "embed" => crate::embed::tei_embed(app, &body, start).await,
+                    "rerank" => crate::embed::tei_rerank(app, &body, start).await,
+                    "predict" => crate::embed::tei_predict(app, &body, start).await,
                     _ => crate::embed::tei_tokenize(app, &body),
                 }
             };

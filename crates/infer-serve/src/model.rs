@@ -194,10 +194,24 @@ impl Model {
         };
         let texts = inputs
             .first()
-            .map(TextModel::texts)
+            .map(|t| TextModel::texts(t, infer_spec::text::TEXT_INPUT))
             .transpose()?
             .unwrap_or_default();
-        let encoded = text.encode(&texts)?;
+        let items: Vec<(&str, Option<&str>)> = match inputs.get(1) {
+            Some(t) => {
+                let pairs = TextModel::texts(t, infer_spec::text::TEXT_PAIR_INPUT)?;
+                if pairs.len() != texts.len() {
+                    return Err(ApiError::BadRequest(format!(
+                        "inputs \"text\" and \"text_pair\" have {} and {} texts",
+                        texts.len(),
+                        pairs.len()
+                    )));
+                }
+                texts.into_iter().zip(pairs.into_iter().map(Some)).collect()
+            }
+            None => texts.into_iter().map(|t| (t, None)).collect(),
+        };
+        let encoded = text.encode_items(items)?;
         Ok(Prepared {
             inputs: encoded.inputs,
             rows,

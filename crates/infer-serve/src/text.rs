@@ -16,9 +16,9 @@
 use crate::error::ApiError;
 use crate::tensor::Tensor;
 use bytes::Bytes;
-use infer_spec::text::{Pooling, Text};
+use infer_spec::text::{Activation, Pooling, Text};
 use infer_spec::{DataType, RuntimeConfig, TensorSpec};
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::{EncodeInput, Tokenizer, TruncationParams};
 
 /// What an engine input receives from the tokenizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,8 @@ pub struct PoolOptions {
     pub dimensions: Option<usize>,
     /// Override `[text] normalize`.
     pub normalize: Option<bool>,
+    /// Leave out `[text] activation`: the logits as they are (TEI's `raw_scores`).
+    pub raw: bool,
 }
 
 impl TextModel {
@@ -160,21 +162,21 @@ impl TextModel {
         self.hidden
     }
 
-    /// The texts of a `text` tensor (`BYTES`, one per row): each must be UTF-8.
-    pub fn texts(t: &Tensor) -> Result<Vec<&str>, ApiError> {
+    /// The texts of a `text` tensor (`BYTES`, one per row) named `name`: each must be UTF-8.
+    pub fn texts<'t>(t: &'t Tensor, name: &str) -> Result<Vec<&'t str>, ApiError> {
         let mut out = Vec::with_capacity(t.rows());
         let mut rest = &t.data[..];
         while !rest.is_empty() {
             let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| {
-                ApiError::BadRequest("input \"text\": a truncated BYTES element".into())
+                ApiError::BadRequest(format!("input {name:?}: a truncated BYTES element"))
             })?;
             let len = u32::from_le_bytes(*len) as usize;
             let (s, tail) = tail.split_at_checked(len).ok_or_else(|| {
-                ApiError::BadRequest("input \"text\": a truncated BYTES element".into())
+                ApiError::BadRequest(format!("input {name:?}: a truncated BYTES element"))
             })?;
             let s = std::str::from_utf8(s).map_err(|e| {
                 ApiError::BadRequest(format!(
-                    "input \"text\": element {} is not UTF-8 ({e})",
+                    "input {name:?}: element {} is not UTF-8 ({e})",
                     out.len()
                 ))
             })?;
@@ -187,18 +189,47 @@ impl TextModel {
     /// Tokenizes `texts` into the engine's inputs, padded to the longest. An empty text, or
     /// one over `max_length` tokens with truncation off, is refused naming its index.
     pub fn encode(&self, texts: &[&str]) -> Result<Encoded, ApiError> {
-        if texts.is_empty() {
+        self.encode_items(texts.iter().map(|t| (*t, None)).collect())
+    }
+
+    /// Tokenizes single texts (`None` second) or pairs (a cross-encoder's query and passage),
+    /// as the model takes them.
+    pub fn encode_items(&self, items: Vec<(&str, Option<&str>)>) -> Result<Encoded, ApiError> {
+        match (self.cfg.pairs, items.iter().any(|(_, p)| p.is_some())) {
+            (true, _) if items.iter().any(|(_, p)| p.is_none()) => {
+                return Err(ApiError::BadRequest(
+                    "this model scores pairs of texts (a query and a passage): send text and text_pair"
+                        .into(),
+                ))
+            }
+            (false, true) => {
+                return Err(ApiError::BadRequest(
+                    "this model takes single texts, not pairs (its recipe's text.pairs is false)"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
+        self.tokenize(items)
+    }
+
+    fn tokenize(&self, items: Vec<(&str, Option<&str>)>) -> Result<Encoded, ApiError> {
+        if items.is_empty() {
             return Err(ApiError::BadRequest("no texts to embed".into()));
         }
-        let mut encodings = Vec::with_capacity(texts.len());
-        for (i, text) in texts.iter().enumerate() {
-            if text.trim().is_empty() {
+        let mut encodings = Vec::with_capacity(items.len());
+        for (i, (text, pair)) in items.iter().enumerate() {
+            if text.trim().is_empty() || pair.is_some_and(|p| p.trim().is_empty()) {
                 return Err(ApiError::BadRequest(format!("text {i} is empty")));
             }
-            let input = if self.cfg.prefix.is_empty() {
+            let first = if self.cfg.prefix.is_empty() {
                 (*text).to_owned()
             } else {
                 format!("{}{text}", self.cfg.prefix)
+            };
+            let input: EncodeInput = match pair {
+                None => first.into(),
+                Some(p) => (first, (*p).to_owned()).into(),
             };
             let e = self
                 .tokenizer
@@ -218,13 +249,14 @@ impl TextModel {
         }
         let lengths: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
         let longest = lengths.iter().copied().max().unwrap_or(0);
+        let rows = encodings.len();
         let inputs = self
             .fills
             .iter()
             .map(|&(fill, dtype)| {
                 let pad = if fill == Fill::Ids { self.pad_id } else { 0 };
                 let width = dtype.size().unwrap_or(8);
-                let mut data = Vec::with_capacity(texts.len() * longest * width);
+                let mut data = Vec::with_capacity(rows * longest * width);
                 for e in &encodings {
                     let values: &[u32] = match fill {
                         Fill::Ids => e.get_ids(),
@@ -245,7 +277,7 @@ impl TextModel {
                 }
                 Tensor {
                     dtype,
-                    shape: vec![texts.len(), longest],
+                    shape: vec![rows, longest],
                     data: Bytes::from(data),
                 }
             })
@@ -329,6 +361,9 @@ impl TextModel {
                 let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
                 v.iter_mut().for_each(|x| *x /= norm);
             }
+            if !opts.raw {
+                activate(self.cfg.activation, &mut v);
+            }
             answers.push(v);
         }
         Ok(answers)
@@ -347,6 +382,20 @@ impl TextModel {
             dtype: DataType::F32,
             shape: vec![vectors.len(), dims],
             data: Bytes::from(data),
+        }
+    }
+}
+
+/// Scores from logits, in place.
+fn activate(a: Activation, v: &mut [f32]) {
+    match a {
+        Activation::None => {}
+        Activation::Sigmoid => v.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
+        Activation::Softmax => {
+            let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            v.iter_mut().for_each(|x| *x = (*x - max).exp());
+            let sum: f32 = v.iter().sum();
+            v.iter_mut().for_each(|x| *x /= sum);
         }
     }
 }
@@ -475,7 +524,7 @@ mod tests {
         ]);
         let pool = |p: &str, opts| {
             model(p, "[-1, -1, 2]", "")
-                .pool(&[out.clone()], &[2, 1], opts)
+                .pool(std::slice::from_ref(&out), &[2, 1], opts)
                 .unwrap()
         };
         assert_eq!(
@@ -495,6 +544,7 @@ mod tests {
             PoolOptions {
                 normalize: Some(true),
                 dimensions: None,
+                raw: false,
             },
         );
         assert!((unit[0][0] - 1.0 / 5f32.sqrt()).abs() < 1e-6 && (unit[1][0] - 1.0).abs() < 1e-6);
@@ -504,17 +554,19 @@ mod tests {
             PoolOptions {
                 normalize: Some(true),
                 dimensions: Some(1),
+                raw: false,
             },
         );
         assert_eq!(cut, [vec![1.0], vec![1.0]]);
         let m = model("mean", "[-1, -1, 2]", "");
         assert!(m
             .pool(
-                &[out.clone()],
+                std::slice::from_ref(&out),
                 &[2, 1],
                 PoolOptions {
                     dimensions: Some(3),
-                    normalize: None
+                    normalize: None,
+                    raw: false,
                 }
             )
             .is_err());
@@ -537,6 +589,43 @@ mod tests {
     }
 
     #[test]
+    fn pairs_are_encoded_together_and_logits_become_scores() {
+        let m = model(
+            "none",
+            "[-1, 1]",
+            "pairs = true\nactivation = \"sigmoid\"\nnormalize = false\n",
+        );
+        assert_eq!(m.served_inputs().len(), 2);
+        assert_eq!(m.served_inputs()[1].name, "text_pair");
+        let e = m.encode_items(vec![("a dog", Some("runs"))]).unwrap();
+        // The pair template: A then B, no special tokens between (this tokenizer's).
+        assert_eq!(ints(&e.inputs[0]), [2, 3, 4]);
+        let e = m.encode(&["a dog"]).err().unwrap();
+        assert!(e.to_string().contains("send text and text_pair"), "{e}");
+        let single = model("mean", "[-1, -1, 2]", "");
+        let e = single.encode_items(vec![("a", Some("dog"))]).err().unwrap();
+        assert!(e.to_string().contains("not pairs"), "{e}");
+        let logit = Tensor {
+            dtype: DataType::F32,
+            shape: vec![1, 1],
+            data: Bytes::from(0f32.to_le_bytes().to_vec()),
+        };
+        assert_eq!(
+            m.pool(std::slice::from_ref(&logit), &[3], PoolOptions::default())
+                .unwrap(),
+            [vec![0.5]]
+        );
+        let raw = PoolOptions {
+            raw: true,
+            ..PoolOptions::default()
+        };
+        assert_eq!(m.pool(&[logit], &[3], raw).unwrap(), [vec![0.0]]);
+        let mut v = vec![1.0f32, 1.0];
+        activate(Activation::Softmax, &mut v);
+        assert_eq!(v, [0.5, 0.5]);
+    }
+
+    #[test]
     fn bytes_tensors_must_hold_utf8() {
         let mut data = Vec::new();
         for s in [&b"a dog"[..], &[0xff, 0xfe][..]] {
@@ -548,7 +637,7 @@ mod tests {
             shape: vec![2, 1],
             data: Bytes::from(data),
         };
-        let e = TextModel::texts(&t).err().unwrap();
+        let e = TextModel::texts(&t, "text").err().unwrap();
         assert!(e.to_string().contains("element 1 is not UTF-8"), "{e}");
     }
 }

@@ -62,7 +62,57 @@ pub struct Text {
     /// beyond `max_batch_size` rows of `max_length`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub token_budget: u32,
+    /// Each row is a pair of texts (a cross-encoder's query and passage): a second served
+    /// input, `text_pair`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pairs: bool,
+    /// What turns the output into scores (classifiers and rerankers); `none`: as it is.
+    #[serde(default, skip_serializing_if = "Activation::is_none")]
+    pub activation: Activation,
+    /// A classifier's label per output column (empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
 }
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+/// What turns a classifier's or reranker's logits into scores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// The output as it is (an embedding, or raw logits).
+    #[default]
+    None,
+    /// 1 / (1 + e^-x) per value (a reranker's relevance, multi-label classifiers).
+    Sigmoid,
+    /// Over each row (single-label classifiers).
+    Softmax,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 3] = [Activation::None, Activation::Sigmoid, Activation::Softmax];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::None => "none",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Softmax => "softmax",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Activation> {
+        Activation::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+
+    fn is_none(&self) -> bool {
+        *self == Activation::None
+    }
+}
+
+/// The served input that carries a pair's second text.
+pub const TEXT_PAIR_INPUT: &str = "text_pair";
 
 fn yes() -> bool {
     true
@@ -133,13 +183,17 @@ impl Text {
     pub fn served(&self, outputs: &[TensorSpec]) -> Option<(Vec<TensorSpec>, Vec<TensorSpec>)> {
         let out = outputs.iter().find(|t| t.name == self.output)?;
         let hidden = *out.dims.last()?;
-        let input = TensorSpec {
-            name: TEXT_INPUT.to_owned(),
+        let input = |name: &str| TensorSpec {
+            name: name.to_owned(),
             datatype: DataType::Bytes,
             dims: vec![-1, 1],
             profile: None,
             dim_names: Vec::new(),
         };
+        let mut inputs = vec![input(TEXT_INPUT)];
+        if self.pairs {
+            inputs.push(input(TEXT_PAIR_INPUT));
+        }
         let output = TensorSpec {
             name: self.output.clone(),
             datatype: DataType::F32,
@@ -147,7 +201,7 @@ impl Text {
             profile: None,
             dim_names: Vec::new(),
         };
-        Some((vec![input], vec![output]))
+        Some((inputs, vec![output]))
     }
 
     /// Everything wrong with the section against the engine's tensors, each as one sentence.
@@ -225,7 +279,21 @@ impl Text {
                 "text.output: {:?} must have a fixed last (hidden) dimension, has dims {:?}",
                 t.name, t.dims
             )),
-            Some(_) => {}
+            Some(t) => {
+                let width = t.dims.last().copied().unwrap_or(0);
+                if !self.labels.is_empty() && self.labels.len() as i64 != width {
+                    p.push(format!(
+                        "text.labels: {} labels for an output of {width} columns",
+                        self.labels.len()
+                    ));
+                }
+            }
+        }
+        if self.activation != Activation::None && self.normalize {
+            p.push(format!(
+                "text: activation {:?} gives scores; normalize is for embeddings (set it false)",
+                self.activation.as_str()
+            ));
         }
         p
     }
@@ -259,6 +327,9 @@ mod tests {
             pooling: Pooling::Mean,
             normalize: true,
             token_budget: 0,
+            pairs: false,
+            activation: Activation::None,
+            labels: Vec::new(),
         }
     }
 
@@ -270,10 +341,10 @@ mod tests {
         let pooled = tensor("last_hidden_state", DataType::F32, &[-1, 384]);
         let ok = text();
         assert_eq!(
-            ok.problems(&[ids.clone(), mask.clone()], &[hidden.clone()]),
+            ok.problems(&[ids.clone(), mask.clone()], std::slice::from_ref(&hidden)),
             Vec::<String>::new()
         );
-        let (served_in, served_out) = ok.served(&[hidden.clone()]).unwrap();
+        let (served_in, served_out) = ok.served(std::slice::from_ref(&hidden)).unwrap();
         assert_eq!(served_in[0].dims, [-1, 1]);
         assert_eq!(served_in[0].datatype, DataType::Bytes);
         assert_eq!(served_out[0].dims, [-1, 384]);
@@ -359,5 +430,8 @@ mod tests {
             assert_eq!(Pooling::parse(p.as_str()), Some(p));
         }
         assert_eq!(Pooling::parse("max"), None);
+        for a in Activation::ALL {
+            assert_eq!(Activation::parse(a.as_str()), Some(a));
+        }
     }
 }

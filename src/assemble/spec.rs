@@ -188,6 +188,9 @@ pub fn runtime_config(
             ..Server::default()
         },
         text: None,
+        response_cache: recipe
+            .response_cache
+            .map(|max_bytes| infer_spec::runtime::ResponseCache { max_bytes }),
     };
     let cfg = RuntimeConfig {
         text: recipe

@@ -32,6 +32,8 @@ pub struct Recipe {
     pub engine: Engine,
     /// `[text]`: the model takes text (tokenizer in front, pooling after), when present.
     pub text: Option<Text>,
+    /// `[response_cache] max_bytes`: identical requests answered from memory, when present.
+    pub response_cache: Option<u64>,
 }
 
 /// `[text]`: how the served text becomes the model's token tensors and its output one vector

@@ -38,9 +38,19 @@ pub(crate) enum FileKind {
     CalibrationBatches,
 }
 
-const ROOT_KEYS: [&str; 11] = [
-    "model", "targets", "engine", "int8", "fp8", "accuracy", "batching", "warmup", "image",
-    "deploy", "text",
+const ROOT_KEYS: [&str; 12] = [
+    "model",
+    "targets",
+    "engine",
+    "int8",
+    "fp8",
+    "accuracy",
+    "batching",
+    "warmup",
+    "image",
+    "deploy",
+    "text",
+    "response_cache",
 ];
 const TEXT_KEYS: [&str; 15] = [
     "tokenizer",
@@ -173,6 +183,22 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let image = image(cx, image_table.as_ref(), model_name, &targets);
     let deploy_table = cx.table(&root, "deploy");
     let deploy = deploy(cx, deploy_table.as_ref(), &batching);
+    let cache_table = cx.table(&root, "response_cache");
+    let response_cache = cache_table.as_ref().and_then(|t| {
+        cx.unknown_keys(t, &["max_bytes"]);
+        if t.inner.get("max_bytes").is_none() {
+            cx.missing(t, "max_bytes", "67108864");
+            return None;
+        }
+        cx.int(
+            t,
+            "max_bytes",
+            1,
+            infer_spec::runtime::MAX_RESPONSE_CACHE_BYTES as i64,
+            "byte count",
+        )
+        .map(|b| b.value as u64)
+    });
     let text_table = cx.table(&root, "text");
     let text = match (text_table.as_ref(), model.as_ref()) {
         (Some(t), Some(m)) => text(cx, t, m, &mut files),
@@ -194,6 +220,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             deploy,
             engine,
             text,
+            response_cache,
         }),
         _ => None,
     };

@@ -260,11 +260,11 @@ cpu = true
         ),
         r#"
 recipe.toml:10:2: batch: unknown table [batch]; did you mean [batching]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
 recipe.toml:13:2: deployment: unknown table [deployment]; did you mean [deploy]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
 recipe.toml:16:2: Targets: unknown table [Targets]; did you mean [targets]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
 "#,
     );
     // types_tables
@@ -809,6 +809,22 @@ recipe.toml:23:1: text.colour: unknown key `colour` in [text]
 recipe.toml:24:14: text.activation: unknown activation "relu"
   hint: use "sigmoid" (a reranker, multi-label), "softmax" (single-label classifier) or "none"
 recipe.toml:25:16: text.labels[1]: expected a string (a label name), found integer 2
+"#,
+    );
+}
+
+#[test]
+fn response_cache() {
+    let r = parse_ok(&format!("{BASE}\n[response_cache]\nmax_bytes = 1048576\n"));
+    assert_eq!(r.response_cache, Some(1 << 20));
+    assert_eq!(parse_ok(BASE).response_cache, None);
+    check(
+        &format!("{BASE}\n[response_cache]\nsize = 1\n"),
+        r#"
+recipe.toml:10:2: response_cache.max_bytes: missing required key `max_bytes` in [response_cache]
+  hint: add `max_bytes = 67108864` to [response_cache]
+recipe.toml:11:1: response_cache.size: unknown key `size` in [response_cache]
+  hint: valid keys in [response_cache]: max_bytes
 "#,
     );
 }

@@ -109,6 +109,28 @@ pub async fn run(
     if items.is_empty() {
         return Err(ApiError::BadRequest("no texts to embed".into()));
     }
+    // The cache sits in front of tokenization; its key holds every text and every option
+    // that changes the vectors.
+    let key = model.cache().map(|_| {
+        let mut k = crate::cache::Key::new("text", model.name(), &model.cfg.model.version);
+        k.u64(opts.dimensions.map_or(0, |d| d as u64 + 1))
+            .u64(opts.normalize.map_or(0, |n| 1 + u64::from(n)))
+            .u64(u64::from(opts.raw))
+            .u64(items.len() as u64);
+        for (a, b) in &items {
+            k.str(a);
+            match b {
+                Some(b) => k.u64(1).str(b),
+                None => k.u64(0),
+            };
+        }
+        k.finish()
+    });
+    if let Some(crate::cache::Cached::Vectors(v, tokens)) =
+        key.as_ref().and_then(|k| model.cached(k))
+    {
+        return Ok(((*v).clone(), tokens));
+    }
     let piece = (model.cfg.batching.max_batch_size as usize).max(1);
     let mut queued = Vec::new();
     let mut tokens = 0;
@@ -133,6 +155,12 @@ pub async fn run(
             .overhead_hist
             .observe_duration(start.elapsed().saturating_sub(answer.compute));
         vectors.extend(text.pool(&answer.outputs, &lengths, opts)?);
+    }
+    if let Some(k) = key {
+        model.remember(
+            k,
+            crate::cache::Cached::Vectors(std::sync::Arc::new(vectors.clone()), tokens),
+        );
     }
     Ok((vectors, tokens))
 }

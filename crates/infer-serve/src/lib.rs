@@ -17,6 +17,7 @@
 //! - [`text`]: text in (`[text]`): the tokenizer before the engine, the pooling after it.
 //! - [`embed`]: the embedding APIs (OpenAI's `/v1/embeddings`, TEI's `/embed`, `/tokenize`)
 //!   over the same batcher.
+//! - [`cache`]: the response cache (`[response_cache]`): exact request keys, bounded LRU.
 //! - [`signature`]: a model's tensors, and the one check of a request's tensors against them
 //!   that both protocols' decoders run.
 //! - [`conn`]: slow and idle clients: each connection's watchdog (header and idle timeouts),
@@ -45,6 +46,7 @@
 pub mod args;
 pub mod backend;
 pub mod batcher;
+pub mod cache;
 pub mod conn;
 pub mod embed;
 pub mod error;

@@ -228,6 +228,10 @@ pub struct Metrics {
     pub ready: AtomicU64,
     /// Times the device was found lost (a sticky CUDA error): 0 or 1 in a process's life.
     pub device_lost: Counter,
+    /// The response cache (`[response_cache]`): lookups answered, lookups not, entries evicted.
+    pub cache_hits: Counter,
+    pub cache_misses: Counter,
+    pub cache_evictions: Counter,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
     /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
@@ -320,6 +324,9 @@ impl Metrics {
             in_flight: Gauge::new(0),
             ready: z(),
             device_lost: Counter::new(),
+            cache_hits: Counter::new(),
+            cache_misses: Counter::new(),
+            cache_evictions: Counter::new(),
             engine_load_us: z(),
             warmup_us: z(),
             overlapped_ms: Gauge::new(0),
@@ -539,6 +546,25 @@ impl Metrics {
             o,
             "# HELP infer_serve_device_lost_total Sticky device errors (the GPU is unusable until the process restarts; the server is not ready from the first)\n# TYPE infer_serve_device_lost_total counter\ninfer_serve_device_lost_total{{{l}}} {}",
             self.device_lost.get()
+        );
+        // Triton's names for its response cache.
+        counter(
+            &mut o,
+            "nv_cache_num_hits_per_model",
+            "Requests answered from the response cache",
+            self.cache_hits.get(),
+        );
+        counter(
+            &mut o,
+            "nv_cache_num_misses_per_model",
+            "Response cache lookups that found nothing",
+            self.cache_misses.get(),
+        );
+        counter(
+            &mut o,
+            "infer_serve_cache_evictions_total",
+            "Response cache entries evicted to stay within max_bytes",
+            self.cache_evictions.get(),
         );
         gauge(
             &mut o,

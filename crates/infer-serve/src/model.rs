@@ -31,6 +31,8 @@ pub struct Model {
     pub(crate) config_json: serde_json::Value,
     /// The tokenizer and pooling of a text model (`[text]`).
     text: Option<TextModel>,
+    /// The response cache (`[response_cache]`), when the model has one.
+    cache: Option<crate::cache::ResponseCache>,
     /// What requests carry and responses hold: the engine's tensors, or a text model's.
     served_inputs: Vec<infer_spec::TensorSpec>,
     served_outputs: Vec<infer_spec::TensorSpec>,
@@ -146,6 +148,10 @@ impl Model {
             config: Bytes::from(config.to_string()),
             metadata_json: metadata,
             config_json: config,
+            cache: cfg
+                .response_cache
+                .as_ref()
+                .map(|c| crate::cache::ResponseCache::new(c.max_bytes)),
             cfg,
             text,
             served_inputs,
@@ -166,6 +172,31 @@ impl Model {
             inputs: &self.served_inputs,
             outputs: &self.served_outputs,
             max_batch_size: self.cfg.batching.max_batch_size,
+        }
+    }
+
+    /// The response cache, when the model has one.
+    pub fn cache(&self) -> Option<&crate::cache::ResponseCache> {
+        self.cache.as_ref()
+    }
+
+    /// Looks `key` up in the response cache, counting the hit or miss.
+    pub fn cached(&self, key: &[u8]) -> Option<crate::cache::Cached> {
+        let found = self.cache.as_ref()?.get(key);
+        match found {
+            Some(_) => self.metrics.cache_hits.add(1),
+            None => self.metrics.cache_misses.add(1),
+        }
+        found
+    }
+
+    /// Stores a successful answer in the response cache (when there is one).
+    pub fn remember(&self, key: Vec<u8>, value: crate::cache::Cached) {
+        if let Some(c) = &self.cache {
+            let evicted = c.put(key, value);
+            if evicted > 0 {
+                self.metrics.cache_evictions.add(evicted as u64);
+            }
         }
     }
 

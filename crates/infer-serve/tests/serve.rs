@@ -923,6 +923,50 @@ fn serve_health_metadata_and_routes() {
 }
 
 #[test]
+fn serve_answers_identical_requests_from_the_response_cache() {
+    let s = Server::ready(&format!(
+        "{}\n[response_cache]\nmax_bytes = 1048576\n",
+        mlp_config()
+    ));
+    let infer = "/v2/models/mlp/infer";
+    let json = [("content-type", "application/json")];
+    let counts = || {
+        let m = s.get("/metrics").text();
+        (
+            metric(&m, "nv_cache_num_hits_per_model{"),
+            metric(&m, "nv_cache_num_misses_per_model{"),
+            metric(&m, "nv_inference_exec_count{"),
+        )
+    };
+    let first = s.post(infer, &json, mlp_json(1).as_bytes());
+    assert_eq!(first.status, 200, "{}", first.text());
+    let (_, _, execs) = counts();
+    let again = s.post(infer, &json, mlp_json(1).as_bytes());
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.text(),
+        first.text(),
+        "a hit answers what the engine did"
+    );
+    assert_eq!(
+        counts(),
+        (1.0, 1.0, execs),
+        "the second went nowhere near the engine"
+    );
+    // Same values, another shape (two rows): another entry. The same with other values.
+    let two = s.post(infer, &json, mlp_json(2).as_bytes());
+    assert_eq!(two.status, 200);
+    let other = mlp_json(1).replacen(r#""data":[0,"#, r#""data":[0.5,"#, 1);
+    assert_ne!(other, mlp_json(1));
+    assert_eq!(s.post(infer, &json, other.as_bytes()).status, 200);
+    assert_eq!(counts(), (1.0, 3.0, execs + 2.0));
+    // A refused request is neither looked up nor stored.
+    let bad = s.post(infer, &json, br#"{"inputs":[]}"#);
+    assert_eq!(bad.status, 400);
+    assert_eq!(counts().1, 3.0);
+}
+
+#[test]
 fn serve_rejects_bad_requests_without_dying() {
     let s = Server::ready(&mlp_config());
     let infer = "/v2/models/mlp/infer";

@@ -69,7 +69,23 @@ pub struct RuntimeConfig {
     /// Text in: the tokenizer in front of the engine and the pooling after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<crate::text::Text>,
+    /// Identical requests answered from memory (opt-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_cache: Option<ResponseCache>,
 }
+
+/// `[response_cache]`: a request identical to an earlier one (same inputs, same parameters
+/// that change the answer) is answered from memory, least recently used entries evicted
+/// first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseCache {
+    /// The most bytes the entries (keys and answers) hold.
+    pub max_bytes: u64,
+}
+
+/// The largest response cache (`response_cache.max_bytes`): 64 GiB.
+pub const MAX_RESPONSE_CACHE_BYTES: u64 = 64 << 30;
 
 /// `[model]`: name and version as clients address them (`/v2/models/{name}/versions/{version}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -598,6 +614,14 @@ impl RuntimeConfig {
         shared_dim_problems(&mut p, &self.inputs);
         if let Some(text) = &self.text {
             p.extend(text.problems(&self.inputs, &self.outputs));
+        }
+        if let Some(c) = &self.response_cache {
+            if !(1..=MAX_RESPONSE_CACHE_BYTES).contains(&c.max_bytes) {
+                p.push(format!(
+                    "response_cache.max_bytes {} is outside 1..={MAX_RESPONSE_CACHE_BYTES}",
+                    c.max_bytes
+                ));
+            }
         }
         let b = &self.batching;
         if b.max_batch_size == 0 {

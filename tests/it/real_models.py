@@ -723,6 +723,20 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
         if not d <= tol:
             sys.exit(f"{model} {protocol} {texts}: max |diff| {d} > {tol}")
 
+    # Long texts (thousands of bytes in one request) are tokenized on the tokenizer workers
+    # rather than the connection's thread: the same answers, over V2 and /embed.
+    paragraph = ("Container images for inference carry the runtime, the engine and the model; "
+                 "each GPU architecture gets its own, built ahead of time. ")
+    long = [f"Passage {i}. " + paragraph * (4 + i) for i in range(4)]
+    want = reference_embed(model, cache, long, pooling, normalize)
+    got = np.array(post("/embed", {"inputs": long, "normalize": normalize}), dtype=np.float32)
+    t = httpclient.InferInput("text", [len(long), 1], "BYTES")
+    t.set_data_from_numpy(np.array([[s.encode()] for s in long], dtype=np.object_))
+    by_v2 = httpclient.InferenceServerClient(url=url).infer(model, [t]).as_numpy(output)
+    d = max(float(np.abs(got - want).max()), float(np.abs(by_v2 - want).max()))
+    if not d <= tol:
+        sys.exit(f"{model}: long texts ({sum(map(len, long))} bytes): max |diff| {d} > {tol}")
+
     # A client batch larger than max_batch_size is split and answered in order.
     many = [t for case in cases for t in case] * 3
     got = np.array(post("/embed", {"inputs": many, "normalize": normalize}), dtype=np.float32)

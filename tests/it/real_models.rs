@@ -140,12 +140,12 @@ shape = [-1, 214]
 [model.inputs.input_ids]
 datatype = "int64"
 shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [128] }
+profile = { min = [1], opt = [16], max = [512] }
 
 [model.inputs.attention_mask]
 datatype = "int64"
 shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [128] }
+profile = { min = [1], opt = [16], max = [512] }
 
 [model.outputs.embedding]
 datatype = "fp32"

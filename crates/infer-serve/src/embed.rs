@@ -135,14 +135,17 @@ pub async fn run(
     let mut queued = Vec::new();
     let mut tokens = 0;
     for (i, chunk) in items.chunks(piece).enumerate() {
-        let encoded = text.encode_items(chunk.to_vec()).map_err(|e| match e {
-            // Name the text by its place in the whole request.
-            ApiError::BadRequest(m) if i > 0 => ApiError::BadRequest(format!(
-                "{m} (counting from text {} of the request)",
-                i * piece
-            )),
-            e => e,
-        })?;
+        let encoded = model
+            .encode_async(chunk.to_vec())
+            .await
+            .map_err(|e| match e {
+                // Name the text by its place in the whole request.
+                ApiError::BadRequest(m) if i > 0 => ApiError::BadRequest(format!(
+                    "{m} (counting from text {} of the request)",
+                    i * piece
+                )),
+                e => e,
+            })?;
         tokens += encoded.tokens();
         let pending = http::submit(app, model, encoded.inputs, chunk.len(), None, start)?;
         queued.push((pending, encoded.lengths));

@@ -520,7 +520,7 @@ pub(crate) async fn execute(
             compute: Duration::ZERO,
         });
     }
-    let prepared = model.prepare(inputs, rows)?;
+    let prepared = model.prepare_async(inputs, rows).await?;
     let pending = submit(
         app,
         model,

@@ -30,7 +30,9 @@ pub struct Model {
     pub(crate) metadata_json: serde_json::Value,
     pub(crate) config_json: serde_json::Value,
     /// The tokenizer and pooling of a text model (`[text]`).
-    text: Option<TextModel>,
+    text: Option<Arc<TextModel>>,
+    /// Where long requests are tokenized (set at start for a text model).
+    pool: Option<crate::text::Pool>,
     /// The response cache (`[response_cache]`), when the model has one.
     cache: Option<crate::cache::ResponseCache>,
     /// What requests carry and responses hold: the engine's tensors, or a text model's.
@@ -153,7 +155,8 @@ impl Model {
                 .as_ref()
                 .map(|c| crate::cache::ResponseCache::new(c.max_bytes)),
             cfg,
-            text,
+            text: text.map(Arc::new),
+            pool: None,
             served_inputs,
             served_outputs,
         }
@@ -202,7 +205,67 @@ impl Model {
 
     /// The tokenizer and pooling, for a text model.
     pub fn text(&self) -> Option<&TextModel> {
-        self.text.as_ref()
+        self.text.as_deref()
+    }
+
+    /// Gives a text model its tokenizer workers (`text::Pool`).
+    pub fn set_pool(&mut self, pool: crate::text::Pool) {
+        self.pool = Some(pool);
+    }
+
+    /// [`Model::prepare`], with a long text request tokenized on the model's workers rather
+    /// than on the calling (I/O) thread.
+    pub async fn prepare_async(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+    ) -> Result<Prepared, ApiError> {
+        match (&self.text, &self.pool) {
+            (Some(text), Some(pool))
+                if inputs.iter().map(|t| t.data.len()).sum::<usize>()
+                    > crate::text::INLINE_BYTES =>
+            {
+                let text = text.clone();
+                pool.run(move || prepare_text(&text, inputs, rows)).await?
+            }
+            _ => self.prepare(inputs, rows),
+        }
+    }
+
+    /// Tokenizes `items` for the engine, on the model's workers when they are long.
+    pub async fn encode_async(
+        &self,
+        items: Vec<(&str, Option<&str>)>,
+    ) -> Result<crate::text::Encoded, ApiError> {
+        let Some(text) = &self.text else {
+            return Err(ApiError::BadRequest(format!(
+                "model {:?} takes tensors, not text (its recipe has no [text] table)",
+                self.name()
+            )));
+        };
+        let bytes: usize = items
+            .iter()
+            .map(|(a, b)| a.len() + b.map_or(0, str::len))
+            .sum();
+        match &self.pool {
+            Some(pool) if bytes > crate::text::INLINE_BYTES => {
+                let owned: Vec<(String, Option<String>)> = items
+                    .iter()
+                    .map(|(a, b)| ((*a).to_owned(), b.map(str::to_owned)))
+                    .collect();
+                let text = text.clone();
+                pool.run(move || {
+                    text.encode_items(
+                        owned
+                            .iter()
+                            .map(|(a, b)| (a.as_str(), b.as_deref()))
+                            .collect(),
+                    )
+                })
+                .await?
+            }
+            _ => text.encode_items(items),
+        }
     }
 
     /// What the backend takes: `runtime.toml`'s tensors, which warm-up and the engine checks
@@ -216,38 +279,14 @@ impl Model {
     /// without a pre-processing step passes them on as they are.
     #[inline]
     pub fn prepare(&self, inputs: Vec<Tensor>, rows: usize) -> Result<Prepared, ApiError> {
-        let Some(text) = &self.text else {
-            return Ok(Prepared {
+        match &self.text {
+            None => Ok(Prepared {
                 inputs,
                 rows,
                 lengths: None,
-            });
-        };
-        let texts = inputs
-            .first()
-            .map(|t| TextModel::texts(t, infer_spec::text::TEXT_INPUT))
-            .transpose()?
-            .unwrap_or_default();
-        let items: Vec<(&str, Option<&str>)> = match inputs.get(1) {
-            Some(t) => {
-                let pairs = TextModel::texts(t, infer_spec::text::TEXT_PAIR_INPUT)?;
-                if pairs.len() != texts.len() {
-                    return Err(ApiError::BadRequest(format!(
-                        "inputs \"text\" and \"text_pair\" have {} and {} texts",
-                        texts.len(),
-                        pairs.len()
-                    )));
-                }
-                texts.into_iter().zip(pairs.into_iter().map(Some)).collect()
-            }
-            None => texts.into_iter().map(|t| (t, None)).collect(),
-        };
-        let encoded = text.encode_items(items)?;
-        Ok(Prepared {
-            inputs: encoded.inputs,
-            rows,
-            lengths: Some(encoded.lengths),
-        })
+            }),
+            Some(text) => prepare_text(text, inputs, rows),
+        }
     }
 
     /// The engine's outputs for a request as the served outputs: a text model's pooled
@@ -321,6 +360,35 @@ impl Model {
         self.config = Bytes::from(config.to_string());
         self.config_json = config;
     }
+}
+
+/// A text model's `text` (and `text_pair`) inputs as the engine's token tensors.
+fn prepare_text(text: &TextModel, inputs: Vec<Tensor>, rows: usize) -> Result<Prepared, ApiError> {
+    let texts = inputs
+        .first()
+        .map(|t| TextModel::texts(t, infer_spec::text::TEXT_INPUT))
+        .transpose()?
+        .unwrap_or_default();
+    let items: Vec<(&str, Option<&str>)> = match inputs.get(1) {
+        Some(t) => {
+            let pairs = TextModel::texts(t, infer_spec::text::TEXT_PAIR_INPUT)?;
+            if pairs.len() != texts.len() {
+                return Err(ApiError::BadRequest(format!(
+                    "inputs \"text\" and \"text_pair\" have {} and {} texts",
+                    texts.len(),
+                    pairs.len()
+                )));
+            }
+            texts.into_iter().zip(pairs.into_iter().map(Some)).collect()
+        }
+        None => texts.into_iter().map(|t| (t, None)).collect(),
+    };
+    let encoded = text.encode_items(items)?;
+    Ok(Prepared {
+        inputs: encoded.inputs,
+        rows,
+        lengths: Some(encoded.lengths),
+    })
 }
 
 #[cfg(test)]

@@ -509,7 +509,20 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     ));
     let text = TextModel::load(cfg, &c.base)
         .map_err(|e| StartError::new(1, "cannot load the tokenizer", vec![("error", json!(e))]))?;
+    let text_model = text.is_some();
     let mut model = Model::with_text(cfg.clone(), metrics.clone(), text);
+    if text_model {
+        // As many tokenizer workers as CPUs, queueing as many requests as the batcher.
+        let pool = crate::text::Pool::start(cpus, cfg.batching.max_queue_size.max(64) as usize)
+            .map_err(|e| {
+                StartError::new(
+                    1,
+                    "cannot start the tokenizer workers",
+                    vec![("error", json!(e.to_string()))],
+                )
+            })?;
+        model.set_pool(pool);
+    }
     model.set_node(&found);
     let mut server = Server::new(cfg.server.clone(), metrics, vec![model]);
     server.busy_poll = Duration::from_micros(

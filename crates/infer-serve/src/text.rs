@@ -10,8 +10,9 @@
 //! batch's longest ([`crate::batcher::Padding`]): every pooling here reads only the tokens of
 //! its own text, so padding never changes an answer.
 //!
-//! Tokenizing runs on the thread that decoded the request; the Rust `tokenizers` crate with
-//! its pure-Rust regex engine (no oniguruma: the runtime stays a static binary).
+//! A request of more than [`INLINE_BYTES`] of text is tokenized on the model's [`Pool`] of
+//! workers, a shorter one on the thread that decoded it. The Rust `tokenizers` crate with its
+//! pure-Rust regex engine (no oniguruma: the runtime stays a static binary).
 
 use crate::error::ApiError;
 use crate::tensor::Tensor;
@@ -386,6 +387,69 @@ impl TextModel {
     }
 }
 
+/// Requests holding fewer text bytes than this are tokenized on the thread that read them:
+/// for a few short texts the hand-off to a worker costs more than the tokenizing.
+pub const INLINE_BYTES: usize = 2048;
+
+/// Tokenizing off the I/O threads: worker threads take jobs from a bounded queue, and a full
+/// queue refuses the request at once (503 `queue_full`, like the batcher's), so a burst of
+/// long texts can neither stall the connections' threads nor grow without bound.
+pub struct Pool {
+    tx: std::sync::mpsc::SyncSender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Pool {
+    /// `threads` workers sharing a queue of `capacity` jobs.
+    pub fn start(threads: usize, capacity: usize) -> std::io::Result<Pool> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Box<dyn FnOnce() + Send>>(capacity.max(1));
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("tokenize-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })?;
+        }
+        Ok(Pool { tx })
+    }
+
+    /// Queues `f` for a worker; its result arrives on the receiver. A full queue refuses
+    /// it here.
+    pub fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<tokio::sync::oneshot::Receiver<T>, ApiError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            let _ = tx.send(f());
+        });
+        self.tx.try_send(job).map_err(|e| match e {
+            std::sync::mpsc::TrySendError::Full(_) => {
+                ApiError::Rejected(crate::error::Rejection::QueueFull)
+            }
+            std::sync::mpsc::TrySendError::Disconnected(_) => {
+                ApiError::Internal("the tokenizer workers are gone".into())
+            }
+        })?;
+        Ok(rx)
+    }
+
+    /// Runs `f` on a worker and waits for its result without blocking this thread.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        self.submit(f)?
+            .await
+            .map_err(|_| ApiError::Internal("a tokenizer worker dropped the request".into()))
+    }
+}
+
 /// Scores from logits, in place.
 fn activate(a: Activation, v: &mut [f32]) {
     match a {
@@ -623,6 +687,35 @@ mod tests {
         let mut v = vec![1.0f32, 1.0];
         activate(Activation::Softmax, &mut v);
         assert_eq!(v, [0.5, 0.5]);
+    }
+
+    #[test]
+    fn the_pool_runs_jobs_and_refuses_when_its_queue_is_full() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let pool = Pool::start(1, 1).unwrap();
+        assert_eq!(rt.block_on(pool.run(|| 6 * 7)).unwrap(), 42);
+        // The one worker held, one job queued: the next is refused at once.
+        let (hold, release) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let busy = pool
+            .submit(move || {
+                started_tx.send(()).unwrap();
+                release.recv().unwrap();
+                0
+            })
+            .unwrap();
+        started.recv().unwrap();
+        let queued = pool.submit(|| 1).unwrap();
+        let refused = pool.submit(|| 2).err().unwrap();
+        assert_eq!(
+            refused,
+            ApiError::Rejected(crate::error::Rejection::QueueFull)
+        );
+        hold.send(()).unwrap();
+        assert_eq!(rt.block_on(busy).unwrap(), 0);
+        assert_eq!(rt.block_on(queued).unwrap(), 1);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct OnnxSummary {
     /// Graph outputs whose shape depends on the input values: name and the operator upstream of
     /// it that makes it so (see [`data_dependent_outputs`]).
     pub data_dependent: Vec<(String, String)>,
+    /// Graph inputs that index an embedding table (a `Gather` of an initializer by the input):
+    /// input name and the table's rows (the largest id the input may hold, plus one).
+    pub embedding_rows: Vec<(String, i64)>,
 }
 
 /// ONNX operators whose output shape depends on the values of their inputs, not only on their
@@ -214,8 +217,19 @@ impl OnnxSummary {
                         || (n.op_type == "Cast" && a.name == "to" && a.i == ONNX_FLOAT16 as i64)
                 })
             });
+        let embedding_rows = graph
+            .node
+            .iter()
+            .filter(|n| n.op_type == "Gather" && n.input.len() == 2)
+            .filter_map(|n| {
+                let table = graph.initializer.iter().find(|i| i.name == n.input[0])?;
+                let input = inputs.iter().find(|(name, _)| *name == n.input[1])?;
+                Some((input.0.clone(), *table.dims.first()?))
+            })
+            .collect();
         Ok(OnnxSummary {
             data_dependent: data_dependent_outputs(&graph),
+            embedding_rows,
             op_types: graph.node.iter().map(|n| n.op_type.clone()).collect(),
             inputs,
             fp16_tensors,

@@ -548,6 +548,7 @@ mod tests {
             input_dim_names: Vec::new(),
             outputs: Vec::new(),
             data_dependent: Vec::new(),
+            embedding_rows: Vec::new(),
         };
         let trt = |version: &str| {
             TrtSpec::new(

@@ -762,3 +762,39 @@ fn py_ocr_recogniser_is_refused_by_tract_with_its_reason() {
     );
     assert!(!dir.path().join("out/index.json").exists());
 }
+
+/// `[text]` with another model's tokenizer: WordLlama's (32000 tokens) for all-MiniLM-L6-v2,
+/// whose embedding table has 30522 rows. The build refuses it at `text.tokenizer`, before any
+/// engine or image, naming both sizes; a file that is not a tokenizer is refused the same way.
+#[test]
+fn py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build() {
+    let test = "py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build";
+    let Some(py) = python_with_references(test) else {
+        return;
+    };
+    let models = fetch_models(&py);
+    let onnx = PathBuf::from(models["minilm"].as_str().unwrap());
+    let case = CASES.iter().find(|c| c.name == "minilm").unwrap();
+    for (tokenizer, want) in [
+        (
+            std::fs::read(cache_dir().join("wordllama.tokenizer.json")).unwrap(),
+            "the tokenizer has 32000 tokens; the model's embedding table for \"input_ids\" has 30522 rows",
+        ),
+        (
+            b"{\"model\": 1}".to_vec(),
+            "not a tokenizer.json the runtime reads",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = build(dir.path(), "minilm", case.recipe, "tract", &onnx);
+        std::fs::write(dir.path().join("recipe/tokenizer.json"), tokenizer).unwrap();
+        let o = cmd.output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("recipe.toml:") && err.contains("text.tokenizer") && err.contains(want),
+            "{err}"
+        );
+        assert!(!dir.path().join("out/index.json").exists());
+    }
+}

@@ -743,6 +743,17 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
     d = float(np.abs(got - reference_embed(model, cache, many, pooling, normalize)).max())
     if not d <= tol:
         sys.exit(f"{model}: {len(many)} texts in one request: max |diff| {d} > {tol}")
+    # TEI's timing headers, and the token count.
+    req = urllib.request.Request(f"http://{url}/embed", json.dumps({"inputs": many[:3]}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        headers = {k.lower(): v for k, v in r.headers.items()}
+    for h in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
+        if not headers.get(h, "").isdigit():
+            sys.exit(f"{model}: /embed answered without {h} (headers {headers})")
+    if int(headers.get("x-compute-tokens", "0")) <= 0:
+        sys.exit(f"{model}: /embed x-compute-tokens {headers.get('x-compute-tokens')!r}")
+
     # Fewer dimensions, normalised after the cut.
     cut = post("/v1/embeddings", {"model": model, "input": many[:2], "dimensions": 8})
     if [len(e["embedding"]) for e in cut["data"]] != [8, 8]:

@@ -16,6 +16,23 @@ use serde::Deserialize;
 use serde_json::json;
 use std::time::Instant;
 
+/// Where a text request's time went, for TEI's response headers (`x-tokenization-time`,
+/// `x-queue-time`, `x-inference-time`, in milliseconds, and `x-compute-tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub tokenization: std::time::Duration,
+    pub queue: std::time::Duration,
+    pub inference: std::time::Duration,
+    pub tokens: usize,
+}
+
+/// A text API's answer: the body and its timing.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub body: Bytes,
+    pub timing: Timing,
+}
+
 /// One text or several, as both APIs take them.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -87,9 +104,10 @@ pub async fn embed(
     texts: &[&str],
     opts: PoolOptions,
     start: Instant,
+    timing: &mut Timing,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let items = texts.iter().map(|t| (*t, None)).collect();
-    run(app, model, items, opts, start).await
+    run(app, model, items, opts, start, timing).await
 }
 
 /// [`embed`] of single texts or pairs (`None` second: a single text).
@@ -99,6 +117,7 @@ pub async fn run(
     items: Vec<(&str, Option<&str>)>,
     opts: PoolOptions,
     start: Instant,
+    timing: &mut Timing,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let text = model.text().ok_or_else(|| {
         ApiError::BadRequest(format!(
@@ -135,6 +154,7 @@ pub async fn run(
     let mut queued = Vec::new();
     let mut tokens = 0;
     for (i, chunk) in items.chunks(piece).enumerate() {
+        let t = Instant::now();
         let encoded = model
             .encode_async(chunk.to_vec())
             .await
@@ -146,19 +166,24 @@ pub async fn run(
                 )),
                 e => e,
             })?;
+        timing.tokenization += t.elapsed();
         tokens += encoded.tokens();
         let pending = http::submit(app, model, encoded.inputs, chunk.len(), None, start)?;
         queued.push((pending, encoded.lengths));
     }
     let mut vectors = Vec::with_capacity(items.len());
+    let waiting = Instant::now();
     for (pending, lengths) in queued {
         let answer = pending.wait(app, start).await?;
+        timing.inference += answer.compute;
         model
             .metrics
             .overhead_hist
             .observe_duration(start.elapsed().saturating_sub(answer.compute));
         vectors.extend(text.pool(&answer.outputs, &lengths, opts)?);
     }
+    timing.queue = waiting.elapsed().saturating_sub(timing.inference);
+    timing.tokens = tokens;
     if let Some(k) = key {
         model.remember(
             k,
@@ -169,7 +194,8 @@ pub async fn run(
 }
 
 /// `POST /v1/embeddings`: OpenAI's request and response shapes.
-pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+    let mut timing = Timing::default();
     let req: OpenAiRequest = parse(body, "embeddings")?;
     let model = app.model(&req.model)?;
     let base64 = match req.encoding_format.as_deref() {
@@ -186,7 +212,7 @@ pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, 
         dimensions: req.dimensions,
         ..PoolOptions::default()
     };
-    let (vectors, tokens) = embed(app, model, &texts, opts, start).await?;
+    let (vectors, tokens) = embed(app, model, &texts, opts, start, &mut timing).await?;
     let data: Vec<serde_json::Value> = vectors
         .iter()
         .enumerate()
@@ -206,7 +232,10 @@ pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, 
         "model": model.name(),
         "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
     });
-    Ok(Bytes::from(out.to_string()))
+    Ok(Reply {
+        body: Bytes::from(out.to_string()),
+        timing,
+    })
 }
 
 /// The one model the TEI routes serve: TEI serves one model per server.
@@ -224,7 +253,8 @@ fn tei_model(app: &Server) -> Result<&Model, ApiError> {
 }
 
 /// `POST /embed`: TEI's request and response shapes (a list of vectors).
-pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+    let mut timing = Timing::default();
     let req: TeiRequest = parse(body, "embed")?;
     let model = tei_model(app)?;
     if req.prompt_name.is_some() {
@@ -238,8 +268,11 @@ pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Byte
         normalize: req.normalize,
         raw: false,
     };
-    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start).await?;
-    Ok(Bytes::from(json!(vectors).to_string()))
+    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start, &mut timing).await?;
+    Ok(Reply {
+        body: Bytes::from(json!(vectors).to_string()),
+        timing,
+    })
 }
 
 /// `POST /rerank` (TEI).
@@ -260,7 +293,8 @@ pub struct RerankRequest {
 
 /// `POST /rerank`: every text scored against the query by a cross-encoder, sorted by score
 /// (TEI's shape: `[{"index", "score", "text"?}]`).
-pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+    let mut timing = Timing::default();
     let req: RerankRequest = parse(body, "rerank")?;
     let model = tei_model(app)?;
     check_truncation(model, req.truncate, req.truncation_direction.as_deref())?;
@@ -283,7 +317,7 @@ pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Byt
         raw: req.raw_scores,
         ..PoolOptions::default()
     };
-    let (scores, _) = run(app, model, items, opts, start).await?;
+    let (scores, _) = run(app, model, items, opts, start, &mut timing).await?;
     let mut ranked: Vec<(usize, f32)> = scores
         .iter()
         .enumerate()
@@ -300,13 +334,17 @@ pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Byt
             v
         })
         .collect();
-    Ok(Bytes::from(json!(out).to_string()))
+    Ok(Reply {
+        body: Bytes::from(json!(out).to_string()),
+        timing,
+    })
 }
 
 /// `POST /predict`: a classifier's scores per label, sorted (TEI's shape). `inputs` is one
 /// text, one pair `[a, b]` (a pair model), a list of texts, or a list of pairs; one input
 /// gets `[{"score", "label"}, …]`, a list gets one such list per input.
-pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Bytes, ApiError> {
+pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+    let mut timing = Timing::default();
     let req: serde_json::Value = parse(body, "predict")?;
     let model = tei_model(app)?;
     let text = model
@@ -369,7 +407,7 @@ pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<By
         raw,
         ..PoolOptions::default()
     };
-    let (scores, _) = run(app, model, borrowed, opts, start).await?;
+    let (scores, _) = run(app, model, borrowed, opts, start, &mut timing).await?;
     let labels = &text.config().labels;
     let ranked: Vec<serde_json::Value> = scores
         .iter()
@@ -393,7 +431,10 @@ pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<By
     } else {
         json!(ranked)
     };
-    Ok(Bytes::from(out.to_string()))
+    Ok(Reply {
+        body: Bytes::from(out.to_string()),
+        timing,
+    })
 }
 
 /// TEI's `truncate` and `truncation_direction`: accepted when they ask for what the recipe
@@ -422,7 +463,7 @@ fn check_truncation(
 }
 
 /// `POST /tokenize`: TEI's shape, one list of tokens per text.
-pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Bytes, ApiError> {
+pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Reply, ApiError> {
     let req: TokenizeRequest = parse(body, "tokenize")?;
     let model = tei_model(app)?;
     let text = model
@@ -448,7 +489,10 @@ pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Bytes, ApiError> {
             .collect();
         out.push(special);
     }
-    Ok(Bytes::from(json!(out).to_string()))
+    Ok(Reply {
+        body: Bytes::from(json!(out).to_string()),
+        timing: Timing::default(),
+    })
 }
 
 /// Standard base64 with padding (RFC 4648), as OpenAI's `encoding_format = "base64"`.

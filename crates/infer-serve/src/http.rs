@@ -281,8 +281,21 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
                     _ => crate::embed::tei_tokenize(app, &body),
                 }
             };
-            let body = counted(app, start, work).await?;
-            Ok(json_response(StatusCode::OK, body))
+            let reply = counted(app, start, work).await?;
+            let mut r = json_response(StatusCode::OK, reply.body);
+            let t = reply.timing;
+            let headers = r.headers_mut();
+            // TEI's timing headers, in milliseconds.
+            for (name, d) in [
+                ("x-tokenization-time", t.tokenization),
+                ("x-queue-time", t.queue),
+                ("x-inference-time", t.inference),
+                ("x-total-time", start.elapsed()),
+            ] {
+                headers.insert(name, HeaderValue::from(d.as_millis() as u64));
+            }
+            headers.insert("x-compute-tokens", HeaderValue::from(t.tokens as u64));
+            Ok(r)
         }
         ["v2", "models", "stats"] => {
             allow(Method::GET)?;

@@ -230,6 +230,22 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
 // ---------------------------------------------------------------------------------------------
 // [text]
 
+/// A string key naming one of a set (`parse` says which), or `unknown KEY "value"` with `hint`.
+fn one_of<T>(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    key: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    hint: &str,
+) -> Option<T> {
+    let v = cx.string(t, key)?;
+    let parsed = parse(&v.value);
+    if parsed.is_none() {
+        cx.error_hint(v.span, &v.key, format!("unknown {key} {:?}", v.value), hint);
+    }
+    parsed
+}
+
 /// The token length when neither `max_length` nor the ids input's profile says one.
 const DEFAULT_MAX_LENGTH: u32 = 512;
 
@@ -355,37 +371,27 @@ fn text(
         }
         None => profile_max.unwrap_or(DEFAULT_MAX_LENGTH),
     };
-    let pooling = cx.string(t, "pooling").and_then(|p| {
-        let parsed = Pooling::parse(&p.value);
-        if parsed.is_none() {
-            cx.error_hint(
-                p.span,
-                &p.key,
-                format!("unknown pooling {:?}", p.value),
-                "use \"mean\", \"cls\", \"last\" or \"none\" (the model pools itself)",
-            );
-        }
-        parsed
-    });
+    let pooling = one_of(
+        cx,
+        t,
+        "pooling",
+        Pooling::parse,
+        "use \"mean\", \"cls\", \"last\" or \"none\" (the model pools itself)",
+    );
     let flag = |cx: &mut Checker<'_>, key: &str, default: bool| {
         cx.bool(t, key).map_or(default, |b| b.value)
     };
     let truncate = flag(cx, "truncate", true);
     let special_tokens = flag(cx, "special_tokens", true);
     let pairs = flag(cx, "pairs", false);
-    let activation = cx.string(t, "activation").and_then(|a| {
-        let parsed = infer_spec::text::Activation::parse(&a.value);
-        if parsed.is_none() {
-            cx.error_hint(
-                a.span,
-                &a.key,
-                format!("unknown activation {:?}", a.value),
-                "use \"sigmoid\" (a reranker, multi-label), \"softmax\" (single-label classifier) or \"none\"",
-            );
-        }
-        parsed
-    });
-    let activation = activation.unwrap_or_default();
+    let activation = one_of(
+        cx,
+        t,
+        "activation",
+        infer_spec::text::Activation::parse,
+        "use \"sigmoid\" (a reranker, multi-label), \"softmax\" (single-label classifier) or \"none\"",
+    )
+    .unwrap_or_default();
     // Scores are not normalised; embeddings are by default.
     let normalize = flag(
         cx,

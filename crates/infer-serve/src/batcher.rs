@@ -583,28 +583,14 @@ impl<G: Grouping> Queue<G> {
                 now >= due,
                 expect_more,
             ),
-            Some(padding) => {
-                // The token budget ends the batch where the next request would overflow it
-                // (padding every row to the longest so far): the batch is full there.
-                let (mut total, mut longest, mut over) = (0usize, 0usize, false);
-                let rows: Vec<usize> = group
-                    .map_while(|job| {
-                        let longer = longest.max(Padding::length(&job.inputs));
-                        if total > 0 && (total + job.rows) * longer > padding.token_budget {
-                            over = true;
-                            return None;
-                        }
-                        (total, longest) = (total + job.rows, longer);
-                        Some(job.rows)
-                    })
-                    .collect();
-                let max = if over {
-                    total.min(policy.max_batch_size)
-                } else {
-                    policy.max_batch_size
-                };
-                batch::cut(rows, max, &policy.preferred, now >= due, expect_more)
-            }
+            Some(padding) => batch::cut_padded(
+                group.map(|job| (job.rows, Padding::length(&job.inputs))),
+                policy.max_batch_size,
+                padding.token_budget,
+                &policy.preferred,
+                now >= due,
+                expect_more,
+            ),
         };
         match cut {
             batch::Cut::Take(n) => Cut::Take(n),

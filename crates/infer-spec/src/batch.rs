@@ -27,14 +27,33 @@ pub fn cut(
     due: bool,
     expect_more: bool,
 ) -> Cut {
-    let (mut total, mut n, mut preferred_cut, mut full) = (0usize, 0usize, None, false);
-    for r in rows {
-        if total + r > max_batch_size {
+    let items = rows.into_iter().map(|r| (r, 0));
+    cut_padded(items, max_batch_size, usize::MAX, preferred, due, expect_more)
+}
+
+/// [`cut`] for requests padded to a common length (text models): `items` are each request's
+/// rows and sequence length, and a batch is also full where the next request would make its
+/// rows x the longest length pass `token_budget` (the oldest request always fits, whatever
+/// its size).
+pub fn cut_padded(
+    items: impl IntoIterator<Item = (usize, usize)>,
+    max_batch_size: usize,
+    token_budget: usize,
+    preferred: &[usize],
+    due: bool,
+    expect_more: bool,
+) -> Cut {
+    let (mut total, mut longest, mut n) = (0usize, 0usize, 0usize);
+    let (mut preferred_cut, mut full) = (None, false);
+    for (r, len) in items {
+        let longer = longest.max(len);
+        if total + r > max_batch_size
+            || (n > 0 && (total + r).saturating_mul(longer) > token_budget)
+        {
             full = true;
             break;
         }
-        total += r;
-        n += 1;
+        (total, longest, n) = (total + r, longer, n + 1);
         if preferred.contains(&total) {
             preferred_cut = Some(n);
         }
@@ -134,6 +153,19 @@ mod tests {
         assert_eq!(cut([1, 1], 8, &[4], false, false), Cut::Take(2));
         // Never past max_batch_size, nor past a shape the batch cannot take.
         assert_eq!(cut([3, 3, 3], 8, &[], false, false), Cut::Take(2));
+    }
+
+    #[test]
+    fn a_token_budget_ends_a_padded_batch() {
+        // (rows, length): 2 x 5 = 10 fits a budget of 10; a third row would make 15.
+        let items = [(1, 2), (1, 5), (1, 3)];
+        assert_eq!(cut_padded(items, 8, 10, &[], false, true), Cut::Take(2));
+        // Within the budget, the rows rule as before: not full, not due, so it waits.
+        assert_eq!(cut_padded(items, 8, 1000, &[], false, true), Cut::Wait);
+        // The oldest request runs even when it alone is over the budget.
+        assert_eq!(cut_padded([(1, 20), (1, 1)], 8, 10, &[], false, true), Cut::Take(1));
+        // The length that counts is the longest so far, later ones included.
+        assert_eq!(cut_padded([(2, 1), (1, 4)], 8, 10, &[], false, true), Cut::Take(1));
     }
 
     #[test]

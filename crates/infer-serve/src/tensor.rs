@@ -74,9 +74,7 @@ impl Tensor {
             data: Bytes::from(data),
         })
     }
-}
 
-impl Tensor {
     /// [`Tensor::concat_rows`] of `[rows, sequence]` integer tensors of different sequence
     /// lengths: each padded on the right to the longest with `pad`. Other tensors are
     /// concatenated as they are.
@@ -122,20 +120,68 @@ impl Tensor {
 /// The byte range of rows of a `BYTES` tensor, walking its length prefixes.
 fn bytes_row_range(t: &Tensor, start: usize, n: usize) -> Option<std::ops::Range<usize>> {
     let per_row: usize = t.shape.iter().skip(1).product();
-    let mut offset = 0usize;
+    let mut elements = BytesElements::new(&t.data);
+    let offset = |e: &BytesElements| t.data.len() - e.remaining();
     let mut begin = None;
     for i in 0..(start + n) * per_row {
         if i == start * per_row {
-            begin = Some(offset);
+            begin = Some(offset(&elements));
         }
-        let len = t.data.get(offset..offset + 4)?;
-        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        offset = offset.checked_add(4 + len)?;
+        elements.next()?.ok()?;
     }
-    if offset > t.data.len() {
-        return None;
+    Some(begin.unwrap_or(offset(&elements))..offset(&elements))
+}
+
+/// Where `BYTES` wire data ends too soon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truncated {
+    /// Fewer than 4 bytes left for an element's length prefix.
+    Prefix,
+    /// The prefix announces this many bytes, more than are left.
+    Announced(usize),
+}
+
+/// The elements of `BYTES` wire data (each a 4-byte little-endian length, then its bytes), in
+/// order: the one walk over the format that the decoders' check, row slicing and the text
+/// models share. Ends with the data, or after one `Err` where an element runs past it.
+pub struct BytesElements<'a> {
+    rest: &'a [u8],
+    failed: bool,
+}
+
+impl<'a> BytesElements<'a> {
+    pub fn new(data: &'a [u8]) -> BytesElements<'a> {
+        BytesElements {
+            rest: data,
+            failed: false,
+        }
     }
-    Some(begin.unwrap_or(offset)..offset)
+
+    /// Bytes not yet walked.
+    pub fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+}
+
+impl<'a> Iterator for BytesElements<'a> {
+    type Item = Result<&'a [u8], Truncated>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.rest.is_empty() {
+            return None;
+        }
+        let Some((len, tail)) = self.rest.split_first_chunk::<4>() else {
+            self.failed = true;
+            return Some(Err(Truncated::Prefix));
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        let Some((element, tail)) = tail.split_at_checked(len) else {
+            self.failed = true;
+            return Some(Err(Truncated::Announced(len)));
+        };
+        self.rest = tail;
+        Some(Ok(element))
+    }
 }
 
 #[cfg(test)]

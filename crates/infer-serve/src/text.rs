@@ -165,26 +165,17 @@ impl TextModel {
 
     /// The texts of a `text` tensor (`BYTES`, one per row) named `name`: each must be UTF-8.
     pub fn texts<'t>(t: &'t Tensor, name: &str) -> Result<Vec<&'t str>, ApiError> {
-        let mut out = Vec::with_capacity(t.rows());
-        let mut rest = &t.data[..];
-        while !rest.is_empty() {
-            let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| {
-                ApiError::BadRequest(format!("input {name:?}: a truncated BYTES element"))
-            })?;
-            let len = u32::from_le_bytes(*len) as usize;
-            let (s, tail) = tail.split_at_checked(len).ok_or_else(|| {
-                ApiError::BadRequest(format!("input {name:?}: a truncated BYTES element"))
-            })?;
-            let s = std::str::from_utf8(s).map_err(|e| {
-                ApiError::BadRequest(format!(
-                    "input {name:?}: element {} is not UTF-8 ({e})",
-                    out.len()
-                ))
-            })?;
-            out.push(s);
-            rest = tail;
-        }
-        Ok(out)
+        crate::tensor::BytesElements::new(&t.data)
+            .enumerate()
+            .map(|(i, element)| {
+                let element = element.map_err(|_| {
+                    ApiError::BadRequest(format!("input {name:?}: a truncated BYTES element"))
+                })?;
+                std::str::from_utf8(element).map_err(|e| {
+                    ApiError::BadRequest(format!("input {name:?}: element {i} is not UTF-8 ({e})"))
+                })
+            })
+            .collect()
     }
 
     /// Tokenizes `texts` into the engine's inputs, padded to the longest. An empty text, or

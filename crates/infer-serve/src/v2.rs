@@ -12,7 +12,7 @@
 
 use crate::error::ApiError;
 use crate::signature::Signature;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, Truncated};
 use bytes::Bytes;
 use infer_spec::DataType;
 #[cfg(test)]
@@ -293,23 +293,24 @@ pub(crate) fn check_binary(dtype: DataType, elements: usize, data: &[u8]) -> Res
             Ok(())
         }
         None => {
-            let mut offset = 0usize;
+            let mut walk = crate::tensor::BytesElements::new(data);
             for i in 0..elements {
-                let len = data
-                    .get(offset..offset + 4)
-                    .ok_or_else(|| format!("BYTES element {i} is truncated (no length prefix)"))?;
-                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                offset = offset + 4 + len;
-                if offset > data.len() {
-                    return Err(format!(
-                        "BYTES element {i} is truncated ({len} bytes announced)"
-                    ));
+                match walk.next() {
+                    Some(Ok(_)) => {}
+                    Some(Err(Truncated::Announced(len))) => {
+                        return Err(format!(
+                            "BYTES element {i} is truncated ({len} bytes announced)"
+                        ))
+                    }
+                    Some(Err(Truncated::Prefix)) | None => {
+                        return Err(format!("BYTES element {i} is truncated (no length prefix)"))
+                    }
                 }
             }
-            if offset != data.len() {
+            if walk.remaining() != 0 {
                 return Err(format!(
                     "BYTES data has {} bytes after its {elements} elements",
-                    data.len() - offset
+                    walk.remaining()
                 ));
             }
             Ok(())

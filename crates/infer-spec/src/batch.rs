@@ -28,7 +28,14 @@ pub fn cut(
     expect_more: bool,
 ) -> Cut {
     let items = rows.into_iter().map(|r| (r, 0));
-    cut_padded(items, max_batch_size, usize::MAX, preferred, due, expect_more)
+    cut_padded(
+        items,
+        max_batch_size,
+        usize::MAX,
+        preferred,
+        due,
+        expect_more,
+    )
 }
 
 /// [`cut`] for requests padded to a common length (text models): `items` are each request's
@@ -163,9 +170,15 @@ mod tests {
         // Within the budget, the rows rule as before: not full, not due, so it waits.
         assert_eq!(cut_padded(items, 8, 1000, &[], false, true), Cut::Wait);
         // The oldest request runs even when it alone is over the budget.
-        assert_eq!(cut_padded([(1, 20), (1, 1)], 8, 10, &[], false, true), Cut::Take(1));
+        assert_eq!(
+            cut_padded([(1, 20), (1, 1)], 8, 10, &[], false, true),
+            Cut::Take(1)
+        );
         // The length that counts is the longest so far, later ones included.
-        assert_eq!(cut_padded([(2, 1), (1, 4)], 8, 10, &[], false, true), Cut::Take(1));
+        assert_eq!(
+            cut_padded([(2, 1), (1, 4)], 8, 10, &[], false, true),
+            Cut::Take(1)
+        );
     }
 
     #[test]

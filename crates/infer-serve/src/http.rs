@@ -411,35 +411,10 @@ pub(crate) fn batcher<'a>(app: &Server, model: &'a Model) -> Result<&'a Batcher,
     model.batcher().ok_or_else(|| app.not_ready())
 }
 
-/// A JSON request's body, within `max_body_bytes` (413 past it).
-async fn read_json(app: &Server, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+/// Refuses, before any of the body is read, one announced over `max_body_bytes` (413) or one
+/// sent compressed (400): the checks every request body goes through.
+fn check_body_headers(app: &Server, headers: &hyper::HeaderMap) -> Result<(), ApiError> {
     let limit = app.settings.max_body_bytes;
-    if let Some(len) = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        if len > limit {
-            return Err(ApiError::PayloadTooLarge { limit });
-        }
-    }
-    crate::conn::read_body(
-        req.into_body(),
-        usize::try_from(limit).unwrap_or(usize::MAX),
-        &app.settings,
-    )
-    .await
-}
-
-async fn infer_inner(
-    app: &Server,
-    model: &Model,
-    req: Request<Incoming>,
-    start: Instant,
-) -> Result<Resp, ApiError> {
-    batcher(app, model)?;
-    let limit = app.settings.max_body_bytes;
-    let headers = req.headers();
     if let Some(len) = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
@@ -456,16 +431,35 @@ async fn infer_inner(
             )));
         }
     }
+    Ok(())
+}
+
+/// A request's body, within `max_body_bytes` (413 past it), at the connection's minimum rate.
+async fn read_limited(app: &Server, body: Incoming) -> Result<Bytes, ApiError> {
+    let limit = usize::try_from(app.settings.max_body_bytes).unwrap_or(usize::MAX);
+    crate::conn::read_body(body, limit, &app.settings).await
+}
+
+/// A JSON request's body (the text APIs), checked as every body is.
+async fn read_json(app: &Server, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    check_body_headers(app, req.headers())?;
+    read_limited(app, req.into_body()).await
+}
+
+async fn infer_inner(
+    app: &Server,
+    model: &Model,
+    req: Request<Incoming>,
+    start: Instant,
+) -> Result<Resp, ApiError> {
+    batcher(app, model)?;
+    let headers = req.headers();
+    check_body_headers(app, headers)?;
     let header_length = headers
         .get(v2::HEADER_LENGTH)
         .map(|v| v2::parse_header_length(v.as_bytes()))
         .transpose()?;
-    let body = crate::conn::read_body(
-        req.into_body(),
-        usize::try_from(limit).unwrap_or(usize::MAX),
-        &app.settings,
-    )
-    .await?;
+    let body = read_limited(app, req.into_body()).await?;
     let request = v2::decode_request(model.served(), header_length, &body)?;
     drop(body);
     let answer = execute(

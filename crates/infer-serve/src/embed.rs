@@ -10,7 +10,7 @@
 use crate::error::ApiError;
 use crate::http::{self, Server};
 use crate::model::Model;
-use crate::text::PoolOptions;
+use crate::text::{PoolOptions, TextModel};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
@@ -119,12 +119,7 @@ pub async fn run(
     start: Instant,
     timing: &mut Timing,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    let text = model.text().ok_or_else(|| {
-        ApiError::BadRequest(format!(
-            "model {:?} takes tensors, not text (its recipe has no [text] table)",
-            model.name()
-        ))
-    })?;
+    let text = model.text_model()?;
     if items.is_empty() {
         return Err(ApiError::BadRequest("no texts to embed".into()));
     }
@@ -239,10 +234,10 @@ pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Reply, 
 }
 
 /// The one model the TEI routes serve: TEI serves one model per server.
-fn tei_model(app: &Server) -> Result<&Model, ApiError> {
-    let mut text = app.models().filter(|m| m.text().is_some());
+fn tei_model(app: &Server) -> Result<(&Model, &TextModel), ApiError> {
+    let mut text = app.models().filter_map(|m| Some((m, m.text()?)));
     match (text.next(), text.next()) {
-        (Some(m), None) => Ok(m),
+        (Some(one), None) => Ok(one),
         (None, _) => Err(ApiError::NotFound(
             "no model here takes text (its recipe has no [text] table)".into(),
         )),
@@ -256,13 +251,13 @@ fn tei_model(app: &Server) -> Result<&Model, ApiError> {
 pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: TeiRequest = parse(body, "embed")?;
-    let model = tei_model(app)?;
+    let (model, text) = tei_model(app)?;
     if req.prompt_name.is_some() {
         return Err(ApiError::BadRequest(
             "prompt_name is not supported: the recipe's [text] prefix applies to every text".into(),
         ));
     }
-    check_truncation(model, req.truncate, req.truncation_direction.as_deref())?;
+    check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
     let opts = PoolOptions {
         dimensions: req.dimensions,
         normalize: req.normalize,
@@ -296,9 +291,9 @@ pub struct RerankRequest {
 pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: RerankRequest = parse(body, "rerank")?;
-    let model = tei_model(app)?;
-    check_truncation(model, req.truncate, req.truncation_direction.as_deref())?;
-    let width = model.text().map_or(0, |t| t.hidden());
+    let (model, text) = tei_model(app)?;
+    check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
+    let width = text.hidden();
     if width != 1 {
         return Err(ApiError::BadRequest(format!(
             "model {:?} is not a reranker: /rerank needs one relevance score per pair, it gives {width} values",
@@ -346,10 +341,7 @@ pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Rep
 pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: serde_json::Value = parse(body, "predict")?;
-    let model = tei_model(app)?;
-    let text = model
-        .text()
-        .ok_or_else(|| ApiError::NotFound("no text model".into()))?;
+    let (model, text) = tei_model(app)?;
     let pairs = text.config().pairs;
     let bad = || {
         ApiError::BadRequest(if pairs {
@@ -371,7 +363,7 @@ pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Re
         .and_then(serde_json::Value::as_bool)
         .unwrap_or(false);
     check_truncation(
-        model,
+        text,
         obj.get("truncate").and_then(serde_json::Value::as_bool),
         obj.get("truncation_direction")
             .and_then(serde_json::Value::as_str),
@@ -440,7 +432,7 @@ pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Re
 /// TEI's `truncate` and `truncation_direction`: accepted when they ask for what the recipe
 /// serves.
 fn check_truncation(
-    model: &Model,
+    text: &TextModel,
     truncate: Option<bool>,
     direction: Option<&str>,
 ) -> Result<(), ApiError> {
@@ -451,7 +443,7 @@ fn check_truncation(
             )));
         }
     }
-    if let (Some(want), Some(text)) = (truncate, model.text()) {
+    if let Some(want) = truncate {
         if want != text.config().truncate {
             return Err(ApiError::BadRequest(format!(
                 "truncate = {want}: this model is served with truncation {} (the recipe's text.truncate)",
@@ -465,10 +457,7 @@ fn check_truncation(
 /// `POST /tokenize`: TEI's shape, one list of tokens per text.
 pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Reply, ApiError> {
     let req: TokenizeRequest = parse(body, "tokenize")?;
-    let model = tei_model(app)?;
-    let text = model
-        .text()
-        .ok_or_else(|| ApiError::NotFound("no text model".into()))?;
+    let (_, text) = tei_model(app)?;
     if req.add_special_tokens == Some(!text.config().special_tokens) {
         return Err(ApiError::BadRequest(format!(
             "add_special_tokens = {}: this model is served with special tokens {}",

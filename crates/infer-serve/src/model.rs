@@ -208,6 +208,28 @@ impl Model {
         self.text.as_deref()
     }
 
+    /// The tokenizer and pooling, or the 400 that says this model takes tensors.
+    pub fn text_model(&self) -> Result<&TextModel, ApiError> {
+        self.text_arc().map(|t| &**t)
+    }
+
+    fn text_arc(&self) -> Result<&Arc<TextModel>, ApiError> {
+        self.text.as_ref().ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "model {:?} takes tensors, not text (its recipe has no [text] table)",
+                self.name()
+            ))
+        })
+    }
+
+    /// The tokenizer workers, for a request holding `bytes` of text: `None` when it is short
+    /// enough to tokenize where it is ([`crate::text::INLINE_BYTES`]).
+    fn pool_for(&self, bytes: usize) -> Option<&crate::text::Pool> {
+        self.pool
+            .as_ref()
+            .filter(|_| bytes > crate::text::INLINE_BYTES)
+    }
+
     /// Gives a text model its tokenizer workers (`text::Pool`).
     pub fn set_pool(&mut self, pool: crate::text::Pool) {
         self.pool = Some(pool);
@@ -220,11 +242,9 @@ impl Model {
         inputs: Vec<Tensor>,
         rows: usize,
     ) -> Result<Prepared, ApiError> {
-        match (&self.text, &self.pool) {
-            (Some(text), Some(pool))
-                if inputs.iter().map(|t| t.data.len()).sum::<usize>()
-                    > crate::text::INLINE_BYTES =>
-            {
+        let bytes = inputs.iter().map(|t| t.data.len()).sum();
+        match (&self.text, self.pool_for(bytes)) {
+            (Some(text), Some(pool)) => {
                 let text = text.clone();
                 pool.run(move || prepare_text(&text, inputs, rows)).await?
             }
@@ -237,18 +257,13 @@ impl Model {
         &self,
         items: Vec<(&str, Option<&str>)>,
     ) -> Result<crate::text::Encoded, ApiError> {
-        let Some(text) = &self.text else {
-            return Err(ApiError::BadRequest(format!(
-                "model {:?} takes tensors, not text (its recipe has no [text] table)",
-                self.name()
-            )));
-        };
+        let text = self.text_arc()?;
         let bytes: usize = items
             .iter()
             .map(|(a, b)| a.len() + b.map_or(0, str::len))
             .sum();
-        match &self.pool {
-            Some(pool) if bytes > crate::text::INLINE_BYTES => {
+        match self.pool_for(bytes) {
+            Some(pool) => {
                 let owned: Vec<(String, Option<String>)> = items
                     .iter()
                     .map(|(a, b)| ((*a).to_owned(), b.map(str::to_owned)))

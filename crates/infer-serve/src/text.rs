@@ -152,10 +152,17 @@ impl TextModel {
 
     /// The value padding positions of each engine input get.
     pub fn pad_values(&self) -> Vec<i64> {
-        self.fills
-            .iter()
-            .map(|(f, _)| if *f == Fill::Ids { self.pad_id } else { 0 })
-            .collect()
+        self.fills.iter().map(|&(f, _)| self.pad(f)).collect()
+    }
+
+    /// The value padding positions of an input get: the pad id for ids, 0 for masks and type
+    /// ids.
+    fn pad(&self, fill: Fill) -> i64 {
+        if fill == Fill::Ids {
+            self.pad_id
+        } else {
+            0
+        }
     }
 
     /// The served vector's length.
@@ -214,14 +221,14 @@ impl TextModel {
             if text.trim().is_empty() || pair.is_some_and(|p| p.trim().is_empty()) {
                 return Err(ApiError::BadRequest(format!("text {i} is empty")));
             }
-            let first = if self.cfg.prefix.is_empty() {
-                (*text).to_owned()
+            let first: std::borrow::Cow<'_, str> = if self.cfg.prefix.is_empty() {
+                (*text).into()
             } else {
-                format!("{}{text}", self.cfg.prefix)
+                format!("{}{text}", self.cfg.prefix).into()
             };
             let input: EncodeInput = match pair {
                 None => first.into(),
-                Some(p) => (first, (*p).to_owned()).into(),
+                Some(p) => (first, *p).into(),
             };
             let e = self
                 .tokenizer
@@ -246,7 +253,7 @@ impl TextModel {
             .fills
             .iter()
             .map(|&(fill, dtype)| {
-                let pad = if fill == Fill::Ids { self.pad_id } else { 0 };
+                let pad = self.pad(fill);
                 let width = dtype.size().unwrap_or(8);
                 let mut data = Vec::with_capacity(rows * longest * width);
                 for e in &encodings {
@@ -303,7 +310,6 @@ impl TextModel {
         let out = outputs
             .get(self.output)
             .ok_or_else(|| ApiError::Internal("the engine returned too few outputs".into()))?;
-        let values = floats(out)?;
         let rows = lengths.len();
         let hidden = self.hidden;
         let (per_row, seq) = match (self.cfg.pooling, out.shape.as_slice()) {
@@ -331,15 +337,17 @@ impl TextModel {
         let normalize = opts.normalize.unwrap_or(self.cfg.normalize);
         let mut answers = Vec::with_capacity(rows);
         for (r, &len) in lengths.iter().enumerate() {
-            let row = &values[r * per_row..(r + 1) * per_row];
+            // Only the values a pooling reads are decoded: a text's own tokens, not the
+            // batch's padding.
+            let row = r * per_row;
             let len = len.clamp(1, seq.max(1));
             let mut v: Vec<f32> = match self.cfg.pooling {
-                Pooling::None | Pooling::Cls => row[..hidden].to_vec(),
-                Pooling::Last => row[(len - 1) * hidden..len * hidden].to_vec(),
+                Pooling::None | Pooling::Cls => floats(out, row..row + hidden)?,
+                Pooling::Last => floats(out, row + (len - 1) * hidden..row + len * hidden)?,
                 Pooling::Mean => {
                     let mut sum = vec![0f32; hidden];
-                    for t in 0..len {
-                        for (s, x) in sum.iter_mut().zip(&row[t * hidden..(t + 1) * hidden]) {
+                    for token in floats(out, row..row + len * hidden)?.chunks_exact(hidden) {
+                        for (s, x) in sum.iter_mut().zip(token) {
                             *s += x;
                         }
                     }
@@ -455,23 +463,32 @@ fn activate(a: Activation, v: &mut [f32]) {
     }
 }
 
-/// An FP32 or FP16 tensor's values.
-fn floats(t: &Tensor) -> Result<Vec<f32>, ApiError> {
-    match t.dtype {
-        DataType::F32 => Ok(t
-            .data
+/// Elements `range` of an FP32 or FP16 tensor, as f32.
+fn floats(t: &Tensor, range: std::ops::Range<usize>) -> Result<Vec<f32>, ApiError> {
+    let size = match t.dtype {
+        DataType::F32 | DataType::F16 => t.dtype.size().unwrap_or(4),
+        other => {
+            return Err(ApiError::Internal(format!(
+                "the engine's output is {other}, not FP32 or FP16"
+            )))
+        }
+    };
+    let bytes = t
+        .data
+        .get(range.start * size..range.end * size)
+        .ok_or_else(|| {
+            ApiError::Internal("the engine's output is shorter than its shape".into())
+        })?;
+    Ok(match t.dtype {
+        DataType::F32 => bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()),
-        DataType::F16 => Ok(t
-            .data
+            .collect(),
+        _ => bytes
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect()),
-        other => Err(ApiError::Internal(format!(
-            "the engine's output is {other}, not FP32 or FP16"
-        ))),
-    }
+            .collect(),
+    })
 }
 
 #[cfg(test)]

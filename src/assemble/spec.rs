@@ -147,7 +147,7 @@ pub fn runtime_config(
             ),
         });
     }
-    let cfg = RuntimeConfig {
+    let mut cfg = RuntimeConfig {
         model: ModelSection {
             name: recipe.model.name.clone(),
             version: recipe.model.version.clone(),
@@ -192,14 +192,12 @@ pub fn runtime_config(
             .response_cache
             .map(|max_bytes| infer_spec::runtime::ResponseCache { max_bytes }),
     };
-    let cfg = RuntimeConfig {
-        text: recipe
-            .text
-            .as_ref()
-            .map(|t| text_section(recipe, t, &cfg))
-            .transpose()?,
-        ..cfg
-    };
+    // Its defaults depend on the outputs just resolved.
+    cfg.text = recipe
+        .text
+        .as_ref()
+        .map(|t| text_section(recipe, t, &cfg))
+        .transpose()?;
     let problems = cfg.problems();
     if !problems.is_empty() {
         return Err(Error::Spec {
@@ -213,7 +211,9 @@ pub fn runtime_config(
 }
 
 /// Where the tokenizer travels: beside the model, in its layer.
-pub const TOKENIZER_PATH: &str = "opt/infer/model/tokenizer.json";
+pub fn tokenizer_path() -> String {
+    format!("{}/tokenizer.json", paths::MODEL_DIR)
+}
 
 /// `runtime.toml`'s `[text]` from the recipe's, with the defaults that depend on the model's
 /// outputs applied and the section checked against the engine's tensors (errors name the
@@ -238,7 +238,7 @@ fn text_section(
         .find(|o| o.name == output)
         .map_or(0, |o| o.dims.len());
     let section = infer_spec::text::Text {
-        tokenizer: format!("/{TOKENIZER_PATH}"),
+        tokenizer: format!("/{}", tokenizer_path()),
         max_length: t.max_length,
         truncate: t.truncate,
         special_tokens: t.special_tokens,
@@ -284,7 +284,7 @@ pub struct Files {
     pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
     pub warmup_samples: Option<std::sync::Arc<[u8]>>,
-    /// The tokenizer of a text model (`[text]`), shipped at [`TOKENIZER_PATH`].
+    /// The tokenizer of a text model (`[text]`), shipped at [`tokenizer_path`].
     pub tokenizer: Option<std::sync::Arc<[u8]>>,
     /// The model's input dimension names (see [`name_dims`]).
     pub dim_names: Vec<(String, Vec<String>)>,
@@ -420,7 +420,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     let mut model_files = BTreeMap::new();
     match (&rc.text, files.tokenizer) {
         (Some(_), Some(bytes)) => {
-            model_files.insert(TOKENIZER_PATH.to_owned(), bytes);
+            model_files.insert(tokenizer_path(), bytes);
         }
         (Some(_), None) => {
             return Err(Error::Spec {

@@ -78,6 +78,9 @@ pub fn run(args: EngineArgs) -> Result<(), Error> {
                 }
             );
             eprintln!("  converter: {}", c.report.tool());
+            for line in c.report.steps() {
+                eprintln!("  {line}");
+            }
             eprintln!(
                 "  accuracy against FP32 on {}: passed",
                 engine::evaluation_text(&c.report)

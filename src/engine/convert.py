@@ -94,7 +94,8 @@ def load_dir(path, inputs):
 
 def generated(inputs, count, seed):
     """Seeded inputs when the recipe gives no data: uniform in [-1, 1] for floats, 0..9 for
-    integers, one row per batch."""
+    integers, except a text model's attention mask (an integer input whose name holds `mask`),
+    all ones, and its token type ids (`token_type`), all zeros; one row per batch."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -108,6 +109,10 @@ def generated(inputs, count, seed):
                 feeds[i["name"]] = (rng.random(shape) * 2 - 1).astype(t)
             elif t == "bool":
                 feeds[i["name"]] = rng.integers(0, 2, shape).astype(t)
+            elif "mask" in i["name"]:
+                feeds[i["name"]] = np.ones(shape, t)
+            elif "token_type" in i["name"]:
+                feeds[i["name"]] = np.zeros(shape, t)
             else:
                 feeds[i["name"]] = rng.integers(0, 10, shape).astype(t)
         out.append(feeds)
@@ -131,17 +136,269 @@ def session(path, literal=False):
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
-def to_fp16(source, output, keep_ops):
+# AutoCast's defaults (NVIDIA Model Optimizer): an initializer beyond INIT_MAX, or an activation
+# beyond DATA_MAX on the range data, keeps its node in FP32.
+INIT_MAX = 65504.0
+DATA_MAX = 512.0
+# Names listed per reason in the report (the counts are complete).
+LISTED = 20
+
+
+def fold(source, output):
+    """ONNX Runtime's basic graph optimisation (constant folding and the semantics-preserving
+    rewrites that keep the graph portable ONNX), the same pass the engine stage runs before tract:
+    constants a shape computation only passes through (9.79e7 in PaddleOCR's detector) fold away
+    instead of being clamped to FP16."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = output
+    opts.log_severity_level = 3
+    ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    return "onnxruntime %s basic optimisation" % ort.__version__
+
+
+def activation_amax(model, batches):
+    """The largest magnitude of every float tensor a top-level node reads or writes, over
+    `batches`, with the model run as written (no optimisation removes a tensor); non-finite
+    values count as infinite. Also the names of those that are FLOAT (FP32)."""
+    import numpy as np
     import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    inits = {i.name for i in probe.graph.initializer}
+    names = []
+    for n in probe.graph.node:
+        for t in n.output:
+            if t and t not in have and t not in inits:
+                have.add(t)
+                names.append(t)
+    probe.graph.output.extend([onnx.ValueInfoProto(name=t) for t in names])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    fetch = [o.name for o in sess.get_outputs()]
+    amax = {}
+    fp32 = set()
+    for feeds in batches:
+        for name, v in list(feeds.items()) + list(zip(fetch, sess.run(fetch, feeds))):
+            v = np.asarray(v)
+            if not np.issubdtype(v.dtype, np.floating):
+                continue
+            if v.dtype == np.float32:
+                fp32.add(name)
+            if not v.size:
+                continue
+            m = float(np.abs(v.astype(np.float64)).max()) if np.all(np.isfinite(v)) else float("inf")
+            amax[name] = max(amax.get(name, 0.0), m)
+    return amax, fp32
+
+
+# Layers TensorRT fuses into their producer (`fused` in `emulation`).
+POINTWISE = {
+    "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid",
+    "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Erf", "Gelu", "BatchNormalization", "Neg",
+    "Abs",
+}
+GEMM_LIKE = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+
+
+def emulation(model, kept, fp32, output):
+    """The FP32 model with every value the FP16 model holds in FP16 rounded to FP16: the
+    initializers FP16 nodes read (clamped as the converter clamps them), the tensors FP16 nodes
+    write (for every reader), and the FP32 tensors FP16 nodes read (for those readers), each
+    through a Cast to FP16 and back. ONNX Runtime's CPU provider has FP16 kernels for few
+    operators and runs the others on FP32 islands without rounding between them, so the
+    converted model alone would hide an FP16 overflow or rounding that TensorRT's FP16 kernels
+    (FP32 accumulation, FP16 storage) meet: the gate measures this model too."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
     from onnxconverter_common import float16
 
-    model = onnx.load(source)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {i.name: i for i in g.initializer}
+    half = [n for n in g.node if n.name not in kept]
+    rounded_inits = {}
+    for n in half:
+        for t in n.input:
+            i = inits.get(t)
+            if i is not None and i.data_type == TensorProto.FLOAT and t not in rounded_inits:
+                a = numpy_helper.to_array(i)
+                r = float16.convert_np_to_float16(np.atleast_1d(a), 1e-7, INIT_MAX).reshape(a.shape)
+                r = numpy_helper.from_array(r.astype(np.float32), t + "_fp16_values")
+                g.initializer.append(r)
+                rounded_inits[t] = r.name
+    half_names = {n.name for n in half}
+
+    def pair(src, dst):
+        return [
+            helper.make_node("Cast", [src], [dst + "_as_fp16"], to=TensorProto.FLOAT16, name=dst + "_emulate16"),
+            helper.make_node("Cast", [dst + "_as_fp16"], [dst], to=TensorProto.FLOAT, name=dst + "_emulate32"),
+        ]
+
+    # FP32 tensors FP16 nodes read (graph inputs, FP32 nodes' outputs): rounded for those readers.
+    read = {t for n in half for t in n.input if t in fp32 and t not in inits}
+    readers = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    outputs = {o.name for o in g.output}
+
+    def fused(n, t):
+        # TensorRT keeps in FP32 registers what it fuses: a GEMM-shaped or pointwise layer's
+        # result read only by one pointwise layer (Conv + bias + activation, residual adds,
+        # pointwise chains).
+        r = readers.get(t, [])
+        return (
+            t not in outputs
+            and len(r) == 1
+            and r[0].name in half_names
+            and r[0].op_type in POINTWISE
+            and (n.op_type in POINTWISE or n.op_type in GEMM_LIKE)
+        )
+
+    written = {t for n in half for t in n.output if t in fp32 and not fused(n, t)}
+    read -= {t for n in half for t in n.output}
+    nodes = []
+    for i in g.input:
+        if i.name in read:
+            nodes.extend(pair(i.name, i.name + "_fp16_rounded"))
+    for n in g.node:
+        for k, t in enumerate(n.input):
+            if n.name in half_names and t in rounded_inits:
+                n.input[k] = rounded_inits[t]
+            elif n.name in half_names and t in read:
+                n.input[k] = t + "_fp16_rounded"
+        after = []
+        for k, t in enumerate(n.output):
+            if t in written:
+                # Every reader, the graph's outputs included, reads the rounded value.
+                n.output[k] = t + "_fp32_value"
+                after.extend(pair(n.output[k], t))
+            elif t in read:
+                after.extend(pair(t, t + "_fp16_rounded"))
+        nodes.append(n)
+        nodes.extend(after)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.save(m, output)
+
+
+def to_fp16(source, output, keep_ops, batches, data_source, scratch):
+    """FP16 with inputs and outputs kept FP32, in three steps: fold (`fold`); choose the nodes
+    that stay FP32, as ModelOpt's AutoCast does: the operators of the block list, the nodes that
+    read an initializer or constant beyond INIT_MAX (which the converter would clamp), and the
+    nodes that read or write an activation beyond DATA_MAX on `batches`; then convert with
+    onnxconverter-common, every other node FP16."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    from onnxconverter_common import float16
+
+    folded = os.path.join(scratch, "folded.onnx")
+    folded_by = fold(source, folded)
+    model = onnx.load(folded)
+    os.remove(folded)
+    graph = model.graph
+    # The converter blocks nodes by name: every node gets a unique one.
+    seen = set()
+    for k, n in enumerate(graph.node):
+        if not n.name or n.name in seen:
+            n.name = "%s_%d" % (n.op_type or "node", k)
+        seen.add(n.name)
+
+    def too_large(t):
+        if t.data_type != TensorProto.FLOAT:
+            return False
+        a = numpy_helper.to_array(t)
+        return bool(a.size) and not bool(np.all(np.abs(a) <= INIT_MAX))
+
+    large = {i.name for i in graph.initializer if too_large(i)}
+    for n in graph.node:
+        if n.op_type == "Constant" and any(a.name == "value" and too_large(a.t) for a in n.attribute):
+            large.update(n.output)
+    amax, fp32 = activation_amax(model, batches)
     block = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_ops))
+    reasons = {"operator": [], "initializer": [], "activation": []}
+    kept = set()
+    for n in graph.node:
+        if n.op_type in block:
+            why = "operator"
+        elif any(t in large for t in list(n.input) + list(n.output)):
+            why = "initializer"
+        elif any(amax.get(t, 0.0) > DATA_MAX for t in list(n.input) + list(n.output) if t not in large):
+            why = "activation"
+        else:
+            continue
+        kept.add(n.name)
+        reasons[why].append(n.name)
+    # An initializer read by an FP32 node and an FP16 one would be left FP32 for both: the FP32
+    # nodes get their own copy.
+    readers = {}
+    for n in graph.node:
+        for t in n.input:
+            readers.setdefault(t, set()).add(n.name in kept)
+    inits = {i.name: i for i in graph.initializer}
+    copies = {}
+    for n in graph.node:
+        if n.name not in kept:
+            continue
+        for k, t in enumerate(n.input):
+            if t in inits and readers.get(t) == {True, False}:
+                if t not in copies:
+                    c = onnx.TensorProto()
+                    c.CopyFrom(inits[t])
+                    c.name = t + "_fp32"
+                    graph.initializer.append(c)
+                    copies[t] = c.name
+                n.input[k] = copies[t]
+    emulated = os.path.join(scratch, "emulated.onnx")
+    emulation(model, kept, fp32, emulated)
     converted = float16.convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=block, disable_shape_infer=False
+        model,
+        max_finite_val=INIT_MAX,
+        keep_io_types=True,
+        op_block_list=block,
+        node_block_list=sorted(kept),
+        disable_shape_infer=False,
+        # A model with some FP16 tensors already (an FP16 embedding table read through a Cast)
+        # is converted too: only its FLOAT tensors change.
+        check_fp16_ready=False,
     )
+    # The converter retypes a converted Cast's output to FP16 but leaves its `to` at FLOAT (a
+    # text model's `Cast(mask) -> float`): such a Cast now casts to FP16.
+    declared = {
+        v.name: v.type.tensor_type.elem_type
+        for v in list(converted.graph.value_info) + list(converted.graph.output)
+    }
+    for n in converted.graph.node:
+        if n.op_type == "Cast" and n.name not in kept and declared.get(n.output[0]) == TensorProto.FLOAT16:
+            for a in n.attribute:
+                if a.name == "to" and a.i == TensorProto.FLOAT:
+                    a.i = TensorProto.FLOAT16
     onnx.save(converted, output)
-    return {"tool": "onnxconverter-common float16", "keep_io_types": True, "op_block_list": block}
+    return emulated, {
+        "tool": "onnxconverter-common float16",
+        "keep_io_types": True,
+        "op_block_list": block,
+        "folded_by": folded_by,
+        "init_max": INIT_MAX,
+        "data_max": DATA_MAX,
+        "range_data": data_source,
+        "nodes": len(graph.node),
+        "fp32_nodes": {k: len(v) for k, v in reasons.items()},
+        "fp32_node_names": {k: v[:LISTED] for k, v in reasons.items() if v and k != "operator"},
+    }
 
 
 def quantize(source, output, precision, method, batches, quantize_ops, scratch):
@@ -493,6 +750,23 @@ def compare(source, converted, batches, literal=False):
     return out
 
 
+def worst(a, b):
+    """Per output, the worse figures of two comparisons of the same outputs (None, a
+    non-finite value, is the worst)."""
+    def high(x, y):
+        return None if x is None or y is None else max(x, y)
+
+    out = []
+    for x, y in zip(a, b):
+        o = dict(x)
+        o["max_abs"] = high(x["max_abs"], y["max_abs"])
+        o["max_rel"] = high(x["max_rel"], y["max_rel"])
+        if "top1_agreement" in x:
+            o["top1_agreement"] = min(x["top1_agreement"], y["top1_agreement"])
+        out.append(o)
+    return out
+
+
 def convert(req):
     t0 = time.monotonic()
     inputs = req["inputs"]
@@ -506,6 +780,7 @@ def convert(req):
         evaluation, what = generated(inputs, req.get("generated_samples", 8), 0), "generated inputs (seed 0, uniform -1..1)"
     scratch = os.path.dirname(os.path.abspath(req["output"]))
     tool = req.get("tool", "builtin")
+    emulated = None
     # Every import first (with ModelOpt, torch too): a missing package fails here, before any work.
     found = versions(tool)
     if tool == "modelopt":
@@ -513,7 +788,8 @@ def convert(req):
             raise SystemExit(f"{precision} quantisation needs calibration data")
         options = modelopt_convert(req["source"], req["output"], precision, req["method"], calib)
     elif precision == "fp16":
-        options = to_fp16(req["source"], req["output"], req.get("fp16_keep_ops", []))
+        ranges, ranges_what = (calib, "calibration data") if calib is not None else (evaluation, what)
+        emulated, options = to_fp16(req["source"], req["output"], req.get("fp16_keep_ops", []), ranges, ranges_what, scratch)
     elif precision == "int8":
         if calib is None:
             raise SystemExit("int8 quantisation needs calibration data")
@@ -528,6 +804,12 @@ def convert(req):
         raise SystemExit(f"no converter for {precision}")
     t1 = time.monotonic()
     figures = compare(req["source"], req["output"], evaluation, literal=precision in ("int8", "fp8"))
+    if emulated is not None:
+        # The gate holds the worse of the converted model as ONNX Runtime runs it and the
+        # emulation of its FP16 storage (`emulation`).
+        figures = worst(figures, compare(req["source"], emulated, evaluation))
+        os.remove(emulated)
+        options["figures_from"] = "the worse of the converted model and its FP16 emulation"
     t2 = time.monotonic()
     return {
         "versions": found,

@@ -449,6 +449,32 @@ impl Report {
         }
     }
 
+    /// What the converter did besides its tool's own pass, one line each (FP16: the folding
+    /// before it, and how many nodes stayed FP32 and why); empty for the other conversions.
+    pub fn steps(&self) -> Vec<String> {
+        let o = &self.options;
+        let mut out = Vec::new();
+        if let Some(f) = o["folded_by"].as_str() {
+            out.push(format!("folded first by {f}"));
+        }
+        if let (Some(total), Some(kept)) = (o["nodes"].as_u64(), o["fp32_nodes"].as_object()) {
+            let n = |k: &str| kept.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            let limit = |k: &str| o[k].as_f64().map_or("?".to_string(), |v| format!("{v}"));
+            out.push(format!(
+                "kept FP32: {} of {total} nodes ({} by operator type, {} reading a constant beyond \
+                 ±{}, {} with values beyond ±{} on {})",
+                n("operator") + n("initializer") + n("activation"),
+                n("operator"),
+                n("initializer"),
+                limit("init_max"),
+                n("activation"),
+                limit("data_max"),
+                o["range_data"].as_str().unwrap_or("?"),
+            ));
+        }
+        out
+    }
+
     /// One line per output: `name: max abs …, max rel …, top-1 …`.
     pub fn summary(&self) -> Vec<String> {
         let f = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.3e}"));

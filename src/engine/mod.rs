@@ -339,7 +339,9 @@ pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<
                     precision: spec.precision.to_string(),
                     failures: failures.join("; "),
                     evaluation: evaluation_text(&conv.report),
-                    figures: conv.report.summary().join("\n  "),
+                    figures: [conv.report.summary(), conv.report.steps()]
+                        .concat()
+                        .join("\n  "),
                 });
             }
             Some(conv)
@@ -542,6 +544,7 @@ pub fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::Conversion
         tool: c.report.options["tool"].as_str().unwrap_or("?").to_string(),
         versions: c.report.versions.clone(),
         cache_key: c.key.clone(),
+        steps: c.report.steps(),
         evaluation: evaluation_text(&c.report),
         accuracy: c
             .report

@@ -411,3 +411,125 @@ fn py_modelopt_converter_runs_in_the_users_python_or_says_what_is_missing() {
         );
     }
 }
+
+/// Two small models made for the FP16 path: `overflow.onnx` squares `300 x` (up to 9e4, beyond
+/// FP16's 65504) before a MatMul scales it back, so FP16 must keep those nodes FP32; `coarse.onnx`
+/// computes `(x + 256) I - 256`, whose FP16 sum before the MatMul has steps of 0.25 without
+/// overflowing anything, so the gate must refuse it. Both `x: fp32 [N, 8] -> y: fp32 [N, 8]`.
+const FP16_MODELS: &str = r#"
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+def save(name, nodes, consts):
+    g = h.make_graph(nodes, name,
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["N", 8])],
+        [nh.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, f"{sys.argv[1]}/{name}.onnx")
+
+save("overflow", [h.make_node("Mul", ["x", "k"], ["a"]), h.make_node("Mul", ["a", "a"], ["b"]),
+                  h.make_node("MatMul", ["b", "w"], ["y"])], {"k": 300.0, "w": np.eye(8) / 300.0})
+save("coarse", [h.make_node("Add", ["x", "c"], ["a"]), h.make_node("MatMul", ["a", "i"], ["b"]),
+                h.make_node("Sub", ["b", "c"], ["y"])], {"c": 256.0, "i": np.eye(8)})
+"#;
+
+const FP16_RECIPE: &str = r#"
+[targets]
+gpus = ["L4"]
+precision = ["fp16"]
+tensorrt = "11"
+cpu = false
+
+[batching]
+max_batch_size = 4
+"#;
+
+/// FP16 of every real model the tests fetch passes the default gate (TensorRT 11, strongly
+/// typed: the converted ONNX is the only way to FP16), stopping only at the GPU step, with the
+/// folding and the nodes kept FP32 printed: PaddleOCR v4's detector among them, which the
+/// converter ruined before folding (max rel 38.7 on generated inputs). A model that overflows FP16 converts with
+/// the overflowing nodes kept FP32; one that FP16 rounds too coarsely is still refused, exit 2.
+#[test]
+fn py_fp16_of_every_real_model_passes_the_default_gate_and_a_coarse_one_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((py, _, _)) = classifier_and_data(
+        "py_fp16_of_every_real_model_passes_the_default_gate_and_a_coarse_one_is_refused",
+        tmp.path(),
+    ) else {
+        return;
+    };
+    let cache = tmp.path().join("cache");
+    let models = model_cache();
+    let write = |name: &str, onnx: &Path, tables: &str| -> PathBuf {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(onnx, dir.join("model.onnx")).unwrap();
+        let tokenizer = models.join(format!("{name}.tokenizer.json"));
+        if tables.contains("[text]") {
+            std::fs::copy(&tokenizer, dir.join("tokenizer.json")).unwrap();
+        }
+        std::fs::write(
+            dir.join("recipe.toml"),
+            format!("[model]\nname = \"{name}\"\nversion = \"1\"\nonnx = \"model.onnx\"\n{tables}{FP16_RECIPE}"),
+        )
+        .unwrap();
+        dir
+    };
+    for case in super::real_models::CASES {
+        let dir = write(
+            case.name,
+            &models.join(format!("{}.onnx", case.name)),
+            case.recipe,
+        );
+        let (o, secs) = engine(&dir, &cache, "sm89-fp16");
+        let err = stderr(&o);
+        eprintln!("{} ({secs:.1}s):\n{err}", case.name);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", case.name);
+        assert!(
+            err.contains("converted fp16 model of sm89-fp16")
+                && err.contains("folded first by onnxruntime 1.32.0 basic optimisation")
+                && err.contains("kept FP32: ")
+                && err.contains("accuracy against FP32 on generated inputs")
+                && err.contains(": passed")
+                && err.contains("needs a GPU to build its TensorRT engine"),
+            "{}: {err}",
+            case.name
+        );
+    }
+
+    let made = tmp.path().join("made");
+    std::fs::create_dir_all(&made).unwrap();
+    let o = Command::new(&py)
+        .args(["-c", FP16_MODELS])
+        .arg(&made)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tables = "\n[model.inputs.x]\ndatatype = \"fp32\"\nshape = [-1, 8]\n\n[model.outputs.y]\ndatatype = \"fp32\"\nshape = [-1, 8]\n";
+    let dir = write("overflow", &made.join("overflow.onnx"), tables);
+    let (o, _) = engine(&dir, &cache, "sm89-fp16");
+    let err = stderr(&o);
+    eprintln!("overflow:\n{err}");
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("kept FP32: 2 of 3 nodes (0 by operator type, 0 reading a constant beyond ±65504, 2 with values beyond ±512 on generated inputs")
+            && err.contains(": passed"),
+        "{err}"
+    );
+
+    let dir = write("coarse", &made.join("coarse.onnx"), tables);
+    let (o, _) = engine(&dir, &cache, "sm89-fp16");
+    let err = stderr(&o);
+    eprintln!("coarse:\n{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("target sm89-fp16: the fp16 model fails the accuracy gate (y: max rel")
+            && err.contains("kept FP32: 0 of 3 nodes"),
+        "{err}"
+    );
+}

@@ -43,9 +43,10 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-struct Case {
-    name: &'static str,
-    recipe: &'static str,
+pub(super) struct Case {
+    pub(super) name: &'static str,
+    /// The recipe's tensor tables (and `[text]` table) after `[model]`.
+    pub(super) recipe: &'static str,
     input: &'static str,
     datatype: &'static str,
     /// `[engine] cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
@@ -63,7 +64,7 @@ struct Case {
     folds: bool,
 }
 
-const CASES: &[Case] = &[
+pub(super) const CASES: &[Case] = &[
     Case {
         name: "ocr-det",
         recipe: r#"

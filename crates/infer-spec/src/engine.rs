@@ -550,6 +550,10 @@ pub struct ConversionMeta {
     pub versions: std::collections::BTreeMap<String, String>,
     /// The conversion cache key.
     pub cache_key: String,
+    /// What the conversion did besides the tool's own pass, one line each: for FP16, the
+    /// constant folding before it and the nodes kept FP32 with the reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<String>,
     /// What the figures were measured on.
     pub evaluation: String,
     /// Per output: `max_abs=… max_rel=… [top1=…]` against the FP32 model.
@@ -647,6 +651,9 @@ impl EngineMeta {
                 c.versions.iter().map(|(k, v)| format!("{k}={v}")).collect();
             put("conversion.versions", versions.join(","));
             put("conversion.evaluation", c.evaluation.clone());
+            if !c.steps.is_empty() {
+                put("conversion.steps", c.steps.join("; "));
+            }
             for (output, figures) in &c.accuracy {
                 put(&format!("accuracy.{output}"), figures.clone());
             }
@@ -1280,6 +1287,7 @@ mod tests {
             tool: "onnxruntime.quantization.quantize_static".into(),
             versions: [("onnxruntime".to_string(), "1.32.0".to_string())].into(),
             cache_key: "c".into(),
+            steps: vec!["folded first by onnxruntime 1.32.0 basic optimisation".into()],
             evaluation: "evaluation data, 16 batches".into(),
             accuracy: [(
                 "prob".to_string(),
@@ -1291,6 +1299,10 @@ mod tests {
         assert_eq!(a["accuracy.prob"], "max_abs=1e-2 max_rel=1e-2 top1=1.0000");
         assert_eq!(a["conversion.versions"], "onnxruntime=1.32.0");
         assert_eq!(a["conversion.digest"], D2);
+        assert_eq!(
+            a["conversion.steps"],
+            "folded first by onnxruntime 1.32.0 basic optimisation"
+        );
         let back = EngineMeta::from_json(&m.to_canonical_json()).unwrap();
         assert_eq!(back, m);
         // Without a conversion, the JSON has no `conversion` key (older readers accept it).

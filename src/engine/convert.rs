@@ -2,8 +2,13 @@
 //! strongly typed TensorRT builds, on any machine, and its accuracy figures against the FP32
 //! model are measured on the same inputs under ONNX Runtime on the CPU.
 //!
-//! - FP16: onnxconverter-common's `convert_float_to_float16` with inputs and outputs kept FP32
-//!   and numerically sensitive operators ([`FP16_KEEP_OPS`] plus the tool's own list) kept FP32.
+//! - FP16: ONNX Runtime's basic optimisation folds constants first; the nodes kept FP32 are the
+//!   numerically sensitive operators ([`FP16_KEEP_OPS`] plus the tool's own list), those reading
+//!   a constant beyond ±65504 and those reading or writing values beyond ±512 on the range data
+//!   (ModelOpt AutoCast's rules and defaults); onnxconverter-common's `convert_float_to_float16`
+//!   converts the rest, inputs and outputs kept FP32. The gate also runs an FP32 emulation of
+//!   the FP16 model's storage, since ONNX Runtime's CPU provider runs most FP16 nodes in FP32
+//!   ([`Report::steps`] says what was done; docs/engines.md has the detail).
 //! - INT8: ONNX Runtime's `quantize_static`, QDQ format, symmetric activations and weights
 //!   (zero point 0, as TensorRT requires), per-channel weights kept as float behind Q/DQ pairs,
 //!   biases unquantized, only the operators TensorRT runs in INT8 ([`QUANTIZE_OPS`]); the

@@ -369,6 +369,12 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     if library.is_some() {
         rc.engine.kind = kind;
         rc.engine.library = library;
+        // The intra-op threads the engine stage measured faster than the instance's share.
+        rc.engine.threads = metadata
+            .as_ref()
+            .and_then(|(_, m)| m.cpu.as_ref())
+            .and_then(|c| c.threads)
+            .filter(|_| kind == EngineKind::OnnxRuntime);
     }
     name_dims(&mut rc, &files.dim_names);
     if let Some(bytes) = &files.warmup_samples {

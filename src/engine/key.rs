@@ -28,6 +28,10 @@ pub enum BackendKey {
         cpu_engine: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         onnxruntime: Option<String>,
+        /// The most intra-op threads an ONNX Runtime candidate was measured with (the thread
+        /// count that ships is chosen up to it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        onnxruntime_threads: Option<usize>,
     },
     Tensorrt {
         /// Version with build number.
@@ -145,6 +149,7 @@ mod tests {
                         tract: "0.23.9".into(),
                         cpu_engine: None,
                         onnxruntime: None,
+                        onnxruntime_threads: None,
                     }
                 }),
             ),

@@ -267,6 +267,7 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
                 (None, Some(f)) => Some(f.version.to_string()),
                 (None, None) => None,
             },
+            onnxruntime_threads: spec.onnxruntime.as_ref().map(|c| c.threads),
         },
         Backend::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
@@ -416,6 +417,7 @@ pub fn build_prepared(
                         .map_err(|_| Error::Internal("tract version literal"))?,
                     onnxruntime: chosen.onnxruntime.clone(),
                     folded_by: chosen.folded_by.clone(),
+                    threads: chosen.threads,
                     // tract picks its kernels at run time from the CPU it finds (with portable
                     // fallbacks), so the stored model requires nothing beyond the architecture;
                     // so does ONNX Runtime's CPU provider.

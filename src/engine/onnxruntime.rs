@@ -31,7 +31,8 @@ pub struct OrtCandidate {
     pub library: PathBuf,
     /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
     pub version: Version,
-    /// Intra-op threads of one runtime instance.
+    /// The most intra-op threads one runtime instance may use (its share of the CPUs); the
+    /// engine stage measures [`thread_counts`] up to it.
     pub threads: usize,
     /// True when the recipe forces ONNX Runtime (`engine.cpu = "onnxruntime"`): tract is
     /// then not tried.
@@ -247,12 +248,28 @@ fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<O
         .collect()
 }
 
-/// Load `bytes` in ONNX Runtime and measure it for `spec`; `reference` are the inputs (in the
-/// model's input order) whose outputs are returned for the comparison with tract.
+/// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
+/// below `max`, and `max`.
+pub fn thread_counts(max: usize) -> Vec<usize> {
+    let max = max.max(1);
+    let mut out = Vec::new();
+    let mut n = 1;
+    while n < max {
+        out.push(n);
+        n *= 2;
+    }
+    out.push(max);
+    out
+}
+
+/// Load `bytes` in ONNX Runtime and measure it for `spec` with `threads` intra-op threads;
+/// `reference` are the inputs (in the model's input order) whose outputs are returned for the
+/// comparison with tract.
 pub fn measure(
     spec: &EngineSpec,
     c: &OrtCandidate,
     bytes: &[u8],
+    threads: usize,
     reference: Option<&TVec<TValue>>,
 ) -> Result<OrtMeasured, String> {
     let env = environment_at(&c.library)?;
@@ -260,7 +277,7 @@ pub fn measure(
     let mut s = None;
     for _ in 0..STARTUP_RUNS {
         let t = Instant::now();
-        let made = session(&env, bytes, c.threads)?;
+        let made = session(&env, bytes, threads)?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         s = Some(made);
     }

@@ -40,6 +40,78 @@ pub const RTOL: f64 = 1e-3;
 /// choice does not flip between builds on noise.
 pub const ORT_MARGIN: f64 = 0.9;
 
+/// More ONNX Runtime intra-op threads ship only when their summed T(b) is at most this fraction
+/// of fewer threads': extra threads contend with the server's own and with other instances for
+/// the same cores, so a gain within the measurement's noise is not worth them.
+pub const THREADS_MARGIN: f64 = 0.95;
+
+/// The intra-op thread count to ship from `(threads, summed T(b) µs)` in ascending thread
+/// order: the first, replaced by a later one only when it is at most [`THREADS_MARGIN`] of the
+/// best so far.
+pub fn best_threads(sums: &[(usize, f64)]) -> usize {
+    let mut best = match sums.first() {
+        Some(&first) => first,
+        None => return 1,
+    };
+    for &(threads, sum) in &sums[1..] {
+        if sum <= THREADS_MARGIN * best.1 {
+            best = (threads, sum);
+        }
+    }
+    best.0
+}
+
+/// ONNX Runtime measured at every count of [`onnxruntime::thread_counts`] up to the candidate's
+/// share of the CPUs (the reference outputs from the first): the fastest count
+/// ([`best_threads`]) with its measurement, and one candidate row per count.
+fn measure_ort(
+    spec: &EngineSpec,
+    c: &OrtCandidate,
+    bytes: &[u8],
+    reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
+) -> Result<(onnxruntime::OrtMeasured, usize, Vec<CandidateMeasurement>), String> {
+    let mut measured = Vec::new();
+    for (k, threads) in onnxruntime::thread_counts(c.threads)
+        .into_iter()
+        .enumerate()
+    {
+        let m = onnxruntime::measure(spec, c, bytes, threads, reference.filter(|_| k == 0))?;
+        measured.push((threads, m));
+    }
+    let sums: Vec<(usize, f64)> = measured
+        .iter()
+        .map(|(t, m)| (*t, sum_us(&m.batches)))
+        .collect();
+    let best = best_threads(&sums);
+    let rows = measured
+        .iter()
+        .map(|(threads, m)| ort_row(c, *threads, Some(m), None))
+        .collect();
+    let outputs = measured.first_mut().and_then(|(_, m)| m.outputs.take());
+    let (_, mut chosen) = measured
+        .into_iter()
+        .find(|(t, _)| *t == best)
+        .ok_or("no ONNX Runtime measurement")?;
+    chosen.outputs = outputs;
+    Ok((chosen, best, rows))
+}
+
+fn ort_row(
+    c: &OrtCandidate,
+    threads: usize,
+    m: Option<&onnxruntime::OrtMeasured>,
+    error: Option<String>,
+) -> CandidateMeasurement {
+    CandidateMeasurement {
+        kind: EngineKind::Onnxruntime,
+        version: c.version.to_string(),
+        threads: threads as u32,
+        startup_ms: m.map(|m| m.startup_ms),
+        batches: m.map(|m| m.batches.clone()).unwrap_or_default(),
+        error,
+    }
+}
+
 /// The chosen CPU engine, ready for the cache.
 pub struct Chosen {
     pub kind: EngineKind,
@@ -53,6 +125,9 @@ pub struct Chosen {
     pub selection: Option<EngineSelection>,
     /// The ONNX Runtime version whose constant folding tract's engine was built from.
     pub folded_by: Option<Version>,
+    /// ONNX Runtime: the intra-op threads to ship when fewer than the instance's share measured
+    /// faster (`CpuMeta::threads`).
+    pub threads: Option<u32>,
 }
 
 fn threads_text() -> usize {
@@ -111,6 +186,7 @@ fn tract_chosen(
         source: "tract",
         selection,
         folded_by,
+        threads: None,
     }
 }
 
@@ -175,9 +251,23 @@ fn sum_us(b: &[BatchTiming]) -> f64 {
 fn ort_chosen(
     c: &OrtCandidate,
     bytes: &[u8],
-    m: onnxruntime::OrtMeasured,
-    selection: EngineSelection,
+    (m, threads): (onnxruntime::OrtMeasured, usize),
+    mut selection: EngineSelection,
 ) -> Chosen {
+    let counts: Vec<String> = onnxruntime::thread_counts(c.threads)
+        .iter()
+        .map(usize::to_string)
+        .collect();
+    selection.reason.push_str(&format!(
+        "; {threads} intra-op thread{} per instance, the fastest of {}{}",
+        if threads == 1 { "" } else { "s" },
+        counts.join(", "),
+        if threads < c.threads {
+            " (runtime.toml sets engine.threads)"
+        } else {
+            " (the instance's share of the CPUs)"
+        }
+    ));
     Chosen {
         kind: EngineKind::Onnxruntime,
         format: EngineFormat::Onnx,
@@ -192,15 +282,17 @@ fn ort_chosen(
         batches: m.batches,
         onnxruntime: Some(c.version.clone()),
         measured_on: format!(
-            "{} cpu, ONNX Runtime {} with {} intra-op threads, {} cores visible",
+            "{} cpu, ONNX Runtime {} with {threads} intra-op thread{} (the fastest of {}), {} cores visible",
             std::env::consts::ARCH,
             c.version,
-            c.threads,
+            if threads == 1 { "" } else { "s" },
+            counts.join(", "),
             threads_text()
         ),
         source: "onnxruntime",
         selection: Some(selection),
         folded_by: None,
+        threads: (threads < c.threads).then_some(threads as u32),
     }
 }
 
@@ -213,18 +305,9 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
         })?;
         return Ok(tract_chosen(built, None));
     };
-    let ort_candidate =
-        |m: Option<&onnxruntime::OrtMeasured>, error: Option<String>| CandidateMeasurement {
-            kind: EngineKind::Onnxruntime,
-            version: c.version.to_string(),
-            threads: c.threads as u32,
-            startup_ms: m.map(|m| m.startup_ms),
-            batches: m.map(|m| m.batches.clone()).unwrap_or_default(),
-            error,
-        };
     if c.forced {
-        let m =
-            onnxruntime::measure(spec, c, bytes, None).map_err(|reason| Error::Onnxruntime {
+        let (m, threads, rows) =
+            measure_ort(spec, c, bytes, None).map_err(|reason| Error::Onnxruntime {
                 target: spec.target.clone(),
                 reason,
             })?;
@@ -232,15 +315,15 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
             policy: "onnxruntime".into(),
             chosen: EngineKind::Onnxruntime,
             reason: "forced by engine.cpu; tract was not measured".into(),
-            candidates: vec![ort_candidate(Some(&m), None)],
+            candidates: rows,
             agreement: None,
         };
-        return Ok(ort_chosen(c, bytes, m, selection));
+        return Ok(ort_chosen(c, bytes, (m, threads), selection));
     }
 
     let tract_built = tract_build(spec, bytes);
     let reference = tract_built.as_ref().ok().map(|(b, _)| &b.reference.0);
-    let ort = onnxruntime::measure(spec, c, bytes, reference);
+    let ort = measure_ort(spec, c, bytes, reference);
     let tract_candidate = match &tract_built {
         Ok((b, _)) => CandidateMeasurement {
             kind: EngineKind::Tract,
@@ -268,27 +351,27 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
             tract: t,
             onnxruntime: o,
         }),
-        (Err(t), Ok(m)) => {
+        (Err(t), Ok((m, threads, rows))) => {
             let selection = EngineSelection {
                 policy: "auto".into(),
                 chosen: EngineKind::Onnxruntime,
                 reason: format!("tract does not load the model: {t}"),
-                candidates: vec![tract_candidate, ort_candidate(Some(&m), None)],
+                candidates: [vec![tract_candidate], rows].concat(),
                 agreement: None,
             };
-            Ok(ort_chosen(c, bytes, m, selection))
+            Ok(ort_chosen(c, bytes, (m, threads), selection))
         }
         (Ok(built), Err(o)) => {
             let selection = EngineSelection {
                 policy: "auto".into(),
                 chosen: EngineKind::Tract,
                 reason: "ONNX Runtime does not load or run the model".into(),
-                candidates: vec![tract_candidate, ort_candidate(None, Some(o))],
+                candidates: vec![tract_candidate, ort_row(c, c.threads, None, Some(o))],
                 agreement: None,
             };
             Ok(tract_chosen(built, Some(selection)))
         }
-        (Ok(built), Ok(m)) => {
+        (Ok(built), Ok((m, threads, rows))) => {
             let b = &built.0;
             let agree = agreement(
                 &b.reference.1,
@@ -330,7 +413,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 } else {
                     format!("ONNX Runtime is not enough faster; {compared}")
                 };
-            let candidates = vec![tract_candidate, ort_candidate(Some(&m), None)];
+            let candidates = [vec![tract_candidate], rows].concat();
             let selection = EngineSelection {
                 policy: "auto".into(),
                 chosen: if ort_wins {
@@ -343,7 +426,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 agreement: Some(agree),
             };
             if ort_wins {
-                Ok(ort_chosen(c, bytes, m, selection))
+                Ok(ort_chosen(c, bytes, (m, threads), selection))
             } else {
                 Ok(tract_chosen(built, Some(selection)))
             }
@@ -353,7 +436,41 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::ort_ships;
+    use super::{best_threads, ort_ships};
+    use crate::engine::onnxruntime::thread_counts;
+
+    #[test]
+    fn thread_counts_double_up_to_the_instance_share() {
+        for (max, counts) in [
+            (0, vec![1]),
+            (1, vec![1]),
+            (2, vec![1, 2]),
+            (3, vec![1, 2, 3]),
+            (4, vec![1, 2, 4]),
+            (6, vec![1, 2, 4, 6]),
+            (16, vec![1, 2, 4, 8, 16]),
+        ] {
+            assert_eq!(thread_counts(max), counts, "{max}");
+        }
+    }
+
+    #[test]
+    fn more_threads_ship_only_when_clearly_faster() {
+        // (threads, summed T(b) µs) ascending → the count that ships
+        for (sums, best) in [
+            (vec![], 1),
+            (vec![(1, 100.0)], 1),
+            (vec![(1, 100.0), (2, 60.0)], 2),
+            (vec![(1, 100.0), (2, 95.0)], 2),
+            (vec![(1, 100.0), (2, 96.0)], 1),
+            (vec![(1, 100.0), (2, 130.0)], 1),
+            // Each step is judged against the best so far, not the previous count.
+            (vec![(1, 100.0), (2, 97.0), (4, 94.0)], 4),
+            (vec![(1, 100.0), (2, 60.0), (4, 58.0)], 2),
+        ] {
+            assert_eq!(best_threads(&sums), best, "{sums:?}");
+        }
+    }
 
     #[test]
     fn onnxruntime_ships_only_when_it_agrees_and_is_clearly_faster() {

@@ -83,9 +83,22 @@ pub fn ort_candidate(
         }
         Err(e) => return Err(e),
     };
-    // The runtime's rule (`engine.threads` is never set in images): its CPUs over its instances.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = infer_spec::runtime::default_intra_op_threads(cpus, recipe.batching.instances);
+    // The most threads an instance may use, the runtime's rule: its CPUs over its instances,
+    // the CPUs being this machine's up to those the deployment requests; the engine stage
+    // measures the counts up to it and ships the fastest.
+    let here = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let requested = recipe
+        .deploy
+        .resources
+        .cpu
+        .as_deref()
+        .and_then(crate::deploy::from_plan::cpu_millis)
+        .unwrap_or(crate::deploy::from_plan::DEFAULT_CPU_MILLIS)
+        .div_ceil(1000) as usize;
+    let threads = infer_spec::runtime::default_intra_op_threads(
+        here.min(requested),
+        recipe.batching.instances,
+    );
     Ok(Some((
         OrtCandidate {
             library: load,

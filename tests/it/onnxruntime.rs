@@ -239,6 +239,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             tract: "0.23.9".parse().unwrap(),
             onnxruntime: Some("1.30.0".parse().unwrap()),
             folded_by: None,
+            threads: None,
             required_features: vec![],
         }),
         conversion: None,

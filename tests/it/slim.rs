@@ -831,6 +831,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             tract: "0.23.9".parse().unwrap(),
             onnxruntime: None,
             folded_by: None,
+            threads: None,
             required_features: vec![],
         }),
         conversion: None,

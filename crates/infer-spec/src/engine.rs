@@ -498,6 +498,11 @@ pub struct CpuMeta {
     /// recipe's ONNX as it is. The engine is that folded model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folded_by: Option<Version>,
+    /// ONNX Runtime engines: the intra-op threads of one instance, when the engine stage
+    /// measured fewer threads than the instance's share of the CPUs to be faster (`runtime.toml`
+    /// then sets `engine.threads`); absent, the runtime gives an instance its share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     /// CPU features the engine requires, sorted (empty: the architecture's baseline).
     pub required_features: Vec<String>,
 }
@@ -642,6 +647,9 @@ impl EngineMeta {
             put("tract.version", c.tract.to_string());
             if let Some(v) = &c.onnxruntime {
                 put("onnxruntime.version", v.to_string());
+            }
+            if let Some(t) = c.threads {
+                put("onnxruntime.threads", t.to_string());
             }
         }
         if let Some(c) = &self.conversion {
@@ -1336,6 +1344,7 @@ mod tests {
                 tract: v("0.23.9"),
                 onnxruntime: None,
                 folded_by: None,
+                threads: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
             }),
             conversion: None,

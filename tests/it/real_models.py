@@ -754,6 +754,18 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
     if int(headers.get("x-compute-tokens", "0")) <= 0:
         sys.exit(f"{model}: /embed x-compute-tokens {headers.get('x-compute-tokens')!r}")
 
+    # Every text counted by the tokenization metrics, with the time spent on them.
+    with urllib.request.urlopen(f"http://{url}/metrics") as r:
+        metrics = r.read().decode()
+
+    def metric(name):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + "{"))
+
+    sent = sum(len(t) for _, t in jobs) + 2 * len(long) + len(many) + 3
+    counted, spent = metric("infer_serve_tokenized_texts_total"), metric("infer_serve_tokenization_duration_us")
+    if counted < sent or spent <= 0:
+        sys.exit(f"{model}: {sent} texts sent, tokenization metrics say {counted} texts in {spent} us")
+
     # Fewer dimensions, normalised after the cut.
     cut = post("/v1/embeddings", {"model": model, "input": many[:2], "dimensions": 8})
     if [len(e["embedding"]) for e in cut["data"]] != [8, 8]:

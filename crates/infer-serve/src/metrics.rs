@@ -232,6 +232,10 @@ pub struct Metrics {
     pub cache_hits: Counter,
     pub cache_misses: Counter,
     pub cache_evictions: Counter,
+    /// Text models: the texts tokenized, and the time their requests spent tokenizing (the
+    /// wait for a tokenizer worker included), in µs.
+    pub tokenized_texts: Counter,
+    pub tokenization_us: Counter,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
     /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
@@ -327,6 +331,8 @@ impl Metrics {
             cache_hits: Counter::new(),
             cache_misses: Counter::new(),
             cache_evictions: Counter::new(),
+            tokenized_texts: Counter::new(),
+            tokenization_us: Counter::new(),
             engine_load_us: z(),
             warmup_us: z(),
             overlapped_ms: Gauge::new(0),
@@ -565,6 +571,18 @@ impl Metrics {
             "infer_serve_cache_evictions_total",
             "Response cache entries evicted to stay within max_bytes",
             self.cache_evictions.get(),
+        );
+        counter(
+            &mut o,
+            "infer_serve_tokenized_texts_total",
+            "Texts tokenized by a text model (request rows, pairs counting once)",
+            self.tokenized_texts.get(),
+        );
+        counter(
+            &mut o,
+            "infer_serve_tokenization_duration_us",
+            "Cumulative time text requests spent tokenizing, the wait for a tokenizer worker included",
+            self.tokenization_us.get(),
         );
         gauge(
             &mut o,

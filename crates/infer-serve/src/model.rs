@@ -16,6 +16,7 @@ use bytes::Bytes;
 use infer_spec::RuntimeConfig;
 use serde_json::json;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// One served model.
 pub struct Model {
@@ -243,13 +244,26 @@ impl Model {
         rows: usize,
     ) -> Result<Prepared, ApiError> {
         let bytes = inputs.iter().map(|t| t.data.len()).sum();
-        match (&self.text, self.pool_for(bytes)) {
+        let started = Instant::now();
+        let prepared = match (&self.text, self.pool_for(bytes)) {
             (Some(text), Some(pool)) => {
                 let text = text.clone();
                 pool.run(move || prepare_text(&text, inputs, rows)).await?
             }
             _ => self.prepare(inputs, rows),
+        };
+        if self.text.is_some() {
+            self.tokenized(started, rows);
         }
+        prepared
+    }
+
+    /// Counts `texts` tokenized since `started` in the model's metrics.
+    fn tokenized(&self, started: Instant, texts: usize) {
+        self.metrics.tokenized_texts.add(texts as u64);
+        self.metrics
+            .tokenization_us
+            .add(started.elapsed().as_micros() as u64);
     }
 
     /// Tokenizes `items` for the engine, on the model's workers when they are long.
@@ -262,7 +276,8 @@ impl Model {
             .iter()
             .map(|(a, b)| a.len() + b.map_or(0, str::len))
             .sum();
-        match self.pool_for(bytes) {
+        let (started, texts) = (Instant::now(), items.len());
+        let encoded = match self.pool_for(bytes) {
             Some(pool) => {
                 let owned: Vec<(String, Option<String>)> = items
                     .iter()
@@ -280,7 +295,9 @@ impl Model {
                 .await?
             }
             _ => text.encode_items(items),
-        }
+        };
+        self.tokenized(started, texts);
+        encoded
     }
 
     /// What the backend takes: `runtime.toml`'s tensors, which warm-up and the engine checks

@@ -411,6 +411,9 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     if let Some((_, meta)) = &metadata {
         compat.extend(meta.annotations());
     }
+    if let Some(text) = &rc.text {
+        compat.extend(text.annotations());
+    }
     let mut extra = BTreeMap::new();
     if let Some(bytes) = files.engine_profile {
         let profile =

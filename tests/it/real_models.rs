@@ -526,6 +526,34 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     if ort || case.folds {
         super::ort_image::keep_wheel(&cache);
     }
+    // `inspect` shows how a text model's image turns text into answers.
+    if !case.texts.is_empty() {
+        let o = support::infer_build()
+            .args(["inspect", "--json"])
+            .arg(&archive)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
+        let doc = stdout(&o);
+        for (key, value) in [
+            ("text.pooling", case.pooling.0),
+            (
+                "text.normalize",
+                if case.pooling.1 { "true" } else { "false" },
+            ),
+        ] {
+            assert!(
+                doc.contains(&format!("\"dev.infer-build.{key}\":\"{value}\"")),
+                "{}: inspect shows no {key} = {value}: {doc}",
+                case.name
+            );
+        }
+        assert!(
+            doc.contains("\"dev.infer-build.text.tokenizer\":\""),
+            "{}: {doc}",
+            case.name
+        );
+    }
     let c = Container::load_and_run(
         &archive,
         &format!("localhost/infer-build/{name}:1-cpu-fp32"),

@@ -78,6 +78,42 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+impl Text {
+    /// How text becomes tensors and tensors answers, as flat key/value pairs for image
+    /// annotations (keys without the reverse-DNS prefix, sorted), so `inspect` shows them:
+    /// `text.tokenizer`, `text.max_length`, `text.truncate`, `text.special_tokens`,
+    /// `text.pooling`, `text.normalize`, and `text.prefix`, `text.token_budget`, `text.pairs`,
+    /// `text.activation`, `text.labels` when set.
+    pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
+        let mut m = std::collections::BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            m.insert(format!("text.{k}"), v);
+        };
+        put("tokenizer", self.tokenizer.clone());
+        put("max_length", self.max_length.to_string());
+        put("truncate", self.truncate.to_string());
+        put("special_tokens", self.special_tokens.to_string());
+        put("pooling", self.pooling.as_str().into());
+        put("normalize", self.normalize.to_string());
+        if !self.prefix.is_empty() {
+            put("prefix", self.prefix.clone());
+        }
+        if self.token_budget > 0 {
+            put("token_budget", self.token_budget.to_string());
+        }
+        if self.pairs {
+            put("pairs", "true".into());
+        }
+        if self.activation != Activation::None {
+            put("activation", self.activation.as_str().into());
+        }
+        if !self.labels.is_empty() {
+            put("labels", self.labels.join(","));
+        }
+        m
+    }
+}
+
 /// What turns a classifier's or reranker's logits into scores.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -331,6 +367,32 @@ mod tests {
             activation: Activation::None,
             labels: Vec::new(),
         }
+    }
+
+    #[test]
+    fn annotations_name_what_changes_an_answer_and_only_what_is_set() {
+        let a = text().annotations();
+        let keys: Vec<&str> = a.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "text.max_length",
+                "text.normalize",
+                "text.pooling",
+                "text.special_tokens",
+                "text.tokenizer",
+                "text.truncate"
+            ]
+        );
+        assert_eq!(a["text.pooling"], "mean");
+        let mut t = text();
+        t.prefix = "query: ".into();
+        t.activation = Activation::Sigmoid;
+        t.labels = vec!["no".into(), "yes".into()];
+        let a = t.annotations();
+        assert_eq!(a["text.prefix"], "query: ");
+        assert_eq!(a["text.activation"], "sigmoid");
+        assert_eq!(a["text.labels"], "no,yes");
     }
 
     #[test]

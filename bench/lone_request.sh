@@ -14,6 +14,7 @@
 #          INFER_SERVE_DYNAMIC=target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 RUNS=${RUNS:-200}
 DURATION=${DURATION:-10}
 DYNAMIC=${INFER_SERVE_DYNAMIC:-target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve}
@@ -80,11 +81,7 @@ threads = $threads
 host = "127.0.0.1"
 port = 0
 EOF
-        INFER_GRPC_PORT=0 "$DYNAMIC" --config "$W/$name.toml" > "$W/$name.log" &
-        pid=$!
-        for _ in $(seq 600); do grep -q '"msg":"ready"' "$W/$name.log" && break; sleep 0.5; done
-        grep -q '"msg":"ready"' "$W/$name.log" || { cat "$W/$name.log" >&2; exit 1; }
-        addr=$(sed -n 's/.*"addr":"\([^"]*\)".*"msg":"listening".*/\1/p' "$W/$name.log" | head -1)
+        start_server "$DYNAMIC" "$W/$name.toml" "$W/$name.log"
         for c in 1 16; do
             r=$(BODY_FILE="$W/body" HEADER_LEN=$hlen wrk -t1 -c$c -d"${DURATION}s" -s bench/runtime-post.lua \
                 "http://$addr/v2/models/$name/infer" | grep '^RESULT')
@@ -94,68 +91,10 @@ EOF
     done
 }
 
-run ocr-cls x FP32 '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, 48, 192]
-
-[[outputs]]
-name = "save_infer_model/scale_0.tmp_1"
-datatype = "FP32"
-dims = [-1, 2]' '[1,3,48,192]'
-run ocr-det x FP32 '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, -1, -1]
-profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
-
-[[outputs]]
-name = "sigmoid_0.tmp_0"
-datatype = "FP32"
-dims = [-1, 1, -1, -1]' '[1,3,96,96]'
-run wordllama input_ids,attention_mask INT64 '[[inputs]]
-name = "input_ids"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [128] }
-dim_names = ["sequence"]
-
-[[inputs]]
-name = "attention_mask"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [128] }
-dim_names = ["sequence"]
-
-[[outputs]]
-name = "embedding"
-datatype = "FP32"
-dims = [-1, 256]' '[1,32]'
-run minilm input_ids,attention_mask,token_type_ids INT64 '[[inputs]]
-name = "input_ids"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [256] }
-dim_names = ["sequence"]
-
-[[inputs]]
-name = "attention_mask"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [256] }
-dim_names = ["sequence"]
-
-[[inputs]]
-name = "token_type_ids"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [256] }
-dim_names = ["sequence"]
-
-[[outputs]]
-name = "last_hidden_state"
-datatype = "FP32"
-dims = [-1, -1, 384]' '[1,32]'
+run ocr-cls x FP32 "$CLS_TENSORS" '[1,3,48,192]'
+run ocr-det x FP32 "$DET_TENSORS" '[1,3,96,96]'
+run wordllama input_ids,attention_mask INT64 "$WORDLLAMA_TENSORS" '[1,32]'
+run minilm input_ids,attention_mask,token_type_ids INT64 "$MINILM_TENSORS" '[1,32]'
 
 "$PY" - "$OUT" <<'PY'
 import json, re, sys

@@ -9,6 +9,7 @@
 #          (env: ROUNDS=3 DURATION=6 PY=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-6}
 PY=${PY:-${INFER_BUILD_PYTHON:-.venv/bin/python}}
@@ -23,17 +24,13 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$W"' EXIT
 rows=$W/rows.jsonl
 : > "$rows"
 
-# serve BIN NAME TENSORS: starts the server, sets $addr
+# serve BIN NAME TENSORS: starts the server, sets $pid and $addr
 serve() {
     local bin=$1 name=$2 tensors=$3 onnx
     onnx=$(realpath "$(echo "$models" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['$name'])")")
     printf '[model]\nname = "%s"\n%s\n[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 0\ninstances = 1\n\n[engine]\nkind = "onnxruntime"\npath = "%s"\nlibrary = "%s"\nthreads = 2\n\n[server]\nhost = "127.0.0.1"\nport = 0\n' \
         "$name" "$tensors" "$onnx" "$lib" > "$W/$name.toml"
-    INFER_GRPC_PORT=0 "$bin" --config "$W/$name.toml" > "$W/$name.log" &
-    pid=$!
-    for _ in $(seq 600); do grep -q '"msg":"ready"' "$W/$name.log" && break; sleep 0.5; done
-    grep -q '"msg":"ready"' "$W/$name.log" || { cat "$W/$name.log" >&2; exit 1; }
-    addr=$(sed -n 's/.*"addr":"\([^"]*\)".*"msg":"listening".*/\1/p' "$W/$name.log" | head -1)
+    start_server "$bin" "$W/$name.toml" "$W/$name.log"
 }
 
 # bench NAME INPUT DATATYPE TENSORS SHAPE-JSON
@@ -53,31 +50,8 @@ bench() {
     done
 }
 
-T='name = "input_ids"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [256] }
-dim_names = ["sequence"]'
-bench minilm input_ids,attention_mask,token_type_ids INT64 "[[inputs]]
-$T
-[[inputs]]
-${T/input_ids/attention_mask}
-[[inputs]]
-${T/input_ids/token_type_ids}
-[[outputs]]
-name = \"last_hidden_state\"
-datatype = \"FP32\"
-dims = [-1, -1, 384]" '[1,32]'
-bench ocr-det x FP32 '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, -1, -1]
-profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
-
-[[outputs]]
-name = "sigmoid_0.tmp_0"
-datatype = "FP32"
-dims = [-1, 1, -1, -1]' '[1,3,96,96]'
+bench minilm input_ids,attention_mask,token_type_ids INT64 "$MINILM_TENSORS" '[1,32]'
+bench ocr-det x FP32 "$DET_TENSORS" '[1,3,96,96]'
 
 "$PY" - "$rows" <<'PY'
 import json, re, statistics, sys

@@ -30,6 +30,7 @@
 #          INFER_SERVE_DYNAMIC=target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 RUNS=${RUNS:-20}
 DURATION=${DURATION:-10}
 STATIC=${INFER_SERVE:-target/runtime/x86_64-unknown-linux-gnu/release-serve/static/infer-serve}
@@ -77,11 +78,7 @@ $extra
 host = "127.0.0.1"
 port = 0
 EOF
-    INFER_GRPC_PORT=0 "$bin" --config "$W/$name.toml" > "$W/$name.log" &
-    pid=$!
-    for _ in $(seq 600); do grep -q '"msg":"ready"' "$W/$name.log" && break; sleep 0.5; done
-    grep -q '"msg":"ready"' "$W/$name.log" || { cat "$W/$name.log" >&2; exit 1; }
-    addr=$(sed -n 's/.*"addr":"\([^"]*\)".*"msg":"listening".*/\1/p' "$W/$name.log" | head -1)
+    start_server "$bin" "$W/$name.toml" "$W/$name.log"
     "$PY" tests/it/real_models.py bench "$addr" "$name" "$onnx" "$input" "$shapes" 1 "$RUNS" "$dtype" \
         | "$PY" -c "import json,sys
 for l in sys.stdin: r=json.loads(l); r['engine']='$engine'; print(json.dumps(r))" >> "$OUT/tb.jsonl"
@@ -95,32 +92,13 @@ for l in sys.stdin: r=json.loads(l); r['engine']='$engine'; print(json.dumps(r))
     kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }
 
-DET='[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, -1, -1]
-profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
-
-[[outputs]]
-name = "sigmoid_0.tmp_0"
-datatype = "FP32"
-dims = [-1, 1, -1, -1]'
-CLS='[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, 48, 192]
-
-[[outputs]]
-name = "save_infer_model/scale_0.tmp_1"
-datatype = "FP32"
-dims = [-1, 2]'
 # The detector and the classifier on both engines: ONNX Runtime is what `engine.cpu = "auto"`
 # ships for them (tests/it/real_models.rs checks the detector's choice), tract what
 # `cpu = "tract"` ships.
-run ocr-det ocr-det onnxruntime x FP32 "$DET" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
-run ocr-det ocr-det tract-onnx x FP32 "$DET" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
-run ocr-cls ocr-cls onnxruntime x FP32 "$CLS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
-run ocr-cls ocr-cls.folded tract-onnx x FP32 "$CLS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
+run ocr-det ocr-det onnxruntime x FP32 "$DET_TENSORS" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+run ocr-det ocr-det tract-onnx x FP32 "$DET_TENSORS" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+run ocr-cls ocr-cls onnxruntime x FP32 "$CLS_TENSORS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
+run ocr-cls ocr-cls.folded tract-onnx x FP32 "$CLS_TENSORS" '[[1,3,48,192],[4,3,48,192],[16,3,48,192]]'
 run magika magika onnxruntime bytes INT32 '[[inputs]]
 name = "bytes"
 datatype = "INT32"
@@ -141,26 +119,8 @@ name = "softmax_11.tmp_0"
 datatype = "FP32"
 dims = [-1, -1, 6625]' '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
 
-WL='[[inputs]]
-name = "input_ids"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [128] }
-dim_names = ["sequence"]
-
-[[inputs]]
-name = "attention_mask"
-datatype = "INT64"
-dims = [-1, -1]
-profile = { min = [1], opt = [32], max = [128] }
-dim_names = ["sequence"]
-
-[[outputs]]
-name = "embedding"
-datatype = "FP32"
-dims = [-1, 256]'
-run wordllama wordllama onnxruntime input_ids,attention_mask INT64 "$WL" '[[1,32],[4,32],[16,32]]'
-run wordllama wordllama tract-onnx input_ids,attention_mask INT64 "$WL" '[[1,32],[4,32],[16,32]]'
+run wordllama wordllama onnxruntime input_ids,attention_mask INT64 "$WORDLLAMA_TENSORS" '[[1,32],[4,32],[16,32]]'
+run wordllama wordllama tract-onnx input_ids,attention_mask INT64 "$WORDLLAMA_TENSORS" '[[1,32],[4,32],[16,32]]'
 
 "$PY" - "$OUT" "$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')" <<'PY'
 import json, re, sys

@@ -58,6 +58,9 @@ pub struct Text {
     pub pooling: Option<infer_spec::text::Pooling>,
     pub normalize: bool,
     pub token_budget: u32,
+    /// `text.max_padding_percent` (default: by target, see
+    /// `assemble::spec::DEFAULT_CPU_MAX_PADDING_PERCENT`; 0: no bound).
+    pub max_padding_percent: Option<u32>,
     /// `text.pairs`: each row is a (query, passage) pair (cross-encoders).
     pub pairs: bool,
     /// `text.activation`: logits to scores (classifiers and rerankers).

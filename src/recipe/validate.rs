@@ -52,7 +52,7 @@ const ROOT_KEYS: [&str; 12] = [
     "text",
     "response_cache",
 ];
-const TEXT_KEYS: [&str; 15] = [
+const TEXT_KEYS: [&str; 16] = [
     "tokenizer",
     "max_length",
     "truncate",
@@ -65,6 +65,7 @@ const TEXT_KEYS: [&str; 15] = [
     "pooling",
     "normalize",
     "token_budget",
+    "max_padding_percent",
     "pairs",
     "activation",
     "labels",
@@ -420,6 +421,15 @@ fn text(
     let token_budget = cx
         .int(t, "token_budget", 1, i64::from(u32::MAX), "token count")
         .map_or(0, |b| b.value as u32);
+    let max_padding_percent = cx
+        .int(
+            t,
+            "max_padding_percent",
+            0,
+            10_000,
+            "0 to 10000 (a percent of the batch's own tokens)",
+        )
+        .map(|p| p.value as u32);
     let output = cx.string(t, "output");
     if let (Some(o), false) = (&output, model.outputs.is_empty()) {
         if !model.outputs.iter().any(|m| m.name == o.value) {
@@ -447,6 +457,7 @@ fn text(
         pooling,
         normalize,
         token_budget,
+        max_padding_percent,
         pairs,
         activation,
         labels,

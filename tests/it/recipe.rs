@@ -776,6 +776,7 @@ fn text() {
     assert_eq!(t.max_length, 128);
     assert!(t.truncate && t.special_tokens && t.normalize);
     assert_eq!((t.output, t.pooling, t.token_budget), (None, None, 0));
+    assert_eq!(t.max_padding_percent, None);
     check(
         &format!(
             "{TEXT_BASE}{}",
@@ -790,6 +791,7 @@ normalize = "yes"
 colour = 1
 activation = "relu"
 labels = ["a", 2]
+max_padding_percent = 20000
 "#
         ),
         r#"
@@ -805,10 +807,11 @@ recipe.toml:21:11: text.pooling: unknown pooling "max"
   hint: use "mean", "cls", "last" or "none" (the model pools itself)
 recipe.toml:22:13: text.normalize: expected a boolean (true or false), found string "yes"
 recipe.toml:23:1: text.colour: unknown key `colour` in [text]
-  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, pairs, activation, labels
+  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, max_padding_percent, pairs, activation, labels
 recipe.toml:24:14: text.activation: unknown activation "relu"
   hint: use "sigmoid" (a reranker, multi-label), "softmax" (single-label classifier) or "none"
 recipe.toml:25:16: text.labels[1]: expected a string (a label name), found integer 2
+recipe.toml:26:23: text.max_padding_percent: expected 0 to 10000 (a percent of the batch's own tokens), found integer 20000
 "#,
     );
 }

@@ -103,16 +103,16 @@ pub struct Policy {
 
 /// How requests of different sequence lengths share a batch: every input (`[rows, sequence]`)
 /// is padded on its sequence dimension to the batch's longest, each with its own value (the
-/// attention mask hides the padding from the model), and a batch holds at most
-/// `token_budget` tokens counted as rows x the batch's longest sequence. Goes with the
+/// attention mask hides the padding from the model), and a batch stays within `bounds`: its
+/// token budget (rows x the batch's longest sequence) and its most padding. Goes with the
 /// [`AnyLength`] grouping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Padding {
     /// Per engine input, in order: the value padding positions get.
     pub values: Vec<i64>,
-    /// The most rows x longest sequence one batch may hold (at least one request always
-    /// runs, whatever its size).
-    pub token_budget: usize,
+    /// The token budget and the padding bound (at least one request always runs, whatever its
+    /// size).
+    pub bounds: batch::Padded,
 }
 
 impl Padding {
@@ -586,7 +586,7 @@ impl<G: Grouping> Queue<G> {
             Some(padding) => batch::cut_padded(
                 group.map(|job| (job.rows, Padding::length(&job.inputs))),
                 policy.max_batch_size,
-                padding.token_budget,
+                padding.bounds,
                 &policy.preferred,
                 now >= due,
                 expect_more,
@@ -815,7 +815,10 @@ mod tests {
         let padded = |budget| Policy {
             padding: Some(Padding {
                 values: vec![-1],
-                token_budget: budget,
+                bounds: batch::Padded {
+                    token_budget: budget,
+                    max_padding_percent: 0,
+                },
             }),
             ..policy(8, &[], 30, 0)
         };

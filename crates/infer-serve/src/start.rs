@@ -446,7 +446,10 @@ fn load_model(
             };
             policy.padding = Some(Padding {
                 values: text.pad_values(),
-                token_budget: budget,
+                bounds: infer_spec::batch::Padded {
+                    token_budget: budget,
+                    max_padding_percent: text.config().max_padding_percent,
+                },
             });
             Batcher::start_grouped(policy, AnyLength, backends, model.metrics.clone())
         }

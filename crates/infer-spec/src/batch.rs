@@ -31,36 +31,60 @@ pub fn cut(
     cut_padded(
         items,
         max_batch_size,
-        usize::MAX,
+        Padded::NONE,
         preferred,
         due,
         expect_more,
     )
 }
 
+/// The bounds of a batch of requests padded to a common length (text models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Padded {
+    /// The most tokens, counted as rows x the batch's longest sequence.
+    pub token_budget: usize,
+    /// The most padding, in percent of the batch's own tokens (25: at most 1.25 tokens computed
+    /// per token of text); 0: no bound. Where the engine's cost grows with every token computed
+    /// (a CPU), a batch of mixed lengths can cost more than its requests one by one.
+    pub max_padding_percent: u32,
+}
+
+impl Padded {
+    /// No bound beyond `max_batch_size` (requests of equal shapes).
+    pub const NONE: Padded = Padded {
+        token_budget: usize::MAX,
+        max_padding_percent: 0,
+    };
+}
+
 /// [`cut`] for requests padded to a common length (text models): `items` are each request's
 /// rows and sequence length, and a batch is also full where the next request would make its
-/// rows x the longest length pass `token_budget` (the oldest request always fits, whatever
-/// its size).
+/// rows x the longest length pass `bounds.token_budget`, or its padding pass
+/// `bounds.max_padding_percent` of the tokens its rows hold (the oldest request always fits,
+/// whatever its size).
 pub fn cut_padded(
     items: impl IntoIterator<Item = (usize, usize)>,
     max_batch_size: usize,
-    token_budget: usize,
+    bounds: Padded,
     preferred: &[usize],
     due: bool,
     expect_more: bool,
 ) -> Cut {
-    let (mut total, mut longest, mut n) = (0usize, 0usize, 0usize);
+    let (mut total, mut longest, mut n, mut tokens) = (0usize, 0usize, 0usize, 0usize);
     let (mut preferred_cut, mut full) = (None, false);
     for (r, len) in items {
         let longer = longest.max(len);
-        if total + r > max_batch_size
-            || (n > 0 && (total + r).saturating_mul(longer) > token_budget)
+        let computed = (total + r).saturating_mul(longer);
+        let held = tokens.saturating_add(r.saturating_mul(len));
+        let padded_past = bounds.max_padding_percent > 0
+            && computed.saturating_mul(100)
+                > held.saturating_mul(100 + bounds.max_padding_percent as usize);
+        if total + r > max_batch_size || (n > 0 && (computed > bounds.token_budget || padded_past))
         {
             full = true;
             break;
         }
-        (total, longest, n) = (total + r, longer, n + 1);
+        (total, longest, n, tokens) = (total + r, longer, n + 1, held);
         if preferred.contains(&total) {
             preferred_cut = Some(n);
         }
@@ -162,22 +186,73 @@ mod tests {
         assert_eq!(cut([3, 3, 3], 8, &[], false, false), Cut::Take(2));
     }
 
+    fn budget(token_budget: usize) -> Padded {
+        Padded {
+            token_budget,
+            max_padding_percent: 0,
+        }
+    }
+
     #[test]
     fn a_token_budget_ends_a_padded_batch() {
         // (rows, length): 2 x 5 = 10 fits a budget of 10; a third row would make 15.
         let items = [(1, 2), (1, 5), (1, 3)];
-        assert_eq!(cut_padded(items, 8, 10, &[], false, true), Cut::Take(2));
+        assert_eq!(
+            cut_padded(items, 8, budget(10), &[], false, true),
+            Cut::Take(2)
+        );
         // Within the budget, the rows rule as before: not full, not due, so it waits.
-        assert_eq!(cut_padded(items, 8, 1000, &[], false, true), Cut::Wait);
+        assert_eq!(
+            cut_padded(items, 8, budget(1000), &[], false, true),
+            Cut::Wait
+        );
         // The oldest request runs even when it alone is over the budget.
         assert_eq!(
-            cut_padded([(1, 20), (1, 1)], 8, 10, &[], false, true),
+            cut_padded([(1, 20), (1, 1)], 8, budget(10), &[], false, true),
             Cut::Take(1)
         );
         // The length that counts is the longest so far, later ones included.
         assert_eq!(
-            cut_padded([(2, 1), (1, 4)], 8, 10, &[], false, true),
+            cut_padded([(2, 1), (1, 4)], 8, budget(10), &[], false, true),
             Cut::Take(1)
+        );
+    }
+
+    #[test]
+    fn a_padding_bound_ends_a_batch_of_mixed_lengths() {
+        let bounded = |pct| Padded {
+            token_budget: usize::MAX,
+            max_padding_percent: pct,
+        };
+        // (rows, length) → requests taken, at 25% padding: 10 + 12 tokens computed as 24 is
+        // 9% padding; adding 20 makes 60 computed for 42 held, 43%.
+        let items = [(1, 10), (1, 12), (1, 20)];
+        assert_eq!(
+            cut_padded(items, 8, bounded(25), &[], false, true),
+            Cut::Take(2)
+        );
+        // No bound (0), or a loose one: the rows rule as before (not full: waits).
+        assert_eq!(
+            cut_padded(items, 8, bounded(0), &[], false, true),
+            Cut::Wait
+        );
+        assert_eq!(
+            cut_padded(items, 8, bounded(50), &[], false, true),
+            Cut::Wait
+        );
+        // Equal lengths never pad; the oldest request always runs, however long.
+        assert_eq!(
+            cut_padded([(3, 7), (2, 7)], 5, bounded(1), &[], false, true),
+            Cut::Take(2)
+        );
+        assert_eq!(
+            cut_padded([(1, 200), (1, 2)], 8, bounded(25), &[], false, true),
+            Cut::Take(1)
+        );
+        // A short request after a long one pads itself to the long one's length.
+        assert_eq!(
+            cut_padded([(1, 40), (1, 30), (1, 8)], 8, bounded(25), &[], false, true),
+            Cut::Take(2)
         );
     }
 

@@ -62,6 +62,10 @@ pub struct Text {
     /// beyond `max_batch_size` rows of `max_length`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub token_budget: u32,
+    /// The most padding a batch may hold, in percent of its texts' own tokens; 0: no bound
+    /// (see [`crate::batch::Padded`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_padding_percent: u32,
     /// Each row is a pair of texts (a cross-encoder's query and passage): a second served
     /// input, `text_pair`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -100,6 +104,9 @@ impl Text {
         }
         if self.token_budget > 0 {
             put("token_budget", self.token_budget.to_string());
+        }
+        if self.max_padding_percent > 0 {
+            put("max_padding_percent", self.max_padding_percent.to_string());
         }
         if self.pairs {
             put("pairs", "true".into());
@@ -363,6 +370,7 @@ mod tests {
             pooling: Pooling::Mean,
             normalize: true,
             token_budget: 0,
+            max_padding_percent: 0,
             pairs: false,
             activation: Activation::None,
             labels: Vec::new(),

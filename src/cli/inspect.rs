@@ -18,8 +18,9 @@ mod remote;
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// An OCI image layout directory (as written by `infer-build build`), or a registry
-    /// reference `REGISTRY/REPO[:TAG|@DIGEST]`.
+    /// An OCI image layout directory (as written by `infer-build build`), an `oci-archive`
+    /// file (`build --output oci-archive:FILE`), or a registry reference
+    /// `REGISTRY/REPO[:TAG|@DIGEST]`.
     pub input: PathBuf,
     /// Print one JSON document to stdout instead of the human summary on stderr.
     #[arg(long)]
@@ -55,8 +56,29 @@ pub fn run(args: InspectArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The inspection document of a layout.
+/// The inspection document of a layout, or of an `oci-archive` (the tar of one, as `build
+/// --output oci-archive:FILE` writes it and `docker load` reads it), unpacked into a temporary
+/// directory first.
 pub fn inspect(path: &std::path::Path) -> Result<Value, Error> {
+    if !path.is_file() {
+        return inspect_layout(path);
+    }
+    use crate::oci::Error as OciError;
+    let dir = tempfile::tempdir().map_err(OciError::io(
+        "creating a directory in",
+        std::env::temp_dir(),
+    ))?;
+    let file = std::fs::File::open(path).map_err(OciError::io("opening", path.to_path_buf()))?;
+    tar::Archive::new(std::io::BufReader::new(file))
+        .unpack(dir.path())
+        .map_err(OciError::io(
+            "unpacking the oci-archive",
+            path.to_path_buf(),
+        ))?;
+    inspect_layout(dir.path())
+}
+
+fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
     let store = BlobStore::open(path)?;
     let idx = layout::read_index(&store)?;
     let (images, indexes) = layout::walk(&store)?;

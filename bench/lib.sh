@@ -21,6 +21,16 @@ dims = [-1, 3, 48, 192]
 name = "save_infer_model/scale_0.tmp_1"
 datatype = "FP32"
 dims = [-1, 2]'
+REC_TENSORS='[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, 48, -1]
+profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
+
+[[outputs]]
+name = "softmax_11.tmp_0"
+datatype = "FP32"
+dims = [-1, -1, 6625]'
 # tokens: one [-1, -1] INT64 input (the sequence dimension named, profile up to MAX) per name.
 tokens() {
     local max=$1 name

@@ -11,6 +11,7 @@
 #   usage: bench/onnxruntime.sh    (env: RUNS=30 INFER_SERVE=target/runtime/.../dynamic/infer-serve PY=.venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 RUNS=${RUNS:-30}
 BIN=${INFER_SERVE:-target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve}
 PY=${PY:-${INFER_BUILD_PYTHON:-.venv/bin/python}}
@@ -43,36 +44,14 @@ threads = 1
 host = "127.0.0.1"
 port = 0
 EOF
-    INFER_GRPC_PORT=0 "$BIN" --config "$W/$name.toml" > "$W/$name.log" &
-    pid=$!
-    for _ in $(seq 600); do grep -q '"msg":"ready"' "$W/$name.log" && break; sleep 0.5; done
-    grep -q '"msg":"ready"' "$W/$name.log" || { cat "$W/$name.log" >&2; exit 1; }
-    addr=$(sed -n 's/.*"addr":"\([^"]*\)".*"msg":"listening".*/\1/p' "$W/$name.log" | head -1)
+    start_server "$BIN" "$W/$name.toml" "$W/$name.log"
     "$PY" tests/it/real_models.py bench "$addr" "$name" "$onnx" x "$4" 1 "$RUNS"
     kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }
 
 {
-run ocr-rec ocr-rec '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, 48, -1]
-profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
-
-[[outputs]]
-name = "softmax_11.tmp_0"
-datatype = "FP32"
-dims = [-1, -1, 6625]' '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
-run ocr-det ocr-det '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, -1, -1]
-profile = { min = [3, 32, 32], opt = [3, 96, 96], max = [3, 256, 256] }
-
-[[outputs]]
-name = "sigmoid_0.tmp_0"
-datatype = "FP32"
-dims = [-1, 1, -1, -1]' '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
+run ocr-rec ocr-rec "$REC_TENSORS" '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
+run ocr-det ocr-det "$DET_TENSORS" '[[1,3,96,96],[4,3,96,96],[16,3,96,96]]'
 } > "$W/rows.jsonl"
 "$PY" - "$W/rows.jsonl" "$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')" <<'PY'
 import json, sys

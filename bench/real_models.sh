@@ -108,16 +108,7 @@ dims = [-1, 2048]
 name = "target_label"
 datatype = "FP32"
 dims = [-1, 214]' '[[1,2048],[4,2048],[16,2048]]'
-run ocr-rec ocr-rec onnxruntime x FP32 '[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [-1, 3, 48, -1]
-profile = { min = [3, 48, 32], opt = [3, 48, 160], max = [3, 48, 320] }
-
-[[outputs]]
-name = "softmax_11.tmp_0"
-datatype = "FP32"
-dims = [-1, -1, 6625]' '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
+run ocr-rec ocr-rec onnxruntime x FP32 "$REC_TENSORS" '[[1,3,48,160],[4,3,48,160],[16,3,48,160]]'
 
 run wordllama wordllama onnxruntime input_ids,attention_mask INT64 "$WORDLLAMA_TENSORS" '[[1,32],[4,32],[16,32]]'
 run wordllama wordllama tract-onnx input_ids,attention_mask INT64 "$WORDLLAMA_TENSORS" '[[1,32],[4,32],[16,32]]'

@@ -243,18 +243,19 @@ impl Model {
         inputs: Vec<Tensor>,
         rows: usize,
     ) -> Result<Prepared, ApiError> {
+        let Some(text) = &self.text else {
+            return self.prepare(inputs, rows);
+        };
         let bytes = inputs.iter().map(|t| t.data.len()).sum();
         let started = Instant::now();
-        let prepared = match (&self.text, self.pool_for(bytes)) {
-            (Some(text), Some(pool)) => {
+        let prepared = match self.pool_for(bytes) {
+            Some(pool) => {
                 let text = text.clone();
                 pool.run(move || prepare_text(&text, inputs, rows)).await?
             }
-            _ => self.prepare(inputs, rows),
+            None => prepare_text(text, inputs, rows),
         };
-        if self.text.is_some() {
-            self.tokenized(started, rows);
-        }
+        self.tokenized(started, rows);
         prepared
     }
 

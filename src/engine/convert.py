@@ -120,9 +120,10 @@ def generated(inputs, count, seed):
 
 
 def session(path, literal=False):
-    """A single-threaded CPU session. literal: no graph optimisation, every node run as
-    written, so a Q/DQ model computes what its Q/DQ nodes say on any CPU (the gate measures
-    the model TensorRT builds, not a CPU kernel): ONNX Runtime 1.32's extended-level Q/DQ
+    """A single-threaded CPU session of a model file (or its bytes). literal: no graph
+    optimisation, every node run as written, so a Q/DQ model computes what its Q/DQ nodes say
+    on any CPU (the gate measures the model TensorRT builds, not a CPU kernel): ONNX Runtime
+    1.32's extended-level Q/DQ
     fusions compute FP8 Q/DQ -> Conv wrongly, and its fused INT8 kernels saturate on x86 CPUs
     without VNNI (u8s8 through vpmaddubsw), see docs/engines.md."""
     import onnxruntime as ort
@@ -134,6 +135,18 @@ def session(path, literal=False):
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def probe(model, tensors):
+    """A session running `model` (an onnx ModelProto) as written, with `tensors` among its
+    outputs: no graph optimisation, since fusions could remove the very tensors measured."""
+    import onnx
+
+    p = onnx.ModelProto()
+    p.CopyFrom(model)
+    have = {o.name for o in p.graph.output}
+    p.graph.output.extend([onnx.ValueInfoProto(name=t) for t in tensors if t not in have])
+    return session(p.SerializeToString(), literal=True)
 
 
 # AutoCast's defaults (NVIDIA Model Optimizer): an initializer beyond INIT_MAX, or an activation
@@ -164,26 +177,10 @@ def activation_amax(model, batches):
     `batches`, with the model run as written (no optimisation removes a tensor); non-finite
     values count as infinite. Also the names of those that are FLOAT (FP32)."""
     import numpy as np
-    import onnx
-    import onnxruntime as ort
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    inits = {i.name for i in probe.graph.initializer}
-    names = []
-    for n in probe.graph.node:
-        for t in n.output:
-            if t and t not in have and t not in inits:
-                have.add(t)
-                names.append(t)
-    probe.graph.output.extend([onnx.ValueInfoProto(name=t) for t in names])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    inits = {i.name for i in model.graph.initializer}
+    names = list(dict.fromkeys(t for n in model.graph.node for t in n.output if t and t not in inits))
+    sess = probe(model, names)
     fetch = [o.name for o in sess.get_outputs()]
     amax = {}
     fp32 = set()
@@ -482,21 +479,8 @@ def fp8_amax(model, tensors, batches, method):
     (minmax), or the PERCENTILE-th percentile of the magnitudes from a HISTOGRAM_BINS-bin
     histogram over [0, max] (percentile, a second pass)."""
     import numpy as np
-    import onnx
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    probe.graph.output.extend([onnx.ValueInfoProto(name=t) for t in tensors if t not in have])
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    # No graph optimisation: fusions could remove the very tensors being measured.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = probe(model, tensors)
     amax = {t: 0.0 for t in tensors}
     for feeds in batches:
         for t, v in zip(tensors, sess.run(tensors, feeds)):
@@ -707,62 +691,50 @@ def modelopt_convert(source, output, precision, method, batches):
             "high_precision_dtype": "fp32"}
 
 
-def compare(source, converted, batches, literal=False):
-    """Per output: max absolute error, max relative error (the absolute error over the FP32
-    output's largest magnitude) and, for [N, C] outputs with C >= 2, top-1 agreement."""
+def compare(source, models, batches):
+    """Per output, against the FP32 model on the same inputs: max absolute error, max relative
+    error (the absolute error over the FP32 output's largest magnitude) and, for [N, C] outputs
+    with C >= 2, top-1 agreement. `models` are (path, literal) pairs, each run as `session`
+    runs it against the same reference outputs; with several, each figure is the worst of them
+    (a non-finite value counts as infinite)."""
     import numpy as np
 
-    ref, new = session(source), session(converted, literal)
+    ref = session(source)
+    runs = [session(path, literal) for path, literal in models]
     names = [o.name for o in ref.get_outputs()]
-    stats = {n: {"name": n, "max_abs": 0.0, "ref_max": 0.0, "rows": 0, "agree": 0, "classification": None} for n in names}
+    stats = [{n: {"max_abs": 0.0, "ref_max": 0.0, "rows": 0, "agree": 0, "classification": None} for n in names}
+             for _ in runs]
     for feeds in batches:
-        want = ref.run(names, feeds)
-        got = new.run(names, feeds)
-        for n, w, g in zip(names, want, got):
-            w = np.asarray(w, dtype=np.float64)
-            g = np.asarray(g, dtype=np.float64)
-            if w.shape != g.shape:
-                raise SystemExit(f"output {n}: converted shape {g.shape}, fp32 shape {w.shape}")
-            s = stats[n]
-            if not np.all(np.isfinite(g)):
-                s["max_abs"] = float("inf")
-            elif w.size:
-                s["max_abs"] = max(s["max_abs"], float(np.abs(g - w).max()))
-            if w.size:
-                s["ref_max"] = max(s["ref_max"], float(np.abs(w).max()))
-            cls = w.ndim == 2 and w.shape[1] >= 2
-            s["classification"] = cls if s["classification"] is None else (s["classification"] and cls)
-            if cls:
-                s["rows"] += w.shape[0]
-                s["agree"] += int((w.argmax(axis=1) == g.argmax(axis=1)).sum())
+        want = [np.asarray(w, dtype=np.float64) for w in ref.run(names, feeds)]
+        for new, st in zip(runs, stats):
+            for n, w, g in zip(names, want, new.run(names, feeds)):
+                g = np.asarray(g, dtype=np.float64)
+                if w.shape != g.shape:
+                    raise SystemExit(f"output {n}: converted shape {g.shape}, fp32 shape {w.shape}")
+                s = st[n]
+                if not np.all(np.isfinite(g)):
+                    s["max_abs"] = float("inf")
+                elif w.size:
+                    s["max_abs"] = max(s["max_abs"], float(np.abs(g - w).max()))
+                if w.size:
+                    s["ref_max"] = max(s["ref_max"], float(np.abs(w).max()))
+                cls = w.ndim == 2 and w.shape[1] >= 2
+                s["classification"] = cls if s["classification"] is None else (s["classification"] and cls)
+                if cls:
+                    s["rows"] += w.shape[0]
+                    s["agree"] += int((w.argmax(axis=1) == g.argmax(axis=1)).sum())
     out = []
     for n in names:
-        s = stats[n]
-        o = {
-            "name": n,
-            "max_abs": s["max_abs"],
-            "max_rel": (s["max_abs"] / s["ref_max"]) if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else float("inf")),
-        }
-        if s["classification"]:
-            o["top1_agreement"] = s["agree"] / s["rows"] if s["rows"] else 1.0
-            o["rows"] = s["rows"]
-        out.append(o)
-    return out
-
-
-def worst(a, b):
-    """Per output, the worse figures of two comparisons of the same outputs (None, a
-    non-finite value, is the worst)."""
-    def high(x, y):
-        return None if x is None or y is None else max(x, y)
-
-    out = []
-    for x, y in zip(a, b):
-        o = dict(x)
-        o["max_abs"] = high(x["max_abs"], y["max_abs"])
-        o["max_rel"] = high(x["max_rel"], y["max_rel"])
-        if "top1_agreement" in x:
-            o["top1_agreement"] = min(x["top1_agreement"], y["top1_agreement"])
+        o = {"name": n}
+        for st in stats:
+            s = st[n]
+            rel = (s["max_abs"] / s["ref_max"]) if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else float("inf"))
+            o["max_abs"] = max(o.get("max_abs", 0.0), s["max_abs"])
+            o["max_rel"] = max(o.get("max_rel", 0.0), rel)
+            if s["classification"]:
+                top1 = s["agree"] / s["rows"] if s["rows"] else 1.0
+                o["top1_agreement"] = min(o.get("top1_agreement", 1.0), top1)
+                o["rows"] = s["rows"]
         out.append(o)
     return out
 
@@ -803,13 +775,15 @@ def convert(req):
     else:
         raise SystemExit(f"no converter for {precision}")
     t1 = time.monotonic()
-    figures = compare(req["source"], req["output"], evaluation, literal=precision in ("int8", "fp8"))
+    models = [(req["output"], precision in ("int8", "fp8"))]
     if emulated is not None:
         # The gate holds the worse of the converted model as ONNX Runtime runs it and the
         # emulation of its FP16 storage (`emulation`).
-        figures = worst(figures, compare(req["source"], emulated, evaluation))
-        os.remove(emulated)
+        models.append((emulated, False))
         options["figures_from"] = "the worse of the converted model and its FP16 emulation"
+    figures = compare(req["source"], models, evaluation)
+    if emulated is not None:
+        os.remove(emulated)
     t2 = time.monotonic()
     return {
         "versions": found,

@@ -32,6 +32,17 @@ pub fn cpu_millis(q: &str) -> Option<u64> {
     (v.is_finite() && v >= 1.0).then(|| v.round() as u64)
 }
 
+/// The CPU one replica requests, in millicores: `deploy.resources.cpu`, else
+/// [`DEFAULT_CPU_MILLIS`]; `Err` naming the value when it is not a CPU quantity.
+pub fn requested_cpu_millis(recipe: &Recipe) -> Result<u64, String> {
+    match &recipe.deploy.resources.cpu {
+        Some(q) => {
+            cpu_millis(q).ok_or_else(|| format!("deploy.resources.cpu `{q}` is not a CPU quantity"))
+        }
+        None => Ok(DEFAULT_CPU_MILLIS),
+    }
+}
+
 /// Parse a Kubernetes memory quantity (`"4Gi"`, `"512Mi"`, `"4G"`, bytes) into MiB, rounded up.
 pub fn memory_mib(q: &str) -> Option<u64> {
     let q = q.trim();
@@ -77,11 +88,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
         what,
     };
     let res = &recipe.deploy.resources;
-    let cpu = match &res.cpu {
-        Some(q) => cpu_millis(q)
-            .ok_or_else(|| bad(format!("deploy.resources.cpu `{q}` is not a CPU quantity")))?,
-        None => DEFAULT_CPU_MILLIS,
-    };
+    let cpu = requested_cpu_millis(recipe).map_err(bad)?;
     let memory = match &res.memory {
         Some(q) => memory_mib(q).ok_or_else(|| {
             bad(format!(

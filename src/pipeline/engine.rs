@@ -87,12 +87,8 @@ pub fn ort_candidate(
     // the CPUs being this machine's up to those the deployment requests; the engine stage
     // measures the counts up to it and ships the fastest.
     let here = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let requested = recipe
-        .deploy
-        .resources
-        .cpu
-        .as_deref()
-        .and_then(crate::deploy::from_plan::cpu_millis)
+    // (A quantity `deploy` would refuse counts as the default here.)
+    let requested = crate::deploy::from_plan::requested_cpu_millis(recipe)
         .unwrap_or(crate::deploy::from_plan::DEFAULT_CPU_MILLIS)
         .div_ceil(1000) as usize;
     let threads = infer_spec::runtime::default_intra_op_threads(

@@ -376,7 +376,7 @@ impl Batcher {
                 }
             }
             // Another request came in: this core is needed for it.
-            if shared.metrics.in_flight.load(Relaxed) > 1 {
+            if shared.metrics.in_flight().load(Relaxed) > 1 {
                 return None;
             }
             if Instant::now() >= until {

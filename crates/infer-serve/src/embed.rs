@@ -8,7 +8,7 @@
 //! request's own options (`dimensions`, `normalize`).
 
 use crate::error::ApiError;
-use crate::http::{self, Server};
+use crate::http::{self, Counting, Server};
 use crate::model::Model;
 use crate::text::{PoolOptions, TextModel};
 use bytes::Bytes;
@@ -189,10 +189,15 @@ pub async fn run(
 }
 
 /// `POST /v1/embeddings`: OpenAI's request and response shapes.
-pub async fn openai(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+pub(crate) async fn openai<'a>(
+    app: &'a Server,
+    counting: &Counting<'a>,
+    body: &[u8],
+    start: Instant,
+) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: OpenAiRequest = parse(body, "embeddings")?;
-    let model = app.model(&req.model)?;
+    let model = counting.for_model(app.model(&req.model)?);
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -248,10 +253,16 @@ fn tei_model(app: &Server) -> Result<(&Model, &TextModel), ApiError> {
 }
 
 /// `POST /embed`: TEI's request and response shapes (a list of vectors).
-pub async fn tei_embed(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+pub(crate) async fn tei_embed<'a>(
+    app: &'a Server,
+    counting: &Counting<'a>,
+    body: &[u8],
+    start: Instant,
+) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: TeiRequest = parse(body, "embed")?;
     let (model, text) = tei_model(app)?;
+    counting.for_model(model);
     if req.prompt_name.is_some() {
         return Err(ApiError::BadRequest(
             "prompt_name is not supported: the recipe's [text] prefix applies to every text".into(),
@@ -288,10 +299,16 @@ pub struct RerankRequest {
 
 /// `POST /rerank`: every text scored against the query by a cross-encoder, sorted by score
 /// (TEI's shape: `[{"index", "score", "text"?}]`).
-pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+pub(crate) async fn tei_rerank<'a>(
+    app: &'a Server,
+    counting: &Counting<'a>,
+    body: &[u8],
+    start: Instant,
+) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: RerankRequest = parse(body, "rerank")?;
     let (model, text) = tei_model(app)?;
+    counting.for_model(model);
     check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
     let width = text.hidden();
     if width != 1 {
@@ -338,10 +355,16 @@ pub async fn tei_rerank(app: &Server, body: &[u8], start: Instant) -> Result<Rep
 /// `POST /predict`: a classifier's scores per label, sorted (TEI's shape). `inputs` is one
 /// text, one pair `[a, b]` (a pair model), a list of texts, or a list of pairs; one input
 /// gets `[{"score", "label"}, …]`, a list gets one such list per input.
-pub async fn tei_predict(app: &Server, body: &[u8], start: Instant) -> Result<Reply, ApiError> {
+pub(crate) async fn tei_predict<'a>(
+    app: &'a Server,
+    counting: &Counting<'a>,
+    body: &[u8],
+    start: Instant,
+) -> Result<Reply, ApiError> {
     let mut timing = Timing::default();
     let req: serde_json::Value = parse(body, "predict")?;
     let (model, text) = tei_model(app)?;
+    counting.for_model(model);
     let pairs = text.config().pairs;
     let bad = || {
         ApiError::BadRequest(if pairs {

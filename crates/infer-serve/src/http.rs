@@ -34,8 +34,9 @@ use std::time::{Duration, Instant};
 pub struct Server {
     /// `[server]` of the image's `runtime.toml` (with `--host` and `--port` applied).
     pub settings: infer_spec::runtime::Server,
-    /// The connection counters and the server-wide series `/metrics` renders; today the one
-    /// model's [`Metrics`] (its slot holds the same).
+    /// The connection counters and the server-wide series `/metrics` renders: one model's
+    /// [`Metrics`] (its slot holds the same), or a bundle's own, sharing the models'
+    /// server-wide series.
     pub metrics: Arc<Metrics>,
     models: Models,
     /// SIGTERM/SIGINT received: readiness says 503 (shared with the gRPC connections' guards).
@@ -55,6 +56,29 @@ pub struct Server {
     server_metadata: Bytes,
     /// The JSON `GET /v2` answers, from which the gRPC surface builds its message.
     pub(crate) server_metadata_json: serde_json::Value,
+}
+
+/// One model in the repository index ([`Server::repository_index`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IndexEntry<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    pub state: &'static str,
+    pub reason: String,
+}
+
+/// The body of `POST /v2/repository/index` (optional; Triton's fields).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IndexRequest {
+    #[serde(default)]
+    ready: bool,
+    #[serde(default)]
+    #[allow(
+        dead_code,
+        reason = "accepted as Triton accepts it; one repository here"
+    )]
+    repository_name: Option<String>,
 }
 
 /// The model slots by name, with a fast path for the one model an image carries.
@@ -87,7 +111,7 @@ impl Server {
         let server_metadata = json!({
             "name": "infer-serve",
             "version": env!("CARGO_PKG_VERSION"),
-            "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+            "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
         });
         let by_name: BTreeMap<String, Model> = models
             .into_iter()
@@ -111,11 +135,15 @@ impl Server {
         }
     }
 
-    /// The model served under `name`, or the 404 (gRPC `NOT_FOUND`) that names it.
+    /// The model served under `name`, or the 404 (gRPC `NOT_FOUND`) that names it and the
+    /// models served.
     pub fn model(&self, name: &str) -> Result<&Model, ApiError> {
-        self.models
-            .get(name)
-            .ok_or_else(|| ApiError::NotFound(format!("unknown model {name:?}")))
+        self.models.get(name).ok_or_else(|| {
+            let served: Vec<&str> = self.models.by_name.keys().map(String::as_str).collect();
+            ApiError::NotFound(format!(
+                "unknown model {name:?} (this server serves {served:?})"
+            ))
+        })
     }
 
     /// The model `name` at `version` (empty: any), or the 404 that says which is unknown.
@@ -175,6 +203,42 @@ impl Server {
         } else {
             Err(self.not_ready())
         }
+    }
+
+    /// `/metrics`: one model's series as they always were; a bundle's with a series per model
+    /// and the server's own once.
+    pub fn render_metrics(&self) -> String {
+        let models: Vec<&Metrics> = self.models().map(|m| &*m.metrics).collect();
+        match models.as_slice() {
+            [one] => one.render(),
+            _ => Metrics::render_bundle(&models),
+        }
+    }
+
+    /// The V2 model repository index: every served model with its state (`READY`, `LOADING`
+    /// before its warm-up is done, `UNAVAILABLE` with the reason), only the ready ones when
+    /// `ready_only`.
+    pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry<'_>> {
+        self.models()
+            .map(|m| {
+                let (state, reason) = if self.is_model_ready(m) {
+                    ("READY", String::new())
+                } else if self.draining.load(Relaxed) {
+                    ("UNAVAILABLE", "the server is shutting down".to_owned())
+                } else if let Some(why) = m.batcher().and_then(Batcher::device_lost) {
+                    ("UNAVAILABLE", format!("device lost: {why}"))
+                } else {
+                    ("LOADING", "loading the engine and warming up".to_owned())
+                };
+                IndexEntry {
+                    name: m.name(),
+                    version: &m.cfg.model.version,
+                    state,
+                    reason,
+                }
+            })
+            .filter(|e| !ready_only || e.state == "READY")
+            .collect()
     }
 
     /// Triton's statistics body for every model (`GET /v2/models/stats`).
@@ -259,7 +323,7 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
         }
         ["metrics"] => {
             allow(Method::GET)?;
-            let mut r = json_response(StatusCode::OK, app.metrics.render());
+            let mut r = json_response(StatusCode::OK, app.render_metrics());
             r.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -270,18 +334,19 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
             allow(Method::POST)?;
             let start = Instant::now();
             let which = segs[0];
+            let counting = Counting::default();
             let work = async {
                 app.started()?;
                 let body = read_json(app, req).await?;
                 match which {
-                    "v1" => crate::embed::openai(app, &body, start).await,
-                    "embed" => crate::embed::tei_embed(app, &body, start).await,
-                    "rerank" => crate::embed::tei_rerank(app, &body, start).await,
-                    "predict" => crate::embed::tei_predict(app, &body, start).await,
+                    "v1" => crate::embed::openai(app, &counting, &body, start).await,
+                    "embed" => crate::embed::tei_embed(app, &counting, &body, start).await,
+                    "rerank" => crate::embed::tei_rerank(app, &counting, &body, start).await,
+                    "predict" => crate::embed::tei_predict(app, &counting, &body, start).await,
                     _ => crate::embed::tei_tokenize(app, &body),
                 }
             };
-            let reply = counted(app, start, work).await?;
+            let reply = counted(app, start, &counting, work).await?;
             let mut r = json_response(StatusCode::OK, reply.body);
             let t = reply.timing;
             let headers = r.headers_mut();
@@ -296,6 +361,26 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
             }
             headers.insert("x-compute-tokens", HeaderValue::from(t.tokens as u64));
             Ok(r)
+        }
+        ["v2", "repository", "index"] => {
+            allow(Method::POST)?;
+            let body = read_json(app, req).await?;
+            let ask: IndexRequest = if body.iter().all(u8::is_ascii_whitespace) {
+                IndexRequest::default()
+            } else {
+                serde_json::from_slice(&body).map_err(|e| {
+                    ApiError::BadRequest(format!("bad repository index request: {e}"))
+                })?
+            };
+            let index = app.repository_index(ask.ready);
+            Ok(json_response(StatusCode::OK, json!(index).to_string()))
+        }
+        ["v2", "repository", "models", name, action @ ("load" | "unload")] => {
+            allow(Method::POST)?;
+            app.model(name)?;
+            Err(ApiError::Unimplemented(format!(
+                "{action}: the models of this server are fixed when it starts (its runtime.toml); there is no model control"
+            )))
         }
         ["v2", "models", "stats"] => {
             allow(Method::GET)?;
@@ -366,29 +451,46 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Relaxed);
+        self.0.in_flight().fetch_sub(1, Relaxed);
     }
 }
 
 async fn infer(app: &Server, model: &Model, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
-    match counted(app, start, infer_inner(app, model, req, start)).await {
+    let counting = Counting::default();
+    counting.for_model(model);
+    match counted(app, start, &counting, infer_inner(app, model, req, start)).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
 }
 
+/// The model an infer request turned out to be for, told to [`counted`] by the work once it
+/// knows (a gRPC request and the text APIs name it in the body): its series count the outcome.
+#[derive(Default)]
+pub(crate) struct Counting<'a>(std::sync::OnceLock<&'a Metrics>);
+
+impl<'a> Counting<'a> {
+    /// The request is for `model`; returns it.
+    pub(crate) fn for_model(&self, model: &'a Model) -> &'a Model {
+        let _ = self.0.set(&model.metrics);
+        model
+    }
+}
+
 /// Runs one infer request of either protocol (`work`, started at `start`): counts it in flight
-/// while it lives and records its outcome, on the server's metrics (a gRPC request names its
-/// model only in its message, and its failures before that count too).
-pub(crate) async fn counted<T>(
-    app: &Server,
+/// on the server while it lives and records its outcome on the metrics of the model it was
+/// for (`counting`), else the server's (one model: the same; a bundle: not rendered, as
+/// requests naming no served model belong to none).
+pub(crate) async fn counted<'a, T>(
+    app: &'a Server,
     start: Instant,
+    counting: &Counting<'a>,
     work: impl std::future::Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    let m = &app.metrics;
-    let _guard = InFlight::new(m, start);
+    let _guard = InFlight::new(&app.metrics, start);
     let result = work.await;
+    let m = counting.0.get().copied().unwrap_or(&app.metrics);
     match &result {
         Ok(_) => m.record_success(start.elapsed()),
         Err(e) => {
@@ -589,7 +691,7 @@ impl Pending<'_> {
         // would hold up the connections it serves.
         // Requests in flight are the server's: a request to another model takes a core too.
         let metrics = &app.metrics;
-        let polled = if metrics.in_flight.load(Relaxed) == 1 && metrics.sequential(start) {
+        let polled = if metrics.in_flight().load(Relaxed) == 1 && metrics.sequential(start) {
             let window = match self.deadline {
                 Some(d) => app
                     .busy_poll
@@ -822,7 +924,7 @@ where
         "stopped accepting connections; finishing in-flight requests",
         &[
             ("protocol", json!(protocol)),
-            ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
+            ("in_flight", json!(app.metrics.in_flight().load(Relaxed))),
             ("exit_timeout_s", json!(exit_timeout.as_secs_f64())),
         ],
     );

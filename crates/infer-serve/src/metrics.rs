@@ -17,6 +17,7 @@ use crate::error::Rejection;
 use std::cell::Cell;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds (seconds) of the latency histograms' buckets: fine below 100 µs, where the
@@ -224,7 +225,6 @@ pub struct Metrics {
     batch_stats: Vec<BatchStat>,
     rejections: [Counter; 4],
     pub queue_depth: Gauge,
-    pub in_flight: Gauge,
     pub ready: AtomicU64,
     /// Times the device was found lost (a sticky CUDA error): 0 or 1 in a process's life.
     pub device_lost: Counter,
@@ -238,13 +238,34 @@ pub struct Metrics {
     pub tokenization_us: Counter,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
-    /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
-    /// `max_connections`, those the watchdog closed.
-    pub connections: [Connections; 2],
+    /// What the whole server counts: requests in flight, overlaps, connections. Shared by
+    /// every model of a bundle ([`Metrics::sharing`]), so a request to one model is seen by the
+    /// others' batchers deciding whether to poll.
+    server: Arc<ServerWide>,
+}
+
+/// The server's own series, whichever model a request is for.
+pub struct ServerWide {
+    /// Infer requests being handled (every model).
+    pub in_flight: Gauge,
     /// When two infer requests last overlapped: ms since `epoch`, plus one (0: never). On a
     /// line of its own: read on every request, written at most once per millisecond.
     overlapped_ms: Gauge,
     epoch: Instant,
+    /// Per listener, in [`PROTOCOLS`] order: open connections, those refused at
+    /// `max_connections`, those the watchdog closed.
+    pub connections: [Connections; 2],
+}
+
+impl ServerWide {
+    fn new() -> ServerWide {
+        ServerWide {
+            in_flight: Gauge::new(0),
+            overlapped_ms: Gauge::new(0),
+            epoch: Instant::now(),
+            connections: std::array::from_fn(|_| Connections::new()),
+        }
+    }
 }
 
 /// The listeners, as the `protocol` label names them.
@@ -279,10 +300,35 @@ impl Metrics {
     /// The counters of the listener `protocol` names (`http` or `grpc`).
     pub fn connections(&self, protocol: &str) -> &Connections {
         let i = PROTOCOLS.iter().position(|&p| p == protocol).unwrap_or(0);
-        &self.connections[i]
+        &self.server.connections[i]
     }
 
+    /// Infer requests being handled by the server (every model).
+    pub fn in_flight(&self) -> &Gauge {
+        &self.server.in_flight
+    }
+
+    /// A model's metrics with a server of its own (a one-model server).
     pub fn new(model: &str, version: &str, max_batch_size: u32) -> Metrics {
+        Metrics::with_server(model, version, max_batch_size, Arc::new(ServerWide::new()))
+    }
+
+    /// A model's metrics sharing `other`'s server-wide series (a bundle's second model on).
+    pub fn sharing(model: &str, version: &str, max_batch_size: u32, other: &Metrics) -> Metrics {
+        Metrics::with_server(model, version, max_batch_size, other.server.clone())
+    }
+
+    /// Whether `a` and `b` count for the same server.
+    pub fn same_server(a: &Metrics, b: &Metrics) -> bool {
+        Arc::ptr_eq(&a.server, &b.server)
+    }
+
+    fn with_server(
+        model: &str,
+        version: &str,
+        max_batch_size: u32,
+        server: Arc<ServerWide>,
+    ) -> Metrics {
         let esc = |s: &str| {
             s.replace('\\', "\\\\")
                 .replace('"', "\\\"")
@@ -325,7 +371,6 @@ impl Metrics {
                 .collect(),
             rejections: std::array::from_fn(|_| Counter::new()),
             queue_depth: Gauge::new(0),
-            in_flight: Gauge::new(0),
             ready: z(),
             device_lost: Counter::new(),
             cache_hits: Counter::new(),
@@ -335,9 +380,7 @@ impl Metrics {
             tokenization_us: Counter::new(),
             engine_load_us: z(),
             warmup_us: z(),
-            overlapped_ms: Gauge::new(0),
-            connections: std::array::from_fn(|_| Connections::new()),
-            epoch: Instant::now(),
+            server,
         }
     }
 
@@ -345,22 +388,23 @@ impl Metrics {
     /// down). Notes when it overlaps another, at most once per millisecond, so the line stays
     /// shared between cores under load.
     pub fn request_started(&self, now: Instant) {
-        if self.in_flight.fetch_add(1, Relaxed) > 0 {
+        let s = &*self.server;
+        if s.in_flight.fetch_add(1, Relaxed) > 0 {
             let ms = self.ms(now);
-            if self.overlapped_ms.load(Relaxed) != ms {
-                self.overlapped_ms.store(ms, Relaxed);
+            if s.overlapped_ms.load(Relaxed) != ms {
+                s.overlapped_ms.store(ms, Relaxed);
             }
         }
     }
 
     fn ms(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+        at.saturating_duration_since(self.server.epoch).as_millis() as u64 + 1
     }
 
     /// Requests come one at a time: none overlapped another in the last 50 ms. Busy polling
     /// (handler and leader) is for this case only; under load a polling thread holds up work.
     pub fn sequential(&self, now: Instant) -> bool {
-        let last = self.overlapped_ms.load(Relaxed);
+        let last = self.server.overlapped_ms.load(Relaxed);
         last == 0 || self.ms(now).saturating_sub(last) > 50
     }
 
@@ -423,10 +467,38 @@ impl Metrics {
         self.queue_hist.observe_duration(queued);
     }
 
-    /// Prometheus text exposition.
+    /// Prometheus text exposition of a one-model server: the model's series and the server's,
+    /// all labelled with the model.
     pub fn render(&self) -> String {
-        let l = &self.labels;
         let mut o = String::with_capacity(8192);
+        self.render_model(&mut o);
+        self.render_server(&mut o, &self.labels);
+        o
+    }
+
+    /// Prometheus text exposition of a bundle (`models` sharing one server): each family once,
+    /// with one series per model; the server's series without a model label.
+    pub fn render_bundle(models: &[&Metrics]) -> String {
+        let mut texts: Vec<String> = models
+            .iter()
+            .map(|m| {
+                let mut o = String::with_capacity(8192);
+                m.render_model(&mut o);
+                o
+            })
+            .collect();
+        if let Some(first) = models.first() {
+            let mut o = String::with_capacity(2048);
+            first.render_server(&mut o, "");
+            texts.push(o);
+        }
+        merge_families(&texts)
+    }
+
+    /// The model's own series, labelled with it.
+    fn render_model(&self, o: &mut String) {
+        let l = &self.labels;
+        let o = &mut *o;
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
                 o,
@@ -434,7 +506,7 @@ impl Metrics {
             );
         };
         counter(
-            &mut o,
+            o,
             "nv_inference_request_success",
             "Number of successful inference requests",
             self.success.get(),
@@ -453,31 +525,31 @@ impl Metrics {
             );
         }
         counter(
-            &mut o,
+            o,
             "nv_inference_count",
             "Number of inferences performed (rows)",
             self.inference_count.get(),
         );
         counter(
-            &mut o,
+            o,
             "nv_inference_exec_count",
             "Number of model executions (batches)",
             self.exec_count.get(),
         );
         counter(
-            &mut o,
+            o,
             "nv_inference_request_duration_us",
             "Cumulative inference request duration in microseconds",
             self.request_us.get(),
         );
         counter(
-            &mut o,
+            o,
             "nv_inference_queue_duration_us",
             "Cumulative inference queuing duration in microseconds",
             self.queue_us.get(),
         );
         counter(
-            &mut o,
+            o,
             "nv_inference_compute_infer_duration_us",
             "Cumulative compute inference duration in microseconds",
             self.compute_us.get(),
@@ -489,61 +561,51 @@ impl Metrics {
             );
         };
         gauge(
-            &mut o,
+            o,
             "nv_inference_pending_request_count",
             "Requests waiting in the queue",
             self.queue_depth.load(Relaxed).to_string(),
         );
         gauge(
-            &mut o,
+            o,
             "nv_model_load_duration_secs",
             "Engine load time in seconds",
             (self.engine_load_us.load(Relaxed) as f64 / 1e6).to_string(),
         );
         self.request_hist.render(
-            &mut o,
+            o,
             "infer_serve_request_duration_seconds",
             "End-to-end infer request time (decode, queue, compute, encode)",
             l,
         );
         self.queue_hist.render(
-            &mut o,
+            o,
             "infer_serve_queue_duration_seconds",
             "Time a request waited in the batching queue",
             l,
         );
         self.compute_hist.render(
-            &mut o,
+            o,
             "infer_serve_compute_duration_seconds",
             "Time one batch spent in the engine",
             l,
         );
         self.overhead_hist.render(
-            &mut o,
+            o,
             "infer_serve_overhead_seconds",
             "Per successful request: request time minus compute time (decode, queue, hand-offs, encode)",
             l,
         );
-        self.batch_hist.render(
-            &mut o,
-            "infer_serve_batch_size",
-            "Rows per executed batch",
-            l,
-        );
+        self.batch_hist
+            .render(o, "infer_serve_batch_size", "Rows per executed batch", l);
         gauge(
-            &mut o,
+            o,
             "infer_serve_queue_depth",
             "Requests waiting in the batching queue",
             self.queue_depth.load(Relaxed).to_string(),
         );
         gauge(
-            &mut o,
-            "infer_serve_in_flight_requests",
-            "Infer requests being handled",
-            self.in_flight.load(Relaxed).to_string(),
-        );
-        gauge(
-            &mut o,
+            o,
             "infer_serve_ready",
             "1 when the model is ready to serve",
             self.ready.load(Relaxed).to_string(),
@@ -555,43 +617,43 @@ impl Metrics {
         );
         // Triton's names for its response cache.
         counter(
-            &mut o,
+            o,
             "nv_cache_num_hits_per_model",
             "Requests answered from the response cache",
             self.cache_hits.get(),
         );
         counter(
-            &mut o,
+            o,
             "nv_cache_num_misses_per_model",
             "Response cache lookups that found nothing",
             self.cache_misses.get(),
         );
         counter(
-            &mut o,
+            o,
             "infer_serve_cache_evictions_total",
             "Response cache entries evicted to stay within max_bytes",
             self.cache_evictions.get(),
         );
         counter(
-            &mut o,
+            o,
             "infer_serve_tokenized_texts_total",
             "Texts tokenized by a text model (request rows, pairs counting once)",
             self.tokenized_texts.get(),
         );
         counter(
-            &mut o,
+            o,
             "infer_serve_tokenization_duration_us",
             "Cumulative time text requests spent tokenizing, the wait for a tokenizer worker included",
             self.tokenization_us.get(),
         );
         gauge(
-            &mut o,
+            o,
             "infer_serve_engine_load_seconds",
             "Time to load and optimise the engine",
             (self.engine_load_us.load(Relaxed) as f64 / 1e6).to_string(),
         );
         gauge(
-            &mut o,
+            o,
             "infer_serve_warmup_seconds",
             "Time to run every warm-up sample",
             (self.warmup_us.load(Relaxed) as f64 / 1e6).to_string(),
@@ -605,34 +667,49 @@ impl Metrics {
                 v.get()
             );
         }
+    }
+
+    /// The server's series (requests in flight, connections), with `labels` (a one-model
+    /// server's model labels, or none).
+    fn render_server(&self, o: &mut String, labels: &str) {
+        let l = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{labels},")
+        };
+        let _ = writeln!(
+            o,
+            "# HELP infer_serve_in_flight_requests Infer requests being handled\n# TYPE infer_serve_in_flight_requests gauge\ninfer_serve_in_flight_requests{{{}}} {}",
+            labels,
+            self.server.in_flight.load(Relaxed)
+        );
         let _ = writeln!(o, "# HELP infer_serve_open_connections Open client connections, by listener\n# TYPE infer_serve_open_connections gauge");
-        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+        for (p, c) in PROTOCOLS.iter().zip(&self.server.connections) {
             let _ = writeln!(
                 o,
-                "infer_serve_open_connections{{{l},protocol=\"{p}\"}} {}",
+                "infer_serve_open_connections{{{l}protocol=\"{p}\"}} {}",
                 c.open.load(Relaxed)
             );
         }
         let _ = writeln!(o, "# HELP infer_serve_refused_connections_total Connections refused at server.max_connections, every open one having a request in progress\n# TYPE infer_serve_refused_connections_total counter");
-        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+        for (p, c) in PROTOCOLS.iter().zip(&self.server.connections) {
             let _ = writeln!(
                 o,
-                "infer_serve_refused_connections_total{{{l},protocol=\"{p}\"}} {}",
+                "infer_serve_refused_connections_total{{{l}protocol=\"{p}\"}} {}",
                 c.refused.get()
             );
         }
         let _ = writeln!(o, "# HELP infer_serve_closed_connections_total Connections the server closed: headers too slow, idle too long, or the longest idle one at server.max_connections\n# TYPE infer_serve_closed_connections_total counter");
-        for (p, c) in PROTOCOLS.iter().zip(&self.connections) {
+        for (p, c) in PROTOCOLS.iter().zip(&self.server.connections) {
             for (why, v) in Closed::ALL.iter().zip(&c.closed) {
                 let _ = writeln!(
                     o,
-                    "infer_serve_closed_connections_total{{{l},protocol=\"{p}\",reason=\"{}\"}} {}",
+                    "infer_serve_closed_connections_total{{{l}protocol=\"{p}\",reason=\"{}\"}} {}",
                     why.as_str(),
                     v.get()
                 );
             }
         }
-        o
     }
 
     /// Triton's `GET /v2/models/{m}/stats` body.
@@ -682,6 +759,42 @@ impl Metrics {
     }
 }
 
+/// Prometheus text of several exposition texts, each family's `# HELP` and `# TYPE` once and
+/// its series together (the format requires both), families in the order first seen.
+fn merge_families(texts: &[String]) -> String {
+    let mut order: Vec<&str> = Vec::new();
+    let mut families: std::collections::HashMap<&str, (Vec<&str>, Vec<&str>)> =
+        std::collections::HashMap::new();
+    for text in texts {
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                family = rest.split(' ').next().unwrap_or("");
+            }
+            let entry = families.entry(family).or_insert_with(|| {
+                order.push(family);
+                (Vec::new(), Vec::new())
+            });
+            if line.starts_with('#') {
+                if !entry.0.contains(&line) {
+                    entry.0.push(line);
+                }
+            } else {
+                entry.1.push(line);
+            }
+        }
+    }
+    let mut out = String::with_capacity(texts.iter().map(String::len).sum());
+    for f in order {
+        let (head, series) = &families[f];
+        for line in head.iter().chain(series) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,13 +833,69 @@ mod tests {
         assert!(m.sequential(t0));
         m.request_started(t0);
         assert!(m.sequential(t0), "a lone request is not an overlap");
-        m.in_flight.fetch_sub(1, Relaxed);
+        m.in_flight().fetch_sub(1, Relaxed);
         m.request_started(t0);
         m.request_started(t0);
-        assert_eq!(m.in_flight.load(Relaxed), 2);
+        assert_eq!(m.in_flight().load(Relaxed), 2);
         assert!(!m.sequential(t0));
         assert!(!m.sequential(t0 + Duration::from_millis(40)));
         assert!(m.sequential(t0 + Duration::from_millis(60)));
+    }
+
+    #[test]
+    fn a_bundle_renders_each_family_once_with_a_series_per_model() {
+        let a = Metrics::new("a", "1", 8);
+        let b = Metrics::sharing("b", "2", 4, &a);
+        assert!(Metrics::same_server(&a, &b));
+        a.record_batch(3, Duration::from_micros(30));
+        b.request_started(Instant::now());
+        b.connections("grpc").open.fetch_add(2, Relaxed);
+        let text = Metrics::render_bundle(&[&a, &b]);
+        for family in [
+            "nv_inference_count",
+            "infer_serve_batch_size",
+            "infer_serve_open_connections",
+        ] {
+            let help = format!("# HELP {family} ");
+            assert_eq!(text.matches(&help).count(), 1, "{family}: {text}");
+            assert_eq!(
+                text.matches(&format!("# TYPE {family} ")).count(),
+                1,
+                "{family}"
+            );
+        }
+        assert!(
+            text.contains("nv_inference_count{model=\"a\",version=\"1\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nv_inference_count{model=\"b\",version=\"2\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("infer_serve_in_flight_requests{} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("infer_serve_open_connections{protocol=\"grpc\"} 2"),
+            "{text}"
+        );
+        // A family's series follow its header, with no other family's lines between them.
+        let lines: Vec<&str> = text.lines().collect();
+        let at = |needle: &str| lines.iter().position(|l| l.starts_with(needle)).unwrap();
+        let head = at("# TYPE nv_inference_count ");
+        assert_eq!(
+            lines[head + 1],
+            "nv_inference_count{model=\"a\",version=\"1\"} 3"
+        );
+        assert_eq!(
+            lines[head + 2],
+            "nv_inference_count{model=\"b\",version=\"2\"} 0"
+        );
+        // One model alone renders as before, its labels on the server's series too.
+        assert!(Metrics::new("m", "1", 8).render().contains(
+            "infer_serve_open_connections{model=\"m\",version=\"1\",protocol=\"http\"} 0"
+        ));
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! batcher, metrics and the metadata answers), looked up by name through
 //! [`crate::http::Server::model`].
 //!
-//! Images carry one model today, so a server has one slot; nothing outside start-up assumes
-//! it. Serving a second model is a second slot: its own `RuntimeConfig`, batcher (with its own
-//! [`crate::batcher::Grouping`]) and metrics, added to the map [`crate::start()`] builds.
+//! A one-model `runtime.toml` gives a server one slot; a bundle one per model directory, each
+//! with its own `RuntimeConfig`, batcher (with its own [`crate::batcher::Grouping`]) and
+//! metrics (sharing the server-wide series, [`crate::metrics::Metrics::sharing`]).
 
 use crate::batcher::Batcher;
 use crate::error::ApiError;

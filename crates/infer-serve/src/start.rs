@@ -2,17 +2,18 @@
 //! a [`StartError`] that says which exit code and why; `main` only logs and exits.
 //!
 //! Steps, in order (each a function below, so a new one goes between two of them):
-//! 1. [`read_config`]: `runtime.toml` with the flags applied, and the bounds that depend on
-//!    this machine (instances per CPU, files that must be regular) — exit 2;
-//! 2. [`read_samples`]: the warm-up samples' text, read now from the open file;
-//! 3. the async runtime, then [`probe_node`]: what this node has for the engine (GPU, driver,
-//!    TensorRT or ONNX Runtime library) — exit 1;
+//! 1. [`read_config`]: `runtime.toml` (one model, or a bundle and each model's own file) with
+//!    the flags applied, and the bounds that depend on this machine (instances per CPU, files
+//!    that must be regular; a bundle's CPU share per model) — exit 2;
+//! 2. [`read_samples`], per model: the warm-up samples' text, read now from the open file;
+//! 3. the async runtime, then [`probe_node`], per model: what this node has for the engine
+//!    (GPU, driver, TensorRT or ONNX Runtime library) — exit 1;
 //! 4. the [`Server`] with its model slots ([`Model`]), the open-files limit, the listeners and
 //!    the signal handlers: from here the server answers liveness (and says not ready);
-//! 5. `load_model`, per model slot: the engine's compatibility tuple, the engine, warm-up of
-//!    every instance, the batcher — exit 1. A model's extra load step (a tokenizer's files)
-//!    goes here, before its batcher is set;
-//! 6. ready.
+//! 5. `load_model`, per model slot in order: the engine's compatibility tuple, the engine,
+//!    warm-up of every instance, the batcher — exit 1. A model's extra load step (a
+//!    tokenizer's files) goes here, before its batcher is set;
+//! 6. ready (every model).
 
 use crate::args::{self, Args};
 use crate::backend::{self, Backend};
@@ -24,7 +25,8 @@ use crate::model::Model;
 use crate::text::TextModel;
 use crate::warmup;
 use infer_spec::engine::{check_compat, EngineMeta, Found};
-use infer_spec::RuntimeConfig;
+use infer_spec::runtime::MODEL_CONFIG_FILE;
+use infer_spec::{Bundle, RuntimeConfig, RuntimeFile};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -175,40 +177,129 @@ fn raise_open_files_limit() -> Option<u64> {
     Some(r.rlim_cur)
 }
 
-/// A config as read: the config, the directory its paths are relative to, and its path as the
-/// logs show it.
+/// One model's config as read: the config, the directory its paths are relative to, and its
+/// path as the logs show it.
 pub struct Loaded {
     pub cfg: RuntimeConfig,
     pub base: PathBuf,
     pub path: String,
 }
 
-/// Step 1: reads `runtime.toml`, applies `--host` and `--port`, and checks what depends on
-/// this machine (the rest is `RuntimeConfig::problems`).
-pub fn read_config(args: &Args, cpus: usize) -> Result<Loaded, StartError> {
-    let path = args.config.display().to_string();
+/// What `runtime.toml` says to serve: the server's settings (with the flags applied) and its
+/// models, one, or a bundle's in the bundle's order.
+pub struct Config {
+    pub server: infer_spec::Server,
+    pub models: Vec<Loaded>,
+    /// The file read, as the logs show it.
+    pub path: String,
+}
+
+/// Reads the text of the config file at `p` (a regular file), or the error for it.
+fn read_text(p: &Path) -> Result<String, StartError> {
     let unreadable = |e: String| {
         StartError::new(
             2,
             "cannot read the runtime config",
-            vec![("path", json!(path)), ("error", json!(e))],
+            vec![
+                ("path", json!(p.display().to_string())),
+                ("error", json!(e)),
+            ],
         )
     };
-    regular_file(&args.config).map_err(unreadable)?;
-    let text = std::fs::read_to_string(&args.config).map_err(|e| unreadable(e.to_string()))?;
-    let mut cfg = RuntimeConfig::from_toml_str(&text)
+    regular_file(p).map_err(unreadable)?;
+    std::fs::read_to_string(p).map_err(|e| unreadable(e.to_string()))
+}
+
+/// Step 1: reads `runtime.toml` (one model, or a bundle and each of its models' own file),
+/// applies `--host` and `--port`, and checks what depends on this machine (the rest is
+/// `RuntimeConfig::problems` and `Bundle::problems`). A bundle's models divide the CPUs: a
+/// model without `engine.threads` computes with its share.
+pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
+    let path = args.config.display().to_string();
+    let text = read_text(&args.config)?;
+    let dir = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let file = RuntimeFile::from_toml_str(&text)
         .map_err(|e| StartError::bad_config(&path, e.to_string()))?;
+    let (mut server, mut models) = match file {
+        RuntimeFile::Model(cfg) => {
+            let cfg = *cfg;
+            (
+                cfg.server.clone(),
+                vec![Loaded {
+                    cfg,
+                    base: dir,
+                    path: path.clone(),
+                }],
+            )
+        }
+        RuntimeFile::Bundle(bundle) => {
+            let mut models = Vec::with_capacity(bundle.models.len());
+            for (i, m) in bundle.models.iter().enumerate() {
+                let base = dir.join(&m.path);
+                let p = base.join(MODEL_CONFIG_FILE);
+                let shown = p.display().to_string();
+                if !base.is_dir() {
+                    return Err(StartError::bad_config(
+                        &path,
+                        format!(
+                            "models[{i}].path: {} is not a directory (a model's directory, holding its {MODEL_CONFIG_FILE})",
+                            base.display()
+                        ),
+                    ));
+                }
+                let text = read_text(&p)?;
+                let cfg = RuntimeConfig::from_toml_str(&text)
+                    .map_err(|e| StartError::bad_config(&shown, e.to_string()))?;
+                models.push(Loaded {
+                    cfg,
+                    base,
+                    path: shown,
+                });
+            }
+            let twice = Bundle::duplicate_names(models.iter().map(|m| &m.cfg));
+            if !twice.is_empty() {
+                return Err(StartError::bad_config(
+                    &path,
+                    format!("models: more than one model is named {twice:?}; a bundle's models need names of their own"),
+                ));
+            }
+            let share = (cpus / models.len()).max(1) as u32;
+            for m in &mut models {
+                let c = &mut m.cfg;
+                if c.engine.kind == infer_spec::EngineKind::OnnxRuntime
+                    && c.engine.threads.is_none()
+                {
+                    c.engine.threads = Some((share / c.batching.instances.max(1)).max(1));
+                }
+            }
+            (bundle.server, models)
+        }
+    };
     if let Some(h) = &args.host {
-        cfg.server.host = h.clone();
+        server.host = h.clone();
     }
     if let Some(p) = args.port {
-        cfg.server.port = p;
+        server.port = p;
     }
-    let base = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    for m in &mut models {
+        m.cfg.server = server.clone();
+        check_model_files(m, cpus)?;
+    }
+    Ok(Config {
+        server,
+        models,
+        path,
+    })
+}
+
+/// The bounds of one model's config that depend on this machine: its instances per CPU, and
+/// the files it names being regular files.
+fn check_model_files(m: &Loaded, cpus: usize) -> Result<(), StartError> {
+    let (cfg, base, path) = (&m.cfg, &m.base, &m.path);
     let most = MAX_INSTANCES_PER_CPU * cpus as u64;
     if u64::from(cfg.batching.instances) > most {
         return Err(StartError::bad_config(
-            &path,
+            path,
             format!(
                 "batching.instances {} is more than {MAX_INSTANCES_PER_CPU} per CPU ({cpus} CPUs here: at most {most})",
                 cfg.batching.instances
@@ -229,9 +320,9 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Loaded, StartError> {
     ] {
         let Some(rel) = rel else { continue };
         regular_file(&base.join(rel))
-            .map_err(|e| StartError::bad_config(&path, format!("{key}: {e}")))?;
+            .map_err(|e| StartError::bad_config(path, format!("{key}: {e}")))?;
     }
-    Ok(Loaded { cfg, base, path })
+    Ok(())
 }
 
 /// Step 2: the warm-up samples, read now from the open file (a FIFO or a device put there
@@ -486,12 +577,17 @@ fn bind(
 }
 
 /// Starts the server `args` describe and returns once it is ready: every step of the module
-/// docs, in order. Errors carry their exit code; nothing here exits the process.
+/// docs, in order (steps 2, 3 and 5 per model). Errors carry their exit code; nothing here
+/// exits the process.
 pub fn start(args: Args) -> Result<Running, StartError> {
     let started = Instant::now();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let c = read_config(&args, cpus)?;
-    let samples_text = read_samples(&c)?;
+    let config = read_config(&args, cpus)?;
+    let samples: Vec<_> = config
+        .models
+        .iter()
+        .map(read_samples)
+        .collect::<Result<_, _>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -502,32 +598,64 @@ pub fn start(args: Args) -> Result<Running, StartError> {
                 vec![("error", json!(e.to_string()))],
             )
         })?;
-    let found = probe_node(&c, cpus)?;
-    let cfg = &c.cfg;
+    let found: Vec<Found> = config
+        .models
+        .iter()
+        .map(|c| probe_node(c, cpus))
+        .collect::<Result<_, _>>()?;
+    let settings = &config.server;
 
-    let metrics = Arc::new(Metrics::new(
-        &cfg.model.name,
-        &cfg.model.version,
-        cfg.batching.max_batch_size,
-    ));
-    let text = TextModel::load(cfg, &c.base)
-        .map_err(|e| StartError::new(1, "cannot load the tokenizer", vec![("error", json!(e))]))?;
-    let text_model = text.is_some();
-    let mut model = Model::with_text(cfg.clone(), metrics.clone(), text);
-    if text_model {
-        // As many tokenizer workers as CPUs, queueing as many requests as the batcher.
-        let pool = crate::text::Pool::start(cpus, cfg.batching.max_queue_size.max(64) as usize)
-            .map_err(|e| {
-                StartError::new(
-                    1,
-                    "cannot start the tokenizer workers",
-                    vec![("error", json!(e.to_string()))],
-                )
-            })?;
-        model.set_pool(pool);
+    // One server-wide set of series (in flight, connections), shared by every model's metrics.
+    let mut slots = Vec::with_capacity(config.models.len());
+    let mut first: Option<Arc<Metrics>> = None;
+    for (c, found) in config.models.iter().zip(&found) {
+        let cfg = &c.cfg;
+        let (name, version, most) = (
+            &cfg.model.name,
+            &cfg.model.version,
+            cfg.batching.max_batch_size,
+        );
+        let metrics = Arc::new(match &first {
+            None => Metrics::new(name, version, most),
+            Some(f) => Metrics::sharing(name, version, most, f),
+        });
+        first.get_or_insert_with(|| metrics.clone());
+        let text = TextModel::load(cfg, &c.base).map_err(|e| {
+            StartError::new(
+                1,
+                "cannot load the tokenizer",
+                vec![("model", json!(name)), ("error", json!(e))],
+            )
+        })?;
+        let text_model = text.is_some();
+        let mut model = Model::with_text(cfg.clone(), metrics, text);
+        if text_model {
+            // As many tokenizer workers as CPUs, queueing as many requests as the batcher.
+            let pool = crate::text::Pool::start(cpus, cfg.batching.max_queue_size.max(64) as usize)
+                .map_err(|e| {
+                    StartError::new(
+                        1,
+                        "cannot start the tokenizer workers",
+                        vec![("error", json!(e.to_string()))],
+                    )
+                })?;
+            model.set_pool(pool);
+        }
+        model.set_node(found);
+        slots.push(model);
     }
-    model.set_node(&found);
-    let mut server = Server::new(cfg.server.clone(), metrics, vec![model]);
+    let Some(first) = first else {
+        return Err(StartError::bad_config(&config.path, "no model to serve"));
+    };
+    // One model: the server's series are the model's (as they always were). A bundle: the
+    // server's own, whose model series nothing renders.
+    let server_metrics = if slots.len() == 1 {
+        first
+    } else {
+        Arc::new(Metrics::sharing("", "", 1, &first))
+    };
+    let names: Vec<String> = slots.iter().map(|m| m.name().to_owned()).collect();
+    let mut server = Server::new(settings.clone(), server_metrics, slots);
     server.busy_poll = Duration::from_micros(
         args.busy_poll_us
             .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
@@ -535,7 +663,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     // Connections are descriptors: the soft limit goes up to the hard one, and the cap per
     // listener comes down to what the limit holds beside the server's own files.
     let open_files = raise_open_files_limit();
-    let grpc_port = args::grpc_port(args.grpc_port, cfg.server.port);
+    let grpc_port = args::grpc_port(args.grpc_port, settings.port);
     let listeners = 1 + u64::from(grpc_port.is_some());
     if let Some(limit) = open_files {
         let fits = (limit.saturating_sub(FD_HEADROOM) / listeners).max(1);
@@ -555,14 +683,14 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     }
     let server = Arc::new(server);
 
-    let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
+    let addr = format!("{}:{}", settings.host, settings.port);
     let listener = bind(&rt, addr.clone(), "cannot bind")?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
     let grpc_listener = grpc_port
         .map(|port| {
             bind(
                 &rt,
-                format!("{}:{port}", cfg.server.host),
+                format!("{}:{port}", settings.host),
                 "cannot bind the gRPC port",
             )
         })
@@ -571,20 +699,24 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map(|a| a.to_string());
-    log::info(
-        "listening",
-        &[
-            ("addr", json!(local)),
-            ("grpc_addr", json!(grpc_local)),
-            ("model", json!(cfg.model.name)),
-            ("version", json!(cfg.model.version)),
-            ("engine", json!(cfg.engine.kind.as_str())),
-            ("config", json!(c.path)),
-            ("busy_poll_us", json!(server.busy_poll.as_micros() as u64)),
-            ("max_connections", json!(server.max_connections)),
-            ("open_files_limit", json!(open_files)),
-        ],
-    );
+    let one = &config.models[0].cfg;
+    let mut fields = vec![("addr", json!(local)), ("grpc_addr", json!(grpc_local))];
+    if names.len() == 1 {
+        fields.extend([
+            ("model", json!(one.model.name)),
+            ("version", json!(one.model.version)),
+            ("engine", json!(one.engine.kind.as_str())),
+        ]);
+    } else {
+        fields.push(("models", json!(names)));
+    }
+    fields.extend([
+        ("config", json!(config.path)),
+        ("busy_poll_us", json!(server.busy_poll.as_micros() as u64)),
+        ("max_connections", json!(server.max_connections)),
+        ("open_files_limit", json!(open_files)),
+    ]);
+    log::info("listening", &fields);
 
     // As PID 1 in a container the kernel ignores signals without a handler, so installing
     // these is what makes `docker stop` and Kubernetes work.
@@ -601,7 +733,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     let drain = Arc::new(tokio::sync::Notify::new());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     rt.spawn(lifecycle(server.clone(), stop_tx, term, int, drain.clone()));
-    let exit_timeout = Duration::from_secs(cfg.server.exit_timeout_s);
+    let exit_timeout = Duration::from_secs(settings.exit_timeout_s);
     let grpc = grpc_listener.map(|l| {
         rt.spawn(crate::grpc::serve(
             server.clone(),
@@ -612,24 +744,44 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     });
     let http = rt.spawn(http::serve(server.clone(), listener, stop_rx, exit_timeout));
 
-    let slot = server.model(&cfg.model.name).map_err(|e| {
-        StartError::new(
-            1,
-            "the model has no slot",
-            vec![("error", json!(e.to_string()))],
-        )
-    })?;
-    let loaded = load_model(&c, &found, samples_text, slot, server.busy_poll)?;
+    // Each model in turn: a model's warm-up has the machine to itself, as its timings
+    // (and the engine's own tuning) assume.
+    let mut warm = Duration::ZERO;
+    let mut warmup_samples = 0;
+    for ((c, found), samples) in config.models.iter().zip(&found).zip(samples) {
+        let slot = server.model(&c.cfg.model.name).map_err(|e| {
+            StartError::new(
+                1,
+                "the model has no slot",
+                vec![("error", json!(e.to_string()))],
+            )
+        })?;
+        let loaded = load_model(c, found, samples, slot, server.busy_poll)?;
+        if names.len() > 1 && !server.draining.load(Relaxed) {
+            slot.metrics.ready.store(1, Relaxed);
+            log::info(
+                "model ready",
+                &[
+                    ("model", json!(c.cfg.model.name)),
+                    ("warmup_seconds", json!(loaded.warm.as_secs_f64())),
+                    ("warmup_samples", json!(loaded.samples)),
+                ],
+            );
+        }
+        warm += loaded.warm;
+        warmup_samples += loaded.samples;
+    }
     if !server.draining.load(Relaxed) {
         server.metrics.ready.store(1, Relaxed);
     }
     log::info(
         "ready",
         &[
-            ("warmup_seconds", json!(loaded.warm.as_secs_f64())),
-            ("warmup_batch_sizes", json!(cfg.warmup_batch_sizes())),
-            ("warmup_samples", json!(loaded.samples)),
-            ("instances", json!(cfg.batching.instances)),
+            ("warmup_seconds", json!(warm.as_secs_f64())),
+            ("warmup_batch_sizes", json!(one.warmup_batch_sizes())),
+            ("warmup_samples", json!(warmup_samples)),
+            ("instances", json!(one.batching.instances)),
+            ("models", json!(names.len())),
             (
                 "start_to_ready_seconds",
                 json!(started.elapsed().as_secs_f64()),
@@ -667,7 +819,7 @@ async fn lifecycle(
         &[
             ("signal", json!(name)),
             ("drain_delay_s", json!(delay.as_secs_f64())),
-            ("in_flight", json!(app.metrics.in_flight.load(Relaxed))),
+            ("in_flight", json!(app.metrics.in_flight().load(Relaxed))),
         ],
     );
     tokio::select! {

@@ -149,8 +149,14 @@ impl Server {
     /// [`Server::start`] with these environment variables set for the server.
     fn start_env(config: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
+        Server::start_in(dir, env)
+    }
+
+    /// Starts the server on the `runtime.toml` in `dir` (a bundle's, with its model
+    /// directories beside it).
+    fn start_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Server {
         let path = dir.path().join("runtime.toml");
-        std::fs::write(&path, config).unwrap();
         let mut child = Command::new(binary())
             .arg("--config")
             .arg(&path)
@@ -896,7 +902,7 @@ fn serve_health_metadata_and_routes() {
     check(
         "/v2",
         200,
-        r#""extensions":["binary_tensor_data","model_configuration","statistics"]"#,
+        r#""extensions":["binary_tensor_data","model_configuration","statistics","model_repository"]"#,
     );
     check("/v2/models/mlp", 200, r#""platform":"onnx_onnxv1""#);
     check("/v2/models/mlp/versions/1/ready", 200, r#""ready":true"#);
@@ -920,6 +926,206 @@ fn serve_health_metadata_and_routes() {
         m.text()
     );
     assert!(m.text().contains("infer_serve_warmup_seconds"));
+}
+
+/// A bundle in a temporary directory: its `runtime.toml` (`server` then a `[[models]]` per
+/// model) and each model's directory with its own `runtime.toml`.
+fn bundle_dir(server: &str, models: &[(&str, String)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut top = server.to_owned();
+    for (name, config) in models {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        std::fs::write(dir.path().join(name).join("runtime.toml"), config).unwrap();
+        top.push_str(&format!("\n[[models]]\npath = \"{name}\"\n"));
+    }
+    std::fs::write(dir.path().join("runtime.toml"), top).unwrap();
+    dir
+}
+
+/// The synthetic model named `name`, each batch taking `base_ms`, one instance.
+fn synthetic_named(name: &str, base_ms: u32, max_batch: u32) -> String {
+    synthetic(base_ms, max_batch, 64, 1)
+        .replace("name = \"synthetic\"", &format!("name = \"{name}\""))
+}
+
+const BUNDLE_SERVER: &str =
+    "[server]\nhost = \"127.0.0.1\"\nport = 0\ndrain_delay_s = 1\nexit_timeout_s = 10\n";
+
+#[test]
+fn serve_a_bundle_of_models_each_with_its_own_batcher() {
+    let dir = bundle_dir(
+        BUNDLE_SERVER,
+        &[
+            ("mlp", mlp_config()),
+            ("slow", synthetic_named("slow", 400, 1)),
+            ("fast", synthetic_named("fast", 1, 8)),
+        ],
+    );
+    let mut s = Server::start_in(dir, &[]);
+    let listening = s.wait_log("\"ready\"", Duration::from_secs(60));
+    assert!(listening.contains("\"models\":3"), "{listening}");
+    assert_eq!(s.get("/v2/health/ready").status, 200);
+    for m in ["mlp", "slow", "fast"] {
+        let r = s.get(&format!("/v2/models/{m}/ready"));
+        assert_eq!(r.status, 200, "{m}: {}", r.text());
+    }
+    let r = s.get("/v2/models/nope");
+    assert_eq!(r.status, 404);
+    assert!(
+        r.text().contains(
+            r#"unknown model \"nope\" (this server serves [\"fast\", \"mlp\", \"slow\"])"#
+        ),
+        "{}",
+        r.text()
+    );
+
+    // The repository index lists every model with its state; `ready` filters.
+    let index = s.post("/v2/repository/index", &[], b"");
+    assert_eq!(index.status, 200, "{}", index.text());
+    let names: Vec<_> = index
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_owned(),
+                m["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("fast", "READY"), ("mlp", "READY"), ("slow", "READY")]
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+    assert_eq!(
+        s.post("/v2/repository/index", &[], br#"{"ready": true}"#)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    let bad = s.post("/v2/repository/index", &[], br#"{"ready": 1}"#);
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let load = s.post("/v2/repository/models/mlp/load", &[], b"");
+    assert_eq!(load.status, 501, "{}", load.text());
+    assert!(load.text().contains("no model control"), "{}", load.text());
+
+    // The slow model's one instance is busy for a while; the fast model answers meanwhile:
+    // each model has its own queue and instances.
+    let addr = s.addr.clone();
+    let slow: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let r = http(
+                    &addr,
+                    "POST",
+                    "/v2/models/slow/infer",
+                    &[],
+                    f32_json(1, 4, 1.0).as_bytes(),
+                );
+                (r.status, Instant::now())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let fast = s.post("/v2/models/fast/infer", &[], f32_json(2, 4, 2.0).as_bytes());
+    let fast_done = Instant::now();
+    assert_eq!(fast.status, 200, "{}", fast.text());
+    // A bad request to one model harms no other.
+    let bad = s.post("/v2/models/mlp/infer", &[], f32_json(1, 3, 1.0).as_bytes());
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let ok = s.post("/v2/models/mlp/infer", &[], mlp_json(3).as_bytes());
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()["outputs"][0]["shape"], serde_json::json!([3, 10]));
+    let slow: Vec<_> = slow.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(slow.iter().all(|(st, _)| *st == 200), "{slow:?}");
+    let last_slow = slow.iter().map(|(_, at)| *at).max().unwrap();
+    assert!(
+        fast_done < last_slow,
+        "the fast model waited for the slow one's queue"
+    );
+
+    // Metrics: each family once, a series per model, the server's own without a model.
+    let m = s.get("/metrics").text();
+    assert_eq!(
+        m.matches("# TYPE nv_inference_request_success ").count(),
+        1,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "nv_inference_request_success{model=\"slow\""),
+        3.0
+    );
+    assert_eq!(
+        metric(&m, "nv_inference_request_success{model=\"fast\""),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "nv_inference_request_success{model=\"mlp\""),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "nv_inference_request_failure{model=\"mlp\",version=\"1\",reason=\"OTHER\""
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "infer_serve_ready{model=\"fast\""), 1.0);
+    assert!(
+        m.contains("infer_serve_open_connections{protocol=\"http\"}"),
+        "{m}"
+    );
+
+    // SIGTERM drains every model: not ready, then exit 0.
+    s.signal("-TERM");
+    s.wait_log("draining", Duration::from_secs(5));
+    assert_eq!(s.get("/v2/health/ready").status, 503);
+    let index = s.post("/v2/repository/index", &[], b"").json();
+    assert_eq!(index[0]["state"], "UNAVAILABLE", "{index}");
+    assert_eq!(s.wait_exit(Duration::from_secs(15)), Some(0));
+}
+
+#[test]
+fn serve_refuses_a_bundle_with_a_missing_model_or_a_name_twice() {
+    let cases = [
+        (
+            bundle_dir(
+                BUNDLE_SERVER,
+                &[
+                    ("a", synthetic_named("same", 1, 8)),
+                    ("b", synthetic_named("same", 1, 8)),
+                ],
+            ),
+            r#"more than one model is named [\"same\"]"#,
+        ),
+        (
+            bundle_dir(
+                &format!("{BUNDLE_SERVER}[[models]]\npath = \"gone\"\n"),
+                &[],
+            ),
+            "models[0].path",
+        ),
+        (
+            bundle_dir(
+                BUNDLE_SERVER,
+                &[(
+                    "a",
+                    synthetic_named("a", 1, 8).replace("max_batch_size", "max_batch"),
+                )],
+            ),
+            "a/runtime.toml",
+        ),
+    ];
+    for (dir, want) in cases {
+        let (code, out) = run_bounded(&dir.path().join("runtime.toml"));
+        assert_eq!(code, Some(2), "{want}: {out}");
+        assert!(out.contains(want), "{want}: {out}");
+    }
 }
 
 #[test]

@@ -142,10 +142,14 @@ errors["too large"] = expect_error(
     f"larger than the limit of {max_body} bytes",
 )
 errors["unimplemented"] = expect_error(
-    lambda: stub.RepositoryIndex(service_pb2.RepositoryIndexRequest()),
+    lambda: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="mlp")),
     grpc.StatusCode.UNIMPLEMENTED,
-    "RepositoryIndex",
+    "RepositoryModelLoad",
 )
+
+# The model repository index, as tritonclient asks for it.
+index = c.get_model_repository_index(as_json=True)
+assert index["models"] == [{"name": "mlp", "version": "1", "state": "READY"}], index
 
 # grpc.health.v1, called as any health checker does (HealthCheckRequest{service} → status).
 check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None)

@@ -34,6 +34,9 @@ assert config["input"][0]["data_type"] == "TYPE_FP32" and config["input"][0]["di
 assert config["output"][0]["dims"] == [10], config
 assert "dynamic_batching" in config, config
 
+index = c.get_model_repository_index()
+assert index == [{"name": "mlp", "version": "1", "state": "READY", "reason": ""}], index
+
 stats = c.get_inference_statistics("mlp")
 assert stats["model_stats"][0]["name"] == "mlp", stats
 

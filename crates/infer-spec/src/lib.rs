@@ -23,6 +23,7 @@ pub mod text;
 
 pub use dtype::DataType;
 pub use runtime::{
-    Batching, ConfigError, DimProfile, EngineKind, EngineSection, ModelSection, QueueDelay,
-    RuntimeConfig, Server, Synthetic, TensorSpec, Warmup, DEFAULT_CONFIG_PATH,
+    Batching, Bundle, BundleModel, ConfigError, DimProfile, EngineKind, EngineSection,
+    ModelSection, QueueDelay, RuntimeConfig, RuntimeFile, Server, Synthetic, TensorSpec, Warmup,
+    DEFAULT_CONFIG_PATH,
 };

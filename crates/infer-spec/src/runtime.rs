@@ -901,6 +901,117 @@ fn shared_dim_problems(p: &mut Vec<String>, inputs: &[TensorSpec]) {
     }
 }
 
+/// A bundle's `runtime.toml`: one server for several models, each a directory with its own
+/// `runtime.toml` (a whole [`RuntimeConfig`]; its engine, warm-up and tokenizer paths relative to
+/// that directory). The bundle's `[server]` is the server's; the models' own `[server]` tables
+/// are not used.
+///
+/// ```toml
+/// [server]
+/// port = 8000
+///
+/// [[models]]
+/// path = "models/detector"
+///
+/// [[models]]
+/// path = "models/recogniser"
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bundle {
+    /// The HTTP server and its lifecycle, for every model.
+    #[serde(default)]
+    pub server: Server,
+    /// The models, in the order they are loaded.
+    pub models: Vec<BundleModel>,
+}
+
+/// `[[models]]` of a bundle: where one model's directory is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleModel {
+    /// The model's directory (holding its `runtime.toml`), relative to the bundle's file or
+    /// absolute.
+    pub path: String,
+}
+
+/// The most models one bundle serves.
+pub const MAX_BUNDLE_MODELS: usize = 64;
+
+/// The file name of a model's configuration inside its directory.
+pub const MODEL_CONFIG_FILE: &str = "runtime.toml";
+
+impl Bundle {
+    /// Every validation problem; empty when the bundle is usable. Model names are checked
+    /// once the models' own files are read ([`Bundle::duplicate_names`]).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.models.is_empty() {
+            p.push("models must list at least one model directory".to_owned());
+        }
+        if self.models.len() > MAX_BUNDLE_MODELS {
+            p.push(format!(
+                "models lists {} directories; at most {MAX_BUNDLE_MODELS}",
+                self.models.len()
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            if m.path.is_empty() || m.path.contains(char::is_control) {
+                p.push(format!("models[{i}].path {:?} must be a directory", m.path));
+            } else if !seen.insert(m.path.trim_end_matches('/')) {
+                p.push(format!("models[{i}].path {:?} is listed twice", m.path));
+            }
+        }
+        p
+    }
+
+    /// The names served by more than one of `models` (each a model's configuration), each
+    /// once: a bundle must name its models apart.
+    pub fn duplicate_names<'a>(models: impl IntoIterator<Item = &'a RuntimeConfig>) -> Vec<String> {
+        let mut seen = BTreeSet::new();
+        let mut twice = BTreeSet::new();
+        for m in models {
+            if !seen.insert(m.model.name.as_str()) {
+                twice.insert(m.model.name.clone());
+            }
+        }
+        twice.into_iter().collect()
+    }
+
+    /// The canonical TOML text.
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// What a `runtime.toml` holds: one model, or a bundle of model directories (a file with a
+/// `[[models]]` table).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuntimeFile {
+    Model(Box<RuntimeConfig>),
+    Bundle(Bundle),
+}
+
+impl RuntimeFile {
+    /// Parses and validates either form, told apart by a top-level `models` key.
+    pub fn from_toml_str(s: &str) -> Result<RuntimeFile, ConfigError> {
+        let table: toml::Table =
+            toml::from_str(s).map_err(|e| ConfigError::Parse(e.to_string().trim().to_owned()))?;
+        if !table.contains_key("models") {
+            return RuntimeConfig::from_toml_str(s).map(|c| RuntimeFile::Model(Box::new(c)));
+        }
+        let bundle: Bundle =
+            toml::from_str(s).map_err(|e| ConfigError::Parse(e.to_string().trim().to_owned()))?;
+        let problems = bundle.problems();
+        if problems.is_empty() {
+            Ok(RuntimeFile::Bundle(bundle))
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
 impl fmt::Display for RuntimeConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_toml_string())
@@ -962,6 +1073,47 @@ path = "mlp.onnx"
             }
             (got, want) => panic!("got {got:?}, want {want:?}"),
         }
+    }
+
+    #[test]
+    fn a_file_with_models_is_a_bundle_and_is_checked_whole() {
+        let bundle = "[server]\nport = 9000\n[[models]]\npath = \"models/a\"\n[[models]]\npath = \"/mnt/b\"\n";
+        match RuntimeFile::from_toml_str(bundle).unwrap() {
+            RuntimeFile::Bundle(b) => {
+                assert_eq!(b.server.port, 9000);
+                assert_eq!(b.models.len(), 2);
+                assert_eq!(
+                    RuntimeFile::from_toml_str(&b.to_toml_string()).unwrap(),
+                    RuntimeFile::Bundle(b)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            RuntimeFile::from_toml_str(&mlp()).unwrap(),
+            RuntimeFile::Model(m) if m.model.name == "mlp"
+        ));
+        for (text, want) in [
+            ("models = []\n", "at least one model directory"),
+            (
+                "[[models]]\npath = \"a\"\n[[models]]\npath = \"a/\"\n",
+                "listed twice",
+            ),
+            ("[[models]]\npath = \"\"\n", "must be a directory"),
+            ("[[models]]\ndir = \"a\"\n", "unknown field `dir`"),
+            (
+                "[model]\nname = \"m\"\n[[models]]\npath = \"a\"\n",
+                "unknown field `model`",
+            ),
+        ] {
+            let e = RuntimeFile::from_toml_str(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let a = RuntimeConfig::from_toml_str(&mlp()).unwrap();
+        let mut b = a.clone();
+        assert_eq!(Bundle::duplicate_names([&a, &b]), vec!["mlp".to_owned()]);
+        b.model.name = "other".into();
+        assert!(Bundle::duplicate_names([&a, &b]).is_empty());
     }
 
     #[test]

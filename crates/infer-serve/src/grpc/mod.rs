@@ -159,11 +159,12 @@ impl Grpc {
             .unwrap_or(("", path));
         match (service, method) {
             (INFERENCE_SERVICE, "ModelInfer") => {
+                let counting = http::Counting::default();
                 let work = async {
                     app.started()?;
                     let msg = read_message(body, srv.max_body_bytes, srv).await?;
                     let req: ipb::ModelInferRequest = codec::decode(msg, "ModelInferRequest")?;
-                    let model = app.model(&req.model_name)?;
+                    let model = counting.for_model(app.model(&req.model_name)?);
                     let request = codec::infer_request(model.served(), req)?;
                     let timeout_us = match (request.timeout_us.filter(|&t| t > 0), timeout) {
                         (Some(t), Some(d)) => Some(t.min(d.as_micros() as u64)),
@@ -188,7 +189,7 @@ impl Grpc {
                         .observe_duration(start.elapsed().saturating_sub(answer.compute));
                     Ok(out)
                 };
-                http::counted(app, start, work).await
+                http::counted(app, start, &counting, work).await
             }
             (INFERENCE_SERVICE, "ServerLive") => {
                 read::<ipb::ServerLiveRequest>(body, srv).await?;
@@ -234,6 +235,20 @@ impl Grpc {
                     app.stats_json()
                 };
                 Ok(codec::frame(&statistics(&stats)))
+            }
+            (INFERENCE_SERVICE, "RepositoryIndex") => {
+                let r: ipb::RepositoryIndexRequest = read(body, srv).await?;
+                let models = app
+                    .repository_index(r.ready)
+                    .into_iter()
+                    .map(|e| ipb::repository_index_response::ModelIndex {
+                        name: e.name.to_owned(),
+                        version: e.version.to_owned(),
+                        state: e.state.to_owned(),
+                        reason: e.reason,
+                    })
+                    .collect();
+                Ok(codec::frame(&ipb::RepositoryIndexResponse { models }))
             }
             (HEALTH_SERVICE, "Check") => {
                 let r: pb::health::HealthCheckRequest = read(body, srv).await?;

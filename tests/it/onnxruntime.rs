@@ -3,9 +3,10 @@
 //! verified by sha256; the release the `ort` crate targets) serves PaddleOCR's text detector
 //! (variable height and width) and text recogniser (variable width, which tract cannot
 //! translate), several shapes in flight at once through tritonclient, each answer compared
-//! with onnxruntime in Python on the same input. A missing, foreign or garbage library, and an
-//! engine recorded for another ONNX Runtime minor, stop the server with exit 1 and a message
-//! that says which.
+//! with onnxruntime in Python on the same input; and the three OCR models (detector, direction
+//! classifier, recogniser) as one bundle, one server, all checked at once. A missing, foreign or
+//! garbage library, and an engine recorded for another ONNX Runtime minor, stop the server with
+//! exit 1 and a message that says which.
 
 use super::support::{self, python, stderr, stdout};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -39,6 +40,18 @@ datatype = "FP32"
 dims = [-1, -1, 6625]
 "#;
 
+const CLS: &str = r#"
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [-1, 3, 48, 192]
+
+[[outputs]]
+name = "save_infer_model/scale_0.tmp_1"
+datatype = "FP32"
+dims = [-1, 2]
+"#;
+
 use super::real_models::{cache_dir, script};
 
 /// A `runtime.toml` in `dir` serving `onnx` with ONNX Runtime from `library`.
@@ -58,10 +71,18 @@ fn config(dir: &Path, name: &str, tensors: &str, onnx: &Path, library: &Path) ->
 /// Starts infer-serve on `config` and waits for `ready`; returns the child, the address and
 /// the log lines seen.
 fn serve(config: &Path) -> (std::process::Child, String, Vec<serde_json::Value>) {
+    serve_grpc(config, 0)
+}
+
+/// [`serve`] with gRPC on `grpc_port` (0: off).
+fn serve_grpc(
+    config: &Path,
+    grpc_port: u16,
+) -> (std::process::Child, String, Vec<serde_json::Value>) {
     let mut child = Command::new(support::serve_test_binary())
         .arg("--config")
         .arg(config)
-        .env("INFER_GRPC_PORT", "0")
+        .env("INFER_GRPC_PORT", grpc_port.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -261,6 +282,189 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
         )),
         "{out}"
     );
+}
+
+/// POST `body` to `path` on `addr`: the status and the body.
+fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_owned())
+}
+
+/// PaddleOCR's three models (detector, direction classifier, recogniser) as one bundle: one
+/// server, each model in its own directory with its own runtime.toml and batcher, the CPUs
+/// divided between them. All three are checked against onnxruntime in Python at once
+/// (tritonclient HTTP and gRPC, several shapes per model in flight together); a bad request to
+/// one harms none; the repository index lists them; SIGTERM drains all and exits 0.
+#[test]
+fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
+    let test = "py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime";
+    let Some(py) = have_python(test) else {
+        return;
+    };
+    let (models, lib, _) = fetch(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let ocr: [(&str, &str, &[&[usize]]); 3] = [
+        (
+            "ocr-det",
+            DET,
+            &[&[1, 3, 64, 96], &[2, 3, 96, 64], &[1, 3, 96, 96]],
+        ),
+        ("ocr-cls", CLS, &[&[1, 3, 48, 192], &[3, 3, 48, 192]]),
+        (
+            "ocr-rec",
+            REC,
+            &[&[1, 3, 48, 160], &[2, 3, 48, 320], &[1, 3, 48, 96]],
+        ),
+    ];
+    let mut bundle = "[server]\nhost = \"127.0.0.1\"\nport = 0\ndrain_delay_s = 0\n".to_owned();
+    for (name, tensors, _) in &ocr {
+        let model_dir = dir.path().join(name);
+        std::fs::create_dir(&model_dir).unwrap();
+        std::fs::copy(
+            models[*name].as_str().unwrap(),
+            model_dir.join("model.onnx"),
+        )
+        .unwrap();
+        // Paths relative to the model's directory; no engine.threads: the bundle divides the
+        // CPUs between the models.
+        let text = format!(
+            "[model]\nname = \"{name}\"\n{tensors}\n[batching]\nmax_batch_size = 4\nmax_queue_delay_us = 20000\n\n\
+             [engine]\nkind = \"onnxruntime\"\npath = \"model.onnx\"\nlibrary = \"{}\"\n",
+            lib.display()
+        );
+        std::fs::write(model_dir.join("runtime.toml"), text).unwrap();
+        bundle.push_str(&format!("\n[[models]]\npath = \"{name}\"\n"));
+    }
+    let cfg = dir.path().join("runtime.toml");
+    std::fs::write(&cfg, bundle).unwrap();
+    let (child, addr, log) = serve_grpc(&cfg, support::free_port());
+    // Killed when the test fails before its SIGTERM.
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Running(child);
+    let listening = log.iter().find(|v| v["msg"] == "listening").unwrap();
+    let grpc = listening["grpc_addr"].as_str().unwrap().to_owned();
+    assert_eq!(
+        listening["models"],
+        serde_json::json!(["ocr-det", "ocr-cls", "ocr-rec"])
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = (cpus / 3).max(1);
+    let nodes: Vec<_> = log.iter().filter(|v| v["msg"] == "node").collect();
+    assert_eq!(nodes.len(), 3, "{log:?}");
+    assert!(
+        nodes.iter().all(|v| v["threads_per_instance"] == share),
+        "each model computes with its share of {cpus} CPUs ({share}): {nodes:?}"
+    );
+    let (status, index) = post(&addr, "/v2/repository/index", "");
+    assert_eq!(status, 200, "{index}");
+    let index: serde_json::Value = serde_json::from_str(&index).unwrap();
+    let states: Vec<_> = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {}",
+                m["name"].as_str().unwrap(),
+                m["state"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(states, ["ocr-cls READY", "ocr-det READY", "ocr-rec READY"]);
+
+    // A request of the recogniser's shape sent to the classifier: 400, naming the model's
+    // bounds; the models go on serving.
+    let bad = r#"{"inputs":[{"name":"x","shape":[1,3,48,160],"datatype":"FP32","data":[0]}]}"#;
+    let (status, body) = post(&addr, "/v2/models/ocr-cls/infer", bad);
+    assert_eq!(status, 400, "{body}");
+
+    // Every model checked against onnxruntime at the same time, over HTTP and gRPC.
+    let checks: Vec<_> = ocr
+        .iter()
+        .map(|(name, _, shapes)| {
+            let cases: Vec<serde_json::Value> = shapes
+                .iter()
+                .map(|s| serde_json::json!({"input": "x", "shape": s}))
+                .collect();
+            let child = Command::new(&py)
+                .arg(script())
+                .arg("check")
+                .arg(&addr)
+                .arg(name)
+                .arg(dir.path().join(name).join("model.onnx"))
+                .arg(serde_json::to_string(&cases).unwrap())
+                .arg(&grpc)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (*name, child)
+        })
+        .collect();
+    for (name, c) in checks {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{name}: {}\n{}", stdout(&o), stderr(&o));
+        eprintln!("{name}: {}", stdout(&o).trim());
+    }
+    let metrics = {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    };
+    for (name, _, _) in &ocr {
+        assert!(
+            metrics.contains(&format!(
+                "nv_inference_exec_count{{model=\"{name}\",version=\"1\"}}"
+            )),
+            "{name}: {metrics}"
+        );
+    }
+    assert_eq!(
+        metrics.matches("# TYPE nv_inference_exec_count ").count(),
+        1
+    );
+
+    // SIGTERM drains every model, then exit 0.
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let end = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(Instant::now() < end, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0));
 }
 
 /// Libraries that are not a usable ONNX Runtime: exit 1 with a message naming the path and

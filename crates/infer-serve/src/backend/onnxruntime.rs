@@ -5,7 +5,7 @@
 //! C API version the `ort` crate asks for, so a missing, foreign or too old library is a clear
 //! error (exit 1) before `ort` touches it (`ort` panics on some of these, and the runtime
 //! aborts on panics). [`OrtEngine::load`] then creates the one ONNX Runtime environment of the
-//! process and a first session, which checks the model against `runtime.toml` (tensors by name,
+//! process (or, for a bundle's later models, shares it) and a first session, which checks the model against `runtime.toml` (tensors by name,
 //! datatypes); each further instance gets its own session of the same file, with its own
 //! intra-op thread pool of [`RuntimeConfig::intra_op_threads`] threads.
 //!
@@ -156,15 +156,7 @@ impl OrtEngine {
         library: Library,
         cpus: usize,
     ) -> Result<OrtEngine, String> {
-        let env = ort::init_from(&library.path)
-            .map_err(|e| format!("cannot load ONNX Runtime: {e}"))?
-            .with_name("infer-serve")
-            .with_telemetry(false)
-            .with_logger(Arc::new(log_line))
-            .build()
-            .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
-        // The logger above receives every level: let ONNX Runtime drop the chatter itself.
-        env.set_log_level(LogLevel::Warning);
+        let env = environment(&library)?;
         let threads = cfg.intra_op_threads(cpus);
         let session = new_session(&env, model, threads, &library)?;
         let names = |outlets: &[ort::value::Outlet]| -> Vec<String> {
@@ -227,6 +219,40 @@ impl OrtEngine {
     pub fn threads(&self) -> usize {
         self.threads
     }
+}
+
+/// The process's one ONNX Runtime environment (ONNX Runtime allows one per process), created
+/// from `library` by the first model that loads and shared by every later one (a bundle's
+/// models). A later model naming another library is refused: the process has one ONNX Runtime.
+fn environment(library: &Library) -> Result<ort::environment::Environment, String> {
+    static ENV: Mutex<Option<(PathBuf, ort::environment::Environment)>> = Mutex::new(None);
+    let mut env = ENV
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let same = |a: &Path, b: &Path| {
+        a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    };
+    if let Some((path, e)) = &*env {
+        if same(path, &library.path) {
+            return Ok(e.clone());
+        }
+        return Err(format!(
+            "engine.library {}: this process already runs ONNX Runtime from {}, and one process has one ONNX Runtime; every model of a bundle must name the same library",
+            library.path.display(),
+            path.display()
+        ));
+    }
+    let e = ort::init_from(&library.path)
+        .map_err(|e| format!("cannot load ONNX Runtime: {e}"))?
+        .with_name("infer-serve")
+        .with_telemetry(false)
+        .with_logger(Arc::new(log_line))
+        .build()
+        .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+    // The logger above receives every level: let ONNX Runtime drop the chatter itself.
+    e.set_log_level(LogLevel::Warning);
+    *env = Some((library.path.clone(), e.clone()));
+    Ok(e)
 }
 
 /// ONNX Runtime's own messages, as the runtime's JSON log lines.

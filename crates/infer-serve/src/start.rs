@@ -371,6 +371,7 @@ pub fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
         log::info(
             "node",
             &[
+                ("model", json!(cfg.model.name)),
                 ("engine", json!(cfg.engine.kind.as_str())),
                 ("onnxruntime", json!(v.to_string())),
                 ("library", json!(cfg.engine.library)),
@@ -464,7 +465,10 @@ fn load_model(
         .store(load.as_micros() as u64, Relaxed);
     log::info(
         "engine loaded",
-        &[("engine_load_seconds", json!(load.as_secs_f64()))],
+        &[
+            ("model", json!(cfg.model.name)),
+            ("engine_load_seconds", json!(load.as_secs_f64())),
+        ],
     );
 
     let t = Instant::now();

@@ -238,14 +238,27 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
                 let base = dir.join(&m.path);
                 let p = base.join(MODEL_CONFIG_FILE);
                 let shown = p.display().to_string();
+                // A model directory that is not there, or holds no runtime.toml, is a
+                // deployment's problem (a volume not mounted, or another artifact mounted), not
+                // a bad config: exit 1, naming the path.
+                let missing = |what: String| {
+                    StartError::new(
+                        1,
+                        "a model directory is missing",
+                        vec![
+                            ("path", json!(base.display().to_string())),
+                            ("error", json!(format!("models[{i}].path {:?}: {what}; a model's directory holds its {MODEL_CONFIG_FILE} (mounted as an image volume, is the volume there?)", m.path))),
+                        ],
+                    )
+                };
                 if !base.is_dir() {
-                    return Err(StartError::bad_config(
-                        &path,
-                        format!(
-                            "models[{i}].path: {} is not a directory (a model's directory, holding its {MODEL_CONFIG_FILE})",
-                            base.display()
-                        ),
-                    ));
+                    return Err(missing(format!("{} is not a directory", base.display())));
+                }
+                if !p.exists() {
+                    return Err(missing(format!(
+                        "{} has no {MODEL_CONFIG_FILE}",
+                        base.display()
+                    )));
                 }
                 let text = read_text(&p)?;
                 let cfg = RuntimeConfig::from_toml_str(&text)

@@ -1105,13 +1105,6 @@ fn serve_refuses_a_bundle_with_a_missing_model_or_a_name_twice() {
         ),
         (
             bundle_dir(
-                &format!("{BUNDLE_SERVER}[[models]]\npath = \"gone\"\n"),
-                &[],
-            ),
-            "models[0].path",
-        ),
-        (
-            bundle_dir(
                 BUNDLE_SERVER,
                 &[(
                     "a",
@@ -1125,6 +1118,26 @@ fn serve_refuses_a_bundle_with_a_missing_model_or_a_name_twice() {
         let (code, out) = run_bounded(&dir.path().join("runtime.toml"));
         assert_eq!(code, Some(2), "{want}: {out}");
         assert!(out.contains(want), "{want}: {out}");
+    }
+    // A model directory not there (an image volume not mounted), or without its runtime.toml
+    // (something else mounted): exit 1, naming the path.
+    let empty = bundle_dir(BUNDLE_SERVER, &[("a", synthetic_named("a", 1, 8))]);
+    std::fs::remove_file(empty.path().join("a/runtime.toml")).unwrap();
+    let gone = bundle_dir(
+        &format!("{BUNDLE_SERVER}[[models]]\npath = \"/models/gone\"\n"),
+        &[],
+    );
+    for (dir, want) in [
+        (gone, "/models/gone is not a directory"),
+        (empty, "has no runtime.toml"),
+    ] {
+        let (code, out) = run_bounded(&dir.path().join("runtime.toml"));
+        assert_eq!(code, Some(1), "{want}: {out}");
+        assert!(
+            out.contains("a model directory is missing") && out.contains(want),
+            "{want}: {out}"
+        );
+        assert!(out.contains("is the volume there?"), "{out}");
     }
 }
 

@@ -467,6 +467,113 @@ fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
     assert_eq!(code, Some(0));
 }
 
+/// A text model's runtime.toml body (after `[model]`): `tokens` INT64 `[-1, -1]` inputs
+/// sharing the sequence dimension (up to `max`), then `rest` (outputs, `[text]`).
+fn text_tables(tokens: &[&str], max: u32, rest: &str) -> String {
+    let mut t = String::new();
+    for name in tokens {
+        t.push_str(&format!(
+            "[[inputs]]\nname = \"{name}\"\ndatatype = \"INT64\"\ndims = [-1, -1]\nprofile = {{ min = [1], opt = [16], max = [{max}] }}\ndim_names = [\"sequence\"]\n\n"
+        ));
+    }
+    t + rest
+}
+
+/// Two real text models (all-MiniLM-L6-v2 and WordLlama) in one bundle: OpenAI's
+/// `/v1/embeddings` routes by `model` and each answer equals the one-model server's for the
+/// same texts (whose answers `real_models.rs` checks against the reference pipeline), long texts
+/// going through the tokenizer workers both models share; TEI's `/embed`, which names no model,
+/// says to use `/v1/embeddings` with `model`.
+#[test]
+fn py_a_bundle_of_two_text_models_answers_as_each_alone() {
+    let test = "py_a_bundle_of_two_text_models_answers_as_each_alone";
+    let Some(py) = have_python(test) else {
+        return;
+    };
+    let (models, lib, _) = fetch(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let minilm = text_tables(
+        &["input_ids", "attention_mask", "token_type_ids"],
+        256,
+        "[[outputs]]\nname = \"last_hidden_state\"\ndatatype = \"FP32\"\ndims = [-1, -1, 384]\n\n\
+         [text]\ntokenizer = \"tokenizer.json\"\nmax_length = 256\ninput_ids = \"input_ids\"\nattention_mask = \"attention_mask\"\n\
+         token_type_ids = \"token_type_ids\"\noutput = \"last_hidden_state\"\npooling = \"mean\"\nnormalize = true\n",
+    );
+    let wordllama = text_tables(
+        &["input_ids", "attention_mask"],
+        128,
+        "[[outputs]]\nname = \"embedding\"\ndatatype = \"FP32\"\ndims = [-1, 256]\n\n\
+         [text]\ntokenizer = \"tokenizer.json\"\nmax_length = 128\nspecial_tokens = false\ninput_ids = \"input_ids\"\n\
+         attention_mask = \"attention_mask\"\noutput = \"embedding\"\npooling = \"none\"\nnormalize = false\n",
+    );
+    let mut bundle = "[server]\nhost = \"127.0.0.1\"\nport = 0\ndrain_delay_s = 0\n".to_owned();
+    for (name, tables) in [("minilm", &minilm), ("wordllama", &wordllama)] {
+        let onnx = PathBuf::from(models[name].as_str().unwrap());
+        let model_dir = dir.path().join(name);
+        std::fs::create_dir(&model_dir).unwrap();
+        std::fs::copy(&onnx, model_dir.join("model.onnx")).unwrap();
+        std::fs::copy(
+            onnx.with_file_name(format!("{name}.tokenizer.json")),
+            model_dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        let text = format!(
+            "[model]\nname = \"{name}\"\n{tables}\n[batching]\nmax_batch_size = 8\n\n\
+             [engine]\nkind = \"onnxruntime\"\npath = \"model.onnx\"\nlibrary = \"{}\"\nthreads = 1\n\n\
+             [server]\nhost = \"127.0.0.1\"\nport = 0\ndrain_delay_s = 0\n",
+            lib.display()
+        );
+        std::fs::write(model_dir.join("runtime.toml"), text).unwrap();
+        bundle.push_str(&format!("\n[[models]]\npath = \"{name}\"\n"));
+    }
+    std::fs::write(dir.path().join("runtime.toml"), bundle).unwrap();
+    // Over the runtime's inline bound (2 KiB): tokenized on the shared workers.
+    let long = "Containers carry the runtime and the engine, one image per GPU. ".repeat(40);
+    let texts = serde_json::json!(["a dog runs in the park", "tax law", long]);
+    let embed = |addr: &str, model: &str| -> serde_json::Value {
+        let body = serde_json::json!({ "model": model, "input": texts }).to_string();
+        let (status, reply) = post(addr, "/v1/embeddings", &body);
+        assert_eq!(status, 200, "{model}: {reply}");
+        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+        v["data"].clone()
+    };
+
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let (child, addr, _) = serve(&dir.path().join("runtime.toml"));
+    let bundled = Running(child);
+    let answers: Vec<_> = ["minilm", "wordllama"]
+        .iter()
+        .map(|m| embed(&addr, m))
+        .collect();
+    let (status, reply) = post(&addr, "/embed", r#"{"inputs":"a dog"}"#);
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("use /v1/embeddings with"), "{reply}");
+    let (status, reply) = post(&addr, "/v1/embeddings", r#"{"model":"ocr","input":"a"}"#);
+    assert_eq!(status, 404, "{reply}");
+    assert!(
+        reply.contains(r#"serves [\"minilm\", \"wordllama\"]"#),
+        "{reply}"
+    );
+    drop(bundled);
+
+    for (name, bundled) in ["minilm", "wordllama"].iter().zip(&answers) {
+        let (child, addr, _) = serve(&dir.path().join(name).join("runtime.toml"));
+        let _alone = Running(child);
+        let alone = embed(&addr, name);
+        assert_eq!(alone.as_array().unwrap().len(), 3);
+        assert_eq!(
+            &alone, bundled,
+            "{name}: the bundle's answer differs from the model's alone"
+        );
+    }
+}
+
 /// Libraries that are not a usable ONNX Runtime: exit 1 with a message naming the path and
 /// what is wrong with it, never a crash.
 #[test]

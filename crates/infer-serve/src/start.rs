@@ -625,6 +625,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     // One server-wide set of series (in flight, connections), shared by every model's metrics.
     let mut slots = Vec::with_capacity(config.models.len());
     let mut first: Option<Arc<Metrics>> = None;
+    let mut pool: Option<crate::text::Pool> = None;
     for (c, found) in config.models.iter().zip(&found) {
         let cfg = &c.cfg;
         let (name, version, most) = (
@@ -647,16 +648,27 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         let text_model = text.is_some();
         let mut model = Model::with_text(cfg.clone(), metrics, text);
         if text_model {
-            // As many tokenizer workers as CPUs, queueing as many requests as the batcher.
-            let pool = crate::text::Pool::start(cpus, cfg.batching.max_queue_size.max(64) as usize)
-                .map_err(|e| {
+            // As many tokenizer workers as CPUs, shared by every text model of a bundle,
+            // queueing as many requests as the text models' batchers together.
+            if pool.is_none() {
+                let capacity: u64 = config
+                    .models
+                    .iter()
+                    .filter(|m| m.cfg.text.is_some())
+                    .map(|m| u64::from(m.cfg.batching.max_queue_size.max(64)))
+                    .sum();
+                let started = crate::text::Pool::start(cpus, capacity as usize).map_err(|e| {
                     StartError::new(
                         1,
                         "cannot start the tokenizer workers",
                         vec![("error", json!(e.to_string()))],
                     )
                 })?;
-            model.set_pool(pool);
+                pool = Some(started);
+            }
+            if let Some(p) = &pool {
+                model.set_pool(p.clone());
+            }
         }
         model.set_node(found);
         slots.push(model);

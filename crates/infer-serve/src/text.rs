@@ -392,7 +392,9 @@ pub const INLINE_BYTES: usize = 2048;
 
 /// Tokenizing off the I/O threads: worker threads take jobs from a bounded queue, and a full
 /// queue refuses the request at once (503 `queue_full`, like the batcher's), so a burst of
-/// long texts can neither stall the connections' threads nor grow without bound.
+/// long texts can neither stall the connections' threads nor grow without bound. Cloning shares
+/// the workers and the queue (a bundle's text models share one pool).
+#[derive(Clone)]
 pub struct Pool {
     tx: std::sync::mpsc::SyncSender<Box<dyn FnOnce() + Send>>,
 }

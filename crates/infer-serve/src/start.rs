@@ -295,7 +295,20 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
         server.port = p;
     }
     for m in &mut models {
-        m.cfg.server = server.clone();
+        if m.cfg.server != server {
+            // A bundle's server bounds (body size, memory budget) must hold for every model.
+            m.cfg.server = server.clone();
+            let problems = m.cfg.problems();
+            if !problems.is_empty() {
+                return Err(StartError::bad_config(
+                    &m.path,
+                    format!(
+                        "under the bundle's [server] ({path}): {}",
+                        problems.join("; ")
+                    ),
+                ));
+            }
+        }
         check_model_files(m, cpus)?;
     }
     Ok(Config {

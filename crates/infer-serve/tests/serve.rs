@@ -1113,6 +1113,14 @@ fn serve_refuses_a_bundle_with_a_missing_model_or_a_name_twice() {
             ),
             "a/runtime.toml",
         ),
+        // The bundle's body bound is below one row of the model's input.
+        (
+            bundle_dir(
+                &format!("{BUNDLE_SERVER}max_body_bytes = 8\n"),
+                &[("a", synthetic_named("a", 1, 8))],
+            ),
+            "under the bundle's [server]",
+        ),
     ];
     for (dir, want) in cases {
         let (code, out) = run_bounded(&dir.path().join("runtime.toml"));

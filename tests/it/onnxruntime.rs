@@ -284,6 +284,16 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
     );
 }
 
+/// A server started by a test, killed when dropped (also when the test fails first).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// POST `body` to `path` on `addr`: the status and the body.
 fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -353,13 +363,6 @@ fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
     std::fs::write(&cfg, bundle).unwrap();
     let (child, addr, log) = serve_grpc(&cfg, support::free_port());
     // Killed when the test fails before its SIGTERM.
-    struct Running(std::process::Child);
-    impl Drop for Running {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut child = Running(child);
     let listening = log.iter().find(|v| v["msg"] == "listening").unwrap();
     let grpc = listening["grpc_addr"].as_str().unwrap().to_owned();
@@ -538,13 +541,6 @@ fn py_a_bundle_of_two_text_models_answers_as_each_alone() {
         v["data"].clone()
     };
 
-    struct Running(std::process::Child);
-    impl Drop for Running {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let (child, addr, _) = serve(&dir.path().join("runtime.toml"));
     let bundled = Running(child);
     let answers: Vec<_> = ["minilm", "wordllama"]

@@ -634,6 +634,22 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         .map(|c| probe_node(c, cpus))
         .collect::<Result<_, _>>()?;
     let settings = &config.server;
+    if config.models.len() > 1 {
+        // Each model's own check is in `probe_node`; together they can still oversubscribe.
+        let threads: usize = config
+            .models
+            .iter()
+            .filter(|m| m.cfg.engine.kind == infer_spec::EngineKind::OnnxRuntime)
+            .map(|m| m.cfg.intra_op_threads(cpus) * m.cfg.batching.instances as usize)
+            .sum();
+        if threads > cpus {
+            log::log(
+                "warn",
+                "the bundle's models together compute with more threads than CPUs: they will take turns on the cores",
+                &[("threads", json!(threads)), ("cpus", json!(cpus))],
+            );
+        }
+    }
 
     // One server-wide set of series (in flight, connections), shared by every model's metrics.
     let mut slots = Vec::with_capacity(config.models.len());

@@ -318,11 +318,6 @@ impl Metrics {
         Metrics::with_server(model, version, max_batch_size, other.server.clone())
     }
 
-    /// Whether `a` and `b` count for the same server.
-    pub fn same_server(a: &Metrics, b: &Metrics) -> bool {
-        Arc::ptr_eq(&a.server, &b.server)
-    }
-
     fn with_server(
         model: &str,
         version: &str,
@@ -498,7 +493,6 @@ impl Metrics {
     /// The model's own series, labelled with it.
     fn render_model(&self, o: &mut String) {
         let l = &self.labels;
-        let o = &mut *o;
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
                 o,
@@ -846,7 +840,7 @@ mod tests {
     fn a_bundle_renders_each_family_once_with_a_series_per_model() {
         let a = Metrics::new("a", "1", 8);
         let b = Metrics::sharing("b", "2", 4, &a);
-        assert!(Metrics::same_server(&a, &b));
+        assert!(Arc::ptr_eq(&a.server, &b.server), "one server-wide set");
         a.record_batch(3, Duration::from_micros(30));
         b.request_started(Instant::now());
         b.connections("grpc").open.fetch_add(2, Relaxed);

@@ -651,10 +651,28 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         }
     }
 
-    // One server-wide set of series (in flight, connections), shared by every model's metrics.
-    let mut slots = Vec::with_capacity(config.models.len());
-    let mut first: Option<Arc<Metrics>> = None;
-    let mut pool: Option<crate::text::Pool> = None;
+    // As many tokenizer workers as CPUs, shared by every text model of a bundle, queueing as
+    // many requests as the text models' batchers together.
+    let text_queue: u64 = config
+        .models
+        .iter()
+        .filter(|m| m.cfg.text.is_some())
+        .map(|m| u64::from(m.cfg.batching.max_queue_size.max(64)))
+        .sum();
+    let pool = (text_queue > 0)
+        .then(|| crate::text::Pool::start(cpus, text_queue as usize))
+        .transpose()
+        .map_err(|e| {
+            StartError::new(
+                1,
+                "cannot start the tokenizer workers",
+                vec![("error", json!(e.to_string()))],
+            )
+        })?;
+
+    // One server-wide set of series (in flight, connections): the first model's, shared by
+    // every later model's metrics.
+    let mut slots: Vec<Model> = Vec::with_capacity(config.models.len());
     for (c, found) in config.models.iter().zip(&found) {
         let cfg = &c.cfg;
         let (name, version, most) = (
@@ -662,11 +680,10 @@ pub fn start(args: Args) -> Result<Running, StartError> {
             &cfg.model.version,
             cfg.batching.max_batch_size,
         );
-        let metrics = Arc::new(match &first {
+        let metrics = Arc::new(match slots.first() {
             None => Metrics::new(name, version, most),
-            Some(f) => Metrics::sharing(name, version, most, f),
+            Some(f) => Metrics::sharing(name, version, most, &f.metrics),
         });
-        first.get_or_insert_with(|| metrics.clone());
         let text = TextModel::load(cfg, &c.base).map_err(|e| {
             StartError::new(
                 1,
@@ -676,41 +693,18 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         })?;
         let text_model = text.is_some();
         let mut model = Model::with_text(cfg.clone(), metrics, text);
-        if text_model {
-            // As many tokenizer workers as CPUs, shared by every text model of a bundle,
-            // queueing as many requests as the text models' batchers together.
-            if pool.is_none() {
-                let capacity: u64 = config
-                    .models
-                    .iter()
-                    .filter(|m| m.cfg.text.is_some())
-                    .map(|m| u64::from(m.cfg.batching.max_queue_size.max(64)))
-                    .sum();
-                let started = crate::text::Pool::start(cpus, capacity as usize).map_err(|e| {
-                    StartError::new(
-                        1,
-                        "cannot start the tokenizer workers",
-                        vec![("error", json!(e.to_string()))],
-                    )
-                })?;
-                pool = Some(started);
-            }
-            if let Some(p) = &pool {
-                model.set_pool(p.clone());
-            }
+        if let (true, Some(p)) = (text_model, &pool) {
+            model.set_pool(p.clone());
         }
         model.set_node(found);
         slots.push(model);
     }
-    let Some(first) = first else {
-        return Err(StartError::bad_config(&config.path, "no model to serve"));
-    };
     // One model: the server's series are the model's (as they always were). A bundle: the
     // server's own, whose model series nothing renders.
-    let server_metrics = if slots.len() == 1 {
-        first
-    } else {
-        Arc::new(Metrics::sharing("", "", 1, &first))
+    let server_metrics = match slots.as_slice() {
+        [] => return Err(StartError::bad_config(&config.path, "no model to serve")),
+        [one] => one.metrics.clone(),
+        [first, ..] => Arc::new(Metrics::sharing("", "", 1, &first.metrics)),
     };
     let names: Vec<String> = slots.iter().map(|m| m.name().to_owned()).collect();
     let mut server = Server::new(settings.clone(), server_metrics, slots);

@@ -9,7 +9,7 @@
 //! exit 1 and a message that says which.
 
 use super::support::{self, python, stderr, stdout};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,16 +108,8 @@ fn serve_grpc(
 
 /// GET `path` from `addr`: the JSON body.
 fn get(addr: &str, path: &str) -> serde_json::Value {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"))
+    let (status, body) = support::http_request(addr, "GET", path, "");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {status} {e}: {body}"))
 }
 
 /// Runs infer-serve on `config` to its exit; returns the exit code and what it logged.
@@ -296,22 +288,7 @@ impl Drop for Running {
 
 /// POST `body` to `path` on `addr`: the status and the body.
 fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_owned())
+    support::http_request(addr, "POST", path, body)
 }
 
 /// PaddleOCR's three models (detector, direction classifier, recogniser) as one bundle: one
@@ -429,17 +406,8 @@ fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
         assert!(o.status.success(), "{name}: {}\n{}", stdout(&o), stderr(&o));
         eprintln!("{name}: {}", stdout(&o).trim());
     }
-    let metrics = {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    };
+    let (status, metrics) = support::http_request(&addr, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{metrics}");
     for (name, _, _) in &ocr {
         assert!(
             metrics.contains(&format!(

@@ -189,21 +189,29 @@ impl Drop for Serve {
 impl Serve {
     /// POST `body` (JSON) to `path`: the status and the JSON answer.
     pub fn post_json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let answer = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, serde_json::from_str(answer).unwrap_or_default())
+        let (status, answer) =
+            http_request(&format!("127.0.0.1:{}", self.port), "POST", path, body);
+        (status, serde_json::from_str(&answer).unwrap_or_default())
     }
+}
+
+/// One HTTP/1.1 request to `addr` on a fresh connection (`Connection: close`, a JSON `body`),
+/// read to the end: the status and the body.
+pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let answer = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, answer.to_owned())
 }
 
 /// A port that was free on 127.0.0.1 a moment ago.

@@ -5,9 +5,10 @@
 //! C API version the `ort` crate asks for, so a missing, foreign or too old library is a clear
 //! error (exit 1) before `ort` touches it (`ort` panics on some of these, and the runtime
 //! aborts on panics). [`OrtEngine::load`] then creates the one ONNX Runtime environment of the
-//! process (or, for a bundle's later models, shares it) and a first session, which checks the model against `runtime.toml` (tensors by name,
-//! datatypes); each further instance gets its own session of the same file, with its own
-//! intra-op thread pool of [`RuntimeConfig::intra_op_threads`] threads.
+//! process (or, for a bundle's later models, shares it) and a first session, which checks the
+//! model against `runtime.toml` (tensors by name, datatypes); each further instance gets its
+//! own session of the same file, with its own intra-op thread pool of
+//! [`RuntimeConfig::intra_op_threads`] threads.
 //!
 //! ONNX Runtime handles variable dimensions itself: batches of any shape within the profile
 //! run on the same session. Inputs are fed and outputs read by name; when the names in

@@ -493,6 +493,7 @@ fn load_model(
         "engine loaded",
         &[
             ("model", json!(cfg.model.name)),
+            ("engine", json!(cfg.engine.kind.as_str())),
             ("engine_load_seconds", json!(load.as_secs_f64())),
         ],
     );

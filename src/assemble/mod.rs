@@ -39,6 +39,8 @@ pub use inputs::{
 pub mod paths {
     pub const SERVE: &str = "usr/local/bin/infer-serve";
     pub const MODEL_DIR: &str = "opt/infer/model";
+    /// A bundle's models: one directory each, `opt/infer/models/<name>`.
+    pub const MODELS_DIR: &str = "opt/infer/models";
     pub const CONFIG_DIR: &str = "etc/infer";
     pub const RUNTIME_TOML: &str = "etc/infer/runtime.toml";
     pub const WORKDIR: &str = "/opt/infer";
@@ -147,6 +149,39 @@ pub enum Payload {
     },
 }
 
+/// One model of an image: the content of its layer and where it lives.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// `[model] name`.
+    pub name: String,
+    /// Its directory inside the image, without the leading `/`: [`paths::MODEL_DIR`] in a
+    /// one-model image, `opt/infer/models/<name>` in a bundle.
+    pub dir: String,
+    pub payload: Payload,
+    /// The ONNX model the payload is (or was built from): the SBOM's source.
+    pub onnx: PathBuf,
+    /// Other files of the model's layer: path inside the image → bytes. A text model's
+    /// tokenizer; in a bundle also the model's `runtime.toml`, warm-up samples and engine
+    /// profile, so that a change to one model changes one layer.
+    pub files: BTreeMap<String, std::sync::Arc<[u8]>>,
+}
+
+impl ModelSpec {
+    /// The role of the model's layer (its `dev.infer-build.layer` annotation): `model` or
+    /// `engine`, and in a bundle `model:<name>` or `engine:<name>`.
+    pub fn role(&self) -> String {
+        let kind = match self.payload {
+            Payload::Model { .. } => "model",
+            Payload::Engine { .. } => "engine",
+        };
+        if self.dir == paths::MODEL_DIR {
+            kind.to_string()
+        } else {
+            format!("{kind}:{}", self.name)
+        }
+    }
+}
+
 /// Everything needed to assemble one target's image.
 #[derive(Debug, Clone)]
 pub struct TargetSpec {
@@ -160,13 +195,13 @@ pub struct TargetSpec {
     /// Runtime libraries to add (source file, path inside the image).
     pub runtime_libs: Vec<(PathBuf, String)>,
     pub serve_bin: PathBuf,
-    pub payload: Payload,
-    /// `runtime.toml` bytes (an `infer_spec::RuntimeConfig`).
+    /// The models, one layer each, in the order the server loads them.
+    pub models: Vec<ModelSpec>,
+    /// `/etc/infer/runtime.toml` bytes: an `infer_spec::RuntimeConfig`, or for a bundle an
+    /// `infer_spec::Bundle` naming the models' directories.
     pub runtime_toml: Vec<u8>,
-    /// Warm-up and other small data: path inside the image → bytes.
+    /// Warm-up and other small data of the config layer: path inside the image → bytes.
     pub extra_files: BTreeMap<String, std::sync::Arc<[u8]>>,
-    /// Files that belong to the model (a text model's tokenizer), shipped in its layer.
-    pub model_files: BTreeMap<String, std::sync::Arc<[u8]>>,
     /// Compatibility tuple (keys without the prefix: `gpu.sm`, `trt.version`, `precision`…).
     pub compat: BTreeMap<String, String>,
 }
@@ -320,7 +355,7 @@ fn compat_annotations(t: &TargetSpec) -> BTreeMap<String, String> {
 
 /// One layer to build.
 struct LayerPlan {
-    role: &'static str,
+    role: String,
     entries: Vec<Entry>,
     compression: Compression,
 }
@@ -340,14 +375,14 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
             entries.push(Entry::file(dest, 0o644, src.clone(), size));
         }
         layers.push(LayerPlan {
-            role: "runtime-libs",
+            role: "runtime-libs".into(),
             entries,
             compression: pick(false, 0),
         });
     }
     let serve_size = file_size(&t.serve_bin)?;
     layers.push(LayerPlan {
-        role: "infer-serve",
+        role: "infer-serve".into(),
         entries: vec![Entry::file(
             paths::SERVE,
             0o755,
@@ -356,53 +391,39 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
         )],
         compression: pick(false, serve_size),
     });
-    let (role, entries) = match &t.payload {
-        Payload::Model { onnx } => {
-            let size = file_size(onnx)?;
-            (
-                "model",
+    for m in &t.models {
+        let mut entries = match &m.payload {
+            Payload::Model { onnx } => {
+                let size = file_size(onnx)?;
                 vec![Entry::file(
-                    &format!("{}/model.onnx", paths::MODEL_DIR),
+                    &format!("{}/model.onnx", m.dir),
                     0o644,
                     onnx.clone(),
                     size,
-                )],
-            )
-        }
-        Payload::Engine {
-            file,
-            file_name,
-            meta_json,
-        } => {
-            let size = file_size(file)?;
-            (
-                "engine",
+                )]
+            }
+            Payload::Engine {
+                file,
+                file_name,
+                meta_json,
+            } => {
+                let size = file_size(file)?;
                 vec![
-                    Entry::file(
-                        &format!("{}/{file_name}", paths::MODEL_DIR),
-                        0o644,
-                        file.clone(),
-                        size,
-                    ),
-                    Entry::bytes(
-                        &format!("{}/engine.json", paths::MODEL_DIR),
-                        0o644,
-                        meta_json.clone(),
-                    ),
-                ],
-            )
+                    Entry::file(&format!("{}/{file_name}", m.dir), 0o644, file.clone(), size),
+                    Entry::bytes(&format!("{}/engine.json", m.dir), 0o644, meta_json.clone()),
+                ]
+            }
+        };
+        for (path, bytes) in &m.files {
+            entries.push(Entry::bytes(path, 0o644, bytes.clone()));
         }
-    };
-    let mut entries = entries;
-    for (path, bytes) in &t.model_files {
-        entries.push(Entry::bytes(path, 0o644, bytes.clone()));
+        let size: u64 = entries.iter().map(Entry::size).sum();
+        layers.push(LayerPlan {
+            role: m.role(),
+            entries,
+            compression: pick(true, size),
+        });
     }
-    let size: u64 = entries.iter().map(Entry::size).sum();
-    layers.push(LayerPlan {
-        role,
-        entries,
-        compression: pick(true, size),
-    });
     let mut cfg = vec![
         Entry::bytes(paths::RUNTIME_TOML, 0o644, t.runtime_toml.clone()),
         // Scratch images have no /tmp; servers and libraries expect one.
@@ -412,7 +433,7 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
         cfg.push(Entry::bytes(path, 0o644, bytes.clone()));
     }
     layers.push(LayerPlan {
-        role: "config",
+        role: "config".into(),
         entries: cfg,
         compression: pick(false, 0),
     });
@@ -581,7 +602,7 @@ fn build_target(
             zstd_workers: opts.zstd_workers,
         };
         let total: u64 = lp.entries.iter().map(Entry::size).sum();
-        progress.start(&t.id, lp.role, total);
+        progress.start(&t.id, &lp.role, total);
         let res = layer::build_layer(store, lp.entries, &lo, &mut |n| progress.advance(n));
         progress.finish();
         let (rec, hit): (LayerRecord, CacheHit) = res?;
@@ -592,7 +613,7 @@ fn build_target(
         }
         slim_layers.push(slim);
         layers.push(LayerReport {
-            role: lp.role.into(),
+            role: lp.role.clone(),
             digest: rec.digest,
             diff_id: rec.diff_id,
             size: rec.size,

@@ -9,7 +9,7 @@ use infer_spec::{
     EngineKind, EngineSection, ModelSection, RuntimeConfig, Server, TensorSpec, Warmup,
 };
 
-use super::{paths, BaseRef, Error, ImageMeta, Payload, TargetSpec};
+use super::{paths, BaseRef, Error, ImageMeta, ModelSpec, Payload, TargetSpec};
 use crate::oci::image::Platform;
 use crate::plan::{BuildPlan, TargetKind, TargetPlan};
 use crate::recipe::{Recipe, Tensor};
@@ -284,6 +284,48 @@ fn text_section(
     })
 }
 
+/// Where a model's files go in its image, and how its `runtime.toml` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place<'a> {
+    /// The one model of an image: files in [`paths::MODEL_DIR`], `runtime.toml` at
+    /// [`paths::RUNTIME_TOML`] naming them by absolute path, warm-up samples in
+    /// [`paths::CONFIG_DIR`] (the layout every one-model image has had).
+    Single,
+    /// A model of a bundle (named): everything in `opt/infer/models/<name>/`, its
+    /// `runtime.toml` included, paths relative to that directory.
+    Bundled(&'a str),
+}
+
+impl Place<'_> {
+    /// The model's directory inside the image, without the leading `/`.
+    pub fn dir(self) -> String {
+        match self {
+            Place::Single => paths::MODEL_DIR.to_string(),
+            Place::Bundled(name) => format!("{}/{name}", paths::MODELS_DIR),
+        }
+    }
+
+    /// How the model's `runtime.toml` names `file` of its directory.
+    fn config_ref(self, file: &str) -> String {
+        match self {
+            Place::Single => format!("/{}/{file}", paths::MODEL_DIR),
+            Place::Bundled(_) => file.to_string(),
+        }
+    }
+
+    /// The warm-up samples: (path inside the image, how `runtime.toml` names it).
+    fn samples(self) -> (String, String) {
+        const FILE: &str = "warmup/samples.json";
+        match self {
+            Place::Single => (
+                format!("{}/{FILE}", paths::CONFIG_DIR),
+                format!("/{}/{FILE}", paths::CONFIG_DIR),
+            ),
+            Place::Bundled(_) => (format!("{}/{FILE}", self.dir()), FILE.to_string()),
+        }
+    }
+}
+
 /// Files a target ships, already checked by the caller.
 #[derive(Debug, Clone)]
 pub struct Files {
@@ -316,8 +358,20 @@ pub struct LibraryFiles {
     pub load: String,
 }
 
-/// The spec of one target.
+/// The spec of one target of a one-model image.
 pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<TargetSpec, Error> {
+    target_spec_at(recipe, t, files, Place::Single)
+}
+
+/// The spec of one target with the model's files at `place`. For [`Place::Bundled`] the
+/// model's `runtime.toml`, samples and profile are in its [`ModelSpec::files`], and the spec's
+/// own `runtime_toml` and `extra_files` are empty: [`bundle_spec`] joins such specs.
+pub fn target_spec_at(
+    recipe: &Recipe,
+    t: &TargetPlan,
+    files: Files,
+    place: Place<'_>,
+) -> Result<TargetSpec, Error> {
     let (payload, kind, engine_path, metadata) = match files.engine {
         Some((file, meta_json)) => {
             // The engine says what it is: a CPU engine is tract NNEF, or the ONNX itself when
@@ -336,8 +390,8 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                     }
                 })?;
             let name = meta.format.file_name();
-            let p = format!("/{}/{name}", paths::MODEL_DIR);
-            let m = format!("/{}/engine.json", paths::MODEL_DIR);
+            let p = place.config_ref(name);
+            let m = place.config_ref("engine.json");
             (
                 Payload::Engine {
                     file,
@@ -350,14 +404,16 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             )
         }
         None => (
-            Payload::Model { onnx: files.model },
+            Payload::Model {
+                onnx: files.model.clone(),
+            },
             // A model without an engine runs in ONNX Runtime when its library ships, else tract.
             if files.library.is_some() {
                 EngineKind::OnnxRuntime
             } else {
                 EngineKind::TractOnnx
             },
-            format!("/{}/model.onnx", paths::MODEL_DIR),
+            place.config_ref("model.onnx"),
             None,
         ),
     };
@@ -390,6 +446,10 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             .filter(|_| kind == EngineKind::OnnxRuntime);
     }
     name_dims(&mut rc, &files.dim_names);
+    if let Some(text) = &mut rc.text {
+        text.tokenizer = place.config_ref("tokenizer.json");
+    }
+    let (samples_file, samples_ref) = place.samples();
     if let Some(bytes) = &files.warmup_samples {
         // Checked against the inputs the runtime will serve, so that no image ships a sample
         // its warm-up would refuse; the error names the recipe's key.
@@ -408,7 +468,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             };
             return Err(Error::Spec { what });
         }
-        rc.warmup.samples = Some(format!("/{}/warmup/samples.json", paths::CONFIG_DIR));
+        rc.warmup.samples = Some(samples_ref);
     }
     let problems = rc.problems();
     if !problems.is_empty() {
@@ -426,6 +486,11 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     }
     if let Some(text) = &rc.text {
         compat.extend(text.annotations());
+        // Where the tokenizer is in the image, not how its model's config names it.
+        compat.insert(
+            "text.tokenizer".into(),
+            format!("/{}/tokenizer.json", place.dir()),
+        );
     }
     let mut extra = BTreeMap::new();
     if let Some(bytes) = files.engine_profile {
@@ -434,15 +499,15 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
                 what: format!("engine profile of target {}: {e}", t.id),
             })?;
         compat.extend(startup_annotations(&profile));
-        extra.insert(format!("{}/profile.json", paths::MODEL_DIR), bytes.into());
+        extra.insert(format!("{}/profile.json", place.dir()), bytes.into());
     }
     if let Some(s) = files.warmup_samples {
-        extra.insert(format!("{}/warmup/samples.json", paths::CONFIG_DIR), s);
+        extra.insert(samples_file, s);
     }
     let mut model_files = BTreeMap::new();
     match (&rc.text, files.tokenizer) {
         (Some(_), Some(bytes)) => {
-            model_files.insert(tokenizer_path(), bytes);
+            model_files.insert(format!("{}/tokenizer.json", place.dir()), bytes);
         }
         (Some(_), None) => {
             return Err(Error::Spec {
@@ -453,6 +518,14 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             })
         }
         _ => {}
+    }
+    let mut runtime_toml = rc.to_toml_string().into_bytes();
+    if let Place::Bundled(_) = place {
+        model_files.append(&mut extra);
+        model_files.insert(
+            format!("{}/{}", place.dir(), infer_spec::runtime::MODEL_CONFIG_FILE),
+            std::mem::take(&mut runtime_toml).into(),
+        );
     }
     Ok(TargetSpec {
         id: t.id.clone(),
@@ -470,10 +543,154 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
             })
             .unwrap_or_default(),
         serve_bin: files.serve_bin,
-        payload,
-        runtime_toml: rc.to_toml_string().into_bytes(),
+        models: vec![ModelSpec {
+            name: recipe.model.name.clone(),
+            dir: place.dir(),
+            payload,
+            onnx: files.model,
+            files: model_files,
+        }],
+        runtime_toml,
         extra_files: extra,
-        model_files,
+        compat,
+    })
+}
+
+/// One target's image of a bundle, from each model's spec of that target (made with
+/// [`Place::Bundled`], in the bundle's order; `tag` is the bundle's). The models share one
+/// runtime, base and runtime libraries: a CPU image where some models run on ONNX Runtime
+/// takes their glibc base, dynamic runtime and library for all (that runtime runs tract too);
+/// any other difference is refused, naming the models. `/etc/infer/runtime.toml` is an
+/// [`infer_spec::Bundle`] naming each model's directory; its `[server]` drains as long as the
+/// slowest model asks.
+///
+/// The compatibility tuple keeps each key the models agree on; a key they do not agree on
+/// (an engine digest, a text setting) is kept per model as `model.<name>.<key>`. `models` lists
+/// the names, and `startup.engine-load-ms` is the sum of the models' (they load in turn).
+pub fn bundle_spec(tag: &str, parts: Vec<TargetSpec>) -> Result<TargetSpec, Error> {
+    let Some(first) = parts.first() else {
+        return Err(Error::NoTargets);
+    };
+    let id = first.id.clone();
+    let names: Vec<String> = parts
+        .iter()
+        .flat_map(|p| p.models.iter().map(|m| m.name.clone()))
+        .collect();
+    // The image's runtime: one that every model can run on.
+    let runs_all = parts
+        .iter()
+        .find(|p| !p.runtime_libs.is_empty() && !p.gpu)
+        .unwrap_or(first);
+    for p in &parts {
+        let name = p.models.first().map_or("", |m| m.name.as_str());
+        let theirs = runs_all.models.first().map_or("", |m| m.name.as_str());
+        let same_base = match (&p.base, &runs_all.base) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.layout == b.layout && a.tag == b.tag,
+            _ => false,
+        };
+        // A tract model (static runtime, no base, no library) runs on an ONNX Runtime
+        // model's image; the reverse and anything else must match exactly.
+        let tract_on_glibc = !p.gpu && p.runtime_libs.is_empty() && p.base.is_none();
+        let differs = if p.serve_bin != runs_all.serve_bin && !tract_on_glibc {
+            Some(format!(
+                "runtime {} vs {}",
+                p.serve_bin.display(),
+                runs_all.serve_bin.display()
+            ))
+        } else if !same_base && !tract_on_glibc {
+            Some("base image".to_string())
+        } else if p.runtime_libs != runs_all.runtime_libs && !tract_on_glibc {
+            Some("runtime libraries (another TensorRT or ONNX Runtime version?)".to_string())
+        } else if p.platform != runs_all.platform || p.gpu != runs_all.gpu {
+            Some("platform".to_string())
+        } else {
+            None
+        };
+        if let Some(what) = differs {
+            return Err(Error::Spec {
+                what: format!(
+                    "target {id}: models {name:?} and {theirs:?} of the bundle need different images ({what}); the models of a bundle share one runtime, base and library per target: pin the same versions in their recipes"
+                ),
+            });
+        }
+    }
+    // The tuple: shared keys as they are, the others per model.
+    let mut compat = BTreeMap::new();
+    let keys: std::collections::BTreeSet<&String> =
+        parts.iter().flat_map(|p| p.compat.keys()).collect();
+    for key in keys {
+        let values: Vec<Option<&String>> = parts.iter().map(|p| p.compat.get(key)).collect();
+        let all_same = values.iter().all(|v| v.is_some() && *v == values[0]);
+        if all_same && !key.starts_with("startup.") {
+            if let Some(v) = values[0] {
+                compat.insert(key.clone(), v.clone());
+            }
+            continue;
+        }
+        for (p, v) in parts.iter().zip(&values) {
+            if let (Some(v), Some(m)) = (v, p.models.first()) {
+                compat.insert(format!("model.{}.{key}", m.name), (*v).clone());
+            }
+        }
+    }
+    let loads: Option<Vec<f64>> = parts
+        .iter()
+        .map(|p| p.compat.get("startup.engine-load-ms")?.parse().ok())
+        .collect();
+    if let Some(loads) = loads {
+        compat.insert(
+            "startup.engine-load-ms".into(),
+            format!("{:.1}", loads.iter().sum::<f64>()),
+        );
+    }
+    compat.insert("models".into(), names.join(","));
+    // The server waits for the slowest model's drain.
+    let mut server = Server {
+        drain_delay_s: 0,
+        ..Server::default()
+    };
+    for p in &parts {
+        let own = p.models.first().and_then(|m| {
+            let file = format!("{}/{}", m.dir, infer_spec::runtime::MODEL_CONFIG_FILE);
+            let text = std::str::from_utf8(m.files.get(&file)?).ok()?;
+            RuntimeConfig::from_toml_str(text).ok()
+        });
+        if let Some(c) = own {
+            server.drain_delay_s = server.drain_delay_s.max(c.server.drain_delay_s);
+        }
+    }
+    let bundle = infer_spec::Bundle {
+        server,
+        models: parts
+            .iter()
+            .flat_map(|p| &p.models)
+            .map(|m| infer_spec::BundleModel {
+                path: format!("/{}", m.dir),
+            })
+            .collect(),
+    };
+    let problems = bundle.problems();
+    if !problems.is_empty() {
+        return Err(Error::Spec {
+            what: format!(
+                "the bundle's runtime config would be invalid: {}",
+                problems.join("; ")
+            ),
+        });
+    }
+    let runs_all = runs_all.clone();
+    Ok(TargetSpec {
+        id,
+        tag: tag.to_string(),
+        platform: runs_all.platform,
+        gpu: runs_all.gpu,
+        base: runs_all.base,
+        runtime_libs: runs_all.runtime_libs,
+        serve_bin: runs_all.serve_bin,
+        models: parts.into_iter().flat_map(|p| p.models).collect(),
+        runtime_toml: bundle.to_toml_string().into_bytes(),
+        extra_files: BTreeMap::new(),
         compat,
     })
 }

@@ -25,6 +25,9 @@ pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPla
 }
 
 pub fn run(args: CheckArgs) -> Result<(), Error> {
+    if crate::recipe::bundle::is_bundle(&args.input) {
+        return check_bundle(&args.input, args.matrix.matrix.as_deref());
+    }
     let plan = load_plan(&args.input, args.matrix.matrix.as_deref())?;
     let ids: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
     eprintln!(
@@ -43,5 +46,28 @@ pub fn run(args: CheckArgs) -> Result<(), Error> {
             plan.lock_file.display()
         );
     }
+    Ok(())
+}
+
+/// A bundle file: the file itself, then each recipe it names, planned and checked to make one
+/// image per target ([`crate::pipeline::load_bundle`]).
+fn check_bundle(path: &Path, matrix: Option<&Path>) -> Result<(), Error> {
+    let (bundle, projects) = crate::pipeline::load_bundle(path, matrix, &[])?;
+    let names: Vec<&str> = projects.iter().map(|p| p.plan.model.as_str()).collect();
+    let ids: Vec<&str> = projects
+        .first()
+        .map(|p| p.plan.targets.iter().map(|t| t.id.as_str()).collect())
+        .unwrap_or_default();
+    eprintln!(
+        "ok: {}: bundle {} of {} model{} ({}), {} target{} ({})",
+        bundle.file.display(),
+        bundle.name,
+        names.len(),
+        if names.len() == 1 { "" } else { "s" },
+        names.join(", "),
+        ids.len(),
+        if ids.len() == 1 { "" } else { "s" },
+        ids.join(", ")
+    );
     Ok(())
 }

@@ -117,6 +117,17 @@ fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
             .and_then(|r| serde_json::to_value(r).ok())
             .unwrap_or(Value::Null);
         let c = img.config.get("config").cloned().unwrap_or(Value::Null);
+        // A bundle lists its models; a one-model image is titled after its model.
+        let models: Vec<String> = match img.manifest.annotations.get("dev.infer-build.models") {
+            Some(list) => list.split(',').map(str::to_string).collect(),
+            None => img
+                .manifest
+                .annotations
+                .get(crate::oci::annotation::TITLE)
+                .cloned()
+                .into_iter()
+                .collect(),
+        };
         let pick = |k: &str| c.get(k).cloned().unwrap_or(Value::Null);
         out_images.push(json!({
             "tags": tags.get(img.descriptor.digest.as_str()).cloned().unwrap_or_default(),
@@ -127,6 +138,7 @@ fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
                 "architecture": img.config.get("architecture").cloned().unwrap_or(Value::Null),
             },
             "annotations": img.manifest.annotations,
+            "models": models,
             "config": {
                 "digest": img.manifest.config.digest,
                 "size": img.manifest.config.size,
@@ -244,14 +256,26 @@ fn render_raw(doc: &Value) -> String {
                 .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
                 .unwrap_or_default()
         );
+        if img["annotations"]["dev.infer-build.models"].is_string() {
+            let names: Vec<&str> = img["models"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            s += &format!("  models {}\n", names.join(", "));
+        }
         s += "  layers:\n";
         for l in img["layers"].as_array().unwrap_or(&empty) {
             let mt = l["mediaType"].as_str().unwrap_or("");
             s += &format!(
-                "    {:>10}  {:<42} {}\n",
+                "    {:>10}  {:<42} {}{}\n",
                 human(l["size"].as_u64().unwrap_or(0)),
                 clean(mt.trim_start_matches("application/vnd.oci.image.")),
-                l["digest"].as_str().unwrap_or("")
+                l["digest"].as_str().unwrap_or(""),
+                l["role"]
+                    .as_str()
+                    .map_or(String::new(), |r| format!("  {r}"))
             );
         }
         s += &format!(

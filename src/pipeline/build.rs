@@ -49,8 +49,6 @@ pub struct Prepared {
     pub targets: Vec<assemble::TargetSpec>,
     /// The base images pulled for them, in a fixed order.
     pub bases: Vec<PulledImage>,
-    /// The ONNX model (for the SBOM).
-    pub model: PathBuf,
 }
 
 /// What [`build`] wrote.
@@ -73,7 +71,7 @@ pub fn build(
     let p = prepare(req, note)?;
     let out = out.map_or_else(|| Path::new("out").join(&p.meta.name), Path::to_path_buf);
     let report = assemble::build(&out, &p.meta, &p.targets, opts, progress)?;
-    let sboms = crate::sbom::write_for_build(&report, &p.meta, &p.targets, &p.model, opts.epoch)?;
+    let sboms = crate::sbom::write_for_build(&report, &p.meta, &p.targets, opts.epoch)?;
     if let Some(a) = archive {
         let store = BlobStore::open(&out)?;
         layout::write_archive(&store, a, opts.epoch)?;
@@ -85,17 +83,55 @@ pub fn build(
     })
 }
 
-/// The image identity, one spec per target to build, the base images pulled for them and the
-/// ONNX model (for the SBOM): everything [`assemble::build`] needs, from the request.
+/// The image identity, one spec per target to build and the base images pulled for them:
+/// everything [`assemble::build`] needs, from the request. The input is a recipe, or a bundle
+/// file naming several ([`crate::recipe::bundle`]).
 pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
+    if crate::recipe::bundle::is_bundle(&req.input) {
+        return super::bundle::prepare(req, note);
+    }
+    let mut bases = Bases::new(req, note);
+    let project = crate::plan::Project::load(&req.input, req.matrix.as_deref())?;
+    let r = prepare_recipe(req, project, &mut bases, note)?;
+    let specs = r
+        .targets
+        .into_iter()
+        .map(|(t, files)| assemble::spec::target_spec(&r.recipe, &t, files))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut meta = assemble::spec::image_meta(&r.recipe, &r.plan);
+    meta.revision = nonempty(req.revision.as_deref());
+    meta.source = nonempty(req.source.as_deref());
+    Ok(Prepared {
+        meta,
+        targets: specs,
+        bases: bases.into_pulled(),
+    })
+}
+
+/// One recipe's part of a build: its plan, and per selected target what its image ships.
+pub(super) struct RecipeBuild {
+    pub recipe: crate::recipe::Recipe,
+    pub plan: crate::plan::BuildPlan,
+    pub targets: Vec<(TargetPlan, assemble::spec::Files)>,
+}
+
+/// A loaded recipe (its project: plan and lock file) and, for each target `req` selects, its
+/// engine, runtime, base and libraries: the files of its image.
+pub(super) fn prepare_recipe(
+    req: &BuildRequest,
+    project: crate::plan::Project,
+    bases: &mut Bases<'_>,
+    note: &Notes,
+) -> Result<RecipeBuild, Error> {
     let crate::plan::Project {
         mut recipe,
         matrix,
         lock_path,
         plan,
         ..
-    } = crate::plan::Project::load(&req.input, req.matrix.as_deref())?;
-    let selected: Vec<&TargetPlan> = plan.select(&req.targets)?;
+    } = project;
+    let selected: Vec<TargetPlan> = plan.select(&req.targets)?.into_iter().cloned().collect();
+    bases.lock_path = lock_path.clone();
 
     // Each runtime flavour is looked for only when a target needs it.
     let exe = std::env::current_exe().ok();
@@ -142,11 +178,10 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
         None => None,
     };
 
-    let mut bases = Bases::new(req, lock_path.clone(), note);
-    let mut specs = Vec::new();
+    let mut targets = Vec::new();
     // The GPU runtime and the TensorRT headers it names.
     let mut gpu_headers: Option<(PathBuf, Option<crate::matrix::Version>)> = None;
-    for t in selected {
+    for t in &selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
         let (spec, ort) = engine_spec(&matrix, &lock_path, req.update_lock, &recipe, t, note)?;
@@ -190,7 +225,7 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
                 &platform.architecture,
                 assemble::RuntimeFlavour::Dynamic,
             )?;
-            specs.push(assemble::spec::target_spec(&recipe, t, files)?);
+            targets.push((t.clone(), files));
             continue;
         }
         let lean = t.tensorrt.as_ref().and_then(|trt| trt.lean.as_ref());
@@ -251,16 +286,12 @@ pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
             base,
             library,
         };
-        specs.push(assemble::spec::target_spec(&recipe, t, files)?);
+        targets.push((t.clone(), files));
     }
-    let mut meta = assemble::spec::image_meta(&recipe, &plan);
-    meta.revision = nonempty(req.revision.as_deref());
-    meta.source = nonempty(req.source.as_deref());
-    Ok(Prepared {
-        meta,
-        targets: specs,
-        bases: bases.pulled.into_values().collect(),
-        model,
+    Ok(RecipeBuild {
+        recipe,
+        plan,
+        targets,
     })
 }
 
@@ -311,8 +342,8 @@ fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Ten
 }
 
 /// Base images of GPU targets, pulled into the shared base cache once per reference and
-/// platform, pinned in the recipe's lock file.
-struct Bases<'a> {
+/// platform, pinned in the lock file of the recipe being prepared (`lock_path`).
+pub(super) struct Bases<'a> {
     req: &'a BuildRequest,
     note: &'a Notes,
     lock_path: PathBuf,
@@ -321,13 +352,18 @@ struct Bases<'a> {
 }
 
 impl<'a> Bases<'a> {
-    fn new(req: &'a BuildRequest, lock_path: PathBuf, note: &'a Notes) -> Bases<'a> {
+    pub(super) fn new(req: &'a BuildRequest, note: &'a Notes) -> Bases<'a> {
         Bases {
             req,
             note,
-            lock_path,
+            lock_path: PathBuf::new(),
             pulled: BTreeMap::new(),
         }
+    }
+
+    /// The images pulled, in a fixed order.
+    pub(super) fn into_pulled(self) -> Vec<PulledImage> {
+        self.pulled.into_values().collect()
     }
 
     fn get(&mut self, t: &TargetPlan, platform: &Platform) -> Result<assemble::BaseRef, Error> {
@@ -428,7 +464,7 @@ impl<'a> Bases<'a> {
     }
 }
 
-fn nonempty(v: Option<&str>) -> Option<String> {
+pub(super) fn nonempty(v: Option<&str>) -> Option<String> {
     v.map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)

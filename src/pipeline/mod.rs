@@ -15,10 +15,12 @@
 use std::sync::Arc;
 
 mod build;
+mod bundle;
 mod engine;
 mod tune;
 
 pub use build::{build, prepare, BuildRequest, Built, Prepared};
+pub use bundle::load_bundle;
 pub use engine::{engine_spec, folded_line, selection_line, SpecAndLibrary};
 pub use tune::tune_base;
 

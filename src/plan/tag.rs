@@ -89,6 +89,32 @@ pub fn sanitize(s: &str) -> (String, bool) {
     (out, changed)
 }
 
+/// A bundle's tags, for the targets its models share (`first` is its first model's recipe):
+/// the bundle's template, `{model}` and `{version}` the bundle's name and version, the other
+/// placeholders the target's; refused as a recipe's template is, at the bundle's key.
+pub fn apply_bundle(
+    bundle: &crate::recipe::bundle::Bundle,
+    first: &Recipe,
+    targets: &mut [TargetPlan],
+) -> Result<(), super::Error> {
+    let mut as_recipe = first.clone();
+    as_recipe.file = bundle.file.clone();
+    as_recipe.model.name = bundle.name.clone();
+    as_recipe.model.version = bundle.version.clone();
+    as_recipe.image.tag = bundle.tag.clone();
+    as_recipe.image.repository.value = bundle.repository.clone();
+    let mut out = Vec::new();
+    apply(&as_recipe, targets, &mut out);
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(super::Error::Refused {
+            file: bundle.file.clone(),
+            diagnostics: out,
+        })
+    }
+}
+
 /// Render every target's tag and image reference; refusals go to `out`.
 pub(super) fn apply(recipe: &Recipe, targets: &mut [TargetPlan], out: &mut Vec<Diagnostic>) {
     let tpl = &recipe.image.tag;

@@ -37,6 +37,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+pub mod bundle;
 mod check;
 mod diagnostic;
 mod types;
@@ -244,6 +245,15 @@ fn run(source: &str, file: &Path) -> (Option<Recipe>, Vec<FileRef>, Vec<Diagnost
                 "see https://toml.io/en/v1.0.0 for the syntax",
             );
         }
+        return (None, Vec::new(), cx.diagnostics);
+    }
+    if doc.get_ref().contains_key("bundle") {
+        cx.error_hint(
+            Span::START,
+            "bundle",
+            "this is a bundle file (it has a [bundle] table), not a recipe",
+            "`infer-build build` and `check` take a bundle file; other commands take one of its recipes",
+        );
         return (None, Vec::new(), cx.diagnostics);
     }
     let outcome = validate::validate(&mut cx, doc.get_ref(), file);

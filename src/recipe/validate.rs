@@ -595,7 +595,7 @@ fn model(
     })
 }
 
-fn valid_model_name(s: &str) -> bool {
+pub(super) fn valid_model_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
@@ -605,7 +605,7 @@ fn valid_model_name(s: &str) -> bool {
         })
 }
 
-fn valid_version(s: &str) -> bool {
+pub(super) fn valid_version(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 64
@@ -1697,7 +1697,7 @@ fn image(
     img
 }
 
-fn repository_problem(r: &str) -> Option<&'static str> {
+pub(super) fn repository_problem(r: &str) -> Option<&'static str> {
     if r.is_empty() {
         return Some("it is empty");
     }

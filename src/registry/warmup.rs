@@ -57,16 +57,44 @@ pub fn for_image(
         None => Value::Null,
     };
     let runtime = find_runtime_config(layout, m)?;
-    Ok(build(desc, manifest_bytes, m, &config, runtime.as_deref()))
+    let models = match runtime.as_deref().and_then(bundle_dirs) {
+        Some(dirs) => find_model_configs(layout, m, &dirs)?,
+        None => Vec::new(),
+    };
+    Ok(build(
+        desc,
+        manifest_bytes,
+        m,
+        &config,
+        runtime.as_deref(),
+        &models,
+    ))
 }
 
-/// Pure: the warm-up document and its artifact manifest.
+/// The model directories a bundle's `runtime.toml` names (without the leading `/`); `None`
+/// for a one-model config (or one that does not parse: its requests say why).
+fn bundle_dirs(text: &str) -> Option<Vec<String>> {
+    let v: toml::Value = toml::from_str(text).ok()?;
+    let models = v.get("models")?.as_array()?;
+    Some(
+        models
+            .iter()
+            .filter_map(|m| m.get("path")?.as_str())
+            .map(|p| p.trim_start_matches('/').trim_end_matches('/').to_string())
+            .collect(),
+    )
+}
+
+/// Pure: the warm-up document and its artifact manifest. `models` is a bundle's: each model
+/// directory named by `runtime_toml` with its own `runtime.toml` when the image has it (empty
+/// for a one-model image).
 pub fn build(
     desc: &Descriptor,
     manifest_bytes: &[u8],
     m: &Document,
     config: &Value,
     runtime_toml: Option<&str>,
+    models: &[(String, Option<String>)],
 ) -> WarmupArtifact {
     let mut missing = Vec::new();
     // The tuple: the image's own annotations, then the index entry's, then config labels.
@@ -104,6 +132,23 @@ pub fn build(
     }
 
     let requests = match runtime_toml.map(warmup_requests) {
+        // A bundle: one request set per model, in the order the server loads them.
+        Some(_) if !models.is_empty() => Value::Array(
+            models
+                .iter()
+                .map(|(dir, text)| match text.as_deref().map(warmup_requests) {
+                    Some(Ok(r)) => r,
+                    Some(Err(reason)) => {
+                        missing.push(format!("requests: /{dir}/runtime.toml: {reason}"));
+                        Value::Null
+                    }
+                    None => {
+                        missing.push(format!("requests: the image has no /{dir}/runtime.toml"));
+                        Value::Null
+                    }
+                })
+                .collect(),
+        ),
         Some(Ok(r)) => r,
         Some(Err(reason)) => {
             missing.push(format!("requests: /{RUNTIME_CONFIG_PATH}: {reason}"));
@@ -266,6 +311,64 @@ fn node_selector(
         }
     }
     sel
+}
+
+/// Each bundle model's `runtime.toml` (`dirs`: the model directories, in order), from the
+/// model layers (`model:<name>` or `engine:<name>`, read in full: a model's config sits after
+/// its weights), `None` where the image has none.
+fn find_model_configs(
+    layout: &Layout,
+    m: &Document,
+    dirs: &[String],
+) -> Result<Vec<(String, Option<String>)>> {
+    let mut found: BTreeMap<String, String> = BTreeMap::new();
+    for layer in &m.layers {
+        let role = layer
+            .annotations
+            .get("dev.infer-build.layer")
+            .map_or("", String::as_str);
+        if !(role.starts_with("model:") || role.starts_with("engine:"))
+            || crate::oci::unpack::Encoding::of(&layer.media_type).is_none()
+        {
+            continue;
+        }
+        let reader =
+            crate::oci::unpack::open(layout.store(), &layer.digest, layer.size, &layer.media_type)
+                .map_err(|e| Error::Layout {
+                    path: layout.root.clone(),
+                    reason: e.to_string(),
+                })?;
+        let mut archive = tar::Archive::new(reader);
+        let Ok(entries) = archive.entries() else {
+            continue;
+        };
+        for entry in entries {
+            let Ok(mut entry) = entry else { break };
+            let name = entry
+                .path()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let name = name.trim_start_matches("./").trim_start_matches('/');
+            let Some(dir) = name.strip_suffix("/runtime.toml") else {
+                continue;
+            };
+            if !dirs.iter().any(|d| d == dir) || found.contains_key(dir) {
+                continue;
+            }
+            let dir = dir.to_string();
+            let mut text = String::new();
+            if entry
+                .by_ref()
+                .take(1 << 20)
+                .read_to_string(&mut text)
+                .is_ok()
+            {
+                found.insert(dir, text);
+            }
+            break;
+        }
+    }
+    Ok(dirs.iter().map(|d| (d.clone(), found.remove(d))).collect())
 }
 
 /// Look for `runtime.toml` in the image's small layers, top layer first.
@@ -538,7 +641,7 @@ mod tests {
             .insert("org.opencontainers.image.version".into(), "1".into());
         let config = json!({"os": "linux", "architecture": "amd64"});
         let runtime = "[model]\nname = \"mlp\"\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n[batching]\nmax_batch_size = 8\npreferred_batch_sizes = [6]\n";
-        let w = build(&image, b"0123456789", &m, &config, Some(runtime));
+        let w = build(&image, b"0123456789", &m, &config, Some(runtime), &[]);
         let doc: Value = serde_json::from_slice(&w.payload).unwrap();
         assert_eq!(doc["requests"]["batch_sizes"], json!([1, 6, 8]));
         assert_eq!(doc["requests"]["model"]["name"], json!("mlp"));
@@ -562,13 +665,49 @@ mod tests {
         assert_eq!(man["artifactType"], json!(media::WARMUP_ARTIFACT));
         // Deterministic.
         assert_eq!(
-            build(&image, b"0123456789", &m, &config, Some(runtime)).manifest_digest,
+            build(&image, b"0123456789", &m, &config, Some(runtime), &[]).manifest_digest,
             w.manifest_digest
         );
         // Without timings or runtime config, says so.
-        let bare = build(&image, b"x", &Document::default(), &json!({}), None);
+        let bare = build(&image, b"x", &Document::default(), &json!({}), None, &[]);
         let doc: Value = serde_json::from_slice(&bare.payload).unwrap();
         assert_eq!(doc["startup_timings_ms"], Value::Null);
         assert_eq!(bare.missing.len(), 3);
+    }
+
+    #[test]
+    fn a_bundles_requests_are_one_per_model_in_order() {
+        let image = desc(&format!("sha256:{}", "d".repeat(64)));
+        let bundle = "[server]\nport = 9000\n\n[[models]]\npath = \"/opt/infer/models/b\"\n\n[[models]]\npath = \"/opt/infer/models/a\"\n";
+        let dirs = bundle_dirs(bundle).unwrap();
+        assert_eq!(dirs, ["opt/infer/models/b", "opt/infer/models/a"]);
+        assert_eq!(bundle_dirs("[model]\nname = \"x\"\n"), None);
+        let model = |name: &str, max: u32| {
+            format!("[model]\nname = \"{name}\"\n[[inputs]]\nname = \"x\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n[batching]\nmax_batch_size = {max}\n")
+        };
+        let models = vec![
+            (dirs[0].clone(), Some(model("b", 2))),
+            (dirs[1].clone(), None),
+        ];
+        let w = build(
+            &image,
+            b"x",
+            &Document::default(),
+            &json!({}),
+            Some(bundle),
+            &models,
+        );
+        let doc: Value = serde_json::from_slice(&w.payload).unwrap();
+        assert_eq!(doc["requests"][0]["model"]["name"], json!("b"));
+        assert_eq!(doc["requests"][0]["batch_sizes"], json!([1, 2]));
+        assert_eq!(doc["requests"][1], Value::Null);
+        assert!(
+            w.missing
+                .iter()
+                .any(|m| m == "requests: the image has no /opt/infer/models/a/runtime.toml"),
+            "{:?}",
+            w.missing
+        );
+        assert_eq!(doc["ports"]["http"], json!(9000));
     }
 }

@@ -220,14 +220,9 @@ pub fn input_for(
     meta: &ImageMeta,
     spec: &TargetSpec,
     report: &crate::assemble::TargetReport,
-    model: &Path,
     crates: &[lock::Crate],
     epoch: u64,
 ) -> Result<spdx::SbomInput, Error> {
-    let model_name = model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model.onnx".into());
     let cache = layout.join(".infer-build").join("file-sha256");
     let runtime = file_info(
         &spec.serve_bin,
@@ -235,34 +230,48 @@ pub fn input_for(
         Some(format!("/{}", paths::SERVE)),
         &cache,
     )?;
-    let (model, engine) = match &spec.payload {
-        Payload::Model { onnx } => (
-            file_info(
-                onnx,
-                &model_name,
-                Some(format!("/{}/model.onnx", paths::MODEL_DIR)),
-                &cache,
-            )?,
-            None,
-        ),
-        Payload::Engine {
-            file, file_name, ..
-        } => {
-            let kind = if spec.gpu { "TensorRT" } else { "tract NNEF" };
-            (
-                file_info(model, &model_name, None, &cache)?,
-                Some((
-                    file_info(
-                        file,
-                        file_name,
-                        Some(format!("/{}/{file_name}", paths::MODEL_DIR)),
-                        &cache,
-                    )?,
-                    kind.to_string(),
-                )),
-            )
-        }
-    };
+    let mut models = Vec::new();
+    for m in &spec.models {
+        let model_name = m
+            .onnx
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model.onnx".into());
+        let (model, engine) = match &m.payload {
+            Payload::Model { onnx } => (
+                file_info(
+                    onnx,
+                    &model_name,
+                    Some(format!("/{}/model.onnx", m.dir)),
+                    &cache,
+                )?,
+                None,
+            ),
+            Payload::Engine {
+                file, file_name, ..
+            } => {
+                let kind = if spec.gpu { "TensorRT" } else { "tract NNEF" };
+                (
+                    file_info(&m.onnx, &model_name, None, &cache)?,
+                    Some((
+                        file_info(
+                            file,
+                            file_name,
+                            Some(format!("/{}/{file_name}", m.dir)),
+                            &cache,
+                        )?,
+                        kind.to_string(),
+                    )),
+                )
+            }
+        };
+        models.push(spdx::ModelInfo {
+            bundled: (m.dir != paths::MODEL_DIR).then(|| m.name.clone()),
+            model,
+            engine,
+            converter: converter_of(&m.payload),
+        });
+    }
     Ok(spdx::SbomInput {
         image: spdx::ImageInfo {
             model: meta.name.clone(),
@@ -275,9 +284,7 @@ pub fn input_for(
             architecture: spec.platform.architecture.clone(),
         },
         runtime,
-        model,
-        engine,
-        converter: converter_of(&spec.payload),
+        models,
         base: base_of(layout, &report.manifest_digest)?,
         crates: crates.to_vec(),
         created: crate::oci::image::rfc3339(epoch),
@@ -292,7 +299,6 @@ pub fn write_for_build(
     report: &BuildReport,
     meta: &ImageMeta,
     specs: &[TargetSpec],
-    model: &Path,
     epoch: u64,
 ) -> Result<Vec<Written>, Error> {
     let crates = runtime_crates()?;
@@ -307,7 +313,7 @@ pub fn write_for_build(
         let Some(spec) = specs.iter().find(|s| s.id == t.id) else {
             continue;
         };
-        let input = input_for(layout, meta, spec, t, model, &crates, epoch)?;
+        let input = input_for(layout, meta, spec, t, &crates, epoch)?;
         let bytes = spdx::to_bytes(&input);
         let path = path_in_layout(layout, &t.id)?;
         let name = path.file_name().unwrap_or_default();

@@ -65,17 +65,27 @@ pub struct BaseInfo {
     pub digest: Digest,
 }
 
-/// Everything one target's SBOM says.
+/// One model of the image.
 #[derive(Debug, Clone)]
-pub struct SbomInput {
-    pub image: ImageInfo,
-    pub runtime: FileInfo,
+pub struct ModelInfo {
+    /// The model's name in a bundle (its packages are `SPDXRef-Model-<name>`,
+    /// `SPDXRef-Engine-<name>`); `None` for the one model of an image (`SPDXRef-Model`).
+    pub bundled: Option<String>,
     pub model: FileInfo,
     /// The engine, for targets that ship one (then the model is not in the image).
     pub engine: Option<(FileInfo, String)>,
     /// Python packages that converted the model's precision before the engine build (name,
     /// version), from the engine metadata; empty when nothing was converted.
     pub converter: Vec<(String, String)>,
+}
+
+/// Everything one target's SBOM says.
+#[derive(Debug, Clone)]
+pub struct SbomInput {
+    pub image: ImageInfo,
+    pub runtime: FileInfo,
+    /// The image's models: one, or a bundle's in its order.
+    pub models: Vec<ModelInfo>,
     pub base: Option<BaseInfo>,
     /// The runtime's root package first, then its dependencies (see [`super::lock::closure`]).
     pub crates: Vec<Crate>,
@@ -262,52 +272,60 @@ pub fn render(input: &SbomInput) -> Value {
     packages.push(Value::Object(p));
     rels.push((IMAGE_ID.into(), "CONTAINS", "SPDXRef-Runtime".into()));
 
-    packages.push(file_package(
-        "SPDXRef-Model",
-        &input.model,
-        &img.version,
-        "ONNX model",
-    ));
-    match &input.engine {
-        Some((engine, kind)) => {
-            packages.push(file_package(
-                "SPDXRef-Engine",
-                engine,
-                &img.version,
-                &format!("{kind} engine built from the ONNX model"),
-            ));
-            rels.push((IMAGE_ID.into(), "CONTAINS", "SPDXRef-Engine".into()));
-            rels.push((
-                "SPDXRef-Engine".into(),
-                "GENERATED_FROM",
-                "SPDXRef-Model".into(),
-            ));
-        }
-        None => rels.push((IMAGE_ID.into(), "CONTAINS", "SPDXRef-Model".into())),
-    }
-
-    for (name, version) in &input.converter {
-        let id = format!("SPDXRef-Converter-{}", id_part(name));
-        let mut p = package(&id, name, Some(version), "APPLICATION");
-        p.insert(
-            "externalRefs".into(),
-            purl_ref(format!(
-                "pkg:pypi/{}@{}",
-                name.to_ascii_lowercase(),
-                version
-            )),
-        );
-        p.insert(
-            "comment".into(),
-            json!("converted the model's precision before the engine build (not in the image)"),
-        );
-        packages.push(Value::Object(p));
-        let of = if input.engine.is_some() {
-            "SPDXRef-Engine"
-        } else {
-            "SPDXRef-Model"
+    let mut converters = std::collections::BTreeSet::new();
+    for m in &input.models {
+        let (model_id, engine_id) = match &m.bundled {
+            None => ("SPDXRef-Model".to_string(), "SPDXRef-Engine".to_string()),
+            Some(name) => (
+                format!("SPDXRef-Model-{}", id_part(name)),
+                format!("SPDXRef-Engine-{}", id_part(name)),
+            ),
         };
-        rels.push((id, "BUILD_TOOL_OF", of.into()));
+        packages.push(file_package(
+            &model_id,
+            &m.model,
+            &img.version,
+            "ONNX model",
+        ));
+        match &m.engine {
+            Some((engine, kind)) => {
+                packages.push(file_package(
+                    &engine_id,
+                    engine,
+                    &img.version,
+                    &format!("{kind} engine built from the ONNX model"),
+                ));
+                rels.push((IMAGE_ID.into(), "CONTAINS", engine_id.clone()));
+                rels.push((engine_id.clone(), "GENERATED_FROM", model_id.clone()));
+            }
+            None => rels.push((IMAGE_ID.into(), "CONTAINS", model_id.clone())),
+        }
+        for (name, version) in &m.converter {
+            let id = format!("SPDXRef-Converter-{}", id_part(name));
+            // Models of a bundle converted by the same package share its one package.
+            if converters.insert(id.clone()) {
+                let mut p = package(&id, name, Some(version), "APPLICATION");
+                p.insert(
+                    "externalRefs".into(),
+                    purl_ref(format!(
+                        "pkg:pypi/{}@{}",
+                        name.to_ascii_lowercase(),
+                        version
+                    )),
+                );
+                p.insert(
+                    "comment".into(),
+                    json!("converted the model's precision before the engine build (not in the image)"),
+                );
+                packages.push(Value::Object(p));
+            }
+            let of = if m.engine.is_some() {
+                &engine_id
+            } else {
+                &model_id
+            };
+            rels.push((id, "BUILD_TOOL_OF", of.clone()));
+        }
     }
 
     if let Some(b) = &input.base {
@@ -437,14 +455,17 @@ mod tests {
                 sha256: "d".repeat(64),
                 size: 10,
             },
-            model: FileInfo {
-                name: "mlp.onnx".into(),
-                path_in_image: Some("/opt/infer/model/model.onnx".into()),
-                sha256: "e".repeat(64),
-                size: 5,
-            },
-            engine: None,
-            converter: vec![],
+            models: vec![ModelInfo {
+                bundled: None,
+                model: FileInfo {
+                    name: "mlp.onnx".into(),
+                    path_in_image: Some("/opt/infer/model/model.onnx".into()),
+                    sha256: "e".repeat(64),
+                    size: 5,
+                },
+                engine: None,
+                converter: vec![],
+            }],
             base: None,
             crates: vec![
                 root,
@@ -557,7 +578,7 @@ mod tests {
         assert_eq!(a, to_bytes(&shuffled));
         // Another model digest: another namespace.
         let mut other = input();
-        other.model.sha256 = "f".repeat(64);
+        other.models[0].model.sha256 = "f".repeat(64);
         let ns = |b: &[u8]| {
             serde_json::from_slice::<Value>(b).unwrap()["documentNamespace"]
                 .as_str()
@@ -574,8 +595,8 @@ mod tests {
     #[test]
     fn gpu_image_with_engine_and_base() {
         let mut i = input();
-        i.model.path_in_image = None;
-        i.engine = Some((
+        i.models[0].model.path_in_image = None;
+        i.models[0].engine = Some((
             FileInfo {
                 name: "engine.plan".into(),
                 path_in_image: Some("/opt/infer/model/engine.plan".into()),
@@ -610,7 +631,7 @@ mod tests {
     #[test]
     fn converter_packages_are_build_tools_of_the_model() {
         let mut i = input();
-        i.converter = vec![
+        i.models[0].converter = vec![
             ("onnxruntime".into(), "1.32.0".into()),
             ("onnxconverter-common".into(), "1.16.0".into()),
         ];
@@ -632,7 +653,7 @@ mod tests {
             render(&input()),
             render(&{
                 let mut j = input();
-                j.converter.clear();
+                j.models[0].converter.clear();
                 j
             })
         );

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use infer_build::assemble::{
-    self, BuildOptions, ImageMeta, NoProgress, Payload, Policy, TargetSpec,
+    self, BuildOptions, ImageMeta, ModelSpec, NoProgress, Payload, Policy, TargetSpec,
 };
 use infer_build::oci::image::Platform;
 use infer_build::oci::store::BlobStore;
@@ -48,12 +48,17 @@ fn cpu_target(dir: &Path) -> TargetSpec {
         base: None,
         runtime_libs: vec![],
         serve_bin: dir.join("infer-serve"),
-        payload: Payload::Model {
+        models: vec![ModelSpec {
+            name: "mlp".into(),
+            dir: assemble::paths::MODEL_DIR.into(),
+            payload: Payload::Model {
+                onnx: dir.join("model.onnx"),
+            },
             onnx: dir.join("model.onnx"),
-        },
+            files: BTreeMap::new(),
+        }],
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: BTreeMap::new(),
-        model_files: BTreeMap::new(),
         compat: BTreeMap::new(),
     }
 }

@@ -760,3 +760,161 @@ fn curl(args: &[&str]) -> String {
         .map(|o| stdout(&o))
         .unwrap_or_default()
 }
+
+/// The file at `path` in the image's layer of role `role` (inspect's JSON of `layout`).
+fn file_in_layer(layout: &Path, img: &serde_json::Value, role: &str, path: &str) -> Vec<u8> {
+    let layer = img["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["role"] == role)
+        .unwrap_or_else(|| panic!("no {role} layer: {img}"));
+    let files = super::support::layer_files(layout, layer);
+    let (_, bytes) = files
+        .iter()
+        .find(|(p, _)| p.trim_start_matches("./") == path)
+        .unwrap_or_else(|| {
+            let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+            panic!("no {path} in the {role} layer: {names:?}")
+        });
+    bytes.clone()
+}
+
+#[test]
+fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
+    let ex = Example::new();
+    // A second model: the example's network under another name, with warm-up samples.
+    std::fs::create_dir(ex.path("second")).unwrap();
+    std::fs::copy(ex.path("recipe/mlp.onnx"), ex.path("second/mlp.onnx")).unwrap();
+    std::fs::write(ex.path("second/warmup.json"), mlp_samples(&[2])).unwrap();
+    let recipe = std::fs::read_to_string(ex.recipe()).unwrap();
+    std::fs::write(
+        ex.path("second/recipe.toml"),
+        recipe.replace("name = \"mlp\"", "name = \"mlp-b\"")
+            + "\n[warmup]\nsamples = \"warmup.json\"\n",
+    )
+    .unwrap();
+    let bundle = ex.path("bundle.toml");
+    let write_bundle = |models: &str| {
+        std::fs::write(
+            &bundle,
+            format!("[bundle]\nname = \"pair\"\nversion = \"2.0.0\"\nmodels = [{models}]\n"),
+        )
+        .unwrap()
+    };
+    write_bundle(r#""recipe/recipe.toml", "second/recipe.toml""#);
+    let build = |out: &str| {
+        let o = infer_build()
+            .arg("build")
+            .arg(&bundle)
+            .arg("--out")
+            .arg(ex.path(out))
+            .arg("--runtime")
+            .arg(ex.path("infer-serve"))
+            .arg("--json")
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let first = build("a");
+    let o = infer_build().arg("check").arg(&bundle).output().unwrap();
+    assert!(
+        o.status.success()
+            && stderr(&o).contains("bundle pair of 2 models (mlp, mlp-b), 1 target (cpu-fp32)"),
+        "{}",
+        stderr(&o)
+    );
+
+    let v = inspect_json(&ex.path("a"));
+    let img = &v["images"][0];
+    assert_eq!(img["tags"][0], "2.0.0-cpu-fp32");
+    assert_eq!(img["models"], serde_json::json!(["mlp", "mlp-b"]));
+    let roles: Vec<&str> = img["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["infer-serve", "engine:mlp", "engine:mlp-b", "config"]
+    );
+    let a = &img["annotations"];
+    assert_eq!(a["dev.infer-build.models"], "mlp,mlp-b");
+    assert_eq!(a["dev.infer-build.precision"], "fp32");
+    assert_eq!(a["org.opencontainers.image.title"], "pair");
+
+    // The image's config names the model directories; each model's own config is in its
+    // layer, its paths relative to its directory.
+    let top = file_in_layer(&ex.path("a"), img, "config", "etc/infer/runtime.toml");
+    let top = String::from_utf8(top).unwrap();
+    match infer_spec::RuntimeFile::from_toml_str(&top).unwrap() {
+        infer_spec::RuntimeFile::Bundle(b) => {
+            let paths: Vec<&str> = b.models.iter().map(|m| m.path.as_str()).collect();
+            assert_eq!(paths, ["/opt/infer/models/mlp", "/opt/infer/models/mlp-b"]);
+        }
+        other => panic!("not a bundle: {other:?}"),
+    }
+    let own = file_in_layer(
+        &ex.path("a"),
+        img,
+        "engine:mlp-b",
+        "opt/infer/models/mlp-b/runtime.toml",
+    );
+    let cfg = infer_spec::RuntimeConfig::from_toml_str(std::str::from_utf8(&own).unwrap()).unwrap();
+    assert_eq!(cfg.model.name, "mlp-b");
+    let engine = cfg.engine.path.clone().unwrap();
+    assert!(!engine.starts_with('/'), "{engine}");
+    assert_eq!(cfg.warmup.samples.as_deref(), Some("warmup/samples.json"));
+    file_in_layer(
+        &ex.path("a"),
+        img,
+        "engine:mlp-b",
+        &format!("opt/infer/models/mlp-b/{engine}"),
+    );
+    file_in_layer(
+        &ex.path("a"),
+        img,
+        "engine:mlp-b",
+        "opt/infer/models/mlp-b/warmup/samples.json",
+    );
+    // The SBOM has a package per model.
+    let sbom = std::fs::read_to_string(ex.path("a/sbom/cpu-fp32.spdx.json")).unwrap();
+    assert!(
+        sbom.contains("SPDXRef-Engine-mlp\"") && sbom.contains("SPDXRef-Engine-mlp-b\""),
+        "{sbom}"
+    );
+
+    // Same inputs, same digests.
+    assert_eq!(digests(&first), digests(&build("b")));
+
+    // Refused before any engine is built, naming the bundle's line and key.
+    std::fs::create_dir(ex.path("third")).unwrap();
+    std::fs::copy(ex.path("recipe/mlp.onnx"), ex.path("third/mlp.onnx")).unwrap();
+    std::fs::write(ex.path("third/recipe.toml"), &recipe).unwrap();
+    for (models, want) in [
+        (
+            r#""recipe/recipe.toml", "third/recipe.toml""#,
+            "bundle.toml:4:33: bundle.models[1]:",
+        ),
+        (
+            r#""recipe/recipe.toml", "nope/recipe.toml""#,
+            "bundle.toml:4:33: bundle.models[1]: ",
+        ),
+    ] {
+        write_bundle(models);
+        for cmd in ["check", "build"] {
+            let mut c = infer_build();
+            c.arg(cmd).arg(&bundle).current_dir(ex.path(""));
+            if cmd == "build" {
+                c.args(["--out", "c", "--runtime"])
+                    .arg(ex.path("infer-serve"));
+            }
+            let o = c.output().unwrap();
+            assert_eq!(o.status.code(), Some(2), "{cmd} {models}: {}", stderr(&o));
+            assert!(stderr(&o).contains(want), "{cmd} {models}: {}", stderr(&o));
+        }
+    }
+}

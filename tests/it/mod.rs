@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bundle_image;
 pub mod ci_example;
 pub mod cpu_select;
 pub mod deploy;

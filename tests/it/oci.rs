@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use infer_build::assemble::{
-    self, BuildOptions, BuildReport, ImageMeta, NoProgress, Payload, Policy, TargetSpec,
+    self, BuildOptions, BuildReport, ImageMeta, ModelSpec, NoProgress, Payload, Policy, TargetSpec,
 };
 use infer_build::oci::image::Platform;
 use infer_build::oci::Compression;
@@ -74,12 +74,17 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
         base: None,
         runtime_libs: vec![],
         serve_bin: i.path("infer-serve"),
-        payload: Payload::Model {
+        models: vec![ModelSpec {
+            name: "mlp".into(),
+            dir: assemble::paths::MODEL_DIR.into(),
+            payload: Payload::Model {
+                onnx: i.path("model.onnx"),
+            },
             onnx: i.path("model.onnx"),
-        },
+            files: BTreeMap::new(),
+        }],
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: extra,
-        model_files: BTreeMap::new(),
         compat,
     }
 }
@@ -359,7 +364,7 @@ fn an_engine_replaces_the_model_in_its_layer() {
     let i = Inputs::new();
     std::fs::write(i.path("engine.plan"), vec![7u8; 1000]).unwrap();
     let mut t = cpu_target(&i);
-    t.payload = Payload::Engine {
+    t.models[0].payload = Payload::Engine {
         file: i.path("engine.plan"),
         file_name: "engine.plan".into(),
         meta_json: br#"{"target":"cpu-fp32"}"#.to_vec(),

@@ -47,14 +47,14 @@ pub(super) struct Case {
     pub(super) name: &'static str,
     /// The recipe's tensor tables (and `[text]` table) after `[model]`.
     pub(super) recipe: &'static str,
-    input: &'static str,
+    pub(super) input: &'static str,
     datatype: &'static str,
     /// `[engine] cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
-    policy: &'static str,
+    pub(super) policy: &'static str,
     /// The CPU engine the image must ship: `tract` (ONNX or NNEF; static runtime, FROM scratch)
     /// or `onnxruntime` (glibc base, dynamic runtime, pinned library).
     engine: &'static str,
-    shapes: &'static [&'static [usize]],
+    pub(super) shapes: &'static [&'static [usize]],
     /// Sentences instead of shapes (a text model, served from text by its recipe's `[text]`
     /// table with the model's `NAME.tokenizer.json`): one request per list and API, checked by
     /// `real_models.py check-text` against the reference with this pooling and normalisation.
@@ -266,9 +266,26 @@ pub(super) fn script() -> PathBuf {
 /// policy` into `dir/recipe` and returns `infer-build build` of it into `dir/out`, for the
 /// caller to add the runtime and output arguments.
 fn build(dir: &Path, name: &str, tensors: &str, policy: &str, onnx: &Path) -> Command {
+    let recipe = write_recipe(&dir.join("recipe"), name, tensors, policy, onnx);
+    let mut c = support::infer_build();
+    c.current_dir(dir)
+        .arg("build")
+        .arg(recipe)
+        .args(["--out", "out"]);
+    c
+}
+
+/// The recipe of a model case in `recipe_dir` (with the model copied beside it, as
+/// `model.onnx`): its tensors, `[engine] cpu = policy`, a CPU target, batches of up to 4.
+pub(super) fn write_recipe(
+    recipe_dir: &Path,
+    name: &str,
+    tensors: &str,
+    policy: &str,
+    onnx: &Path,
+) -> PathBuf {
     let name = name.replace('.', "-");
-    let recipe_dir = dir.join("recipe");
-    std::fs::create_dir_all(&recipe_dir).unwrap();
+    std::fs::create_dir_all(recipe_dir).unwrap();
     std::fs::copy(onnx, recipe_dir.join("model.onnx")).unwrap();
     let force = format!("\n[engine]\ncpu = \"{policy}\"\n");
     let recipe = format!(
@@ -276,12 +293,7 @@ fn build(dir: &Path, name: &str, tensors: &str, policy: &str, onnx: &Path) -> Co
         name, tensors, force, name
     );
     std::fs::write(recipe_dir.join("recipe.toml"), recipe).unwrap();
-    let mut c = support::infer_build();
-    c.current_dir(dir)
-        .arg("build")
-        .arg(recipe_dir.join("recipe.toml"))
-        .args(["--out", "out"]);
-    c
+    recipe_dir.join("recipe.toml")
 }
 
 /// The statically linked runtime CPU images carry: `$INFER_SERVE_BIN` (`scripts/test.sh` builds
@@ -409,7 +421,7 @@ impl Drop for Container {
 
 /// Python with the references (tritonclient, onnxruntime); None (with the reason printed) when
 /// it lacks them.
-fn python_with_references(test: &str) -> Option<PathBuf> {
+pub(super) fn python_with_references(test: &str) -> Option<PathBuf> {
     let py = python();
     let have = Command::new(&py)
         .args([

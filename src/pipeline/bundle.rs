@@ -1,0 +1,110 @@
+//! `infer-build build BUNDLE`: several recipes in one image per target. Each recipe is
+//! prepared as for a one-model image (its plan, engine through the engine cache, runtime,
+//! base, libraries); then per target the models' specs are joined into one image
+//! ([`assemble::spec::bundle_spec`]): one runtime and base, one layer per model under
+//! `/opt/infer/models/<name>/`, a bundle `runtime.toml` naming them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::assemble::{self, spec::Place};
+use crate::error::Error;
+use crate::plan::{Project, TargetPlan};
+use crate::recipe::bundle::Bundle;
+
+use super::build::{nonempty, prepare_recipe, Bases, BuildRequest, Prepared, RecipeBuild};
+use super::Notes;
+
+/// A bundle file and its recipes' projects, checked to make one image per target before any
+/// engine is built: the models are named apart and every model plans each target `targets`
+/// selects (every target when empty), the same for all. What `check` and `build` both run.
+pub fn load_bundle(
+    path: &Path,
+    matrix: Option<&Path>,
+    targets: &[String],
+) -> Result<(Bundle, Vec<Project>), Error> {
+    let bundle = crate::recipe::bundle::load(path)?;
+    let mut projects: Vec<Project> = Vec::with_capacity(bundle.models.len());
+    let mut first: Vec<String> = Vec::new();
+    for (i, m) in bundle.models.iter().enumerate() {
+        let project = Project::load(&bundle.dir.join(&m.value), matrix)?;
+        let refuse =
+            |message: String| Error::Usage(m.diagnostic(&bundle.file, message).to_string());
+        if let Some(other) = projects
+            .iter()
+            .find(|o| o.recipe.model.name == project.recipe.model.name)
+        {
+            return Err(refuse(format!(
+                "{} and {} both name their model {:?}; the models of a bundle need names of their own (`[model] name`)",
+                other.recipe.file.display(),
+                project.recipe.file.display(),
+                project.recipe.model.name
+            )));
+        }
+        let ids: Vec<String> = project
+            .plan
+            .select(targets)?
+            .iter()
+            .map(|t| t.id.clone())
+            .collect();
+        if i == 0 {
+            first = ids;
+        } else if ids != first {
+            return Err(refuse(format!(
+                "this model's targets are [{}], the first model's [{}]; every model of a bundle needs each target built (give their recipes the same [targets], or pick shared ones with --target)",
+                ids.join(", "),
+                first.join(", ")
+            )));
+        }
+        projects.push(project);
+    }
+    Ok((bundle, projects))
+}
+
+/// The bundle file `req.input`, each of its recipes prepared, the images composed.
+pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
+    let (bundle, projects) = load_bundle(&req.input, req.matrix.as_deref(), &req.targets)?;
+    let mut bases = Bases::new(req, note);
+    let mut models: Vec<RecipeBuild> = Vec::with_capacity(projects.len());
+    let count = projects.len();
+    for (i, project) in projects.into_iter().enumerate() {
+        note(&format!(
+            "bundle {}: model {} of {count}: {}",
+            bundle.name,
+            i + 1,
+            project.recipe.file.display()
+        ));
+        models.push(prepare_recipe(req, project, &mut bases, note)?);
+    }
+    let mut plans: Vec<TargetPlan> = models[0].targets.iter().map(|(t, _)| t.clone()).collect();
+    crate::plan::tag::apply_bundle(&bundle, &models[0].recipe, &mut plans)?;
+
+    let mut per_target: BTreeMap<String, Vec<assemble::TargetSpec>> = BTreeMap::new();
+    for r in models {
+        let name = r.recipe.model.name.clone();
+        for (t, files) in r.targets {
+            let spec = assemble::spec::target_spec_at(&r.recipe, &t, files, Place::Bundled(&name))?;
+            per_target.entry(t.id.clone()).or_default().push(spec);
+        }
+    }
+    let mut targets = Vec::with_capacity(plans.len());
+    for t in &plans {
+        let parts = per_target.remove(&t.id).unwrap_or_default();
+        targets.push(assemble::spec::bundle_spec(&t.tag, parts)?);
+    }
+    let meta = assemble::ImageMeta {
+        name: bundle.name.clone(),
+        version: bundle.version.clone(),
+        revision: nonempty(req.revision.as_deref()),
+        source: nonempty(req.source.as_deref()),
+        repository: bundle.repository.clone(),
+        index_tag: bundle.version.clone(),
+        labels: bundle.labels.clone(),
+        user: Some(bundle.user),
+    };
+    Ok(Prepared {
+        meta,
+        targets,
+        bases: bases.into_pulled(),
+    })
+}

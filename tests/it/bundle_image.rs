@@ -1,0 +1,263 @@
+//! A bundle image: PaddleOCR's detector, direction classifier and recogniser (three recipes,
+//! from the wheels `real_models.py fetch` downloads) built by `infer-build build bundle.toml`
+//! into one CPU image, `docker run`, every model answering tritonclient over HTTP and gRPC at
+//! once, each equal to onnxruntime on the same inputs.
+//!
+//! The models take different engines on purpose: the detector and the recogniser ONNX
+//! Runtime, the classifier tract (after folding). The image is the ONNX Runtime one (glibc
+//! base, dynamic runtime, the pinned library), which runs the tract model too.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::real_models::{
+    dynamic_runtime, fetch_models, python_with_references, script, static_runtime, write_recipe,
+    Container, CASES,
+};
+use super::support::{self, stderr, stdout};
+
+const NAMES: [&str; 3] = ["ocr-det", "ocr-cls", "ocr-rec"];
+
+/// The three recipes (the detector forced to ONNX Runtime: `auto` would measure both engines
+/// for the same answer) and the bundle file naming them, in `dir`.
+fn write_bundle(dir: &Path, models: &serde_json::Value) -> PathBuf {
+    let mut paths = Vec::new();
+    for name in NAMES {
+        let case = CASES.iter().find(|c| c.name == name).unwrap();
+        let policy = if name == "ocr-det" {
+            "onnxruntime"
+        } else {
+            case.policy
+        };
+        let onnx = PathBuf::from(models[name].as_str().unwrap());
+        write_recipe(&dir.join(name), name, case.recipe, policy, &onnx);
+        paths.push(format!("\"{name}/recipe.toml\""));
+    }
+    let bundle = dir.join("bundle.toml");
+    std::fs::write(
+        &bundle,
+        format!(
+            "[bundle]\nname = \"ocr\"\nversion = \"1\"\nmodels = [{}]\n\n[image]\nrepository = \"localhost/infer-build/ocr\"\n",
+            paths.join(", ")
+        ),
+    )
+    .unwrap();
+    bundle
+}
+
+/// The layers of the layout's one image: (role, digest).
+fn layers(layout: &Path) -> Vec<(String, String)> {
+    let o = support::infer_build()
+        .args(["inspect", "--json"])
+        .arg(layout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        doc["images"][0]["models"],
+        serde_json::json!(NAMES),
+        "inspect lists the bundle's models: {doc}"
+    );
+    doc["images"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["role"].as_str().unwrap_or("").to_string(),
+                l["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime() {
+    let test = "docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime";
+    if !support::have_docker(test) {
+        return;
+    }
+    let Some(py) = python_with_references(test) else {
+        return;
+    };
+    for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
+        if !support::have_tool(tool, test) {
+            return;
+        }
+    }
+    let models = fetch_models(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = write_bundle(dir.path(), &models);
+    let Some(reg) = super::registry_support::Registry::start(test) else {
+        return;
+    };
+    let base = super::ort_image::push_glibc_base(&reg);
+    let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
+    let cache = dir.path().join("cache");
+    super::ort_image::seed_wheel(&cache);
+    let archive = dir.path().join("image.tar");
+    let build = |out: &str, archive: Option<&Path>| {
+        let mut c = support::infer_build();
+        c.current_dir(dir.path())
+            .arg("build")
+            .arg(&bundle)
+            .args(["--out", out, "--insecure", "--matrix"])
+            .arg(&matrix)
+            .arg("--runtime")
+            .arg(static_runtime())
+            .arg("--runtime-dynamic")
+            .arg(dynamic_runtime())
+            .env("INFER_BUILD_CACHE_DIR", &cache)
+            .env("DOCKER_CONFIG", dir.path().join("docker"));
+        if let Some(a) = archive {
+            c.arg("--output")
+                .arg(format!("oci-archive:{}", a.display()));
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let said = build("out", Some(&archive));
+    assert!(said.contains("bundle ocr: model 3 of 3"), "{said}");
+    super::ort_image::keep_wheel(&cache);
+
+    // One layer per model, then the bundle's config; the SBOM names every model.
+    let first = layers(&dir.path().join("out"));
+    let roles: Vec<&str> = first.iter().map(|(r, _)| r.as_str()).collect();
+    for name in NAMES {
+        assert!(
+            roles.iter().any(|r| r.ends_with(&format!(":{name}"))),
+            "no layer of {name}: {roles:?}"
+        );
+    }
+    assert_eq!(roles.last(), Some(&"config"), "{roles:?}");
+    let sbom = std::fs::read_to_string(dir.path().join("out/sbom/cpu-fp32.spdx.json")).unwrap();
+    for name in NAMES {
+        assert!(
+            sbom.contains(&format!("SPDXRef-Model-{name}")),
+            "{name}: {sbom}"
+        );
+    }
+
+    // A change to one model's recipe changes its layer only.
+    let cls = dir.path().join("ocr-cls/recipe.toml");
+    let text = std::fs::read_to_string(&cls).unwrap();
+    std::fs::write(
+        &cls,
+        text.replace("max_queue_delay_us = 20000", "max_queue_delay_us = 10000"),
+    )
+    .unwrap();
+    build("out2", None);
+    let second = layers(&dir.path().join("out2"));
+    let changed: Vec<&str> = first
+        .iter()
+        .zip(&second)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0.as_str())
+        .collect();
+    assert_eq!(changed.len(), 1, "{first:?}\n{second:?}");
+    assert!(changed[0].ends_with(":ocr-cls"), "{changed:?}");
+    drop(reg);
+
+    let c = Container::load_and_run(&archive, "localhost/infer-build/ocr:1-cpu-fp32");
+    let result = c.wait_ready(300).and_then(|()| {
+        let (status, index) = support::http_request(&c.http, "POST", "/v2/repository/index", "");
+        if status != 200 {
+            return Err(format!("repository index: {status} {index}"));
+        }
+        let index: serde_json::Value = serde_json::from_str(&index).map_err(|e| e.to_string())?;
+        let mut ready: Vec<String> = index
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                format!(
+                    "{} {}",
+                    m["name"].as_str().unwrap_or("?"),
+                    m["state"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        ready.sort();
+        if ready != ["ocr-cls READY", "ocr-det READY", "ocr-rec READY"] {
+            return Err(format!("repository index: {ready:?}"));
+        }
+        // A bad request to one model: 400, and the models go on answering.
+        let bad = r#"{"inputs":[{"name":"x","shape":[1,3,48,160],"datatype":"FP32","data":[0]}]}"#;
+        let (status, body) =
+            support::http_request(&c.http, "POST", "/v2/models/ocr-cls/infer", bad);
+        if status != 400 {
+            return Err(format!(
+                "a bad request to ocr-cls answered {status}: {body}"
+            ));
+        }
+        // Every model checked against onnxruntime at the same time, over HTTP and gRPC.
+        let checks: Vec<_> = NAMES
+            .iter()
+            .map(|name| {
+                let case = CASES.iter().find(|c| c.name == *name).unwrap();
+                let cases: Vec<serde_json::Value> = case
+                    .shapes
+                    .iter()
+                    .map(|s| serde_json::json!({"input": case.input, "shape": s}))
+                    .collect();
+                let child = Command::new(&py)
+                    .arg(script())
+                    .arg("check")
+                    .arg(&c.http)
+                    .arg(name)
+                    .arg(models[*name].as_str().unwrap())
+                    .arg(serde_json::to_string(&cases).unwrap())
+                    .arg(&c.grpc)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (*name, child)
+            })
+            .collect();
+        let mut said = String::new();
+        for (name, child) in checks {
+            let o = child.wait_with_output().map_err(|e| e.to_string())?;
+            if !o.status.success() {
+                return Err(format!("{name}: {}\n{}", stdout(&o), stderr(&o)));
+            }
+            said += &format!("{name}: {}\n", stdout(&o).trim());
+        }
+        Ok(said)
+    });
+    // SIGTERM drains every model and exits 0.
+    let stopped = Command::new("docker")
+        .args(["stop", "-t", "30", &c.id])
+        .output()
+        .unwrap();
+    let code = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.ExitCode}}", &c.id])
+        .output()
+        .unwrap();
+    let logs = c.logs();
+    drop(c);
+    match result {
+        Ok(said) => eprintln!("{}", said.trim()),
+        Err(e) => panic!("{e}\ncontainer logs:\n{logs}"),
+    }
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
+    assert_eq!(stdout(&code).trim(), "0", "{logs}");
+    // Each model loaded on its engine: the classifier on tract in the ONNX Runtime image.
+    for (name, engine) in [
+        ("ocr-det", "onnxruntime"),
+        ("ocr-cls", "tract"),
+        ("ocr-rec", "onnxruntime"),
+    ] {
+        let line = logs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["msg"] == "engine loaded" && v["model"] == name)
+            .unwrap_or_else(|| panic!("no engine loaded line of {name}:\n{logs}"));
+        assert!(
+            line["engine"].as_str().unwrap_or("").starts_with(engine),
+            "{name}: {line}"
+        );
+    }
+}

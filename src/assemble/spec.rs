@@ -561,13 +561,17 @@ pub fn target_spec_at(
 /// runtime, base and runtime libraries: a CPU image where some models run on ONNX Runtime
 /// takes their glibc base, dynamic runtime and library for all (that runtime runs tract too);
 /// any other difference is refused, naming the models. `/etc/infer/runtime.toml` is an
-/// [`infer_spec::Bundle`] naming each model's directory; its `[server]` drains as long as the
-/// slowest model asks.
+/// [`infer_spec::Bundle`] naming each model's directory; its `[server]` drains for
+/// `drain_delay_s` (the bundle file's `[deploy]`).
 ///
 /// The compatibility tuple keeps each key the models agree on; a key they do not agree on
 /// (an engine digest, a text setting) is kept per model as `model.<name>.<key>`. `models` lists
 /// the names, and `startup.engine-load-ms` is the sum of the models' (they load in turn).
-pub fn bundle_spec(tag: &str, parts: Vec<TargetSpec>) -> Result<TargetSpec, Error> {
+pub fn bundle_spec(
+    tag: &str,
+    drain_delay_s: u32,
+    parts: Vec<TargetSpec>,
+) -> Result<TargetSpec, Error> {
     let Some(first) = parts.first() else {
         return Err(Error::NoTargets);
     };
@@ -645,21 +649,10 @@ pub fn bundle_spec(tag: &str, parts: Vec<TargetSpec>) -> Result<TargetSpec, Erro
         );
     }
     compat.insert("models".into(), names.join(","));
-    // The server waits for the slowest model's drain.
-    let mut server = Server {
-        drain_delay_s: 0,
+    let server = Server {
+        drain_delay_s: drain_delay_s.into(),
         ..Server::default()
     };
-    for p in &parts {
-        let own = p.models.first().and_then(|m| {
-            let file = format!("{}/{}", m.dir, infer_spec::runtime::MODEL_CONFIG_FILE);
-            let text = std::str::from_utf8(m.files.get(&file)?).ok()?;
-            RuntimeConfig::from_toml_str(text).ok()
-        });
-        if let Some(c) = own {
-            server.drain_delay_s = server.drain_delay_s.max(c.server.drain_delay_s);
-        }
-    }
     let bundle = infer_spec::Bundle {
         server,
         models: parts

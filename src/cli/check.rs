@@ -21,6 +21,10 @@ pub struct CheckArgs {
 /// Load the recipe, the matrix and the lock file beside the recipe, and resolve the plan. The
 /// shared first half of `check` and `plan`.
 pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPlan, Error> {
+    if crate::recipe::bundle::is_bundle(recipe) {
+        let (bundle, projects) = crate::pipeline::load_bundle(recipe, matrix, &[])?;
+        return crate::pipeline::bundle_plan(&bundle, &projects);
+    }
     Ok(crate::plan::Project::load(recipe, matrix)?.plan)
 }
 

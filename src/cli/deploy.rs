@@ -62,9 +62,21 @@ fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
 }
 
 pub fn run(a: DeployArgs) -> Result<(), Error> {
-    let crate::plan::Project { recipe, plan, .. } =
-        crate::plan::Project::load(&a.input, a.matrix.matrix.as_deref())?;
-    let targets: Vec<&TargetPlan> = plan.select(&a.targets)?;
+    let matrix = a.matrix.matrix.as_deref();
+    // A bundle's pod: one image per target holding every model, sized by the bundle file.
+    let (recipe, targets): (crate::recipe::Recipe, Vec<TargetPlan>) =
+        if crate::recipe::bundle::is_bundle(&a.input) {
+            let (bundle, projects) = crate::pipeline::load_bundle(&a.input, matrix, &a.targets)?;
+            let plan = crate::pipeline::bundle_plan(&bundle, &projects)?;
+            let plans: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
+            let recipes: Vec<&crate::recipe::Recipe> = projects.iter().map(|p| &p.recipe).collect();
+            (from_plan::bundle_recipe(&bundle, &recipes), plans)
+        } else {
+            let crate::plan::Project { recipe, plan, .. } =
+                crate::plan::Project::load(&a.input, matrix)?;
+            let targets = plan.select(&a.targets)?.into_iter().cloned().collect();
+            (recipe, targets)
+        };
     if a.image.is_some() && targets.len() != 1 {
         return Err(Error::Usage(format!(
             "--image names one image but the plan has {} targets: add --target ID",
@@ -96,7 +108,7 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
         path: out.clone(),
         source: e,
     })?;
-    for t in targets {
+    for t in &targets {
         let mut found = from_plan::Found::default();
         if let Some(r) = &a.image {
             let (repo, digest, tag) = split_image(r);
@@ -111,10 +123,13 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
                 seconds: s,
                 source: "--startup-seconds".into(),
             }),
-            None => profiles
-                .iter()
-                .find(|p| p.target == t.id)
-                .and_then(from_plan::startup_from_profile),
+            // A bundle's models load in turn: their profiles for the target add up.
+            None => from_plan::startup_of_all(
+                profiles
+                    .iter()
+                    .filter(|p| p.target == t.id)
+                    .filter_map(from_plan::startup_from_profile),
+            ),
         };
         let mut spec = from_plan::spec(&recipe, t, &found)?;
         spec.grpc_readiness = a.grpc_probe;

@@ -185,6 +185,45 @@ pub fn startup_from_profile(p: &infer_spec::engine::EngineProfile) -> Option<Sta
     })
 }
 
+/// The start-up of several engines loaded one after the other (a bundle's models): the sum,
+/// each source named; `None` when there is none.
+pub fn startup_of_all(all: impl Iterator<Item = StartupMeasurement>) -> Option<StartupMeasurement> {
+    all.reduce(|a, b| StartupMeasurement {
+        seconds: a.seconds + b.seconds,
+        source: format!("{}; {}", a.source, b.source),
+    })
+}
+
+/// The recipe a bundle's pod is sized from: the first model's, named, versioned, imaged and
+/// deployed as the bundle file says (`[bundle]`, `[image]`, `[deploy]`); its batching bounds
+/// those of every model: the longest queue delay (the queue-time autoscaling target) and the
+/// longest deadline (none when any model has none), which the drain must cover.
+pub fn bundle_recipe(bundle: &crate::recipe::bundle::Bundle, recipes: &[&Recipe]) -> Recipe {
+    let mut r = recipes[0].clone();
+    r.model.name = bundle.name.clone();
+    r.model.version = bundle.version.clone();
+    r.image.repository.value = bundle.repository.clone();
+    r.image.tag = bundle.tag.clone();
+    r.image.user = bundle.user;
+    r.image.labels = bundle.labels.clone();
+    r.deploy = bundle.deploy.clone();
+    r.batching.max_queue_delay_us = recipes
+        .iter()
+        .map(|m| m.batching.max_queue_delay_us)
+        .max()
+        .unwrap_or(0);
+    r.batching.default_timeout_ms = if recipes.iter().any(|m| m.batching.default_timeout_ms == 0) {
+        0
+    } else {
+        recipes
+            .iter()
+            .map(|m| m.batching.default_timeout_ms)
+            .max()
+            .unwrap_or(0)
+    };
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

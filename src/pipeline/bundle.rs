@@ -61,6 +61,25 @@ pub fn load_bundle(
     Ok((bundle, projects))
 }
 
+/// The plan of a bundle's images: its first model's targets (every model plans the same,
+/// [`load_bundle`]), named, versioned and tagged as the bundle: what `plan`, `check` and
+/// `deploy` show and CI fans out over.
+pub fn bundle_plan(bundle: &Bundle, projects: &[Project]) -> Result<crate::plan::BuildPlan, Error> {
+    let Some(first) = projects.first() else {
+        return Err(Error::Usage(format!(
+            "{}: no models",
+            bundle.file.display()
+        )));
+    };
+    let mut plan = first.plan.clone();
+    plan.recipe = bundle.file.clone();
+    plan.model = bundle.name.clone();
+    plan.version = bundle.version.clone();
+    plan.repository = bundle.repository.clone();
+    crate::plan::tag::apply_bundle(bundle, &first.recipe, &mut plan.targets)?;
+    Ok(plan)
+}
+
 /// The bundle file `req.input`, each of its recipes prepared, the images composed.
 pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
     let (bundle, projects) = load_bundle(&req.input, req.matrix.as_deref(), &req.targets)?;
@@ -90,7 +109,11 @@ pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Erro
     let mut targets = Vec::with_capacity(plans.len());
     for t in &plans {
         let parts = per_target.remove(&t.id).unwrap_or_default();
-        targets.push(assemble::spec::bundle_spec(&t.tag, parts)?);
+        targets.push(assemble::spec::bundle_spec(
+            &t.tag,
+            bundle.deploy.drain_delay_s,
+            parts,
+        )?);
     }
     let meta = assemble::ImageMeta {
         name: bundle.name.clone(),

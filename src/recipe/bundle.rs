@@ -26,10 +26,10 @@ use toml::de::DeValue;
 use super::check::{join, Checker};
 use super::diagnostic::{Located, Span};
 use super::validate::{repository_problem, valid_model_name, valid_version, DEFAULT_TAG};
-use super::{invalid, read_recipe, Diagnostic, Error};
+use super::{invalid, read_recipe, Deploy, Diagnostic, Error};
 
 /// The top-level tables of a bundle file.
-const ROOT_KEYS: [&str; 2] = ["bundle", "image"];
+const ROOT_KEYS: [&str; 3] = ["bundle", "image", "deploy"];
 const BUNDLE_KEYS: [&str; 3] = ["name", "version", "models"];
 const IMAGE_KEYS: [&str; 4] = ["repository", "tag", "user", "labels"];
 
@@ -55,6 +55,10 @@ pub struct Bundle {
     pub tag: Located<String>,
     pub user: u32,
     pub labels: BTreeMap<String, String>,
+    /// `[deploy]`, as a recipe's (without `node_driver`, which each recipe's plan uses): the
+    /// one pod's replicas, resources, latency budget and drain. The models' own `[deploy]`
+    /// tables are not used for the bundle.
+    pub deploy: Deploy,
 }
 
 /// True when `text` is a bundle file (a top-level `[bundle]` table) rather than a recipe.
@@ -207,6 +211,22 @@ fn parse_text(source: &str, file: &Path) -> (Option<Bundle>, Vec<Diagnostic>) {
             }
         }
     }
+    let deploy_table = cx.table(&root, "deploy");
+    // The models' batching delays are checked against their own budgets; here only the
+    // bundle's keys.
+    let no_delay = infer_spec::Batching {
+        max_queue_delay_us: 0,
+        ..infer_spec::Batching::default()
+    };
+    let deploy = super::validate::deploy(&mut cx, deploy_table.as_ref(), &no_delay);
+    if let Some(d) = &deploy.node_driver {
+        cx.error_hint(
+            d.span,
+            &d.key,
+            "a bundle's [deploy] has no node_driver",
+            "set it in each model's recipe: it picks the TensorRT and CUDA their engines are built for",
+        );
+    }
     let bundle = match (name, version, models) {
         (Some(name), Some(version), Some(models)) if cx.diagnostics.is_empty() => Some(Bundle {
             file: file.to_path_buf(),
@@ -219,6 +239,7 @@ fn parse_text(source: &str, file: &Path) -> (Option<Bundle>, Vec<Diagnostic>) {
             tag,
             user,
             labels,
+            deploy,
         }),
         _ => None,
     };

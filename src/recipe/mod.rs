@@ -252,7 +252,7 @@ fn run(source: &str, file: &Path) -> (Option<Recipe>, Vec<FileRef>, Vec<Diagnost
             Span::START,
             "bundle",
             "this is a bundle file (it has a [bundle] table), not a recipe",
-            "`infer-build build` and `check` take a bundle file; other commands take one of its recipes",
+            "`infer-build check`, `plan`, `build` and `deploy` take a bundle file; other commands take one of its recipes",
         );
         return (None, Vec::new(), cx.diagnostics);
     }

@@ -1880,7 +1880,7 @@ fn check_tag_template(cx: &mut Checker<'_>, tag: &Located<String>, targets: &Tar
 // ---------------------------------------------------------------------------------------------
 // [deploy]
 
-fn deploy(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>, b: &Batching) -> Deploy {
+pub(super) fn deploy(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>, b: &Batching) -> Deploy {
     let mut d = Deploy {
         node_driver: None,
         replicas: Replicas { min: 1, max: 1 },

@@ -798,7 +798,7 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
     let write_bundle = |models: &str| {
         std::fs::write(
             &bundle,
-            format!("[bundle]\nname = \"pair\"\nversion = \"2.0.0\"\nmodels = [{models}]\n"),
+            format!("[bundle]\nname = \"pair\"\nversion = \"2.0.0\"\nmodels = [{models}]\n\n[deploy]\nreplicas = {{ min = 2, max = 4 }}\ndrain_delay_s = 7\n"),
         )
         .unwrap()
     };
@@ -854,6 +854,8 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         infer_spec::RuntimeFile::Bundle(b) => {
             let paths: Vec<&str> = b.models.iter().map(|m| m.path.as_str()).collect();
             assert_eq!(paths, ["/opt/infer/models/mlp", "/opt/infer/models/mlp-b"]);
+            // The bundle's [deploy] drains the one server.
+            assert_eq!(b.server.drain_delay_s, 7);
         }
         other => panic!("not a bundle: {other:?}"),
     }
@@ -889,6 +891,31 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
 
     // Same inputs, same digests.
     assert_eq!(digests(&first), digests(&build("b")));
+
+    // `deploy` writes the bundle's pod: its image by digest, its replicas and drain.
+    let o = infer_build()
+        .arg("deploy")
+        .arg(&bundle)
+        .arg("--layout")
+        .arg(ex.path("a"))
+        .arg("--out")
+        .arg(ex.path("k8s"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let yaml = std::fs::read_dir(ex.path("k8s"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect::<String>();
+    let digest = first["targets"][0]["manifest_digest"].as_str().unwrap();
+    assert!(
+        yaml.contains(&format!("localhost/infer-build/pair@{digest}")),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("minReplicas: 2") && yaml.contains("maxReplicas: 4"),
+        "{yaml}"
+    );
 
     // Refused before any engine is built, naming the bundle's line and key.
     std::fs::create_dir(ex.path("third")).unwrap();

@@ -72,6 +72,20 @@ fn layers(layout: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The manifest digest of the layout's one image.
+fn image_digest(layout: &Path) -> String {
+    let o = support::infer_build()
+        .args(["inspect", "--json"])
+        .arg(layout)
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    doc["images"][0]["manifestDigest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime() {
     let test = "docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime";
@@ -158,6 +172,48 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
         .collect();
     assert_eq!(changed.len(), 1, "{first:?}\n{second:?}");
     assert!(changed[0].ends_with(":ocr-cls"), "{changed:?}");
+
+    // Pushed, the image's warm-up manifest lists each model's warm-up requests, in order.
+    let to = format!("{}/vision/ocr", reg.addr);
+    let (code, _, err) =
+        super::registry::push_cli(&dir.path().join("out"), &to, &cache, &["--insecure"]);
+    assert_eq!(code, 0, "{err}");
+    let digest = image_digest(&dir.path().join("out"));
+    let fallback = format!("docker://{to}:sha256-{}", &digest[7..]);
+    let (ok, raw, e) =
+        super::registry::skopeo(&["inspect", "--raw", "--tls-verify=false", &fallback]);
+    assert!(ok, "{e}");
+    let referrers: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let art = referrers["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["artifactType"] == "application/vnd.infer-build.warmup.v1+json")
+        .unwrap_or_else(|| panic!("no warm-up manifest among {}", referrers["manifests"]))
+        ["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ok, raw, e) = super::registry::skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{to}@{art}"),
+    ]);
+    assert!(ok, "{e}");
+    let m: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let payload = reg
+        .stored_blob(m["layers"][0]["digest"].as_str().unwrap())
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    let names: Vec<&str> = doc["requests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("requests: {}", doc["requests"]))
+        .iter()
+        .map(|r| r["model"]["name"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(names, NAMES, "{}", doc["requests"]);
+    assert_eq!(doc["missing"], serde_json::json!([]), "{}", doc["missing"]);
     drop(reg);
 
     let c = Container::load_and_run(&archive, "localhost/infer-build/ocr:1-cpu-fp32");

@@ -51,7 +51,7 @@ fn plain_opts(tmp: &Path) -> ClientOptions {
     }
 }
 
-fn skopeo(args: &[&str]) -> (bool, String, String) {
+pub(super) fn skopeo(args: &[&str]) -> (bool, String, String) {
     let o = Command::new("skopeo")
         .args(args)
         .output()
@@ -63,7 +63,12 @@ fn skopeo(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn push_cli(layout: &Path, to: &str, cache: &Path, extra: &[&str]) -> (i32, Value, String) {
+pub(super) fn push_cli(
+    layout: &Path,
+    to: &str,
+    cache: &Path,
+    extra: &[&str],
+) -> (i32, Value, String) {
     let out = infer_build()
         .args(["push"])
         .arg(layout)

@@ -249,6 +249,10 @@ pub struct Gpu {
     pub tensor_cores: Vec<Precision>,
     /// Maximum MIG instances; 0 = no MIG.
     pub mig: u32,
+    /// GPU memory of the smallest variant, in GB (10^9 bytes) as the datasheet states it;
+    /// `None` in a `--matrix` directory that does not say.
+    #[serde(default)]
+    pub memory_gb: Option<f64>,
     pub source: Vec<String>,
     pub confirmed: bool,
     #[serde(default)]

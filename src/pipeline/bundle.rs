@@ -58,7 +58,51 @@ pub fn load_bundle(
         }
         projects.push(project);
     }
+    check_memory(&bundle, &projects, targets)?;
     Ok((bundle, projects))
+}
+
+/// Refuses a bundle whose models, together, would not fit one of its targets (an estimate,
+/// [`crate::plan::memory`]): the GPU's memory, or on CPU the bundle's pod memory.
+fn check_memory(bundle: &Bundle, projects: &[Project], targets: &[String]) -> Result<(), Error> {
+    let Some(first) = projects.first() else {
+        return Ok(());
+    };
+    let mut sizes = Vec::with_capacity(projects.len());
+    for p in projects {
+        let onnx = p.recipe.resolve(&p.recipe.model.onnx.value);
+        sizes.push(std::fs::metadata(&onnx).map_or(0, |m| m.len()));
+    }
+    for t in first.plan.select(targets)? {
+        let gpu = t.kind == crate::plan::TargetKind::Gpu;
+        let pod_mib = match &bundle.deploy.resources.memory {
+            Some(q) => crate::deploy::from_plan::memory_mib(q).unwrap_or(0),
+            None if gpu => crate::deploy::from_plan::DEFAULT_GPU_MEMORY_MIB,
+            None => crate::deploy::from_plan::DEFAULT_CPU_MEMORY_MIB,
+        };
+        let needs: Vec<(String, u64)> = projects
+            .iter()
+            .zip(&sizes)
+            .filter_map(|(p, &size)| {
+                let theirs = p.plan.target(&t.id)?;
+                Some((
+                    p.recipe.model.name.clone(),
+                    crate::plan::memory::model_need(&p.recipe, theirs, size),
+                ))
+            })
+            .collect();
+        if let Some(why) = crate::plan::memory::refusal(&first.matrix, t, pod_mib, &needs) {
+            let at = bundle
+                .models
+                .first()
+                .map(|m| m.diagnostic(&bundle.file, why.clone()).to_string())
+                .unwrap_or(why);
+            return Err(Error::Usage(
+                at.replace("bundle.models[0]", "bundle.models"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The plan of a bundle's images: its first model's targets (every model plans the same,

@@ -14,6 +14,7 @@
 //! callers: [`lock::read`] (a lock file) and [`Project::load`] (recipe, matrix, lock, plan). This module must not build, pull or push anything.
 
 pub mod lock;
+pub mod memory;
 pub mod project;
 mod resolve;
 pub mod tag;

@@ -917,6 +917,24 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         "{yaml}"
     );
 
+    // A pod too small for the two models together: refused with the numbers.
+    std::fs::write(
+        &bundle,
+        std::fs::read_to_string(&bundle).unwrap().replace(
+            "drain_delay_s = 7",
+            "drain_delay_s = 7\nresources = { memory = \"64Mi\" }",
+        ),
+    )
+    .unwrap();
+    let o = infer_build().arg("check").arg(&bundle).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("target cpu-fp32: the models need about ")
+            && stderr(&o).contains("usable of the pod's 64 MiB (deploy.resources.memory)"),
+        "{}",
+        stderr(&o)
+    );
+
     // Refused before any engine is built, naming the bundle's line and key.
     std::fs::create_dir(ex.path("third")).unwrap();
     std::fs::copy(ex.path("recipe/mlp.onnx"), ex.path("third/mlp.onnx")).unwrap();

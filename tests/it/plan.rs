@@ -427,3 +427,45 @@ fn golden_plans_of_the_shipped_recipes() {
         }
     }
 }
+
+#[test]
+fn a_bundle_whose_models_do_not_fit_the_gpu_together_is_refused_with_the_numbers() {
+    // Each model alone fits an L4 (24 GB); the two together, with batches of 64 images of
+    // 2048 x 2048, do not: `check` and `plan` refuse before any engine is built.
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::copy(root().join("examples/mlp/mlp.onnx"), d.join("m.onnx")).unwrap();
+        std::fs::write(
+            d.join("r.toml"),
+            format!(
+                "[model]\nname = \"{name}\"\nversion = \"1\"\nonnx = \"m.onnx\"\n[model.inputs.input]\ndatatype = \"fp32\"\nshape = [-1, 3, 2048, 2048]\n[model.outputs.output]\ndatatype = \"fp32\"\nshape = [-1, 10]\n[targets]\ngpus = [\"L4\"]\nprecision = [\"fp16\"]\n[batching]\nmax_batch_size = 64\ninstances = 2\n"
+            ),
+        )
+        .unwrap();
+    }
+    let bundle =
+        "[bundle]\nname = \"big\"\nversion = \"1\"\nmodels = [\"a/r.toml\", \"b/r.toml\"]\n";
+    std::fs::write(dir.path().join("bundle.toml"), bundle).unwrap();
+    for cmd in ["check", "plan"] {
+        let o = run_in(dir.path(), &[cmd, "bundle.toml"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert!(
+            err.contains(
+                "bundle.toml:4:11: bundle.models: target sm89-fp16: the models need about "
+            ) && err.contains("of GPU memory together (an estimate: a ")
+                && err.contains("usable of L4's 24 GB (10% kept free)"),
+            "{cmd}: {err}"
+        );
+    }
+    // One of them alone fits.
+    std::fs::write(
+        dir.path().join("bundle.toml"),
+        bundle.replace(", \"b/r.toml\"", ""),
+    )
+    .unwrap();
+    let o = run_in(dir.path(), &["check", "bundle.toml"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

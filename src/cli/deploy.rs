@@ -64,13 +64,32 @@ fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
 pub fn run(a: DeployArgs) -> Result<(), Error> {
     let matrix = a.matrix.matrix.as_deref();
     // A bundle's pod: one image per target holding every model, sized by the bundle file.
+    // Per CPU target of a bundle, the pod memory its models need, when the bundle sets none.
+    let mut cpu_memory: std::collections::BTreeMap<String, String> = Default::default();
     let (recipe, targets): (crate::recipe::Recipe, Vec<TargetPlan>) =
         if crate::recipe::bundle::is_bundle(&a.input) {
             let (bundle, projects) = crate::pipeline::load_bundle(&a.input, matrix, &a.targets)?;
             let plan = crate::pipeline::bundle_plan(&bundle, &projects)?;
             let plans: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
             let recipes: Vec<&crate::recipe::Recipe> = projects.iter().map(|p| &p.recipe).collect();
-            (from_plan::bundle_recipe(&bundle, &recipes), plans)
+            let recipe = from_plan::bundle_recipe(&bundle, &recipes);
+            // A CPU pod without a stated memory is sized to hold its models (estimated), at
+            // least the default.
+            if recipe.deploy.resources.memory.is_none() {
+                for t in plans
+                    .iter()
+                    .filter(|t| t.kind == crate::plan::TargetKind::Cpu)
+                {
+                    let needs = crate::pipeline::memory_needs(&projects, t);
+                    let mib =
+                        crate::plan::memory::pod_mib_for(crate::plan::memory::total(t, &needs));
+                    if mib > from_plan::DEFAULT_CPU_MEMORY_MIB {
+                        eprintln!("deploy: {}: the bundle's models need about {mib} MiB together (an estimate); the pod asks for that", t.id);
+                        cpu_memory.insert(t.id.clone(), format!("{mib}Mi"));
+                    }
+                }
+            }
+            (recipe, plans)
         } else {
             let crate::plan::Project { recipe, plan, .. } =
                 crate::plan::Project::load(&a.input, matrix)?;
@@ -131,7 +150,14 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
                     .filter_map(from_plan::startup_from_profile),
             ),
         };
-        let mut spec = from_plan::spec(&recipe, t, &found)?;
+        let mut spec = match cpu_memory.get(&t.id) {
+            Some(m) => {
+                let mut sized = recipe.clone();
+                sized.deploy.resources.memory = Some(m.clone());
+                from_plan::spec(&sized, t, &found)?
+            }
+            None => from_plan::spec(&recipe, t, &found)?,
+        };
         spec.grpc_readiness = a.grpc_probe;
         let yaml = deploy::render(&spec)?;
         let path = out.join(format!("{}.yaml", spec.name()));

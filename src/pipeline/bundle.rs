@@ -62,35 +62,37 @@ pub fn load_bundle(
     Ok((bundle, projects))
 }
 
+/// Each model's estimated memory on target `t` ([`crate::plan::memory::model_need`]), named.
+pub fn memory_needs(projects: &[Project], t: &TargetPlan) -> Vec<(String, u64)> {
+    projects
+        .iter()
+        .filter_map(|p| {
+            let theirs = p.plan.target(&t.id)?;
+            let onnx = p.recipe.resolve(&p.recipe.model.onnx.value);
+            let size = std::fs::metadata(&onnx).map_or(0, |m| m.len());
+            Some((
+                p.recipe.model.name.clone(),
+                crate::plan::memory::model_need(&p.recipe, theirs, size),
+            ))
+        })
+        .collect()
+}
+
 /// Refuses a bundle whose models, together, would not fit one of its targets (an estimate,
-/// [`crate::plan::memory`]): the GPU's memory, or on CPU the bundle's pod memory.
+/// [`crate::plan::memory`]): the GPU's memory, or on CPU the pod memory the bundle's
+/// `[deploy]` sets (without one, `deploy` sizes the pod from the estimate instead).
 fn check_memory(bundle: &Bundle, projects: &[Project], targets: &[String]) -> Result<(), Error> {
     let Some(first) = projects.first() else {
         return Ok(());
     };
-    let mut sizes = Vec::with_capacity(projects.len());
-    for p in projects {
-        let onnx = p.recipe.resolve(&p.recipe.model.onnx.value);
-        sizes.push(std::fs::metadata(&onnx).map_or(0, |m| m.len()));
-    }
     for t in first.plan.select(targets)? {
         let gpu = t.kind == crate::plan::TargetKind::Gpu;
         let pod_mib = match &bundle.deploy.resources.memory {
             Some(q) => crate::deploy::from_plan::memory_mib(q).unwrap_or(0),
             None if gpu => crate::deploy::from_plan::DEFAULT_GPU_MEMORY_MIB,
-            None => crate::deploy::from_plan::DEFAULT_CPU_MEMORY_MIB,
+            None => continue,
         };
-        let needs: Vec<(String, u64)> = projects
-            .iter()
-            .zip(&sizes)
-            .filter_map(|(p, &size)| {
-                let theirs = p.plan.target(&t.id)?;
-                Some((
-                    p.recipe.model.name.clone(),
-                    crate::plan::memory::model_need(&p.recipe, theirs, size),
-                ))
-            })
-            .collect();
+        let needs = memory_needs(projects, t);
         if let Some(why) = crate::plan::memory::refusal(&first.matrix, t, pod_mib, &needs) {
             let at = bundle
                 .models

@@ -20,7 +20,7 @@ mod engine;
 mod tune;
 
 pub use build::{build, prepare, BuildRequest, Built, Prepared};
-pub use bundle::{bundle_plan, load_bundle};
+pub use bundle::{bundle_plan, load_bundle, memory_needs};
 pub use engine::{engine_spec, folded_line, selection_line, SpecAndLibrary};
 pub use tune::tune_base;
 

@@ -114,6 +114,24 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// The bytes the models (name, estimated bytes) and the server need together on `t`.
+pub fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
+    let overhead = if t.kind == TargetKind::Gpu {
+        GPU_OVERHEAD
+    } else {
+        CPU_OVERHEAD
+    };
+    needs
+        .iter()
+        .map(|(_, b)| *b)
+        .fold(overhead, u64::saturating_add)
+}
+
+/// The pod memory, in MiB, that holds `total` bytes with the headroom kept free.
+pub fn pod_mib_for(total: u64) -> u64 {
+    (total / (100 - HEADROOM_PERCENT) * 100).div_ceil(1 << 20)
+}
+
 /// The refusal when the models of a bundle (name, estimated bytes) do not fit target `t`,
 /// `None` when they do or the target's memory is unknown.
 pub fn refusal(
@@ -123,15 +141,12 @@ pub fn refusal(
     needs: &[(String, u64)],
 ) -> Option<String> {
     let (holds, what) = capacity(matrix, t, pod_mib)?;
+    let total = total(t, needs);
     let overhead = if t.kind == TargetKind::Gpu {
         GPU_OVERHEAD
     } else {
         CPU_OVERHEAD
     };
-    let total = needs
-        .iter()
-        .map(|(_, b)| *b)
-        .fold(overhead, u64::saturating_add);
     let usable = holds / 100 * (100 - HEADROOM_PERCENT);
     if total <= usable {
         return None;

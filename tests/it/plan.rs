@@ -468,4 +468,25 @@ fn a_bundle_whose_models_do_not_fit_the_gpu_together_is_refused_with_the_numbers
     .unwrap();
     let o = run_in(dir.path(), &["check", "bundle.toml"]);
     assert!(o.status.success(), "{}", stderr(&o));
+
+    // On CPU without a stated pod memory, `deploy` sizes the pod to hold both.
+    for name in ["a", "b"] {
+        let r = dir.path().join(name).join("r.toml");
+        let text = std::fs::read_to_string(&r).unwrap();
+        std::fs::write(
+            &r,
+            text.replace("gpus = [\"L4\"]\nprecision = [\"fp16\"]", "cpu = true"),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("bundle.toml"), bundle).unwrap();
+    let o = run_in(dir.path(), &["deploy", "bundle.toml", "--out", "k8s"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cpu-fp32: the bundle's models need about 27"),
+        "{}",
+        stderr(&o)
+    );
+    let yaml = std::fs::read_to_string(dir.path().join("k8s/big-cpu-fp32.yaml")).unwrap();
+    assert!(yaml.contains("memory: \"27"), "{yaml}");
 }

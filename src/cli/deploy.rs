@@ -34,6 +34,11 @@ pub struct DeployArgs {
     /// measured outside the engine profile; overrides the profile.
     #[arg(long, value_name = "SECONDS")]
     pub startup_seconds: Option<f64>,
+    /// How each replica of a GPU target gets its GPU: `whole` (default), `mig` (the smallest
+    /// MIG slice that holds the model's estimated memory), `time-sliced` or `mps` (a shared
+    /// GPU; the YAML's comments say what each isolates).
+    #[arg(long, value_name = "SHARE", default_value = "whole", value_parser = ["whole", "mig", "time-sliced", "mps"])]
+    pub gpu_share: String,
     /// Probe readiness with gRPC health (`grpc.health.v1`, port 8001) instead of HTTP
     /// `/v2/health/ready` (Kubernetes 1.27 or later).
     #[arg(long)]
@@ -66,6 +71,9 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
     // A bundle's pod: one image per target holding every model, sized by the bundle file.
     // Per CPU target of a bundle, the pod memory its models need, when the bundle sets none.
     let mut cpu_memory: std::collections::BTreeMap<String, String> = Default::default();
+    // Per target, the models' estimated memory together (a MIG slice must hold it).
+    let mut need: std::collections::BTreeMap<String, u64> = Default::default();
+    let matrix_rows: crate::matrix::Matrix;
     let (recipe, targets): (crate::recipe::Recipe, Vec<TargetPlan>) =
         if crate::recipe::bundle::is_bundle(&a.input) {
             let (bundle, projects) = crate::pipeline::load_bundle(&a.input, matrix, &a.targets)?;
@@ -73,6 +81,11 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
             let plans: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
             let recipes: Vec<&crate::recipe::Recipe> = projects.iter().map(|p| &p.recipe).collect();
             let recipe = from_plan::bundle_recipe(&bundle, &recipes);
+            for t in &plans {
+                let needs = crate::pipeline::memory_needs(&projects, t);
+                need.insert(t.id.clone(), crate::plan::memory::total(t, &needs));
+            }
+            matrix_rows = projects[0].matrix.clone();
             // A CPU pod without a stated memory is sized to hold its models (estimated), at
             // least the default.
             if recipe.deploy.resources.memory.is_none() {
@@ -91,9 +104,23 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
             }
             (recipe, plans)
         } else {
-            let crate::plan::Project { recipe, plan, .. } =
-                crate::plan::Project::load(&a.input, matrix)?;
-            let targets = plan.select(&a.targets)?.into_iter().cloned().collect();
+            let crate::plan::Project {
+                recipe,
+                plan,
+                matrix: m,
+                ..
+            } = crate::plan::Project::load(&a.input, matrix)?;
+            let targets: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
+            let size =
+                std::fs::metadata(recipe.resolve(&recipe.model.onnx.value)).map_or(0, |m| m.len());
+            for t in &targets {
+                let one = [(
+                    recipe.model.name.clone(),
+                    crate::plan::memory::model_need(&recipe, t, size),
+                )];
+                need.insert(t.id.clone(), crate::plan::memory::total(t, &one));
+            }
+            matrix_rows = m;
             (recipe, targets)
         };
     if a.image.is_some() && targets.len() != 1 {
@@ -150,6 +177,17 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
                     .filter_map(from_plan::startup_from_profile),
             ),
         };
+        if t.kind == crate::plan::TargetKind::Gpu {
+            found.gpu_share = match a.gpu_share.as_str() {
+                "mig" => {
+                    from_plan::mig_share(&matrix_rows, t, need.get(&t.id).copied().unwrap_or(0))
+                        .map_err(Error::Usage)?
+                }
+                "time-sliced" => deploy::GpuShare::TimeSliced,
+                "mps" => deploy::GpuShare::Mps,
+                _ => deploy::GpuShare::Whole,
+            };
+        }
         let mut spec = match cpu_memory.get(&t.id) {
             Some(m) => {
                 let mut sized = recipe.clone();

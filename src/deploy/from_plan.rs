@@ -78,6 +78,71 @@ pub struct Found {
     pub tag: Option<String>,
     /// The start-up time measured by the engine stage.
     pub startup: Option<StartupMeasurement>,
+    /// How a replica gets its GPU (`--gpu-share`).
+    pub gpu_share: super::GpuShare,
+}
+
+/// The MIG slice for a model that needs `need` bytes (an estimate) on GPU target `t`: the
+/// smallest profile, among those the matrix lists for the target's products (the first
+/// product that has any), whose memory holds the need with 10% free. The error says why
+/// there is none.
+pub fn mig_share(
+    matrix: &crate::matrix::Matrix,
+    t: &TargetPlan,
+    need: u64,
+) -> Result<super::GpuShare, String> {
+    let products = t
+        .gpu
+        .as_ref()
+        .map(|g| g.products.clone())
+        .unwrap_or_default();
+    let rows: Vec<&crate::matrix::Gpu> = products
+        .iter()
+        .filter_map(|p| matrix.gpus.iter().find(|g| &g.name == p))
+        .collect();
+    let Some(row) = rows
+        .iter()
+        .find(|g| g.mig > 0 && !g.mig_profiles.is_empty())
+    else {
+        let with_mig: Vec<&str> = rows
+            .iter()
+            .filter(|g| g.mig > 0)
+            .map(|g| g.name.as_str())
+            .collect();
+        return Err(if with_mig.is_empty() {
+            format!(
+                "target {}: none of its GPUs ({}) has MIG; use --gpu-share time-sliced or mps",
+                t.id,
+                products.join(", ")
+            )
+        } else {
+            format!(
+                "target {}: the matrix lists no MIG profiles for {}; add mig_profiles to matrix/gpus.toml (--matrix DIR)",
+                t.id,
+                with_mig.join(", ")
+            )
+        });
+    };
+    let need_gb = need as f64 / 1e9;
+    let fits = row.mig_profiles.iter().find(|p| {
+        p.split_once('.')
+            .and_then(|(_, m)| m.strip_suffix("gb"))
+            .and_then(|m| m.parse::<f64>().ok())
+            .is_some_and(|gb| gb * 0.9 >= need_gb)
+    });
+    match fits {
+        Some(profile) => Ok(super::GpuShare::Mig {
+            profile: profile.clone(),
+            product: row.name.clone(),
+            need_gb,
+        }),
+        None => Err(format!(
+            "target {}: the model needs about {need_gb:.1} GB (an estimate), more than the largest MIG profile of {} ({}) holds with 10% free; use a whole GPU",
+            t.id,
+            row.name,
+            row.mig_profiles.last().map_or("", String::as_str)
+        )),
+    }
 }
 
 /// Build the spec for `target`.
@@ -147,6 +212,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
         digest,
         gpu,
         gpu_count: u32::from(gpu_target),
+        gpu_share: found.gpu_share.clone(),
         cpu_millis: cpu,
         memory_mib: memory,
         shm_mib: shm,

@@ -74,6 +74,56 @@ pub enum GpuSelector {
     Products(Vec<String>),
 }
 
+/// How a replica gets its GPU.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum GpuShare {
+    /// A whole GPU (`nvidia.com/gpu`).
+    #[default]
+    Whole,
+    /// A MIG slice of `product` (`nvidia.com/mig-<profile>`, the device plugin's `mixed`
+    /// strategy), the smallest profile holding `need_gb` with the headroom.
+    Mig {
+        profile: String,
+        product: String,
+        need_gb: f64,
+    },
+    /// A time-sliced share (`nvidia.com/gpu.shared`: the device plugin's time-slicing with
+    /// `renameByDefault`).
+    TimeSliced,
+    /// An MPS share (`nvidia.com/gpu.shared`: the device plugin's MPS sharing).
+    Mps,
+}
+
+impl GpuShare {
+    /// The extended resource a replica asks for.
+    pub fn resource(&self) -> String {
+        match self {
+            GpuShare::Whole => "nvidia.com/gpu".into(),
+            GpuShare::Mig { profile, .. } => format!("nvidia.com/mig-{profile}"),
+            GpuShare::TimeSliced | GpuShare::Mps => "nvidia.com/gpu.shared".into(),
+        }
+    }
+
+    /// What the share needs on the cluster and does not isolate, for the YAML's comments.
+    pub fn caveats(&self) -> Vec<String> {
+        match self {
+            GpuShare::Whole => Vec::new(),
+            GpuShare::Mig { profile, product, need_gb } => vec![
+                format!("GPU: a MIG slice {profile} of a {product}, the smallest holding the model's estimated {need_gb:.1} GB with 10% free; MIG isolates memory, compute and faults between slices"),
+                "needs nodes with MIG enabled in that profile and the NVIDIA device plugin's `mixed` MIG strategy (one resource per profile); with the `single` strategy ask for nvidia.com/gpu instead".into(),
+            ],
+            GpuShare::TimeSliced => vec![
+                "GPU: a time-sliced share; the NVIDIA device plugin must advertise nvidia.com/gpu.shared (sharing.timeSlicing with renameByDefault: true)".into(),
+                "time-slicing isolates nothing: replicas on one GPU share its memory (one can take it all and fail the others) and take turns on its compute, so latency grows with every neighbour".into(),
+            ],
+            GpuShare::Mps => vec![
+                "GPU: an MPS share; the NVIDIA device plugin must advertise nvidia.com/gpu.shared (sharing.mps with renameByDefault: true)".into(),
+                "MPS runs clients side by side with a memory limit each, but a fatal GPU fault in one client can take down the others on that GPU".into(),
+            ],
+        }
+    }
+}
+
 /// The metric the HPA scales on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Autoscale {
@@ -107,6 +157,8 @@ pub struct DeploySpec {
     /// `None` for CPU targets.
     pub gpu: Option<GpuSelector>,
     pub gpu_count: u32,
+    /// How each replica gets its GPU (GPU targets).
+    pub gpu_share: GpuShare,
     /// CPU in millicores (requests = limits).
     pub cpu_millis: u64,
     /// Memory in MiB (requests = limits); includes the /dev/shm size, which counts against it.
@@ -361,7 +413,7 @@ fn resources(spec: &DeploySpec) -> Node {
         .kv("cpu", format!("{}m", spec.cpu_millis))
         .kv("memory", format!("{}Mi", spec.memory_mib));
     if spec.gpu.is_some() {
-        m = m.kv("nvidia.com/gpu", spec.gpu_count.to_string());
+        m = m.kv(&spec.gpu_share.resource(), spec.gpu_count.to_string());
     }
     Map::new().kv("requests", m.clone()).kv("limits", m).into()
 }
@@ -438,12 +490,17 @@ pub fn deployment(spec: &DeploySpec) -> Node {
             ],
         )
         .kv_c(
-            &[
-                format!(
-                    "Guaranteed QoS: requests = limits for every resource (no CPU throttling jitter from Burstable); memory includes the {} Mi /dev/shm",
-                    spec.shm_mib
-                ),
-            ],
+            &[format!(
+                "Guaranteed QoS: requests = limits for every resource (no CPU throttling jitter from Burstable); memory includes the {} Mi /dev/shm",
+                spec.shm_mib
+            )]
+            .into_iter()
+            .chain(if spec.gpu.is_some() {
+                spec.gpu_share.caveats()
+            } else {
+                Vec::new()
+            })
+            .collect::<Vec<_>>(),
             "resources",
             resources(spec),
         )
@@ -841,6 +898,7 @@ mod tests {
             digest: None,
             gpu: Some(GpuSelector::Compute { major: 8, minor: 9 }),
             gpu_count: 1,
+            gpu_share: GpuShare::Whole,
             cpu_millis: 4000,
             memory_mib: 8192,
             shm_mib: 2048,

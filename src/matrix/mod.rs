@@ -253,6 +253,9 @@ pub struct Gpu {
     /// `None` in a `--matrix` directory that does not say.
     #[serde(default)]
     pub memory_gb: Option<f64>,
+    /// The MIG profiles of that variant (`1g.10gb`), smallest first; empty when unknown.
+    #[serde(default)]
+    pub mig_profiles: Vec<String>,
     pub source: Vec<String>,
     pub confirmed: bool,
     #[serde(default)]

@@ -51,6 +51,7 @@ fn spec() -> DeploySpec {
         digest: None,
         gpu: Some(GpuSelector::Compute { major: 8, minor: 9 }),
         gpu_count: 1,
+        gpu_share: deploy::GpuShare::Whole,
         cpu_millis: 4000,
         memory_mib: 8192,
         shm_mib: 2048,
@@ -105,6 +106,32 @@ fn py_deploy_variants_pass_strict_validation() {
     let mut s = spec();
     s.grpc_readiness = true;
     variants.push(("grpc-probe", s));
+    // Shared GPUs: a MIG slice, a time-sliced and an MPS share.
+    for (name, share) in [
+        (
+            "gpu-mig",
+            deploy::GpuShare::Mig {
+                profile: "1g.10gb".into(),
+                product: "H100".into(),
+                need_gb: 3.2,
+            },
+        ),
+        ("gpu-time-sliced", deploy::GpuShare::TimeSliced),
+        ("gpu-mps", deploy::GpuShare::Mps),
+    ] {
+        let mut s = spec();
+        s.gpu_share = share;
+        let y = deploy::render(&s).unwrap();
+        let resource = s.gpu_share.resource();
+        assert!(
+            y.contains(&format!("{resource}: \"1\"")) && !y.contains("nvidia.com/gpu: \"1\""),
+            "{name}: {y}"
+        );
+        for caveat in s.gpu_share.caveats() {
+            assert!(y.contains(&caveat), "{name}: {y}");
+        }
+        variants.push((name, s));
+    }
     let mut paths = Vec::new();
     for (name, s) in &variants {
         let p = dir.path().join(format!("{name}.yaml"));

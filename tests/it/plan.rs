@@ -490,3 +490,72 @@ fn a_bundle_whose_models_do_not_fit_the_gpu_together_is_refused_with_the_numbers
     let yaml = std::fs::read_to_string(dir.path().join("k8s/big-cpu-fp32.yaml")).unwrap();
     assert!(yaml.contains("memory: \"27"), "{yaml}");
 }
+
+#[test]
+fn deploy_asks_for_the_smallest_mig_slice_that_holds_the_model() {
+    // The example's tiny model and the server's 0.5 GB: the smallest slice of an H100,
+    // 1g.10gb, holds it.
+    let dir = fixture(
+        "[model.outputs.output]\ndatatype = \"fp32\"\nshape = [-1, 10]\n[targets]\ngpus = [\"H100\", \"L4\"]\nprecision = [\"fp16\"]\n",
+    );
+    let o = run_in(
+        dir.path(),
+        &[
+            "deploy",
+            "r.toml",
+            "--gpu-share",
+            "mig",
+            "--target",
+            "sm90-fp16",
+            "--out",
+            "k8s",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let yaml = std::fs::read_to_string(dir.path().join("k8s/m-sm90-fp16.yaml")).unwrap();
+    assert!(yaml.contains("nvidia.com/mig-1g.10gb: \"1\""), "{yaml}");
+    assert!(
+        yaml.contains("# GPU: a MIG slice 1g.10gb of a H100"),
+        "{yaml}"
+    );
+    // The L4 has no MIG: refused, saying what to use instead.
+    let o = run_in(
+        dir.path(),
+        &[
+            "deploy",
+            "r.toml",
+            "--gpu-share",
+            "mig",
+            "--target",
+            "sm89-fp16",
+            "--out",
+            "k8s",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "target sm89-fp16: none of its GPUs (L4) has MIG; use --gpu-share time-sliced or mps"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // A model no slice holds: refused with the estimate.
+    let big = fixture(
+        "[model.outputs.output]\ndatatype = \"fp32\"\nshape = [-1, 10]\n[targets]\ngpus = [\"H100\"]\nprecision = [\"fp16\"]\n[batching]\nmax_batch_size = 1024\ninstances = 64\n",
+    );
+    let text = std::fs::read_to_string(big.path().join("r.toml"))
+        .unwrap()
+        .replace("shape = [-1, 64]", "shape = [-1, 3, 1024, 1024]");
+    std::fs::write(big.path().join("r.toml"), text).unwrap();
+    let o = run_in(
+        big.path(),
+        &["deploy", "r.toml", "--gpu-share", "mig", "--out", "k8s"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("more than the largest MIG profile of H100 (7g.80gb) holds"),
+        "{}",
+        stderr(&o)
+    );
+}

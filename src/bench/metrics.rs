@@ -176,6 +176,16 @@ fn delta(before: &[Sample], after: &[Sample], name: &str) -> Option<f64> {
     Some((a - b).max(0.0))
 }
 
+/// The samples of `model`: those labelled with it, and those without a `model` label (a
+/// server's own series). A bundle's `/metrics` has every model's series; a step counts its
+/// model's only.
+pub fn of_model(samples: Vec<Sample>, model: &str) -> Vec<Sample> {
+    samples
+        .into_iter()
+        .filter(|s| s.labels.get("model").is_none_or(|m| m == model))
+        .collect()
+}
+
 /// Subtract two scrapes.
 pub fn server_delta(before: &[Sample], after: &[Sample]) -> ServerDelta {
     let mut out = ServerDelta::default();

@@ -148,12 +148,13 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(Error::Runtime)
 }
 
-/// Scrape `/metrics`; `None` when the server has none.
-pub async fn scrape(ep: &Endpoint) -> Option<Vec<metrics::Sample>> {
+/// Scrape `/metrics`, the series of `model` ([`metrics::of_model`]); `None` when the server
+/// has none.
+pub async fn scrape(ep: &Endpoint, model: &str) -> Option<Vec<metrics::Sample>> {
     let (status, body) = load::fetch(ep, &Prepared::get(ep, "/metrics")).await.ok()?;
     status
         .is_success()
-        .then(|| metrics::parse(&String::from_utf8_lossy(&body)))
+        .then(|| metrics::of_model(metrics::parse(&String::from_utf8_lossy(&body)), model))
 }
 
 /// Fetch the model's metadata and build its infer request.
@@ -186,9 +187,10 @@ pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> 
     // Scrape when the measured window opens, so warm-up batches are not counted.
     let scrape_ep = ep.clone();
     let warmup = opts.bounds.warmup;
+    let model = opts.model.clone();
     let before = tokio::spawn(async move {
         tokio::time::sleep(warmup).await;
-        scrape(&scrape_ep).await
+        scrape(&scrape_ep, &model).await
     });
     let raw = match load {
         Load::Concurrency(c) => load::closed_loop(ep, req, c, opts.bounds).await,
@@ -196,14 +198,14 @@ pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> 
     };
     let before = before.await.ok().flatten();
     let ok = raw.latencies.len() as u64;
-    let mut after = scrape(ep).await;
+    let mut after = scrape(ep, &opts.model).await;
     // The server counts a request once its response is on the wire, so the client can read the
     // last answers before their counts land: scrape again, briefly, until they have.
     for _ in 0..10 {
         match (&before, &after) {
             (Some(b), Some(a)) if metrics::server_delta(b, a).requests < ok => {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                after = scrape(ep).await;
+                after = scrape(ep, &opts.model).await;
             }
             _ => break,
         }
@@ -275,6 +277,103 @@ pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
     })
 }
 
+/// A model of a mix and its weight: its share of each step's load.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Share {
+    pub model: String,
+    pub weight: f64,
+}
+
+/// Parse `--model`: one name, or a mix `a=3,b=1` (weights positive numbers; a name alone
+/// weighs 1).
+pub fn parse_mix(s: &str) -> Result<Vec<Share>, String> {
+    let mut out: Vec<Share> = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let (model, weight) = match part.split_once('=') {
+            Some((m, w)) => {
+                let w: f64 = w.trim().parse().map_err(|_| {
+                    format!("`{part}`: the weight after `=` must be a number (a=3,b=1)")
+                })?;
+                (m.trim(), w)
+            }
+            None => (part, 1.0),
+        };
+        if model.is_empty() {
+            return Err(format!("`{s}`: a model name is empty"));
+        }
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(format!("`{part}`: the weight must be positive"));
+        }
+        if out.iter().any(|o| o.model == model) {
+            return Err(format!("`{s}`: {model} is named twice"));
+        }
+        out.push(Share {
+            model: model.to_string(),
+            weight,
+        });
+    }
+    Ok(out)
+}
+
+/// `load` split between the models of a mix by weight: a concurrency into whole workers
+/// (at least one each), a rate into rates.
+pub fn split(load: Load, mix: &[Share]) -> Vec<Load> {
+    let total: f64 = mix.iter().map(|m| m.weight).sum();
+    mix.iter()
+        .map(|m| match load {
+            Load::Concurrency(c) => {
+                Load::Concurrency(((f64::from(c) * m.weight / total).round() as u32).max(1))
+            }
+            Load::Rate(r) => Load::Rate(r * m.weight / total),
+        })
+        .collect()
+}
+
+/// Run every step of `opts` against several models at once (a bundle's): each step's load
+/// split between them by weight ([`split`]), every model's share driven at the same time;
+/// per model its steps (the server's counts from its own series).
+pub fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<Step>)>, Error> {
+    if opts.loads.is_empty() {
+        return Err(Error::Options(
+            "no load steps (give --concurrency or --rate)".into(),
+        ));
+    }
+    if opts.batch == 0 {
+        return Err(Error::Options("--batch must be at least 1".into()));
+    }
+    let rt = runtime()?;
+    rt.block_on(async {
+        let ep = Endpoint::resolve(&opts.url).await?;
+        let mut prepared = Vec::with_capacity(mix.len());
+        for m in mix {
+            // Each model's progress lines name it.
+            let (parent, name) = (opts.progress.clone(), m.model.clone());
+            let o = Options {
+                model: m.model.clone(),
+                progress: Progress::to(move |line| parent.line(|| format!("{name}: {line}"))),
+                ..opts.clone()
+            };
+            let req = prepare(&ep, &o).await?;
+            prepared.push((o, req));
+        }
+        let mut out: Vec<(String, Vec<Step>)> =
+            mix.iter().map(|m| (m.model.clone(), Vec::new())).collect();
+        for &l in &opts.loads {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, ((o, req), share)) in prepared.iter().zip(split(l, mix)).enumerate() {
+                let (ep, o, req) = (ep.clone(), o.clone(), req.clone());
+                set.spawn(async move { (i, step(&ep, &req, &o, share).await) });
+            }
+            while let Some(done) = set.join_next().await {
+                let (i, s) =
+                    done.map_err(|e| Error::Options(format!("a model's step failed: {e}")))?;
+                out[i].1.push(s);
+            }
+        }
+        Ok(out)
+    })
+}
+
 /// Parse a duration such as `500ms`, `2s`, `1.5s`, `1m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -300,6 +399,40 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mix_splits_each_step_by_weight() {
+        let mix = parse_mix("det=3, rec=1").unwrap();
+        assert_eq!(
+            mix[0],
+            Share {
+                model: "det".into(),
+                weight: 3.0
+            }
+        );
+        assert_eq!(
+            split(Load::Concurrency(8), &mix),
+            [Load::Concurrency(6), Load::Concurrency(2)]
+        );
+        assert_eq!(
+            split(Load::Concurrency(1), &mix),
+            [Load::Concurrency(1), Load::Concurrency(1)]
+        );
+        assert_eq!(
+            split(Load::Rate(100.0), &mix),
+            [Load::Rate(75.0), Load::Rate(25.0)]
+        );
+        assert_eq!(
+            parse_mix("mlp").unwrap(),
+            [Share {
+                model: "mlp".into(),
+                weight: 1.0
+            }]
+        );
+        for bad in ["a=0", "a=x", "a,a", "=2", "a=-1"] {
+            assert!(parse_mix(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn durations() {

@@ -39,7 +39,9 @@ pub struct BenchArgs {
 pub struct BenchOpts {
     /// The server, e.g. http://127.0.0.1:8000 (not with --tune).
     pub url: Option<String>,
-    /// The model to send requests to.
+    /// The model to send requests to, or a mix of a bundle's models by weight
+    /// (`det=3,rec=1`): each step's load is split between them, driven at once, and each is
+    /// reported on its own.
     #[arg(long, short = 'm')]
     pub model: Option<String>,
     /// Closed loop: a comma-separated list of concurrencies, one step each (e.g. 1,2,4,8).
@@ -184,6 +186,10 @@ pub fn run(a: BenchArgs) -> Result<(), Error> {
         seed: a.seed,
         progress: bench::Progress::to(|line| eprintln!("{line}")),
     };
+    let mix = bench::parse_mix(&model).map_err(|e| Error::Usage(format!("--model {e}")))?;
+    if mix.len() > 1 {
+        return run_mix(&a, &opts, &mix);
+    }
     let steps = bench::run(&opts)?;
     let labeled: Vec<(Labels, Step)> = steps.iter().map(|s| (Vec::new(), s.clone())).collect();
     let csv_path = a
@@ -204,6 +210,65 @@ pub fn run(a: BenchArgs) -> Result<(), Error> {
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({ "url": url, "model": model, "steps": steps })
+            )
+            .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `bench URL --model a=3,b=1`: every step split between the models and driven at once; the
+/// CSV and report carry one series per model (labelled `model`), the JSON per model.
+fn run_mix(a: &BenchOpts, opts: &Options, mix: &[bench::Share]) -> Result<(), Error> {
+    let name = mix
+        .iter()
+        .map(|m| m.model.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    let per_model = bench::run_mix(opts, mix)?;
+    let mut labeled: Vec<(Labels, Step)> = Vec::new();
+    for (model, steps) in &per_model {
+        for s in steps {
+            labeled.push((vec![("model".into(), model.clone())], s.clone()));
+        }
+    }
+    for (i, l) in opts.loads.iter().enumerate() {
+        let ok: u64 = per_model
+            .iter()
+            .filter_map(|(_, s)| s.get(i))
+            .map(|s| s.ok)
+            .sum();
+        let rate: f64 = per_model
+            .iter()
+            .filter_map(|(_, s)| s.get(i))
+            .map(|s| s.infer_per_s)
+            .sum();
+        eprintln!("bench: {l:?} over the mix: {ok} ok, {rate:.1} infer/s in all");
+    }
+    let csv_path = a
+        .csv
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench-{name}.csv")));
+    let html_path = a
+        .report
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench-{name}.html")));
+    write(&csv_path, &report::csv(&labeled))?;
+    write(&html_path, &report::bench_html(&opts.url, &name, &labeled))?;
+    eprintln!(
+        "bench: wrote {} and {}",
+        csv_path.display(),
+        html_path.display()
+    );
+    if a.json {
+        let models: serde_json::Map<String, serde_json::Value> = per_model
+            .iter()
+            .map(|(m, steps)| (m.clone(), serde_json::json!(steps)))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "url": opts.url, "mix": mix, "models": models })
             )
             .unwrap_or_default()
         );

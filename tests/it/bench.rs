@@ -464,3 +464,66 @@ fn bench_tune_takes_a_recipe_and_its_slo() {
     assert_eq!(v["input"]["budget_ms_from"], "--budget-ms");
     assert_eq!(v["capacity"]["peak_qps"].as_f64(), Some(peak));
 }
+
+#[test]
+fn bench_drives_a_mix_of_a_bundles_models_and_reports_each() {
+    // A bundle of two synthetic models: `fast` (1 ms a batch) and `slow` (20 ms a batch).
+    let dir = tempfile::tempdir().unwrap();
+    for (name, base) in [("fast", "1.0"), ("slow", "20.0")] {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        let cfg = support::synthetic_runtime_config(
+            &SYNTHETIC_TAIL.replace("base_ms = 1.0", &format!("base_ms = {base}")),
+        )
+        .replace("name = \"synthetic\"", &format!("name = \"{name}\""));
+        std::fs::write(d.join("runtime.toml"), cfg).unwrap();
+    }
+    let serve = support::start_serve(
+        dir.path(),
+        "[server]\nhost = \"127.0.0.1\"\nport = PORT\ndrain_delay_s = 0\n\n[[models]]\npath = \"fast\"\n\n[[models]]\npath = \"slow\"\n",
+    );
+    let csv = dir.path().join("mix.csv");
+    let out = support::run(&[
+        "bench",
+        &serve.url,
+        "--model",
+        "fast=3,slow=1",
+        "--concurrency",
+        "4",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--report",
+        dir.path().join("mix.html").to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    let err = support::stderr(&out);
+    assert!(
+        err.contains("fast: bench: concurrency   3")
+            && err.contains("slow: bench: concurrency   1"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+    for (name, workers) in [("fast", 3u32), ("slow", 1)] {
+        let s = &v["models"][name][0];
+        assert_eq!(s["load"]["Concurrency"], workers, "{name}: {s}");
+        let ok = s["ok"].as_u64().unwrap();
+        assert!(ok > 0, "{name}: {s}");
+        // The server's counts are this model's own series, not the bundle's sum.
+        let seen = s["server"]["requests"].as_u64().unwrap();
+        assert!(
+            seen.abs_diff(ok) <= u64::from(workers),
+            "{name}: ok {ok}, server {seen}: {s}"
+        );
+    }
+    // The fast model, three workers at 1 ms, answers many times what the slow one does.
+    let fast = v["models"]["fast"][0]["ok"].as_u64().unwrap();
+    let slow = v["models"]["slow"][0]["ok"].as_u64().unwrap();
+    assert!(fast > 5 * slow, "fast {fast}, slow {slow}");
+    let table = std::fs::read_to_string(&csv).unwrap();
+    assert!(table.contains("fast") && table.contains("slow"), "{table}");
+}

@@ -255,8 +255,8 @@ pub fn progress_line(s: &Step) -> String {
     )
 }
 
-/// Run every step of `opts` against the server.
-pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
+/// The generator's runtime, once `opts` is known to describe a run.
+fn checked_runtime(opts: &Options) -> Result<tokio::runtime::Runtime, Error> {
     if opts.loads.is_empty() {
         return Err(Error::Options(
             "no load steps (give --concurrency or --rate)".into(),
@@ -265,7 +265,12 @@ pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
     if opts.batch == 0 {
         return Err(Error::Options("--batch must be at least 1".into()));
     }
-    let rt = runtime()?;
+    runtime()
+}
+
+/// Run every step of `opts` against the server.
+pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
+    let rt = checked_runtime(opts)?;
     rt.block_on(async {
         let ep = Endpoint::resolve(&opts.url).await?;
         let req = prepare(&ep, opts).await?;
@@ -333,15 +338,7 @@ pub fn split(load: Load, mix: &[Share]) -> Vec<Load> {
 /// split between them by weight ([`split`]), every model's share driven at the same time;
 /// per model its steps (the server's counts from its own series).
 pub fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<Step>)>, Error> {
-    if opts.loads.is_empty() {
-        return Err(Error::Options(
-            "no load steps (give --concurrency or --rate)".into(),
-        ));
-    }
-    if opts.batch == 0 {
-        return Err(Error::Options("--batch must be at least 1".into()));
-    }
-    let rt = runtime()?;
+    let rt = checked_runtime(opts)?;
     rt.block_on(async {
         let ep = Endpoint::resolve(&opts.url).await?;
         let mut prepared = Vec::with_capacity(mix.len());

@@ -327,45 +327,15 @@ fn find_model_configs(
             .annotations
             .get("dev.infer-build.layer")
             .map_or("", String::as_str);
-        if !(role.starts_with("model:") || role.starts_with("engine:"))
-            || crate::oci::unpack::Encoding::of(&layer.media_type).is_none()
-        {
+        if !(role.starts_with("model:") || role.starts_with("engine:")) {
             continue;
         }
-        let reader =
-            crate::oci::unpack::open(layout.store(), &layer.digest, layer.size, &layer.media_type)
-                .map_err(|e| Error::Layout {
-                    path: layout.root.clone(),
-                    reason: e.to_string(),
-                })?;
-        let mut archive = tar::Archive::new(reader);
-        let Ok(entries) = archive.entries() else {
-            continue;
-        };
-        for entry in entries {
-            let Ok(mut entry) = entry else { break };
-            let name = entry
-                .path()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let name = name.trim_start_matches("./").trim_start_matches('/');
-            let Some(dir) = name.strip_suffix("/runtime.toml") else {
-                continue;
-            };
-            if !dirs.iter().any(|d| d == dir) || found.contains_key(dir) {
-                continue;
-            }
-            let dir = dir.to_string();
-            let mut text = String::new();
-            if entry
-                .by_ref()
-                .take(1 << 20)
-                .read_to_string(&mut text)
-                .is_ok()
-            {
-                found.insert(dir, text);
-            }
-            break;
+        let hit = text_in_layer(layout, layer, |name| {
+            let dir = name.strip_suffix("/runtime.toml")?;
+            (dirs.iter().any(|d| d == dir) && !found.contains_key(dir)).then(|| dir.to_string())
+        })?;
+        if let Some((dir, text)) = hit {
+            found.insert(dir, text);
         }
     }
     Ok(dirs.iter().map(|d| (d.clone(), found.remove(d))).collect())
@@ -377,36 +347,54 @@ fn find_runtime_config(layout: &Layout, m: &Document) -> Result<Option<String>> 
         if layer.size > MAX_SCAN_LAYER {
             continue;
         }
-        if crate::oci::unpack::Encoding::of(&layer.media_type).is_none() {
-            continue;
+        let hit = text_in_layer(layout, layer, |name| {
+            (name == RUNTIME_CONFIG_PATH).then_some(())
+        })?;
+        if let Some(((), text)) = hit {
+            return Ok(Some(text));
         }
-        let reader =
-            crate::oci::unpack::open(layout.store(), &layer.digest, layer.size, &layer.media_type)
-                .map_err(|e| Error::Layout {
-                    path: layout.root.clone(),
-                    reason: e.to_string(),
-                })?;
-        let mut archive = tar::Archive::new(reader);
-        let Ok(entries) = archive.entries() else {
+    }
+    Ok(None)
+}
+
+/// The first file of `layer` that `wanted` picks (given its path without a leading `./` or
+/// `/`), read as text (at most 1 MiB), with what `wanted` said of it; `None` when the layer
+/// has none or is not a tar layer this reads.
+fn text_in_layer<T>(
+    layout: &Layout,
+    layer: &Descriptor,
+    mut wanted: impl FnMut(&str) -> Option<T>,
+) -> Result<Option<(T, String)>> {
+    if crate::oci::unpack::Encoding::of(&layer.media_type).is_none() {
+        return Ok(None);
+    }
+    let reader =
+        crate::oci::unpack::open(layout.store(), &layer.digest, layer.size, &layer.media_type)
+            .map_err(|e| Error::Layout {
+                path: layout.root.clone(),
+                reason: e.to_string(),
+            })?;
+    let mut archive = tar::Archive::new(reader);
+    let Ok(entries) = archive.entries() else {
+        return Ok(None);
+    };
+    for entry in entries {
+        let Ok(mut entry) = entry else { break };
+        let name = entry
+            .path()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(what) = wanted(name.trim_start_matches("./").trim_start_matches('/')) else {
             continue;
         };
-        for entry in entries {
-            let Ok(mut entry) = entry else { break };
-            let name = entry
-                .path()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.trim_start_matches("./").trim_start_matches('/') == RUNTIME_CONFIG_PATH {
-                let mut text = String::new();
-                if entry
-                    .by_ref()
-                    .take(1 << 20)
-                    .read_to_string(&mut text)
-                    .is_ok()
-                {
-                    return Ok(Some(text));
-                }
-            }
+        let mut text = String::new();
+        if entry
+            .by_ref()
+            .take(1 << 20)
+            .read_to_string(&mut text)
+            .is_ok()
+        {
+            return Ok(Some((what, text)));
         }
     }
     Ok(None)

@@ -14,7 +14,7 @@
 //! labels = { "org.example.team" = "vision" }
 //! ```
 //!
-//! Read with the recipe's [`Checker`], so a bundle's problems are reported like a recipe's:
+//! Read with the recipe's `Checker`, so a bundle's problems are reported like a recipe's:
 //! every one at once, at `file:line:col` with the key. The member recipes are loaded (and
 //! reported) by [`super::load`] each; their paths are relative to the bundle's directory.
 

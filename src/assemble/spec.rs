@@ -305,6 +305,11 @@ impl Place<'_> {
         }
     }
 
+    /// Where `file` of the model's directory is inside the image, without the leading `/`.
+    fn in_dir(self, file: &str) -> String {
+        format!("{}/{file}", self.dir())
+    }
+
     /// How the model's `runtime.toml` names `file` of its directory.
     fn config_ref(self, file: &str) -> String {
         match self {
@@ -321,7 +326,7 @@ impl Place<'_> {
                 format!("{}/{FILE}", paths::CONFIG_DIR),
                 format!("/{}/{FILE}", paths::CONFIG_DIR),
             ),
-            Place::Bundled(_) => (format!("{}/{FILE}", self.dir()), FILE.to_string()),
+            Place::Bundled(_) => (self.in_dir(FILE), FILE.to_string()),
         }
     }
 }
@@ -489,7 +494,7 @@ pub fn target_spec_at(
         // Where the tokenizer is in the image, not how its model's config names it.
         compat.insert(
             "text.tokenizer".into(),
-            format!("/{}/tokenizer.json", place.dir()),
+            format!("/{}", place.in_dir("tokenizer.json")),
         );
     }
     let mut extra = BTreeMap::new();
@@ -499,7 +504,7 @@ pub fn target_spec_at(
                 what: format!("engine profile of target {}: {e}", t.id),
             })?;
         compat.extend(startup_annotations(&profile));
-        extra.insert(format!("{}/profile.json", place.dir()), bytes.into());
+        extra.insert(place.in_dir("profile.json"), bytes.into());
     }
     if let Some(s) = files.warmup_samples {
         extra.insert(samples_file, s);
@@ -507,7 +512,7 @@ pub fn target_spec_at(
     let mut model_files = BTreeMap::new();
     match (&rc.text, files.tokenizer) {
         (Some(_), Some(bytes)) => {
-            model_files.insert(format!("{}/tokenizer.json", place.dir()), bytes);
+            model_files.insert(place.in_dir("tokenizer.json"), bytes);
         }
         (Some(_), None) => {
             return Err(Error::Spec {
@@ -523,7 +528,7 @@ pub fn target_spec_at(
     if let Place::Bundled(_) = place {
         model_files.append(&mut extra);
         model_files.insert(
-            format!("{}/{}", place.dir(), infer_spec::runtime::MODEL_CONFIG_FILE),
+            place.in_dir(infer_spec::runtime::MODEL_CONFIG_FILE),
             std::mem::take(&mut runtime_toml).into(),
         );
     }
@@ -596,18 +601,20 @@ pub fn bundle_spec(
         // A tract model (static runtime, no base, no library) runs on an ONNX Runtime
         // model's image; the reverse and anything else must match exactly.
         let tract_on_glibc = !p.gpu && p.runtime_libs.is_empty() && p.base.is_none();
-        let differs = if p.serve_bin != runs_all.serve_bin && !tract_on_glibc {
+        let differs = if p.platform != runs_all.platform || p.gpu != runs_all.gpu {
+            Some("platform".to_string())
+        } else if tract_on_glibc {
+            None
+        } else if p.serve_bin != runs_all.serve_bin {
             Some(format!(
                 "runtime {} vs {}",
                 p.serve_bin.display(),
                 runs_all.serve_bin.display()
             ))
-        } else if !same_base && !tract_on_glibc {
+        } else if !same_base {
             Some("base image".to_string())
-        } else if p.runtime_libs != runs_all.runtime_libs && !tract_on_glibc {
+        } else if p.runtime_libs != runs_all.runtime_libs {
             Some("runtime libraries (another TensorRT or ONNX Runtime version?)".to_string())
-        } else if p.platform != runs_all.platform || p.gpu != runs_all.gpu {
-            Some("platform".to_string())
         } else {
             None
         };

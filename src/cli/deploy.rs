@@ -74,55 +74,48 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
     // Per target, the models' estimated memory together (a MIG slice must hold it).
     let mut need: std::collections::BTreeMap<String, u64> = Default::default();
     let matrix_rows: crate::matrix::Matrix;
-    let (recipe, targets): (crate::recipe::Recipe, Vec<TargetPlan>) =
-        if crate::recipe::bundle::is_bundle(&a.input) {
-            let (bundle, projects) = crate::pipeline::load_bundle(&a.input, matrix, &a.targets)?;
-            let plan = crate::pipeline::bundle_plan(&bundle, &projects)?;
-            let plans: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
-            let recipes: Vec<&crate::recipe::Recipe> = projects.iter().map(|p| &p.recipe).collect();
-            let recipe = from_plan::bundle_recipe(&bundle, &recipes);
-            for t in &plans {
-                let needs = crate::pipeline::memory_needs(&projects, t);
-                need.insert(t.id.clone(), crate::plan::memory::total(t, &needs));
-            }
-            matrix_rows = projects[0].matrix.clone();
-            // A CPU pod without a stated memory is sized to hold its models (estimated), at
-            // least the default.
-            if recipe.deploy.resources.memory.is_none() {
-                for t in plans
-                    .iter()
-                    .filter(|t| t.kind == crate::plan::TargetKind::Cpu)
-                {
-                    let needs = crate::pipeline::memory_needs(&projects, t);
-                    let mib =
-                        crate::plan::memory::pod_mib_for(crate::plan::memory::total(t, &needs));
-                    if mib > from_plan::DEFAULT_CPU_MEMORY_MIB {
-                        eprintln!("deploy: {}: the bundle's models need about {mib} MiB together (an estimate); the pod asks for that", t.id);
-                        cpu_memory.insert(t.id.clone(), format!("{mib}Mi"));
-                    }
+    let is_bundle = crate::recipe::bundle::is_bundle(&a.input);
+    let (recipe, targets): (crate::recipe::Recipe, Vec<TargetPlan>) = if is_bundle {
+        let (bundle, projects) = crate::pipeline::load_bundle(&a.input, matrix, &a.targets)?;
+        let plan = crate::pipeline::bundle_plan(&bundle, &projects)?;
+        let plans: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
+        let recipes: Vec<&crate::recipe::Recipe> = projects.iter().map(|p| &p.recipe).collect();
+        let recipe = from_plan::bundle_recipe(&bundle, &recipes);
+        for t in &plans {
+            let needs = crate::pipeline::memory_needs(&projects, t);
+            need.insert(t.id.clone(), crate::plan::memory::total(t, &needs));
+        }
+        matrix_rows = projects[0].matrix.clone();
+        // A CPU pod without a stated memory is sized to hold its models (estimated), at
+        // least the default.
+        if recipe.deploy.resources.memory.is_none() {
+            for t in plans
+                .iter()
+                .filter(|t| t.kind == crate::plan::TargetKind::Cpu)
+            {
+                let mib = crate::plan::memory::pod_mib_for(need[&t.id]);
+                if mib > from_plan::DEFAULT_CPU_MEMORY_MIB {
+                    eprintln!("deploy: {}: the bundle's models need about {mib} MiB together (an estimate); the pod asks for that", t.id);
+                    cpu_memory.insert(t.id.clone(), format!("{mib}Mi"));
                 }
             }
-            (recipe, plans)
-        } else {
-            let crate::plan::Project {
-                recipe,
-                plan,
-                matrix: m,
-                ..
-            } = crate::plan::Project::load(&a.input, matrix)?;
-            let targets: Vec<TargetPlan> = plan.select(&a.targets)?.into_iter().cloned().collect();
-            let size =
-                std::fs::metadata(recipe.resolve(&recipe.model.onnx.value)).map_or(0, |m| m.len());
-            for t in &targets {
-                let one = [(
-                    recipe.model.name.clone(),
-                    crate::plan::memory::model_need(&recipe, t, size),
-                )];
-                need.insert(t.id.clone(), crate::plan::memory::total(t, &one));
-            }
-            matrix_rows = m;
-            (recipe, targets)
-        };
+        }
+        (recipe, plans)
+    } else {
+        let project = crate::plan::Project::load(&a.input, matrix)?;
+        let targets: Vec<TargetPlan> = project
+            .plan
+            .select(&a.targets)?
+            .into_iter()
+            .cloned()
+            .collect();
+        for t in &targets {
+            let one = crate::pipeline::memory_needs(std::slice::from_ref(&project), t);
+            need.insert(t.id.clone(), crate::plan::memory::total(t, &one));
+        }
+        matrix_rows = project.matrix;
+        (project.recipe, targets)
+    };
     if a.image.is_some() && targets.len() != 1 {
         return Err(Error::Usage(format!(
             "--image names one image but the plan has {} targets: add --target ID",
@@ -169,11 +162,13 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
                 seconds: s,
                 source: "--startup-seconds".into(),
             }),
-            // A bundle's models load in turn: their profiles for the target add up.
+            // A bundle's models load in turn: their profiles for the target add up; a
+            // recipe's target takes its first.
             None => from_plan::startup_of_all(
                 profiles
                     .iter()
                     .filter(|p| p.target == t.id)
+                    .take(if is_bundle { usize::MAX } else { 1 })
                     .filter_map(from_plan::startup_from_profile),
             ),
         };

@@ -265,14 +265,7 @@ pub fn startup_of_all(all: impl Iterator<Item = StartupMeasurement>) -> Option<S
 /// those of every model: the longest queue delay (the queue-time autoscaling target) and the
 /// longest deadline (none when any model has none), which the drain must cover.
 pub fn bundle_recipe(bundle: &crate::recipe::bundle::Bundle, recipes: &[&Recipe]) -> Recipe {
-    let mut r = recipes[0].clone();
-    r.model.name = bundle.name.clone();
-    r.model.version = bundle.version.clone();
-    r.image.repository.value = bundle.repository.clone();
-    r.image.tag = bundle.tag.clone();
-    r.image.user = bundle.user;
-    r.image.labels = bundle.labels.clone();
-    r.deploy = bundle.deploy.clone();
+    let mut r = bundle.as_recipe(recipes[0]);
     r.batching.max_queue_delay_us = recipes
         .iter()
         .map(|m| m.batching.max_queue_delay_us)

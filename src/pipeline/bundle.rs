@@ -11,6 +11,7 @@ use crate::assemble::{self, spec::Place};
 use crate::error::Error;
 use crate::plan::{Project, TargetPlan};
 use crate::recipe::bundle::Bundle;
+use crate::recipe::{Diagnostic, Span};
 
 use super::build::{nonempty, prepare_recipe, Bases, BuildRequest, Prepared, RecipeBuild};
 use super::Notes;
@@ -94,13 +95,10 @@ fn check_memory(bundle: &Bundle, projects: &[Project], targets: &[String]) -> Re
         };
         let needs = memory_needs(projects, t);
         if let Some(why) = crate::plan::memory::refusal(&first.matrix, t, pod_mib, &needs) {
-            let at = bundle
-                .models
-                .first()
-                .map(|m| m.diagnostic(&bundle.file, why.clone()).to_string())
-                .unwrap_or(why);
+            // At the models list (its first entry's place): the models together are the problem.
+            let span = bundle.models.first().map_or(Span::START, |m| m.span);
             return Err(Error::Usage(
-                at.replace("bundle.models[0]", "bundle.models"),
+                Diagnostic::new(&bundle.file, span, "bundle.models", why).to_string(),
             ));
         }
     }
@@ -129,6 +127,8 @@ pub fn bundle_plan(bundle: &Bundle, projects: &[Project]) -> Result<crate::plan:
 /// The bundle file `req.input`, each of its recipes prepared, the images composed.
 pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
     let (bundle, projects) = load_bundle(&req.input, req.matrix.as_deref(), &req.targets)?;
+    let plan = bundle_plan(&bundle, &projects)?;
+    let plans: Vec<TargetPlan> = plan.select(&req.targets)?.into_iter().cloned().collect();
     let mut bases = Bases::new(req, note);
     let mut models: Vec<RecipeBuild> = Vec::with_capacity(projects.len());
     let count = projects.len();
@@ -141,8 +141,6 @@ pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Erro
         ));
         models.push(prepare_recipe(req, project, &mut bases, note)?);
     }
-    let mut plans: Vec<TargetPlan> = models[0].targets.iter().map(|(t, _)| t.clone()).collect();
-    crate::plan::tag::apply_bundle(&bundle, &models[0].recipe, &mut plans)?;
 
     let mut per_target: BTreeMap<String, Vec<assemble::TargetSpec>> = BTreeMap::new();
     for r in models {

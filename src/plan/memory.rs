@@ -114,17 +114,21 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// The bytes the models (name, estimated bytes) and the server need together on `t`.
-pub fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
-    let overhead = if t.kind == TargetKind::Gpu {
+/// What the server itself takes on `t`.
+fn overhead(t: &TargetPlan) -> u64 {
+    if t.kind == TargetKind::Gpu {
         GPU_OVERHEAD
     } else {
         CPU_OVERHEAD
-    };
+    }
+}
+
+/// The bytes the models (name, estimated bytes) and the server need together on `t`.
+pub fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
     needs
         .iter()
         .map(|(_, b)| *b)
-        .fold(overhead, u64::saturating_add)
+        .fold(overhead(t), u64::saturating_add)
 }
 
 /// The pod memory, in MiB, that holds `total` bytes with the headroom kept free.
@@ -142,11 +146,7 @@ pub fn refusal(
 ) -> Option<String> {
     let (holds, what) = capacity(matrix, t, pod_mib)?;
     let total = total(t, needs);
-    let overhead = if t.kind == TargetKind::Gpu {
-        GPU_OVERHEAD
-    } else {
-        CPU_OVERHEAD
-    };
+    let gpu = t.kind == TargetKind::Gpu;
     let usable = holds / 100 * (100 - HEADROOM_PERCENT);
     if total <= usable {
         return None;
@@ -154,22 +154,24 @@ pub fn refusal(
     let parts: Vec<String> = needs
         .iter()
         .map(|(n, b)| format!("{n} {}", human(*b)))
-        .chain(std::iter::once(format!("the server {}", human(overhead))))
+        .chain(std::iter::once(format!(
+            "the server {}",
+            human(overhead(t))
+        )))
         .collect();
     Some(format!(
-        "target {}: the models need about {} of {} memory together (an estimate: {}), more than the {} usable of {what} ({HEADROOM_PERCENT}% kept free); split the bundle, lower the models' max_batch_size or instances, or {}",
+        "target {}: the models need about {} of {} together (an estimate: {}), more than the {} usable of {what} ({HEADROOM_PERCENT}% kept free); split the bundle, lower the models' max_batch_size or instances, or {}",
         t.id,
         human(total),
-        if t.kind == TargetKind::Gpu { "GPU" } else { "" },
+        if gpu { "GPU memory" } else { "memory" },
         parts.join(", "),
         human(usable),
-        if t.kind == TargetKind::Gpu {
+        if gpu {
             "target a GPU with more memory"
         } else {
             "raise deploy.resources.memory in the bundle file"
         }
-    )
-    .replace("of  memory", "of memory"))
+    ))
 }
 
 #[cfg(test)]

@@ -97,14 +97,8 @@ pub fn apply_bundle(
     first: &Recipe,
     targets: &mut [TargetPlan],
 ) -> Result<(), super::Error> {
-    let mut as_recipe = first.clone();
-    as_recipe.file = bundle.file.clone();
-    as_recipe.model.name = bundle.name.clone();
-    as_recipe.model.version = bundle.version.clone();
-    as_recipe.image.tag = bundle.tag.clone();
-    as_recipe.image.repository.value = bundle.repository.clone();
     let mut out = Vec::new();
-    apply(&as_recipe, targets, &mut out);
+    apply(&bundle.as_recipe(first), targets, &mut out);
     if out.is_empty() {
         Ok(())
     } else {

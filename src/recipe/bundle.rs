@@ -61,6 +61,23 @@ pub struct Bundle {
     pub deploy: Deploy,
 }
 
+impl Bundle {
+    /// `first` (its first model's recipe) named, versioned, imaged and deployed as the bundle
+    /// says: the recipe-shaped view the plan's tags and `deploy` read a bundle through.
+    pub fn as_recipe(&self, first: &super::Recipe) -> super::Recipe {
+        let mut r = first.clone();
+        r.file = self.file.clone();
+        r.model.name = self.name.clone();
+        r.model.version = self.version.clone();
+        r.image.repository.value = self.repository.clone();
+        r.image.tag = self.tag.clone();
+        r.image.user = self.user;
+        r.image.labels = self.labels.clone();
+        r.deploy = self.deploy.clone();
+        r
+    }
+}
+
 /// True when `text` is a bundle file (a top-level `[bundle]` table) rather than a recipe.
 pub fn is_bundle_text(text: &str) -> bool {
     toml::de::DeTable::parse(text)

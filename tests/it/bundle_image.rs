@@ -8,11 +8,11 @@
 //! base, dynamic runtime, the pinned library), which runs the tract model too.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use super::real_models::{
-    dynamic_runtime, fetch_models, python_with_references, script, static_runtime, write_recipe,
-    Container, CASES,
+    dynamic_runtime, fetch_models, python_with_references, spawn_check, static_runtime,
+    write_recipe, Container, CASES,
 };
 use super::support::{self, stderr, stdout};
 
@@ -253,23 +253,9 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
             .iter()
             .map(|name| {
                 let case = CASES.iter().find(|c| c.name == *name).unwrap();
-                let cases: Vec<serde_json::Value> = case
-                    .shapes
-                    .iter()
-                    .map(|s| serde_json::json!({"input": case.input, "shape": s}))
-                    .collect();
-                let child = Command::new(&py)
-                    .arg(script())
-                    .arg("check")
-                    .arg(&c.http)
-                    .arg(name)
-                    .arg(models[*name].as_str().unwrap())
-                    .arg(serde_json::to_string(&cases).unwrap())
-                    .arg(&c.grpc)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap();
+                let onnx = PathBuf::from(models[*name].as_str().unwrap());
+                let child =
+                    spawn_check(&py, &c.http, &c.grpc, name, &onnx, case.input, case.shapes);
                 (*name, child)
             })
             .collect();

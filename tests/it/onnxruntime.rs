@@ -52,7 +52,7 @@ datatype = "FP32"
 dims = [-1, 2]
 "#;
 
-use super::real_models::{cache_dir, script};
+use super::real_models::{cache_dir, script, spawn_check};
 
 /// A `runtime.toml` in `dir` serving `onnx` with ONNX Runtime from `library`.
 fn config(dir: &Path, name: &str, tensors: &str, onnx: &Path, library: &Path) -> PathBuf {
@@ -382,22 +382,8 @@ fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
     let checks: Vec<_> = ocr
         .iter()
         .map(|(name, _, shapes)| {
-            let cases: Vec<serde_json::Value> = shapes
-                .iter()
-                .map(|s| serde_json::json!({"input": "x", "shape": s}))
-                .collect();
-            let child = Command::new(&py)
-                .arg(script())
-                .arg("check")
-                .arg(&addr)
-                .arg(name)
-                .arg(dir.path().join(name).join("model.onnx"))
-                .arg(serde_json::to_string(&cases).unwrap())
-                .arg(&grpc)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
+            let onnx = dir.path().join(name).join("model.onnx");
+            let child = spawn_check(&py, &addr, &grpc, name, &onnx, "x", shapes);
             (*name, child)
         })
         .collect();

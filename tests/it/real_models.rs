@@ -441,6 +441,36 @@ pub(super) fn python_with_references(test: &str) -> Option<PathBuf> {
     Some(py)
 }
 
+/// `real_models.py check` started (not awaited) on model `name` of the server at `http` (and
+/// `grpc`): each of `shapes` sent to input `input` through tritonclient, the answers compared
+/// with onnxruntime on `onnx`. Several run at once to check models side by side.
+pub(super) fn spawn_check(
+    py: &Path,
+    http: &str,
+    grpc: &str,
+    name: &str,
+    onnx: &Path,
+    input: &str,
+    shapes: &[&[usize]],
+) -> std::process::Child {
+    let cases: Vec<serde_json::Value> = shapes
+        .iter()
+        .map(|s| serde_json::json!({"input": input, "shape": s}))
+        .collect();
+    Command::new(py)
+        .arg(script())
+        .arg("check")
+        .arg(http)
+        .arg(name)
+        .arg(onnx)
+        .arg(serde_json::to_string(&cases).unwrap())
+        .arg(grpc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The fetched models: `{name: path}` (see `real_models.py fetch`).
 pub(super) fn fetch_models(py: &Path) -> serde_json::Value {
     let o = Command::new(py)

@@ -16,6 +16,7 @@
 
 pub mod inputs;
 pub mod spec;
+pub mod split;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -204,6 +205,9 @@ pub struct TargetSpec {
     pub extra_files: BTreeMap<String, std::sync::Arc<[u8]>>,
     /// Compatibility tuple (keys without the prefix: `gpu.sm`, `trt.version`, `precision`…).
     pub compat: BTreeMap<String, String>,
+    /// The split layout's model ([`split`]): when set, the runtime image, model image and
+    /// ModelPack manifest are written beside this target's image.
+    pub split: Option<split::Split>,
 }
 
 #[derive(Debug, Clone)]
@@ -271,6 +275,9 @@ pub struct BuildReport {
     pub index_tag: String,
     pub index_digest: Digest,
     pub targets: Vec<TargetReport>,
+    /// The split layout's images, per target that has one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<split::SplitReport>,
 }
 
 /// Assemble every target into the layout at `out` and write its `index.json`.
@@ -320,12 +327,21 @@ pub fn build(
 
     let mut entries = vec![idx_desc];
     entries.extend(descriptors);
+    let mut splits = Vec::new();
+    for t in targets {
+        if let Some(s) = &t.split {
+            let (report, descs) = split::build(&store, meta, t, s, opts, progress)?;
+            splits.push(report);
+            entries.extend(descs);
+        }
+    }
     layout::write_index(&store, entries)?;
     Ok(BuildReport {
         layout: out.to_path_buf(),
         index_tag: meta.index_tag.clone(),
         index_digest: idx_digest,
         targets: reports,
+        split: splits,
     })
 }
 
@@ -438,6 +454,15 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
         compression: pick(false, 0),
     });
     Ok(layers)
+}
+
+/// How a layer was found in the build cache, as [`LayerReport::cache`] says it.
+fn cache_word(hit: CacheHit) -> &'static str {
+    match hit {
+        CacheHit::Stat => "stat",
+        CacheHit::Content => "content",
+        CacheHit::Miss => "miss",
+    }
 }
 
 fn file_size(p: &Path) -> Result<u64, Error> {
@@ -618,11 +643,7 @@ fn build_target(
             diff_id: rec.diff_id,
             size: rec.size,
             media_type: rec.media_type,
-            cache: match hit {
-                CacheHit::Stat => "stat",
-                CacheHit::Content => "content",
-                CacheHit::Miss => "miss",
-            },
+            cache: cache_word(hit),
         });
         history.push(History {
             created: Some(created.into()),
@@ -696,7 +717,11 @@ fn build_target(
 
     let mut ann = base_annotations(meta, created);
     ann.extend(compat_annotations(t));
-    ann.insert(annotation::REF_NAME.into(), t.tag.clone());
+    // A split layout's runtime image is shared by models whose tags differ: its tag is only
+    // in index.json, never in its bytes.
+    if t.compat.get(split::PART).map(String::as_str) != Some("runtime") {
+        ann.insert(annotation::REF_NAME.into(), t.tag.clone());
+    }
     ann.insert(
         format!("{ANNOTATION_PREFIX}layer-recipe"),
         LAYER_RECIPE.into(),

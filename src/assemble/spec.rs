@@ -558,6 +558,7 @@ pub fn target_spec_at(
         runtime_toml,
         extra_files: extra,
         compat,
+        split: None,
     })
 }
 
@@ -661,7 +662,7 @@ pub fn bundle_spec(
         ..Server::default()
     };
     let bundle = infer_spec::Bundle {
-        server,
+        server: Some(server),
         models: parts
             .iter()
             .flat_map(|p| &p.models)
@@ -692,6 +693,7 @@ pub fn bundle_spec(
         runtime_toml: bundle.to_toml_string().into_bytes(),
         extra_files: BTreeMap::new(),
         compat,
+        split: None,
     })
 }
 

@@ -65,6 +65,11 @@ pub struct BuildArgs {
     /// `org.opencontainers.image.source` of the index and every image (the repository URL).
     #[arg(long, env = "INFER_BUILD_SOURCE", value_name = "URL")]
     pub source: Option<String>,
+    /// What to write per target: `combined` (one image with the model) or `split` (also a
+    /// runtime image without it and the model as an artifact to mount); default: the recipe's
+    /// `[image] layout`, else combined.
+    #[arg(long, value_name = "LAYOUT", value_parser = parse_image_layout)]
+    pub image_layout: Option<crate::recipe::ImageLayout>,
     /// Print one JSON document (layout, per-target manifest digests, layers, index digest).
     #[arg(long)]
     pub json: bool,
@@ -95,6 +100,7 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
         insecure: args.insecure,
         revision: args.revision,
         source: args.source,
+        layout: args.image_layout,
     };
     let opts = BuildOptions {
         epoch,
@@ -141,6 +147,7 @@ fn print_report(
             "archive": archive.map(|a| a.display().to_string()),
             "index": {"tag": r.index_tag, "digest": r.index_digest},
             "targets": r.targets,
+            "split": r.split,
             "bases": bases,
             "sbom": sboms,
         });
@@ -159,6 +166,19 @@ fn print_report(
             size
         );
     }
+    for s in &r.split {
+        eprintln!(
+            "split {}: runtime {} {}, model {} {} ({} files), modelpack {} {}",
+            s.target,
+            s.runtime.tag,
+            s.runtime.manifest_digest,
+            s.model.tag,
+            s.model.manifest_digest,
+            s.model.layers.len(),
+            s.modelpack_tag,
+            s.modelpack_digest
+        );
+    }
     for s in sboms {
         eprintln!("sbom {} {}", s.target, s.path.display());
     }
@@ -167,6 +187,15 @@ fn print_report(
     if let Some(a) = archive {
         eprintln!("archive {}", a.display());
     }
+}
+
+pub(crate) fn parse_image_layout(s: &str) -> Result<crate::recipe::ImageLayout, String> {
+    crate::recipe::ImageLayout::parse(s).ok_or_else(|| {
+        format!(
+            "expected {}",
+            crate::recipe::ImageLayout::NAMES.join(" or ")
+        )
+    })
 }
 
 pub(crate) fn parse_policy(s: &str) -> Result<Policy, Error> {

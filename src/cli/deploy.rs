@@ -43,6 +43,11 @@ pub struct DeployArgs {
     /// `/v2/health/ready` (Kubernetes 1.27 or later).
     #[arg(long)]
     pub grpc_probe: bool,
+    /// `split`: the container runs the runtime image and the model image is mounted as an
+    /// image volume (Kubernetes 1.35+); `combined`: the image with the model, for any cluster.
+    /// Default: the recipe's `[image] layout`.
+    #[arg(long, value_name = "LAYOUT", value_parser = super::build::parse_image_layout)]
+    pub image_layout: Option<crate::recipe::ImageLayout>,
     #[command(flatten)]
     pub matrix: MatrixArgs,
 }
@@ -64,6 +69,26 @@ fn layout_digest(layout: &Path, t: &TargetPlan) -> Result<String, Error> {
     let d = crate::oci::layout::resolve(&store, &t.tag)
         .or_else(|_| crate::oci::layout::resolve(&store, &t.image))?;
     Ok(d.digest.to_string())
+}
+
+/// The split layout's runtime and model image digests of `t` in an OCI layout.
+fn layout_split(layout: &Path, t: &TargetPlan) -> Result<deploy::SplitImages, Error> {
+    let store = crate::oci::store::BlobStore::open(layout)?;
+    let [runtime, model, _] = crate::assemble::split::tags(&t.tag);
+    let digest = |tag: &str| -> Result<String, Error> {
+        crate::oci::layout::resolve(&store, tag)
+            .map(|d| d.digest.to_string())
+            .map_err(|_| {
+                Error::Usage(format!(
+                    "{}: no image tagged {tag}: build with --image-layout split (or [image] layout = \"split\") first, or deploy with --image-layout combined",
+                    layout.display()
+                ))
+            })
+    };
+    Ok(deploy::SplitImages {
+        runtime_digest: Some(digest(&runtime)?),
+        model_digest: Some(digest(&model)?),
+    })
 }
 
 pub fn run(a: DeployArgs) -> Result<(), Error> {
@@ -116,6 +141,18 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
         matrix_rows = project.matrix;
         (project.recipe, targets)
     };
+    let split = a.image_layout.unwrap_or(recipe.image.layout) == crate::recipe::ImageLayout::Split;
+    if split && is_bundle {
+        return Err(Error::Usage(format!(
+            "--image-layout split: {} is a bundle file, served from one combined image",
+            a.input.display()
+        )));
+    }
+    if split && a.image.is_some() {
+        return Err(Error::Usage(
+            "--image names one image; the split layout runs two (the runtime and the model image): pin them with --layout DIR, or deploy with --image-layout combined".into(),
+        ));
+    }
     if a.image.is_some() && targets.len() != 1 {
         return Err(Error::Usage(format!(
             "--image names one image but the plan has {} targets: add --target ID",
@@ -155,7 +192,14 @@ pub fn run(a: DeployArgs) -> Result<(), Error> {
             found.digest = digest;
             found.tag = tag;
         } else if let Some(layout) = &a.layout {
-            found.digest = Some(layout_digest(layout, t)?);
+            if split {
+                found.split = Some(layout_split(layout, t)?);
+            } else {
+                found.digest = Some(layout_digest(layout, t)?);
+            }
+        }
+        if split && found.split.is_none() {
+            found.split = Some(deploy::SplitImages::default());
         }
         found.startup = match a.startup_seconds {
             Some(s) => Some(deploy::StartupMeasurement {

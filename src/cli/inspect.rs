@@ -129,6 +129,21 @@ fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
                 .collect(),
         };
         let pick = |k: &str| c.get(k).cloned().unwrap_or(Value::Null);
+        // The split layout: which part this is, and what it pairs with.
+        let part = img
+            .manifest
+            .annotations
+            .get("dev.infer-build.part")
+            .cloned();
+        let pairs_with = match (&img.manifest.subject, part.as_deref()) {
+            (Some(s), _) => Some(s.digest.to_string()),
+            (None, Some("model")) => img
+                .manifest
+                .annotations
+                .get("dev.infer-build.runtime")
+                .cloned(),
+            _ => None,
+        };
         out_images.push(json!({
             "tags": tags.get(img.descriptor.digest.as_str()).cloned().unwrap_or_default(),
             "manifestDigest": img.descriptor.digest,
@@ -138,6 +153,9 @@ fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
                 "architecture": img.config.get("architecture").cloned().unwrap_or(Value::Null),
             },
             "annotations": img.manifest.annotations,
+            "artifactType": img.manifest.artifact_type,
+            "part": part,
+            "pairsWith": pairs_with,
             "models": models,
             "config": {
                 "digest": img.manifest.config.digest,
@@ -256,6 +274,27 @@ fn render_raw(doc: &Value) -> String {
                 .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
                 .unwrap_or_default()
         );
+        let pairs = img["pairsWith"].as_str().unwrap_or("?");
+        match (img["part"].as_str(), img["artifactType"].as_str()) {
+            (_, Some(t)) if t == crate::assemble::split::modelpack::ARTIFACT_TYPE => {
+                s += &format!(
+                    "  ModelPack manifest of the model image {pairs} (same layer blobs)\n"
+                );
+            }
+            (Some("runtime"), _) => {
+                s += &format!(
+                    "  runtime image: serves the model mounted at {}\n",
+                    crate::assemble::split::MOUNT
+                );
+            }
+            (Some("model"), _) => {
+                s += &format!(
+                    "  model image: mount at {} in the runtime image {pairs}\n",
+                    crate::assemble::split::MOUNT
+                );
+            }
+            _ => {}
+        }
         if img["annotations"]["dev.infer-build.models"].is_string() {
             let names: Vec<&str> = img["models"]
                 .as_array()

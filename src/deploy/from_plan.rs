@@ -80,6 +80,8 @@ pub struct Found {
     pub startup: Option<StartupMeasurement>,
     /// How a replica gets its GPU (`--gpu-share`).
     pub gpu_share: super::GpuShare,
+    /// The split layout's pair (`[image] layout = "split"`), with the digests found.
+    pub split: Option<super::SplitImages>,
 }
 
 /// The MIG slice for a model that needs `need` bytes (an estimate) on GPU target `t`: the
@@ -227,6 +229,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
         deadline_assumed: recipe.batching.default_timeout_ms == 0,
         autoscale,
         grpc_readiness: false,
+        split: found.split.clone(),
     })
 }
 

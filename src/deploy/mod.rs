@@ -182,7 +182,22 @@ pub struct DeploySpec {
     pub autoscale: Autoscale,
     /// The readinessProbe asks gRPC health (`grpc.health.v1`) instead of `/v2/health/ready`.
     pub grpc_readiness: bool,
+    /// The split layout: the container runs the runtime image and the model is an image
+    /// volume; `None`: the combined image.
+    pub split: Option<SplitImages>,
 }
+
+/// The manifest digests of a target's split pair, when built (tags `<tag>-runtime` and
+/// `<tag>-model`, [`crate::assemble::split::tags`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SplitImages {
+    pub runtime_digest: Option<String>,
+    pub model_digest: Option<String>,
+}
+
+/// Image volumes as the YAML's comment states them: the Kubernetes and container-runtime
+/// versions that mount one.
+pub const IMAGE_VOLUME_NEEDS: &str = "a Kubernetes image volume: beta and on by default since Kubernetes 1.35 (1.33-1.34: feature gate ImageVolume), GA in 1.36; containerd 2.1+ or CRI-O 1.31+. Older clusters: `infer-build deploy --image-layout combined` runs the combined image instead";
 
 impl DeploySpec {
     /// The DNS-1123 name of this target's objects: `<model>-<target>`, at most 63 characters.
@@ -192,11 +207,67 @@ impl DeploySpec {
 
     /// The image reference: by digest when known, else by tag.
     pub fn image(&self) -> String {
-        match &self.digest {
-            Some(d) => format!("{}@{}", self.repository, d),
-            None => format!("{}:{}", self.repository, self.tag),
+        self.reference(&self.tag, self.digest.as_deref())
+    }
+
+    /// The image the container runs: the combined image, or the split layout's runtime image.
+    pub fn container_image(&self) -> (String, Option<&str>) {
+        match &self.split {
+            None => (self.image(), self.digest.as_deref()),
+            Some(s) => {
+                let [runtime, _, _] = crate::assemble::split::tags(&self.tag);
+                (
+                    self.reference(&runtime, s.runtime_digest.as_deref()),
+                    s.runtime_digest.as_deref(),
+                )
+            }
         }
     }
+
+    /// The split layout's model image (what the image volume mounts).
+    pub fn model_image(&self) -> Option<(String, Option<&str>)> {
+        let s = self.split.as_ref()?;
+        let [_, model, _] = crate::assemble::split::tags(&self.tag);
+        Some((
+            self.reference(&model, s.model_digest.as_deref()),
+            s.model_digest.as_deref(),
+        ))
+    }
+
+    fn reference(&self, tag: &str, digest: Option<&str>) -> String {
+        match digest {
+            Some(d) => format!("{}@{}", self.repository, d),
+            None => format!("{}:{}", self.repository, tag),
+        }
+    }
+}
+
+/// The image volume holding the split layout's model, mounted read-only where the runtime
+/// image looks: `(volume, mount)`.
+fn model_volume(spec: &DeploySpec) -> Option<(Node, Node)> {
+    let (reference, digest) = spec.model_image()?;
+    let pinned = match digest {
+        Some(_) => "the model image, pinned by digest".to_string(),
+        None => {
+            "the model image by tag: no digest known yet; pass --layout DIR (the build's) to pin it"
+                .to_string()
+        }
+    };
+    let volume = Map::new()
+        .kv_c(&[pinned, IMAGE_VOLUME_NEEDS.to_string()], "name", "model")
+        .kv(
+            "image",
+            Map::new()
+                .kv("reference", reference)
+                .kv("pullPolicy", "IfNotPresent"),
+        )
+        .into();
+    let mount = Map::new()
+        .kv("name", "model")
+        .kv("mountPath", crate::assemble::split::MOUNT)
+        .kv("readOnly", true)
+        .into();
+    Some((volume, mount))
 }
 
 /// Lowercase, `[a-z0-9-]`, no leading/trailing dash, at most 63 characters.
@@ -463,16 +534,23 @@ pub fn deployment(spec: &DeploySpec) -> Node {
     let name = spec.name();
     let startup = startup_budget(spec.startup.as_ref(), spec.startup_safety);
     let (grace, grace_why) = grace_period(spec);
-    let image_comment = match &spec.digest {
-        Some(_) => format!("pinned by digest (tag {})", spec.tag),
+    let (image, digest) = spec.container_image();
+    let what = if spec.split.is_some() {
+        "the runtime image (no model: it serves the one mounted at /mnt/models)"
+    } else {
+        "the image"
+    };
+    let image_comment = match digest {
+        Some(_) => format!("{what}, pinned by digest (tag {})", spec.tag),
         None => format!(
-            "by tag: no digest known yet; pass --image REPO@sha256:... (or build first) to pin {}",
+            "{what} by tag: no digest known yet; pass --image REPO@sha256:... or --layout DIR (or build first) to pin {}",
             spec.tag
         ),
     };
+    let volume = model_volume(spec);
     let container = Map::new()
         .kv("name", "infer-serve")
-        .kv_c(&[image_comment], "image", spec.image())
+        .kv_c(&[image_comment], "image", image)
         .kv("imagePullPolicy", "IfNotPresent")
         .kv(
             "ports",
@@ -538,10 +616,13 @@ pub fn deployment(spec: &DeploySpec) -> Node {
         .kv("securityContext", container_security())
         .kv(
             "volumeMounts",
-            vec![
+            [
                 Map::new().kv("name", "dshm").kv("mountPath", "/dev/shm").into(),
                 Map::new().kv("name", "tmp").kv("mountPath", "/tmp").into(),
-            ],
+            ]
+            .into_iter()
+            .chain(volume.as_ref().map(|(_, mount)| mount.clone()))
+            .collect::<Vec<Node>>(),
         );
 
     let mut pod_spec = Map::new();
@@ -580,7 +661,10 @@ pub fn deployment(spec: &DeploySpec) -> Node {
                     )
                     .kv("emptyDir", Map::new().kv("sizeLimit", "64Mi"))
                     .into(),
-            ],
+            ]
+            .into_iter()
+            .chain(volume.map(|(v, _)| v))
+            .collect::<Vec<Node>>(),
         );
 
     Map::new()
@@ -759,6 +843,7 @@ pub fn prepull(spec: &DeploySpec) -> Node {
     let sel = Map::new()
         .kv("app.kubernetes.io/name", dns_label(&spec.model))
         .kv("app.kubernetes.io/instance", name.clone());
+    let volume = model_volume(spec);
     let tiny = Map::new().kv("cpu", "10m").kv("memory", "16Mi");
     let tiny_res: Node = Map::new()
         .kv("requests", tiny.clone())
@@ -780,7 +865,7 @@ pub fn prepull(spec: &DeploySpec) -> Node {
                 .kv_c(
                     &["pulling is the point; the image's entrypoint only prints its version and exits".to_string()],
                     "image",
-                    spec.image(),
+                    spec.container_image().0,
                 )
                 .kv("imagePullPolicy", "IfNotPresent")
                 .kv("args", vec![Node::str("--version")])
@@ -795,8 +880,16 @@ pub fn prepull(spec: &DeploySpec) -> Node {
                 .kv("image", PAUSE_IMAGE)
                 .kv("resources", tiny_res)
                 .kv("securityContext", container_security())
+                .opt(
+                    "volumeMounts",
+                    volume.as_ref().map(|(_, m)| vec![m.clone()]),
+                )
                 .into()],
         );
+    // The split layout: mounting the model image is what pulls it onto the node.
+    if let Some((v, _)) = volume {
+        pod_spec = pod_spec.kv("volumes", vec![v]);
+    }
     Map::new()
         .kv("apiVersion", "apps/v1")
         .kv("kind", "DaemonSet")
@@ -857,7 +950,13 @@ pub fn validate(spec: &DeploySpec) -> Result<(), Error> {
             spec.startup_safety
         ));
     }
-    if let Some(d) = &spec.digest {
+    let split = spec.split.as_ref();
+    let digests = [
+        spec.digest.as_ref(),
+        split.and_then(|s| s.runtime_digest.as_ref()),
+        split.and_then(|s| s.model_digest.as_ref()),
+    ];
+    for d in digests.into_iter().flatten() {
         if crate::oci::hex_of(d).is_none() {
             return bad(format!(
                 "image digest `{d}` is not sha256:<64 lowercase hex>"
@@ -919,6 +1018,7 @@ mod tests {
                 target_percent: 70,
             },
             grpc_readiness: false,
+            split: None,
         }
     }
 

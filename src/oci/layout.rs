@@ -240,6 +240,13 @@ pub fn write_archive(store: &BlobStore, dest: &Path, mtime: u64) -> Result<(), E
         for l in &img.manifest.layers {
             blobs.insert(l.digest.clone(), l.size);
         }
+        // Docker's manifest.json lists images only: an artifact (the split layout's ModelPack
+        // manifest, whose config is not an image config) travels in the blobs and index.json.
+        if img.manifest.config.media_type != media::CONFIG
+            && img.manifest.config.media_type != media::DOCKER_CONFIG
+        {
+            continue;
+        }
         let tags: Vec<String> = idx
             .manifests
             .iter()

@@ -41,6 +41,8 @@ pub struct BuildRequest {
     /// `org.opencontainers.image.revision` and `.source` of every image.
     pub revision: Option<String>,
     pub source: Option<String>,
+    /// `--image-layout`: overrides the recipe's `[image] layout`.
+    pub layout: Option<crate::recipe::ImageLayout>,
 }
 
 /// What [`prepare`] resolves.
@@ -88,15 +90,43 @@ pub fn build(
 /// file naming several ([`crate::recipe::bundle`]).
 pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
     if crate::recipe::bundle::is_bundle(&req.input) {
+        if req.layout == Some(crate::recipe::ImageLayout::Split) {
+            return Err(Error::Usage(format!(
+                "--image-layout split: {} is a bundle file; a bundle's models share one combined image (build each recipe with --image-layout split for one runtime image and a model artifact each)",
+                req.input.display()
+            )));
+        }
         return super::bundle::prepare(req, note);
     }
     let mut bases = Bases::new(req, note);
     let project = crate::plan::Project::load(&req.input, req.matrix.as_deref())?;
     let r = prepare_recipe(req, project, &mut bases, note)?;
+    let split = req.layout.unwrap_or(r.recipe.image.layout) == crate::recipe::ImageLayout::Split;
     let specs = r
         .targets
         .into_iter()
-        .map(|(t, files)| assemble::spec::target_spec(&r.recipe, &t, files))
+        .map(|(t, files)| {
+            if !split {
+                return assemble::spec::target_spec(&r.recipe, &t, files);
+            }
+            // The same files, the model's directory with relative paths: what is mounted.
+            let mounted = assemble::spec::target_spec_at(
+                &r.recipe,
+                &t,
+                files.clone(),
+                assemble::spec::Place::Bundled(&r.recipe.model.name),
+            )?;
+            let mut spec = assemble::spec::target_spec(&r.recipe, &t, files)?;
+            spec.split = mounted
+                .models
+                .into_iter()
+                .next()
+                .map(|model| assemble::split::Split {
+                    model,
+                    precision: t.precision,
+                });
+            Ok(spec)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut meta = assemble::spec::image_meta(&r.recipe, &r.plan);
     meta.revision = nonempty(req.revision.as_deref());

@@ -511,6 +511,40 @@ pub struct Image {
     pub user: u32,
     /// Extra image labels (sorted by key).
     pub labels: BTreeMap<String, String>,
+    /// `[image] layout`: what a build writes per target (default [`ImageLayout::Combined`]).
+    pub layout: ImageLayout,
+}
+
+/// What a build writes per target: the image that carries its model, or that image and beside
+/// it the split pair (a runtime image shared by models, and the model as an artifact to mount).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageLayout {
+    /// One image per target: runtime, base and model together.
+    #[default]
+    Combined,
+    /// The combined image, plus a runtime image without the model and the model as an OCI
+    /// artifact that a Kubernetes image volume mounts into it (`docs/image-format.md`).
+    Split,
+}
+
+impl ImageLayout {
+    pub const NAMES: [&'static str; 2] = ["combined", "split"];
+
+    pub fn parse(s: &str) -> Option<ImageLayout> {
+        match s {
+            "combined" => Some(ImageLayout::Combined),
+            "split" => Some(ImageLayout::Split),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageLayout::Combined => "combined",
+            ImageLayout::Split => "split",
+        }
+    }
 }
 
 /// The placeholders a tag template may use.

@@ -105,7 +105,7 @@ const BATCHING_KEYS: [&str; 7] = [
     "instances",
 ];
 const WARMUP_KEYS: [&str; 3] = ["enabled", "batch_sizes", "samples"];
-const IMAGE_KEYS: [&str; 5] = ["repository", "tag", "base", "user", "labels"];
+const IMAGE_KEYS: [&str; 6] = ["repository", "tag", "base", "user", "labels", "layout"];
 const DEPLOY_KEYS: [&str; 6] = [
     "node_driver",
     "replicas",
@@ -1623,11 +1623,21 @@ fn image(
         base: None,
         user: DEFAULT_USER,
         labels: BTreeMap::new(),
+        layout: ImageLayout::default(),
     };
     let Some(t) = t else {
         return img;
     };
     cx.unknown_keys(t, &IMAGE_KEYS);
+    if let Some(l) = one_of(
+        cx,
+        t,
+        "layout",
+        ImageLayout::parse,
+        "use \"combined\" (one image per target) or \"split\" (also a runtime image and the model as an artifact to mount)",
+    ) {
+        img.layout = l;
+    }
     if let Some(r) = cx.string(t, "repository") {
         if let Some(problem) = repository_problem(&r.value) {
             cx.error_hint(

@@ -110,6 +110,9 @@ pub struct PushReport {
     pub warmup: Vec<ArtifactReport>,
     /// The SBOMs attached (`application/spdx+json`).
     pub sbom: Vec<ArtifactReport>,
+    /// Manifests of the layout that name a subject (the split layout's ModelPack manifests),
+    /// listed among their subject's referrers.
+    pub referrers: Vec<ArtifactReport>,
     pub blobs_uploaded: usize,
     pub blobs_mounted: usize,
     pub blobs_skipped: usize,
@@ -173,6 +176,9 @@ struct ManifestItem {
     media_type: String,
     bytes: Vec<u8>,
     tags: Vec<String>,
+    /// The manifest it refers to (`subject`: the split layout's ModelPack manifest): listed
+    /// among that manifest's referrers once pushed.
+    subject: Option<Digest>,
 }
 
 /// Everything a push sends, read from a layout (no network).
@@ -320,11 +326,18 @@ fn visit(
             && m.config
                 .as_ref()
                 .is_some_and(|c| c.media_type != media::EMPTY);
-        if attach.warmup && is_image {
+        // The split layout's parts: a runtime image serves no model of its own (no warm-up);
+        // the model image's warm-up names it; the SBOM describes the combined image.
+        let part = m.annotations.get(&format!(
+            "{}{}",
+            crate::oci::ANNOTATION_PREFIX,
+            crate::assemble::split::PART
+        ));
+        if attach.warmup && is_image && part.is_none_or(|p| p != "runtime") {
             let w = warmup::for_image(layout, desc, &bytes, &m)?;
             plan.attach(ArtifactKind::Warmup, desc, w);
         }
-        if attach.sbom && is_image {
+        if attach.sbom && is_image && part.is_none() {
             if let Some(w) = sbom_artifact(layout, desc, &m)? {
                 plan.attach(ArtifactKind::Sbom, desc, w);
             }
@@ -340,6 +353,7 @@ fn visit(
         media_type,
         bytes,
         tags: tag.into_iter().collect(),
+        subject: m.subject.map(|s| s.digest),
     });
     Ok(())
 }
@@ -365,6 +379,7 @@ impl Plan {
                 media_type: media::MANIFEST.into(),
                 bytes: w.manifest,
                 tags: Vec::new(),
+                subject: None,
             },
             missing: w.missing,
         });
@@ -593,6 +608,20 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
             });
         }
     }
+    // A manifest of the layout that names a subject (the ModelPack manifest names the model
+    // image): listed among the subject's referrers, through the API or the fallback tag.
+    let mut referrers = Vec::new();
+    for m in &plan.manifests {
+        if let Some(subject) = &m.subject {
+            let via = pusher.attach_referrer(subject, m)?;
+            referrers.push(ArtifactReport {
+                subject: subject.clone(),
+                digest: m.digest.clone(),
+                attached_via: via,
+                missing: Vec::new(),
+            });
+        }
+    }
     let mut warmups = Vec::new();
     let mut sboms = Vec::new();
     for a in &plan.artifacts {
@@ -639,6 +668,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         blobs: Vec::new(),
         warmup: warmups,
         sbom: sboms,
+        referrers,
         blobs_uploaded: 0,
         blobs_mounted: 0,
         blobs_skipped: 0,

@@ -56,7 +56,16 @@ pub fn for_image(
         Some(c) => serde_json::from_slice(&layout.read_small(c)?).unwrap_or(Value::Null),
         None => Value::Null,
     };
-    let runtime = find_runtime_config(layout, m)?;
+    // A split layout's model image carries its model's `runtime.toml` at its root.
+    let part = m.annotations.get(&format!(
+        "{ANNOTATION_PREFIX}{}",
+        crate::assemble::split::PART
+    ));
+    let path = match part.map(String::as_str) {
+        Some("model") => infer_spec::runtime::MODEL_CONFIG_FILE,
+        _ => RUNTIME_CONFIG_PATH,
+    };
+    let runtime = find_runtime_config(layout, m, path)?;
     let models = match runtime.as_deref().and_then(bundle_dirs) {
         Some(dirs) => find_model_configs(layout, m, &dirs)?,
         None => Vec::new(),
@@ -341,15 +350,13 @@ fn find_model_configs(
     Ok(dirs.iter().map(|d| (d.clone(), found.remove(d))).collect())
 }
 
-/// Look for `runtime.toml` in the image's small layers, top layer first.
-fn find_runtime_config(layout: &Layout, m: &Document) -> Result<Option<String>> {
+/// Look for `path` (a `runtime.toml`) in the image's small layers, top layer first.
+fn find_runtime_config(layout: &Layout, m: &Document, path: &str) -> Result<Option<String>> {
     for layer in m.layers.iter().rev() {
         if layer.size > MAX_SCAN_LAYER {
             continue;
         }
-        let hit = text_in_layer(layout, layer, |name| {
-            (name == RUNTIME_CONFIG_PATH).then_some(())
-        })?;
+        let hit = text_in_layer(layout, layer, |name| (name == path).then_some(()))?;
         if let Some(((), text)) = hit {
             return Ok(Some(text));
         }

@@ -28,8 +28,13 @@ fn have_validator(test: &str) -> bool {
 
 /// Run `kubernetes-validate --strict` on files; returns (success, combined output).
 fn validate(files: &[&Path]) -> (bool, String) {
+    validate_at(files, K8S_VERSION)
+}
+
+/// [`validate`] against Kubernetes `version`.
+fn validate_at(files: &[&Path], version: &str) -> (bool, String) {
     let out = Command::new(support::python())
-        .args(["-m", "kubernetes_validate", "-k", K8S_VERSION, "--strict"])
+        .args(["-m", "kubernetes_validate", "-k", version, "--strict"])
         .args(files)
         .output()
         .expect("run kubernetes_validate");
@@ -72,6 +77,7 @@ fn spec() -> DeploySpec {
             target_percent: 70,
         },
         grpc_readiness: false,
+        split: None,
     }
 }
 
@@ -143,6 +149,61 @@ fn py_deploy_variants_pass_strict_validation() {
     assert!(ok, "{out}");
     // Four objects per file, each reported as passed.
     assert_eq!(out.matches("passed").count(), 4 * variants.len(), "{out}");
+}
+
+/// The split layout: the runtime image runs, the model image is an image volume mounted
+/// read-only at `/mnt/models`, both pinned; the pre-pull DaemonSet pulls both.
+#[test]
+fn py_a_split_deployment_mounts_the_model_image_as_an_image_volume() {
+    if !have_validator("py_a_split_deployment_mounts_the_model_image_as_an_image_volume") {
+        return;
+    }
+    let (runtime, model) = (
+        format!("sha256:{}", "1".repeat(64)),
+        format!("sha256:{}", "2".repeat(64)),
+    );
+    let mut s = spec();
+    s.digest = Some(format!("sha256:{}", "3".repeat(64)));
+    s.split = Some(deploy::SplitImages {
+        runtime_digest: Some(runtime.clone()),
+        model_digest: Some(model.clone()),
+    });
+    let y = deploy::render(&s).unwrap();
+    let repo = &s.repository;
+    for want in [
+        format!("image: \"{repo}@{runtime}\""),
+        format!("reference: \"{repo}@{model}\""),
+        "pullPolicy: \"IfNotPresent\"".to_string(),
+        "mountPath: \"/mnt/models\"".to_string(),
+        "readOnly: true".to_string(),
+        "Kubernetes 1.35".to_string(),
+        "containerd 2.1+ or CRI-O 1.31+".to_string(),
+    ] {
+        assert!(y.contains(&want), "no {want:?} in:\n{y}");
+    }
+    // The combined image is not run, and the model is mounted by the server and the pre-pull.
+    assert!(!y.contains(&s.digest.clone().unwrap()), "{y}");
+    assert_eq!(y.matches("mountPath: \"/mnt/models\"").count(), 2, "{y}");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("split.yaml");
+    std::fs::write(&p, &y).unwrap();
+    // Image volumes: beta on by default in 1.35, GA in 1.36; the schema has had them since 1.31.
+    for version in ["1.35.0", "1.36.0"] {
+        let (ok, out) = validate_at(&[p.as_path()], version);
+        assert!(ok, "{version}: {out}");
+        assert_eq!(out.matches("passed").count(), 4, "{version}: {out}");
+    }
+    // Without a digest, by tag: `<tag>-runtime` and `<tag>-model`.
+    s.split = Some(deploy::SplitImages::default());
+    let y = deploy::render(&s).unwrap();
+    assert!(
+        y.contains(&format!("image: \"{repo}:{}-runtime\"", s.tag)),
+        "{y}"
+    );
+    assert!(
+        y.contains(&format!("reference: \"{repo}:{}-model\"", s.tag)),
+        "{y}"
+    );
 }
 
 #[test]

@@ -60,6 +60,7 @@ fn cpu_target(dir: &Path) -> TargetSpec {
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: BTreeMap::new(),
         compat: BTreeMap::new(),
+        split: None,
     }
 }
 

@@ -24,4 +24,5 @@ pub mod registry_interop;
 pub mod registry_support;
 pub mod sbom;
 pub mod slim;
+pub mod split_image;
 pub mod support;

@@ -86,6 +86,7 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
         runtime_toml: b"[model]\nname = \"mlp\"\n".to_vec(),
         extra_files: extra,
         compat,
+        split: None,
     }
 }
 

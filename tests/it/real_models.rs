@@ -48,7 +48,7 @@ pub(super) struct Case {
     /// The recipe's tensor tables (and `[text]` table) after `[model]`.
     pub(super) recipe: &'static str,
     pub(super) input: &'static str,
-    datatype: &'static str,
+    pub(super) datatype: &'static str,
     /// `[engine] cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
     pub(super) policy: &'static str,
     /// The CPU engine the image must ship: `tract` (ONNX or NNEF; static runtime, FROM scratch)
@@ -58,8 +58,8 @@ pub(super) struct Case {
     /// Sentences instead of shapes (a text model, served from text by its recipe's `[text]`
     /// table with the model's `NAME.tokenizer.json`): one request per list and API, checked by
     /// `real_models.py check-text` against the reference with this pooling and normalisation.
-    texts: &'static [&'static [&'static str]],
-    pooling: (&'static str, bool),
+    pub(super) texts: &'static [&'static [&'static str]],
+    pub(super) pooling: (&'static str, bool),
     /// tract loads the model only after `infer-build` folded it with ONNX Runtime.
     folds: bool,
 }
@@ -355,6 +355,11 @@ impl Container {
 
     /// `docker run -d` of `tag`, already loaded.
     pub fn run(tag: &str) -> Container {
+        Container::run_with(tag, &[])
+    }
+
+    /// `docker run -d` of `tag` with `docker_args` (volumes and the like) before it.
+    pub fn run_with(tag: &str, docker_args: &[&str]) -> Container {
         let o = Command::new("docker")
             .args([
                 "run",
@@ -363,8 +368,9 @@ impl Container {
                 "127.0.0.1::8000",
                 "-p",
                 "127.0.0.1::8001",
-                tag,
             ])
+            .args(docker_args)
+            .arg(tag)
             .output()
             .unwrap();
         assert!(o.status.success(), "docker run: {}", stderr(&o));

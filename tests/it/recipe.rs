@@ -51,6 +51,7 @@ fn minimal_recipe_gets_defaults() {
     assert!(r.targets.gpus.is_empty());
     assert_eq!(r.batching.max_batch_size, recipe::DEFAULT_MAX_BATCH_SIZE);
     assert_eq!(r.image.user, recipe::DEFAULT_USER);
+    assert_eq!(r.image.layout, recipe::ImageLayout::Combined);
     assert_eq!(r.image.tag.value, recipe::DEFAULT_TAG);
     assert_eq!(r.image.repository.value, "localhost/infer-build/m");
     assert_eq!(r.warmup_batch_sizes(), vec![1, 8]);
@@ -853,6 +854,7 @@ tag = "{version}-{precison}"
 base = "ubuntu@sha256:abc"
 user = 0
 labels = { "ok.label" = "x", "bad" = 1 }
+layout = "separate"
 "#
         ),
         r#"
@@ -865,6 +867,8 @@ recipe.toml:21:8: image.base: invalid base image "ubuntu@sha256:abc": the digest
 recipe.toml:22:8: image.user: images must not run as root (user 0)
   hint: remove `user` for the default (65532) or pick another non-zero id
 recipe.toml:23:38: image.labels.bad: expected a string, found integer 1
+recipe.toml:24:10: image.layout: unknown layout "separate"
+  hint: use "combined" (one image per target) or "split" (also a runtime image and the model as an artifact to mount)
 "#,
     );
     // tag_collide

@@ -285,7 +285,7 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
                     c.engine.threads = Some((share / c.batching.instances.max(1)).max(1));
                 }
             }
-            (bundle.server, models)
+            (bundle.server_for(models.iter().map(|m| &m.cfg)), models)
         }
     };
     if let Some(h) = &args.host {

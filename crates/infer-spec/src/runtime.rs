@@ -904,7 +904,8 @@ fn shared_dim_problems(p: &mut Vec<String>, inputs: &[TensorSpec]) {
 /// A bundle's `runtime.toml`: one server for several models, each a directory with its own
 /// `runtime.toml` (a whole [`RuntimeConfig`]; its engine, warm-up and tokenizer paths relative to
 /// that directory). The bundle's `[server]` is the server's; the models' own `[server]` tables
-/// are not used.
+/// are not used, except by a bundle of one model without a `[server]` table, which serves with
+/// its model's (the runtime image of a split layout: the model, mounted, says how it drains).
 ///
 /// ```toml
 /// [server]
@@ -919,9 +920,10 @@ fn shared_dim_problems(p: &mut Vec<String>, inputs: &[TensorSpec]) {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bundle {
-    /// The HTTP server and its lifecycle, for every model.
-    #[serde(default)]
-    pub server: Server,
+    /// The HTTP server and its lifecycle, for every model; `None`: the model's own when the
+    /// bundle has one model, else the defaults ([`Bundle::server_for`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<Server>,
     /// The models, in the order they are loaded.
     pub models: Vec<BundleModel>,
 }
@@ -942,6 +944,18 @@ pub const MAX_BUNDLE_MODELS: usize = 64;
 pub const MODEL_CONFIG_FILE: &str = "runtime.toml";
 
 impl Bundle {
+    /// The server of a bundle whose models' configurations are `models` (in order).
+    pub fn server_for<'a>(
+        &self,
+        mut models: impl ExactSizeIterator<Item = &'a RuntimeConfig>,
+    ) -> Server {
+        match (&self.server, models.len()) {
+            (Some(s), _) => s.clone(),
+            (None, 1) => models.next().map(|m| m.server.clone()).unwrap_or_default(),
+            (None, _) => Server::default(),
+        }
+    }
+
     /// Every validation problem; empty when the bundle is usable. Model names are checked
     /// once the models' own files are read ([`Bundle::duplicate_names`]).
     pub fn problems(&self) -> Vec<String> {
@@ -1076,11 +1090,36 @@ path = "mlp.onnx"
     }
 
     #[test]
+    fn a_bundle_without_a_server_table_takes_its_one_models() {
+        let model = |drain: u64| RuntimeConfig {
+            server: Server {
+                drain_delay_s: drain,
+                ..Server::default()
+            },
+            ..RuntimeConfig::from_toml_str(&mlp()).unwrap()
+        };
+        let (a, b) = (model(7), model(9));
+        let one = "[[models]]\npath = \"/mnt/models\"\n";
+        let RuntimeFile::Bundle(bundle) = RuntimeFile::from_toml_str(one).unwrap() else {
+            panic!("not a bundle")
+        };
+        assert_eq!(bundle.server, None);
+        assert_eq!(bundle.server_for([&a].into_iter()).drain_delay_s, 7);
+        // Several models and no table: the defaults, not the first model's.
+        assert_eq!(bundle.server_for([&a, &b].into_iter()), Server::default());
+        let with = Bundle {
+            server: Some(model(3).server),
+            ..bundle
+        };
+        assert_eq!(with.server_for([&a].into_iter()).drain_delay_s, 3);
+    }
+
+    #[test]
     fn a_file_with_models_is_a_bundle_and_is_checked_whole() {
         let bundle = "[server]\nport = 9000\n[[models]]\npath = \"models/a\"\n[[models]]\npath = \"/mnt/b\"\n";
         match RuntimeFile::from_toml_str(bundle).unwrap() {
             RuntimeFile::Bundle(b) => {
-                assert_eq!(b.server.port, 9000);
+                assert_eq!(b.server.as_ref().map(|s| s.port), Some(9000));
                 assert_eq!(b.models.len(), 2);
                 assert_eq!(
                     RuntimeFile::from_toml_str(&b.to_toml_string()).unwrap(),

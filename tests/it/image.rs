@@ -117,7 +117,7 @@ impl Example {
 }
 
 /// `infer-build inspect --json LAYOUT`, which must succeed.
-fn inspect_json(layout: &Path) -> serde_json::Value {
+pub(super) fn inspect_json(layout: &Path) -> serde_json::Value {
     let o = infer_build()
         .args(["inspect", "--json"])
         .arg(layout)

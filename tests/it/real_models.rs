@@ -477,6 +477,53 @@ pub(super) fn spawn_check(
         .unwrap()
 }
 
+/// Checks model `name` of the container `c` against its reference: a tensor model's shapes
+/// through tritonclient (HTTP and gRPC) against onnxruntime on `onnx`; a text model's texts
+/// through tritonclient, the `openai` client and TEI's `/embed` against its reference pipeline.
+/// The check's output, or why it failed.
+pub(super) fn check_served(
+    py: &Path,
+    case: &Case,
+    c: &Container,
+    name: &str,
+    onnx: &Path,
+) -> Result<String, String> {
+    let mut check = Command::new(py);
+    check.arg(script());
+    if case.texts.is_empty() {
+        let cases: Vec<serde_json::Value> = case
+            .shapes
+            .iter()
+            .map(
+                |s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}),
+            )
+            .collect();
+        check
+            .arg("check")
+            .arg(&c.http)
+            .arg(name)
+            .arg(onnx)
+            .arg(serde_json::to_string(&cases).unwrap())
+            .arg(&c.grpc);
+    } else {
+        check
+            .arg("check-text")
+            .arg(&c.http)
+            .arg(name)
+            .arg(cache_dir())
+            .arg(serde_json::to_string(case.texts).unwrap())
+            .arg(&c.grpc)
+            .arg(case.pooling.0)
+            .arg(case.pooling.1.to_string());
+    }
+    let o = check.output().map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(stdout(&o))
+    } else {
+        Err(format!("{}\n{}", stdout(&o), stderr(&o)))
+    }
+}
+
 /// The fetched models: `{name: path}` (see `real_models.py fetch`).
 pub(super) fn fetch_models(py: &Path) -> serde_json::Value {
     let o = Command::new(py)
@@ -606,42 +653,9 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         &archive,
         &format!("localhost/infer-build/{name}:1-cpu-fp32"),
     );
-    let result = c.wait_ready(300).and_then(|()| {
-        let mut check = Command::new(&py);
-        check.arg(script());
-        if case.texts.is_empty() {
-            let cases: Vec<serde_json::Value> = case
-                .shapes
-                .iter()
-                .map(|s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}))
-                .collect();
-            check
-                .arg("check")
-                .arg(&c.http)
-                .arg(&name)
-                .arg(&onnx)
-                .arg(serde_json::to_string(&cases).unwrap());
-        } else {
-            check
-                .arg("check-text")
-                .arg(&c.http)
-                .arg(&name)
-                .arg(cache_dir())
-                .arg(serde_json::to_string(case.texts).unwrap())
-                .arg(&c.grpc)
-                .arg(case.pooling.0)
-                .arg(case.pooling.1.to_string());
-        }
-        if case.texts.is_empty() {
-            check.arg(&c.grpc);
-        }
-        let o = check.output().map_err(|e| e.to_string())?;
-        if o.status.success() {
-            Ok(stdout(&o))
-        } else {
-            Err(format!("{}\n{}", stdout(&o), stderr(&o)))
-        }
-    });
+    let result = c
+        .wait_ready(300)
+        .and_then(|()| check_served(&py, case, &c, &name, &onnx));
     let logs = c.logs();
     drop(c);
     match result {

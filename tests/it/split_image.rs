@@ -12,30 +12,19 @@
 //! loopback registry after the first model, the second model uploads none of the runtime
 //! image's bytes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 
 use super::real_models::{
-    cache_dir, dynamic_runtime, fetch_models, python_with_references, script, write_recipe,
+    cache_dir, check_served, dynamic_runtime, fetch_models, python_with_references, write_recipe,
     Container, CASES,
 };
 use super::support::{self, stderr, stdout};
 
 const MODELS: [&str; 2] = ["minilm", "ocr-rec"];
 const TAG: &str = "1-cpu-fp32";
-
-/// `infer-build inspect --json` of a layout.
-fn inspect(layout: &Path) -> Value {
-    let o = support::infer_build()
-        .args(["inspect", "--json"])
-        .arg(layout)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
-}
 
 /// The image of an inspected layout tagged `tag`.
 fn image<'a>(doc: &'a Value, tag: &str) -> &'a Value {
@@ -140,7 +129,7 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         built[1].2["model"]["manifest_digest"]
     );
     for (name, out, split) in &built {
-        let doc = inspect(out);
+        let doc = super::image::inspect_json(out);
         let model = image(&doc, &format!("{TAG}-model"));
         assert_eq!(model["part"], "model", "{name}: {model}");
         assert_eq!(model["pairsWith"], runtime, "{name}: {model}");
@@ -296,41 +285,10 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         // World-readable, so the image's non-root user reads them.
         let mount = format!("{}:/mnt/models:ro", bundle.display());
         let c = Container::run_with(runtime_tag, &["-v", &mount]);
-        let result = c.wait_ready(300).and_then(|()| {
-            let mut check = Command::new(&py);
-            check.arg(script());
-            if case.texts.is_empty() {
-                let onnx = PathBuf::from(models[*name].as_str().unwrap());
-                let cases: Vec<Value> = case
-                    .shapes
-                    .iter()
-                    .map(|s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}))
-                    .collect();
-                check
-                    .arg("check")
-                    .arg(&c.http)
-                    .arg(name)
-                    .arg(onnx)
-                    .arg(serde_json::to_string(&cases).unwrap())
-                    .arg(&c.grpc);
-            } else {
-                check
-                    .arg("check-text")
-                    .arg(&c.http)
-                    .arg(name)
-                    .arg(cache_dir())
-                    .arg(serde_json::to_string(case.texts).unwrap())
-                    .arg(&c.grpc)
-                    .arg(case.pooling.0)
-                    .arg(case.pooling.1.to_string());
-            }
-            let o = check.output().map_err(|e| e.to_string())?;
-            if o.status.success() {
-                Ok(stdout(&o))
-            } else {
-                Err(format!("{}\n{}", stdout(&o), stderr(&o)))
-            }
-        });
+        let onnx = PathBuf::from(models[*name].as_str().unwrap());
+        let result = c
+            .wait_ready(300)
+            .and_then(|()| check_served(&py, case, &c, name, &onnx));
         let logs = c.logs();
         drop(c);
         match result {

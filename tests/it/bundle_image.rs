@@ -95,35 +95,22 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
     let Some(py) = python_with_references(test) else {
         return;
     };
-    for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
-        if !support::have_tool(tool, test) {
-            return;
-        }
-    }
     let models = fetch_models(&py);
     let dir = tempfile::tempdir().unwrap();
     let bundle = write_bundle(dir.path(), &models);
-    let Some(reg) = super::registry_support::Registry::start(test) else {
+    let Some(env) = super::ort_image::OrtBuild::start(test, dir.path()) else {
         return;
     };
-    let base = super::ort_image::push_glibc_base(&reg);
-    let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
-    let cache = dir.path().join("cache");
-    super::ort_image::seed_wheel(&cache);
+    let (reg, cache) = (&env.reg, &env.cache);
     let archive = dir.path().join("image.tar");
     let build = |out: &str, archive: Option<&Path>| {
         let mut c = support::infer_build();
         c.current_dir(dir.path())
             .arg("build")
             .arg(&bundle)
-            .args(["--out", out, "--insecure", "--matrix"])
-            .arg(&matrix)
-            .arg("--runtime")
-            .arg(static_runtime())
-            .arg("--runtime-dynamic")
-            .arg(dynamic_runtime())
-            .env("INFER_BUILD_CACHE_DIR", &cache)
-            .env("DOCKER_CONFIG", dir.path().join("docker"));
+            .args(["--out", out, "--runtime"])
+            .arg(static_runtime());
+        env.args(&mut c, &dynamic_runtime());
         if let Some(a) = archive {
             c.arg("--output")
                 .arg(format!("oci-archive:{}", a.display()));
@@ -134,7 +121,7 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
     };
     let said = build("out", Some(&archive));
     assert!(said.contains("bundle ocr: model 3 of 3"), "{said}");
-    super::ort_image::keep_wheel(&cache);
+    super::ort_image::keep_wheel(cache);
 
     // One layer per model, then the bundle's config; the SBOM names every model.
     let first = layers(&dir.path().join("out"));
@@ -176,7 +163,7 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
     // Pushed, the image's warm-up manifest lists each model's warm-up requests, in order.
     let to = format!("{}/vision/ocr", reg.addr);
     let (code, _, err) =
-        super::registry::push_cli(&dir.path().join("out"), &to, &cache, &["--insecure"]);
+        super::registry::push_cli(&dir.path().join("out"), &to, cache, &["--insecure"]);
     assert_eq!(code, 0, "{err}");
     let digest = image_digest(&dir.path().join("out"));
     let fallback = format!("docker://{to}:sha256-{}", &digest[7..]);
@@ -214,7 +201,7 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
         .collect();
     assert_eq!(names, NAMES, "{}", doc["requests"]);
     assert_eq!(doc["missing"], serde_json::json!([]), "{}", doc["missing"]);
-    drop(reg);
+    drop(env);
 
     let c = Container::load_and_run(&archive, "localhost/infer-build/ocr:1-cpu-fp32");
     let result = c.wait_ready(300).and_then(|()| {

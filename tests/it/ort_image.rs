@@ -178,6 +178,43 @@ pub fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
     )
 }
 
+/// What a test that builds ONNX Runtime images with `infer-build` needs: a loopback registry
+/// holding the glibc test base (kept running until the builds have pulled it), a `--matrix` whose
+/// glibc base it is, and a cache directory seeded with the pinned wheel.
+pub struct OrtBuild {
+    pub reg: Registry,
+    pub matrix: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl OrtBuild {
+    /// Set up in `dir`; `None` (with the reason printed) when a tool the base needs is absent.
+    pub fn start(test: &str, dir: &Path) -> Option<OrtBuild> {
+        for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
+            if !super::support::have_tool(tool, test) {
+                return None;
+            }
+        }
+        let reg = Registry::start(test)?;
+        let base = push_glibc_base(&reg);
+        let matrix = matrix_with_glibc_base(dir, &base);
+        let cache = dir.join("cache");
+        seed_wheel(&cache);
+        Some(OrtBuild { reg, matrix, cache })
+    }
+
+    /// `cmd` (an `infer-build build`) pointed at the base, the matrix, the cache and `runtime`
+    /// (the dynamic one), with no credentials of this machine.
+    pub fn args<'c>(&self, cmd: &'c mut Command, runtime: &Path) -> &'c mut Command {
+        cmd.args(["--insecure", "--matrix"])
+            .arg(&self.matrix)
+            .arg("--runtime-dynamic")
+            .arg(runtime)
+            .env("INFER_BUILD_CACHE_DIR", &self.cache)
+            .env("DOCKER_CONFIG", self.cache.join("docker"))
+    }
+}
+
 /// Put the pinned ONNX Runtime wheel into the library cache under `cache` when a previous run
 /// downloaded it, so only the first run goes to the network.
 pub fn seed_wheel(cache: &Path) {

@@ -45,20 +45,12 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
     let Some(py) = python_with_references(test) else {
         return;
     };
-    for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
-        if !support::have_tool(tool, test) {
-            return;
-        }
-    }
     let models = fetch_models(&py);
     let dir = tempfile::tempdir().unwrap();
-    let Some(reg) = super::registry_support::Registry::start(test) else {
+    let Some(env) = super::ort_image::OrtBuild::start(test, dir.path()) else {
         return;
     };
-    let base = super::ort_image::push_glibc_base(&reg);
-    let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
-    let cache = dir.path().join("cache");
-    super::ort_image::seed_wheel(&cache);
+    let (reg, cache) = (&env.reg, &env.cache);
 
     // MiniLM asks for the split layout with the flag, the recogniser in its recipe.
     let mut built = Vec::new();
@@ -96,17 +88,8 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
             ));
         }
         let out = dir.path().join(name).join("out");
-        let o = c
-            .arg("--out")
-            .arg(&out)
-            .args(["--json", "--insecure", "--matrix"])
-            .arg(&matrix)
-            .arg("--runtime-dynamic")
-            .arg(dynamic_runtime())
-            .env("INFER_BUILD_CACHE_DIR", &cache)
-            .env("DOCKER_CONFIG", dir.path().join("docker"))
-            .output()
-            .unwrap();
+        c.arg("--out").arg(&out).arg("--json");
+        let o = env.args(&mut c, &dynamic_runtime()).output().unwrap();
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(
@@ -116,7 +99,7 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         );
         built.push((name, out, report["split"][0].clone()));
     }
-    super::ort_image::keep_wheel(&cache);
+    super::ort_image::keep_wheel(cache);
 
     // One runtime image for both models; two model images, each naming it.
     let runtime = built[0].2["runtime"]["manifest_digest"].as_str().unwrap();
@@ -307,7 +290,7 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
     let mut uploaded = Vec::new();
     for (name, out, _) in &built {
         let to = format!("{}/ml/{name}", reg.addr);
-        let (code, report, err) = super::registry::push_cli(out, &to, &cache, &["--insecure"]);
+        let (code, report, err) = super::registry::push_cli(out, &to, cache, &["--insecure"]);
         assert_eq!(code, 0, "{name}: {err}");
         let sent: Vec<String> = report["blobs"]
             .as_array()

@@ -1,11 +1,12 @@
-//! A bundle image: PaddleOCR's detector, direction classifier and recogniser (three recipes,
-//! from the wheels `real_models.py fetch` downloads) built by `infer-build build bundle.toml`
-//! into one CPU image, `docker run`, every model answering tritonclient over HTTP and gRPC at
-//! once, each equal to onnxruntime on the same inputs.
-//!
-//! The models take different engines on purpose: the detector and the recogniser ONNX
-//! Runtime, the classifier tract (after folding). The image is the ONNX Runtime one (glibc
-//! base, dynamic runtime, the pinned library), which runs the tract model too.
+//! Bundle images, built by `infer-build build bundle.toml` from real models (the wheels
+//! `real_models.py fetch` downloads) into one CPU image each, `docker run`:
+//! - PaddleOCR's detector, direction classifier and recogniser (three recipes), every model
+//!   answering tritonclient over HTTP and gRPC at once, each equal to onnxruntime on the same
+//!   inputs. The models take different engines on purpose: the detector and the recogniser
+//!   ONNX Runtime, the classifier tract (after folding). The image is the ONNX Runtime one
+//!   (glibc base, dynamic runtime, the pinned library), which runs the tract model too;
+//! - two text models served from text (MiniLM and WordLlama), each checked against its
+//!   reference through tritonclient and the `openai` client.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -288,5 +289,117 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
             line["engine"].as_str().unwrap_or("").starts_with(engine),
             "{name}: {line}"
         );
+    }
+}
+
+/// Two text models (MiniLM and WordLlama, both served from text by their recipes' `[text]`
+/// tables, their tokenizers in their own layers) built by `infer-build build bundle.toml` into
+/// one image: each answers tritonclient (a `BYTES` input, HTTP and gRPC) and the `openai`
+/// client like its reference pipeline, both checked at once, and TEI's routes, which name no
+/// model, point to `/v1/embeddings`.
+#[test]
+fn docker_registry_py_a_bundle_image_of_two_text_models_answers_each_like_its_reference() {
+    let test =
+        "docker_registry_py_a_bundle_image_of_two_text_models_answers_each_like_its_reference";
+    if !support::have_docker(test) {
+        return;
+    }
+    let Some(py) = python_with_references(test) else {
+        return;
+    };
+    let models = fetch_models(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["minilm", "wordllama"];
+    for name in names {
+        let case = CASES.iter().find(|c| c.name == name).unwrap();
+        let onnx = PathBuf::from(models[name].as_str().unwrap());
+        write_recipe(
+            &dir.path().join(name),
+            name,
+            case.recipe,
+            "onnxruntime",
+            &onnx,
+        );
+        std::fs::copy(
+            super::real_models::cache_dir().join(format!("{name}.tokenizer.json")),
+            dir.path().join(name).join("tokenizer.json"),
+        )
+        .unwrap();
+    }
+    let bundle = dir.path().join("bundle.toml");
+    std::fs::write(
+        &bundle,
+        "[bundle]\nname = \"text\"\nversion = \"1\"\nmodels = [\"minilm/recipe.toml\", \"wordllama/recipe.toml\"]\n",
+    )
+    .unwrap();
+    let Some(env) = super::ort_image::OrtBuild::start(test, dir.path()) else {
+        return;
+    };
+    let archive = dir.path().join("image.tar");
+    let mut c = support::infer_build();
+    c.arg("build")
+        .arg(&bundle)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--output")
+        .arg(format!("oci-archive:{}", archive.display()));
+    let o = env.args(&mut c, &dynamic_runtime()).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    super::ort_image::keep_wheel(&env.cache);
+    drop(env);
+    // Each model's tokenizer is in its own layer.
+    let doc = super::image::inspect_json(&dir.path().join("out"));
+    let roles: Vec<&str> = doc["images"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["role"].as_str())
+        .collect();
+    for name in names {
+        assert!(
+            roles.iter().any(|r| r.ends_with(&format!(":{name}"))),
+            "{roles:?}"
+        );
+    }
+
+    let c = Container::load_and_run(&archive, "localhost/infer-build/text:1-cpu-fp32");
+    let result = c.wait_ready(300).and_then(|()| {
+        let checks: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let case = CASES.iter().find(|c| c.name == *name).unwrap();
+                let child = Command::new(&py)
+                    .arg(super::real_models::script())
+                    .arg("check-text")
+                    .arg(&c.http)
+                    .arg(name)
+                    .arg(super::real_models::cache_dir())
+                    .arg(serde_json::to_string(case.texts).unwrap())
+                    .arg(&c.grpc)
+                    .arg(case.pooling.0)
+                    .arg(case.pooling.1.to_string())
+                    .arg("bundle")
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (*name, child)
+            })
+            .collect();
+        let mut said = String::new();
+        for (name, child) in checks {
+            let o = child.wait_with_output().map_err(|e| e.to_string())?;
+            if !o.status.success() {
+                return Err(format!("{name}: {}\n{}", stdout(&o), stderr(&o)));
+            }
+            said += &format!("{name}: {}\n", stdout(&o).trim());
+        }
+        Ok(said)
+    });
+    let logs = c.logs();
+    drop(c);
+    match result {
+        Ok(said) => eprintln!("{}", said.trim()),
+        Err(e) => panic!("{e}\ncontainer logs:\n{logs}"),
     }
 }

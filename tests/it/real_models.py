@@ -33,7 +33,9 @@ usage:
       are in flight together; with GRPC_URL each case is also sent through tritonclient.grpc at
       the same time), and compares each answer with onnxruntime on the same input.
       Prints one JSON summary line; exits non-zero on the first mismatch.
-  real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL [POOLING NORMALIZE]
+  real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL [POOLING NORMALIZE [bundle]]
+      (`bundle`: the server serves other models too: TEI's routes, which name no model, must
+      answer 400 pointing to /v1/embeddings, used in their place.)
       For a text model served from text (the recipe's [text] table): every case of CASES_JSON
       (a list of lists of sentences) is sent as text through tritonclient HTTP and gRPC (a
       BYTES input), the `openai` client (`embeddings.create`, and base64 by hand) and TEI's
@@ -668,7 +670,9 @@ def check(url, model, onnx_path, cases, grpc_url=None):
                       "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
 
 
-def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=False):
+def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=False, bundle=False):
+    """`bundle`: the server serves other models too, so TEI's routes (which name no model) must
+    refuse and point to /v1/embeddings, which is used in their place."""
     import base64
     import urllib.error
     import urllib.request
@@ -682,12 +686,18 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
     output = meta["outputs"][0]["name"]
     # Every case through every API a text user has a client for, all in flight together (so
     # texts of different lengths share the server's batches).
-    jobs = [(p, texts) for p in ("http", "grpc", "openai", "openai-base64", "tei") for texts in cases]
+    protocols = ("http", "grpc", "openai", "openai-base64") + (() if bundle else ("tei",))
+    jobs = [(p, texts) for p in protocols for texts in cases]
 
     def post(path, body):
         req = urllib.request.Request(f"http://{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(req) as r:
             return json.loads(r.read())
+
+    def embed(texts):
+        if bundle:
+            return [d["embedding"] for d in post("/v1/embeddings", {"model": model, "input": texts})["data"]]
+        return post("/embed", {"inputs": texts, "normalize": normalize})
 
     def one(job):
         protocol, texts = job
@@ -729,7 +739,7 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
                  "each GPU architecture gets its own, built ahead of time. ")
     long = [f"Passage {i}. " + paragraph * (4 + i) for i in range(4)]
     want = reference_embed(model, cache, long, pooling, normalize)
-    got = np.array(post("/embed", {"inputs": long, "normalize": normalize}), dtype=np.float32)
+    got = np.array(embed(long), dtype=np.float32)
     t = httpclient.InferInput("text", [len(long), 1], "BYTES")
     t.set_data_from_numpy(np.array([[s.encode()] for s in long], dtype=np.object_))
     by_v2 = httpclient.InferenceServerClient(url=url).infer(model, [t]).as_numpy(output)
@@ -739,20 +749,21 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
 
     # A client batch larger than max_batch_size is split and answered in order.
     many = [t for case in cases for t in case] * 3
-    got = np.array(post("/embed", {"inputs": many, "normalize": normalize}), dtype=np.float32)
+    got = np.array(embed(many), dtype=np.float32)
     d = float(np.abs(got - reference_embed(model, cache, many, pooling, normalize)).max())
     if not d <= tol:
         sys.exit(f"{model}: {len(many)} texts in one request: max |diff| {d} > {tol}")
     # TEI's timing headers, and the token count.
-    req = urllib.request.Request(f"http://{url}/embed", json.dumps({"inputs": many[:3]}).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as r:
-        headers = {k.lower(): v for k, v in r.headers.items()}
-    for h in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
-        if not headers.get(h, "").isdigit():
-            sys.exit(f"{model}: /embed answered without {h} (headers {headers})")
-    if int(headers.get("x-compute-tokens", "0")) <= 0:
-        sys.exit(f"{model}: /embed x-compute-tokens {headers.get('x-compute-tokens')!r}")
+    if not bundle:
+        req = urllib.request.Request(f"http://{url}/embed", json.dumps({"inputs": many[:3]}).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req) as r:
+            headers = {k.lower(): v for k, v in r.headers.items()}
+        for h in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
+            if not headers.get(h, "").isdigit():
+                sys.exit(f"{model}: /embed answered without {h} (headers {headers})")
+        if int(headers.get("x-compute-tokens", "0")) <= 0:
+            sys.exit(f"{model}: /embed x-compute-tokens {headers.get('x-compute-tokens')!r}")
 
     # Every text counted by the tokenization metrics, with the time spent on them.
     with urllib.request.urlopen(f"http://{url}/metrics") as r:
@@ -761,7 +772,7 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
     def metric(name):
         return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + "{"))
 
-    sent = sum(len(t) for _, t in jobs) + 2 * len(long) + len(many) + 3
+    sent = sum(len(t) for _, t in jobs) + 2 * len(long) + len(many) + (0 if bundle else 3)
     counted, spent = metric("infer_serve_tokenized_texts_total"), metric("infer_serve_tokenization_duration_us")
     if counted < sent or spent <= 0:
         sys.exit(f"{model}: {sent} texts sent, tokenization metrics say {counted} texts in {spent} us")
@@ -785,10 +796,12 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
         sys.exit(f"{model}: {path} {body!r} was accepted")
 
     errors = [
+        refused("/embed", {"inputs": ["a dog"]}, 400, ["/v1/embeddings", "model"]) if bundle else
         refused("/embed", {"inputs": ["a dog", ""]}, 400, ["text 1 is empty"]),
         refused("/v1/embeddings", {"model": model, "input": "a", "encoding_format": "hex"}, 400, ["encoding_format", "hex"]),
         refused("/v1/embeddings", {"model": "nope", "input": "a"}, 404, ["nope"]),
         refused("/v1/embeddings", {"model": model, "input": "a", "dimensions": 100000}, 400, ["dimensions"]),
+        refused("/v1/embeddings", {"model": model, "input": ["a dog", ""]}, 400, ["text 1 is empty"]) if bundle else
         refused("/embed", b'{"inputs": 7}', 400, ["malformed embed request"]),
         refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}, 400, ["empty"]),
         refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}, 400, ["input_ids"]),
@@ -805,7 +818,7 @@ if __name__ == "__main__":
         verify_bert(sys.argv[2])
     elif sys.argv[1] == "check-text":
         check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6],
-                   *sys.argv[7:8], *[a == "true" for a in sys.argv[8:9]])
+                   *sys.argv[7:8], *[a == "true" for a in sys.argv[8:9]], *[a == "bundle" for a in sys.argv[9:10]])
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
     elif sys.argv[1] == "bench":

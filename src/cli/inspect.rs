@@ -256,11 +256,18 @@ fn render_raw(doc: &Value) -> String {
     }
     for img in doc["images"].as_array().unwrap_or(&empty) {
         let p = &img["platform"];
+        // An artifact (the split layout's ModelPack manifest) has a type, not a platform.
+        let kind = match img["artifactType"].as_str() {
+            Some(t) => format!("artifact {t}"),
+            None => format!(
+                "{}/{}",
+                p["os"].as_str().unwrap_or("?"),
+                p["architecture"].as_str().unwrap_or("?")
+            ),
+        };
         s += &format!(
-            "\nimage {} ({}/{})\n  manifest {}\n  config   {} ({})\n",
+            "\nimage {} ({kind})\n  manifest {}\n  config   {} ({})\n",
             join(&img["tags"]),
-            p["os"].as_str().unwrap_or("?"),
-            p["architecture"].as_str().unwrap_or("?"),
             img["manifestDigest"].as_str().unwrap_or(""),
             img["config"]["digest"].as_str().unwrap_or(""),
             human(img["config"]["size"].as_u64().unwrap_or(0)),

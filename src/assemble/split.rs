@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use infer_spec::engine::EngineFormat;
 use serde_json::json;
 
 use super::{
@@ -50,8 +51,13 @@ pub mod modelpack {
     pub const FILEPATH: &str = "org.cncf.model.filepath";
 }
 
-/// The `dev.infer-build.part` of each manifest of the split layout.
+/// The tuple key saying which part of the split layout a manifest is (`runtime`, `model`,
+/// `modelpack`); as an annotation, [`PART_ANNOTATION`].
 pub const PART: &str = "part";
+/// The annotation every reader of the split layout looks for (push, warm-up, inspect).
+pub const PART_ANNOTATION: &str = "dev.infer-build.part";
+/// The model image's annotation naming the runtime image it was built with.
+pub const RUNTIME_ANNOTATION: &str = "dev.infer-build.runtime";
 
 /// The compatibility keys a runtime image keeps: those of its runtime, base and libraries.
 /// The engine's own (GPU, precision, digests, profile) travel with the model.
@@ -213,12 +219,24 @@ pub(super) fn build(
     };
     let cfg_bytes = image::encode("image config", &config)?;
     let cfg_digest = store.put(&cfg_bytes)?;
-    let file_annotations = |path: &str, role: &str| {
-        let mut a = BTreeMap::new();
-        a.insert(annotation::TITLE.to_string(), path.to_string());
-        a.insert(modelpack::FILEPATH.to_string(), path.to_string());
-        a.insert(format!("{ANNOTATION_PREFIX}layer"), role.to_string());
-        a
+    // The layers as both manifests list them: the same blobs and file-path annotations, the
+    // media type by whether the file is the weights.
+    let layer_descriptors = |media_type: fn(bool) -> &'static str| -> Vec<Descriptor> {
+        layers
+            .iter()
+            .map(|(path, weights, rec, _)| {
+                let mut d = Descriptor::new(media_type(*weights), rec.digest.clone(), rec.size);
+                d.annotations = BTreeMap::from([
+                    (annotation::TITLE.to_string(), path.clone()),
+                    (modelpack::FILEPATH.to_string(), path.clone()),
+                    (
+                        format!("{ANNOTATION_PREFIX}layer"),
+                        role_of(path, *weights).to_string(),
+                    ),
+                ]);
+                d
+            })
+            .collect()
     };
     let mut ann = base_annotations(meta, &created);
     ann.extend(compat_annotations(&model_spec));
@@ -228,14 +246,7 @@ pub(super) fn build(
         media_type: media::MANIFEST.into(),
         artifact_type: None,
         config: Descriptor::new(media::CONFIG, cfg_digest.clone(), cfg_bytes.len() as u64),
-        layers: layers
-            .iter()
-            .map(|(path, weights, rec, _)| {
-                let mut d = Descriptor::new(media::LAYER_TAR, rec.digest.clone(), rec.size);
-                d.annotations = file_annotations(path, role_of(path, *weights));
-                d
-            })
-            .collect(),
+        layers: layer_descriptors(|_| media::LAYER_TAR),
         subject: None,
         annotations: ann,
     };
@@ -256,12 +267,20 @@ pub(super) fn build(
 
     // The ModelPack manifest: the same blobs, ModelPack's types, the model image its subject.
     let format = match &split.model.payload {
-        Payload::Model { .. } => "onnx",
-        Payload::Engine { file_name, .. } => match file_name.as_str() {
-            "engine.plan" => "tensorrt",
-            "model.nnef.tar" => "nnef",
-            _ => "onnx",
-        },
+        Payload::Model { .. } => EngineFormat::Onnx,
+        Payload::Engine { meta_json, .. } => {
+            infer_spec::engine::EngineMeta::from_json(meta_json)
+                .map_err(|e| Error::Spec {
+                    what: format!("engine metadata of target {}: {e}", t.id),
+                })?
+                .format
+        }
+    };
+    // ModelPack's words for a model format.
+    let format = match format {
+        EngineFormat::Onnx => "onnx",
+        EngineFormat::TractNnefTar => "nnef",
+        EngineFormat::TensorrtPlan => "tensorrt",
     };
     let mut mp_config = json!({
         "descriptor": {
@@ -289,7 +308,7 @@ pub(super) fn build(
     let subject = Descriptor::new(media::MANIFEST, m_digest.clone(), m_bytes.len() as u64);
     let mut ann = base_annotations(meta, &created);
     ann.extend(compat_annotations(&model_spec));
-    ann.insert(format!("{ANNOTATION_PREFIX}{PART}"), "modelpack".into());
+    ann.insert(PART_ANNOTATION.into(), "modelpack".into());
     ann.insert(annotation::REF_NAME.into(), modelpack_tag.clone());
     let modelpack_manifest = Manifest {
         schema_version: 2,
@@ -300,19 +319,13 @@ pub(super) fn build(
             mp_config_digest,
             mp_config_bytes.len() as u64,
         ),
-        layers: layers
-            .iter()
-            .map(|(path, weights, rec, _)| {
-                let kind = if *weights {
-                    modelpack::WEIGHT_TAR
-                } else {
-                    modelpack::WEIGHT_CONFIG_TAR
-                };
-                let mut d = Descriptor::new(kind, rec.digest.clone(), rec.size);
-                d.annotations = file_annotations(path, role_of(path, *weights));
-                d
-            })
-            .collect(),
+        layers: layer_descriptors(|weights| {
+            if weights {
+                modelpack::WEIGHT_TAR
+            } else {
+                modelpack::WEIGHT_CONFIG_TAR
+            }
+        }),
         subject: Some(subject),
         annotations: ann,
     };
@@ -458,6 +471,8 @@ mod tests {
 
     #[test]
     fn tags_and_names() {
+        assert_eq!(PART_ANNOTATION, format!("{ANNOTATION_PREFIX}{PART}"));
+        assert_eq!(RUNTIME_ANNOTATION, format!("{ANNOTATION_PREFIX}runtime"));
         assert_eq!(
             tags("1.0-cpu-fp32"),
             [

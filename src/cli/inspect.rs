@@ -133,14 +133,14 @@ fn inspect_layout(path: &std::path::Path) -> Result<Value, Error> {
         let part = img
             .manifest
             .annotations
-            .get("dev.infer-build.part")
+            .get(crate::assemble::split::PART_ANNOTATION)
             .cloned();
         let pairs_with = match (&img.manifest.subject, part.as_deref()) {
             (Some(s), _) => Some(s.digest.to_string()),
             (None, Some("model")) => img
                 .manifest
                 .annotations
-                .get("dev.infer-build.runtime")
+                .get(crate::assemble::split::RUNTIME_ANNOTATION)
                 .cloned(),
             _ => None,
         };

@@ -328,11 +328,7 @@ fn visit(
                 .is_some_and(|c| c.media_type != media::EMPTY);
         // The split layout's parts: a runtime image serves no model of its own (no warm-up);
         // the model image's warm-up names it; the SBOM describes the combined image.
-        let part = m.annotations.get(&format!(
-            "{}{}",
-            crate::oci::ANNOTATION_PREFIX,
-            crate::assemble::split::PART
-        ));
+        let part = m.annotations.get(crate::assemble::split::PART_ANNOTATION);
         if attach.warmup && is_image && part.is_none_or(|p| p != "runtime") {
             let w = warmup::for_image(layout, desc, &bytes, &m)?;
             plan.attach(ArtifactKind::Warmup, desc, w);

@@ -57,10 +57,7 @@ pub fn for_image(
         None => Value::Null,
     };
     // A split layout's model image carries its model's `runtime.toml` at its root.
-    let part = m.annotations.get(&format!(
-        "{ANNOTATION_PREFIX}{}",
-        crate::assemble::split::PART
-    ));
+    let part = m.annotations.get(crate::assemble::split::PART_ANNOTATION);
     let path = match part.map(String::as_str) {
         Some("model") => infer_spec::runtime::MODEL_CONFIG_FILE,
         _ => RUNTIME_CONFIG_PATH,

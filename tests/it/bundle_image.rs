@@ -46,6 +46,20 @@ fn write_bundle(dir: &Path, models: &serde_json::Value) -> PathBuf {
     bundle
 }
 
+/// Waits for every check started (one per model, in flight together): what each said, or the
+/// first that failed with its output.
+fn wait_all(checks: Vec<(&str, std::process::Child)>) -> Result<String, String> {
+    let mut said = String::new();
+    for (name, child) in checks {
+        let o = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !o.status.success() {
+            return Err(format!("{name}: {}\n{}", stdout(&o), stderr(&o)));
+        }
+        said += &format!("{name}: {}\n", stdout(&o).trim());
+    }
+    Ok(said)
+}
+
 /// The layers of the layout's one image: (role, digest).
 fn layers(layout: &Path) -> Vec<(String, String)> {
     let o = support::infer_build()
@@ -247,15 +261,7 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
                 (*name, child)
             })
             .collect();
-        let mut said = String::new();
-        for (name, child) in checks {
-            let o = child.wait_with_output().map_err(|e| e.to_string())?;
-            if !o.status.success() {
-                return Err(format!("{name}: {}\n{}", stdout(&o), stderr(&o)));
-            }
-            said += &format!("{name}: {}\n", stdout(&o).trim());
-        }
-        Ok(said)
+        wait_all(checks)
     });
     // SIGTERM drains every model and exits 0.
     let stopped = Command::new("docker")
@@ -386,15 +392,7 @@ fn docker_registry_py_a_bundle_image_of_two_text_models_answers_each_like_its_re
                 (*name, child)
             })
             .collect();
-        let mut said = String::new();
-        for (name, child) in checks {
-            let o = child.wait_with_output().map_err(|e| e.to_string())?;
-            if !o.status.success() {
-                return Err(format!("{name}: {}\n{}", stdout(&o), stderr(&o)));
-            }
-            said += &format!("{name}: {}\n", stdout(&o).trim());
-        }
-        Ok(said)
+        wait_all(checks)
     });
     let logs = c.logs();
     drop(c);

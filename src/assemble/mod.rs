@@ -30,6 +30,7 @@ use crate::oci::layer::{self, CacheHit, LayerOptions};
 use crate::oci::store::{BlobStore, LayerRecord};
 use crate::oci::tar::Entry;
 use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREFIX, LAYER_RECIPE};
+use crate::plan::TargetKind;
 
 pub use inputs::{
     check_gpu_runtime_headers, check_runtime_binary, headers_newer, locate, locate_runtime,
@@ -189,8 +190,8 @@ pub struct TargetSpec {
     pub id: String,
     pub tag: String,
     pub platform: Platform,
-    /// Scratch (CPU) images need a statically linked runtime; GPU images take a base.
-    pub gpu: bool,
+    /// CPU or GPU: scratch (CPU) images need a statically linked runtime; GPU images take a base.
+    pub kind: TargetKind,
     /// Base image: an OCI layout and an optional tag in it.
     pub base: Option<BaseRef>,
     /// Runtime libraries to add (source file, path inside the image).
@@ -292,7 +293,7 @@ pub fn build(
         return Err(Error::NoTargets);
     }
     for t in targets {
-        if t.gpu && t.base.is_none() {
+        if t.kind == TargetKind::Gpu && t.base.is_none() {
             return Err(Error::NeedBaseLayout {
                 target: t.id.clone(),
             });
@@ -676,7 +677,7 @@ fn build_target(
     // GPU images: the NVIDIA container toolkit injects the driver (libcuda, NVML) only when
     // asked; a CUDA base already asks, a glibc base (lean images) does not. A base's own values
     // are kept.
-    if t.gpu {
+    if t.kind == TargetKind::Gpu {
         for kv in GPU_ENV {
             let key = kv.split('=').next().unwrap_or("");
             if !env.iter().any(|e| e.split('=').next() == Some(key)) {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use infer_spec::{
-    EngineKind, EngineSection, ModelSection, RuntimeConfig, Server, TensorSpec, Warmup,
+    BackendKind, EngineSection, ModelSection, RuntimeConfig, Server, TensorSpec, Warmup,
 };
 
 use super::{paths, BaseRef, Error, ImageMeta, ModelSpec, Payload, TargetSpec};
@@ -110,18 +110,10 @@ pub fn name_dims(cfg: &mut RuntimeConfig, names: &[(String, Vec<String>)]) {
     }
 }
 
-fn tensor(t: &Tensor) -> Result<TensorSpec, Error> {
-    let datatype =
-        infer_spec::DataType::parse(t.datatype.v2_name()).ok_or_else(|| Error::Spec {
-            what: format!(
-                "tensor `{}` has datatype {} which the runtime does not serve",
-                t.name,
-                t.datatype.v2_name()
-            ),
-        })?;
-    Ok(TensorSpec {
+fn tensor(t: &Tensor) -> TensorSpec {
+    TensorSpec {
         name: t.name.clone(),
-        datatype,
+        datatype: t.datatype,
         dims: t.shape.clone(),
         profile: t.profile.as_ref().map(|p| infer_spec::DimProfile {
             min: p.min.clone(),
@@ -129,13 +121,13 @@ fn tensor(t: &Tensor) -> Result<TensorSpec, Error> {
             max: p.max.clone(),
         }),
         dim_names: Vec::new(),
-    })
+    }
 }
 
 /// The `runtime.toml` of a target whose engine file is at `engine_path` inside the image.
 pub fn runtime_config(
     recipe: &Recipe,
-    kind: EngineKind,
+    kind: BackendKind,
     engine_path: &str,
     metadata: Option<&str>,
 ) -> Result<RuntimeConfig, Error> {
@@ -153,18 +145,8 @@ pub fn runtime_config(
             version: recipe.model.version.clone(),
             platform: None,
         },
-        inputs: recipe
-            .model
-            .inputs
-            .iter()
-            .map(tensor)
-            .collect::<Result<_, _>>()?,
-        outputs: recipe
-            .model
-            .outputs
-            .iter()
-            .map(tensor)
-            .collect::<Result<_, _>>()?,
+        inputs: recipe.model.inputs.iter().map(tensor).collect(),
+        outputs: recipe.model.outputs.iter().map(tensor).collect(),
         batching: recipe.batching.clone(),
         engine: EngineSection {
             kind,
@@ -229,7 +211,7 @@ pub const DEFAULT_CPU_MAX_PADDING_PERCENT: u32 = 25;
 fn text_section(
     recipe: &Recipe,
     t: &crate::recipe::Text,
-    kind: EngineKind,
+    kind: BackendKind,
     cfg: &RuntimeConfig,
 ) -> Result<infer_spec::text::Text, Error> {
     use infer_spec::text::Pooling;
@@ -264,7 +246,7 @@ fn text_section(
         normalize: t.normalize,
         token_budget: t.token_budget,
         max_padding_percent: t.max_padding_percent.unwrap_or(match kind {
-            EngineKind::TensorRt => 0,
+            BackendKind::TensorRt => 0,
             _ => DEFAULT_CPU_MAX_PADDING_PERCENT,
         }),
         pairs: t.pairs,
@@ -386,7 +368,7 @@ pub fn target_spec_at(
                     what: format!("engine metadata of target {}: {e}", t.id),
                 })?;
             let kind =
-                infer_spec::engine::runtime_kind(meta.kind, meta.format).ok_or_else(|| {
+                infer_spec::engine::backend_kind(meta.kind, meta.format).ok_or_else(|| {
                     Error::Spec {
                         what: format!(
                         "engine metadata of target {}: no runtime runs a {} engine in format {:?}",
@@ -414,9 +396,9 @@ pub fn target_spec_at(
             },
             // A model without an engine runs in ONNX Runtime when its library ships, else tract.
             if files.library.is_some() {
-                EngineKind::OnnxRuntime
+                BackendKind::OnnxRuntime
             } else {
-                EngineKind::TractOnnx
+                BackendKind::TractOnnx
             },
             place.config_ref("model.onnx"),
             None,
@@ -427,13 +409,13 @@ pub fn target_spec_at(
     // A TensorRT engine names the lean runtime it ships with (the full runtime of a CUDA base
     // is found by its soname).
     let library = match (kind, &files.library) {
-        (EngineKind::OnnxRuntime | EngineKind::TensorRt, Some(l)) => Some(l.load.clone()),
+        (BackendKind::OnnxRuntime | BackendKind::TensorRt, Some(l)) => Some(l.load.clone()),
         _ => None,
     };
     let mut rc = runtime_config(
         recipe,
-        if kind == EngineKind::OnnxRuntime && library.is_some() {
-            EngineKind::TractOnnx
+        if kind == BackendKind::OnnxRuntime && library.is_some() {
+            BackendKind::TractOnnx
         } else {
             kind
         },
@@ -448,7 +430,7 @@ pub fn target_spec_at(
             .as_ref()
             .and_then(|(_, m)| m.cpu.as_ref())
             .and_then(|c| c.threads)
-            .filter(|_| kind == EngineKind::OnnxRuntime);
+            .filter(|_| kind == BackendKind::OnnxRuntime);
     }
     name_dims(&mut rc, &files.dim_names);
     if let Some(text) = &mut rc.text {
@@ -536,7 +518,7 @@ pub fn target_spec_at(
         id: t.id.clone(),
         tag: t.tag.clone(),
         platform: platform(t),
-        gpu: t.kind == TargetKind::Gpu,
+        kind: t.kind,
         base: files.base,
         runtime_libs: files
             .library
@@ -589,7 +571,7 @@ pub fn bundle_spec(
     // The image's runtime: one that every model can run on.
     let runs_all = parts
         .iter()
-        .find(|p| !p.runtime_libs.is_empty() && !p.gpu)
+        .find(|p| !p.runtime_libs.is_empty() && p.kind == TargetKind::Cpu)
         .unwrap_or(first);
     for p in &parts {
         let name = p.models.first().map_or("", |m| m.name.as_str());
@@ -601,8 +583,9 @@ pub fn bundle_spec(
         };
         // A tract model (static runtime, no base, no library) runs on an ONNX Runtime
         // model's image; the reverse and anything else must match exactly.
-        let tract_on_glibc = !p.gpu && p.runtime_libs.is_empty() && p.base.is_none();
-        let differs = if p.platform != runs_all.platform || p.gpu != runs_all.gpu {
+        let tract_on_glibc =
+            p.kind == TargetKind::Cpu && p.runtime_libs.is_empty() && p.base.is_none();
+        let differs = if p.platform != runs_all.platform || p.kind != runs_all.kind {
             Some("platform".to_string())
         } else if tract_on_glibc {
             None
@@ -685,7 +668,7 @@ pub fn bundle_spec(
         id,
         tag: tag.to_string(),
         platform: runs_all.platform,
-        gpu: runs_all.gpu,
+        kind: runs_all.kind,
         base: runs_all.base,
         runtime_libs: runs_all.runtime_libs,
         serve_bin: runs_all.serve_bin,

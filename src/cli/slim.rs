@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::oci::cjson;
 use crate::plan::lock::Lock;
 use crate::registry::{self, pull::PullOptions};
-use crate::slim::def::{self, Definition, EngineKind, ImageRef, Needs, Tactic};
+use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
 use crate::slim::image::{self, BuildOptions};
 
 #[derive(Debug, Args)]
@@ -189,7 +189,7 @@ pub fn run(args: SlimArgs) -> Result<(), Error> {
         };
         let doc = json!({
             "definition": def.name,
-            "engine": kind_name(def.engine),
+            "engine": def.engine.as_str(),
             "chosen_for": chosen_for.as_ref().map(|(meta, _)| meta.clone()),
             "tactics": opts.needs.tactics.iter().map(|t| tactic_name(*t)).collect::<Vec<_>>(),
             "base": image_doc(&base, &def.base, &base_digest),
@@ -268,14 +268,14 @@ fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option
     let why = json!({
         "engine_meta": file.display().to_string(),
         "target": meta.target,
-        "kind": kind_name(kind),
+        "kind": kind.as_str(),
         "tensorrt": tensorrt,
     });
     if !args.json {
         eprintln!(
             "engine {} ({} engine, TensorRT {tensorrt}) → slim base {}",
             meta.target,
-            kind_name(kind),
+            kind.as_str(),
             chosen.name
         );
     }
@@ -361,12 +361,5 @@ fn tactic_name(t: Tactic) -> &'static str {
         Tactic::Cudnn => "cudnn",
         Tactic::Cublas => "cublas",
         Tactic::Cublaslt => "cublaslt",
-    }
-}
-
-fn kind_name(k: EngineKind) -> &'static str {
-    match k {
-        EngineKind::VersionCompatible => "version-compatible",
-        EngineKind::Full => "full",
     }
 }

@@ -5,7 +5,7 @@ use infer_spec::engine::{ComputeCapability, HardwareCompat, Precision};
 
 use super::accuracy::Thresholds;
 use super::convert::ConvertSpec;
-use super::spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
+use super::spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
 use super::Error;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
@@ -91,7 +91,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
         .iter()
         .map(|t| InputSpec {
             name: t.name.clone(),
-            datatype: t.datatype.as_str().to_string(),
+            datatype: t.datatype,
             shape: t.shape.clone(),
             profile: t.profile.as_ref().map(|p| {
                 let u = |v: &Vec<i64>| v.iter().map(|&d| d.max(0) as u64).collect();
@@ -110,8 +110,8 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
         .copied()
         .max()
         .unwrap_or(b.max_batch_size);
-    let backend = match target.kind {
-        TargetKind::Cpu => Backend::Cpu,
+    let toolchain = match target.kind {
+        TargetKind::Cpu => Toolchain::Cpu,
         TargetKind::Gpu => {
             let missing = |what: &str| Error::Input {
                 target: id.into(),
@@ -147,7 +147,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
                     });
                 }
             }
-            Backend::Tensorrt(t)
+            Toolchain::Tensorrt(t)
         }
     };
     Ok(EngineSpec {
@@ -159,7 +159,7 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
         max_batch: b.max_batch_size,
         opt_batch,
         batch_sizes: recipe.warmup_batch_sizes(),
-        backend,
+        toolchain,
         // Filled by the caller that has the library (see `crate::cli::build`).
         onnxruntime: None,
         folding: None,

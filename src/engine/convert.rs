@@ -211,7 +211,7 @@ fn sample_inputs(inputs: &[InputSpec]) -> Vec<(String, String, Vec<u64>)> {
                     }
                 })
                 .collect();
-            (i.name.clone(), i.datatype.clone(), dims)
+            (i.name.clone(), i.datatype.recipe_name().to_string(), dims)
         })
         .collect()
 }
@@ -508,7 +508,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::spec::{tests::mlp_spec, Backend, TrtSpec};
+    use crate::engine::spec::{tests::mlp_spec, Toolchain, TrtSpec};
     use crate::process::{Output, RecordingRunner};
 
     fn spec(precision: Precision, calib: Option<PathBuf>) -> (EngineSpec, ConvertSpec) {
@@ -527,7 +527,7 @@ mod tests {
             thresholds: super::super::accuracy::Thresholds::default_for(precision),
         };
         t.convert = Some(c.clone());
-        let mut s = mlp_spec(Backend::Tensorrt(t));
+        let mut s = mlp_spec(Toolchain::Tensorrt(t));
         s.precision = precision;
         s.target = format!("sm89-{precision}");
         (s, c)

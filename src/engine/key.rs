@@ -7,7 +7,7 @@
 //! calibration input's digest, and infer-build's own version. Not in the key: file paths, the
 //! cache location, the clock, the environment.
 
-use infer_spec::engine::{canonical_json, InputProfile, Precision};
+use infer_spec::engine::{canonical_json, CpuEngine, InputProfile, Precision};
 use serde::Serialize;
 
 /// Version of the key derivation; bump when the material below changes meaning.
@@ -25,7 +25,7 @@ pub enum BackendKey {
         /// `engine.cpu` and the ONNX Runtime version when ONNX Runtime was a candidate
         /// (absent for tract alone, so those keys are unchanged).
         #[serde(skip_serializing_if = "Option::is_none")]
-        cpu_engine: Option<String>,
+        cpu_engine: Option<CpuEngine>,
         #[serde(skip_serializing_if = "Option::is_none")]
         onnxruntime: Option<String>,
         /// The most intra-op threads an ONNX Runtime candidate was measured with (the thread

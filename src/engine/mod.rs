@@ -29,13 +29,13 @@ pub mod trtexec;
 use std::path::{Path, PathBuf};
 
 use infer_spec::engine::{
-    CpuMeta, EngineFormat, EngineKind, EngineMeta, EngineProfile, GpuMeta, MetaError, META_FILE,
-    META_SCHEMA, PROFILE_FILE,
+    CpuEngine, CpuMeta, EngineFormat, EngineKind, EngineMeta, EngineProfile, GpuMeta, MetaError,
+    TimedBy, META_FILE, META_SCHEMA, PROFILE_FILE,
 };
 
 pub use cache::{Cache, Entry};
 pub use key::{KeyMaterial, TOOL_VERSION};
-pub use spec::{Backend, Calibration, DimRanges, EngineSpec, InputSpec, TrtSpec};
+pub use spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
 
 use crate::process::Runner;
 use key::{BackendKey, KEY_SCHEME};
@@ -252,14 +252,18 @@ pub fn calibration_digest(c: &Calibration) -> Result<String, Error> {
 
 /// The key material for `spec`, given the ONNX digest.
 pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial, Error> {
-    let backend = match &spec.backend {
-        Backend::Cpu => BackendKey::Tract {
+    let backend = match &spec.toolchain {
+        Toolchain::Cpu => BackendKey::Tract {
             tract: tract::TRACT_VERSION.into(),
             // ONNX Runtime's version when it is a candidate, or (under `tract`) may fold the
             // model: either way it can change the engine.
             cpu_engine: match (&spec.onnxruntime, &spec.folding) {
-                (Some(c), _) => Some(if c.forced { "onnxruntime" } else { "auto" }.to_string()),
-                (None, Some(_)) => Some("tract".to_string()),
+                (Some(c), _) => Some(if c.forced {
+                    CpuEngine::OnnxRuntime
+                } else {
+                    CpuEngine::Auto
+                }),
+                (None, Some(_)) => Some(CpuEngine::Tract),
                 (None, None) => None,
             },
             onnxruntime: match (&spec.onnxruntime, &spec.folding) {
@@ -269,7 +273,7 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
             },
             onnxruntime_threads: spec.onnxruntime.as_ref().map(|c| c.threads),
         },
-        Backend::Tensorrt(trt) => BackendKey::Tensorrt {
+        Toolchain::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
             cuda: trt.cuda.to_string(),
             sm: trt.sm.sm().to_string(),
@@ -291,8 +295,8 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
         shape_profile: spec.shape_profile()?,
         batch_sizes: spec.planned_batches(),
         backend,
-        conversion: match &spec.backend {
-            Backend::Tensorrt(TrtSpec {
+        conversion: match &spec.toolchain {
+            Toolchain::Tensorrt(TrtSpec {
                 convert: Some(c), ..
             }) => Some(convert::key(spec, c, onnx_digest)?),
             _ => None,
@@ -314,15 +318,15 @@ pub struct Prepared {
 pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<Prepared, Error> {
     let onnx_bytes = read(&spec.onnx)?;
     let onnx_digest = crate::oci::Digest::of(&onnx_bytes).to_string();
-    if matches!(spec.backend, Backend::Tensorrt(_)) {
+    if matches!(spec.toolchain, Toolchain::Tensorrt(_)) {
         // Before a conversion spends minutes on a model TensorRT targets cannot serve; a model
         // that does not parse is refused, with the reason, where the engine is built.
         if let Ok(summary) = onnx::OnnxSummary::from_bytes(&onnx_bytes) {
             tensorrt::refuse_data_dependent(&spec.target, &summary)?;
         }
     }
-    let converted = match &spec.backend {
-        Backend::Tensorrt(TrtSpec {
+    let converted = match &spec.toolchain {
+        Toolchain::Tensorrt(TrtSpec {
             convert: Some(c), ..
         }) => {
             let conv = convert::convert(
@@ -402,95 +406,22 @@ pub fn build_prepared(
     let dir = staging.path().to_path_buf();
 
     let shape_profile = spec.shape_profile()?;
-    let mut selection = None;
-    let mut cpu_kind = EngineKind::Tract;
-    let (format, engine_path, gpu, cpu, batches, startup, measured_on, source, log) =
-        match &spec.backend {
-            Backend::Cpu => {
-                let chosen = select::choose(spec, &onnx_bytes)?;
-                let path = dir.join(chosen.format.file_name());
-                cache::write_atomic(&path, &chosen.bytes)?;
-                let cpu = CpuMeta {
-                    arch: std::env::consts::ARCH.into(),
-                    tract: tract::TRACT_VERSION
-                        .parse()
-                        .map_err(|_| Error::Internal("tract version literal"))?,
-                    onnxruntime: chosen.onnxruntime.clone(),
-                    folded_by: chosen.folded_by.clone(),
-                    threads: chosen.threads,
-                    // tract picks its kernels at run time from the CPU it finds (with portable
-                    // fallbacks), so the stored model requires nothing beyond the architecture;
-                    // so does ONNX Runtime's CPU provider.
-                    required_features: Vec::new(),
-                };
-                selection = chosen.selection;
-                cpu_kind = chosen.kind;
-                (
-                    chosen.format,
-                    path,
-                    None,
-                    Some(cpu),
-                    chosen.batches,
-                    Some(chosen.startup),
-                    chosen.measured_on,
-                    chosen.source,
-                    String::new(),
-                )
-            }
-            Backend::Tensorrt(trt) => {
-                let (bytes, path) = match &converted {
-                    Some(c) => (read(&c.onnx)?, c.onnx.clone()),
-                    None => (onnx_bytes, spec.onnx.clone()),
-                };
-                let built = tensorrt::build(spec, trt, &bytes, &path, &dir, cache, runner)
-                    .map_err(|e| match e {
-                        Error::Process(crate::process::Error::NotFound { program })
-                            if program == "nvidia-smi" =>
-                        {
-                            Error::NoGpu {
-                                target: spec.target.clone(),
-                                sm: trt.sm.sm().to_string(),
-                                reason: "`nvidia-smi` was not found on PATH".into(),
-                                converted: converted
-                                    .as_ref()
-                                    .map(|c| c.onnx.display().to_string())
-                                    .unwrap_or_default(),
-                            }
-                        }
-                        e => e,
-                    })?;
-                let gpu = GpuMeta {
-                    sm: trt.sm,
-                    tensorrt: trt.tensorrt.clone(),
-                    cuda: trt.cuda.clone(),
-                    driver_floor: trt.driver_floor.clone(),
-                    hardware_compat: trt.hardware_compat,
-                    version_compatible: trt.lean_runtime,
-                    exclude_lean_runtime: trt.lean_runtime,
-                    builder_gpu: built.gpu.name.clone(),
-                };
-                let on = format!(
-                    "{} ({}, driver {})",
-                    built.gpu.name,
-                    built.gpu.sm.sm(),
-                    built.gpu.driver
-                );
-                (
-                    EngineFormat::TensorrtPlan,
-                    dir.join(tensorrt::ENGINE_FILE),
-                    Some(gpu),
-                    None,
-                    built.batches,
-                    None,
-                    on,
-                    "trtexec",
-                    built.build_log,
-                )
-            }
-        };
-    if !log.is_empty() {
-        cache::write_atomic(&dir.join("build.log"), log.as_bytes())?;
+    let made = match &spec.toolchain {
+        Toolchain::Cpu => make_cpu(spec, &onnx_bytes, &dir)?,
+        Toolchain::Tensorrt(trt) => make_tensorrt(
+            spec,
+            trt,
+            onnx_bytes,
+            converted.as_ref(),
+            &dir,
+            cache,
+            runner,
+        )?,
+    };
+    if !made.log.is_empty() {
+        cache::write_atomic(&dir.join("build.log"), made.log.as_bytes())?;
     }
+    let engine_path = dir.join(made.format.file_name());
     let engine_digest = cache::digest_file(&engine_path)?;
     let engine_size = std::fs::metadata(&engine_path)
         .map_err(|source| Error::Io {
@@ -498,15 +429,11 @@ pub fn build_prepared(
             source,
         })?
         .len();
-    let kind = if gpu.is_some() {
-        EngineKind::Tensorrt
-    } else {
-        cpu_kind
-    };
+    let kind = made.kind;
     let meta = EngineMeta {
         schema: META_SCHEMA,
         kind,
-        format,
+        format: made.format,
         target: spec.target.clone(),
         precision: spec.precision,
         shape_profile,
@@ -515,8 +442,8 @@ pub fn build_prepared(
         engine_size,
         cache_key: key.clone(),
         builder_version: TOOL_VERSION.into(),
-        gpu,
-        cpu,
+        gpu: made.gpu,
+        cpu: made.cpu,
         conversion: converted.as_ref().map(conversion_meta),
     };
     let profile = EngineProfile {
@@ -524,11 +451,11 @@ pub fn build_prepared(
         target: spec.target.clone(),
         kind,
         engine_digest,
-        source: source.into(),
-        measured_on,
-        batches,
-        startup,
-        selection,
+        source: made.timed_by,
+        measured_on: made.measured_on,
+        batches: made.batches,
+        startup: made.startup,
+        selection: made.selection,
     };
     cache::write_atomic(&dir.join(PROFILE_FILE), &profile.to_canonical_json())?;
     // meta.json last: an entry with metadata is complete.
@@ -536,6 +463,112 @@ pub fn build_prepared(
     let final_dir = staging.commit()?;
     let entry = Entry::read(&final_dir)?;
     Ok(EngineArtifact::from_entry(entry, false))
+}
+
+/// What a backend made in the staging directory: the engine file (named by its format) and what
+/// its metadata and profile say about it.
+struct Made {
+    kind: EngineKind,
+    format: EngineFormat,
+    gpu: Option<GpuMeta>,
+    cpu: Option<CpuMeta>,
+    batches: Vec<infer_spec::engine::BatchTiming>,
+    startup: Option<infer_spec::engine::StartupMeasurement>,
+    measured_on: String,
+    timed_by: TimedBy,
+    selection: Option<infer_spec::engine::EngineSelection>,
+    /// The builder's log, kept as `build.log` when not empty.
+    log: String,
+}
+
+/// A CPU engine: tract or ONNX Runtime as `engine.cpu` and the measurements decide.
+fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Error> {
+    let chosen = select::choose(spec, onnx_bytes)?;
+    cache::write_atomic(&dir.join(chosen.format.file_name()), &chosen.bytes)?;
+    let cpu = CpuMeta {
+        arch: std::env::consts::ARCH.into(),
+        tract: tract::TRACT_VERSION
+            .parse()
+            .map_err(|_| Error::Internal("tract version literal"))?,
+        onnxruntime: chosen.onnxruntime,
+        folded_by: chosen.folded_by,
+        threads: chosen.threads,
+        // tract picks its kernels at run time from the CPU it finds (with portable fallbacks),
+        // so the stored model requires nothing beyond the architecture; so does ONNX Runtime's
+        // CPU provider.
+        required_features: Vec::new(),
+    };
+    Ok(Made {
+        kind: chosen.kind,
+        format: chosen.format,
+        gpu: None,
+        cpu: Some(cpu),
+        batches: chosen.batches,
+        startup: Some(chosen.startup),
+        measured_on: chosen.measured_on,
+        timed_by: chosen.source,
+        selection: chosen.selection,
+        log: String::new(),
+    })
+}
+
+/// A TensorRT plan, built by trtexec on this machine's GPU from the (converted) ONNX.
+fn make_tensorrt(
+    spec: &EngineSpec,
+    trt: &TrtSpec,
+    onnx_bytes: Vec<u8>,
+    converted: Option<&convert::Converted>,
+    dir: &Path,
+    cache: &Cache,
+    runner: &dyn Runner,
+) -> Result<Made, Error> {
+    let (bytes, path) = match converted {
+        Some(c) => (read(&c.onnx)?, c.onnx.clone()),
+        None => (onnx_bytes, spec.onnx.clone()),
+    };
+    let built =
+        tensorrt::build(spec, trt, &bytes, &path, dir, cache, runner).map_err(|e| match e {
+            Error::Process(crate::process::Error::NotFound { program })
+                if program == "nvidia-smi" =>
+            {
+                Error::NoGpu {
+                    target: spec.target.clone(),
+                    sm: trt.sm.sm().to_string(),
+                    reason: "`nvidia-smi` was not found on PATH".into(),
+                    converted: converted
+                        .map(|c| c.onnx.display().to_string())
+                        .unwrap_or_default(),
+                }
+            }
+            e => e,
+        })?;
+    let gpu = GpuMeta {
+        sm: trt.sm,
+        tensorrt: trt.tensorrt.clone(),
+        cuda: trt.cuda.clone(),
+        driver_floor: trt.driver_floor.clone(),
+        hardware_compat: trt.hardware_compat,
+        version_compatible: trt.lean_runtime,
+        exclude_lean_runtime: trt.lean_runtime,
+        builder_gpu: built.gpu.name.clone(),
+    };
+    Ok(Made {
+        kind: EngineKind::Tensorrt,
+        format: EngineFormat::TensorrtPlan,
+        gpu: Some(gpu),
+        cpu: None,
+        batches: built.batches,
+        startup: None,
+        measured_on: format!(
+            "{} ({}, driver {})",
+            built.gpu.name,
+            built.gpu.sm.sm(),
+            built.gpu.driver
+        ),
+        timed_by: TimedBy::Trtexec,
+        selection: None,
+        log: built.build_log,
+    })
 }
 
 /// The metadata record of a conversion.
@@ -677,8 +710,8 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
         format!("{:?}", material.shape_profile),
         format!("{:?}", meta.shape_profile),
     );
-    match (&spec.backend, &meta.gpu, &meta.cpu) {
-        (Backend::Cpu, None, Some(c)) => {
+    match (&spec.toolchain, &meta.gpu, &meta.cpu) {
+        (Toolchain::Cpu, None, Some(c)) => {
             diff("tract", tract::TRACT_VERSION.into(), c.tract.to_string());
             if let (Some(o), Some(v)) = (&spec.onnxruntime, &c.onnxruntime) {
                 diff("ONNX Runtime", o.version.to_string(), v.to_string());
@@ -691,7 +724,7 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
                 );
             }
         }
-        (Backend::Tensorrt(t), Some(g), None) => {
+        (Toolchain::Tensorrt(t), Some(g), None) => {
             diff(
                 "compute capability",
                 t.sm.sm().to_string(),
@@ -715,8 +748,8 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
                 g.exclude_lean_runtime.to_string(),
             );
         }
-        (Backend::Cpu, _, _) => diff("engine kind", "tract".into(), meta.kind.to_string()),
-        (Backend::Tensorrt(_), _, _) => {
+        (Toolchain::Cpu, _, _) => diff("engine kind", "tract".into(), meta.kind.to_string()),
+        (Toolchain::Tensorrt(_), _, _) => {
             diff("engine kind", "tensorrt".into(), meta.kind.to_string())
         }
     }

@@ -106,24 +106,24 @@ pub fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String
         .collect()
 }
 
-/// The recipe datatype of an ONNX `TensorProto.DataType`, when the runtime serves it.
-pub fn recipe_datatype(elem: i32) -> Option<crate::recipe::DataType> {
-    use crate::recipe::DataType as D;
+/// The datatype of an ONNX `TensorProto.DataType`, when the runtime serves it.
+pub fn datatype(elem: i32) -> Option<infer_spec::DataType> {
+    use infer_spec::DataType as D;
     Some(match elem {
-        1 => D::Fp32,
-        2 => D::Uint8,
-        3 => D::Int8,
-        4 => D::Uint16,
-        5 => D::Int16,
-        6 => D::Int32,
-        7 => D::Int64,
+        1 => D::F32,
+        2 => D::U8,
+        3 => D::I8,
+        4 => D::U16,
+        5 => D::I16,
+        6 => D::I32,
+        7 => D::I64,
         8 => D::Bytes,
         9 => D::Bool,
-        10 => D::Fp16,
-        11 => D::Fp64,
-        12 => D::Uint32,
-        13 => D::Uint64,
-        16 => D::Bf16,
+        10 => D::F16,
+        11 => D::F64,
+        12 => D::U32,
+        13 => D::U64,
+        16 => D::BF16,
         _ => return None,
     })
 }

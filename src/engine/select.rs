@@ -21,8 +21,8 @@
 //! Runtime version that folded it (`CpuMeta::folded_by`).
 
 use infer_spec::engine::{
-    Agreement, BatchTiming, CandidateMeasurement, EngineFormat, EngineKind, EngineSelection,
-    StartupMeasurement, Version,
+    Agreement, BatchTiming, CandidateMeasurement, CpuEngine, EngineFormat, EngineKind,
+    EngineSelection, StartupMeasurement, TimedBy, Version,
 };
 
 use super::onnxruntime::{self, OrtCandidate};
@@ -121,7 +121,7 @@ pub struct Chosen {
     pub batches: Vec<BatchTiming>,
     pub onnxruntime: Option<Version>,
     pub measured_on: String,
-    pub source: &'static str,
+    pub source: TimedBy,
     pub selection: Option<EngineSelection>,
     /// The ONNX Runtime version whose constant folding tract's engine was built from.
     pub folded_by: Option<Version>,
@@ -138,10 +138,7 @@ fn threads_text() -> usize {
 
 /// tract's engine of `bytes`, retried on ONNX Runtime's constant-folded graph when tract cannot
 /// load the model as it is and ONNX Runtime is at hand; with the version that folded it.
-fn tract_build(
-    spec: &EngineSpec,
-    bytes: &[u8],
-) -> Result<(tract::CpuEngine, Option<Version>), String> {
+fn tract_build(spec: &EngineSpec, bytes: &[u8]) -> Result<(tract::Built, Option<Version>), String> {
     let first = match tract::build(spec, bytes) {
         Ok(b) => return Ok((b, None)),
         Err(e) => format!("{e:#}"),
@@ -164,7 +161,7 @@ fn tract_build(
 }
 
 fn tract_chosen(
-    (built, folded_by): (tract::CpuEngine, Option<Version>),
+    (built, folded_by): (tract::Built, Option<Version>),
     selection: Option<EngineSelection>,
 ) -> Chosen {
     Chosen {
@@ -183,7 +180,7 @@ fn tract_chosen(
                 None => String::new(),
             }
         ),
-        source: "tract",
+        source: TimedBy::Tract,
         selection,
         folded_by,
         threads: None,
@@ -289,7 +286,7 @@ fn ort_chosen(
             counts.join(", "),
             threads_text()
         ),
-        source: "onnxruntime",
+        source: TimedBy::Onnxruntime,
         selection: Some(selection),
         folded_by: None,
         threads: (threads < c.threads).then_some(threads as u32),
@@ -312,7 +309,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 reason,
             })?;
         let selection = EngineSelection {
-            policy: "onnxruntime".into(),
+            policy: CpuEngine::OnnxRuntime,
             chosen: EngineKind::Onnxruntime,
             reason: "forced by engine.cpu; tract was not measured".into(),
             candidates: rows,
@@ -353,7 +350,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
         }),
         (Err(t), Ok((m, threads, rows))) => {
             let selection = EngineSelection {
-                policy: "auto".into(),
+                policy: CpuEngine::Auto,
                 chosen: EngineKind::Onnxruntime,
                 reason: format!("tract does not load the model: {t}"),
                 candidates: [vec![tract_candidate], rows].concat(),
@@ -363,7 +360,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
         }
         (Ok(built), Err(o)) => {
             let selection = EngineSelection {
-                policy: "auto".into(),
+                policy: CpuEngine::Auto,
                 chosen: EngineKind::Tract,
                 reason: "ONNX Runtime does not load or run the model".into(),
                 candidates: vec![tract_candidate, ort_row(c, c.threads, None, Some(o))],
@@ -415,7 +412,7 @@ pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 };
             let candidates = [vec![tract_candidate], rows].concat();
             let selection = EngineSelection {
-                policy: "auto".into(),
+                policy: CpuEngine::Auto,
                 chosen: if ort_wins {
                     EngineKind::Onnxruntime
                 } else {

@@ -13,9 +13,7 @@ use super::Error;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputSpec {
     pub name: String,
-    /// Recipe datatype name: `fp32`, `fp16`, `fp64`, `int8`, `int16`, `int32`, `int64`, `uint8`,
-    /// `bool`.
-    pub datatype: String,
+    pub datatype: infer_spec::DataType,
     /// Dimensions, batch first; `-1` is dynamic.
     pub shape: Vec<i64>,
     /// min/opt/max of the dimensions after the batch dimension (fixed ones repeat their size);
@@ -108,10 +106,12 @@ impl TrtSpec {
     }
 }
 
-/// Which engine to build. (A spec is built once per target: the size difference is harmless.)
+/// What builds a target's engine: the CPU engines (tract, and ONNX Runtime as `engine.cpu` allows)
+/// or trtexec with its TensorRT settings. (A spec is built once per target: the size difference
+/// is harmless.)
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub enum Backend {
+pub enum Toolchain {
     /// tract on the CPU.
     Cpu,
     /// A TensorRT plan built with trtexec.
@@ -137,7 +137,7 @@ pub struct EngineSpec {
     /// Batch sizes to profile: T(b) is measured for each. Sorted and deduplicated by
     /// [`EngineSpec::planned_batches`].
     pub batch_sizes: Vec<u32>,
-    pub backend: Backend,
+    pub toolchain: Toolchain,
     /// ONNX Runtime as a candidate of a CPU target (`engine.cpu` `auto` or `onnxruntime`, with
     /// the library at hand); `None`: tract only.
     pub onnxruntime: Option<super::onnxruntime::OrtCandidate>,
@@ -276,7 +276,7 @@ impl EngineSpec {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn mlp_spec(backend: Backend) -> EngineSpec {
+    pub(crate) fn mlp_spec(toolchain: Toolchain) -> EngineSpec {
         EngineSpec {
             model: "mlp".into(),
             target: "cpu-fp32".into(),
@@ -284,14 +284,14 @@ pub(crate) mod tests {
             onnx: PathBuf::from("examples/mlp/mlp.onnx"),
             inputs: vec![InputSpec {
                 name: "input".into(),
-                datatype: "fp32".into(),
+                datatype: infer_spec::DataType::F32,
                 shape: vec![-1, 64],
                 profile: None,
             }],
             max_batch: 32,
             opt_batch: 16,
             batch_sizes: vec![16, 8, 32],
-            backend,
+            toolchain,
             onnxruntime: None,
             folding: None,
         }
@@ -300,7 +300,7 @@ pub(crate) mod tests {
     type MinOptMax = (Vec<u64>, Vec<u64>, Vec<u64>);
 
     fn check(shape: Vec<i64>, expected: Result<MinOptMax, &str>) {
-        let mut s = mlp_spec(Backend::Cpu);
+        let mut s = mlp_spec(Toolchain::Cpu);
         s.inputs[0].shape = shape;
         let got = s
             .shape_profile()
@@ -337,7 +337,7 @@ pub(crate) mod tests {
 
     #[test]
     fn dynamic_inner_dimensions_take_the_profile() {
-        let mut s = mlp_spec(Backend::Cpu);
+        let mut s = mlp_spec(Toolchain::Cpu);
         s.inputs[0].shape = vec![-1, -1, 3];
         s.inputs[0].profile = Some(DimRanges {
             min: vec![8, 3],
@@ -364,9 +364,9 @@ pub(crate) mod tests {
 
     #[test]
     fn planned_batches_include_one_and_max() {
-        let s = mlp_spec(Backend::Cpu);
+        let s = mlp_spec(Toolchain::Cpu);
         assert_eq!(s.planned_batches(), vec![1, 8, 16, 32]);
-        let mut s = mlp_spec(Backend::Cpu);
+        let mut s = mlp_spec(Toolchain::Cpu);
         s.batch_sizes = vec![64, 0, 4, 4];
         assert_eq!(s.planned_batches(), vec![1, 4, 32]);
         s.inputs[0].shape = vec![8, 64];

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use infer_spec::engine::{BatchTiming, InputProfile, Version};
+use infer_spec::engine::{BatchTiming, EngineFormat, InputProfile, Version};
 
 use super::gpu::{self, GpuInfo};
 use super::onnx::OnnxSummary;
@@ -14,8 +14,6 @@ use super::trtexec::{self, BuildPaths, PrecisionPath};
 use super::{cache, Error};
 use crate::process::{Cmd, Output, Runner};
 
-/// The engine file name trtexec writes into the staging directory.
-pub const ENGINE_FILE: &str = "engine.plan";
 /// The calibration cache stored next to a calibrated engine.
 pub const CALIBRATION_FILE: &str = "calibration.cache";
 
@@ -137,7 +135,7 @@ pub fn build(
         _ => None,
     };
 
-    let engine = staging.join(ENGINE_FILE);
+    let engine = staging.join(EngineFormat::TensorrtPlan.file_name());
     let (timing, timing_lock) = cache.timing_cache(&format!(
         "trt-{}-{}-{}",
         trt.tensorrt,

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use infer_spec::engine::{BatchTiming, EngineFormat, StartupMeasurement};
+use infer_spec::DataType;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::{bail, format_err};
 
@@ -36,8 +37,8 @@ pub const PROFILE_BUDGET_S: f64 = 2.0;
 
 pub type Runnable = Arc<TypedRunnableModel>;
 
-/// The result of a CPU build, before it is written into the cache.
-pub struct CpuEngine {
+/// A tract engine as built, before it is written into the cache.
+pub struct Built {
     pub format: EngineFormat,
     pub bytes: Vec<u8>,
     pub startup: StartupMeasurement,
@@ -47,18 +48,18 @@ pub struct CpuEngine {
     pub reference: (TVec<TValue>, TVec<TValue>),
 }
 
-/// Map a recipe datatype name to tract's.
-pub fn datum_type(name: &str) -> Option<DatumType> {
-    Some(match name {
-        "fp32" => f32::datum_type(),
-        "fp16" => f16::datum_type(),
-        "fp64" => f64::datum_type(),
-        "int8" => i8::datum_type(),
-        "int16" => i16::datum_type(),
-        "int32" => i32::datum_type(),
-        "int64" => i64::datum_type(),
-        "uint8" => u8::datum_type(),
-        "bool" => bool::datum_type(),
+/// tract's datum type for a datatype, where tract has one.
+pub fn datum_type(datatype: DataType) -> Option<DatumType> {
+    Some(match datatype {
+        DataType::F32 => f32::datum_type(),
+        DataType::F16 => f16::datum_type(),
+        DataType::F64 => f64::datum_type(),
+        DataType::I8 => i8::datum_type(),
+        DataType::I16 => i16::datum_type(),
+        DataType::I32 => i32::datum_type(),
+        DataType::I64 => i64::datum_type(),
+        DataType::U8 => u8::datum_type(),
+        DataType::Bool => bool::datum_type(),
         _ => return None,
     })
 }
@@ -145,10 +146,10 @@ pub fn typed_from_onnx_at(bytes: &[u8], inputs: &[InputSpec], at: At) -> TractRe
         let Some(spec) = inputs.iter().find(|i| &i.name == name) else {
             bail!("the model input `{name}` is not declared in the recipe");
         };
-        let Some(dt) = datum_type(&spec.datatype) else {
+        let Some(dt) = datum_type(spec.datatype) else {
             bail!(
                 "input `{name}`: datatype `{}` is not supported by tract",
-                spec.datatype
+                spec.datatype.recipe_name()
             );
         };
         let mut dims: TVec<TDim> = TVec::new();
@@ -208,8 +209,8 @@ pub fn sample_inputs_at(
             })
             .collect();
         let n: usize = shape.iter().product();
-        let dt =
-            datum_type(&spec.datatype).ok_or_else(|| format_err!("datatype {}", spec.datatype))?;
+        let dt = datum_type(spec.datatype)
+            .ok_or_else(|| format_err!("datatype {}", spec.datatype.recipe_name()))?;
         // The runtime's warm-up values (`infer_spec::samples`), so what ran here runs at start.
         use infer_spec::samples::{synthetic_integer, synthetic_unit};
         let ramp = (0..n).map(synthetic_unit);
@@ -305,7 +306,7 @@ pub fn time_batch<E>(
 }
 
 /// Build the CPU engine for `spec` from the ONNX `bytes`.
-pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
+pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<Built> {
     let typed = typed_from_onnx(bytes, &spec.inputs)?;
     let names = input_names(&typed)?;
     let decluttered = typed.into_decluttered()?;
@@ -399,7 +400,7 @@ pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
             TractResult::Ok(t.elapsed())
         })?);
     }
-    Ok(CpuEngine {
+    Ok(Built {
         format,
         bytes: engine_bytes,
         startup,
@@ -412,7 +413,7 @@ pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<CpuEngine> {
 mod tests {
     use super::*;
     use crate::engine::spec::tests::mlp_spec;
-    use crate::engine::spec::Backend;
+    use crate::engine::spec::Toolchain;
 
     fn mlp_bytes() -> Vec<u8> {
         std::fs::read(concat!(
@@ -435,7 +436,7 @@ mod tests {
 
     #[test]
     fn builds_and_profiles_the_mlp() {
-        let spec = mlp_spec(Backend::Cpu);
+        let spec = mlp_spec(Toolchain::Cpu);
         let e = build(&spec, &mlp_bytes()).unwrap();
         assert_eq!(
             e.batches.iter().map(|b| b.batch).collect::<Vec<_>>(),
@@ -456,7 +457,7 @@ mod tests {
 
     #[test]
     fn nnef_form_is_deterministic_and_equivalent() {
-        let spec = mlp_spec(Backend::Cpu);
+        let spec = mlp_spec(Toolchain::Cpu);
         let typed = typed_from_onnx(&mlp_bytes(), &spec.inputs)
             .unwrap()
             .into_decluttered()
@@ -482,18 +483,18 @@ mod tests {
 
     #[test]
     fn declared_shapes_must_fit_the_model() {
-        let mut spec = mlp_spec(Backend::Cpu);
+        let mut spec = mlp_spec(Toolchain::Cpu);
         spec.inputs[0].shape = vec![-1, 65];
         assert!(build(&spec, &mlp_bytes()).is_err());
-        let mut spec = mlp_spec(Backend::Cpu);
+        let mut spec = mlp_spec(Toolchain::Cpu);
         spec.inputs[0].name = "x".into();
         let e = build(&spec, &mlp_bytes()).err().unwrap();
         assert_eq!(
             format!("{e}"),
             "the model input `input` is not declared in the recipe"
         );
-        let mut spec = mlp_spec(Backend::Cpu);
-        spec.inputs[0].datatype = "complex".into();
+        let mut spec = mlp_spec(Toolchain::Cpu);
+        spec.inputs[0].datatype = DataType::Bytes;
         assert!(build(&spec, &mlp_bytes()).is_err());
     }
 }

@@ -355,7 +355,7 @@ fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Ten
     s.outputs
         .iter()
         .filter_map(|(name, elem, dims)| {
-            let datatype = crate::engine::onnx::recipe_datatype(*elem)?;
+            let datatype = crate::engine::onnx::datatype(*elem)?;
             let mut shape = dims.clone();
             match shape.first_mut() {
                 Some(d) => *d = -1,

@@ -28,7 +28,7 @@ pub fn tune_base(path: &Path, synthetic: bool) -> Result<crate::bench::tune::Bas
             let (model, _) = assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
             let config = assemble::spec::runtime_config(
                 &recipe,
-                infer_spec::EngineKind::TractOnnx,
+                infer_spec::BackendKind::TractOnnx,
                 &model.to_string_lossy(),
                 None,
             )?;

@@ -139,36 +139,7 @@ impl fmt::Display for ConvertTool {
     }
 }
 
-/// `engine.cpu`: which engine the CPU target ships.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CpuEngine {
-    /// Load the model in both, check they agree, ship the faster one that loads.
-    Auto,
-    /// tract (FROM scratch image, static runtime).
-    Tract,
-    /// ONNX Runtime (glibc base, dynamic runtime, the library from a pinned wheel).
-    OnnxRuntime,
-}
-
-impl CpuEngine {
-    pub fn parse(s: &str) -> Option<CpuEngine> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(CpuEngine::Auto),
-            "tract" => Some(CpuEngine::Tract),
-            "onnxruntime" | "ort" | "onnx-runtime" => Some(CpuEngine::OnnxRuntime),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CpuEngine::Auto => "auto",
-            CpuEngine::Tract => "tract",
-            CpuEngine::OnnxRuntime => "onnxruntime",
-        }
-    }
-}
+pub use infer_spec::engine::CpuEngine;
 
 impl Recipe {
     /// The ONNX model's path: `dir` joined with `model.onnx`.
@@ -243,107 +214,9 @@ pub struct ShapeProfile {
     pub max: Vec<i64>,
 }
 
-/// Tensor element types, named as in the KServe V2 protocol (written lowercase in recipes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DataType {
-    Bool,
-    Uint8,
-    Uint16,
-    Uint32,
-    Uint64,
-    Int8,
-    Int16,
-    Int32,
-    Int64,
-    Fp16,
-    Bf16,
-    Fp32,
-    Fp64,
-    Bytes,
-}
-
-impl DataType {
-    pub const ALL: [DataType; 14] = [
-        DataType::Bool,
-        DataType::Uint8,
-        DataType::Uint16,
-        DataType::Uint32,
-        DataType::Uint64,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Fp16,
-        DataType::Bf16,
-        DataType::Fp32,
-        DataType::Fp64,
-        DataType::Bytes,
-    ];
-
-    /// The recipe spelling: `fp32`, `int64`, `bytes`…
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DataType::Bool => "bool",
-            DataType::Uint8 => "uint8",
-            DataType::Uint16 => "uint16",
-            DataType::Uint32 => "uint32",
-            DataType::Uint64 => "uint64",
-            DataType::Int8 => "int8",
-            DataType::Int16 => "int16",
-            DataType::Int32 => "int32",
-            DataType::Int64 => "int64",
-            DataType::Fp16 => "fp16",
-            DataType::Bf16 => "bf16",
-            DataType::Fp32 => "fp32",
-            DataType::Fp64 => "fp64",
-            DataType::Bytes => "bytes",
-        }
-    }
-
-    /// The KServe V2 spelling: `FP32`, `INT64`, `BYTES`…
-    pub fn v2_name(self) -> &'static str {
-        match self {
-            DataType::Bool => "BOOL",
-            DataType::Uint8 => "UINT8",
-            DataType::Uint16 => "UINT16",
-            DataType::Uint32 => "UINT32",
-            DataType::Uint64 => "UINT64",
-            DataType::Int8 => "INT8",
-            DataType::Int16 => "INT16",
-            DataType::Int32 => "INT32",
-            DataType::Int64 => "INT64",
-            DataType::Fp16 => "FP16",
-            DataType::Bf16 => "BF16",
-            DataType::Fp32 => "FP32",
-            DataType::Fp64 => "FP64",
-            DataType::Bytes => "BYTES",
-        }
-    }
-
-    /// Bytes per element; `None` for `bytes` (variable length).
-    pub fn size(self) -> Option<usize> {
-        match self {
-            DataType::Bool | DataType::Uint8 | DataType::Int8 => Some(1),
-            DataType::Uint16 | DataType::Int16 | DataType::Fp16 | DataType::Bf16 => Some(2),
-            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => Some(4),
-            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => Some(8),
-            DataType::Bytes => None,
-        }
-    }
-
-    /// Parse the recipe spelling; the V2 upper-case spelling is accepted too.
-    pub fn parse(s: &str) -> Option<DataType> {
-        DataType::ALL
-            .into_iter()
-            .find(|d| d.as_str() == s || d.v2_name() == s)
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Tensor element types: the one datatype type, spelled lower case in recipes
+/// ([`DataType::recipe_name`]).
+pub use infer_spec::DataType;
 
 /// `[targets]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -615,14 +488,5 @@ mod tests {
         ] {
             assert!(parse_version(bad).is_none(), "{bad}");
         }
-    }
-
-    #[test]
-    fn datatypes_round_trip() {
-        for d in DataType::ALL {
-            assert_eq!(DataType::parse(d.as_str()), Some(d));
-            assert_eq!(DataType::parse(d.v2_name()), Some(d));
-        }
-        assert_eq!(DataType::parse("float32"), None);
     }
 }

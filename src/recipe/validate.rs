@@ -301,8 +301,7 @@ fn text(
                 ),
             ),
             Some(i)
-                if !matches!(i.datatype, DataType::Int64 | DataType::Int32)
-                    || i.shape.len() != 2 =>
+                if !matches!(i.datatype, DataType::I64 | DataType::I32) || i.shape.len() != 2 =>
             {
                 cx.error_hint(
                     at,
@@ -708,10 +707,10 @@ fn tensor(
         );
     }
     let datatype = match cx.required_string(t, "datatype", "\"fp32\"") {
-        Some(d) => match DataType::parse(&d.value) {
+        Some(d) => match DataType::parse_recipe(&d.value) {
             Some(dt) => Some(dt),
             None => {
-                let names: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
+                let names: Vec<&str> = DataType::ALL.iter().map(|d| d.recipe_name()).collect();
                 let mut message = format!("unknown datatype {:?}", d.value);
                 let lower = d.value.to_ascii_lowercase();
                 let guess = match lower.as_str() {

@@ -250,7 +250,10 @@ pub fn input_for(
             Payload::Engine {
                 file, file_name, ..
             } => {
-                let kind = if spec.gpu { "TensorRT" } else { "tract NNEF" };
+                let kind = match spec.kind {
+                    crate::plan::TargetKind::Gpu => "TensorRT",
+                    crate::plan::TargetKind::Cpu => "tract NNEF",
+                };
                 (
                     file_info(&m.onnx, &model_name, None, &cache)?,
                     Some((

@@ -7,14 +7,31 @@ use serde::Deserialize;
 
 use super::Error;
 
-/// Which engines a definition serves (from the engine metadata).
+/// Which TensorRT plans a definition serves: the plan's compatibility mode, read from its engine
+/// metadata (`GpuMeta`). Decides which runtime libraries the slim base keeps.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "kebab-case")]
-pub enum EngineKind {
+pub enum PlanCompat {
     /// Built with `kVERSION_COMPATIBLE`: runs on the dispatch + lean runtime.
     VersionCompatible,
     /// Any other engine: needs the full `libnvinfer` of the exact version that built it.
     Full,
+}
+
+impl PlanCompat {
+    /// The spelling of definitions and reports: `version-compatible` or `full`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanCompat::VersionCompatible => "version-compatible",
+            PlanCompat::Full => "full",
+        }
+    }
+}
+
+impl std::fmt::Display for PlanCompat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A tactic source whose library is loaded at run time only when the engine uses it.
@@ -94,7 +111,7 @@ pub struct Definition {
     #[serde(default)]
     pub description: String,
     /// The engines it serves.
-    pub engine: EngineKind,
+    pub engine: PlanCompat,
     /// The TensorRT major (or major.minor) it carries; informational for people and `plan`.
     #[serde(default)]
     pub tensorrt: Option<String>,
@@ -247,11 +264,11 @@ impl Definition {
 pub fn engine_needs(
     gpu: &infer_spec::engine::GpuMeta,
     extra: &[Tactic],
-) -> (EngineKind, Needs, String) {
+) -> (PlanCompat, Needs, String) {
     let kind = if gpu.version_compatible {
-        EngineKind::VersionCompatible
+        PlanCompat::VersionCompatible
     } else {
-        EngineKind::Full
+        PlanCompat::Full
     };
     let tactics = if gpu.hardware_compat == infer_spec::engine::HardwareCompat::None {
         extra.iter().copied().collect()
@@ -265,7 +282,7 @@ pub fn engine_needs(
 /// version prefix (`"10"` serves `"10.16.1"`). The first in name order wins.
 pub fn choose<'a>(
     defs: &'a [Definition],
-    kind: EngineKind,
+    kind: PlanCompat,
     tensorrt: Option<&str>,
 ) -> Result<&'a Definition, Error> {
     let mut fitting: Vec<&Definition> = defs
@@ -364,13 +381,13 @@ on_conflict = "base"
         let (kind, needs, trt) = engine_needs(&gpu, &[Tactic::Cudnn]);
         assert_eq!(
             (kind, trt.as_str()),
-            (EngineKind::VersionCompatible, "10.11.0.33")
+            (PlanCompat::VersionCompatible, "10.11.0.33")
         );
         assert_eq!(needs.tactics, [Tactic::Cudnn].into());
         gpu.version_compatible = false;
         gpu.hardware_compat = HardwareCompat::AmperePlus;
         let (kind, needs, _) = engine_needs(&gpu, &[Tactic::Cudnn]);
-        assert_eq!((kind, needs), (EngineKind::Full, Needs::default()));
+        assert_eq!((kind, needs), (PlanCompat::Full, Needs::default()));
     }
 
     #[test]
@@ -394,7 +411,7 @@ on_conflict = "base"
         let defs = embedded().unwrap();
         assert_eq!(
             find(&defs, "trt10-cuda12-vc").unwrap().engine,
-            EngineKind::VersionCompatible
+            PlanCompat::VersionCompatible
         );
         assert_eq!(
             find(&defs, "trt9").unwrap_err().to_string(),
@@ -407,26 +424,26 @@ on_conflict = "base"
         let vc = Definition::parse("t.toml", GOOD).unwrap();
         let mut full = vc.clone();
         full.name = "f".into();
-        full.engine = EngineKind::Full;
+        full.engine = PlanCompat::Full;
         let defs = [vc, full];
         assert_eq!(
-            choose(&defs, EngineKind::Full, Some("10.16.1"))
+            choose(&defs, PlanCompat::Full, Some("10.16.1"))
                 .unwrap()
                 .name,
             "f"
         );
         assert_eq!(
-            choose(&defs, EngineKind::VersionCompatible, Some("10"))
+            choose(&defs, PlanCompat::VersionCompatible, Some("10"))
                 .unwrap()
                 .name,
             "t"
         );
         assert_eq!(
-            choose(&defs, EngineKind::Full, Some("11.4"))
+            choose(&defs, PlanCompat::Full, Some("11.4"))
                 .unwrap_err()
                 .to_string(),
             "no slim base definition serves full engines of TensorRT 11.4"
         );
-        assert!(choose(&defs, EngineKind::Full, Some("100")).is_err());
+        assert!(choose(&defs, PlanCompat::Full, Some("100")).is_err());
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! Must not: talk to registries (the images are pulled into OCI layouts by `registry` first),
 //! decide which engine needs what (that comes from the engine metadata as [`def::Needs`] and
-//! [`def::EngineKind`]), or print (callers render [`report::SizeReport`] and the excluded list).
+//! [`def::PlanCompat`]), or print (callers render [`report::SizeReport`] and the excluded list).
 //!
 //! Invariants:
 //! - [`closure::compute`] is pure: it sees only the two trees and the definition, and returns
@@ -26,7 +26,7 @@ pub mod report;
 pub mod tree;
 
 pub use closure::{compute, Excluded, Origin, Problem, SlimPlan, Spec};
-pub use def::{Definition, EngineKind, Needs, Tactic, Winner};
+pub use def::{Definition, Needs, PlanCompat, Tactic, Winner};
 pub use report::{size_report, LayerSize, SizeReport};
 pub use tree::Tree;
 
@@ -39,8 +39,8 @@ pub enum Error {
     Definition { origin: String, message: String },
     #[error("bad glob `{pattern}`: {message}")]
     Glob { pattern: String, message: String },
-    #[error("no slim base definition serves {} engines of TensorRT {tensorrt}", match kind { EngineKind::VersionCompatible => "version-compatible", EngineKind::Full => "full" })]
-    NoDefinition { kind: EngineKind, tensorrt: String },
+    #[error("no slim base definition serves {kind} engines of TensorRT {tensorrt}")]
+    NoDefinition { kind: PlanCompat, tensorrt: String },
     #[error("no slim base definition `{name}` (known: {})", known.join(", "))]
     UnknownDefinition { name: String, known: Vec<String> },
     #[error("the slim closure cannot be built:\n  {}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n  "))]

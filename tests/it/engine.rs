@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use infer_build::engine::{self, Backend, Cache, Calibration, EngineSpec, InputSpec, TrtSpec};
+use infer_build::engine::{self, Cache, Calibration, EngineSpec, InputSpec, Toolchain, TrtSpec};
 use infer_build::process::{Cmd, Output, RecordingRunner};
 use infer_spec::engine::{
     check_compat, ComputeCapability, EngineMeta, Found, FoundCpu, FoundGpu, HardwareCompat,
@@ -163,10 +163,10 @@ fn trt_spec(version: &str, cuda: &str) -> TrtSpec {
     )
 }
 
-fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> EngineSpec {
-    let target = match &backend {
-        Backend::Cpu => format!("cpu-{precision}"),
-        Backend::Tensorrt(t) => format!("{}-{precision}", t.sm.target_id()),
+fn spec(onnx: PathBuf, width: i64, precision: Precision, toolchain: Toolchain) -> EngineSpec {
+    let target = match &toolchain {
+        Toolchain::Cpu => format!("cpu-{precision}"),
+        Toolchain::Tensorrt(t) => format!("{}-{precision}", t.sm.target_id()),
     };
     EngineSpec {
         model: "mlp".into(),
@@ -175,14 +175,14 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, backend: Backend) -> En
         onnx,
         inputs: vec![InputSpec {
             name: "input".into(),
-            datatype: "fp32".into(),
+            datatype: infer_spec::DataType::F32,
             shape: vec![-1, width],
             profile: None,
         }],
         max_batch: 32,
         opt_batch: 16,
         batch_sizes: vec![8, 16, 32],
-        backend,
+        toolchain,
         onnxruntime: None,
         folding: None,
     }
@@ -243,9 +243,9 @@ fn run_case(case: &Case) {
         fs::write(&c, "TRT-100800-EntropyCalibration2\ninput: 3c008912\n").unwrap();
         t.calibration = Some(Calibration::Cache(c));
     }
-    let mut s = spec(onnx.clone(), width, case.precision, Backend::Tensorrt(t));
+    let mut s = spec(onnx.clone(), width, case.precision, Toolchain::Tensorrt(t));
     if eleven && case.precision == Precision::Fp16 {
-        s.inputs[0].datatype = "fp16".into();
+        s.inputs[0].datatype = infer_spec::DataType::F16;
     }
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", case.trt);
     let art = engine::build(&s, &cache, &runner)
@@ -299,7 +299,7 @@ fn run_case(case: &Case) {
         (case.lean, case.lean)
     );
     assert_eq!(g.builder_gpu, "NVIDIA L4");
-    assert_eq!(art.profile.source, "trtexec");
+    assert_eq!(art.profile.source, infer_spec::engine::TimedBy::Trtexec);
     assert_eq!(art.profile.batches.len(), 4);
     assert_eq!(art.profile.batches[0].median_us, 181.0);
     assert_eq!(art.profile.batches[0].layers[0].name, "/fc1/Gemm + /Relu");
@@ -563,7 +563,7 @@ fn golden_profile_vector_and_hardware_compat() {
     let mut t = trt_spec("10.8.0.43", "12.8");
     t.sm = ComputeCapability::new(8, 0);
     t.hardware_compat = HardwareCompat::AmperePlus;
-    let s = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
+    let s = spec(mlp(), 64, Precision::Fp16, Toolchain::Tensorrt(t));
     // An ampere+ engine may be built on any Ampere-or-newer GPU.
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
     let art = engine::build(&s, &cache, &runner).unwrap();
@@ -612,7 +612,7 @@ fn golden_polygraphy_calibration_then_trtexec() {
     fs::write(data.join("batch0.npy"), b"not really npy, digested only").unwrap();
     let mut t = trt_spec("10.8.0.43", "12.8");
     t.calibration = Some(Calibration::Data(data.clone()));
-    let s = spec(mlp(), 64, Precision::Int8, Backend::Tensorrt(t));
+    let s = spec(mlp(), 64, Precision::Int8, Toolchain::Tensorrt(t));
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
     let art = engine::build(&s, &cache, &runner).unwrap();
     let calls = runner.calls();
@@ -663,7 +663,7 @@ fn refusal(trt: &str, onnx: PathBuf, width: i64, precision: Precision, calib: bo
         fs::write(&c, "TRT").unwrap();
         t.calibration = Some(Calibration::Cache(c));
     }
-    let s = spec(onnx, width, precision, Backend::Tensorrt(t));
+    let s = spec(onnx, width, precision, Toolchain::Tensorrt(t));
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
     let e = engine::build(&s, &cache, &runner).unwrap_err();
     assert!(e.is_bad_input(), "{e}");
@@ -733,7 +733,7 @@ fn explicit_int8_on_tensorrt_10_needs_no_calibration() {
         fixture("mlp_qdq.onnx"),
         4,
         Precision::Int8,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
     engine::build(&s, &cache, &runner).unwrap();
@@ -750,7 +750,7 @@ fn gpu_and_tool_refusals() {
         mlp(),
         64,
         Precision::Fp16,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
 
     // The GPU is another architecture: refused after nvidia-smi, before trtexec.
@@ -809,7 +809,7 @@ fn second_build_is_a_cache_hit_without_any_process() {
         mlp(),
         64,
         Precision::Fp16,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let runner = fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43");
     let first = engine::build(&s, &cache, &runner).unwrap();
@@ -836,7 +836,7 @@ fn key_changes_with_every_input_and_nothing_else() {
             onnx.clone(),
             64,
             Precision::Fp16,
-            Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+            Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
         )
     };
     let k0 = key_of(&base());
@@ -871,7 +871,7 @@ fn key_changes_with_every_input_and_nothing_else() {
     expect_new("one onnx byte", s);
     let with = |f: &dyn Fn(&mut TrtSpec)| {
         let mut s = base();
-        if let Backend::Tensorrt(t) = &mut s.backend {
+        if let Toolchain::Tensorrt(t) = &mut s.toolchain {
             f(t);
         }
         s
@@ -914,7 +914,7 @@ fn key_changes_with_every_input_and_nothing_else() {
     s.batch_sizes = vec![4, 8, 16, 32];
     expect_new("planned batch sizes", s);
     let mut s = base();
-    s.backend = Backend::Cpu;
+    s.toolchain = Toolchain::Cpu;
     expect_new("backend", s);
 }
 
@@ -927,11 +927,11 @@ fn lookup_verifies_engines_built_elsewhere() {
         mlp(),
         64,
         Precision::Fp16,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let mut t90 = trt_spec("10.8.0.43", "12.8");
     t90.sm = ComputeCapability::new(9, 0);
-    let s90 = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t90));
+    let s90 = spec(mlp(), 64, Precision::Fp16, Toolchain::Tensorrt(t90));
     let a = engine::build(
         &s89,
         &Cache::open(&jobs.path().join("job-sm89")).unwrap(),
@@ -959,7 +959,7 @@ fn lookup_verifies_engines_built_elsewhere() {
     // The plan changed (another TensorRT build): the engine present is named and explained.
     let mut t = trt_spec("10.8.0.44", "12.8");
     t.sm = ComputeCapability::new(8, 9);
-    let newer = spec(mlp(), 64, Precision::Fp16, Backend::Tensorrt(t));
+    let newer = spec(mlp(), 64, Precision::Fp16, Toolchain::Tensorrt(t));
     let e = engine::lookup(&newer, jobs.path()).unwrap_err();
     assert!(e.is_bad_input());
     assert!(
@@ -969,7 +969,7 @@ fn lookup_verifies_engines_built_elsewhere() {
     );
 
     // A target nobody built.
-    let cpu = spec(mlp(), 64, Precision::Fp32, Backend::Cpu);
+    let cpu = spec(mlp(), 64, Precision::Fp32, Toolchain::Cpu);
     let e = engine::lookup(&cpu, jobs.path()).unwrap_err();
     assert!(
         e.to_string()
@@ -1007,7 +1007,7 @@ fn runtime_check_refuses_a_tampered_tuple() {
         mlp(),
         64,
         Precision::Fp16,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let art = engine::build(
         &s,
@@ -1042,7 +1042,7 @@ fn concurrent_builds_of_one_key_build_once() {
         mlp(),
         64,
         Precision::Fp16,
-        Backend::Tensorrt(trt_spec("10.8.0.43", "12.8")),
+        Toolchain::Tensorrt(trt_spec("10.8.0.43", "12.8")),
     );
     let runner = Arc::new(fake_host("8.9, 570.86.10, NVIDIA L4", "10.8.0.43"));
     let handles: Vec<_> = (0..4)

@@ -16,6 +16,7 @@ use infer_build::assemble::{
 use infer_build::oci::image::Platform;
 use infer_build::oci::store::BlobStore;
 use infer_build::oci::{layout, Digest};
+use infer_build::plan::TargetKind;
 use serde_json::{json, Value};
 
 use super::support::{infer_build, sha256, stderr};
@@ -44,7 +45,7 @@ fn cpu_target(dir: &Path) -> TargetSpec {
         id: "cpu-fp32".into(),
         tag: "1.0.0-cpu-fp32".into(),
         platform: Platform::new("linux", "amd64"),
-        gpu: false,
+        kind: TargetKind::Cpu,
         base: None,
         runtime_libs: vec![],
         serve_bin: dir.join("infer-serve"),
@@ -68,7 +69,7 @@ fn gpu_target(dir: &Path, base: &Path) -> TargetSpec {
     let mut t = cpu_target(dir);
     t.id = "sm90-fp16".into();
     t.tag = "1.0.0-sm90-fp16".into();
-    t.gpu = true;
+    t.kind = TargetKind::Gpu;
     t.base = Some(assemble::BaseRef {
         layout: base.into(),
         tag: None,

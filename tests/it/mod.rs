@@ -26,3 +26,4 @@ pub mod sbom;
 pub mod slim;
 pub mod split_image;
 pub mod support;
+pub mod vocabulary;

@@ -10,6 +10,7 @@ use infer_build::assemble::{
 };
 use infer_build::oci::image::Platform;
 use infer_build::oci::Compression;
+use infer_build::plan::TargetKind;
 
 use super::support::have_tool;
 
@@ -70,7 +71,7 @@ fn cpu_target(i: &Inputs) -> TargetSpec {
         id: "cpu-fp32".into(),
         tag: "1.0.0-cpu-fp32".into(),
         platform: Platform::new("linux", "amd64"),
-        gpu: false,
+        kind: TargetKind::Cpu,
         base: None,
         runtime_libs: vec![],
         serve_bin: i.path("infer-serve"),
@@ -232,7 +233,7 @@ fn gpu_targets_need_a_base_layout() {
     let out = tempfile::tempdir().unwrap();
     let mut t = cpu_target(&i);
     t.id = "sm90-fp16".into();
-    t.gpu = true;
+    t.kind = TargetKind::Gpu;
     let opts = BuildOptions {
         epoch: 0,
         policy: Policy::Auto,
@@ -253,7 +254,7 @@ fn gpu_target_stacks_on_a_base_layout() {
     let mut t = cpu_target(&i);
     t.id = "sm90-fp16".into();
     t.tag = "1.0.0-sm90-fp16".into();
-    t.gpu = true;
+    t.kind = TargetKind::Gpu;
     t.base = Some(assemble::BaseRef {
         layout: base.path().into(),
         tag: Some("1.0.0-cpu-fp32".into()),

@@ -45,7 +45,7 @@ fn minimal_recipe_gets_defaults() {
     let r = parse_ok(BASE);
     assert_eq!(r.model.name, "m");
     assert_eq!(r.model.inputs.len(), 1);
-    assert_eq!(r.model.inputs[0].datatype, DataType::Fp32);
+    assert_eq!(r.model.inputs[0].datatype, DataType::F32);
     assert_eq!(r.model.inputs[0].shape, vec![-1, 4]);
     assert!(r.targets.cpu);
     assert!(r.targets.gpus.is_empty());
@@ -1382,12 +1382,12 @@ init = {i.name for i in m.graph.initializer}
 print(json.dumps({"inputs": sig([v for v in m.graph.input if v.name not in init]), "outputs": sig(m.graph.output)}))
 "#;
     let onnx_name = |d: DataType| match d {
-        DataType::Fp32 => "float",
-        DataType::Fp16 => "float16",
-        DataType::Fp64 => "double",
-        DataType::Bf16 => "bfloat16",
+        DataType::F32 => "float",
+        DataType::F16 => "float16",
+        DataType::F64 => "double",
+        DataType::BF16 => "bfloat16",
         DataType::Bytes => "string",
-        other => other.as_str(),
+        other => other.recipe_name(),
     };
     let mut checked = 0;
     for entry in std::fs::read_dir(root.join("recipes")).unwrap() {

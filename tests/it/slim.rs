@@ -617,7 +617,7 @@ fn elf(needed: &[&str]) -> slim::tree::Node {
 /// base image, as plain data: which files each definition takes, for each kind of engine.
 #[test]
 fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
-    use slim::def::{choose, EngineKind, Needs, Tactic};
+    use slim::def::{choose, Needs, PlanCompat, Tactic};
     let defs =
         slim::image::load_definitions(&super::support::root().join("base-images/slim")).unwrap();
     let sys = [
@@ -665,7 +665,7 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
     builder.insert_symlink(&format!("{cl}/libcublas.so.12"), "libcublas.so.12.9.1.4");
     builder.insert("usr/lib/x86_64-linux-gnu/libcuda.so.1", elf(&[]));
 
-    let take = |kind: EngineKind, needs: Needs| -> Vec<String> {
+    let take = |kind: PlanCompat, needs: Needs| -> Vec<String> {
         let def = choose(&defs, kind, Some("10.11.0")).unwrap();
         let sels = def.selections_for(&needs);
         let plan = slim::compute(
@@ -683,7 +683,7 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
             .collect()
     };
     assert_eq!(
-        take(EngineKind::VersionCompatible, Needs::default()),
+        take(PlanCompat::VersionCompatible, Needs::default()),
         [
             "libnvinfer_dispatch.so.10",
             "libnvinfer_dispatch.so.10.11.0",
@@ -692,13 +692,13 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
         ]
     );
     assert_eq!(
-        take(EngineKind::Full, Needs::default()),
+        take(PlanCompat::Full, Needs::default()),
         ["libnvinfer.so.10", "libnvinfer.so.10.11.0"]
     );
     let cudnn = Needs {
         tactics: [Tactic::Cudnn].into(),
     };
-    let full_cudnn = take(EngineKind::Full, cudnn);
+    let full_cudnn = take(PlanCompat::Full, cudnn);
     assert!(
         full_cudnn.contains(&"libcudnn_graph.so.9.10.2".to_string()),
         "{full_cudnn:?}"
@@ -713,7 +713,7 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
         tactics: [Tactic::Cublas].into(),
     };
     assert_eq!(
-        take(EngineKind::Full, cublas),
+        take(PlanCompat::Full, cublas),
         [
             "libnvinfer.so.10",
             "libnvinfer.so.10.11.0",
@@ -725,7 +725,7 @@ fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
             "libcublasLt.so.12.9.1.4",
         ]
     );
-    assert!(choose(&defs, EngineKind::Full, Some("11.0")).is_err());
+    assert!(choose(&defs, PlanCompat::Full, Some("11.0")).is_err());
 
     // Every image they name is in the plain base-image table with the matching role, and none
     // carries a digest no public source gives.

@@ -279,7 +279,7 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
             let share = (cpus / models.len()).max(1) as u32;
             for m in &mut models {
                 let c = &mut m.cfg;
-                if c.engine.kind == infer_spec::EngineKind::OnnxRuntime
+                if c.engine.kind == infer_spec::BackendKind::OnnxRuntime
                     && c.engine.threads.is_none()
                 {
                     c.engine.threads = Some((share / c.batching.instances.max(1)).max(1));
@@ -640,7 +640,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         let threads: usize = config
             .models
             .iter()
-            .filter(|m| m.cfg.engine.kind == infer_spec::EngineKind::OnnxRuntime)
+            .filter(|m| m.cfg.engine.kind == infer_spec::BackendKind::OnnxRuntime)
             .map(|m| m.cfg.intra_op_threads(cpus) * m.cfg.batching.instances as usize)
             .sum();
         if threads > cpus {

@@ -1,6 +1,6 @@
-//! The V2 / Open Inference Protocol tensor datatypes, with their Triton config names and
-//! element sizes. Shared by the builder (which writes them into `runtime.toml`) and the runtime
-//! (which decodes request tensors with them).
+//! The V2 / Open Inference Protocol tensor datatypes, with their recipe spellings, Triton config
+//! names and element sizes. The one datatype type: recipes parse into it, the builder writes it
+//! into `runtime.toml`, the runtime decodes request tensors with it.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -84,6 +84,33 @@ impl DataType {
         DataType::ALL.into_iter().find(|d| d.as_str() == s)
     }
 
+    /// The recipe spelling (`"fp32"`, `"int64"`, `"bytes"`): the V2 name in lower case.
+    pub fn recipe_name(self) -> &'static str {
+        match self {
+            DataType::Bool => "bool",
+            DataType::U8 => "uint8",
+            DataType::U16 => "uint16",
+            DataType::U32 => "uint32",
+            DataType::U64 => "uint64",
+            DataType::I8 => "int8",
+            DataType::I16 => "int16",
+            DataType::I32 => "int32",
+            DataType::I64 => "int64",
+            DataType::F16 => "fp16",
+            DataType::BF16 => "bf16",
+            DataType::F32 => "fp32",
+            DataType::F64 => "fp64",
+            DataType::Bytes => "bytes",
+        }
+    }
+
+    /// Parses a recipe spelling, or the V2 name.
+    pub fn parse_recipe(s: &str) -> Option<DataType> {
+        DataType::ALL
+            .into_iter()
+            .find(|d| d.recipe_name() == s || d.as_str() == s)
+    }
+
     /// The Triton model-configuration name (`"TYPE_FP32"`; `BYTES` is `TYPE_STRING`).
     pub fn triton_name(self) -> &'static str {
         match self {
@@ -135,6 +162,12 @@ mod tests {
             assert!(d.triton_name().starts_with("TYPE_"));
         }
         assert_eq!(DataType::parse("fp32"), None);
+        for d in DataType::ALL {
+            assert_eq!(d.recipe_name(), d.as_str().to_ascii_lowercase());
+            assert_eq!(DataType::parse_recipe(d.recipe_name()), Some(d));
+            assert_eq!(DataType::parse_recipe(d.as_str()), Some(d));
+        }
+        assert_eq!(DataType::parse_recipe("float"), None);
         assert_eq!(DataType::F32.size(), Some(4));
         assert_eq!(DataType::Bytes.size(), None);
     }

@@ -44,6 +44,68 @@ impl fmt::Display for EngineKind {
     }
 }
 
+/// `engine.cpu` of a recipe: which engine a CPU target ships, or how it is chosen. Written into
+/// the engine cache key and the engine profile's selection record in the same spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuEngine {
+    /// Load the model in both, check they agree, ship the faster one that loads.
+    Auto,
+    /// tract (FROM scratch image, static runtime).
+    Tract,
+    /// ONNX Runtime (glibc base, dynamic runtime, the library from a pinned wheel).
+    OnnxRuntime,
+}
+
+impl CpuEngine {
+    /// The recipe's spelling, case-insensitive, with `ort` and `onnx-runtime` for ONNX Runtime.
+    pub fn parse(s: &str) -> Option<CpuEngine> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(CpuEngine::Auto),
+            "tract" => Some(CpuEngine::Tract),
+            "onnxruntime" | "ort" | "onnx-runtime" => Some(CpuEngine::OnnxRuntime),
+            _ => None,
+        }
+    }
+
+    /// The canonical spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuEngine::Auto => "auto",
+            CpuEngine::Tract => "tract",
+            CpuEngine::OnnxRuntime => "onnxruntime",
+        }
+    }
+}
+
+impl fmt::Display for CpuEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What timed an engine profile's T(b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimedBy {
+    /// tract, in the builder's process.
+    Tract,
+    /// ONNX Runtime, in the builder's process.
+    Onnxruntime,
+    /// trtexec's `--exportTimes` on the builder's GPU.
+    Trtexec,
+}
+
+impl fmt::Display for TimedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TimedBy::Tract => "tract",
+            TimedBy::Onnxruntime => "onnxruntime",
+            TimedBy::Trtexec => "trtexec",
+        })
+    }
+}
+
 /// On-disk format of the engine file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -59,8 +121,8 @@ pub enum EngineFormat {
 /// The `[engine] kind` of `runtime.toml` that runs an engine of this kind and format; `None`
 /// for a pair no backend runs (an inconsistent metadata document). The one place the pairs are
 /// decided: the builder writes `runtime.toml` with it, [`EngineMeta::validate`] checks with it.
-pub fn runtime_kind(kind: EngineKind, format: EngineFormat) -> Option<crate::runtime::EngineKind> {
-    use crate::runtime::EngineKind as Rt;
+pub fn backend_kind(kind: EngineKind, format: EngineFormat) -> Option<crate::runtime::BackendKind> {
+    use crate::runtime::BackendKind as Rt;
     match (kind, format) {
         (EngineKind::Tract, EngineFormat::Onnx) => Some(Rt::TractOnnx),
         (EngineKind::Tract, EngineFormat::TractNnefTar) => Some(Rt::TractNnef),
@@ -591,7 +653,7 @@ impl EngineMeta {
             }
             EngineKind::Tensorrt => self.gpu.is_some() && self.cpu.is_none(),
         };
-        let ok = device && runtime_kind(self.kind, self.format).is_some();
+        let ok = device && backend_kind(self.kind, self.format).is_some();
         if !ok {
             return Err(MetaError::Inconsistent(self.kind));
         }
@@ -1089,8 +1151,8 @@ pub struct EngineProfile {
     pub kind: EngineKind,
     /// `sha256:<hex>` of the engine file the numbers belong to.
     pub engine_digest: String,
-    /// Where the numbers come from: `tract` (timed in-process) or `trtexec` (`--exportTimes`).
-    pub source: String,
+    /// Where the numbers come from.
+    pub source: TimedBy,
     /// The machine that measured: GPU name, or CPU architecture and thread count.
     pub measured_on: String,
     /// Sorted by batch size, one entry per planned batch size.
@@ -1109,8 +1171,8 @@ pub struct EngineProfile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineSelection {
-    /// `engine.cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
-    pub policy: String,
+    /// `engine.cpu` of the recipe.
+    pub policy: CpuEngine,
     pub chosen: EngineKind,
     /// Why, in words (the rule and the figures it compared).
     pub reason: String,
@@ -1526,8 +1588,8 @@ mod tests {
         m.format = EngineFormat::Onnx;
         m.cpu.as_mut().unwrap().onnxruntime = Some(v("1.31.0"));
         assert_eq!(
-            runtime_kind(m.kind, m.format),
-            Some(crate::runtime::EngineKind::OnnxRuntime)
+            backend_kind(m.kind, m.format),
+            Some(crate::runtime::BackendKind::OnnxRuntime)
         );
         let mut f = Found {
             cpu: FoundCpu {
@@ -1565,10 +1627,10 @@ mod tests {
         let mut bad = m.clone();
         bad.format = EngineFormat::TractNnefTar;
         assert!(bad.validate().is_err());
-        assert_eq!(runtime_kind(EngineKind::Tensorrt, EngineFormat::Onnx), None);
+        assert_eq!(backend_kind(EngineKind::Tensorrt, EngineFormat::Onnx), None);
         assert_eq!(
-            runtime_kind(EngineKind::Tract, EngineFormat::TractNnefTar),
-            Some(crate::runtime::EngineKind::TractNnef)
+            backend_kind(EngineKind::Tract, EngineFormat::TractNnefTar),
+            Some(crate::runtime::BackendKind::TractNnef)
         );
     }
 

@@ -23,7 +23,7 @@ pub mod text;
 
 pub use dtype::DataType;
 pub use runtime::{
-    Batching, Bundle, BundleModel, ConfigError, DimProfile, EngineKind, EngineSection,
+    BackendKind, Batching, Bundle, BundleModel, ConfigError, DimProfile, EngineSection,
     ModelSection, QueueDelay, RuntimeConfig, RuntimeFile, Server, Synthetic, TensorSpec, Warmup,
     DEFAULT_CONFIG_PATH,
 };

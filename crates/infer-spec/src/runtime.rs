@@ -335,9 +335,12 @@ impl Batching {
     }
 }
 
-/// Which engine runs batches.
+/// `[engine] kind`: which of the runtime's backends loads the engine and runs batches. Not the
+/// engine family ([`crate::engine::EngineKind`], what the builder made): one family may load
+/// through more than one backend (tract reads ONNX or NNEF), and `synthetic` has no engine.
+/// [`crate::engine::backend_kind`] maps one to the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum EngineKind {
+pub enum BackendKind {
     /// An ONNX model run on CPU by tract.
     #[serde(rename = "tract-onnx")]
     TractOnnx,
@@ -356,26 +359,26 @@ pub enum EngineKind {
     Synthetic,
 }
 
-impl EngineKind {
+impl BackendKind {
     /// The spelling used in `runtime.toml`.
     pub fn as_str(self) -> &'static str {
         match self {
-            EngineKind::TractOnnx => "tract-onnx",
-            EngineKind::TractNnef => "tract-nnef",
-            EngineKind::TensorRt => "tensorrt",
-            EngineKind::OnnxRuntime => "onnxruntime",
-            EngineKind::Synthetic => "synthetic",
+            BackendKind::TractOnnx => "tract-onnx",
+            BackendKind::TractNnef => "tract-nnef",
+            BackendKind::TensorRt => "tensorrt",
+            BackendKind::OnnxRuntime => "onnxruntime",
+            BackendKind::Synthetic => "synthetic",
         }
     }
 
     /// The V2 metadata platform (`<project>_<format>`).
     pub fn platform(self) -> &'static str {
         match self {
-            EngineKind::TractOnnx => "onnx_onnxv1",
-            EngineKind::TractNnef => "tract_nnef",
-            EngineKind::TensorRt => "tensorrt_plan",
-            EngineKind::OnnxRuntime => "onnxruntime_onnx",
-            EngineKind::Synthetic => "synthetic",
+            BackendKind::TractOnnx => "onnx_onnxv1",
+            BackendKind::TractNnef => "tract_nnef",
+            BackendKind::TensorRt => "tensorrt_plan",
+            BackendKind::OnnxRuntime => "onnxruntime_onnx",
+            BackendKind::Synthetic => "synthetic",
         }
     }
 }
@@ -385,7 +388,7 @@ impl EngineKind {
 #[serde(deny_unknown_fields)]
 pub struct EngineSection {
     /// The engine kind.
-    pub kind: EngineKind,
+    pub kind: BackendKind,
     /// The engine file, relative to the directory of `runtime.toml` (or absolute). Required
     /// for every kind except `synthetic`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -664,10 +667,10 @@ impl RuntimeConfig {
         }
         let e = &self.engine;
         match (e.kind, &e.path, &e.synthetic) {
-            (EngineKind::Synthetic, _, None) => {
+            (BackendKind::Synthetic, _, None) => {
                 p.push("engine.synthetic is required when engine.kind = \"synthetic\"".to_owned())
             }
-            (EngineKind::Synthetic, _, Some(s)) => {
+            (BackendKind::Synthetic, _, Some(s)) => {
                 let ok = |v: f64| v.is_finite() && v >= 0.0;
                 if !ok(s.base_ms) || !ok(s.per_row_ms) {
                     p.push(
@@ -690,14 +693,14 @@ impl RuntimeConfig {
             _ => {}
         }
         match (e.kind, &e.library) {
-            (EngineKind::OnnxRuntime, None) => p.push(
+            (BackendKind::OnnxRuntime, None) => p.push(
                 "engine.library is required when engine.kind = \"onnxruntime\" (the path of libonnxruntime)"
                     .to_owned(),
             ),
-            (EngineKind::OnnxRuntime | EngineKind::TensorRt, Some(l)) if l.is_empty() => {
+            (BackendKind::OnnxRuntime | BackendKind::TensorRt, Some(l)) if l.is_empty() => {
                 p.push("engine.library must be non-empty".to_owned())
             }
-            (EngineKind::OnnxRuntime | EngineKind::TensorRt, _) => {}
+            (BackendKind::OnnxRuntime | BackendKind::TensorRt, _) => {}
             (k, Some(_)) => p.push(format!(
                 "engine.library is only for engine.kind = \"onnxruntime\" or \"tensorrt\", not \"{}\"",
                 k.as_str()
@@ -705,10 +708,10 @@ impl RuntimeConfig {
             (_, None) => {}
         }
         match (e.kind, e.threads) {
-            (EngineKind::OnnxRuntime, Some(t)) if !(1..=MAX_THREADS).contains(&t) => {
+            (BackendKind::OnnxRuntime, Some(t)) if !(1..=MAX_THREADS).contains(&t) => {
                 p.push(format!("engine.threads {t} is outside 1..={MAX_THREADS}"))
             }
-            (EngineKind::OnnxRuntime, _) | (_, None) => {}
+            (BackendKind::OnnxRuntime, _) | (_, None) => {}
             (k, Some(_)) => p.push(format!(
                 "engine.threads is only for engine.kind = \"onnxruntime\", not \"{}\"",
                 k.as_str()
@@ -1440,7 +1443,7 @@ path = "minilm.onnx"
             "kind = \"onnxruntime\"\npath = \"mlp.onnx\"\nlibrary = \"lib/libonnxruntime.so.1.31.0\"\nthreads = 2",
         );
         let cfg = RuntimeConfig::from_toml_str(&ort).unwrap();
-        assert_eq!(cfg.engine.kind, EngineKind::OnnxRuntime);
+        assert_eq!(cfg.engine.kind, BackendKind::OnnxRuntime);
         assert_eq!(cfg.platform(), "onnxruntime_onnx");
         assert_eq!(
             cfg.engine.library.as_deref(),

@@ -148,7 +148,7 @@ impl Request {
         let mut config = base.config;
         if let Some(spec) = &synthetic {
             config.engine = infer_spec::EngineSection {
-                kind: infer_spec::EngineKind::Synthetic,
+                kind: infer_spec::BackendKind::Synthetic,
                 path: None,
                 metadata: None,
                 library: None,
@@ -337,7 +337,7 @@ mod tests {
         let r = q.resolve().unwrap();
         assert_eq!(
             r.options.base.engine.kind,
-            infer_spec::EngineKind::Synthetic
+            infer_spec::BackendKind::Synthetic
         );
         let s = r.options.base.engine.synthetic.unwrap();
         assert_eq!((s.base_ms, s.per_row_ms), (40.0, 6.0));

@@ -67,7 +67,7 @@ impl From<ExecError> for String {
 pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String> {
     let kind = cfg.engine.kind;
     #[cfg(feature = "tract")]
-    if kind == infer_spec::EngineKind::TractOnnx {
+    if kind == infer_spec::BackendKind::TractOnnx {
         let path = cfg
             .engine
             .path
@@ -76,7 +76,7 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
         return Ok(Arc::new(tract::TractEngine::load(cfg, &base.join(path))?));
     }
     #[cfg(feature = "tract")]
-    if kind == infer_spec::EngineKind::TractNnef {
+    if kind == infer_spec::BackendKind::TractNnef {
         let path = cfg
             .engine
             .path
@@ -88,7 +88,7 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
         )?));
     }
     #[cfg(feature = "tensorrt")]
-    if kind == infer_spec::EngineKind::TensorRt {
+    if kind == infer_spec::BackendKind::TensorRt {
         let path = cfg
             .engine
             .path
@@ -101,7 +101,7 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
         )?));
     }
     #[cfg(feature = "onnxruntime")]
-    if kind == infer_spec::EngineKind::OnnxRuntime {
+    if kind == infer_spec::BackendKind::OnnxRuntime {
         let path = cfg
             .engine
             .path
@@ -117,7 +117,7 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
         )?));
     }
     #[cfg(feature = "synthetic")]
-    if kind == infer_spec::EngineKind::Synthetic {
+    if kind == infer_spec::BackendKind::Synthetic {
         return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
     }
     let _ = base;
@@ -134,11 +134,11 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String>
 /// otherwise the CPU only.
 pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Found, String> {
     #[cfg(feature = "tensorrt")]
-    if cfg.engine.kind == infer_spec::EngineKind::TensorRt {
+    if cfg.engine.kind == infer_spec::BackendKind::TensorRt {
         return tensorrt::probe(cfg, base);
     }
     #[cfg(feature = "onnxruntime")]
-    if cfg.engine.kind == infer_spec::EngineKind::OnnxRuntime {
+    if cfg.engine.kind == infer_spec::BackendKind::OnnxRuntime {
         let lib = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
         return Ok(infer_spec::engine::Found {
             gpu: None,

@@ -17,6 +17,7 @@ pub mod lock;
 pub mod memory;
 pub mod project;
 mod resolve;
+mod rules;
 pub mod tag;
 mod types;
 

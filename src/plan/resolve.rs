@@ -1,50 +1,50 @@
 //! Target resolution: recipe × matrix (× lock) → targets, or every refusal at once.
 //!
-//! Each GPU target walks the matrix's TensorRT releases newest first through a fixed series of
-//! filters (pin, completeness, platform, compute capability, precision, INT8 calibration,
-//! hardware compatibility, then per CUDA build: CUDA pin, base image, glibc, node driver). The
-//! first candidate that passes every filter wins. When a filter removes the last candidates,
-//! that filter's rule is what the user is told, with a way out.
+//! The steps in order: the recipe's GPUs grouped by SM and platform ([`gpu_groups`]), the base
+//! override checked, each group × precision through the release rules ([`super::rules`]) and
+//! made a target ([`gpu_target`]), the CPU target ([`cpu_target`]), then order and tags. Every
+//! refusal is collected; the plan is made only when there is none.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::matrix::{
-    self, BaseImage, ComputeCapability, HardwareCompat, ImageRole, Matrix, Platform, Precision,
-    PrecisionApi, Release, Version,
+    self, BaseImage, ComputeCapability, ImageRole, Matrix, Platform, Precision, PrecisionApi,
+    Release, Version,
 };
 use crate::recipe::{self, CpuEngine, Diagnostic, Located, Recipe};
 
 use super::lock::{self, Lock};
+use super::rules::{self, Ask, Choice};
 use super::types::*;
 use crate::oci::Digest;
 
 /// A refusal before it is placed in the recipe: the rule's name, the message and the way out.
-struct Refusal {
-    rule: &'static str,
-    message: String,
-    hint: String,
+pub(super) struct Refusal {
+    pub rule: &'static str,
+    pub message: String,
+    pub hint: String,
 }
 
-fn diag<T>(file: &Path, at: &Located<T>, r: Refusal) -> Diagnostic {
+pub(super) fn diag<T>(file: &Path, at: &Located<T>, r: Refusal) -> Diagnostic {
     at.diagnostic(file, format!("{} [rule: {}]", r.message, r.rule))
         .with_hint(r.hint)
 }
 
 /// One GPU architecture the recipe asks for: an SM on a platform, with its products.
-struct GpuGroup<'m> {
-    cc: ComputeCapability,
-    platform: Platform,
+pub(super) struct GpuGroup<'m> {
+    pub cc: ComputeCapability,
+    pub platform: Platform,
     /// Matrix rows of the products (deduplicated, in matrix order).
-    products: Vec<&'m matrix::Gpu>,
+    pub products: Vec<&'m matrix::Gpu>,
     /// What the recipe wrote, in recipe order.
-    requested: Vec<String>,
+    pub requested: Vec<String>,
     /// Where the recipe first names this group.
-    at: Located<()>,
+    pub at: Located<()>,
 }
 
 impl GpuGroup<'_> {
-    fn label(&self) -> String {
+    pub fn label(&self) -> String {
         let names: Vec<&str> = self.products.iter().map(|g| g.name.as_str()).collect();
         if names.is_empty() {
             self.cc.sm().to_string()
@@ -53,7 +53,7 @@ impl GpuGroup<'_> {
         }
     }
 
-    fn tensor_cores(&self) -> Vec<Precision> {
+    pub fn tensor_cores(&self) -> Vec<Precision> {
         let mut tc: Vec<Precision> = self
             .products
             .first()
@@ -97,33 +97,104 @@ fn pin_image(reference: &str, row_digest: Option<&str>, lock: Option<&Lock>) -> 
     }
 }
 
-/// What resolution picked for one GPU target.
-struct Choice<'m> {
-    release: &'m Release,
-    cuda_build: Version,
-    base: &'m BaseImage,
-}
-
 /// Resolve `recipe` against `matrix`; `lock` supplies digests recorded at earlier pulls.
 pub fn resolve(
     recipe: &Recipe,
     matrix: &Matrix,
     lock: Option<&Lock>,
 ) -> Result<BuildPlan, super::Error> {
-    let file = recipe.file.as_path();
     let mut refusals: Vec<Diagnostic> = Vec::new();
+    let groups = gpu_groups(recipe, matrix, &mut refusals);
+    // The base image override must be one the matrix knows, for GPU targets (its CUDA decides
+    // the build); CPU targets accept any base.
+    let override_row: Option<&BaseImage> = recipe
+        .image
+        .base
+        .as_ref()
+        .and_then(|b| matrix.image(split_digest(&b.value).0));
+    check_base_override(
+        recipe,
+        matrix,
+        !groups.is_empty(),
+        override_row,
+        &mut refusals,
+    );
 
-    let tensorrt_pin = recipe.targets.tensorrt.as_ref();
-    let cuda_pin = recipe.targets.cuda.as_ref();
-    let node_driver = recipe.deploy.node_driver.as_ref();
-    let base_override = recipe.image.base.as_ref();
+    let mut targets: Vec<TargetPlan> = Vec::new();
+    for group in groups.values() {
+        for p in &recipe.targets.precision {
+            let ask = Ask {
+                recipe,
+                matrix,
+                group,
+                at_precision: p,
+                precision: p.value,
+                base_override: override_row,
+            };
+            match rules::choose(&ask) {
+                Err(d) => refusals.push(d),
+                Ok(choice) => {
+                    targets.push(gpu_target(recipe, matrix, lock, group, p.value, &choice))
+                }
+            }
+        }
+    }
+    if recipe.targets.cpu {
+        targets.push(cpu_target(
+            recipe,
+            matrix,
+            lock,
+            override_row,
+            &mut refusals,
+        ));
+    }
+    // For a GPU base override, the recipe's digest pins GPU targets too.
+    if let Some((_, Some(d))) = recipe.image.base.as_ref().map(|b| split_digest(&b.value)) {
+        for t in targets.iter_mut().filter(|t| t.kind == TargetKind::Gpu) {
+            t.base.digest = Digest::parse(d).ok();
+            t.base.pinned_by = PinnedBy::Recipe;
+        }
+    }
 
-    // Matrix versions of the recipe's pins (the recipe's own Version type is syntax only).
-    let trt_pin_v = tensorrt_pin.map(|p| p.value.clone());
-    let cuda_pin_v = cuda_pin.map(|p| p.value.clone());
-    let driver_v = node_driver.map(|p| p.value.clone());
+    // Order, then tags (a tag may use the id, so ids come first).
+    targets.sort_by(|a, b| {
+        let key = |t: &TargetPlan| {
+            (
+                t.kind,
+                t.gpu.as_ref().map(|g| g.compute_capability),
+                t.platform,
+                t.precision,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    super::tag::apply(recipe, &mut targets, &mut refusals);
 
-    // 1. GPUs → groups by (SM, platform).
+    if !refusals.is_empty() {
+        recipe::sort_diagnostics(&mut refusals);
+        return Err(super::Error::Refused {
+            file: recipe.file.clone(),
+            diagnostics: refusals,
+        });
+    }
+    Ok(BuildPlan {
+        recipe: recipe.file.clone(),
+        model: recipe.model.name.clone(),
+        version: recipe.model.version.clone(),
+        repository: recipe.image.repository.value.clone(),
+        matrix: matrix.origin.clone(),
+        lock_file: lock::path_for(&recipe.file),
+        targets,
+    })
+}
+
+/// The recipe's GPUs as groups by (SM, platform), products merged; unknown GPUs refused.
+fn gpu_groups<'m>(
+    recipe: &Recipe,
+    matrix: &'m Matrix,
+    refusals: &mut Vec<Diagnostic>,
+) -> BTreeMap<(ComputeCapability, Platform), GpuGroup<'m>> {
+    let file = recipe.file.as_path();
     let mut groups: BTreeMap<(ComputeCapability, Platform), GpuGroup> = BTreeMap::new();
     for g in &recipe.targets.gpus {
         let at = Located::new((), g.span, g.key.clone());
@@ -217,11 +288,19 @@ pub fn resolve(
         g.products
             .sort_by_key(|p| matrix.gpus.iter().position(|q| q.name == p.name));
     }
+    groups
+}
 
-    // 2. The base image override must be one the matrix knows, for GPU targets (its CUDA
-    //    decides the build); CPU targets accept any base.
-    let override_row: Option<&BaseImage> =
-        base_override.and_then(|b| matrix.image(split_digest(&b.value).0));
+/// `image.base`: a well-formed digest, and for GPU targets a row of the matrix.
+fn check_base_override(
+    recipe: &Recipe,
+    matrix: &Matrix,
+    has_gpu_targets: bool,
+    override_row: Option<&BaseImage>,
+    refusals: &mut Vec<Diagnostic>,
+) {
+    let file = recipe.file.as_path();
+    let base_override = recipe.image.base.as_ref();
     if let Some(b) = base_override {
         let (reference, digest) = split_digest(&b.value);
         if let Some(d) = digest {
@@ -233,7 +312,7 @@ pub fn resolve(
                 }));
             }
         }
-        if !groups.is_empty() && override_row.is_none() {
+        if has_gpu_targets && override_row.is_none() {
             refusals.push(diag(file, b, Refusal {
                 rule: "known-base",
                 message: format!("base image {reference} is not in the compatibility matrix, so its CUDA version is unknown"),
@@ -241,589 +320,66 @@ pub fn resolve(
             }));
         }
     }
-
-    // 3. Each GPU group × precision.
-    let mut targets: Vec<TargetPlan> = Vec::new();
-    let precisions: Vec<&Located<recipe::Precision>> = recipe.targets.precision.iter().collect();
-    for group in groups.values() {
-        for p in &precisions {
-            let precision = p.value;
-            match resolve_gpu_target(
-                recipe,
-                matrix,
-                group,
-                p,
-                precision,
-                trt_pin_v.as_ref(),
-                cuda_pin_v.as_ref(),
-                driver_v.as_ref(),
-                override_row,
-            ) {
-                Err(d) => refusals.push(d),
-                Ok(choice) => {
-                    targets.push(gpu_target(recipe, matrix, lock, group, precision, &choice))
-                }
-            }
-        }
-    }
-
-    // 4. The CPU target.
-    if recipe.targets.cpu {
-        // A GPU runtime base named for the GPU targets does not apply to the CPU image.
-        let gpu_base = override_row.is_some_and(|r| r.role != ImageRole::Cpu);
-        let base = match base_override.filter(|_| !gpu_base) {
-            Some(b) => {
-                let (reference, digest) = split_digest(&b.value);
-                match digest {
-                    // A malformed digest was refused above: the plan is not made.
-                    Some(d) => ImagePin {
-                        reference: reference.into(),
-                        digest: Digest::parse(d).ok(),
-                        pinned_by: PinnedBy::Recipe,
-                    },
-                    None => pin_image(
-                        reference,
-                        override_row.and_then(|r| r.digest.as_deref()),
-                        lock,
-                    ),
-                }
-            }
-            None => {
-                let row = matrix
-                    .images
-                    .iter()
-                    .find(|i| i.role == ImageRole::Cpu && i.default);
-                match row {
-                    Some(r) => pin_image(&r.reference, r.digest.as_deref(), lock),
-                    None => pin_image("scratch", None, lock),
-                }
-            }
-        };
-        let cpu = cpu_plan(recipe, matrix, lock, override_row, &mut refusals);
-        targets.push(TargetPlan {
-            id: "cpu-fp32".into(),
-            kind: TargetKind::Cpu,
-            precision: Precision::Fp32,
-            platform: Platform::X86_64,
-            oci_platform: Platform::X86_64.oci().into(),
-            gpu: None,
-            tensorrt: None,
-            cuda: None,
-            cudnn: None,
-            driver_floor: None,
-            builder: None,
-            cpu: Some(cpu),
-            base,
-            tag: String::new(),
-            image: String::new(),
-            notes: Vec::new(),
-        });
-    }
-    // For a GPU base override, the recipe's digest pins GPU targets too.
-    if let Some(b) = base_override {
-        if let (_, Some(d)) = split_digest(&b.value) {
-            for t in targets.iter_mut().filter(|t| t.kind == TargetKind::Gpu) {
-                t.base.digest = Digest::parse(d).ok();
-                t.base.pinned_by = PinnedBy::Recipe;
-            }
-        }
-    }
-
-    // 5. Order, then tags (a tag may use the id, so ids come first).
-    targets.sort_by(|a, b| {
-        let key = |t: &TargetPlan| {
-            (
-                t.kind,
-                t.gpu.as_ref().map(|g| g.compute_capability),
-                t.platform,
-                t.precision,
-            )
-        };
-        key(a).cmp(&key(b))
-    });
-    super::tag::apply(recipe, &mut targets, &mut refusals);
-
-    if !refusals.is_empty() {
-        recipe::sort_diagnostics(&mut refusals);
-        return Err(super::Error::Refused {
-            file: recipe.file.clone(),
-            diagnostics: refusals,
-        });
-    }
-    Ok(BuildPlan {
-        recipe: recipe.file.clone(),
-        model: recipe.model.name.clone(),
-        version: recipe.model.version.clone(),
-        repository: recipe.image.repository.value.clone(),
-        matrix: matrix.origin.clone(),
-        lock_file: lock::path_for(&recipe.file),
-        targets,
-    })
 }
 
-fn pin_text(p: &Located<Version>) -> String {
-    format!("{} = \"{}\"", p.key, p.value)
-}
-
-fn major_minors(releases: &[&Release]) -> String {
-    let mut v: Vec<String> = releases
-        .iter()
-        .map(|r| r.version.major_minor().to_string())
-        .collect();
-    v.dedup();
-    v.join(", ")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn resolve_gpu_target<'m>(
+/// The CPU target: its base (the recipe's CPU base, or the matrix's default) and engine plan.
+fn cpu_target(
     recipe: &Recipe,
-    matrix: &'m Matrix,
-    group: &GpuGroup<'m>,
-    p: &Located<recipe::Precision>,
-    precision: Precision,
-    trt_pin: Option<&Version>,
-    cuda_pin: Option<&Version>,
-    driver: Option<&Version>,
-    base_override: Option<&'m BaseImage>,
-) -> Result<Choice<'m>, Diagnostic> {
-    let file = recipe.file.as_path();
-    let sm = group.cc.sm().to_string();
-    let label = group.label();
-    let trt_at = recipe.targets.tensorrt.as_ref();
-    let at_trt_or_gpu = |r: Refusal| match trt_at {
-        Some(t) => diag(file, t, r),
-        None => diag(file, &group.at, r),
-    };
-
-    // GPU capability, independent of TensorRT: precisions need tensor cores.
-    let tc = group.tensor_cores();
-    let needs_tc = match precision {
-        Precision::Fp8 => Some((
-            "fp8-needs-sm89",
-            "FP8 tensor cores (Ada sm_89, Hopper sm_90 or newer)",
-            "fp16 or int8",
-        )),
-        Precision::Fp4 => Some((
-            "fp4-needs-blackwell",
-            "FP4 tensor cores (Blackwell sm_100 or newer)",
-            "fp16, int8 or fp8",
-        )),
-        Precision::Bf16 => Some((
-            "bf16-needs-sm80",
-            "BF16 tensor cores (Ampere sm_80 or newer)",
-            "fp16",
-        )),
-        _ => None,
-    };
-    if let Some((rule, what, instead)) = needs_tc {
-        if !group.products.is_empty() && !tc.contains(&precision) {
-            return Err(diag(file, p, Refusal {
-                rule,
-                message: format!("{precision} needs {what}; {label} has none"),
-                hint: format!("build {instead} for {sm}, or drop {precision} for this GPU (a separate recipe can target the GPUs that have it)"),
-            }));
-        }
-    }
-
-    // Precisions the engine stage cannot produce a model for are refused here, so that every
-    // target the plan accepts builds (docs/engines.md, "Precision").
-    let not_built = match precision {
-        Precision::Bf16 => Some("infer-build does not build bf16 engines: no BF16 converter runs without torch, and ONNX Runtime on the CPU cannot check a BF16 model's accuracy"),
-        Precision::Fp4 => Some("infer-build cannot make FP4 models: ONNX Runtime has no FP4 quantiser, and ModelOpt needs torch"),
-        _ => None,
-    };
-    if let Some(message) = not_built {
-        return Err(diag(
-            file,
-            p,
-            Refusal {
-                rule: "precision-not-built",
-                message: message.into(),
-                hint: format!("build fp16, int8 or fp8 (sm_89 and newer) for {sm}"),
-            },
-        ));
-    }
-
-    let int8 = recipe.int8.as_ref();
-    let calibration = int8.and_then(|i| i.calibration.as_ref());
-    let qdq = int8.is_some_and(|i| i.qdq.value);
-    // A TensorRT calibration cache (a file) needs TensorRT's own calibration (10.x and older);
-    // calibration data (a directory) works everywhere: infer-build quantizes with it for 11.x.
-    let uses_calibration = precision == Precision::Int8
-        && calibration.is_some()
-        && !qdq
-        && int8.and_then(|i| i.calibration_is_cache) == Some(true);
-
-    // Releases, newest first, through the filters. When one empties the set, say why.
-    let all: Vec<&Release> = matrix.releases.iter().collect();
-    let mut c: Vec<&Release> = match trt_pin {
-        Some(pin) => all
-            .iter()
-            .copied()
-            .filter(|r| pin.is_prefix_of(&r.version))
-            .collect(),
-        None => all.clone(),
-    };
-    if c.is_empty() {
-        let pin = trt_at.map(pin_text).unwrap_or_default();
-        return Err(at_trt_or_gpu(Refusal {
-            rule: "known-tensorrt",
-            message: format!("no TensorRT release in the compatibility matrix matches {pin}"),
-            hint: format!("pin one of {}", major_minors(&all)),
-        }));
-    }
-
-    let before = c.clone();
-    c.retain(|r| r.incomplete.is_none());
-    if c.is_empty() {
-        let r = before[0];
-        return Err(at_trt_or_gpu(Refusal {
-            rule: "complete-tensorrt",
-            message: format!("TensorRT {} is in the compatibility matrix but incomplete: {}", r.version, r.incomplete.as_deref().unwrap_or("")),
-            hint: "pin an earlier release, or complete its row in matrix/tensorrt.toml and pass --matrix DIR".into(),
-        }));
-    }
-
-    let before = c.clone();
-    c.retain(|r| r.platforms.contains(&group.platform));
-    if c.is_empty() {
-        let newest_ok = all
-            .iter()
-            .find(|r| r.incomplete.is_none() && r.platforms.contains(&group.platform));
-        let (rule, message) = if group.platform == Platform::Jetson
-            && before.iter().all(|r| r.version.major() >= 11)
-        {
-            (
-                "tensorrt-11-no-jetson",
-                format!(
-                    "TensorRT {}.x does not support Jetson (JetPack): {label} stays on TensorRT 10.x",
-                    before[0].version.major()
-                ),
-            )
-        } else {
-            (
-                "tensorrt-platform",
-                format!(
-                    "TensorRT {} is not released for {} ({label})",
-                    before[0].version, group.platform
-                ),
-            )
-        };
-        return Err(at_trt_or_gpu(Refusal {
-            rule,
-            message,
-            hint: match newest_ok {
-                Some(r) => format!("pin tensorrt = \"{}\" (TensorRT {} is the newest for {}), or drop {} from targets.gpus", r.version.major(), r.version, group.platform, group.requested.join(", ")),
-                None => format!("drop {} from targets.gpus", group.requested.join(", ")),
-            },
-        }));
-    }
-
-    let before = c.clone();
-    c.retain(|r| r.min_cc <= group.cc && group.cc <= r.max_cc);
-    if c.is_empty() {
-        let fits = |r: &&&Release| {
-            r.incomplete.is_none()
-                && r.platforms.contains(&group.platform)
-                && r.min_cc <= group.cc
-                && group.cc <= r.max_cc
-        };
-        let newest_ok = all.iter().find(fits);
-        let r = before[0];
-        let (rule, message) = if group.cc < r.min_cc {
-            let why = if group.cc == ComputeCapability::new(7, 0) {
-                " (TensorRT 10.5 removed Volta)"
-            } else {
-                ""
-            };
-            (
-                "tensorrt-min-sm",
-                format!(
-                    "TensorRT {} needs compute capability {} or newer; {label} is {}{why}",
-                    r.version,
-                    r.min_cc.dotted(),
-                    group.cc.dotted()
-                ),
-            )
-        } else {
-            ("tensorrt-max-sm", format!("TensorRT {} has no kernels for {label}: it supports compute capability up to {}", r.version, r.max_cc.dotted()))
-        };
-        let hint = match (newest_ok, trt_at) {
-            (Some(ok), Some(_)) => format!(
-                "pin tensorrt = \"{}\" (the newest release for {sm}), or drop {} from targets.gpus",
-                ok.version.major_minor(),
-                group.requested.join(", ")
-            ),
-            (Some(ok), None) => format!("TensorRT {} supports {sm}", ok.version),
-            (None, _) => format!("drop {} from targets.gpus", group.requested.join(", ")),
-        };
-        return Err(at_trt_or_gpu(Refusal {
-            rule,
-            message,
-            hint,
-        }));
-    }
-
-    let before = c.clone();
-    c.retain(|r| r.precisions.contains(&precision));
-    if c.is_empty() {
-        return Err(diag(file, p, Refusal {
-            rule: "tensorrt-precision",
-            message: format!("TensorRT {} cannot build {precision} engines", before[0].version),
-            hint: format!("pick another precision for {sm}, or pin a TensorRT release that supports {precision}"),
-        }));
-    }
-
-    if uses_calibration {
-        let before = c.clone();
-        c.retain(|r| r.precision_api == PrecisionApi::BuilderFlags);
-        if c.is_empty() {
-            let at = calibration.map_or(p.clone().map(|_| ()), |l| l.clone().map(|_| ()));
-            return Err(diag(file, &at, Refusal {
-                rule: "int8-calibration-needs-tensorrt-10",
-                message: format!("a TensorRT calibration cache needs TensorRT 10.x or older; TensorRT {} removed calibrators and implicit quantization and builds INT8 only from a model with Q/DQ nodes", before[0].version.major_minor()),
-                hint: "point `[int8] calibration` at a directory of calibration batches (infer-build then quantizes the model to Q/DQ), or pin tensorrt = \"10\"".into(),
-            }));
-        }
-    }
-
-    if let Some(h) = &recipe.targets.hardware_compatibility {
-        let level = h.value;
-        if level == HardwareCompat::AmperePlus && group.cc < ComputeCapability::new(8, 0) {
-            return Err(diag(file, h, Refusal {
-                rule: "ampere-plus-needs-sm80",
-                message: format!("hardware compatibility \"ampere+\" runs only on Ampere (sm_80) or newer; {label} is older"),
-                hint: format!("drop targets.hardware_compatibility, or drop {} from targets.gpus", group.requested.join(", ")),
-            }));
-        }
-        let before = c.clone();
-        c.retain(|r| r.hardware_compat.contains(&level));
-        if c.is_empty() {
-            return Err(diag(file, h, Refusal {
-                rule: "tensorrt-hardware-compat",
-                message: format!("TensorRT {} does not build \"{}\" engines", before[0].version, h.value),
-                hint: "use \"ampere+\" (TensorRT 8.6+), or a TensorRT release with \"same-compute-capability\" (10.9+)".into(),
-            }));
-        }
-    }
-    if let Some(vc) = recipe
-        .targets
-        .version_compatible
-        .as_ref()
-        .filter(|v| v.value)
-    {
-        let before = c.clone();
-        c.retain(|r| r.version_compatible);
-        if c.is_empty() {
-            return Err(diag(
-                file,
-                vc,
-                Refusal {
-                    rule: "tensorrt-version-compatible",
-                    message: format!(
-                        "TensorRT {} does not build version-compatible engines",
-                        before[0].version
-                    ),
-                    hint: "set targets.version_compatible = false, or use TensorRT 8.6 or newer"
-                        .into(),
+    matrix: &Matrix,
+    lock: Option<&Lock>,
+    override_row: Option<&BaseImage>,
+    refusals: &mut Vec<Diagnostic>,
+) -> TargetPlan {
+    let base_override = recipe.image.base.as_ref();
+    // A GPU runtime base named for the GPU targets does not apply to the CPU image.
+    let gpu_base = override_row.is_some_and(|r| r.role != ImageRole::Cpu);
+    let base = match base_override.filter(|_| !gpu_base) {
+        Some(b) => {
+            let (reference, digest) = split_digest(&b.value);
+            match digest {
+                // A malformed digest was refused above: the plan is not made.
+                Some(d) => ImagePin {
+                    reference: reference.into(),
+                    digest: Digest::parse(d).ok(),
+                    pinned_by: PinnedBy::Recipe,
                 },
-            ));
+                None => pin_image(
+                    reference,
+                    override_row.and_then(|r| r.digest.as_deref()),
+                    lock,
+                ),
+            }
         }
-    }
-
-    // Per release, per CUDA build (newest first), per base image: CUDA pin, base, glibc, driver.
-    let mut any_cuda_pin_match = false;
-    let mut any_base = false;
-    let mut driver_misses: Vec<(Version, Version, Version)> = Vec::new(); // (cuda, floor, release)
-                                                                          // Candidate (release, CUDA build) pairs. Without a stated driver: newest TensorRT first,
-                                                                          // then its newest CUDA build. With one: the newest CUDA major the driver runs first (an
-                                                                          // image on the CUDA line of the fleet's driver), then the newest TensorRT, then its newest
-                                                                          // CUDA build of that major; the driver filter below drops what the driver cannot run.
-    let mut pairs: Vec<(&'m Release, &Version)> = c
-        .iter()
-        .flat_map(|r| r.cuda_builds.iter().map(move |cb| (*r, cb)))
-        .collect();
-    if let Some(d) = driver {
-        let runs = |major: u64| {
-            matrix
-                .toolkits
-                .iter()
-                .any(|t| t.version.major() == major && &t.min_driver <= d)
-        };
-        pairs.sort_by_key(|(_, cb)| {
-            std::cmp::Reverse(if runs(cb.major()) { cb.major() } else { 0 })
-        });
-    }
-    for (r, cb) in pairs {
-        let bases_for = |cb: &Version| -> Vec<&'m BaseImage> {
-            let mut v: Vec<&BaseImage> = matrix
+        None => {
+            let row = matrix
                 .images
                 .iter()
-                .filter(|i| i.role == ImageRole::Runtime && i.platforms.contains(&group.platform))
-                .filter(|i| {
-                    if group.platform == Platform::Jetson {
-                        i.tensorrt.as_ref() == Some(&r.version)
-                    } else {
-                        i.tensorrt.is_none()
-                            && i.cuda
-                                .as_ref()
-                                .is_some_and(|c| c.major_minor() == cb.major_minor())
-                    }
-                })
-                .collect();
-            v.sort_by(|a, b| b.cuda.cmp(&a.cuda));
-            v
-        };
-        {
-            if let Some(pin) = cuda_pin {
-                if !pin.is_prefix_of(cb) {
-                    continue;
-                }
-            }
-            any_cuda_pin_match = true;
-            // The CUDA major must compile for this SM (CUDA 11.8 stops at sm_90, 13.x starts at sm_75).
-            if let Some(m) = matrix.cuda_major(cb.major()) {
-                if group.platform != Platform::Jetson
-                    && !(m.min_cc <= group.cc && group.cc <= m.max_cc)
-                {
-                    continue;
-                }
-            }
-            for base in bases_for(cb) {
-                if let Some(o) = base_override {
-                    if o.reference != base.reference {
-                        continue;
-                    }
-                }
-                any_base = true;
-                if let (Some(min), Some(have)) = (&r.glibc_min, &base.glibc) {
-                    if have < min {
-                        continue;
-                    }
-                }
-                if group.platform != Platform::Jetson {
-                    if let (Some(d), Some(cuda)) = (driver, &base.cuda) {
-                        let floor = matrix.toolkit(cuda).map(|t| t.min_driver.clone());
-                        if let Some(floor) = floor {
-                            if &floor > d {
-                                driver_misses.push((cuda.clone(), floor, r.version.clone()));
-                                continue;
-                            }
-                        }
-                    }
-                }
-                return Ok(Choice {
-                    release: r,
-                    cuda_build: cb.clone(),
-                    base,
-                });
+                .find(|i| i.role == ImageRole::Cpu && i.default);
+            match row {
+                Some(r) => pin_image(&r.reference, r.digest.as_deref(), lock),
+                None => pin_image("scratch", None, lock),
             }
         }
+    };
+    let cpu = cpu_plan(recipe, matrix, lock, override_row, refusals);
+    TargetPlan {
+        id: "cpu-fp32".into(),
+        kind: TargetKind::Cpu,
+        precision: Precision::Fp32,
+        platform: Platform::X86_64,
+        oci_platform: Platform::X86_64.oci().into(),
+        gpu: None,
+        tensorrt: None,
+        cuda: None,
+        cudnn: None,
+        driver_floor: None,
+        builder: None,
+        cpu: Some(cpu),
+        base,
+        tag: String::new(),
+        image: String::new(),
+        notes: Vec::new(),
     }
-
-    if !any_cuda_pin_match {
-        let pin = recipe.targets.cuda.as_ref();
-        let mut builds: Vec<String> = c
-            .iter()
-            .flat_map(|r| r.cuda_builds.iter().map(|b| b.to_string()))
-            .collect();
-        builds.sort();
-        builds.dedup();
-        let r = Refusal {
-            rule: "tensorrt-cuda-build",
-            message: format!(
-                "no TensorRT release that fits {label} has a CUDA {} build",
-                pin.map_or(String::new(), |p| p.value.to_string())
-            ),
-            hint: format!("pin targets.cuda to one of {}", builds.join(", ")),
-        };
-        return Err(match pin {
-            Some(pin) => diag(file, pin, r),
-            None => diag(file, &group.at, r),
-        });
-    }
-    if !any_base {
-        let r = match base_override {
-            Some(o) => Refusal {
-                rule: "base-cuda-mismatch",
-                message: format!(
-                    "base image {} provides CUDA {}, but no TensorRT release that fits {label}{} has a build for it",
-                    o.reference,
-                    o.cuda.as_ref().map_or("?".into(), |c| c.to_string()),
-                    trt_at.map_or(String::new(), |t| format!(" and {}", pin_text(t))),
-                ),
-                hint: "pick a base image whose CUDA matches a TensorRT build (see base-images/images.toml), or drop image.base".into(),
-            },
-            None => Refusal {
-                rule: "base-image",
-                message: format!("no base image in the compatibility matrix fits {label} on {}", group.platform),
-                hint: "add a runtime image for this platform to base-images/images.toml and pass --matrix DIR".into(),
-            },
-        };
-        return Err(match recipe.image.base.as_ref() {
-            Some(b) => diag(file, b, r),
-            None => diag(file, &group.at, r),
-        });
-    }
-    if let (Some(d), Some((cuda, floor, release))) =
-        (recipe.deploy.node_driver.as_ref(), driver_misses.first())
-    {
-        let driver = driver.map(|v| v.to_string()).unwrap_or_default();
-        let major_floor = matrix
-            .cuda_major(cuda.major())
-            .map(|m| m.minor_compat_driver.clone());
-        let pinned_by = if let Some(b) = recipe.image.base.as_ref() {
-            Some(b.clone().map(|_| ()))
-        } else if let Some(p) = recipe.targets.cuda.as_ref() {
-            Some(p.clone().map(|_| ()))
-        } else {
-            trt_at.map(|p| p.clone().map(|_| ()))
-        };
-        let below_major = major_floor.as_ref().is_some_and(|m| &d.value < m);
-        let (rule, message) = if cuda.major() >= 13 && below_major {
-            (
-                "cuda13-needs-driver-580",
-                format!(
-                    "CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer, and no CUDA 13 image runs below driver 580; the fleet runs {driver} (deploy.node_driver)"
-                ),
-            )
-        } else {
-            (
-                "driver-floor",
-                format!("CUDA {cuda} (base of TensorRT {release} for {label}) needs NVIDIA driver {floor} or newer; the fleet runs {driver} (deploy.node_driver)"),
-            )
-        };
-        let older = matrix
-            .toolkits
-            .iter()
-            .find(|t| t.min_driver <= d.value)
-            .map(|t| t.version.major_minor().to_string());
-        let hint = match older {
-            Some(o) => format!("upgrade the fleet's driver to {floor} or newer (R{} branch), or pin a base the fleet runs (CUDA {o} or older: targets.cuda = \"{o}\")", floor.major()),
-            None => format!("upgrade the fleet's driver to {floor} or newer"),
-        };
-        let r = Refusal {
-            rule,
-            message,
-            hint,
-        };
-        return Err(match pinned_by {
-            Some(at) => diag(file, &at, r),
-            None => diag(file, d, r),
-        });
-    }
-    Err(diag(
-        file,
-        &group.at,
-        Refusal {
-            rule: "glibc",
-            message: format!(
-                "no base image has the glibc TensorRT {} needs for {label}",
-                c[0].version
-            ),
-            hint: "add a newer base image to base-images/images.toml and pass --matrix DIR".into(),
-        },
-    ))
 }
 
 fn gpu_target(

@@ -350,3 +350,74 @@ fn json_is_deterministic() {
     assert_eq!(a, b);
     assert!(a.contains("\"pinned_by\":\"lock\""));
 }
+
+/// One case per refusal of the release rules and the build walk: an edit of the embedded matrix
+/// (often none), recipe text, the rule entry of [`super::rules::RULES`] it exercises (or `walk`)
+/// and the refusal's rule id.
+struct RuleCase {
+    entry: &'static str,
+    refusal: &'static str,
+    recipe: &'static str,
+    matrix: fn(&mut Matrix),
+}
+
+fn unchanged(_: &mut Matrix) {}
+
+const RULE_CASES: &[RuleCase] = &[
+    RuleCase { entry: "tensor-cores", refusal: "fp8-needs-sm89", recipe: "gpus = [\"A10\"]\nprecision = [\"fp8\"]\n[fp8]\ncalibration = \"c\"\n", matrix: unchanged },
+    RuleCase { entry: "tensor-cores", refusal: "bf16-needs-sm80", recipe: "gpus = [\"T4\"]\nprecision = [\"bf16\"]\n", matrix: unchanged },
+    RuleCase { entry: "precision-built", refusal: "precision-not-built", recipe: "gpus = [\"H100\"]\nprecision = [\"bf16\"]\n", matrix: unchanged },
+    RuleCase { entry: "known-tensorrt", refusal: "known-tensorrt", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"7\"\n", matrix: unchanged },
+    RuleCase { entry: "complete-tensorrt", refusal: "complete-tensorrt", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.incomplete = Some("a test".into())) },
+    RuleCase { entry: "platform", refusal: "tensorrt-11-no-jetson", recipe: "gpus = [\"Jetson AGX Orin\"]\nprecision = [\"fp16\"]\ntensorrt = \"11\"\n", matrix: unchanged },
+    RuleCase { entry: "platform", refusal: "tensorrt-platform", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.platforms.retain(|p| *p != crate::matrix::Platform::X86_64)) },
+    RuleCase { entry: "compute-capability", refusal: "tensorrt-min-sm", recipe: "gpus = [\"V100\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.8\"\n", matrix: unchanged },
+    RuleCase { entry: "compute-capability", refusal: "tensorrt-max-sm", recipe: "gpus = [\"B200\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.max_cc = crate::matrix::ComputeCapability::new(9, 0)) },
+    RuleCase { entry: "tensorrt-precision", refusal: "tensorrt-precision", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.precisions.retain(|p| *p != crate::matrix::Precision::Fp16)) },
+    RuleCase { entry: "hardware-compatibility", refusal: "ampere-plus-needs-sm80", recipe: "gpus = [\"T4\"]\nprecision = [\"fp16\"]\nhardware_compatibility = \"ampere+\"\n", matrix: unchanged },
+    RuleCase { entry: "hardware-compatibility", refusal: "tensorrt-hardware-compat", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\nhardware_compatibility = \"ampere+\"\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.hardware_compat.clear()) },
+    RuleCase { entry: "version-compatible", refusal: "tensorrt-version-compatible", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\nversion_compatible = true\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.version_compatible = false) },
+    RuleCase { entry: "walk", refusal: "tensorrt-cuda-build", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\ncuda = \"9\"\n", matrix: unchanged },
+    RuleCase { entry: "walk", refusal: "base-image", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.images.retain(|i| i.role != crate::matrix::ImageRole::Runtime) },
+    RuleCase { entry: "walk", refusal: "glibc", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.glibc_min = Some("99".parse().unwrap())) },
+    RuleCase { entry: "walk", refusal: "driver-floor", recipe: "gpus = [\"B200\"]\nprecision = [\"fp16\"]\n[deploy]\nnode_driver = \"560.35.05\"\n", matrix: unchanged },
+    RuleCase { entry: "walk", refusal: "cuda13-needs-driver-580", recipe: "gpus = [\"H100\"]\nprecision = [\"fp16\"]\ncuda = \"13\"\n[deploy]\nnode_driver = \"570.124.06\"\n", matrix: unchanged },
+];
+
+/// Each rule refuses alone, in its own words, at the recipe key it names; every entry of the
+/// rule list is exercised (the INT8 calibration rule by `refusal_int8_calibration_cache_…`).
+#[test]
+fn each_release_rule_refuses_in_its_own_words() {
+    for case in RULE_CASES {
+        let mut m = Matrix::embedded().expect("embedded matrix");
+        (case.matrix)(&mut m);
+        let extra = format!("[targets]\n{}", case.recipe);
+        let d = match resolve(&recipe(&extra), &m, None) {
+            Ok(p) => panic!(
+                "{}: expected [rule: {}], got {:#?}",
+                case.entry,
+                case.refusal,
+                summary(&p)
+            ),
+            Err(e) => e
+                .diagnostics()
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>(),
+        };
+        assert_eq!(d.len(), 1, "{}: {d:#?}", case.refusal);
+        assert!(
+            d[0].contains(&format!("[rule: {}]", case.refusal)),
+            "{}: {}",
+            case.refusal,
+            d[0]
+        );
+        assert!(d[0].starts_with("r.toml:"), "{}", d[0]);
+        assert!(d[0].contains("\n  hint: "), "{} has no way out", d[0]);
+    }
+    let mut tested: Vec<&str> = RULE_CASES.iter().map(|c| c.entry).collect();
+    tested.push("int8-calibration");
+    for (name, _) in super::rules::RULES {
+        assert!(tested.contains(name), "rule `{name}` has no case");
+    }
+}

@@ -353,6 +353,10 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
 /// The spec of one target with the model's files at `place`. For [`Place::Bundled`] the
 /// model's `runtime.toml`, samples and profile are in its [`ModelSpec::files`], and the spec's
 /// own `runtime_toml` and `extra_files` are empty: [`bundle_spec`] joins such specs.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one TargetSpec field by field from the plan, the model's place deciding each"
+)]
 pub fn target_spec_at(
     recipe: &Recipe,
     t: &TargetPlan,

@@ -530,6 +530,10 @@ fn pod_security(uid: i64) -> Node {
 }
 
 /// The Deployment.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one Kubernetes object, written in the order of its YAML"
+)]
 pub fn deployment(spec: &DeploySpec) -> Node {
     let name = spec.name();
     let startup = startup_budget(spec.startup.as_ref(), spec.startup_safety);

@@ -109,7 +109,10 @@ impl TrtSpec {
 /// What builds a target's engine: the CPU engines (tract, and ONNX Runtime as `engine.cpu` allows)
 /// or trtexec with its TensorRT settings. (A spec is built once per target: the size difference
 /// is harmless.)
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per target, built once: boxing the TensorRT settings buys nothing"
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Toolchain {
     /// tract on the CPU.

@@ -71,7 +71,10 @@ pub fn refuse_data_dependent(target: &str, summary: &OnnxSummary) -> Result<(), 
 }
 
 /// Build the engine for `spec` into `staging` (which then holds `engine.plan`).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the spec, its ONNX (bytes and path), where to write, the cache and the runner: each a different effect the caller owns"
+)]
 pub fn build(
     spec: &EngineSpec,
     trt: &TrtSpec,

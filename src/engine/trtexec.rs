@@ -463,7 +463,10 @@ enum ProfileRecord {
         percentage: Option<f64>,
     },
     Count {
-        #[allow(dead_code)]
+        #[allow(
+            dead_code,
+            reason = "parsed to accept the document; the timings are what is used"
+        )]
         count: u64,
     },
 }

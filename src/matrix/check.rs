@@ -37,44 +37,58 @@ fn check_sources(out: &mut Vec<Problem>, origin: &Option<Origin>, what: &str, so
     }
 }
 
+/// The checks, in the order their problems are reported. Each reads the whole matrix and adds
+/// the problems of one rule; a new cross-table rule is a new entry.
+type Check = fn(&Matrix, &mut Vec<Problem>);
+
+const CHECKS: &[(&str, Check)] = &[
+    ("sources", sources),
+    ("libraries", libraries),
+    ("unique-keys", unique_keys),
+    ("releases", releases),
+    ("toolkits", toolkits),
+    ("gpus-covered", gpus_covered),
+    ("images", images),
+    ("cpu-defaults", cpu_defaults),
+];
+
 pub(super) fn check(m: &Matrix) -> Vec<Problem> {
     let mut out = Vec::new();
+    for (_, check) in CHECKS {
+        check(m, &mut out);
+    }
+    out
+}
 
-    // Every row has a source.
+/// Every row has a source.
+fn sources(m: &Matrix, out: &mut Vec<Problem>) {
     for r in &m.releases {
         check_sources(
-            &mut out,
+            out,
             &r.origin,
             &format!("TensorRT {}", r.version),
             &r.source,
         );
     }
     for r in &m.cuda_majors {
-        check_sources(&mut out, &r.origin, &format!("CUDA {}", r.major), &r.source);
+        check_sources(out, &r.origin, &format!("CUDA {}", r.major), &r.source);
     }
     for r in &m.toolkits {
-        check_sources(
-            &mut out,
-            &r.origin,
-            &format!("CUDA {}", r.version),
-            &r.source,
-        );
+        check_sources(out, &r.origin, &format!("CUDA {}", r.version), &r.source);
     }
     for r in &m.gpus {
-        check_sources(&mut out, &r.origin, &format!("GPU {}", r.name), &r.source);
+        check_sources(out, &r.origin, &format!("GPU {}", r.name), &r.source);
     }
     for r in &m.images {
-        check_sources(
-            &mut out,
-            &r.origin,
-            &format!("image {}", r.reference),
-            &r.source,
-        );
+        check_sources(out, &r.origin, &format!("image {}", r.reference), &r.source);
     }
+}
 
+/// Runtime libraries: a source, a sha256, a wheel on PyPI's file host, members by relative path, one row per name, version and platform.
+fn libraries(m: &Matrix, out: &mut Vec<Problem>) {
     for l in &m.libraries {
         let what = format!("library {} {} ({})", l.name, l.version, l.platform);
-        check_sources(&mut out, &l.origin, &what, &l.source);
+        check_sources(out, &l.origin, &what, &l.source);
         if !crate::oci::digest::is_sha256_hex(&l.sha256) {
             out.push(problem(
                 &l.origin,
@@ -134,8 +148,10 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
             ));
         }
     }
+}
 
-    // Unique keys.
+/// Unique keys: releases, toolkits, GPU names and aliases, image references.
+fn unique_keys(m: &Matrix, out: &mut Vec<Problem>) {
     let mut seen = BTreeMap::new();
     for r in &m.releases {
         if seen.insert(r.version.to_string(), ()).is_some() {
@@ -179,8 +195,10 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
             ));
         }
     }
+}
 
-    // TensorRT releases: CC range, CUDA builds with a driver floor and a runtime image.
+/// TensorRT releases: CC range, CUDA builds with a driver floor and a runtime image.
+fn releases(m: &Matrix, out: &mut Vec<Problem>) {
     for r in &m.releases {
         if r.min_cc > r.max_cc {
             out.push(problem(
@@ -247,8 +265,10 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
             }
         }
     }
+}
 
-    // CUDA toolkits: their major has a row; driver floors do not fall below the major's floor.
+/// CUDA toolkits: their major has a row; driver floors do not fall below the major's floor.
+fn toolkits(m: &Matrix, out: &mut Vec<Problem>) {
     for t in &m.toolkits {
         match m.cuda_major(t.version.major()) {
             None => out.push(problem(
@@ -271,8 +291,10 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
             Some(_) => {}
         }
     }
+}
 
-    // GPUs: some selectable release supports each one.
+/// GPUs: some selectable release supports each one.
+fn gpus_covered(m: &Matrix, out: &mut Vec<Problem>) {
     for g in &m.gpus {
         let covered = m.releases.iter().any(|r| {
             r.incomplete.is_none()
@@ -284,10 +306,10 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
             out.push(problem(&g.origin, "cc", format!("GPU {} (sm {}) on {} is supported by no TensorRT release in matrix/tensorrt.toml", g.name, g.cc.dotted(), g.platform)));
         }
     }
+}
 
-    // Base images: what they provide exists in the other tables.
-    let mut cpu_defaults = 0;
-    let mut glibc_defaults = 0;
+/// Base images: what they provide exists in the other tables, and each role says what it must.
+fn images(m: &Matrix, out: &mut Vec<Problem>) {
     for i in &m.images {
         if let Some(d) = &i.digest {
             if crate::oci::hex_of(d).is_none() {
@@ -382,12 +404,20 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
                     ),
                 ));
             }
-            // One default per CPU flavour: the static (no glibc) and the glibc one.
-            ImageRole::Cpu if i.default && i.glibc.is_none() => cpu_defaults += 1,
-            ImageRole::Cpu if i.default => glibc_defaults += 1,
             _ => {}
         }
     }
+}
+
+/// One default per CPU flavour: the static (no glibc) and the glibc one.
+fn cpu_defaults(m: &Matrix, out: &mut Vec<Problem>) {
+    let cpu = |glibc: bool| {
+        m.images
+            .iter()
+            .filter(|i| i.role == ImageRole::Cpu && i.default && i.glibc.is_some() == glibc)
+            .count()
+    };
+    let (cpu_defaults, glibc_defaults) = (cpu(false), cpu(true));
     if cpu_defaults != 1 {
         let origin = m.images.first().and_then(|i| i.origin.clone());
         out.push(problem(&origin, "default", format!("exactly one image with role = \"cpu\" and no glibc must have default = true (found {cpu_defaults})")));
@@ -396,5 +426,4 @@ pub(super) fn check(m: &Matrix) -> Vec<Problem> {
         let origin = m.images.first().and_then(|i| i.origin.clone());
         out.push(problem(&origin, "default", format!("at most one image with role = \"cpu\" and a glibc may have default = true (found {glibc_defaults})")));
     }
-    out
 }

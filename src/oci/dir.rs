@@ -67,7 +67,10 @@ fn kind_of(mode: u32) -> Kind {
 
 // The `stat` field types differ between platforms (32-bit targets, macOS): the casts are
 // no-ops on x86_64 Linux only.
-#[allow(clippy::unnecessary_cast)]
+#[allow(
+    clippy::unnecessary_cast,
+    reason = "the casts are needed where the stat field types differ"
+)]
 fn stat_of(st: &rustix::fs::Stat) -> EntryStat {
     EntryStat {
         kind: kind_of(st.st_mode as u32),

@@ -147,6 +147,10 @@ pub(super) struct RecipeBuild {
 
 /// A loaded recipe (its project: plan and lock file) and, for each target `req` selects, its
 /// engine, runtime, base and libraries: the files of its image.
+#[allow(
+    clippy::too_many_lines,
+    reason = "each selected target's inputs in order: engine, runtime, base, libraries, each a call"
+)]
 pub(super) fn prepare_recipe(
     req: &BuildRequest,
     project: crate::plan::Project,

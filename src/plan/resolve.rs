@@ -396,30 +396,7 @@ fn gpu_target(
         Platform::X86_64 => format!("{sm}-{precision}"),
         p => format!("{sm}-{p}-{precision}"),
     };
-    let int8 = recipe.int8.as_ref();
-    let qdq = int8.is_some_and(|i| i.qdq.value);
-    let precision_mode = match (precision, r.precision_api) {
-        (Precision::Fp32, _) => PrecisionMode::Native,
-        (Precision::Int8, _) if qdq => PrecisionMode::Qdq,
-        // infer-build quantizes to FP8 Q/DQ from `[fp8] calibration` (the recipe requires it).
-        (Precision::Fp8, _) => PrecisionMode::Convert,
-        (Precision::Fp4, _) => PrecisionMode::Qdq,
-        // A TensorRT calibration cache: TensorRT's own (implicit) calibration, 10.x and older.
-        (Precision::Int8, PrecisionApi::BuilderFlags)
-            if int8.is_some_and(|i| i.calibration_is_cache == Some(true)) =>
-        {
-            PrecisionMode::Calibration
-        }
-        // Calibration data: infer-build quantizes to Q/DQ on the CPU (gated on accuracy), and
-        // every TensorRT builds the explicit-quantization model.
-        (Precision::Int8, _) if int8.is_some_and(|i| i.calibration.is_some()) => {
-            PrecisionMode::Convert
-        }
-        // TensorRT 11 has no --fp16: infer-build makes the FP16 model itself.
-        (Precision::Fp16, PrecisionApi::StronglyTyped) => PrecisionMode::Convert,
-        (_, PrecisionApi::BuilderFlags) => PrecisionMode::BuilderFlag,
-        (_, PrecisionApi::StronglyTyped) => PrecisionMode::StronglyTyped,
-    };
+    let precision_mode = precision_mode(recipe, precision, r.precision_api);
     let cuda = choice.base.cuda.clone();
     let driver_floor = if group.platform == Platform::Jetson {
         None
@@ -452,29 +429,7 @@ fn gpu_target(
         Some(v) => v.value,
         None => lean.is_some(),
     };
-    // A builder with exactly this TensorRT; the same CUDA minor is preferred, the same major
-    // is enough (engines bind to the TensorRT version, not the CUDA minor).
-    let builders: Vec<&BaseImage> = matrix
-        .images
-        .iter()
-        .filter(|i| {
-            i.role == ImageRole::Builder
-                && i.platforms.contains(&group.platform)
-                && i.tensorrt.as_ref() == Some(&r.version)
-                && i.cuda
-                    .as_ref()
-                    .is_some_and(|c| c.major() == choice.cuda_build.major())
-        })
-        .collect();
-    let builder = builders
-        .iter()
-        .find(|i| {
-            i.cuda
-                .as_ref()
-                .is_some_and(|c| c.major_minor() == choice.cuda_build.major_minor())
-        })
-        .or(builders.first())
-        .map(|i| pin_image(&i.reference, i.digest.as_deref(), lock));
+    let builder = builder_image(matrix, lock, group.platform, choice);
 
     if !r.confirmed {
         notes.push(format!(
@@ -563,6 +518,66 @@ fn gpu_target(
         image: String::new(),
         notes,
     }
+}
+
+/// How a GPU target gets its precision: natively, from builder flags, or from a model
+/// infer-build converts or the recipe's Q/DQ nodes.
+fn precision_mode(recipe: &Recipe, precision: Precision, api: PrecisionApi) -> PrecisionMode {
+    let int8 = recipe.int8.as_ref();
+    let qdq = int8.is_some_and(|i| i.qdq.value);
+    match (precision, api) {
+        (Precision::Fp32, _) => PrecisionMode::Native,
+        (Precision::Int8, _) if qdq => PrecisionMode::Qdq,
+        // infer-build quantizes to FP8 Q/DQ from `[fp8] calibration` (the recipe requires it).
+        (Precision::Fp8, _) => PrecisionMode::Convert,
+        (Precision::Fp4, _) => PrecisionMode::Qdq,
+        // A TensorRT calibration cache: TensorRT's own (implicit) calibration, 10.x and older.
+        (Precision::Int8, PrecisionApi::BuilderFlags)
+            if int8.is_some_and(|i| i.calibration_is_cache == Some(true)) =>
+        {
+            PrecisionMode::Calibration
+        }
+        // Calibration data: infer-build quantizes to Q/DQ on the CPU (gated on accuracy), and
+        // every TensorRT builds the explicit-quantization model.
+        (Precision::Int8, _) if int8.is_some_and(|i| i.calibration.is_some()) => {
+            PrecisionMode::Convert
+        }
+        // TensorRT 11 has no --fp16: infer-build makes the FP16 model itself.
+        (Precision::Fp16, PrecisionApi::StronglyTyped) => PrecisionMode::Convert,
+        (_, PrecisionApi::BuilderFlags) => PrecisionMode::BuilderFlag,
+        (_, PrecisionApi::StronglyTyped) => PrecisionMode::StronglyTyped,
+    }
+}
+
+/// A builder image with exactly this TensorRT; the same CUDA minor is preferred, the same major
+/// is enough (engines bind to the TensorRT version, not the CUDA minor).
+fn builder_image(
+    matrix: &Matrix,
+    lock: Option<&Lock>,
+    platform: Platform,
+    choice: &Choice,
+) -> Option<ImagePin> {
+    let builders: Vec<&BaseImage> = matrix
+        .images
+        .iter()
+        .filter(|i| {
+            i.role == ImageRole::Builder
+                && i.platforms.contains(&platform)
+                && i.tensorrt.as_ref() == Some(&choice.release.version)
+                && i.cuda
+                    .as_ref()
+                    .is_some_and(|c| c.major() == choice.cuda_build.major())
+        })
+        .collect();
+    builders
+        .iter()
+        .find(|i| {
+            i.cuda
+                .as_ref()
+                .is_some_and(|c| c.major_minor() == choice.cuda_build.major_minor())
+        })
+        .or(builders.first())
+        .map(|i| pin_image(&i.reference, i.digest.as_deref(), lock))
 }
 
 /// The lean image of a version-compatible GPU target: the glibc base and TensorRT's lean runtime

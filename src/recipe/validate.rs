@@ -250,6 +250,10 @@ fn one_of<T>(
 /// The token length when neither `max_length` nor the ids input's profile says one.
 const DEFAULT_MAX_LENGTH: u32 = 512;
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the `[text]` keys in file order, like every table of the recipe: a list of checks"
+)]
 fn text(
     cx: &mut Checker<'_>,
     t: &Table<'_, '_>,
@@ -948,6 +952,10 @@ fn show_dims(d: &[Located<i64>]) -> String {
 // ---------------------------------------------------------------------------------------------
 // [targets]
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the `[targets]` keys in file order, like every table of the recipe: a list of checks"
+)]
 fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
     let mut out = Targets {
         gpus: Vec::new(),

@@ -81,6 +81,10 @@ pub fn pull(reference: &str, dest: &Path) -> Result<PulledImage> {
     pull_with(reference, dest, &PullOptions::default())
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the pull protocol in order (sources, manifest, platform, config, layers), each verified as it arrives"
+)]
 pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<PulledImage> {
     let mut r = Reference::parse(reference)?;
     let mut pinned_by_lock = None;
@@ -282,7 +286,10 @@ type Known = (Descriptor, Option<Digest>, usize);
 /// HEAD first (registries such as Docker Hub count GETs of manifests against a rate limit,
 /// not HEADs): when the digest it names is already complete in the layout, nothing is
 /// downloaded; else the manifest is fetched by that digest and verified against it.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one pull's fixed context (reference, options, layout, platform, lock) and the source being tried; a private step of pull_with"
+)]
 fn open_source(
     logical: &Reference,
     src: &Source,

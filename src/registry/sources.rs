@@ -355,6 +355,10 @@ fn host_path(value: &str) -> std::result::Result<String, String> {
     Ok(v.to_string())
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a line-oriented parser: one match over the kinds of line"
+)]
 fn parse(file: &Path, text: &str) -> Result<Vec<Table>> {
     let bad = |span: std::ops::Range<usize>, key: &str, reason: String| Error::Config {
         file: file.to_path_buf(),

@@ -196,6 +196,10 @@ fn crate_ids(crates: &[Crate]) -> BTreeMap<(String, String), String> {
 }
 
 /// The SPDX document as a JSON value (namespace included).
+#[allow(
+    clippy::too_many_lines,
+    reason = "one SPDX document, written in the order of its JSON"
+)]
 pub fn render(input: &SbomInput) -> Value {
     let img = &input.image;
     let image_name = if img.repository.is_empty() {

@@ -102,6 +102,10 @@ fn image_digest(layout: &Path) -> String {
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: its steps share one image, registry and container"
+)]
 fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime() {
     let test = "docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime";
     if !support::have_docker(test) {

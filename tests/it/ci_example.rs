@@ -103,6 +103,10 @@ fn matrix_with_base(dir: &Path, plan: &Value, base: &str) -> PathBuf {
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "the CI example's steps as written, sharing one registry and workspace"
+)]
 fn registry_ci_example_runs_as_written() {
     let test = "registry_ci_example_runs_as_written";
     if !have_tool("skopeo", test)

@@ -2,7 +2,10 @@
 //! rewrites `Connection` to `close`); on a seeded share of requests it drops the connection
 //! half-way through the request body, answers 500, or answers 429 with `Retry-After: 1`.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by test modules; not every test binary uses every helper"
+)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};

@@ -5,7 +5,10 @@
 //! as Docker Hub (registry, token service and CDN on their own hosts) without a network.
 //! A name that is not mapped is refused with 502 and still recorded.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by test modules; not every test binary uses every helper"
+)]
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

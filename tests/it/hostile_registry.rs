@@ -6,7 +6,10 @@
 //! records every request (method, target, headers, body size) for the
 //! test to check what the client sent where. One request per connection.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by test modules; not every test binary uses every helper"
+)]
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -883,6 +883,10 @@ fn file_in_layer(layout: &Path, img: &serde_json::Value, role: &str, path: &str)
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: its checks read the same two-recipe build"
+)]
 fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
     let ex = Example::new();
     // A second model: the example's network under another name, with warm-up samples.

@@ -154,6 +154,10 @@ fn push_with_env(
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: skopeo and infer-build against the same authenticated registry"
+)]
 fn registry_login_with_skopeo_push_with_infer_build_and_the_reverse() {
     let test = "registry_login_with_skopeo_push_with_infer_build_and_the_reverse";
     let Some(reg) = Registry::start_tls(test) else {

@@ -2,7 +2,10 @@
 //! data directory on an ephemeral 127.0.0.1 port (plain, or TLS with htpasswd basic auth),
 //! stopped on drop. Also builds small multi-target OCI layouts like `infer-build build` writes.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by test modules; not every test binary uses every helper"
+)]
 
 use std::io::Write as _;
 use std::net::{TcpListener, TcpStream};

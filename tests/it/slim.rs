@@ -846,6 +846,10 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
 /// `build --base-layout` keeps it (compared with the same image on the full builder), and
 /// rebuilds bit for bit.
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: the slim report, inspect and the GPU build read the same slim base"
+)]
 fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
     let test = "slim_cli_report_reaches_inspect_and_a_gpu_build";
     if !tools(test) {

@@ -37,6 +37,10 @@ fn image<'a>(doc: &'a Value, tag: &str) -> &'a Value {
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: two models' split images share one runtime image, registry and containers"
+)]
 fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image() {
     let test = "docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image";
     if !support::have_docker(test) {

@@ -1,7 +1,10 @@
 //! Helpers shared by the integration tests: paths to the built binaries, temp dirs, and
 //! the rule for skipping when an external tool is absent.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by test modules; not every test binary uses every helper"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

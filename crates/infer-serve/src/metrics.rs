@@ -491,6 +491,10 @@ impl Metrics {
     }
 
     /// The model's own series, labelled with it.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one model's exposition in output order, each series beside its HELP and TYPE lines"
+    )]
     fn render_model(&self, o: &mut String) {
         let l = &self.labels;
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {

@@ -610,6 +610,10 @@ fn bind(
 /// Starts the server `args` describe and returns once it is ready: every step of the module
 /// docs, in order (steps 2, 3 and 5 per model). Errors carry their exit code; nothing here
 /// exits the process.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the start-up steps of the module docs in order, each a call to its own function: split, the order would no longer read in one place"
+)]
 pub fn start(args: Args) -> Result<Running, StartError> {
     let started = Instant::now();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

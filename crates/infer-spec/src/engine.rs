@@ -840,7 +840,10 @@ impl FoundCpu {
 
 /// CPU features the builder may record as required, probed with the standard library.
 pub fn detect_cpu_features() -> Vec<String> {
-    #[allow(unused_mut)]
+    #[allow(
+        unused_mut,
+        reason = "only x86_64 pushes; on other architectures the list stays empty"
+    )]
     let mut v: Vec<String> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
@@ -971,8 +974,10 @@ pub fn tensorrt_headers_in(binary: &[u8]) -> Option<Version> {
 /// - ONNX Runtime engines also need a loaded ONNX Runtime of the engine's major.minor (patch
 ///   releases fix bugs without changing operators or optimisations; a new minor can change
 ///   both, and with them the outputs and the measured T(b)).
-// Called once at start-up: the size of the error does not matter, its content does.
-#[allow(clippy::result_large_err)]
+#[allow(
+    clippy::result_large_err,
+    reason = "called once at start-up: the size of the error does not matter, its content does"
+)]
 pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
     let fail = |reason| Mismatch {
         target: meta.target.clone(),

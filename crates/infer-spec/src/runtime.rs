@@ -569,6 +569,10 @@ impl RuntimeConfig {
     }
 
     /// Every validation problem, in file order; empty when the config is usable.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one check per key in file order: a list that reads better whole than spread over helpers"
+    )]
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
         let name_ok = |s: &str| !s.is_empty() && !s.contains('/') && !s.contains(char::is_control);

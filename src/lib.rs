@@ -12,21 +12,21 @@
 )]
 
 pub mod assemble;
-pub mod bench;
+pub(crate) mod bench;
 pub mod cache;
 pub mod cli;
 pub mod deploy;
 pub mod engine;
 pub mod error;
 pub mod matrix;
-pub mod native;
+pub(crate) mod native;
 pub mod oci;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod plan;
 pub mod process;
 pub mod recipe;
 pub mod registry;
-pub mod sbom;
+pub(crate) mod sbom;
 pub mod slim;
 
 pub use error::Error;

@@ -83,14 +83,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// A library ready to ship: its files in the cache and where each goes in the image.
 #[derive(Debug, Clone)]
 pub struct Library {
-    pub row: RuntimeLibrary,
     /// (cached file, absolute path inside the image), in the row's order.
     pub files: Vec<(PathBuf, String)>,
     /// The cached file of the member the engine loads (what the builder itself dlopens).
     pub load: PathBuf,
-    /// `sha256:…` of each shipped file, by path inside the image (for the engine cache key and
-    /// the SBOM).
-    pub digests: BTreeMap<String, String>,
     /// True when nothing was downloaded.
     pub offline: bool,
     pub bytes_downloaded: u64,
@@ -263,7 +259,6 @@ fn from_index(
             Err(_) => return Ok(None),
         };
     let mut out = Vec::new();
-    let mut digests = BTreeMap::new();
     let mut load = None;
     for member in &row.files {
         let Some(hex) = doc["members"][member]["sha256"].as_str() else {
@@ -287,17 +282,14 @@ fn from_index(
         if *member == row.load {
             load = Some(path.clone());
         }
-        digests.insert(dest.clone(), format!("sha256:{hex}"));
         out.push((path, dest));
     }
     let Some(load) = load else {
         return Ok(None);
     };
     Ok(Some(Library {
-        row: row.clone(),
         files: out,
         load,
-        digests,
         offline: true,
         bytes_downloaded: 0,
     }))

@@ -19,9 +19,9 @@ mod bundle;
 mod engine;
 mod tune;
 
-pub use build::{build, prepare, BuildRequest, Built, Prepared};
+pub use build::{build, BuildRequest};
 pub use bundle::{bundle_plan, load_bundle, memory_needs};
-pub use engine::{engine_spec, folded_line, selection_line, SpecAndLibrary};
+pub use engine::{engine_spec, folded_line, selection_line};
 pub use tune::tune_base;
 
 /// Where the pipeline says what it did, one line at a time (the CLI writes them to standard

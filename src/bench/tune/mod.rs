@@ -28,7 +28,7 @@ pub use super::model::REPLAY_ARRIVALS;
 use super::model::{self, CostModel, Policy, Predicted};
 use super::v2::Protocol;
 use super::{Error, Options, Progress, Step};
-pub use request::{Base, Request, Resolved};
+pub use request::{Base, Request};
 
 /// One grid point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]

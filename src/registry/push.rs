@@ -157,9 +157,10 @@ pub type WarmupReport = ArtifactReport;
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
 enum Source {
-    /// A regular file of the layout (never a symlink, FIFO or device) of the descriptor's size;
-    /// opened again and hashed, from that handle, just before it is uploaded.
-    File(PathBuf),
+    /// A blob of the layout's store: checked when the push is planned (a regular file of the
+    /// descriptor's size, no link followed), opened again through the store's directory handle
+    /// just before it is uploaded and hashed from that handle. The path is for messages.
+    Store(PathBuf),
     Bytes(Arc<Vec<u8>>),
 }
 
@@ -311,13 +312,12 @@ fn visit(
                 continue;
             }
             let path = layout.check_blob(blob)?;
-            check_regular(&layout.root, &path, blob)?;
             plan.blobs.insert(
                 blob.digest.clone(),
                 Blob {
                     digest: blob.digest.clone(),
                     size: blob.size,
-                    source: Source::File(path),
+                    source: Source::Store(path),
                 },
             );
         }
@@ -437,62 +437,6 @@ fn sbom_artifact(
     )))
 }
 
-/// A layout blob must be a regular file itself (not a symlink, FIFO or device) of its
-/// descriptor's size. Checked for every blob before connecting; no file is opened.
-fn check_regular(root: &Path, path: &Path, desc: &Descriptor) -> Result<std::fs::Metadata> {
-    let link = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
-    if !link.file_type().is_file() {
-        return Err(Error::Layout {
-            path: root.to_path_buf(),
-            reason: format!(
-                "blob {}: {} is not a regular file (a symlink, FIFO or device is never uploaded)",
-                desc.digest,
-                path.display()
-            ),
-        });
-    }
-    if link.len() != desc.size {
-        return Err(Error::Layout {
-            path: root.to_path_buf(),
-            reason: format!(
-                "blob {} has {} bytes, its descriptor says {}",
-                desc.digest,
-                link.len(),
-                desc.size
-            ),
-        });
-    }
-    Ok(link)
-}
-
-/// Open a layout blob for upload, just before: [`check_regular`] again, then the file opened
-/// must be the one checked (same device and inode) and of the descriptor's size.
-fn open_blob(root: &Path, path: &Path, digest: &Digest, size: u64) -> Result<File> {
-    use std::os::unix::fs::MetadataExt as _;
-    let bad = |reason: String| Error::Layout {
-        path: root.to_path_buf(),
-        reason: format!("blob {digest}: {reason}"),
-    };
-    let desc = Descriptor::new("", digest.clone(), size);
-    let link = check_regular(root, path, &desc)?;
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() || meta.dev() != link.dev() || meta.ino() != link.ino() {
-        return Err(bad(format!(
-            "{} changed while it was opened",
-            path.display()
-        )));
-    }
-    if meta.len() != desc.size {
-        return Err(bad(format!(
-            "has {} bytes, its descriptor says {}",
-            meta.len(),
-            desc.size
-        )));
-    }
-    Ok(file)
-}
-
 /// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
 fn verify_blob(file: &File, path: &Path, root: &Path, digest: &Digest, size: u64) -> Result<()> {
     use std::os::unix::fs::FileExt as _;
@@ -569,6 +513,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         client: &client,
         repo: &target.repository,
         root: &layout.root,
+        store: layout.store(),
         opts,
         sent: AtomicU64::new(0),
     };
@@ -701,6 +646,7 @@ struct Pusher<'a> {
     client: &'a Client,
     repo: &'a str,
     root: &'a Path,
+    store: &'a crate::oci::store::BlobStore,
     opts: &'a PushOptions,
     sent: AtomicU64,
 }
@@ -849,8 +795,14 @@ impl Pusher<'_> {
         // A file is opened only now, and its bytes leave only if they hash to the digest.
         let opened;
         let payload = match &blob.source {
-            Source::File(path) => {
-                opened = open_blob(self.root, path, &blob.digest, blob.size)?;
+            Source::Store(path) => {
+                opened =
+                    self.store
+                        .open_blob(&blob.digest, blob.size)
+                        .map_err(|e| Error::Layout {
+                            path: self.root.to_path_buf(),
+                            reason: e.to_string(),
+                        })?;
                 verify_blob(&opened, path, self.root, &blob.digest, blob.size)?;
                 Payload::File(&opened)
             }

@@ -5,14 +5,14 @@
 use std::path::PathBuf;
 
 use crate::oci::Digest;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::matrix::{
     ComputeCapability, CudnnNeed, HardwareCompat, Platform, Precision, PrecisionApi, Version,
 };
 
 /// The resolved plan of one recipe.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BuildPlan {
     /// The recipe's path as given.
     pub recipe: PathBuf,
@@ -77,7 +77,7 @@ impl BuildPlan {
 }
 
 /// CPU or GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetKind {
     Cpu,
@@ -85,7 +85,7 @@ pub enum TargetKind {
 }
 
 /// One image to build: a GPU architecture (SM) × precision × platform, or the CPU target.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetPlan {
     /// Stable id: `cpu-fp32`, `sm90-fp16`, `sm89-int8`; `sm90-sbsa-fp16` and
     /// `sm87-jetson-fp16` for the aarch64 platforms.
@@ -122,7 +122,7 @@ pub struct TargetPlan {
 
 /// The CPU side of a target: tract ships on `base` (static runtime, FROM scratch by default);
 /// ONNX Runtime on `glibc_base` with the dynamic runtime and its library from a pinned wheel.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuPlan {
     /// `engine.cpu` of the recipe: `auto` measures both at build time.
     pub engine: crate::recipe::CpuEngine,
@@ -142,7 +142,7 @@ impl CpuPlan {
 }
 
 /// A native library from a pinned wheel (`matrix/runtime-libraries.toml`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LibraryPin {
     pub name: String,
     pub version: Version,
@@ -153,7 +153,7 @@ pub struct LibraryPin {
 }
 
 /// The GPU side of a target.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuPlan {
     /// `sm90`.
     pub sm: String,
@@ -172,7 +172,7 @@ pub struct GpuPlan {
 }
 
 /// The TensorRT side of a target.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorRtPlan {
     /// `10.16.1`.
     pub version: Version,
@@ -196,7 +196,7 @@ pub struct TensorRtPlan {
 }
 
 /// How the engine build obtains the target precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PrecisionMode {
     /// FP32: nothing to do.
@@ -216,14 +216,14 @@ pub enum PrecisionMode {
 }
 
 /// cuDNN of a target.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CudnnPlan {
     pub version: String,
     pub need: CudnnNeed,
 }
 
 /// A base (or builder) image and how its digest is pinned.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImagePin {
     /// `docker.io/nvidia/cuda:12.9.1-base-ubuntu24.04`, or `scratch`.
     pub reference: String,
@@ -248,7 +248,7 @@ impl ImagePin {
 }
 
 /// Who pins an image's digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PinnedBy {
     /// The matrix row gives the digest (with its public source).

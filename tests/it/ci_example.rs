@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use infer_build::plan::{BuildPlan, TargetKind, TargetPlan};
 use serde_json::Value;
 
 use super::engine::fake_gpu_tools;
@@ -22,9 +23,7 @@ use super::gpu_image::{run_refuses_without_a_gpu, tensorrt_headers};
 use super::image::serve_checks;
 use super::ort_image::glibc_base_layout;
 use super::registry_support::Registry;
-use super::support::{
-    docker_load, have_docker, have_tool, infer_build, python, root, stderr, stdout,
-};
+use super::support::{docker_load, have_docker, have_tool, python, root, stderr, stdout};
 
 const WORKFLOW: &str = "examples/ci/build-images.yml";
 
@@ -76,29 +75,16 @@ fn py_ci_example_is_a_valid_github_workflow() {
     assert!(!o.status.success(), "{}", stdout(&o));
 }
 
-fn plan_json(recipe: &Path, matrix: Option<&Path>) -> Value {
-    let mut c = infer_build();
-    c.args(["plan", "--json"]).arg(recipe);
-    if let Some(m) = matrix {
-        c.arg("--matrix").arg(m);
-    }
-    let o = c.output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
-}
-
-fn gpu_target(plan: &Value) -> &Value {
-    plan["targets"]
-        .as_array()
-        .unwrap()
+fn gpu_target(plan: &BuildPlan) -> &TargetPlan {
+    plan.targets
         .iter()
-        .find(|t| t["kind"] == "gpu")
+        .find(|t| t.kind == TargetKind::Gpu)
         .expect("a GPU target")
 }
 
 /// A copy of the matrix whose base image for `plan`'s GPU target is `base` instead.
-fn matrix_with_base(dir: &Path, plan: &Value, base: &str) -> PathBuf {
-    let chosen = gpu_target(plan)["base"]["reference"].as_str().unwrap();
+fn matrix_with_base(dir: &Path, plan: &BuildPlan, base: &str) -> PathBuf {
+    let chosen = &gpu_target(plan).base.reference;
     super::support::matrix_with_base(dir, chosen, base, super::support::BaseRow::Replace)
 }
 
@@ -149,13 +135,16 @@ fn registry_ci_example_runs_as_written() {
 
     // The GPU target's base lives in the loopback registry (NVIDIA's registries are not
     // reachable here): the glibc test base, so that the GPU image's runtime starts in Docker.
-    let plan = plan_json(&repo.join("recipes/mlp.toml"), None);
+    let plan = super::support::plan(&repo.join("recipes/mlp.toml"), &[]);
     let base = format!("{}/bases/cuda:1.0.0", reg.addr);
     let matrix = matrix_with_base(&t("matrix"), &plan, &base);
-    let plan = plan_json(&repo.join("recipes/mlp.toml"), Some(&matrix));
+    let plan = super::support::plan(
+        &repo.join("recipes/mlp.toml"),
+        &["--matrix", matrix.to_str().unwrap()],
+    );
     let gpu = gpu_target(&plan);
-    assert_eq!(gpu["base"]["reference"], base.as_str());
-    let trt = gpu["tensorrt"]["build"].as_str().unwrap().to_string();
+    assert_eq!(gpu.base.reference, base);
+    let trt = gpu.tensorrt.as_ref().unwrap().build.clone();
     fake_gpu_tools(&t("gpu-tools"), "8.9, 580.95.05, NVIDIA L4", &trt);
 
     let cache = t("cache");
@@ -312,7 +301,7 @@ fn registry_ci_example_runs_as_written() {
     // The GPU tag carries the runtime built with TensorRT: on this machine without a GPU it
     // starts and exits 1 naming what is missing (before, GPU images on a CUDA base carried the
     // CPU runtime, which cannot serve a TensorRT engine at all).
-    let gpu_id = gpu["id"].as_str().unwrap();
+    let gpu_id = gpu.id.as_str();
     let gpu_tag = build["targets"]
         .as_array()
         .unwrap()

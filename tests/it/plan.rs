@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use infer_build::plan::{BuildPlan, PinnedBy, TargetKind};
 use serde_json::Value;
 
 use super::support::{root, run, run_in, stderr, stdout};
@@ -29,12 +30,8 @@ fn fixture(extra: &str) -> tempfile::TempDir {
     dir
 }
 
-fn plan_json(dir: &Path, extra_args: &[&str]) -> Value {
-    let mut args = vec!["plan", "r.toml", "--json"];
-    args.extend(extra_args);
-    let o = run_in(dir, &args);
-    assert!(o.status.success(), "plan failed: {}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).expect("one JSON document on stdout")
+fn plan_json(dir: &Path, extra_args: &[&str]) -> BuildPlan {
+    super::support::plan(&dir.join("r.toml"), extra_args)
 }
 
 /// `check` must refuse `extra` with exit 2, naming each rule at r.toml:line:col.
@@ -126,24 +123,25 @@ fn check_prints_a_summary_and_exits_0() {
 fn json_lists_every_target_with_versions_base_and_tag() {
     let dir = fixture("[targets]\ngpus = [\"H100\", \"H200\", \"L4\"]\nprecision = [\"fp16\"]\ncpu = true\n[image]\nrepository = \"registry.example.com/ml/m\"\n");
     let v = plan_json(dir.path(), &[]);
-    let targets = v["targets"].as_array().unwrap();
-    let ids: Vec<&str> = targets.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v.targets.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, ["cpu-fp32", "sm89-fp16", "sm90-fp16"]);
-    let h = &targets[2];
-    assert_eq!(h["kind"], "gpu");
-    assert_eq!(h["gpu"]["products"], serde_json::json!(["H100", "H200"]));
-    assert_eq!(h["gpu"]["sm"], "sm90");
-    assert_eq!(h["precision"], "fp16");
-    assert!(h["tensorrt"]["version"].is_string() && h["tensorrt"]["build"].is_string());
-    assert!(h["cuda"].is_string() && h["driver_floor"].is_string());
-    assert!(h["cudnn"]["version"].is_string());
-    assert_eq!(h["base"]["digest"], Value::Null);
-    assert_eq!(h["base"]["pinned_by"], "lock");
-    assert_eq!(h["tag"], "1.0.0-sm90-fp16");
-    assert_eq!(h["image"], "registry.example.com/ml/m:1.0.0-sm90-fp16");
-    assert_eq!(v["repository"], "registry.example.com/ml/m");
-    assert_eq!(targets[0]["base"]["reference"], "scratch");
-    assert_eq!(targets[0]["base"]["pinned_by"], "none");
+    let h = &v.targets[2];
+    assert_eq!(h.kind, TargetKind::Gpu);
+    let gpu = h.gpu.as_ref().unwrap();
+    assert_eq!(gpu.products, ["H100", "H200"]);
+    assert_eq!(gpu.sm, "sm90");
+    assert_eq!(h.precision, infer_build::matrix::Precision::Fp16);
+    let trt = h.tensorrt.as_ref().unwrap();
+    assert!(!trt.version.to_string().is_empty() && !trt.build.is_empty());
+    assert!(h.cuda.is_some() && h.driver_floor.is_some());
+    assert!(!h.cudnn.as_ref().unwrap().version.is_empty());
+    assert_eq!(h.base.digest, None);
+    assert_eq!(h.base.pinned_by, PinnedBy::Lock);
+    assert_eq!(h.tag, "1.0.0-sm90-fp16");
+    assert_eq!(h.image, "registry.example.com/ml/m:1.0.0-sm90-fp16");
+    assert_eq!(v.repository, "registry.example.com/ml/m");
+    assert_eq!(v.targets[0].base.reference, "scratch");
+    assert_eq!(v.targets[0].base.pinned_by, PinnedBy::None);
     // Deterministic: the same bytes twice.
     let a = stdout(&run_in(dir.path(), &["plan", "r.toml", "--json"]));
     let b = stdout(&run_in(dir.path(), &["plan", "r.toml", "--format", "json"]));
@@ -162,8 +160,12 @@ fn the_lock_file_beside_the_recipe_pins_base_digests() {
     )
     .unwrap();
     let v = plan_json(dir.path(), &[]);
-    assert_eq!(v["targets"][0]["base"]["digest"], digest.as_str());
-    assert_eq!(v["targets"][0]["base"]["pinned_by"], "lock");
+    let base = &v.targets[0].base;
+    assert_eq!(
+        base.digest.as_ref().map(|d| d.as_str()),
+        Some(digest.as_str())
+    );
+    assert_eq!(base.pinned_by, PinnedBy::Lock);
     // A broken lock file is bad input, named with its line.
     std::fs::write(
         dir.path().join("r.lock"),
@@ -195,14 +197,15 @@ fn driver_floor_selects_the_newest_build_the_fleet_runs() {
             "[targets]\ngpus = [\"{gpu}\"]\nprecision = [\"fp16\"]\n{deploy}"
         ));
         let v = plan_json(dir.path(), &[]);
-        let t = &v["targets"][0];
+        let t = &v.targets[0];
+        let text = |v: Option<&infer_build::matrix::Version>| v.map(|v| v.to_string());
         assert_eq!(
             (
-                t["tensorrt"]["version"].as_str(),
-                t["cuda"].as_str(),
-                t["driver_floor"].as_str()
+                text(t.tensorrt.as_ref().map(|t| &t.version)),
+                text(t.cuda.as_ref()),
+                text(t.driver_floor.as_ref())
             ),
-            (Some(trt), Some(cuda), Some(floor)),
+            (Some(trt.into()), Some(cuda.into()), Some(floor.into())),
             "{gpu} driver {driver}"
         );
     }
@@ -218,7 +221,7 @@ fn tags_render_from_the_template() {
     for (tpl, want) in cases {
         let dir = fixture(&format!("[targets]\ngpus = [\"RTX 4090\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.8\"\n[image]\ntag = \"{tpl}\"\n"));
         let v = plan_json(dir.path(), &[]);
-        assert_eq!(v["targets"][0]["tag"], want, "{tpl}");
+        assert_eq!(v.targets[0].tag, want, "{tpl}");
     }
     // A template within the recipe's limit can still render a tag over 128 characters.
     let long = "{gpu}".repeat(25);
@@ -323,12 +326,9 @@ fn matrix_dir_overrides_the_embedded_data() {
         }
     });
     let v = plan_json(dir.path(), &["--matrix", m.to_str().unwrap()]);
-    assert_eq!(v["targets"][0]["id"], "sm89-fp16");
-    assert_eq!(
-        v["targets"][0]["gpu"]["products"],
-        serde_json::json!(["Acme X1"])
-    );
-    assert_eq!(v["matrix"], m.to_str().unwrap());
+    assert_eq!(v.targets[0].id, "sm89-fp16");
+    assert_eq!(v.targets[0].gpu.as_ref().unwrap().products, ["Acme X1"]);
+    assert_eq!(v.matrix, m.to_str().unwrap());
     // A copy that contradicts itself is refused with the file and line.
     let bad = matrix_copy(dir.path(), |f, t| {
         if f == "matrix/tensorrt.toml" {
@@ -421,9 +421,9 @@ fn golden_plans_of_the_shipped_recipes() {
         );
         // The table goes to stderr and names every target.
         let t = run(&["plan", &rel]);
-        let v: Value = serde_json::from_str(&want).unwrap();
-        for target in v["targets"].as_array().unwrap() {
-            assert!(stderr(&t).contains(target["id"].as_str().unwrap()));
+        let v: BuildPlan = serde_json::from_str(&want).unwrap();
+        for target in &v.targets {
+            assert!(stderr(&t).contains(&target.id));
         }
     }
 }

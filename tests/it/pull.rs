@@ -173,24 +173,15 @@ fn push_base(f: &Fixture, epoch: &str, repo: &str) -> (String, Vec<String>) {
 /// A matrix copy (for `--matrix DIR`) where `base` is a runtime image row identical to the one
 /// the embedded matrix picks for the recipe's GPU target.
 fn matrix_with_base(f: &Fixture, recipe: &Path, base: &str, name: &str) -> PathBuf {
-    let o = f.run(&["plan", "--json", recipe.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let chosen = plan["targets"]
-        .as_array()
-        .unwrap()
+    let plan = super::support::plan(recipe, &[]);
+    let chosen = &plan
+        .targets
         .iter()
-        .find(|t| t["kind"] == "gpu")
-        .unwrap()["base"]["reference"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    super::support::matrix_with_base(
-        &f.path(name),
-        &chosen,
-        base,
-        super::support::BaseRow::Append,
-    )
+        .find(|t| t.kind == infer_build::plan::TargetKind::Gpu)
+        .expect("a GPU target")
+        .base
+        .reference;
+    super::support::matrix_with_base(&f.path(name), chosen, base, super::support::BaseRow::Append)
 }
 
 /// The example with an L4 target on the full TensorRT runtime of its CUDA base (not

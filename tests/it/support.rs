@@ -35,6 +35,34 @@ pub fn run(args: &[&str]) -> Output {
     run_in(&root(), args)
 }
 
+/// Run `infer-build` with `args` (which ask for `--json`) from `cwd`, require success and read
+/// its one JSON document on stdout as `T`, a report type of the library: tests then read
+/// fields, not `serde_json::Value` paths, and a renamed field fails to compile or to parse.
+pub fn cli_json<T: serde::de::DeserializeOwned>(cwd: &Path, args: &[&str]) -> T {
+    let o = run_in(cwd, args);
+    assert!(
+        o.status.success(),
+        "infer-build {}: {}",
+        args.join(" "),
+        stderr(&o)
+    );
+    serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| {
+        panic!(
+            "infer-build {}: stdout is not the expected document: {e}\n{}",
+            args.join(" "),
+            stdout(&o)
+        )
+    })
+}
+
+/// `infer-build plan --json RECIPE [ARGS]`: the recipe's plan.
+pub fn plan(recipe: &Path, args: &[&str]) -> infer_build::plan::BuildPlan {
+    let recipe = recipe.to_str().expect("UTF-8 recipe path");
+    let mut all = vec!["plan", "--json", recipe];
+    all.extend(args);
+    cli_json(&root(), &all)
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -30,7 +30,7 @@ impl Crate {
     }
 
     /// True for crates from crates.io.
-    pub fn from_crates_io(&self) -> bool {
+    pub fn is_from_crates_io(&self) -> bool {
         self.source
             .as_deref()
             .is_some_and(|s| s == "registry+https://github.com/rust-lang/crates.io-index")
@@ -274,7 +274,7 @@ dependencies = ["lib"]
             .iter()
             .find(|c| c.name == "lib")
             .unwrap()
-            .from_crates_io());
+            .is_from_crates_io());
     }
 
     #[test]

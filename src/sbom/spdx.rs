@@ -357,7 +357,7 @@ pub fn render(input: &SbomInput) -> Value {
             continue;
         }
         let mut p = package(id, &c.name, Some(c.version.as_str()), "LIBRARY");
-        if c.from_crates_io() {
+        if c.is_from_crates_io() {
             p.insert(
                 "downloadLocation".into(),
                 json!(format!(

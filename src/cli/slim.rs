@@ -5,7 +5,7 @@
 //! `--definition FILE`, or chosen for an engine from its metadata (`--engine-meta FILE`). Each
 //! image comes from `--base-layout`/`--builder-layout DIR` or is pulled from its reference by
 //! `registry::pull` (pinned by the definition's digest or the `--lock FILE`). The work is
-//! [`crate::slim::image::build`]; this file turns flags into its inputs and prints the result.
+//! `pipeline::slim`; this file turns flags into its request and prints the result.
 
 use std::path::{Path, PathBuf};
 
@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 
 use crate::error::Error;
 use crate::oci::cjson;
-use crate::plan::lock::Lock;
-use crate::registry::{self, pull::PullOptions};
+use crate::pipeline::slim::{slim, ImageSource, SlimRequest};
+use crate::pipeline::Notes;
 use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
-use crate::slim::image::{self, BuildOptions};
+use crate::slim::image;
 
 #[derive(Debug, Args)]
 pub struct SlimArgs {
@@ -77,123 +77,62 @@ pub struct SlimArgs {
     pub matrix: super::MatrixArgs,
 }
 
-/// Where one image of the definition comes from.
-struct Source {
-    layout: PathBuf,
-    pulled: Option<registry::pull::PulledImage>,
-}
-
 pub fn run(args: SlimArgs) -> Result<(), Error> {
     let tactics = parse_tactics(&args.tactics)?;
-    let (mut def, chosen_for) = definition(&args, &tactics)?;
+    let (definition, chosen_for) = definition(&args, &tactics)?;
     let needs = Needs {
         tactics: match &chosen_for {
             Some(c) => c.1.tactics.clone(),
             None => tactics.iter().copied().collect(),
         },
     };
-    let file_lock = match &args.lock {
-        Some(p) => crate::plan::lock::read(p)
-            .map_err(crate::plan::Error::from)?
-            .unwrap_or_default(),
-        None => Lock::default(),
-    };
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| Path::new("out").join(&def.name));
-    // Refuse an image that nothing pins before anything is downloaded.
-    for (r, layout) in [
-        (&def.base, &args.base_layout),
-        (&def.builder, &args.builder_layout),
-    ] {
-        let pinned = r.digest.is_some() || file_lock.digest(&r.reference).is_some();
-        let pins_at_pull = layout.is_none() && args.lock.is_some();
-        if !pinned && !pins_at_pull && !args.allow_unpinned {
-            return Err(Error::Usage(format!(
-                "{} is not pinned: the definition gives no digest and {}; pass --lock FILE \
-                 (an image pulled without a pin is pinned there at its first pull), or \
-                 --allow-unpinned",
-                r.reference,
-                match &args.lock {
-                    Some(p) => format!("{} does not pin it", p.display()),
-                    None => "no --lock FILE pins it".to_string(),
-                }
-            )));
+        .unwrap_or_else(|| Path::new("out").join(&definition.name));
+    let quiet = args.json;
+    let note: Notes = std::sync::Arc::new(move |text: &str| {
+        if !quiet {
+            eprintln!("{text}");
         }
-    }
-
-    std::fs::create_dir_all(&out).map_err(|source| crate::slim::Error::Io {
-        op: "create",
-        path: out.clone(),
-        source,
-    })?;
-    let tmp;
-    let pull_root = match &args.pull_dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix(".slim-pull-")
-                .tempdir_in(&out)
-                .map_err(|source| crate::slim::Error::Io {
-                    op: "create pull dir in",
-                    path: out.clone(),
-                    source,
-                })?;
-            tmp.path().to_path_buf()
-        }
-    };
-    let mut opts = BuildOptions {
-        lock: file_lock,
-        allow_unpinned: args.allow_unpinned,
-        needs,
-    };
-    let base = source(
-        &args,
-        "base",
-        &mut def.base,
-        &args.base_layout,
-        &pull_root,
-        &mut opts,
+    });
+    let s = slim(
+        SlimRequest {
+            definition,
+            needs,
+            lock: args.lock.clone(),
+            update_lock: args.update_lock,
+            allow_unpinned: args.allow_unpinned,
+            base_layout: args.base_layout.clone(),
+            builder_layout: args.builder_layout.clone(),
+            pull_dir: args.pull_dir.clone(),
+            out: out.clone(),
+            client: super::registry_client(
+                args.insecure,
+                args.ca_cert.clone(),
+                args.docker_config.clone(),
+            ),
+        },
+        &note,
     )?;
-    let builder = source(
-        &args,
-        "builder",
-        &mut def.builder,
-        &args.builder_layout,
-        &pull_root,
-        &mut opts,
-    )?;
-
-    if !args.json {
-        eprintln!("building slim base {} into {}", def.name, out.display());
-    }
-    let built = image::build(&def, &base.layout, &builder.layout, &out, &opts)?;
-    let manifest = image::read_layout(&out, Some(built.manifest_digest.as_str()))?.manifest;
-    let ann = |k: &str| manifest.annotations.get(k).cloned().unwrap_or_default();
-    let base_digest = ann("org.opencontainers.image.base.digest");
-    let builder_digest = ann(&format!("{}builder", image::ANNOTATION))
-        .rsplit_once('@')
-        .map(|(_, d)| d.to_string())
-        .unwrap_or_default();
-
+    let (def, built) = (&s.definition, &s.built);
     if args.json {
-        let image_doc = |s: &Source, r: &ImageRef, digest: &str| {
+        let image_doc = |src: &ImageSource, r: &ImageRef, digest: &str| {
             json!({
                 "reference": r.reference,
                 "digest": digest,
-                "source": if s.pulled.is_some() { "pull" } else { "layout" },
-                "layout": s.layout.display().to_string(),
-                "bytes_downloaded": s.pulled.as_ref().map(|p| p.bytes_downloaded),
+                "source": if src.pulled.is_some() { "pull" } else { "layout" },
+                "layout": src.layout.display().to_string(),
+                "bytes_downloaded": src.pulled.as_ref().map(|p| p.bytes_downloaded),
             })
         };
         let doc = json!({
             "definition": def.name,
             "engine": def.engine.as_str(),
             "chosen_for": chosen_for.as_ref().map(|(meta, _)| meta.clone()),
-            "tactics": opts.needs.tactics.iter().map(|t| tactic_name(*t)).collect::<Vec<_>>(),
-            "base": image_doc(&base, &def.base, &base_digest),
-            "builder": image_doc(&builder, &def.builder, &builder_digest),
+            "tactics": s.needs.tactics.iter().map(|t| tactic_name(*t)).collect::<Vec<_>>(),
+            "base": image_doc(&s.base, &def.base, &s.base_digest),
+            "builder": image_doc(&s.builder, &def.builder, &s.builder_digest),
             "layout": out.display().to_string(),
             "tag": def.name,
             "manifest_digest": built.manifest_digest,
@@ -215,7 +154,7 @@ pub fn run(args: SlimArgs) -> Result<(), Error> {
         "copied {} entries from {}@{}",
         built.plan.copy.len(),
         def.builder.reference,
-        builder_digest
+        s.builder_digest
     );
     eprint!("{}", built.report.render());
     eprintln!(
@@ -280,67 +219,6 @@ fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option
         );
     }
     Ok((chosen, Some((why, needs))))
-}
-
-/// The layout of one image: the one given, or a fresh pull of its reference.
-fn source(
-    args: &SlimArgs,
-    role: &'static str,
-    r: &mut ImageRef,
-    layout: &Option<PathBuf>,
-    pull_root: &Path,
-    opts: &mut BuildOptions,
-) -> Result<Source, Error> {
-    if let Some(dir) = layout {
-        if !dir.join("index.json").is_file() {
-            return Err(Error::Usage(format!(
-                "--{role}-layout {}: not an OCI image layout (no index.json)",
-                dir.display()
-            )));
-        }
-        return Ok(Source {
-            layout: dir.clone(),
-            pulled: None,
-        });
-    }
-    let dest = pull_root.join(role);
-    // A digest in the definition is pulled as such; otherwise the lock file pins (or records).
-    let (reference, lock) = match &r.digest {
-        Some(d) => (format!("{}@{d}", r.reference), None),
-        None => (r.reference.clone(), args.lock.clone()),
-    };
-    let pull_opts = PullOptions {
-        client: super::registry_client(
-            args.insecure,
-            args.ca_cert.clone(),
-            args.docker_config.clone(),
-        ),
-        lock,
-        update_lock: args.update_lock,
-        platform: None,
-        name_by_digest: false,
-        registries: None,
-    };
-    if !args.json {
-        eprintln!("pulling {role} {reference}");
-    }
-    let pulled = registry::pull::pull_with(&reference, &dest, &pull_opts)?;
-    if !args.json {
-        eprintln!(
-            "pulled {role} {} ({} bytes downloaded, {} blobs reused)",
-            pulled.digest, pulled.bytes_downloaded, pulled.blobs_reused
-        );
-    }
-    // The build reads exactly what was pulled: the platform manifest (a pinned index digest
-    // resolves to it), also when the image was allowed unpinned.
-    match &r.digest {
-        Some(_) => r.digest = Some(pulled.digest.to_string()),
-        None => opts.lock.set(&r.reference, pulled.digest.as_str()),
-    }
-    Ok(Source {
-        layout: dest,
-        pulled: Some(pulled),
-    })
 }
 
 fn parse_tactics(list: &[String]) -> Result<Vec<Tactic>, Error> {

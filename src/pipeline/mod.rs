@@ -17,6 +17,7 @@ use std::sync::Arc;
 mod build;
 mod bundle;
 mod engine;
+pub(crate) mod slim;
 mod tune;
 
 pub use build::{build, BuildRequest};

@@ -36,7 +36,7 @@ pub fn safe_input(root: &Path, rel: &Path) -> Result<(PathBuf, u64), Error> {
 }
 
 /// Refuse anything but a regular file (directories, FIFOs, sockets, devices).
-pub fn check_regular(path: &Path, m: &fs::Metadata) -> Result<(), Error> {
+pub(crate) fn check_regular(path: &Path, m: &fs::Metadata) -> Result<(), Error> {
     if m.is_file() {
         return Ok(());
     }
@@ -105,7 +105,7 @@ impl RuntimeFlavour {
     }
 
     /// How to build this flavour, for errors about a missing or unfit binary.
-    pub fn build_hint(self) -> &'static str {
+    pub(crate) fn build_hint(self) -> &'static str {
         match self {
             RuntimeFlavour::Static => {
                 "`scripts/build-runtime.sh` builds the statically linked infer-serve of scratch images"

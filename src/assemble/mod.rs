@@ -39,27 +39,27 @@ pub use inputs::{
 
 /// Where things live inside every image.
 pub mod paths {
-    pub const SERVE: &str = "usr/local/bin/infer-serve";
+    pub(crate) const SERVE: &str = "usr/local/bin/infer-serve";
     pub const MODEL_DIR: &str = "opt/infer/model";
     /// A bundle's models: one directory each, `opt/infer/models/<name>`.
-    pub const MODELS_DIR: &str = "opt/infer/models";
+    pub(crate) const MODELS_DIR: &str = "opt/infer/models";
     pub const CONFIG_DIR: &str = "etc/infer";
     pub const RUNTIME_TOML: &str = "etc/infer/runtime.toml";
-    pub const WORKDIR: &str = "/opt/infer";
+    pub(crate) const WORKDIR: &str = "/opt/infer";
 }
 
 /// The user the image runs as (distroless "nonroot"). Files belong to root (uid/gid 0) and
 /// are world-readable, so the server can read but not modify its binary, model and config.
-pub const USER: &str = "65532:65532";
+pub(crate) const USER: &str = "65532:65532";
 /// The ports the image config exposes: infer-serve's HTTP and gRPC defaults.
-pub const PORTS: [u16; 2] = [
+pub(crate) const PORTS: [u16; 2] = [
     infer_spec::runtime::DEFAULT_HTTP_PORT,
     infer_spec::runtime::DEFAULT_GRPC_PORT,
 ];
 
 /// The environment a GPU image sets when its base does not: which GPUs the NVIDIA container
 /// toolkit exposes and which driver libraries it injects (no `libcuda` is ever in an image).
-pub const GPU_ENV: [&str; 2] = [
+pub(crate) const GPU_ENV: [&str; 2] = [
     "NVIDIA_VISIBLE_DEVICES=all",
     "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
 ];
@@ -68,7 +68,7 @@ pub const GPU_ENV: [&str; 2] = [
 /// uncompressed under the `auto` policy: deflate buys ~7% on float weights for 10-20× the time,
 /// and an uncompressed layer is both faster and smaller than `umoci insert`'s near-stored gzip
 /// (`docs/BENCHMARKS.md`, "Layer build").
-pub const WEIGHTS_THRESHOLD: u64 = 4 << 20;
+pub(crate) const WEIGHTS_THRESHOLD: u64 = 4 << 20;
 
 /// Errors of the `assemble` module.
 #[derive(Debug, thiserror::Error)]

@@ -15,7 +15,7 @@ use crate::plan::{BuildPlan, TargetKind, TargetPlan};
 use crate::recipe::{Recipe, Tensor};
 
 /// The image identity shared by all targets.
-pub fn image_meta(recipe: &Recipe, plan: &BuildPlan) -> ImageMeta {
+pub(crate) fn image_meta(recipe: &Recipe, plan: &BuildPlan) -> ImageMeta {
     ImageMeta {
         name: plan.model.clone(),
         version: plan.version.clone(),
@@ -125,7 +125,7 @@ fn tensor(t: &Tensor) -> TensorSpec {
 }
 
 /// The `runtime.toml` of a target whose engine file is at `engine_path` inside the image.
-pub fn runtime_config(
+pub(crate) fn runtime_config(
     recipe: &Recipe,
     kind: BackendKind,
     engine_path: &str,
@@ -203,7 +203,7 @@ pub fn tokenizer_path() -> String {
 /// arrival order, at most 16 rows): no bound 339 texts/s, 100% 405, 50% 505, 25% 541, 10%
 /// 528, equal lengths only 499 (docs/BENCHMARKS.md). A GPU's cost barely grows with padding
 /// up to its width: no bound there.
-pub const DEFAULT_CPU_MAX_PADDING_PERCENT: u32 = 25;
+pub(crate) const DEFAULT_CPU_MAX_PADDING_PERCENT: u32 = 25;
 
 /// `runtime.toml`'s `[text]` from the recipe's, with the defaults that depend on the model's
 /// outputs applied and the section checked against the engine's tensors (errors name the
@@ -357,7 +357,7 @@ pub fn target_spec(recipe: &Recipe, t: &TargetPlan, files: Files) -> Result<Targ
     clippy::too_many_lines,
     reason = "one TargetSpec field by field from the plan, the model's place deciding each"
 )]
-pub fn target_spec_at(
+pub(crate) fn target_spec_at(
     recipe: &Recipe,
     t: &TargetPlan,
     files: Files,
@@ -559,7 +559,7 @@ pub fn target_spec_at(
 /// The compatibility tuple keeps each key the models agree on; a key they do not agree on
 /// (an engine digest, a text setting) is kept per model as `model.<name>.<key>`. `models` lists
 /// the names, and `startup.engine-load-ms` is the sum of the models' (they load in turn).
-pub fn bundle_spec(
+pub(crate) fn bundle_spec(
     tag: &str,
     drain_delay_s: u32,
     parts: Vec<TargetSpec>,
@@ -686,7 +686,9 @@ pub fn bundle_spec(
 
 /// The start-up measurement of an engine profile as tuple keys (`startup.engine-load-ms`,
 /// milliseconds): what the warm-up manifest and the deploy generator read back from the image.
-pub fn startup_annotations(p: &infer_spec::engine::EngineProfile) -> BTreeMap<String, String> {
+pub(crate) fn startup_annotations(
+    p: &infer_spec::engine::EngineProfile,
+) -> BTreeMap<String, String> {
     use infer_spec::engine::EngineFormat;
     let mut m = BTreeMap::new();
     if let Some(s) = &p.startup {

@@ -41,23 +41,23 @@ pub const MOUNT: &str = "/mnt/models";
 
 /// ModelPack's media types and annotation (CNCF model-spec v1).
 pub mod modelpack {
-    pub const ARTIFACT_TYPE: &str = "application/vnd.cncf.model.manifest.v1+json";
-    pub const CONFIG: &str = "application/vnd.cncf.model.config.v1+json";
+    pub(crate) const ARTIFACT_TYPE: &str = "application/vnd.cncf.model.manifest.v1+json";
+    pub(crate) const CONFIG: &str = "application/vnd.cncf.model.config.v1+json";
     /// A tar holding a weights file (the engine or the ONNX model).
-    pub const WEIGHT_TAR: &str = "application/vnd.cncf.model.weight.v1.tar";
+    pub(crate) const WEIGHT_TAR: &str = "application/vnd.cncf.model.weight.v1.tar";
     /// A tar holding a configuration file of the weights (`runtime.toml`, tokenizer…).
-    pub const WEIGHT_CONFIG_TAR: &str = "application/vnd.cncf.model.weight.config.v1.tar";
+    pub(crate) const WEIGHT_CONFIG_TAR: &str = "application/vnd.cncf.model.weight.config.v1.tar";
     /// A layer's file path inside the model directory.
-    pub const FILEPATH: &str = "org.cncf.model.filepath";
+    pub(crate) const FILEPATH: &str = "org.cncf.model.filepath";
 }
 
 /// The tuple key saying which part of the split layout a manifest is (`runtime`, `model`,
 /// `modelpack`); as an annotation, [`PART_ANNOTATION`].
-pub const PART: &str = "part";
+pub(crate) const PART: &str = "part";
 /// The annotation every reader of the split layout looks for (push, warm-up, inspect).
-pub const PART_ANNOTATION: &str = "dev.infer-build.part";
+pub(crate) const PART_ANNOTATION: &str = "dev.infer-build.part";
 /// The model image's annotation naming the runtime image it was built with.
-pub const RUNTIME_ANNOTATION: &str = "dev.infer-build.runtime";
+pub(crate) const RUNTIME_ANNOTATION: &str = "dev.infer-build.runtime";
 
 /// The compatibility keys a runtime image keeps: those of its runtime, base and libraries.
 /// The engine's own (GPU, precision, digests, profile) travel with the model.
@@ -372,7 +372,7 @@ pub(super) fn build(
 }
 
 /// ModelPack's name of a precision (`float16`…); none for those it has no name for.
-pub fn modelpack_precision(p: infer_spec::engine::Precision) -> Option<&'static str> {
+pub(crate) fn modelpack_precision(p: infer_spec::engine::Precision) -> Option<&'static str> {
     use infer_spec::engine::Precision as P;
     match p {
         P::Fp32 | P::Tf32 => Some("float32"),

@@ -11,15 +11,15 @@ use super::{
 };
 
 /// CPU for a target when the recipe gives none, in millicores.
-pub const DEFAULT_CPU_MILLIS: u64 = 2000;
+pub(crate) const DEFAULT_CPU_MILLIS: u64 = 2000;
 /// Memory when the recipe gives none: the field notes' 2–4 GiB host reserve for a GPU
 /// service, plus its /dev/shm.
-pub const DEFAULT_GPU_MEMORY_MIB: u64 = 8192;
-pub const DEFAULT_CPU_MEMORY_MIB: u64 = 2048;
+pub(crate) const DEFAULT_GPU_MEMORY_MIB: u64 = 8192;
+pub(crate) const DEFAULT_CPU_MEMORY_MIB: u64 = 2048;
 /// The longest request when the recipe sets no deadline (`default_timeout_ms = 0`).
-pub const NO_DEADLINE_ASSUMED_MS: u64 = 30_000;
+pub(crate) const NO_DEADLINE_ASSUMED_MS: u64 = 30_000;
 /// GPU utilisation at which to scale out: ~70% of a replica's limit.
-pub const GPU_UTIL_TARGET: u32 = 70;
+pub(crate) const GPU_UTIL_TARGET: u32 = 70;
 
 /// Parse a Kubernetes CPU quantity (`"2"`, `"500m"`, `"1.5"`) into millicores.
 pub fn cpu_millis(q: &str) -> Option<u64> {
@@ -34,7 +34,7 @@ pub fn cpu_millis(q: &str) -> Option<u64> {
 
 /// The CPU one replica requests, in millicores: `deploy.resources.cpu`, else
 /// [`DEFAULT_CPU_MILLIS`]; `Err` naming the value when it is not a CPU quantity.
-pub fn requested_cpu_millis(recipe: &Recipe) -> Result<u64, String> {
+pub(crate) fn requested_cpu_millis(recipe: &Recipe) -> Result<u64, String> {
     match &recipe.deploy.resources.cpu {
         Some(q) => {
             cpu_millis(q).ok_or_else(|| format!("deploy.resources.cpu `{q}` is not a CPU quantity"))
@@ -88,7 +88,7 @@ pub struct Found {
 /// smallest profile, among those the matrix lists for the target's products (the first
 /// product that has any), whose memory holds the need with 10% free. The error says why
 /// there is none.
-pub fn mig_share(
+pub(crate) fn mig_share(
     matrix: &crate::matrix::Matrix,
     t: &TargetPlan,
     need: u64,
@@ -236,7 +236,9 @@ pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<Deplo
 /// The start-up time an engine profile measured: loading the chosen engine form, plus one
 /// warm-up execution of every profiled batch size (the runtime warms up each planned size
 /// before it reports ready). `None` when the profile has no start-up measurement.
-pub fn startup_from_profile(p: &infer_spec::engine::EngineProfile) -> Option<StartupMeasurement> {
+pub(crate) fn startup_from_profile(
+    p: &infer_spec::engine::EngineProfile,
+) -> Option<StartupMeasurement> {
     let s = p.startup.as_ref()?;
     let (form, load_ms) = match s.chosen {
         infer_spec::engine::EngineFormat::TractNnefTar => ("nnef", s.nnef_ms.unwrap_or(s.onnx_ms)),
@@ -256,7 +258,9 @@ pub fn startup_from_profile(p: &infer_spec::engine::EngineProfile) -> Option<Sta
 
 /// The start-up of several engines loaded one after the other (a bundle's models): the sum,
 /// each source named; `None` when there is none.
-pub fn startup_of_all(all: impl Iterator<Item = StartupMeasurement>) -> Option<StartupMeasurement> {
+pub(crate) fn startup_of_all(
+    all: impl Iterator<Item = StartupMeasurement>,
+) -> Option<StartupMeasurement> {
     all.reduce(|a, b| StartupMeasurement {
         seconds: a.seconds + b.seconds,
         source: format!("{}; {}", a.source, b.source),
@@ -267,7 +271,7 @@ pub fn startup_of_all(all: impl Iterator<Item = StartupMeasurement>) -> Option<S
 /// deployed as the bundle file says (`[bundle]`, `[image]`, `[deploy]`); its batching bounds
 /// those of every model: the longest queue delay (the queue-time autoscaling target) and the
 /// longest deadline (none when any model has none), which the drain must cover.
-pub fn bundle_recipe(bundle: &crate::recipe::bundle::Bundle, recipes: &[&Recipe]) -> Recipe {
+pub(crate) fn bundle_recipe(bundle: &crate::recipe::bundle::Bundle, recipes: &[&Recipe]) -> Recipe {
     let mut r = bundle.as_recipe(recipes[0]);
     r.batching.max_queue_delay_us = recipes
         .iter()

@@ -43,22 +43,22 @@ impl Error {
 }
 
 /// The port `infer-serve` listens on (8000 by default).
-pub const SERVE_PORT: u16 = infer_spec::runtime::DEFAULT_HTTP_PORT;
+pub(crate) const SERVE_PORT: u16 = infer_spec::runtime::DEFAULT_HTTP_PORT;
 /// The port `infer-serve` answers gRPC on (`--grpc-port`; 8001 by default, as Triton).
-pub const GRPC_PORT: u16 = infer_spec::runtime::DEFAULT_GRPC_PORT;
+pub(crate) const GRPC_PORT: u16 = infer_spec::runtime::DEFAULT_GRPC_PORT;
 /// Safety factor applied to a measured start-up time for the startupProbe budget.
-pub const DEFAULT_STARTUP_SAFETY: f64 = 3.0;
+pub(crate) const DEFAULT_STARTUP_SAFETY: f64 = 3.0;
 /// Start-up budget used when no start-up time has been measured (the field notes' 30 × 10 s).
-pub const DEFAULT_STARTUP_BUDGET_S: u64 = 300;
+pub(crate) const DEFAULT_STARTUP_BUDGET_S: u64 = 300;
 /// Lower bound of a startup budget derived from a measurement: a fast local measurement says
 /// little about a cold node (image layers, page cache), so never go under this.
-pub const MIN_STARTUP_BUDGET_S: u64 = 30;
+pub(crate) const MIN_STARTUP_BUDGET_S: u64 = 30;
 /// startupProbe period.
-pub const STARTUP_PERIOD_S: u64 = 5;
+pub(crate) const STARTUP_PERIOD_S: u64 = 5;
 /// Slack added to the termination grace period on top of drain and the slowest request.
-pub const GRACE_SLACK_S: u64 = 5;
+pub(crate) const GRACE_SLACK_S: u64 = 5;
 /// The pause image the pre-pull DaemonSet keeps running once the image is on the node.
-pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub(crate) const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 
 /// Which GPUs a target runs on, as GPU feature discovery labels them.
 #[derive(Debug, Clone, PartialEq)]
@@ -197,7 +197,7 @@ pub struct SplitImages {
 
 /// Image volumes as the YAML's comment states them: the Kubernetes and container-runtime
 /// versions that mount one.
-pub const IMAGE_VOLUME_NEEDS: &str = "a Kubernetes image volume: beta and on by default since Kubernetes 1.35 (1.33-1.34: feature gate ImageVolume), GA in 1.36; containerd 2.1+ or CRI-O 1.31+. Older clusters: `infer-build deploy --image-layout combined` runs the combined image instead";
+pub(crate) const IMAGE_VOLUME_NEEDS: &str = "a Kubernetes image volume: beta and on by default since Kubernetes 1.35 (1.33-1.34: feature gate ImageVolume), GA in 1.36; containerd 2.1+ or CRI-O 1.31+. Older clusters: `infer-build deploy --image-layout combined` runs the combined image instead";
 
 impl DeploySpec {
     /// The DNS-1123 name of this target's objects: `<model>-<target>`, at most 63 characters.
@@ -211,7 +211,7 @@ impl DeploySpec {
     }
 
     /// The image the container runs: the combined image, or the split layout's runtime image.
-    pub fn container_image(&self) -> (String, Option<&str>) {
+    pub(crate) fn container_image(&self) -> (String, Option<&str>) {
         match &self.split {
             None => (self.image(), self.digest.as_deref()),
             Some(s) => {
@@ -225,7 +225,7 @@ impl DeploySpec {
     }
 
     /// The split layout's model image (what the image volume mounts).
-    pub fn model_image(&self) -> Option<(String, Option<&str>)> {
+    pub(crate) fn model_image(&self) -> Option<(String, Option<&str>)> {
         let s = self.split.as_ref()?;
         let [_, model, _] = crate::assemble::split::tags(&self.tag);
         Some((
@@ -271,7 +271,7 @@ fn model_volume(spec: &DeploySpec) -> Option<(Node, Node)> {
 }
 
 /// Lowercase, `[a-z0-9-]`, no leading/trailing dash, at most 63 characters.
-pub fn dns_label(s: &str) -> String {
+pub(crate) fn dns_label(s: &str) -> String {
     let mut out = String::new();
     for c in s.chars() {
         let c = c.to_ascii_lowercase();
@@ -294,14 +294,14 @@ pub fn dns_label(s: &str) -> String {
 
 /// The startupProbe numbers and the sentence that explains them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StartupBudget {
+pub(crate) struct StartupBudget {
     pub period_s: u64,
     pub failure_threshold: u64,
     pub explanation: Vec<String>,
 }
 
 /// Derive the startupProbe from a measured start-up time × safety factor, or a stated default.
-pub fn startup_budget(m: Option<&StartupMeasurement>, safety: f64) -> StartupBudget {
+pub(crate) fn startup_budget(m: Option<&StartupMeasurement>, safety: f64) -> StartupBudget {
     let period = STARTUP_PERIOD_S;
     match m {
         Some(m) if m.seconds.is_finite() && m.seconds >= 0.0 => {
@@ -347,7 +347,7 @@ pub fn startup_budget(m: Option<&StartupMeasurement>, safety: f64) -> StartupBud
 }
 
 /// terminationGracePeriodSeconds and its explanation.
-pub fn grace_period(spec: &DeploySpec) -> (u64, Vec<String>) {
+pub(crate) fn grace_period(spec: &DeploySpec) -> (u64, Vec<String>) {
     let slowest = spec.longest_deadline_ms.div_ceil(1000);
     let total = spec.prestop_s + spec.runtime_drain_s + slowest + GRACE_SLACK_S;
     let mut why = Vec::new();
@@ -752,7 +752,7 @@ pub fn service(spec: &DeploySpec) -> Node {
 }
 
 /// The HorizontalPodAutoscaler (autoscaling/v2) on a Prometheus metric.
-pub fn hpa(spec: &DeploySpec) -> Node {
+pub(crate) fn hpa(spec: &DeploySpec) -> Node {
     let (metric, why) = match &spec.autoscale {
         Autoscale::QueueTime { metric, target_ms } => {
             let target_us = (target_ms * 1000.0).round().max(1.0) as u64;
@@ -842,7 +842,7 @@ pub fn hpa(spec: &DeploySpec) -> Node {
 
 /// The pre-pull DaemonSet: pulls the image on every node the target can run on, so scale-out
 /// does not wait for a multi-gigabyte pull.
-pub fn prepull(spec: &DeploySpec) -> Node {
+pub(crate) fn prepull(spec: &DeploySpec) -> Node {
     let name = dns_label(&format!("{}-prepull", spec.name()));
     let sel = Map::new()
         .kv("app.kubernetes.io/name", dns_label(&spec.model))

@@ -75,7 +75,7 @@ impl From<Map> for Node {
 
 /// A builder for map nodes that keeps insertion order.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Map(pub Vec<Entry>);
+pub(crate) struct Map(pub Vec<Entry>);
 
 impl Map {
     pub fn new() -> Map {
@@ -93,7 +93,7 @@ impl Map {
     }
 
     /// Add `key: value` preceded by comment lines (each written as `# line`).
-    pub fn kv_c(mut self, comments: &[String], key: &str, value: impl Into<Node>) -> Map {
+    pub(crate) fn kv_c(mut self, comments: &[String], key: &str, value: impl Into<Node>) -> Map {
         self.0.push(Entry {
             key: key.to_string(),
             value: value.into(),

@@ -28,7 +28,7 @@ impl Thresholds {
     /// rows; INT8 within 35% (small softmax heads move by a third of their range under INT8
     /// while ranking the same) with top-1 on at least 95% of rows; FP8 (E4M3, 3 mantissa bits:
     /// up to 6% error per value before accumulation) within 40% with top-1 on at least 95%.
-    pub fn default_for(p: Precision) -> Thresholds {
+    pub(crate) fn default_for(p: Precision) -> Thresholds {
         match p {
             Precision::Fp8 => Thresholds {
                 max_abs: None,

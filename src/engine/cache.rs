@@ -40,7 +40,7 @@ pub struct Entry {
 
 impl Entry {
     /// The engine file inside the entry.
-    pub fn engine_path(&self) -> PathBuf {
+    pub(crate) fn engine_path(&self) -> PathBuf {
         self.dir.join(self.meta.format.file_name())
     }
 
@@ -137,7 +137,7 @@ pub struct FileLock {
 }
 
 impl FileLock {
-    pub fn acquire(path: &Path) -> Result<FileLock, Error> {
+    pub(crate) fn acquire(path: &Path) -> Result<FileLock, Error> {
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -232,7 +232,7 @@ impl Cache {
     }
 
     /// True when `dir` looks like a cache root (has the layout directory).
-    pub fn is_cache_root(dir: &Path) -> bool {
+    pub(crate) fn is_cache_root(dir: &Path) -> bool {
         dir.join(LAYOUT).join("entries").is_dir()
     }
 
@@ -244,7 +244,7 @@ impl Cache {
         self.root.join(LAYOUT)
     }
 
-    pub fn entry_dir(&self, key: &str) -> PathBuf {
+    pub(crate) fn entry_dir(&self, key: &str) -> PathBuf {
         self.base().join("entries").join(key)
     }
 
@@ -268,7 +268,7 @@ impl Cache {
     }
 
     /// Remove staging directories of `key` left by killed builds. Call with the key's lock held.
-    pub fn clean_stale(&self, key: &str) -> Result<usize, Error> {
+    pub(crate) fn clean_stale(&self, key: &str) -> Result<usize, Error> {
         let dir = self.base().join("staging");
         let prefix = format!("{key}.");
         let mut n = 0;
@@ -308,7 +308,7 @@ impl Cache {
 
     /// Path of a TensorRT timing cache file (shared across keys of the same TensorRT build and
     /// GPU) and the lock guarding it.
-    pub fn timing_cache(&self, name: &str) -> (PathBuf, PathBuf) {
+    pub(crate) fn timing_cache(&self, name: &str) -> (PathBuf, PathBuf) {
         let safe: String = name
             .chars()
             .map(|c| {

@@ -54,11 +54,11 @@ use crate::process::{Cmd, Runner};
 use crate::recipe::ConvertTool;
 
 /// Version of the conversion key derivation.
-pub const CONVERT_KEY_SCHEME: &str = "infer-build-convert-key/1";
+pub(crate) const CONVERT_KEY_SCHEME: &str = "infer-build-convert-key/1";
 /// The converted model's file name in its cache entry.
-pub const MODEL_FILE: &str = "model.onnx";
+pub(crate) const MODEL_FILE: &str = "model.onnx";
 /// The conversion report's file name in its cache entry.
-pub const REPORT_FILE: &str = "conversion.json";
+pub(crate) const REPORT_FILE: &str = "conversion.json";
 /// Operators quantized for TensorRT: those it runs in INT8; the rest stay in float.
 pub const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
 /// Operators given FP8 Q/DQ inputs: the GEMM-shaped ones TensorRT runs in FP8.
@@ -243,7 +243,7 @@ pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, E
 }
 
 /// Precisions infer-build converts to, with the reason for the others.
-pub fn check_supported(spec: &EngineSpec) -> Result<(), Error> {
+pub(crate) fn check_supported(spec: &EngineSpec) -> Result<(), Error> {
     match spec.precision {
         Precision::Fp16 | Precision::Int8 | Precision::Fp8 => Ok(()),
         other => Err(Error::Input {
@@ -481,7 +481,7 @@ impl Report {
     }
 
     /// One line per output: `name: max abs …, max rel …, top-1 …`.
-    pub fn summary(&self) -> Vec<String> {
+    pub(crate) fn summary(&self) -> Vec<String> {
         let f = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.3e}"));
         self.outputs
             .iter()

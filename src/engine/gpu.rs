@@ -16,7 +16,7 @@ pub struct GpuInfo {
 }
 
 /// The query: compute capability, driver version and name, one CSV line per GPU.
-pub fn query_cmd() -> Cmd {
+pub(crate) fn query_cmd() -> Cmd {
     Cmd::new("nvidia-smi").args([
         "--query-gpu=compute_cap,driver_version,name",
         "--format=csv,noheader",
@@ -25,7 +25,7 @@ pub fn query_cmd() -> Cmd {
 
 /// Parse `8.9, 570.86.10, NVIDIA L4` lines (names may contain commas: everything after the
 /// second comma is the name).
-pub fn parse_query(text: &str) -> Result<Vec<GpuInfo>, String> {
+pub(crate) fn parse_query(text: &str) -> Result<Vec<GpuInfo>, String> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -65,14 +65,14 @@ pub fn parse_query(text: &str) -> Result<Vec<GpuInfo>, String> {
 /// trtexec's device 0 is the first GPU `nvidia-smi` lists, so the GPU checked against the target
 /// is the GPU that builds the engine. (`CUDA_VISIBLE_DEVICES` is honoured by both: see
 /// [`query_cmd_for`].)
-pub fn trtexec_cmd(trtexec: &str) -> Cmd {
+pub(crate) fn trtexec_cmd(trtexec: &str) -> Cmd {
     Cmd::new(trtexec).env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 }
 
 /// The query restricted to the first GPU of `CUDA_VISIBLE_DEVICES` (an index or a `GPU-…`
 /// UUID, which `nvidia-smi --id` takes as they are) when it names one: CUDA's device 0 is then
 /// that GPU, which `nvidia-smi` (blind to the variable) would otherwise not list first.
-pub fn query_cmd_for(visible: Option<&str>) -> Cmd {
+pub(crate) fn query_cmd_for(visible: Option<&str>) -> Cmd {
     let first = visible
         .and_then(|v| v.split(',').next())
         .map(str::trim)
@@ -110,7 +110,7 @@ pub fn query(runner: &dyn Runner) -> Result<GpuInfo, Error> {
 ///   capability must equal the target's.
 /// - With `ampere+` the builder must be Ampere or newer (compute capability ≥ 8.0).
 /// - The driver must be at or above the target's floor.
-pub fn check_builder(target: &str, gpu: &GpuInfo, trt: &TrtSpec) -> Result<(), Error> {
+pub(crate) fn check_builder(target: &str, gpu: &GpuInfo, trt: &TrtSpec) -> Result<(), Error> {
     let refuse = |reason: String| Error::GpuMismatch {
         target: target.to_string(),
         gpu: format!("{} ({}, driver {})", gpu.name, gpu.sm.sm(), gpu.driver),

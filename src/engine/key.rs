@@ -11,7 +11,7 @@ use infer_spec::engine::{canonical_json, CpuEngine, InputProfile, Precision};
 use serde::Serialize;
 
 /// Version of the key derivation; bump when the material below changes meaning.
-pub const KEY_SCHEME: &str = "infer-build-engine-key/1";
+pub(crate) const KEY_SCHEME: &str = "infer-build-engine-key/1";
 
 /// The version of infer-build that goes into every key.
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -219,7 +219,7 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
 
 /// `sha256:<hex>` of a calibration input: a cache file's bytes, or for a directory the sorted
 /// list of (relative path, file digest) of the files in it.
-pub fn calibration_digest(c: &Calibration) -> Result<String, Error> {
+pub(crate) fn calibration_digest(c: &Calibration) -> Result<String, Error> {
     match c {
         Calibration::Cache(p) => Ok(crate::oci::Digest::of(&read(p)?).to_string()),
         Calibration::Data(dir) => {
@@ -307,7 +307,7 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
 /// A target's model, ready for the engine build: the recipe's ONNX, and the converted one when
 /// the target converts (already through the accuracy gate).
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     onnx_bytes: Vec<u8>,
     onnx_digest: String,
     pub converted: Option<convert::Converted>,
@@ -315,7 +315,11 @@ pub struct Prepared {
 
 /// Read the model and, for targets that convert, convert it (or find the conversion in the
 /// cache) and apply the accuracy gate. Runs on any machine: no GPU is involved.
-pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<Prepared, Error> {
+pub(crate) fn prepare(
+    spec: &EngineSpec,
+    cache: &Cache,
+    runner: &dyn Runner,
+) -> Result<Prepared, Error> {
     let onnx_bytes = read(&spec.onnx)?;
     let onnx_digest = crate::oci::Digest::of(&onnx_bytes).to_string();
     if matches!(spec.toolchain, Toolchain::Tensorrt(_)) {
@@ -361,7 +365,7 @@ pub fn prepare(spec: &EngineSpec, cache: &Cache, runner: &dyn Runner) -> Result<
 }
 
 /// What a report's figures were measured on, in words.
-pub fn evaluation_text(r: &convert::Report) -> String {
+pub(crate) fn evaluation_text(r: &convert::Report) -> String {
     let source = r.evaluation["source"].as_str().unwrap_or("?");
     match r.evaluation["batches"].as_u64() {
         Some(n) => format!("{source}, {n} batches"),
@@ -380,7 +384,7 @@ pub fn build(
 }
 
 /// [`build`] after [`prepare`].
-pub fn build_prepared(
+pub(crate) fn build_prepared(
     spec: &EngineSpec,
     prepared: Prepared,
     cache: &Cache,
@@ -572,7 +576,7 @@ fn make_tensorrt(
 }
 
 /// The metadata record of a conversion.
-pub fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::ConversionMeta {
+pub(crate) fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::ConversionMeta {
     let fmt = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.4e}"));
     infer_spec::engine::ConversionMeta {
         converted_digest: c.onnx_digest.clone(),
@@ -691,7 +695,11 @@ pub fn lookup(spec: &EngineSpec, dir: &Path) -> Result<EngineArtifact, Error> {
 }
 
 /// What differs between the plan (`spec`, `material`) and an engine's metadata, one phrase each.
-pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta) -> Vec<String> {
+pub(crate) fn differences(
+    spec: &EngineSpec,
+    material: &KeyMaterial,
+    meta: &EngineMeta,
+) -> Vec<String> {
     let mut d = Vec::new();
     let mut diff = |what: &str, plan: String, engine: String| {
         if plan != engine {
@@ -758,7 +766,7 @@ pub fn differences(spec: &EngineSpec, material: &KeyMaterial, meta: &EngineMeta)
 
 /// Resolve the engine cache root: `--cache DIR` if given, else `engines` under the cache root
 /// ([`crate::cache`]).
-pub fn cache_root(flag: Option<&Path>) -> Result<PathBuf, Error> {
+pub(crate) fn cache_root(flag: Option<&Path>) -> Result<PathBuf, Error> {
     Ok(crate::cache::require(
         crate::cache::Entry::Engines,
         flag,

@@ -130,7 +130,7 @@ pub fn datatype(elem: i32) -> Option<infer_spec::DataType> {
 
 impl OnnxSummary {
     /// Parse the ONNX protobuf (no shape inference, no optimisation).
-    pub fn from_bytes(bytes: &[u8]) -> Result<OnnxSummary, String> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<OnnxSummary, String> {
         let proto = tract_onnx::onnx()
             .proto_model_for_read(&mut &bytes[..])
             .map_err(|e| format!("{e:#}"))?;
@@ -239,11 +239,11 @@ impl OnnxSummary {
     }
 
     /// The model carries QuantizeLinear/DequantizeLinear nodes (explicit quantization).
-    pub fn has_qdq(&self) -> bool {
+    pub(crate) fn has_qdq(&self) -> bool {
         self.op_types.contains("QuantizeLinear") && self.op_types.contains("DequantizeLinear")
     }
 
-    pub fn has_fp16(&self) -> bool {
+    pub(crate) fn has_fp16(&self) -> bool {
         self.fp16_tensors
     }
 }

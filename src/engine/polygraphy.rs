@@ -52,7 +52,7 @@ fn poly_shapes(profile: &[InputProfile], f: fn(&InputProfile) -> &[u64]) -> Vec<
     clippy::too_many_arguments,
     reason = "one value per Polygraphy flag, in the order of its command line; pure and tested by the command it returns"
 )]
-pub fn calibration_cmd(
+pub(crate) fn calibration_cmd(
     program: &str,
     onnx: &str,
     loader: &str,

@@ -21,9 +21,9 @@ use super::Error;
 use crate::process::{Cmd, Runner};
 
 /// The pinned requirements (every wheel with its sha256).
-pub const REQUIREMENTS: &str = include_str!("../../matrix/convert-requirements.txt");
+pub(crate) const REQUIREMENTS: &str = include_str!("../../matrix/convert-requirements.txt");
 /// The converter script run inside the environment.
-pub const SCRIPT: &str = include_str!("convert.py");
+pub(crate) const SCRIPT: &str = include_str!("convert.py");
 
 const READY: &str = "versions.json";
 const VENV_TIMEOUT: Duration = Duration::from_secs(300);
@@ -32,11 +32,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A ready environment.
 #[derive(Debug, Clone)]
-pub struct PyEnv {
+pub(crate) struct PyEnv {
     pub dir: PathBuf,
-    /// Package versions as the environment reports them (`python`, `numpy`, `onnx`,
-    /// `onnxruntime`, `onnxconverter-common`).
-    pub versions: BTreeMap<String, String>,
     /// True when it was created by this call.
     pub created: bool,
 }
@@ -48,7 +45,7 @@ impl PyEnv {
 }
 
 /// The environment's identity: a short digest of the requirements.
-pub fn env_id() -> String {
+pub(crate) fn env_id() -> String {
     let d = crate::oci::Digest::of(REQUIREMENTS.as_bytes()).to_string();
     format!("convert-{}", &d["sha256:".len().."sha256:".len() + 16])
 }
@@ -137,7 +134,7 @@ pub fn missing_modelopt(output: &crate::process::Output) -> Option<Error> {
 }
 
 /// The last line of `text` that parses as JSON.
-pub fn last_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+pub(crate) fn last_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     let line = text
         .lines()
         .rev()
@@ -149,26 +146,27 @@ pub fn last_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String
 
 /// The environment under `root`, created when absent (under a lock, so concurrent builds
 /// create it once).
-pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
+pub(crate) fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     let id = env_id();
     let dir = root.join(&id);
-    let ready = |dir: &Path| -> Option<BTreeMap<String, String>> {
-        let bytes = std::fs::read(dir.join(READY)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+    // Ready when the marker holds the package versions the environment reported at creation.
+    let ready = |dir: &Path| -> bool {
+        std::fs::read(dir.join(READY))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<BTreeMap<String, String>>(&b).ok())
+            .is_some()
     };
-    if let Some(versions) = ready(&dir) {
+    if ready(&dir) {
         return Ok(PyEnv {
             dir,
-            versions,
             created: false,
         });
     }
     std::fs::create_dir_all(root).map_err(io(root))?;
     let _lock = FileLock::acquire(&root.join(format!("{id}.lock")))?;
-    if let Some(versions) = ready(&dir) {
+    if ready(&dir) {
         return Ok(PyEnv {
             dir,
-            versions,
             created: false,
         });
     }
@@ -180,20 +178,12 @@ pub fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
     }
-    let result = create(&staging, runner);
-    let versions = match result {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
-        }
-    };
+    if let Err(e) = create(&staging, runner) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e);
+    }
     std::fs::rename(&staging, &dir).map_err(io(&dir))?;
-    Ok(PyEnv {
-        dir,
-        versions,
-        created: true,
-    })
+    Ok(PyEnv { dir, created: true })
 }
 
 fn create(staging: &Path, runner: &dyn Runner) -> Result<BTreeMap<String, String>, Error> {

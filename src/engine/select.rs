@@ -31,8 +31,8 @@ use super::{tract, Error};
 
 /// Absolute and relative tolerance of the output comparison between tract and ONNX Runtime
 /// (FP32 engines that fuse and reorder differently).
-pub const ATOL: f64 = 1e-4;
-pub const RTOL: f64 = 1e-3;
+pub(crate) const ATOL: f64 = 1e-4;
+pub(crate) const RTOL: f64 = 1e-3;
 
 /// ONNX Runtime ships under `auto` only when its summed T(b) is at most this fraction of
 /// tract's. Its image is larger (a glibc base and the library, about 30 MB) and needs a base
@@ -48,7 +48,7 @@ pub const THREADS_MARGIN: f64 = 0.95;
 /// The intra-op thread count to ship from `(threads, summed T(b) µs)` in ascending thread
 /// order: the first, replaced by a later one only when it is at most [`THREADS_MARGIN`] of the
 /// best so far.
-pub fn best_threads(sums: &[(usize, f64)]) -> usize {
+pub(crate) fn best_threads(sums: &[(usize, f64)]) -> usize {
     let mut best = match sums.first() {
         Some(&first) => first,
         None => return 1,
@@ -237,7 +237,7 @@ fn agreement(
 
 /// The rule of `auto` when both engines load: ONNX Runtime ships when its outputs agree with
 /// tract's and its summed T(b) is at most [`ORT_MARGIN`] of tract's.
-pub fn ort_ships(tract_sum_us: f64, ort_sum_us: f64, agreed: bool) -> bool {
+pub(crate) fn ort_ships(tract_sum_us: f64, ort_sum_us: f64, agreed: bool) -> bool {
     agreed && ort_sum_us <= ORT_MARGIN * tract_sum_us
 }
 

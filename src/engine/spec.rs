@@ -32,7 +32,7 @@ pub struct DimRanges {
 impl InputSpec {
     /// The size of dimension `i` (≥ 1) to use for sample data: its fixed size, else the
     /// profile's opt.
-    pub fn sample_dim(&self, i: usize) -> Option<u64> {
+    pub(crate) fn sample_dim(&self, i: usize) -> Option<u64> {
         match self.shape.get(i) {
             Some(&d) if d >= 1 => Some(d as u64),
             Some(_) => self
@@ -246,7 +246,7 @@ impl EngineSpec {
     }
 
     /// True when the first input has a dynamic batch dimension.
-    pub fn dynamic_batch(&self) -> bool {
+    pub(crate) fn dynamic_batch(&self) -> bool {
         self.inputs.first().and_then(|i| i.shape.first()) == Some(&-1)
     }
 

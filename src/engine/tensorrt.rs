@@ -15,7 +15,7 @@ use super::{cache, Error};
 use crate::process::{Cmd, Output, Runner};
 
 /// The calibration cache stored next to a calibrated engine.
-pub const CALIBRATION_FILE: &str = "calibration.cache";
+pub(crate) const CALIBRATION_FILE: &str = "calibration.cache";
 
 /// What a TensorRT build produced besides the engine file.
 #[derive(Debug, Clone)]
@@ -26,7 +26,7 @@ pub struct TrtBuilt {
 }
 
 /// The trtexec build flags that go into the cache key (placeholder paths).
-pub fn key_flags(spec: &EngineSpec, trt: &TrtSpec) -> Result<Vec<String>, Error> {
+pub(crate) fn key_flags(spec: &EngineSpec, trt: &TrtSpec) -> Result<Vec<String>, Error> {
     let path = trtexec::expected_path(&spec.target, trt, spec.precision)?;
     let profile = spec.shape_profile()?;
     trtexec::build_args(
@@ -59,7 +59,7 @@ fn path_str(p: &Path) -> String {
 /// TensorRT backend sizes every output buffer before a batch runs. Checked before any tool runs
 /// (conversion, nvidia-smi, trtexec); the runtime refuses such an engine again, by name, when it
 /// creates an instance.
-pub fn refuse_data_dependent(target: &str, summary: &OnnxSummary) -> Result<(), Error> {
+pub(crate) fn refuse_data_dependent(target: &str, summary: &OnnxSummary) -> Result<(), Error> {
     match summary.data_dependent.first() {
         Some((output, op)) => Err(Error::DataDependentOutput {
             target: target.to_owned(),

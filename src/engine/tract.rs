@@ -27,15 +27,15 @@ use super::spec::{EngineSpec, InputSpec};
 use super::trtexec::{median_sorted, round_us};
 
 /// The tract version linked into this binary (checked against Cargo.lock by a test).
-pub const TRACT_VERSION: &str = "0.23.9";
+pub(crate) const TRACT_VERSION: &str = "0.23.9";
 
 /// Number of loads per form when measuring start-up.
-pub const STARTUP_RUNS: usize = 5;
+pub(crate) const STARTUP_RUNS: usize = 5;
 /// Timed runs per batch size (after warm-up), and the time budget that may cut them short.
-pub const PROFILE_RUNS: usize = 25;
-pub const PROFILE_BUDGET_S: f64 = 2.0;
+pub(crate) const PROFILE_RUNS: usize = 25;
+pub(crate) const PROFILE_BUDGET_S: f64 = 2.0;
 
-pub type Runnable = Arc<TypedRunnableModel>;
+pub(crate) type Runnable = Arc<TypedRunnableModel>;
 
 /// A tract engine as built, before it is written into the cache.
 pub struct Built {
@@ -49,7 +49,7 @@ pub struct Built {
 }
 
 /// tract's datum type for a datatype, where tract has one.
-pub fn datum_type(datatype: DataType) -> Option<DatumType> {
+pub(crate) fn datum_type(datatype: DataType) -> Option<DatumType> {
     Some(match datatype {
         DataType::F32 => f32::datum_type(),
         DataType::F16 => f16::datum_type(),
@@ -97,7 +97,7 @@ pub enum At {
 }
 
 /// True when an input has a variable (`-1`) dimension after the batch dimension.
-pub fn has_variable_dims(inputs: &[InputSpec]) -> bool {
+pub(crate) fn has_variable_dims(inputs: &[InputSpec]) -> bool {
     inputs
         .iter()
         .any(|i| i.shape.iter().skip(1).any(|&d| d < 0))
@@ -121,12 +121,16 @@ fn dim_at(spec: &InputSpec, i: usize, at: At) -> Option<u64> {
 }
 
 /// Parse the ONNX with the declared input facts and convert it to a typed model.
-pub fn typed_from_onnx(bytes: &[u8], inputs: &[InputSpec]) -> TractResult<TypedModel> {
+pub(crate) fn typed_from_onnx(bytes: &[u8], inputs: &[InputSpec]) -> TractResult<TypedModel> {
     typed_from_onnx_at(bytes, inputs, At::Opt)
 }
 
 /// [`typed_from_onnx`] with the variable non-batch dimensions at `at`.
-pub fn typed_from_onnx_at(bytes: &[u8], inputs: &[InputSpec], at: At) -> TractResult<TypedModel> {
+pub(crate) fn typed_from_onnx_at(
+    bytes: &[u8],
+    inputs: &[InputSpec],
+    at: At,
+) -> TractResult<TypedModel> {
     let mut model = tract_onnx::onnx().model_for_read(&mut &bytes[..])?;
     let outlets = model.input_outlets()?.to_vec();
     let names: Vec<String> = outlets
@@ -175,7 +179,7 @@ pub fn typed_from_onnx_at(bytes: &[u8], inputs: &[InputSpec], at: At) -> TractRe
 }
 
 /// A deterministic input batch: values cycle through a small range valid for the type.
-pub fn sample_inputs(
+pub(crate) fn sample_inputs(
     inputs: &[InputSpec],
     names: &[String],
     batch: usize,
@@ -184,7 +188,7 @@ pub fn sample_inputs(
 }
 
 /// [`sample_inputs`] with the variable non-batch dimensions at `at`.
-pub fn sample_inputs_at(
+pub(crate) fn sample_inputs_at(
     inputs: &[InputSpec],
     names: &[String],
     batch: usize,
@@ -283,7 +287,7 @@ fn outputs_close(a: &TVec<TValue>, b: &TVec<TValue>) -> bool {
 /// T(b) of one batch size: `run` (which prepares its inputs and returns the time of the run
 /// alone) is timed up to [`PROFILE_RUNS`] times, at least 5, within [`PROFILE_BUDGET_S`]; the
 /// median, minimum and maximum in µs. The one timing rule of every CPU engine candidate.
-pub fn time_batch<E>(
+pub(crate) fn time_batch<E>(
     batch: u32,
     mut run: impl FnMut() -> Result<std::time::Duration, E>,
 ) -> Result<BatchTiming, E> {

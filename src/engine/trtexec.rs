@@ -24,7 +24,7 @@ use super::Error;
 
 /// The TensorRT release lines infer-build drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TrtLine {
+pub(crate) enum TrtLine {
     /// 8.6: the first with version-compatible engines, lean/dispatch runtimes and `ampere+`.
     V8_6,
     /// 10.x (weakly typed builder flags still accepted, deprecated from 10.12).
@@ -48,7 +48,7 @@ impl TrtLine {
 
 /// How the requested precision is obtained with this TensorRT version.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrecisionPath {
+pub(crate) enum PrecisionPath {
     /// FP32 (TF32 where the GPU has it): no flag.
     Fp32,
     /// `--fp16`.
@@ -66,7 +66,7 @@ pub enum PrecisionPath {
 /// The precision path, from the spec alone: the TensorRT line, the precision, and whether the
 /// plan gave TensorRT a calibration input. This is the one decision; the cache key is computed
 /// from it (so a cache hit parses no ONNX), and [`precision_path`] checks the model fits it.
-pub fn expected_path(
+pub(crate) fn expected_path(
     target: &str,
     trt: &TrtSpec,
     precision: Precision,
@@ -91,7 +91,7 @@ pub fn expected_path(
 /// The precision path [`expected_path`] decides, once the ONNX is known to fit it: refused when
 /// a calibration input is given where none is used, or the model lacks the Q/DQ nodes or FP16
 /// tensors the path builds from (or has Q/DQ nodes where TensorRT would calibrate).
-pub fn precision_path(
+pub(crate) fn precision_path(
     target: &str,
     trt: &TrtSpec,
     precision: Precision,
@@ -142,7 +142,7 @@ pub fn precision_path(
 /// Paths handed to trtexec. [`BuildPaths::placeholders`] gives the path-free form that goes
 /// into the cache key: moving the cache or the ONNX does not change the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildPaths {
+pub(crate) struct BuildPaths {
     pub onnx: String,
     pub engine: String,
     pub timing_cache: String,
@@ -161,7 +161,7 @@ impl BuildPaths {
 }
 
 /// A trtexec shape list: `input:1x64,mask:1x8` (names with `:` or `,` single-quoted).
-pub fn shape_list<'a>(items: impl IntoIterator<Item = (&'a str, &'a [u64])>) -> String {
+pub(crate) fn shape_list<'a>(items: impl IntoIterator<Item = (&'a str, &'a [u64])>) -> String {
     items
         .into_iter()
         .map(|(name, dims)| {
@@ -178,7 +178,7 @@ pub fn shape_list<'a>(items: impl IntoIterator<Item = (&'a str, &'a [u64])>) -> 
 }
 
 /// The arguments (without the program) of the trtexec run that builds the engine.
-pub fn build_args(
+pub(crate) fn build_args(
     trt: &TrtSpec,
     path: &PrecisionPath,
     profile: &[InputProfile],
@@ -259,7 +259,7 @@ pub fn build_args(
 }
 
 /// The arguments of the trtexec run that times the built engine at batch size `batch`.
-pub fn profile_args(
+pub(crate) fn profile_args(
     trt: &TrtSpec,
     profile: &[InputProfile],
     batch: u32,
@@ -305,7 +305,7 @@ pub fn profile_args(
 
 /// What a trtexec log says about itself.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct TrtexecLog {
+pub(crate) struct TrtexecLog {
     /// `Some(true)` on `&&&& PASSED`, `Some(false)` on `&&&& FAILED`, `None` when neither printed.
     pub passed: Option<bool>,
     /// From `&&&& RUNNING TensorRT.trtexec [TensorRT v100800] [b43]`: `10.8.0.43`.
@@ -320,7 +320,7 @@ pub struct TrtexecLog {
 
 /// Decode `NV_TENSORRT_VERSION`: `8601` is 8.6.1 (8.x: major*1000+minor*100+patch), `101600` is
 /// 10.16.0 (10.x+: major*10000+minor*100+patch).
-pub fn decode_version_number(n: u64, build: Option<u64>) -> Option<Version> {
+pub(crate) fn decode_version_number(n: u64, build: Option<u64>) -> Option<Version> {
     let (major, minor, patch) = if n >= 100_000 {
         (n / 10_000, (n / 100) % 100, n % 100)
     } else if n >= 1_000 {
@@ -336,7 +336,7 @@ pub fn decode_version_number(n: u64, build: Option<u64>) -> Option<Version> {
 }
 
 /// Parse trtexec's stdout (lines prefixed `[MM/DD/YYYY-HH:MM:SS] [I] `).
-pub fn parse_log(text: &str) -> TrtexecLog {
+pub(crate) fn parse_log(text: &str) -> TrtexecLog {
     let mut log = TrtexecLog::default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("&&&& ") {
@@ -430,7 +430,7 @@ struct TimeRecord {
 
 /// Summarise `--exportTimes` JSON (one record per timed inference) into a [`BatchTiming`]: the
 /// median, minimum and maximum of `computeMs`, in microseconds.
-pub fn parse_times(batch: u32, bytes: &[u8]) -> Result<BatchTiming, String> {
+pub(crate) fn parse_times(batch: u32, bytes: &[u8]) -> Result<BatchTiming, String> {
     let text = String::from_utf8_lossy(bytes);
     let records: Vec<TimeRecord> =
         serde_json::from_str(&sanitize_json(&text)).map_err(|e| e.to_string())?;
@@ -473,7 +473,7 @@ enum ProfileRecord {
 
 /// Parse `--exportProfile` JSON (`[{"count": N}, {"name", "timeMs", "averageMs", "medianMs",
 /// "percentage"}, …]`) into the `top` layers by share of time.
-pub fn parse_layer_profile(bytes: &[u8], top: usize) -> Result<Vec<LayerTiming>, String> {
+pub(crate) fn parse_layer_profile(bytes: &[u8], top: usize) -> Result<Vec<LayerTiming>, String> {
     let text = String::from_utf8_lossy(bytes);
     let records: Vec<ProfileRecord> =
         serde_json::from_str(&sanitize_json(&text)).map_err(|e| e.to_string())?;
@@ -505,7 +505,7 @@ pub fn parse_layer_profile(bytes: &[u8], top: usize) -> Result<Vec<LayerTiming>,
 }
 
 /// Median of a sorted, non-empty slice.
-pub fn median_sorted(v: &[f64]) -> f64 {
+pub(crate) fn median_sorted(v: &[f64]) -> f64 {
     let n = v.len();
     if n % 2 == 1 {
         v[n / 2]
@@ -515,7 +515,7 @@ pub fn median_sorted(v: &[f64]) -> f64 {
 }
 
 /// Round to 3 decimals so profiles do not carry float noise.
-pub fn round_us(v: f64) -> f64 {
+pub(crate) fn round_us(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 

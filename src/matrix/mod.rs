@@ -18,15 +18,14 @@ use serde::{Deserialize, Serialize};
 
 pub use version::{ComputeCapability, Version};
 
-/// The data files, relative to the matrix root (`--matrix DIR` or the repository root).
-pub const FILES: [&str; 4] = [TENSORRT_FILE, CUDA_FILE, GPUS_FILE, IMAGES_FILE];
-pub const TENSORRT_FILE: &str = "matrix/tensorrt.toml";
-pub const CUDA_FILE: &str = "matrix/cuda.toml";
-pub const GPUS_FILE: &str = "matrix/gpus.toml";
-pub const IMAGES_FILE: &str = "base-images/images.toml";
+// The data files, relative to the matrix root (`--matrix DIR` or the repository root).
+pub(crate) const TENSORRT_FILE: &str = "matrix/tensorrt.toml";
+pub(crate) const CUDA_FILE: &str = "matrix/cuda.toml";
+pub(crate) const GPUS_FILE: &str = "matrix/gpus.toml";
+pub(crate) const IMAGES_FILE: &str = "base-images/images.toml";
 /// Native runtime libraries taken from pinned wheels. Optional in a `--matrix DIR` (absent: no
 /// library rows, so no engine that needs one is offered).
-pub const LIBRARIES_FILE: &str = "matrix/runtime-libraries.toml";
+pub(crate) const LIBRARIES_FILE: &str = "matrix/runtime-libraries.toml";
 
 const EMBEDDED: [(&str, &str); 4] = [
     (TENSORRT_FILE, include_str!("../../matrix/tensorrt.toml")),
@@ -308,13 +307,6 @@ pub struct BaseImage {
     pub origin: Option<Origin>,
 }
 
-impl BaseImage {
-    /// The empty base image: nothing to pull, nothing to pin.
-    pub fn is_scratch(&self) -> bool {
-        self.reference == "scratch"
-    }
-}
-
 /// One native runtime library taken from a wheel on the Python package registry
 /// (`matrix/runtime-libraries.toml`, `[[library]]`): the wheel is pinned by its file URL and
 /// sha256, and only the named members are extracted, into `install_dir` of the image.
@@ -354,7 +346,7 @@ pub struct RuntimeLibrary {
 
 impl RuntimeLibrary {
     /// The path inside the image of the library the engine loads.
-    pub fn load_path(&self) -> String {
+    pub(crate) fn load_path(&self) -> String {
         let base = self.load.rsplit('/').next().unwrap_or(&self.load);
         format!("{}/{base}", self.install_dir.trim_end_matches('/'))
     }
@@ -472,7 +464,7 @@ fn unspan<T>(
         .collect()
 }
 
-/// The data files' texts, keyed by their [`FILES`] name.
+/// The data files' texts, one field per file (`TENSORRT_FILE`, `CUDA_FILE`, …).
 pub struct Sources<'a> {
     pub tensorrt: &'a str,
     pub cuda: &'a str,
@@ -498,7 +490,7 @@ impl Matrix {
     }
 
     /// Parse and cross-check the four data files. Reports every problem at once.
-    pub fn from_sources(src: &Sources<'_>) -> Result<Matrix, Error> {
+    pub(crate) fn from_sources(src: &Sources<'_>) -> Result<Matrix, Error> {
         let name = |f: &str| {
             if src.root.is_empty() {
                 f.to_string()
@@ -575,12 +567,12 @@ impl Matrix {
     }
 
     /// Products with compute capability `cc`, in table order.
-    pub fn gpus_with_cc(&self, cc: ComputeCapability) -> impl Iterator<Item = &Gpu> {
+    pub(crate) fn gpus_with_cc(&self, cc: ComputeCapability) -> impl Iterator<Item = &Gpu> {
         self.gpus.iter().filter(move |g| g.cc == cc)
     }
 
     /// Up to three known product names closest to `name`, for "did you mean" hints.
-    pub fn closest_gpus(&self, name: &str) -> Vec<&str> {
+    pub(crate) fn closest_gpus(&self, name: &str) -> Vec<&str> {
         let want = normalize(name);
         let mut scored: Vec<(usize, &str)> = self
             .gpus
@@ -601,7 +593,7 @@ impl Matrix {
         self.releases.iter().find(|r| &r.version == version)
     }
 
-    pub fn cuda_major(&self, major: u64) -> Option<&CudaMajor> {
+    pub(crate) fn cuda_major(&self, major: u64) -> Option<&CudaMajor> {
         self.cuda_majors.iter().find(|m| m.major == major)
     }
 
@@ -624,7 +616,7 @@ impl Matrix {
     }
 
     /// The default glibc-based CPU base image (for engines that need a dynamic runtime).
-    pub fn glibc_cpu_base(&self) -> Option<&BaseImage> {
+    pub(crate) fn glibc_cpu_base(&self) -> Option<&BaseImage> {
         self.images
             .iter()
             .find(|i| i.role == ImageRole::Cpu && i.default && i.glibc.is_some())
@@ -695,16 +687,6 @@ pub fn load(dir: Option<&Path>) -> Result<Matrix, Error> {
         Some(d) => load_dir(d),
         None => Matrix::embedded(),
     }
-}
-
-/// The embedded data files' texts, for tests and for writing a starting `--matrix` copy.
-pub fn embedded_files() -> &'static [(&'static str, &'static str); 4] {
-    &EMBEDDED
-}
-
-/// The embedded `matrix/runtime-libraries.toml`.
-pub fn embedded_libraries() -> &'static str {
-    EMBEDDED_LIBRARIES
 }
 
 #[cfg(test)]

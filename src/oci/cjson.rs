@@ -17,7 +17,7 @@ pub fn to_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
 }
 
 /// Write an already-built JSON value canonically.
-pub fn value_to_vec(v: &Value) -> Vec<u8> {
+pub(crate) fn value_to_vec(v: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
     write_canonical(v, &mut out);
     out

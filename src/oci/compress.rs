@@ -29,8 +29,8 @@ pub enum Compression {
     None,
 }
 
-pub const GZIP_LEVEL: u32 = 6;
-pub const ZSTD_LEVEL: i32 = 3;
+pub(crate) const GZIP_LEVEL: u32 = 6;
+pub(crate) const ZSTD_LEVEL: i32 = 3;
 /// Largest deflate stored block.
 const STORED_BLOCK: usize = 65_535;
 
@@ -75,7 +75,7 @@ impl Compression {
 }
 
 /// A running encoder writing into `W`.
-pub enum Encoder<W: Write> {
+pub(crate) enum Encoder<W: Write> {
     Gzip(flate2::write::GzEncoder<W>),
     Stored(StoredGzip<W>),
     Zstd(zstd::stream::write::Encoder<'static, W>),

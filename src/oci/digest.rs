@@ -21,7 +21,7 @@ impl Digest {
     }
 
     /// The digest and length of everything `r` yields, read in 1 MiB pieces.
-    pub fn of_reader(mut r: impl Read) -> io::Result<(Digest, u64)> {
+    pub(crate) fn of_reader(mut r: impl Read) -> io::Result<(Digest, u64)> {
         let mut h = Hasher::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -61,7 +61,7 @@ impl Digest {
 /// A running sha256 and the number of bytes it has seen: the one streaming digest (layers,
 /// blobs, downloads, files), so every digest infer-build computes is formatted by [`Digest`].
 #[derive(Clone, Default)]
-pub struct Hasher {
+pub(crate) struct Hasher {
     h: Sha256,
     count: u64,
 }
@@ -94,7 +94,7 @@ impl Hasher {
 
 /// A writer that hashes and counts everything written through it into `inner` (a file, a
 /// compressor, or [`io::sink`] to only hash).
-pub struct HashWriter<W> {
+pub(crate) struct HashWriter<W> {
     inner: W,
     hasher: Hasher,
 }
@@ -107,17 +107,8 @@ impl<W> HashWriter<W> {
         }
     }
 
-    /// The bytes written so far.
-    pub fn count(&self) -> u64 {
-        self.hasher.count()
-    }
-
-    pub fn get_mut(&mut self) -> &mut W {
-        &mut self.inner
-    }
-
     /// The writer, the digest of what was written through it and its length.
-    pub fn into_parts(self) -> (W, Digest, u64) {
+    pub(crate) fn into_parts(self) -> (W, Digest, u64) {
         let (d, n) = self.hasher.finish();
         (self.inner, d, n)
     }
@@ -222,7 +213,6 @@ mod tests {
         for piece in bytes.chunks(77_777) {
             w.write_all(piece).unwrap();
         }
-        assert_eq!(w.count(), bytes.len() as u64);
         let (inner, d, n) = w.into_parts();
         assert_eq!((inner, d, n), (bytes.clone(), whole, bytes.len() as u64));
     }

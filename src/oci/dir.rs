@@ -140,7 +140,7 @@ impl Dir {
     }
 
     /// Like [`Dir::sub`] without `create`, but `None` when the directory does not exist.
-    pub fn sub_if_exists(&self, rel: &str) -> Result<Option<Dir>, Error> {
+    pub(crate) fn sub_if_exists(&self, rel: &str) -> Result<Option<Dir>, Error> {
         match self.sub(rel, false) {
             Ok(d) => Ok(Some(d)),
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -171,7 +171,7 @@ impl Dir {
     /// Open a regular file for reading. A link, FIFO, device or directory is refused with a
     /// message naming the path; a FIFO cannot block (the open is non-blocking and the file
     /// is refused before any read).
-    pub fn open_file(&self, name: impl AsRef<OsStr>) -> Result<(File, EntryStat), Error> {
+    pub(crate) fn open_file(&self, name: impl AsRef<OsStr>) -> Result<(File, EntryStat), Error> {
         let name = name.as_ref();
         let path = self.path.join(name);
         let fd = rustix::fs::openat(
@@ -206,7 +206,7 @@ impl Dir {
 
     /// Create a new file exclusively (never through an existing name or link); returns its
     /// name in this directory and the open file.
-    pub fn create_temp(&self, prefix: &str) -> Result<(String, File), Error> {
+    pub(crate) fn create_temp(&self, prefix: &str) -> Result<(String, File), Error> {
         loop {
             let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let name = format!("{prefix}{}-{n}", std::process::id());
@@ -229,7 +229,7 @@ impl Dir {
     }
 
     /// Open (creating if needed) a lock file for writing; a link at `name` is refused.
-    pub fn open_lock(&self, name: &str) -> Result<File, Error> {
+    pub(crate) fn open_lock(&self, name: &str) -> Result<File, Error> {
         let fd = rustix::fs::openat(
             &*self.fd,
             name,
@@ -264,7 +264,7 @@ impl Dir {
     }
 
     /// Remove an empty subdirectory (a link at `name` is not a directory: refused).
-    pub fn remove_dir(&self, name: impl AsRef<OsStr>) -> Result<(), Error> {
+    pub(crate) fn remove_dir(&self, name: impl AsRef<OsStr>) -> Result<(), Error> {
         let name = name.as_ref();
         match rustix::fs::unlinkat(&*self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
@@ -350,14 +350,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// devices, directories, and files over `limit` bytes, each with a message naming the path.
 /// For files the user names (`--definition`, `--engine-meta`, engine files): links in the
 /// directories above are theirs to use.
-pub fn read_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>, Error> {
+pub(crate) fn read_file(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>, Error> {
     let (f, size) = open_file(path)?;
     read_bounded(f, size, limit, path, what)
 }
 
 /// Open a regular file the user named (following links, refusing anything that is not a
 /// regular file before a read can block); returns it with its size.
-pub fn open_file(path: &Path) -> Result<(File, u64), Error> {
+pub(crate) fn open_file(path: &Path) -> Result<(File, u64), Error> {
     let fd = rustix::fs::openat(
         CWD,
         path,

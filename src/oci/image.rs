@@ -89,7 +89,7 @@ impl Descriptor {
     }
 
     /// Whether the descriptor is for `os`/`architecture`.
-    pub fn is_platform(&self, os: &str, architecture: &str) -> bool {
+    pub(crate) fn is_platform(&self, os: &str, architecture: &str) -> bool {
         self.platform
             .as_ref()
             .is_some_and(|p| p.is(os, architecture))
@@ -120,7 +120,7 @@ pub struct Manifest {
 }
 
 /// The empty JSON object `{}`: the config blob of artifact manifests.
-pub const EMPTY_JSON: &[u8] = b"{}";
+pub(crate) const EMPTY_JSON: &[u8] = b"{}";
 
 impl Manifest {
     /// An OCI 1.1 artifact manifest attached to `subject`: `artifactType`, the empty config
@@ -178,9 +178,9 @@ pub struct Document {
 }
 
 /// The most manifests an index may list.
-pub const MAX_INDEX_ENTRIES: usize = 1000;
+pub(crate) const MAX_INDEX_ENTRIES: usize = 1000;
 /// The largest blob a descriptor may claim (1 TiB).
-pub const MAX_BLOB: u64 = 1 << 40;
+pub(crate) const MAX_BLOB: u64 = 1 << 40;
 
 impl Document {
     pub fn parse(bytes: &[u8]) -> Result<Document, serde_json::Error> {
@@ -256,7 +256,7 @@ impl Index {
 
 /// The runnable part of an image config (image-spec `config.md`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerConfig {
+pub(crate) struct ContainerConfig {
     #[serde(rename = "User", default, skip_serializing_if = "String::is_empty")]
     pub user: String,
     #[serde(
@@ -288,14 +288,14 @@ pub struct ContainerConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RootFs {
+pub(crate) struct RootFs {
     #[serde(rename = "type")]
     pub kind: String,
     pub diff_ids: Vec<Digest>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct History {
+pub(crate) struct History {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,7 +307,7 @@ pub struct History {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageConfig {
+pub(crate) struct ImageConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
     pub architecture: String,
@@ -327,7 +327,7 @@ pub fn encode<T: Serialize>(what: &str, v: &T) -> Result<Vec<u8>, Error> {
     })
 }
 
-pub fn decode<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, Error> {
+pub(crate) fn decode<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, Error> {
     serde_json::from_slice(bytes).map_err(|source| Error::Json {
         what: what.into(),
         source,
@@ -337,7 +337,7 @@ pub fn decode<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, 
 /// Parse `what` (`index.json`, `manifest sha256:…`), a document read from the layout at
 /// `layout`: one that does not parse is [`Error::Malformed`], bad input naming the layout.
 /// JSON is UTF-8 throughout: a byte that is not is refused even in a field nobody reads.
-pub fn decode_in<'a, T: Deserialize<'a>>(
+pub(crate) fn decode_in<'a, T: Deserialize<'a>>(
     layout: &std::path::Path,
     what: &str,
     bytes: &'a [u8],
@@ -353,7 +353,7 @@ pub fn decode_in<'a, T: Deserialize<'a>>(
 
 /// RFC 3339 UTC time of a Unix timestamp (`1970-01-01T00:00:00Z` for 0), without a clock or a
 /// date crate: civil-from-days (H. Hinnant's algorithm).
-pub fn rfc3339(epoch: u64) -> String {
+pub(crate) fn rfc3339(epoch: u64) -> String {
     let days = (epoch / 86_400) as i64;
     let secs = epoch % 86_400;
     let z = days + 719_468;

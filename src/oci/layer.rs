@@ -33,7 +33,7 @@ use super::tar::{self, Entry, Source};
 use super::{cjson, Compression, Digest, Error, LAYER_RECIPE};
 
 /// Size of the chunks the tar stream is cut into.
-pub const CHUNK: usize = 1 << 20;
+pub(crate) const CHUNK: usize = 1 << 20;
 
 /// How to write a layer.
 #[derive(Debug, Clone, Copy)]
@@ -146,7 +146,7 @@ pub(crate) fn stat_of(path: &Path) -> Result<serde_json::Value, Error> {
 }
 
 /// Hash the canonical tar of `entries` without storing anything: (diff_id, tar size).
-pub fn hash_tar(
+pub(crate) fn hash_tar(
     entries: &[Entry],
     mtime: u64,
     progress: &mut dyn FnMut(u64),

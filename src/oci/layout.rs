@@ -22,7 +22,7 @@ use super::{annotation, cjson, media, Digest, Dir, Error};
 
 /// The most layers a manifest read from a layout may list (container runtimes stop well
 /// before: overlayfs mounts at most 128 lower directories by default).
-pub const MAX_LAYERS: usize = 1000;
+pub(crate) const MAX_LAYERS: usize = 1000;
 
 /// Read `index.json`.
 pub fn read_index(store: &BlobStore) -> Result<Index, Error> {
@@ -38,7 +38,7 @@ pub fn read_index(store: &BlobStore) -> Result<Index, Error> {
 
 /// Write `index.json` holding `entries` first, then the old entries whose ref name is not
 /// among the new ones (so building one target keeps the others' tags).
-pub fn write_index(store: &BlobStore, entries: Vec<Descriptor>) -> Result<Digest, Error> {
+pub(crate) fn write_index(store: &BlobStore, entries: Vec<Descriptor>) -> Result<Digest, Error> {
     let new_names: BTreeSet<String> = entries.iter().filter_map(ref_name).collect();
     let mut all = entries;
     if let Ok(old) = read_index(store) {
@@ -142,7 +142,7 @@ fn is_index(d: &Descriptor) -> bool {
 }
 
 /// The platform every image infer-build builds or reads runs on.
-pub const PLATFORM: (&str, &str) = ("linux", "amd64");
+pub(crate) const PLATFORM: (&str, &str) = ("linux", "amd64");
 
 /// Select one image of the layout: `want` is a digest (of a top-level entry, or of a manifest
 /// listed in a top-level index: a platform manifest pinned by a lock file), a ref name, or

@@ -48,52 +48,53 @@ pub const MAX_DOCUMENT: u64 = 4 << 20;
 pub const LAYER_RECIPE: &str = "infer-build.layer.v2";
 
 /// The reverse-DNS prefix of every annotation and label infer-build defines.
-pub const ANNOTATION_PREFIX: &str = "dev.infer-build.";
+pub(crate) const ANNOTATION_PREFIX: &str = "dev.infer-build.";
 
 /// Media types (image-spec v1.1).
 pub mod media {
-    pub const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-    pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";
-    pub const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-    pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-    pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-    pub const LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
-    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub(crate) const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub(crate) const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub(crate) const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+    pub(crate) const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub(crate) const LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+    pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub(crate) const DOCKER_LIST: &str =
+        "application/vnd.docker.distribution.manifest.list.v2+json";
     pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
-    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+    pub(crate) const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
     /// The empty descriptor's media type (the config of artifact manifests).
-    pub const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+    pub(crate) const EMPTY: &str = "application/vnd.oci.empty.v1+json";
 
     /// The `Accept` header for manifest requests: every manifest kind infer-build reads.
-    pub const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \
+    pub(crate) const ACCEPT_MANIFESTS: &str = "application/vnd.oci.image.index.v1+json, \
 application/vnd.oci.image.manifest.v1+json, \
 application/vnd.docker.distribution.manifest.list.v2+json, \
 application/vnd.docker.distribution.manifest.v2+json";
 
     /// An image index or a Docker manifest list.
-    pub fn is_index(media_type: &str) -> bool {
+    pub(crate) fn is_index(media_type: &str) -> bool {
         media_type == INDEX || media_type == DOCKER_LIST
     }
 
     /// An OCI or Docker image manifest.
-    pub fn is_manifest(media_type: &str) -> bool {
+    pub(crate) fn is_manifest(media_type: &str) -> bool {
         media_type == MANIFEST || media_type == DOCKER_MANIFEST
     }
 }
 
 /// Standard annotation keys (image-spec `annotations.md`).
 pub mod annotation {
-    pub const CREATED: &str = "org.opencontainers.image.created";
-    pub const VERSION: &str = "org.opencontainers.image.version";
-    pub const REVISION: &str = "org.opencontainers.image.revision";
-    pub const SOURCE: &str = "org.opencontainers.image.source";
-    pub const TITLE: &str = "org.opencontainers.image.title";
-    pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
-    pub const BASE_NAME: &str = "org.opencontainers.image.base.name";
-    pub const BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
+    pub(crate) const CREATED: &str = "org.opencontainers.image.created";
+    pub(crate) const VERSION: &str = "org.opencontainers.image.version";
+    pub(crate) const REVISION: &str = "org.opencontainers.image.revision";
+    pub(crate) const SOURCE: &str = "org.opencontainers.image.source";
+    pub(crate) const TITLE: &str = "org.opencontainers.image.title";
+    pub(crate) const REF_NAME: &str = "org.opencontainers.image.ref.name";
+    pub(crate) const BASE_NAME: &str = "org.opencontainers.image.base.name";
+    pub(crate) const BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
     /// containerd's import reads the full image name from this one.
-    pub const CONTAINERD_IMAGE_NAME: &str = "io.containerd.image.name";
+    pub(crate) const CONTAINERD_IMAGE_NAME: &str = "io.containerd.image.name";
 }
 
 /// Errors of the `oci` module.
@@ -220,7 +221,7 @@ impl Error {
 
     /// This error as an `io::Error`, for modules whose own error wraps one: the underlying
     /// I/O error when there is one, else the message (a refused link, a non-regular file).
-    pub fn into_io(self) -> std::io::Error {
+    pub(crate) fn into_io(self) -> std::io::Error {
         match self {
             Error::Io { source, .. } => source,
             e => std::io::Error::other(e.to_string()),

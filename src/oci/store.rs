@@ -70,12 +70,12 @@ impl TempBlob {
             .as_mut()
             .expect("temp blob file is open until commit")
     }
-    pub fn take_file(&mut self) -> File {
+    pub(crate) fn take_file(&mut self) -> File {
         self.file
             .take()
             .expect("temp blob file is open until commit")
     }
-    pub fn put_file(&mut self, f: File) {
+    pub(crate) fn put_file(&mut self, f: File) {
         self.file = Some(f);
     }
     pub fn path(&self) -> &Path {
@@ -233,7 +233,7 @@ impl BlobStore {
     }
 
     /// Make the fsynced file `name` of `dir` (on the same filesystem) the blob `d`.
-    pub fn adopt(&self, dir: &Dir, name: &str, d: &Digest) -> Result<(), Error> {
+    pub(crate) fn adopt(&self, dir: &Dir, name: &str, d: &Digest) -> Result<(), Error> {
         let blobs = self.blobs(d)?;
         dir.rename(name, blobs, d.hex())?;
         blobs.sync();
@@ -256,7 +256,7 @@ impl BlobStore {
     /// Open a blob for reading: a regular file (never through a link) whose size is `size`.
     /// The size is checked before any byte is read, so a descriptor cannot make a read
     /// unbounded.
-    pub fn open_blob(&self, d: &Digest, size: u64) -> Result<File, Error> {
+    pub(crate) fn open_blob(&self, d: &Digest, size: u64) -> Result<File, Error> {
         let (f, st) = self.open_any(d)?;
         if st.size != size {
             return Err(Error::WrongSize {
@@ -310,7 +310,7 @@ impl BlobStore {
 
     /// Read a JSON document blob whole, checking it against its descriptor: a regular file of
     /// exactly `size` bytes (at most [`MAX_DOCUMENT`]) whose sha256 is `d`.
-    pub fn read_exact(&self, d: &Digest, size: u64) -> Result<Vec<u8>, Error> {
+    pub(crate) fn read_exact(&self, d: &Digest, size: u64) -> Result<Vec<u8>, Error> {
         if size > MAX_DOCUMENT {
             return Err(Error::TooBig {
                 path: self.blob_path(d),
@@ -325,7 +325,12 @@ impl BlobStore {
 
     /// Stream a blob into `w`, verifying digest and size as it goes (never more than `size`
     /// bytes are read).
-    pub fn copy_verified(&self, d: &Digest, size: u64, w: &mut dyn Write) -> Result<(), Error> {
+    pub(crate) fn copy_verified(
+        &self,
+        d: &Digest,
+        size: u64,
+        w: &mut dyn Write,
+    ) -> Result<(), Error> {
         let p = self.blob_path(d);
         let f = self.open_blob(d, size)?;
         let mut r = BufReader::with_capacity(1 << 20, f.take(size));
@@ -401,7 +406,7 @@ impl BlobStore {
     /// a base layer is decompressed once per layout, not once per build. `origin` is the layout
     /// the layer and its config came from (a base imported into this store): a wrong diff_id or
     /// a layer that does not decode names it, not this store.
-    pub fn verify_diff_id(
+    pub(crate) fn verify_diff_id(
         &self,
         d: &Digest,
         size: u64,
@@ -450,7 +455,7 @@ impl BlobStore {
     }
 
     /// Look up a build-cache record; a record whose blob has gone is a miss.
-    pub fn cache_get(&self, key: &Digest) -> Option<LayerRecord> {
+    pub(crate) fn cache_get(&self, key: &Digest) -> Option<LayerRecord> {
         let bytes = self
             .cache
             .as_ref()?
@@ -460,7 +465,7 @@ impl BlobStore {
         self.has(&r.digest, r.size).then_some(r)
     }
 
-    pub fn cache_put(&self, key: &Digest, r: &LayerRecord) -> Result<(), Error> {
+    pub(crate) fn cache_put(&self, key: &Digest, r: &LayerRecord) -> Result<(), Error> {
         let bytes = cjson::to_vec(r).map_err(|source| Error::Json {
             what: "cache record".into(),
             source,
@@ -470,13 +475,13 @@ impl BlobStore {
     }
 
     /// Write a top-level layout file (`index.json`) atomically.
-    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), Error> {
+    pub(crate) fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), Error> {
         self.top.write_atomic(name, bytes, self.tmp.as_ref())
     }
 
     /// Read a top-level layout file (`index.json`): a regular file of at most
     /// [`MAX_DOCUMENT`] bytes.
-    pub fn read_file(&self, name: &str) -> Result<Vec<u8>, Error> {
+    pub(crate) fn read_file(&self, name: &str) -> Result<Vec<u8>, Error> {
         self.top.read(name, MAX_DOCUMENT, name)
     }
 }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use super::Error;
 
-pub const BLOCK: usize = 512;
+pub(crate) const BLOCK: usize = 512;
 
 /// What an entry is and where its bytes come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Entry {
 }
 
 /// Check one path against what tar (and the policy) can represent.
-pub fn check_path(path: &str) -> Result<(), Error> {
+pub(crate) fn check_path(path: &str) -> Result<(), Error> {
     let bad = |why| {
         Err(Error::BadEntryName {
             path: path.into(),

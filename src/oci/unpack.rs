@@ -20,8 +20,8 @@ use super::{Digest, Error};
 /// A layer may uncompress to at most `MAX_EXPANSION` times its compressed size, or
 /// [`EXPANSION_FLOOR`] bytes when that is more. Real layers expand 2-5×; deflate's own limit is
 /// about 1000×, which only runs of zeros reach.
-pub const MAX_EXPANSION: u64 = 100;
-pub const EXPANSION_FLOOR: u64 = 1 << 30;
+pub(crate) const MAX_EXPANSION: u64 = 100;
+pub(crate) const EXPANSION_FLOOR: u64 = 1 << 30;
 
 /// The most bytes a layer of `size` compressed bytes may uncompress to.
 pub fn expansion_limit(size: u64) -> u64 {
@@ -30,7 +30,7 @@ pub fn expansion_limit(size: u64) -> u64 {
 
 /// How a layer's bytes are encoded, from its media type (OCI and Docker names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
+pub(crate) enum Encoding {
     Tar,
     Gzip,
     Zstd,
@@ -74,7 +74,7 @@ pub struct LayerErrors {
 impl LayerErrors {
     /// The layout named as the layer's origin (the base a layer was imported from, rather
     /// than the output it is read back from).
-    pub fn in_layout(mut self, origin: &Path) -> LayerErrors {
+    pub(crate) fn in_layout(mut self, origin: &Path) -> LayerErrors {
         self.layout = origin.to_path_buf();
         self
     }
@@ -155,7 +155,7 @@ pub fn open(
 
 /// [`open`] without the digest check, for a blob this build has already verified (it still
 /// checks that it is a regular file of `size` bytes and reads no further).
-pub fn open_unverified(
+pub(crate) fn open_unverified(
     store: &BlobStore,
     d: &Digest,
     size: u64,

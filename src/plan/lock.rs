@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// The lock format version this build reads and writes.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// A parsed lock file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,7 +95,7 @@ struct Raw {
 }
 
 /// The lock file of `recipe`: the same path with the extension `.lock`.
-pub fn path_for(recipe: &Path) -> PathBuf {
+pub(crate) fn path_for(recipe: &Path) -> PathBuf {
     recipe.with_extension("lock")
 }
 
@@ -144,7 +144,7 @@ impl Lock {
     /// Record (or replace) a library pin, keeping the entries sorted by name, platform and
     /// version. `only`: the pin replaces every other version of the name on the platform
     /// (a library the matrix pins one version of); otherwise each version has its own pin.
-    pub fn set_library(&mut self, lib: LockedLibrary, only: bool) {
+    pub(crate) fn set_library(&mut self, lib: LockedLibrary, only: bool) {
         if only {
             self.libraries
                 .retain(|l| !(l.name == lib.name && l.platform == lib.platform));

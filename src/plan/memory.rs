@@ -16,11 +16,11 @@ use crate::recipe::{Recipe, Tensor};
 use super::{TargetKind, TargetPlan};
 
 /// The share of a target's memory kept free.
-pub const HEADROOM_PERCENT: u64 = 10;
+pub(crate) const HEADROOM_PERCENT: u64 = 10;
 /// What the server itself takes once: on a GPU the CUDA context and TensorRT's runtime, on a
 /// CPU the server, its buffers and the tokenizer pool.
-pub const GPU_OVERHEAD: u64 = 512 << 20;
-pub const CPU_OVERHEAD: u64 = 64 << 20;
+pub(crate) const GPU_OVERHEAD: u64 = 512 << 20;
+pub(crate) const CPU_OVERHEAD: u64 = 64 << 20;
 
 /// The bytes the weights keep per byte of the (fp32) ONNX file at `precision`.
 fn weight_factor(precision: Precision) -> f64 {
@@ -51,7 +51,7 @@ fn row_elements(t: &Tensor, open: u64) -> u64 {
 }
 
 /// The estimated bytes `recipe`'s model needs on target `t`, its ONNX file being `onnx_bytes`.
-pub fn model_need(recipe: &Recipe, t: &TargetPlan, onnx_bytes: u64) -> u64 {
+pub(crate) fn model_need(recipe: &Recipe, t: &TargetPlan, onnx_bytes: u64) -> u64 {
     let instances = u64::from(recipe.batching.instances.max(1));
     let batch = u64::from(recipe.batching.max_batch_size.max(1));
     let weights = (onnx_bytes as f64 * weight_factor(t.precision)) as u64;
@@ -132,7 +132,7 @@ pub fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
 }
 
 /// The pod memory, in MiB, that holds `total` bytes with the headroom kept free.
-pub fn pod_mib_for(total: u64) -> u64 {
+pub(crate) fn pod_mib_for(total: u64) -> u64 {
     (total / (100 - HEADROOM_PERCENT) * 100).div_ceil(1 << 20)
 }
 

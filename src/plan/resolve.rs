@@ -53,7 +53,7 @@ impl GpuGroup<'_> {
         }
     }
 
-    pub fn tensor_cores(&self) -> Vec<Precision> {
+    pub(crate) fn tensor_cores(&self) -> Vec<Precision> {
         let mut tc: Vec<Precision> = self
             .products
             .first()

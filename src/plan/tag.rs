@@ -10,7 +10,7 @@ use crate::recipe::{Diagnostic, Recipe};
 use super::types::{TargetKind, TargetPlan};
 
 /// The longest tag OCI allows.
-pub const MAX_TAG: usize = 128;
+pub(crate) const MAX_TAG: usize = 128;
 
 /// The value of each placeholder for one target.
 fn value(recipe: &Recipe, t: &TargetPlan, name: &str) -> Option<String> {
@@ -67,7 +67,7 @@ pub fn render(
 }
 
 /// Replace characters OCI tags do not allow with `-` (a leading `.` or `-` with `_`).
-pub fn sanitize(s: &str) -> (String, bool) {
+pub(crate) fn sanitize(s: &str) -> (String, bool) {
     let mut changed = false;
     let out: String = s
         .chars()
@@ -92,7 +92,7 @@ pub fn sanitize(s: &str) -> (String, bool) {
 /// A bundle's tags, for the targets its models share (`first` is its first model's recipe):
 /// the bundle's template, `{model}` and `{version}` the bundle's name and version, the other
 /// placeholders the target's; refused as a recipe's template is, at the bundle's key.
-pub fn apply_bundle(
+pub(crate) fn apply_bundle(
     bundle: &crate::recipe::bundle::Bundle,
     first: &Recipe,
     targets: &mut [TargetPlan],

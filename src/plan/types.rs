@@ -59,7 +59,7 @@ impl BuildPlan {
     }
 
     /// Base images that still need their digest recorded in the lock file (first pull).
-    pub fn unpinned_images(&self) -> Vec<&ImagePin> {
+    pub(crate) fn unpinned_images(&self) -> Vec<&ImagePin> {
         let mut v: Vec<&ImagePin> = self
             .targets
             .iter()
@@ -134,7 +134,7 @@ pub struct CpuPlan {
 
 impl CpuPlan {
     /// True when ONNX Runtime is a candidate (forced, or `auto` with base and library known).
-    pub fn onnxruntime_possible(&self) -> bool {
+    pub(crate) fn onnxruntime_possible(&self) -> bool {
         self.engine != crate::recipe::CpuEngine::Tract
             && self.glibc_base.is_some()
             && self.onnxruntime.is_some()
@@ -234,12 +234,12 @@ pub struct ImagePin {
 
 impl ImagePin {
     /// True when the digest is still to be recorded in the lock file at first pull.
-    pub fn needs_lock(&self) -> bool {
+    pub(crate) fn needs_lock(&self) -> bool {
         self.digest.is_none() && self.pinned_by == PinnedBy::Lock
     }
 
     /// What to pull: `reference@digest` when pinned, else the reference.
-    pub fn pull_reference(&self) -> String {
+    pub(crate) fn pull_reference(&self) -> String {
         match &self.digest {
             Some(d) => format!("{}@{}", self.reference, d),
             None => self.reference.clone(),

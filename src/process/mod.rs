@@ -157,11 +157,11 @@ impl Output {
         self.code == Some(0)
     }
 
-    pub fn stdout_text(&self) -> String {
+    pub(crate) fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
 
-    pub fn stderr_text(&self) -> String {
+    pub(crate) fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
 
@@ -223,7 +223,7 @@ impl Runner for SystemRunner {
 /// A process left running in the background (a server a benchmark drives), both of its
 /// outputs appended to a log file; killed and reaped when dropped.
 #[derive(Debug)]
-pub struct Background {
+pub(crate) struct Background {
     child: std::process::Child,
 }
 

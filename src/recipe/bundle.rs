@@ -34,7 +34,7 @@ const BUNDLE_KEYS: [&str; 3] = ["name", "version", "models"];
 const IMAGE_KEYS: [&str; 4] = ["repository", "tag", "user", "labels"];
 
 /// The most models a bundle lists (the runtime's bound, [`infer_spec::runtime::MAX_BUNDLE_MODELS`]).
-pub const MAX_MODELS: usize = infer_spec::runtime::MAX_BUNDLE_MODELS;
+pub(crate) const MAX_MODELS: usize = infer_spec::runtime::MAX_BUNDLE_MODELS;
 
 /// A validated bundle file.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +64,7 @@ pub struct Bundle {
 impl Bundle {
     /// `first` (its first model's recipe) named, versioned, imaged and deployed as the bundle
     /// says: the recipe-shaped view the plan's tags and `deploy` read a bundle through.
-    pub fn as_recipe(&self, first: &super::Recipe) -> super::Recipe {
+    pub(crate) fn as_recipe(&self, first: &super::Recipe) -> super::Recipe {
         let mut r = first.clone();
         r.file = self.file.clone();
         r.model.name = self.name.clone();
@@ -79,7 +79,7 @@ impl Bundle {
 }
 
 /// True when `text` is a bundle file (a top-level `[bundle]` table) rather than a recipe.
-pub fn is_bundle_text(text: &str) -> bool {
+pub(crate) fn is_bundle_text(text: &str) -> bool {
     toml::de::DeTable::parse(text)
         .map(|t| t.get_ref().contains_key("bundle"))
         .unwrap_or(false)
@@ -87,7 +87,7 @@ pub fn is_bundle_text(text: &str) -> bool {
 
 /// True when the file at `path` is a bundle file; a file that cannot be read is not (the
 /// recipe loader then reports why).
-pub fn is_bundle(path: &Path) -> bool {
+pub(crate) fn is_bundle(path: &Path) -> bool {
     read_recipe(path)
         .ok()
         .and_then(|b| String::from_utf8(b).ok())

@@ -24,7 +24,7 @@ pub struct Span {
 impl Span {
     /// The start of the file (1:1), used for problems that belong to no particular place, such
     /// as a missing required table.
-    pub const START: Span = Span {
+    pub(crate) const START: Span = Span {
         line: 1,
         col: 1,
         start: 0,
@@ -118,7 +118,7 @@ impl Diagnostic {
     }
 
     /// The same diagnostic with a hint line.
-    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+    pub(crate) fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
         self
     }

@@ -105,7 +105,7 @@ impl ConvertTool {
     }
 
     /// The calibration methods this tool takes for INT8 (`fp8 = false`) or FP8.
-    pub fn methods(self, fp8: bool) -> &'static [&'static str] {
+    pub(crate) fn methods(self, fp8: bool) -> &'static [&'static str] {
         match (self, fp8) {
             (ConvertTool::Builtin, false) => &CALIBRATION_METHODS,
             (ConvertTool::Builtin, true) => &FP8_CALIBRATION_METHODS,
@@ -115,7 +115,7 @@ impl ConvertTool {
     }
 
     /// The calibration method when `[int8] method` / `[fp8] method` is not given.
-    pub fn default_method(self) -> &'static str {
+    pub(crate) fn default_method(self) -> &'static str {
         match self {
             // Percentile (99.999th) clips rare outliers; on the PaddleOCR classifier it kept
             // top-1 agreement where min-max and entropy did not (docs/engines.md).
@@ -194,13 +194,6 @@ pub struct Tensor {
     pub shape: Vec<i64>,
     /// Ranges for the dynamic non-batch dimensions (inputs only).
     pub profile: Option<ShapeProfile>,
-}
-
-impl Tensor {
-    /// True when any dimension after the batch dimension is dynamic.
-    pub fn has_dynamic_non_batch_dims(&self) -> bool {
-        self.shape.iter().skip(1).any(|&d| d == -1)
-    }
 }
 
 /// Shape profile of one input: for each dimension after the batch dimension the smallest,
@@ -285,7 +278,7 @@ pub use infer_spec::engine::Version;
 /// A version as a recipe may write it: 1 to 4 dot-separated decimal components of at most 9
 /// digits each, nothing around them (stricter than [`Version`]'s own parser, which also reads
 /// the matrix's longer build numbers).
-pub fn parse_version(s: &str) -> Option<Version> {
+pub(crate) fn parse_version(s: &str) -> Option<Version> {
     let parts: Vec<&str> = s.split('.').collect();
     let ok = (1..=4).contains(&parts.len())
         && parts
@@ -331,7 +324,7 @@ pub struct Fp8 {
 
 /// Calibration methods `[int8] method` and `[fp8] method` accept under `engine.convert =
 /// "modelopt"` (ModelOpt's `max`, spelled `minmax` here as for the builtin tools, and `entropy`).
-pub const MODELOPT_CALIBRATION_METHODS: [&str; 2] = ["minmax", "entropy"];
+pub(crate) const MODELOPT_CALIBRATION_METHODS: [&str; 2] = ["minmax", "entropy"];
 
 /// Calibration methods `[fp8] method` accepts (infer-build's FP8 quantiser: the largest
 /// magnitude, or its 99.999th percentile).
@@ -421,7 +414,7 @@ impl ImageLayout {
 }
 
 /// The placeholders a tag template may use.
-pub const TAG_PLACEHOLDERS: [&str; 8] = [
+pub(crate) const TAG_PLACEHOLDERS: [&str; 8] = [
     "model",
     "version",
     "target",

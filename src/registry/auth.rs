@@ -26,14 +26,14 @@ use super::{Error, Result};
 use crate::process::{Cmd, SystemRunner};
 
 /// Environment variables that give credentials for the one registry [`ENV_REGISTRY`] names.
-pub const ENV_USER: &str = "INFER_BUILD_REGISTRY_USER";
-pub const ENV_PASSWORD: &str = "INFER_BUILD_REGISTRY_PASSWORD";
+pub(crate) const ENV_USER: &str = "INFER_BUILD_REGISTRY_USER";
+pub(crate) const ENV_PASSWORD: &str = "INFER_BUILD_REGISTRY_PASSWORD";
 /// The registry (`host[:port]`) the environment credentials are for; unset = they are not used.
-pub const ENV_REGISTRY: &str = "INFER_BUILD_REGISTRY";
+pub(crate) const ENV_REGISTRY: &str = "INFER_BUILD_REGISTRY";
 /// The containers tools' variable naming the one credentials file to use.
-pub const ENV_AUTH_FILE: &str = "REGISTRY_AUTH_FILE";
+pub(crate) const ENV_AUTH_FILE: &str = "REGISTRY_AUTH_FILE";
 /// How long a credential helper may take.
-pub const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Credentials files are small; anything bigger is not one.
 const MAX_FILE: u64 = 4 << 20;
 
@@ -57,7 +57,7 @@ impl std::fmt::Debug for Credential {
 
 impl Credential {
     /// The `Authorization: Basic …` value, when these are basic credentials.
-    pub fn basic_header(&self) -> Option<String> {
+    pub(crate) fn basic_header(&self) -> Option<String> {
         match self {
             Credential::Basic { username, password } => Some(format!(
                 "Basic {}",
@@ -186,7 +186,7 @@ pub fn env_credential(registry: &str, var: &dyn Fn(&str) -> Option<String>) -> E
 
 /// What to tell a user whose request `registry` refused without credentials: where
 /// credentials come from, and why the environment's were not used when they are set.
-pub fn missing_credentials_hint(registry: &str) -> String {
+pub(crate) fn missing_credentials_hint(registry: &str) -> String {
     let how = format!(
         "run `infer-build login`, skopeo or docker login, or set {ENV_REGISTRY}={registry} with {ENV_USER}/{ENV_PASSWORD}"
     );
@@ -197,7 +197,7 @@ pub fn missing_credentials_hint(registry: &str) -> String {
 }
 
 /// The default search, from the environment `var` gives.
-pub fn default_files(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Vec<CredFile> {
+pub(crate) fn default_files(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Vec<CredFile> {
     if let Some(p) = var(ENV_AUTH_FILE) {
         return vec![CredFile {
             path: PathBuf::from(p),
@@ -362,7 +362,7 @@ pub fn login(
 /// The parts of a credentials file (Docker's `config.json`, containers' `auth.json`) that
 /// matter here.
 #[derive(Debug, Default, serde::Deserialize)]
-pub struct DockerConfig {
+pub(crate) struct DockerConfig {
     #[serde(default)]
     auths: std::collections::BTreeMap<String, AuthEntry>,
     #[serde(default, rename = "credsStore")]
@@ -399,7 +399,7 @@ pub enum Source {
 }
 
 /// Parse a credentials file. The error names the problem, never a value.
-pub fn parse_docker_config(text: &str) -> std::result::Result<DockerConfig, String> {
+pub(crate) fn parse_docker_config(text: &str) -> std::result::Result<DockerConfig, String> {
     serde_json::from_str(text).map_err(|e| {
         format!(
             "not a credentials file (Docker config.json / containers auth.json): line {} column {}",
@@ -420,7 +420,7 @@ fn key_host(key: &str) -> &str {
 }
 
 /// True when a credentials-file key names `registry`. Docker Hub has several names.
-pub fn same_registry(key: &str, registry: &str) -> bool {
+pub(crate) fn same_registry(key: &str, registry: &str) -> bool {
     let host = key_host(key);
     host == registry
         || (registry == "registry-1.docker.io" && matches!(host, "index.docker.io" | "docker.io"))
@@ -429,7 +429,7 @@ pub fn same_registry(key: &str, registry: &str) -> bool {
 impl DockerConfig {
     /// Where `registry`'s credentials are. An `auths` entry for it that holds nothing usable
     /// is an error (naming the registry, never the value).
-    pub fn source_for(&self, registry: &str) -> std::result::Result<Source, String> {
+    pub(crate) fn source_for(&self, registry: &str) -> std::result::Result<Source, String> {
         if let Some((_, helper)) = self
             .cred_helpers
             .iter()
@@ -478,7 +478,7 @@ impl DockerConfig {
 /// Ask `docker-credential-<helper> get` for the credentials of `registry`, through `runner`,
 /// killing it after `timeout` ([`HELPER_TIMEOUT`] in lookups). The error (a reason) never
 /// holds the helper's output.
-pub fn run_helper(
+pub(crate) fn run_helper(
     runner: &dyn crate::process::Runner,
     helper: &str,
     registry: &str,
@@ -533,7 +533,7 @@ pub fn run_helper(
 
 /// A parsed `WWW-Authenticate` challenge.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Challenge {
+pub(crate) enum Challenge {
     Basic,
     Bearer {
         realm: String,
@@ -544,7 +544,7 @@ pub enum Challenge {
 
 /// Parse a `WWW-Authenticate` header value (`Basic realm="x"` or
 /// `Bearer realm="https://auth",service="reg",scope="repository:a:pull"`).
-pub fn parse_challenge(header: &str) -> Option<Challenge> {
+pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
     let header = header.trim();
     let (scheme, params) = header.split_once(' ').unwrap_or((header, ""));
     let params = parse_params(params);

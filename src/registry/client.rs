@@ -46,9 +46,9 @@ pub const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Timeouts allowed per request (first try included) before giving up.
 pub const MAX_TIMEOUTS: u32 = 3;
 /// The environment variable that sets [`ClientOptions::min_rate`] (bytes per second).
-pub const ENV_MIN_RATE: &str = "INFER_BUILD_REGISTRY_MIN_RATE";
+pub(crate) const ENV_MIN_RATE: &str = "INFER_BUILD_REGISTRY_MIN_RATE";
 /// The environment variable that sets [`ClientOptions::rate_window`] (seconds).
-pub const ENV_RATE_WINDOW: &str = "INFER_BUILD_REGISTRY_RATE_WINDOW";
+pub(crate) const ENV_RATE_WINDOW: &str = "INFER_BUILD_REGISTRY_RATE_WINDOW";
 /// The default minimum transfer rate: 64 KiB/s.
 pub const DEFAULT_MIN_RATE: u64 = 64 << 10;
 /// The default window over which the minimum rate is measured.
@@ -59,10 +59,10 @@ pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
 pub const ENV_REALMS: &str = "INFER_BUILD_REGISTRY_REALMS";
 /// Docker Hub's token service, the one realm on another host that gets a registry's
 /// credentials without being asked (Docker Hub's own clients send them there).
-pub const DOCKER_HUB_REALM: &str = "https://auth.docker.io";
+pub(crate) const DOCKER_HUB_REALM: &str = "https://auth.docker.io";
 /// The longest `Retry-After` waited for; a registry asking for longer fails the request at
 /// once, naming its limit.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// Where the client says what it is waiting for (a rate limit): the CLI prints it; by default
 /// nothing is said.
@@ -70,7 +70,7 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 pub struct Notify(pub Option<std::sync::Arc<NotifyFn>>);
 
 /// What a [`Notify`] calls.
-pub type NotifyFn = dyn Fn(&str) + Send + Sync;
+pub(crate) type NotifyFn = dyn Fn(&str) + Send + Sync;
 
 impl std::fmt::Debug for Notify {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,7 +133,9 @@ pub struct ClientOptions {
 
 /// The pairs of [`ENV_REALMS`] from the environment `var` reads; an error names the entry
 /// that is not `REGISTRY=HOST`.
-pub fn trusted_realms_from(var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>> {
+pub(crate) fn trusted_realms_from(
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>> {
     let Some(text) = var(ENV_REALMS) else {
         return Ok(Vec::new());
     };
@@ -170,7 +172,7 @@ pub fn trusted_realms_from(var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(
 /// (`INFER_BUILD_REGISTRY_MIN_RATE`: bytes per second, a whole number of at least 1;
 /// `INFER_BUILD_REGISTRY_RATE_WINDOW`: seconds, decimals allowed, above 0 and at most a day),
 /// each `None` when unset or empty; an error names the variable and what it holds.
-pub fn rate_limits_from(
+pub(crate) fn rate_limits_from(
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Option<u64>, Option<Duration>)> {
     let get = |k: &str| {
@@ -292,7 +294,7 @@ impl RateGuard {
 }
 
 /// A reader whose bytes go through a [`RateGuard`].
-pub struct Guarded<R> {
+pub(crate) struct Guarded<R> {
     pub inner: R,
     pub guard: RateGuard,
 }
@@ -348,7 +350,7 @@ impl<'a> Req<'a> {
             expect_bytes: 0,
         }
     }
-    pub fn expect_bytes(mut self, n: u64) -> Self {
+    pub(crate) fn expect_bytes(mut self, n: u64) -> Self {
         self.expect_bytes = n;
         self
     }
@@ -362,7 +364,7 @@ impl<'a> Req<'a> {
     }
 }
 
-pub type Resp = Response<ureq::Body>;
+pub(crate) type Resp = Response<ureq::Body>;
 
 #[derive(Debug)]
 enum AuthMode {
@@ -468,7 +470,7 @@ impl Client {
 
     /// A [`RateGuard`] with this client's minimum rate and window, for a body read by the
     /// caller (a blob download).
-    pub fn rate_guard(&self) -> RateGuard {
+    pub(crate) fn rate_guard(&self) -> RateGuard {
         RateGuard::new(self.opts.min_rate, self.opts.rate_window)
     }
 
@@ -482,7 +484,7 @@ impl Client {
     ///
     /// Also when the registry's token service is on another host that got none of its
     /// credentials: the hint names that host, the `login` to run and the opt-in.
-    pub fn missing_credentials_hint(&self) -> Option<String> {
+    pub(crate) fn missing_credentials_hint(&self) -> Option<String> {
         if self.credential.is_none() {
             return Some(super::auth::missing_credentials_hint(&self.registry));
         }
@@ -608,7 +610,7 @@ impl Client {
 
     /// Sleep before retry number `attempt` (1-based): `Retry-After` when the server gave one
     /// (capped at a minute), else exponential backoff with jitter.
-    pub fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
+    pub(crate) fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
         let d = match retry_after {
             Some(d) => d.min(MAX_RETRY_AFTER),
             None => {
@@ -1023,11 +1025,11 @@ fn realm_host(realm: &str) -> Option<String> {
     (!host.is_empty() && !host.contains('@')).then(|| host.to_ascii_lowercase())
 }
 
-pub fn retryable_status(status: u16) -> bool {
+pub(crate) fn retryable_status(status: u16) -> bool {
     matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
 }
 
-pub fn retryable_error(e: &ureq::Error) -> bool {
+pub(crate) fn retryable_error(e: &ureq::Error) -> bool {
     use std::io::ErrorKind as K;
     match e {
         // Dropped or refused connections are worth another try; TLS failures (bad
@@ -1054,7 +1056,7 @@ pub fn retryable_error(e: &ureq::Error) -> bool {
 
 /// True when a body read failed because a deadline passed (ureq wraps its `Timeout` in an
 /// `io::Error`; the socket's own says `TimedOut`).
-pub fn is_timeout(e: &std::io::Error) -> bool {
+pub(crate) fn is_timeout(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::TimedOut
         || e.get_ref()
             .and_then(|x| x.downcast_ref::<ureq::Error>())
@@ -1062,7 +1064,7 @@ pub fn is_timeout(e: &std::io::Error) -> bool {
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is treated as "use the backoff").
-pub fn retry_after(resp: &Resp) -> Option<Duration> {
+pub(crate) fn retry_after(resp: &Resp) -> Option<Duration> {
     resp.headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
@@ -1072,7 +1074,7 @@ pub fn retry_after(resp: &Resp) -> Option<Duration> {
 
 /// The error for an unexpected status, with the registry's error code and message when the
 /// body is the distribution-spec error JSON.
-pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> Error {
+pub(crate) fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> Error {
     let limits = if status == 429 {
         rate_limit_detail(&resp)
     } else {
@@ -1125,7 +1127,7 @@ pub fn status_error(method: &Method, url: &str, status: u16, mut resp: Resp) -> 
 /// The rate-limit headers a registry sent (`RateLimit-Limit`, `RateLimit-Remaining`,
 /// `RateLimit-Reset`, `Retry-After`, Docker Hub's `Docker-RateLimit-Source`), as
 /// `Name: value` pairs; `None` when it sent none.
-pub fn rate_limit_detail(resp: &Resp) -> Option<String> {
+pub(crate) fn rate_limit_detail(resp: &Resp) -> Option<String> {
     let names = [
         ("ratelimit-limit", "RateLimit-Limit"),
         ("ratelimit-remaining", "RateLimit-Remaining"),
@@ -1144,7 +1146,7 @@ pub fn rate_limit_detail(resp: &Resp) -> Option<String> {
 
 /// The last byte of a `Range: 0-<last>` (or `bytes=0-<last>`) answer; `None` unless it starts
 /// at 0 and both ends are numbers.
-pub fn parse_range(r: &str) -> Option<u64> {
+pub(crate) fn parse_range(r: &str) -> Option<u64> {
     let r = r.trim();
     let r = r.strip_prefix("bytes=").unwrap_or(r);
     let (first, last) = r.split_once('-')?;
@@ -1191,7 +1193,7 @@ pub fn origin(url: &str) -> Option<String> {
 }
 
 /// The reason of a refused downgrade: ours say it; ureq's (a redirect) give only the URL.
-pub fn downgrade_reason(why: String) -> String {
+pub(crate) fn downgrade_reason(why: String) -> String {
     if why.contains("downgrade") {
         why
     } else {
@@ -1240,7 +1242,7 @@ pub fn header<'r>(resp: &'r Resp, name: &str) -> Option<&'r str> {
 }
 
 /// Append `key=value` to a URL that may already have a query.
-pub fn with_query(url: &str, key: &str, value: &str) -> String {
+pub(crate) fn with_query(url: &str, key: &str, value: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{key}={}", encode_query(value))
 }

@@ -16,7 +16,7 @@ use crate::oci::Digest;
 
 /// An OCI layout directory.
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub(crate) struct Layout {
     pub root: PathBuf,
     store: BlobStore,
 }
@@ -34,7 +34,7 @@ impl Layout {
     }
 
     /// Open `root` as a layout, creating an empty one when it does not exist.
-    pub fn open_or_create(root: &Path) -> Result<Layout> {
+    pub(crate) fn open_or_create(root: &Path) -> Result<Layout> {
         if root.join("oci-layout").is_file() {
             return Layout::open(root);
         }
@@ -83,7 +83,7 @@ impl Layout {
     }
 
     /// Check that a blob is there, a regular file (no link followed) of the descriptor's size.
-    pub fn check_blob(&self, desc: &Descriptor) -> Result<PathBuf> {
+    pub(crate) fn check_blob(&self, desc: &Descriptor) -> Result<PathBuf> {
         self.store
             .open_blob(&desc.digest, desc.size)
             .map_err(|e| self.err(e))?;
@@ -92,7 +92,7 @@ impl Layout {
 
     /// Read a small blob (manifest, index, config): a regular file of the descriptor's size, at
     /// most [`crate::oci::MAX_DOCUMENT`] bytes, whose digest is verified.
-    pub fn read_small(&self, desc: &Descriptor) -> Result<Vec<u8>> {
+    pub(crate) fn read_small(&self, desc: &Descriptor) -> Result<Vec<u8>> {
         let d = &desc.digest;
         self.store.read_exact(d, desc.size).map_err(|e| match e {
             crate::oci::Error::Corrupt { actual, .. } => Error::DigestMismatch {
@@ -109,8 +109,9 @@ impl Layout {
         &self.store
     }
 
+    #[cfg(test)]
     /// Store bytes as a blob; returns its digest.
-    pub fn put_bytes(&self, bytes: &[u8]) -> Result<Digest> {
+    pub(crate) fn put_bytes(&self, bytes: &[u8]) -> Result<Digest> {
         let digest = Digest::of(bytes);
         let path = self.blob_path(&digest);
         if !path.exists() {
@@ -120,7 +121,7 @@ impl Layout {
     }
 
     /// Add or replace the `index.json` entry named `name` (by `org.opencontainers.image.ref.name`).
-    pub fn set_ref(&self, name: &str, mut desc: Descriptor) -> Result<()> {
+    pub(crate) fn set_ref(&self, name: &str, mut desc: Descriptor) -> Result<()> {
         let path = self.root.join("index.json");
         let mut index = self.read_index()?;
         desc.annotations.insert(REF_NAME.into(), name.into());

@@ -165,15 +165,15 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub mod media {
     pub use crate::oci::media::*;
     /// The `artifactType` of the warm-up manifest.
-    pub const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
+    pub(crate) const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The media type of the warm-up manifest's one layer (the JSON document).
-    pub const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
+    pub(crate) const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The `artifactType` of the SBOM manifest and the media type of its one layer.
-    pub const SBOM_ARTIFACT: &str = crate::sbom::MEDIA_TYPE;
+    pub(crate) const SBOM_ARTIFACT: &str = crate::sbom::MEDIA_TYPE;
 }
 
 /// Parse a manifest or index `what` names, as a protocol error when it is not one.
-pub fn parse_document(bytes: &[u8], what: &str) -> Result<Document> {
+pub(crate) fn parse_document(bytes: &[u8], what: &str) -> Result<Document> {
     Document::parse(bytes).map_err(|e| Error::Protocol {
         what: what.to_string(),
         reason: format!("not a manifest or index: {e}"),
@@ -184,7 +184,7 @@ pub fn parse_document(bytes: &[u8], what: &str) -> Result<Document> {
 /// `mediaType` when it has one, else the `content-type` header without its parameters), bounded
 /// in size and in what it lists. `doing` names the operation in an authorisation error
 /// ("pulling", "reading").
-pub fn get_manifest(
+pub(crate) fn get_manifest(
     client: &client::Client,
     r: &reference::Reference,
     reference: &str,
@@ -261,7 +261,7 @@ fn manifest_refused(
 /// The digest a registry names for a manifest with a HEAD (`Docker-Content-Digest`), which
 /// registries with pull limits do not count; `None` when it does not say (the caller then
 /// GETs by tag). A missing manifest or refused credentials are the errors a GET would give.
-pub fn head_manifest(
+pub(crate) fn head_manifest(
     client: &client::Client,
     r: &reference::Reference,
     reference: &str,
@@ -306,7 +306,7 @@ pub fn fuzz_registry_response(data: &[u8]) {
 
 /// The process environment as the lookup function that code reading settings takes (tests
 /// pass `test_env` instead).
-pub fn env_var(k: &str) -> Option<String> {
+pub(crate) fn env_var(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 

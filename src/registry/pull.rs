@@ -60,7 +60,7 @@ pub struct PulledImage {
 
 /// What to pull for a plan's base image: the reference (with `@digest` when the matrix or the
 /// recipe pins it) and whether the lock file pins it. `None` for `scratch` (nothing to pull).
-pub fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
+pub(crate) fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
     match pin.pinned_by {
         PinnedBy::None => None,
         _ if pin.reference == "scratch" => None,
@@ -71,7 +71,7 @@ pub fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
 
 /// The name of an image in the shared base cache: the reference without any digest, then
 /// `@` and the platform manifest's digest.
-pub fn cache_ref_name(reference: &str, digest: &Digest) -> String {
+pub(crate) fn cache_ref_name(reference: &str, digest: &Digest) -> String {
     let name = reference.split_once('@').map_or(reference, |(n, _)| n);
     format!("{name}@{digest}")
 }

@@ -152,8 +152,6 @@ pub struct ArtifactReport {
     pub missing: Vec<String>,
 }
 
-pub type WarmupReport = ArtifactReport;
-
 /// Where a blob's bytes come from.
 #[derive(Debug, Clone)]
 enum Source {

@@ -15,11 +15,11 @@ pub struct Reference {
 }
 
 /// Docker Hub's name in references.
-pub const DOCKER_HUB: &str = "docker.io";
+pub(crate) const DOCKER_HUB: &str = "docker.io";
 /// Docker Hub's older name, normalized to [`DOCKER_HUB`].
 const DOCKER_HUB_LEGACY: &str = "index.docker.io";
 /// The host that serves Docker Hub's registry API.
-pub const DOCKER_HUB_API: &str = "registry-1.docker.io";
+pub(crate) const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
 impl Reference {
     /// Parse `reference` as `docker pull` reads it (containerd's `ParseNormalizedNamed`): a
@@ -95,7 +95,7 @@ impl Reference {
 
     /// The tag or digest used in `/v2/<name>/manifests/<reference>`: the digest when there is
     /// one, else the tag, else `latest`.
-    pub fn manifest_ref(&self) -> &str {
+    pub(crate) fn manifest_ref(&self) -> &str {
         self.digest
             .as_ref()
             .map(Digest::as_str)
@@ -103,8 +103,9 @@ impl Reference {
             .unwrap_or("latest")
     }
 
+    #[cfg(test)]
     /// The same repository with another tag and no digest.
-    pub fn with_tag(&self, tag: &str) -> Reference {
+    pub(crate) fn with_tag(&self, tag: &str) -> Reference {
         Reference {
             tag: Some(tag.to_string()),
             digest: None,
@@ -127,7 +128,7 @@ impl std::fmt::Display for Reference {
 }
 
 /// The host serving the registry API of the registry named `registry` in references.
-pub fn endpoint_of(registry: &str) -> &str {
+pub(crate) fn endpoint_of(registry: &str) -> &str {
     if registry == DOCKER_HUB {
         DOCKER_HUB_API
     } else {
@@ -136,7 +137,7 @@ pub fn endpoint_of(registry: &str) -> &str {
 }
 
 /// A valid tag: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
-pub fn valid_tag(tag: &str) -> bool {
+pub(crate) fn valid_tag(tag: &str) -> bool {
     let b = tag.as_bytes();
     !b.is_empty()
         && b.len() <= 128

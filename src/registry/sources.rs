@@ -27,11 +27,11 @@ use super::reference::Reference;
 use super::{Error, Result};
 
 /// The environment variable naming the registries.conf file (as for podman and skopeo).
-pub const ENV_REGISTRIES_CONF: &str = "CONTAINERS_REGISTRIES_CONF";
+pub(crate) const ENV_REGISTRIES_CONF: &str = "CONTAINERS_REGISTRIES_CONF";
 /// The system file.
-pub const SYSTEM_FILE: &str = "/etc/containers/registries.conf";
+pub(crate) const SYSTEM_FILE: &str = "/etc/containers/registries.conf";
 /// The system drop-in directory.
-pub const SYSTEM_DIR: &str = "/etc/containers/registries.conf.d";
+pub(crate) const SYSTEM_DIR: &str = "/etc/containers/registries.conf.d";
 /// The per-user file and drop-in directory, under `$HOME`.
 const USER_FILE: &str = ".config/containers/registries.conf";
 const USER_DIR: &str = ".config/containers/registries.conf.d";
@@ -60,7 +60,7 @@ impl Source {
 
 /// Which pulls a mirror serves (`pull-from-mirror`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PullFromMirror {
+pub(crate) enum PullFromMirror {
     All,
     DigestOnly,
     TagOnly,
@@ -289,8 +289,9 @@ pub struct Sources {
 }
 
 impl Sources {
+    #[cfg(test)]
     /// Every place, in the order they are tried.
-    pub fn in_order(&self) -> impl Iterator<Item = &Source> {
+    pub(crate) fn in_order(&self) -> impl Iterator<Item = &Source> {
         self.mirrors.iter().chain(std::iter::once(&self.primary))
     }
 }

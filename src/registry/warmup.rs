@@ -26,11 +26,11 @@ use crate::oci::image::{Descriptor, Document, Manifest};
 use crate::oci::Digest;
 
 /// Where the runtime configuration lives in an image.
-pub const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
+pub(crate) const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
 /// The prefix of infer-build's annotations (the compatibility tuple).
-pub const ANNOTATION_PREFIX: &str = "dev.infer-build.";
+pub(crate) const ANNOTATION_PREFIX: &str = "dev.infer-build.";
 /// Annotations under this prefix are start-up timings measured at build time (milliseconds).
-pub const STARTUP_PREFIX: &str = "dev.infer-build.startup.";
+pub(crate) const STARTUP_PREFIX: &str = "dev.infer-build.startup.";
 /// Layers bigger than this are not searched for `runtime.toml` (it sits in a small top layer).
 const MAX_SCAN_LAYER: u64 = 64 << 20;
 
@@ -46,7 +46,7 @@ pub struct WarmupArtifact {
 }
 
 /// Build the warm-up artifact for the image manifest `desc` (bytes `manifest_bytes`).
-pub fn for_image(
+pub(crate) fn for_image(
     layout: &Layout,
     desc: &Descriptor,
     manifest_bytes: &[u8],
@@ -405,7 +405,7 @@ fn text_in_layer<T>(
 }
 
 /// The referrers fallback tag of a digest: `sha256-<hex>`.
-pub fn fallback_tag(digest: &str) -> String {
+pub(crate) fn fallback_tag(digest: &str) -> String {
     match digest.split_once(':') {
         // By characters, not bytes: a digest read from elsewhere may not be ASCII.
         Some((alg, hex)) => format!(
@@ -419,7 +419,7 @@ pub fn fallback_tag(digest: &str) -> String {
 
 /// The descriptor of an artifact manifest as it appears in a referrers list: `artifactType`
 /// and annotations copied from the manifest.
-pub fn referrer_descriptor(manifest: &[u8], digest: &Digest) -> Result<Descriptor> {
+pub(crate) fn referrer_descriptor(manifest: &[u8], digest: &Digest) -> Result<Descriptor> {
     let m = parse_document(manifest, digest.as_str())?;
     let mut desc = Descriptor::new(
         m.media_type.as_deref().unwrap_or(media::MANIFEST),
@@ -434,7 +434,7 @@ pub fn referrer_descriptor(manifest: &[u8], digest: &Digest) -> Result<Descripto
 /// Add `desc` to the fallback index `existing` (or a new one). `None` when it is already
 /// listed; else the new index bytes and digest. Entries are sorted by digest so the index is
 /// the same whatever order artifacts were attached in.
-pub fn merge_fallback(
+pub(crate) fn merge_fallback(
     existing: Option<&[u8]>,
     desc: Descriptor,
 ) -> Result<Option<(Vec<u8>, Digest)>> {

@@ -21,7 +21,7 @@ use super::tree::{self, File, Node, Source, Tree};
 use super::Error;
 
 /// Compile one glob: `*` and `?` never cross `/`, `**` does.
-pub fn glob(pattern: &str) -> Result<Glob, String> {
+pub(crate) fn glob(pattern: &str) -> Result<Glob, String> {
     GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
@@ -71,9 +71,9 @@ pub struct Excluded {
 }
 
 /// Why it is not copied, for the build output.
-pub const REASON_TOOLKIT: &str = "injected at run time by the NVIDIA container toolkit";
-pub const REASON_EXCLUDE: &str = "excluded by the definition (closure.exclude)";
-pub const REASON_DROP: &str = "dropped by the definition (closure.drop)";
+pub(crate) const REASON_TOOLKIT: &str = "injected at run time by the NVIDIA container toolkit";
+pub(crate) const REASON_EXCLUDE: &str = "excluded by the definition (closure.exclude)";
+pub(crate) const REASON_DROP: &str = "dropped by the definition (closure.drop)";
 
 /// What a slim build copies, and why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub struct Spec<'a> {
 /// literal leading directories are resolved through the tree's symlinks
 /// (`/usr/local/cuda/lib64/libcublas.so.*` finds the files under `cuda-12.9/targets/…/lib`), the
 /// rest is matched against the entries below. Directories themselves are never matched.
-pub fn expand(tree: &Tree, pattern: &str) -> Result<Vec<String>, Error> {
+pub(crate) fn expand(tree: &Tree, pattern: &str) -> Result<Vec<String>, Error> {
     let norm = tree::normalize(pattern);
     let comps: Vec<&str> = norm.split('/').collect();
     let Some(k) = comps.iter().position(|c| c.contains(['*', '?', '[', '{'])) else {
@@ -205,7 +205,7 @@ pub fn expand(tree: &Tree, pattern: &str) -> Result<Vec<String>, Error> {
 /// The directories listed by `/etc/ld.so.conf` of `tree` (following `include` globs), in order.
 /// Only files whose bytes are held in memory are read: the image reader keeps `etc/ld.so.conf*`
 /// inline.
-pub fn ld_so_conf_dirs(tree: &Tree) -> Vec<String> {
+pub(crate) fn ld_so_conf_dirs(tree: &Tree) -> Vec<String> {
     fn read(tree: &Tree, path: &str, depth: usize, out: &mut Vec<String>) {
         if depth > 8 {
             return;

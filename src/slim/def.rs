@@ -143,7 +143,7 @@ pub const TOOLKIT_INJECTED: &[&str] = &[
 
 /// The definitions of `base-images/slim/`, embedded at compile time (file name, text), sorted by
 /// file name; `--matrix DIR` reads `DIR/base-images/slim` instead (`image::definitions`).
-pub const EMBEDDED: [(&str, &str); 2] = [
+pub(crate) const EMBEDDED: [(&str, &str); 2] = [
     (
         "base-images/slim/trt10-cuda12-full.toml",
         include_str!("../../base-images/slim/trt10-cuda12-full.toml"),
@@ -261,7 +261,7 @@ impl Definition {
 /// cuBLASLt or cuDNN sources by default, and hardware-compatible engines cannot use them, so an
 /// engine needs them only when its build enabled them; `extra` says which (e.g. from the
 /// recipe's trtexec `--tacticSources`). Hardware-compatible engines ignore `extra`.
-pub fn engine_needs(
+pub(crate) fn engine_needs(
     gpu: &infer_spec::engine::GpuMeta,
     extra: &[Tactic],
 ) -> (PlanCompat, Needs, String) {

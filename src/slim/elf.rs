@@ -3,7 +3,7 @@
 use goblin::elf::Elf;
 
 /// ELF magic: the first four bytes of every ELF object.
-pub const MAGIC: &[u8; 4] = b"\x7fELF";
+pub(crate) const MAGIC: &[u8; 4] = b"\x7fELF";
 
 /// What the dynamic loader needs to know about one object to find its dependencies.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub struct ElfInfo {
 
 impl ElfInfo {
     /// True when `bytes` start with the ELF magic.
-    pub fn is_elf(bytes: &[u8]) -> bool {
+    pub(crate) fn is_elf(bytes: &[u8]) -> bool {
         bytes.starts_with(MAGIC)
     }
 
@@ -57,7 +57,7 @@ impl ElfInfo {
     /// The loader's default library directories for this object's machine, after
     /// `ld.so.conf`: the Debian/Ubuntu multiarch directories, then the `lib64` directories of
     /// RPM distributions, then `/lib` and `/usr/lib`.
-    pub fn default_dirs(&self) -> Vec<&'static str> {
+    pub(crate) fn default_dirs(&self) -> Vec<&'static str> {
         let multiarch: &[&str] = match (self.machine, self.is_64) {
             (goblin::elf::header::EM_X86_64, true) => {
                 &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]

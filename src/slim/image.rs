@@ -26,7 +26,7 @@ use crate::oci::Digest;
 /// ELF objects larger than this are not parsed (their facts are marked unknown, and the build
 /// fails only if the closure reaches one). TensorRT's largest runtime library is ~110 MB; the
 /// 2 GB builder resources are never a dependency.
-pub const ELF_PARSE_LIMIT: u64 = 1 << 30;
+pub(crate) const ELF_PARSE_LIMIT: u64 = 1 << 30;
 
 /// The most bytes a loader configuration file (`etc/ld.so.conf*`, kept in memory) may have.
 const INLINE_LIMIT: u64 = 1 << 20;
@@ -39,9 +39,9 @@ const INLINE_LIMIT: u64 = 1 << 20;
 pub const MAX_ENTRIES: usize = 1_000_000;
 /// The most bytes slim holds of those trees: paths, link targets, file facts (digest, ELF
 /// dependencies) and a fixed cost per entry ([`tree::ENTRY_OVERHEAD`]).
-pub const MAX_TREE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_TREE_BYTES: u64 = 256 << 20;
 /// The longest path or link target slim accepts in a layer (Linux's `PATH_MAX`).
-pub const MAX_NAME: usize = 4096;
+pub(crate) const MAX_NAME: usize = 4096;
 /// Test knob: lowers [`MAX_ENTRIES`] (a larger value is ignored), so that a test reaches the
 /// bound with a few thousand entries. It cannot raise the bound.
 const MAX_ENTRIES_ENV: &str = "INFER_BUILD_SLIM_MAX_ENTRIES";
@@ -107,9 +107,9 @@ fn weight(t: &Tree) -> (usize, u64) {
 }
 
 /// Annotation prefix of everything this module records in manifests.
-pub const ANNOTATION: &str = "dev.infer-build.slim.";
+pub(crate) const ANNOTATION: &str = "dev.infer-build.slim.";
 /// Layer descriptor annotation: the uncompressed size of the layer, for the size report.
-pub const UNCOMPRESSED_SIZE: &str = "dev.infer-build.uncompressed-size";
+pub(crate) const UNCOMPRESSED_SIZE: &str = "dev.infer-build.uncompressed-size";
 /// Layer descriptor annotation written by `build`: the layer's role (`serve`, `model`…).
 const LAYER_ROLE: &str = "dev.infer-build.layer";
 
@@ -762,7 +762,7 @@ fn layer_sizes_of(img: &Image, uncompressed: &[u64], from: &str) -> Vec<LayerSiz
 
 /// The size report recorded in a slim image's manifest (for `inspect` and the build summary).
 /// `None` when the manifest is not a slim image's.
-pub fn report_from_manifest(manifest: &Manifest) -> Option<SizeReport> {
+pub(crate) fn report_from_manifest(manifest: &Manifest) -> Option<SizeReport> {
     let ann = |k: &str| -> Option<u64> { manifest.annotations.get(k)?.parse().ok() };
     let builder_size = ann(&format!("{ANNOTATION}builder-size"))?;
     let builder_uncompressed = ann(&format!("{ANNOTATION}builder-uncompressed-size"))?;
@@ -806,7 +806,7 @@ pub fn report_from_manifest(manifest: &Manifest) -> Option<SizeReport> {
 /// The manifest annotations of a slim base that an image built on it keeps, so that its size
 /// report ([`report_from_manifest`]) still compares it with the full builder. Empty when the
 /// base is not a slim image.
-pub fn carried_annotations(base: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(crate) fn carried_annotations(base: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     if !base.contains_key(&format!("{ANNOTATION}builder-size")) {
         return BTreeMap::new();
     }
@@ -817,7 +817,9 @@ pub fn carried_annotations(base: &BTreeMap<String, String>) -> BTreeMap<String, 
 }
 
 /// The layer descriptor annotations of a slim base's layer that the built image keeps.
-pub fn carried_layer_annotations(layer: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(crate) fn carried_layer_annotations(
+    layer: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     layer
         .iter()
         .filter(|(k, _)| *k == UNCOMPRESSED_SIZE || *k == &format!("{ANNOTATION}from"))

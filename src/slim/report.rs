@@ -60,7 +60,7 @@ pub fn size_report(layers: &[LayerSize], builder: &[LayerSize]) -> SizeReport {
 }
 
 /// True for the layers of the slim base itself (the base image's and the closure's).
-pub fn from_slim_base(l: &LayerSize) -> bool {
+pub(crate) fn from_slim_base(l: &LayerSize) -> bool {
     l.from == "base" || l.from == "slim"
 }
 

@@ -249,8 +249,9 @@ impl Tree {
         self.put(path, node);
     }
 
+    #[cfg(test)]
     /// Insert a file held in memory (see [`File::inline`]).
-    pub fn insert_bytes(&mut self, path: &str, mode: u32, bytes: &[u8]) {
+    pub(crate) fn insert_bytes(&mut self, path: &str, mode: u32, bytes: &[u8]) {
         self.insert(path, File::inline(mode, bytes).into());
     }
 
@@ -281,7 +282,7 @@ impl Tree {
     }
 
     /// Remove everything under `dir` but keep `dir` (an opaque-directory whiteout).
-    pub fn clear_dir(&mut self, dir: &str) {
+    pub(crate) fn clear_dir(&mut self, dir: &str) {
         let dir = normalize(dir);
         let keep = self.nodes.get(&dir).cloned();
         self.remove(&dir);

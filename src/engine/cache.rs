@@ -198,6 +198,18 @@ impl Drop for Staging {
     }
 }
 
+/// Make everything written under `dir` durable before it is renamed into place: `syncfs` on
+/// the file system that holds it. For staging trees of many files (a Python environment),
+/// where a sync per file would cost more than one sync of the file system.
+pub(crate) fn sync_tree(dir: &Path) -> Result<(), Error> {
+    let io = |source: std::io::Error| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let d = File::open(dir).map_err(io)?;
+    rustix::fs::syncfs(&d).map_err(|e| io(e.into()))
+}
+
 /// Write `bytes` to `path` through a temporary file in the same directory and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     crate::oci::write_atomic(path, bytes).map_err(|e| Error::Io {

@@ -356,6 +356,7 @@ pub fn convert(
             &staging.join(REPORT_FILE),
             &serde_json::to_vec_pretty(&report).map_err(|_| Error::Internal("report json"))?,
         )?;
+        cache::sync_tree(&staging)?;
         std::fs::rename(&staging, &dir).map_err(|source| Error::Io {
             path: dir.clone(),
             source,

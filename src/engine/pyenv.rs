@@ -178,7 +178,7 @@ pub(crate) fn ensure(root: &Path, runner: &dyn Runner) -> Result<PyEnv, Error> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
     }
-    if let Err(e) = create(&staging, runner) {
+    if let Err(e) = create(&staging, runner).and_then(|_| super::cache::sync_tree(&staging)) {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
     }

@@ -455,7 +455,7 @@ pub(crate) fn build_prepared(
         target: spec.target.clone(),
         kind,
         engine_digest,
-        source: made.timed_by,
+        source: TimedBy::of(kind),
         measured_on: made.measured_on,
         batches: made.batches,
         startup: made.startup,
@@ -479,7 +479,6 @@ struct Made {
     batches: Vec<infer_spec::engine::BatchTiming>,
     startup: Option<infer_spec::engine::StartupMeasurement>,
     measured_on: String,
-    timed_by: TimedBy,
     selection: Option<infer_spec::engine::EngineSelection>,
     /// The builder's log, kept as `build.log` when not empty.
     log: String,
@@ -510,7 +509,6 @@ fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Er
         batches: chosen.batches,
         startup: Some(chosen.startup),
         measured_on: chosen.measured_on,
-        timed_by: chosen.source,
         selection: chosen.selection,
         log: String::new(),
     })
@@ -569,7 +567,6 @@ fn make_tensorrt(
             built.gpu.sm.sm(),
             built.gpu.driver
         ),
-        timed_by: TimedBy::Trtexec,
         selection: None,
         log: built.build_log,
     })

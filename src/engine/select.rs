@@ -22,7 +22,7 @@
 
 use infer_spec::engine::{
     Agreement, BatchTiming, CandidateMeasurement, CpuEngine, EngineFormat, EngineKind,
-    EngineSelection, StartupMeasurement, TimedBy, Version,
+    EngineSelection, StartupMeasurement, Version,
 };
 
 use super::onnxruntime::{self, OrtCandidate};
@@ -121,7 +121,6 @@ pub struct Chosen {
     pub batches: Vec<BatchTiming>,
     pub onnxruntime: Option<Version>,
     pub measured_on: String,
-    pub source: TimedBy,
     pub selection: Option<EngineSelection>,
     /// The ONNX Runtime version whose constant folding tract's engine was built from.
     pub folded_by: Option<Version>,
@@ -180,7 +179,6 @@ fn tract_chosen(
                 None => String::new(),
             }
         ),
-        source: TimedBy::Tract,
         selection,
         folded_by,
         threads: None,
@@ -286,7 +284,6 @@ fn ort_chosen(
             counts.join(", "),
             threads_text()
         ),
-        source: TimedBy::Onnxruntime,
         selection: Some(selection),
         folded_by: None,
         threads: (threads < c.threads).then_some(threads as u32),

@@ -96,6 +96,17 @@ pub enum TimedBy {
     Trtexec,
 }
 
+impl TimedBy {
+    /// What times engines of `kind`: each backend times its own engines in the builder.
+    pub fn of(kind: EngineKind) -> TimedBy {
+        match kind {
+            EngineKind::Tract => TimedBy::Tract,
+            EngineKind::Onnxruntime => TimedBy::Onnxruntime,
+            EngineKind::Tensorrt => TimedBy::Trtexec,
+        }
+    }
+}
+
 impl fmt::Display for TimedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -1290,6 +1301,19 @@ pub fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_engine_kind_is_timed_by_its_own_backend_in_the_profile_spelling() {
+        for (kind, wire) in [
+            (EngineKind::Tract, "\"tract\""),
+            (EngineKind::Onnxruntime, "\"onnxruntime\""),
+            (EngineKind::Tensorrt, "\"trtexec\""),
+        ] {
+            let by = TimedBy::of(kind);
+            assert_eq!(serde_json::to_string(&by).unwrap(), wire);
+            assert_eq!(format!("\"{by}\""), wire);
+        }
+    }
 
     #[test]
     fn tensorrt_headers_marker_is_found_in_a_binary() {

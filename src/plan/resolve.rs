@@ -127,8 +127,7 @@ pub fn resolve(
                 recipe,
                 matrix,
                 group,
-                at_precision: p,
-                precision: p.value,
+                precision: p,
                 base_override: override_row,
             };
             match rules::choose(&ask) {

@@ -9,7 +9,7 @@ use crate::matrix::{
     BaseImage, ComputeCapability, HardwareCompat, ImageRole, Matrix, Platform, Precision,
     PrecisionApi, Release, Version,
 };
-use crate::recipe::{self, Diagnostic, Located, Recipe};
+use crate::recipe::{Diagnostic, Located, Recipe};
 
 use super::resolve::{diag, GpuGroup, Refusal};
 
@@ -18,9 +18,8 @@ pub(super) struct Ask<'a, 'm> {
     pub recipe: &'a Recipe,
     pub matrix: &'m Matrix,
     pub group: &'a GpuGroup<'m>,
-    /// The recipe's precision entry, where precision refusals point.
-    pub at_precision: &'a Located<recipe::Precision>,
-    pub precision: Precision,
+    /// The precision, as the recipe's entry (where precision refusals point).
+    pub precision: &'a Located<Precision>,
     /// `image.base` when it names a row of the matrix.
     pub base_override: Option<&'m BaseImage>,
 }
@@ -59,7 +58,7 @@ impl Ask<'_, '_> {
     }
 
     fn at_precision(&self, r: Refusal) -> Diagnostic {
-        diag(self.file(), self.at_precision, r)
+        diag(self.file(), self.precision, r)
     }
 }
 
@@ -131,7 +130,7 @@ fn major_minors(releases: &[&Release]) -> String {
 
 /// GPU capability, independent of TensorRT: some precisions need tensor cores the GPU has.
 fn tensor_cores<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'m>, Diagnostic> {
-    let precision = ask.precision;
+    let precision = ask.precision.value;
     let (rule, what, instead) = match precision {
         Precision::Fp8 => (
             "fp8-needs-sm89",
@@ -165,7 +164,7 @@ fn tensor_cores<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'m>, 
 /// Precisions the engine stage cannot produce a model for are refused here, so that every
 /// target the plan accepts builds (docs/engines.md, "Precision").
 fn precision_built<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'m>, Diagnostic> {
-    let message = match ask.precision {
+    let message = match ask.precision.value {
         Precision::Bf16 => "infer-build does not build bf16 engines: no BF16 converter runs without torch, and ONNX Runtime on the CPU cannot check a BF16 model's accuracy",
         Precision::Fp4 => "infer-build cannot make FP4 models: ONNX Runtime has no FP4 quantiser, and ModelOpt needs torch",
         _ => return Ok(c),
@@ -304,7 +303,7 @@ fn compute_capability<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases
 
 /// The release must build engines of the precision.
 fn tensorrt_precision<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'m>, Diagnostic> {
-    let precision = ask.precision;
+    let precision = ask.precision.value;
     keep(
         c,
         |r| r.precisions.contains(&precision),
@@ -323,7 +322,7 @@ fn tensorrt_precision<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases
 fn int8_calibration<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'m>, Diagnostic> {
     let int8 = ask.recipe.int8.as_ref();
     let calibration = int8.and_then(|i| i.calibration.as_ref());
-    let uses_cache = ask.precision == Precision::Int8
+    let uses_cache = ask.precision.value == Precision::Int8
         && calibration.is_some()
         && !int8.is_some_and(|i| i.qdq.value)
         && int8.and_then(|i| i.calibration_is_cache) == Some(true);
@@ -334,9 +333,8 @@ fn int8_calibration<'m>(ask: &Ask<'_, 'm>, c: Releases<'m>) -> Result<Releases<'
         c,
         |r| r.precision_api == PrecisionApi::BuilderFlags,
         |newest| {
-            let at = calibration.map_or(ask.at_precision.clone().map(|_| ()), |l| {
-                l.clone().map(|_| ())
-            });
+            let at =
+                calibration.map_or(ask.precision.clone().map(|_| ()), |l| l.clone().map(|_| ()));
             diag(ask.file(), &at, Refusal {
             rule: "int8-calibration-needs-tensorrt-10",
             message: format!("a TensorRT calibration cache needs TensorRT 10.x or older; TensorRT {} removed calibrators and implicit quantization and builds INT8 only from a model with Q/DQ nodes", newest.version.major_minor()),

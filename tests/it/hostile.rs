@@ -571,32 +571,21 @@ fn every_write_goes_through_a_directory_handle_or_is_listed() {
         "fs::remove_file(",
     ];
     let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut dirs = vec![root.join("src")];
-    while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-                continue;
-            }
-            let rel = p.strip_prefix(&root).unwrap().display().to_string();
-            if rel == "src/oci/dir.rs"
-                || p.extension().is_none_or(|x| x != "rs")
-                || p.file_name().is_some_and(|n| n == "tests.rs")
-            {
-                continue;
-            }
-            let text = std::fs::read_to_string(&p).unwrap();
-            // Unit tests may set up files however they like.
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            for (n, line) in code.lines().enumerate() {
-                if banned.iter().any(|b| line.contains(b)) {
-                    found.entry(rel.clone()).or_default().push(format!(
-                        "{rel}:{}: {}",
-                        n + 1,
-                        line.trim()
-                    ));
-                }
+    for p in super::support::rust_sources(&[root.join("src")]) {
+        let rel = p.display().to_string();
+        if rel == "src/oci/dir.rs" || p.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&p)).unwrap();
+        // Unit tests may set up files however they like.
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (n, line) in code.lines().enumerate() {
+            if banned.iter().any(|b| line.contains(b)) {
+                found.entry(rel.clone()).or_default().push(format!(
+                    "{rel}:{}: {}",
+                    n + 1,
+                    line.trim()
+                ));
             }
         }
     }

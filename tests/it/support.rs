@@ -444,6 +444,29 @@ fn head_with(name: &str, tail: &str) -> String {
     format!("{head}{tail}")
 }
 
+/// Every `.rs` file under `dirs` (recursively; a directory that does not exist is skipped), as
+/// paths relative to the repository root, sorted: what the source scans read.
+pub fn rust_sources(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let root = root();
+    let mut out = Vec::new();
+    let mut dirs = dirs.to_vec();
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p.strip_prefix(&root).unwrap_or(&p).to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Every file of a layer: (path, bytes), read through infer-build's one layer reader (the
 /// blob verified against its digest first).
 pub fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec<u8>)> {

@@ -23,28 +23,13 @@ fn table(architecture: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Every Rust source of the workspace's libraries and binaries.
+/// Every Rust source of the workspace's libraries and binaries, relative to the root.
 fn sources(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
     let mut dirs = vec![root.join("src")];
     for e in std::fs::read_dir(root.join("crates")).unwrap() {
         dirs.push(e.unwrap().path().join("src"));
     }
-    while let Some(d) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    super::support::rust_sources(&dirs)
 }
 
 /// Whether `line` defines a type, trait or alias called `name`.
@@ -73,11 +58,10 @@ fn each_concept_of_the_vocabulary_has_one_type() {
     let files: Vec<(PathBuf, String)> = sources(&root)
         .into_iter()
         .map(|p| {
-            let text = std::fs::read_to_string(&p).unwrap();
+            let text = std::fs::read_to_string(root.join(&p)).unwrap();
             (p, text)
         })
         .collect();
-    let root = &root;
     let mut wrong = Vec::new();
     for (name, file) in &rows {
         let found: Vec<String> = files
@@ -86,9 +70,7 @@ fn each_concept_of_the_vocabulary_has_one_type() {
                 text.lines()
                     .enumerate()
                     .filter(|(_, l)| defines(l, name))
-                    .map(move |(n, _)| {
-                        format!("{}:{}", p.strip_prefix(root).unwrap().display(), n + 1)
-                    })
+                    .map(move |(n, _)| format!("{}:{}", p.display(), n + 1))
             })
             .collect();
         let in_file = found.iter().any(|f| f.starts_with(&format!("{file}:")));
@@ -109,7 +91,7 @@ fn a_target_says_its_kind_not_whether_it_is_a_gpu() {
     let found: Vec<String> = sources(&root)
         .iter()
         .flat_map(|p| {
-            let text = std::fs::read_to_string(p).unwrap();
+            let text = std::fs::read_to_string(root.join(p)).unwrap();
             text.lines()
                 .enumerate()
                 .filter(|(_, l)| {

@@ -351,7 +351,7 @@ fn json_is_deterministic() {
     assert!(a.contains("\"pinned_by\":\"lock\""));
 }
 
-/// One case per refusal of the release rules and the build walk: an edit of the embedded matrix
+/// One case per refusal of the release rules, the build walk and the base override checks: an edit of the embedded matrix
 /// (often none), recipe text, the rule entry of [`super::rules::RULES`] it exercises (or `walk`)
 /// and the refusal's rule id.
 struct RuleCase {
@@ -382,10 +382,15 @@ const RULE_CASES: &[RuleCase] = &[
     RuleCase { entry: "walk", refusal: "glibc", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n", matrix: |m| m.releases.iter_mut().for_each(|r| r.glibc_min = Some("99".parse().unwrap())) },
     RuleCase { entry: "walk", refusal: "driver-floor", recipe: "gpus = [\"B200\"]\nprecision = [\"fp16\"]\n[deploy]\nnode_driver = \"560.35.05\"\n", matrix: unchanged },
     RuleCase { entry: "walk", refusal: "cuda13-needs-driver-580", recipe: "gpus = [\"H100\"]\nprecision = [\"fp16\"]\ncuda = \"13\"\n[deploy]\nnode_driver = \"570.124.06\"\n", matrix: unchanged },
+    RuleCase { entry: "tensor-cores", refusal: "fp4-needs-blackwell", recipe: "gpus = [\"H100\"]\nprecision = [\"fp4\"]\n", matrix: unchanged },
+    RuleCase { entry: "walk", refusal: "base-cuda-mismatch", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\ntensorrt = \"10.0\"\n[image]\nbase = \"docker.io/nvidia/cuda:13.0.2-base-ubuntu24.04\"\n", matrix: unchanged },
+    RuleCase { entry: "base-override", refusal: "known-base", recipe: "gpus = [\"L4\"]\nprecision = [\"fp16\"]\n[image]\nbase = \"registry.example.com/own/cuda:12\"\n", matrix: unchanged },
 ];
 
 /// Each rule refuses alone, in its own words, at the recipe key it names; every entry of the
 /// rule list is exercised (the INT8 calibration rule by `refusal_int8_calibration_cache_…`).
+/// Entries outside the list: `walk` (the CUDA/base walk) and `base-override` (`image.base`; a
+/// malformed digest there is a recipe error, `tests/it/recipe.rs`).
 #[test]
 fn each_release_rule_refuses_in_its_own_words() {
     for case in RULE_CASES {

@@ -117,17 +117,22 @@ impl Entry {
 
 /// `sha256:<hex>` of a file, streamed.
 pub fn digest_file(path: &Path) -> Result<String, Error> {
+    Ok(measure_file(path)?.0)
+}
+
+/// `sha256:<hex>` and size of a file, from one open and one read.
+pub(crate) fn measure_file(path: &Path) -> Result<(String, u64), Error> {
     // A regular file only: a directory or FIFO given as an engine path gets a message saying
     // so (instead of an error from the first read, or a read that never returns).
     let (f, _) = crate::oci::dir::open_file(path).map_err(|e| Error::Io {
         path: path.to_path_buf(),
         source: e.into_io(),
     })?;
-    let (digest, _) = crate::oci::Digest::of_reader(f).map_err(|source| Error::Io {
+    let (digest, size) = crate::oci::Digest::of_reader(f).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(digest.to_string())
+    Ok((digest.to_string(), size))
 }
 
 /// An exclusive lock on a file, released on drop (or when the process dies).

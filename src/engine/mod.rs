@@ -426,13 +426,7 @@ pub(crate) fn build_prepared(
         cache::write_atomic(&dir.join("build.log"), made.log.as_bytes())?;
     }
     let engine_path = dir.join(made.format.file_name());
-    let engine_digest = cache::digest_file(&engine_path)?;
-    let engine_size = std::fs::metadata(&engine_path)
-        .map_err(|source| Error::Io {
-            path: engine_path.clone(),
-            source,
-        })?
-        .len();
+    let (engine_digest, engine_size) = cache::measure_file(&engine_path)?;
     let kind = made.kind;
     let meta = EngineMeta {
         schema: META_SCHEMA,

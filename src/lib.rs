@@ -26,6 +26,7 @@ pub mod plan;
 pub mod process;
 pub mod recipe;
 pub mod registry;
+pub mod report;
 pub(crate) mod sbom;
 pub mod slim;
 

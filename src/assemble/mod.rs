@@ -21,7 +21,7 @@ pub mod split;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::oci::image::{
     self, ContainerConfig, Descriptor, History, ImageConfig, Manifest, Platform, RootFs,
@@ -248,19 +248,41 @@ impl Progress for NoProgress {
     fn finish(&mut self) {}
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LayerReport {
     pub role: String,
     pub digest: Digest,
     pub diff_id: Digest,
     pub size: u64,
     pub media_type: String,
-    /// `stat` (nothing read), `content` (re-hashed, not recompressed), `miss` (written),
-    /// `base` (copied from the base layout).
-    pub cache: &'static str,
+    pub cache: LayerSource,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// Where a built layer's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerSource {
+    /// The build cache, nothing read: the inputs' metadata matched.
+    Stat,
+    /// The build cache, the inputs re-read and hashed but nothing recompressed.
+    Content,
+    /// Written by this build.
+    Miss,
+    /// Copied from the base image's layout.
+    Base,
+}
+
+impl From<CacheHit> for LayerSource {
+    fn from(hit: CacheHit) -> LayerSource {
+        match hit {
+            CacheHit::Stat => LayerSource::Stat,
+            CacheHit::Content => LayerSource::Content,
+            CacheHit::Miss => LayerSource::Miss,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetReport {
     pub id: String,
     pub tag: String,
@@ -270,14 +292,14 @@ pub struct TargetReport {
     pub layers: Vec<LayerReport>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildReport {
     pub layout: PathBuf,
     pub index_tag: String,
     pub index_digest: Digest,
     pub targets: Vec<TargetReport>,
     /// The split layout's images, per target that has one.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<split::SplitReport>,
 }
 
@@ -457,15 +479,6 @@ fn plan_layers(t: &TargetSpec, policy: Policy) -> Result<Vec<LayerPlan>, Error> 
     Ok(layers)
 }
 
-/// How a layer was found in the build cache, as [`LayerReport::cache`] says it.
-fn cache_word(hit: CacheHit) -> &'static str {
-    match hit {
-        CacheHit::Stat => "stat",
-        CacheHit::Content => "content",
-        CacheHit::Miss => "miss",
-    }
-}
-
 fn file_size(p: &Path) -> Result<u64, Error> {
     std::fs::metadata(p)
         .map(|m| m.len())
@@ -561,7 +574,7 @@ fn import_base(store: &BlobStore, b: &BaseRef, platform: &Platform) -> Result<Ba
             diff_id: diff_id.clone(),
             size: l.size,
             media_type,
-            cache: "base",
+            cache: LayerSource::Base,
         });
     }
     let name = b
@@ -648,7 +661,7 @@ fn build_target(
             diff_id: rec.diff_id,
             size: rec.size,
             media_type: rec.media_type,
-            cache: cache_word(hit),
+            cache: hit.into(),
         });
         history.push(History {
             created: Some(created.into()),

@@ -91,7 +91,7 @@ pub fn tags(tag: &str) -> [String; 3] {
 }
 
 /// What the split layout wrote for one target (`BuildReport::split`).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SplitReport {
     pub target: String,
     pub runtime: TargetReport,
@@ -355,7 +355,7 @@ pub(super) fn build(
                 diff_id: rec.diff_id,
                 size: rec.size,
                 media_type: rec.media_type,
-                cache: super::cache_word(hit),
+                cache: hit.into(),
             })
             .collect(),
     };

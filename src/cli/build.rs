@@ -8,11 +8,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 
 use crate::assemble::{BuildOptions, BuildReport, Policy, Progress};
 use crate::error::Error;
-use crate::oci::{cjson, Compression};
+use crate::oci::Compression;
 use crate::pipeline::{self, BuildRequest};
 use crate::registry::pull::PulledImage;
 
@@ -116,8 +115,7 @@ pub fn run(args: BuildArgs) -> Result<(), Error> {
         &mut progress,
         &super::stderr_notes(),
     )?;
-    print_report(&b.report, &b.sboms, archive.as_deref(), &b.bases, args.json);
-    Ok(())
+    print_report(&b.report, &b.sboms, archive.as_deref(), &b.bases, args.json)
 }
 
 fn print_report(
@@ -126,37 +124,29 @@ fn print_report(
     archive: Option<&Path>,
     bases: &[PulledImage],
     as_json: bool,
-) {
+) -> Result<(), Error> {
     if as_json {
-        let bases: Vec<serde_json::Value> = bases
-            .iter()
-            .map(|b| {
-                json!({
-                    "reference": b.reference,
-                    "digest": b.digest,
-                    "layout": b.layout.display().to_string(),
-                    "ref_name": b.ref_name,
-                    "bytes_downloaded": b.bytes_downloaded,
-                    "offline": b.offline,
-                    "served_by": b.served_by,
-                })
-            })
-            .collect();
-        let doc = json!({
-            "layout": r.layout.display().to_string(),
-            "archive": archive.map(|a| a.display().to_string()),
-            "index": {"tag": r.index_tag, "digest": r.index_digest},
-            "targets": r.targets,
-            "split": r.split,
-            "bases": bases,
-            "sbom": sboms,
-        });
-        println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
-        return;
+        let doc = crate::report::BuildOutput {
+            layout: r.layout.display().to_string(),
+            archive: archive.map(|a| a.display().to_string()),
+            index: crate::report::IndexRef {
+                tag: r.index_tag.clone(),
+                digest: r.index_digest.clone(),
+            },
+            targets: r.targets.clone(),
+            split: r.split.clone(),
+            bases: bases.to_vec(),
+            sbom: sboms.to_vec(),
+        };
+        return super::print_json("the build report", &doc);
     }
     for t in &r.targets {
         let size: u64 = t.layers.iter().map(|l| l.size).sum();
-        let cached = t.layers.iter().filter(|l| l.cache != "miss").count();
+        let cached = t
+            .layers
+            .iter()
+            .filter(|l| l.cache != crate::assemble::LayerSource::Miss)
+            .count();
         eprintln!(
             "built {} ({}) {} — {} layers, {} bytes, {cached} from cache",
             t.id,
@@ -187,6 +177,7 @@ fn print_report(
     if let Some(a) = archive {
         eprintln!("archive {}", a.display());
     }
+    Ok(())
 }
 
 pub(crate) fn parse_image_layout(s: &str) -> Result<crate::recipe::ImageLayout, String> {

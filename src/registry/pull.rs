@@ -40,7 +40,7 @@ pub struct PullOptions {
 }
 
 /// The result of a pull.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PulledImage {
     pub reference: String,
     /// The platform image manifest's digest (what the lock file pins).
@@ -258,7 +258,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
 }
 
 /// Where a pulled image came from.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Served {
     /// `host/repository` that served the manifest and blobs.
     pub place: String,

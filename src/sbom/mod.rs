@@ -330,8 +330,8 @@ pub fn write_for_build(
     Ok(out)
 }
 
-/// One SBOM written by [`write_for_build`].
-#[derive(Debug, Clone, serde::Serialize)]
+/// One SBOM a build wrote: the target it describes, its file and digest.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Written {
     pub target: String,
     pub path: PathBuf,

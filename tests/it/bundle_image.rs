@@ -62,42 +62,22 @@ fn wait_all(checks: Vec<(&str, std::process::Child)>) -> Result<String, String> 
 
 /// The layers of the layout's one image: (role, digest).
 fn layers(layout: &Path) -> Vec<(String, String)> {
-    let o = support::infer_build()
-        .args(["inspect", "--json"])
-        .arg(layout)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let doc = support::inspect(layout);
     assert_eq!(
-        doc["images"][0]["models"],
-        serde_json::json!(NAMES),
-        "inspect lists the bundle's models: {doc}"
+        doc.images[0].models, NAMES,
+        "inspect lists the bundle's models: {doc:?}"
     );
-    doc["images"][0]["layers"]
-        .as_array()
-        .unwrap()
+    doc.images[0]
+        .layers
         .iter()
-        .map(|l| {
-            (
-                l["role"].as_str().unwrap_or("").to_string(),
-                l["digest"].as_str().unwrap().to_string(),
-            )
-        })
+        .map(|l| (l.role.clone().unwrap_or_default(), l.digest.to_string()))
         .collect()
 }
 
 /// The manifest digest of the layout's one image.
 fn image_digest(layout: &Path) -> String {
-    let o = support::infer_build()
-        .args(["inspect", "--json"])
-        .arg(layout)
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    doc["images"][0]["manifestDigest"]
-        .as_str()
-        .unwrap()
+    support::inspect(layout).images[0]
+        .manifest_digest
         .to_string()
 }
 
@@ -358,12 +338,11 @@ fn docker_registry_py_a_bundle_image_of_two_text_models_answers_each_like_its_re
     super::ort_image::keep_wheel(&env.cache);
     drop(env);
     // Each model's tokenizer is in its own layer.
-    let doc = super::image::inspect_json(&dir.path().join("out"));
-    let roles: Vec<&str> = doc["images"][0]["layers"]
-        .as_array()
-        .unwrap()
+    let doc = support::inspect(&dir.path().join("out"));
+    let roles: Vec<&str> = doc.images[0]
+        .layers
         .iter()
-        .filter_map(|l| l["role"].as_str())
+        .filter_map(|l| l.role.as_deref())
         .collect();
     for name in names {
         assert!(

@@ -15,7 +15,8 @@ use serde_json::Value;
 use super::engine::fake_gpu_tools;
 use super::ort_image::{glibc_base_layout, keep_wheels, library_rows, seed_wheels};
 use super::support::{
-    blob_path, docker_load, have_docker, have_tool, infer_build, layer_files, root, stderr, stdout,
+    blob_path, build_output, docker_load, have_docker, have_tool, infer_build, layer_files, root,
+    stderr, stdout,
 };
 
 const RECIPE: &str = r#"
@@ -311,12 +312,11 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
     let archive = f.path().join("gpu.tar");
 
     let o = build_image(&dir, &cache, &serve, "out", Some(&archive));
-    assert!(o.status.success(), "build: {}", stderr(&o));
+    let report = build_output(&o);
     keep_wheels(&cache, &lean_wheels());
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let t = &report["targets"][0];
-    assert_eq!(t["id"], "sm80-fp16");
-    let digest = t["manifest_digest"].as_str().unwrap().to_string();
+    let t = &report.targets[0];
+    assert_eq!(t.id, "sm80-fp16");
+    let digest = t.manifest_digest.to_string();
     let layout = dir.join("out");
     let man: Value = serde_json::from_slice(&blob(&layout, &digest)).unwrap();
     let layers = man["layers"].as_array().unwrap();
@@ -445,11 +445,7 @@ fn docker_lean_gpu_image_loads_and_refuses_without_a_gpu() {
         "{}",
         stderr(&o)
     );
-    let r2: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(
-        r2["targets"][0]["manifest_digest"].as_str(),
-        Some(digest.as_str())
-    );
+    assert_eq!(build_output(&o).targets[0].manifest_digest.as_str(), digest);
 
     if !have_docker(test) {
         return;
@@ -506,12 +502,7 @@ fn docker_full_gpu_image_carries_the_tensorrt_runtime() {
     );
 
     let o = build_image(&dir, &cache, &serve, "out", Some(&archive));
-    assert!(o.status.success(), "build: {}", stderr(&o));
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let digest = report["targets"][0]["manifest_digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let digest = build_output(&o).targets[0].manifest_digest.to_string();
     let layout = dir.join("out");
     let man: Value = serde_json::from_slice(&blob(&layout, &digest)).unwrap();
     let layers = man["layers"].as_array().unwrap();

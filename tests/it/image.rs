@@ -6,8 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use infer_build::assemble::LayerSource;
+use infer_build::report::{BuildOutput, InspectedImage};
+
 use super::support::{
-    docker_load, docker_port, have_docker, have_tool, infer_build, python, root, stderr, stdout,
+    build_output, docker_load, docker_port, have_docker, have_tool, infer_build, inspect, python,
+    root, stderr, stdout,
 };
 
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
@@ -106,35 +110,32 @@ impl Example {
         c.env("SOURCE_DATE_EPOCH", "1700000000");
         c
     }
-    fn build(&self, out: &str, extra: &[&str]) -> serde_json::Value {
-        let o = self
-            .cmd(out, &[extra, &["--json"]].concat())
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "build failed: {}", stderr(&o));
-        serde_json::from_str(&stdout(&o)).unwrap()
+    fn build(&self, out: &str, extra: &[&str]) -> BuildOutput {
+        build_output(
+            &self
+                .cmd(out, &[extra, &["--json"]].concat())
+                .output()
+                .unwrap(),
+        )
     }
 }
 
-/// `infer-build inspect --json LAYOUT`, which must succeed.
-pub(super) fn inspect_json(layout: &Path) -> serde_json::Value {
-    let o = infer_build()
-        .args(["inspect", "--json"])
-        .arg(layout)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
+/// The index digest and every target's manifest digest of a build.
+fn digests(v: &BuildOutput) -> (String, Vec<String>) {
+    let t = v
+        .targets
+        .iter()
+        .map(|t| t.manifest_digest.to_string())
+        .collect();
+    (v.index.digest.to_string(), t)
 }
 
-fn digests(v: &serde_json::Value) -> (String, Vec<String>) {
-    let t = v["targets"]
-        .as_array()
-        .unwrap()
+/// What each layer of an inspected image holds, in order (`dev.infer-build.layer`).
+fn roles(img: &InspectedImage) -> Vec<&str> {
+    img.layers
         .iter()
-        .map(|t| t["manifest_digest"].as_str().unwrap().to_string())
-        .collect();
-    (v["index"]["digest"].as_str().unwrap().to_string(), t)
+        .map(|l| l.role.as_deref().unwrap_or("?"))
+        .collect()
 }
 
 #[test]
@@ -166,9 +167,7 @@ fn example_is_reproducible_from_clean_after_touch_and_umask() {
     ));
     c.env("SOURCE_DATE_EPOCH", "1700000000");
     let o = c.output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let cc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(digests(&a), digests(&cc));
+    assert_eq!(digests(&a), digests(&build_output(&o)));
 
     // SOURCE_DATE_EPOCH is part of the image.
     let o = ex
@@ -176,45 +175,33 @@ fn example_is_reproducible_from_clean_after_touch_and_umask() {
         .env("SOURCE_DATE_EPOCH", "0")
         .output()
         .unwrap();
-    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_ne!(digests(&a), digests(&d));
+    assert_ne!(digests(&a), digests(&build_output(&o)));
 }
 
 #[test]
 fn noop_rebuild_reads_nothing_and_inspect_reports_the_layout() {
     let ex = Example::new();
     let first = ex.build("out", &[]);
-    assert!(first["targets"][0]["layers"]
-        .as_array()
-        .unwrap()
+    assert!(first.targets[0]
+        .layers
         .iter()
-        .all(|l| l["cache"] == "miss"));
+        .all(|l| l.cache == LayerSource::Miss));
     let again = ex.build("out", &[]);
     assert_eq!(digests(&first), digests(&again));
-    assert!(again["targets"][0]["layers"]
-        .as_array()
-        .unwrap()
+    assert!(again.targets[0]
+        .layers
         .iter()
-        .all(|l| l["cache"] == "stat"));
+        .all(|l| l.cache == LayerSource::Stat));
 
-    let v = inspect_json(&ex.path("out"));
-    let img = &v["images"][0];
-    assert_eq!(img["tags"][0], "1.0.0-cpu-fp32");
-    assert_eq!(
-        img["manifestDigest"],
-        first["targets"][0]["manifest_digest"]
-    );
-    let roles: Vec<&str> = img["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["role"].as_str().unwrap())
-        .collect();
+    let v = inspect(&ex.path("out"));
+    let img = &v.images[0];
+    assert_eq!(img.tags, ["1.0.0-cpu-fp32"]);
+    assert_eq!(img.manifest_digest, first.targets[0].manifest_digest);
     // The CPU target went through the engine stage: its engine replaces the ONNX layer.
-    assert_eq!(roles, ["infer-serve", "engine", "config"]);
-    assert_eq!(img["config"]["User"], "65532:65532");
-    assert_eq!(img["annotations"]["dev.infer-build.target"], "cpu-fp32");
-    assert_eq!(v["indexes"][0]["tags"][0], "1.0.0");
+    assert_eq!(roles(img), ["infer-serve", "engine", "config"]);
+    assert_eq!(img.config.user.as_deref(), Some("65532:65532"));
+    assert_eq!(img.annotations["dev.infer-build.target"], "cpu-fp32");
+    assert_eq!(v.indexes[0].tags, ["1.0.0"]);
     let o = infer_build()
         .arg("inspect")
         .arg(ex.path("out"))
@@ -276,26 +263,20 @@ fn build_assembles_engines_from_separate_engine_runs() {
         "https://example.com/models",
     ];
     let v = ex.build("out", &flags);
-    let i = inspect_json(&ex.path("out"));
-    let ann = &i["images"][0]["annotations"];
-    assert_eq!(
-        ann["dev.infer-build.engine.digest"],
-        digest.as_str(),
-        "{ann}"
-    );
+    let i = inspect(&ex.path("out"));
+    let ann = &i.images[0].annotations;
+    assert_eq!(ann["dev.infer-build.engine.digest"], digest, "{ann:?}");
     assert_eq!(ann["org.opencontainers.image.revision"], "0123abc");
     assert_eq!(
         ann["org.opencontainers.image.source"],
         "https://example.com/models"
     );
     let load: f64 = ann["dev.infer-build.startup.engine-load-ms"]
-        .as_str()
-        .unwrap()
         .parse()
         .unwrap();
-    assert!(load > 0.0, "{ann}");
+    assert!(load > 0.0, "{ann:?}");
     // The engine, its metadata and its profile are in the image.
-    let manifest = v["targets"][0]["manifest_digest"].as_str().unwrap();
+    let manifest = v.targets[0].manifest_digest.as_str();
     let img = infer_build::slim::image::read_layout(&ex.path("out"), Some(manifest)).unwrap();
     let (tree, _) = infer_build::slim::image::flatten(&img).unwrap();
     let names: Vec<&String> = tree
@@ -381,10 +362,7 @@ fn two_concurrent_builds_of_one_layout_agree() {
     };
     let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(a.status.success(), "{}", stderr(&a));
-    assert!(b.status.success(), "{}", stderr(&b));
-    let va: serde_json::Value = serde_json::from_str(&stdout(&a)).unwrap();
-    let vb: serde_json::Value = serde_json::from_str(&stdout(&b)).unwrap();
+    let (va, vb) = (build_output(&a), build_output(&b));
     assert_eq!(digests(&va), digests(&vb));
     // Every blob in the store hashes to its name.
     let blobs = ex.path("out/blobs/sha256");
@@ -548,15 +526,12 @@ fn kill_9_mid_build_leaves_no_partial_blob_and_the_rebuild_matches() {
 /// The image runs under Docker: `docker load` of the oci-archive, then `docker run` of the
 /// CPU image. With the stand-in runtime this proves Docker accepts and starts the image.
 /// The split layout's three manifests: (runtime, model, ModelPack) digests.
-fn split_digests(v: &serde_json::Value) -> [String; 3] {
-    let s = &v["split"][0];
+fn split_digests(v: &BuildOutput) -> [String; 3] {
+    let s = &v.split[0];
     [
-        s["runtime"]["manifest_digest"]
-            .as_str()
-            .unwrap()
-            .to_string(),
-        s["model"]["manifest_digest"].as_str().unwrap().to_string(),
-        s["modelpack_digest"].as_str().unwrap().to_string(),
+        s.runtime.manifest_digest.to_string(),
+        s.model.manifest_digest.to_string(),
+        s.modelpack_digest.to_string(),
     ]
 }
 
@@ -570,16 +545,14 @@ fn the_split_layout_is_reproducible_and_its_runtime_image_owes_nothing_to_the_mo
     // The combined image is the one a combined build writes.
     let combined = ex.build("c", &[]);
     assert_eq!(digests(&a).1, digests(&combined).1);
-    assert_eq!(combined["split"], serde_json::json!([]), "{combined}");
+    assert!(combined.split.is_empty(), "{combined:?}");
     // Another build time: new model image, same runtime image.
     let o = ex
         .cmd("d", &["--json", "--image-layout", "split"])
         .env("SOURCE_DATE_EPOCH", "0")
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let (sa, sd) = (split_digests(&a), split_digests(&d));
+    let (sa, sd) = (split_digests(&a), split_digests(&build_output(&o)));
     assert_eq!(sa[0], sd[0]);
     assert_ne!(sa[1], sd[1]);
     // Another model (other batching, other version): the same runtime image again.
@@ -592,44 +565,42 @@ fn the_split_layout_is_reproducible_and_its_runtime_image_owes_nothing_to_the_mo
     assert_eq!(split_digests(&e)[0], sa[0]);
     assert_ne!(split_digests(&e)[1], sa[1]);
     // One uncompressed layer per model file, the ModelPack manifest over the same blobs.
-    let doc = inspect_json(&ex.path("a"));
+    let doc = inspect(&ex.path("a"));
     let by_part = |part: &str| {
-        doc["images"]
-            .as_array()
-            .unwrap()
+        doc.images
             .iter()
-            .find(|i| i["part"] == part)
-            .unwrap_or_else(|| panic!("no {part} image: {doc}"))
-            .clone()
+            .find(|i| i.part.as_deref() == Some(part))
+            .unwrap_or_else(|| panic!("no {part} image: {doc:?}"))
     };
     let model = by_part("model");
-    let layers = model["layers"].as_array().unwrap();
-    assert!(layers.len() >= 3, "{model}");
-    for l in layers {
+    assert!(model.layers.len() >= 3, "{model:?}");
+    for l in &model.layers {
         assert_eq!(
-            l["mediaType"], "application/vnd.oci.image.layer.v1.tar",
-            "{l}"
+            l.media_type, "application/vnd.oci.image.layer.v1.tar",
+            "{l:?}"
         );
     }
-    let mp = doc["images"]
-        .as_array()
-        .unwrap()
+    let mp = doc
+        .images
         .iter()
-        .find(|i| i["artifactType"] == "application/vnd.cncf.model.manifest.v1+json")
+        .find(|i| i.artifact_type.as_deref() == Some("application/vnd.cncf.model.manifest.v1+json"))
         .unwrap();
-    assert_eq!(mp["pairsWith"], model["manifestDigest"]);
-    let digests_of = |img: &serde_json::Value| -> Vec<String> {
-        img["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l["digest"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert_eq!(digests_of(mp), digests_of(&model));
     assert_eq!(
-        by_part("runtime")["config"]["Cmd"],
-        serde_json::json!(["--config", "/etc/infer/runtime.toml"])
+        mp.pairs_with.as_deref(),
+        Some(model.manifest_digest.as_str())
+    );
+    let digests_of = |img: &InspectedImage| -> Vec<String> {
+        img.layers.iter().map(|l| l.digest.to_string()).collect()
+    };
+    assert_eq!(digests_of(mp), digests_of(model));
+    assert_eq!(
+        by_part("runtime").config.cmd.as_deref(),
+        Some(
+            &[
+                "--config".to_string(),
+                "/etc/infer/runtime.toml".to_string()
+            ][..]
+        )
     );
     // A bundle file is one combined image: the split layout is refused, saying why.
     let bundle = ex.path("recipe/bundle.toml");
@@ -660,7 +631,7 @@ fn docker_load_and_run_the_archive() {
         "out",
         &["--output", &format!("oci-archive:{}", archive.display())],
     );
-    assert_eq!(v["archive"], archive.display().to_string());
+    assert_eq!(v.archive, Some(archive.display().to_string()));
     let tag = "localhost/infer-build/mlp:1.0.0-cpu-fp32";
     let loaded = docker_load(&archive);
     assert!(loaded.contains(tag), "{loaded}");
@@ -674,7 +645,7 @@ fn docker_load_and_run_the_archive() {
         ])
         .output()
         .unwrap();
-    let config = v["targets"][0]["config_digest"].as_str().unwrap();
+    let config = &v.targets[0].config_digest;
     assert_eq!(stdout(&o).trim(), format!("{config} 65532:65532"));
     let o = Command::new("docker")
         .args(["run", "--rm", "--network", "none", tag])
@@ -863,15 +834,14 @@ fn curl(args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// The file at `path` in the image's layer of role `role` (inspect's JSON of `layout`).
-fn file_in_layer(layout: &Path, img: &serde_json::Value, role: &str, path: &str) -> Vec<u8> {
-    let layer = img["layers"]
-        .as_array()
-        .unwrap()
+/// The file at `path` in the image's layer of role `role` (`inspect` of `layout`).
+fn file_in_layer(layout: &Path, img: &InspectedImage, role: &str, path: &str) -> Vec<u8> {
+    let layer = img
+        .layers
         .iter()
-        .find(|l| l["role"] == role)
-        .unwrap_or_else(|| panic!("no {role} layer: {img}"));
-    let files = super::support::layer_files(layout, layer);
+        .find(|l| l.role.as_deref() == Some(role))
+        .unwrap_or_else(|| panic!("no {role} layer: {img:?}"));
+    let files = super::support::inspected_layer_files(layout, layer);
     let (_, bytes) = files
         .iter()
         .find(|(p, _)| p.trim_start_matches("./") == path)
@@ -921,8 +891,7 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
             .env("SOURCE_DATE_EPOCH", "1700000000")
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+        build_output(&o)
     };
     let first = build("a");
     let o = infer_build().arg("check").arg(&bundle).output().unwrap();
@@ -933,21 +902,15 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         stderr(&o)
     );
 
-    let v = inspect_json(&ex.path("a"));
-    let img = &v["images"][0];
-    assert_eq!(img["tags"][0], "2.0.0-cpu-fp32");
-    assert_eq!(img["models"], serde_json::json!(["mlp", "mlp-b"]));
-    let roles: Vec<&str> = img["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["role"].as_str().unwrap())
-        .collect();
+    let v = inspect(&ex.path("a"));
+    let img = &v.images[0];
+    assert_eq!(img.tags, ["2.0.0-cpu-fp32"]);
+    assert_eq!(img.models, ["mlp", "mlp-b"]);
     assert_eq!(
-        roles,
+        roles(img),
         ["infer-serve", "engine:mlp", "engine:mlp-b", "config"]
     );
-    let a = &img["annotations"];
+    let a = &img.annotations;
     assert_eq!(a["dev.infer-build.models"], "mlp,mlp-b");
     assert_eq!(a["dev.infer-build.precision"], "fp32");
     assert_eq!(a["org.opencontainers.image.title"], "pair");
@@ -1013,7 +976,7 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
         .collect::<String>();
-    let digest = first["targets"][0]["manifest_digest"].as_str().unwrap();
+    let digest = &first.targets[0].manifest_digest;
     assert!(
         yaml.contains(&format!("localhost/infer-build/pair@{digest}")),
         "{yaml}"

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use infer_build::assemble::{
-    self, BuildOptions, BuildReport, ImageMeta, ModelSpec, NoProgress, Payload, Policy, TargetSpec,
+    self, BuildOptions, BuildReport, ImageMeta, LayerSource, ModelSpec, NoProgress, Payload,
+    Policy, TargetSpec,
 };
 use infer_build::oci::image::Platform;
 use infer_build::oci::Compression;
@@ -127,14 +128,21 @@ fn layouts_are_reproducible_across_clean_builds_touches_and_umask() {
     // A no-op rebuild in place comes from the stat cache; a touched one from the content cache.
     let again = build_into(&out.path().join("a"), &[cpu_target(&i)], Policy::Auto);
     assert_eq!(digests(&first), digests(&again));
-    let hits: Vec<&str> = again.targets[0].layers.iter().map(|l| l.cache).collect();
+    let hits: Vec<LayerSource> = again.targets[0].layers.iter().map(|l| l.cache).collect();
     assert_eq!(
         hits,
-        ["content", "content", "stat"],
+        [
+            LayerSource::Content,
+            LayerSource::Content,
+            LayerSource::Stat
+        ],
         "files re-hashed, inline config unchanged"
     );
     let noop = build_into(&out.path().join("a"), &[cpu_target(&i)], Policy::Auto);
-    assert!(noop.targets[0].layers.iter().all(|l| l.cache == "stat"));
+    assert!(noop.targets[0]
+        .layers
+        .iter()
+        .all(|l| l.cache == LayerSource::Stat));
 }
 
 #[test]
@@ -274,7 +282,7 @@ fn gpu_target_stacks_on_a_base_layout() {
             .map(|l| l.digest.clone())
             .collect::<Vec<_>>()
     );
-    assert!(layers[..3].iter().all(|l| l.cache == "base"));
+    assert!(layers[..3].iter().all(|l| l.cache == LayerSource::Base));
     let m: serde_json::Value = read_blob(out.path(), r.targets[0].manifest_digest.as_str());
     assert_eq!(
         m["annotations"]["org.opencontainers.image.base.digest"],

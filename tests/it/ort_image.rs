@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::registry_support::Registry;
 use super::support::{
-    have_tool, infer_build, layer_files, root, sha256_file, stderr, stdout, target_digest,
+    build_output, have_tool, infer_build, layer_files, root, sha256_file, stderr, target_digest,
 };
 
 /// The Debian 12 packages of the test base: name, version, sha256 of the `.deb`.
@@ -350,9 +350,8 @@ fn registry_onnxruntime_image_on_the_glibc_base_with_the_pinned_library_rebuilds
 
     // 1. First build: pulls the glibc base, fetches (or finds) the wheel, pins both.
     let o = build("o1");
-    assert!(o.status.success(), "{}", stderr(&o));
+    let r1 = build_output(&o);
     keep_wheel(&cache);
-    let r1: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let lock_text = std::fs::read_to_string(&lock).unwrap();
     let v: toml::Value = toml::from_str(&lock_text).unwrap();
     assert_eq!(v["image"][0]["reference"].as_str(), Some(base.as_str()));
@@ -401,8 +400,7 @@ fn registry_onnxruntime_image_on_the_glibc_base_with_the_pinned_library_rebuilds
     // 2. Registry gone, wheel cached: the same bytes, and the lock untouched.
     drop(reg);
     let o = build("o2");
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r2: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let r2 = build_output(&o);
     assert_eq!(target_digest(&r2, "cpu-fp32"), digest);
     assert_eq!(std::fs::read_to_string(&lock).unwrap(), lock_text);
     assert!(

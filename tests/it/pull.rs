@@ -6,12 +6,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use infer_build::report::BuildOutput;
 use serde_json::Value;
 
 use super::image::{tiny_dynamic_elf, tiny_static_elf};
 use super::registry_support::Registry;
 use super::support::{
-    blob_path, first_gpu_target, have_tool, infer_build, root, stderr, stdout, target_digest,
+    blob_path, build_output, first_gpu_target, have_tool, infer_build, root, stderr, stdout,
+    target_digest,
 };
 
 /// A scratch directory with a stand-in runtime, its own base cache and no credentials.
@@ -60,10 +62,8 @@ impl Fixture {
     }
 
     /// Build `recipe` into `out` with `extra` flags; the `--json` report.
-    fn build(&self, recipe: &Path, out: &str, extra: &[&str]) -> Value {
-        let o = self.build_raw(recipe, out, &[extra, &["--json"]].concat());
-        assert!(o.status.success(), "build failed: {}", stderr(&o));
-        serde_json::from_str(&stdout(&o)).unwrap()
+    fn build(&self, recipe: &Path, out: &str, extra: &[&str]) -> BuildOutput {
+        build_output(&self.build_raw(recipe, out, &[extra, &["--json"]].concat()))
     }
 
     fn build_raw(&self, recipe: &Path, out: &str, extra: &[&str]) -> Output {
@@ -154,9 +154,7 @@ fn push_base(f: &Fixture, epoch: &str, repo: &str) -> (String, Vec<String>) {
         .env("SOURCE_DATE_EPOCH", epoch)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let digest = target_digest(&report, "cpu-fp32");
+    let digest = target_digest(&build_output(&o), "cpu-fp32");
     let o = f.run(&[
         "push",
         out.to_str().unwrap(),
@@ -224,8 +222,8 @@ fn registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline() {
     // 1. First build: pulls the base over plain HTTP, pins its digest, stacks on its layers.
     let r1 = f.build(&recipe, "o1", &[m[0], m[1], "--insecure"]);
     assert_eq!(pinned(&lock, &base_ref).as_deref(), Some(d1.as_str()));
-    assert_eq!(r1["bases"][0]["digest"], d1.as_str());
-    assert_eq!(r1["bases"][0]["offline"], false);
+    assert_eq!(r1.bases[0].digest.as_str(), d1);
+    assert!(!r1.bases[0].offline);
     let g1 = target_digest(&r1, &gpu);
     let man = blob(&f.path("o1"), &g1);
     let got = layer_digests(&man);
@@ -252,7 +250,7 @@ fn registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline() {
     assert_ne!(d1, d2);
     let r2 = f.build(&recipe, "o2", &[m[0], m[1], "--insecure"]);
     assert_eq!(target_digest(&r2, &gpu), g1);
-    assert_eq!(r2["bases"][0]["offline"], true);
+    assert!(r2.bases[0].offline);
     assert_eq!(std::fs::read(&lock).unwrap(), lock_text, "lock unchanged");
     assert_eq!(
         std::fs::read(f.path("o1/index.json")).unwrap(),
@@ -307,9 +305,8 @@ fn registry_build_pulls_gpu_base_pins_it_and_rebuilds_offline() {
             "--json",
         ],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r5: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(r5["bases"], serde_json::json!([]));
+    let r5 = build_output(&o);
+    assert!(r5.bases.is_empty(), "{:?}", r5.bases);
     let got = layer_digests(&blob(&f.path("o5"), &target_digest(&r5, &gpu)));
     assert_eq!(got[..layers1.len()], layers1[..]);
 }
@@ -404,7 +401,7 @@ fn gpu_base_that_cannot_be_pulled_fails_with_a_hint_and_unknown_targets_exit_2()
     assert!(!f.path("o/index.json").exists());
     // The CPU target alone needs no base and builds.
     let r = f.build(&recipe, "cpu", &[m[0], m[1], "--target", "cpu-fp32"]);
-    assert_eq!(r["bases"], serde_json::json!([]));
+    assert!(r.bases.is_empty(), "{:?}", r.bases);
     let o = f.build_raw(&recipe, "o", &[m[0], m[1], "--target", "sm1-fp64"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
@@ -443,14 +440,14 @@ fn registry_mirror_from_registries_conf_serves_the_docker_hub_base() {
         .env("CONTAINERS_REGISTRIES_CONF", &conf)
         .output()
         .unwrap();
-    assert!(o.status.success(), "build: {}", stderr(&o));
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(report["bases"][0]["digest"], d1.as_str());
-    assert_eq!(
-        report["bases"][0]["served_by"]["place"],
-        format!("{}/hub-cache/cuda", mirror.addr).as_str()
-    );
-    assert_eq!(report["bases"][0]["served_by"]["mirror"], true);
+    let report = build_output(&o);
+    assert_eq!(report.bases[0].digest.as_str(), d1);
+    let served = report.bases[0]
+        .served_by
+        .as_ref()
+        .expect("served by a registry");
+    assert_eq!(served.place, format!("{}/hub-cache/cuda", mirror.addr));
+    assert!(served.mirror);
     assert!(
         stderr(&o).contains(&format!("from mirror {}/hub-cache/cuda", mirror.addr)),
         "{}",
@@ -561,11 +558,10 @@ fn build_pulls_the_matrix_docker_hub_base_from_registry_1() {
         cmd.env(k, v);
     }
     let o = cmd.output().unwrap();
-    assert!(o.status.success(), "build: {}", stderr(&o));
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let report = build_output(&o);
     let amd64 = super::support::sha256(&hub.image.amd64);
-    assert_eq!(report["bases"][0]["reference"], base.as_str());
-    assert_eq!(report["bases"][0]["digest"], amd64.as_str());
+    assert_eq!(report.bases[0].reference, base);
+    assert_eq!(report.bases[0].digest.as_str(), amd64);
     let repo = base
         .strip_prefix("docker.io/")
         .unwrap()
@@ -573,8 +569,8 @@ fn build_pulls_the_matrix_docker_hub_base_from_registry_1() {
         .next()
         .unwrap();
     assert_eq!(
-        report["bases"][0]["served_by"]["place"],
-        format!("registry-1.docker.io/{repo}").as_str()
+        report.bases[0].served_by.as_ref().map(|s| s.place.as_str()),
+        Some(format!("registry-1.docker.io/{repo}").as_str())
     );
     assert_eq!(
         pinned(&recipe.with_extension("lock"), &base).as_deref(),

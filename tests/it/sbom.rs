@@ -5,11 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
+use infer_build::report::BuildOutput;
 use serde_json::Value;
 
 use super::image::tiny_static_elf;
 use super::registry_support::Registry;
-use super::support::{infer_build, python, root, sha256, sha256_file, stderr, stdout};
+use super::support::{
+    build_output, infer_build, python, root, sha256, sha256_file, stderr, stdout,
+};
 
 const SPDX: &str = "application/spdx+json";
 
@@ -26,7 +29,7 @@ fn example() -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, r.join("recipe.toml"), serve)
 }
 
-fn build(recipe: &Path, serve: &Path, out: &Path, epoch: &str) -> Value {
+fn build(recipe: &Path, serve: &Path, out: &Path, epoch: &str) -> BuildOutput {
     let o = infer_build()
         .arg("build")
         .arg(recipe)
@@ -38,8 +41,7 @@ fn build(recipe: &Path, serve: &Path, out: &Path, epoch: &str) -> Value {
         .env("SOURCE_DATE_EPOCH", epoch)
         .output()
         .unwrap();
-    assert!(o.status.success(), "build failed: {}", stderr(&o));
-    serde_json::from_str(&stdout(&o)).unwrap()
+    build_output(&o)
 }
 
 fn package<'a>(doc: &'a Value, id: &str) -> &'a Value {
@@ -113,20 +115,19 @@ fn check_spdx_structure(doc: &Value) {
 fn build_writes_a_deterministic_spdx_sbom_per_target() {
     let (dir, recipe, serve) = example();
     let a = build(&recipe, &serve, &dir.path().join("a"), "1700000000");
-    let targets = a["targets"].as_array().unwrap();
-    let sboms = a["sbom"].as_array().unwrap();
+    let (targets, sboms) = (&a.targets, &a.sbom);
     assert_eq!(sboms.len(), targets.len());
-    let target = targets[0]["id"].as_str().unwrap();
+    let target = &targets[0].id;
     let path = dir.path().join(format!("a/sbom/{target}.spdx.json"));
-    assert_eq!(sboms[0]["path"].as_str(), path.to_str());
+    assert_eq!(sboms[0].path, path);
     let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(sboms[0]["digest"].as_str().unwrap(), sha256(&bytes));
+    assert_eq!(sboms[0].digest.as_str(), sha256(&bytes));
     let doc: Value = serde_json::from_slice(&bytes).unwrap();
     check_spdx_structure(&doc);
     assert_eq!(doc["creationInfo"]["created"], "2023-11-14T22:13:20Z");
 
     // What it describes: the image by manifest digest, the runtime and model by content.
-    let manifest = targets[0]["manifest_digest"].as_str().unwrap();
+    let manifest = targets[0].manifest_digest.as_str();
     let image = package(&doc, "SPDXRef-Image");
     assert_eq!(image["checksums"][0]["checksumValue"], manifest[7..]);
     assert_eq!(image["primaryPackagePurpose"], "CONTAINER");
@@ -229,7 +230,7 @@ fn py_sbom_validates_with_spdx_tools() {
     }
     let (dir, recipe, serve) = example();
     let v = build(&recipe, &serve, &dir.path().join("out"), "0");
-    let path = v["sbom"][0]["path"].as_str().unwrap().to_string();
+    let path = v.sbom[0].path.to_str().unwrap().to_string();
     let script = r#"
 import sys
 from spdx_tools.spdx.parser.parse_anything import parse_file
@@ -267,12 +268,9 @@ fn registry_push_attaches_the_sbom_as_a_referrer() {
     let (dir, recipe, serve) = example();
     let layout = dir.path().join("out");
     let built = build(&recipe, &serve, &layout, "0");
-    let target = built["targets"][0]["id"].as_str().unwrap().to_string();
-    let index_tag = built["index"]["tag"].as_str().unwrap().to_string();
-    let image = built["targets"][0]["manifest_digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let target = built.targets[0].id.clone();
+    let index_tag = built.index.tag.clone();
+    let image = built.targets[0].manifest_digest.to_string();
     let sbom_bytes = std::fs::read(layout.join(format!("sbom/{target}.spdx.json"))).unwrap();
     let to = format!("{}/ml/mlp", reg.addr);
     let cache = dir.path().join("cache");

@@ -15,6 +15,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use infer_build::report::{InspectedImage, Inspection};
 use serde_json::Value;
 
 use super::real_models::{
@@ -27,13 +28,11 @@ const MODELS: [&str; 2] = ["minilm", "ocr-rec"];
 const TAG: &str = "1-cpu-fp32";
 
 /// The image of an inspected layout tagged `tag`.
-fn image<'a>(doc: &'a Value, tag: &str) -> &'a Value {
-    doc["images"]
-        .as_array()
-        .unwrap()
+fn image<'a>(doc: &'a Inspection, tag: &str) -> &'a InspectedImage {
+    doc.images
         .iter()
-        .find(|i| i["tags"].as_array().unwrap().iter().any(|t| t == tag))
-        .unwrap_or_else(|| panic!("no image tagged {tag}: {doc}"))
+        .find(|i| i.tags.iter().any(|t| t == tag))
+        .unwrap_or_else(|| panic!("no image tagged {tag}: {doc:?}"))
 }
 
 #[test]
@@ -94,40 +93,43 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         let out = dir.path().join(name).join("out");
         c.arg("--out").arg(&out).arg("--json");
         let o = env.args(&mut c, &dynamic_runtime()).output().unwrap();
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-        assert_eq!(
-            report["split"].as_array().map(Vec::len),
-            Some(1),
-            "{report}"
-        );
-        built.push((name, out, report["split"][0].clone()));
+        let mut report = support::build_output(&o);
+        assert_eq!(report.split.len(), 1, "{name}: {report:?}");
+        built.push((name, out, report.split.remove(0)));
     }
     super::ort_image::keep_wheel(cache);
 
     // One runtime image for both models; two model images, each naming it.
-    let runtime = built[0].2["runtime"]["manifest_digest"].as_str().unwrap();
+    let runtime = built[0].2.runtime.manifest_digest.as_str();
     assert_eq!(
-        runtime, built[1].2["runtime"]["manifest_digest"],
+        runtime,
+        built[1].2.runtime.manifest_digest.as_str(),
         "the two models' runtime images differ"
     );
     assert_ne!(
-        built[0].2["model"]["manifest_digest"],
-        built[1].2["model"]["manifest_digest"]
+        built[0].2.model.manifest_digest,
+        built[1].2.model.manifest_digest
     );
     for (name, out, split) in &built {
-        let doc = super::image::inspect_json(out);
+        let doc = support::inspect(out);
         let model = image(&doc, &format!("{TAG}-model"));
-        assert_eq!(model["part"], "model", "{name}: {model}");
-        assert_eq!(model["pairsWith"], runtime, "{name}: {model}");
-        assert_eq!(image(&doc, &format!("{TAG}-runtime"))["part"], "runtime");
+        assert_eq!(model.part.as_deref(), Some("model"), "{name}: {model:?}");
+        assert_eq!(
+            model.pairs_with.as_deref(),
+            Some(runtime),
+            "{name}: {model:?}"
+        );
+        assert_eq!(
+            image(&doc, &format!("{TAG}-runtime")).part.as_deref(),
+            Some("runtime")
+        );
         // The combined image is still there, the default tag.
-        assert!(image(&doc, TAG)["part"].is_null());
+        assert!(image(&doc, TAG).part.is_none());
         // Every model file is a layer of its own, uncompressed, named by both annotations.
-        for l in split["model"]["layers"].as_array().unwrap() {
+        for l in &split.model.layers {
             assert_eq!(
-                l["media_type"], "application/vnd.oci.image.layer.v1.tar",
-                "{l}"
+                l.media_type, "application/vnd.oci.image.layer.v1.tar",
+                "{l:?}"
             );
         }
 
@@ -147,7 +149,10 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
             mp["config"]["mediaType"],
             "application/vnd.cncf.model.config.v1+json"
         );
-        assert_eq!(mp["subject"]["digest"], split["model"]["manifest_digest"]);
+        assert_eq!(
+            mp["subject"]["digest"],
+            split.model.manifest_digest.as_str()
+        );
         let files: Vec<&str> = mp["layers"]
             .as_array()
             .unwrap()
@@ -231,7 +236,7 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         format!("image: \"localhost/infer-build/ocr-rec@{runtime}\""),
         format!(
             "reference: \"localhost/infer-build/ocr-rec@{}\"",
-            split["model"]["manifest_digest"].as_str().unwrap()
+            split.model.manifest_digest
         ),
         "mountPath: \"/mnt/models\"".to_string(),
     ] {
@@ -285,11 +290,12 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
     }
 
     // Pushed one after the other: the second model sends none of the runtime's bytes.
-    let runtime_layers: Vec<String> = built[0].2["runtime"]["layers"]
-        .as_array()
-        .unwrap()
+    let runtime_layers: Vec<String> = built[0]
+        .2
+        .runtime
+        .layers
         .iter()
-        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .map(|l| l.digest.to_string())
         .collect();
     let mut uploaded = Vec::new();
     for (name, out, _) in &built {
@@ -309,8 +315,10 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|r| r["subject"] == built[0].2["model"]["manifest_digest"]
-                    || r["subject"] == built[1].2["model"]["manifest_digest"]),
+                .any(
+                    |r| r["subject"] == built[0].2.model.manifest_digest.as_str()
+                        || r["subject"] == built[1].2.model.manifest_digest.as_str()
+                ),
             "{report}"
         );
         eprintln!(
@@ -320,9 +328,13 @@ fn docker_registry_py_split_layout_serves_two_real_models_from_one_runtime_image
         );
         // The model image's referrers: its warm-up manifest (read from its runtime.toml) and
         // the ModelPack manifest.
-        let model = built.iter().find(|b| b.0 == *name).unwrap().2["model"]["manifest_digest"]
-            .as_str()
+        let model = built
+            .iter()
+            .find(|b| b.0 == *name)
             .unwrap()
+            .2
+            .model
+            .manifest_digest
             .to_string();
         let (ok, raw, e) = super::registry::skopeo(&[
             "inspect",

@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use infer_build::report::{BuildOutput, Inspection};
+
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -467,31 +469,47 @@ pub fn rust_sources(dirs: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
-/// Every file of a layer: (path, bytes), read through infer-build's one layer reader (the
-/// blob verified against its digest first).
+/// Every file of a layer (a manifest's layer descriptor as JSON): (path, bytes), read through
+/// infer-build's one layer reader (the blob verified against its digest first).
 pub fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
-    use infer_build::oci::{store::BlobStore, unpack, Digest};
-    use std::io::Read;
-    let store = BlobStore::open(layout).unwrap();
-    let digest = Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
-    let reader = unpack::open(
-        &store,
+    let digest = infer_build::oci::Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
+    files_of_layer(
+        layout,
         &digest,
         layer["size"].as_u64().unwrap(),
         layer["mediaType"].as_str().unwrap(),
     )
-    .unwrap();
+}
+
+/// Every file of a layer `inspect` listed: (path, bytes), as [`layer_files`].
+pub fn inspected_layer_files(
+    layout: &Path,
+    layer: &infer_build::report::InspectedLayer,
+) -> Vec<(String, Vec<u8>)> {
+    files_of_layer(layout, &layer.digest, layer.size, &layer.media_type)
+}
+
+fn files_of_layer(
+    layout: &Path,
+    digest: &infer_build::oci::Digest,
+    size: u64,
+    media_type: &str,
+) -> Vec<(String, Vec<u8>)> {
+    use infer_build::oci::{store::BlobStore, unpack};
+    use std::io::Read;
+    let store = BlobStore::open(layout).unwrap();
+    let reader = unpack::open(&store, digest, size, media_type).unwrap();
     let mut a = tar::Archive::new(reader);
     let mut out = Vec::new();
     for e in a.entries().unwrap() {
-        let mut e = e.unwrap_or_else(|e| panic!("layer {layer}: {e}"));
+        let mut e = e.unwrap_or_else(|e| panic!("layer {digest}: {e}"));
         let path = e.path().unwrap().to_string_lossy().into_owned();
         if path.ends_with('/') {
             continue;
         }
         let mut b = Vec::new();
         e.read_to_end(&mut b)
-            .unwrap_or_else(|e| panic!("layer {layer}, {path}: {e}"));
+            .unwrap_or_else(|e| panic!("layer {digest}, {path}: {e}"));
         out.push((path, b));
     }
     out
@@ -503,14 +521,25 @@ pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {
 }
 
 /// The manifest digest of target `id` in a build report (`build --json`).
-pub fn target_digest(report: &serde_json::Value, id: &str) -> String {
-    report["targets"]
-        .as_array()
-        .unwrap()
+pub fn target_digest(report: &BuildOutput, id: &str) -> String {
+    report
+        .targets
         .iter()
-        .find(|t| t["id"] == id)
-        .unwrap_or_else(|| panic!("no target {id} in {report}"))["manifest_digest"]
-        .as_str()
-        .unwrap()
+        .find(|t| t.id == id)
+        .unwrap_or_else(|| panic!("no target {id} in {report:?}"))
+        .manifest_digest
         .to_string()
+}
+
+/// `infer-build build … --json`'s report, from a run that must have succeeded.
+pub fn build_output(o: &Output) -> BuildOutput {
+    assert!(o.status.success(), "build failed: {}", stderr(o));
+    serde_json::from_str(&stdout(o))
+        .unwrap_or_else(|e| panic!("build --json is not a build report: {e}\n{}", stdout(o)))
+}
+
+/// `infer-build inspect --json PATH` (a layout or an `oci-archive`), which must succeed.
+pub fn inspect(path: &Path) -> Inspection {
+    let path = path.to_str().expect("UTF-8 path");
+    cli_json(&root(), &["inspect", "--json", path])
 }

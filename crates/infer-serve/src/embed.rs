@@ -106,6 +106,13 @@ pub async fn embed(
     start: Instant,
     timing: &mut Timing,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    if model.text_model()?.config().pairs {
+        return Err(ApiError::BadRequest(format!(
+            "model {:?} scores pairs of texts (a reranker), it makes no embeddings: call /rerank, \
+             or V2 with text and text_pair",
+            model.name()
+        )));
+    }
     let items = texts.iter().map(|t| (*t, None)).collect();
     run(app, model, items, opts, start, timing).await
 }
@@ -316,6 +323,9 @@ pub(crate) async fn tei_rerank<'a>(
             "model {:?} is not a reranker: /rerank needs one relevance score per pair, it gives {width} values",
             model.name()
         )));
+    }
+    if req.query.trim().is_empty() {
+        return Err(ApiError::BadRequest("query is empty".into()));
     }
     if req.texts.is_empty() {
         return Err(ApiError::BadRequest("texts is empty".into()));

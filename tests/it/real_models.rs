@@ -77,6 +77,27 @@ pub(super) struct Case {
     folds: bool,
 }
 
+/// The three inputs of a BERT encoder (ids, attention mask, token types: `[batch, sequence]`
+/// int64), the sequence up to `$max` tokens: recipe text for `concat!`.
+macro_rules! bert_inputs {
+    ($max:literal) => {
+        concat!(
+            "\n[model.inputs.input_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
+            "profile = { min = [1], opt = [16], max = [",
+            $max,
+            "] }\n",
+            "\n[model.inputs.attention_mask]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
+            "profile = { min = [1], opt = [16], max = [",
+            $max,
+            "] }\n",
+            "\n[model.inputs.token_type_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
+            "profile = { min = [1], opt = [16], max = [",
+            $max,
+            "] }\n",
+        )
+    };
+}
+
 pub(super) const CASES: &[Case] = &[
     Case {
         name: "ocr-det",
@@ -191,22 +212,9 @@ normalize = false
     },
     Case {
         name: "minilm",
-        recipe: r#"
-[model.inputs.input_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
-[model.inputs.attention_mask]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
-[model.inputs.token_type_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
+        recipe: concat!(
+            bert_inputs!(256),
+            r#"
 [model.outputs.last_hidden_state]
 datatype = "fp32"
 shape = [-1, -1, 384]
@@ -216,7 +224,8 @@ shape = [-1, -1, 384]
 tokenizer = "tokenizer.json"
 pooling = "mean"
 normalize = true
-"#,
+"#
+        ),
         input: "input_ids",
         datatype: "INT64",
         policy: "onnxruntime",
@@ -239,22 +248,9 @@ normalize = true
     },
     Case {
         name: "categorium",
-        recipe: r#"
-[model.inputs.input_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [512] }
-
-[model.inputs.attention_mask]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [512] }
-
-[model.inputs.token_type_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [512] }
-
+        recipe: concat!(
+            bert_inputs!(512),
+            r#"
 [model.outputs.logits]
 datatype = "fp32"
 shape = [-1, 27]
@@ -269,7 +265,8 @@ labels = ["adult", "animals", "autos", "beauty", "business", "eletronics", "ente
     "finance", "food", "games", "health", "hobbies", "home", "jobs", "law", "literature",
     "news", "online communities", "real estate", "reference", "science", "sensitive subject",
     "shopping", "society", "sports", "telecom", "travel"]
-"#,
+"#
+        ),
         input: "input_ids",
         datatype: "INT64",
         policy: "onnxruntime",
@@ -292,22 +289,9 @@ labels = ["adult", "animals", "autos", "beauty", "business", "eletronics", "ente
     },
     Case {
         name: "minilm-pair",
-        recipe: r#"
-[model.inputs.input_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
-[model.inputs.attention_mask]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
-[model.inputs.token_type_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-
+        recipe: concat!(
+            bert_inputs!(256),
+            r#"
 [model.outputs.logits]
 datatype = "fp32"
 shape = [-1, 1]
@@ -318,7 +302,8 @@ shape = [-1, 1]
 tokenizer = "tokenizer.json"
 pairs = true
 activation = "sigmoid"
-"#,
+"#
+        ),
         input: "input_ids",
         datatype: "INT64",
         policy: "onnxruntime",

@@ -110,6 +110,10 @@ pub struct Policy {
 pub struct Padding {
     /// Per engine input, in order: the value padding positions get.
     pub values: Vec<i64>,
+    /// Per engine output, in order: whether its first dimension after the batch one is the
+    /// padded length, cut back to each request's own (a tensor model's per-token outputs). A
+    /// text model's outputs stay padded: its pooling reads the lengths itself.
+    pub cut_outputs: Vec<bool>,
     /// The token budget and the padding bound (at least one request always runs, whatever its
     /// size).
     pub bounds: batch::Padded,
@@ -672,9 +676,19 @@ impl Instance {
             Ok(outs) => {
                 let mut offset = 0;
                 for job in jobs {
+                    let own = padding.map(|p| (p, Padding::length(&job.inputs)));
                     let mine: Option<Vec<Tensor>> = outs
                         .iter()
-                        .map(|o| o.slice_rows(offset, job.rows))
+                        .enumerate()
+                        .map(|(k, o)| {
+                            let rows = o.slice_rows(offset, job.rows)?;
+                            match own {
+                                Some((p, len)) if p.cut_outputs.get(k) == Some(&true) => {
+                                    rows.truncate_length(len)
+                                }
+                                _ => Some(rows),
+                            }
+                        })
                         .collect();
                     let mine = mine.map(|outputs| Answer { outputs, compute });
                     offset += job.rows;
@@ -815,6 +829,7 @@ mod tests {
         let padded = |budget| Policy {
             padding: Some(Padding {
                 values: vec![-1],
+                cut_outputs: Vec::new(),
                 bounds: batch::Padded {
                     token_budget: budget,
                     max_padding_percent: 0,
@@ -849,6 +864,32 @@ mod tests {
         );
         assert_eq!(out[0][0], want);
         assert_eq!(out[1][0], ids(2, 5));
+
+        // A tensor model's per-token output is cut back to each request's own length: the
+        // echo answers each request with exactly its input.
+        let cut = Policy {
+            padding: Some(Padding {
+                cut_outputs: vec![true],
+                ..padded(1000).padding.unwrap()
+            }),
+            ..padded(1000)
+        };
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let echo = Box::new(Echo {
+            sizes: sizes.clone(),
+            sleep: Duration::ZERO,
+        }) as Box<dyn Backend>;
+        let m = Arc::new(Metrics::new("m", "1", 8));
+        let b = Batcher::start_grouped(cut, AnyLength, vec![echo], m).unwrap();
+        let asked = [(1, 2), (2, 5), (3, 3)];
+        let rxs: Vec<_> = asked
+            .iter()
+            .map(|&(v, len)| b.submit(vec![ids(v, len)], 1, None).unwrap())
+            .collect();
+        for (rx, &(v, len)) in rxs.into_iter().zip(&asked) {
+            assert_eq!(wait(rx).unwrap().outputs, [ids(v, len)]);
+        }
+        assert_eq!(*sizes.lock().unwrap(), vec![3], "one padded batch");
 
         // A budget of 10 tokens: [2] and [5] make 2 x 5 = 10; the third would make 15.
         let sizes = Arc::new(Mutex::new(Vec::new()));

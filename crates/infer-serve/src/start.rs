@@ -558,23 +558,12 @@ fn load_model(
         busy_poll,
         ..Policy::from_config(cfg)
     };
-    // The model's grouping: a text model pads requests of different lengths into one batch,
-    // within its token budget; other models batch only equal shapes.
-    let started = match model.text() {
-        Some(text) => {
-            let budget = match text.config().token_budget {
-                0 => cfg.batching.max_batch_size as usize * text.config().max_length as usize,
-                b => b as usize,
-            };
-            policy.padding = Some(Padding {
-                values: text.pad_values(),
-                bounds: infer_spec::batch::Padded {
-                    token_budget: budget,
-                    max_padding_percent: text.config().max_padding_percent,
-                },
-            });
-            Batcher::start_grouped(policy, AnyLength, backends, model.metrics.clone())
-        }
+    // The model's grouping: a text model, or a tensor model whose inputs say their padding
+    // values, pads requests of different lengths into one batch, within its token budget;
+    // other models batch only equal shapes.
+    policy.padding = padding(cfg, model);
+    let started = match policy.padding {
+        Some(_) => Batcher::start_grouped(policy, AnyLength, backends, model.metrics.clone()),
         None => Batcher::start_grouped(policy, SameShapes, backends, model.metrics.clone()),
     };
     let batcher = started.map_err(|e| {
@@ -886,6 +875,51 @@ async fn lifecycle(
         _ = drain.notified() => log::info("second signal: ending the drain delay early", &[]),
     }
     let _ = stop.send(true);
+}
+
+/// How a model pads requests of different lengths into one batch, if it does: a text model
+/// with its tokenizer's padding and `[text]` bounds (outputs left padded for its pooling); a
+/// tensor model whose inputs say their `pad` (`TensorSpec::pad`), within rows x the profile's
+/// longest length, each request's per-token outputs cut back to its own length.
+fn padding(cfg: &RuntimeConfig, model: &crate::model::Model) -> Option<Padding> {
+    let rows = cfg.batching.max_batch_size as usize;
+    if let Some(text) = model.text() {
+        let budget = match text.config().token_budget {
+            0 => rows * text.config().max_length as usize,
+            b => b as usize,
+        };
+        return Some(Padding {
+            values: text.pad_values(),
+            cut_outputs: Vec::new(),
+            bounds: infer_spec::batch::Padded {
+                token_budget: budget,
+                max_padding_percent: text.config().max_padding_percent,
+            },
+        });
+    }
+    let values: Vec<i64> = cfg.inputs.iter().map(|i| i.pad).collect::<Option<_>>()?;
+    let longest = cfg
+        .inputs
+        .iter()
+        .filter_map(|i| i.row_dims().first().copied())
+        .max()
+        .unwrap_or(0);
+    Some(Padding {
+        values,
+        cut_outputs: cfg
+            .outputs
+            .iter()
+            .map(|o| o.dims.get(1) == Some(&-1))
+            .collect(),
+        bounds: infer_spec::batch::Padded {
+            token_budget: if longest == 0 {
+                usize::MAX
+            } else {
+                rows * longest
+            },
+            max_padding_percent: 0,
+        },
+    })
 }
 
 #[cfg(test)]

@@ -51,6 +51,33 @@ impl Tensor {
         })
     }
 
+    /// The tensor with its first dimension after the batch one cut to `len` (a padded batch's
+    /// output handed back to one request of that length). `None` when it is shorter than
+    /// `len`, has no such dimension, or holds `BYTES`.
+    pub fn truncate_length(&self, len: usize) -> Option<Tensor> {
+        let longest = *self.shape.get(1)?;
+        if longest == len {
+            return Some(self.clone());
+        }
+        if longest < len {
+            return None;
+        }
+        let size = self.dtype.size()?;
+        let inner: usize = self.shape.iter().skip(2).product::<usize>() * size;
+        let (keep, stride) = (len * inner, longest * inner);
+        let mut data = Vec::with_capacity(self.rows() * keep);
+        for row in self.data.chunks_exact(stride.max(1)).take(self.rows()) {
+            data.extend_from_slice(&row[..keep]);
+        }
+        let mut shape = self.shape.clone();
+        shape[1] = len;
+        (data.len() == self.rows() * keep).then(|| Tensor {
+            dtype: self.dtype,
+            shape,
+            data: Bytes::from(data),
+        })
+    }
+
     /// Concatenates tensors along the batch dimension; all must share dtype and row shape.
     pub fn concat_rows(parts: &[&Tensor]) -> Option<Tensor> {
         let first = parts.first()?;
@@ -194,6 +221,22 @@ mod tests {
             shape: shape.to_vec(),
             data: Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
         }
+    }
+
+    #[test]
+    fn a_padded_length_is_cut_back_row_by_row() {
+        // Two rows of length 3 (padded), two values per position: keep the first two positions.
+        let padded = f32s(
+            &[2, 3, 2],
+            &[1., 2., 3., 4., 0., 0., 5., 6., 7., 8., 9., 9.],
+        );
+        assert_eq!(
+            padded.truncate_length(2),
+            Some(f32s(&[2, 2, 2], &[1., 2., 3., 4., 5., 6., 7., 8.]))
+        );
+        assert_eq!(padded.truncate_length(3), Some(padded.clone()));
+        assert_eq!(padded.truncate_length(4), None);
+        assert_eq!(f32s(&[2], &[1., 2.]).truncate_length(1), None);
     }
 
     #[test]

@@ -128,6 +128,13 @@ pub struct TensorSpec {
     /// must agree on their size in a request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dim_names: Vec<String>,
+    /// An input's padding value: requests whose inputs differ in length (the first dimension
+    /// after the batch one) share a batch, each row padded to the batch's longest with it, and
+    /// outputs whose first dimension after the batch one is variable are cut back to each
+    /// request's own length. Every input of the model pads, or none; `INT32`/`INT64` inputs of
+    /// dims `[-1, -1]` only (token ids and masks). Text models pad their own (`[text]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad: Option<i64>,
 }
 
 /// `profile = { min = [..], opt = [..], max = [..] }` of a tensor: per dimension after the
@@ -158,6 +165,9 @@ pub const MAX_BODY_BYTES: u64 = 1 << 30;
 pub const MAX_THREADS: u32 = 1024;
 /// The default `server.memory_budget_bytes`: 4 GiB.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 4 << 30;
+
+/// The name of padded inputs' shared length when the model does not name it.
+pub const PADDED_LENGTH: &str = "length (padded)";
 
 impl TensorSpec {
     /// The dimensions after the batch dimension at their largest: fixed ones as they are,
@@ -208,12 +218,19 @@ impl TensorSpec {
         self.dims.iter().skip(1).any(|&d| d == -1)
     }
 
-    /// The name of dimension `axis` (counting the batch dimension as 0), when it has one.
+    /// The name of dimension `axis` (counting the batch dimension as 0), when it has one. A
+    /// padded input's length is shared by every input ([`TensorSpec::pad`]): unnamed, it is
+    /// [`PADDED_LENGTH`].
     pub fn dim_name(&self, axis: usize) -> Option<&str> {
-        axis.checked_sub(1)
+        let named = axis
+            .checked_sub(1)
             .and_then(|i| self.dim_names.get(i))
             .map(String::as_str)
-            .filter(|n| !n.is_empty())
+            .filter(|n| !n.is_empty());
+        match named {
+            None if axis == 1 && self.pad.is_some() => Some(PADDED_LENGTH),
+            named => named,
+        }
     }
 
     /// The bounds `(min, max)` of dimension `axis` (counting the batch dimension as 0, which
@@ -619,6 +636,7 @@ impl RuntimeConfig {
             }
         }
         shared_dim_problems(&mut p, &self.inputs);
+        padding_problems(&mut p, &self.inputs, self.text.is_some());
         if let Some(text) = &self.text {
             p.extend(text.problems(&self.inputs, &self.outputs));
         }
@@ -884,6 +902,35 @@ fn tensor_problems(p: &mut Vec<String>, at: &str, input: bool, t: &TensorSpec) {
                     ));
                 }
             }
+        }
+    }
+}
+
+/// Padded inputs ([`TensorSpec::pad`]): all or none, token-like (`INT32`/`INT64`, dims
+/// `[-1, -1]`), the value in the datatype's range, and not with `[text]`, which pads its own.
+fn padding_problems(p: &mut Vec<String>, inputs: &[TensorSpec], text: bool) {
+    if inputs.iter().all(|t| t.pad.is_none()) {
+        return;
+    }
+    if text {
+        p.push("inputs: pad is for tensor models; a [text] model pads its own inputs".to_owned());
+    }
+    for (i, t) in inputs.iter().enumerate() {
+        let at = format!("inputs[{i}] ({:?})", t.name);
+        let Some(v) = t.pad else {
+            p.push(format!(
+                "{at}: no pad, though other inputs have one: every input of a padded model says its padding value"
+            ));
+            continue;
+        };
+        if t.dims != [-1, -1] || !matches!(t.datatype, DataType::I32 | DataType::I64) {
+            p.push(format!(
+                "{at}: pad is for INT32 or INT64 inputs of dims [-1, -1], this one is {} {:?}",
+                t.datatype.as_str(),
+                t.dims
+            ));
+        } else if t.datatype == DataType::I32 && i32::try_from(v).is_err() {
+            p.push(format!("{at}: pad {v} does not fit INT32"));
         }
     }
 }
@@ -1227,6 +1274,56 @@ path = "mlp.onnx"
             &mlp().replace("name = \"mlp\"", "name = \"a/b\""),
             Err(&["model.name \"a/b\" must be non-empty without '/'"]),
         );
+    }
+
+    /// A tensor model whose inputs say their padding: every input, token-like, in range, not
+    /// with `[text]`; an unnamed padded length is shared by every input.
+    #[test]
+    fn padded_inputs_are_all_token_like() {
+        let tokens = |a: &str, b: &str| {
+            mlp().replace(
+                "[[outputs]]",
+                &format!(
+                    "[[inputs]]\nname = \"ids\"\ndatatype = \"INT64\"\ndims = [-1, -1]\n{a}\n\
+                     profile = {{ min = [1], opt = [8], max = [64] }}\n\n\
+                     [[inputs]]\nname = \"mask\"\ndatatype = \"INT32\"\ndims = [-1, -1]\n{b}\n\
+                     profile = {{ min = [1], opt = [8], max = [64] }}\n\n[[outputs]]"
+                ),
+            )
+        };
+        // The fixture's own input is FP32 [-1, 64]: without it, the two token inputs.
+        let only_tokens = |a: &str, b: &str| {
+            let text = tokens(a, b);
+            let start = text.find("[[inputs]]").unwrap();
+            let end = text[start..].find("[[inputs]]\nname = \"ids\"").unwrap() + start;
+            format!("{}{}", &text[..start], &text[end..])
+        };
+        let cfg = RuntimeConfig::from_toml_str(&only_tokens("pad = 0", "pad = 0")).unwrap();
+        assert_eq!(cfg.inputs[0].pad, Some(0));
+        assert_eq!(cfg.inputs[1].dim_name(1), Some(PADDED_LENGTH));
+        assert_eq!(cfg.inputs[1].dim_name(0), None);
+        let text = cfg.to_toml_string();
+        assert!(text.contains("pad = 0"), "{text}");
+        check(
+            &only_tokens("pad = 0", ""),
+            Err(&["inputs[1] (\"mask\"): no pad, though other inputs have one: every input of a padded model says its padding value"]),
+        );
+        check(
+            &only_tokens("pad = 0", "pad = 3000000000"),
+            Err(&["inputs[1] (\"mask\"): pad 3000000000 does not fit INT32"]),
+        );
+        check(
+            &tokens("pad = 0", "pad = 0"),
+            Err(&["inputs[0] (\"input\"): no pad, though other inputs have one: every input of a padded model says its padding value"]),
+        );
+        let fp32 = only_tokens("pad = 0", "pad = 0").replace("\"INT32\"", "\"FP32\"");
+        check(
+            &fp32,
+            Err(&["inputs[1] (\"mask\"): pad is for INT32 or INT64 inputs of dims [-1, -1], this one is FP32 [-1, -1]"]),
+        );
+        // Unpadded, the same model has no shared length.
+        let plain = RuntimeConfig::from_toml_str(&only_tokens("", "")).unwrap();
+        assert_eq!(plain.inputs[1].dim_name(1), None);
     }
 
     #[test]

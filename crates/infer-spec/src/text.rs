@@ -232,6 +232,7 @@ impl Text {
             dims: vec![-1, 1],
             profile: None,
             dim_names: Vec::new(),
+            pad: None,
         };
         let mut inputs = vec![input(TEXT_INPUT)];
         if self.pairs {
@@ -243,6 +244,7 @@ impl Text {
             dims: vec![-1, hidden],
             profile: None,
             dim_names: Vec::new(),
+            pad: None,
         };
         Some((inputs, vec![output]))
     }
@@ -353,6 +355,7 @@ mod tests {
             dims: dims.to_vec(),
             profile: None,
             dim_names: Vec::new(),
+            pad: None,
         }
     }
 

@@ -295,6 +295,7 @@ mod tests {
             dims: vec![-1, 4],
             profile: None,
             dim_names: Vec::new(),
+            pad: None,
         }
     }
 

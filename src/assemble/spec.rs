@@ -121,6 +121,7 @@ fn tensor(t: &Tensor) -> TensorSpec {
             max: p.max.clone(),
         }),
         dim_names: Vec::new(),
+        pad: t.pad,
     }
 }
 

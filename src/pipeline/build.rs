@@ -370,6 +370,7 @@ fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Ten
                 datatype,
                 shape,
                 profile: None,
+                pad: None,
             })
         })
         .collect()

@@ -194,6 +194,9 @@ pub struct Tensor {
     pub shape: Vec<i64>,
     /// Ranges for the dynamic non-batch dimensions (inputs only).
     pub profile: Option<ShapeProfile>,
+    /// The padding value of a token-like input (`pad`): requests of different lengths share a
+    /// batch, padded (`infer_spec::TensorSpec::pad`).
+    pub pad: Option<i64>,
 }
 
 /// Shape profile of one input: for each dimension after the batch dimension the smallest,

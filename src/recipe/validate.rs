@@ -79,7 +79,7 @@ const MODEL_KEYS: [&str; 6] = [
     "inputs",
     "outputs",
 ];
-const INPUT_KEYS: [&str; 3] = ["datatype", "shape", "profile"];
+const INPUT_KEYS: [&str; 4] = ["datatype", "shape", "profile", "pad"];
 const OUTPUT_KEYS: [&str; 2] = ["datatype", "shape"];
 const PROFILE_KEYS: [&str; 3] = ["min", "opt", "max"];
 const TARGETS_KEYS: [&str; 7] = [
@@ -201,6 +201,19 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
         .map(|b| b.value as u64)
     });
     let text_table = cx.table(&root, "text");
+    if let (Some(t), Some(m)) = (text_table.as_ref(), model.as_ref()) {
+        if let Some(padded) = m.inputs.iter().find(|i| i.pad.is_some()) {
+            cx.error_hint(
+                t.span,
+                &t.key,
+                format!(
+                    "input {:?} has a pad, and a [text] model pads its own inputs",
+                    padded.name
+                ),
+                "remove `pad` from the inputs: the tokenizer's padding applies",
+            );
+        }
+    }
     let text = match (text_table.as_ref(), model.as_ref()) {
         (Some(t), Some(m)) => text(cx, t, m, &mut files),
         _ => None,
@@ -666,6 +679,7 @@ fn tensors(
     targets: &Targets,
 ) -> Option<Vec<Tensor>> {
     let mut out = Vec::new();
+    let mut spans = Vec::new();
     let mut ok = true;
     for (k, v) in t.inner.iter() {
         let name: &str = k.get_ref();
@@ -686,8 +700,28 @@ fn tensors(
             span: cx.span_of(k),
         };
         match tensor(cx, &table, name, inputs, b, targets) {
-            Some(tensor) => out.push(tensor),
+            Some(tensor) => {
+                spans.push((table.span, table.key.clone()));
+                out.push(tensor);
+            }
             None => ok = false,
+        }
+    }
+    // Padding is the model's batching rule: every input says its value, or none does.
+    if let Some(padded) = out.iter().find(|i| i.pad.is_some()) {
+        for (t, (span, key)) in out.iter().zip(&spans) {
+            if t.pad.is_none() {
+                cx.error_hint(
+                    *span,
+                    key,
+                    format!(
+                        "no `pad`, though input {:?} has one: requests of different lengths are padded on every input",
+                        padded.name
+                    ),
+                    "add `pad = 0` (or this input's padding value), or remove `pad` from every input",
+                );
+                ok = false;
+            }
         }
     }
     ok.then_some(out)
@@ -824,12 +858,63 @@ fn tensor(
     } else {
         Some(None)
     };
+    let pad = if input {
+        pad(cx, t, datatype, shape.as_ref())
+    } else {
+        Some(None)
+    };
     Some(Tensor {
         name: name.to_string(),
         datatype: datatype?,
         shape: shape?.value.into_iter().map(|d| d.value).collect(),
         profile: profile?,
+        pad: pad?,
     })
+}
+
+/// An input's `pad`: the value padding positions get when requests of different lengths share
+/// a batch; for token-like inputs (`int32`/`int64`, shape `[-1, -1]`).
+fn pad(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    datatype: Option<DataType>,
+    shape: Option<&Located<Vec<Located<i64>>>>,
+) -> Option<Option<i64>> {
+    if t.inner.get("pad").is_none() {
+        return Some(None);
+    }
+    let v = cx.int(
+        t,
+        "pad",
+        i64::MIN,
+        i64::MAX,
+        "padding value (a whole number)",
+    )?;
+    let dims: Option<Vec<i64>> = shape.map(|s| s.value.iter().map(|d| d.value).collect());
+    let (Some(datatype), Some(dims)) = (datatype, dims) else {
+        return None;
+    };
+    if dims != [-1, -1] || !matches!(datatype, DataType::I32 | DataType::I64) {
+        cx.error_hint(
+            v.span,
+            &v.key,
+            format!(
+                "`pad` is for int32 or int64 inputs of shape [-1, -1] (token ids, masks), this one is {} {dims:?}",
+                datatype.recipe_name()
+            ),
+            "remove `pad`: only token-like inputs are padded, and a model with other inputs batches requests of equal shapes",
+        );
+        return None;
+    }
+    if datatype == DataType::I32 && i32::try_from(v.value).is_err() {
+        cx.error(
+            v.span,
+            &v.key,
+            format!("pad {} does not fit int32", v.value),
+        );
+        return None;
+    }
+    Some(Some(v.value))
 }
 
 /// `profile = { min = [...], opt = [...], max = [...] }`: one entry per dimension after the

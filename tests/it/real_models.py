@@ -711,6 +711,14 @@ BUILT = {"wordllama": wordllama_files, "minilm": minilm_files, "minilm-pair": mi
          "categorium": categorium_files}
 
 
+# Models served a second time under another recipe: alias -> the fetched model.
+ALIASES = {
+    # all-MiniLM-L6-v2 as a tensor model (ids, mask and token types in, last_hidden_state
+    # out) whose inputs say their padding values: requests of different lengths batch.
+    "minilm-tensors": "minilm",
+}
+
+
 def fetch(cache):
     os.makedirs(cache, exist_ok=True)
     out = {}
@@ -748,6 +756,8 @@ def fetch(cache):
             ort.InferenceSession(dest, opts, providers=["CPUExecutionProvider"])
             os.replace(folded + PART + ".onnx", folded)
         out[name + ".folded"] = folded
+    for alias, name in ALIASES.items():
+        out[alias] = out[name]
     print(json.dumps(out))
 
 
@@ -954,6 +964,74 @@ def reference_scores(model, cache, texts):
     output (the tokenizers package, onnxruntime) and their `softmax`."""
     logits = reference_embed(model, cache, texts, "none", False)
     return logits, softmax(logits)
+
+
+def check_padded(url, model, onnx_path, lengths, grpc_url):
+    """A BERT-style tensor model whose inputs say their padding (`pad`), called as a V2 client
+    would: one request per length in `lengths` ([1, L] ids of [CLS] ... [SEP], mask of ones,
+    token types of zeros), half over HTTP and half over gRPC, all in flight together, each
+    answer (every output) compared with onnxruntime on that request alone. Then the model's
+    metrics must show fewer executions than requests: requests of different lengths shared
+    batches, padded, and each got back only its own positions."""
+    import urllib.request
+
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+    out_names = [o.name for o in sess.get_outputs()]
+
+    def metric(name):
+        text = urllib.request.urlopen(f"http://{url}/metrics").read().decode()
+        prefix = f'{name}{{model="{model}",version="1"}} '
+        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+    before = (metric("nv_inference_exec_count"), metric("nv_inference_request_success"))
+    jobs = [("grpc" if i % 2 else "http", i, n) for i, n in enumerate(lengths)]
+
+    def one(job):
+        protocol, i, n = job
+        rng = np.random.default_rng(200 + i)
+        ids = np.concatenate([[101], rng.integers(1000, 30000, n - 2), [102]]).astype(np.int64)[None, :]
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        want = sess.run(None, feed)
+        client = grpcclient if protocol == "grpc" else httpclient
+        if protocol == "grpc":
+            c = grpcclient.InferenceServerClient(url=grpc_url)
+        else:
+            c = httpclient.InferenceServerClient(url=url, network_timeout=300.0)
+        inputs = []
+        for name, x in feed.items():
+            inp = client.InferInput(name, list(x.shape), "INT64")
+            inp.set_data_from_numpy(x)
+            inputs.append(inp)
+        res = c.infer(model, inputs, outputs=[client.InferRequestedOutput(n) for n in out_names])
+        worst = 0.0
+        for name, w in zip(out_names, want):
+            got = res.as_numpy(name)
+            if got is None or got.shape != w.shape:
+                raise AssertionError(f"{model} {protocol} length {n}: output {name} shape "
+                                     f"{None if got is None else got.shape}, onnxruntime {w.shape}")
+            worst = max(worst, float(np.abs(got - w).max()))
+        return worst
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
+        diffs = list(pool_.map(one, jobs))
+    tol = 1e-4
+    for (protocol, _, n), d in zip(jobs, diffs):
+        if not d <= tol:
+            sys.exit(f"{model} {protocol} length {n}: max |diff| {d} > {tol}")
+    execs = metric("nv_inference_exec_count") - before[0]
+    requests = metric("nv_inference_request_success") - before[1]
+    if requests != len(jobs) or not execs < requests:
+        sys.exit(f"{model}: {requests:.0f} requests of {len(jobs)} ran in {execs:.0f} executions: "
+                 "requests of different lengths did not share a batch")
+    print(json.dumps({"model": model, "lengths": lengths, "max_abs_diff": max(diffs), "tolerance": tol,
+                      "requests": int(requests), "executions": int(execs)}))
 
 
 def check(url, model, onnx_path, cases, grpc_url=None):
@@ -1356,6 +1434,8 @@ if __name__ == "__main__":
         bench(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), *sys.argv[9:10])
     elif sys.argv[1] == "body":
         body(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5])
+    elif sys.argv[1] == "check-padded":
+        check_padded(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6])
     elif sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), *sys.argv[6:7])
     else:

@@ -329,6 +329,50 @@ activation = "sigmoid"
         pooling: ("none", false),
         folds: false,
     },
+    Case {
+        name: "minilm-tensors",
+        recipe: r#"
+[model.inputs.input_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+pad = 0
+
+[model.inputs.attention_mask]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+pad = 0
+
+[model.inputs.token_type_ids]
+datatype = "int64"
+shape = [-1, -1]
+profile = { min = [1], opt = [16], max = [256] }
+pad = 0
+
+[model.outputs.last_hidden_state]
+datatype = "fp32"
+shape = [-1, -1, 384]
+"#,
+        input: "input_ids",
+        datatype: "INT64",
+        policy: "onnxruntime",
+        engine: "onnxruntime",
+        // One request per shape, its length the second number (`real_models.py check-padded`).
+        shapes: &[
+            &[1, 3],
+            &[1, 17],
+            &[1, 8],
+            &[1, 40],
+            &[1, 5],
+            &[1, 12],
+            &[1, 26],
+            &[1, 9],
+        ],
+        texts: &[],
+        pooling: ("none", false),
+        folds: false,
+    },
 ];
 
 /// The direction classifier's tensor tables, shared with `cpu_select.rs`.
@@ -595,7 +639,17 @@ pub(super) fn check_served(
 ) -> Result<String, String> {
     let mut check = Command::new(py);
     check.arg(script());
-    if case.texts.is_empty() {
+    if case.recipe.contains("\npad = ") {
+        // Padded tensor requests of different lengths, all in flight, each like onnxruntime.
+        let lengths: Vec<usize> = case.shapes.iter().map(|s| s[1]).collect();
+        check
+            .arg("check-padded")
+            .arg(&c.http)
+            .arg(name)
+            .arg(onnx)
+            .arg(serde_json::to_string(&lengths).unwrap())
+            .arg(&c.grpc);
+    } else if case.texts.is_empty() {
         let cases: Vec<serde_json::Value> = case
             .shapes
             .iter()
@@ -848,6 +902,14 @@ fn docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_tr
     docker_serves_like_onnxruntime(
         "docker_registry_py_minilm_bert_serves_text_with_mean_pooling_like_sentence_transformers",
         &CASES[5],
+    );
+}
+
+#[test]
+fn docker_registry_py_minilm_as_tensors_batches_requests_of_different_lengths_padded() {
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_minilm_as_tensors_batches_requests_of_different_lengths_padded",
+        CASES.iter().find(|c| c.name == "minilm-tensors").unwrap(),
     );
 }
 

@@ -817,6 +817,47 @@ recipe.toml:26:23: text.max_padding_percent: expected 0 to 10000 (a percent of t
     );
 }
 
+/// `pad` on token-like inputs: requests of different lengths batch together (a tensor model);
+/// every input says its value, int32/int64 `[-1, -1]` only, never with `[text]`.
+#[test]
+fn padded_inputs() {
+    let padded = TEXT_BASE.replace("max = [128] }\n", "max = [128] }\npad = 0\n");
+    let r = parse_ok(&padded);
+    let pads: Vec<Option<i64>> = r.model.inputs.iter().map(|i| i.pad).collect();
+    assert_eq!(pads, [Some(0), Some(0)]);
+    let one = TEXT_BASE.replacen("max = [128] }\n", "max = [128] }\npad = 0\n", 1);
+    check(
+        &one,
+        r#"
+recipe.toml:12:15: model.inputs.attention_mask: no `pad`, though input "input_ids" has one: requests of different lengths are padded on every input
+  hint: add `pad = 0` (or this input's padding value), or remove `pad` from every input
+"#,
+    );
+    check(
+        &format!(
+            "{padded}\n[model.inputs.pixels]\ndatatype = \"fp32\"\nshape = [-1, 3]\npad = \"0\"\n"
+        ),
+        r#"
+recipe.toml:21:7: model.inputs.pixels.pad: expected padding value (a whole number), found string "0"
+  hint: drop the quotes: `pad = 0`
+"#,
+    );
+    check(
+        &format!("{padded}\n[model.inputs.scale]\ndatatype = \"fp32\"\nshape = [-1, -1]\nprofile = {{ min = [1], opt = [1], max = [8] }}\npad = 0\n"),
+        r#"
+recipe.toml:22:7: model.inputs.scale.pad: `pad` is for int32 or int64 inputs of shape [-1, -1] (token ids, masks), this one is fp32 [-1, -1]
+  hint: remove `pad`: only token-like inputs are padded, and a model with other inputs batches requests of equal shapes
+"#,
+    );
+    check(
+        &format!("{padded}\n[text]\ntokenizer = \"tokenizer.json\"\n"),
+        r#"
+recipe.toml:18:2: text: input "attention_mask" has a pad, and a [text] model pads its own inputs
+  hint: remove `pad` from the inputs: the tokenizer's padding applies
+"#,
+    );
+}
+
 #[test]
 fn response_cache() {
     let r = parse_ok(&format!("{BASE}\n[response_cache]\nmax_bytes = 1048576\n"));

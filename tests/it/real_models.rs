@@ -626,10 +626,14 @@ pub(super) fn spawn_check(
         .unwrap()
 }
 
-/// Checks model `name` of the container `c` against its reference: a tensor model's shapes
-/// through tritonclient (HTTP and gRPC) against onnxruntime on `onnx`; a text model's texts
-/// through tritonclient, the `openai` client and TEI's `/embed` against its reference pipeline.
-/// The check's output, or why it failed.
+/// Checks model `name` of the container `c` against its reference (`real_models.py`): a tensor
+/// model's shapes through tritonclient (HTTP and gRPC) against onnxruntime on `onnx` (`check`,
+/// or `check-padded` for a model whose inputs pad: one request per shape, its length the second
+/// number); a text model's texts against its reference pipeline, by what its `[text]` makes of
+/// them: embeddings through tritonclient, the `openai` client and TEI's `/embed`
+/// (`check-text`), label scores through V2 and `/predict` (`check-classifier`), a query's
+/// passages scored through `/rerank` and V2's `text_pair` (`check-rerank`). The check's
+/// output, or why it failed.
 pub(super) fn check_served(
     py: &Path,
     case: &Case,
@@ -637,18 +641,14 @@ pub(super) fn check_served(
     name: &str,
     onnx: &Path,
 ) -> Result<String, String> {
-    let mut check = Command::new(py);
-    check.arg(script());
-    if case.recipe.contains("\npad = ") {
-        // Padded tensor requests of different lengths, all in flight, each like onnxruntime.
+    let texts = || serde_json::to_string(case.texts).unwrap();
+    let (mode, source, cases) = if case.recipe.contains("\npad = ") {
         let lengths: Vec<usize> = case.shapes.iter().map(|s| s[1]).collect();
-        check
-            .arg("check-padded")
-            .arg(&c.http)
-            .arg(name)
-            .arg(onnx)
-            .arg(serde_json::to_string(&lengths).unwrap())
-            .arg(&c.grpc);
+        (
+            "check-padded",
+            onnx.to_path_buf(),
+            serde_json::to_string(&lengths).unwrap(),
+        )
     } else if case.texts.is_empty() {
         let cases: Vec<serde_json::Value> = case
             .shapes
@@ -657,41 +657,29 @@ pub(super) fn check_served(
                 |s| serde_json::json!({"input": case.input, "shape": s, "datatype": case.datatype}),
             )
             .collect();
-        check
-            .arg("check")
-            .arg(&c.http)
-            .arg(name)
-            .arg(onnx)
-            .arg(serde_json::to_string(&cases).unwrap())
-            .arg(&c.grpc);
+        (
+            "check",
+            onnx.to_path_buf(),
+            serde_json::to_string(&cases).unwrap(),
+        )
     } else if case.recipe.contains("\npairs = true") {
-        // A pair model: a query against its passages through /rerank and V2's text_pair.
-        check
-            .arg("check-rerank")
-            .arg(&c.http)
-            .arg(name)
-            .arg(cache_dir())
-            .arg(serde_json::to_string(case.texts).unwrap())
-            .arg(&c.grpc);
+        ("check-rerank", cache_dir(), texts())
     } else if case.recipe.contains("\nactivation = ") {
-        // A classifier: scores per label through V2 and TEI's /predict.
-        check
-            .arg("check-classifier")
-            .arg(&c.http)
-            .arg(name)
-            .arg(cache_dir())
-            .arg(serde_json::to_string(case.texts).unwrap())
-            .arg(&c.grpc);
+        ("check-classifier", cache_dir(), texts())
     } else {
-        check
-            .arg("check-text")
-            .arg(&c.http)
-            .arg(name)
-            .arg(cache_dir())
-            .arg(serde_json::to_string(case.texts).unwrap())
-            .arg(&c.grpc)
-            .arg(case.pooling.0)
-            .arg(case.pooling.1.to_string());
+        ("check-text", cache_dir(), texts())
+    };
+    let mut check = Command::new(py);
+    check
+        .arg(script())
+        .arg(mode)
+        .arg(&c.http)
+        .arg(name)
+        .arg(source)
+        .arg(cases)
+        .arg(&c.grpc);
+    if mode == "check-text" {
+        check.arg(case.pooling.0).arg(case.pooling.1.to_string());
     }
     let o = check.output().map_err(|e| e.to_string())?;
     if o.status.success() {

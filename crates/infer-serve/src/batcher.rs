@@ -775,6 +775,16 @@ mod tests {
     }
 
     fn start(p: Policy, instances: usize, sleep_ms: u64) -> (Batcher, Arc<Mutex<Vec<usize>>>) {
+        start_grouped(p, SameShapes, instances, sleep_ms)
+    }
+
+    /// Echo instances that record their batch sizes, grouped by `g`.
+    fn start_grouped<G: Grouping>(
+        p: Policy,
+        g: G,
+        instances: usize,
+        sleep_ms: u64,
+    ) -> (Batcher, Arc<Mutex<Vec<usize>>>) {
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let backends: Vec<Box<dyn Backend>> = (0..instances)
             .map(|_| {
@@ -784,7 +794,8 @@ mod tests {
                 }) as Box<dyn Backend>
             })
             .collect();
-        let b = Batcher::start(p, backends, Arc::new(Metrics::new("m", "1", 8))).unwrap();
+        let m = Arc::new(Metrics::new("m", "1", 8));
+        let b = Batcher::start_grouped(p, g, backends, m).unwrap();
         (b, sizes)
     }
 
@@ -837,13 +848,7 @@ mod tests {
             }),
             ..policy(8, &[], 30, 0)
         };
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let echo = Box::new(Echo {
-            sizes: sizes.clone(),
-            sleep: Duration::ZERO,
-        }) as Box<dyn Backend>;
-        let m = Arc::new(Metrics::new("m", "1", 8));
-        let b = Batcher::start_grouped(padded(1000), AnyLength, vec![echo], m).unwrap();
+        let (b, sizes) = start_grouped(padded(1000), AnyLength, 1, 0);
         let rxs: Vec<_> = [(1, 2), (2, 5), (3, 3)]
             .iter()
             .map(|&(v, len)| b.submit(vec![ids(v, len)], 1, None).unwrap())
@@ -874,13 +879,7 @@ mod tests {
             }),
             ..padded(1000)
         };
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let echo = Box::new(Echo {
-            sizes: sizes.clone(),
-            sleep: Duration::ZERO,
-        }) as Box<dyn Backend>;
-        let m = Arc::new(Metrics::new("m", "1", 8));
-        let b = Batcher::start_grouped(cut, AnyLength, vec![echo], m).unwrap();
+        let (b, sizes) = start_grouped(cut, AnyLength, 1, 0);
         let asked = [(1, 2), (2, 5), (3, 3)];
         let rxs: Vec<_> = asked
             .iter()
@@ -892,13 +891,7 @@ mod tests {
         assert_eq!(*sizes.lock().unwrap(), vec![3], "one padded batch");
 
         // A budget of 10 tokens: [2] and [5] make 2 x 5 = 10; the third would make 15.
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let echo = Box::new(Echo {
-            sizes: sizes.clone(),
-            sleep: Duration::ZERO,
-        }) as Box<dyn Backend>;
-        let m = Arc::new(Metrics::new("m", "1", 8));
-        let b = Batcher::start_grouped(padded(10), AnyLength, vec![echo], m).unwrap();
+        let (b, sizes) = start_grouped(padded(10), AnyLength, 1, 0);
         let t = Instant::now();
         let rxs: Vec<_> = [(1, 2), (2, 5), (3, 3), (4, 20)]
             .iter()

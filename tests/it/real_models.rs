@@ -78,22 +78,29 @@ pub(super) struct Case {
 }
 
 /// The three inputs of a BERT encoder (ids, attention mask, token types: `[batch, sequence]`
-/// int64), the sequence up to `$max` tokens: recipe text for `concat!`.
+/// int64), the sequence up to `$max` tokens, each with the line `$extra` (`""`, or `"pad = 0\n"`
+/// for a tensor model that pads): recipe text for `concat!`.
 macro_rules! bert_inputs {
     ($max:literal) => {
+        bert_inputs!($max, "")
+    };
+    ($max:literal, $extra:literal) => {
         concat!(
             "\n[model.inputs.input_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
             "profile = { min = [1], opt = [16], max = [",
             $max,
             "] }\n",
+            $extra,
             "\n[model.inputs.attention_mask]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
             "profile = { min = [1], opt = [16], max = [",
             $max,
             "] }\n",
+            $extra,
             "\n[model.inputs.token_type_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n",
             "profile = { min = [1], opt = [16], max = [",
             $max,
             "] }\n",
+            $extra,
         )
     };
 }
@@ -331,29 +338,14 @@ activation = "sigmoid"
     },
     Case {
         name: "minilm-tensors",
-        recipe: r#"
-[model.inputs.input_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-pad = 0
-
-[model.inputs.attention_mask]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-pad = 0
-
-[model.inputs.token_type_ids]
-datatype = "int64"
-shape = [-1, -1]
-profile = { min = [1], opt = [16], max = [256] }
-pad = 0
-
+        recipe: concat!(
+            bert_inputs!(256, "pad = 0\n"),
+            r#"
 [model.outputs.last_hidden_state]
 datatype = "fp32"
 shape = [-1, -1, 384]
-"#,
+"#
+        ),
         input: "input_ids",
         datatype: "INT64",
         policy: "onnxruntime",

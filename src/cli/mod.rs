@@ -122,15 +122,9 @@ pub fn report(e: &Error) {
     }
 }
 
-/// Registry client options from the flags `push` and `slim` share: `--insecure`, `--ca-cert`,
-/// `--docker-config` (credentials from the environment too). A credentials file named on the
-/// command line must exist: [`check_credentials_file`].
 /// A `--json` document on standard output, canonical (keys sorted), one line.
 pub(crate) fn print_json<T: serde::Serialize>(what: &str, doc: &T) -> Result<(), Error> {
-    let bytes = crate::oci::cjson::to_vec(doc).map_err(|source| crate::oci::Error::Json {
-        what: what.into(),
-        source,
-    })?;
+    let bytes = crate::oci::image::encode(what, doc)?;
     println!("{}", String::from_utf8_lossy(&bytes));
     Ok(())
 }
@@ -140,6 +134,9 @@ pub(crate) fn stderr_notes() -> crate::pipeline::Notes {
     std::sync::Arc::new(|line: &str| eprintln!("{line}"))
 }
 
+/// Registry client options from the flags `push` and `slim` share: `--insecure`, `--ca-cert`,
+/// `--docker-config` (credentials from the environment too). A credentials file named on the
+/// command line must exist: [`check_credentials_file`].
 pub(crate) fn registry_client(
     insecure: bool,
     ca_cert: Option<std::path::PathBuf>,

@@ -10,7 +10,6 @@ use clap::Args;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::oci::cjson;
 use crate::registry::pull::PullOptions;
 use crate::registry::{self, Reference};
 
@@ -77,8 +76,7 @@ pub fn run(args: PullArgs) -> Result<(), Error> {
             "served_by": p.served_by,
             "lock": args.lock.as_ref().map(|l| l.display().to_string()),
         });
-        println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
-        return Ok(());
+        return super::print_json("the pull report", &doc);
     }
     let how = if p.offline {
         "already in the layout, registry not contacted".to_string()

@@ -13,7 +13,6 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use crate::error::Error;
-use crate::oci::cjson;
 use crate::pipeline::slim::{slim, ImageSource, SlimRequest};
 use crate::pipeline::Notes;
 use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
@@ -143,8 +142,7 @@ pub fn run(args: SlimArgs) -> Result<(), Error> {
             })).collect::<Vec<_>>(),
             "report": serde_json::to_value(&built.report).unwrap_or(Value::Null),
         });
-        println!("{}", String::from_utf8_lossy(&cjson::value_to_vec(&doc)));
-        return Ok(());
+        return super::print_json("the slim report", &doc);
     }
     eprint!("{}", image::render_excluded(&built.plan));
     for p in &built.plan.kept_base {

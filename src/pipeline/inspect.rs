@@ -109,7 +109,7 @@ fn inspect_image(img: &layout::FoundImage, tags: Vec<String>) -> InspectedImage 
         .layers
         .iter()
         .fold(m.config.size, |t, l| t.saturating_add(l.size));
-    let c = img.config.get("config").cloned().unwrap_or(Value::Null);
+    let c = img.config.get("config").unwrap_or(&Value::Null);
     // A bundle lists its models; a one-model image is titled after its model.
     let models: Vec<String> = match m.annotations.get("dev.infer-build.models") {
         Some(list) => list.split(',').map(str::to_string).collect(),
@@ -150,14 +150,14 @@ fn inspect_image(img: &layout::FoundImage, tags: Vec<String>) -> InspectedImage 
             digest: m.config.digest.clone(),
             size: m.config.size,
             created: pick(&img.config, "created"),
-            user: pick(&c, "User"),
-            entrypoint: pick(&c, "Entrypoint"),
-            cmd: pick(&c, "Cmd"),
-            env: pick(&c, "Env"),
-            exposed_ports: pick(&c, "ExposedPorts"),
-            working_dir: pick(&c, "WorkingDir"),
-            stop_signal: pick(&c, "StopSignal"),
-            labels: pick(&c, "Labels"),
+            user: pick(c, "User"),
+            entrypoint: pick(c, "Entrypoint"),
+            cmd: pick(c, "Cmd"),
+            env: pick(c, "Env"),
+            exposed_ports: pick(c, "ExposedPorts"),
+            working_dir: pick(c, "WorkingDir"),
+            stop_signal: pick(c, "StopSignal"),
+            labels: pick(c, "Labels"),
         },
         layers,
         total_size: total,
@@ -168,6 +168,5 @@ fn inspect_image(img: &layout::FoundImage, tags: Vec<String>) -> InspectedImage 
 
 /// `key` of a JSON object, when present and of the type asked for.
 fn pick<T: DeserializeOwned>(v: &Value, key: &str) -> Option<T> {
-    v.get(key)
-        .and_then(|x| serde_json::from_value(x.clone()).ok())
+    v.get(key).and_then(|x| T::deserialize(x).ok())
 }

@@ -14,6 +14,7 @@ use toml::de::{DeTable, DeValue};
 use super::check::{closest, join, Checker, Table};
 use super::diagnostic::{Located, Span};
 use super::types::*;
+use infer_spec::runtime::PadMisfit;
 
 /// A file the recipe names, for [`super::load`] to check on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -894,25 +895,28 @@ fn pad(
     let (Some(datatype), Some(dims)) = (datatype, dims) else {
         return None;
     };
-    if dims != [-1, -1] || !matches!(datatype, DataType::I32 | DataType::I64) {
-        cx.error_hint(
-            v.span,
-            &v.key,
-            format!(
-                "`pad` is for int32 or int64 inputs of shape [-1, -1] (token ids, masks), this one is {} {dims:?}",
-                datatype.recipe_name()
-            ),
-            "remove `pad`: only token-like inputs are padded, and a model with other inputs batches requests of equal shapes",
-        );
-        return None;
-    }
-    if datatype == DataType::I32 && i32::try_from(v.value).is_err() {
-        cx.error(
-            v.span,
-            &v.key,
-            format!("pad {} does not fit int32", v.value),
-        );
-        return None;
+    match infer_spec::runtime::pad_misfit(datatype, &dims, v.value) {
+        Some(PadMisfit::NotTokenLike) => {
+            cx.error_hint(
+                v.span,
+                &v.key,
+                format!(
+                    "`pad` is for int32 or int64 inputs of shape [-1, -1] (token ids, masks), this one is {} {dims:?}",
+                    datatype.recipe_name()
+                ),
+                "remove `pad`: only token-like inputs are padded, and a model with other inputs batches requests of equal shapes",
+            );
+            return None;
+        }
+        Some(PadMisfit::OutOfRange) => {
+            cx.error(
+                v.span,
+                &v.key,
+                format!("pad {} does not fit {}", v.value, datatype.recipe_name()),
+            );
+            return None;
+        }
+        None => {}
     }
     Some(Some(v.value))
 }

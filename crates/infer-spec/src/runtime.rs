@@ -906,6 +906,27 @@ fn tensor_problems(p: &mut Vec<String>, at: &str, input: bool, t: &TensorSpec) {
     }
 }
 
+/// Why `pad` cannot be the padding value of an input of `datatype` and `dims`
+/// ([`TensorSpec::pad`]), if it cannot: the one rule the recipe and `runtime.toml` check.
+pub fn pad_misfit(datatype: DataType, dims: &[i64], pad: i64) -> Option<PadMisfit> {
+    if dims != [-1, -1] || !matches!(datatype, DataType::I32 | DataType::I64) {
+        Some(PadMisfit::NotTokenLike)
+    } else if datatype == DataType::I32 && i32::try_from(pad).is_err() {
+        Some(PadMisfit::OutOfRange)
+    } else {
+        None
+    }
+}
+
+/// What [`pad_misfit`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PadMisfit {
+    /// Padding is for token-like inputs only: `INT32`/`INT64` of dims `[-1, -1]`.
+    NotTokenLike,
+    /// The value does not fit the input's datatype.
+    OutOfRange,
+}
+
 /// Padded inputs ([`TensorSpec::pad`]): all or none, token-like (`INT32`/`INT64`, dims
 /// `[-1, -1]`), the value in the datatype's range, and not with `[text]`, which pads its own.
 fn padding_problems(p: &mut Vec<String>, inputs: &[TensorSpec], text: bool) {
@@ -923,14 +944,17 @@ fn padding_problems(p: &mut Vec<String>, inputs: &[TensorSpec], text: bool) {
             ));
             continue;
         };
-        if t.dims != [-1, -1] || !matches!(t.datatype, DataType::I32 | DataType::I64) {
-            p.push(format!(
+        match pad_misfit(t.datatype, &t.dims, v) {
+            Some(PadMisfit::NotTokenLike) => p.push(format!(
                 "{at}: pad is for INT32 or INT64 inputs of dims [-1, -1], this one is {} {:?}",
                 t.datatype.as_str(),
                 t.dims
-            ));
-        } else if t.datatype == DataType::I32 && i32::try_from(v).is_err() {
-            p.push(format!("{at}: pad {v} does not fit INT32"));
+            )),
+            Some(PadMisfit::OutOfRange) => p.push(format!(
+                "{at}: pad {v} does not fit {}",
+                t.datatype.as_str()
+            )),
+            None => {}
         }
     }
 }

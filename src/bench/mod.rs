@@ -12,13 +12,13 @@
 //! `client_overload` errors, never silently skipped). Every run is bounded in time and in
 //! request count.
 
-pub mod load;
-pub mod metrics;
-pub mod model;
-pub mod report;
-pub mod stats;
-pub mod tune;
-pub mod v2;
+pub(crate) mod load;
+pub(crate) mod metrics;
+pub(crate) mod model;
+pub(crate) mod report;
+pub(crate) mod stats;
+pub(crate) mod tune;
+pub(crate) mod v2;
 
 use std::time::Duration;
 
@@ -77,17 +77,17 @@ impl Error {
 /// Where a long run reports progress: one human line at a time, to a sink the caller gives
 /// (the CLI writes them to stderr); none by default. The library itself never prints.
 #[derive(Clone, Default)]
-pub struct Progress(Option<Sink>);
+pub(crate) struct Progress(Option<Sink>);
 
 type Sink = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 impl Progress {
-    pub fn to(sink: impl Fn(&str) + Send + Sync + 'static) -> Progress {
+    pub(crate) fn to(sink: impl Fn(&str) + Send + Sync + 'static) -> Progress {
         Progress(Some(std::sync::Arc::new(sink)))
     }
 
     /// Reports the line `line` makes, made only when someone listens.
-    pub fn line(&self, line: impl FnOnce() -> String) {
+    pub(crate) fn line(&self, line: impl FnOnce() -> String) {
         if let Some(sink) = &self.0 {
             sink(&line());
         }
@@ -106,7 +106,7 @@ impl std::fmt::Debug for Progress {
 
 /// What to measure.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     pub url: String,
     pub model: String,
     pub protocol: Protocol,
@@ -124,7 +124,7 @@ pub struct Options {
 
 /// The measured outcome of one step.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Step {
+pub(crate) struct Step {
     pub load: Load,
     pub batch: u32,
     /// Requests sent in the measured window.
@@ -141,7 +141,7 @@ pub struct Step {
 
 /// A build of the tokio runtime for the generator: all cores, since the client must not be
 /// the bottleneck.
-pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -150,7 +150,7 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 
 /// Scrape `/metrics`, the series of `model` ([`metrics::of_model`]); `None` when the server
 /// has none.
-pub async fn scrape(ep: &Endpoint, model: &str) -> Option<Vec<metrics::Sample>> {
+pub(crate) async fn scrape(ep: &Endpoint, model: &str) -> Option<Vec<metrics::Sample>> {
     let (status, body) = load::fetch(ep, &Prepared::get(ep, "/metrics")).await.ok()?;
     status
         .is_success()
@@ -158,7 +158,7 @@ pub async fn scrape(ep: &Endpoint, model: &str) -> Option<Vec<metrics::Sample>> 
 }
 
 /// Fetch the model's metadata and build its infer request.
-pub async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
+pub(crate) async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
     let path = format!("/v2/models/{}", opts.model);
     let (status, body) = load::fetch(ep, &Prepared::get(ep, &path)).await?;
     if !status.is_success() {
@@ -183,7 +183,7 @@ pub async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
 }
 
 /// Run one step against a prepared endpoint.
-pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> Step {
+pub(crate) async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> Step {
     // Scrape when the measured window opens, so warm-up batches are not counted.
     let scrape_ep = ep.clone();
     let warmup = opts.bounds.warmup;
@@ -233,7 +233,7 @@ pub async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> 
 }
 
 /// One human line per step.
-pub fn progress_line(s: &Step) -> String {
+pub(crate) fn progress_line(s: &Step) -> String {
     let load = match s.load {
         Load::Concurrency(c) => format!("concurrency {c:>3}"),
         Load::Rate(r) => format!("rate {r} req/s"),
@@ -269,7 +269,7 @@ fn checked_runtime(opts: &Options) -> Result<tokio::runtime::Runtime, Error> {
 }
 
 /// Run every step of `opts` against the server.
-pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
+pub(crate) fn run(opts: &Options) -> Result<Vec<Step>, Error> {
     let rt = checked_runtime(opts)?;
     rt.block_on(async {
         let ep = Endpoint::resolve(&opts.url).await?;
@@ -284,14 +284,14 @@ pub fn run(opts: &Options) -> Result<Vec<Step>, Error> {
 
 /// A model of a mix and its weight: its share of each step's load.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Share {
+pub(crate) struct Share {
     pub model: String,
     pub weight: f64,
 }
 
 /// Parse `--model`: one name, or a mix `a=3,b=1` (weights positive numbers; a name alone
 /// weighs 1).
-pub fn parse_mix(s: &str) -> Result<Vec<Share>, String> {
+pub(crate) fn parse_mix(s: &str) -> Result<Vec<Share>, String> {
     let mut out: Vec<Share> = Vec::new();
     for part in s.split(',').map(str::trim) {
         let (model, weight) = match part.split_once('=') {
@@ -322,7 +322,7 @@ pub fn parse_mix(s: &str) -> Result<Vec<Share>, String> {
 
 /// `load` split between the models of a mix by weight: a concurrency into whole workers
 /// (at least one each), a rate into rates.
-pub fn split(load: Load, mix: &[Share]) -> Vec<Load> {
+pub(crate) fn split(load: Load, mix: &[Share]) -> Vec<Load> {
     let total: f64 = mix.iter().map(|m| m.weight).sum();
     mix.iter()
         .map(|m| match load {
@@ -337,7 +337,7 @@ pub fn split(load: Load, mix: &[Share]) -> Vec<Load> {
 /// Run every step of `opts` against several models at once (a bundle's): each step's load
 /// split between them by weight ([`split`]), every model's share driven at the same time;
 /// per model its steps (the server's counts from its own series).
-pub fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<Step>)>, Error> {
+pub(crate) fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<Step>)>, Error> {
     let rt = checked_runtime(opts)?;
     rt.block_on(async {
         let ep = Endpoint::resolve(&opts.url).await?;
@@ -372,7 +372,7 @@ pub fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<Step>)>
 }
 
 /// Parse a duration such as `500ms`, `2s`, `1.5s`, `1m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => (&s[..i], &s[i..]),

@@ -20,7 +20,7 @@ use super::tune::Measured;
 
 /// T(b) = `fixed_us` + `per_row_us` × b, the backend's time for one batch of b rows.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct CostModel {
+pub(crate) struct CostModel {
     pub fixed_us: f64,
     pub per_row_us: f64,
     /// The largest relative difference between a point's measured mean time per batch and
@@ -29,14 +29,14 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    pub fn batch_us(&self, rows: usize) -> f64 {
+    pub(crate) fn batch_us(&self, rows: usize) -> f64 {
         self.fixed_us + self.per_row_us * rows as f64
     }
 }
 
 /// Why no model was fitted.
 #[derive(Debug, Clone, PartialEq)]
-pub enum NoFit {
+pub(crate) enum NoFit {
     /// Fewer than two points carry the server's batch metrics.
     TooFewPoints,
     /// The points' mean batch sizes are too close to tell the fixed cost from the per-row cost.
@@ -70,7 +70,7 @@ const MAX_REL_ERROR: f64 = 0.10;
 /// Fit T(b) by least squares of each point's mean time per batch against its mean batch
 /// size, weighted by the batches it executed. Negative coefficients are clamped (a backend
 /// neither gets faster with more rows nor has negative overhead) and refitted.
-pub fn fit(results: &[Measured]) -> Result<CostModel, NoFit> {
+pub(crate) fn fit(results: &[Measured]) -> Result<CostModel, NoFit> {
     // (mean batch size, mean time per batch in µs, weight)
     let pts: Vec<(f64, f64, f64)> = results
         .iter()
@@ -125,7 +125,7 @@ pub fn fit(results: &[Measured]) -> Result<CostModel, NoFit> {
 
 /// What the replay predicts for one point (times in µs, as the measurements).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Predicted {
+pub(crate) struct Predicted {
     pub mean_us: f64,
     pub p99_us: f64,
     pub mean_batch: f64,
@@ -136,7 +136,7 @@ pub struct Predicted {
 
 /// The batching policy replayed; one row per request, as the sweep sends them.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub max_batch: u32,
     pub delay_us: u64,
     pub preferred: Vec<u32>,
@@ -147,13 +147,13 @@ pub struct Policy {
 }
 
 /// Arrivals replayed per point; the first tenth warms the queue up and is not counted.
-pub const REPLAY_ARRIVALS: usize = 50_000;
+pub(crate) const REPLAY_ARRIVALS: usize = 50_000;
 
 /// Replay infer-serve's batcher (a batch is formed only when an instance is idle, cut by the
 /// runtime's own rule, [`infer_spec::batch::cut`], with the adaptive delay judged by the
 /// runtime's own [`infer_spec::batch::Arrivals`]) against `n` arrivals at `rate` requests per
 /// second.
-pub fn replay(
+pub(crate) fn replay(
     model: &CostModel,
     policy: &Policy,
     rate: f64,

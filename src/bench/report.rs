@@ -8,7 +8,7 @@ use super::load::Load;
 use super::Step;
 
 /// Extra leading columns (e.g. the tuning grid point) for each step.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// CSV escaping: quote when needed, double the quotes.
 fn csv_field(s: &str) -> String {
@@ -24,7 +24,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The CSV: one row per step.
-pub fn csv(steps: &[(Labels, Step)]) -> String {
+pub(crate) fn csv(steps: &[(Labels, Step)]) -> String {
     let mut out = String::new();
     let extra: Vec<String> = steps
         .first()
@@ -117,13 +117,13 @@ fn esc(s: &str) -> String {
 
 /// A series of (x, y) points for a line chart.
 #[derive(Debug, Clone)]
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
 }
 
 /// "Nice" tick values covering [lo, hi].
-pub fn ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
+pub(crate) fn ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
     let (lo, hi) = if hi > lo { (lo, hi) } else { (lo, lo + 1.0) };
     let raw = (hi - lo) / target.max(1) as f64;
     let mag = 10f64.powf(raw.log10().floor());
@@ -167,7 +167,7 @@ const COLORS: [&str; 6] = [
 ];
 
 /// A line chart with points, axes, ticks, a legend and optional horizontal reference lines.
-pub fn line_chart(
+pub(crate) fn line_chart(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -246,7 +246,12 @@ pub fn line_chart(
 }
 
 /// A bar chart: one bar per (label, value).
-pub fn bar_chart(title: &str, x_label: &str, y_label: &str, bars: &[(String, f64)]) -> String {
+pub(crate) fn bar_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    bars: &[(String, f64)],
+) -> String {
     let (_, ymax) = bounds(bars.iter().map(|b| b.1));
     let yt = ticks(0.0, ymax, 5);
     let y1 = *yt.last().unwrap_or(&1.0);
@@ -366,7 +371,7 @@ fn axes(
 }
 
 /// A section of the HTML page.
-pub enum Section {
+pub(crate) enum Section {
     Heading(String),
     Paragraph(String),
     /// Pre-rendered SVG (from `line_chart` or `bar_chart`).
@@ -376,7 +381,7 @@ pub enum Section {
 }
 
 /// The self-contained HTML document.
-pub fn html(title: &str, sections: &[Section]) -> String {
+pub(crate) fn html(title: &str, sections: &[Section]) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -440,12 +445,12 @@ svg text{{font-size:12px;fill:#222}} svg text.small{{font-size:11px}} svg text.t
 }
 
 /// Format microseconds as milliseconds for tables.
-pub fn ms(us: f64) -> String {
+pub(crate) fn ms(us: f64) -> String {
     format!("{:.2}", us / 1000.0)
 }
 
 /// The standard results table for steps.
-pub fn steps_table(steps: &[(Labels, Step)]) -> Section {
+pub(crate) fn steps_table(steps: &[(Labels, Step)]) -> Section {
     let mut head: Vec<String> = steps
         .first()
         .map(|(l, _)| l.iter().map(|(k, _)| k.clone()).collect())
@@ -490,7 +495,7 @@ pub fn steps_table(steps: &[(Labels, Step)]) -> Section {
 }
 
 /// The report of a plain `bench` run: latency against throughput, batch sizes per step.
-pub fn bench_html(url: &str, model: &str, steps: &[(Labels, Step)]) -> String {
+pub(crate) fn bench_html(url: &str, model: &str, steps: &[(Labels, Step)]) -> String {
     let series = vec![
         Series {
             name: "p50".into(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 /// Percentiles and moments of one run's successful request latencies, in microseconds.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub count: u64,
     pub mean_us: f64,
     pub min_us: u64,
@@ -19,7 +19,7 @@ pub struct Summary {
 
 /// Nearest-rank percentile of sorted samples: the smallest value with at least `q` of the
 /// samples at or below it. `q` in (0, 1].
-pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -28,7 +28,7 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
 }
 
 /// Summarise samples (any order).
-pub fn summarize(mut samples: Vec<u64>) -> Summary {
+pub(crate) fn summarize(mut samples: Vec<u64>) -> Summary {
     if samples.is_empty() {
         return Summary::default();
     }
@@ -48,10 +48,10 @@ pub fn summarize(mut samples: Vec<u64>) -> Summary {
 }
 
 /// Errors counted by kind: an HTTP status (`"503"`) or a client-side reason (`"connect"`).
-pub type ErrorCounts = BTreeMap<String, u64>;
+pub(crate) type ErrorCounts = BTreeMap<String, u64>;
 
 /// Merge `b` into `a`.
-pub fn merge_errors(a: &mut ErrorCounts, b: ErrorCounts) {
+pub(crate) fn merge_errors(a: &mut ErrorCounts, b: ErrorCounts) {
     for (k, v) in b {
         *a.entry(k).or_insert(0) += v;
     }

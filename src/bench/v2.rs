@@ -9,7 +9,7 @@ use super::Error;
 
 /// One input tensor as the server's metadata describes it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TensorMeta {
+pub(crate) struct TensorMeta {
     pub name: String,
     pub datatype: String,
     /// Dims, -1 for dynamic; the first is the batch dimension when the model batches.
@@ -18,7 +18,7 @@ pub struct TensorMeta {
 
 /// The parts of `GET /v2/models/{m}` that bench needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ModelMeta {
+pub(crate) struct ModelMeta {
     pub name: String,
     pub inputs: Vec<TensorMeta>,
     pub outputs: Vec<String>,
@@ -26,13 +26,13 @@ pub struct ModelMeta {
 
 /// Request encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     Json,
     Binary,
 }
 
 /// Parse model metadata JSON.
-pub fn parse_metadata(model: &str, body: &[u8]) -> Result<ModelMeta, Error> {
+pub(crate) fn parse_metadata(model: &str, body: &[u8]) -> Result<ModelMeta, Error> {
     let bad = |why: String| Error::Metadata {
         model: model.to_string(),
         why,
@@ -158,7 +158,7 @@ fn half_bits(dt: DataType, v: f32) -> u16 {
 }
 
 /// Build the `infer` request for `batch` rows.
-pub fn infer_request(
+pub(crate) fn infer_request(
     ep: &Endpoint,
     meta: &ModelMeta,
     batch: u32,

@@ -129,7 +129,7 @@ fn write(path: &Path, text: &str) -> Result<(), Error> {
     })
 }
 
-pub fn run(a: BenchArgs) -> Result<(), Error> {
+pub(super) fn run(a: BenchArgs) -> Result<(), Error> {
     let a = *a.inner;
     if a.tune.is_some() {
         return run_tune(a);

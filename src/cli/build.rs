@@ -76,7 +76,7 @@ pub struct BuildArgs {
     pub matrix: super::MatrixArgs,
 }
 
-pub fn run(args: BuildArgs) -> Result<(), Error> {
+pub(crate) fn run(args: BuildArgs) -> Result<(), Error> {
     let policy = parse_policy(&args.compression)?;
     let epoch = source_date_epoch(std::env::var("SOURCE_DATE_EPOCH").ok().as_deref())?;
     let archive = match &args.output {

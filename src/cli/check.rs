@@ -28,7 +28,7 @@ pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPla
     Ok(crate::plan::Project::load(recipe, matrix)?.plan)
 }
 
-pub fn run(args: CheckArgs) -> Result<(), Error> {
+pub(super) fn run(args: CheckArgs) -> Result<(), Error> {
     if crate::recipe::bundle::is_bundle(&args.input) {
         return check_bundle(&args.input, args.matrix.matrix.as_deref());
     }

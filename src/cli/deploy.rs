@@ -91,7 +91,7 @@ fn layout_split(layout: &Path, t: &TargetPlan) -> Result<deploy::SplitImages, Er
     })
 }
 
-pub fn run(a: DeployArgs) -> Result<(), Error> {
+pub(super) fn run(a: DeployArgs) -> Result<(), Error> {
     let matrix = a.matrix.matrix.as_deref();
     // A bundle's pod: one image per target holding every model, sized by the bundle file.
     // Per CPU target of a bundle, the pod memory its models need, when the bundle sets none.

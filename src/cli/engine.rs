@@ -37,7 +37,7 @@ pub struct EngineArgs {
     pub json: bool,
 }
 
-pub fn run(args: EngineArgs) -> Result<(), Error> {
+pub(super) fn run(args: EngineArgs) -> Result<(), Error> {
     let started = Instant::now();
     let crate::plan::Project {
         recipe,

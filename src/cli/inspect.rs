@@ -32,7 +32,7 @@ pub struct InspectArgs {
     pub ca_cert: Option<PathBuf>,
 }
 
-pub fn run(args: InspectArgs) -> Result<(), Error> {
+pub(super) fn run(args: InspectArgs) -> Result<(), Error> {
     if let Some(reference) = args.input.to_str().filter(|s| remote::is_reference(s)) {
         return remote::run(reference, &args);
     }

@@ -40,7 +40,7 @@ pub struct LoginArgs {
 /// The longest password read from standard input.
 const MAX_PASSWORD: u64 = 64 << 10;
 
-pub fn run(args: LoginArgs) -> Result<(), Error> {
+pub(super) fn run(args: LoginArgs) -> Result<(), Error> {
     let registry = args
         .registry
         .strip_prefix("https://")

@@ -33,7 +33,7 @@ pub enum Format {
     GithubMatrix,
 }
 
-pub fn run(args: PlanArgs) -> Result<(), Error> {
+pub(super) fn run(args: PlanArgs) -> Result<(), Error> {
     let plan = super::check::load_plan(&args.input, args.matrix.matrix.as_deref())?;
     let format = match (args.json, args.format) {
         (true, _) => Format::Json,
@@ -48,7 +48,7 @@ pub fn run(args: PlanArgs) -> Result<(), Error> {
 }
 
 /// The plan as pretty JSON (struct field order: deterministic).
-pub fn json(plan: &BuildPlan) -> String {
+pub(super) fn json(plan: &BuildPlan) -> String {
     serde_json::to_string_pretty(plan).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
@@ -100,7 +100,7 @@ fn runner(t: &TargetPlan) -> Vec<String> {
 }
 
 /// The plan as a one-line GitHub Actions matrix.
-pub fn github_matrix(plan: &BuildPlan) -> String {
+pub(super) fn github_matrix(plan: &BuildPlan) -> String {
     let include = plan
         .targets
         .iter()
@@ -147,7 +147,7 @@ fn pin_text(p: &ImagePin) -> String {
 }
 
 /// The human table.
-pub fn table(plan: &BuildPlan) -> String {
+pub(super) fn table(plan: &BuildPlan) -> String {
     let header = [
         "TARGET", "GPUS", "TENSORRT", "CUDA", "DRIVER>=", "BASE", "TAG",
     ];

@@ -47,7 +47,7 @@ pub struct PullArgs {
     pub json: bool,
 }
 
-pub fn run(args: PullArgs) -> Result<(), Error> {
+pub(super) fn run(args: PullArgs) -> Result<(), Error> {
     let (dest, named_by_digest) =
         destination(&args, crate::cache::path(crate::cache::Entry::Bases, None))?;
     super::check_credentials_file("--authfile", args.authfile.as_deref())?;

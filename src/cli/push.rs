@@ -53,7 +53,7 @@ pub struct PushArgs {
     pub authfile: Option<PathBuf>,
 }
 
-pub fn run(args: PushArgs) -> Result<(), Error> {
+pub(super) fn run(args: PushArgs) -> Result<(), Error> {
     let target = Reference::parse(&args.to)?;
     if target.tag.is_some() || target.digest.is_some() {
         return Err(Error::Usage(format!(

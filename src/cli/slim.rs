@@ -76,7 +76,7 @@ pub struct SlimArgs {
     pub matrix: super::MatrixArgs,
 }
 
-pub fn run(args: SlimArgs) -> Result<(), Error> {
+pub(super) fn run(args: SlimArgs) -> Result<(), Error> {
     let tactics = parse_tactics(&args.tactics)?;
     let (definition, chosen_for) = definition(&args, &tactics)?;
     let needs = Needs {

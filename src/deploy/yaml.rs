@@ -78,12 +78,12 @@ impl From<Map> for Node {
 pub(crate) struct Map(pub Vec<Entry>);
 
 impl Map {
-    pub fn new() -> Map {
+    pub(crate) fn new() -> Map {
         Map(Vec::new())
     }
 
     /// Add `key: value`.
-    pub fn kv(mut self, key: &str, value: impl Into<Node>) -> Map {
+    pub(crate) fn kv(mut self, key: &str, value: impl Into<Node>) -> Map {
         self.0.push(Entry {
             key: key.to_string(),
             value: value.into(),
@@ -103,7 +103,7 @@ impl Map {
     }
 
     /// Add `key: value` when `value` is some.
-    pub fn opt(self, key: &str, value: Option<impl Into<Node>>) -> Map {
+    pub(crate) fn opt(self, key: &str, value: Option<impl Into<Node>>) -> Map {
         match value {
             Some(v) => self.kv(key, v),
             None => self,

@@ -39,7 +39,7 @@ pub(crate) struct PyEnv {
 }
 
 impl PyEnv {
-    pub fn python(&self) -> PathBuf {
+    pub(crate) fn python(&self) -> PathBuf {
         self.dir.join("bin").join("python")
     }
 }

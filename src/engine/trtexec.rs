@@ -34,7 +34,7 @@ pub(crate) enum TrtLine {
 }
 
 impl TrtLine {
-    pub fn of(v: &Version) -> Result<TrtLine, Error> {
+    pub(crate) fn of(v: &Version) -> Result<TrtLine, Error> {
         match (v.major(), v.minor()) {
             (8, 6) => Ok(TrtLine::V8_6),
             (10, _) => Ok(TrtLine::V10),
@@ -150,7 +150,7 @@ pub(crate) struct BuildPaths {
 }
 
 impl BuildPaths {
-    pub fn placeholders(calibrated: bool) -> BuildPaths {
+    pub(crate) fn placeholders(calibrated: bool) -> BuildPaths {
         BuildPaths {
             onnx: "<onnx>".into(),
             engine: "<engine>".into(),

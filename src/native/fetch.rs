@@ -12,7 +12,7 @@ use crate::oci::Dir;
 
 /// How a download connects.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Allow `http://` URLs (tests against a loopback server). Never the default.
     pub allow_http: bool,
     pub connect_timeout: Duration,
@@ -39,7 +39,7 @@ impl Default for Options {
 
 /// Download `url` into `dest/name`, checking that it is `size` bytes (when given, else at most
 /// [`super::MAX_WHEEL`]) hashing to `sha256` (hex). Returns the bytes downloaded.
-pub fn download(
+pub(crate) fn download(
     url: &str,
     sha256: &str,
     size: Option<u64>,

@@ -21,7 +21,7 @@
 //! under a final name; every cached file is hashed again when used, so a cache changed
 //! behind infer-build's back is repaired, never shipped.
 
-pub mod fetch;
+pub(crate) mod fetch;
 mod wheel;
 
 use std::collections::BTreeMap;
@@ -33,9 +33,9 @@ use crate::oci::Dir;
 use crate::plan::lock::{Lock, LockedLibrary};
 
 /// The largest wheel downloaded (the lean TensorRT wheels are a few hundred MB).
-pub const MAX_WHEEL: u64 = 2 << 30;
+pub(crate) const MAX_WHEEL: u64 = 2 << 30;
 /// The largest member extracted from a wheel.
-pub const MAX_MEMBER: u64 = 2 << 30;
+pub(crate) const MAX_MEMBER: u64 = 2 << 30;
 
 /// Errors of the `native` module.
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +78,11 @@ impl Error {
     }
 }
 
-pub type Result<T> = std::result::Result<T, Error>;
+pub(crate) type Result<T> = std::result::Result<T, Error>;
 
 /// A library ready to ship: its files in the cache and where each goes in the image.
 #[derive(Debug, Clone)]
-pub struct Library {
+pub(crate) struct Library {
     /// (cached file, absolute path inside the image), in the row's order.
     pub files: Vec<(PathBuf, String)>,
     /// The cached file of the member the engine loads (what the builder itself dlopens).
@@ -94,14 +94,14 @@ pub struct Library {
 
 /// The library cache: `$INFER_BUILD_CACHE_DIR/libraries`, else
 /// `$XDG_CACHE_HOME/infer-build/libraries`, else `~/.cache/infer-build/libraries`.
-pub fn default_cache_dir() -> Option<PathBuf> {
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     crate::cache::path(crate::cache::Entry::Libraries, None)
 }
 
 /// The matrix row of library `name` for `platform` (of exactly `version` when given: TensorRT's
 /// lean runtime has one row per release), unless the lock file pins another wheel for it and
 /// the pin is not being moved (`update_lock`).
-pub fn resolve<'m>(
+pub(crate) fn resolve<'m>(
     matrix: &'m crate::matrix::Matrix,
     name: &str,
     platform: Platform,
@@ -124,7 +124,7 @@ pub fn resolve<'m>(
 
 /// The lock file's pin of `row`'s library (of `version` when one was asked for) must be `row`'s,
 /// unless the lock is being updated.
-pub fn check_lock(
+pub(crate) fn check_lock(
     row: &RuntimeLibrary,
     version: Option<&crate::matrix::Version>,
     lock: Option<(&Path, &Lock)>,
@@ -148,7 +148,7 @@ pub fn check_lock(
 }
 
 /// The lock entry of a row.
-pub fn locked(row: &RuntimeLibrary) -> LockedLibrary {
+pub(crate) fn locked(row: &RuntimeLibrary) -> LockedLibrary {
     LockedLibrary {
         name: row.name.clone(),
         platform: row.platform.as_str().into(),
@@ -161,7 +161,7 @@ pub fn locked(row: &RuntimeLibrary) -> LockedLibrary {
 /// Record `row`'s pin in the lock file at `path` (atomically, canonical text), keeping every
 /// other entry; `only`: it replaces the pins of other versions of its name and platform (see
 /// [`Lock::set_library`]). Unchanged pins rewrite identical bytes.
-pub fn record(path: &Path, row: &RuntimeLibrary, only: bool) -> Result<()> {
+pub(crate) fn record(path: &Path, row: &RuntimeLibrary, only: bool) -> Result<()> {
     let err = |why: String| Error::Lock {
         path: path.into(),
         why,
@@ -171,7 +171,7 @@ pub fn record(path: &Path, row: &RuntimeLibrary, only: bool) -> Result<()> {
 }
 
 /// The library of `row` in the cache at `cache`, downloading and extracting it when missing.
-pub fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) -> Result<Library> {
+pub(crate) fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) -> Result<Library> {
     let root = Dir::create(cache)?;
     // One process fills the cache at a time; readers of complete entries need no lock.
     let lock_file = root.open_lock(".lock")?;

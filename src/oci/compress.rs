@@ -84,7 +84,7 @@ pub(crate) enum Encoder<W: Write> {
 
 impl<W: Write> Encoder<W> {
     /// `zstd_workers` only changes speed, never bytes (clamped to at least 1).
-    pub fn new(c: Compression, w: W, zstd_workers: u32) -> io::Result<Encoder<W>> {
+    pub(crate) fn new(c: Compression, w: W, zstd_workers: u32) -> io::Result<Encoder<W>> {
         Ok(match c {
             Compression::Gzip => Encoder::Gzip(
                 flate2::GzBuilder::new()
@@ -104,7 +104,7 @@ impl<W: Write> Encoder<W> {
         })
     }
 
-    pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
             Encoder::Gzip(e) => e.write_all(buf),
             Encoder::Stored(e) => e.write_all(buf),
@@ -114,7 +114,7 @@ impl<W: Write> Encoder<W> {
     }
 
     /// End the stream and give back the inner writer.
-    pub fn finish(self) -> io::Result<W> {
+    pub(crate) fn finish(self) -> io::Result<W> {
         match self {
             Encoder::Gzip(e) => e.finish(),
             Encoder::Stored(e) => e.finish(),

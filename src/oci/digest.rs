@@ -67,27 +67,27 @@ pub(crate) struct Hasher {
 }
 
 impl Hasher {
-    pub fn new() -> Hasher {
+    pub(crate) fn new() -> Hasher {
         Hasher::default()
     }
 
-    pub fn update(&mut self, bytes: &[u8]) {
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
         self.h.update(bytes);
         self.count += bytes.len() as u64;
     }
 
     /// The bytes seen so far.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
     /// The digest and the byte count.
-    pub fn finish(self) -> (Digest, u64) {
+    pub(crate) fn finish(self) -> (Digest, u64) {
         let n = self.count;
         (self.digest(), n)
     }
 
-    pub fn digest(self) -> Digest {
+    pub(crate) fn digest(self) -> Digest {
         Digest(format!("sha256:{}", hex::encode(self.h.finalize())))
     }
 }
@@ -100,7 +100,7 @@ pub(crate) struct HashWriter<W> {
 }
 
 impl<W> HashWriter<W> {
-    pub fn new(inner: W) -> HashWriter<W> {
+    pub(crate) fn new(inner: W) -> HashWriter<W> {
         HashWriter {
             inner,
             hasher: Hasher::new(),

@@ -38,7 +38,7 @@ pub(crate) enum Encoding {
 
 impl Encoding {
     /// `None` for a media type that is not a layer infer-build can read.
-    pub fn of(media_type: &str) -> Option<Encoding> {
+    pub(crate) fn of(media_type: &str) -> Option<Encoding> {
         let m = media_type;
         if m.ends_with("+gzip") || m.ends_with(".tar.gzip") {
             Some(Encoding::Gzip)

@@ -17,7 +17,7 @@ use super::Notes;
 
 /// What to build: the recipe and the choices of `infer-build build`'s flags.
 #[derive(Debug, Clone, Default)]
-pub struct BuildRequest {
+pub(crate) struct BuildRequest {
     /// The recipe (TOML).
     pub input: PathBuf,
     /// `--matrix DIR`, else the embedded matrix.
@@ -46,7 +46,7 @@ pub struct BuildRequest {
 }
 
 /// What [`prepare`] resolves.
-pub struct Prepared {
+pub(super) struct Prepared {
     pub meta: assemble::ImageMeta,
     pub targets: Vec<assemble::TargetSpec>,
     /// The base images pulled for them, in a fixed order.
@@ -54,7 +54,7 @@ pub struct Prepared {
 }
 
 /// What [`build`] wrote.
-pub struct Built {
+pub(crate) struct Built {
     pub report: BuildReport,
     pub sboms: Vec<crate::sbom::Written>,
     pub bases: Vec<PulledImage>,
@@ -62,7 +62,7 @@ pub struct Built {
 
 /// Build every requested target into the OCI layout `out` (and the `oci-archive` file
 /// `archive`), with an SBOM per image.
-pub fn build(
+pub(crate) fn build(
     req: &BuildRequest,
     out: Option<&Path>,
     archive: Option<&Path>,
@@ -88,7 +88,7 @@ pub fn build(
 /// The image identity, one spec per target to build and the base images pulled for them:
 /// everything [`assemble::build`] needs, from the request. The input is a recipe, or a bundle
 /// file naming several ([`crate::recipe::bundle`]).
-pub fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
+pub(super) fn prepare(req: &BuildRequest, note: &Notes) -> Result<Prepared, Error> {
     if crate::recipe::bundle::is_bundle(&req.input) {
         if req.layout == Some(crate::recipe::ImageLayout::Split) {
             return Err(Error::Usage(format!(

@@ -19,7 +19,7 @@ use super::Notes;
 /// A bundle file and its recipes' projects, checked to make one image per target before any
 /// engine is built: the models are named apart and every model plans each target `targets`
 /// selects (every target when empty), the same for all. What `check` and `build` both run.
-pub fn load_bundle(
+pub(crate) fn load_bundle(
     path: &Path,
     matrix: Option<&Path>,
     targets: &[String],
@@ -64,7 +64,7 @@ pub fn load_bundle(
 }
 
 /// Each model's estimated memory on target `t` ([`crate::plan::memory::model_need`]), named.
-pub fn memory_needs(projects: &[Project], t: &TargetPlan) -> Vec<(String, u64)> {
+pub(crate) fn memory_needs(projects: &[Project], t: &TargetPlan) -> Vec<(String, u64)> {
     projects
         .iter()
         .filter_map(|p| {
@@ -108,7 +108,10 @@ fn check_memory(bundle: &Bundle, projects: &[Project], targets: &[String]) -> Re
 /// The plan of a bundle's images: its first model's targets (every model plans the same,
 /// [`load_bundle`]), named, versioned and tagged as the bundle: what `plan`, `check` and
 /// `deploy` show and CI fans out over.
-pub fn bundle_plan(bundle: &Bundle, projects: &[Project]) -> Result<crate::plan::BuildPlan, Error> {
+pub(crate) fn bundle_plan(
+    bundle: &Bundle,
+    projects: &[Project],
+) -> Result<crate::plan::BuildPlan, Error> {
     let Some(first) = projects.first() else {
         return Err(Error::Usage(format!(
             "{}: no models",

@@ -13,7 +13,7 @@ use super::Notes;
 
 /// A target's engine spec and, where ONNX Runtime is a candidate, the library files its image
 /// would carry.
-pub type SpecAndLibrary = (
+pub(super) type SpecAndLibrary = (
     crate::engine::EngineSpec,
     Option<assemble::spec::LibraryFiles>,
 );
@@ -22,7 +22,7 @@ pub type SpecAndLibrary = (
 /// ONNX Runtime as a candidate where the CPU target may ship it (`ort_candidate`: also the
 /// library files an ONNX Runtime image carries) and the ONNX Runtime that may fold the model
 /// for tract (`folding`); `update_lock` re-resolves what the lock file pins.
-pub fn engine_spec(
+pub(crate) fn engine_spec(
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
     update_lock: bool,
@@ -47,7 +47,7 @@ pub fn engine_spec(
 /// stage loads to measure it, and the files an ONNX Runtime image ships. `None`: tract only,
 /// including under `auto` when the library cannot be had (no network and not cached), which is
 /// said on standard error; a forced ONNX Runtime fails instead.
-pub fn ort_candidate(
+pub(super) fn ort_candidate(
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
     update_lock: bool,
@@ -111,7 +111,7 @@ pub fn ort_candidate(
 /// key; checked against the lock file, fetched into the library cache and pinned in the lock
 /// file only when tract cannot load the model as it is. `None` for other targets and policies,
 /// and where the matrix has no ONNX Runtime for the platform.
-pub fn folding(
+pub(super) fn folding(
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
     update_lock: bool,
@@ -248,7 +248,7 @@ fn cpu_engine(spec: &crate::engine::EngineSpec) -> Result<crate::engine::EngineA
 }
 
 /// For a tract engine built from ONNX Runtime's constant-folded model, that fact in words.
-pub fn folded_line(meta: &infer_spec::engine::EngineMeta) -> Option<String> {
+pub(crate) fn folded_line(meta: &infer_spec::engine::EngineMeta) -> Option<String> {
     let v = meta.cpu.as_ref()?.folded_by.as_ref()?;
     Some(format!(
         "tract loads the model only after ONNX Runtime {v}'s constant folding; the engine is the folded model"
@@ -256,7 +256,7 @@ pub fn folded_line(meta: &infer_spec::engine::EngineMeta) -> Option<String> {
 }
 
 /// The CPU engine choice in one line: what shipped, why, and each candidate's figures.
-pub fn selection_line(s: &infer_spec::engine::EngineSelection) -> String {
+pub(crate) fn selection_line(s: &infer_spec::engine::EngineSelection) -> String {
     let mut line = format!(
         "CPU engine {} (engine.cpu = {}): {}",
         s.chosen, s.policy, s.reason

@@ -21,13 +21,13 @@ mod inspect;
 pub(crate) mod slim;
 mod tune;
 
-pub use build::{build, BuildRequest};
-pub use bundle::{bundle_plan, load_bundle, memory_needs};
-pub use engine::{engine_spec, folded_line, selection_line};
+pub(crate) use build::{build, BuildRequest};
+pub(crate) use bundle::{bundle_plan, load_bundle, memory_needs};
+pub(crate) use engine::{engine_spec, folded_line, selection_line};
 pub(crate) use inspect::inspect;
-pub use tune::tune_base;
+pub(crate) use tune::tune_base;
 
 /// Where the pipeline says what it did, one line at a time (the CLI writes them to standard
 /// error). Shared, because the constant-folding fallback may fetch a library later, from
 /// inside the engine stage.
-pub type Notes = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type Notes = Arc<dyn Fn(&str) + Send + Sync>;

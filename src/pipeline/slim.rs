@@ -14,7 +14,7 @@ use crate::slim::def::{Definition, ImageRef, Needs};
 use crate::slim::image::{self, BuildOptions, Built};
 
 /// One `slim` build, as values.
-pub struct SlimRequest {
+pub(crate) struct SlimRequest {
     pub definition: Definition,
     pub needs: Needs,
     /// The lock file that pins (or records at first pull) images the definition gives no
@@ -34,13 +34,13 @@ pub struct SlimRequest {
 }
 
 /// Where one image of the definition came from.
-pub struct ImageSource {
+pub(crate) struct ImageSource {
     pub layout: PathBuf,
     pub pulled: Option<registry::pull::PulledImage>,
 }
 
 /// A built slim base and what went into it.
-pub struct Slimmed {
+pub(crate) struct Slimmed {
     /// The definition, with the digests that were actually read.
     pub definition: Definition,
     pub needs: Needs,
@@ -53,7 +53,7 @@ pub struct Slimmed {
 }
 
 /// Builds the slim base `req` describes.
-pub fn slim(req: SlimRequest, note: &Notes) -> Result<Slimmed, Error> {
+pub(crate) fn slim(req: SlimRequest, note: &Notes) -> Result<Slimmed, Error> {
     let mut definition = req.definition.clone();
     let needs = req.needs.clone();
     let file_lock = match &req.lock {

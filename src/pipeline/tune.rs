@@ -10,7 +10,7 @@ use crate::error::Error;
 /// batching) with the recipe's `deploy.latency_slo_ms` and `deploy.peak_qps`. The two are told
 /// apart by content ([`crate::bench::tune::input_kind`]). A recipe without a CPU target is
 /// refused unless the sweep replaces the engine with the synthetic one.
-pub fn tune_base(path: &Path, synthetic: bool) -> Result<crate::bench::tune::Base, Error> {
+pub(crate) fn tune_base(path: &Path, synthetic: bool) -> Result<crate::bench::tune::Base, Error> {
     use crate::bench::{tune::InputKind, Error as BenchError};
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;

@@ -44,7 +44,7 @@ pub(super) struct GpuGroup<'m> {
 }
 
 impl GpuGroup<'_> {
-    pub fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         let names: Vec<&str> = self.products.iter().map(|g| g.name.as_str()).collect();
         if names.is_empty() {
             self.cc.sm().to_string()

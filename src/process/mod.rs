@@ -230,7 +230,7 @@ pub(crate) struct Background {
 impl Background {
     /// Starts `cmd` (no input; `cmd.stdin` and `cmd.timeout` do not apply) with its standard
     /// output and error going to `log`.
-    pub fn start(cmd: &Cmd, log: &std::fs::File) -> Result<Background, Error> {
+    pub(crate) fn start(cmd: &Cmd, log: &std::fs::File) -> Result<Background, Error> {
         let exe = which(&cmd.program).ok_or_else(|| Error::NotFound {
             program: cmd.program.clone(),
         })?;
@@ -252,7 +252,7 @@ impl Background {
     }
 
     /// How the process ended, once it has.
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 }

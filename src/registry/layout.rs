@@ -23,7 +23,7 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// Open an existing layout: `oci-layout` and `index.json` must be there.
-    pub fn open(root: &Path) -> Result<Layout> {
+    pub(crate) fn open(root: &Path) -> Result<Layout> {
         let store = BlobStore::open(root).map_err(|e| layout_error(root, e))?;
         let layout = Layout {
             root: root.to_path_buf(),
@@ -68,7 +68,7 @@ impl Layout {
     }
 
     /// The `index.json` entries.
-    pub fn index(&self) -> Result<Vec<Descriptor>> {
+    pub(crate) fn index(&self) -> Result<Vec<Descriptor>> {
         let index = self.read_index()?;
         let m = serde_json::from_value::<Document>(index).map_err(|e| Error::Layout {
             path: self.root.join("index.json"),
@@ -78,7 +78,7 @@ impl Layout {
     }
 
     /// The path of a blob (not checked for existence).
-    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+    pub(crate) fn blob_path(&self, digest: &Digest) -> PathBuf {
         self.store.blob_path(digest)
     }
 
@@ -105,7 +105,7 @@ impl Layout {
     }
 
     /// The layout's blob store, for the layer reader.
-    pub fn store(&self) -> &BlobStore {
+    pub(crate) fn store(&self) -> &BlobStore {
         &self.store
     }
 

@@ -12,7 +12,7 @@ use super::Error;
 
 /// One package of the lock file.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Crate {
+pub(crate) struct Crate {
     pub name: String,
     pub version: String,
     /// `registry+https://github.com/rust-lang/crates.io-index`, `git+…`; `None` for path
@@ -25,12 +25,12 @@ pub struct Crate {
 }
 
 impl Crate {
-    pub fn key(&self) -> (String, String) {
+    pub(crate) fn key(&self) -> (String, String) {
         (self.name.clone(), self.version.clone())
     }
 
     /// True for crates from crates.io.
-    pub fn is_from_crates_io(&self) -> bool {
+    pub(crate) fn is_from_crates_io(&self) -> bool {
         self.source
             .as_deref()
             .is_some_and(|s| s == "registry+https://github.com/rust-lang/crates.io-index")
@@ -40,7 +40,7 @@ impl Crate {
 /// The root package and every package reachable from it, root first, the rest sorted by
 /// (name, version). `remove_edges` lists, per package name, dependencies to ignore (dev-
 /// dependencies of workspace members).
-pub fn closure(
+pub(crate) fn closure(
     lock_text: &str,
     root: &str,
     remove_edges: &BTreeMap<String, BTreeSet<String>>,
@@ -92,7 +92,7 @@ pub fn closure(
 
 /// Every `[[package]]` of a version 3 or 4 lock file, with dependency references resolved to
 /// `(name, version)`.
-pub fn parse(lock_text: &str) -> Result<Vec<Crate>, Error> {
+pub(crate) fn parse(lock_text: &str) -> Result<Vec<Crate>, Error> {
     let doc: toml::Table =
         toml::from_str(lock_text).map_err(|e| Error::Lock(format!("not TOML: {}", e.message())))?;
     let packages = doc
@@ -174,7 +174,7 @@ pub fn parse(lock_text: &str) -> Result<Vec<Crate>, Error> {
 
 /// The names under `[dev-dependencies]` (and `[target.*.dev-dependencies]`) of a
 /// `Cargo.toml` that are not also normal or build dependencies.
-pub fn dev_dependencies(manifest_text: &str) -> Result<BTreeSet<String>, Error> {
+pub(crate) fn dev_dependencies(manifest_text: &str) -> Result<BTreeSet<String>, Error> {
     let doc: toml::Table = toml::from_str(manifest_text)
         .map_err(|e| Error::Lock(format!("Cargo.toml: not TOML: {}", e.message())))?;
     let mut tables: Vec<&toml::Table> = vec![&doc];

@@ -17,8 +17,8 @@
 //! `application/spdx+json`) after checking it describes that image ([`described_image`]).
 //! [`spdx`] and [`lock`] are pure; this file does the reading, hashing and writing.
 
-pub mod lock;
-pub mod spdx;
+pub(crate) mod lock;
+pub(crate) mod spdx;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ use crate::assemble::{paths, BuildReport, ImageMeta, Payload, TargetSpec};
 use crate::oci::Digest;
 
 /// The workspace lock file, as infer-build was compiled with.
-pub const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
+pub(crate) const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
 /// Manifests of the workspace members the runtime depends on (for their dev-dependencies).
 const MEMBER_MANIFESTS: [(&str, &str); 2] = [
     (
@@ -42,11 +42,11 @@ const MEMBER_MANIFESTS: [(&str, &str); 2] = [
     ),
 ];
 /// The package the walk starts at.
-pub const RUNTIME_PACKAGE: &str = "infer-serve";
+pub(crate) const RUNTIME_PACKAGE: &str = "infer-serve";
 /// The directory under the layout holding the SBOMs.
-pub const DIR: &str = "sbom";
+pub(crate) const DIR: &str = "sbom";
 /// The media type of the document and the `artifactType` of its manifest.
-pub const MEDIA_TYPE: &str = "application/spdx+json";
+pub(crate) const MEDIA_TYPE: &str = "application/spdx+json";
 
 /// Errors of the `sbom` module.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +83,7 @@ impl Error {
 }
 
 /// Where the SBOM of `target` lives in the layout at `layout`.
-pub fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
+pub(crate) fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
     let ok = !target.is_empty()
         && !target.starts_with('.')
         && target
@@ -98,7 +98,7 @@ pub fn path_in_layout(layout: &Path, target: &str) -> Result<PathBuf, Error> {
 /// The image manifest digest an SBOM describes (`sha256:<hex>`): the SHA256 checksum of its
 /// `SPDXRef-Image` package. `None` when the bytes are not such a document, or its checksum is
 /// not a sha256.
-pub fn described_image(bytes: &[u8]) -> Option<Digest> {
+pub(crate) fn described_image(bytes: &[u8]) -> Option<Digest> {
     let doc: Value = serde_json::from_slice(bytes).ok()?;
     let pkg = doc
         .get("packages")?
@@ -116,7 +116,7 @@ pub fn described_image(bytes: &[u8]) -> Option<Digest> {
 }
 
 /// The runtime's crates from the embedded lock file: `infer-serve` first.
-pub fn runtime_crates() -> Result<Vec<lock::Crate>, Error> {
+pub(crate) fn runtime_crates() -> Result<Vec<lock::Crate>, Error> {
     let mut remove: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, manifest) in MEMBER_MANIFESTS {
         remove.insert(name.to_string(), lock::dev_dependencies(manifest)?);
@@ -215,7 +215,7 @@ fn base_of(layout: &Path, digest: &Digest) -> Result<Option<spdx::BaseInfo>, Err
 }
 
 /// The SBOM input of one built target (reads and hashes its files).
-pub fn input_for(
+pub(crate) fn input_for(
     layout: &Path,
     meta: &ImageMeta,
     spec: &TargetSpec,
@@ -298,7 +298,7 @@ pub fn input_for(
 
 /// Write the SBOM of every built target to `<layout>/sbom/<target>.spdx.json` (atomically);
 /// returns (target, path, sha256 digest of the document) per target, in build order.
-pub fn write_for_build(
+pub(crate) fn write_for_build(
     report: &BuildReport,
     meta: &ImageMeta,
     specs: &[TargetSpec],

@@ -28,12 +28,12 @@ use super::lock::Crate;
 use crate::oci::Digest;
 
 /// The SPDXID of the image package; [`super::described_image`] looks for it.
-pub const IMAGE_ID: &str = "SPDXRef-Image";
+pub(crate) const IMAGE_ID: &str = "SPDXRef-Image";
 const NOASSERTION: &str = "NOASSERTION";
 
 /// The image an SBOM describes.
 #[derive(Debug, Clone)]
-pub struct ImageInfo {
+pub(crate) struct ImageInfo {
     /// The model name (document name when there is no repository).
     pub model: String,
     pub version: String,
@@ -49,7 +49,7 @@ pub struct ImageInfo {
 
 /// A file the image carries (or was made from).
 #[derive(Debug, Clone)]
-pub struct FileInfo {
+pub(crate) struct FileInfo {
     pub name: String,
     /// Path inside the image (`/opt/infer/model/model.onnx`); `None` when not in the image.
     pub path_in_image: Option<String>,
@@ -60,14 +60,14 @@ pub struct FileInfo {
 
 /// A base image: its name as recorded at build time and its manifest digest.
 #[derive(Debug, Clone)]
-pub struct BaseInfo {
+pub(crate) struct BaseInfo {
     pub name: String,
     pub digest: Digest,
 }
 
 /// One model of the image.
 #[derive(Debug, Clone)]
-pub struct ModelInfo {
+pub(crate) struct ModelInfo {
     /// The model's name in a bundle (its packages are `SPDXRef-Model-<name>`,
     /// `SPDXRef-Engine-<name>`); `None` for the one model of an image (`SPDXRef-Model`).
     pub bundled: Option<String>,
@@ -81,7 +81,7 @@ pub struct ModelInfo {
 
 /// Everything one target's SBOM says.
 #[derive(Debug, Clone)]
-pub struct SbomInput {
+pub(crate) struct SbomInput {
     pub image: ImageInfo,
     pub runtime: FileInfo,
     /// The image's models: one, or a bundle's in its order.
@@ -200,7 +200,7 @@ fn crate_ids(crates: &[Crate]) -> BTreeMap<(String, String), String> {
     clippy::too_many_lines,
     reason = "one SPDX document, written in the order of its JSON"
 )]
-pub fn render(input: &SbomInput) -> Value {
+pub(crate) fn render(input: &SbomInput) -> Value {
     let img = &input.image;
     let image_name = if img.repository.is_empty() {
         format!("{}:{}", img.model, img.tag)
@@ -416,7 +416,7 @@ pub fn render(input: &SbomInput) -> Value {
 }
 
 /// The document's bytes: canonical JSON (sorted keys, no insignificant whitespace).
-pub fn to_bytes(input: &SbomInput) -> Vec<u8> {
+pub(crate) fn to_bytes(input: &SbomInput) -> Vec<u8> {
     crate::oci::cjson::value_to_vec(&render(input))
 }
 

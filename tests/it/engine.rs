@@ -38,7 +38,7 @@ fn mlp() -> PathBuf {
 }
 
 /// `NV_TENSORRT_VERSION` and build of a version string, as trtexec prints them.
-pub fn trt_banner(version: &str) -> String {
+pub(crate) fn trt_banner(version: &str) -> String {
     let p: Vec<u64> = version.split('.').map(|s| s.parse().unwrap()).collect();
     let n = if p[0] >= 10 {
         p[0] * 10_000 + p[1] * 100 + p[2]
@@ -48,7 +48,7 @@ pub fn trt_banner(version: &str) -> String {
     format!("[TensorRT v{n}] [b{}]", p[3])
 }
 
-pub fn write_script(path: &Path, text: &str) {
+pub(crate) fn write_script(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -58,13 +58,13 @@ pub fn write_script(path: &Path, text: &str) {
 /// `smi` (`compute_cap, driver_version, name`), `trtexec` of TensorRT `version` (the GA build,
 /// `10.16.1.11`) writes the files it is asked to write ([`TIMES_JSON`], [`LAYERS_JSON`]); the
 /// engine's bytes name its flags.
-pub fn fake_gpu_tools(dir: &Path, smi: &str, version: &str) {
+pub(crate) fn fake_gpu_tools(dir: &Path, smi: &str, version: &str) {
     fake_gpu_tools_logged(dir, smi, version, None)
 }
 
 /// [`fake_gpu_tools`] that also appends each call's arguments to `log`, and whose trtexec
 /// sleeps `$FAKE_TRTEXEC_SLEEP` seconds after writing the engine (to be killed mid-build).
-pub fn fake_gpu_tools_logged(dir: &Path, smi: &str, version: &str, log: Option<&Path>) {
+pub(crate) fn fake_gpu_tools_logged(dir: &Path, smi: &str, version: &str, log: Option<&Path>) {
     std::fs::create_dir_all(dir).unwrap();
     let logged = |tool: &str| match log {
         Some(l) => format!("echo \"{tool} $*\" >> '{}'\n", l.display()),

@@ -16,14 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub requests: AtomicUsize,
     pub resets: AtomicUsize,
     pub errors_500: AtomicUsize,
     pub errors_429: AtomicUsize,
 }
 
-pub struct FaultProxy {
+pub(crate) struct FaultProxy {
     /// `127.0.0.1:PORT` to give the client.
     pub addr: String,
     pub stats: Arc<Stats>,
@@ -32,7 +32,7 @@ pub struct FaultProxy {
 
 /// Which faults, how often.
 #[derive(Debug, Clone, Copy)]
-pub struct Faults {
+pub(crate) struct Faults {
     pub seed: u64,
     /// Share of requests that get a fault, in per mille.
     pub per_mille: u64,
@@ -41,7 +41,7 @@ pub struct Faults {
 }
 
 impl FaultProxy {
-    pub fn start(upstream: &str, faults: Faults) -> FaultProxy {
+    pub(crate) fn start(upstream: &str, faults: Faults) -> FaultProxy {
         let stats = Arc::new(Stats::default());
         let rng = Arc::new(Mutex::new(faults.seed | 1));
         let upstream = upstream.to_string();

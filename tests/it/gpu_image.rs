@@ -86,7 +86,7 @@ fn blob(layout: &Path, digest: &str) -> Vec<u8> {
 
 /// The TensorRT headers the tests build the GPU runtime against: `$TENSORRT_ROOT`, else the
 /// 10.16 headers of `../shared/third_party` (`None`, reason printed, when they are not there).
-pub fn tensorrt_headers(test: &str) -> Option<PathBuf> {
+pub(crate) fn tensorrt_headers(test: &str) -> Option<PathBuf> {
     let headers = std::env::var("TENSORRT_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root().join("../shared/third_party/tensorrt-headers/10.16"));
@@ -146,7 +146,7 @@ fn gpu_test(test: &str) -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
 /// `docker run` of a GPU image on this machine, which has no GPU: it must start and exit 1 (a
 /// signal would be 137 or 139), with an error that names the missing GPU, driver or TensorRT
 /// library, from a runtime that has the TensorRT backend. Returns the container's output.
-pub fn run_refuses_without_a_gpu(tag: &str) -> String {
+pub(crate) fn run_refuses_without_a_gpu(tag: &str) -> String {
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let o = Command::new("docker")

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::support::Server;
 
-pub struct HostProxy {
+pub(crate) struct HostProxy {
     /// `127.0.0.1:PORT`, for `http://ADDR` in the proxy variables.
     pub addr: String,
     /// Every `CONNECT` target asked for (`host:port`), in order.
@@ -28,7 +28,7 @@ pub struct HostProxy {
 
 impl HostProxy {
     /// Tunnel `host:port` → loopback address, for each pair of `map`.
-    pub fn start(map: &[(&str, &str)]) -> HostProxy {
+    pub(crate) fn start(map: &[(&str, &str)]) -> HostProxy {
         let map: Arc<HashMap<String, String>> = Arc::new(
             map.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -61,12 +61,12 @@ impl HostProxy {
         }
     }
 
-    pub fn asked(&self) -> Vec<String> {
+    pub(crate) fn asked(&self) -> Vec<String> {
         self.asked.lock().unwrap().clone()
     }
 
     /// The environment that sends a client's connections through this proxy.
-    pub fn env(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
         let url = format!("http://{}", self.addr);
         vec![
             ("HTTPS_PROXY", url.clone()),

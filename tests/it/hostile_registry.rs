@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// A request as the server saw it.
 #[derive(Debug, Clone)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub method: String,
     /// The request target: path and query.
     pub target: String,
@@ -31,19 +31,19 @@ pub struct Seen {
 }
 
 impl Seen {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.target.split('?').next().unwrap_or("")
     }
 }
 
 /// What the server does with a request.
-pub enum Reply {
+pub(crate) enum Reply {
     /// Status, headers and a body (Content-Length is added).
     Respond {
         status: u16,
@@ -68,14 +68,14 @@ pub enum Reply {
 }
 
 impl Reply {
-    pub fn status(status: u16) -> Reply {
+    pub(crate) fn status(status: u16) -> Reply {
         Reply::Respond {
             status,
             headers: Vec::new(),
             body: Vec::new(),
         }
     }
-    pub fn with(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    pub(crate) fn with(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Reply {
         Reply::Respond {
             status,
             headers: headers
@@ -89,7 +89,7 @@ impl Reply {
 
 type Handler = dyn Fn(&Seen) -> Reply + Send + Sync;
 
-pub struct Hostile {
+pub(crate) struct Hostile {
     /// `127.0.0.1:PORT`
     pub addr: String,
     /// Every request, in arrival order.
@@ -99,13 +99,13 @@ pub struct Hostile {
 
 impl Hostile {
     /// Plain HTTP.
-    pub fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Hostile {
+    pub(crate) fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Hostile {
         Self::spawn(None, Arc::new(handler), None)
     }
 
     /// Plain HTTP, reading every request body longer than `over` bytes one byte per `every`
     /// (a registry that trickles what it takes); the handler answers once the body is in.
-    pub fn start_slow_reader(
+    pub(crate) fn start_slow_reader(
         over: u64,
         every: Duration,
         handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
@@ -115,7 +115,7 @@ impl Hostile {
 
     /// TLS with `cert` (PEM chain) and `key` (PEM private key), e.g. from
     /// `registry_support::test_ca`.
-    pub fn start_tls(
+    pub(crate) fn start_tls(
         cert: &Path,
         key: &Path,
         handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
@@ -173,7 +173,7 @@ impl Hostile {
     }
 
     /// The requests seen so far.
-    pub fn requests(&self) -> Vec<Seen> {
+    pub(crate) fn requests(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }

@@ -16,7 +16,7 @@ use super::support::{
 
 /// A minimal statically linked x86-64 ELF that exits 0: a stand-in runtime for tests that do
 /// not serve (the Docker serving test uses the real one).
-pub fn tiny_static_elf(path: &Path) {
+pub(crate) fn tiny_static_elf(path: &Path) {
     tiny_elf(path, None, b"");
 }
 
@@ -24,7 +24,7 @@ pub fn tiny_static_elf(path: &Path) {
 /// like them it names a program interpreter (`PT_INTERP`), which `build` checks, and, for GPU
 /// images, the release of the TensorRT headers its backend would be compiled against
 /// (`infer_spec::engine::TENSORRT_HEADERS_MARKER`). It is never run.
-pub fn tiny_dynamic_elf(path: &Path, tensorrt_headers: Option<&str>) {
+pub(crate) fn tiny_dynamic_elf(path: &Path, tensorrt_headers: Option<&str>) {
     let marker = tensorrt_headers
         .map(|h| format!("{}{h};", infer_spec::engine::TENSORRT_HEADERS_MARKER))
         .unwrap_or_default();
@@ -770,7 +770,7 @@ fn warmup_samples_the_model_would_refuse_are_refused_at_build() {
 
 /// Container `id` (the example MLP, port 8000 published) becomes ready, and an inference equals
 /// onnxruntime's on `model`.
-pub fn serve_checks(id: &str, model: &Path) -> Result<(), String> {
+pub(crate) fn serve_checks(id: &str, model: &Path) -> Result<(), String> {
     let url = format!("http://{}", docker_port(id, "8000/tcp")?);
     let start = Instant::now();
     loop {

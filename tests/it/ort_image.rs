@@ -19,7 +19,7 @@ use super::support::{
 };
 
 /// The Debian 12 packages of the test base: name, version, sha256 of the `.deb`.
-pub const DEBS: &[(&str, &str, &str)] = &[
+pub(crate) const DEBS: &[(&str, &str, &str)] = &[
     (
         "libc6",
         "2.36-9+deb12u14",
@@ -39,7 +39,7 @@ pub const DEBS: &[(&str, &str, &str)] = &[
 
 /// The x86_64 rows of matrix/runtime-libraries.toml whose name `name` accepts, as
 /// (name, version, sha256 of the wheel: its name in the library cache).
-pub fn library_rows(name: impl Fn(&str) -> bool) -> Vec<(String, String, String)> {
+pub(crate) fn library_rows(name: impl Fn(&str) -> bool) -> Vec<(String, String, String)> {
     let text = std::fs::read_to_string(root().join("matrix/runtime-libraries.toml")).unwrap();
     let v: toml::Value = toml::from_str(&text).unwrap();
     v["library"]
@@ -79,7 +79,7 @@ fn run_ok(c: &mut Command, what: &str) -> Output {
 /// on `target/glibc-base/.lock` makes exactly one of them build it, so no one extracts a
 /// package another is still downloading, or layers a root filesystem another is deleting
 /// (which gave a layer whose last file was cut short).
-pub fn glibc_base_layout() -> PathBuf {
+pub(crate) fn glibc_base_layout() -> PathBuf {
     let dir = shared_dir("glibc-base");
     let layout = dir.join("layout");
     let lock = std::fs::File::create(dir.join(".lock")).unwrap();
@@ -155,7 +155,7 @@ pub fn glibc_base_layout() -> PathBuf {
 }
 
 /// Push the glibc test base to `reg` as `bases/glibc:1`; returns the reference.
-pub fn push_glibc_base(reg: &Registry) -> String {
+pub(crate) fn push_glibc_base(reg: &Registry) -> String {
     let layout = glibc_base_layout();
     let reference = format!("{}/bases/glibc:1", reg.addr);
     run_ok(
@@ -169,7 +169,7 @@ pub fn push_glibc_base(reg: &Registry) -> String {
 }
 
 /// A `--matrix DIR` copy of the embedded data whose default glibc CPU base is `base`.
-pub fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
+pub(crate) fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
     super::support::matrix_with_base(
         &dir.join("matrix-dir"),
         "gcr.io/distroless/cc-debian12",
@@ -181,7 +181,7 @@ pub fn matrix_with_glibc_base(dir: &Path, base: &str) -> PathBuf {
 /// What a test that builds ONNX Runtime images with `infer-build` needs: a loopback registry
 /// holding the glibc test base (kept running until the builds have pulled it), a `--matrix` whose
 /// glibc base it is, and a cache directory seeded with the pinned wheel.
-pub struct OrtBuild {
+pub(crate) struct OrtBuild {
     pub reg: Registry,
     pub matrix: PathBuf,
     pub cache: PathBuf,
@@ -189,7 +189,7 @@ pub struct OrtBuild {
 
 impl OrtBuild {
     /// Set up in `dir`; `None` (with the reason printed) when a tool the base needs is absent.
-    pub fn start(test: &str, dir: &Path) -> Option<OrtBuild> {
+    pub(crate) fn start(test: &str, dir: &Path) -> Option<OrtBuild> {
         for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
             if !super::support::have_tool(tool, test) {
                 return None;
@@ -205,7 +205,7 @@ impl OrtBuild {
 
     /// `cmd` (an `infer-build build`) pointed at the base, the matrix, the cache and `runtime`
     /// (the dynamic one), with no credentials of this machine.
-    pub fn args<'c>(&self, cmd: &'c mut Command, runtime: &Path) -> &'c mut Command {
+    pub(crate) fn args<'c>(&self, cmd: &'c mut Command, runtime: &Path) -> &'c mut Command {
         cmd.args(["--insecure", "--matrix"])
             .arg(&self.matrix)
             .arg("--runtime-dynamic")
@@ -217,18 +217,18 @@ impl OrtBuild {
 
 /// Put the pinned ONNX Runtime wheel into the library cache under `cache` when a previous run
 /// downloaded it, so only the first run goes to the network.
-pub fn seed_wheel(cache: &Path) {
+pub(crate) fn seed_wheel(cache: &Path) {
     seed_wheels(cache, &[wheel_sha256()]);
 }
 
 /// Keep the ONNX Runtime wheel a build downloaded into `cache` for later runs.
-pub fn keep_wheel(cache: &Path) {
+pub(crate) fn keep_wheel(cache: &Path) {
     keep_wheels(cache, &[wheel_sha256()]);
 }
 
 /// Copy the wheels of sha256 `shas` that earlier tests kept (`target/wheels/<sha256>.whl`) into
 /// the library cache under `cache`.
-pub fn seed_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
+pub(crate) fn seed_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
     let wheels = cache.join("libraries/wheels");
     std::fs::create_dir_all(&wheels).unwrap();
     for sha in shas {
@@ -243,7 +243,7 @@ pub fn seed_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
 /// Keep the wheels of sha256 `shas` that a build downloaded into `cache` (the library cache
 /// verified them) for later tests and runs; each lands whole, under a temporary name unique to
 /// this copy, then renamed.
-pub fn keep_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
+pub(crate) fn keep_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
     static COPY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     for sha in shas {
         let name = format!("{}.whl", sha.as_ref());

@@ -489,18 +489,18 @@ pub(super) struct Container {
 
 impl Container {
     /// `docker load -i archive`, then `docker run -d` of `tag`.
-    pub fn load_and_run(archive: &Path, tag: &str) -> Container {
+    pub(super) fn load_and_run(archive: &Path, tag: &str) -> Container {
         support::docker_load(archive);
         Container::run(tag)
     }
 
     /// `docker run -d` of `tag`, already loaded.
-    pub fn run(tag: &str) -> Container {
+    pub(super) fn run(tag: &str) -> Container {
         Container::run_with(tag, &[])
     }
 
     /// `docker run -d` of `tag` with `docker_args` (volumes and the like) before it.
-    pub fn run_with(tag: &str, docker_args: &[&str]) -> Container {
+    pub(super) fn run_with(tag: &str, docker_args: &[&str]) -> Container {
         let o = Command::new("docker")
             .args([
                 "run",
@@ -523,7 +523,7 @@ impl Container {
 
     /// Waits until `/v2/health/ready` answers 200 (after the warm-up), at most `secs`; an error at
     /// once when the container has exited.
-    pub fn wait_ready(&self, secs: u64) -> Result<(), String> {
+    pub(super) fn wait_ready(&self, secs: u64) -> Result<(), String> {
         let start = Instant::now();
         loop {
             let running = Command::new("docker")
@@ -551,7 +551,7 @@ impl Container {
     }
 
     /// The container's output so far.
-    pub fn logs(&self) -> String {
+    pub(super) fn logs(&self) -> String {
         Command::new("docker")
             .args(["logs", &self.id])
             .output()

@@ -34,13 +34,13 @@ use super::registry_support::tar_gz_with_diff_id;
 use super::support::{infer_build, sha256, stderr, stdout};
 
 /// An image in Docker's media types: a manifest list (amd64 and arm64) over two manifests.
-pub struct DockerImage {
+pub(crate) struct DockerImage {
     pub list: Vec<u8>,
     pub amd64: Vec<u8>,
     pub blobs: Vec<(String, Vec<u8>)>,
 }
 
-pub fn docker_image() -> DockerImage {
+pub(crate) fn docker_image() -> DockerImage {
     let (layer, diff_id) = tar_gz_with_diff_id(&[("etc/hub", b"from the hub\n")]);
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64", "os": "linux",
@@ -138,7 +138,7 @@ fn cli(tmp: &Path, args: &[&str], env: &[(&str, String)]) -> std::process::Outpu
 /// their real names, reached through a `CONNECT` proxy; credentials for `hubuser` under
 /// Docker's `https://index.docker.io/v1/` key in `HOME/docker/config.json`. Every repository
 /// serves [`docker_image`]: a tag names its manifest list.
-pub struct DockerHub {
+pub(crate) struct DockerHub {
     pub registry: Hostile,
     pub auth: Hostile,
     pub cdn: Hostile,
@@ -149,7 +149,7 @@ pub struct DockerHub {
 }
 
 impl DockerHub {
-    pub fn start(home: &Path) -> DockerHub {
+    pub(crate) fn start(home: &Path) -> DockerHub {
         let pki = home.join("pki");
         std::fs::create_dir_all(&pki).unwrap();
         super::registry_support::test_ca_for(

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::support::{free_port, sha256};
 
-pub struct Registry {
+pub(crate) struct Registry {
     child: Child,
     /// `127.0.0.1:PORT`
     pub addr: String,
@@ -25,7 +25,7 @@ pub struct Registry {
     pub tls: Option<Tls>,
 }
 
-pub struct Tls {
+pub(crate) struct Tls {
     /// The CA certificate that signed the registry's certificate.
     pub ca: PathBuf,
     /// A directory holding `ca.crt`, for skopeo's `--cert-dir`.
@@ -43,7 +43,7 @@ impl Drop for Registry {
 
 impl Registry {
     /// A plain-HTTP registry, or `None` (with a printed reason) when `docker-registry` is absent.
-    pub fn start(test: &str) -> Option<Registry> {
+    pub(crate) fn start(test: &str) -> Option<Registry> {
         if !have_registry(test) {
             return None;
         }
@@ -51,13 +51,13 @@ impl Registry {
     }
 
     /// TLS (a test CA, leaf with SAN IP:127.0.0.1) with htpasswd basic auth.
-    pub fn start_tls(test: &str) -> Option<Registry> {
+    pub(crate) fn start_tls(test: &str) -> Option<Registry> {
         Self::start_tls_for(test, "IP:127.0.0.1")
     }
 
     /// [`Registry::start_tls`] with a certificate for `subject_alt_names` (e.g.
     /// `DNS:registry-1.docker.io`, reached through a `HostProxy`).
-    pub fn start_tls_for(test: &str, subject_alt_names: &str) -> Option<Registry> {
+    pub(crate) fn start_tls_for(test: &str, subject_alt_names: &str) -> Option<Registry> {
         if !have_registry(test) || !have_openssl(test) || !have_htpasswd(test) {
             return None;
         }
@@ -88,7 +88,7 @@ impl Registry {
 
     /// A plain-HTTP registry that wants bearer tokens from `tokens` (the distribution token
     /// auth: JWTs signed by a key whose certificate is in the registry's root bundle).
-    pub fn start_token_auth(test: &str) -> Option<(Registry, TokenServer)> {
+    pub(crate) fn start_token_auth(test: &str) -> Option<(Registry, TokenServer)> {
         if !have_registry(test) || !have_openssl(test) {
             return None;
         }
@@ -165,7 +165,7 @@ impl Registry {
     }
 
     /// The registry's copy of a blob, straight from its storage directory.
-    pub fn stored_blob(&self, digest: &str) -> Option<Vec<u8>> {
+    pub(crate) fn stored_blob(&self, digest: &str) -> Option<Vec<u8>> {
         let hex = digest.strip_prefix("sha256:")?;
         std::fs::read(
             self.dir
@@ -178,7 +178,7 @@ impl Registry {
         .ok()
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
 }
@@ -186,13 +186,13 @@ impl Registry {
 /// A test CA (`ca.pem`, `ca.key`) and a leaf certificate for 127.0.0.1 signed by it
 /// (`cert.pem`, `key.pem`) in `p`, made with `openssl`. Webpki, like browsers, refuses a
 /// self-signed CA certificate used as the server's own certificate, hence the two.
-pub fn test_ca(p: &Path) {
+pub(crate) fn test_ca(p: &Path) {
     test_ca_for(p, "IP:127.0.0.1")
 }
 
 /// [`test_ca`] with a leaf certificate for `subject_alt_names` (openssl's syntax:
 /// `DNS:registry-1.docker.io,DNS:auth.docker.io`), for servers reached by host name.
-pub fn test_ca_for(p: &Path, subject_alt_names: &str) {
+pub(crate) fn test_ca_for(p: &Path, subject_alt_names: &str) {
     let openssl = |args: &[&str]| {
         let ok = Command::new("openssl")
             .args(args)
@@ -255,7 +255,7 @@ pub fn test_ca_for(p: &Path, subject_alt_names: &str) {
 }
 
 /// True when `openssl` runs (for tests that need only certificates); prints why not.
-pub fn have_openssl_for(test: &str) -> bool {
+pub(crate) fn have_openssl_for(test: &str) -> bool {
     have_openssl(test)
 }
 
@@ -293,7 +293,7 @@ fn have_htpasswd(test: &str) -> bool {
 }
 
 /// Deterministic incompressible bytes.
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
@@ -307,13 +307,13 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// A gzip'd tar holding `files` (path, bytes), with fixed headers.
-pub fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
     tar_gz_with_diff_id(files).0
 }
 
 /// [`tar_gz`] and the layer's diff_id (the digest of the uncompressed tar), which Docker checks
 /// against the config when it pulls the image.
-pub fn tar_gz_with_diff_id(files: &[(&str, &[u8])]) -> (Vec<u8>, String) {
+pub(crate) fn tar_gz_with_diff_id(files: &[(&str, &[u8])]) -> (Vec<u8>, String) {
     let mut plain = Vec::new();
     {
         let mut b = tar::Builder::new(&mut plain);
@@ -335,7 +335,7 @@ pub fn tar_gz_with_diff_id(files: &[(&str, &[u8])]) -> (Vec<u8>, String) {
 }
 
 /// A target of a test layout.
-pub struct Target {
+pub(crate) struct Target {
     pub id: &'static str,
     pub sm: Option<&'static str>,
     /// Size of the target's own (incompressible) model file.
@@ -343,7 +343,7 @@ pub struct Target {
 }
 
 /// What `make_layout` wrote.
-pub struct MadeLayout {
+pub(crate) struct MadeLayout {
     pub dir: PathBuf,
     pub index_digest: String,
     /// (tag, manifest digest) per target.
@@ -366,7 +366,7 @@ fn canonical(v: &Value) -> Vec<u8> {
 /// An OCI layout like `infer-build build` writes: one image per target (a shared base layer
 /// and a per-target layer with the model and `/etc/infer/runtime.toml`), an index over them
 /// tagged `tag`, and each per-target manifest tagged `tag-<id>` in `index.json`.
-pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> MadeLayout {
+pub(crate) fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> MadeLayout {
     std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
     std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     let (base, base_diff) = tar_gz_with_diff_id(&[("bin/infer-serve", &noise(7, 300_000))]);
@@ -437,11 +437,11 @@ pub fn make_layout(dir: &Path, tag: &str, targets: &[Target], seed: u64) -> Made
 }
 
 /// Token requests seen: (scopes asked, whether basic credentials came with them).
-pub type TokenLog = std::sync::Arc<std::sync::Mutex<Vec<(Vec<String>, bool)>>>;
+pub(crate) type TokenLog = std::sync::Arc<std::sync::Mutex<Vec<(Vec<String>, bool)>>>;
 
 /// A token issuer for the distribution token auth: `GET /token?service=…&scope=…` answers a
 /// JWT (RS256, signed with `openssl dgst`, certificate in `x5c`) granting what was asked.
-pub struct TokenServer {
+pub(crate) struct TokenServer {
     pub addr: String,
     /// Every token request: (scopes asked, whether it carried basic credentials).
     pub requests: TokenLog,

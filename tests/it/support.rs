@@ -14,17 +14,17 @@ use std::time::Duration;
 use infer_build::report::{BuildOutput, Inspection};
 
 /// The repository root.
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The `infer-build` binary built for this test run.
-pub fn infer_build() -> Command {
+pub(crate) fn infer_build() -> Command {
     Command::new(env!("CARGO_BIN_EXE_infer-build"))
 }
 
 /// Run `infer-build` with `args` from `cwd` and return its output.
-pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
+pub(crate) fn run_in(cwd: &Path, args: &[&str]) -> Output {
     infer_build()
         .current_dir(cwd)
         .args(args)
@@ -33,14 +33,14 @@ pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
 }
 
 /// Run `infer-build` with `args` from the repository root.
-pub fn run(args: &[&str]) -> Output {
+pub(crate) fn run(args: &[&str]) -> Output {
     run_in(&root(), args)
 }
 
 /// Run `infer-build` with `args` (which ask for `--json`) from `cwd`, require success and read
 /// its one JSON document on stdout as `T`, a report type of the library: tests then read
 /// fields, not `serde_json::Value` paths, and a renamed field fails to compile or to parse.
-pub fn cli_json<T: serde::de::DeserializeOwned>(cwd: &Path, args: &[&str]) -> T {
+pub(crate) fn cli_json<T: serde::de::DeserializeOwned>(cwd: &Path, args: &[&str]) -> T {
     let o = run_in(cwd, args);
     assert!(
         o.status.success(),
@@ -58,24 +58,24 @@ pub fn cli_json<T: serde::de::DeserializeOwned>(cwd: &Path, args: &[&str]) -> T 
 }
 
 /// `infer-build plan --json RECIPE [ARGS]`: the recipe's plan.
-pub fn plan(recipe: &Path, args: &[&str]) -> infer_build::plan::BuildPlan {
+pub(crate) fn plan(recipe: &Path, args: &[&str]) -> infer_build::plan::BuildPlan {
     let recipe = recipe.to_str().expect("UTF-8 recipe path");
     let mut all = vec!["plan", "--json", recipe];
     all.extend(args);
     cli_json(&root(), &all)
 }
 
-pub fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-pub fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// True when `tool` can be run (`tool --version` or `tool version` starts). When it cannot,
 /// prints why the calling test is skipped; CI installs every tool so nothing is skipped there.
-pub fn have_tool(tool: &str, test: &str) -> bool {
+pub(crate) fn have_tool(tool: &str, test: &str) -> bool {
     let ok = Command::new(tool)
         .arg("--version")
         .output()
@@ -89,7 +89,7 @@ pub fn have_tool(tool: &str, test: &str) -> bool {
 
 /// The Python interpreter with the test requirements (`tests/requirements.txt`) installed:
 /// `$INFER_BUILD_PYTHON`, else `.venv/bin/python` made by `.ci/run`, else `python3`.
-pub fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     if let Ok(p) = std::env::var("INFER_BUILD_PYTHON") {
         return PathBuf::from(p);
     }
@@ -102,7 +102,7 @@ pub fn python() -> PathBuf {
 }
 
 /// True when the Docker engine answers; prints the reason for skipping otherwise.
-pub fn have_docker(test: &str) -> bool {
+pub(crate) fn have_docker(test: &str) -> bool {
     let ok = Command::new("docker")
         .args(["info", "--format", "{{.ServerVersion}}"])
         .output()
@@ -115,7 +115,7 @@ pub fn have_docker(test: &str) -> bool {
 }
 
 /// `docker load -i archive`; its stdout (the tags loaded). Panics with Docker's error.
-pub fn docker_load(archive: &Path) -> String {
+pub(crate) fn docker_load(archive: &Path) -> String {
     let o = Command::new("docker")
         .arg("load")
         .arg("-i")
@@ -133,7 +133,7 @@ pub fn docker_load(archive: &Path) -> String {
 
 /// The loopback address (`127.0.0.1:PORT`) Docker published for `container_port` (e.g.
 /// `"8000/tcp"`) of container `id`.
-pub fn docker_port(id: &str, container_port: &str) -> Result<String, String> {
+pub(crate) fn docker_port(id: &str, container_port: &str) -> Result<String, String> {
     let o = Command::new("docker")
         .args(["port", id, container_port])
         .output()
@@ -160,7 +160,7 @@ pub fn docker_port(id: &str, container_port: &str) -> Result<String, String> {
 /// `cargo test --workspace` builds, with both backends through infer-build's dev-dependency);
 /// otherwise it is built once per test run into `target/serve-it` (its own target dir: the
 /// outer `cargo test` holds the lock on the main one).
-pub fn serve_test_binary() -> PathBuf {
+pub(crate) fn serve_test_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         if let Ok(p) = std::env::var("INFER_SERVE_TEST_BIN") {
@@ -189,23 +189,23 @@ pub fn serve_test_binary() -> PathBuf {
 }
 
 /// sha256 of `bytes` as lowercase hex, computed here with `sha2`, not by the code under test.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// sha256 of `bytes` as an OCI digest, `sha256:HEX`.
-pub fn sha256(bytes: &[u8]) -> String {
+pub(crate) fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", sha256_hex(bytes))
 }
 
 /// sha256 of the file at `p`, as lowercase hex.
-pub fn sha256_file(p: &Path) -> String {
+pub(crate) fn sha256_file(p: &Path) -> String {
     sha256_hex(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
 }
 
 /// A running `infer-serve` (`serve_test_binary`) on a loopback port, killed on drop.
-pub struct Serve {
+pub(crate) struct Serve {
     child: std::process::Child,
     pub port: u16,
     /// `http://127.0.0.1:PORT`.
@@ -221,7 +221,7 @@ impl Drop for Serve {
 
 impl Serve {
     /// POST `body` (JSON) to `path`: the status and the JSON answer.
-    pub fn post_json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+    pub(crate) fn post_json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
         let (status, answer) =
             http_request(&format!("127.0.0.1:{}", self.port), "POST", path, body);
         (status, serde_json::from_str(&answer).unwrap_or_default())
@@ -230,7 +230,7 @@ impl Serve {
 
 /// One HTTP/1.1 request to `addr` on a fresh connection (`Connection: close`, a JSON `body`),
 /// read to the end: the status and the body.
-pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+pub(crate) fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -248,7 +248,7 @@ pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, S
 }
 
 /// A port that was free on 127.0.0.1 a moment ago.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -273,7 +273,7 @@ fn http_ok(port: u16, path: &str) -> bool {
 
 /// Starts `serve_test_binary` on `config` (its `PORT` replaced by a free port) in `dir` and
 /// waits until it is ready; its log is `dir/serve.log`.
-pub fn start_serve(dir: &Path, config: &str) -> Serve {
+pub(crate) fn start_serve(dir: &Path, config: &str) -> Serve {
     let port = free_port();
     let cfg = dir.join("runtime.toml");
     std::fs::write(&cfg, config.replace("PORT", &port.to_string())).unwrap();
@@ -306,7 +306,7 @@ pub fn start_serve(dir: &Path, config: &str) -> Serve {
 }
 
 /// The id of the first GPU target in `infer-build plan --json` output.
-pub fn first_gpu_target(plan: &serde_json::Value) -> String {
+pub(crate) fn first_gpu_target(plan: &serde_json::Value) -> String {
     plan["targets"]
         .as_array()
         .expect("plan targets")
@@ -320,7 +320,7 @@ pub fn first_gpu_target(plan: &serde_json::Value) -> String {
 
 /// How a matrix copy points a base-image row at a local base.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BaseRow {
+pub(crate) enum BaseRow {
     /// Add a copy of the row under the new reference; the original row stays.
     Append,
     /// Rename the row's reference to the new one.
@@ -329,7 +329,7 @@ pub enum BaseRow {
 
 /// A `--matrix DIR` copy of the shipped matrix data at `dir` in which the base-image row whose
 /// reference is `chosen` is pointed at `base` (appended as a new row or renamed, as `how` says).
-pub fn matrix_with_base(dir: &Path, chosen: &str, base: &str, how: BaseRow) -> PathBuf {
+pub(crate) fn matrix_with_base(dir: &Path, chosen: &str, base: &str, how: BaseRow) -> PathBuf {
     for file in [
         "matrix/tensorrt.toml",
         "matrix/cuda.toml",
@@ -363,7 +363,9 @@ pub fn matrix_with_base(dir: &Path, chosen: &str, base: &str, how: BaseRow) -> P
 /// Read an HTTP/1.1 request head from `s`, as the test servers do: the bytes read so far (the
 /// head and whatever part of the body came with it) and where the head ends (after its blank
 /// line). `None` when the peer closes first or the head passes 64 KiB.
-pub fn read_request_head(s: &mut impl std::io::Read) -> std::io::Result<Option<(Vec<u8>, usize)>> {
+pub(crate) fn read_request_head(
+    s: &mut impl std::io::Read,
+) -> std::io::Result<Option<(Vec<u8>, usize)>> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 16384];
     loop {
@@ -384,14 +386,14 @@ pub fn read_request_head(s: &mut impl std::io::Read) -> std::io::Result<Option<(
 /// A loopback TCP server for the test servers (hostile registries, fault proxies): each
 /// connection is handed to `handle` on a thread of its own, with the flag that is set when the
 /// server is dropped.
-pub struct Server {
+pub(crate) struct Server {
     /// `127.0.0.1:PORT`.
     pub addr: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
-    pub fn start(
+    pub(crate) fn start(
         handle: impl Fn(std::net::TcpStream, &std::sync::atomic::AtomicBool) + Send + Sync + 'static,
     ) -> Server {
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -425,14 +427,14 @@ impl Drop for Server {
 /// The example MLP (`examples/mlp/mlp.onnx`) as `runtime.toml` describes it, from the
 /// runtime's own fixture (`crates/infer-serve/testdata/mlp.runtime.toml`): its model, inputs and
 /// outputs, followed by `tail` (the test's batching, engine and server tables).
-pub fn mlp_runtime_config(tail: &str) -> String {
+pub(crate) fn mlp_runtime_config(tail: &str) -> String {
     head_with("mlp.runtime.toml", tail)
 }
 
 /// The runtime's synthetic test model (`crates/infer-serve/testdata/synthetic.runtime.toml`,
 /// model `synthetic`, served by a binary built with the `synthetic` feature): its model, inputs
 /// and outputs, followed by `tail`.
-pub fn synthetic_runtime_config(tail: &str) -> String {
+pub(crate) fn synthetic_runtime_config(tail: &str) -> String {
     head_with("synthetic.runtime.toml", tail)
 }
 
@@ -448,7 +450,7 @@ fn head_with(name: &str, tail: &str) -> String {
 
 /// Every `.rs` file under `dirs` (recursively; a directory that does not exist is skipped), as
 /// paths relative to the repository root, sorted: what the source scans read.
-pub fn rust_sources(dirs: &[PathBuf]) -> Vec<PathBuf> {
+pub(crate) fn rust_sources(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let root = root();
     let mut out = Vec::new();
     let mut dirs = dirs.to_vec();
@@ -471,7 +473,7 @@ pub fn rust_sources(dirs: &[PathBuf]) -> Vec<PathBuf> {
 
 /// Every file of a layer (a manifest's layer descriptor as JSON): (path, bytes), read through
 /// infer-build's one layer reader (the blob verified against its digest first).
-pub fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
     let digest = infer_build::oci::Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
     files_of_layer(
         layout,
@@ -482,7 +484,7 @@ pub fn layer_files(layout: &Path, layer: &serde_json::Value) -> Vec<(String, Vec
 }
 
 /// Every file of a layer `inspect` listed: (path, bytes), as [`layer_files`].
-pub fn inspected_layer_files(
+pub(crate) fn inspected_layer_files(
     layout: &Path,
     layer: &infer_build::report::InspectedLayer,
 ) -> Vec<(String, Vec<u8>)> {
@@ -516,12 +518,12 @@ fn files_of_layer(
 }
 
 /// Where the blob `digest` (`sha256:…`) lives in the OCI layout `layout`.
-pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {
+pub(crate) fn blob_path(layout: &Path, digest: &str) -> PathBuf {
     layout.join("blobs/sha256").join(&digest[7..])
 }
 
 /// The manifest digest of target `id` in a build report (`build --json`).
-pub fn target_digest(report: &BuildOutput, id: &str) -> String {
+pub(crate) fn target_digest(report: &BuildOutput, id: &str) -> String {
     report
         .targets
         .iter()
@@ -532,14 +534,14 @@ pub fn target_digest(report: &BuildOutput, id: &str) -> String {
 }
 
 /// `infer-build build … --json`'s report, from a run that must have succeeded.
-pub fn build_output(o: &Output) -> BuildOutput {
+pub(crate) fn build_output(o: &Output) -> BuildOutput {
     assert!(o.status.success(), "build failed: {}", stderr(o));
     serde_json::from_str(&stdout(o))
         .unwrap_or_else(|e| panic!("build --json is not a build report: {e}\n{}", stdout(o)))
 }
 
 /// `infer-build inspect --json PATH` (a layout or an `oci-archive`), which must succeed.
-pub fn inspect(path: &Path) -> Inspection {
+pub(crate) fn inspect(path: &Path) -> Inspection {
     let path = path.to_str().expect("UTF-8 path");
     cli_json(&root(), &["inspect", "--json", path])
 }

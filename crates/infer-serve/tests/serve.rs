@@ -16,17 +16,17 @@ mod support {
     use std::process::Output;
 
     /// The repository root (the example MLP and the `.venv` live there).
-    pub fn root() -> PathBuf {
+    pub(crate) fn root() -> PathBuf {
         PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
     }
 
     /// A file of these tests (the Python clients).
-    pub fn here(name: &str) -> PathBuf {
+    pub(crate) fn here(name: &str) -> PathBuf {
         PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests")).join(name)
     }
 
     /// The Python interpreter with the test requirements (`tests/requirements.txt`).
-    pub fn python() -> PathBuf {
+    pub(crate) fn python() -> PathBuf {
         if let Ok(p) = std::env::var("INFER_BUILD_PYTHON") {
             return PathBuf::from(p);
         }
@@ -38,23 +38,23 @@ mod support {
         }
     }
 
-    pub fn stdout(o: &Output) -> String {
+    pub(crate) fn stdout(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
-    pub fn stderr(o: &Output) -> String {
+    pub(crate) fn stderr(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr).into_owned()
     }
 
     /// The example MLP as the runtime's fixture (`testdata/mlp.runtime.toml`) describes it: its
     /// model, inputs and outputs, followed by `tail` (the test's own tables).
-    pub fn mlp_runtime_config(tail: &str) -> String {
+    pub(crate) fn mlp_runtime_config(tail: &str) -> String {
         head_with(include_str!("../testdata/mlp.runtime.toml"), tail)
     }
 
     /// The synthetic test model (`testdata/synthetic.runtime.toml`, model `synthetic`): its
     /// model, inputs and outputs, followed by `tail`.
-    pub fn synthetic_runtime_config(tail: &str) -> String {
+    pub(crate) fn synthetic_runtime_config(tail: &str) -> String {
         head_with(include_str!("../testdata/synthetic.runtime.toml"), tail)
     }
 

@@ -44,7 +44,7 @@ pub(crate) struct Driver {
 }
 
 /// The soname of the CUDA driver library.
-pub const LIBCUDA: &str = "libcuda.so.1";
+pub(crate) const LIBCUDA: &str = "libcuda.so.1";
 
 fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, Error> {
     symbol_in(lib, LIBCUDA, name)

@@ -16,22 +16,23 @@ use crate::{
 mod ffi {
     use std::ffi::{c_char, c_void};
     extern "C" {
-        pub fn itrt_header_version() -> i32;
-        pub fn itrt_runtime_create(
+        pub(super) fn itrt_header_version() -> i32;
+        pub(super) fn itrt_runtime_create(
             create_fn: *mut c_void,
             version_fn: *mut c_void,
             err: *mut c_char,
             cap: usize,
         ) -> *mut c_void;
-        pub fn itrt_runtime_destroy(rt: *mut c_void);
-        pub fn itrt_init_plugins(init_fn: *mut c_void, err: *mut c_char, cap: usize) -> bool;
-        pub fn itrt_runtime_load_plugin_library(
+        pub(super) fn itrt_runtime_destroy(rt: *mut c_void);
+        pub(super) fn itrt_init_plugins(init_fn: *mut c_void, err: *mut c_char, cap: usize)
+            -> bool;
+        pub(super) fn itrt_runtime_load_plugin_library(
             rt: *mut c_void,
             path: *const c_char,
             err: *mut c_char,
             cap: usize,
         ) -> bool;
-        pub fn itrt_engine_deserialize(
+        pub(super) fn itrt_engine_deserialize(
             rt: *mut c_void,
             data: *const c_void,
             size: usize,
@@ -39,29 +40,20 @@ mod ffi {
             err: *mut c_char,
             cap: usize,
         ) -> *mut c_void;
-        pub fn itrt_engine_destroy(e: *mut c_void);
-        pub fn itrt_engine_num_io(e: *mut c_void) -> i32;
-        pub fn itrt_engine_io_name(e: *mut c_void, i: i32) -> *const c_char;
-        pub fn itrt_engine_io_mode(e: *mut c_void, name: *const c_char) -> i32;
-        pub fn itrt_engine_io_location(e: *mut c_void, name: *const c_char) -> i32;
-        pub fn itrt_engine_io_dtype(e: *mut c_void, name: *const c_char) -> i32;
-        pub fn itrt_engine_io_shape(
+        pub(super) fn itrt_engine_destroy(e: *mut c_void);
+        pub(super) fn itrt_engine_num_io(e: *mut c_void) -> i32;
+        pub(super) fn itrt_engine_io_name(e: *mut c_void, i: i32) -> *const c_char;
+        pub(super) fn itrt_engine_io_mode(e: *mut c_void, name: *const c_char) -> i32;
+        pub(super) fn itrt_engine_io_location(e: *mut c_void, name: *const c_char) -> i32;
+        pub(super) fn itrt_engine_io_dtype(e: *mut c_void, name: *const c_char) -> i32;
+        pub(super) fn itrt_engine_io_shape(
             e: *mut c_void,
             name: *const c_char,
             out: *mut i64,
             cap: i32,
         ) -> i32;
-        pub fn itrt_engine_io_format(e: *mut c_void, name: *const c_char) -> i32;
-        pub fn itrt_engine_profile_values(
-            e: *mut c_void,
-            name: *const c_char,
-            profile: i32,
-            which: i32,
-            out: *mut i64,
-            cap: i32,
-        ) -> i32;
-        pub fn itrt_engine_num_profiles(e: *mut c_void) -> i32;
-        pub fn itrt_engine_profile_shape(
+        pub(super) fn itrt_engine_io_format(e: *mut c_void, name: *const c_char) -> i32;
+        pub(super) fn itrt_engine_profile_values(
             e: *mut c_void,
             name: *const c_char,
             profile: i32,
@@ -69,16 +61,29 @@ mod ffi {
             out: *mut i64,
             cap: i32,
         ) -> i32;
-        pub fn itrt_context_create(e: *mut c_void, err: *mut c_char, cap: usize) -> *mut c_void;
-        pub fn itrt_context_destroy(c: *mut c_void);
-        pub fn itrt_context_set_profile(
+        pub(super) fn itrt_engine_num_profiles(e: *mut c_void) -> i32;
+        pub(super) fn itrt_engine_profile_shape(
+            e: *mut c_void,
+            name: *const c_char,
+            profile: i32,
+            which: i32,
+            out: *mut i64,
+            cap: i32,
+        ) -> i32;
+        pub(super) fn itrt_context_create(
+            e: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
+        ) -> *mut c_void;
+        pub(super) fn itrt_context_destroy(c: *mut c_void);
+        pub(super) fn itrt_context_set_profile(
             c: *mut c_void,
             profile: i32,
             stream: *mut c_void,
             err: *mut c_char,
             cap: usize,
         ) -> bool;
-        pub fn itrt_context_set_input_shape(
+        pub(super) fn itrt_context_set_input_shape(
             c: *mut c_void,
             name: *const c_char,
             dims: *const i64,
@@ -86,20 +91,20 @@ mod ffi {
             err: *mut c_char,
             cap: usize,
         ) -> bool;
-        pub fn itrt_context_tensor_shape(
+        pub(super) fn itrt_context_tensor_shape(
             c: *mut c_void,
             name: *const c_char,
             out: *mut i64,
             cap: i32,
         ) -> i32;
-        pub fn itrt_context_set_tensor_address(
+        pub(super) fn itrt_context_set_tensor_address(
             c: *mut c_void,
             name: *const c_char,
             ptr: *mut c_void,
             err: *mut c_char,
             cap: usize,
         ) -> bool;
-        pub fn itrt_context_enqueue_v3(
+        pub(super) fn itrt_context_enqueue_v3(
             c: *mut c_void,
             stream: *mut c_void,
             err: *mut c_char,

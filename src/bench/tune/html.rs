@@ -7,7 +7,7 @@ use crate::bench::report::{self, Labels, Section, Series};
 use crate::bench::Step;
 
 /// One labelled row per measured point, in grid order.
-pub fn rows(r: &SweepResult) -> Vec<(Labels, Step)> {
+pub(crate) fn rows(r: &SweepResult) -> Vec<(Labels, Step)> {
     r.results
         .iter()
         .map(|m| {
@@ -40,7 +40,7 @@ pub fn rows(r: &SweepResult) -> Vec<(Labels, Step)> {
 }
 
 /// The tuning report: p99 and capacity against delay per max batch, latency against capacity.
-pub fn html(model: &str, r: &SweepResult, labeled: &[(Labels, Step)]) -> String {
+pub(crate) fn html(model: &str, r: &SweepResult, labeled: &[(Labels, Step)]) -> String {
     let mut batches: Vec<u32> = r.results.iter().map(|m| m.point.max_batch).collect();
     batches.sort_unstable();
     batches.dedup();

@@ -13,8 +13,8 @@
 //! Every server is a child of this process, bound to 127.0.0.1, killed when its point is measured.
 //! [`request`] turns what a user asked for into [`SweepOptions`]; [`html`] writes the report.
 
-pub mod html;
-pub mod request;
+pub(crate) mod html;
+pub(crate) mod request;
 
 use std::path::{Path, PathBuf};
 
@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 use infer_spec::RuntimeConfig;
 
 use super::load::{Arrival, Bounds, Endpoint, Load, Prepared};
-pub use super::model::REPLAY_ARRIVALS;
+pub(crate) use super::model::REPLAY_ARRIVALS;
 use super::model::{self, CostModel, Policy, Predicted};
 use super::v2::Protocol;
 use super::{Error, Options, Progress, Step};
-pub use request::{Base, Request};
+pub(crate) use request::{Base, Request};
 
 /// One grid point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-pub struct Point {
+pub(crate) struct Point {
     pub max_batch: u32,
     pub delay_us: u64,
 }
@@ -58,7 +58,7 @@ fn fmt_ms(v: f64) -> String {
 
 /// What was measured at one point.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Measured {
+pub(crate) struct Measured {
     pub point: Point,
     pub step: Step,
     /// p99 latency, ms (client-side, from the scheduled send).
@@ -79,7 +79,7 @@ pub struct Measured {
 }
 
 /// Turn a measured step into a [`Measured`] (capacity from the server's metrics).
-pub fn measured(point: Point, step: Step, instances: u32) -> Measured {
+pub(crate) fn measured(point: Point, step: Step, instances: u32) -> Measured {
     let mean_batch = step.server.as_ref().and_then(|d| d.mean_batch);
     // Rows per second of busy backend: the rows inferred over the compute time they took
     // (infer-serve adds each batch's execution time once), times the instances that run
@@ -104,7 +104,7 @@ pub fn measured(point: Point, step: Step, instances: u32) -> Measured {
 
 /// The recommendation and why.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Recommendation {
+pub(crate) struct Recommendation {
     pub point: Point,
     pub p99_ms: f64,
     pub capacity_rps: f64,
@@ -125,7 +125,11 @@ pub struct Recommendation {
 /// neighbouring points differ by less than a short sample's noise, and the replay removes
 /// it; otherwise from the measurements (the mean, not p99, prices the latency: over a few
 /// hundred requests the mean is steadier than the p99, which is one or two samples).
-pub fn recommend(results: &[Measured], budget_ms: f64, min_gain: f64) -> Option<Recommendation> {
+pub(crate) fn recommend(
+    results: &[Measured],
+    budget_ms: f64,
+    min_gain: f64,
+) -> Option<Recommendation> {
     let mut batches: Vec<u32> = results.iter().map(|m| m.point.max_batch).collect();
     batches.sort_unstable();
     batches.dedup();
@@ -226,7 +230,7 @@ fn step_gain_cost(cur: &Measured, next: &Measured) -> (f64, f64, &'static str) {
 /// Fit the cost model to the sweep and fill in every point's [`Measured::predicted`]
 /// (server-side times: queue and compute). Returns the model, or why there is none (then nothing is
 /// predicted and the recommendation rests on the measurements alone).
-pub fn predict(
+pub(crate) fn predict(
     results: &mut [Measured],
     rate: f64,
     arrival: Arrival,
@@ -255,7 +259,7 @@ pub fn predict(
 
 /// How many replicas and when to scale out.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct CapacityPlan {
+pub(crate) struct CapacityPlan {
     pub peak_qps: f64,
     pub per_replica_qps: f64,
     pub headroom: f64,
@@ -267,10 +271,10 @@ pub struct CapacityPlan {
 }
 
 /// Fraction of a replica's limit at which to scale out.
-pub const SCALE_OUT_FRACTION: f64 = 0.7;
+pub(crate) const SCALE_OUT_FRACTION: f64 = 0.7;
 
 /// replicas = ceil(peak QPS / best QPS per replica × headroom), at least 1.
-pub fn capacity_plan(peak_qps: f64, per_replica_qps: f64, headroom: f64) -> CapacityPlan {
+pub(crate) fn capacity_plan(peak_qps: f64, per_replica_qps: f64, headroom: f64) -> CapacityPlan {
     let raw = if per_replica_qps > 0.0 {
         peak_qps / per_replica_qps * headroom
     } else {
@@ -296,7 +300,7 @@ pub fn capacity_plan(peak_qps: f64, per_replica_qps: f64, headroom: f64) -> Capa
 
 /// The settings of a sweep.
 #[derive(Debug, Clone)]
-pub struct SweepOptions {
+pub(crate) struct SweepOptions {
     /// The runtime configuration to start from; its batching is overridden per point.
     pub base: RuntimeConfig,
     /// Directory `base`'s relative engine path is relative to.
@@ -320,7 +324,7 @@ pub struct SweepOptions {
 
 /// Everything a sweep produced.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct SweepResult {
+pub(crate) struct SweepResult {
     pub budget_ms: f64,
     pub rate: f64,
     pub results: Vec<Measured>,
@@ -338,7 +342,7 @@ pub struct SweepResult {
 /// What `bench --tune FILE` was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum InputKind {
+pub(crate) enum InputKind {
     /// A recipe: batching, SLO and peak rate from it, tract on its ONNX model.
     Recipe,
     /// A `runtime.toml` as images carry.
@@ -348,7 +352,7 @@ pub enum InputKind {
 /// Pure: which kind of file `text` is, by content. A recipe has `[model] onnx` or a
 /// `targets` key (`[targets]` or `[[targets]]`); anything else, unparsable text included, is
 /// read as a runtime configuration (whose parser then says what is wrong).
-pub fn input_kind(text: &str) -> InputKind {
+pub(crate) fn input_kind(text: &str) -> InputKind {
     let Ok(doc) = toml::from_str::<toml::Table>(text) else {
         return InputKind::RuntimeConfig;
     };
@@ -366,7 +370,7 @@ pub fn input_kind(text: &str) -> InputKind {
 /// The input of a sweep and the origin of its budget and peak rate (`--budget-ms`,
 /// `deploy.latency_slo_ms`, `--peak-qps`, `--rate`, `deploy.peak_qps`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct InputSummary {
+pub(crate) struct InputSummary {
     pub kind: InputKind,
     pub file: PathBuf,
     pub budget_ms_from: String,
@@ -394,7 +398,12 @@ fn log_tail(path: &Path) -> String {
 
 /// The runtime configuration for one point: the base with this point's batching, a loopback
 /// listener, an absolute engine path, and quick shutdown.
-pub fn point_config(base: &RuntimeConfig, base_dir: &Path, p: Point, port: u16) -> RuntimeConfig {
+pub(crate) fn point_config(
+    base: &RuntimeConfig,
+    base_dir: &Path,
+    p: Point,
+    port: u16,
+) -> RuntimeConfig {
     let mut c = base.clone();
     c.batching.max_batch_size = p.max_batch;
     c.batching.max_queue_delay_us = p.delay_us;
@@ -528,7 +537,7 @@ fn measure_point(
 }
 
 /// Run the whole grid.
-pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
+pub(crate) fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
     if opts.max_batches.is_empty() || opts.delays_us.is_empty() {
         return Err(Error::Options(
             "the grid is empty (give --max-batch and --delays-ms)".into(),

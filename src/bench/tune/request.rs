@@ -14,11 +14,11 @@ use crate::bench::load::Arrival;
 use crate::bench::{Error, Progress};
 
 /// The max queue delays a sweep tries when none are given: 0 to 60 ms in 10 ms steps.
-pub const DEFAULT_DELAYS_MS: [f64; 7] = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0];
+pub(crate) const DEFAULT_DELAYS_MS: [f64; 7] = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0];
 
 /// What a sweep starts from: the runtime configuration and, from a recipe, its budget and peak.
 #[derive(Debug, Clone)]
-pub struct Base {
+pub(crate) struct Base {
     pub kind: InputKind,
     /// The file it was read from; relative engine paths are relative to its directory.
     pub file: PathBuf,
@@ -31,7 +31,7 @@ pub struct Base {
 
 /// A sweep as asked for; `None` and empty lists take the defaults [`Request::resolve`] names.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub(crate) struct Request {
     pub base: Base,
     /// `BASE_MS,PER_ROW_MS`: replace the engine with the synthetic one.
     pub synthetic: Option<String>,
@@ -55,14 +55,14 @@ pub struct Request {
 
 /// A request with every default applied and every number checked.
 #[derive(Debug, Clone)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub options: SweepOptions,
     pub input: InputSummary,
 }
 
 impl Resolved {
     /// One line saying what is swept and where its budget and peak came from.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let i = &self.input;
         format!(
             "{} {}: p99 budget {} ms ({}), peak {} req/s ({}), driven at {} req/s",
@@ -81,7 +81,7 @@ impl Resolved {
 
     /// Run the grid, then plan capacity for the peak (which may differ from the rate points
     /// were driven at).
-    pub fn run(self) -> Result<SweepResult, Error> {
+    pub(crate) fn run(self) -> Result<SweepResult, Error> {
         let mut result = sweep(&self.options)?;
         if let Some(r) = &result.recommendation {
             result.capacity = Some(capacity_plan(
@@ -96,7 +96,7 @@ impl Resolved {
 }
 
 /// `BASE_MS,PER_ROW_MS` as the synthetic engine, T(b) = BASE + PER_ROW x b ms.
-pub fn parse_synthetic(spec: &str) -> Result<infer_spec::Synthetic, Error> {
+pub(crate) fn parse_synthetic(spec: &str) -> Result<infer_spec::Synthetic, Error> {
     let bad = || Error::Options(format!("--synthetic `{spec}` must be BASE_MS,PER_ROW_MS"));
     let parts: Vec<f64> = spec
         .split(',')
@@ -127,7 +127,7 @@ impl Request {
     /// Apply the defaults and check every number: a flag wins over the recipe (`--rate`
     /// stands in for a missing `--peak-qps`), the grid defaults to [`DEFAULT_DELAYS_MS`] × the
     /// configuration's max batch size. Every refusal is bad input.
-    pub fn resolve(self) -> Result<Resolved, Error> {
+    pub(crate) fn resolve(self) -> Result<Resolved, Error> {
         let Request {
             base,
             synthetic,

@@ -9,7 +9,7 @@ use crate::registry::{ClientOptions, Reference};
 
 /// True when `input` reads as a registry reference rather than a local path: it does not
 /// exist on disk and its first component looks like a registry host.
-pub fn is_reference(input: &str) -> bool {
+pub(super) fn is_reference(input: &str) -> bool {
     if std::path::Path::new(input).exists() {
         return false;
     }
@@ -17,7 +17,7 @@ pub fn is_reference(input: &str) -> bool {
     input.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost")
 }
 
-pub fn run(input: &str, args: &InspectArgs) -> Result<(), Error> {
+pub(super) fn run(input: &str, args: &InspectArgs) -> Result<(), Error> {
     let reference = Reference::parse(input)?;
     let opts = ClientOptions {
         insecure: args.insecure,

@@ -6,7 +6,7 @@
 //! omission).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -151,6 +151,38 @@ impl Prepared {
     }
 }
 
+/// The requests a step sends, in turn: one body for a model of fixed shapes, one per
+/// sequence length for a text or padded model (`v2::infer_requests`). An open loop's `k`th
+/// scheduled send carries body `k` modulo their count, so a replay of the schedule knows each
+/// arrival's length.
+#[derive(Debug, Clone)]
+pub(crate) struct Requests {
+    bodies: Arc<[Prepared]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Requests {
+    /// `first`, then `rest`, in turn.
+    pub(crate) fn new(first: Prepared, rest: Vec<Prepared>) -> Requests {
+        let mut bodies = vec![first];
+        bodies.extend(rest);
+        Requests {
+            bodies: bodies.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Body `k` (modulo their count).
+    pub(crate) fn get(&self, k: usize) -> &Prepared {
+        &self.bodies[k % self.bodies.len()]
+    }
+
+    /// The next body in turn (closed loops: whichever worker asks first).
+    fn next(&self) -> &Prepared {
+        self.get(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// Send one request on `conn` and read the whole response.
 pub(crate) async fn send(
     conn: &mut Conn,
@@ -226,7 +258,7 @@ pub(crate) struct Raw {
 
 struct Shared {
     ep: Endpoint,
-    req: Prepared,
+    reqs: Requests,
 }
 
 fn error_key(e: &hyper::Error) -> String {
@@ -242,13 +274,13 @@ fn error_key(e: &hyper::Error) -> String {
 /// Run a closed-loop step with `concurrency` workers.
 pub(crate) async fn closed_loop(
     ep: &Endpoint,
-    req: &Prepared,
+    reqs: &Requests,
     concurrency: u32,
     bounds: Bounds,
 ) -> Raw {
     let shared = Arc::new(Shared {
         ep: ep.clone(),
-        req: req.clone(),
+        reqs: reqs.clone(),
     });
     let start = Instant::now();
     let window = start + bounds.warmup;
@@ -285,7 +317,7 @@ pub(crate) async fn closed_loop(
                         }
                     },
                 };
-                let r = send(c, &shared.ep.host, &shared.req).await;
+                let r = send(c, &shared.ep.host, shared.reqs.next()).await;
                 let t1 = Instant::now();
                 if !measured {
                     if r.is_err() {
@@ -372,7 +404,7 @@ pub(crate) fn schedule(rate: f64, arrival: Arrival, horizon: Duration, seed: u64
 /// Run an open-loop step at `rate` requests per second.
 pub(crate) async fn open_loop(
     ep: &Endpoint,
-    req: &Prepared,
+    reqs: &Requests,
     rate: f64,
     arrival: Arrival,
     bounds: Bounds,
@@ -380,7 +412,7 @@ pub(crate) async fn open_loop(
 ) -> Raw {
     let shared = Arc::new(Shared {
         ep: ep.clone(),
-        req: req.clone(),
+        reqs: reqs.clone(),
     });
     let pool: Arc<Mutex<Vec<Conn>>> = Arc::new(Mutex::new(Vec::new()));
     let inflight = Arc::new(tokio::sync::Semaphore::new(bounds.max_inflight.max(1)));
@@ -390,7 +422,7 @@ pub(crate) async fn open_loop(
     let results: Arc<Mutex<Raw>> = Arc::new(Mutex::new(Raw::default()));
     let mut measured_sent = 0u64;
     let mut tasks = tokio::task::JoinSet::new();
-    for offset in plan {
+    for (k, offset) in plan.into_iter().enumerate() {
         let at = start + offset;
         let measured = at >= window;
         if measured {
@@ -423,7 +455,7 @@ pub(crate) async fn open_loop(
                 None => connect(&shared.ep).await.ok(),
             };
             let outcome = match conn.as_mut() {
-                Some(c) => Some(send(c, &shared.ep.host, &shared.req).await),
+                Some(c) => Some(send(c, &shared.ep.host, shared.reqs.get(k)).await),
                 None => None,
             };
             let done = tokio::time::Instant::now();

@@ -168,6 +168,13 @@ pub(crate) struct ServerDelta {
     /// Total compute time over the run, µs (`nv_inference_compute_infer_duration_us`; in
     /// infer-serve it grows once per executed batch).
     pub compute_total_us: Option<f64>,
+    /// Padded models: tokens the batches computed, rows x each batch's longest sequence
+    /// (`infer_serve_batch_tokens_total`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_tokens: Option<u64>,
+    /// Padded models: tokens the requests held (`infer_serve_sequence_tokens_total`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_tokens: Option<u64>,
 }
 
 fn delta(before: &[Sample], after: &[Sample], name: &str) -> Option<f64> {
@@ -229,6 +236,9 @@ pub(crate) fn server_delta(before: &[Sample], after: &[Sample]) -> ServerDelta {
         }
     }
     out.compute_total_us = delta(before, after, "nv_inference_compute_infer_duration_us");
+    let tokens = |name| delta(before, after, name).map(|v| v.round() as u64);
+    out.batch_tokens = tokens("infer_serve_batch_tokens_total").filter(|&t| t > 0);
+    out.sequence_tokens = tokens("infer_serve_sequence_tokens_total").filter(|&t| t > 0);
     if let Some(req) = requests.filter(|&r| r > 0.0) {
         out.queue_us = delta(before, after, "nv_inference_queue_duration_us").map(|q| q / req);
         out.compute_us =

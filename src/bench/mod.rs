@@ -22,10 +22,10 @@ pub(crate) mod v2;
 
 use std::time::Duration;
 
-use load::{Arrival, Bounds, Endpoint, Load, Prepared};
+use load::{Arrival, Bounds, Endpoint, Load, Prepared, Requests};
 use metrics::ServerDelta;
 use stats::{ErrorCounts, Summary};
-use v2::Protocol;
+use v2::{Lengths, Protocol, Variant};
 
 /// Errors of the `bench` module.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +112,9 @@ pub(crate) struct Options {
     pub protocol: Protocol,
     /// Rows per request.
     pub batch: u32,
+    /// Text and padded models: the lengths of the requests' sequences (words of a text,
+    /// tokens of a padded tensor), drawn per request; ignored for a model of fixed shapes.
+    pub lengths: Lengths,
     /// The steps, run in order.
     pub loads: Vec<Load>,
     pub arrival: Arrival,
@@ -157,8 +160,13 @@ pub(crate) async fn scrape(ep: &Endpoint, model: &str) -> Option<Vec<metrics::Sa
         .then(|| metrics::of_model(metrics::parse(&String::from_utf8_lossy(&body)), model))
 }
 
-/// Fetch the model's metadata and build its infer request.
-pub(crate) async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, Error> {
+/// Fetch the model's metadata and build the requests a step sends in turn (one for a model of
+/// fixed shapes; [`v2::VARIANTS`] of mixed lengths for a text or padded model), with what each
+/// holds.
+pub(crate) async fn prepare(
+    ep: &Endpoint,
+    opts: &Options,
+) -> Result<(Requests, Vec<Variant>), Error> {
     let path = format!("/v2/models/{}", opts.model);
     let (status, body) = load::fetch(ep, &Prepared::get(ep, &path)).await?;
     if !status.is_success() {
@@ -169,9 +177,21 @@ pub(crate) async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, E
         });
     }
     let meta = v2::parse_metadata(&opts.model, &body)?;
-    let req = v2::infer_request(ep, &meta, opts.batch, opts.protocol, opts.seed)?;
+    let variants = v2::infer_requests(
+        ep,
+        &meta,
+        opts.batch,
+        opts.protocol,
+        opts.seed,
+        opts.lengths,
+    )?;
+    let mut bodies = variants.iter().map(|v| v.request.clone());
+    let first = bodies.next().ok_or_else(|| Error::Metadata {
+        model: opts.model.clone(),
+        why: "no request to send".into(),
+    })?;
     // One request before measuring: a server that rejects it would only produce errors.
-    let (status, body) = load::fetch(ep, &req).await?;
+    let (status, body) = load::fetch(ep, &first).await?;
     if !status.is_success() {
         return Err(Error::Status {
             url: ep.url(&format!("/v2/models/{}/infer", opts.model)),
@@ -179,11 +199,11 @@ pub(crate) async fn prepare(ep: &Endpoint, opts: &Options) -> Result<Prepared, E
             body: String::from_utf8_lossy(&body).chars().take(300).collect(),
         });
     }
-    Ok(req)
+    Ok((Requests::new(first, bodies.collect()), variants))
 }
 
 /// Run one step against a prepared endpoint.
-pub(crate) async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Load) -> Step {
+pub(crate) async fn step(ep: &Endpoint, reqs: &Requests, opts: &Options, load: Load) -> Step {
     // Scrape when the measured window opens, so warm-up batches are not counted.
     let scrape_ep = ep.clone();
     let warmup = opts.bounds.warmup;
@@ -193,8 +213,8 @@ pub(crate) async fn step(ep: &Endpoint, req: &Prepared, opts: &Options, load: Lo
         scrape(&scrape_ep, &model).await
     });
     let raw = match load {
-        Load::Concurrency(c) => load::closed_loop(ep, req, c, opts.bounds).await,
-        Load::Rate(r) => load::open_loop(ep, req, r, opts.arrival, opts.bounds, opts.seed).await,
+        Load::Concurrency(c) => load::closed_loop(ep, reqs, c, opts.bounds).await,
+        Load::Rate(r) => load::open_loop(ep, reqs, r, opts.arrival, opts.bounds, opts.seed).await,
     };
     let before = before.await.ok().flatten();
     let ok = raw.latencies.len() as u64;
@@ -273,10 +293,10 @@ pub(crate) fn run(opts: &Options) -> Result<Vec<Step>, Error> {
     let rt = checked_runtime(opts)?;
     rt.block_on(async {
         let ep = Endpoint::resolve(&opts.url).await?;
-        let req = prepare(&ep, opts).await?;
+        let (reqs, _) = prepare(&ep, opts).await?;
         let mut steps = Vec::new();
         for &l in &opts.loads {
-            steps.push(step(&ep, &req, opts, l).await);
+            steps.push(step(&ep, &reqs, opts, l).await);
         }
         Ok(steps)
     })
@@ -350,8 +370,8 @@ pub(crate) fn run_mix(opts: &Options, mix: &[Share]) -> Result<Vec<(String, Vec<
                 progress: Progress::to(move |line| parent.line(|| format!("{name}: {line}"))),
                 ..opts.clone()
             };
-            let req = prepare(&ep, &o).await?;
-            prepared.push((o, req));
+            let (reqs, _) = prepare(&ep, &o).await?;
+            prepared.push((o, reqs));
         }
         let mut out: Vec<(String, Vec<Step>)> =
             mix.iter().map(|m| (m.model.clone(), Vec::new())).collect();

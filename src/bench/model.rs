@@ -18,19 +18,31 @@
 use super::load::{schedule, Arrival};
 use super::tune::Measured;
 
-/// T(b) = `fixed_us` + `per_row_us` × b, the backend's time for one batch of b rows.
+/// The backend's time for one batch: `fixed_us` + `per_row_us` × its rows, or, for a model
+/// whose requests are padded to a common length (text, padded tensors), `fixed_us` +
+/// `per_token_us` × its tokens (rows × its longest sequence): there a batch's cost grows with
+/// the padding its mix of lengths brings, not with its rows. One of the two slopes is fitted,
+/// the other is 0.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub(crate) struct CostModel {
     pub fixed_us: f64,
     pub per_row_us: f64,
+    pub per_token_us: f64,
     /// The largest relative difference between a point's measured mean time per batch and
     /// the model's, over the points it was fitted to.
     pub max_rel_error: f64,
 }
 
 impl CostModel {
-    pub(crate) fn batch_us(&self, rows: usize) -> f64 {
-        self.fixed_us + self.per_row_us * rows as f64
+    /// The time of a batch of `rows` rows and `tokens` tokens computed (0 where the model is
+    /// not padded).
+    pub(crate) fn batch_us(&self, rows: usize, tokens: usize) -> f64 {
+        self.fixed_us + self.per_row_us * rows as f64 + self.per_token_us * tokens as f64
+    }
+
+    /// Whether the cost is per token (a padded model's).
+    pub(crate) fn per_token(&self) -> bool {
+        self.per_token_us > 0.0
     }
 }
 
@@ -43,6 +55,8 @@ pub(crate) enum NoFit {
     NoSpread { min: f64, max: f64 },
     /// The fitted line misses a measured point by more than the tolerance.
     NotLinear { rel_error: f64 },
+    /// Some points report the tokens their batches computed and others do not.
+    MixedUnits,
 }
 
 impl std::fmt::Display for NoFit {
@@ -52,6 +66,10 @@ impl std::fmt::Display for NoFit {
             NoFit::NoSpread { min, max } => write!(
                 f,
                 "mean batch sizes span only {min:.2} to {max:.2} rows, too little to separate the fixed cost from the per-row cost"
+            ),
+            NoFit::MixedUnits => write!(
+                f,
+                "only some points report the tokens their batches computed (infer_serve_batch_tokens_total)"
             ),
             NoFit::NotLinear { rel_error } => write!(
                 f,
@@ -68,59 +86,87 @@ const MIN_SPREAD: f64 = 0.15;
 const MAX_REL_ERROR: f64 = 0.10;
 
 /// Fit T(b) by least squares of each point's mean time per batch against its mean batch
-/// size, weighted by the batches it executed. Negative coefficients are clamped (a backend
-/// neither gets faster with more rows nor has negative overhead) and refitted.
+/// size (rows; tokens computed where the server reports them, a padded model's), weighted by
+/// the batches it executed. Negative coefficients are clamped (a backend neither gets faster
+/// with more work nor has negative overhead) and refitted.
 pub(crate) fn fit(results: &[Measured]) -> Result<CostModel, NoFit> {
-    // (mean batch size, mean time per batch in µs, weight)
-    let pts: Vec<(f64, f64, f64)> = results
+    // (mean rows per batch, mean tokens per batch, mean time per batch in µs, weight)
+    let pts: Vec<(f64, Option<f64>, f64, f64)> = results
         .iter()
         .filter_map(|m| {
             let d = m.step.server.as_ref()?;
             let total = d.compute_total_us?;
             (d.batches > 0 && d.rows > 0 && total > 0.0).then(|| {
                 let b = d.batches as f64;
-                (d.rows as f64 / b, total / b, b)
+                let tokens = d.batch_tokens.map(|t| t as f64 / b);
+                (d.rows as f64 / b, tokens, total / b, b)
             })
         })
         .collect();
     if pts.len() < 2 {
         return Err(NoFit::TooFewPoints);
     }
-    let min = pts.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-    let max = pts.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
+    let per_token = match pts.iter().filter(|p| p.1.is_some()).count() {
+        0 => false,
+        n if n == pts.len() => true,
+        _ => return Err(NoFit::MixedUnits),
+    };
+    let rows: Vec<(f64, f64, f64)> = pts.iter().map(|p| (p.0, p.2, p.3)).collect();
+    // The rows' spread decides whether the slope can be told from the fixed cost, in either
+    // unit: a batch's tokens spread with its rows and its mix of lengths.
+    let min = rows.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let max = rows.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
     if max - min < MIN_SPREAD {
         return Err(NoFit::NoSpread { min, max });
     }
-    let w: f64 = pts.iter().map(|p| p.2).sum();
-    let mx = pts.iter().map(|p| p.0 * p.2).sum::<f64>() / w;
-    let my = pts.iter().map(|p| p.1 * p.2).sum::<f64>() / w;
-    let sxx: f64 = pts.iter().map(|p| p.2 * (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = pts.iter().map(|p| p.2 * (p.0 - mx) * (p.1 - my)).sum();
-    let mut per_row = sxy / sxx;
-    let mut fixed = my - per_row * mx;
-    if per_row < 0.0 {
-        per_row = 0.0;
-        fixed = my;
-    } else if fixed < 0.0 {
-        // Through the origin: T(b) = per_row × b.
-        fixed = 0.0;
-        per_row = pts.iter().map(|p| p.2 * p.0 * p.1).sum::<f64>()
-            / pts.iter().map(|p| p.2 * p.0 * p.0).sum::<f64>();
-    }
-    let max_rel_error = pts
-        .iter()
-        .map(|p| ((fixed + per_row * p.0) - p.1).abs() / p.1)
-        .fold(0.0, f64::max);
+    let xs: Vec<(f64, f64, f64)> = if per_token {
+        pts.iter().map(|p| (p.1.unwrap_or(0.0), p.2, p.3)).collect()
+    } else {
+        rows
+    };
+    let (fixed, slope, max_rel_error) = line(&xs);
     if max_rel_error > MAX_REL_ERROR {
         return Err(NoFit::NotLinear {
             rel_error: max_rel_error,
         });
     }
+    let (per_row_us, per_token_us) = if per_token {
+        (0.0, slope)
+    } else {
+        (slope, 0.0)
+    };
     Ok(CostModel {
         fixed_us: fixed,
-        per_row_us: per_row,
+        per_row_us,
+        per_token_us,
         max_rel_error,
     })
+}
+
+/// The weighted least-squares line `y = fixed + slope × x` through `(x, y, weight)` points,
+/// with neither coefficient negative, and its largest relative miss.
+fn line(pts: &[(f64, f64, f64)]) -> (f64, f64, f64) {
+    let w: f64 = pts.iter().map(|p| p.2).sum();
+    let mx = pts.iter().map(|p| p.0 * p.2).sum::<f64>() / w;
+    let my = pts.iter().map(|p| p.1 * p.2).sum::<f64>() / w;
+    let sxx: f64 = pts.iter().map(|p| p.2 * (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|p| p.2 * (p.0 - mx) * (p.1 - my)).sum();
+    let mut slope = sxy / sxx;
+    let mut fixed = my - slope * mx;
+    if slope < 0.0 {
+        slope = 0.0;
+        fixed = my;
+    } else if fixed < 0.0 {
+        // Through the origin: T = slope × x.
+        fixed = 0.0;
+        slope = pts.iter().map(|p| p.2 * p.0 * p.1).sum::<f64>()
+            / pts.iter().map(|p| p.2 * p.0 * p.0).sum::<f64>();
+    }
+    let max_rel_error = pts
+        .iter()
+        .map(|p| ((fixed + slope * p.0) - p.1).abs() / p.1)
+        .fold(0.0, f64::max);
+    (fixed, slope, max_rel_error)
 }
 
 /// What the replay predicts for one point (times in µs, as the measurements).
@@ -144,13 +190,16 @@ pub(crate) struct Policy {
     /// The adaptive queue delay (the runtime's default): wait only while more requests can be
     /// expected, as [`infer_spec::batch::Arrivals`] judges from the arrivals so far.
     pub adaptive: bool,
+    /// A padded model: its batches' bounds, and the sequence length of each request sent in
+    /// turn (arrival `k` has `lengths[k % len]`, as the sweep's open loop sends them).
+    pub padding: Option<(infer_spec::batch::Padded, Vec<usize>)>,
 }
 
 /// Arrivals replayed per point; the first tenth warms the queue up and is not counted.
 pub(crate) const REPLAY_ARRIVALS: usize = 50_000;
 
 /// Replay infer-serve's batcher (a batch is formed only when an instance is idle, cut by the
-/// runtime's own rule, [`infer_spec::batch::cut`], with the adaptive delay judged by the
+/// runtime's own rule, [`infer_spec::batch::cut_padded`], with the adaptive delay judged by the
 /// runtime's own [`infer_spec::batch::Arrivals`]) against `n` arrivals at `rate` requests per
 /// second.
 pub(crate) fn replay(
@@ -175,6 +224,11 @@ pub(crate) fn replay(
     let mb = policy.max_batch.max(1) as usize;
     let delay = policy.delay_us as f64;
     let preferred: Vec<usize> = policy.preferred.iter().map(|&p| p as usize).collect();
+    let (bounds, lengths) = match &policy.padding {
+        Some((bounds, lengths)) if !lengths.is_empty() => (*bounds, lengths.as_slice()),
+        _ => (infer_spec::batch::Padded::NONE, &[][..]),
+    };
+    let length = |k: usize| lengths.get(k % lengths.len().max(1)).copied().unwrap_or(0);
     let mut free = vec![0.0f64; policy.instances.max(1) as usize];
     let mut arrivals = infer_spec::batch::Arrivals::default();
     let mut observed = 0;
@@ -205,9 +259,10 @@ pub(crate) fn replay(
             let queued = arr[i..].iter().take(mb).take_while(|&&a| a <= now).count();
             let expect_more = !policy.adaptive
                 || arrivals.expect_within(ns(now), ns(due).saturating_sub(ns(now)));
-            match infer_spec::batch::cut(
-                std::iter::repeat_n(1, queued),
+            match infer_spec::batch::cut_padded(
+                (i..i + queued).map(|k| (1, length(k))),
                 mb,
+                bounds,
                 &preferred,
                 now >= due,
                 expect_more,
@@ -224,7 +279,8 @@ pub(crate) fn replay(
             }
         };
         let start = now;
-        let t = model.batch_us(cut);
+        let tokens = cut * (i..i + cut).map(length).max().unwrap_or(0);
+        let t = model.batch_us(cut, tokens);
         let end = start + t;
         free[slot] = end;
         if i >= warm {
@@ -264,12 +320,14 @@ mod tests {
             instances: 1,
             // These tests check Triton's rule; the adaptive delay has its own.
             adaptive: false,
+            padding: None,
         }
     }
 
     const FIELD: CostModel = CostModel {
         fixed_us: 40_000.0,
         per_row_us: 6_000.0,
+        per_token_us: 0.0,
         max_rel_error: 0.0,
     };
 
@@ -342,6 +400,73 @@ mod tests {
         assert!((p.mean_batch - 2.0).abs() < 1e-9, "{p:?}");
         // Waits for its partner (100 ms) and runs 52 ms: 152 and 52 ms.
         assert!((p.mean_us - 102_000.0).abs() < 1.0, "{p:?}");
+    }
+
+    /// A padded model: the batch's cost follows its tokens (rows x longest), which the fit
+    /// finds from the server's token counts, and the replay cuts batches by the runtime's
+    /// padded rule: with a padding bound, mixed lengths form smaller batches that cost less
+    /// per row.
+    #[test]
+    fn a_padded_model_is_fitted_per_token_and_replayed_with_its_lengths() {
+        // T = 2 ms + 0.05 ms per token; batches of mean 1.2 to 3 rows, 20 tokens per row
+        // padded to 26.
+        let t = |tokens: f64| 2_000.0 + 50.0 * tokens;
+        let pts: Vec<Measured> = [1.2, 1.6, 2.2, 3.0]
+            .iter()
+            .map(|&b| {
+                let mut m = point(b, 100, t(26.0 * b));
+                let d = m.step.server.as_mut().unwrap();
+                d.batch_tokens = Some((26.0 * b * 100.0).round() as u64);
+                m
+            })
+            .collect();
+        let m = fit(&pts).unwrap();
+        assert!(m.per_token(), "{m:?}");
+        assert!((m.fixed_us - 2_000.0).abs() < 20.0, "{m:?}");
+        assert!((m.per_token_us - 50.0).abs() < 1.0, "{m:?}");
+        assert_eq!(m.per_row_us, 0.0);
+        let mut mixed = pts.clone();
+        mixed[0].step.server.as_mut().unwrap().batch_tokens = None;
+        assert_eq!(fit(&mixed), Err(NoFit::MixedUnits));
+
+        // Lengths 4 and 40 in turn, under load: with a 25% padding bound the short and the
+        // long never share a batch (each runs alone: 2.2 and 4 ms); unbounded, every batch
+        // pads its rows to 40 tokens (at most 2 ms + 2 ms a row), which at this fixed cost
+        // still pays.
+        let lengths = vec![4, 40];
+        let padded = |pct| Policy {
+            padding: Some((
+                infer_spec::batch::Padded {
+                    token_budget: usize::MAX,
+                    max_padding_percent: pct,
+                },
+                lengths.clone(),
+            )),
+            ..policy(8, 20)
+        };
+        let free = replay(&m, &padded(0), 150.0, Arrival::Poisson, 20_000, 3).unwrap();
+        let bound = replay(&m, &padded(25), 150.0, Arrival::Poisson, 20_000, 3).unwrap();
+        assert_eq!(bound.mean_batch, 1.0, "{bound:?}");
+        assert!(
+            (bound.capacity_rps - 1e6 / 3_100.0).abs() < 1.0,
+            "{bound:?}"
+        );
+        assert!(free.mean_batch > 3.0, "{free:?}");
+        let all_padded = 1e6 * free.mean_batch / (2_000.0 + 2_000.0 * free.mean_batch);
+        assert!(
+            (free.capacity_rps / all_padded - 1.0).abs() < 0.02,
+            "{free:?}"
+        );
+        assert!(
+            free.capacity_rps > bound.capacity_rps,
+            "{free:?} vs {bound:?}"
+        );
+        // Alone, a request costs its own tokens: 2 + 0.05 x 4 and 2 + 0.05 x 40 ms.
+        let alone = replay(&m, &padded(25), 1.0, Arrival::Constant, 1000, 1).unwrap();
+        assert!(
+            (alone.mean_us - 20_000.0 - (2_200.0 + 4_000.0) / 2.0).abs() < 100.0,
+            "{alone:?}"
+        );
     }
 
     fn point(mean_batch: f64, batches: u64, per_batch_us: f64) -> Measured {

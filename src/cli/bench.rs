@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use crate::bench::load::{Arrival, Bounds, Load};
 use crate::bench::report::{self, Labels};
 use crate::bench::tune;
-use crate::bench::v2::Protocol;
+use crate::bench::v2::{Lengths, Protocol};
 use crate::bench::{self, parse_duration, Error as BenchError, Options, Step};
 use crate::error::Error;
 
@@ -83,6 +83,11 @@ pub struct BenchOpts {
     /// Seed for request data and Poisson arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Text and padded models: the lengths of the requests' sequences, drawn per request
+    /// (words per text for a text model, tokens for a padded tensor model), MIN-MAX or one
+    /// length.
+    #[arg(long, default_value = "4-48", value_name = "MIN-MAX", value_parser = Lengths::parse)]
+    pub lengths: Lengths,
 
     /// Sweep batching: start infer-serve per grid point from this runtime.toml or recipe,
     /// drive it open-loop and recommend max batch size and queue delay under the p99 budget.
@@ -110,9 +115,10 @@ pub struct BenchOpts {
     /// floor); a step must also gain more capacity than it adds mean latency.
     #[arg(long, default_value_t = 0.02)]
     pub min_gain: f64,
-    /// Tuning: replace the engine with the synthetic one, T(b) = BASE + PER_ROW x b ms
-    /// (needs infer-serve built with the `synthetic` feature; for tests and benchmarks).
-    #[arg(long, value_name = "BASE_MS,PER_ROW_MS")]
+    /// Tuning: replace the engine with the synthetic one, T(b) = BASE + PER_ROW x b ms, plus
+    /// PER_TOKEN for each token of a padded batch (needs infer-serve built with the
+    /// `synthetic` feature; for tests and benchmarks).
+    #[arg(long, value_name = "BASE_MS,PER_ROW_MS[,PER_TOKEN_MS]")]
     pub synthetic: Option<String>,
     /// Tuning: the infer-serve binary (default: $INFER_SERVE, else next to this binary,
     /// else on PATH).
@@ -175,6 +181,7 @@ pub(super) fn run(a: BenchArgs) -> Result<(), Error> {
             ProtocolArg::Binary => Protocol::Binary,
         },
         batch: a.batch,
+        lengths: a.lengths,
         loads,
         arrival: arrival(a.arrival),
         bounds: Bounds {
@@ -319,6 +326,7 @@ fn run_tune(a: BenchOpts) -> Result<(), Error> {
         warmup: a.warmup,
         duration: a.duration,
         seed: a.seed,
+        lengths: a.lengths,
         serve: find_serve(a.serve),
         progress: bench::Progress::to(|line| eprintln!("{line}")),
     }

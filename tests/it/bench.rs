@@ -398,6 +398,96 @@ fn bench_tune_on_the_known_cost_model() {
     assert_eq!(count(&html, "<circle class=\"pt\""), 3 * 6);
 }
 
+/// A padded tensor model (`[-1, -1]` token inputs that say their `pad`) on the synthetic
+/// engine at T = 2 ms + 0.1 ms per token computed: `bench --tune` sends requests of mixed
+/// lengths, reads the tokens the batches computed from the server, fits T per token instead
+/// of per row, and replays the runtime's padded batching with those lengths: its predicted
+/// batches are the server's.
+#[test]
+fn bench_tune_fits_a_padded_model_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("runtime.toml");
+    let padded = r#"[model]
+name = "padded"
+
+[[inputs]]
+name = "input_ids"
+datatype = "INT64"
+dims = [-1, -1]
+pad = 0
+profile = { min = [1], opt = [32], max = [64] }
+
+[[inputs]]
+name = "attention_mask"
+datatype = "INT64"
+dims = [-1, -1]
+pad = 0
+profile = { min = [1], opt = [32], max = [64] }
+
+[[outputs]]
+name = "pooled"
+datatype = "FP32"
+dims = [-1, 4]
+
+"#;
+    let tail = SYNTHETIC_TAIL.replace(
+        "max_queue_delay_us = 0\n",
+        "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",
+    );
+    std::fs::write(&cfg, format!("{padded}{tail}")).unwrap();
+    let out = support::infer_build()
+        .current_dir(dir.path())
+        .env("INFER_SERVE", support::serve_test_binary())
+        .args(["bench", "--tune"])
+        .arg(&cfg)
+        .args([
+            "--synthetic",
+            "2,0,0.1",
+            "--lengths",
+            "4-48",
+            "--rate",
+            "60",
+            "--budget-ms",
+            "500",
+            "--delays-ms",
+            "0,15,30",
+            "--max-batch",
+            "8",
+            "--duration",
+            "4s",
+            "--warmup",
+            "500ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let err = support::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&support::stdout(&out)).unwrap();
+    let model = &v["model"];
+    let per_token = model["per_token_us"].as_f64().expect("a cost model") / 1000.0;
+    assert!((0.08..0.13).contains(&per_token), "{model}\n{err}");
+    assert_eq!(model["per_row_us"].as_f64(), Some(0.0), "{model}");
+    assert!(err.contains("x tokens ms"), "{err}");
+    for r in v["results"].as_array().unwrap() {
+        let server = &r["step"]["server"];
+        let (computed, held) = (
+            server["batch_tokens"].as_u64().unwrap(),
+            server["sequence_tokens"].as_u64().unwrap(),
+        );
+        // Requests of 4 to 48 tokens: every batch computes at least its own tokens, and a
+        // lone request of 4 to 48 tokens at most 48 per row.
+        let rows = server["rows"].as_u64().unwrap();
+        assert!(held <= computed && computed <= 48 * rows, "{server}");
+        assert!(held >= 4 * rows, "{server}");
+        let (meas, pred) = (
+            r["mean_batch"].as_f64().unwrap(),
+            r["predicted"]["mean_batch"].as_f64().unwrap(),
+        );
+        assert!((pred / meas - 1.0).abs() < 0.2, "{r}\n{err}");
+    }
+}
+
 /// `bench --tune RECIPE`: the recipe's batching is the base config, tract runs its ONNX model,
 /// `deploy.latency_slo_ms` is the p99 budget and `deploy.peak_qps` the peak (and the rate);
 /// a flag still overrides. Short grid: 2 points of 2 s, then 1 point of 1 s.

@@ -662,6 +662,12 @@ impl Instance {
         };
         let compute = start.elapsed();
         metrics.record_batch(rows, compute);
+        if padding.is_some() {
+            let lengths = jobs.iter().map(|j| (j.rows, Padding::length(&j.inputs)));
+            let (longest, held) = lengths.fold((0, 0), |(l, h), (r, n)| (l.max(n), h + r * n));
+            metrics.padded_tokens.add((rows * longest) as u64);
+            metrics.sequence_tokens.add(held as u64);
+        }
         self.shared
             .last_compute_ns
             .store(compute.as_nanos() as u64, Relaxed);

@@ -236,6 +236,11 @@ pub struct Metrics {
     /// wait for a tokenizer worker included), in µs.
     pub tokenized_texts: Counter,
     pub tokenization_us: Counter,
+    /// Models whose requests are padded to a common length (text models, padded tensor
+    /// models): the tokens their batches computed (rows x the batch's longest sequence) and
+    /// the tokens the requests held; the difference is padding.
+    pub padded_tokens: Counter,
+    pub sequence_tokens: Counter,
     pub engine_load_us: AtomicU64,
     pub warmup_us: AtomicU64,
     /// What the whole server counts: requests in flight, overlaps, connections. Shared by
@@ -373,6 +378,8 @@ impl Metrics {
             cache_evictions: Counter::new(),
             tokenized_texts: Counter::new(),
             tokenization_us: Counter::new(),
+            padded_tokens: Counter::new(),
+            sequence_tokens: Counter::new(),
             engine_load_us: z(),
             warmup_us: z(),
             server,
@@ -643,6 +650,18 @@ impl Metrics {
             "infer_serve_tokenization_duration_us",
             "Cumulative time text requests spent tokenizing, the wait for a tokenizer worker included",
             self.tokenization_us.get(),
+        );
+        counter(
+            o,
+            "infer_serve_batch_tokens_total",
+            "Padded models: tokens the executed batches computed, rows x each batch's longest sequence",
+            self.padded_tokens.get(),
+        );
+        counter(
+            o,
+            "infer_serve_sequence_tokens_total",
+            "Padded models: tokens the batched requests held (the rest of infer_serve_batch_tokens_total is padding)",
+            self.sequence_tokens.get(),
         );
         gauge(
             o,

@@ -882,43 +882,22 @@ async fn lifecycle(
 /// tensor model whose inputs say their `pad` (`TensorSpec::pad`), within rows x the profile's
 /// longest length, each request's per-token outputs cut back to its own length.
 fn padding(cfg: &RuntimeConfig, model: &crate::model::Model) -> Option<Padding> {
-    let rows = cfg.batching.max_batch_size as usize;
+    let bounds = cfg.padded_bounds()?;
     if let Some(text) = model.text() {
-        let budget = match text.config().token_budget {
-            0 => rows * text.config().max_length as usize,
-            b => b as usize,
-        };
         return Some(Padding {
             values: text.pad_values(),
             cut_outputs: Vec::new(),
-            bounds: infer_spec::batch::Padded {
-                token_budget: budget,
-                max_padding_percent: text.config().max_padding_percent,
-            },
+            bounds,
         });
     }
-    let values: Vec<i64> = cfg.inputs.iter().map(|i| i.pad).collect::<Option<_>>()?;
-    let longest = cfg
-        .inputs
-        .iter()
-        .filter_map(|i| i.row_dims().first().copied())
-        .max()
-        .unwrap_or(0);
     Some(Padding {
-        values,
+        values: cfg.inputs.iter().map(|i| i.pad).collect::<Option<_>>()?,
         cut_outputs: cfg
             .outputs
             .iter()
             .map(|o| o.dims.get(1) == Some(&-1))
             .collect(),
-        bounds: infer_spec::batch::Padded {
-            token_budget: if longest == 0 {
-                usize::MAX
-            } else {
-                rows * longest
-            },
-            max_padding_percent: 0,
-        },
+        bounds,
     })
 }
 

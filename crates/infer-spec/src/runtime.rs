@@ -428,7 +428,8 @@ pub struct EngineSection {
     pub synthetic: Option<Synthetic>,
 }
 
-/// `[engine.synthetic]`: a batch of `b` rows takes `base_ms + per_row_ms · b` milliseconds.
+/// `[engine.synthetic]`: a batch of `b` rows of (padded) length `l` takes
+/// `base_ms + per_row_ms · b + per_token_ms · b · l` milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Synthetic {
@@ -436,6 +437,18 @@ pub struct Synthetic {
     pub base_ms: f64,
     /// Cost per row, in ms.
     pub per_row_ms: f64,
+    /// Cost per token computed, in ms: rows times the first input's second dimension (a
+    /// padded model's sequence length). Absent: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub per_token_ms: f64,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// `[warmup]`: executions run on every instance before the server reports ready.
@@ -565,6 +578,43 @@ pub fn default_intra_op_threads(cpus: usize, instances: u32) -> usize {
 }
 
 impl RuntimeConfig {
+    /// The bounds of a batch whose requests are padded to a common length, for a model that
+    /// pads: a text model (`[text]`: its `token_budget`, by default `max_batch_size` rows of
+    /// `max_length`, and its `max_padding_percent`), or a tensor model whose inputs all say
+    /// their `pad` (`max_batch_size` rows of the profile's longest length). `None`: requests
+    /// batch only with equal shapes. The runtime's batcher and the builder's replay of it
+    /// both read them here.
+    pub fn padded_bounds(&self) -> Option<crate::batch::Padded> {
+        let rows = self.batching.max_batch_size as usize;
+        if let Some(text) = &self.text {
+            let token_budget = match text.token_budget {
+                0 => rows * text.max_length as usize,
+                b => b as usize,
+            };
+            return Some(crate::batch::Padded {
+                token_budget,
+                max_padding_percent: text.max_padding_percent,
+            });
+        }
+        if self.inputs.is_empty() || self.inputs.iter().any(|i| i.pad.is_none()) {
+            return None;
+        }
+        let longest = self
+            .inputs
+            .iter()
+            .filter_map(|i| i.row_dims().first().copied())
+            .max()
+            .unwrap_or(0);
+        Some(crate::batch::Padded {
+            token_budget: if longest == 0 {
+                usize::MAX
+            } else {
+                rows * longest
+            },
+            max_padding_percent: 0,
+        })
+    }
+
     /// Parses and validates a `runtime.toml`. Pure: no file system access (engine paths are
     /// checked by whoever opens them).
     pub fn from_toml_str(s: &str) -> Result<RuntimeConfig, ConfigError> {
@@ -1374,7 +1424,8 @@ path = "mlp.onnx"
             cfg.engine.synthetic,
             Some(Synthetic {
                 base_ms: 40.0,
-                per_row_ms: 6.0
+                per_row_ms: 6.0,
+                per_token_ms: 0.0,
             })
         );
         assert_eq!(

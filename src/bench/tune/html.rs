@@ -71,9 +71,8 @@ pub(crate) fn html(model: &str, r: &SweepResult, labeled: &[(Labels, Step)]) -> 
     ))];
     sections.push(Section::Paragraph(match (&r.model, &r.model_refused) {
         (Some(m), _) => format!(
-            "Cost model fitted to all points: T(b) = {:.2} + {:.3} x b ms per batch (within {:.1}% of every point). Each point was replayed against it with {} arrivals; the capacity gain and mean-latency cost of each step are read from the replay, which the short measured samples are too noisy to rank. The p99 budget and errors are judged on the measurements.",
-            m.fixed_us / 1000.0,
-            m.per_row_us / 1000.0,
+            "Cost model fitted to all points: T(b) = {} per batch (within {:.1}% of every point). Each point was replayed against it with {} arrivals; the capacity gain and mean-latency cost of each step are read from the replay, which the short measured samples are too noisy to rank. The p99 budget and errors are judged on the measurements.",
+            super::cost_formula(m),
             m.max_rel_error * 100.0,
             REPLAY_ARRIVALS
         ),

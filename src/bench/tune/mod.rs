@@ -26,7 +26,7 @@ use infer_spec::RuntimeConfig;
 use super::load::{Arrival, Bounds, Endpoint, Load, Prepared};
 pub(crate) use super::model::REPLAY_ARRIVALS;
 use super::model::{self, CostModel, Policy, Predicted};
-use super::v2::Protocol;
+use super::v2::{Lengths, Protocol, Variant};
 use super::{Error, Options, Progress, Step};
 pub(crate) use request::{Base, Request};
 
@@ -234,12 +234,17 @@ pub(crate) fn predict(
     results: &mut [Measured],
     rate: f64,
     arrival: Arrival,
-    batching: &infer_spec::Batching,
-    instances: u32,
+    base: &RuntimeConfig,
+    lengths: &[usize],
     seed: u64,
 ) -> Result<CostModel, model::NoFit> {
     let cost = model::fit(results)?;
+    let batching = &base.batching;
     for m in results.iter_mut() {
+        // The point's own bounds: a padded model's default token budget grows with its rows.
+        let mut at = base.clone();
+        at.batching.max_batch_size = m.point.max_batch;
+        let padding = at.padded_bounds().map(|b| (b, lengths.to_vec()));
         let policy = Policy {
             max_batch: m.point.max_batch,
             delay_us: m.point.delay_us,
@@ -249,12 +254,75 @@ pub(crate) fn predict(
                 .copied()
                 .filter(|&p| p <= m.point.max_batch)
                 .collect(),
-            instances,
+            instances: batching.instances,
             adaptive: batching.adaptive_delay(),
+            padding,
         };
         m.predicted = model::replay(&cost, &policy, rate, arrival, model::REPLAY_ARRIVALS, seed);
     }
     Ok(cost)
+}
+
+/// The sequence length, in tokens, of each request `variants` sends in turn: a padded tensor
+/// model's as sent; a text model's as the server tokenizes it (TEI's `POST /tokenize`, one
+/// call per request; a request's length is its longest row, a pair's the two texts' tokens
+/// together); none for a model of fixed shapes.
+async fn request_lengths(ep: &Endpoint, variants: &[Variant]) -> Result<Vec<usize>, Error> {
+    let mut out = Vec::with_capacity(variants.len());
+    for v in variants {
+        if let Some(l) = v.length {
+            out.push(l as usize);
+            continue;
+        }
+        let Some(first) = v.texts.first() else {
+            return Ok(Vec::new());
+        };
+        let mut rows = vec![0usize; first.len()];
+        for texts in &v.texts {
+            let body = serde_json::json!({ "inputs": texts }).to_string();
+            let req = Prepared {
+                method: hyper::Method::POST,
+                path: format!("{}/tokenize", ep.base),
+                content_type: "application/json",
+                header_len: None,
+                body: body.into(),
+            };
+            let (status, answer) = super::load::fetch(ep, &req).await?;
+            let tokens: Option<Vec<Vec<serde_json::Value>>> = status
+                .is_success()
+                .then(|| serde_json::from_slice(&answer).ok())
+                .flatten();
+            let Some(tokens) = tokens.filter(|t| t.len() == rows.len()) else {
+                return Err(Error::Status {
+                    url: ep.url("/tokenize"),
+                    status: status.as_u16(),
+                    body: String::from_utf8_lossy(&answer).chars().take(300).collect(),
+                });
+            };
+            for (row, t) in rows.iter_mut().zip(&tokens) {
+                *row += t.len();
+            }
+        }
+        out.push(rows.into_iter().max().unwrap_or(0));
+    }
+    Ok(out)
+}
+
+/// `T(b)` in ms as a reader writes it: per row, or per token computed for a padded model.
+pub(crate) fn cost_formula(m: &CostModel) -> String {
+    if m.per_token() {
+        format!(
+            "{:.2} + {:.4} x tokens ms (tokens = rows x the batch's longest sequence)",
+            m.fixed_us / 1000.0,
+            m.per_token_us / 1000.0
+        )
+    } else {
+        format!(
+            "{:.2} + {:.3} x b ms",
+            m.fixed_us / 1000.0,
+            m.per_row_us / 1000.0
+        )
+    }
 }
 
 /// How many replicas and when to scale out.
@@ -320,6 +388,8 @@ pub(crate) struct SweepOptions {
     /// Where a line per measured point goes.
     pub progress: Progress,
     pub seed: u64,
+    /// Text and padded models: the lengths of the requests sent (`bench::Options::lengths`).
+    pub lengths: Lengths,
 }
 
 /// Everything a sweep produced.
@@ -500,21 +570,22 @@ fn within(m: &Measured, budget_ms: f64) -> bool {
     m.p99_ms <= budget_ms && m.step.errors.values().sum::<u64>() == 0 && m.step.ok > 0
 }
 
-/// Start a server with this point's batching, drive it for one measured step, stop it.
+/// Start a server with this point's batching, drive it for one measured step, stop it. The
+/// first call (with `lengths` empty) also reads the length of each request sent in turn.
 fn measure_point(
     opts: &SweepOptions,
     rt: &tokio::runtime::Runtime,
     p: Point,
     dir: &Path,
-    model: &str,
-    instances: u32,
+    lengths: &mut Option<Vec<usize>>,
 ) -> Result<Measured, Error> {
     let (mut server, url) = start(opts, p, dir)?;
     let bench = Options {
         url: url.clone(),
-        model: model.to_string(),
+        model: opts.base.model.name.clone(),
         protocol: Protocol::Binary,
         batch: 1,
+        lengths: opts.lengths,
         loads: vec![Load::Rate(opts.rate)],
         arrival: opts.arrival,
         bounds: Bounds {
@@ -529,11 +600,14 @@ fn measure_point(
     let step = rt.block_on(async {
         let ep = Endpoint::resolve(&url).await?;
         wait_ready(&mut server, &ep, opts.ready_timeout, p).await?;
-        let req = super::prepare(&ep, &bench).await?;
-        Ok::<Step, Error>(super::step(&ep, &req, &bench, Load::Rate(opts.rate)).await)
+        let (reqs, variants) = super::prepare(&ep, &bench).await?;
+        if lengths.is_none() {
+            *lengths = Some(request_lengths(&ep, &variants).await?);
+        }
+        Ok::<Step, Error>(super::step(&ep, &reqs, &bench, Load::Rate(opts.rate)).await)
     })?;
     drop(server);
-    Ok(measured(p, step, instances))
+    Ok(measured(p, step, opts.base.batching.instances))
 }
 
 /// Run the whole grid.
@@ -564,16 +638,15 @@ pub(crate) fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
     }
     grid.sort();
     grid.dedup();
-    let model = opts.base.model.name.clone();
-    let instances = opts.base.batching.instances;
+    let mut lengths = None;
     let mut results = Vec::new();
     for (i, &p) in grid.iter().enumerate() {
-        let mut m = measure_point(opts, &rt, p, dir.path(), &model, instances)?;
+        let mut m = measure_point(opts, &rt, p, dir.path(), &mut lengths)?;
         // One sample of a few hundred requests on a shared machine can catch a stall that is
         // not the setting's: a point over budget or with errors is measured once more, and
         // counts as over only when both runs say so (the better run is kept, both reported).
         if !within(&m, opts.budget_ms) {
-            let again = measure_point(opts, &rt, p, dir.path(), &model, instances)?;
+            let again = measure_point(opts, &rt, p, dir.path(), &mut lengths)?;
             opts.progress.line(|| {
                 format!(
                     "tune [{}/{}] {p}: p99 {:.1} ms, errors {}: over budget or failing, measured again: p99 {:.1} ms, errors {}",
@@ -608,15 +681,14 @@ pub(crate) fn sweep(opts: &SweepOptions) -> Result<SweepResult, Error> {
         &mut results,
         opts.rate,
         opts.arrival,
-        &opts.base.batching,
-        instances,
+        &opts.base,
+        lengths.as_deref().unwrap_or_default(),
         opts.seed,
     );
     opts.progress.line(|| match &fitted {
         Ok(m) => format!(
-            "tune: cost model T(b) = {:.2} + {:.3} x b ms (fits every point within {:.1}%); gains and costs are read from its replay",
-            m.fixed_us / 1000.0,
-            m.per_row_us / 1000.0,
+            "tune: cost model T(b) = {} (fits every point within {:.1}%); gains and costs are read from its replay",
+            cost_formula(m),
             m.max_rel_error * 100.0
         ),
         Err(why) => format!(
@@ -735,6 +807,7 @@ mod tests {
         let cost = CostModel {
             fixed_us: 40_000.0,
             per_row_us: 6_000.0,
+            per_token_us: 0.0,
             max_rel_error: 0.0,
         };
         // Measured values deliberately misleading: flat capacity, so the measurements alone
@@ -747,6 +820,7 @@ mod tests {
                 preferred: vec![],
                 instances: 1,
                 adaptive: false,
+                padding: None,
             };
             p.predicted = model::replay(&cost, &policy, 20.0, Arrival::Poisson, 50_000, 1);
         }

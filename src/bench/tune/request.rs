@@ -33,7 +33,7 @@ pub(crate) struct Base {
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub base: Base,
-    /// `BASE_MS,PER_ROW_MS`: replace the engine with the synthetic one.
+    /// `BASE_MS,PER_ROW_MS[,PER_TOKEN_MS]`: replace the engine with the synthetic one.
     pub synthetic: Option<String>,
     pub budget_ms: Option<f64>,
     pub peak_qps: Option<f64>,
@@ -48,6 +48,8 @@ pub(crate) struct Request {
     pub warmup: Duration,
     pub duration: Duration,
     pub seed: u64,
+    /// Text and padded models: the lengths of the requests sent.
+    pub lengths: crate::bench::v2::Lengths,
     /// The `infer-serve` binary each point starts.
     pub serve: PathBuf,
     pub progress: Progress,
@@ -95,26 +97,33 @@ impl Resolved {
     }
 }
 
-/// `BASE_MS,PER_ROW_MS` as the synthetic engine, T(b) = BASE + PER_ROW x b ms.
+/// `BASE_MS,PER_ROW_MS[,PER_TOKEN_MS]` as the synthetic engine, T(b) = BASE + PER_ROW x b
+/// (+ PER_TOKEN x the batch's padded tokens) ms.
 pub(crate) fn parse_synthetic(spec: &str) -> Result<infer_spec::Synthetic, Error> {
-    let bad = || Error::Options(format!("--synthetic `{spec}` must be BASE_MS,PER_ROW_MS"));
+    let bad = || {
+        Error::Options(format!(
+            "--synthetic `{spec}` must be BASE_MS,PER_ROW_MS[,PER_TOKEN_MS] (numbers, at least 0)"
+        ))
+    };
     let parts: Vec<f64> = spec
         .split(',')
         .map(|p| p.trim().parse::<f64>())
         .collect::<Result<_, _>>()
         .map_err(|_| bad())?;
+    if parts.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(bad());
+    }
     match parts[..] {
-        [base_ms, per_row_ms]
-            if base_ms.is_finite()
-                && per_row_ms.is_finite()
-                && base_ms >= 0.0
-                && per_row_ms >= 0.0 =>
-        {
-            Ok(infer_spec::Synthetic {
-                base_ms,
-                per_row_ms,
-            })
-        }
+        [base_ms, per_row_ms] => Ok(infer_spec::Synthetic {
+            base_ms,
+            per_row_ms,
+            per_token_ms: 0.0,
+        }),
+        [base_ms, per_row_ms, per_token_ms] => Ok(infer_spec::Synthetic {
+            base_ms,
+            per_row_ms,
+            per_token_ms,
+        }),
         _ => Err(bad()),
     }
 }
@@ -142,6 +151,7 @@ impl Request {
             warmup,
             duration,
             seed,
+            lengths,
             serve,
             progress,
         } = self;
@@ -239,6 +249,7 @@ impl Request {
             ready_timeout: Duration::from_secs(60),
             progress,
             seed,
+            lengths,
         };
         Ok(Resolved {
             options,
@@ -280,6 +291,7 @@ mod tests {
             warmup: Duration::from_secs(1),
             duration: Duration::from_secs(5),
             seed: 1,
+            lengths: crate::bench::v2::Lengths::DEFAULT,
             serve: PathBuf::from("infer-serve"),
             progress: Progress::default(),
         }
@@ -334,14 +346,17 @@ mod tests {
     fn the_synthetic_engine_replaces_the_model() {
         let mut q = request(Some(50.0), Some(10.0));
         q.synthetic = Some("40, 6".into());
-        let r = q.resolve().unwrap();
+        let r = q.clone().resolve().unwrap();
         assert_eq!(
             r.options.base.engine.kind,
             infer_spec::BackendKind::Synthetic
         );
         let s = r.options.base.engine.synthetic.unwrap();
-        assert_eq!((s.base_ms, s.per_row_ms), (40.0, 6.0));
+        assert_eq!((s.base_ms, s.per_row_ms, s.per_token_ms), (40.0, 6.0, 0.0));
         assert_eq!(r.options.base.engine.path, None);
+        q.synthetic = Some("1,0,0.05".into());
+        let s = q.resolve().unwrap().options.base.engine.synthetic.unwrap();
+        assert_eq!((s.base_ms, s.per_row_ms, s.per_token_ms), (1.0, 0.0, 0.05));
     }
 
     #[test]
@@ -409,6 +424,12 @@ mod tests {
             ("--synthetic `1,-2` must be", Some(50.0), Some(10.0), |q| {
                 q.synthetic = Some("1,-2".into())
             }),
+            (
+                "--synthetic `1,2,3,4` must be",
+                Some(50.0),
+                Some(10.0),
+                |q| q.synthetic = Some("1,2,3,4".into()),
+            ),
         ];
         for (want, slo, peak, edit) in cases {
             let mut q = request(*slo, *peak);

@@ -1,5 +1,6 @@
 //! A model-free engine for tests and benchmarks of the batcher (cargo feature `synthetic`,
-//! never in default builds): a batch of `b` rows sleeps `base_ms + per_row_ms · b` and returns
+//! never in default builds): a batch of `b` rows sleeps `base_ms + per_row_ms · b` (plus
+//! `per_token_ms` for each of its `b × l` tokens, `l` the first input's second dimension) and returns
 //! deterministic outputs: element `j` of output row `r` is `first(r) + j`, where `first(r)` is
 //! the first element of row `r` of the first input (so tests can see that rows come back to
 //! the request they came from).
@@ -57,6 +58,7 @@ impl Faults {
 pub struct SyntheticEngine {
     base_ms: f64,
     per_row_ms: f64,
+    per_token_ms: f64,
     outputs: Vec<TensorSpec>,
     faults: Faults,
     /// Shared by every instance: the device is lost for all of them at once.
@@ -77,6 +79,7 @@ impl SyntheticEngine {
         Ok(SyntheticEngine {
             base_ms: s.base_ms,
             per_row_ms: s.per_row_ms,
+            per_token_ms: s.per_token_ms,
             outputs: cfg.outputs.clone(),
             faults,
             lost: Arc::new(AtomicBool::new(false)),
@@ -89,6 +92,7 @@ impl Engine for SyntheticEngine {
         Ok(Box::new(SyntheticEngine {
             base_ms: self.base_ms,
             per_row_ms: self.per_row_ms,
+            per_token_ms: self.per_token_ms,
             outputs: self.outputs.clone(),
             faults: self.faults,
             lost: self.lost.clone(),
@@ -149,7 +153,14 @@ fn push(out: &mut Vec<u8>, dtype: DataType, v: f64) {
 impl Backend for SyntheticEngine {
     fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
         let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
-        let ms = self.base_ms + self.per_row_ms * rows as f64;
+        let length = inputs
+            .first()
+            .and_then(|t| t.shape.get(1))
+            .copied()
+            .unwrap_or(1);
+        let ms = self.base_ms
+            + self.per_row_ms * rows as f64
+            + self.per_token_ms * (rows * length) as f64;
         std::thread::sleep(Duration::from_secs_f64(ms / 1e3));
         let firsts = inputs.first().map(firsts).unwrap_or_default();
         let has = |v: Option<f64>| v.is_some_and(|v| firsts.contains(&v));
@@ -199,6 +210,7 @@ mod tests {
         SyntheticEngine {
             base_ms: 0.0,
             per_row_ms: 0.0,
+            per_token_ms: 0.0,
             outputs: Vec::new(),
             faults,
             lost: Arc::new(AtomicBool::new(false)),

@@ -33,6 +33,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tune_text import config  # noqa: E402
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -243,57 +246,10 @@ def main():
         print(f"engine alone: {t} thread(s), batch {b} ({order} order): {v:.0f} texts/s", flush=True)
 
     pct = int(os.environ.get("PADDING", "25"))
-    padding = f"max_padding_percent = {pct}" if pct else ""
     port = free_port()
     cfg = os.path.join(w, "runtime.toml")
-    ids = 'datatype = "INT64"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = ["sequence"]'
     with open(cfg, "w") as f:
-        f.write(f'''[model]
-name = "minilm"
-
-[[inputs]]
-name = "input_ids"
-{ids}
-
-[[inputs]]
-name = "attention_mask"
-{ids}
-
-[[inputs]]
-name = "token_type_ids"
-{ids}
-
-[[outputs]]
-name = "last_hidden_state"
-datatype = "FP32"
-dims = [-1, -1, 384]
-
-[batching]
-max_batch_size = 16
-max_queue_delay_us = 2000
-instances = 1
-
-[engine]
-kind = "onnxruntime"
-path = "{onnx}"
-library = "{os.path.abspath(lib)}"
-threads = {threads}
-
-[text]
-tokenizer = "{tok}"
-max_length = 256
-input_ids = "input_ids"
-attention_mask = "attention_mask"
-token_type_ids = "token_type_ids"
-output = "last_hidden_state"
-pooling = "mean"
-normalize = true
-{padding}
-
-[server]
-host = "127.0.0.1"
-port = {port}
-''')
+        f.write(config(onnx, os.path.abspath(lib), tok, True, threads=threads, padding=pct, port=port))
     log = os.path.join(w, "serve.log")
     proc = subprocess.Popen([serve, "--config", cfg], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "INFER_GRPC_PORT": "0"})

@@ -21,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDS = 'datatype = "INT64"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = ["sequence"]'
 
 
-def config(onnx, lib, tok, text):
+def config(onnx, lib, tok, text, threads=2, padding=25, port=8000):
+    """all-MiniLM-L6-v2's runtime.toml: a text model (`text`: mean pooling, L2-normalised,
+    `max_padding_percent = padding`, 0: none) or a padded tensor model (`pad = 0`)."""
     inputs = "".join(
         f'[[inputs]]\nname = "{n}"\n{IDS}\n{"" if text else "pad = 0"}\n\n'
         for n in ("input_ids", "attention_mask", "token_type_ids"))
@@ -34,7 +36,7 @@ token_type_ids = "token_type_ids"
 output = "last_hidden_state"
 pooling = "mean"
 normalize = true
-max_padding_percent = 25
+{f"max_padding_percent = {padding}" if padding else ""}
 ''' if text else ""
     return f'''[model]
 name = "minilm"
@@ -53,12 +55,12 @@ instances = 1
 kind = "onnxruntime"
 path = "{onnx}"
 library = "{lib}"
-threads = 2
+threads = {threads}
 
 {tail}
 [server]
 host = "127.0.0.1"
-port = 8000
+port = {port}
 '''
 
 

@@ -407,29 +407,17 @@ fn bench_tune_on_the_known_cost_model() {
 fn bench_tune_fits_a_padded_model_per_token() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("runtime.toml");
-    let padded = r#"[model]
-name = "padded"
-
-[[inputs]]
-name = "input_ids"
-datatype = "INT64"
-dims = [-1, -1]
-pad = 0
-profile = { min = [1], opt = [32], max = [64] }
-
-[[inputs]]
-name = "attention_mask"
-datatype = "INT64"
-dims = [-1, -1]
-pad = 0
-profile = { min = [1], opt = [32], max = [64] }
-
-[[outputs]]
-name = "pooled"
-datatype = "FP32"
-dims = [-1, 4]
-
-"#;
+    let input = |name: &str| {
+        format!(
+            "[[inputs]]\nname = \"{name}\"\ndatatype = \"INT64\"\ndims = [-1, -1]\npad = 0\n\
+             profile = {{ min = [1], opt = [32], max = [64] }}\n\n"
+        )
+    };
+    let padded = format!(
+        "[model]\nname = \"padded\"\n\n{}{}[[outputs]]\nname = \"pooled\"\ndatatype = \"FP32\"\ndims = [-1, 4]\n\n",
+        input("input_ids"),
+        input("attention_mask")
+    );
     let tail = SYNTHETIC_TAIL.replace(
         "max_queue_delay_us = 0\n",
         "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",

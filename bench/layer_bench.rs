@@ -10,10 +10,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use infer_build::oci::layer::{write_layer, LayerOptions};
-use infer_build::oci::store::BlobStore;
-use infer_build::oci::tar::{canonicalize, Entry};
-use infer_build::oci::Compression;
+use infer_build::oci::{canonicalize, write_layer, BlobStore, Compression, Entry, LayerOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 /// Something infer-build keeps under the cache root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
+pub(crate) enum Entry {
     /// The engine cache (`engine::Cache`).
     Engines,
     /// Pulled base images, one OCI layout (`registry::pull`).
@@ -31,7 +31,7 @@ pub enum Entry {
 
 impl Entry {
     /// The entry's name under the cache root.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Entry::Engines => "engines",
             Entry::Bases => "bases",
@@ -51,7 +51,7 @@ pub struct NoCacheDir {
 
 /// The values of the variables the root is derived from (empty values already dropped).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Env {
+pub(crate) struct Env {
     pub infer_build_cache_dir: Option<PathBuf>,
     pub xdg_cache_home: Option<PathBuf>,
     pub home: Option<PathBuf>,
@@ -59,7 +59,7 @@ pub struct Env {
 
 impl Env {
     /// This process's environment.
-    pub fn current() -> Env {
+    pub(crate) fn current() -> Env {
         let var = |k: &str| {
             std::env::var_os(k)
                 .filter(|v: &OsString| !v.is_empty())
@@ -73,7 +73,7 @@ impl Env {
     }
 
     /// The cache root, `None` when no variable is set.
-    pub fn root(&self) -> Option<PathBuf> {
+    pub(crate) fn root(&self) -> Option<PathBuf> {
         self.infer_build_cache_dir
             .clone()
             .or_else(|| self.xdg_cache_home.as_ref().map(|d| d.join("infer-build")))
@@ -85,7 +85,7 @@ impl Env {
     }
 
     /// Where `entry` lives: `flag` when given, else under [`Env::root`].
-    pub fn path(&self, entry: Entry, flag: Option<&Path>) -> Option<PathBuf> {
+    pub(crate) fn path(&self, entry: Entry, flag: Option<&Path>) -> Option<PathBuf> {
         match flag {
             Some(p) => Some(p.to_path_buf()),
             None => self.root().map(|r| r.join(entry.name())),
@@ -94,12 +94,12 @@ impl Env {
 }
 
 /// Where `entry` lives for this process (see the module docs), `None` when nothing says.
-pub fn path(entry: Entry, flag: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn path(entry: Entry, flag: Option<&Path>) -> Option<PathBuf> {
     Env::current().path(entry, flag)
 }
 
 /// [`path`], or the one error naming `flag_name`, the flag that would have said.
-pub fn require(
+pub(crate) fn require(
     entry: Entry,
     flag: Option<&Path>,
     flag_name: &'static str,

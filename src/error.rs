@@ -5,11 +5,11 @@
 //! what they passed (a recipe, a flag, a path), false for failures of the environment.
 
 /// Exit code for success.
-pub const EXIT_OK: i32 = 0;
+pub(crate) const EXIT_OK: i32 = 0;
 /// Exit code for a failure that is not the user's input (I/O, network, a tool that crashed).
-pub const EXIT_FAILURE: i32 = 1;
+pub(crate) const EXIT_FAILURE: i32 = 1;
 /// Exit code for bad input: a recipe error, a bad flag, an impossible target.
-pub const EXIT_BAD_INPUT: i32 = 2;
+pub(crate) const EXIT_BAD_INPUT: i32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

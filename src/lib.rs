@@ -13,11 +13,11 @@
 
 pub mod assemble;
 pub(crate) mod bench;
-pub mod cache;
-pub mod cli;
+pub(crate) mod cache;
+pub(crate) mod cli;
 pub mod deploy;
 pub mod engine;
-pub mod error;
+pub(crate) mod error;
 pub mod matrix;
 pub(crate) mod native;
 pub mod oci;
@@ -30,4 +30,5 @@ pub mod report;
 pub(crate) mod sbom;
 pub mod slim;
 
+pub use cli::main as run_cli;
 pub use error::Error;

@@ -1,5 +1,5 @@
 //! Any bytes given to the OCI layout readers (`oci::layout::walk`, which `build --base-layout`,
-//! `inspect` and archives use, and `slim::image::read_layout` + `flatten`) end in images or in
+//! `inspect` and archives use, and `slim::read_layout` + `flatten`) end in images or in
 //! an error: never a panic, never unbounded memory.
 //!
 //! The input is a sequence of chunks, each a little-endian `u16` length and that many bytes
@@ -67,8 +67,8 @@ fn write_layout(dir: &Path, data: &[u8]) {
 fuzz_target!(|data: &[u8]| {
     let tmp = tempfile::tempdir().unwrap();
     write_layout(tmp.path(), data);
-    if let Ok(store) = infer_build::oci::store::BlobStore::open(tmp.path()) {
-        if let Ok((images, _)) = infer_build::oci::layout::walk(&store) {
+    if let Ok(store) = infer_build::oci::BlobStore::open(tmp.path()) {
+        if let Ok((images, _)) = infer_build::oci::walk(&store) {
             for img in images {
                 for l in &img.manifest.layers {
                     let _ = store.verify(&l.digest, l.size);
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    if let Ok(img) = infer_build::slim::image::read_layout(tmp.path(), None) {
-        let _ = infer_build::slim::image::flatten(&img);
+    if let Ok(img) = infer_build::slim::read_layout(tmp.path(), None) {
+        let _ = infer_build::slim::flatten(&img);
     }
 });

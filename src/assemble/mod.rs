@@ -14,9 +14,9 @@
 //! (nothing here reads the clock, the umask, file owners or modes); every file shipped was
 //! checked to be a regular file inside its allowed root.
 
-pub mod inputs;
-pub mod spec;
-pub mod split;
+pub(crate) mod inputs;
+pub(crate) mod spec;
+pub(crate) mod split;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +36,7 @@ pub use inputs::{
     check_gpu_runtime_headers, check_runtime_binary, headers_newer, locate, locate_runtime,
     runtime_tensorrt_headers, safe_input, RuntimeFlavour,
 };
+pub use spec::{target_spec, Files};
 
 /// Where things live inside every image.
 pub mod paths {
@@ -206,7 +207,7 @@ pub struct TargetSpec {
     pub extra_files: BTreeMap<String, std::sync::Arc<[u8]>>,
     /// Compatibility tuple (keys without the prefix: `gpu.sm`, `trt.version`, `precision`…).
     pub compat: BTreeMap<String, String>,
-    /// The split layout's model ([`split`]): when set, the runtime image, model image and
+    /// The split layout's model (`split`): when set, the runtime image, model image and
     /// ModelPack manifest are written beside this target's image.
     pub split: Option<split::Split>,
 }

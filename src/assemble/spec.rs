@@ -29,7 +29,7 @@ pub(crate) fn image_meta(recipe: &Recipe, plan: &BuildPlan) -> ImageMeta {
 }
 
 /// The compatibility tuple of a target, keys without the `dev.infer-build.` prefix.
-pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
+pub(crate) fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
     m.insert(
         "kind".into(),
@@ -75,7 +75,7 @@ pub fn compat(t: &TargetPlan) -> BTreeMap<String, String> {
 }
 
 /// The OCI platform of a target (`linux/amd64` → os `linux`, architecture `amd64`).
-pub fn platform(t: &TargetPlan) -> Platform {
+pub(crate) fn platform(t: &TargetPlan) -> Platform {
     let mut parts = t.oci_platform.splitn(3, '/');
     let os = parts.next().unwrap_or("linux");
     let architecture = parts.next().unwrap_or("amd64");
@@ -89,7 +89,7 @@ pub fn platform(t: &TargetPlan) -> Platform {
 /// `dim_param`s (`names`: per input, one name per dimension including the batch one, as
 /// [`crate::engine::onnx::OnnxSummary::input_dim_names`] gives them). Only variable dimensions
 /// are named: their sizes are what requests must agree on.
-pub fn name_dims(cfg: &mut RuntimeConfig, names: &[(String, Vec<String>)]) {
+pub(crate) fn name_dims(cfg: &mut RuntimeConfig, names: &[(String, Vec<String>)]) {
     for spec in &mut cfg.inputs {
         let Some((_, dims)) = names.iter().find(|(n, _)| *n == spec.name) else {
             continue;
@@ -194,7 +194,7 @@ pub(crate) fn runtime_config(
 }
 
 /// Where the tokenizer travels: beside the model, in its layer.
-pub fn tokenizer_path() -> String {
+pub(crate) fn tokenizer_path() -> String {
     format!("{}/tokenizer.json", paths::MODEL_DIR)
 }
 
@@ -269,7 +269,7 @@ fn text_section(
 
 /// Where a model's files go in its image, and how its `runtime.toml` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place<'a> {
+pub(crate) enum Place<'a> {
     /// The one model of an image: files in [`paths::MODEL_DIR`], `runtime.toml` at
     /// [`paths::RUNTIME_TOML`] naming them by absolute path, warm-up samples in
     /// [`paths::CONFIG_DIR`] (the layout every one-model image has had).
@@ -281,7 +281,7 @@ pub enum Place<'a> {
 
 impl Place<'_> {
     /// The model's directory inside the image, without the leading `/`.
-    pub fn dir(self) -> String {
+    pub(crate) fn dir(self) -> String {
         match self {
             Place::Single => paths::MODEL_DIR.to_string(),
             Place::Bundled(name) => format!("{}/{name}", paths::MODELS_DIR),
@@ -327,9 +327,9 @@ pub struct Files {
     pub engine_profile: Option<Vec<u8>>,
     /// Warm-up samples (V2 JSON), shipped as `etc/infer/warmup/samples.json`.
     pub warmup_samples: Option<std::sync::Arc<[u8]>>,
-    /// The tokenizer of a text model (`[text]`), shipped at [`tokenizer_path`].
+    /// The tokenizer of a text model (`[text]`), shipped at `tokenizer_path`.
     pub tokenizer: Option<std::sync::Arc<[u8]>>,
-    /// The model's input dimension names (see [`name_dims`]).
+    /// The model's input dimension names (see `name_dims`).
     pub dim_names: Vec<(String, Vec<String>)>,
     pub base: Option<BaseRef>,
     /// The native library the engine loads (ONNX Runtime, TensorRT's lean runtime): shipped as

@@ -37,10 +37,10 @@ use crate::oci::{annotation, media, Compression, ANNOTATION_PREFIX};
 
 /// Where the runtime image looks for its model: the image volume's mount path (KServe's model
 /// directory, so a Modelcar-style mount lands there too).
-pub const MOUNT: &str = "/mnt/models";
+pub(crate) const MOUNT: &str = "/mnt/models";
 
 /// ModelPack's media types and annotation (CNCF model-spec v1).
-pub mod modelpack {
+pub(crate) mod modelpack {
     pub(crate) const ARTIFACT_TYPE: &str = "application/vnd.cncf.model.manifest.v1+json";
     pub(crate) const CONFIG: &str = "application/vnd.cncf.model.config.v1+json";
     /// A tar holding a weights file (the engine or the ONNX model).
@@ -82,7 +82,7 @@ pub struct Split {
 }
 
 /// The tags of a target's split pair and ModelPack manifest, from the combined image's tag.
-pub fn tags(tag: &str) -> [String; 3] {
+pub(crate) fn tags(tag: &str) -> [String; 3] {
     [
         format!("{tag}-runtime"),
         format!("{tag}-model"),
@@ -103,7 +103,7 @@ pub struct SplitReport {
 
 /// The runtime image's `/etc/infer/runtime.toml`: a bundle of the one model mounted at
 /// [`MOUNT`], without a `[server]` table, so the model's own says how it is served.
-pub fn runtime_toml() -> Vec<u8> {
+pub(crate) fn runtime_toml() -> Vec<u8> {
     infer_spec::Bundle {
         server: None,
         models: vec![infer_spec::BundleModel {

@@ -84,20 +84,31 @@ pub(crate) fn parse_metadata(model: &str, body: &[u8]) -> Result<ModelMeta, Erro
 
 /// How long the sequences of a request are, for a model whose sequence dimension varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Lengths {
+pub(crate) struct Lengths {
     /// The shortest, at least 1.
     pub min: u32,
     /// The longest, at least `min`.
     pub max: u32,
 }
 
+impl std::fmt::Display for Lengths {
+    /// The form `--lengths` takes: `MIN-MAX`, or one length when they are equal.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
+        }
+    }
+}
+
 impl Lengths {
     /// Short mixed sentences, as search queries and chat messages are: 4 to 48 words (text
     /// models) or tokens (padded tensor models).
-    pub const DEFAULT: Lengths = Lengths { min: 4, max: 48 };
+    pub(crate) const DEFAULT: Lengths = Lengths { min: 4, max: 48 };
 
     /// Parses `MIN-MAX` (`8-64`) or one length (`32`: every request equally long).
-    pub fn parse(s: &str) -> Result<Lengths, String> {
+    pub(crate) fn parse(s: &str) -> Result<Lengths, String> {
         let bad = || {
             format!(
                 "--lengths `{s}` must be MIN-MAX with 1 <= MIN <= MAX (e.g. 4-48), or one length"
@@ -643,6 +654,10 @@ mod tests {
     fn lengths_parse_or_say_the_form() {
         assert_eq!(Lengths::parse("8-64"), Ok(Lengths { min: 8, max: 64 }));
         assert_eq!(Lengths::parse("32"), Ok(Lengths { min: 32, max: 32 }));
+        // The default the CLI shows is the form it parses.
+        for l in [Lengths::DEFAULT, Lengths { min: 32, max: 32 }] {
+            assert_eq!(Lengths::parse(&l.to_string()), Ok(l));
+        }
         for bad in ["0-4", "9-3", "a-b", "", "-4"] {
             assert!(
                 Lengths::parse(bad).unwrap_err().contains("MIN-MAX"),

@@ -13,7 +13,7 @@ use crate::bench::{self, parse_duration, Error as BenchError, Options, Step};
 use crate::error::Error;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ProtocolArg {
+pub(crate) enum ProtocolArg {
     /// KServe V2 JSON tensors.
     Json,
     /// The binary tensor data extension (what tritonclient and perf_analyzer send).
@@ -21,7 +21,7 @@ pub enum ProtocolArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ArrivalArg {
+pub(crate) enum ArrivalArg {
     /// Evenly spaced sends.
     Constant,
     /// Exponential gaps (a Poisson process), seeded.
@@ -30,13 +30,13 @@ pub enum ArrivalArg {
 
 /// The arguments, boxed: the command enum stays small whatever bench grows.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     #[command(flatten)]
     pub inner: Box<BenchOpts>,
 }
 
 #[derive(Debug, Args)]
-pub struct BenchOpts {
+pub(crate) struct BenchOpts {
     /// The server, e.g. http://127.0.0.1:8000 (not with --tune).
     pub url: Option<String>,
     /// The model to send requests to, or a mix of a bundle's models by weight
@@ -86,7 +86,7 @@ pub struct BenchOpts {
     /// Text and padded models: the lengths of the requests' sequences, drawn per request
     /// (words per text for a text model, tokens for a padded tensor model), MIN-MAX or one
     /// length.
-    #[arg(long, default_value = "4-48", value_name = "MIN-MAX", value_parser = Lengths::parse)]
+    #[arg(long, default_value_t = Lengths::DEFAULT, value_name = "MIN-MAX", value_parser = Lengths::parse)]
     pub lengths: Lengths,
 
     /// Sweep batching: start infer-serve per grid point from this runtime.toml or recipe,

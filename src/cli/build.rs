@@ -16,7 +16,7 @@ use crate::pipeline::{self, BuildRequest};
 use crate::registry::pull::PulledImage;
 
 #[derive(Debug, Args)]
-pub struct BuildArgs {
+pub(crate) struct BuildArgs {
     /// The recipe (TOML).
     pub input: PathBuf,
     /// Build only these targets (repeatable); default: every target that can be built here.

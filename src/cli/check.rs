@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::plan::BuildPlan;
 
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The recipe (TOML).
     pub input: PathBuf,
     #[command(flatten)]

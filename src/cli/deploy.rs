@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::plan::TargetPlan;
 
 #[derive(Debug, Args)]
-pub struct DeployArgs {
+pub(crate) struct DeployArgs {
     /// The recipe (TOML).
     pub input: PathBuf,
     /// Only this target (repeatable); default every target of the plan.

@@ -17,7 +17,7 @@ use crate::error::Error;
 use crate::process::SystemRunner;
 
 #[derive(Debug, Args)]
-pub struct EngineArgs {
+pub(crate) struct EngineArgs {
     /// The recipe (TOML).
     pub input: PathBuf,
     /// The target to build, as `infer-build plan` lists it (`cpu-fp32`, `sm89-fp16`, …).

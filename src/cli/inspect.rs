@@ -13,7 +13,7 @@ use crate::report::Inspection;
 mod remote;
 
 #[derive(Debug, Args)]
-pub struct InspectArgs {
+pub(crate) struct InspectArgs {
     /// An OCI image layout directory (as written by `infer-build build`), an `oci-archive`
     /// file (`build --output oci-archive:FILE`), or a registry reference
     /// `REGISTRY/REPO[:TAG|@DIGEST]`.

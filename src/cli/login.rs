@@ -12,7 +12,7 @@ use crate::registry::auth;
 use crate::registry::ClientOptions;
 
 #[derive(Debug, Args)]
-pub struct LoginArgs {
+pub(crate) struct LoginArgs {
     /// The registry: HOST[:PORT].
     pub registry: String,
     /// The user name.

@@ -30,14 +30,14 @@ mod slim;
 /// Compile an ONNX model recipe into slim, reproducible OCI images, one per GPU architecture.
 #[derive(Debug, Parser)]
 #[command(name = "infer-build", version, about, long_about = None, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 /// Options shared by commands that read a recipe.
 #[derive(Debug, Args, Clone)]
-pub struct MatrixArgs {
+pub(crate) struct MatrixArgs {
     /// Read the compatibility matrix from DIR (holding `matrix/` and `base-images/` data files)
     /// instead of the copy built into this binary (e.g. one whose base images are mirrored in
     /// your own registry; set it once for a CI pipeline with INFER_BUILD_MATRIX).
@@ -46,7 +46,7 @@ pub struct MatrixArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Validate a recipe and resolve every target; exit 2 on any problem, naming file:line:col.
     Check(check::CheckArgs),
     /// Show the build plan: one row per target with TensorRT, CUDA, driver floor, base image and tag.
@@ -113,7 +113,7 @@ fn run(command: Command) -> Result<(), Error> {
 }
 
 /// Render an error and its chain of causes once, to stderr.
-pub fn report(e: &Error) {
+pub(crate) fn report(e: &Error) {
     eprintln!("error: {e}");
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::plan::{BuildPlan, ImagePin, PinnedBy, TargetKind, TargetPlan};
 
 #[derive(Debug, Args)]
-pub struct PlanArgs {
+pub(crate) struct PlanArgs {
     /// The recipe (TOML).
     pub input: PathBuf,
     /// Write the plan as one JSON document to stdout (same as `--format json`).
@@ -27,7 +27,7 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
     GithubMatrix,

@@ -14,7 +14,7 @@ use crate::registry::pull::PullOptions;
 use crate::registry::{self, Reference};
 
 #[derive(Debug, Args)]
-pub struct PullArgs {
+pub(crate) struct PullArgs {
     /// The image: REGISTRY[:PORT]/REPO[:TAG][@sha256:HEX].
     pub reference: String,
     /// The OCI layout to pull into (default: the shared base cache,

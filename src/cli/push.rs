@@ -13,7 +13,7 @@ use crate::registry::push::{BlobOutcome, Progress};
 use crate::registry::{self, PushOptions, Reference};
 
 #[derive(Debug, Args)]
-pub struct PushArgs {
+pub(crate) struct PushArgs {
     /// The OCI layout directory to push (as written by `infer-build build`).
     pub input: PathBuf,
     /// Destination `REGISTRY[:PORT]/REPOSITORY`; tags come from the layout.

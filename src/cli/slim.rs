@@ -19,7 +19,7 @@ use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
 use crate::slim::image;
 
 #[derive(Debug, Args)]
-pub struct SlimArgs {
+pub(crate) struct SlimArgs {
     /// A definition of `base-images/slim/` by name, e.g. `trt10-cuda12-vc`.
     #[arg(value_name = "NAME")]
     pub name: Option<String>,

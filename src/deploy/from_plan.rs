@@ -22,7 +22,7 @@ pub(crate) const NO_DEADLINE_ASSUMED_MS: u64 = 30_000;
 pub(crate) const GPU_UTIL_TARGET: u32 = 70;
 
 /// Parse a Kubernetes CPU quantity (`"2"`, `"500m"`, `"1.5"`) into millicores.
-pub fn cpu_millis(q: &str) -> Option<u64> {
+pub(crate) fn cpu_millis(q: &str) -> Option<u64> {
     let q = q.trim();
     let v = if let Some(m) = q.strip_suffix('m') {
         m.parse::<f64>().ok()?
@@ -44,7 +44,7 @@ pub(crate) fn requested_cpu_millis(recipe: &Recipe) -> Result<u64, String> {
 }
 
 /// Parse a Kubernetes memory quantity (`"4Gi"`, `"512Mi"`, `"4G"`, bytes) into MiB, rounded up.
-pub fn memory_mib(q: &str) -> Option<u64> {
+pub(crate) fn memory_mib(q: &str) -> Option<u64> {
     let q = q.trim();
     let split = q
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -69,7 +69,7 @@ pub fn memory_mib(q: &str) -> Option<u64> {
 
 /// What the CLI found outside the recipe and the plan.
 #[derive(Debug, Clone, Default)]
-pub struct Found {
+pub(crate) struct Found {
     /// The image manifest digest of this target, when built or given with `--image`.
     pub digest: Option<String>,
     /// A repository override from `--image`.
@@ -148,7 +148,11 @@ pub(crate) fn mig_share(
 }
 
 /// Build the spec for `target`.
-pub fn spec(recipe: &Recipe, target: &TargetPlan, found: &Found) -> Result<DeploySpec, Error> {
+pub(crate) fn spec(
+    recipe: &Recipe,
+    target: &TargetPlan,
+    found: &Found,
+) -> Result<DeploySpec, Error> {
     let gpu_target = target.kind == TargetKind::Gpu;
     let bad = |what: String| Error::Invalid {
         target: target.id.clone(),

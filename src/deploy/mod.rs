@@ -14,8 +14,8 @@
 //! and has a memory-backed `/dev/shm`; GPU targets request `nvidia.com/gpu` and are pinned to
 //! nodes by GPU feature discovery labels.
 
-pub mod from_plan;
-pub mod yaml;
+pub(crate) mod from_plan;
+pub(crate) mod yaml;
 
 use yaml::{Map, Node};
 
@@ -188,7 +188,7 @@ pub struct DeploySpec {
 }
 
 /// The manifest digests of a target's split pair, when built (tags `<tag>-runtime` and
-/// `<tag>-model`, [`crate::assemble::split::tags`]).
+/// `<tag>-model`, `crate::assemble::split::tags`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SplitImages {
     pub runtime_digest: Option<String>,

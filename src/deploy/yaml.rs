@@ -112,7 +112,7 @@ impl Map {
 }
 
 /// Render one YAML document (without the `---` separator).
-pub fn render(node: &Node) -> String {
+pub(crate) fn render(node: &Node) -> String {
     let mut out = String::new();
     match node {
         Node::Map(entries) if !entries.is_empty() => write_map(&mut out, entries, 0),

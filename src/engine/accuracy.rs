@@ -50,7 +50,7 @@ impl Thresholds {
 }
 
 /// The figures that break a threshold, one phrase each; empty when the model passes.
-pub fn failures(report: &Report, t: &Thresholds) -> Vec<String> {
+pub(crate) fn failures(report: &Report, t: &Thresholds) -> Vec<String> {
     let mut out = Vec::new();
     for o in &report.outputs {
         match o.max_abs {

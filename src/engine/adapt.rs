@@ -83,7 +83,7 @@ fn version(target: &str, what: &str, text: &str) -> Result<infer_spec::engine::V
 ///   driver floor (none for Jetson: `0`), the hardware-compatibility level, version
 ///   compatibility (built with the lean runtime excluded, so images ship it), and the
 ///   calibration input (a file is a cache, a directory is data for Polygraphy).
-pub fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
+pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, Error> {
     let id = target.id.as_str();
     let inputs = recipe
         .model

@@ -216,7 +216,7 @@ pub(crate) fn sync_tree(dir: &Path) -> Result<(), Error> {
 }
 
 /// Write `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     crate::oci::write_atomic(path, bytes).map_err(|e| Error::Io {
         path: path.to_path_buf(),
         source: e.into_io(),

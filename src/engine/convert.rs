@@ -60,11 +60,11 @@ pub(crate) const MODEL_FILE: &str = "model.onnx";
 /// The conversion report's file name in its cache entry.
 pub(crate) const REPORT_FILE: &str = "conversion.json";
 /// Operators quantized for TensorRT: those it runs in INT8; the rest stay in float.
-pub const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
+pub(crate) const QUANTIZE_OPS: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
 /// Operators given FP8 Q/DQ inputs: the GEMM-shaped ones TensorRT runs in FP8.
-pub const FP8_QUANTIZE_OPS: [&str; 3] = ["Conv", "Gemm", "MatMul"];
+pub(crate) const FP8_QUANTIZE_OPS: [&str; 3] = ["Conv", "Gemm", "MatMul"];
 /// Operators kept FP32 in an FP16 model, besides onnxconverter-common's own block list.
-pub const FP16_KEEP_OPS: [&str; 14] = [
+pub(crate) const FP16_KEEP_OPS: [&str; 14] = [
     "Exp",
     "Log",
     "Pow",
@@ -81,7 +81,7 @@ pub const FP16_KEEP_OPS: [&str; 14] = [
     "InstanceNormalization",
 ];
 /// Generated evaluation inputs when the recipe gives neither calibration nor evaluation data.
-pub const GENERATED_SAMPLES: u32 = 8;
+pub(crate) const GENERATED_SAMPLES: u32 = 8;
 const CONVERT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What to convert a target's model to, from the recipe.
@@ -102,7 +102,7 @@ pub struct ConvertSpec {
 
 /// One output's figures: converted vs FP32 on the same inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OutputFigures {
+pub(crate) struct OutputFigures {
     pub name: String,
     /// Largest absolute difference; `None` when the converted model produced a non-finite value.
     pub max_abs: Option<f64>,
@@ -118,7 +118,7 @@ pub struct OutputFigures {
 
 /// What the converter reports, stored as `conversion.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Package versions of the environment that converted (`onnx`, `onnxruntime`, …).
     pub versions: BTreeMap<String, String>,
     /// The tool and the options it ran with.
@@ -132,9 +132,8 @@ pub struct Report {
 
 /// A converted model in the cache.
 #[derive(Debug, Clone)]
-pub struct Converted {
+pub(crate) struct Converted {
     pub key: String,
-    pub dir: PathBuf,
     pub onnx: PathBuf,
     pub onnx_digest: String,
     pub precision: Precision,
@@ -217,7 +216,7 @@ fn sample_inputs(inputs: &[InputSpec]) -> Vec<(String, String, Vec<u64>)> {
 }
 
 /// The conversion cache key of `spec` for a source ONNX with digest `source`.
-pub fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, Error> {
+pub(crate) fn key(spec: &EngineSpec, c: &ConvertSpec, source: &str) -> Result<String, Error> {
     check_supported(spec)?;
     let digest = |p: &Option<PathBuf>| {
         p.as_ref()
@@ -276,7 +275,6 @@ fn read_entry(dir: &Path, key: &str, precision: Precision) -> Result<Option<Conv
     let onnx_digest = cache::digest_file(&onnx)?;
     Ok(Some(Converted {
         key: key.into(),
-        dir: dir.to_path_buf(),
         onnx,
         onnx_digest,
         precision,
@@ -288,7 +286,7 @@ fn read_entry(dir: &Path, key: &str, precision: Precision) -> Result<Option<Conv
 
 /// The converted model of `spec` (source digest `source`): from the cache, or made now in the
 /// environment under `pyenv_root` (see [`pyenv::root_for`]).
-pub fn convert(
+pub(crate) fn convert(
     spec: &EngineSpec,
     c: &ConvertSpec,
     source: &str,
@@ -444,7 +442,7 @@ fn run_converter(
 
 impl Report {
     /// The tool that converted, with ModelOpt's and torch's versions when it was ModelOpt.
-    pub fn tool(&self) -> String {
+    pub(crate) fn tool(&self) -> String {
         let name = self.options["tool"].as_str().unwrap_or("unknown");
         match (
             self.versions.get("nvidia-modelopt"),
@@ -457,7 +455,7 @@ impl Report {
 
     /// What the converter did besides its tool's own pass, one line each (FP16: the folding
     /// before it, and how many nodes stayed FP32 and why); empty for the other conversions.
-    pub fn steps(&self) -> Vec<String> {
+    pub(crate) fn steps(&self) -> Vec<String> {
         let o = &self.options;
         let mut out = Vec::new();
         if let Some(f) = o["folded_by"].as_str() {

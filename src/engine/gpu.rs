@@ -9,7 +9,7 @@ use crate::process::{Cmd, Runner};
 
 /// One GPU as `nvidia-smi` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuInfo {
+pub(crate) struct GpuInfo {
     pub sm: ComputeCapability,
     pub driver: Version,
     pub name: String,
@@ -84,7 +84,7 @@ pub(crate) fn query_cmd_for(visible: Option<&str>) -> Cmd {
 }
 
 /// Ask `nvidia-smi` for the first visible GPU: CUDA's device 0 in PCI order, as trtexec sees it.
-pub fn query(runner: &dyn Runner) -> Result<GpuInfo, Error> {
+pub(crate) fn query(runner: &dyn Runner) -> Result<GpuInfo, Error> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let cmd = query_cmd_for(visible.as_deref());
     let out = runner.run(&cmd).map_err(Error::Process)?;

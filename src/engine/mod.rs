@@ -1,30 +1,30 @@
 //! The engine stage: build one target's engine into the content-addressed engine cache, and find
 //! and verify engines built elsewhere.
 //!
-//! Owns: the cache key ([`key`]), the on-disk cache ([`cache`]), the CPU engine with tract
-//! ([`tract`]), the TensorRT engine through trtexec and Polygraphy ([`tensorrt`], [`trtexec`],
-//! [`polygraphy`]), the builder-side GPU check ([`gpu`]) and the engine metadata and profile it
+//! Owns: the cache key (`key`), the on-disk cache (`cache`), the CPU engine with tract
+//! (`tract`), the TensorRT engine through trtexec and Polygraphy (`tensorrt`, `trtexec`,
+//! `polygraphy`), the builder-side GPU check (`gpu`) and the engine metadata and profile it
 //! writes (types in `infer_spec::engine`).
 //!
 //! Must not: spawn processes except through [`crate::process::Runner`]; read the recipe or the
-//! matrix itself (it takes an [`EngineSpec`] of plain values, made by [`adapt::spec`]); write anywhere but
-//! the cache (entries appear atomically, see [`cache`]).
+//! matrix itself (it takes an [`EngineSpec`] of plain values, made by `adapt::spec`); write anywhere but
+//! the cache (entries appear atomically, see `cache`).
 
-pub mod accuracy;
-pub mod adapt;
-pub mod cache;
-pub mod convert;
-pub mod gpu;
-pub mod key;
-pub mod onnx;
-pub mod onnxruntime;
-pub mod polygraphy;
-pub mod pyenv;
-pub mod select;
-pub mod spec;
-pub mod tensorrt;
-pub mod tract;
-pub mod trtexec;
+pub(crate) mod accuracy;
+pub(crate) mod adapt;
+pub(crate) mod cache;
+pub(crate) mod convert;
+pub(crate) mod gpu;
+pub(crate) mod key;
+pub(crate) mod onnx;
+pub(crate) mod onnxruntime;
+pub(crate) mod polygraphy;
+pub(crate) mod pyenv;
+pub(crate) mod select;
+pub(crate) mod spec;
+pub(crate) mod tensorrt;
+pub(crate) mod tract;
+pub(crate) mod trtexec;
 
 use std::path::{Path, PathBuf};
 
@@ -33,8 +33,10 @@ use infer_spec::engine::{
     TimedBy, META_FILE, META_SCHEMA, PROFILE_FILE,
 };
 
+pub use cache::digest_file;
 pub use cache::{Cache, Entry};
 pub use key::{KeyMaterial, TOOL_VERSION};
+pub use polygraphy::LOADER_SCRIPT;
 pub use spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
 
 use crate::process::Runner;

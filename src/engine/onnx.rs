@@ -13,7 +13,7 @@ const ONNX_FLOAT16: i32 = 10;
 
 /// What the precision checks need to know about a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OnnxSummary {
+pub(crate) struct OnnxSummary {
     /// Operator types of the main graph's nodes, sorted.
     pub op_types: BTreeSet<String>,
     /// Graph inputs: name and ONNX element type.
@@ -37,7 +37,8 @@ pub struct OnnxSummary {
 /// ONNX operators whose output shape depends on the values of their inputs, not only on their
 /// shapes: TensorRT cannot size such an output before it runs (its dimension stays `-1` once
 /// every input shape is set), and needs an output allocator infer-serve does not have.
-pub const DATA_DEPENDENT_OPS: [&str; 4] = ["NonZero", "NonMaxSuppression", "Unique", "Compress"];
+pub(crate) const DATA_DEPENDENT_OPS: [&str; 4] =
+    ["NonZero", "NonMaxSuppression", "Unique", "Compress"];
 
 /// The graph outputs whose shape depends on the data: downstream of a [`DATA_DEPENDENT_OPS`]
 /// node, with a declared dimension that is neither a number nor a symbol of one of the graph's
@@ -45,7 +46,7 @@ pub const DATA_DEPENDENT_OPS: [&str; 4] = ["NonZero", "NonMaxSuppression", "Uniq
 /// from the inputs (a NonZero used only to index into a tensor of fixed shape) is kept, as is
 /// one without a declared shape: the runtime still refuses an unresolved output when it creates
 /// an instance. Returns (output, operator), in the graph's output order.
-pub fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String, String)> {
+pub(crate) fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String, String)> {
     use tract_onnx::pb::tensor_shape_proto::dimension::Value as D;
     let producer: BTreeMap<&str, &tract_onnx::pb::NodeProto> = graph
         .node
@@ -107,7 +108,7 @@ pub fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<(String
 }
 
 /// The datatype of an ONNX `TensorProto.DataType`, when the runtime serves it.
-pub fn datatype(elem: i32) -> Option<infer_spec::DataType> {
+pub(crate) fn datatype(elem: i32) -> Option<infer_spec::DataType> {
     use infer_spec::DataType as D;
     Some(match elem {
         1 => D::F32,

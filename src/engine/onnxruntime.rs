@@ -80,7 +80,7 @@ impl PartialEq for Folding {
 /// `bytes` after ONNX Runtime's basic graph optimisation (level 1: constant folding, shape
 /// computations of known dimensions, redundant-node elimination; no fused or
 /// hardware-specific operators), as ONNX. The same library and model give the same bytes.
-pub fn fold(library: &Path, bytes: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn fold(library: &Path, bytes: &[u8]) -> Result<Vec<u8>, String> {
     let env = environment_at(library)?;
     let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
     let out = dir.path().join("folded.onnx");
@@ -98,10 +98,10 @@ pub fn fold(library: &Path, bytes: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// An output as its shape and its elements widened to f64 (row-major), for the comparison.
-pub type Output = (Vec<usize>, Vec<f64>);
+pub(crate) type Output = (Vec<usize>, Vec<f64>);
 
 /// What ONNX Runtime measured.
-pub struct OrtMeasured {
+pub(crate) struct OrtMeasured {
     pub startup_ms: f64,
     pub startup_runs: u32,
     pub batches: Vec<BatchTiming>,
@@ -250,7 +250,7 @@ fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<O
 
 /// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
 /// below `max`, and `max`.
-pub fn thread_counts(max: usize) -> Vec<usize> {
+pub(crate) fn thread_counts(max: usize) -> Vec<usize> {
     let max = max.max(1);
     let mut out = Vec::new();
     let mut n = 1;
@@ -265,7 +265,7 @@ pub fn thread_counts(max: usize) -> Vec<usize> {
 /// Load `bytes` in ONNX Runtime and measure it for `spec` with `threads` intra-op threads;
 /// `reference` are the inputs (in the model's input order) whose outputs are returned for the
 /// comparison with tract.
-pub fn measure(
+pub(crate) fn measure(
     spec: &EngineSpec,
     c: &OrtCandidate,
     bytes: &[u8],

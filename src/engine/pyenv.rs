@@ -51,7 +51,7 @@ pub(crate) fn env_id() -> String {
 }
 
 /// The pinned version of `package` in the requirements file.
-pub fn pinned(package: &str) -> Option<&'static str> {
+pub(crate) fn pinned(package: &str) -> Option<&'static str> {
     REQUIREMENTS.lines().find_map(|l| {
         let (name, rest) = l.trim().split_once("==")?;
         (name == package).then(|| rest.split_whitespace().next().unwrap_or(""))
@@ -59,7 +59,7 @@ pub fn pinned(package: &str) -> Option<&'static str> {
 }
 
 /// Where environments live for `cache`.
-pub fn root_for(cache: &Cache) -> PathBuf {
+pub(crate) fn root_for(cache: &Cache) -> PathBuf {
     match std::env::var_os("INFER_BUILD_PYENV").filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),
         None => cache.root().join("v1").join("pyenv"),
@@ -95,7 +95,7 @@ fn run(runner: &dyn Runner, cmd: &Cmd, what: &str) -> Result<crate::process::Out
 }
 
 /// Ask the environment's interpreter for its package versions.
-pub fn probe(runner: &dyn Runner, python: &Path) -> Result<BTreeMap<String, String>, Error> {
+pub(crate) fn probe(runner: &dyn Runner, python: &Path) -> Result<BTreeMap<String, String>, Error> {
     let cmd = Cmd::new(python.to_string_lossy())
         .args(["-c", SCRIPT])
         .stdin(br#"{"command": "versions"}"#.to_vec())
@@ -112,7 +112,7 @@ pub fn probe(runner: &dyn Runner, python: &Path) -> Result<BTreeMap<String, Stri
 /// environment does not carry), so infer-build installs nothing into it. It is not probed on its
 /// own (importing torch costs seconds): the conversion imports everything first, and
 /// [`missing_modelopt`] reads a failure there.
-pub fn modelopt_python() -> String {
+pub(crate) fn modelopt_python() -> String {
     std::env::var("INFER_BUILD_MODELOPT_PYTHON")
         .ok()
         .filter(|v| !v.is_empty())
@@ -121,7 +121,7 @@ pub fn modelopt_python() -> String {
 
 /// The refusal of a ModelOpt interpreter whose conversion failed on an import (`output`: that
 /// run); `None` when it failed for another reason.
-pub fn missing_modelopt(output: &crate::process::Output) -> Option<Error> {
+pub(crate) fn missing_modelopt(output: &crate::process::Output) -> Option<Error> {
     let text = format!("{}{}", output.stderr_text(), output.stdout_text());
     let line = text
         .lines()

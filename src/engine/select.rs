@@ -38,12 +38,12 @@ pub(crate) const RTOL: f64 = 1e-3;
 /// tract's. Its image is larger (a glibc base and the library, about 30 MB) and needs a base
 /// pulled from a registry, so a gain within the measurement's noise is not worth it, and the
 /// choice does not flip between builds on noise.
-pub const ORT_MARGIN: f64 = 0.9;
+pub(crate) const ORT_MARGIN: f64 = 0.9;
 
 /// More ONNX Runtime intra-op threads ship only when their summed T(b) is at most this fraction
 /// of fewer threads': extra threads contend with the server's own and with other instances for
 /// the same cores, so a gain within the measurement's noise is not worth them.
-pub const THREADS_MARGIN: f64 = 0.95;
+pub(crate) const THREADS_MARGIN: f64 = 0.95;
 
 /// The intra-op thread count to ship from `(threads, summed T(b) µs)` in ascending thread
 /// order: the first, replaced by a later one only when it is at most [`THREADS_MARGIN`] of the
@@ -113,7 +113,7 @@ fn ort_row(
 }
 
 /// The chosen CPU engine, ready for the cache.
-pub struct Chosen {
+pub(crate) struct Chosen {
     pub kind: EngineKind,
     pub format: EngineFormat,
     pub bytes: Vec<u8>,
@@ -291,7 +291,7 @@ fn ort_chosen(
 }
 
 /// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
-pub fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
+pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
     let Some(c) = &spec.onnxruntime else {
         let built = tract_build(spec, bytes).map_err(|reason| Error::Tract {
             target: spec.target.clone(),

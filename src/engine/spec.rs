@@ -77,7 +77,7 @@ pub struct TrtSpec {
     /// The polygraphy program (default `polygraphy`).
     pub polygraphy: String,
     /// Convert the ONNX to the target precision before the build (TensorRT 11: FP16, INT8
-    /// Q/DQ), gated on accuracy; see [`super::convert`].
+    /// Q/DQ), gated on accuracy; see `super::convert`.
     pub convert: Option<super::convert::ConvertSpec>,
 }
 
@@ -145,7 +145,7 @@ pub struct EngineSpec {
     /// the library at hand); `None`: tract only.
     pub onnxruntime: Option<super::onnxruntime::OrtCandidate>,
     /// `engine.cpu = "tract"`: the ONNX Runtime whose constant folding tract is retried on when
-    /// it cannot load the model as it is (see [`super::onnxruntime::fold`]). Under `auto` and
+    /// it cannot load the model as it is (see `super::onnxruntime::fold`). Under `auto` and
     /// `onnxruntime` the candidate's library serves.
     pub folding: Option<super::onnxruntime::Folding>,
 }

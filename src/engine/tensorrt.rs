@@ -19,7 +19,7 @@ pub(crate) const CALIBRATION_FILE: &str = "calibration.cache";
 
 /// What a TensorRT build produced besides the engine file.
 #[derive(Debug, Clone)]
-pub struct TrtBuilt {
+pub(crate) struct TrtBuilt {
     pub gpu: GpuInfo,
     pub batches: Vec<BatchTiming>,
     pub build_log: String,
@@ -75,7 +75,7 @@ pub(crate) fn refuse_data_dependent(target: &str, summary: &OnnxSummary) -> Resu
     clippy::too_many_arguments,
     reason = "the spec, its ONNX (bytes and path), where to write, the cache and the runner: each a different effect the caller owns"
 )]
-pub fn build(
+pub(crate) fn build(
     spec: &EngineSpec,
     trt: &TrtSpec,
     onnx_bytes: &[u8],

@@ -38,7 +38,7 @@ pub(crate) const PROFILE_BUDGET_S: f64 = 2.0;
 pub(crate) type Runnable = Arc<TypedRunnableModel>;
 
 /// A tract engine as built, before it is written into the cache.
-pub struct Built {
+pub(crate) struct Built {
     pub format: EngineFormat,
     pub bytes: Vec<u8>,
     pub startup: StartupMeasurement,
@@ -65,13 +65,13 @@ pub(crate) fn datum_type(datatype: DataType) -> Option<DatumType> {
 }
 
 /// The NNEF framework with the extensions the stored form needs. The runtime must use the same.
-pub fn nnef() -> tract_nnef::framework::Nnef {
+pub(crate) fn nnef() -> tract_nnef::framework::Nnef {
     tract_nnef::nnef().with_tract_resource().with_onnx()
 }
 
 /// Load an engine file of the given format into a runnable model. For ONNX, `inputs` gives the
 /// input facts; NNEF carries them.
-pub fn load_runnable(
+pub(crate) fn load_runnable(
     format: EngineFormat,
     bytes: &[u8],
     inputs: &[InputSpec],
@@ -90,7 +90,7 @@ pub fn load_runnable(
 
 /// Which profile size a variable non-batch dimension takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum At {
+pub(crate) enum At {
     Min,
     Opt,
     Max,
@@ -310,7 +310,7 @@ pub(crate) fn time_batch<E>(
 }
 
 /// Build the CPU engine for `spec` from the ONNX `bytes`.
-pub fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<Built> {
+pub(crate) fn build(spec: &EngineSpec, bytes: &[u8]) -> TractResult<Built> {
     let typed = typed_from_onnx(bytes, &spec.inputs)?;
     let names = input_names(&typed)?;
     let decluttered = typed.into_decluttered()?;

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// Serialize `value` canonically.
-pub fn to_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+pub(crate) fn to_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
     let v = serde_json::to_value(value)?;
     let mut out = Vec::with_capacity(512);
     write_canonical(&v, &mut out);

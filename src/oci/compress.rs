@@ -125,7 +125,7 @@ impl<W: Write> Encoder<W> {
 }
 
 /// gzip of deflate stored blocks (RFC 1951 §3.2.4), 65,535 bytes each.
-pub struct StoredGzip<W: Write> {
+pub(crate) struct StoredGzip<W: Write> {
     inner: W,
     buf: Vec<u8>,
     crc: crc32fast::Hasher,
@@ -134,7 +134,7 @@ pub struct StoredGzip<W: Write> {
 }
 
 impl<W: Write> StoredGzip<W> {
-    pub fn new(inner: W) -> Self {
+    pub(crate) fn new(inner: W) -> Self {
         StoredGzip {
             inner,
             buf: Vec::with_capacity(STORED_BLOCK),
@@ -166,7 +166,7 @@ impl<W: Write> StoredGzip<W> {
         Ok(())
     }
 
-    pub fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         self.header()?;
         self.crc.update(data);
         self.len += data.len() as u64;
@@ -181,7 +181,7 @@ impl<W: Write> StoredGzip<W> {
         Ok(())
     }
 
-    pub fn finish(mut self) -> io::Result<W> {
+    pub(crate) fn finish(mut self) -> io::Result<W> {
         self.header()?;
         self.block(true)?;
         let crc = self.crc.clone().finalize();

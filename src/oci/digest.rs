@@ -133,7 +133,7 @@ pub fn hex_of(digest: &str) -> Option<&str> {
 }
 
 /// True for 64 lowercase hex digits: a sha256 as wheels' and libraries' pins write it.
-pub use infer_spec::engine::is_sha256_hex;
+pub(crate) use infer_spec::engine::is_sha256_hex;
 
 /// A typed digest equals the same text read from elsewhere (a header, a report, a test).
 impl PartialEq<str> for Digest {

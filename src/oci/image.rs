@@ -160,7 +160,7 @@ impl Manifest {
 /// walks it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Document {
+pub(crate) struct Document {
     #[serde(default)]
     pub media_type: Option<String>,
     #[serde(default)]
@@ -183,13 +183,13 @@ pub(crate) const MAX_INDEX_ENTRIES: usize = 1000;
 pub(crate) const MAX_BLOB: u64 = 1 << 40;
 
 impl Document {
-    pub fn parse(bytes: &[u8]) -> Result<Document, serde_json::Error> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Document, serde_json::Error> {
         serde_json::from_slice(bytes)
     }
 
     /// Its media type: its own `mediaType`, else what its shape says (`mediaType` is optional
     /// in OCI documents: an index lists manifests, an image manifest has a config).
-    pub fn kind(&self) -> Option<&str> {
+    pub(crate) fn kind(&self) -> Option<&str> {
         match (&self.media_type, &self.config) {
             (Some(m), _) => Some(m),
             (None, _) if !self.manifests.is_empty() => Some(media::INDEX),
@@ -201,7 +201,7 @@ impl Document {
     /// Check the counts and sizes it claims, before anything is fetched or added up: a hostile
     /// registry or layout cannot make us walk 100k layers or overflow a total. The reason
     /// names the bound; `what` names the document in it.
-    pub fn check_bounds(&self, what: &str) -> Result<(), String> {
+    pub(crate) fn check_bounds(&self, what: &str) -> Result<(), String> {
         let max_layers = super::layout::MAX_LAYERS;
         if self.layers.len() > max_layers {
             return Err(format!(
@@ -320,7 +320,7 @@ pub(crate) struct ImageConfig {
 }
 
 /// Canonical bytes of any of these objects.
-pub fn encode<T: Serialize>(what: &str, v: &T) -> Result<Vec<u8>, Error> {
+pub(crate) fn encode<T: Serialize>(what: &str, v: &T) -> Result<Vec<u8>, Error> {
     cjson::to_vec(v).map_err(|source| Error::Json {
         what: what.into(),
         source,

@@ -57,7 +57,7 @@ pub enum CacheHit {
 }
 
 /// Write a layer (or find it in the cache).
-pub fn build_layer(
+pub(crate) fn build_layer(
     store: &BlobStore,
     entries: Vec<Entry>,
     opts: &LayerOptions,

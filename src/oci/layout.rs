@@ -55,12 +55,12 @@ pub(crate) fn write_index(store: &BlobStore, entries: Vec<Descriptor>) -> Result
     Ok(Digest::of(&bytes))
 }
 
-pub fn ref_name(d: &Descriptor) -> Option<String> {
+pub(crate) fn ref_name(d: &Descriptor) -> Option<String> {
     d.ref_name().map(str::to_string)
 }
 
 /// The `index.json` entry tagged `tag`.
-pub fn resolve(store: &BlobStore, tag: &str) -> Result<Descriptor, Error> {
+pub(crate) fn resolve(store: &BlobStore, tag: &str) -> Result<Descriptor, Error> {
     let idx = read_index(store)?;
     let known: Vec<String> = idx.manifests.iter().filter_map(ref_name).collect();
     idx.manifests
@@ -149,7 +149,7 @@ pub(crate) const PLATFORM: (&str, &str) = ("linux", "amd64");
 /// `None` when the layout holds exactly one entry. An index is followed to its `linux/amd64`
 /// manifest (else its only one), at most four levels deep. Every document is read verified
 /// against its descriptor (size, digest, [`super::MAX_DOCUMENT`]).
-pub fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error> {
+pub(crate) fn select(store: &BlobStore, want: Option<&str>) -> Result<FoundImage, Error> {
     let no_image = |why: String| Error::NoImage {
         layout: store.root().into(),
         why,

@@ -1,38 +1,44 @@
 //! Image encoding and the on-disk OCI layout: everything that turns files into bytes whose
 //! digests are the product.
 //!
-//! `oci` owns the canonical tar writer ([`tar`]), the compressors ([`compress`]), the one-pass
-//! layer writer ([`layer`]: tar → sha256 diff_id → compressor → sha256 digest → temp file →
+//! `oci` owns the canonical tar writer (`tar`), the compressors (`compress`), the one-pass
+//! layer writer (`layer`: tar → sha256 diff_id → compressor → sha256 digest → temp file →
 //! fsync → atomic rename), the content-addressed blob store with its lock and build cache
-//! ([`store`]), canonical JSON ([`cjson`]), the config/manifest/index types ([`image`]),
-//! OCI layout / archive reading and writing with image selection ([`layout`]) and the one
-//! layer reader ([`unpack`]) that every module decoding a layer blob goes through.
+//! (`store`), canonical JSON (`cjson`), the config/manifest/index types (`image`),
+//! OCI layout / archive reading and writing with image selection (`layout`) and the one
+//! layer reader (`unpack`) that every module decoding a layer blob goes through.
 //!
 //! It knows nothing about recipes, plans, engines or the terminal: callers hand it entries
 //! (paths inside the image, modes, sources) and get descriptors back. Invariants:
 //! - every byte that gets hashed comes from sorted data (`BTreeMap`, sorted entries), never from
-//!   `HashMap` iteration; every JSON blob is written through [`cjson`];
+//!   `HashMap` iteration; every JSON blob is written through `cjson`;
 //! - a blob becomes visible under `blobs/sha256/` only complete, verified and fsynced, by rename;
 //! - layers are streamed: memory use does not grow with layer size;
 //! - any change to the bytes produced for the same inputs bumps [`LAYER_RECIPE`], and the golden
 //!   digests in the tests say when that is needed.
 
-pub mod cjson;
-pub mod compress;
-pub mod digest;
-pub mod dir;
-pub mod image;
-pub mod layer;
-pub mod layout;
-pub mod store;
-pub mod tar;
-pub mod unpack;
+pub(crate) mod cjson;
+pub(crate) mod compress;
+pub(crate) mod digest;
+pub(crate) mod dir;
+pub(crate) mod image;
+pub(crate) mod layer;
+pub(crate) mod layout;
+pub(crate) mod store;
+pub(crate) mod tar;
+pub(crate) mod unpack;
 
 use std::path::PathBuf;
 
 pub use compress::Compression;
 pub use digest::{hex_of, Digest};
 pub use dir::{write_atomic, Dir};
+pub use image::Platform;
+pub use layer::{write_layer, LayerOptions};
+pub use layout::{read_index, walk, write_archive};
+pub use store::{BlobStore, LayerRecord};
+pub use tar::{canonicalize, Entry, Source};
+pub use unpack::open as open_layer;
 
 /// The most bytes a JSON document read from a layout may have (`index.json`, manifests,
 /// indexes, configs): the bound `registry::pull` applies to manifests.
@@ -51,7 +57,7 @@ pub const LAYER_RECIPE: &str = "infer-build.layer.v2";
 pub(crate) const ANNOTATION_PREFIX: &str = "dev.infer-build.";
 
 /// Media types (image-spec v1.1).
-pub mod media {
+pub(crate) mod media {
     pub(crate) const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
     pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";
     pub(crate) const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -61,7 +67,7 @@ pub mod media {
     pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
     pub(crate) const DOCKER_LIST: &str =
         "application/vnd.docker.distribution.manifest.list.v2+json";
-    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+    pub(crate) const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
     pub(crate) const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
     /// The empty descriptor's media type (the config of artifact manifests).
     pub(crate) const EMPTY: &str = "application/vnd.oci.empty.v1+json";
@@ -84,7 +90,7 @@ application/vnd.docker.distribution.manifest.v2+json";
 }
 
 /// Standard annotation keys (image-spec `annotations.md`).
-pub mod annotation {
+pub(crate) mod annotation {
     pub(crate) const CREATED: &str = "org.opencontainers.image.created";
     pub(crate) const VERSION: &str = "org.opencontainers.image.version";
     pub(crate) const REVISION: &str = "org.opencontainers.image.revision";

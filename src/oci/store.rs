@@ -24,7 +24,7 @@ const OCI_LAYOUT: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
 
 /// An OCI layout used as a blob store. Its directories are opened once, when the store is
 /// opened, and every read and write goes through those handles without following links
-/// (see [`super::dir`]): a link planted at `blobs/sha256`, `.infer-build/tmp` or a blob is
+/// (see `super::dir`): a link planted at `blobs/sha256`, `.infer-build/tmp` or a blob is
 /// refused, never followed.
 #[derive(Debug, Clone)]
 pub struct BlobStore {

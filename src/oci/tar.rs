@@ -143,7 +143,7 @@ pub fn canonicalize(entries: Vec<Entry>) -> Result<Vec<Entry>, Error> {
 
 /// The header block(s) for an entry: an optional PAX header (with its data) followed by the
 /// ustar header. The entry's content and its padding follow in the stream.
-pub fn header(entry: &Entry, mtime: u64) -> Result<Vec<u8>, Error> {
+pub(crate) fn header(entry: &Entry, mtime: u64) -> Result<Vec<u8>, Error> {
     check_path(&entry.path)?;
     let is_dir = matches!(entry.source, Source::Dir);
     let name = if is_dir {
@@ -197,7 +197,7 @@ pub fn header(entry: &Entry, mtime: u64) -> Result<Vec<u8>, Error> {
 }
 
 /// The zero padding after `len` bytes of content.
-pub fn padding(len: u64) -> usize {
+pub(crate) fn padding(len: u64) -> usize {
     let r = (len % BLOCK as u64) as usize;
     if r == 0 {
         0

@@ -24,7 +24,7 @@ pub(crate) const MAX_EXPANSION: u64 = 100;
 pub(crate) const EXPANSION_FLOOR: u64 = 1 << 30;
 
 /// The most bytes a layer of `size` compressed bytes may uncompress to.
-pub fn expansion_limit(size: u64) -> u64 {
+pub(crate) fn expansion_limit(size: u64) -> u64 {
     EXPANSION_FLOOR.max(size.saturating_mul(MAX_EXPANSION))
 }
 

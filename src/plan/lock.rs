@@ -109,7 +109,7 @@ impl LockError {
 /// Read the lock file at `path` (an empty lock when there is none), change it with `change`
 /// and write it back in canonical text, atomically and durably, keeping every entry `change`
 /// leaves alone.
-pub fn update(path: &Path, change: impl FnOnce(&mut Lock)) -> Result<(), LockError> {
+pub(crate) fn update(path: &Path, change: impl FnOnce(&mut Lock)) -> Result<(), LockError> {
     let mut lock = read(path)?.unwrap_or_default();
     change(&mut lock);
     crate::oci::write_atomic(path, render(&lock).as_bytes()).map_err(|e| LockError::Write {
@@ -177,7 +177,7 @@ impl Lock {
 }
 
 /// Parse a lock file's text; `path` names it in errors.
-pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
     let invalid = |offset: usize, message: String| {
         let (line, col) = crate::matrix::line_col(text, offset);
         LockError::Invalid {
@@ -253,7 +253,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Lock, LockError> {
 }
 
 /// The canonical text of a lock file.
-pub fn render(lock: &Lock) -> String {
+pub(crate) fn render(lock: &Lock) -> String {
     let mut images = lock.images.clone();
     images.sort_by(|a, b| a.reference.cmp(&b.reference));
     images.dedup_by(|a, b| a.reference == b.reference);

@@ -87,7 +87,7 @@ pub(crate) fn model_need(recipe: &Recipe, t: &TargetPlan, onnx_bytes: u64) -> u6
 /// What target `t` holds, in bytes, and what that is: on a GPU target the smallest memory of
 /// the products it serves (`None` when the matrix gives none of them a size), on a CPU target
 /// the pod's memory (`pod_mib`).
-pub fn capacity(matrix: &Matrix, t: &TargetPlan, pod_mib: u64) -> Option<(u64, String)> {
+pub(crate) fn capacity(matrix: &Matrix, t: &TargetPlan, pod_mib: u64) -> Option<(u64, String)> {
     match (&t.gpu, t.kind) {
         (Some(g), TargetKind::Gpu) => g
             .products
@@ -106,7 +106,7 @@ pub fn capacity(matrix: &Matrix, t: &TargetPlan, pod_mib: u64) -> Option<(u64, S
 }
 
 /// `bytes` for people: GiB with two decimals, or MiB under 1 GiB.
-pub fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     if bytes >= 1 << 30 {
         format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
     } else {
@@ -124,7 +124,7 @@ fn overhead(t: &TargetPlan) -> u64 {
 }
 
 /// The bytes the models (name, estimated bytes) and the server need together on `t`.
-pub fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
+pub(crate) fn total(t: &TargetPlan, needs: &[(String, u64)]) -> u64 {
     needs
         .iter()
         .map(|(_, b)| *b)
@@ -138,7 +138,7 @@ pub(crate) fn pod_mib_for(total: u64) -> u64 {
 
 /// The refusal when the models of a bundle (name, estimated bytes) do not fit target `t`,
 /// `None` when they do or the target's memory is unknown.
-pub fn refusal(
+pub(crate) fn refusal(
     matrix: &Matrix,
     t: &TargetPlan,
     pod_mib: u64,

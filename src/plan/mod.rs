@@ -13,16 +13,17 @@
 //! the lock file and passes values in. The exceptions are the edge functions that load for
 //! callers: [`lock::read`] (a lock file) and [`Project::load`] (recipe, matrix, lock, plan). This module must not build, pull or push anything.
 
-pub mod lock;
-pub mod memory;
-pub mod project;
+pub(crate) mod lock;
+pub(crate) mod memory;
+pub(crate) mod project;
 mod resolve;
 mod rules;
-pub mod tag;
+pub(crate) mod tag;
 mod types;
 
 use std::path::PathBuf;
 
+pub use lock::{read as read_lock, Lock};
 pub use project::Project;
 pub use resolve::resolve;
 pub use types::*;

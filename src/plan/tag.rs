@@ -40,7 +40,7 @@ fn value(recipe: &Recipe, t: &TargetPlan, name: &str) -> Option<String> {
 }
 
 /// Render `template` for one target: `Ok((tag, sanitized))` or the problem with the template.
-pub fn render(
+pub(crate) fn render(
     template: &str,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<(String, bool), String> {

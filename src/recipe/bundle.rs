@@ -38,7 +38,7 @@ pub(crate) const MAX_MODELS: usize = infer_spec::runtime::MAX_BUNDLE_MODELS;
 
 /// A validated bundle file.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Bundle {
+pub(crate) struct Bundle {
     /// The bundle file's path as given; diagnostics name it.
     pub file: PathBuf,
     /// The directory the model paths are relative to.
@@ -95,7 +95,7 @@ pub(crate) fn is_bundle(path: &Path) -> bool {
 }
 
 /// Read and validate the bundle file at `path`, and check that each model it lists is a file.
-pub fn load(path: &Path) -> Result<Bundle, Error> {
+pub(crate) fn load(path: &Path) -> Result<Bundle, Error> {
     let bytes = read_recipe(path)?;
     let source = std::str::from_utf8(&bytes).map_err(|e| {
         let (line, col) = super::diagnostic::byte_position(&bytes, e.valid_up_to());
@@ -128,7 +128,8 @@ pub fn load(path: &Path) -> Result<Bundle, Error> {
 }
 
 /// Parse and validate bundle text without touching the filesystem.
-pub fn parse(source: &str, file: &Path) -> Result<Bundle, Error> {
+#[cfg(test)]
+fn parse(source: &str, file: &Path) -> Result<Bundle, Error> {
     match parse_text(source, file) {
         (Some(b), d) if d.is_empty() => Ok(b),
         (_, d) => Err(invalid(file, d)),

@@ -37,7 +37,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-pub mod bundle;
+pub(crate) mod bundle;
 mod check;
 mod diagnostic;
 mod types;

@@ -149,7 +149,7 @@ impl Keychain {
 
 /// What the environment's credentials are for one registry.
 #[derive(Debug, PartialEq, Eq)]
-pub enum EnvCredential {
+pub(crate) enum EnvCredential {
     /// `INFER_BUILD_REGISTRY_USER` is not set (or empty).
     None,
     /// They are for this registry: `INFER_BUILD_REGISTRY` names it.
@@ -162,7 +162,10 @@ pub enum EnvCredential {
 /// only when `INFER_BUILD_REGISTRY` names that registry (`host[:port]`, case-insensitive;
 /// `https://` and a path are ignored, Docker Hub's names are one registry). Never for
 /// another host, so a token realm, upload location or redirect elsewhere cannot get them.
-pub fn env_credential(registry: &str, var: &dyn Fn(&str) -> Option<String>) -> EnvCredential {
+pub(crate) fn env_credential(
+    registry: &str,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> EnvCredential {
     let Some(username) = var(ENV_USER).filter(|u| !u.is_empty()) else {
         return EnvCredential::None;
     };
@@ -227,7 +230,7 @@ pub(crate) fn default_files(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) ->
 /// The file `infer-build login` writes: `explicit`, else `REGISTRY_AUTH_FILE`, else
 /// `$XDG_RUNTIME_DIR/containers/auth.json`, else `$XDG_CONFIG_HOME/containers/auth.json`
 /// (default `~/.config/…`): where skopeo and podman read it first.
-pub fn login_file(
+pub(crate) fn login_file(
     explicit: Option<&Path>,
     var: &dyn Fn(&str) -> Option<std::ffi::OsString>,
 ) -> Option<PathBuf> {
@@ -274,7 +277,7 @@ fn read_credentials_file(path: &Path) -> std::result::Result<Option<String>, Str
 /// Store basic credentials for `registry` in `path` (a containers `auth.json`, created with
 /// mode 0600 when missing; other entries and keys are kept), through a temporary file and a
 /// rename.
-pub fn store(path: &Path, registry: &str, username: &str, password: &str) -> Result<()> {
+pub(crate) fn store(path: &Path, registry: &str, username: &str, password: &str) -> Result<()> {
     let fail = |reason: String| Error::Credentials {
         registry: registry.to_string(),
         reason: format!("{}: {reason}", path.display()),
@@ -325,7 +328,7 @@ pub fn store(path: &Path, registry: &str, username: &str, password: &str) -> Res
 
 /// What `login` did.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct LoginReport {
+pub(crate) struct LoginReport {
     pub registry: String,
     pub file: PathBuf,
     /// False when the registry answered without asking for credentials, so they could not
@@ -335,7 +338,7 @@ pub struct LoginReport {
 
 /// Check `username`/`password` against `registry` (`GET /v2/` with them), then store them in
 /// `file`. Nothing is written when the registry refuses them or cannot be reached.
-pub fn login(
+pub(crate) fn login(
     registry: &str,
     username: &str,
     password: &str,
@@ -391,7 +394,7 @@ impl std::fmt::Debug for AuthEntry {
 
 /// Where the credentials of one registry come from.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     None,
     Inline(Credential),
     /// The suffix of a `docker-credential-<suffix>` program.

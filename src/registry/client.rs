@@ -38,25 +38,25 @@ use super::auth::{parse_challenge, Challenge, Credential, Keychain};
 use super::{Error, Result};
 
 /// The largest manifest or index read from a registry (what registries themselves accept).
-pub const MAX_MANIFEST: u64 = 4 << 20;
+pub(crate) const MAX_MANIFEST: u64 = 4 << 20;
 /// The largest token endpoint answer read.
-pub const MAX_TOKEN: u64 = 256 << 10;
+pub(crate) const MAX_TOKEN: u64 = 256 << 10;
 /// The largest error body read (for its message).
-pub const MAX_ERROR_BODY: u64 = 64 << 10;
+pub(crate) const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Timeouts allowed per request (first try included) before giving up.
-pub const MAX_TIMEOUTS: u32 = 3;
+pub(crate) const MAX_TIMEOUTS: u32 = 3;
 /// The environment variable that sets [`ClientOptions::min_rate`] (bytes per second).
 pub(crate) const ENV_MIN_RATE: &str = "INFER_BUILD_REGISTRY_MIN_RATE";
 /// The environment variable that sets [`ClientOptions::rate_window`] (seconds).
 pub(crate) const ENV_RATE_WINDOW: &str = "INFER_BUILD_REGISTRY_RATE_WINDOW";
 /// The default minimum transfer rate: 64 KiB/s.
-pub const DEFAULT_MIN_RATE: u64 = 64 << 10;
+pub(crate) const DEFAULT_MIN_RATE: u64 = 64 << 10;
 /// The default window over which the minimum rate is measured.
-pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
 
 /// The environment variable that lets named registries' credentials go to a token service on
 /// another host: `REGISTRY=REALM_HOST[,REGISTRY=REALM_HOST…]` (https realms only).
-pub const ENV_REALMS: &str = "INFER_BUILD_REGISTRY_REALMS";
+pub(crate) const ENV_REALMS: &str = "INFER_BUILD_REGISTRY_REALMS";
 /// Docker Hub's token service, the one realm on another host that gets a registry's
 /// credentials without being asked (Docker Hub's own clients send them there).
 pub(crate) const DOCKER_HUB_REALM: &str = "https://auth.docker.io";
@@ -116,18 +116,18 @@ pub struct ClientOptions {
     pub request_timeout: Duration,
     /// The slowest transfer accepted, in bytes per second (at least 1): a blob body, up or
     /// down, that moves fewer than `min_rate × rate_window` bytes in a window is stopped
-    /// ([`RateGuard`]), and a request carrying `n` bytes gets `request_timeout + n / min_rate`
+    /// (`RateGuard`), and a request carrying `n` bytes gets `request_timeout + n / min_rate`
     /// in all, so a registry that trickles cannot hold a push or pull for long. Default
-    /// [`DEFAULT_MIN_RATE`], or `INFER_BUILD_REGISTRY_MIN_RATE`.
+    /// `DEFAULT_MIN_RATE`, or `INFER_BUILD_REGISTRY_MIN_RATE`.
     pub min_rate: u64,
     /// The window the minimum rate is measured over; also the longest a request body may
-    /// stall on one write. Default [`DEFAULT_RATE_WINDOW`], or
+    /// stall on one write. Default `DEFAULT_RATE_WINDOW`, or
     /// `INFER_BUILD_REGISTRY_RATE_WINDOW` (seconds).
     pub rate_window: Duration,
     /// Told when the client waits on a registry's rate limit.
     pub notify: Notify,
     /// `(registry, realm host)` pairs: the registry's credentials may go to that https token
-    /// service on another host ([`ENV_REALMS`]).
+    /// service on another host (`ENV_REALMS`).
     pub trusted_realms: Vec<(String, String)>,
 }
 
@@ -245,7 +245,7 @@ impl Default for ClientOptions {
 /// after at most two windows, whatever size it declared. The error is a `TimedOut` I/O error
 /// (a timeout for the retry rules) naming the rate.
 #[derive(Debug, Clone)]
-pub struct RateGuard {
+pub(crate) struct RateGuard {
     min_rate: u64,
     window: Duration,
     start: Option<Instant>,
@@ -253,7 +253,7 @@ pub struct RateGuard {
 }
 
 impl RateGuard {
-    pub fn new(min_rate: u64, window: Duration) -> RateGuard {
+    pub(crate) fn new(min_rate: u64, window: Duration) -> RateGuard {
         RateGuard {
             min_rate: min_rate.max(1),
             window,
@@ -263,7 +263,7 @@ impl RateGuard {
     }
 
     /// Count `n` more bytes moved now.
-    pub fn tick(&mut self, n: u64) -> std::io::Result<()> {
+    pub(crate) fn tick(&mut self, n: u64) -> std::io::Result<()> {
         self.tick_at(n, Instant::now())
     }
 
@@ -1158,7 +1158,7 @@ pub(crate) fn parse_range(r: &str) -> Option<u64> {
 
 /// `scheme://host:port` of an absolute http(s) URL, lowercased, with the default port made
 /// explicit; `None` for anything else.
-pub fn origin(url: &str) -> Option<String> {
+pub(crate) fn origin(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let scheme = scheme.to_ascii_lowercase();
     let default_port = match scheme.as_str() {
@@ -1237,7 +1237,7 @@ fn load_certs(path: &Path) -> Result<Vec<Certificate<'static>>> {
 }
 
 /// A response header as a string.
-pub fn header<'r>(resp: &'r Resp, name: &str) -> Option<&'r str> {
+pub(crate) fn header<'r>(resp: &'r Resp, name: &str) -> Option<&'r str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 

@@ -49,7 +49,7 @@ pub struct PlainPull {
 
 /// [`PlainPull`] for an index's entries, on linux/amd64; `None` when no entry has that
 /// platform.
-pub fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
+pub(crate) fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
     let matching: Vec<&Descriptor> = entries
         .iter()
         .filter(|d| d.is_platform("linux", "amd64"))

@@ -154,6 +154,6 @@ fn layout_error(root: &Path, e: crate::oci::Error) -> Error {
 }
 
 /// Write `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::oci::write_atomic(path, bytes).map_err(|e| Error::io(path, e.into_io()))
 }

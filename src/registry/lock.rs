@@ -34,7 +34,7 @@ pub fn lookup(path: &Path, reference: &str) -> Result<Option<Digest>> {
 }
 
 /// Pin `reference` to `digest`, keeping every other entry.
-pub fn record(path: &Path, reference: &str, digest: &Digest) -> Result<()> {
+pub(crate) fn record(path: &Path, reference: &str, digest: &Digest) -> Result<()> {
     plan_lock::update(path, |lock| lock.set(reference, digest.as_str()))
         .map_err(|e| lock_error(path, e))
 }

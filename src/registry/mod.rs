@@ -6,7 +6,7 @@
 //! (`push`), pulling a base image into a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
 //! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`). The
 //! image model it reads and writes (descriptors, manifests, indexes, artifact manifests) is
-//! [`crate::oci::image`]'s.
+//! `crate::oci::image`'s.
 //!
 //! It does not build images, encode layers or decide tags: it pushes what a layout holds, under
 //! the `org.opencontainers.image.ref.name` names the layout gives. It never prints: progress
@@ -21,21 +21,28 @@ use std::path::PathBuf;
 
 use crate::oci::image::Document;
 
-pub mod auth;
-pub mod client;
-pub mod inspect;
-pub mod layout;
-pub mod lock;
-pub mod pull;
-pub mod push;
-pub mod reference;
-pub mod sources;
-pub mod warmup;
+pub(crate) mod auth;
+pub(crate) mod client;
+pub(crate) mod inspect;
+pub(crate) mod layout;
+pub(crate) mod lock;
+pub(crate) mod pull;
+pub(crate) mod push;
+pub(crate) mod reference;
+pub(crate) mod sources;
+pub(crate) mod warmup;
 
+pub use auth::Keychain;
+pub use client::Notify;
 pub use client::{Client, ClientOptions};
+pub use inspect::inspect;
+pub use lock::lookup as pinned_digest;
+pub use pull::PullOptions;
 pub use pull::{pull, pull_with, PulledImage};
+pub use push::Progress;
 pub use push::{push, PushOptions, PushReport};
 pub use reference::Reference;
+pub use sources::Registries;
 pub use warmup::{referrers, Referrer};
 
 /// Errors of the `registry` module.
@@ -162,8 +169,8 @@ impl Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Media types: the OCI ones ([`crate::oci::media`]) and infer-build's artifacts.
-pub mod media {
-    pub use crate::oci::media::*;
+pub(crate) mod media {
+    pub(crate) use crate::oci::media::*;
     /// The `artifactType` of the warm-up manifest.
     pub(crate) const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
     /// The media type of the warm-up manifest's one layer (the JSON document).

@@ -45,7 +45,7 @@ pub struct PushOptions {
     pub mount_from: Vec<String>,
     /// The file that remembers which repositories hold which blobs (for mounts); `None` =
     /// the default cache location, `registry-locations.json`
-    /// under the cache root ([`crate::cache`]).
+    /// under the cache root (`crate::cache`).
     pub locations_file: Option<PathBuf>,
     /// Progress events (the CLI draws them).
     pub progress: Option<Arc<dyn Fn(Progress) + Send + Sync>>,

@@ -36,7 +36,7 @@ const MAX_SCAN_LAYER: u64 = 64 << 20;
 
 /// An artifact (warm-up manifest, SBOM) ready to push.
 #[derive(Debug, Clone)]
-pub struct WarmupArtifact {
+pub(crate) struct WarmupArtifact {
     pub payload: Vec<u8>,
     pub payload_digest: Digest,
     pub manifest: Vec<u8>,
@@ -94,7 +94,7 @@ fn bundle_dirs(text: &str) -> Option<Vec<String>> {
 /// Pure: the warm-up document and its artifact manifest. `models` is a bundle's: each model
 /// directory named by `runtime_toml` with its own `runtime.toml` when the image has it (empty
 /// for a one-model image).
-pub fn build(
+pub(crate) fn build(
     desc: &Descriptor,
     manifest_bytes: &[u8],
     m: &Document,
@@ -200,7 +200,7 @@ pub fn build(
 /// Pure: the OCI 1.1 artifact manifest ([`Manifest::artifact`]) attached to the image
 /// `subject`, whose one layer holds `payload` (of `layer_media_type`). The warm-up manifest
 /// and the SBOM are both pushed through here.
-pub fn artifact(
+pub(crate) fn artifact(
     subject: &Descriptor,
     artifact_type: &str,
     layer_media_type: &str,

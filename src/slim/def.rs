@@ -128,7 +128,7 @@ pub struct Definition {
 /// Libraries the NVIDIA container toolkit mounts from the node's driver at run time
 /// (libnvidia-container's compute, utility, video and graphics lists). Copying them from a
 /// builder would shadow the driver actually present on the node, so they are never copied.
-pub const TOOLKIT_INJECTED: &[&str] = &[
+pub(crate) const TOOLKIT_INJECTED: &[&str] = &[
     "libcuda.so*",
     "libcudadebugger.so*",
     "libnvidia-*.so*",
@@ -155,7 +155,7 @@ pub(crate) const EMBEDDED: [(&str, &str); 2] = [
 ];
 
 /// Parse the embedded definitions (names are unique; checked by a test).
-pub fn embedded() -> Result<Vec<Definition>, Error> {
+pub(crate) fn embedded() -> Result<Vec<Definition>, Error> {
     EMBEDDED
         .iter()
         .map(|(origin, text)| Definition::parse(origin, text))
@@ -163,7 +163,7 @@ pub fn embedded() -> Result<Vec<Definition>, Error> {
 }
 
 /// The definition called `name`; an unknown name lists the known ones.
-pub fn find<'a>(defs: &'a [Definition], name: &str) -> Result<&'a Definition, Error> {
+pub(crate) fn find<'a>(defs: &'a [Definition], name: &str) -> Result<&'a Definition, Error> {
     defs.iter()
         .find(|d| d.name == name)
         .ok_or_else(|| Error::UnknownDefinition {

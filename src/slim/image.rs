@@ -34,7 +34,7 @@ const INLINE_LIMIT: u64 = 1 << 20;
 /// The most entries slim holds of the images it reads, base and builder together, every layer
 /// counted (with a layer's entries and whiteouts read but not yet applied). Real CUDA and
 /// TensorRT images hold tens of thousands; each layer is bounded by its size alone
-/// ([`crate::oci::unpack::expansion_limit`]), so without this a few small layers of millions
+/// (`crate::oci::unpack::expansion_limit`), so without this a few small layers of millions
 /// of directory entries would take gigabytes.
 pub const MAX_ENTRIES: usize = 1_000_000;
 /// The most bytes slim holds of those trees: paths, link targets, file facts (digest, ELF
@@ -149,7 +149,7 @@ impl Image {
     }
 }
 
-/// Read the image `want` from the OCI layout at `dir` (see [`crate::oci::layout::select`]: a
+/// Read the image `want` from the OCI layout at `dir` (see `crate::oci::layout::select`: a
 /// manifest or index digest, a ref name, or `None` for the only image; an index is followed to
 /// its `linux/amd64` manifest). Every document is verified against its descriptor.
 pub fn read_layout(dir: &Path, want: Option<&str>) -> Result<Image, Error> {
@@ -828,7 +828,7 @@ pub(crate) fn carried_layer_annotations(
 }
 
 /// The definitions of `base-images/slim/` under `dir` (`--matrix DIR`), else the embedded ones.
-pub fn definitions(dir: Option<&Path>) -> Result<Vec<Definition>, Error> {
+pub(crate) fn definitions(dir: Option<&Path>) -> Result<Vec<Definition>, Error> {
     match dir {
         Some(d) => load_definitions(&d.join("base-images/slim")),
         None => super::def::embedded(),

@@ -1,10 +1,10 @@
 //! Slim GPU bases: start from a small base image and add only the files a running engine needs
 //! from a (huge) builder image, with their shared-library closure.
 //!
-//! Owns: the definition format of `base-images/slim/*.toml` ([`def`]), the in-memory file tree
-//! of an image ([`tree`]), the ELF facts used by the closure ([`elf`]), the selection and
-//! closure computation with its checks ([`closure`]), the size report ([`report`]), and the
-//! effectful edge that flattens OCI layouts and writes the slim layer and image ([`image`]).
+//! Owns: the definition format of `base-images/slim/*.toml` (`def`), the in-memory file tree
+//! of an image (`tree`), the ELF facts used by the closure (`elf`), the selection and
+//! closure computation with its checks (`closure`), the size report (`report`), and the
+//! effectful edge that flattens OCI layouts and writes the slim layer and image (`image`).
 //!
 //! Must not: talk to registries (the images are pulled into OCI layouts by `registry` first),
 //! decide which engine needs what (that comes from the engine metadata as [`def::Needs`] and
@@ -13,22 +13,29 @@
 //! Invariants:
 //! - [`closure::compute`] is pure: it sees only the two trees and the definition, and returns
 //!   every problem at once (missing dependency with its chain, conflict, unmatched glob);
-//! - the libraries the NVIDIA container toolkit injects ([`def::TOOLKIT_INJECTED`]) are never
+//! - the libraries the NVIDIA container toolkit injects (`def::TOOLKIT_INJECTED`) are never
 //!   copied, and every time one is needed it is listed in [`closure::SlimPlan::excluded`];
 //! - everything that reaches bytes is ordered (`BTreeMap`, sorted entries), so the same inputs
 //!   give the same slim layer digest.
 
-pub mod closure;
-pub mod def;
-pub mod elf;
-pub mod image;
-pub mod report;
-pub mod tree;
+pub(crate) mod closure;
+pub(crate) mod def;
+pub(crate) mod elf;
+pub(crate) mod image;
+pub(crate) mod report;
+pub(crate) mod tree;
 
 pub use closure::{compute, Excluded, Origin, Problem, SlimPlan, Spec};
+pub use def::choose;
 pub use def::{Definition, Needs, PlanCompat, Tactic, Winner};
+pub use elf::ElfInfo;
+pub use image::{
+    build, flatten, flatten_within, load_definitions, read_layout, render_excluded,
+    size_report_of_layout, Budget, BuildOptions, MAX_ENTRIES,
+};
 pub use report::{size_report, LayerSize, SizeReport};
 pub use tree::Tree;
+pub use tree::{File, Node, Source};
 
 use std::path::PathBuf;
 

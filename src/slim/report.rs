@@ -65,7 +65,7 @@ pub(crate) fn from_slim_base(l: &LayerSize) -> bool {
 }
 
 /// Bytes for people: `1.4 GiB`, `310.2 KiB`, `512 B`.
-pub fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if bytes < 1024 {
         return format!("{bytes} B");

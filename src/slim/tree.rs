@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::elf::ElfInfo;
 
 /// How many symlinks one resolution may follow before it is called a loop (Linux's limit).
-pub const MAX_SYMLINKS: usize = 40;
+pub(crate) const MAX_SYMLINKS: usize = 40;
 
 /// Where the bytes of a regular file are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub struct Tree {
 }
 
 /// The per-entry cost counted besides its bytes: a map slot, a path and a node header.
-pub const ENTRY_OVERHEAD: u64 =
+pub(crate) const ENTRY_OVERHEAD: u64 =
     (std::mem::size_of::<String>() + std::mem::size_of::<Node>() + 16) as u64;
 
 /// Why a path could not be resolved.
@@ -100,7 +100,7 @@ pub struct Resolved {
 
 /// Normalize a path inside an image: absolute or relative to the root, `.` dropped, `..` going
 /// up (never above the root), duplicate slashes removed.
-pub fn normalize(path: &str) -> String {
+pub(crate) fn normalize(path: &str) -> String {
     let mut parts: Vec<&str> = Vec::new();
     for c in path.split('/') {
         match c {
@@ -115,17 +115,17 @@ pub fn normalize(path: &str) -> String {
 }
 
 /// The directory part of a normalized path ("" for a top-level entry).
-pub fn parent(path: &str) -> &str {
+pub(crate) fn parent(path: &str) -> &str {
     path.rsplit_once('/').map(|(d, _)| d).unwrap_or("")
 }
 
 /// The last component of a path.
-pub fn file_name(path: &str) -> &str {
+pub(crate) fn file_name(path: &str) -> &str {
     path.rsplit_once('/').map(|(_, f)| f).unwrap_or(path)
 }
 
 /// Join a directory and a name, both inside the image, and normalize.
-pub fn join(dir: &str, name: &str) -> String {
+pub(crate) fn join(dir: &str, name: &str) -> String {
     if name.starts_with('/') {
         normalize(name)
     } else {
@@ -191,7 +191,7 @@ impl Tree {
     }
 
     /// What the tree holds: its number of entries and the bytes of their paths, link targets
-    /// and file facts (see [`Node::heap_bytes`]; [`ENTRY_OVERHEAD`] per entry not included).
+    /// and file facts (see [`Node::heap_bytes`]; `ENTRY_OVERHEAD` per entry not included).
     pub fn weight(&self) -> (usize, u64) {
         (self.nodes.len(), self.bytes)
     }

@@ -1071,7 +1071,7 @@ fn py_calibration_loader_yields_batches() {
     let data = tmp.path().join("calib");
     fs::create_dir_all(&data).unwrap();
     let script = tmp.path().join("loader.py");
-    fs::write(&script, engine::polygraphy::LOADER_SCRIPT).unwrap();
+    fs::write(&script, engine::LOADER_SCRIPT).unwrap();
     let prog = format!(
         "import numpy as np, sys; sys.path.insert(0, {dir:?}); \
          np.save({a:?}, np.ones((4, 64), np.float32)); np.save({b:?}, np.zeros((2, 64), np.float32)); \

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use infer_build::assemble::{
     self, BuildOptions, ImageMeta, ModelSpec, NoProgress, Payload, Policy, TargetSpec,
 };
-use infer_build::oci::image::Platform;
-use infer_build::oci::store::BlobStore;
-use infer_build::oci::{layout, Digest};
+use infer_build::oci::{read_index, walk, write_archive, BlobStore, Digest, Platform};
 use infer_build::plan::TargetKind;
 use serde_json::{json, Value};
 
@@ -251,7 +249,7 @@ fn archive_never_writes_through_a_planted_partial_link() {
     symlink(v.join("precious"), t.path().join("image.partial")).unwrap();
     symlink(v.join("precious"), &dest).unwrap();
     let store = BlobStore::open(&out).unwrap();
-    layout::write_archive(&store, &dest, 0).unwrap();
+    write_archive(&store, &dest, 0).unwrap();
     untouched(&v);
     let m = std::fs::symlink_metadata(&dest).unwrap();
     assert!(m.file_type().is_file(), "the archive must replace the link");
@@ -304,18 +302,18 @@ fn fifo_or_oversized_index_json_is_refused() {
     let b = base.clone();
     let e = bounded(move || {
         let s = BlobStore::open(&b).unwrap();
-        layout::read_index(&s).unwrap_err().to_string()
+        read_index(&s).unwrap_err().to_string()
     });
     assert!(e.contains("not a regular file"), "{e}");
     std::fs::remove_file(base.join("index.json")).unwrap();
     symlink("/dev/zero", base.join("index.json")).unwrap();
     let s = BlobStore::open(&base).unwrap();
-    let e = layout::read_index(&s).unwrap_err().to_string();
+    let e = read_index(&s).unwrap_err().to_string();
     assert!(e.contains("symbolic link"), "{e}");
     std::fs::remove_file(base.join("index.json")).unwrap();
     let f = std::fs::File::create(base.join("index.json")).unwrap();
     f.set_len(5 << 20).unwrap();
-    let e = layout::read_index(&s).unwrap_err().to_string();
+    let e = read_index(&s).unwrap_err().to_string();
     assert!(e.contains("over the limit of 4194304"), "{e}");
 }
 
@@ -342,11 +340,11 @@ fn corrupt_base_layout_is_bad_input_for_build_as_for_push() {
     std::fs::write(blob(&base, &digests[0]), b"short").unwrap();
     let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
     assert!(e.to_string().contains(&digests[0]), "{e}");
-    assert_eq!(infer_build::error::Error::from(e).exit_code(), 2);
+    assert_eq!(infer_build::Error::from(e).exit_code(), 2);
     std::fs::remove_file(blob(&base, &digests[0])).unwrap();
     let e = build_into(&t.path().join("out"), &[gpu_target(t.path(), &base)]).unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
-    assert_eq!(infer_build::error::Error::from(e).exit_code(), 2);
+    assert_eq!(infer_build::Error::from(e).exit_code(), 2);
 }
 
 #[test]
@@ -357,7 +355,7 @@ fn manifest_with_too_many_layers_is_refused() {
     let many = vec![l; 1001];
     make_layout(&base, &many, None, json!({}));
     let s = BlobStore::open(&base).unwrap();
-    let e = layout::walk(&s).unwrap_err().to_string();
+    let e = walk(&s).unwrap_err().to_string();
     assert!(e.contains("1001 layers"), "{e}");
 }
 
@@ -422,7 +420,7 @@ fn inspect_refuses_a_layer_of_u64_max_bytes() {
 
 #[test]
 fn slim_refuses_linked_blobs_non_utf8_names_and_dot_whiteouts() {
-    use infer_build::slim::image::{flatten, read_layout};
+    use infer_build::slim::{flatten, read_layout};
     let t = tempfile::tempdir().unwrap();
     // Two names that differ only in a non-UTF-8 byte would merge into one if converted.
     let dir = t.path().join("nonutf8");
@@ -497,7 +495,7 @@ fn slim_definition_and_engine_meta_fifos_do_not_block() {
 #[test]
 fn a_directory_as_engine_file_is_named() {
     let t = tempfile::tempdir().unwrap();
-    let e = infer_build::engine::cache::digest_file(t.path()).unwrap_err();
+    let e = infer_build::engine::digest_file(t.path()).unwrap_err();
     let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
     assert!(chain.contains("not a regular file"), "{chain}");
 }
@@ -612,7 +610,7 @@ fn every_write_goes_through_a_directory_handle_or_is_listed() {
 /// valid layout's `index.json`, manifest and config never make the readers panic.
 #[test]
 fn mutated_layouts_never_panic() {
-    use infer_build::slim::image::{flatten, read_layout};
+    use infer_build::slim::{flatten, read_layout};
     let t = tempfile::tempdir().unwrap();
     let good = t.path().join("good");
     let (_, manifest) = make_layout(&good, &[layer(&[(b"usr/lib/a", b"a")])], None, json!({}));
@@ -666,7 +664,7 @@ fn mutated_layouts_never_panic() {
             std::fs::write(dir.join("index.json"), &bytes).unwrap();
         }
         if let Ok(store) = BlobStore::open(&dir) {
-            if let Ok((images, _)) = layout::walk(&store) {
+            if let Ok((images, _)) = walk(&store) {
                 for img in images {
                     for l in &img.manifest.layers {
                         let _ = store.verify(&l.digest, l.size);
@@ -684,7 +682,7 @@ fn mutated_layouts_never_panic() {
 /// (a 157 MB file with 6 targets reached 1.09 GB before).
 #[test]
 fn warmup_samples_are_shared_by_every_target() {
-    use infer_build::oci::tar::Source;
+    use infer_build::oci::Source;
     use std::sync::Arc;
     let recipe =
         infer_build::recipe::load(&super::support::root().join("recipes/resnet50.toml")).unwrap();
@@ -702,7 +700,7 @@ fn warmup_samples_are_shared_by_every_target() {
     let samples: Arc<[u8]> = Arc::from(format!("{head}{}{tail}", "x".repeat(pad)).into_bytes());
     assert_eq!(samples.len(), 1 << 20);
     for t in &plan.targets {
-        let files = assemble::spec::Files {
+        let files = assemble::Files {
             serve_bin: "infer-serve".into(),
             model: "model.onnx".into(),
             engine: None,
@@ -713,7 +711,7 @@ fn warmup_samples_are_shared_by_every_target() {
             base: None,
             library: None,
         };
-        let spec = assemble::spec::target_spec(&recipe, t, files).unwrap();
+        let spec = assemble::target_spec(&recipe, t, files).unwrap();
         let shipped = spec
             .extra_files
             .values()
@@ -724,7 +722,7 @@ fn warmup_samples_are_shared_by_every_target() {
             "target {} copied the samples",
             t.id
         );
-        let e = infer_build::oci::tar::Entry::bytes("s", 0o644, shipped.clone());
+        let e = infer_build::oci::Entry::bytes("s", 0o644, shipped.clone());
         let Source::Bytes(b) = &e.source else {
             panic!()
         };
@@ -738,7 +736,7 @@ fn warmup_samples_are_shared_by_every_target() {
 /// expansion bound instead of being decompressed and hashed whole.
 #[test]
 fn slim_stops_a_gzip_bomb() {
-    use infer_build::slim::image::{flatten, read_layout};
+    use infer_build::slim::{flatten, read_layout};
     let t = tempfile::tempdir().unwrap();
     // Quick to make, never held whole.
     let bomb = gzip_bomb();
@@ -1002,7 +1000,7 @@ fn every_hostile_layout_of_the_table_is_exit_2_naming_its_layout() {
                 "build" => match build_into(&out, &[gpu_target(t.path(), &dir)]) {
                     Ok(_) => (0, String::new()),
                     Err(e) => {
-                        let e = infer_build::error::Error::from(e);
+                        let e = infer_build::Error::from(e);
                         let mut m = e.to_string();
                         let mut source = std::error::Error::source(&e);
                         while let Some(c) = source {
@@ -1066,7 +1064,7 @@ fn every_hostile_layout_of_the_table_is_exit_2_naming_its_layout() {
 /// layout, the layer and the bound. The byte bound and the name bound hold the same way.
 #[test]
 fn slim_bounds_the_whole_tree_across_layers() {
-    use infer_build::slim::image::{flatten_within, read_layout, Budget, MAX_ENTRIES};
+    use infer_build::slim::{flatten_within, read_layout, Budget, MAX_ENTRIES};
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("many");
     let layers: Vec<_> = (0..3).map(|i| many_dirs(&format!("l{i}"), 3000)).collect();
@@ -1108,7 +1106,7 @@ fn slim_bounds_the_whole_tree_across_layers() {
     let long = format!("{}f", "x/".repeat(2100));
     let dir = t.path().join("long");
     make_layout(&dir, &[layer_with_long_name(&long)], None, json!({}));
-    let e = infer_build::slim::image::flatten(&read_layout(&dir, None).unwrap())
+    let e = infer_build::slim::flatten(&read_layout(&dir, None).unwrap())
         .unwrap_err()
         .to_string();
     assert!(e.contains("more than the 4096 accepted"), "{e}");

@@ -277,8 +277,8 @@ fn build_assembles_engines_from_separate_engine_runs() {
     assert!(load > 0.0, "{ann:?}");
     // The engine, its metadata and its profile are in the image.
     let manifest = v.targets[0].manifest_digest.as_str();
-    let img = infer_build::slim::image::read_layout(&ex.path("out"), Some(manifest)).unwrap();
-    let (tree, _) = infer_build::slim::image::flatten(&img).unwrap();
+    let img = infer_build::slim::read_layout(&ex.path("out"), Some(manifest)).unwrap();
+    let (tree, _) = infer_build::slim::flatten(&img).unwrap();
     let names: Vec<&String> = tree
         .iter()
         .map(|(p, _)| p)

@@ -9,8 +9,7 @@ use infer_build::assemble::{
     self, BuildOptions, BuildReport, ImageMeta, LayerSource, ModelSpec, NoProgress, Payload,
     Policy, TargetSpec,
 };
-use infer_build::oci::image::Platform;
-use infer_build::oci::Compression;
+use infer_build::oci::{Compression, Platform};
 use infer_build::plan::TargetKind;
 
 use super::support::have_tool;
@@ -341,9 +340,9 @@ fn skopeo_and_umoci_accept_the_layout() {
     assert_eq!(cfg["process"]["user"]["uid"], 65532);
 
     // The oci-archive is accepted by skopeo too (docker load is tested in image.rs).
-    let store = infer_build::oci::store::BlobStore::open(&layout).unwrap();
+    let store = infer_build::oci::BlobStore::open(&layout).unwrap();
     let archive = out.path().join("mlp.tar");
-    infer_build::oci::layout::write_archive(&store, &archive, 0).unwrap();
+    infer_build::oci::write_archive(&store, &archive, 0).unwrap();
     let o = Command::new("skopeo")
         .arg("inspect")
         .arg(format!("oci-archive:{}:1.0.0-cpu-fp32", archive.display()))
@@ -362,9 +361,8 @@ fn corrupt_blobs_are_caught_when_read() {
     let mut b = std::fs::read(&p).unwrap();
     b[20] ^= 0xff;
     std::fs::write(&p, b).unwrap();
-    let store = infer_build::oci::store::BlobStore::open(out.path()).unwrap();
-    let e =
-        infer_build::oci::layout::write_archive(&store, &out.path().join("x.tar"), 0).unwrap_err();
+    let store = infer_build::oci::BlobStore::open(out.path()).unwrap();
+    let e = infer_build::oci::write_archive(&store, &out.path().join("x.tar"), 0).unwrap_err();
     assert!(e.to_string().contains("corrupt"), "{e}");
     assert!(!out.path().join("x.tar").exists() && !out.path().join("x.partial").exists());
 }

@@ -7,10 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use infer_build::registry::push::Progress;
-use infer_build::registry::{
-    self, auth::Keychain, pull::PullOptions, ClientOptions, PushOptions, Reference,
-};
+use infer_build::registry::Progress;
+use infer_build::registry::{self, ClientOptions, Keychain, PullOptions, PushOptions, Reference};
 use serde_json::Value;
 
 use super::faultproxy::{FaultProxy, Faults};
@@ -447,7 +445,7 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
 
     // The whole index with its referrers, as `inspect REF --referrers` shows it.
     let r = Reference::parse(&format!("{to}:v1")).unwrap();
-    let image = registry::inspect::inspect(&r, &plain_opts(tmp.path()), true).unwrap();
+    let image = registry::inspect(&r, &plain_opts(tmp.path()), true).unwrap();
     assert_eq!(image.digest, made.index_digest);
     assert_eq!(image.images.len(), made.targets.len());
     for m in &image.images {
@@ -736,7 +734,7 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     );
     assert_eq!(pulled.digest, made.targets[0].1);
     assert_eq!(
-        registry::lock::lookup(&lock, &reference)
+        registry::pinned_digest(&lock, &reference)
             .unwrap()
             .as_ref()
             .map(|d| d.as_str()),
@@ -771,7 +769,7 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     let updated = registry::pull_with(&reference, &tmp.path().join("l3"), &update).unwrap();
     assert_eq!(updated.digest, moved.targets[0].1);
     assert_eq!(
-        registry::lock::lookup(&lock, &reference)
+        registry::pinned_digest(&lock, &reference)
             .unwrap()
             .as_ref()
             .map(|d| d.as_str()),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use infer_build::registry::{
-    self, auth::Keychain, pull::PullOptions, Client, ClientOptions, PushOptions, Reference,
+    self, Client, ClientOptions, Keychain, PullOptions, PushOptions, Reference,
 };
 use serde_json::json;
 

@@ -23,9 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use infer_build::registry::{
-    self, auth::Keychain, client::Notify, pull::PullOptions, sources::Registries, ClientOptions,
-};
+use infer_build::registry::{self, ClientOptions, Keychain, Notify, PullOptions, Registries};
 use serde_json::{json, Value};
 
 use super::host_proxy::HostProxy;

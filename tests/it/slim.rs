@@ -12,7 +12,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use infer_build::slim::{self, image::BuildOptions, Definition};
+use infer_build::slim::{self, BuildOptions, Definition};
 
 use super::registry_support::Registry;
 use super::support::{first_gpu_target, have_docker, have_tool, infer_build, stderr, stdout};
@@ -339,10 +339,10 @@ paths = ["/opt/app/bin/app", "/opt/app/lib/*.so"]
 
 /// Non-directory entries of the slim layer (the last layer of the image).
 fn layer_entries(layout: &Path, manifest_digest: &str) -> BTreeSet<String> {
-    let img = slim::image::read_layout(layout, Some(manifest_digest)).unwrap();
+    let img = slim::read_layout(layout, Some(manifest_digest)).unwrap();
     let last = img.layers().last().unwrap();
     let mut archive = tar::Archive::new(
-        infer_build::oci::unpack::open(&img.store, &last.digest, last.size, &last.media_type)
+        infer_build::oci::open_layer(&img.store, &last.digest, last.size, &last.media_type)
             .unwrap(),
     );
     let mut out = BTreeSet::new();
@@ -360,7 +360,7 @@ fn layer_entries(layout: &Path, manifest_digest: &str) -> BTreeSet<String> {
 fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (PathBuf, String) {
     let def = definition(f);
     let out = f.tmp.path().join("slim-oci");
-    let built = slim::image::build(
+    let built = slim::build(
         &def,
         base_layout,
         builder_layout,
@@ -378,7 +378,7 @@ fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (P
     );
 
     // The toolkit libraries are left out on purpose and listed, with who needs them.
-    let excluded = slim::image::render_excluded(&built.plan);
+    let excluded = slim::render_excluded(&built.plan);
     eprint!("{excluded}");
     for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         assert!(
@@ -397,14 +397,14 @@ fn build_and_check(f: &Fixture, base_layout: &Path, builder_layout: &Path) -> (P
     );
     assert!(r.builder_size > r.size && r.reduction > 1.0, "{r:?}");
     assert_eq!(
-        slim::image::size_report_of_layout(&out, Some(built.manifest_digest.as_str()))
+        slim::size_report_of_layout(&out, Some(built.manifest_digest.as_str()))
             .unwrap()
             .as_ref(),
         Some(r)
     );
 
     // Same inputs, same image.
-    let again = slim::image::build(
+    let again = slim::build(
         &def,
         base_layout,
         builder_layout,
@@ -452,7 +452,7 @@ fn slim_missing_dependency_and_conflict_fail_with_context() {
     // reported with the chain that needs it.
     let mut def = definition(&f);
     def.selections[0].paths = vec![format!("{LIBDIR}/libxml2.so.2")];
-    let err = slim::image::build(
+    let err = slim::build(
         &def,
         &f.base_layout,
         &f.builder_layout,
@@ -472,7 +472,7 @@ fn slim_missing_dependency_and_conflict_fail_with_context() {
     // A dependency that resolves to a dropped path fails too.
     let mut def = definition(&f);
     def.closure.drop = vec!["/**/libnghttp2.so*".into()];
-    let err = slim::image::build(
+    let err = slim::build(
         &def,
         &f.base_layout,
         &f.builder_layout,
@@ -485,7 +485,7 @@ fn slim_missing_dependency_and_conflict_fail_with_context() {
     // A digest the layout does not hold is refused before anything is read.
     let mut def = definition(&f);
     def.base.digest = Some(f.builder_digest.clone());
-    let err = slim::image::build(
+    let err = slim::build(
         &def,
         &f.base_layout,
         &f.builder_layout,
@@ -501,7 +501,7 @@ fn slim_missing_dependency_and_conflict_fail_with_context() {
     // Unpinned images need the lock file or an explicit opt-in.
     let mut def = definition(&f);
     def.builder.digest = None;
-    let err = slim::image::build(
+    let err = slim::build(
         &def,
         &f.base_layout,
         &f.builder_layout,
@@ -539,7 +539,7 @@ fn registry_slim_from_images_pulled_by_digest() {
             .tmp
             .path()
             .join(format!("pulled-{}", repo.replace('/', "-")));
-        let pull_opts = infer_build::registry::pull::PullOptions {
+        let pull_opts = infer_build::registry::PullOptions {
             client: client_opts(f.tmp.path()),
             ..Default::default()
         };
@@ -589,7 +589,7 @@ fn docker_slim_image_runs_its_program() {
 fn client_opts(tmp: &Path) -> infer_build::registry::ClientOptions {
     infer_build::registry::ClientOptions {
         insecure: true,
-        keychain: infer_build::registry::auth::Keychain {
+        keychain: infer_build::registry::Keychain {
             docker_config: Some(tmp.join("no-docker-config.json")),
             ignore_env: true,
         },
@@ -598,18 +598,18 @@ fn client_opts(tmp: &Path) -> infer_build::registry::ClientOptions {
 }
 
 /// A fake ELF object with the dynamic facts the TensorRT research recorded.
-fn elf(needed: &[&str]) -> slim::tree::Node {
-    slim::tree::Node::File(Box::new(slim::tree::File {
+fn elf(needed: &[&str]) -> slim::Node {
+    slim::Node::File(Box::new(slim::File {
         mode: 0o644,
         size: 1,
         sha256: format!("{:0>64}", needed.len()),
-        elf: Some(Ok(slim::elf::ElfInfo {
+        elf: Some(Ok(slim::ElfInfo {
             is_64: true,
             machine: 62, // EM_X86_64
             needed: needed.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         })),
-        source: slim::tree::Source::Inline(std::sync::Arc::from(&b"x"[..])),
+        source: slim::Source::Inline(std::sync::Arc::from(&b"x"[..])),
     }))
 }
 
@@ -617,9 +617,8 @@ fn elf(needed: &[&str]) -> slim::tree::Node {
 /// base image, as plain data: which files each definition takes, for each kind of engine.
 #[test]
 fn slim_tensorrt_definitions_take_only_what_each_engine_needs() {
-    use slim::def::{choose, Needs, PlanCompat, Tactic};
-    let defs =
-        slim::image::load_definitions(&super::support::root().join("base-images/slim")).unwrap();
+    use slim::{choose, Needs, PlanCompat, Tactic};
+    let defs = slim::load_definitions(&super::support::root().join("base-images/slim")).unwrap();
     let sys = [
         "libc.so.6",
         "libm.so.6",
@@ -893,7 +892,7 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
     );
 
     // Every layer of the written image, and sizes measured on the layouts themselves.
-    let img = slim::image::read_layout(&slim_out, Some(&digest)).unwrap();
+    let img = slim::read_layout(&slim_out, Some(&digest)).unwrap();
     let report = doc["report"].clone();
     let layers = report["layers"].as_array().unwrap();
     assert_eq!(layers.len(), img.layers().len());
@@ -904,7 +903,7 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
     }
     let froms: Vec<&str> = layers.iter().map(|l| l["from"].as_str().unwrap()).collect();
     assert_eq!(froms, ["base", "slim"]);
-    let builder = slim::image::read_layout(&f.builder_layout, Some(&f.builder_digest)).unwrap();
+    let builder = slim::read_layout(&f.builder_layout, Some(&f.builder_digest)).unwrap();
     let builder_size: u64 = builder.layers().iter().map(|l| l.size).sum();
     let size: u64 = img.layers().iter().map(|l| l.size).sum();
     assert_eq!(report["builder_size"], builder_size);
@@ -1134,7 +1133,7 @@ fn registry_slim_cli_pins_at_first_pull_and_reuses_blobs() {
     assert!(first["builder"]["bytes_downloaded"].as_u64().unwrap() > 0);
     let digest = first["manifest_digest"].as_str().unwrap();
     assert_eq!(layer_entries(&t.join("o1"), digest), f.expected);
-    let pins = infer_build::plan::lock::read(&lock).unwrap().unwrap();
+    let pins = infer_build::plan::read_lock(&lock).unwrap().unwrap();
     assert_eq!(pins.digest(&base_ref), Some(f.base_digest.as_str()));
     assert_eq!(pins.digest(&builder_ref), Some(f.builder_digest.as_str()));
 

@@ -497,10 +497,10 @@ fn files_of_layer(
     size: u64,
     media_type: &str,
 ) -> Vec<(String, Vec<u8>)> {
-    use infer_build::oci::{store::BlobStore, unpack};
+    use infer_build::oci::{open_layer, BlobStore};
     use std::io::Read;
     let store = BlobStore::open(layout).unwrap();
-    let reader = unpack::open(&store, digest, size, media_type).unwrap();
+    let reader = open_layer(&store, digest, size, media_type).unwrap();
     let mut a = tar::Archive::new(reader);
     let mut out = Vec::new();
     for e in a.entries().unwrap() {

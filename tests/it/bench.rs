@@ -259,6 +259,24 @@ per_row_ms = 0.0
 host = "127.0.0.1"
 port = 8000
 "#;
+/// The synthetic model's runtime.toml tail under Triton's rule: every request waits the delay.
+fn strict_tail() -> String {
+    SYNTHETIC_TAIL.replace(
+        "max_queue_delay_us = 0\n",
+        "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",
+    )
+}
+
+/// `infer-build bench --tune CONFIG ARGS` from `dir`, each grid point served by the synthetic
+/// test runtime.
+fn tune_command(dir: &Path, config: &Path) -> Command {
+    let mut c = support::infer_build();
+    c.current_dir(dir)
+        .env("INFER_SERVE", support::serve_test_binary())
+        .args(["bench", "--tune"])
+        .arg(config);
+    c
+}
 
 /// The field notes' worked example: T(b) = 40 + 6b ms, 20 QPS open loop, 200 ms p99 budget.
 /// The recommendation must be what the sweep's own measurements support, within one 10 ms
@@ -270,18 +288,10 @@ fn bench_tune_on_the_known_cost_model() {
     // The notes' example is about Triton's rule, every request waiting the delay: under the
     // adaptive delay (the default) requests 50 ms apart never wait for one another, every point
     // forms the same batches, and there is nothing to tune.
-    let strict = SYNTHETIC_TAIL.replace(
-        "max_queue_delay_us = 0\n",
-        "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",
-    );
-    std::fs::write(&cfg, support::synthetic_runtime_config(&strict)).unwrap();
+    std::fs::write(&cfg, support::synthetic_runtime_config(&strict_tail())).unwrap();
     let csv = dir.path().join("tune.csv");
     let html = dir.path().join("tune.html");
-    let out = support::infer_build()
-        .current_dir(dir.path())
-        .env("INFER_SERVE", support::serve_test_binary())
-        .args(["bench", "--tune"])
-        .arg(&cfg)
+    let out = tune_command(dir.path(), &cfg)
         .args([
             "--synthetic",
             "40,6",
@@ -418,16 +428,8 @@ fn bench_tune_fits_a_padded_model_per_token() {
         input("input_ids"),
         input("attention_mask")
     );
-    let tail = SYNTHETIC_TAIL.replace(
-        "max_queue_delay_us = 0\n",
-        "max_queue_delay_us = 0\nqueue_delay = \"strict\"\n",
-    );
-    std::fs::write(&cfg, format!("{padded}{tail}")).unwrap();
-    let out = support::infer_build()
-        .current_dir(dir.path())
-        .env("INFER_SERVE", support::serve_test_binary())
-        .args(["bench", "--tune"])
-        .arg(&cfg)
+    std::fs::write(&cfg, format!("{padded}{}", strict_tail())).unwrap();
+    let out = tune_command(dir.path(), &cfg)
         .args([
             "--synthetic",
             "2,0,0.1",
@@ -495,11 +497,7 @@ fn bench_tune_takes_a_recipe_and_its_slo() {
         .expect("the example sets a peak rate");
     let dir = tempfile::tempdir().unwrap();
     let tune = |recipe: &Path, extra: &[&str]| {
-        let out = support::infer_build()
-            .current_dir(dir.path())
-            .env("INFER_SERVE", support::serve_test_binary())
-            .args(["bench", "--tune"])
-            .arg(recipe)
+        let out = tune_command(dir.path(), recipe)
             .args(["--warmup", "500ms", "--json"])
             .args(extra)
             .output()

@@ -12,7 +12,7 @@ use infer_build::registry::{self, ClientOptions, Keychain, PullOptions, PushOpti
 use serde_json::Value;
 
 use super::faultproxy::{FaultProxy, Faults};
-use super::registry_support::{make_layout, Registry, Target};
+use super::registry_support::{make_layout, MadeLayout, Registry, Target, Tls};
 use super::support::{have_tool, infer_build, stderr, stdout};
 
 fn targets() -> Vec<Target> {
@@ -151,38 +151,88 @@ fn push_with_env(
     (out.status.code().unwrap_or(-1), stderr(&out))
 }
 
-#[test]
-#[allow(
-    clippy::too_many_lines,
-    reason = "one scenario: skopeo and infer-build against the same authenticated registry"
-)]
-fn registry_login_with_skopeo_push_with_infer_build_and_the_reverse() {
-    let test = "registry_login_with_skopeo_push_with_infer_build_and_the_reverse";
-    let Some(reg) = Registry::start_tls(test) else {
-        return;
-    };
-    if !have_tool("skopeo", test) {
-        return;
-    }
-    let tls = reg.tls.as_ref().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let made = make_layout(&home.join("layout"), "v1", &targets()[..1], 21);
-    let ca = tls.ca.to_str().unwrap();
-    let cert_dir = tls.cert_dir.to_str().unwrap();
+/// The scene of the login test: a TLS registry with a password, a one-target layout and a
+/// home of its own, shared by every step.
+struct LoginScene {
+    home: tempfile::TempDir,
+    reg: Registry,
+    made: MadeLayout,
+    /// The repository the pushes that must succeed go to (`REG/login/skopeo`).
+    to: String,
+}
 
-    // skopeo logs in (its auth.json), infer-build pushes with it through REGISTRY_AUTH_FILE.
-    let by_skopeo = home.join("skopeo-auth.json");
+impl LoginScene {
+    /// A TLS registry with a password and a layout to push; `None` (the test skips) without
+    /// the registry or skopeo.
+    fn start(test: &str) -> Option<LoginScene> {
+        let reg = Registry::start_tls(test)?;
+        if !have_tool("skopeo", test) {
+            return None;
+        }
+        let home = tempfile::tempdir().unwrap();
+        let made = make_layout(&home.path().join("layout"), "v1", &targets()[..1], 21);
+        let to = format!("{}/login/skopeo", reg.addr);
+        Some(LoginScene {
+            home,
+            reg,
+            made,
+            to,
+        })
+    }
+
+    fn home(&self) -> &Path {
+        self.home.path()
+    }
+
+    fn tls(&self) -> &Tls {
+        self.reg.tls.as_ref().unwrap()
+    }
+
+    fn ca(&self) -> &str {
+        self.tls().ca.to_str().unwrap()
+    }
+
+    fn cert_dir(&self) -> &str {
+        self.tls().cert_dir.to_str().unwrap()
+    }
+
+    /// `push_with_env` of the layout to `to`, trusting the registry's CA.
+    fn push(&self, to: &str, extra: &[&str], env: &[(&str, &Path)]) -> (i32, String) {
+        let mut args = vec!["--ca-cert", self.ca()];
+        args.extend_from_slice(extra);
+        push_with_env(&self.made.dir, to, self.home(), &args, env)
+    }
+
+    /// `login_cli` with the registry's user and `password`, trusting its CA.
+    fn login(&self, password: &str, extra: &[&str], env: &[(&str, &Path)]) -> (i32, String) {
+        let mut args = vec!["--ca-cert", self.ca()];
+        args.extend_from_slice(extra);
+        login_cli(
+            &self.reg.addr,
+            &self.tls().user,
+            password,
+            self.home(),
+            &args,
+            env,
+        )
+    }
+}
+
+/// skopeo logs in (its auth.json), infer-build pushes with it through REGISTRY_AUTH_FILE and
+/// through --authfile.
+fn infer_build_pushes_with_skopeos_auth_file(s: &LoginScene) {
+    let tls = s.tls();
+    let by_skopeo = s.home().join("skopeo-auth.json");
     let mut child = Command::new("skopeo")
         .args(["login", "--authfile"])
         .arg(&by_skopeo)
         .args([
             "--cert-dir",
-            cert_dir,
+            s.cert_dir(),
             "-u",
             &tls.user,
             "--password-stdin",
-            &reg.addr,
+            &s.reg.addr,
         ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -200,152 +250,129 @@ fn registry_login_with_skopeo_push_with_infer_build_and_the_reverse() {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "skopeo login: {}", stderr(&out));
-    let to = format!("{}/login/skopeo", reg.addr);
-    let (code, err) = push_with_env(
-        &made.dir,
-        &to,
-        home,
-        &["--ca-cert", ca],
-        &[("REGISTRY_AUTH_FILE", &by_skopeo)],
-    );
-    assert_eq!(code, 0, "{err}\n{}", reg.log());
+    let (code, err) = s.push(&s.to, &[], &[("REGISTRY_AUTH_FILE", &by_skopeo)]);
+    assert_eq!(code, 0, "{err}\n{}", s.reg.log());
     // The same file through --authfile.
-    let (code, err) = push_with_env(
-        &made.dir,
-        &to,
-        home,
-        &["--ca-cert", ca, "--authfile", by_skopeo.to_str().unwrap()],
-        &[],
-    );
+    let (code, err) = s.push(&s.to, &["--authfile", by_skopeo.to_str().unwrap()], &[]);
     assert_eq!(code, 0, "{err}");
+}
 
-    // infer-build logs in (checked against the registry first), skopeo reads the file.
-    let ours = home.join("ours/auth.json");
-    let (code, err) = login_cli(
-        &reg.addr,
-        &tls.user,
-        &tls.password,
-        home,
-        &["--ca-cert", ca, "--authfile", ours.to_str().unwrap()],
-        &[],
-    );
+/// infer-build logs in (checked against the registry first) without echoing the password,
+/// and skopeo reads the auth.json it wrote.
+fn skopeo_reads_infer_builds_auth_file(s: &LoginScene) {
+    let tls = s.tls();
+    let ours = s.home().join("ours/auth.json");
+    let (code, err) = s.login(&tls.password, &["--authfile", ours.to_str().unwrap()], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains(&tls.password));
-    let (tag, digest) = &made.targets[0];
+    let (tag, digest) = &s.made.targets[0];
     let (ok, out, e) = skopeo(&[
         "inspect",
         "--cert-dir",
-        cert_dir,
+        s.cert_dir(),
         "--authfile",
         ours.to_str().unwrap(),
-        &format!("docker://{to}:{tag}"),
+        &format!("docker://{}:{tag}", s.to),
     ]);
     assert!(ok, "skopeo with infer-build's auth.json: {e}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["Digest"].as_str(), Some(digest.as_str()));
+}
 
-    // Without --authfile, login writes $XDG_RUNTIME_DIR/containers/auth.json, which is read
-    // before Docker's config.json (here holding a wrong password), as skopeo and podman do.
-    let run = home.join("run");
+/// Without --authfile, login writes $XDG_RUNTIME_DIR/containers/auth.json, which is read
+/// before Docker's config.json (here holding a wrong password), as skopeo and podman do;
+/// Docker's file alone is refused (exit 2) without echoing its password.
+fn xdg_runtime_auth_file_is_read_before_dockers(s: &LoginScene) {
+    let tls = s.tls();
+    let run = s.home().join("run");
     std::fs::create_dir_all(&run).unwrap();
-    let (code, err) = login_cli(
-        &reg.addr,
-        &tls.user,
-        &tls.password,
-        home,
-        &["--ca-cert", ca],
-        &[("XDG_RUNTIME_DIR", &run)],
-    );
+    let (code, err) = s.login(&tls.password, &[], &[("XDG_RUNTIME_DIR", &run)]);
     assert_eq!(code, 0, "{err}");
     assert!(run.join("containers/auth.json").is_file());
-    let docker = home.join("docker");
+    let docker = s.home().join("docker");
     std::fs::create_dir_all(&docker).unwrap();
     use base64::Engine as _;
     let wrong = base64::engine::general_purpose::STANDARD.encode(format!("{}:not-it", tls.user));
     std::fs::write(
         docker.join("config.json"),
-        format!(r#"{{"auths":{{"{}":{{"auth":"{wrong}"}}}}}}"#, reg.addr),
+        format!(r#"{{"auths":{{"{}":{{"auth":"{wrong}"}}}}}}"#, s.reg.addr),
     )
     .unwrap();
-    let (code, err) = push_with_env(
-        &made.dir,
-        &format!("{}/login/xdg", reg.addr),
-        home,
-        &["--ca-cert", ca],
+    let (code, err) = s.push(
+        &format!("{}/login/xdg", s.reg.addr),
+        &[],
         &[("XDG_RUNTIME_DIR", &run), ("DOCKER_CONFIG", &docker)],
     );
     assert_eq!(code, 0, "{err}");
     // Docker's file alone: its wrong password is refused, exit 2.
-    let (code, err) = push_with_env(
-        &made.dir,
-        &format!("{}/login/docker", reg.addr),
-        home,
-        &["--ca-cert", ca],
+    let (code, err) = s.push(
+        &format!("{}/login/docker", s.reg.addr),
+        &[],
         &[("DOCKER_CONFIG", &docker)],
     );
     assert_eq!(code, 2, "{err}");
     assert!(!err.contains("not-it"), "{err}");
+}
 
-    // A wrong password at login: exit 2, nothing written.
-    let never = home.join("never/auth.json");
-    let (code, err) = login_cli(
-        &reg.addr,
-        &tls.user,
-        "wrong-pw",
-        home,
-        &["--ca-cert", ca, "--authfile", never.to_str().unwrap()],
-        &[],
-    );
+/// A wrong password at login: exit 2, naming the registry but not the password, nothing
+/// written.
+fn wrong_password_at_login_writes_nothing(s: &LoginScene) {
+    let never = s.home().join("never/auth.json");
+    let (code, err) = s.login("wrong-pw", &["--authfile", never.to_str().unwrap()], &[]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains(&reg.addr) && !err.contains("wrong-pw"),
+        err.contains(&s.reg.addr) && !err.contains("wrong-pw"),
         "{err}"
     );
     assert!(!never.exists());
+}
 
-    // A malformed entry: exit 2, naming the file and the registry, not the value.
-    let bad = home.join("bad-auth.json");
+/// A malformed auth.json entry: exit 2, naming the file and the registry, not the value.
+fn malformed_auth_entry_names_file_and_registry_not_value(s: &LoginScene) {
+    let bad = s.home().join("bad-auth.json");
     std::fs::write(
         &bad,
         format!(
             r#"{{"auths":{{"{}":{{"auth":"%%not-base64%%"}}}}}}"#,
-            reg.addr
+            s.reg.addr
         ),
     )
     .unwrap();
-    let (code, err) = push_with_env(
-        &made.dir,
-        &to,
-        home,
-        &["--ca-cert", ca],
-        &[("REGISTRY_AUTH_FILE", &bad)],
-    );
+    let (code, err) = s.push(&s.to, &[], &[("REGISTRY_AUTH_FILE", &bad)]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains(bad.to_str().unwrap()) && err.contains(&reg.addr),
+        err.contains(bad.to_str().unwrap()) && err.contains(&s.reg.addr),
         "{err}"
     );
     assert!(!err.contains("%%not-base64%%"), "{err}");
-    // A missing file named by REGISTRY_AUTH_FILE or --authfile: exit 2, naming it.
-    let missing = home.join("missing.json");
-    let (code, err) = push_with_env(
-        &made.dir,
-        &to,
-        home,
-        &["--ca-cert", ca],
-        &[("REGISTRY_AUTH_FILE", &missing)],
-    );
+}
+
+/// A missing file named by REGISTRY_AUTH_FILE or --authfile: exit 2, naming it.
+fn missing_auth_file_is_named(s: &LoginScene) {
+    let missing = s.home().join("missing.json");
+    let (code, err) = s.push(&s.to, &[], &[("REGISTRY_AUTH_FILE", &missing)]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
-    let (code, err) = push_with_env(
-        &made.dir,
-        &to,
-        home,
-        &["--ca-cert", ca, "--authfile", missing.to_str().unwrap()],
-        &[],
-    );
+    let (code, err) = s.push(&s.to, &["--authfile", missing.to_str().unwrap()], &[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
+}
+
+/// One scenario against one authenticated registry: skopeo's login serves infer-build's push,
+/// infer-build's login serves skopeo, and bad or missing credentials fail clearly.
+#[test]
+fn registry_login_with_skopeo_push_with_infer_build_and_the_reverse() {
+    let Some(s) =
+        LoginScene::start("registry_login_with_skopeo_push_with_infer_build_and_the_reverse")
+    else {
+        return;
+    };
+    infer_build_pushes_with_skopeos_auth_file(&s);
+    skopeo_reads_infer_builds_auth_file(&s);
+    xdg_runtime_auth_file_is_read_before_dockers(&s);
+    wrong_password_at_login_writes_nothing(&s);
+    malformed_auth_entry_names_file_and_registry_not_value(&s);
+    missing_auth_file_is_named(&s);
 }
 
 #[test]

@@ -12,10 +12,11 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use infer_build::report::BuildOutput;
 use infer_build::slim::{self, BuildOptions, Definition};
 
 use super::registry_support::Registry;
-use super::support::{first_gpu_target, have_docker, have_tool, infer_build, stderr, stdout};
+use super::support::{build_output, have_docker, have_tool, infer_build, stderr, stdout};
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -843,31 +844,73 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
 /// layout itself; `--engine-meta` chooses the same definition from a `--matrix` directory and
 /// gives the same image; `inspect` shows the report; a GPU image built on the slim base with
 /// `build --base-layout` keeps it (compared with the same image on the full builder), and
-/// rebuilds bit for bit.
+/// rebuilds bit for bit. One scenario: every step reads the same slim base, which is expensive
+/// to make, so the steps below run in order on one fixture.
 #[test]
-#[allow(
-    clippy::too_many_lines,
-    reason = "one scenario: the slim report, inspect and the GPU build read the same slim base"
-)]
 fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
-    let test = "slim_cli_report_reaches_inspect_and_a_gpu_build";
-    if !tools(test) {
+    if !tools("slim_cli_report_reaches_inspect_and_a_gpu_build") {
         return;
     }
-    let f = fixture();
+    let s = slim_from_layouts(fixture());
+    slim_doc_names_the_closure_and_its_images(&s);
+    let sizes = report_measures_every_layer_on_the_layouts(&s);
+    engine_meta_chooses_the_same_image_and_reports_it(&s);
+    inspect_shows_the_slim_report(&s);
+    let g = yolov8n_gpu_recipe(&s);
+    let image = s.f.tmp.path().join("image");
+    let built = build_on_slim_base(&s, &g, &image);
+    gpu_image_report_keeps_the_slim_layers(&s, &sizes, &image, &built);
+    gpu_build_is_bit_reproducible(&s, &g, &built);
+}
+
+/// The slim base `infer-build slim --definition … --json` wrote from the fixture's layouts,
+/// shared by the steps of `slim_cli_report_reaches_inspect_and_a_gpu_build`.
+struct SlimCli {
+    f: Fixture,
+    /// The definition file (`curl-slim.toml`), pinned by digest.
+    def_file: PathBuf,
+    /// The layout the slim base was written to.
+    slim_out: PathBuf,
+    /// The `slim --json` document. A `Value`: the CLI writes it with `json!`, and the library
+    /// has no type for it.
+    doc: serde_json::Value,
+    /// The slim image's manifest digest (`manifest_digest`).
+    digest: String,
+    /// The document's `report`, as the library's type.
+    report: slim::SizeReport,
+}
+
+/// What the slim image and its builder weigh, summed over the layers of the layouts.
+struct LayoutSizes {
+    builder_size: u64,
+    size: u64,
+}
+
+/// The yolov8n recipe copied beside the slim base, its first GPU target, and a stand-in GPU
+/// runtime for it.
+struct GpuRecipe {
+    recipe: PathBuf,
+    target: String,
+    runtime: PathBuf,
+}
+
+/// `--base-layout` and `--builder-layout`: the fixture's two images.
+fn with_layouts<'c>(c: &'c mut Command, f: &Fixture) -> &'c mut Command {
+    c.arg("--base-layout")
+        .arg(&f.base_layout)
+        .arg("--builder-layout")
+        .arg(&f.builder_layout)
+}
+
+/// Writes the pinned definition file and builds the slim base from the layouts with `--json`.
+fn slim_from_layouts(f: Fixture) -> SlimCli {
     let t = f.tmp.path();
     let def_file = t.join("curl-slim.toml");
     fs::write(&def_file, definition_text(&f, "localhost", true)).unwrap();
     let slim_out = t.join("cli-slim");
-    let layouts = |c: &mut Command| {
-        c.arg("--base-layout")
-            .arg(&f.base_layout)
-            .arg("--builder-layout")
-            .arg(&f.builder_layout);
-    };
     let mut c = infer_build();
     c.arg("slim").arg("--definition").arg(&def_file);
-    layouts(&mut c);
+    with_layouts(&mut c, &f);
     let doc = json_of(
         &c.arg("--out")
             .arg(&slim_out)
@@ -876,7 +919,22 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
             .unwrap(),
     );
     let digest = doc["manifest_digest"].as_str().unwrap().to_string();
-    assert_eq!(layer_entries(&slim_out, &digest), f.expected);
+    let report = serde_json::from_value(doc["report"].clone())
+        .unwrap_or_else(|e| panic!("slim --json: `report` is not a size report: {e}\n{doc}"));
+    SlimCli {
+        f,
+        def_file,
+        slim_out,
+        doc,
+        digest,
+        report,
+    }
+}
+
+/// The slim layer is the closure; the document names both images and the libraries left out.
+fn slim_doc_names_the_closure_and_its_images(s: &SlimCli) {
+    let (f, doc) = (&s.f, &s.doc);
+    assert_eq!(layer_entries(&s.slim_out, &s.digest), f.expected);
     assert_eq!(doc["base"]["digest"], f.base_digest.as_str());
     assert_eq!(doc["builder"]["digest"], f.builder_digest.as_str());
     assert_eq!(doc["base"]["source"], "layout");
@@ -890,33 +948,39 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
         excluded.contains(&"libcuda.so.1") && excluded.contains(&"libnvidia-ml.so.1"),
         "{excluded:?}"
     );
+}
 
-    // Every layer of the written image, and sizes measured on the layouts themselves.
-    let img = slim::read_layout(&slim_out, Some(&digest)).unwrap();
-    let report = doc["report"].clone();
-    let layers = report["layers"].as_array().unwrap();
+/// The report lists every layer of the written image, with sizes measured on the layouts.
+fn report_measures_every_layer_on_the_layouts(s: &SlimCli) -> LayoutSizes {
+    let img = slim::read_layout(&s.slim_out, Some(&s.digest)).unwrap();
+    let report = &s.report;
+    let layers = &report.layers;
     assert_eq!(layers.len(), img.layers().len());
     for (l, m) in layers.iter().zip(img.layers()) {
-        assert_eq!(l["digest"], m.digest.as_str());
-        assert_eq!(l["size"], m.size);
-        assert!(l["uncompressed"].as_u64().unwrap() > m.size, "{l}");
+        assert_eq!(m.digest, l.digest);
+        assert_eq!(l.size, m.size);
+        assert!(l.uncompressed > m.size, "{l:?}");
     }
-    let froms: Vec<&str> = layers.iter().map(|l| l["from"].as_str().unwrap()).collect();
+    let froms: Vec<&str> = layers.iter().map(|l| l.from.as_str()).collect();
     assert_eq!(froms, ["base", "slim"]);
-    let builder = slim::read_layout(&f.builder_layout, Some(&f.builder_digest)).unwrap();
+    let builder = slim::read_layout(&s.f.builder_layout, Some(&s.f.builder_digest)).unwrap();
     let builder_size: u64 = builder.layers().iter().map(|l| l.size).sum();
     let size: u64 = img.layers().iter().map(|l| l.size).sum();
-    assert_eq!(report["builder_size"], builder_size);
-    assert_eq!(report["size"], size);
-    let reduction = report["reduction"].as_f64().unwrap();
+    assert_eq!(report.builder_size, builder_size);
+    assert_eq!(report.size, size);
+    let reduction = report.reduction;
     assert!((reduction - builder_size as f64 / size as f64).abs() < 1e-9);
     assert!(reduction > 1.0, "{reduction}");
+    LayoutSizes { builder_size, size }
+}
 
-    // Chosen from an engine's metadata among the definitions of a --matrix directory: the same
-    // image, and the human report on stderr.
+/// Chosen from an engine's metadata among the definitions of a `--matrix` directory: the same
+/// image, and the human report on stderr.
+fn engine_meta_chooses_the_same_image_and_reports_it(s: &SlimCli) {
+    let t = s.f.tmp.path();
     let matrix = t.join("matrix");
     fs::create_dir_all(matrix.join("base-images/slim")).unwrap();
-    fs::copy(&def_file, matrix.join("base-images/slim/curl-slim.toml")).unwrap();
+    fs::copy(&s.def_file, matrix.join("base-images/slim/curl-slim.toml")).unwrap();
     let meta = t.join("meta.json");
     engine_meta(&meta, "10.11.0.33", false, true);
     let mut c = infer_build();
@@ -925,7 +989,7 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
         .arg(&meta)
         .arg("--matrix")
         .arg(&matrix);
-    layouts(&mut c);
+    with_layouts(&mut c, &s.f);
     let o = c.arg("--out").arg(t.join("cli-slim-2")).output().unwrap();
     let err = stderr(&o);
     eprint!("{err}");
@@ -935,41 +999,43 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
         "{err}"
     );
     assert!(
-        err.contains(&format!("slim base curl-slim {digest}")),
+        err.contains(&format!("slim base curl-slim {}", s.digest)),
         "{err}"
     );
-    for l in layers {
-        let short = &l["digest"].as_str().unwrap()[..19];
+    for l in &s.report.layers {
+        let short = &l.digest[..19];
         assert!(err.contains(short), "{short} missing:\n{err}");
     }
-    assert!(err.contains(&format!("{reduction:.1}x")), "{err}");
+    assert!(
+        err.contains(&format!("{:.1}x", s.report.reduction)),
+        "{err}"
+    );
     assert!(
         err.contains("excluded libcuda.so.1 (needed by /opt/app/lib/libgpuprobe.so)"),
         "{err}"
     );
+}
 
-    // inspect shows the report the image carries.
-    let inspected = json_of(
-        &infer_build()
-            .arg("inspect")
-            .arg(&slim_out)
-            .arg("--json")
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(inspected["images"][0]["slimReport"], report);
+/// `inspect` shows the report the image carries, in JSON and to people.
+fn inspect_shows_the_slim_report(s: &SlimCli) {
+    let inspected = super::support::inspect(&s.slim_out);
+    assert_eq!(inspected.images[0].slim_report.as_ref(), Some(&s.report));
     let o = infer_build()
         .arg("inspect")
-        .arg(&slim_out)
+        .arg(&s.slim_out)
         .output()
         .unwrap();
     let text = stderr(&o);
     assert!(
-        text.contains("slim size report") && text.contains(&format!("{reduction:.1}x")),
+        text.contains("slim size report") && text.contains(&format!("{:.1}x", s.report.reduction)),
         "{text}"
     );
+}
 
-    // A GPU image of a real recipe on the slim base.
+/// A real recipe (yolov8n) beside the slim base, its first GPU target, and a stand-in GPU
+/// runtime naming headers of that target's TensorRT major (this scenario is about sizes).
+fn yolov8n_gpu_recipe(s: &SlimCli) -> GpuRecipe {
+    let t = s.f.tmp.path();
     let rdir = t.join("recipe");
     fs::create_dir_all(rdir.join("models")).unwrap();
     let recipe = rdir.join("yolov8n.toml");
@@ -979,88 +1045,96 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
         rdir.join("models/yolov8n.onnx"),
     )
     .unwrap();
-    let plan = json_of(
-        &infer_build()
-            .args(["plan", "--json"])
-            .arg(&recipe)
-            .output()
-            .unwrap(),
-    );
-    let gpu = first_gpu_target(&plan);
-    // This test is about sizes: a stand-in GPU runtime naming headers of the target's major.
-    let trt = plan["targets"]
-        .as_array()
-        .unwrap()
+    let plan = super::support::plan(&recipe, &[]);
+    let gpu = plan
+        .targets
         .iter()
-        .find(|t| t["id"] == gpu.as_str())
-        .unwrap()["tensorrt"]["version"]
+        .find(|t| t.kind == infer_build::plan::TargetKind::Gpu)
+        .expect("a GPU target in the plan");
+    let trt = gpu
+        .tensorrt
+        .as_ref()
+        .expect("the GPU target's TensorRT")
+        .version
         .as_str()
-        .unwrap()
         .to_string();
-    let gpu_runtime = t.join("infer-serve-gpu");
-    super::image::tiny_dynamic_elf(&gpu_runtime, Some(&trt));
-    let build = |out: &Path| {
-        json_of(
-            &infer_build()
-                .arg("build")
-                .arg(&recipe)
-                .args(["--target", &gpu, "--base-tag", "curl-slim", "--json"])
-                .arg("--base-layout")
-                .arg(&slim_out)
-                .arg("--runtime-gpu")
-                .arg(&gpu_runtime)
-                .arg("--out")
-                .arg(out)
-                .output()
-                .unwrap(),
-        )
-    };
-    let built = build(&t.join("image"));
-    let target = &built["targets"][0];
-    let final_digest = target["manifest_digest"].as_str().unwrap();
-    let inspected = json_of(
+    let runtime = t.join("infer-serve-gpu");
+    super::image::tiny_dynamic_elf(&runtime, Some(&trt));
+    GpuRecipe {
+        recipe,
+        target: gpu.id.clone(),
+        runtime,
+    }
+}
+
+/// `build --json` of the GPU target on the slim base (`--base-layout`), into `out`.
+fn build_on_slim_base(s: &SlimCli, g: &GpuRecipe, out: &Path) -> BuildOutput {
+    build_output(
         &infer_build()
-            .arg("inspect")
-            .arg(t.join("image"))
-            .arg("--json")
+            .arg("build")
+            .arg(&g.recipe)
+            .args(["--target", &g.target, "--base-tag", "curl-slim", "--json"])
+            .arg("--base-layout")
+            .arg(&s.slim_out)
+            .arg("--runtime-gpu")
+            .arg(&g.runtime)
+            .arg("--out")
+            .arg(out)
             .output()
             .unwrap(),
-    );
-    let image = inspected["images"]
-        .as_array()
-        .unwrap()
+    )
+}
+
+/// The GPU image's report keeps the slim base's layers as they are, adds its own, and compares
+/// it with the same image on the full builder (in `inspect --json` and to people).
+fn gpu_image_report_keeps_the_slim_layers(
+    s: &SlimCli,
+    sizes: &LayoutSizes,
+    image_dir: &Path,
+    built: &BuildOutput,
+) {
+    let target = &built.targets[0];
+    let inspected = super::support::inspect(image_dir);
+    let image = inspected
+        .images
         .iter()
-        .find(|i| i["manifestDigest"] == final_digest)
+        .find(|i| i.manifest_digest == target.manifest_digest)
         .unwrap();
-    let r = &image["slimReport"];
-    let built_layers = target["layers"].as_array().unwrap();
-    let rl = r["layers"].as_array().unwrap();
+    let r = image
+        .slim_report
+        .as_ref()
+        .expect("the GPU image carries a slim size report");
+    let built_layers = &target.layers;
+    let rl = &r.layers;
     assert_eq!(rl.len(), built_layers.len());
     assert!(rl.len() > 2);
     let mut added = 0u64;
     for (i, (l, b)) in rl.iter().zip(built_layers).enumerate() {
-        assert_eq!(l["digest"], b["digest"]);
-        assert_eq!(l["size"], b["size"]);
+        assert_eq!(b.digest, l.digest);
+        assert_eq!(l.size, b.size);
         if i < 2 {
-            assert_eq!(l, &layers[i], "the slim base's layers are kept as they are");
+            assert_eq!(
+                l, &s.report.layers[i],
+                "the slim base's layers are kept as they are"
+            );
         } else {
-            assert_eq!(l["from"], b["role"]);
-            assert!(l["uncompressed"].as_u64().unwrap() > 0, "{l}");
-            added += b["size"].as_u64().unwrap();
+            assert_eq!(l.from, b.role);
+            assert!(l.uncompressed > 0, "{l:?}");
+            added += b.size;
         }
     }
     // Compared with the same image on the full builder.
-    assert_eq!(r["builder_size"], builder_size + added);
-    assert_eq!(r["size"], size + added);
-    let factor = r["reduction"].as_f64().unwrap();
+    assert_eq!(r.builder_size, sizes.builder_size + added);
+    assert_eq!(r.size, sizes.size + added);
+    let factor = r.reduction;
     assert!(
-        (factor - (builder_size + added) as f64 / (size + added) as f64).abs() < 1e-9
+        (factor - (sizes.builder_size + added) as f64 / (sizes.size + added) as f64).abs() < 1e-9
             && factor > 1.0,
-        "{r}"
+        "{r:?}"
     );
     let o = infer_build()
         .arg("inspect")
-        .arg(t.join("image"))
+        .arg(image_dir)
         .output()
         .unwrap();
     let text = stderr(&o);
@@ -1069,9 +1143,15 @@ fn slim_cli_report_reaches_inspect_and_a_gpu_build() {
         text.contains("same on full builder") && text.contains(&format!("{factor:.1}x")),
         "{text}"
     );
-    // Bit-reproducible.
-    let again = build(&t.join("image-2"));
-    assert_eq!(again["targets"][0]["manifest_digest"], final_digest);
+}
+
+/// The same GPU build again, into another layout, gives the same image bit for bit.
+fn gpu_build_is_bit_reproducible(s: &SlimCli, g: &GpuRecipe, built: &BuildOutput) {
+    let again = build_on_slim_base(s, g, &s.f.tmp.path().join("image-2"));
+    assert_eq!(
+        again.targets[0].manifest_digest,
+        built.targets[0].manifest_digest
+    );
 }
 
 /// `infer-build slim` pulling from a real registry: refused when nothing pins the images,

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::ort_image::OrtBuild;
 use super::real_models::{
     dynamic_runtime, fetch_models, python_with_references, spawn_check, static_runtime,
     write_recipe, Container, CASES,
@@ -81,49 +82,69 @@ fn image_digest(layout: &Path) -> String {
         .to_string()
 }
 
-#[test]
-#[allow(
-    clippy::too_many_lines,
-    reason = "one scenario: its steps share one image, registry and container"
-)]
-fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime() {
-    let test = "docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime";
-    if !support::have_docker(test) {
-        return;
+/// What the OCR scenario shares: the references, the models, the bundle and the archive of its
+/// image.
+struct OcrBundle {
+    py: PathBuf,
+    models: serde_json::Value,
+    dir: tempfile::TempDir,
+    /// `bundle.toml`, naming the three recipes.
+    bundle: PathBuf,
+    /// The `oci-archive` of the first build.
+    archive: PathBuf,
+}
+
+/// `infer-build build` of the bundle into `out` (and `archive`), which must succeed: what it
+/// said.
+fn build_ocr(ocr: &OcrBundle, env: &OrtBuild, out: &str, archive: Option<&Path>) -> String {
+    let mut c = support::infer_build();
+    c.current_dir(ocr.dir.path())
+        .arg("build")
+        .arg(&ocr.bundle)
+        .args(["--out", out, "--runtime"])
+        .arg(static_runtime());
+    env.args(&mut c, &dynamic_runtime());
+    if let Some(a) = archive {
+        c.arg("--output")
+            .arg(format!("oci-archive:{}", a.display()));
     }
-    let Some(py) = python_with_references(test) else {
-        return;
-    };
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    stderr(&o)
+}
+
+/// Builds the three recipes' bundle into the layout `out` and the archive, through the
+/// loopback registry (returned, still running); `None` (with the reason printed) when Docker,
+/// the Python references or a tool the base needs is absent.
+fn build_the_ocr_bundle(test: &str) -> Option<(OcrBundle, OrtBuild)> {
+    if !support::have_docker(test) {
+        return None;
+    }
+    let py = python_with_references(test)?;
     let models = fetch_models(&py);
     let dir = tempfile::tempdir().unwrap();
     let bundle = write_bundle(dir.path(), &models);
-    let Some(env) = super::ort_image::OrtBuild::start(test, dir.path()) else {
-        return;
-    };
-    let (reg, cache) = (&env.reg, &env.cache);
     let archive = dir.path().join("image.tar");
-    let build = |out: &str, archive: Option<&Path>| {
-        let mut c = support::infer_build();
-        c.current_dir(dir.path())
-            .arg("build")
-            .arg(&bundle)
-            .args(["--out", out, "--runtime"])
-            .arg(static_runtime());
-        env.args(&mut c, &dynamic_runtime());
-        if let Some(a) = archive {
-            c.arg("--output")
-                .arg(format!("oci-archive:{}", a.display()));
-        }
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        stderr(&o)
+    let ocr = OcrBundle {
+        py,
+        models,
+        dir,
+        bundle,
+        archive,
     };
-    let said = build("out", Some(&archive));
+    // Declared after `ocr`: dropped before its directory.
+    let env = OrtBuild::start(test, ocr.dir.path())?;
+    let said = build_ocr(&ocr, &env, "out", Some(&ocr.archive));
     assert!(said.contains("bundle ocr: model 3 of 3"), "{said}");
-    super::ort_image::keep_wheel(cache);
+    super::ort_image::keep_wheel(&env.cache);
+    Some((ocr, env))
+}
 
-    // One layer per model, then the bundle's config; the SBOM names every model.
-    let first = layers(&dir.path().join("out"));
+/// One layer per model, then the bundle's config; the SBOM names every model. The layers.
+fn one_layer_per_model_then_the_config_and_the_sbom_names_each(
+    ocr: &OcrBundle,
+) -> Vec<(String, String)> {
+    let first = layers(&ocr.dir.path().join("out"));
     let roles: Vec<&str> = first.iter().map(|(r, _)| r.as_str()).collect();
     for name in NAMES {
         assert!(
@@ -132,24 +153,31 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
         );
     }
     assert_eq!(roles.last(), Some(&"config"), "{roles:?}");
-    let sbom = std::fs::read_to_string(dir.path().join("out/sbom/cpu-fp32.spdx.json")).unwrap();
+    let sbom = std::fs::read_to_string(ocr.dir.path().join("out/sbom/cpu-fp32.spdx.json")).unwrap();
     for name in NAMES {
         assert!(
             sbom.contains(&format!("SPDXRef-Model-{name}")),
             "{name}: {sbom}"
         );
     }
+    first
+}
 
-    // A change to one model's recipe changes its layer only.
-    let cls = dir.path().join("ocr-cls/recipe.toml");
+/// A change to one model's recipe changes its layer only (`first`: the layers before).
+fn a_change_to_one_recipe_changes_its_layer_only(
+    ocr: &OcrBundle,
+    env: &OrtBuild,
+    first: &[(String, String)],
+) {
+    let cls = ocr.dir.path().join("ocr-cls/recipe.toml");
     let text = std::fs::read_to_string(&cls).unwrap();
     std::fs::write(
         &cls,
         text.replace("max_queue_delay_us = 20000", "max_queue_delay_us = 10000"),
     )
     .unwrap();
-    build("out2", None);
-    let second = layers(&dir.path().join("out2"));
+    build_ocr(ocr, env, "out2", None);
+    let second = layers(&ocr.dir.path().join("out2"));
     let changed: Vec<&str> = first
         .iter()
         .zip(&second)
@@ -158,13 +186,16 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
         .collect();
     assert_eq!(changed.len(), 1, "{first:?}\n{second:?}");
     assert!(changed[0].ends_with(":ocr-cls"), "{changed:?}");
+}
 
-    // Pushed, the image's warm-up manifest lists each model's warm-up requests, in order.
+/// Pushed, the image's warm-up manifest lists each model's warm-up requests, in order.
+fn the_pushed_warmup_manifest_lists_each_models_requests_in_order(ocr: &OcrBundle, env: &OrtBuild) {
+    let (reg, cache) = (&env.reg, &env.cache);
     let to = format!("{}/vision/ocr", reg.addr);
     let (code, _, err) =
-        super::registry::push_cli(&dir.path().join("out"), &to, cache, &["--insecure"]);
+        super::registry::push_cli(&ocr.dir.path().join("out"), &to, cache, &["--insecure"]);
     assert_eq!(code, 0, "{err}");
-    let digest = image_digest(&dir.path().join("out"));
+    let digest = image_digest(&ocr.dir.path().join("out"));
     let fallback = format!("docker://{to}:sha256-{}", &digest[7..]);
     let (ok, raw, e) =
         super::registry::skopeo(&["inspect", "--raw", "--tls-verify=false", &fallback]);
@@ -200,53 +231,72 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
         .collect();
     assert_eq!(names, NAMES, "{}", doc["requests"]);
     assert_eq!(doc["missing"], serde_json::json!([]), "{}", doc["missing"]);
-    drop(env);
+}
 
-    let c = Container::load_and_run(&archive, "localhost/infer-build/ocr:1-cpu-fp32");
-    let result = c.wait_ready(300).and_then(|()| {
-        let (status, index) = support::http_request(&c.http, "POST", "/v2/repository/index", "");
-        if status != 200 {
-            return Err(format!("repository index: {status} {index}"));
-        }
-        let index: serde_json::Value = serde_json::from_str(&index).map_err(|e| e.to_string())?;
-        let mut ready: Vec<String> = index
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|m| {
-                format!(
-                    "{} {}",
-                    m["name"].as_str().unwrap_or("?"),
-                    m["state"].as_str().unwrap_or("?")
-                )
-            })
-            .collect();
-        ready.sort();
-        if ready != ["ocr-cls READY", "ocr-det READY", "ocr-rec READY"] {
-            return Err(format!("repository index: {ready:?}"));
-        }
-        // A bad request to one model: 400, and the models go on answering.
-        let bad = r#"{"inputs":[{"name":"x","shape":[1,3,48,160],"datatype":"FP32","data":[0]}]}"#;
-        let (status, body) =
-            support::http_request(&c.http, "POST", "/v2/models/ocr-cls/infer", bad);
-        if status != 400 {
-            return Err(format!(
-                "a bad request to ocr-cls answered {status}: {body}"
-            ));
-        }
-        // Every model checked against onnxruntime at the same time, over HTTP and gRPC.
-        let checks: Vec<_> = NAMES
-            .iter()
-            .map(|name| {
-                let case = CASES.iter().find(|c| c.name == *name).unwrap();
-                let onnx = PathBuf::from(models[*name].as_str().unwrap());
-                let child =
-                    spawn_check(&py, &c.http, &c.grpc, name, &onnx, case.input, case.shapes);
-                (*name, child)
-            })
-            .collect();
-        wait_all(checks)
-    });
+/// The running container lists every model READY, answers a bad request to one with 400, and
+/// every model answers like onnxruntime over HTTP and gRPC, checked at the same time: what each
+/// check said, or the first failure.
+fn every_model_answers_like_onnxruntime_at_once(
+    ocr: &OcrBundle,
+    c: &Container,
+) -> Result<String, String> {
+    let (status, index) = support::http_request(&c.http, "POST", "/v2/repository/index", "");
+    if status != 200 {
+        return Err(format!("repository index: {status} {index}"));
+    }
+    let index: serde_json::Value = serde_json::from_str(&index).map_err(|e| e.to_string())?;
+    let mut ready: Vec<String> = index
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{} {}",
+                m["name"].as_str().unwrap_or("?"),
+                m["state"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    ready.sort();
+    if ready != ["ocr-cls READY", "ocr-det READY", "ocr-rec READY"] {
+        return Err(format!("repository index: {ready:?}"));
+    }
+    // A bad request to one model: 400, and the models go on answering.
+    let bad = r#"{"inputs":[{"name":"x","shape":[1,3,48,160],"datatype":"FP32","data":[0]}]}"#;
+    let (status, body) = support::http_request(&c.http, "POST", "/v2/models/ocr-cls/infer", bad);
+    if status != 400 {
+        return Err(format!(
+            "a bad request to ocr-cls answered {status}: {body}"
+        ));
+    }
+    // Every model checked against onnxruntime at the same time, over HTTP and gRPC.
+    let checks: Vec<_> = NAMES
+        .iter()
+        .map(|name| {
+            let case = CASES.iter().find(|c| c.name == *name).unwrap();
+            let onnx = PathBuf::from(ocr.models[*name].as_str().unwrap());
+            let child = spawn_check(
+                &ocr.py,
+                &c.http,
+                &c.grpc,
+                name,
+                &onnx,
+                case.input,
+                case.shapes,
+            );
+            (*name, child)
+        })
+        .collect();
+    wait_all(checks)
+}
+
+/// `docker load` and `docker run` of the archive: every model served like onnxruntime, then
+/// SIGTERM drains every model and exits 0. The container's logs.
+fn the_image_serves_every_model_like_onnxruntime_and_drains_on_sigterm(ocr: &OcrBundle) -> String {
+    let c = Container::load_and_run(&ocr.archive, "localhost/infer-build/ocr:1-cpu-fp32");
+    let result = c
+        .wait_ready(300)
+        .and_then(|()| every_model_answers_like_onnxruntime_at_once(ocr, &c));
     // SIGTERM drains every model and exits 0.
     let stopped = Command::new("docker")
         .args(["stop", "-t", "30", &c.id])
@@ -264,7 +314,12 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
     }
     assert!(stopped.status.success(), "{}", stderr(&stopped));
     assert_eq!(stdout(&code).trim(), "0", "{logs}");
-    // Each model loaded on its engine: the classifier on tract in the ONNX Runtime image.
+    logs
+}
+
+/// Each model loaded on its engine (the container's `logs`): the classifier on tract in the
+/// ONNX Runtime image.
+fn each_model_loaded_on_its_engine(logs: &str) {
     for (name, engine) in [
         ("ocr-det", "onnxruntime"),
         ("ocr-cls", "tract"),
@@ -280,6 +335,24 @@ fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntim
             "{name}: {line}"
         );
     }
+}
+
+/// One scenario on one bundle image (its build, registry and container shared): its layers
+/// and SBOM, a rebuild after one recipe changed, its warm-up manifest pushed, then the image
+/// run, serving and draining every model on its engine.
+#[test]
+fn docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime() {
+    let test = "docker_registry_py_a_bundle_image_serves_the_three_ocr_models_like_onnxruntime";
+    let Some((ocr, env)) = build_the_ocr_bundle(test) else {
+        return;
+    };
+    let first = one_layer_per_model_then_the_config_and_the_sbom_names_each(&ocr);
+    a_change_to_one_recipe_changes_its_layer_only(&ocr, &env, &first);
+    the_pushed_warmup_manifest_lists_each_models_requests_in_order(&ocr, &env);
+    // The registry is done with before the image runs.
+    drop(env);
+    let logs = the_image_serves_every_model_like_onnxruntime_and_drains_on_sigterm(&ocr);
+    each_model_loaded_on_its_engine(&logs);
 }
 
 /// Two text models (MiniLM and WordLlama, both served from text by their recipes' `[text]`

@@ -852,12 +852,45 @@ fn file_in_layer(layout: &Path, img: &InspectedImage, role: &str, path: &str) ->
     bytes.clone()
 }
 
-#[test]
-#[allow(
-    clippy::too_many_lines,
-    reason = "one scenario: its checks read the same two-recipe build"
-)]
-fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
+/// The example's recipe and a second model (`mlp-b`, with warm-up samples) bundled as `pair`,
+/// built once into the layout `a`.
+struct Pair {
+    ex: Example,
+    /// `bundle.toml`, in the example's directory.
+    bundle: PathBuf,
+    /// The example's recipe, as copied.
+    recipe: String,
+    /// The report of the build into `a`.
+    first: BuildOutput,
+}
+
+/// Write `bundle.toml` naming `models` (TOML strings, comma-separated), with its `[deploy]`.
+fn write_pair_bundle(bundle: &Path, models: &str) {
+    std::fs::write(
+        bundle,
+        format!("[bundle]\nname = \"pair\"\nversion = \"2.0.0\"\nmodels = [{models}]\n\n[deploy]\nreplicas = {{ min = 2, max = 4 }}\ndrain_delay_s = 7\n"),
+    )
+    .unwrap();
+}
+
+/// `build --json` of the bundle into `out`, which must succeed.
+fn build_pair(ex: &Example, bundle: &Path, out: &str) -> BuildOutput {
+    let o = infer_build()
+        .arg("build")
+        .arg(bundle)
+        .arg("--out")
+        .arg(ex.path(out))
+        .arg("--runtime")
+        .arg(ex.path("infer-serve"))
+        .arg("--json")
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .output()
+        .unwrap();
+    build_output(&o)
+}
+
+/// The scenario's fixture: the two recipes, their bundle, and its build into `a`.
+fn build_a_bundle_of_two_recipes() -> Pair {
     let ex = Example::new();
     // A second model: the example's network under another name, with warm-up samples.
     std::fs::create_dir(ex.path("second")).unwrap();
@@ -871,39 +904,29 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
     )
     .unwrap();
     let bundle = ex.path("bundle.toml");
-    let write_bundle = |models: &str| {
-        std::fs::write(
-            &bundle,
-            format!("[bundle]\nname = \"pair\"\nversion = \"2.0.0\"\nmodels = [{models}]\n\n[deploy]\nreplicas = {{ min = 2, max = 4 }}\ndrain_delay_s = 7\n"),
-        )
-        .unwrap()
-    };
-    write_bundle(r#""recipe/recipe.toml", "second/recipe.toml""#);
-    let build = |out: &str| {
-        let o = infer_build()
-            .arg("build")
-            .arg(&bundle)
-            .arg("--out")
-            .arg(ex.path(out))
-            .arg("--runtime")
-            .arg(ex.path("infer-serve"))
-            .arg("--json")
-            .env("SOURCE_DATE_EPOCH", "1700000000")
-            .output()
-            .unwrap();
-        build_output(&o)
-    };
-    let first = build("a");
-    let o = infer_build().arg("check").arg(&bundle).output().unwrap();
+    write_pair_bundle(&bundle, r#""recipe/recipe.toml", "second/recipe.toml""#);
+    let first = build_pair(&ex, &bundle, "a");
+    Pair {
+        ex,
+        bundle,
+        recipe,
+        first,
+    }
+}
+
+/// `check` names the bundle, its two models and its one target.
+fn check_names_the_bundles_models_and_target(p: &Pair) {
+    let o = infer_build().arg("check").arg(&p.bundle).output().unwrap();
     assert!(
         o.status.success()
             && stderr(&o).contains("bundle pair of 2 models (mlp, mlp-b), 1 target (cpu-fp32)"),
         "{}",
         stderr(&o)
     );
+}
 
-    let v = inspect(&ex.path("a"));
-    let img = &v.images[0];
+/// The one image is tagged by the bundle's version, names both models and has a layer each.
+fn the_image_has_a_layer_per_model_and_names_both(img: &InspectedImage) {
     assert_eq!(img.tags, ["2.0.0-cpu-fp32"]);
     assert_eq!(img.models, ["mlp", "mlp-b"]);
     assert_eq!(
@@ -914,10 +937,13 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
     assert_eq!(a["dev.infer-build.models"], "mlp,mlp-b");
     assert_eq!(a["dev.infer-build.precision"], "fp32");
     assert_eq!(a["org.opencontainers.image.title"], "pair");
+}
 
-    // The image's config names the model directories; each model's own config is in its
-    // layer, its paths relative to its directory.
-    let top = file_in_layer(&ex.path("a"), img, "config", "etc/infer/runtime.toml");
+/// The image's config names the model directories (and the bundle's drain); each model's own
+/// config is in its layer, its paths relative to its directory.
+fn the_configs_name_each_model_directory_and_paths_within_it(p: &Pair, img: &InspectedImage) {
+    let layout = p.ex.path("a");
+    let top = file_in_layer(&layout, img, "config", "etc/infer/runtime.toml");
     let top = String::from_utf8(top).unwrap();
     match infer_spec::RuntimeFile::from_toml_str(&top).unwrap() {
         infer_spec::RuntimeFile::Bundle(b) => {
@@ -929,7 +955,7 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         other => panic!("not a bundle: {other:?}"),
     }
     let own = file_in_layer(
-        &ex.path("a"),
+        &layout,
         img,
         "engine:mlp-b",
         "opt/infer/models/mlp-b/runtime.toml",
@@ -940,43 +966,53 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
     assert!(!engine.starts_with('/'), "{engine}");
     assert_eq!(cfg.warmup.samples.as_deref(), Some("warmup/samples.json"));
     file_in_layer(
-        &ex.path("a"),
+        &layout,
         img,
         "engine:mlp-b",
         &format!("opt/infer/models/mlp-b/{engine}"),
     );
     file_in_layer(
-        &ex.path("a"),
+        &layout,
         img,
         "engine:mlp-b",
         "opt/infer/models/mlp-b/warmup/samples.json",
     );
-    // The SBOM has a package per model.
-    let sbom = std::fs::read_to_string(ex.path("a/sbom/cpu-fp32.spdx.json")).unwrap();
+}
+
+/// The SBOM has a package per model.
+fn the_sbom_has_a_package_per_model(p: &Pair) {
+    let sbom = std::fs::read_to_string(p.ex.path("a/sbom/cpu-fp32.spdx.json")).unwrap();
     assert!(
         sbom.contains("SPDXRef-Engine-mlp\"") && sbom.contains("SPDXRef-Engine-mlp-b\""),
         "{sbom}"
     );
+}
 
-    // Same inputs, same digests.
-    assert_eq!(digests(&first), digests(&build("b")));
+/// Same inputs, same digests: a second build into `b` matches the first.
+fn the_same_inputs_build_the_same_digests(p: &Pair) {
+    assert_eq!(
+        digests(&p.first),
+        digests(&build_pair(&p.ex, &p.bundle, "b"))
+    );
+}
 
-    // `deploy` writes the bundle's pod: its image by digest, its replicas and drain.
+/// `deploy` writes the bundle's pod: its image by digest, its replicas and drain.
+fn deploy_writes_the_bundles_pod_by_digest_with_its_replicas(p: &Pair) {
     let o = infer_build()
         .arg("deploy")
-        .arg(&bundle)
+        .arg(&p.bundle)
         .arg("--layout")
-        .arg(ex.path("a"))
+        .arg(p.ex.path("a"))
         .arg("--out")
-        .arg(ex.path("k8s"))
+        .arg(p.ex.path("k8s"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    let yaml = std::fs::read_dir(ex.path("k8s"))
+    let yaml = std::fs::read_dir(p.ex.path("k8s"))
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
         .collect::<String>();
-    let digest = &first.targets[0].manifest_digest;
+    let digest = &p.first.targets[0].manifest_digest;
     assert!(
         yaml.contains(&format!("localhost/infer-build/pair@{digest}")),
         "{yaml}"
@@ -985,17 +1021,19 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         yaml.contains("minReplicas: 2") && yaml.contains("maxReplicas: 4"),
         "{yaml}"
     );
+}
 
-    // A pod too small for the two models together: refused with the numbers.
+/// A pod too small for the two models together is refused by `check` with the numbers.
+fn a_pod_too_small_for_both_models_is_refused_with_the_numbers(p: &Pair) {
     std::fs::write(
-        &bundle,
-        std::fs::read_to_string(&bundle).unwrap().replace(
+        &p.bundle,
+        std::fs::read_to_string(&p.bundle).unwrap().replace(
             "drain_delay_s = 7",
             "drain_delay_s = 7\nresources = { memory = \"64Mi\" }",
         ),
     )
     .unwrap();
-    let o = infer_build().arg("check").arg(&bundle).output().unwrap();
+    let o = infer_build().arg("check").arg(&p.bundle).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("target cpu-fp32: the models need about ")
@@ -1003,11 +1041,15 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
         "{}",
         stderr(&o)
     );
+}
 
-    // Refused before any engine is built, naming the bundle's line and key.
+/// A second model of the same name, or a missing recipe, is refused by `check` and `build`
+/// before any engine is built, naming the bundle's line and key.
+fn a_bad_model_list_is_refused_before_any_engine_is_built(p: &Pair) {
+    let ex = &p.ex;
     std::fs::create_dir(ex.path("third")).unwrap();
     std::fs::copy(ex.path("recipe/mlp.onnx"), ex.path("third/mlp.onnx")).unwrap();
-    std::fs::write(ex.path("third/recipe.toml"), &recipe).unwrap();
+    std::fs::write(ex.path("third/recipe.toml"), &p.recipe).unwrap();
     for (models, want) in [
         (
             r#""recipe/recipe.toml", "third/recipe.toml""#,
@@ -1018,10 +1060,10 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
             "bundle.toml:4:33: bundle.models[1]: ",
         ),
     ] {
-        write_bundle(models);
+        write_pair_bundle(&p.bundle, models);
         for cmd in ["check", "build"] {
             let mut c = infer_build();
-            c.arg(cmd).arg(&bundle).current_dir(ex.path(""));
+            c.arg(cmd).arg(&p.bundle).current_dir(ex.path(""));
             if cmd == "build" {
                 c.args(["--out", "c", "--runtime"])
                     .arg(ex.path("infer-serve"));
@@ -1031,4 +1073,22 @@ fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
             assert!(stderr(&o).contains(want), "{cmd} {models}: {}", stderr(&o));
         }
     }
+}
+
+/// One scenario on one two-recipe build: `check` names the bundle; its one image holds a layer
+/// per model and the configs that tie them together; rebuilt, the same digests; `deploy` writes
+/// its pod; a pod too small and a bad model list are refused.
+#[test]
+fn a_bundle_of_two_recipes_is_one_image_with_a_layer_per_model() {
+    let pair = build_a_bundle_of_two_recipes();
+    check_names_the_bundles_models_and_target(&pair);
+    let v = inspect(&pair.ex.path("a"));
+    let img = &v.images[0];
+    the_image_has_a_layer_per_model_and_names_both(img);
+    the_configs_name_each_model_directory_and_paths_within_it(&pair, img);
+    the_sbom_has_a_package_per_model(&pair);
+    the_same_inputs_build_the_same_digests(&pair);
+    deploy_writes_the_bundles_pod_by_digest_with_its_replicas(&pair);
+    a_pod_too_small_for_both_models_is_refused_with_the_numbers(&pair);
+    a_bad_model_list_is_refused_before_any_engine_is_built(&pair);
 }

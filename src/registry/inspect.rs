@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::client::{Client, ClientOptions};
 use super::reference::Reference;
@@ -14,7 +14,7 @@ use crate::oci::image::{Descriptor, Document, Platform};
 use crate::oci::Digest;
 
 /// An image (or index) in a registry.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RemoteImage {
     pub reference: String,
     pub digest: Digest,
@@ -34,7 +34,7 @@ pub struct RemoteImage {
 /// index: among the entries for its platform, the first in index order. infer-build writes
 /// every target as `linux/amd64`, CPU first, so such a pull never selects a GPU image by GPU:
 /// GPU nodes must use the per-target tag or digest.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlainPull {
     pub platform: String,
     /// How many entries have that platform.
@@ -85,7 +85,7 @@ pub(crate) fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
     })
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RemoteManifest {
     pub digest: Digest,
     pub media_type: String,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use ureq::http::Method;
 
 use super::client::{
@@ -91,7 +91,7 @@ pub enum Progress {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BlobOutcome {
     Uploaded,
@@ -100,7 +100,7 @@ pub enum BlobOutcome {
 }
 
 /// The result of a push (`--json` prints it).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PushReport {
     pub registry: String,
     pub repository: String,
@@ -125,14 +125,14 @@ pub struct PushReport {
     pub manifests_written: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TagReport {
     pub tag: String,
     pub digest: Digest,
     pub media_type: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BlobReport {
     pub digest: Digest,
     pub size: u64,
@@ -140,7 +140,7 @@ pub struct BlobReport {
 }
 
 /// An artifact attached to a per-target image.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactReport {
     /// The per-target image manifest it is attached to.
     pub subject: Digest,

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use ureq::http::Method;
 
@@ -474,7 +474,7 @@ pub(crate) fn merge_fallback(
 }
 
 /// One thing attached to a manifest.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Referrer {
     pub digest: Digest,
     pub media_type: String,

@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use infer_build::registry::Progress;
-use infer_build::registry::{self, ClientOptions, Keychain, PullOptions, PushOptions, Reference};
+use infer_build::registry::{
+    self, ClientOptions, Keychain, Progress, PullOptions, PushOptions, PushReport, Reference,
+    RemoteImage,
+};
 use serde_json::Value;
 
 use super::faultproxy::{FaultProxy, Faults};
@@ -66,7 +68,7 @@ pub(super) fn push_cli(
     to: &str,
     cache: &Path,
     extra: &[&str],
-) -> (i32, Value, String) {
+) -> (i32, Option<PushReport>, String) {
     let out = infer_build()
         .args(["push"])
         .arg(layout)
@@ -83,8 +85,8 @@ pub(super) fn push_cli(
         .env_remove("INFER_BUILD_REGISTRY_PASSWORD")
         .output()
         .unwrap();
-    let json = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json, stderr(&out))
+    let report = serde_json::from_str(&stdout(&out)).ok();
+    (out.status.code().unwrap_or(-1), report, stderr(&out))
 }
 
 /// `infer-build login` with the password on stdin and `env` on top of a hermetic environment.
@@ -387,13 +389,14 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let made = make_layout(&tmp.path().join("layout"), "v1", &targets(), 1);
     let to = format!("{}/ml/mlp", reg.addr);
-    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    let (code, report, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
     assert_eq!(code, 0, "{err}\n{}", reg.log());
-    assert!(json["bytes_uploaded"].as_u64().unwrap() > 500_000, "{json}");
+    let report = report.expect("push --json prints its report");
+    assert!(report.bytes_uploaded > 500_000, "{report:?}");
     assert_eq!(
-        json["blobs_uploaded"].as_u64().unwrap() as usize,
+        report.blobs_uploaded,
         made.blobs.len() + 3 + 1,
-        "{json}"
+        "{report:?}"
     );
 
     // Every per-target tag and the index tag hold the local digests.
@@ -427,7 +430,7 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
 
     // Warm-up artifacts, one per target, through the fallback tag (docker-registry 2.8 has no
     // referrers API).
-    assert_eq!(json["warmup"].as_array().unwrap().len(), made.targets.len());
+    assert_eq!(report.warmup.len(), made.targets.len());
     for (tag, digest) in &made.targets {
         let fallback = format!("sha256-{}", &digest[7..]);
         let (ok, raw, e) = skopeo(&[
@@ -498,21 +501,25 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(v["digest"].as_str(), Some(made.index_digest.as_str()));
-    for m in v["images"].as_array().unwrap() {
+    let v: RemoteImage = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v.digest, made.index_digest.as_str());
+    for m in &v.images {
+        let refs = m.referrers.as_deref().unwrap_or_default();
         assert_eq!(
-            m["referrers"][0]["artifact_type"],
-            "application/vnd.infer-build.warmup.v1+json"
+            refs.first().and_then(|r| r.artifact_type.as_deref()),
+            Some("application/vnd.infer-build.warmup.v1+json"),
+            "{}",
+            m.digest
         );
     }
 
     // Second push: nothing uploaded, and it says so.
-    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
+    let (code, report, err) = push_cli(&made.dir, &to, tmp.path(), &["--insecure"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(json["bytes_uploaded"], 0, "{json}");
-    assert_eq!(json["blobs_uploaded"], 0, "{json}");
-    assert_eq!(json["manifests_written"], 0, "{json}");
+    let report = report.expect("push --json prints its report");
+    assert_eq!(report.bytes_uploaded, 0, "{report:?}");
+    assert_eq!(report.blobs_uploaded, 0, "{report:?}");
+    assert_eq!(report.manifests_written, 0, "{report:?}");
     assert!(err.contains("uploaded 0 blob bytes"), "{err}");
 }
 
@@ -668,9 +675,10 @@ fn registry_tls_basic_auth_with_docker_config() {
         ),
     )
     .unwrap();
-    let (code, json, err) = push_cli(&made.dir, &to, tmp.path(), &["--ca-cert", ca]);
+    let (code, report, err) = push_cli(&made.dir, &to, tmp.path(), &["--ca-cert", ca]);
     assert_eq!(code, 0, "{err}\n{}", reg.log());
-    assert!(!err.contains(&tls.password) && !json.to_string().contains(&tls.password));
+    let report = report.expect("push --json prints its report");
+    assert!(!err.contains(&tls.password) && !format!("{report:?}").contains(&tls.password));
     // A credential helper (`credsStore`): a real `docker-credential-<name>` program on PATH.
     let bin = tmp.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -819,19 +827,16 @@ fn registry_push_to_second_repository_mounts() {
         &["--insecure"],
     );
     assert_eq!(code, 0, "{err}");
-    let (code, json, err) = push_cli(
+    let (code, report, err) = push_cli(
         &made.dir,
         &format!("{}/team-b/mlp", reg.addr),
         tmp.path(),
         &["--insecure"],
     );
     assert_eq!(code, 0, "{err}");
-    assert_eq!(json["bytes_uploaded"], 0, "{json}");
-    assert_eq!(
-        json["blobs_mounted"].as_u64().unwrap() as usize,
-        made.blobs.len() + 4,
-        "{json}"
-    );
+    let report = report.expect("push --json prints its report");
+    assert_eq!(report.bytes_uploaded, 0, "{report:?}");
+    assert_eq!(report.blobs_mounted, made.blobs.len() + 4, "{report:?}");
 }
 
 #[test]
@@ -962,13 +967,11 @@ fn registry_docker_pull_of_the_index_tag_gets_the_first_amd64_entry() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(v["plain_pull"]["target"], "cpu-fp32", "{v}");
-    assert_eq!(v["plain_pull"]["candidates"], 3, "{v}");
-    assert_eq!(
-        v["plain_pull"]["digest"].as_str(),
-        Some(made.targets[0].1.as_str())
-    );
+    let v: RemoteImage = serde_json::from_str(&stdout(&out)).unwrap();
+    let plain = v.plain_pull.expect("an index says what a plain pull gets");
+    assert_eq!(plain.target.as_deref(), Some("cpu-fp32"), "{plain:?}");
+    assert_eq!(plain.candidates, 3, "{plain:?}");
+    assert_eq!(plain.digest, made.targets[0].1.as_str());
     let out = infer_build()
         .args(["inspect", &format!("{to}:v1"), "--insecure"])
         .output()

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use infer_build::assemble::TargetReport;
+use infer_build::registry::BlobOutcome;
 use infer_build::report::{InspectedImage, Inspection};
 use serde_json::Value;
 
@@ -355,28 +356,25 @@ fn push_lists_the_model_images_referrers(s: &SplitBuilds, b: &Built) -> Vec<Stri
     let to = format!("{}/ml/{name}", s.env.reg.addr);
     let (code, report, err) = super::registry::push_cli(&b.out, &to, &s.env.cache, &["--insecure"]);
     assert_eq!(code, 0, "{name}: {err}");
-    let sent: Vec<String> = report["blobs"]
-        .as_array()
-        .unwrap()
+    let report = report.expect("push --json prints its report");
+    let sent: Vec<String> = report
+        .blobs
         .iter()
-        .filter(|b| b["outcome"] == "uploaded")
-        .map(|b| b["digest"].as_str().unwrap().to_string())
+        .filter(|b| b.outcome == BlobOutcome::Uploaded)
+        .map(|b| b.digest.to_string())
         .collect();
     // The ModelPack manifest is among the model image's referrers.
     assert!(
-        report["referrers"]
-            .as_array()
-            .unwrap()
+        report
+            .referrers
             .iter()
-            .any(
-                |r| r["subject"] == s.built[0].model.manifest_digest.as_str()
-                    || r["subject"] == s.built[1].model.manifest_digest.as_str()
-            ),
-        "{report}"
+            .any(|r| r.subject == s.built[0].model.manifest_digest.as_str()
+                || r.subject == s.built[1].model.manifest_digest.as_str()),
+        "{report:?}"
     );
     eprintln!(
         "{name}: pushed {} bytes in {} blobs",
-        report["bytes_uploaded"],
+        report.bytes_uploaded,
         sent.len()
     );
     // The model image's referrers: its warm-up manifest (read from its runtime.toml) and
@@ -402,21 +400,16 @@ fn push_lists_the_model_images_referrers(s: &SplitBuilds, b: &Built) -> Vec<Stri
     ] {
         assert!(kinds.contains(&kind), "{name}: {kinds:?}");
     }
-    let warmup = report["warmup"]
-        .as_array()
-        .unwrap()
+    let warmup = report
+        .warmup
         .iter()
-        .find(|w| w["subject"] == model.as_str())
-        .unwrap_or_else(|| panic!("{name}: no warm-up manifest for the model image: {report}"));
-    assert_eq!(warmup["missing"], serde_json::json!([]), "{name}: {warmup}");
+        .find(|w| w.subject == model.as_str())
+        .unwrap_or_else(|| panic!("{name}: no warm-up manifest for the model image: {report:?}"));
+    assert!(warmup.missing.is_empty(), "{name}: {warmup:?}");
     // None for the runtime image: it serves no model of its own.
     assert!(
-        !report["warmup"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|w| w["subject"] == s.runtime()),
-        "{report}"
+        !report.warmup.iter().any(|w| w.subject == s.runtime()),
+        "{report:?}"
     );
     sent
 }

@@ -1,4 +1,4 @@
-//! The documents `infer-build build --json` and `inspect --json` print, as types: what the
+//! The documents `infer-build build --json`, `inspect --json` and `slim --json` print, as types: what the
 //! CLI serializes and what scripts (and this crate's tests) read back. Keys are the wire
 //! spelling; fields only ever get added.
 
@@ -136,4 +136,67 @@ pub struct InspectedLayer {
     pub size: u64,
     /// `dev.infer-build.layer`: what infer-build put in it (`runtime`, `model`, …).
     pub role: Option<String>,
+}
+
+/// `infer-build slim --json`: the slim base built, the images it was cut from, what went in
+/// and what was left out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SlimOutput {
+    /// The definition's name; also the tag in the layout.
+    pub definition: String,
+    /// The engine kind the definition serves (`version-compatible`, …).
+    pub engine: String,
+    /// With `--engine-meta`: the engine the definition was chosen for.
+    pub chosen_for: Option<SlimChoice>,
+    /// The `--tactic` libraries asked for (`cudnn`, `cublas`, `cublaslt`).
+    pub tactics: Vec<String>,
+    pub base: SlimSource,
+    pub builder: SlimSource,
+    /// The OCI layout written.
+    pub layout: String,
+    pub tag: String,
+    pub manifest_digest: Digest,
+    /// Paths copied from the builder image, absolute.
+    pub copied: Vec<String>,
+    /// Paths present in both images where the base's file was kept.
+    pub kept_base: Vec<String>,
+    /// Libraries the closure left out, and why.
+    pub excluded: Vec<SlimExcluded>,
+    /// Sizes against the full builder image.
+    pub report: SizeReport,
+}
+
+/// The engine `slim --engine-meta` chose a definition for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlimChoice {
+    /// The engine metadata file read.
+    pub engine_meta: String,
+    pub target: String,
+    /// The engine kind it needs.
+    pub kind: String,
+    /// The TensorRT version it was built with.
+    pub tensorrt: String,
+}
+
+/// One of the two images a slim base is cut from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlimSource {
+    pub reference: String,
+    pub digest: String,
+    /// `layout` (given with `--base-layout`/`--builder-layout`) or `pull`.
+    pub source: String,
+    /// Where its layout is.
+    pub layout: String,
+    /// Bytes pulled for it this run; `None` when it came from a given layout.
+    pub bytes_downloaded: Option<u64>,
+}
+
+/// A library the slim closure did not copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlimExcluded {
+    /// The `DT_NEEDED` name, or the selected path.
+    pub name: String,
+    /// Who needs it: the selected root first (empty for a selected file).
+    pub needed_by: Vec<String>,
+    pub reason: String,
 }

@@ -10,11 +10,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use serde_json::{json, Value};
 
 use crate::error::Error;
 use crate::pipeline::slim::{slim, ImageSource, SlimRequest};
 use crate::pipeline::Notes;
+use crate::report::{SlimChoice, SlimExcluded, SlimOutput, SlimSource};
 use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
 use crate::slim::image;
 
@@ -116,32 +116,47 @@ pub(super) fn run(args: SlimArgs) -> Result<(), Error> {
     )?;
     let (def, built) = (&s.definition, &s.built);
     if args.json {
-        let image_doc = |src: &ImageSource, r: &ImageRef, digest: &str| {
-            json!({
-                "reference": r.reference,
-                "digest": digest,
-                "source": if src.pulled.is_some() { "pull" } else { "layout" },
-                "layout": src.layout.display().to_string(),
-                "bytes_downloaded": src.pulled.as_ref().map(|p| p.bytes_downloaded),
-            })
+        let image_doc = |src: &ImageSource, r: &ImageRef, digest: &str| SlimSource {
+            reference: r.reference.clone(),
+            digest: digest.to_string(),
+            source: if src.pulled.is_some() {
+                "pull"
+            } else {
+                "layout"
+            }
+            .into(),
+            layout: src.layout.display().to_string(),
+            bytes_downloaded: src.pulled.as_ref().map(|p| p.bytes_downloaded),
         };
-        let doc = json!({
-            "definition": def.name,
-            "engine": def.engine.as_str(),
-            "chosen_for": chosen_for.as_ref().map(|(meta, _)| meta.clone()),
-            "tactics": s.needs.tactics.iter().map(|t| tactic_name(*t)).collect::<Vec<_>>(),
-            "base": image_doc(&s.base, &def.base, &s.base_digest),
-            "builder": image_doc(&s.builder, &def.builder, &s.builder_digest),
-            "layout": out.display().to_string(),
-            "tag": def.name,
-            "manifest_digest": built.manifest_digest,
-            "copied": built.plan.copy.keys().map(|p| format!("/{p}")).collect::<Vec<_>>(),
-            "kept_base": built.plan.kept_base,
-            "excluded": built.plan.excluded.iter().map(|e| json!({
-                "name": e.name, "needed_by": e.needed_by, "reason": e.reason,
-            })).collect::<Vec<_>>(),
-            "report": serde_json::to_value(&built.report).unwrap_or(Value::Null),
-        });
+        let doc = SlimOutput {
+            definition: def.name.clone(),
+            engine: def.engine.as_str().into(),
+            chosen_for: chosen_for.as_ref().map(|(choice, _)| choice.clone()),
+            tactics: s
+                .needs
+                .tactics
+                .iter()
+                .map(|t| tactic_name(*t).into())
+                .collect(),
+            base: image_doc(&s.base, &def.base, &s.base_digest),
+            builder: image_doc(&s.builder, &def.builder, &s.builder_digest),
+            layout: out.display().to_string(),
+            tag: def.name.clone(),
+            manifest_digest: built.manifest_digest.clone(),
+            copied: built.plan.copy.keys().map(|p| format!("/{p}")).collect(),
+            kept_base: built.plan.kept_base.clone(),
+            excluded: built
+                .plan
+                .excluded
+                .iter()
+                .map(|e| SlimExcluded {
+                    name: e.name.clone(),
+                    needed_by: e.needed_by.clone(),
+                    reason: e.reason.into(),
+                })
+                .collect(),
+            report: built.report.clone(),
+        };
         return super::print_json("the slim report", &doc);
     }
     eprint!("{}", image::render_excluded(&built.plan));
@@ -164,7 +179,7 @@ pub(super) fn run(args: SlimArgs) -> Result<(), Error> {
     Ok(())
 }
 
-type Chosen = (Value, Needs);
+type Chosen = (SlimChoice, Needs);
 
 /// The definition to build, and, with `--engine-meta`, what the engine is and needs.
 fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option<Chosen>), Error> {
@@ -202,12 +217,12 @@ fn definition(args: &SlimArgs, tactics: &[Tactic]) -> Result<(Definition, Option
     };
     let (kind, needs, tensorrt) = def::engine_needs(gpu, tactics);
     let chosen = def::choose(&defs, kind, Some(&tensorrt))?.clone();
-    let why = json!({
-        "engine_meta": file.display().to_string(),
-        "target": meta.target,
-        "kind": kind.as_str(),
-        "tensorrt": tensorrt,
-    });
+    let why = SlimChoice {
+        engine_meta: file.display().to_string(),
+        target: meta.target.clone(),
+        kind: kind.as_str().into(),
+        tensorrt: tensorrt.clone(),
+    };
     if !args.json {
         eprintln!(
             "engine {} ({} engine, TensorRT {tensorrt}) → slim base {}",

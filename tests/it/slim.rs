@@ -12,7 +12,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use infer_build::report::BuildOutput;
+use infer_build::report::{BuildOutput, SlimOutput};
 use infer_build::slim::{self, BuildOptions, Definition};
 
 use super::registry_support::Registry;
@@ -781,7 +781,8 @@ fn push_fixture(f: &Fixture, reg: &Registry) {
     }
 }
 
-fn json_of(o: &std::process::Output) -> serde_json::Value {
+/// The document of a `slim --json` run that must have succeeded.
+fn slim_output(o: &std::process::Output) -> SlimOutput {
     assert!(o.status.success(), "{}", stderr(o));
     serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
 }
@@ -871,13 +872,10 @@ struct SlimCli {
     def_file: PathBuf,
     /// The layout the slim base was written to.
     slim_out: PathBuf,
-    /// The `slim --json` document. A `Value`: the CLI writes it with `json!`, and the library
-    /// has no type for it.
-    doc: serde_json::Value,
+    /// The `slim --json` document.
+    doc: SlimOutput,
     /// The slim image's manifest digest (`manifest_digest`).
     digest: String,
-    /// The document's `report`, as the library's type.
-    report: slim::SizeReport,
 }
 
 /// What the slim image and its builder weigh, summed over the layers of the layouts.
@@ -911,23 +909,20 @@ fn slim_from_layouts(f: Fixture) -> SlimCli {
     let mut c = infer_build();
     c.arg("slim").arg("--definition").arg(&def_file);
     with_layouts(&mut c, &f);
-    let doc = json_of(
+    let doc = slim_output(
         &c.arg("--out")
             .arg(&slim_out)
             .arg("--json")
             .output()
             .unwrap(),
     );
-    let digest = doc["manifest_digest"].as_str().unwrap().to_string();
-    let report = serde_json::from_value(doc["report"].clone())
-        .unwrap_or_else(|e| panic!("slim --json: `report` is not a size report: {e}\n{doc}"));
+    let digest = doc.manifest_digest.to_string();
     SlimCli {
         f,
         def_file,
         slim_out,
         doc,
         digest,
-        report,
     }
 }
 
@@ -935,15 +930,10 @@ fn slim_from_layouts(f: Fixture) -> SlimCli {
 fn slim_doc_names_the_closure_and_its_images(s: &SlimCli) {
     let (f, doc) = (&s.f, &s.doc);
     assert_eq!(layer_entries(&s.slim_out, &s.digest), f.expected);
-    assert_eq!(doc["base"]["digest"], f.base_digest.as_str());
-    assert_eq!(doc["builder"]["digest"], f.builder_digest.as_str());
-    assert_eq!(doc["base"]["source"], "layout");
-    let excluded: Vec<&str> = doc["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    assert_eq!(doc.base.digest, f.base_digest);
+    assert_eq!(doc.builder.digest, f.builder_digest);
+    assert_eq!(doc.base.source, "layout");
+    let excluded: Vec<&str> = doc.excluded.iter().map(|e| e.name.as_str()).collect();
     assert!(
         excluded.contains(&"libcuda.so.1") && excluded.contains(&"libnvidia-ml.so.1"),
         "{excluded:?}"
@@ -953,7 +943,7 @@ fn slim_doc_names_the_closure_and_its_images(s: &SlimCli) {
 /// The report lists every layer of the written image, with sizes measured on the layouts.
 fn report_measures_every_layer_on_the_layouts(s: &SlimCli) -> LayoutSizes {
     let img = slim::read_layout(&s.slim_out, Some(&s.digest)).unwrap();
-    let report = &s.report;
+    let report = &s.doc.report;
     let layers = &report.layers;
     assert_eq!(layers.len(), img.layers().len());
     for (l, m) in layers.iter().zip(img.layers()) {
@@ -1002,12 +992,12 @@ fn engine_meta_chooses_the_same_image_and_reports_it(s: &SlimCli) {
         err.contains(&format!("slim base curl-slim {}", s.digest)),
         "{err}"
     );
-    for l in &s.report.layers {
+    for l in &s.doc.report.layers {
         let short = &l.digest[..19];
         assert!(err.contains(short), "{short} missing:\n{err}");
     }
     assert!(
-        err.contains(&format!("{:.1}x", s.report.reduction)),
+        err.contains(&format!("{:.1}x", s.doc.report.reduction)),
         "{err}"
     );
     assert!(
@@ -1019,7 +1009,10 @@ fn engine_meta_chooses_the_same_image_and_reports_it(s: &SlimCli) {
 /// `inspect` shows the report the image carries, in JSON and to people.
 fn inspect_shows_the_slim_report(s: &SlimCli) {
     let inspected = super::support::inspect(&s.slim_out);
-    assert_eq!(inspected.images[0].slim_report.as_ref(), Some(&s.report));
+    assert_eq!(
+        inspected.images[0].slim_report.as_ref(),
+        Some(&s.doc.report)
+    );
     let o = infer_build()
         .arg("inspect")
         .arg(&s.slim_out)
@@ -1027,7 +1020,8 @@ fn inspect_shows_the_slim_report(s: &SlimCli) {
         .unwrap();
     let text = stderr(&o);
     assert!(
-        text.contains("slim size report") && text.contains(&format!("{:.1}x", s.report.reduction)),
+        text.contains("slim size report")
+            && text.contains(&format!("{:.1}x", s.doc.report.reduction)),
         "{text}"
     );
 }
@@ -1114,7 +1108,7 @@ fn gpu_image_report_keeps_the_slim_layers(
         assert_eq!(l.size, b.size);
         if i < 2 {
             assert_eq!(
-                l, &s.report.layers[i],
+                l, &s.doc.report.layers[i],
                 "the slim base's layers are kept as they are"
             );
         } else {
@@ -1203,28 +1197,28 @@ fn registry_slim_cli_pins_at_first_pull_and_reuses_blobs() {
     let lock_s = lock.to_str().unwrap();
     let pulled = t.join("pulled");
     let pulled_s = pulled.to_str().unwrap();
-    let first = json_of(&slim(
+    let first = slim_output(&slim(
         "o1",
         &["--lock", lock_s, "--pull-dir", pulled_s, "--json"],
     ));
-    assert_eq!(first["base"]["source"], "pull");
-    assert_eq!(first["base"]["digest"], f.base_digest.as_str());
-    assert_eq!(first["builder"]["digest"], f.builder_digest.as_str());
-    assert!(first["builder"]["bytes_downloaded"].as_u64().unwrap() > 0);
-    let digest = first["manifest_digest"].as_str().unwrap();
+    assert_eq!(first.base.source, "pull");
+    assert_eq!(first.base.digest, f.base_digest);
+    assert_eq!(first.builder.digest, f.builder_digest);
+    assert!(first.builder.bytes_downloaded.unwrap() > 0);
+    let digest = first.manifest_digest.as_str();
     assert_eq!(layer_entries(&t.join("o1"), digest), f.expected);
     let pins = infer_build::plan::read_lock(&lock).unwrap().unwrap();
     assert_eq!(pins.digest(&base_ref), Some(f.base_digest.as_str()));
     assert_eq!(pins.digest(&builder_ref), Some(f.builder_digest.as_str()));
 
     // Pulled again by the pin: nothing downloaded, same image.
-    let second = json_of(&slim(
+    let second = slim_output(&slim(
         "o2",
         &["--lock", lock_s, "--pull-dir", pulled_s, "--json"],
     ));
-    assert_eq!(second["manifest_digest"], digest);
-    assert_eq!(second["base"]["bytes_downloaded"], 0);
-    assert_eq!(second["builder"]["bytes_downloaded"], 0);
+    assert_eq!(second.manifest_digest, digest);
+    assert_eq!(second.base.bytes_downloaded, Some(0));
+    assert_eq!(second.builder.bytes_downloaded, Some(0));
 
     // From the layouts, pinned by the same lock: the same image.
     let o = slim(
@@ -1239,11 +1233,11 @@ fn registry_slim_cli_pins_at_first_pull_and_reuses_blobs() {
             "--json",
         ],
     );
-    assert_eq!(json_of(&o)["manifest_digest"], digest);
+    assert_eq!(slim_output(&o).manifest_digest, digest);
     // The pull directory was kept; the default temporary one is removed.
     assert!(pulled.join("builder/index.json").is_file());
     let o = slim("o4", &["--lock", lock_s, "--json"]);
-    assert_eq!(json_of(&o)["manifest_digest"], digest);
+    assert_eq!(slim_output(&o).manifest_digest, digest);
     let leftovers: Vec<_> = fs::read_dir(t.join("o4"))
         .unwrap()
         .filter_map(|e| e.ok())

@@ -186,17 +186,22 @@ fn layer_digests(m: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The manifest skopeo reads from `b`'s layout under the tag `<TAG>-<suffix>`.
+fn raw_manifest(b: &Built, suffix: &str) -> Value {
+    let (ok, raw, e) = super::registry::skopeo(&[
+        "inspect",
+        "--raw",
+        &format!("oci:{}:{TAG}-{suffix}", b.out.display()),
+    ]);
+    assert!(ok, "{}: {e}", b.name);
+    serde_json::from_str(&raw).unwrap()
+}
+
 /// skopeo reads the ModelPack manifest back: the model image its subject, the weights first,
 /// the same blobs as the model image, and a config that passes ModelPack's own schema.
 fn the_modelpack_manifest_mirrors_the_model_image_and_passes_its_schema(py: &Path, b: &Built) {
     let (name, out) = (b.name, &b.out);
-    let (ok, raw, e) = super::registry::skopeo(&[
-        "inspect",
-        "--raw",
-        &format!("oci:{}:{TAG}-modelpack", out.display()),
-    ]);
-    assert!(ok, "{name}: {e}");
-    let mp: Value = serde_json::from_str(&raw).unwrap();
+    let mp = raw_manifest(b, "modelpack");
     assert_eq!(
         mp["artifactType"],
         "application/vnd.cncf.model.manifest.v1+json"
@@ -234,13 +239,7 @@ fn the_modelpack_manifest_mirrors_the_model_image_and_passes_its_schema(py: &Pat
     if name == "minilm" {
         assert!(files.contains(&"tokenizer.json"), "{files:?}");
     }
-    let (ok, raw, e) = super::registry::skopeo(&[
-        "inspect",
-        "--raw",
-        &format!("oci:{}:{TAG}-model", out.display()),
-    ]);
-    assert!(ok, "{name}: {e}");
-    let model_manifest: Value = serde_json::from_str(&raw).unwrap();
+    let model_manifest = raw_manifest(b, "model");
     assert_eq!(layer_digests(&mp), layer_digests(&model_manifest));
     // Its config passes ModelPack's own schema.
     let config_digest = mp["config"]["digest"].as_str().unwrap();

@@ -12,7 +12,7 @@ use crate::oci::image::Platform;
 use crate::oci::Digest;
 use crate::registry::pull::PulledImage;
 pub use crate::sbom::Written as SbomWritten;
-use crate::slim::SizeReport;
+use crate::slim::{Excluded, SizeReport};
 
 /// `infer-build build --json`: where the images went and what each target's image holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,7 +161,7 @@ pub struct SlimOutput {
     /// Paths present in both images where the base's file was kept.
     pub kept_base: Vec<String>,
     /// Libraries the closure left out, and why.
-    pub excluded: Vec<SlimExcluded>,
+    pub excluded: Vec<Excluded>,
     /// Sizes against the full builder image.
     pub report: SizeReport,
 }
@@ -189,14 +189,4 @@ pub struct SlimSource {
     pub layout: String,
     /// Bytes pulled for it this run; `None` when it came from a given layout.
     pub bytes_downloaded: Option<u64>,
-}
-
-/// A library the slim closure did not copy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SlimExcluded {
-    /// The `DT_NEEDED` name, or the selected path.
-    pub name: String,
-    /// Who needs it: the selected root first (empty for a selected file).
-    pub needed_by: Vec<String>,
-    pub reason: String,
 }

@@ -14,7 +14,7 @@ use clap::Args;
 use crate::error::Error;
 use crate::pipeline::slim::{slim, ImageSource, SlimRequest};
 use crate::pipeline::Notes;
-use crate::report::{SlimChoice, SlimExcluded, SlimOutput, SlimSource};
+use crate::report::{SlimChoice, SlimOutput, SlimSource};
 use crate::slim::def::{self, Definition, ImageRef, Needs, Tactic};
 use crate::slim::image;
 
@@ -145,16 +145,7 @@ pub(super) fn run(args: SlimArgs) -> Result<(), Error> {
             manifest_digest: built.manifest_digest.clone(),
             copied: built.plan.copy.keys().map(|p| format!("/{p}")).collect(),
             kept_base: built.plan.kept_base.clone(),
-            excluded: built
-                .plan
-                .excluded
-                .iter()
-                .map(|e| SlimExcluded {
-                    name: e.name.clone(),
-                    needed_by: e.needed_by.clone(),
-                    reason: e.reason.into(),
-                })
-                .collect(),
+            excluded: built.plan.excluded.clone(),
             report: built.report.clone(),
         };
         return super::print_json("the slim report", &doc);

@@ -60,14 +60,15 @@ pub struct CopyItem {
     pub node: Node,
 }
 
-/// A library that is needed but deliberately not copied.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A library that is needed but deliberately not copied (an entry of `slim --json`'s
+/// `excluded`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Excluded {
     /// The `DT_NEEDED` name, or the selected path.
     pub name: String,
     /// Who needs it: the selected root first (empty for a selected file).
     pub needed_by: Vec<String>,
-    pub reason: &'static str,
+    pub reason: String,
 }
 
 /// Why it is not copied, for the build output.
@@ -356,7 +357,7 @@ impl Walk<'_> {
             self.plan.excluded.push(Excluded {
                 name: shown,
                 needed_by: vec![],
-                reason,
+                reason: reason.into(),
             });
             return;
         }
@@ -364,7 +365,7 @@ impl Walk<'_> {
             self.plan.excluded.push(Excluded {
                 name: shown,
                 needed_by: vec![],
-                reason: REASON_DROP,
+                reason: REASON_DROP.into(),
             });
             return;
         }
@@ -375,7 +376,7 @@ impl Walk<'_> {
             self.plan.excluded.push(Excluded {
                 name: shown,
                 needed_by: vec![],
-                reason: REASON_DROP,
+                reason: REASON_DROP.into(),
             });
             return;
         }
@@ -616,7 +617,7 @@ impl Walk<'_> {
                 self.plan.excluded.push(Excluded {
                     name: name.clone(),
                     needed_by: work.chain.clone(),
-                    reason,
+                    reason: reason.into(),
                 });
                 continue;
             }

@@ -444,7 +444,7 @@ fn real_debian_chain_libssl_to_libcrypto() {
         vec![Excluded {
             name: "libcuda.so.1".into(),
             needed_by: vec![format!("{dir}/libssl.so.3")],
-            reason: REASON_TOOLKIT
+            reason: REASON_TOOLKIT.into()
         }]
     );
     assert_eq!(

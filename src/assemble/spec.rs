@@ -122,6 +122,7 @@ fn tensor(t: &Tensor) -> TensorSpec {
         }),
         dim_names: Vec::new(),
         pad: t.pad,
+        table_rows: None,
     }
 }
 

@@ -41,6 +41,21 @@ pub enum DataType {
 }
 
 impl DataType {
+    /// A signed or unsigned integer type (`INT8` to `INT64`, `UINT8` to `UINT64`).
+    pub fn is_integer(self) -> bool {
+        matches!(
+            self,
+            DataType::U8
+                | DataType::U16
+                | DataType::U32
+                | DataType::U64
+                | DataType::I8
+                | DataType::I16
+                | DataType::I32
+                | DataType::I64
+        )
+    }
+
     /// Every datatype, in a fixed order.
     pub const ALL: [DataType; 14] = [
         DataType::Bool,

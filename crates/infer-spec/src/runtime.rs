@@ -135,6 +135,14 @@ pub struct TensorSpec {
     /// dims `[-1, -1]` only (token ids and masks). Text models pad their own (`[text]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad: Option<i64>,
+    /// An integer input whose values index a table of this many rows inside the model (token
+    /// ids into an embedding table: a `Gather` of a constant). The runtime refuses a request
+    /// holding a value outside `-table_rows..table_rows` (ONNX's range for `Gather`) with 400
+    /// naming the input, the value and the bound, before the engine sees it: engines read past
+    /// the table's end otherwise (tract aborts the process). Written by the builder from the
+    /// model's graph; `INT8` to `INT64` and `UINT8` to `UINT64` inputs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_rows: Option<u64>,
 }
 
 /// `profile = { min = [..], opt = [..], max = [..] }` of a tensor: per dimension after the
@@ -911,6 +919,17 @@ impl Warmup {
 /// The problems of one tensor's `profile` and `dim_names`.
 fn tensor_problems(p: &mut Vec<String>, at: &str, input: bool, t: &TensorSpec) {
     let rank = t.dims.len().saturating_sub(1);
+    if let Some(rows) = t.table_rows {
+        if !input || !t.datatype.is_integer() {
+            p.push(format!(
+                "{at}: table_rows is for integer inputs (the values index a table), this is {} {}",
+                if input { "an input of" } else { "an output of" },
+                t.datatype
+            ));
+        } else if rows == 0 {
+            p.push(format!("{at}: table_rows must be at least 1"));
+        }
+    }
     if !t.dim_names.is_empty() && t.dim_names.len() != rank {
         p.push(format!(
             "{at}: dim_names has {} names, the dims after the batch dimension are {rank}",

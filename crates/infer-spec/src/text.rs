@@ -76,6 +76,208 @@ pub struct Text {
     /// A classifier's label per output column (empty: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
+    /// The most texts (or pairs) one request may carry, on every route (TEI's
+    /// `--max-client-batch-size`); more is refused with 413 naming this key. Written only when
+    /// not the default, so the `runtime.toml` of earlier builds keeps its bytes.
+    #[serde(
+        default = "default_max_client_batch_size",
+        skip_serializing_if = "is_default_max_client_batch_size"
+    )]
+    pub max_client_batch_size: u32,
+}
+
+/// The default `max_client_batch_size`: OpenAI's own bound on an embeddings request's inputs,
+/// so every client written for it (LangChain sends 1,000 at a time) works unchanged.
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: u32 = 2048;
+/// The largest `max_client_batch_size`.
+pub const MAX_CLIENT_BATCH_SIZE: u32 = 1 << 16;
+
+fn default_max_client_batch_size() -> u32 {
+    DEFAULT_MAX_CLIENT_BATCH_SIZE
+}
+
+fn is_default_max_client_batch_size(v: &u32) -> bool {
+    *v == DEFAULT_MAX_CLIENT_BATCH_SIZE
+}
+
+/// The most bytes a `tokenizer.json` may have: the builder refuses a larger one and the runtime
+/// reads no further (large multilingual vocabularies are about 20 MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// The longest word WordPiece may look up (`model.max_input_chars_per_word`; BERT's is 100): its
+/// greedy longest-match costs the cube of a word's length, so a tokenizer that allows words of
+/// thousands of characters lets one request hold a core for minutes.
+pub const MAX_WORDPIECE_WORD_CHARS: u64 = 200;
+
+/// What makes a `tokenizer.json` unfit to serve, whatever the model: settings under which
+/// tokenizing one text costs more than linear time in its length (a WordPiece model that looks
+/// up words longer than [`MAX_WORDPIECE_WORD_CHARS`], a regular expression with a quantified
+/// group that holds a quantifier, or a back-reference, which backtrack exponentially), each
+/// as one sentence naming the key. The builder (`check` and `build`) and the runtime (at start)
+/// run the same check.
+pub fn tokenizer_problems(tokenizer: &serde_json::Value) -> Vec<String> {
+    let mut p = Vec::new();
+    let model = &tokenizer["model"];
+    if model["type"].as_str() == Some("WordPiece") {
+        match &model["max_input_chars_per_word"] {
+            serde_json::Value::Null => {}
+            v => match v.as_u64() {
+                Some(n) if n <= MAX_WORDPIECE_WORD_CHARS => {}
+                _ => p.push(format!(
+                    "model.max_input_chars_per_word {v} is more than {MAX_WORDPIECE_WORD_CHARS}: WordPiece's cost grows with the cube of a word's length, so one long word would hold a core for seconds to minutes (BERT's tokenizers use 100)"
+                )),
+            },
+        }
+    }
+    let mut patterns = Vec::new();
+    for key in ["normalizer", "pre_tokenizer", "post_processor", "decoder"] {
+        regexes(&tokenizer[key], key, &mut patterns);
+    }
+    for (at, pattern) in patterns {
+        if let Some(why) = backtracking(&pattern) {
+            p.push(format!(
+                "{at}: the regular expression {pattern:?} {why}, which can take exponential time on some texts"
+            ));
+        }
+    }
+    p
+}
+
+/// Every regular expression under `v` (`{"Regex": "..."}`, as `Split` and `Replace` hold
+/// them), with the path to it.
+fn regexes(v: &serde_json::Value, at: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("Regex", serde_json::Value::String(r)) => out.push((at.to_owned(), r.clone())),
+                    _ => regexes(v, &format!("{at}.{k}"), out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                regexes(v, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Why a regular expression may backtrack exponentially, if it may: a group holding a
+/// quantifier that is itself repeated without bound (`(a+)+`, `(\s*x)*`, `(a|ab){2,}`), or a
+/// back-reference. A structural check, without a regex library: escapes and character classes
+/// are skipped.
+fn backtracking(pattern: &str) -> Option<&'static str> {
+    // Per open group: whether it holds a quantifier.
+    let mut groups: Vec<bool> = Vec::new();
+    // The last atom just closed was a group holding a quantifier.
+    let mut closed_quantified = false;
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        let was_group = std::mem::take(&mut closed_quantified);
+        match c {
+            '\\' => match chars.next() {
+                Some('1'..='9') | Some('k') => return Some("has a back-reference"),
+                _ => {}
+            },
+            '[' => {
+                // A character class: up to its closing bracket (a leading `]` or `^]` is literal).
+                let mut first = true;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '^' if first => continue,
+                        ']' if !first => break,
+                        _ => {}
+                    }
+                    first = false;
+                }
+            }
+            '(' => {
+                groups.push(false);
+                // `(?:`, `(?i:`, `(?=`, `(?!`, `(?<=`, `(?<!`, `(?P<name>`, `(?<name>`: the
+                // group's kind, not a quantifier.
+                if chars.peek() == Some(&'?') {
+                    chars.next();
+                    match chars.peek() {
+                        Some('=' | '!') => {
+                            chars.next();
+                        }
+                        Some('<' | 'P') => {
+                            let c = chars.next();
+                            if c == Some('P') {
+                                chars.next();
+                            }
+                            if matches!(chars.peek(), Some('=' | '!')) {
+                                chars.next();
+                            } else {
+                                for c in chars.by_ref() {
+                                    if c == '>' {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        _ => {
+                            // Flags: `(?i:` opens a group, `(?i)` sets them and closes.
+                            while let Some(&c) = chars.peek() {
+                                if c == ':' {
+                                    chars.next();
+                                    break;
+                                }
+                                if c == ')' {
+                                    break;
+                                }
+                                chars.next();
+                            }
+                        }
+                    }
+                }
+            }
+            ')' => {
+                let inner = groups.pop().unwrap_or(false);
+                closed_quantified = inner;
+                // The group itself counts as a quantified atom for the group around it when
+                // it is repeated; noted below when its quantifier comes.
+                if inner {
+                    if let Some(outer) = groups.last_mut() {
+                        *outer = true;
+                    }
+                }
+            }
+            '*' | '+' | '?' | '{' => {
+                let unbounded = match c {
+                    '*' | '+' => true,
+                    '{' => {
+                        let mut spec = String::new();
+                        for c in chars.by_ref() {
+                            if c == '}' {
+                                break;
+                            }
+                            spec.push(c);
+                        }
+                        spec.ends_with(',')
+                    }
+                    _ => false,
+                };
+                // A lazy or possessive suffix is not another quantifier.
+                if matches!(chars.peek(), Some('?') | Some('+')) {
+                    chars.next();
+                }
+                if was_group && unbounded {
+                    return Some("repeats a group that holds a quantifier");
+                }
+                if let Some(g) = groups.last_mut() {
+                    *g = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn is_false(v: &bool) -> bool {
@@ -233,6 +435,7 @@ impl Text {
             profile: None,
             dim_names: Vec::new(),
             pad: None,
+            table_rows: None,
         };
         let mut inputs = vec![input(TEXT_INPUT)];
         if self.pairs {
@@ -245,6 +448,7 @@ impl Text {
             profile: None,
             dim_names: Vec::new(),
             pad: None,
+            table_rows: None,
         };
         Some((inputs, vec![output]))
     }
@@ -334,6 +538,12 @@ impl Text {
                 }
             }
         }
+        if !(1..=MAX_CLIENT_BATCH_SIZE).contains(&self.max_client_batch_size) {
+            p.push(format!(
+                "text.max_client_batch_size {} is outside 1..={MAX_CLIENT_BATCH_SIZE}",
+                self.max_client_batch_size
+            ));
+        }
         if self.activation != Activation::None && self.normalize {
             p.push(format!(
                 "text: activation {:?} gives scores; normalize is for embeddings (set it false)",
@@ -356,6 +566,7 @@ mod tests {
             profile: None,
             dim_names: Vec::new(),
             pad: None,
+            table_rows: None,
         }
     }
 
@@ -377,7 +588,48 @@ mod tests {
             pairs: false,
             activation: Activation::None,
             labels: Vec::new(),
+            max_client_batch_size: DEFAULT_MAX_CLIENT_BATCH_SIZE,
         }
+    }
+
+    #[test]
+    fn tokenizers_that_tokenize_in_more_than_linear_time_are_refused() {
+        let bert = serde_json::json!({
+            "normalizer": {"type": "BertNormalizer"},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "max_input_chars_per_word": 100, "vocab": {}},
+        });
+        assert_eq!(tokenizer_problems(&bert), Vec::<String>::new());
+        let mut wide = bert.clone();
+        wide["model"]["max_input_chars_per_word"] = serde_json::json!(1_000_000_000_000u64);
+        let p = tokenizer_problems(&wide);
+        assert!(
+            p.len() == 1 && p[0].starts_with("model.max_input_chars_per_word 1000000000000"),
+            "{p:?}"
+        );
+        // The pre-tokenizers of GPT-2, Llama 3 and a flags group: linear.
+        for ok in [
+            r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            r"(?i)(?:ab)+[(+]*",
+            r"(?P<w>\w)+",
+        ] {
+            assert_eq!(backtracking(ok), None, "{ok}");
+        }
+        for bad in [r"(a+)+$", r"(\s*x)*", r"((ab)*c){2,}", r"(\w)\1", r"(?:a|a?)+"] {
+            assert!(backtracking(bad).is_some(), "{bad}");
+        }
+        let split = serde_json::json!({
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated"}
+            ]},
+            "model": {"type": "BPE", "vocab": {}, "merges": []},
+        });
+        let p = tokenizer_problems(&split);
+        assert!(
+            p.len() == 1 && p[0].starts_with("pre_tokenizer.pretokenizers[0].pattern:"),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -296,6 +296,7 @@ mod tests {
             profile: None,
             dim_names: Vec::new(),
             pad: None,
+            table_rows: None,
         }
     }
 

@@ -8,7 +8,7 @@
 # /build/infer-build, so two checkouts at different paths, on different machines, with the same
 # toolchain and Cargo.lock, give byte-identical binaries.
 #
-#   PROFILE   cargo profile (default release-serve: fat LTO, strip, panic=abort)
+#   PROFILE   cargo profile (default release-serve: fat LTO, strip; panics unwind)
 #   TARGET    target triple (default x86_64-unknown-linux-gnu; static glibc via crt-static)
 #   FEATURES  extra cargo features for infer-serve (default none: the tract backend only)
 #   CHECK=1   also verify that the result is static (no PT_INTERP, no DT_NEEDED)

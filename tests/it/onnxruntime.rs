@@ -562,3 +562,92 @@ fn onnxruntime_unusable_library_exits_1_with_a_clear_message() {
         assert!(out.contains("this node cannot run the engine"), "{out}");
     }
 }
+
+/// all-MiniLM-L6-v2 against texts far longer than it reads and ids past its tables: served
+/// from text, every long text of `real_models.py`'s `long_texts` (prose, CJK, emoji, accents,
+/// URLs, leading whitespace; hundreds of kilobytes each) is cut before it is tokenized and gets
+/// the tokens of the whole text truncated to 256 (the tokenizers package's), a text of
+/// 1,000-character words a prefix of them, each `/embed` equal to the reference embedding of
+/// its tokens; served as tensors with the tables its graph indexes (`table_rows`, as the
+/// builder writes them), ids past the word table are refused over HTTP and gRPC (tritonclient).
+#[test]
+fn py_minilm_cuts_long_texts_as_a_whole_text_truncates_and_refuses_ids_past_its_table() {
+    let test = "py_minilm_cuts_long_texts_as_a_whole_text_truncates_and_refuses_ids_past_its_table";
+    let Some(py) = have_python(test) else {
+        return;
+    };
+    let (models, lib, _) = fetch(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = PathBuf::from(models["minilm"].as_str().unwrap());
+    std::fs::copy(
+        onnx.with_file_name("minilm.tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let engine = format!(
+        "[batching]\nmax_batch_size = 8\n\n[engine]\nkind = \"onnxruntime\"\npath = \"{}\"\nlibrary = \"{}\"\nthreads = 1\n\n\
+         [server]\nhost = \"127.0.0.1\"\nport = 0\ndrain_delay_s = 0\n",
+        onnx.display(),
+        lib.display()
+    );
+    let text = text_tables(
+        &["input_ids", "attention_mask", "token_type_ids"],
+        256,
+        "[[outputs]]\nname = \"last_hidden_state\"\ndatatype = \"FP32\"\ndims = [-1, -1, 384]\n\n\
+         [text]\ntokenizer = \"tokenizer.json\"\nmax_length = 256\ninput_ids = \"input_ids\"\nattention_mask = \"attention_mask\"\n\
+         token_type_ids = \"token_type_ids\"\noutput = \"last_hidden_state\"\npooling = \"mean\"\nnormalize = true\n",
+    );
+    let cfg = dir.path().join("text.runtime.toml");
+    std::fs::write(
+        &cfg,
+        format!("[model]\nname = \"minilm\"\n{text}\n{engine}"),
+    )
+    .unwrap();
+    let (child, addr, _) = serve(&cfg);
+    let _text = Running(child);
+    let o = Command::new(&py)
+        .arg(script())
+        .args(["check-long", &addr, "minilm"])
+        .arg(cache_dir())
+        .arg("")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    eprintln!("{}", stdout(&o).trim());
+    drop(_text);
+
+    // As tensors: the word table (30522 rows) and the token-type table (2 rows).
+    let tensors = text_tables(&["input_ids", "attention_mask", "token_type_ids"], 256, "")
+        .replacen(
+            "dim_names = [\"sequence\"]\n",
+            "dim_names = [\"sequence\"]\ntable_rows = 30522\n",
+            1,
+        )
+        .replace(
+            "name = \"token_type_ids\"\ndatatype = \"INT64\"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = [\"sequence\"]\n",
+            "name = \"token_type_ids\"\ndatatype = \"INT64\"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = [\"sequence\"]\ntable_rows = 2\n",
+        );
+    assert!(tensors.contains("table_rows = 2"), "{tensors}");
+    let cfg = dir.path().join("tensors.runtime.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[model]\nname = \"minilm\"\n{tensors}[[outputs]]\nname = \"last_hidden_state\"\ndatatype = \"FP32\"\ndims = [-1, -1, 384]\n\n{engine}"
+        ),
+    )
+    .unwrap();
+    let grpc_port = support::free_port();
+    let (child, addr, _) = serve_grpc(&cfg, grpc_port);
+    let _tensors = Running(child);
+    let o = Command::new(&py)
+        .arg(script())
+        .args([
+            "check-table",
+            &addr,
+            "minilm",
+            &format!("127.0.0.1:{grpc_port}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+}

@@ -1129,6 +1129,105 @@ def all_in_flight(model, jobs, one, tol):
     return results
 
 
+def long_texts():
+    """Texts far longer than a model reads, each of a kind tokenizers treat differently:
+    (name, text, whether its first 16 bytes per token of max_length hold max_length tokens, the
+    case where the served tokens equal the whole text's truncated)."""
+    import random
+
+    r = random.Random(5)
+    words = ("the model serves text fast container runtime batch token queue answer engine request "
+             "user cluster node memory thread server client sentence embedding search").split()
+    prose = " ".join(r.choice(words) + ("," if r.random() < 0.1 else "") for _ in range(60_000)) + "."
+    cjk = "".join(chr(0x4E00 + r.randrange(2000)) for _ in range(60_000))
+    emoji = " ".join("\U0001F600" * r.randrange(1, 4) + r.choice(words) for _ in range(20_000))
+    accents = " ".join(r.choice(["Ünïcödé", "naïve", "Straße", "ﬁnance", "İstanbul", "café"]) for _ in range(40_000))
+    urls = " ".join(f"https://example.com/{r.choice(words)}/{r.randrange(10**9)}?q={r.choice(words)}" for _ in range(8_000))
+    spaces = " " * 5_000 + "the model serves text " * 20_000
+    blobs = " ".join("".join(r.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789") for _ in range(1_000)) for _ in range(400))
+    return [
+        ("prose", prose, True),
+        ("cjk", cjk, True),
+        ("emoji", emoji, True),
+        ("accents", accents, True),
+        ("urls", urls, True),
+        ("leading whitespace", spaces, True),
+        # 1,000-character words are one [UNK] each: 256 tokens take 256 KB, past both cuts.
+        ("blobs", blobs, False),
+    ]
+
+
+def check_long(url, model, cache, grpc_url):
+    """Long and hostile texts served by a text model (all-MiniLM-L6-v2): `/tokenize` gives the
+    ids of the whole text truncated to max_length (the tokenizers package, the reference) for
+    every text whose cut holds max_length tokens, and a prefix of them otherwise; `/embed` of
+    each equals the reference embedding of its served tokens (onnxruntime, numpy pooling)."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(cache, model + ".tokenizer.json"))
+    tok.enable_truncation(MINILM_MAX_TOKENS)
+    sess = ort.InferenceSession(os.path.join(cache, model + ".onnx"), providers=["CPUExecutionProvider"])
+    report = []
+    for name, text, equal in long_texts():
+        want = tok.encode(text).ids
+        served = [t["id"] for t in post(url, "/tokenize", {"inputs": text})[0]]
+        if equal and served != want:
+            sys.exit(f"{model} {name}: served ids {served[:12]}... differ from the whole text's truncated {want[:12]}...")
+        if not equal and served[:-1] != want[: len(served) - 1]:
+            sys.exit(f"{model} {name}: served ids {served[:12]}... are not a prefix of the whole text's")
+        ids = np.array([served], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        out = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
+        ref = pool(out, feed["attention_mask"], "mean", True)[0]
+        got = np.array(post(url, "/embed", {"inputs": text})[0], dtype=np.float64)
+        d = float(np.abs(got - ref).max())
+        if not d <= 1e-4:
+            sys.exit(f"{model} {name}: /embed differs from the reference by {d}")
+        report.append(f"{name}: {len(text.encode())} bytes, {len(served)} tokens, {'equal' if equal else 'prefix'}, max |diff| {d:.1e}")
+    print("\n".join(report))
+
+
+def check_table(url, model, grpc_url):
+    """Token ids past all-MiniLM-L6-v2's embedding table (30522 rows), sent as tensors over V2
+    HTTP and gRPC (tritonclient): 400 / INVALID_ARGUMENT naming the input, the value and the
+    bound; an id inside it is answered."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    def inputs(mod, ids):
+        ids = np.array([ids], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        out = []
+        for name, v in feed.items():
+            i = mod.InferInput(name, list(v.shape), "INT64")
+            i.set_data_from_numpy(v)
+            out.append(i)
+        return out
+
+    for mod, client in ((httpclient, httpclient.InferenceServerClient(url)),
+                        (grpcclient, grpcclient.InferenceServerClient(grpc_url))):
+        client.infer(model, inputs(mod, [101, 2000, 102]))
+        for bad in (30522, 2**40, -30523):
+            try:
+                client.infer(model, inputs(mod, [101, bad, 102]))
+            except InferenceServerException as e:
+                text = str(e)
+                if f"value {bad}" not in text or "30522 rows" not in text:
+                    sys.exit(f"{mod.__name__}: id {bad}: {text}")
+                status = e.status() or ""
+                if mod is grpcclient and "INVALID_ARGUMENT" not in status:
+                    sys.exit(f"gRPC: id {bad}: status {status!r}")
+                if mod is httpclient and "400" not in str(status):
+                    sys.exit(f"HTTP: id {bad}: status {status!r}")
+                continue
+            sys.exit(f"{mod.__name__}: id {bad} past the table was answered")
+    print("ids past the table refused over HTTP and gRPC")
+
+
 def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=False, bundle=False):
     """`bundle`: the server serves other models too, so TEI's routes (which name no model) must
     refuse and point to /v1/embeddings, which is used in their place."""
@@ -1432,6 +1531,10 @@ if __name__ == "__main__":
     elif sys.argv[1] == "check-text":
         check_text(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), sys.argv[6],
                    *sys.argv[7:8], *[a == "true" for a in sys.argv[8:9]], *[a == "bundle" for a in sys.argv[9:10]])
+    elif sys.argv[1] == "check-long":
+        check_long(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
+    elif sys.argv[1] == "check-table":
+        check_table(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
     elif sys.argv[1] == "bench":

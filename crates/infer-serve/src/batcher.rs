@@ -54,6 +54,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
 
+/// How a batch's error starts when the engine panicked on it.
+const PANICKED: &str = "the engine panicked";
+
 /// Handler polls that ran out their window, net of answers found (each found answer takes
 /// back 1/[`POLL_MISS_WEIGHT`] of a miss), before handlers stop polling.
 pub const POLL_MISSES: u64 = 3;
@@ -99,6 +102,25 @@ pub struct Policy {
     /// Requests of different lengths share a batch, padded (text models); `None`: shapes
     /// are concatenated as they are.
     pub padding: Option<Padding>,
+    /// What turns each request's rows of the engine's outputs into its answer on the backend
+    /// thread, before the batch's outputs are dropped (a text model's pooling); `None`: the
+    /// rows as they are.
+    pub reduce: Option<Arc<dyn Reduce>>,
+}
+
+impl std::fmt::Debug for dyn Reduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reduce")
+    }
+}
+
+/// A model's finishing step that must see a batch's outputs: run on the backend thread for
+/// each request of the batch, with its rows of every output and its own sequence length (its
+/// inputs' second dimension; 0 when they have none). What it returns is the request's answer.
+/// A text model pools here, so the padded hidden states of a batch (rows x longest x hidden)
+/// are never held past the batch, nor kept alive by one request's slice of them.
+pub trait Reduce: Send + Sync + 'static {
+    fn reduce(&self, outputs: Vec<Tensor>, length: usize) -> Result<Vec<Tensor>, String>;
 }
 
 /// How requests of different sequence lengths share a batch: every input (`[rows, sequence]`)
@@ -141,6 +163,7 @@ impl Policy {
             busy_poll: Duration::ZERO,
             adaptive: b.adaptive_delay(),
             padding: None,
+            reduce: None,
         }
     }
 }
@@ -327,6 +350,53 @@ impl Batcher {
             ApiError::Rejected(Rejection::ShuttingDown)
         })?;
         Ok(rx)
+    }
+
+    /// Queues the items of one request (each its own inputs and rows), all or none: `n` items
+    /// count `n` against `max_queue_size`, and a queue without room for all of them refuses
+    /// the request whole. Their outcomes arrive on the receivers, in the items' order.
+    pub fn submit_all(
+        &self,
+        items: Vec<(Vec<Tensor>, usize)>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<oneshot::Receiver<Outcome>>, ApiError> {
+        if let Some(why) = self.shared.lost.get() {
+            return Err(ApiError::DeviceLost(why.clone()));
+        }
+        let n = items.len() as u64;
+        let max = self.shared.policy.max_queue_size as u64;
+        let before = self.shared.queued().fetch_add(n, Relaxed);
+        if max > 0 && before + n > max + self.shared.idle.load(Relaxed) {
+            self.shared.dequeued(n as usize);
+            return Err(ApiError::Rejected(Rejection::QueueFull));
+        }
+        let now = Instant::now();
+        let mut receivers = Vec::with_capacity(items.len());
+        let mut left = items.len();
+        for (inputs, rows) in items {
+            let (reply, rx) = oneshot::channel();
+            let job = Job {
+                inputs,
+                rows,
+                enqueued: now,
+                deadline,
+                reply,
+            };
+            if self.tx.send(job).is_err() {
+                self.shared.dequeued(left);
+                return Err(ApiError::Rejected(Rejection::ShuttingDown));
+            }
+            left -= 1;
+            receivers.push(rx);
+        }
+        Ok(receivers)
+    }
+
+    /// The most items [`Batcher::submit_all`] can ever queue at once (`max_queue_size`, plus
+    /// one per instance, which takes an item as soon as it is idle); `None`: no bound.
+    pub fn queue_room(&self) -> Option<u64> {
+        let max = self.shared.policy.max_queue_size as u64;
+        (max > 0).then(|| max + self.shared.instances)
     }
 
     /// Why the device is lost, once a batch found it so: the model then serves nothing more
@@ -630,7 +700,8 @@ impl Instance {
     }
 
     fn execute(&mut self, jobs: Vec<Job>) {
-        let metrics = &*self.shared.metrics;
+        let shared = self.shared.clone();
+        let metrics = &*shared.metrics;
         // The device is gone: nothing more runs; what was queued is answered why.
         if let Some(why) = self.shared.lost.get() {
             for job in jobs {
@@ -644,7 +715,7 @@ impl Instance {
             metrics.record_queue(start.saturating_duration_since(j.enqueued));
         }
         let n_inputs = jobs.first().map(|j| j.inputs.len()).unwrap_or(0);
-        let padding = self.shared.policy.padding.as_ref();
+        let padding = shared.policy.padding.as_ref();
         let inputs: Option<Vec<Tensor>> = (0..n_inputs)
             .map(|i| {
                 let parts: Vec<&Tensor> = jobs.iter().filter_map(|j| j.inputs.get(i)).collect();
@@ -655,11 +726,20 @@ impl Instance {
             })
             .collect();
         let result = match inputs {
-            Some(inputs) => self.backend.execute(&inputs),
+            Some(inputs) => self.run_guarded(&inputs),
             None => Err(ExecError::Batch(
                 "requests in one batch have different shapes".to_owned(),
             )),
         };
+        // An engine that panicked on a batch of several requests: each runs again alone, so
+        // only the request that makes it panic fails.
+        if matches!(&result, Err(ExecError::Batch(e)) if e.starts_with(PANICKED)) && jobs.len() > 1
+        {
+            for job in jobs {
+                self.execute(vec![job]);
+            }
+            return;
+        }
         let compute = start.elapsed();
         metrics.record_batch(rows, compute);
         if padding.is_some() {
@@ -696,12 +776,17 @@ impl Instance {
                             }
                         })
                         .collect();
-                    let mine = mine.map(|outputs| Answer { outputs, compute });
+                    let mine = match (mine, &shared.policy.reduce) {
+                        (None, _) => Err(ApiError::Internal("output rows out of range".to_owned())),
+                        (Some(outputs), None) => Ok(outputs),
+                        (Some(outputs), Some(r)) => r
+                            .reduce(outputs, Padding::length(&job.inputs))
+                            .map_err(ApiError::Internal),
+                    };
                     offset += job.rows;
-                    let _ =
-                        job.reply.send(mine.ok_or_else(|| {
-                            ApiError::Internal("output rows out of range".to_owned())
-                        }));
+                    let _ = job
+                        .reply
+                        .send(mine.map(|outputs| Answer { outputs, compute }));
                 }
             }
             Err(ExecError::Batch(e)) => {
@@ -714,6 +799,37 @@ impl Instance {
                 for job in jobs {
                     let _ = job.reply.send(Err(ApiError::DeviceLost(why.clone())));
                 }
+            }
+        }
+    }
+
+    /// Runs a batch on the backend, containing a panic: the batch fails (500 naming the
+    /// panic), the backend drops whatever state the panic may have left half-written, and the
+    /// instance goes on with the next batch. The process and the other instances are not
+    /// affected (`panic = "unwind"` in every profile the runtime is built with).
+    fn run_guarded(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
+        let backend = &mut self.backend;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.execute(inputs))) {
+            Ok(result) => result,
+            Err(payload) => {
+                let what = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                self.backend.recover();
+                self.shared.metrics.engine_panics.add(1);
+                crate::log::error(
+                    "the engine panicked on a batch: its requests fail, the server goes on",
+                    &[
+                        (
+                            "rows",
+                            serde_json::json!(inputs.first().map_or(0, Tensor::rows)),
+                        ),
+                        ("error", serde_json::json!(what)),
+                    ],
+                );
+                Err(ExecError::Batch(format!("{PANICKED}: {what}")))
             }
         }
     }
@@ -777,6 +893,7 @@ mod tests {
             // These tests check Triton's rule; the adaptive delay has its own below.
             adaptive: false,
             padding: None,
+            reduce: None,
         }
     }
 

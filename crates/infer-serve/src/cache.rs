@@ -3,11 +3,13 @@
 //!
 //! The key is the whole request as far as it changes the answer, written out byte for byte
 //! (never only a hash of it, so two requests can share an entry only when they are equal): the
-//! model's name and version, the API, every input's name, datatype, shape and bytes (V2), or
-//! the texts and every parameter that changes the vectors (`dimensions`, `normalize`,
-//! `raw_scores`). What only changes how the answer is written (output selection, binary or JSON,
-//! `encoding_format`, `return_text`) is not in it. Entries are bounded by bytes (keys and values
-//! counted), least recently used first out; only successful answers are stored.
+//! model's name and version, the kind of work (tensors or texts), every input's name, datatype,
+//! shape and bytes, or the texts and every parameter that changes the vectors (`dimensions`,
+//! `normalize`, `raw_scores`). The route is not in it (the core builds one key for all), nor what
+//! only changes how the answer is written (output selection, binary or JSON, `encoding_format`,
+//! `return_text`). Entries are bounded by the bytes they keep alive (keys, owned copies of the
+//! answers and their buffers' capacity), least recently used first out; only successful answers
+//! are stored.
 
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap};
@@ -23,14 +25,34 @@ pub enum Cached {
 }
 
 impl Cached {
-    /// The bytes an entry holds, for the bound.
+    /// Outputs to keep: copies of their bytes. An engine's outputs are views into its whole
+    /// batch's buffer; keeping a view would keep the batch alive, uncounted.
+    pub fn owned_outputs(outputs: &[Tensor]) -> Cached {
+        Cached::Outputs(
+            outputs
+                .iter()
+                .map(|t| Tensor {
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    data: bytes::Bytes::copy_from_slice(&t.data),
+                })
+                .collect(),
+        )
+    }
+
+    /// The bytes an entry keeps alive, for the bound: every buffer at its capacity, and the
+    /// vectors' and tensors' own headers.
     fn size(&self) -> usize {
         match self {
-            Cached::Outputs(o) => o
-                .iter()
-                .map(|t| t.data.len() + t.shape.len() * 8 + 32)
-                .sum(),
-            Cached::Vectors(v, _) => v.iter().map(|x| x.len() * 4 + 24).sum(),
+            Cached::Outputs(o) => {
+                o.iter()
+                    .map(|t| t.data.len() + t.shape.capacity() * 8 + 64)
+                    .sum::<usize>()
+                    + o.capacity() * 64
+            }
+            Cached::Vectors(v, _) => {
+                v.iter().map(|x| x.capacity() * 4 + 24).sum::<usize>() + v.capacity() * 24 + 48
+            }
         }
     }
 }
@@ -41,10 +63,10 @@ impl Cached {
 pub struct Key(Vec<u8>);
 
 impl Key {
-    /// A key for `api` (`"v2"`, `"embed"`, …) of model `name` at `version`.
-    pub fn new(api: &str, name: &str, version: &str) -> Key {
+    /// A key for `kind` of work (`"tensors"`, `"texts"`) for model `name` at `version`.
+    pub fn new(kind: &str, name: &str, version: &str) -> Key {
         let mut k = Key(Vec::with_capacity(256));
-        k.str(api).str(name).str(version);
+        k.str(kind).str(name).str(version);
         k
     }
 

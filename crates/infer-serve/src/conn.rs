@@ -222,16 +222,41 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
 }
 
+/// What a body says of its size before it has all arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    /// Nothing (an HTTP/1.1 chunked body).
+    Unknown,
+    /// Its length (`Content-Length`, already charged by the caller).
+    Known(usize),
+    /// A gRPC message: its 5-byte prefix announces its length.
+    GrpcMessage,
+}
+
 /// Reads a request body of at most `limit` bytes, at the pace `[server]` demands: whole
 /// within `body_read_timeout_s`, plus one second per `body_min_bytes_per_s` bytes delivered.
-/// Too large: 413; too slow: 408 (`ApiError::BodyTimeout`).
-pub async fn read_body(body: Incoming, limit: usize, srv: &Server) -> Result<Bytes, ApiError> {
+/// Too large: 413; too slow: 408 (`ApiError::BodyTimeout`). Every byte is charged to `charge`
+/// before it is kept ([`crate::budget`]), an announced size at once: when the requests in flight
+/// hold the memory budget, the body is refused (503, gRPC `RESOURCE_EXHAUSTED`) and nothing
+/// more of it is read. A body of known size is copied, frame by frame, into one buffer of that
+/// size (the transport's buffers go back as it is read); one of unknown size is kept as its
+/// frames and joined at the end, the copy charged while both exist.
+pub async fn read_body(
+    body: Incoming,
+    limit: usize,
+    srv: &Server,
+    charge: &mut crate::budget::Reservation,
+    size: Size,
+) -> Result<Bytes, ApiError> {
     let start = tokio::time::Instant::now();
     let grace = Duration::from_secs(srv.body_read_timeout_s);
     let rate = srv.body_min_bytes_per_s;
     let mut body = body;
-    let mut got = BytesMut::new();
-    let mut first: Option<Bytes> = None;
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut sized: Option<BytesMut> = match size {
+        Size::Known(n) => Some(BytesMut::with_capacity(n.min(limit))),
+        _ => None,
+    };
     let mut total: usize = 0;
     loop {
         let earned = if rate == 0 {
@@ -264,18 +289,42 @@ pub async fn read_body(body: Incoming, limit: usize, srv: &Server) -> Result<Byt
                 limit: limit as u64,
             });
         }
-        // One frame (the usual small body) is handed on without a copy.
-        match first.take() {
-            None if got.is_empty() => first = Some(data),
-            None => got.extend_from_slice(&data),
-            Some(f) => {
-                got.reserve(f.len() + data.len());
-                got.extend_from_slice(&f);
-                got.extend_from_slice(&data);
+        // A gRPC message's prefix, once its first frame is here: the whole size, charged now.
+        if size == Size::GrpcMessage && sized.is_none() && frames.is_empty() && data.len() >= 5 {
+            let announced = 5 + u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+            if announced > limit {
+                return Err(ApiError::PayloadTooLarge {
+                    limit: limit as u64,
+                });
             }
+            charge.grow(announced as u64, "the request message")?;
+            sized = Some(BytesMut::with_capacity(announced));
+        }
+        // Bytes charged ahead (an announced length) are not charged twice.
+        let charged = usize::try_from(charge.bytes()).unwrap_or(usize::MAX);
+        if total > charged {
+            charge.grow((total - charged) as u64, "the request body")?;
+        }
+        match &mut sized {
+            Some(buf) => buf.extend_from_slice(&data),
+            None => frames.push(data),
         }
     }
-    Ok(first.unwrap_or_else(|| got.freeze()))
+    if let Some(buf) = sized {
+        return Ok(buf.freeze());
+    }
+    // One frame (the usual small body) is handed on without a copy; several are joined.
+    if frames.len() <= 1 {
+        return Ok(frames.pop().unwrap_or_default());
+    }
+    let mut joined = charge.split(total as u64, "joining the request body")?;
+    let mut got = BytesMut::with_capacity(total);
+    for f in frames.drain(..) {
+        got.extend_from_slice(&f);
+    }
+    drop(frames);
+    joined.release();
+    Ok(got.freeze())
 }
 
 #[cfg(test)]

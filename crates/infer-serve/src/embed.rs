@@ -1,30 +1,21 @@
-//! The text APIs their users already have clients for, over the same batcher, metrics and
-//! errors as V2: OpenAI's `POST /v1/embeddings`, and Hugging Face text-embeddings-inference's
-//! `POST /embed`, `POST /rerank`, `POST /predict` and `POST /tokenize`.
-//!
-//! A request's texts are tokenized ([`crate::text::TextModel::encode`]) and queued in pieces
-//! of at most `max_batch_size` texts, all at once, so a client batch larger than the model's
-//! batch is split and reassembled in order rather than refused; each piece is pooled with the
-//! request's own options (`dimensions`, `normalize`).
+//! The text APIs their users already have clients for: OpenAI's `POST /v1/embeddings`, and
+//! Hugging Face text-embeddings-inference's `POST /embed`, `POST /rerank`, `POST /predict` and
+//! `POST /tokenize`. A transport only: each route decodes its request (the texts bounded while
+//! they are parsed, [`Texts`]), hands the work to [`crate::core`], the path V2 requests take
+//! too, and encodes the answer in the API's shape.
 
+use crate::budget::Reservation;
+use crate::core::{self, Counting, Item, Output, Request, Timing, Work};
 use crate::error::ApiError;
-use crate::http::{self, Counting, Server};
 use crate::model::Model;
+use crate::server::Server;
 use crate::text::{PoolOptions, TextModel};
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::json;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Instant;
-
-/// Where a text request's time went, for TEI's response headers (`x-tokenization-time`,
-/// `x-queue-time`, `x-inference-time`, in milliseconds, and `x-compute-tokens`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Timing {
-    pub tokenization: std::time::Duration,
-    pub queue: std::time::Duration,
-    pub inference: std::time::Duration,
-    pub tokens: usize,
-}
 
 /// A text API's answer: the body and its timing.
 #[derive(Debug, Clone)]
@@ -33,20 +24,142 @@ pub struct Reply {
     pub timing: Timing,
 }
 
-/// One text or several, as both APIs take them.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Input {
-    One(String),
-    Many(Vec<String>),
+thread_local! {
+    /// The most texts a [`Texts`] being parsed on this thread takes, and whether a request
+    /// had more (set around one parse by [`parse`]).
+    static PARSE_LIMIT: Cell<usize> = const { Cell::new(usize::MAX) };
+    static PARSE_EXCEEDED: Cell<bool> = const { Cell::new(false) };
 }
 
-impl Input {
-    fn texts(&self) -> Vec<&str> {
-        match self {
-            Input::One(s) => vec![s.as_str()],
-            Input::Many(v) => v.iter().map(String::as_str).collect(),
+/// One text or a list of texts, as the text APIs take them. Parsing stops at the first text
+/// past the route's bound (`text.max_client_batch_size`), so a request of a million texts
+/// costs no more than one at the bound; anything but a string or a list of strings is refused
+/// in plain words.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Texts(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Texts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Texts, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Texts;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Texts, E> {
+                Ok(Texts(vec![s.to_owned()]))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Texts, E> {
+                Ok(Texts(vec![s]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Texts, A::Error> {
+                let limit = PARSE_LIMIT.with(Cell::get);
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(limit).min(1024));
+                while let Some(s) = seq.next_element::<String>()? {
+                    if v.len() == limit {
+                        PARSE_EXCEEDED.with(|e| e.set(true));
+                        return Err(de::Error::custom("too many texts"));
+                    }
+                    v.push(s);
+                }
+                Ok(Texts(v))
+            }
         }
+        d.deserialize_any(V)
+    }
+}
+
+/// `/predict`'s `inputs`: a text, a list of texts, a pair `[a, b]` or a list of pairs; which
+/// of a list's shapes it is depends on the model ([`PredictInputs::items`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PredictInputs {
+    One(String),
+    List(Vec<Texts>),
+}
+
+impl<'de> Deserialize<'de> for PredictInputs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PredictInputs, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PredictInputs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a text, a list of texts, a pair [text, text_pair] or a list of pairs")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<PredictInputs, E> {
+                Ok(PredictInputs::One(s.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PredictInputs, A::Error> {
+                let limit = PARSE_LIMIT.with(Cell::get);
+                let mut v = Vec::new();
+                while let Some(t) = seq.next_element::<Texts>()? {
+                    if v.len() == limit {
+                        PARSE_EXCEEDED.with(|e| e.set(true));
+                        return Err(de::Error::custom("too many texts"));
+                    }
+                    v.push(t);
+                }
+                Ok(PredictInputs::List(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl PredictInputs {
+    /// The items to score, and whether the request sent one input (answered with one list of
+    /// scores, not a list of them): for a pair model `[a, b]` is one pair and a list holds
+    /// pairs; for another, a list holds texts.
+    fn items(self, pairs: bool) -> Result<(bool, Vec<Item>), ApiError> {
+        let bad = || {
+            ApiError::BadRequest(if pairs {
+                "inputs must be a pair [\"text\", \"text_pair\"] or a list of pairs".into()
+            } else {
+                "inputs must be a text or a list of texts".into()
+            })
+        };
+        let pair = |t: Texts| match <[String; 2]>::try_from(t.0) {
+            Ok([a, b]) => Ok((a, Some(b))),
+            Err(_) => Err(bad()),
+        };
+        match self {
+            PredictInputs::One(s) if !pairs => Ok((true, vec![(s, None)])),
+            PredictInputs::One(_) => Err(bad()),
+            PredictInputs::List(list) if pairs => {
+                // One pair: two strings. A list of pairs: lists of two.
+                if list.len() == 2 && list.iter().all(|t| t.0.len() == 1) {
+                    let mut it = list.into_iter().flat_map(|t| t.0);
+                    return match (it.next(), it.next()) {
+                        (Some(a), Some(b)) => Ok((true, vec![(a, Some(b))])),
+                        _ => Err(bad()),
+                    };
+                }
+                Ok((false, list.into_iter().map(pair).collect::<Result<_, _>>()?))
+            }
+            PredictInputs::List(list) => {
+                let mut items = Vec::with_capacity(list.len());
+                for t in list {
+                    match <[String; 1]>::try_from(t.0) {
+                        Ok([s]) => items.push((s, None)),
+                        Err(_) => return Err(bad()),
+                    }
+                }
+                Ok((false, items))
+            }
+        }
+    }
+}
+
+/// `dimensions`: a whole number of dimensions (checked against the model's vector length
+/// later), `null` for none; anything else refused naming the key and the value.
+fn dimensions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => Ok(Some(n)),
+            None => Err(de::Error::custom(format!(
+                "dimensions {v} is not a number of dimensions (a whole number from 1 to the model's vector length)"
+            ))),
+        },
     }
 }
 
@@ -54,10 +167,10 @@ impl Input {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiRequest {
-    pub input: Input,
+    pub input: Texts,
     pub model: String,
-    #[serde(default)]
-    pub dimensions: Option<usize>,
+    #[serde(default, deserialize_with = "dimensions")]
+    pub dimensions: Option<u32>,
     #[serde(default)]
     pub encoding_format: Option<String>,
     /// Accepted and ignored, as OpenAI does.
@@ -69,7 +182,7 @@ pub struct OpenAiRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TeiRequest {
-    pub inputs: Input,
+    pub inputs: Texts,
     #[serde(default)]
     pub normalize: Option<bool>,
     #[serde(default)]
@@ -78,132 +191,172 @@ pub struct TeiRequest {
     pub truncation_direction: Option<String>,
     #[serde(default)]
     pub prompt_name: Option<String>,
-    #[serde(default)]
-    pub dimensions: Option<usize>,
+    #[serde(default, deserialize_with = "dimensions")]
+    pub dimensions: Option<u32>,
 }
 
 /// `POST /tokenize` (TEI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
-    pub inputs: Input,
+    pub inputs: Texts,
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("malformed {what} request: {e}")))
+/// `POST /rerank` (TEI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerankRequest {
+    pub query: String,
+    pub texts: Texts,
+    #[serde(default)]
+    pub raw_scores: bool,
+    #[serde(default)]
+    pub return_text: bool,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: Option<String>,
 }
 
-/// The vectors of `texts` and their token count: tokenized, queued in pieces of at most
-/// `max_batch_size`, pooled with `opts`.
-pub async fn embed(
-    app: &Server,
-    model: &Model,
-    texts: &[&str],
-    opts: PoolOptions,
-    start: Instant,
-    timing: &mut Timing,
-) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    if model.text_model()?.config().pairs {
-        return Err(ApiError::BadRequest(format!(
-            "model {:?} scores pairs of texts (a reranker), it makes no embeddings: call /rerank, \
-             or V2 with text and text_pair",
-            model.name()
-        )));
-    }
-    let items = texts.iter().map(|t| (*t, None)).collect();
-    run(app, model, items, opts, start, timing).await
+/// `POST /predict` (TEI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictRequest {
+    pub inputs: PredictInputs,
+    #[serde(default)]
+    pub raw_scores: bool,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: Option<String>,
 }
 
-/// [`embed`] of single texts or pairs (`None` second: a single text).
-pub async fn run(
-    app: &Server,
-    model: &Model,
-    items: Vec<(&str, Option<&str>)>,
-    opts: PoolOptions,
-    start: Instant,
-    timing: &mut Timing,
-) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    let text = model.text_model()?;
-    if items.is_empty() {
-        return Err(ApiError::BadRequest("no texts to embed".into()));
-    }
-    // The cache sits in front of tokenization; its key holds every text and every option
-    // that changes the vectors.
-    let key = model.cache().map(|_| {
-        let mut k = crate::cache::Key::new("text", model.name(), &model.cfg.model.version);
-        k.u64(opts.dimensions.map_or(0, |d| d as u64 + 1))
-            .u64(opts.normalize.map_or(0, |n| 1 + u64::from(n)))
-            .u64(u64::from(opts.raw))
-            .u64(items.len() as u64);
-        for (a, b) in &items {
-            k.str(a);
-            match b {
-                Some(b) => k.u64(1).str(b),
-                None => k.u64(0),
-            };
+/// Parses a text API's request, at most `limit` texts: past it a 413 naming
+/// `text.max_client_batch_size`, before the rest is parsed; a malformed body a 400 saying what
+/// was wrong.
+pub fn parse<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    what: &str,
+    limit: usize,
+) -> Result<T, ApiError> {
+    PARSE_LIMIT.with(|l| l.set(limit));
+    PARSE_EXCEEDED.with(|e| e.set(false));
+    let parsed = serde_json::from_slice(body);
+    let exceeded = PARSE_EXCEEDED.with(Cell::take);
+    PARSE_LIMIT.with(|l| l.set(usize::MAX));
+    parsed.map_err(|e| {
+        if exceeded {
+            ApiError::TooLarge(format!(
+                "more than {limit} texts in one request, the most the model takes (text.max_client_batch_size): send them in several requests"
+            ))
+        } else {
+            ApiError::BadRequest(format!("malformed {what} request: {e}"))
         }
-        k.finish()
-    });
-    if let Some(crate::cache::Cached::Vectors(v, tokens)) =
-        key.as_ref().and_then(|k| model.cached(k))
-    {
-        return Ok(((*v).clone(), tokens));
+    })
+}
+
+/// Decodes a body on the server's workers when it is large ([`core::decode`]).
+async fn decode<T: for<'de> Deserialize<'de> + Send + 'static>(
+    app: &Server,
+    body: Bytes,
+    what: &'static str,
+    limit: usize,
+) -> Result<T, ApiError> {
+    core::decode(app, body, move |b| parse(b, what, limit)).await
+}
+
+/// The most texts any text model here takes in one request (OpenAI's route names its model in
+/// the body, after the texts perhaps).
+fn largest_limit(app: &Server) -> usize {
+    app.models()
+        .filter_map(Model::text)
+        .map(|t| t.config().max_client_batch_size as usize)
+        .max()
+        .unwrap_or(1)
+}
+
+/// A text route's request for the core.
+fn texts_request(
+    model: &Model,
+    items: Vec<Item>,
+    opts: PoolOptions,
+    start: Instant,
+    charge: Reservation,
+) -> Request<'_> {
+    Request {
+        model,
+        work: Work::Texts { items, opts },
+        timeout_us: None,
+        start,
+        charge,
     }
-    let piece = (model.cfg.batching.max_batch_size as usize).max(1);
-    let mut queued = Vec::new();
-    let mut tokens = 0;
-    for (i, chunk) in items.chunks(piece).enumerate() {
-        let t = Instant::now();
-        let encoded = model
-            .encode_async(chunk.to_vec())
-            .await
-            .map_err(|e| match e {
-                // Name the text by its place in the whole request.
-                ApiError::BadRequest(m) if i > 0 => ApiError::BadRequest(format!(
-                    "{m} (counting from text {} of the request)",
-                    i * piece
-                )),
-                e => e,
-            })?;
-        timing.tokenization += t.elapsed();
-        tokens += encoded.tokens();
-        let pending = http::submit(app, model, encoded.inputs, chunk.len(), None, start)?;
-        queued.push((pending, encoded.lengths));
+}
+
+/// The vectors of a text route's request.
+async fn vectors(app: &Server, req: Request<'_>) -> Result<(Arc<Vec<Vec<f32>>>, Timing), ApiError> {
+    let answer = core::infer(app, req).await?;
+    match answer.output {
+        Output::Vectors(v) => Ok((v, answer.timing)),
+        Output::Tensors(_) => Err(ApiError::Internal(
+            "the core answered a text request with tensors".into(),
+        )),
     }
-    let mut vectors = Vec::with_capacity(items.len());
-    let waiting = Instant::now();
-    for (pending, lengths) in queued {
-        let answer = pending.wait(app, start).await?;
-        timing.inference += answer.compute;
-        model
-            .metrics
-            .overhead_hist
-            .observe_duration(start.elapsed().saturating_sub(answer.compute));
-        vectors.extend(text.pool(&answer.outputs, &lengths, opts)?);
-    }
-    timing.queue = waiting.elapsed().saturating_sub(timing.inference);
-    timing.tokens = tokens;
-    if let Some(k) = key {
-        model.remember(
-            k,
-            crate::cache::Cached::Vectors(std::sync::Arc::new(vectors.clone()), tokens),
-        );
-    }
-    Ok((vectors, tokens))
+}
+
+/// The 400 of an embedding route on a pair model (a reranker).
+fn no_embeddings(model: &Model) -> ApiError {
+    ApiError::BadRequest(format!(
+        "model {:?} scores pairs of texts (a reranker), it makes no embeddings: call /rerank, or V2 with text and text_pair",
+        model.name()
+    ))
+}
+
+/// One embedding of OpenAI's answer.
+#[derive(Serialize)]
+struct OpenAiEmbedding<'a> {
+    object: &'static str,
+    index: usize,
+    embedding: Embedding<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Embedding<'a> {
+    Floats(&'a [f32]),
+    Base64(String),
+}
+
+#[derive(Serialize)]
+struct OpenAiUsage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct OpenAiResponse<'a> {
+    object: &'static str,
+    data: Vec<OpenAiEmbedding<'a>>,
+    model: &'a str,
+    usage: OpenAiUsage,
+}
+
+fn to_json(v: &impl Serialize) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(v)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::Internal(format!("encoding the answer: {e}")))
 }
 
 /// `POST /v1/embeddings`: OpenAI's request and response shapes.
 pub(crate) async fn openai<'a>(
     app: &'a Server,
     counting: &Counting<'a>,
-    body: &[u8],
+    body: Bytes,
     start: Instant,
+    charge: Reservation,
 ) -> Result<Reply, ApiError> {
-    let mut timing = Timing::default();
-    let req: OpenAiRequest = parse(body, "embeddings")?;
+    let req: OpenAiRequest = decode(app, body, "embeddings", largest_limit(app)).await?;
     let model = counting.for_model(app.model(&req.model)?);
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
@@ -214,39 +367,43 @@ pub(crate) async fn openai<'a>(
             )))
         }
     };
-    let texts = req.input.texts();
+    if model.text_model()?.config().pairs {
+        return Err(no_embeddings(model));
+    }
     let opts = PoolOptions {
         dimensions: req.dimensions,
         ..PoolOptions::default()
     };
-    let (vectors, tokens) = embed(app, model, &texts, opts, start, &mut timing).await?;
-    let data: Vec<serde_json::Value> = vectors
+    let items = req.input.0.into_iter().map(|t| (t, None)).collect();
+    let (vectors, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let data = vectors
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            let embedding = if base64 {
+        .map(|(index, v)| OpenAiEmbedding {
+            object: "embedding",
+            index,
+            embedding: if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(encode_base64(&bytes))
+                Embedding::Base64(encode_base64(&bytes))
             } else {
-                json!(v)
-            };
-            json!({ "object": "embedding", "index": i, "embedding": embedding })
+                Embedding::Floats(v)
+            },
         })
         .collect();
-    let out = json!({
-        "object": "list",
-        "data": data,
-        "model": model.name(),
-        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
-    });
-    Ok(Reply {
-        body: Bytes::from(out.to_string()),
-        timing,
-    })
+    let body = to_json(&OpenAiResponse {
+        object: "list",
+        data,
+        model: model.name(),
+        usage: OpenAiUsage {
+            prompt_tokens: timing.tokens,
+            total_tokens: timing.tokens,
+        },
+    })?;
+    Ok(Reply { body, timing })
 }
 
 /// The one model the TEI routes serve: TEI serves one model per server.
-fn tei_model(app: &Server) -> Result<(&Model, &TextModel), ApiError> {
+pub(crate) fn tei_model(app: &Server) -> Result<(&Model, &TextModel), ApiError> {
     let mut text = app.models().filter_map(|m| Some((m, m.text()?)));
     match (text.next(), text.next()) {
         (Some(one), None) => Ok(one),
@@ -263,17 +420,21 @@ fn tei_model(app: &Server) -> Result<(&Model, &TextModel), ApiError> {
 pub(crate) async fn tei_embed<'a>(
     app: &'a Server,
     counting: &Counting<'a>,
-    body: &[u8],
+    body: Bytes,
     start: Instant,
+    charge: Reservation,
 ) -> Result<Reply, ApiError> {
-    let mut timing = Timing::default();
-    let req: TeiRequest = parse(body, "embed")?;
     let (model, text) = tei_model(app)?;
     counting.for_model(model);
+    let limit = text.config().max_client_batch_size as usize;
+    let req: TeiRequest = decode(app, body, "embed", limit).await?;
     if req.prompt_name.is_some() {
         return Err(ApiError::BadRequest(
             "prompt_name is not supported: the recipe's [text] prefix applies to every text".into(),
         ));
+    }
+    if text.config().pairs {
+        return Err(no_embeddings(model));
     }
     check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
     let opts = PoolOptions {
@@ -281,27 +442,20 @@ pub(crate) async fn tei_embed<'a>(
         normalize: req.normalize,
         raw: false,
     };
-    let (vectors, _) = embed(app, model, &req.inputs.texts(), opts, start, &mut timing).await?;
+    let items = req.inputs.0.into_iter().map(|t| (t, None)).collect();
+    let (vectors, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
     Ok(Reply {
-        body: Bytes::from(json!(vectors).to_string()),
+        body: to_json(&*vectors)?,
         timing,
     })
 }
 
-/// `POST /rerank` (TEI).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RerankRequest {
-    pub query: String,
-    pub texts: Vec<String>,
-    #[serde(default)]
-    pub raw_scores: bool,
-    #[serde(default)]
-    pub return_text: bool,
-    #[serde(default)]
-    pub truncate: Option<bool>,
-    #[serde(default)]
-    pub truncation_direction: Option<String>,
+#[derive(Serialize)]
+struct Rank<'a> {
+    index: usize,
+    score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
 }
 
 /// `POST /rerank`: every text scored against the query by a cross-encoder, sorted by score
@@ -309,157 +463,118 @@ pub struct RerankRequest {
 pub(crate) async fn tei_rerank<'a>(
     app: &'a Server,
     counting: &Counting<'a>,
-    body: &[u8],
+    body: Bytes,
     start: Instant,
+    charge: Reservation,
 ) -> Result<Reply, ApiError> {
-    let mut timing = Timing::default();
-    let req: RerankRequest = parse(body, "rerank")?;
     let (model, text) = tei_model(app)?;
     counting.for_model(model);
+    let limit = text.config().max_client_batch_size as usize;
+    let req: RerankRequest = decode(app, body, "rerank", limit).await?;
     check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
     let width = text.hidden();
-    if width != 1 {
+    if !text.config().pairs || width != 1 {
         return Err(ApiError::BadRequest(format!(
-            "model {:?} is not a reranker: /rerank needs one relevance score per pair, it gives {width} values",
-            model.name()
+            "model {:?} is not a reranker: /rerank needs a pair model (text.pairs) with one relevance score per pair, it gives {width} values{}",
+            model.name(),
+            if text.config().pairs { "" } else { " for single texts: call /embed" }
         )));
     }
-    if req.query.trim().is_empty() {
+    if req.query.is_empty() {
         return Err(ApiError::BadRequest("query is empty".into()));
     }
-    if req.texts.is_empty() {
+    if req.texts.0.is_empty() {
         return Err(ApiError::BadRequest("texts is empty".into()));
     }
     let items = req
         .texts
+        .0
         .iter()
-        .map(|t| (req.query.as_str(), Some(t.as_str())))
+        .map(|t| (req.query.clone(), Some(t.clone())))
         .collect();
     let opts = PoolOptions {
         raw: req.raw_scores,
         ..PoolOptions::default()
     };
-    let (scores, _) = run(app, model, items, opts, start, &mut timing).await?;
+    let (scores, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
     let mut ranked: Vec<(usize, f32)> = scores
         .iter()
         .enumerate()
         .map(|(i, v)| (i, v.first().copied().unwrap_or(f32::NAN)))
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let out: Vec<serde_json::Value> = ranked
+    let out: Vec<Rank<'_>> = ranked
         .into_iter()
-        .map(|(index, score)| {
-            let mut v = json!({ "index": index, "score": score });
-            if req.return_text {
-                v["text"] = json!(req.texts[index]);
-            }
-            v
+        .map(|(index, score)| Rank {
+            index,
+            score,
+            text: req.return_text.then(|| req.texts.0[index].as_str()),
         })
         .collect();
     Ok(Reply {
-        body: Bytes::from(json!(out).to_string()),
+        body: to_json(&out)?,
         timing,
     })
 }
 
+#[derive(Serialize)]
+struct Prediction<'a> {
+    score: f32,
+    label: std::borrow::Cow<'a, str>,
+}
+
 /// `POST /predict`: a classifier's scores per label, sorted (TEI's shape). `inputs` is one
 /// text, one pair `[a, b]` (a pair model), a list of texts, or a list of pairs; one input
-/// gets `[{"score", "label"}, …]`, a list gets one such list per input.
+/// gets `[{"score", "label"}, …]`, a list gets one such list per input. A model without an
+/// activation or labels makes embeddings, not predictions: 400 pointing to `/embed`.
 pub(crate) async fn tei_predict<'a>(
     app: &'a Server,
     counting: &Counting<'a>,
-    body: &[u8],
+    body: Bytes,
     start: Instant,
+    charge: Reservation,
 ) -> Result<Reply, ApiError> {
-    let mut timing = Timing::default();
-    let req: serde_json::Value = parse(body, "predict")?;
     let (model, text) = tei_model(app)?;
     counting.for_model(model);
-    let pairs = text.config().pairs;
-    let bad = || {
-        ApiError::BadRequest(if pairs {
-            "inputs must be a pair [\"text\", \"text_pair\"] or a list of pairs".into()
-        } else {
-            "inputs must be a text or a list of texts".into()
-        })
-    };
-    let obj = req.as_object().ok_or_else(bad)?;
-    if let Some(k) = obj.keys().find(|k| {
-        !["inputs", "raw_scores", "truncate", "truncation_direction"].contains(&k.as_str())
-    }) {
+    let cfg = text.config();
+    if cfg.activation == infer_spec::text::Activation::None && cfg.labels.is_empty() {
         return Err(ApiError::BadRequest(format!(
-            "malformed predict request: unknown field `{k}`"
+            "model {:?} makes embeddings, not predictions (its recipe's [text] has no activation and no labels): call /embed",
+            model.name()
         )));
     }
-    let raw = obj
-        .get("raw_scores")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    check_truncation(
-        text,
-        obj.get("truncate").and_then(serde_json::Value::as_bool),
-        obj.get("truncation_direction")
-            .and_then(serde_json::Value::as_str),
-    )?;
-    let pair = |v: &serde_json::Value| -> Option<(String, Option<String>)> {
-        match v {
-            serde_json::Value::String(s) if !pairs => Some((s.clone(), None)),
-            serde_json::Value::Array(a) if pairs && a.len() == 2 => {
-                Some((a[0].as_str()?.to_owned(), Some(a[1].as_str()?.to_owned())))
-            }
-            _ => None,
-        }
-    };
-    let inputs = obj.get("inputs").ok_or_else(bad)?;
-    let (one, items) = match pair(inputs) {
-        Some(p) => (true, vec![p]),
-        None => {
-            let list = inputs.as_array().ok_or_else(bad)?;
-            (
-                false,
-                list.iter()
-                    .map(pair)
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(bad)?,
-            )
-        }
-    };
-    let borrowed = items
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_deref()))
-        .collect();
+    let limit = cfg.max_client_batch_size as usize;
+    let req: PredictRequest = decode(app, body, "predict", limit).await?;
+    check_truncation(text, req.truncate, req.truncation_direction.as_deref())?;
+    let (one, items) = req.inputs.items(cfg.pairs)?;
     let opts = PoolOptions {
-        raw,
+        raw: req.raw_scores,
         ..PoolOptions::default()
     };
-    let (scores, _) = run(app, model, borrowed, opts, start, &mut timing).await?;
-    let labels = &text.config().labels;
-    let ranked: Vec<serde_json::Value> = scores
+    let (scores, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let labels = &cfg.labels;
+    let ranked: Vec<Vec<Prediction<'_>>> = scores
         .iter()
         .map(|v| {
             let mut by: Vec<(usize, f32)> = v.iter().copied().enumerate().collect();
             by.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            json!(by
-                .into_iter()
-                .map(|(i, score)| {
-                    let label = labels
+            by.into_iter()
+                .map(|(i, score)| Prediction {
+                    score,
+                    label: labels
                         .get(i)
-                        .cloned()
-                        .unwrap_or_else(|| format!("LABEL_{i}"));
-                    json!({ "score": score, "label": label })
+                        .map(|l| l.as_str().into())
+                        .unwrap_or_else(|| format!("LABEL_{i}").into()),
                 })
-                .collect::<Vec<_>>())
+                .collect()
         })
         .collect();
-    let out = if one {
-        ranked[0].clone()
+    let body = if one {
+        to_json(&ranked[0])?
     } else {
-        json!(ranked)
+        to_json(&ranked)?
     };
-    Ok(Reply {
-        body: Bytes::from(out.to_string()),
-        timing,
-    })
+    Ok(Reply { body, timing })
 }
 
 /// TEI's `truncate` and `truncation_direction`: accepted when they ask for what the recipe
@@ -487,10 +602,18 @@ fn check_truncation(
     Ok(())
 }
 
-/// `POST /tokenize`: TEI's shape, one list of tokens per text.
-pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Reply, ApiError> {
-    let req: TokenizeRequest = parse(body, "tokenize")?;
-    let (_, text) = tei_model(app)?;
+/// `POST /tokenize`: TEI's shape, one list of tokens per text, each with the text it covers.
+pub(crate) async fn tei_tokenize<'a>(
+    app: &'a Server,
+    counting: &Counting<'a>,
+    body: Bytes,
+    start: Instant,
+    charge: Reservation,
+) -> Result<Reply, ApiError> {
+    let (model, text) = tei_model(app)?;
+    counting.for_model(model);
+    let limit = text.config().max_client_batch_size as usize;
+    let req: TokenizeRequest = decode(app, body, "tokenize", limit).await?;
     if req.add_special_tokens == Some(!text.config().special_tokens) {
         return Err(ApiError::BadRequest(format!(
             "add_special_tokens = {}: this model is served with special tokens {}",
@@ -502,18 +625,15 @@ pub fn tei_tokenize(app: &Server, body: &[u8]) -> Result<Reply, ApiError> {
             }
         )));
     }
-    let mut out = Vec::new();
-    for t in req.inputs.texts() {
-        let tokens = text.tokens(t)?;
-        let special: Vec<serde_json::Value> = tokens
-            .iter()
-            .map(|(id, s, special)| json!({ "id": id, "text": s, "special": special }))
-            .collect();
-        out.push(special);
-    }
+    let t = Instant::now();
+    let tokens = core::tokenize(app, model, req.inputs.0, start, charge).await?;
     Ok(Reply {
-        body: Bytes::from(json!(out).to_string()),
-        timing: Timing::default(),
+        body: to_json(&tokens)?,
+        timing: Timing {
+            tokenization: t.elapsed(),
+            tokens: tokens.iter().map(Vec::len).sum(),
+            ..Timing::default()
+        },
     })
 }
 
@@ -558,21 +678,77 @@ mod tests {
     }
 
     #[test]
-    fn requests_take_one_text_or_a_list_and_refuse_unknown_fields() {
-        let r: OpenAiRequest = parse(br#"{"input":"a","model":"m"}"#, "embeddings").unwrap();
-        assert_eq!(r.input.texts(), ["a"]);
-        let r: TeiRequest = parse(br#"{"inputs":["a","b"],"normalize":false}"#, "embed").unwrap();
-        assert_eq!(r.inputs.texts(), ["a", "b"]);
-        let e = parse::<OpenAiRequest>(br#"{"input":[1,2],"model":"m"}"#, "embeddings")
-            .err()
-            .unwrap();
-        assert!(
-            e.to_string().contains("malformed embeddings request"),
-            "{e}"
-        );
-        let e = parse::<TeiRequest>(br#"{"inputs":"a","pooling":"max"}"#, "embed")
+    fn requests_take_one_text_or_a_list_and_refuse_unknown_fields_in_plain_words() {
+        let r: OpenAiRequest = parse(br#"{"input":"a","model":"m"}"#, "embeddings", 8).unwrap();
+        assert_eq!(r.input.0, ["a"]);
+        let r: TeiRequest =
+            parse(br#"{"inputs":["a","b"],"normalize":false}"#, "embed", 8).unwrap();
+        assert_eq!(r.inputs.0, ["a", "b"]);
+        for (body, says) in [
+            (&br#"{"input":[1,2],"model":"m"}"#[..], "expected a string"),
+            (
+                br#"{"input":null,"model":"m"}"#,
+                "expected a string or a list of strings",
+            ),
+            (
+                br#"{"input":7,"model":"m"}"#,
+                "expected a string or a list of strings",
+            ),
+            (
+                br#"{"input":"a","model":"m","dimensions":18446744073709551615}"#,
+                "dimensions",
+            ),
+            (
+                br#"{"input":"a","model":"m","dimensions":-1}"#,
+                "dimensions",
+            ),
+        ] {
+            let e = parse::<OpenAiRequest>(body, "embeddings", 8).err().unwrap();
+            assert!(
+                matches!(e, ApiError::BadRequest(_)) && e.to_string().contains(says),
+                "{e}"
+            );
+            assert!(!e.to_string().contains("untagged"), "{e}");
+        }
+        let e = parse::<TeiRequest>(br#"{"inputs":"a","pooling":"max"}"#, "embed", 8)
             .err()
             .unwrap();
         assert!(e.to_string().contains("unknown field `pooling`"), "{e}");
+    }
+
+    #[test]
+    fn parsing_stops_at_the_first_text_past_the_bound() {
+        let body = format!("{{\"inputs\":[{}]}}", vec!["\"a\""; 100_000].join(","));
+        let e = parse::<TeiRequest>(body.as_bytes(), "embed", 32)
+            .err()
+            .unwrap();
+        assert!(matches!(e, ApiError::TooLarge(_)), "{e:?}");
+        assert!(
+            e.to_string().contains("more than 32 texts")
+                && e.to_string().contains("text.max_client_batch_size"),
+            "{e}"
+        );
+        // The bound is the parse's own: the next parse on this thread is not bounded by it.
+        assert!(parse::<TeiRequest>(br#"{"inputs":["a","b"]}"#, "embed", 1000).is_ok());
+    }
+
+    #[test]
+    fn predict_inputs_are_read_by_the_model_they_are_for() {
+        let p = |body: &str| parse::<PredictRequest>(body.as_bytes(), "predict", 8).unwrap();
+        let one = p(r#"{"inputs":"a"}"#).inputs;
+        assert_eq!(
+            one.clone().items(false).unwrap(),
+            (true, vec![("a".into(), None)])
+        );
+        assert!(one.items(true).is_err());
+        let pair = p(r#"{"inputs":["q","d"]}"#).inputs;
+        assert_eq!(
+            pair.clone().items(true).unwrap(),
+            (true, vec![("q".into(), Some("d".into()))])
+        );
+        assert_eq!(pair.items(false).unwrap().1.len(), 2);
+        let pairs = p(r#"{"inputs":[["q","d"],["q","e"]]}"#).inputs;
+        assert_eq!(pairs.clone().items(true).unwrap().1.len(), 2);
+        assert!(pairs.items(false).is_err());
     }
 }

@@ -64,8 +64,19 @@ pub enum ApiError {
     NotFound(String),
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
-    #[error("request body is larger than the limit of {limit} bytes")]
+    #[error("request body is larger than the limit of {limit} bytes (server.max_body_bytes)")]
     PayloadTooLarge { limit: u64 },
+    /// A request that can never be served as sent: more texts, bytes or memory than a bound
+    /// allows (the message names the bound and its key). 413, gRPC `RESOURCE_EXHAUSTED`.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The server cannot take the request now (the memory the requests in flight hold is at
+    /// its budget): 503 with `Retry-After`, gRPC `RESOURCE_EXHAUSTED`.
+    #[error("{0}")]
+    Overloaded(String),
+    /// An HTTP/2 request to the gRPC port that is not gRPC (its content type).
+    #[error("not a gRPC request: content-type {0:?} (application/grpc expected)")]
+    NotGrpc(String),
     /// A gRPC method or encoding the server does not implement.
     #[error("{0}")]
     Unimplemented(String),
@@ -103,12 +114,16 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::PayloadTooLarge { .. } | ApiError::TooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiError::NotGrpc(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
-            ApiError::NotReady | ApiError::Rejected(_) | ApiError::DeviceLost(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::NotReady
+            | ApiError::Rejected(_)
+            | ApiError::DeviceLost(_)
+            | ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -122,7 +137,10 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } | ApiError::Unimplemented(_) => {
                 GrpcCode::Unimplemented
             }
-            ApiError::PayloadTooLarge { .. } => GrpcCode::ResourceExhausted,
+            ApiError::PayloadTooLarge { .. } | ApiError::TooLarge(_) | ApiError::Overloaded(_) => {
+                GrpcCode::ResourceExhausted
+            }
+            ApiError::NotGrpc(_) => GrpcCode::InvalidArgument,
             ApiError::Rejected(Rejection::Timeout) | ApiError::BodyTimeout { .. } => {
                 GrpcCode::DeadlineExceeded
             }
@@ -137,7 +155,10 @@ impl ApiError {
     /// Seconds for `Retry-After`, where retrying (here or on another replica) makes sense.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            ApiError::NotReady | ApiError::Rejected(_) | ApiError::DeviceLost(_) => Some(1),
+            ApiError::NotReady
+            | ApiError::Rejected(_)
+            | ApiError::DeviceLost(_)
+            | ApiError::Overloaded(_) => Some(1),
             _ => None,
         }
     }
@@ -187,7 +208,7 @@ mod tests {
             ApiError::PayloadTooLarge { limit: 10 },
             413,
             None,
-            r#"{"error":"request body is larger than the limit of 10 bytes"}"#,
+            r#"{"error":"request body is larger than the limit of 10 bytes (server.max_body_bytes)"}"#,
         );
         check(
             ApiError::BodyTimeout {
@@ -228,6 +249,18 @@ mod tests {
             Some(1),
             r#"{"error":"the device is unusable until infer-serve restarts (this server is no longer ready): CUDA error 700"}"#,
         );
+        check(
+            ApiError::TooLarge("100000 texts, more than text.max_client_batch_size 1024".into()),
+            413,
+            None,
+            r#"{"error":"100000 texts, more than text.max_client_batch_size 1024"}"#,
+        );
+        let busy = ApiError::Overloaded("the memory budget is held".into());
+        assert_eq!(busy.status().as_u16(), 503);
+        assert_eq!(busy.retry_after(), Some(1));
+        assert_eq!(busy.grpc_code(), GrpcCode::ResourceExhausted);
+        let e = ApiError::NotGrpc("text/plain".into());
+        assert_eq!(e.status().as_u16(), 415);
         check(
             ApiError::Internal("boom".into()),
             500,

@@ -3,37 +3,41 @@
 //! It reads `runtime.toml` ([`infer_spec::RuntimeConfig`], the only thing shared with the
 //! builder), loads the engine once, warms it up with every planned batch size, and then
 //! serves the KServe V2 / Open Inference Protocol over HTTP/1.1 (JSON tensors and Triton's
-//! binary tensor data extension) and over gRPC (`inference.GRPCInferenceService`, its own port)
-//! through one dynamic batcher with Triton's semantics.
+//! binary tensor data extension) and over gRPC (`inference.GRPCInferenceService`, its own port),
+//! and for text models OpenAI's and TEI's text APIs; every route's requests go through one
+//! inference core and each model's dynamic batcher.
 //!
 //! Code map (data flows top to bottom):
 //! - [`args`]: the few flags and environment variables, parsed by hand (no CLI framework).
 //! - [`start()`]: start-up as a library, from flags to a ready [`Running`] server or a
 //!   [`StartError`] with its exit code; `main` only logs and exits.
-//! - [`http`]: the [`http::Server`] (settings, drain, health and the model slots by name),
-//!   routes, handlers, the accept loop and the drain on SIGTERM.
+//! - [`server`]: the [`server::Server`] (settings, drain, health, the model slots by name, the
+//!   memory budget and the preparation workers) and the accept loop both protocols run.
+//! - Transports, which only decode requests and encode answers: [`http`] (V2 over HTTP/1.1 and
+//!   the text APIs' routes), [`embed`] (OpenAI's `/v1/embeddings`, TEI's `/embed`, `/rerank`,
+//!   `/predict`, `/tokenize`), [`grpc`] (the gRPC service and `grpc.health.v1` on HTTP/2;
+//!   [`grpc::codec`] its pure decoder), [`v2`] (the pure V2 decoder / encoder, fuzzed).
+//! - [`core`]: the one inference path of every route: admission (bounds and the memory
+//!   budget, [`budget`]), the response cache ([`cache`]), preparation on the bounded
+//!   [`core::Workers`] (tokenizing, [`text`]), items in the batcher, finishing.
 //! - [`model`]: one model slot (config, batcher, metrics, metadata; served and engine
-//!   signatures, and [`model::Model::prepare`] between them).
-//! - [`text`]: text in (`[text]`): the tokenizer before the engine, the pooling after it.
-//! - [`embed`]: the embedding APIs (OpenAI's `/v1/embeddings`, TEI's `/embed`, `/tokenize`)
-//!   over the same batcher.
-//! - [`cache`]: the response cache (`[response_cache]`): exact request keys, bounded LRU.
-//! - [`signature`]: a model's tensors, and the one check of a request's tensors against them
-//!   that both protocols' decoders run.
+//!   signatures). [`signature`]: a model's tensors and the one check of a request's tensors
+//!   against them that both decoders run, and the table bounds the core checks.
 //! - [`conn`]: slow and idle clients: each connection's watchdog (header and idle timeouts),
-//!   the request-body reader with a minimum rate; the cap on connections is `http`'s accept loop.
-//! - [`grpc`]: the gRPC service and `grpc.health.v1` on HTTP/2, sharing `http`'s accept loop,
-//!   drain and inference path; [`grpc::codec`] is its pure decoder (fuzzed like `v2`).
-//! - [`v2`]: pure request decoder / response encoder; the fuzz target drives it.
+//!   the request-body reader with a minimum rate, charged to the memory budget.
 //! - [`batcher`]: the queue and the backend instance threads that take turns owning it; the
-//!   model's [`batcher::Grouping`] decides which requests go together.
-//! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (default feature `tract`)
-//!   and a sleep-based `synthetic` engine (feature `synthetic`, tests and benchmarks only).
+//!   model's [`batcher::Grouping`] decides which items go together, its [`batcher::Reduce`]
+//!   finishes each item on the backend thread; an engine's panic fails only its requests.
+//! - [`backend`]: the synchronous [`backend::Backend`] trait; tract (feature `tract`), ONNX
+//!   Runtime (`onnxruntime`), TensorRT (`tensorrt`) and a sleep-based `synthetic` engine
+//!   (feature `synthetic`, tests and benchmarks only).
 //! - [`warmup`], [`metrics`], [`log`], [`error`] (the one error → status mapping), [`tensor`].
 //!
 //! Invariants: no builder, registry or CLI code is linked (the only workspace dependency is
-//! `infer-spec`); models run only on backend threads, never on the async workers; decoding
-//! never panics on any input; every client-visible failure goes through [`error::ApiError`].
+//! `infer-spec`); models run only on backend threads, never on the async workers; tokenizing
+//! and decoding large bodies run on the preparation workers, never on the async workers;
+//! decoding never panics on any input; every client-visible failure goes through
+//! [`error::ApiError`].
 #![cfg_attr(
     test,
     allow(
@@ -46,8 +50,10 @@
 pub mod args;
 pub mod backend;
 pub mod batcher;
+pub mod budget;
 pub mod cache;
 pub mod conn;
+pub mod core;
 pub mod embed;
 pub mod error;
 #[cfg(any(test, feature = "fixtures"))]
@@ -57,6 +63,7 @@ pub mod http;
 pub mod log;
 pub mod metrics;
 pub mod model;
+pub mod server;
 pub mod signature;
 pub mod start;
 pub mod tensor;

@@ -34,6 +34,18 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // A panic (an engine's, contained to its batch by the batcher) is logged as every other
+    // line is, one JSON object, instead of the default hook's text on stderr.
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        log::error(
+            "panic",
+            &[
+                ("thread", json!(thread.name().unwrap_or("?"))),
+                ("error", json!(info.to_string())),
+            ],
+        );
+    }));
     let running = match infer_serve::start(args) {
         Ok(running) => running,
         Err(e) => {

@@ -228,6 +228,8 @@ pub struct Metrics {
     pub ready: AtomicU64,
     /// Times the device was found lost (a sticky CUDA error): 0 or 1 in a process's life.
     pub device_lost: Counter,
+    /// Batches on which the engine panicked (each failed its requests; the server went on).
+    pub engine_panics: Counter,
     /// The response cache (`[response_cache]`): lookups answered, lookups not, entries evicted.
     pub cache_hits: Counter,
     pub cache_misses: Counter,
@@ -373,6 +375,7 @@ impl Metrics {
             queue_depth: Gauge::new(0),
             ready: z(),
             device_lost: Counter::new(),
+            engine_panics: Counter::new(),
             cache_hits: Counter::new(),
             cache_misses: Counter::new(),
             cache_evictions: Counter::new(),
@@ -619,6 +622,12 @@ impl Metrics {
             o,
             "# HELP infer_serve_device_lost_total Sticky device errors (the GPU is unusable until the process restarts; the server is not ready from the first)\n# TYPE infer_serve_device_lost_total counter\ninfer_serve_device_lost_total{{{l}}} {}",
             self.device_lost.get()
+        );
+        counter(
+            o,
+            "infer_serve_engine_panics_total",
+            "Batches on which the engine panicked: their requests failed with 500, the server went on",
+            self.engine_panics.get(),
         );
         // Triton's names for its response cache.
         counter(

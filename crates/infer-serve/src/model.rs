@@ -1,6 +1,6 @@
 //! A model slot: everything the server keeps for one served model (its config, signatures,
 //! batcher, metrics and the metadata answers), looked up by name through
-//! [`crate::http::Server::model`].
+//! [`crate::server::Server::model`].
 //!
 //! A one-model `runtime.toml` gives a server one slot; a bundle one per model directory, each
 //! with its own `RuntimeConfig`, batcher (with its own [`crate::batcher::Grouping`]) and
@@ -10,13 +10,11 @@ use crate::batcher::Batcher;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::signature::Signature;
-use crate::tensor::Tensor;
-use crate::text::{PoolOptions, TextModel};
+use crate::text::TextModel;
 use bytes::Bytes;
 use infer_spec::RuntimeConfig;
 use serde_json::json;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 /// One served model.
 pub struct Model {
@@ -32,22 +30,11 @@ pub struct Model {
     pub(crate) config_json: serde_json::Value,
     /// The tokenizer and pooling of a text model (`[text]`).
     text: Option<Arc<TextModel>>,
-    /// Where long requests are tokenized (set at start for a text model).
-    pool: Option<crate::text::Pool>,
     /// The response cache (`[response_cache]`), when the model has one.
     cache: Option<crate::cache::ResponseCache>,
     /// What requests carry and responses hold: the engine's tensors, or a text model's.
     served_inputs: Vec<infer_spec::TensorSpec>,
     served_outputs: Vec<infer_spec::TensorSpec>,
-}
-
-/// A request's inputs as the engine takes them ([`Model::prepare`]), with what
-/// [`Model::finish`] needs to turn the engine's rows back into the served outputs.
-pub struct Prepared {
-    pub inputs: Vec<Tensor>,
-    pub rows: usize,
-    /// A text model's tokens per text (before padding).
-    pub lengths: Option<Vec<usize>>,
 }
 
 impl Model {
@@ -157,7 +144,6 @@ impl Model {
                 .map(|c| crate::cache::ResponseCache::new(c.max_bytes)),
             cfg,
             text: text.map(Arc::new),
-            pool: None,
             served_inputs,
             served_outputs,
         }
@@ -214,7 +200,7 @@ impl Model {
         self.text_arc().map(|t| &**t)
     }
 
-    fn text_arc(&self) -> Result<&Arc<TextModel>, ApiError> {
+    pub(crate) fn text_arc(&self) -> Result<&Arc<TextModel>, ApiError> {
         self.text.as_ref().ok_or_else(|| {
             ApiError::BadRequest(format!(
                 "model {:?} takes tensors, not text (its recipe has no [text] table)",
@@ -223,120 +209,10 @@ impl Model {
         })
     }
 
-    /// The tokenizer workers, for a request holding `bytes` of text: `None` when it is short
-    /// enough to tokenize where it is ([`crate::text::INLINE_BYTES`]).
-    fn pool_for(&self, bytes: usize) -> Option<&crate::text::Pool> {
-        self.pool
-            .as_ref()
-            .filter(|_| bytes > crate::text::INLINE_BYTES)
-    }
-
-    /// Gives a text model its tokenizer workers (`text::Pool`).
-    pub fn set_pool(&mut self, pool: crate::text::Pool) {
-        self.pool = Some(pool);
-    }
-
-    /// [`Model::prepare`], with a long text request tokenized on the model's workers rather
-    /// than on the calling (I/O) thread.
-    pub async fn prepare_async(
-        &self,
-        inputs: Vec<Tensor>,
-        rows: usize,
-    ) -> Result<Prepared, ApiError> {
-        let Some(text) = &self.text else {
-            return self.prepare(inputs, rows);
-        };
-        let bytes = inputs.iter().map(|t| t.data.len()).sum();
-        let started = Instant::now();
-        let prepared = match self.pool_for(bytes) {
-            Some(pool) => {
-                let text = text.clone();
-                pool.run(move || prepare_text(&text, inputs, rows)).await?
-            }
-            None => prepare_text(text, inputs, rows),
-        };
-        self.tokenized(started, rows);
-        prepared
-    }
-
-    /// Counts `texts` tokenized since `started` in the model's metrics.
-    fn tokenized(&self, started: Instant, texts: usize) {
-        self.metrics.tokenized_texts.add(texts as u64);
-        self.metrics
-            .tokenization_us
-            .add(started.elapsed().as_micros() as u64);
-    }
-
-    /// Tokenizes `items` for the engine, on the model's workers when they are long.
-    pub async fn encode_async(
-        &self,
-        items: Vec<(&str, Option<&str>)>,
-    ) -> Result<crate::text::Encoded, ApiError> {
-        let text = self.text_arc()?;
-        let bytes: usize = items
-            .iter()
-            .map(|(a, b)| a.len() + b.map_or(0, str::len))
-            .sum();
-        let (started, texts) = (Instant::now(), items.len());
-        let encoded = match self.pool_for(bytes) {
-            Some(pool) => {
-                let owned: Vec<(String, Option<String>)> = items
-                    .iter()
-                    .map(|(a, b)| ((*a).to_owned(), b.map(str::to_owned)))
-                    .collect();
-                let text = text.clone();
-                pool.run(move || {
-                    text.encode_items(
-                        owned
-                            .iter()
-                            .map(|(a, b)| (a.as_str(), b.as_deref()))
-                            .collect(),
-                    )
-                })
-                .await?
-            }
-            _ => text.encode_items(items),
-        };
-        self.tokenized(started, texts);
-        encoded
-    }
-
     /// What the backend takes: `runtime.toml`'s tensors, which warm-up and the engine checks
     /// use.
     pub fn engine(&self) -> Signature<'_> {
         Signature::from(&self.cfg)
-    }
-
-    /// A decoded request's inputs (in the served signature) as the engine takes them, on the
-    /// way from the decoder to the batcher: a text model tokenizes its `text` input; a model
-    /// without a pre-processing step passes them on as they are.
-    #[inline]
-    pub fn prepare(&self, inputs: Vec<Tensor>, rows: usize) -> Result<Prepared, ApiError> {
-        match &self.text {
-            None => Ok(Prepared {
-                inputs,
-                rows,
-                lengths: None,
-            }),
-            Some(text) => prepare_text(text, inputs, rows),
-        }
-    }
-
-    /// The engine's outputs for a request as the served outputs: a text model's pooled
-    /// vectors; anything else as it is.
-    #[inline]
-    pub fn finish(
-        &self,
-        outputs: Vec<Tensor>,
-        lengths: Option<&[usize]>,
-    ) -> Result<Vec<Tensor>, ApiError> {
-        match (&self.text, lengths) {
-            (Some(text), Some(lengths)) => {
-                let pooled = text.pool(&outputs, lengths, PoolOptions::default())?;
-                Ok(vec![TextModel::pooled_tensor(&pooled)])
-            }
-            _ => Ok(outputs),
-        }
     }
 
     /// The batcher, once warm-up is done.
@@ -393,35 +269,6 @@ impl Model {
         self.config = Bytes::from(config.to_string());
         self.config_json = config;
     }
-}
-
-/// A text model's `text` (and `text_pair`) inputs as the engine's token tensors.
-fn prepare_text(text: &TextModel, inputs: Vec<Tensor>, rows: usize) -> Result<Prepared, ApiError> {
-    let texts = inputs
-        .first()
-        .map(|t| TextModel::texts(t, infer_spec::text::TEXT_INPUT))
-        .transpose()?
-        .unwrap_or_default();
-    let items: Vec<(&str, Option<&str>)> = match inputs.get(1) {
-        Some(t) => {
-            let pairs = TextModel::texts(t, infer_spec::text::TEXT_PAIR_INPUT)?;
-            if pairs.len() != texts.len() {
-                return Err(ApiError::BadRequest(format!(
-                    "inputs \"text\" and \"text_pair\" have {} and {} texts",
-                    texts.len(),
-                    pairs.len()
-                )));
-            }
-            texts.into_iter().zip(pairs.into_iter().map(Some)).collect()
-        }
-        None => texts.into_iter().map(|t| (t, None)).collect(),
-    };
-    let encoded = text.encode_items(items)?;
-    Ok(Prepared {
-        inputs: encoded.inputs,
-        rows,
-        lengths: Some(encoded.lengths),
-    })
 }
 
 #[cfg(test)]

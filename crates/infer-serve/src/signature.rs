@@ -276,3 +276,97 @@ impl Inputs<'_> {
         Ok((inputs, rows))
     }
 }
+
+/// Checks the integer inputs that index a table inside the model (`table_rows`) against it:
+/// every value in `-rows..rows` (ONNX's range for `Gather`), else a 400 naming the input, the
+/// first value out of range, where it is and the bound. Engines read past a table's end
+/// otherwise (tract aborts the process). Runs on both protocols' requests, in the core.
+pub fn check_table_rows(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), ApiError> {
+    for (spec, t) in specs.iter().zip(inputs) {
+        let Some(rows) = spec.table_rows else {
+            continue;
+        };
+        let rows = i128::from(rows);
+        let size = t.dtype.size().unwrap_or(0);
+        if size == 0 {
+            continue;
+        }
+        let value = |b: &[u8]| -> i128 {
+            match t.dtype {
+                DataType::I8 => i128::from(b[0] as i8),
+                DataType::U8 => i128::from(b[0]),
+                DataType::I16 => i128::from(i16::from_le_bytes([b[0], b[1]])),
+                DataType::U16 => i128::from(u16::from_le_bytes([b[0], b[1]])),
+                DataType::I32 => i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                DataType::U32 => i128::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                DataType::I64 => i128::from(i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))),
+                DataType::U64 => i128::from(u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))),
+                _ => 0,
+            }
+        };
+        if let Some((at, v)) = t
+            .data
+            .chunks_exact(size)
+            .map(value)
+            .enumerate()
+            .find(|&(_, v)| v < -rows || v >= rows)
+        {
+            return Err(bad(format!(
+                "input {:?}: value {v} (element {at}) is outside the model's table of {rows} rows: values must be in {}..={}",
+                spec.name,
+                -rows,
+                rows - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn values_past_a_table_are_refused_naming_the_input_the_value_and_the_bound() {
+        let spec = |dtype| TensorSpec {
+            name: "input_ids".into(),
+            datatype: dtype,
+            dims: vec![-1, -1],
+            profile: None,
+            dim_names: Vec::new(),
+            pad: None,
+            table_rows: Some(30522),
+        };
+        let ids = |dtype: DataType, values: &[i64]| Tensor {
+            dtype,
+            shape: vec![1, values.len()],
+            data: Bytes::from(
+                values
+                    .iter()
+                    .flat_map(|&v| match dtype {
+                        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
+                        _ => v.to_le_bytes().to_vec(),
+                    })
+                    .collect::<Vec<u8>>(),
+            ),
+        };
+        let ok = ids(DataType::I64, &[101, 30521, 102, -30522]);
+        assert!(check_table_rows(&[spec(DataType::I64)], &[ok]).is_ok());
+        let e = check_table_rows(
+            &[spec(DataType::I64)],
+            &[ids(DataType::I64, &[101, 30522, 102])],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "input \"input_ids\": value 30522 (element 1) is outside the model's table of 30522 rows: values must be in -30522..=30521"
+        );
+        assert!(
+            check_table_rows(&[spec(DataType::I32)], &[ids(DataType::I32, &[-30523])]).is_err()
+        );
+        // An input without a table is not read.
+        let mut free = spec(DataType::I64);
+        free.table_rows = None;
+        assert!(check_table_rows(&[free], &[ids(DataType::I64, &[i64::MAX])]).is_ok());
+    }
+}

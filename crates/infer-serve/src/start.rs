@@ -18,10 +18,11 @@
 use crate::args::{self, Args};
 use crate::backend::{self, Backend};
 use crate::batcher::{AnyLength, Batcher, Padding, Policy, SameShapes};
-use crate::http::{self, Server};
+use crate::http;
 use crate::log;
 use crate::metrics::Metrics;
 use crate::model::Model;
+use crate::server::Server;
 use crate::text::TextModel;
 use crate::warmup;
 use infer_spec::engine::{check_compat, EngineMeta, Found};
@@ -207,8 +208,14 @@ fn read_text(p: &Path) -> Result<String, StartError> {
         )
     };
     regular_file(p).map_err(unreadable)?;
-    std::fs::read_to_string(p).map_err(|e| unreadable(e.to_string()))
+    let bytes =
+        crate::text::read_bounded(p, MAX_CONFIG_BYTES).map_err(|e| unreadable(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| unreadable(format!("not UTF-8: {e}")))
 }
+
+/// The most bytes a `runtime.toml` (one model's, or a bundle's) may have: the largest the
+/// builder writes are a few kilobytes (a classifier's labels).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Step 1: reads `runtime.toml` (one model, or a bundle and each of its models' own file),
 /// applies `--host` and `--port`, and checks what depends on this machine (the rest is
@@ -562,6 +569,10 @@ fn load_model(
     // values, pads requests of different lengths into one batch, within its token budget;
     // other models batch only equal shapes.
     policy.padding = padding(cfg, model);
+    // A text model pools each item's rows on the backend thread.
+    if let Ok(text) = model.text_arc() {
+        policy.reduce = Some(text.clone());
+    }
     let started = match policy.padding {
         Some(_) => Batcher::start_grouped(policy, AnyLength, backends, model.metrics.clone()),
         None => Batcher::start_grouped(policy, SameShapes, backends, model.metrics.clone()),
@@ -645,24 +656,20 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         }
     }
 
-    // As many tokenizer workers as CPUs, shared by every text model of a bundle, queueing as
-    // many requests as the text models' batchers together.
-    let text_queue: u64 = config
+    // As many preparation workers as CPUs (tokenizing, decoding large bodies), shared by every
+    // model of a bundle, queueing as many requests as the models' batchers together.
+    let queue: u64 = config
         .models
         .iter()
-        .filter(|m| m.cfg.text.is_some())
         .map(|m| u64::from(m.cfg.batching.max_queue_size.max(64)))
         .sum();
-    let pool = (text_queue > 0)
-        .then(|| crate::text::Pool::start(cpus, text_queue as usize))
-        .transpose()
-        .map_err(|e| {
-            StartError::new(
-                1,
-                "cannot start the tokenizer workers",
-                vec![("error", json!(e.to_string()))],
-            )
-        })?;
+    let workers = crate::core::Workers::start(cpus, queue as usize).map_err(|e| {
+        StartError::new(
+            1,
+            "cannot start the preparation workers",
+            vec![("error", json!(e.to_string()))],
+        )
+    })?;
 
     // One server-wide set of series (in flight, connections): the first model's, shared by
     // every later model's metrics.
@@ -678,18 +685,17 @@ pub fn start(args: Args) -> Result<Running, StartError> {
             None => Metrics::new(name, version, most),
             Some(f) => Metrics::sharing(name, version, most, &f.metrics),
         });
-        let text = TextModel::load(cfg, &c.base).map_err(|e| {
-            StartError::new(
+        let text = TextModel::load(cfg, &c.base).map_err(|e| match e {
+            crate::text::LoadError::Read(e) => StartError::new(
                 1,
                 "cannot load the tokenizer",
                 vec![("model", json!(name)), ("error", json!(e))],
-            )
+            ),
+            crate::text::LoadError::Refused(e) => {
+                StartError::bad_config(&c.path, format!("text.tokenizer: {e}"))
+            }
         })?;
-        let text_model = text.is_some();
         let mut model = Model::with_text(cfg.clone(), metrics, text);
-        if let (true, Some(p)) = (text_model, &pool) {
-            model.set_pool(p.clone());
-        }
         model.set_node(found);
         slots.push(model);
     }
@@ -701,7 +707,13 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         [first, ..] => Arc::new(Metrics::sharing("", "", 1, &first.metrics)),
     };
     let names: Vec<String> = slots.iter().map(|m| m.name().to_owned()).collect();
+    let set_aside =
+        set_aside(&config).saturating_add(crate::budget::headroom(settings.memory_budget_bytes));
     let mut server = Server::new(settings.clone(), server_metrics, slots);
+    server.set_workers(workers);
+    server
+        .budget
+        .set_limit(settings.memory_budget_bytes.saturating_sub(set_aside));
     server.busy_poll = Duration::from_micros(
         args.busy_poll_us
             .unwrap_or_else(|| args::default_busy_poll_us(cpus)),
@@ -817,6 +829,26 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         warm += loaded.warm;
         warmup_samples += loaded.samples;
     }
+    // What the process holds now (the runtime, the engines, their arenas after the warm-up)
+    // is no longer the requests' to hold.
+    let resident = crate::budget::resident_bytes().unwrap_or(0);
+    let requests = settings
+        .memory_budget_bytes
+        .saturating_sub(set_aside)
+        .saturating_sub(resident);
+    server.budget.set_limit(requests);
+    if requests < settings.memory_budget_bytes / 8 {
+        log::log(
+            "warn",
+            "server.memory_budget_bytes leaves little for requests in flight once the models are loaded: large requests will be refused (413) and concurrent ones shed (503)",
+            &[
+                ("memory_budget_bytes", json!(settings.memory_budget_bytes)),
+                ("resident_bytes", json!(resident)),
+                ("batches_and_caches_bytes", json!(set_aside)),
+                ("requests_bytes", json!(requests)),
+            ],
+        );
+    }
     if !server.draining.load(Relaxed) {
         server.metrics.ready.store(1, Relaxed);
     }
@@ -828,6 +860,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
             ("warmup_samples", json!(warmup_samples)),
             ("instances", json!(one.batching.instances)),
             ("models", json!(names.len())),
+            ("requests_memory_bytes", json!(requests)),
             (
                 "start_to_ready_seconds",
                 json!(started.elapsed().as_secs_f64()),
@@ -875,6 +908,30 @@ async fn lifecycle(
         _ = drain.notified() => log::info("second signal: ending the drain delay early", &[]),
     }
     let _ = stop.send(true);
+}
+
+/// The memory set aside from `server.memory_budget_bytes` before requests get theirs: every
+/// model's batches at their largest (`instances x max_batch_size x` a row's input and output
+/// bytes) and its response cache's bound.
+fn set_aside(config: &Config) -> u64 {
+    config
+        .models
+        .iter()
+        .map(|m| {
+            let c = &m.cfg;
+            let row: u64 = c
+                .inputs
+                .iter()
+                .chain(&c.outputs)
+                .filter_map(infer_spec::TensorSpec::max_row_bytes)
+                .fold(0, u64::saturating_add);
+            let batches = u64::from(c.batching.instances)
+                .saturating_mul(u64::from(c.batching.max_batch_size))
+                .saturating_mul(row);
+            let cache = c.response_cache.as_ref().map_or(0, |r| r.max_bytes);
+            batches.saturating_add(cache)
+        })
+        .fold(0, u64::saturating_add)
 }
 
 /// How a model pads requests of different lengths into one batch, if it does: a text model

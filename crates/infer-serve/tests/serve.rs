@@ -74,8 +74,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The runtime under test: the one cargo built for these tests, or `$INFER_SERVE_UNDER_TEST`
+/// (another build of it, e.g. an earlier commit's, to see a test fail there).
 fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_infer-serve"))
+    std::env::var_os("INFER_SERVE_UNDER_TEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_infer-serve")))
 }
 
 /// The batching, engine and server tables of the MLP tests (`MODEL` is the engine's path).
@@ -1950,3 +1954,6 @@ fn serve_sheds_slow_and_idle_clients() {
         assert!(!line.contains("accept failed"), "{line}");
     }
 }
+
+#[path = "serve/bounds.rs"]
+mod bounds;

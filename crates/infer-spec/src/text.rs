@@ -86,9 +86,11 @@ pub struct Text {
     pub max_client_batch_size: u32,
 }
 
-/// The default `max_client_batch_size`: OpenAI's own bound on an embeddings request's inputs,
-/// so every client written for it (LangChain sends 1,000 at a time) works unchanged.
-pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: u32 = 2048;
+/// The default `max_client_batch_size`: as many texts as the default queue holds
+/// (`max_queue_size` 1024), so a request within it can always be queued; LangChain's OpenAI
+/// embeddings send 1,000 at a time. (OpenAI itself takes up to 2,048: raise both for clients
+/// that send more.)
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: u32 = 1024;
 /// The largest `max_client_batch_size`.
 pub const MAX_CLIENT_BATCH_SIZE: u32 = 1 << 16;
 
@@ -616,7 +618,13 @@ mod tests {
         ] {
             assert_eq!(backtracking(ok), None, "{ok}");
         }
-        for bad in [r"(a+)+$", r"(\s*x)*", r"((ab)*c){2,}", r"(\w)\1", r"(?:a|a?)+"] {
+        for bad in [
+            r"(a+)+$",
+            r"(\s*x)*",
+            r"((ab)*c){2,}",
+            r"(\w)\1",
+            r"(?:a|a?)+",
+        ] {
             assert!(backtracking(bad).is_some(), "{bad}");
         }
         let split = serde_json::json!({

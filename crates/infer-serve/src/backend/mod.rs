@@ -29,6 +29,10 @@ pub trait Engine: Send + Sync {
 pub trait Backend: Send {
     /// Runs one batch; every input has the same number of rows, and every output must too.
     fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError>;
+
+    /// Called after `execute` panicked: drop any state the panic may have left half-written
+    /// (the next batch starts clean). Backends without state between batches need nothing.
+    fn recover(&mut self) {}
 }
 
 /// Why a batch failed.

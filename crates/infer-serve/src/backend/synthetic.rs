@@ -6,10 +6,11 @@
 //! the request they came from).
 //!
 //! Faults for the server's tests, when [`FAULTS_ENV`] asks for them
-//! (`batch_error=V,device_lost=W`, either part optional): a batch with a row whose first element
-//! is `V` fails as an ordinary batch error; one with a row starting with `W` loses the device,
-//! as a sticky CUDA error does: that batch and every later one, on every instance, fail with
-//! [`ExecError::DeviceLost`].
+//! (`batch_error=V,device_lost=W,panic=P`, each part optional): a batch with a row whose first
+//! element is `V` fails as an ordinary batch error; one with a row starting with `W` loses the
+//! device, as a sticky CUDA error does: that batch and every later one, on every instance, fail
+//! with [`ExecError::DeviceLost`]; one with a row starting with `P` panics, as an engine reading
+//! past a table does.
 
 use super::{Backend, Engine, ExecError};
 use crate::tensor::Tensor;
@@ -27,10 +28,11 @@ pub const FAULTS_ENV: &str = "INFER_SERVE_SYNTHETIC_FAULTS";
 pub struct Faults {
     pub batch_error: Option<f64>,
     pub device_lost: Option<f64>,
+    pub panic: Option<f64>,
 }
 
 impl Faults {
-    /// Parses `batch_error=V,device_lost=W` (either part optional; empty: none).
+    /// Parses `batch_error=V,device_lost=W,panic=P` (each part optional; empty: none).
     pub fn parse(text: &str) -> Result<Faults, String> {
         let mut f = Faults::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -44,9 +46,10 @@ impl Faults {
             match key.trim() {
                 "batch_error" => f.batch_error = Some(v),
                 "device_lost" => f.device_lost = Some(v),
+                "panic" => f.panic = Some(v),
                 k => {
                     return Err(format!(
-                        "{FAULTS_ENV}: unknown fault `{k}` (batch_error, device_lost)"
+                        "{FAULTS_ENV}: unknown fault `{k}` (batch_error, device_lost, panic)"
                     ))
                 }
             }
@@ -173,6 +176,15 @@ impl Backend for SyntheticEngine {
                  encountered; injected by the synthetic engine)"
                     .to_owned(),
             ));
+        }
+        if has(self.faults.panic) {
+            #[allow(
+                clippy::panic,
+                reason = "the injected fault: an engine that panics, as tract does past a table"
+            )]
+            {
+                panic!("index out of bounds: the synthetic engine panicked (injected)");
+            }
         }
         if has(self.faults.batch_error) {
             return Err(ExecError::Batch(

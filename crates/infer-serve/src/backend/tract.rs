@@ -397,6 +397,12 @@ impl Backend for TractBackend {
     fn execute(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, ExecError> {
         self.run(inputs).map_err(ExecError::Batch)
     }
+
+    /// The execution states hold the values of a run in progress: a panic mid-run leaves them
+    /// as it found them, so they go (the plans, shared and read-only, stay).
+    fn recover(&mut self) {
+        self.states.clear();
+    }
 }
 
 impl TractBackend {

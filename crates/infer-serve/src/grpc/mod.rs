@@ -6,22 +6,24 @@
 //! one length-prefixed message, answered by one message and a `grpc-status` trailer): no
 //! gRPC framework, so the size limit, malformed messages and every other failure map to
 //! statuses through [`ApiError::grpc_code`], like HTTP statuses, and the accept loop and drain
-//! are HTTP's (`http::accept_loop`, with GOAWAY from SIGTERM on). Inference goes through the
-//! same `http::execute` path and batcher as HTTP; [`codec`] decodes with the HTTP decoder's
-//! checks. Owns no model. Streaming RPCs (`ModelStreamInfer`, health `Watch`) and the
+//! are the server's (`server::accept_loop`, with GOAWAY from SIGTERM on). A transport only:
+//! inference goes through [`crate::core`], the path HTTP requests take, with the same
+//! admission, memory budget and batcher; [`codec`] decodes with the HTTP decoder's checks.
+//! Owns no model. Streaming RPCs (`ModelStreamInfer`, health `Watch`) and the
 //! repository, shared-memory, trace and log RPCs answer `UNIMPLEMENTED`.
 
 pub mod codec;
 mod goaway_guard;
 pub mod pb;
 
+use crate::core::{self, Output, Work};
 use crate::error::{ApiError, GrpcCode};
-use crate::http::{self, Server, WindDown};
 use crate::model::Model;
+use crate::server::{accept_loop, Server, WindDown};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use hyper::{Request, Response, StatusCode};
+use hyper::{Request, Response};
 use pb::health::health_check_response::ServingStatus;
 use pb::inference as ipb;
 use serde_json::Value;
@@ -58,7 +60,7 @@ impl Grpc {
     }
 }
 
-/// Serves gRPC until `stop` fires; the same lifecycle as [`http::serve`], except that
+/// Serves gRPC until `stop` fires; the same lifecycle as [`crate::http::serve`], except that
 /// connections get GOAWAY as soon as the drain starts. Returns true when every call finished
 /// within `exit_timeout`.
 pub async fn serve(
@@ -88,7 +90,7 @@ pub async fn serve(
     // raw tensors are not throttled by the 64 KiB default window.
     h2.adaptive_window(true);
     let draining = app.draining.clone();
-    http::accept_loop(
+    accept_loop(
         &app,
         "grpc",
         listener,
@@ -127,9 +129,15 @@ impl Grpc {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/grpc"));
         if !is_grpc {
-            // The gRPC spec's answer to a request that is not gRPC.
+            // The gRPC spec's answer to a request that is not gRPC: an HTTP status, no
+            // grpc-status (the client is not speaking gRPC).
+            let ct = req
+                .headers()
+                .get(CONTENT_TYPE)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
             let mut r = Response::new(GrpcBody::empty());
-            *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            *r.status_mut() = ApiError::NotGrpc(ct).status();
             return r;
         }
         let timeout = req
@@ -159,24 +167,43 @@ impl Grpc {
             .unwrap_or(("", path));
         match (service, method) {
             (INFERENCE_SERVICE, "ModelInfer") => {
-                let counting = http::Counting::default();
+                let counting = core::Counting::default();
                 let work = async {
                     app.started()?;
-                    let msg = read_message(body, srv.max_body_bytes, srv).await?;
-                    let req: ipb::ModelInferRequest = codec::decode(msg, "ModelInferRequest")?;
+                    let mut charge = app.budget.reservation();
+                    let msg = read_message(body, srv.max_body_bytes, srv, &mut charge).await?;
+                    let req: ipb::ModelInferRequest =
+                        core::decode(app, msg, |m| codec::decode(m.clone(), "ModelInferRequest"))
+                            .await?;
                     let model = counting.for_model(app.model(&req.model_name)?);
                     let request = codec::infer_request(model.served(), req)?;
                     let timeout_us = match (request.timeout_us.filter(|&t| t > 0), timeout) {
                         (Some(t), Some(d)) => Some(t.min(d.as_micros() as u64)),
                         (t, d) => t.or(d.map(|d| d.as_micros().max(1) as u64)),
                     };
-                    let answer =
-                        http::execute(app, model, request.inputs, request.rows, timeout_us, start)
-                            .await?;
+                    let answer = core::infer(
+                        app,
+                        core::Request {
+                            model,
+                            work: Work::Tensors {
+                                inputs: request.inputs,
+                                rows: request.rows,
+                            },
+                            timeout_us,
+                            start,
+                            charge,
+                        },
+                    )
+                    .await?;
+                    let Output::Tensors(outputs) = answer.output else {
+                        return Err(ApiError::Internal(
+                            "the core answered a V2 request with vectors".into(),
+                        ));
+                    };
                     let selected: Vec<_> = request
                         .outputs
                         .iter()
-                        .filter_map(|r| answer.outputs.get(r.index).map(|t| (*r, t)))
+                        .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
                         .collect();
                     let out = codec::frame(&codec::encode_infer(
                         model.served(),
@@ -186,46 +213,46 @@ impl Grpc {
                     model
                         .metrics
                         .overhead_hist
-                        .observe_duration(start.elapsed().saturating_sub(answer.compute));
+                        .observe_duration(start.elapsed().saturating_sub(answer.timing.inference));
                     Ok(out)
                 };
-                http::counted(app, start, &counting, work).await
+                core::counted(app, start, &counting, work).await
             }
             (INFERENCE_SERVICE, "ServerLive") => {
-                read::<ipb::ServerLiveRequest>(body, srv).await?;
+                read::<ipb::ServerLiveRequest>(body, app).await?;
                 Ok(codec::frame(&ipb::ServerLiveResponse {
                     live: app.device_lost().is_none(),
                 }))
             }
             (INFERENCE_SERVICE, "ServerReady") => {
-                read::<ipb::ServerReadyRequest>(body, srv).await?;
+                read::<ipb::ServerReadyRequest>(body, app).await?;
                 Ok(codec::frame(&ipb::ServerReadyResponse {
                     ready: app.is_ready(),
                 }))
             }
             (INFERENCE_SERVICE, "ModelReady") => {
-                let r: ipb::ModelReadyRequest = read(body, srv).await?;
+                let r: ipb::ModelReadyRequest = read(body, app).await?;
                 let model = app.model_version(&r.name, &r.version)?;
                 Ok(codec::frame(&ipb::ModelReadyResponse {
                     ready: app.is_model_ready(model),
                 }))
             }
             (INFERENCE_SERVICE, "ServerMetadata") => {
-                read::<ipb::ServerMetadataRequest>(body, srv).await?;
+                read::<ipb::ServerMetadataRequest>(body, app).await?;
                 Ok(self.server_metadata.clone())
             }
             (INFERENCE_SERVICE, "ModelMetadata") => {
-                let r: ipb::ModelMetadataRequest = read(body, srv).await?;
+                let r: ipb::ModelMetadataRequest = read(body, app).await?;
                 let model = app.model_version(&r.name, &r.version)?;
                 Ok(self.answers(model)?.metadata.clone())
             }
             (INFERENCE_SERVICE, "ModelConfig") => {
-                let r: ipb::ModelConfigRequest = read(body, srv).await?;
+                let r: ipb::ModelConfigRequest = read(body, app).await?;
                 let model = app.model_version(&r.name, &r.version)?;
                 Ok(self.answers(model)?.config.clone())
             }
             (INFERENCE_SERVICE, "ModelStatistics") => {
-                let r: ipb::ModelStatisticsRequest = read(body, srv).await?;
+                let r: ipb::ModelStatisticsRequest = read(body, app).await?;
                 // An empty name asks for every model, as on Triton.
                 let stats = if !r.name.is_empty() || !r.version.is_empty() {
                     let m = app.model_version(&r.name, &r.version)?;
@@ -237,7 +264,7 @@ impl Grpc {
                 Ok(codec::frame(&statistics(&stats)))
             }
             (INFERENCE_SERVICE, "RepositoryIndex") => {
-                let r: ipb::RepositoryIndexRequest = read(body, srv).await?;
+                let r: ipb::RepositoryIndexRequest = read(body, app).await?;
                 let models = app
                     .repository_index(r.ready)
                     .into_iter()
@@ -251,7 +278,7 @@ impl Grpc {
                 Ok(codec::frame(&ipb::RepositoryIndexResponse { models }))
             }
             (HEALTH_SERVICE, "Check") => {
-                let r: pb::health::HealthCheckRequest = read(body, srv).await?;
+                let r: pb::health::HealthCheckRequest = read(body, app).await?;
                 if !r.service.is_empty() && r.service != INFERENCE_SERVICE {
                     return Err(ApiError::NotFound(format!(
                         "unknown service {:?} (this server reports \"\" and {INFERENCE_SERVICE:?})",
@@ -274,27 +301,30 @@ impl Grpc {
     }
 }
 
-/// Reads the request body (at most `limit` bytes of message) and returns its one message.
+/// Reads the request body (at most `limit` bytes of message, charged to the memory budget as
+/// it arrives) and returns its one message.
 async fn read_message(
     body: Incoming,
     limit: u64,
     srv: &infer_spec::runtime::Server,
+    charge: &mut crate::budget::Reservation,
 ) -> Result<Bytes, ApiError> {
     let cap = usize::try_from(limit)
         .unwrap_or(usize::MAX)
         .saturating_add(codec::PREFIX);
-    let body = match crate::conn::read_body(body, cap, srv).await {
+    let body = match crate::conn::read_body(body, cap, srv, charge, crate::conn::Size::GrpcMessage)
+        .await
+    {
         Err(ApiError::PayloadTooLarge { .. }) => return Err(ApiError::PayloadTooLarge { limit }),
         other => other?,
     };
     codec::unframe(&body)
 }
 
-async fn read<M: prost::Message + Default>(
-    body: Incoming,
-    srv: &infer_spec::runtime::Server,
-) -> Result<M, ApiError> {
-    let msg = read_message(body, srv.max_body_bytes, srv).await?;
+async fn read<M: prost::Message + Default>(body: Incoming, app: &Server) -> Result<M, ApiError> {
+    let srv = &app.settings;
+    let mut charge = app.budget.reservation();
+    let msg = read_message(body, srv.max_body_bytes, srv, &mut charge).await?;
     let name = std::any::type_name::<M>()
         .rsplit("::")
         .next()

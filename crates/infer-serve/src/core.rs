@@ -84,11 +84,13 @@ pub enum Output {
     Vectors(Arc<Vec<Vec<f32>>>),
 }
 
-/// An answer and where its time went.
+/// An answer, where its time went, and the request's charge against the memory budget, which
+/// the transport drops once it has encoded the answer.
 #[derive(Debug)]
 pub struct Answer {
     pub output: Output,
     pub timing: Timing,
+    pub charge: Reservation,
 }
 
 /// Where a request's time went (TEI's response headers `x-tokenization-time`, `x-queue-time`,
@@ -117,7 +119,7 @@ pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
             let Work::Tensors { inputs, rows } = work else {
                 return Err(model.text_arc().err().unwrap_or(ApiError::NotReady));
             };
-            tensors(
+            let (output, timing) = tensors(
                 app,
                 model,
                 batcher,
@@ -127,7 +129,12 @@ pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
                 start,
                 &mut charge,
             )
-            .await
+            .await?;
+            Ok(Answer {
+                output,
+                timing,
+                charge,
+            })
         }
         Ok(text) => {
             let (items, opts, v2) = match work {
@@ -147,7 +154,11 @@ pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
             } else {
                 Output::Vectors(vectors)
             };
-            Ok(Answer { output, timing })
+            Ok(Answer {
+                output,
+                timing,
+                charge,
+            })
         }
     }
 }
@@ -182,7 +193,7 @@ async fn tensors(
     deadline: Option<Instant>,
     start: Instant,
     charge: &mut Reservation,
-) -> Result<Answer, ApiError> {
+) -> Result<(Output, Timing), ApiError> {
     crate::signature::check_table_rows(model.engine().inputs, &inputs)?;
     let input_bytes: usize = inputs.iter().map(|t| t.data.len()).sum();
     let out_row: u64 = model
@@ -205,10 +216,7 @@ async fn tensors(
         k.finish()
     });
     if let Some(Cached::Outputs(outputs)) = key.as_ref().and_then(|k| model.cached(k)) {
-        return Ok(Answer {
-            output: Output::Tensors(outputs),
-            timing: Timing::default(),
-        });
+        return Ok((Output::Tensors(outputs), Timing::default()));
     }
     let mut rx = batcher.submit_all(vec![(inputs, rows)], deadline)?;
     let Some(rx) = rx.pop() else {
@@ -218,13 +226,13 @@ async fn tensors(
     if let Some(k) = key {
         model.remember(k, Cached::owned_outputs(&answer.outputs));
     }
-    Ok(Answer {
-        output: Output::Tensors(answer.outputs),
-        timing: Timing {
+    Ok((
+        Output::Tensors(answer.outputs),
+        Timing {
             inference: answer.compute,
             ..Timing::default()
         },
-    })
+    ))
 }
 
 /// The texts (or pairs) of a V2 request to a text model: its `text` input, and `text_pair`.
@@ -440,14 +448,15 @@ async fn prepare(
 }
 
 /// `/tokenize`: the tokens each text becomes, as the model computes on them; admitted,
-/// charged and run like the texts of an embedding request, without the engine.
+/// charged and run like the texts of an embedding request, without the engine. The charge comes
+/// back with them, to be held until the answer is encoded.
 pub async fn tokenize(
     app: &Server,
     model: &Model,
     texts: Vec<String>,
     start: Instant,
     mut charge: Reservation,
-) -> Result<Vec<Vec<Token>>, ApiError> {
+) -> Result<(Vec<Vec<Token>>, Reservation), ApiError> {
     let text = model.text_arc()?.clone();
     let batcher = batcher(app, model)?;
     let items: Vec<Item> = texts.into_iter().map(|t| (t, None)).collect();
@@ -468,10 +477,11 @@ pub async fn tokenize(
         }
         Ok(out)
     };
-    match app.workers.as_ref().filter(|_| bytes > INLINE_BYTES) {
-        Some(w) => w.run(deadline, job).await,
-        None => job(&Watch::inline(deadline)),
-    }
+    let tokens = match app.workers.as_ref().filter(|_| bytes > INLINE_BYTES) {
+        Some(w) => w.run(deadline, job).await?,
+        None => job(&Watch::inline(deadline))?,
+    };
+    Ok((tokens, charge))
 }
 
 /// Decodes `body` with `decode`: on the calling thread when it is small, else on the server's

@@ -17,11 +17,13 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A text API's answer: the body and its timing.
-#[derive(Debug, Clone)]
+/// A text API's answer: the body, its timing, and the request's charge against the memory
+/// budget (held until the answer is on its way).
+#[derive(Debug)]
 pub struct Reply {
     pub body: Bytes,
     pub timing: Timing,
+    pub charge: Option<Reservation>,
 }
 
 thread_local! {
@@ -295,10 +297,13 @@ fn texts_request(
 }
 
 /// The vectors of a text route's request.
-async fn vectors(app: &Server, req: Request<'_>) -> Result<(Arc<Vec<Vec<f32>>>, Timing), ApiError> {
+async fn vectors(
+    app: &Server,
+    req: Request<'_>,
+) -> Result<(Arc<Vec<Vec<f32>>>, Timing, Reservation), ApiError> {
     let answer = core::infer(app, req).await?;
     match answer.output {
-        Output::Vectors(v) => Ok((v, answer.timing)),
+        Output::Vectors(v) => Ok((v, answer.timing, answer.charge)),
         Output::Tensors(_) => Err(ApiError::Internal(
             "the core answered a text request with tensors".into(),
         )),
@@ -375,7 +380,8 @@ pub(crate) async fn openai<'a>(
         ..PoolOptions::default()
     };
     let items = req.input.0.into_iter().map(|t| (t, None)).collect();
-    let (vectors, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let (vectors, timing, charge) =
+        vectors(app, texts_request(model, items, opts, start, charge)).await?;
     let data = vectors
         .iter()
         .enumerate()
@@ -399,7 +405,11 @@ pub(crate) async fn openai<'a>(
             total_tokens: timing.tokens,
         },
     })?;
-    Ok(Reply { body, timing })
+    Ok(Reply {
+        body,
+        timing,
+        charge: Some(charge),
+    })
 }
 
 /// The one model the TEI routes serve: TEI serves one model per server.
@@ -443,10 +453,12 @@ pub(crate) async fn tei_embed<'a>(
         raw: false,
     };
     let items = req.inputs.0.into_iter().map(|t| (t, None)).collect();
-    let (vectors, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let (vectors, timing, charge) =
+        vectors(app, texts_request(model, items, opts, start, charge)).await?;
     Ok(Reply {
         body: to_json(&*vectors)?,
         timing,
+        charge: Some(charge),
     })
 }
 
@@ -496,7 +508,8 @@ pub(crate) async fn tei_rerank<'a>(
         raw: req.raw_scores,
         ..PoolOptions::default()
     };
-    let (scores, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let (scores, timing, charge) =
+        vectors(app, texts_request(model, items, opts, start, charge)).await?;
     let mut ranked: Vec<(usize, f32)> = scores
         .iter()
         .enumerate()
@@ -514,6 +527,7 @@ pub(crate) async fn tei_rerank<'a>(
     Ok(Reply {
         body: to_json(&out)?,
         timing,
+        charge: Some(charge),
     })
 }
 
@@ -551,7 +565,8 @@ pub(crate) async fn tei_predict<'a>(
         raw: req.raw_scores,
         ..PoolOptions::default()
     };
-    let (scores, timing) = vectors(app, texts_request(model, items, opts, start, charge)).await?;
+    let (scores, timing, charge) =
+        vectors(app, texts_request(model, items, opts, start, charge)).await?;
     let labels = &cfg.labels;
     let ranked: Vec<Vec<Prediction<'_>>> = scores
         .iter()
@@ -574,7 +589,11 @@ pub(crate) async fn tei_predict<'a>(
     } else {
         to_json(&ranked)?
     };
-    Ok(Reply { body, timing })
+    Ok(Reply {
+        body,
+        timing,
+        charge: Some(charge),
+    })
 }
 
 /// TEI's `truncate` and `truncation_direction`: accepted when they ask for what the recipe
@@ -626,7 +645,7 @@ pub(crate) async fn tei_tokenize<'a>(
         )));
     }
     let t = Instant::now();
-    let tokens = core::tokenize(app, model, req.inputs.0, start, charge).await?;
+    let (tokens, charge) = core::tokenize(app, model, req.inputs.0, start, charge).await?;
     Ok(Reply {
         body: to_json(&tokens)?,
         timing: Timing {
@@ -634,6 +653,7 @@ pub(crate) async fn tei_tokenize<'a>(
             tokens: tokens.iter().map(Vec::len).sum(),
             ..Timing::default()
         },
+        charge: Some(charge),
     })
 }
 

@@ -255,10 +255,26 @@ fn text_bounds_are_413s_naming_their_key_before_any_work() {
             t.elapsed()
         );
     }
-    // A million one-letter texts (5 MB): refused while parsing, without a million strings.
+    // A million one-letter texts (5 MB): refused while parsing, without a million strings;
+    // three such /v1/embeddings at once leave liveness answering.
     let million = format!(r#"{{"inputs":[{}]}}"#, vec!["\"a\""; 1_000_000].join(","));
     let r = s.post("/tokenize", &[], million.as_bytes());
     assert_refused(&r, 413, &["text.max_client_batch_size"]);
+    let probe = Probe::start(&s.addr);
+    let openai = format!(
+        r#"{{"model":"words","input":[{}]}}"#,
+        vec!["\"a b\""; 1_000_000].join(",")
+    );
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let r = http(&s.addr, "POST", "/v1/embeddings", &[], openai.as_bytes());
+                assert_refused(&r, 413, &["text.max_client_batch_size"]);
+            });
+        }
+    });
+    let worst = probe.finish();
+    assert!(worst < Duration::from_secs(1), "liveness took {worst:?}");
     assert!(
         memory(s.child.id(), "VmHWM") < 400 << 20,
         "peak RSS {} bytes",
@@ -953,6 +969,26 @@ fn unfit_tokenizers_and_oversized_files_stop_the_start_with_exit_2() {
     let (code, log) = run(&words_config("", ""), Some(wordpiece.as_bytes()), None);
     assert_eq!(code, Some(2), "{log}");
     assert!(log.contains("max_input_chars_per_word"), "{log}");
+    // A tokenizer with an id past the table its ids index (an added token after the 203 of
+    // the vocabulary: id 203, for a table of 203 rows): a text holding it would read past it.
+    let mut past: serde_json::Value = serde_json::from_str(&tokenizer()).unwrap();
+    past["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"id": 500,
+        "content": "<extra>", "single_word": false, "lstrip": false, "rstrip": false,
+        "normalized": false, "special": true}));
+    let table = words_config("", "").replacen(
+        "dim_names = [\"sequence\"]\n",
+        "dim_names = [\"sequence\"]\ntable_rows = 203\n",
+        1,
+    );
+    let (code, log) = run(&table, Some(past.to_string().as_bytes()), None);
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("largest id 203") && log.contains("table for \\\"input_ids\\\" of 203 rows"),
+        "{log}"
+    );
     let (code, log) = run(&words_config("", ""), None, Some("tokenizer.json"));
     assert_eq!(code, Some(2), "{log}");
     assert!(log.contains("larger than 67108864 bytes"), "{log}");

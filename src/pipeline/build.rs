@@ -181,14 +181,19 @@ pub(super) fn prepare_recipe(
     };
     let (model, _) = assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
     // The model's dimension names, for the runtime's check that inputs sharing a variable
-    // dimension agree, and its outputs when the recipe leaves them to the model; a model that
-    // does not parse is refused later, by the engine stage.
+    // dimension agree, the tables its inputs index, for the runtime's bound on their values,
+    // and its outputs when the recipe leaves them to the model; a model that does not parse is
+    // refused later, by the engine stage.
     let summary = std::fs::read(&model)
         .ok()
         .and_then(|b| crate::engine::onnx::OnnxSummary::from_bytes(&b).ok());
     let dim_names = summary
         .as_ref()
         .map(|s| s.input_dim_names.clone())
+        .unwrap_or_default();
+    let table_rows = summary
+        .as_ref()
+        .map(|s| s.embedding_rows.clone())
         .unwrap_or_default();
     if recipe.model.outputs.is_empty() {
         if let Some(s) = &summary {
@@ -251,6 +256,7 @@ pub(super) fn prepare_recipe(
                 warmup_samples: samples.clone(),
                 tokenizer: tokenizer.clone(),
                 dim_names: dim_names.clone(),
+                table_rows: table_rows.clone(),
                 base: Some(bases.get_pin(t, pin, &platform)?),
                 library: Some(lib.clone()),
             };
@@ -317,6 +323,7 @@ pub(super) fn prepare_recipe(
             warmup_samples: samples.clone(),
             tokenizer: tokenizer.clone(),
             dim_names: dim_names.clone(),
+            table_rows: table_rows.clone(),
             base,
             library,
         };

@@ -616,7 +616,13 @@ mod tests {
         ] {
             assert_eq!(backtracking(ok), None, "{ok}");
         }
-        for bad in [r"(a+)+$", r"(\s*x)*", r"((ab)*c){2,}", r"(\w)\1", r"(?:a|a?)+"] {
+        for bad in [
+            r"(a+)+$",
+            r"(\s*x)*",
+            r"((ab)*c){2,}",
+            r"(\w)\1",
+            r"(?:a|a?)+",
+        ] {
             assert!(backtracking(bad).is_some(), "{bad}");
         }
         let split = serde_json::json!({

@@ -275,7 +275,7 @@ fn text_section(
         pairs: t.pairs,
         activation: t.activation,
         labels: t.labels.clone(),
-        max_client_batch_size: infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE,
+        max_client_batch_size: t.max_client_batch_size,
     };
     let problems = section.problems(&cfg.inputs, &cfg.outputs);
     if problems.is_empty() {
@@ -808,6 +808,55 @@ mod tests {
         // Nothing indexes a table: the config's bytes are those of before.
         let plain = bounded(&r, &[]);
         assert!(!plain.to_toml_string().contains("table_rows"));
+    }
+
+    /// The spec of a text recipe's CPU target whose `[text]` ends with `extra`.
+    fn text_target(extra: &str) -> TargetSpec {
+        let r = recipe(&format!(
+            "[model]\nname = \"m\"\nversion = \"1\"\nonnx = \"m.onnx\"\n\
+             [model.inputs.input_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n\
+             profile = {{ min = [1], opt = [16], max = [128] }}\n\
+             [model.outputs.y]\ndatatype = \"fp32\"\nshape = [-1, 8]\n\
+             [text]\ntokenizer = \"tokenizer.json\"\n{extra}"
+        ));
+        let matrix = crate::matrix::load(None).unwrap();
+        let plan = crate::plan::resolve(&r, &matrix, None).unwrap();
+        let files = Files {
+            serve_bin: "infer-serve".into(),
+            model: "m.onnx".into(),
+            engine: None,
+            engine_profile: None,
+            warmup_samples: None,
+            tokenizer: Some(std::sync::Arc::from(&b"{}"[..])),
+            dim_names: Vec::new(),
+            table_rows: vec![("input_ids".into(), 30522)],
+            base: None,
+            library: None,
+        };
+        target_spec(&r, &plan.targets[0], files).unwrap()
+    }
+
+    /// `[text] max_client_batch_size` reaches `runtime.toml`'s `[text]` and the image's
+    /// annotations (`inspect` shows them); the default is written to neither, so the images of
+    /// recipes without the key keep their bytes.
+    #[test]
+    fn max_client_batch_size_reaches_the_runtime_config_and_the_annotations() {
+        let set = text_target("max_client_batch_size = 64\n");
+        let cfg =
+            RuntimeConfig::from_toml_str(std::str::from_utf8(&set.runtime_toml).unwrap()).unwrap();
+        assert_eq!(cfg.text.as_ref().unwrap().max_client_batch_size, 64);
+        assert_eq!(set.compat["text.max_client_batch_size"], "64");
+        // A text model's token ids are bounded like any integer input.
+        assert_eq!(cfg.inputs[0].table_rows, Some(30522));
+        let default = text_target("");
+        let toml = String::from_utf8(default.runtime_toml.clone()).unwrap();
+        assert!(!toml.contains("max_client_batch_size"), "{toml}");
+        assert!(!default.compat.contains_key("text.max_client_batch_size"));
+        let cfg = RuntimeConfig::from_toml_str(&toml).unwrap();
+        assert_eq!(
+            cfg.text.unwrap().max_client_batch_size,
+            infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE
+        );
     }
 
     /// The shipped MiniLM recipe's stand-in model gathers `input_ids` from word embeddings of

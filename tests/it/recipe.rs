@@ -778,6 +778,14 @@ fn text() {
     assert!(t.truncate && t.special_tokens && t.normalize);
     assert_eq!((t.output, t.pooling, t.token_budget), (None, None, 0));
     assert_eq!(t.max_padding_percent, None);
+    assert_eq!(
+        t.max_client_batch_size,
+        infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE
+    );
+    let r = parse_ok(&format!(
+        "{TEXT_BASE}\n[text]\ntokenizer = \"tokenizer.json\"\nmax_client_batch_size = 64\n"
+    ));
+    assert_eq!(r.text.unwrap().max_client_batch_size, 64);
     check(
         &format!(
             "{TEXT_BASE}{}",
@@ -793,6 +801,7 @@ colour = 1
 activation = "relu"
 labels = ["a", 2]
 max_padding_percent = 20000
+max_client_batch_size = 0
 "#
         ),
         r#"
@@ -808,11 +817,12 @@ recipe.toml:21:11: text.pooling: unknown pooling "max"
   hint: use "mean", "cls", "last" or "none" (the model pools itself)
 recipe.toml:22:13: text.normalize: expected a boolean (true or false), found string "yes"
 recipe.toml:23:1: text.colour: unknown key `colour` in [text]
-  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, max_padding_percent, pairs, activation, labels
+  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, max_padding_percent, pairs, activation, labels, max_client_batch_size
 recipe.toml:24:14: text.activation: unknown activation "relu"
   hint: use "sigmoid" (a reranker, multi-label), "softmax" (single-label classifier) or "none"
 recipe.toml:25:16: text.labels[1]: expected a string (a label name), found integer 2
 recipe.toml:26:23: text.max_padding_percent: expected 0 to 10000 (a percent of the batch's own tokens), found integer 20000
+recipe.toml:27:25: text.max_client_batch_size: expected 1 to 65536 (texts in one request), found integer 0
 "#,
     );
 }

@@ -20,8 +20,9 @@ use crate::recipe::{Recipe, Text};
 /// and error output is bounded.
 const MAX_PROBLEMS: usize = 10;
 
-/// The most characters of one problem (a regular expression) or token a refusal shows.
-const MAX_SHOWN_CHARS: usize = 200;
+/// The most characters of one problem or token a refusal shows: every sentence
+/// `tokenizer_problems` writes fits, unless the regular expression it quotes is itself longer.
+const MAX_SHOWN_CHARS: usize = 1000;
 
 /// The summary of the ONNX model at `model`, or `None` when it cannot be read or parsed: the
 /// engine stage refuses such a model, with the parser's reason.

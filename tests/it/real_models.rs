@@ -1048,7 +1048,7 @@ fn py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build() {
     for (tokenizer, want) in [
         (
             std::fs::read(cache_dir().join("wordllama.tokenizer.json")).unwrap(),
-            "is past the model's embedding table for \"input_ids\" of 30522 rows",
+            "the tokenizer's largest id 31999 (token \"给\") is past the model's embedding table for \"input_ids\" of 30522 rows",
         ),
         (
             b"{\"model\": 1}".to_vec(),

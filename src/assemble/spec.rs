@@ -110,6 +110,27 @@ pub(crate) fn name_dims(cfg: &mut RuntimeConfig, names: &[(String, Vec<String>)]
     }
 }
 
+/// Bounds the integer inputs of the runtime config that index a table inside the model
+/// (`rows`: per input, the table's rows, as
+/// [`crate::engine::onnx::OnnxSummary::embedding_rows`] gives them) with `table_rows`, so the
+/// runtime refuses an id past the table's end instead of handing it to the engine. Text
+/// models' engine inputs (token ids, token types) are bounded the same way.
+pub(crate) fn bound_table_inputs(cfg: &mut RuntimeConfig, rows: &[(String, i64)]) {
+    for spec in &mut cfg.inputs {
+        if !spec.datatype.is_integer() {
+            continue;
+        }
+        let table = rows
+            .iter()
+            .filter(|(n, _)| *n == spec.name)
+            .filter_map(|&(_, r)| u64::try_from(r).ok().filter(|&r| r > 0))
+            .min();
+        if let Some(r) = table {
+            spec.table_rows = Some(r);
+        }
+    }
+}
+
 fn tensor(t: &Tensor) -> TensorSpec {
     TensorSpec {
         name: t.name.clone(),
@@ -254,6 +275,7 @@ fn text_section(
         pairs: t.pairs,
         activation: t.activation,
         labels: t.labels.clone(),
+        max_client_batch_size: t.max_client_batch_size,
     };
     let problems = section.problems(&cfg.inputs, &cfg.outputs);
     if problems.is_empty() {
@@ -332,6 +354,8 @@ pub struct Files {
     pub tokenizer: Option<std::sync::Arc<[u8]>>,
     /// The model's input dimension names (see `name_dims`).
     pub dim_names: Vec<(String, Vec<String>)>,
+    /// The rows of the tables the model's inputs index (see `bound_table_inputs`).
+    pub table_rows: Vec<(String, i64)>,
     pub base: Option<BaseRef>,
     /// The native library the engine loads (ONNX Runtime, TensorRT's lean runtime): shipped as
     /// the runtime-libraries layer and named by `runtime.toml`'s `engine.library`.
@@ -439,6 +463,7 @@ pub(crate) fn target_spec_at(
             .filter(|_| kind == BackendKind::OnnxRuntime);
     }
     name_dims(&mut rc, &files.dim_names);
+    bound_table_inputs(&mut rc, &files.table_rows);
     if let Some(text) = &mut rc.text {
         text.tokenizer = place.config_ref("tokenizer.json");
     }
@@ -724,4 +749,139 @@ pub(crate) fn startup_annotations(
         );
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recipe(src: &str) -> Recipe {
+        crate::recipe::parse(src, std::path::Path::new("recipe.toml")).unwrap()
+    }
+
+    /// The `runtime.toml` of `recipe`'s CPU target (tract on its ONNX), its inputs bounded by
+    /// `rows`.
+    fn bounded(recipe: &Recipe, rows: &[(String, i64)]) -> RuntimeConfig {
+        let mut cfg = runtime_config(
+            recipe,
+            BackendKind::TractOnnx,
+            "/opt/infer/model/model.onnx",
+            None,
+        )
+        .unwrap();
+        bound_table_inputs(&mut cfg, rows);
+        cfg
+    }
+
+    #[test]
+    fn integer_inputs_that_index_a_table_are_bounded_by_its_rows() {
+        let r = recipe(
+            "[model]\nname = \"m\"\nversion = \"1\"\nonnx = \"m.onnx\"\n\
+             [model.inputs.ids]\ndatatype = \"int64\"\nshape = [-1, 8]\n\
+             [model.inputs.mask]\ndatatype = \"int32\"\nshape = [-1, 8]\n\
+             [model.inputs.scale]\ndatatype = \"fp32\"\nshape = [-1, 8]\n\
+             [model.outputs.y]\ndatatype = \"fp32\"\nshape = [-1, 4]\n",
+        );
+        let rows = |v: &[(&str, i64)]| -> Vec<(String, i64)> {
+            v.iter().map(|&(n, r)| (n.to_string(), r)).collect()
+        };
+        // The smallest table an input indexes; a float input is never bounded (the graph
+        // casts it, the runtime checks only integers), nor a table of no rows.
+        let cfg = bounded(
+            &r,
+            &rows(&[
+                ("ids", 100),
+                ("ids", 60),
+                ("scale", 5),
+                ("mask", 0),
+                ("gone", 3),
+            ]),
+        );
+        let got: Vec<(&str, Option<u64>)> = cfg
+            .inputs
+            .iter()
+            .map(|i| (i.name.as_str(), i.table_rows))
+            .collect();
+        assert_eq!(got, [("ids", Some(60)), ("mask", None), ("scale", None)]);
+        assert!(cfg.problems().is_empty(), "{:?}", cfg.problems());
+        assert!(cfg.to_toml_string().contains("table_rows = 60\n"));
+        // Nothing indexes a table: the config's bytes are those of before.
+        let plain = bounded(&r, &[]);
+        assert!(!plain.to_toml_string().contains("table_rows"));
+    }
+
+    /// The spec of a text recipe's CPU target whose `[text]` ends with `extra`.
+    fn text_target(extra: &str) -> TargetSpec {
+        let r = recipe(&format!(
+            "[model]\nname = \"m\"\nversion = \"1\"\nonnx = \"m.onnx\"\n\
+             [model.inputs.input_ids]\ndatatype = \"int64\"\nshape = [-1, -1]\n\
+             profile = {{ min = [1], opt = [16], max = [128] }}\n\
+             [model.outputs.y]\ndatatype = \"fp32\"\nshape = [-1, 8]\n\
+             [text]\ntokenizer = \"tokenizer.json\"\n{extra}"
+        ));
+        let matrix = crate::matrix::load(None).unwrap();
+        let plan = crate::plan::resolve(&r, &matrix, None).unwrap();
+        let files = Files {
+            serve_bin: "infer-serve".into(),
+            model: "m.onnx".into(),
+            engine: None,
+            engine_profile: None,
+            warmup_samples: None,
+            tokenizer: Some(std::sync::Arc::from(&b"{}"[..])),
+            dim_names: Vec::new(),
+            table_rows: vec![("input_ids".into(), 30522)],
+            base: None,
+            library: None,
+        };
+        target_spec(&r, &plan.targets[0], files).unwrap()
+    }
+
+    /// `[text] max_client_batch_size` reaches `runtime.toml`'s `[text]` and the image's
+    /// annotations (`inspect` shows them); the default is written to neither, so the images of
+    /// recipes without the key keep their bytes.
+    #[test]
+    fn max_client_batch_size_reaches_the_runtime_config_and_the_annotations() {
+        let set = text_target("max_client_batch_size = 64\n");
+        let cfg =
+            RuntimeConfig::from_toml_str(std::str::from_utf8(&set.runtime_toml).unwrap()).unwrap();
+        assert_eq!(cfg.text.as_ref().unwrap().max_client_batch_size, 64);
+        assert_eq!(set.compat["text.max_client_batch_size"], "64");
+        // A text model's token ids are bounded like any integer input.
+        assert_eq!(cfg.inputs[0].table_rows, Some(30522));
+        let default = text_target("");
+        let toml = String::from_utf8(default.runtime_toml.clone()).unwrap();
+        assert!(!toml.contains("max_client_batch_size"), "{toml}");
+        assert!(!default.compat.contains_key("text.max_client_batch_size"));
+        let cfg = RuntimeConfig::from_toml_str(&toml).unwrap();
+        assert_eq!(
+            cfg.text.unwrap().max_client_batch_size,
+            infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE
+        );
+    }
+
+    /// The shipped MiniLM recipe's stand-in model gathers `input_ids` from word embeddings of
+    /// 30522 rows (BERT's vocabulary): its `runtime.toml` says so, from the model's summary;
+    /// the example MLP indexes nothing, so its `runtime.toml` (and image) keep their bytes.
+    #[test]
+    fn the_minilm_recipe_bounds_its_ids_by_its_embedding_table() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let summary = |onnx: &str| {
+            crate::engine::onnx::OnnxSummary::from_bytes(&std::fs::read(root.join(onnx)).unwrap())
+                .unwrap()
+        };
+        let minilm = crate::recipe::load(&root.join("recipes/minilm.toml")).unwrap();
+        let s = summary("recipes/models/minilm.onnx");
+        assert_eq!(s.embedding_rows, [("input_ids".to_string(), 30522)]);
+        let cfg = bounded(&minilm, &s.embedding_rows);
+        let ids = cfg.inputs.iter().find(|i| i.name == "input_ids").unwrap();
+        assert_eq!(ids.table_rows, Some(30522));
+        assert!(cfg.to_toml_string().contains("table_rows = 30522\n"));
+        let mlp = crate::recipe::load(&root.join("examples/mlp/recipe.toml")).unwrap();
+        let s = summary("examples/mlp/mlp.onnx");
+        assert!(s.embedding_rows.is_empty());
+        assert_eq!(
+            bounded(&mlp, &s.embedding_rows).to_toml_string(),
+            bounded(&mlp, &[]).to_toml_string()
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! `infer-build check`: validate a recipe and resolve every target against the compatibility
-//! matrix, without building anything. A short summary on stderr; exit 0, or 2 with every
-//! problem named at `file:line:col`.
+//! matrix, and check a text model's tokenizer as `build` does, without building anything. A
+//! short summary on stderr; exit 0, or 2 with every problem named at `file:line:col`.
 
 use std::path::{Path, PathBuf};
 
@@ -18,8 +18,8 @@ pub(crate) struct CheckArgs {
     pub matrix: MatrixArgs,
 }
 
-/// Load the recipe, the matrix and the lock file beside the recipe, and resolve the plan. The
-/// shared first half of `check` and `plan`.
+/// Load the recipe, the matrix and the lock file beside the recipe, and resolve the plan: what
+/// `plan` prints (`check` loads the same, and checks the tokenizer too).
 pub(super) fn load_plan(recipe: &Path, matrix: Option<&Path>) -> Result<BuildPlan, Error> {
     if crate::recipe::bundle::is_bundle(recipe) {
         let (bundle, projects) = crate::pipeline::load_bundle(recipe, matrix, &[])?;
@@ -32,7 +32,9 @@ pub(super) fn run(args: CheckArgs) -> Result<(), Error> {
     if crate::recipe::bundle::is_bundle(&args.input) {
         return check_bundle(&args.input, args.matrix.matrix.as_deref());
     }
-    let plan = load_plan(&args.input, args.matrix.matrix.as_deref())?;
+    let project = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
+    crate::pipeline::check_tokenizer(&project.recipe)?;
+    let plan = project.plan;
     let ids: Vec<&str> = plan.targets.iter().map(|t| t.id.as_str()).collect();
     eprintln!(
         "ok: {}: {} target{} ({})",
@@ -54,9 +56,12 @@ pub(super) fn run(args: CheckArgs) -> Result<(), Error> {
 }
 
 /// A bundle file: the file itself, then each recipe it names, planned and checked to make one
-/// image per target ([`crate::pipeline::load_bundle`]).
+/// image per target ([`crate::pipeline::load_bundle`]), its tokenizer checked.
 fn check_bundle(path: &Path, matrix: Option<&Path>) -> Result<(), Error> {
     let (bundle, projects) = crate::pipeline::load_bundle(path, matrix, &[])?;
+    for p in &projects {
+        crate::pipeline::check_tokenizer(&p.recipe)?;
+    }
     let names: Vec<&str> = projects.iter().map(|p| p.plan.model.as_str()).collect();
     let ids: Vec<&str> = projects
         .first()

@@ -1,7 +1,9 @@
 //! A summary of an ONNX model's graph, enough to choose the TensorRT precision path: which
 //! operator types occur (Q/DQ nodes mean the model is already quantized) and whether it carries
 //! FP16 tensors (a model pre-converted for a strongly typed FP16 build); and which outputs have
-//! a shape that depends on the input values, which the TensorRT runtime does not serve.
+//! a shape that depends on the input values, which the TensorRT runtime does not serve; and
+//! which inputs index a constant table (token ids into an embedding), and its rows, which
+//! `runtime.toml`'s `table_rows` and the tokenizer check hold requests and tokenizers to.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,8 +31,8 @@ pub(crate) struct OnnxSummary {
     /// Graph outputs whose shape depends on the input values: name and the operator upstream of
     /// it that makes it so (see [`data_dependent_outputs`]).
     pub data_dependent: Vec<(String, String)>,
-    /// Graph inputs that index an embedding table (a `Gather` of an initializer by the input):
-    /// input name and the table's rows (the largest id the input may hold, plus one).
+    /// Graph inputs that index an embedding table (see [`embedding_rows`]): input name and the
+    /// table's rows (the largest id the input may hold, plus one), in the graph's input order.
     pub embedding_rows: Vec<(String, i64)>,
 }
 
@@ -103,6 +105,104 @@ pub(crate) fn data_dependent_outputs(graph: &tract_onnx::pb::GraphProto) -> Vec<
                 return None;
             }
             upstream(&o.name).map(|op| (o.name.clone(), op))
+        })
+        .collect()
+}
+
+/// ONNX `TensorProto.DataType`s a `Cast` may turn indices into and keep every value an input
+/// may hold within a table's range (`-rows..rows`) inside it: the signed integers. A narrower
+/// one wraps a value only when the table is longer than its range, so the wrapped value stays
+/// inside the table; an unsigned type would turn -1 into its largest value, and a float would
+/// round.
+const INDEX_CASTS: [i32; 4] = [3, 5, 6, 7];
+
+/// Operators whose first input's values reach their output unchanged (only the type or the
+/// shape changes): the path from a graph input to the indices of the `Gather` that reads an
+/// embedding table with it.
+const VALUE_PRESERVING_OPS: [&str; 6] = [
+    "Cast",
+    "Identity",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Flatten",
+];
+
+/// The graph inputs that index a constant table: followed through value-preserving operators
+/// ([`VALUE_PRESERVING_OPS`], a `Cast` only to a signed integer) to the indices (input 1) of a
+/// `Gather` whose data (input 0) is an initializer or a `Constant` node's `value`, with the
+/// size of the table along the gathered axis. An input that indexes several tables gets the
+/// smallest. Returns (input, rows) in the order of `inputs`; inputs that index no table are
+/// left out.
+pub(crate) fn embedding_rows(
+    graph: &tract_onnx::pb::GraphProto,
+    inputs: &[(String, i32)],
+) -> Vec<(String, i64)> {
+    // The dimensions of every constant tensor, by the value's name.
+    let constants: BTreeMap<&str, &[i64]> = graph
+        .initializer
+        .iter()
+        .map(|t| (t.name.as_str(), t.dims.as_slice()))
+        .chain(
+            graph
+                .node
+                .iter()
+                .filter(|n| n.op_type == "Constant")
+                .filter_map(|n| {
+                    let t = n.attribute.iter().find(|a| a.name == "value")?.t.as_ref()?;
+                    Some((n.output.first()?.as_str(), t.dims.as_slice()))
+                }),
+        )
+        .collect();
+    let mut consumers: BTreeMap<&str, Vec<&tract_onnx::pb::NodeProto>> = BTreeMap::new();
+    for n in &graph.node {
+        for i in &n.input {
+            consumers.entry(i.as_str()).or_default().push(n);
+        }
+    }
+    let attr = |n: &tract_onnx::pb::NodeProto, name: &str| {
+        n.attribute.iter().find(|a| a.name == name).map(|a| a.i)
+    };
+    // The rows of the table `n` reads, when it is a Gather of a constant by `value`.
+    let table_rows = |n: &tract_onnx::pb::NodeProto, value: &str| -> Option<i64> {
+        if n.op_type != "Gather" || n.input.len() != 2 || n.input[1] != value {
+            return None;
+        }
+        let dims = constants.get(n.input[0].as_str())?;
+        let axis = attr(n, "axis").unwrap_or(0);
+        let axis = if axis < 0 {
+            axis + dims.len() as i64
+        } else {
+            axis
+        };
+        let rows = *dims.get(usize::try_from(axis).ok()?)?;
+        (rows > 0).then_some(rows)
+    };
+    let passes = |n: &tract_onnx::pb::NodeProto, value: &str| -> bool {
+        VALUE_PRESERVING_OPS.contains(&n.op_type.as_str())
+            && n.input.first().is_some_and(|i| i == value)
+            && (n.op_type != "Cast"
+                || attr(n, "to").is_some_and(|to| INDEX_CASTS.iter().any(|&c| i64::from(c) == to)))
+    };
+    inputs
+        .iter()
+        .filter_map(|(input, _)| {
+            let mut seen = BTreeSet::new();
+            let mut todo = vec![input.as_str()];
+            let mut rows: Option<i64> = None;
+            while let Some(v) = todo.pop() {
+                if !seen.insert(v) {
+                    continue;
+                }
+                for n in consumers.get(v).into_iter().flatten() {
+                    if let Some(r) = table_rows(n, v) {
+                        rows = Some(rows.map_or(r, |m| m.min(r)));
+                    } else if passes(n, v) {
+                        todo.extend(n.output.iter().map(String::as_str));
+                    }
+                }
+            }
+            rows.map(|r| (input.clone(), r))
         })
         .collect()
 }
@@ -218,16 +318,7 @@ impl OnnxSummary {
                         || (n.op_type == "Cast" && a.name == "to" && a.i == ONNX_FLOAT16 as i64)
                 })
             });
-        let embedding_rows = graph
-            .node
-            .iter()
-            .filter(|n| n.op_type == "Gather" && n.input.len() == 2)
-            .filter_map(|n| {
-                let table = graph.initializer.iter().find(|i| i.name == n.input[0])?;
-                let input = inputs.iter().find(|(name, _)| *name == n.input[1])?;
-                Some((input.0.clone(), *table.dims.first()?))
-            })
-            .collect();
+        let embedding_rows = embedding_rows(&graph, &inputs);
         Ok(OnnxSummary {
             data_dependent: data_dependent_outputs(&graph),
             embedding_rows,
@@ -307,6 +398,95 @@ mod tests {
             output: vec![output.into()],
             ..Default::default()
         }
+    }
+
+    fn tensor(name: &str, dims: &[i64]) -> tract_onnx::pb::TensorProto {
+        tract_onnx::pb::TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: 1,
+            ..Default::default()
+        }
+    }
+
+    fn with_attr(
+        mut n: tract_onnx::pb::NodeProto,
+        name: &str,
+        i: i64,
+    ) -> tract_onnx::pb::NodeProto {
+        n.attribute.push(tract_onnx::pb::AttributeProto {
+            name: name.into(),
+            i,
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn inputs_that_index_a_constant_table_through_value_preserving_ops() {
+        // ids → Cast(int32) → Unsqueeze → Gather(word_emb [100, 4]) and ids → Identity →
+        // Gather(a Constant node's [50, 4]): the smaller table. types → Reshape → Flatten →
+        // Squeeze → Gather(type_emb [2, 4]). pos: a Gather along axis 1 of [3, 7], counted
+        // along that axis. Not tables: mask indexes a computed tensor, `floats` reaches its
+        // Gather through a Cast to FLOAT, `shape` is Reshape's shape operand, not its data.
+        let mut constant = node("Constant", &[], "const_emb");
+        constant.attribute.push(tract_onnx::pb::AttributeProto {
+            name: "value".into(),
+            t: Some(tensor("", &[50, 4])),
+            ..Default::default()
+        });
+        let graph = tract_onnx::pb::GraphProto {
+            node: vec![
+                with_attr(node("Cast", &["ids"], "ids32"), "to", 6),
+                node("Unsqueeze", &["ids32", "axes"], "ids_u"),
+                node("Gather", &["word_emb", "ids_u"], "words"),
+                node("Identity", &["ids"], "ids_i"),
+                constant,
+                node("Gather", &["const_emb", "ids_i"], "more_words"),
+                node("Reshape", &["types", "shape_c"], "types_r"),
+                node("Flatten", &["types_r"], "types_f"),
+                node("Squeeze", &["types_f"], "types_s"),
+                node("Gather", &["type_emb", "types_s"], "typed"),
+                with_attr(node("Gather", &["pos_emb", "pos"], "positioned"), "axis", 1),
+                node("Relu", &["word_emb"], "computed"),
+                node("Gather", &["computed", "mask"], "masked"),
+                with_attr(node("Cast", &["floats"], "as_float"), "to", 1),
+                with_attr(node("Cast", &["as_float"], "back"), "to", 7),
+                node("Gather", &["word_emb", "back"], "rounded"),
+                node("Reshape", &["word_emb", "shape"], "reshaped"),
+                node("Gather", &["word_emb", "reshaped"], "odd"),
+            ],
+            initializer: vec![
+                tensor("word_emb", &[100, 4]),
+                tensor("type_emb", &[2, 4]),
+                tensor("pos_emb", &[3, 7]),
+                tensor("axes", &[1]),
+                tensor("shape_c", &[1]),
+            ],
+            ..Default::default()
+        };
+        let inputs: Vec<(String, i32)> = ["ids", "mask", "types", "pos", "floats", "shape"]
+            .iter()
+            .map(|n| ((*n).to_string(), 7))
+            .collect();
+        assert_eq!(
+            embedding_rows(&graph, &inputs),
+            [
+                ("ids".to_string(), 50),
+                ("types".to_string(), 2),
+                ("pos".to_string(), 7)
+            ]
+        );
+        // The direct case: a Gather of an initializer by the input itself.
+        let direct = tract_onnx::pb::GraphProto {
+            node: vec![node("Gather", &["word_emb", "ids"], "words")],
+            initializer: vec![tensor("word_emb", &[30522, 384])],
+            ..Default::default()
+        };
+        assert_eq!(
+            embedding_rows(&direct, &inputs[..1]),
+            [("ids".to_string(), 30522)]
+        );
     }
 
     #[test]

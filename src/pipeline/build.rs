@@ -181,14 +181,17 @@ pub(super) fn prepare_recipe(
     };
     let (model, _) = assemble::safe_input(&recipe.dir, &recipe.model.onnx.value)?;
     // The model's dimension names, for the runtime's check that inputs sharing a variable
-    // dimension agree, and its outputs when the recipe leaves them to the model; a model that
-    // does not parse is refused later, by the engine stage.
-    let summary = std::fs::read(&model)
-        .ok()
-        .and_then(|b| crate::engine::onnx::OnnxSummary::from_bytes(&b).ok());
+    // dimension agree, the tables its inputs index, for the runtime's bound on their values,
+    // and its outputs when the recipe leaves them to the model; a model that does not parse is
+    // refused later, by the engine stage.
+    let summary = super::text::model_summary(&model);
     let dim_names = summary
         .as_ref()
         .map(|s| s.input_dim_names.clone())
+        .unwrap_or_default();
+    let table_rows = summary
+        .as_ref()
+        .map(|s| s.embedding_rows.clone())
         .unwrap_or_default();
     if recipe.model.outputs.is_empty() {
         if let Some(s) = &summary {
@@ -208,7 +211,7 @@ pub(super) fn prepare_recipe(
         None => None,
     };
     let tokenizer = match &recipe.text {
-        Some(t) => Some(read_tokenizer(&recipe, t, summary.as_ref())?),
+        Some(t) => Some(super::text::read_tokenizer(&recipe, t, summary.as_ref())?),
         None => None,
     };
 
@@ -251,6 +254,7 @@ pub(super) fn prepare_recipe(
                 warmup_samples: samples.clone(),
                 tokenizer: tokenizer.clone(),
                 dim_names: dim_names.clone(),
+                table_rows: table_rows.clone(),
                 base: Some(bases.get_pin(t, pin, &platform)?),
                 library: Some(lib.clone()),
             };
@@ -317,6 +321,7 @@ pub(super) fn prepare_recipe(
             warmup_samples: samples.clone(),
             tokenizer: tokenizer.clone(),
             dim_names: dim_names.clone(),
+            table_rows: table_rows.clone(),
             base,
             library,
         };
@@ -371,7 +376,6 @@ fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Ten
                 shape,
                 profile: None,
                 pad: None,
-                table_rows: None,
             })
         })
         .collect()
@@ -504,44 +508,4 @@ pub(super) fn nonempty(v: Option<&str>) -> Option<String> {
     v.map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
-}
-
-/// The most bytes a `tokenizer.json` may have (large multilingual vocabularies are ~20 MB).
-const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
-
-/// The tokenizer `[text]` names, read (bounded) and parsed by the tokenizer library the
-/// runtime uses, so that no image ships one its runtime would refuse at start.
-///
-/// Its vocabulary must fit the model's embedding table for the ids input (when the model's
-/// ids index one directly): an id past the table's end would fail at run time, or worse.
-fn read_tokenizer(
-    recipe: &crate::recipe::Recipe,
-    t: &crate::recipe::Text,
-    summary: Option<&crate::engine::onnx::OnnxSummary>,
-) -> Result<std::sync::Arc<[u8]>, Error> {
-    let (p, _) = assemble::safe_input(&recipe.dir, &t.tokenizer.value)?;
-    let bytes = crate::oci::dir::read_file(&p, MAX_TOKENIZER_BYTES, "tokenizer")?;
-    let refuse = |message: String| {
-        Error::Usage(
-            t.tokenizer
-                .diagnostic(&recipe.file, format!("{}: {message}", p.display()))
-                .to_string(),
-        )
-    };
-    let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
-        .map_err(|e| refuse(format!("not a tokenizer.json the runtime reads: {e}")))?;
-    let vocab = tokenizer.get_vocab_size(true) as i64;
-    let table = summary.and_then(|s| {
-        s.embedding_rows
-            .iter()
-            .find(|(input, _)| *input == t.input_ids)
-            .map(|(_, rows)| *rows)
-    });
-    if let Some(rows) = table.filter(|&rows| vocab > rows) {
-        return Err(refuse(format!(
-            "the tokenizer has {vocab} tokens; the model's embedding table for {:?} has {rows} rows (another model's tokenizer?)",
-            t.input_ids
-        )));
-    }
-    Ok(bytes.into())
 }

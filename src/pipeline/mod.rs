@@ -10,7 +10,8 @@
 //! One use-case a file: `build.rs` (`infer-build build`: the project, every selected target's
 //! engine, runtime, base and libraries, the images), `engine.rs` (the engine-spec step
 //! `build` and `infer-build engine` share, the engine cache lookup, the words for an engine
-//! choice), `inspect.rs` (`infer-build inspect` of a layout or archive) and `tune.rs` (what `bench --tune` sweeps from).
+//! choice), `text.rs` (the tokenizer checks `build` and `check` share), `inspect.rs`
+//! (`infer-build inspect` of a layout or archive) and `tune.rs` (what `bench --tune` sweeps from).
 
 use std::sync::Arc;
 
@@ -19,12 +20,14 @@ mod bundle;
 mod engine;
 mod inspect;
 pub(crate) mod slim;
+mod text;
 mod tune;
 
 pub(crate) use build::{build, BuildRequest};
 pub(crate) use bundle::{bundle_plan, load_bundle, memory_needs};
 pub(crate) use engine::{engine_spec, folded_line, selection_line};
 pub(crate) use inspect::inspect;
+pub(crate) use text::check_tokenizer;
 pub(crate) use tune::tune_base;
 
 /// Where the pipeline says what it did, one line at a time (the CLI writes them to standard

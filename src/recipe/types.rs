@@ -67,6 +67,9 @@ pub struct Text {
     pub activation: infer_spec::text::Activation,
     /// `text.labels`: a classifier's label per output column.
     pub labels: Vec<String>,
+    /// `text.max_client_batch_size`: the most texts (or pairs) one request may carry
+    /// (default `infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE`).
+    pub max_client_batch_size: u32,
     /// The table, for errors found once the model's outputs are known.
     pub at: Located<()>,
 }

@@ -53,7 +53,7 @@ const ROOT_KEYS: [&str; 12] = [
     "text",
     "response_cache",
 ];
-const TEXT_KEYS: [&str; 16] = [
+const TEXT_KEYS: [&str; 17] = [
     "tokenizer",
     "max_length",
     "truncate",
@@ -70,6 +70,7 @@ const TEXT_KEYS: [&str; 16] = [
     "pairs",
     "activation",
     "labels",
+    "max_client_batch_size",
 ];
 const ENGINE_KEYS: [&str; 2] = ["cpu", "convert"];
 const MODEL_KEYS: [&str; 6] = [
@@ -447,6 +448,20 @@ fn text(
             "0 to 10000 (a percent of the batch's own tokens)",
         )
         .map(|p| p.value as u32);
+    let max_client_batch_size = cx
+        .int(
+            t,
+            "max_client_batch_size",
+            1,
+            i64::from(infer_spec::text::MAX_CLIENT_BATCH_SIZE),
+            &format!(
+                "1 to {} (texts in one request)",
+                infer_spec::text::MAX_CLIENT_BATCH_SIZE
+            ),
+        )
+        .map_or(infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE, |m| {
+            m.value as u32
+        });
     let output = cx.string(t, "output");
     if let (Some(o), false) = (&output, model.outputs.is_empty()) {
         if !model.outputs.iter().any(|m| m.name == o.value) {
@@ -478,6 +493,7 @@ fn text(
         pairs,
         activation,
         labels,
+        max_client_batch_size,
         at: Located::new((), span_or(Some(t)), "text"),
     })
 }

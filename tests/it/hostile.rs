@@ -708,6 +708,7 @@ fn warmup_samples_are_shared_by_every_target() {
             warmup_samples: Some(samples.clone()),
             tokenizer: None,
             dim_names: Vec::new(),
+            table_rows: Vec::new(),
             base: None,
             library: None,
         };

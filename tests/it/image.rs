@@ -834,6 +834,55 @@ fn curl(args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
+/// The shipped MiniLM recipe (`recipes/minilm.toml`; its stand-in BERT gathers `input_ids`
+/// from word embeddings of 30522 rows, BERT's vocabulary) builds a CPU image whose
+/// `runtime.toml` bounds `input_ids` by that table (`table_rows`), so the runtime refuses an id
+/// past it; the attention mask indexes nothing and stays unbounded.
+#[test]
+fn the_minilm_image_bounds_its_token_ids_by_the_embedding_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("recipe");
+    std::fs::create_dir_all(r.join("models")).unwrap();
+    std::fs::copy(
+        root().join("recipes/models/minilm.onnx"),
+        r.join("models/minilm.onnx"),
+    )
+    .unwrap();
+    // tract: the CPU engine built here without fetching ONNX Runtime.
+    let recipe = std::fs::read_to_string(root().join("recipes/minilm.toml")).unwrap();
+    std::fs::write(
+        r.join("minilm.toml"),
+        format!("{recipe}\n[engine]\ncpu = \"tract\"\n"),
+    )
+    .unwrap();
+    tiny_static_elf(&dir.path().join("infer-serve"));
+    let out = dir.path().join("out");
+    let o = infer_build()
+        .arg("build")
+        .arg(r.join("minilm.toml"))
+        .args(["--target", "cpu-fp32", "--out"])
+        .arg(&out)
+        .arg("--runtime")
+        .arg(dir.path().join("infer-serve"))
+        .env("INFER_BUILD_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = inspect(&out);
+    let toml = file_in_layer(&out, &v.images[0], "config", "etc/infer/runtime.toml");
+    let cfg =
+        infer_spec::RuntimeConfig::from_toml_str(std::str::from_utf8(&toml).unwrap()).unwrap();
+    let bounds: Vec<(&str, Option<u64>)> = cfg
+        .inputs
+        .iter()
+        .map(|i| (i.name.as_str(), i.table_rows))
+        .collect();
+    assert_eq!(
+        bounds,
+        [("attention_mask", None), ("input_ids", Some(30522))]
+    );
+}
+
 /// The file at `path` in the image's layer of role `role` (`inspect` of `layout`).
 fn file_in_layer(layout: &Path, img: &InspectedImage, role: &str, path: &str) -> Vec<u8> {
     let layer = img

@@ -1034,7 +1034,8 @@ fn py_ocr_recogniser_is_refused_by_tract_with_its_reason() {
 
 /// `[text]` with another model's tokenizer: WordLlama's (32000 tokens) for all-MiniLM-L6-v2,
 /// whose embedding table has 30522 rows. The build refuses it at `text.tokenizer`, before any
-/// engine or image, naming both sizes; a file that is not a tokenizer is refused the same way.
+/// engine or image, naming the tokenizer's largest id and the table's rows; a file that is not
+/// a tokenizer is refused the same way.
 #[test]
 fn py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build() {
     let test = "py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build";
@@ -1047,7 +1048,7 @@ fn py_a_tokenizer_larger_than_the_embedding_table_is_refused_at_build() {
     for (tokenizer, want) in [
         (
             std::fs::read(cache_dir().join("wordllama.tokenizer.json")).unwrap(),
-            "the tokenizer has 32000 tokens; the model's embedding table for \"input_ids\" has 30522 rows",
+            "the tokenizer's largest id 31999 (token \"给\") is past the model's embedding table for \"input_ids\" of 30522 rows",
         ),
         (
             b"{\"model\": 1}".to_vec(),

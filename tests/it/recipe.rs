@@ -778,6 +778,14 @@ fn text() {
     assert!(t.truncate && t.special_tokens && t.normalize);
     assert_eq!((t.output, t.pooling, t.token_budget), (None, None, 0));
     assert_eq!(t.max_padding_percent, None);
+    assert_eq!(
+        t.max_client_batch_size,
+        infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE
+    );
+    let r = parse_ok(&format!(
+        "{TEXT_BASE}\n[text]\ntokenizer = \"tokenizer.json\"\nmax_client_batch_size = 64\n"
+    ));
+    assert_eq!(r.text.unwrap().max_client_batch_size, 64);
     check(
         &format!(
             "{TEXT_BASE}{}",
@@ -793,6 +801,7 @@ colour = 1
 activation = "relu"
 labels = ["a", 2]
 max_padding_percent = 20000
+max_client_batch_size = 0
 "#
         ),
         r#"
@@ -808,11 +817,12 @@ recipe.toml:21:11: text.pooling: unknown pooling "max"
   hint: use "mean", "cls", "last" or "none" (the model pools itself)
 recipe.toml:22:13: text.normalize: expected a boolean (true or false), found string "yes"
 recipe.toml:23:1: text.colour: unknown key `colour` in [text]
-  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, max_padding_percent, pairs, activation, labels
+  hint: valid keys in [text]: tokenizer, max_length, truncate, special_tokens, prefix, input_ids, attention_mask, token_type_ids, output, pooling, normalize, token_budget, max_padding_percent, pairs, activation, labels, max_client_batch_size
 recipe.toml:24:14: text.activation: unknown activation "relu"
   hint: use "sigmoid" (a reranker, multi-label), "softmax" (single-label classifier) or "none"
 recipe.toml:25:16: text.labels[1]: expected a string (a label name), found integer 2
 recipe.toml:26:23: text.max_padding_percent: expected 0 to 10000 (a percent of the batch's own tokens), found integer 20000
+recipe.toml:27:25: text.max_client_batch_size: expected 1 to 65536 (texts in one request), found integer 0
 "#,
     );
 }
@@ -1504,6 +1514,110 @@ max_batchsize = 8
     ] {
         assert!(err.lines().any(|l| l == line), "missing {line:?} in:\n{err}");
     }
+}
+
+/// A WordPiece `tokenizer.json` of a few tokens whose largest id is `big_id` (the added special
+/// token `[BIG]`, in the vocabulary at that id as BERT's specials are), looking up words of at
+/// most `max_chars` characters.
+fn wordpiece(big_id: u32, max_chars: u64) -> serde_json::Value {
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{
+            "id": big_id, "content": "[BIG]", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true,
+            "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "model": {
+            "type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+            "max_input_chars_per_word": max_chars,
+            "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "hello": 3, "world": 4, "[BIG]": big_id}
+        }
+    })
+}
+
+/// A text recipe over the MiniLM stand-in (`recipes/models/minilm.onnx`: `input_ids` gathered
+/// from 30522 rows) with `tokenizer` as its `tokenizer.json` (`text.tokenizer` is at
+/// `recipe.toml:21:13`), in a fresh directory.
+fn text_recipe(tokenizer: &serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        support::root().join("recipes/models/minilm.onnx"),
+        dir.path().join("m.onnx"),
+    )
+    .unwrap();
+    write(
+        dir.path(),
+        "recipe.toml",
+        &format!(
+            "{TEXT_BASE}\n[model.outputs.sentence_embedding]\ndatatype = \"fp32\"\nshape = [-1, 384]\n\n[text]\ntokenizer = \"tokenizer.json\"\n"
+        ),
+    );
+    write(dir.path(), "tokenizer.json", &tokenizer.to_string());
+    dir
+}
+
+/// What `check` and `build` of [`text_recipe`] say: each command's exit code and the line
+/// naming `text.tokenizer`, or its whole stderr when none does.
+fn tokenizer_refusals(tokenizer: &serde_json::Value) -> [(Option<i32>, String); 2] {
+    let dir = text_recipe(tokenizer);
+    let line = |o: std::process::Output| {
+        let err = support::stderr(&o);
+        let named = err.lines().find(|l| l.contains("text.tokenizer"));
+        (o.status.code(), named.map_or(err.clone(), str::to_string))
+    };
+    let check = support::run_in(dir.path(), &["check", "recipe.toml"]);
+    let build = support::infer_build()
+        .current_dir(dir.path())
+        .args(["build", "recipe.toml", "--out", "out"])
+        .env("INFER_BUILD_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(!dir.path().join("out/index.json").exists());
+    [line(check), line(build)]
+}
+
+/// A tokenizer whose token count fits the model's embedding table but whose largest id does
+/// not (an added token with a large id) would hand the engine an id past the table: `check`
+/// and `build` both refuse it, at `text.tokenizer` in the same words, naming the id, its
+/// token, the input and the table's rows. The same tokenizer with the token inside the table
+/// is accepted.
+#[test]
+fn a_tokenizer_whose_largest_id_is_past_the_embedding_table_is_refused_by_check_and_build() {
+    let want = "tokenizer.json: the tokenizer's largest id 40000 (token \"[BIG]\") is past the model's embedding table for \"input_ids\" of 30522 rows";
+    let [check, build] = tokenizer_refusals(&wordpiece(40000, 100));
+    for (command, (code, line)) in [("check", &check), ("build", &build)] {
+        assert_eq!(*code, Some(2), "{command}: {line}");
+        assert!(
+            line.contains("recipe.toml:21:13: text.tokenizer: ") && line.ends_with(want),
+            "{command}: {line}"
+        );
+    }
+    assert_eq!(check.1, build.1);
+    let fits = text_recipe(&wordpiece(30521, 100));
+    let o = support::run_in(fits.path(), &["check", "recipe.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
+}
+
+/// A WordPiece tokenizer that looks up words of any length (greedy longest-match costs the
+/// cube of a word's length: one long word holds a core for minutes) is refused by `check` and
+/// `build` alike, at `text.tokenizer`, naming the key and the limit.
+#[test]
+fn a_wordpiece_tokenizer_of_unbounded_words_is_refused_by_check_and_build() {
+    let [check, build] = tokenizer_refusals(&wordpiece(5, 1_000_000_000_000));
+    for (command, (code, line)) in [("check", &check), ("build", &build)] {
+        assert_eq!(*code, Some(2), "{command}: {line}");
+        assert!(
+            line.contains("recipe.toml:21:13: text.tokenizer: ")
+                && line.contains(
+                    "tokenizer.json: model.max_input_chars_per_word 1000000000000 is more than 200"
+                )
+                && line.ends_with("(BERT's tokenizers use 100)"),
+            "{command}: {line}"
+        );
+    }
+    assert_eq!(check.1, build.1);
 }
 
 /// `check` accepts every shipped recipe and the example.

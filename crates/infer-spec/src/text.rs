@@ -291,7 +291,8 @@ impl Text {
     /// annotations (keys without the reverse-DNS prefix, sorted), so `inspect` shows them:
     /// `text.tokenizer`, `text.max_length`, `text.truncate`, `text.special_tokens`,
     /// `text.pooling`, `text.normalize`, and `text.prefix`, `text.token_budget`, `text.pairs`,
-    /// `text.activation`, `text.labels` when set.
+    /// `text.activation`, `text.labels` when set, `text.max_client_batch_size` when not the
+    /// default.
     pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::new();
         let mut put = |k: &str, v: String| {
@@ -320,6 +321,12 @@ impl Text {
         }
         if !self.labels.is_empty() {
             put("labels", self.labels.join(","));
+        }
+        if self.max_client_batch_size != DEFAULT_MAX_CLIENT_BATCH_SIZE {
+            put(
+                "max_client_batch_size",
+                self.max_client_batch_size.to_string(),
+            );
         }
         m
     }
@@ -660,10 +667,12 @@ mod tests {
         t.prefix = "query: ".into();
         t.activation = Activation::Sigmoid;
         t.labels = vec!["no".into(), "yes".into()];
+        t.max_client_batch_size = 32;
         let a = t.annotations();
         assert_eq!(a["text.prefix"], "query: ");
         assert_eq!(a["text.activation"], "sigmoid");
         assert_eq!(a["text.labels"], "no,yes");
+        assert_eq!(a["text.max_client_batch_size"], "32");
     }
 
     #[test]

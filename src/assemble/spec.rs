@@ -254,6 +254,7 @@ fn text_section(
         pairs: t.pairs,
         activation: t.activation,
         labels: t.labels.clone(),
+        max_client_batch_size: infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE,
     };
     let problems = section.problems(&cfg.inputs, &cfg.outputs);
     if problems.is_empty() {

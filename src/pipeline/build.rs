@@ -371,7 +371,6 @@ fn model_outputs(s: &crate::engine::onnx::OnnxSummary) -> Vec<crate::recipe::Ten
                 shape,
                 profile: None,
                 pad: None,
-                table_rows: None,
             })
         })
         .collect()

@@ -424,6 +424,13 @@ fn help_is_available_for_check_and_plan() {
         let o = run(&[cmd, "--help"]);
         assert!(o.status.success());
         assert!(stdout(&o).contains("--matrix"), "{}", stdout(&o));
+        // `--matrix` takes the directory above `matrix/` and `base-images/`, and says so.
+        let help = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            help.contains("DIR is the directory that holds `matrix/` and `base-images/`")
+                && help.contains("not `matrix/` itself"),
+            "{help}"
+        );
     }
     assert!(stdout(&run(&["plan", "--help"])).contains("github-matrix"));
 }

@@ -246,6 +246,7 @@ fn every_example_readme_is_run_and_its_files_check() {
     for other in [
         "examples/reranker/tokenizer.json",
         "examples/split-layout/tokenizer.json",
+        "recipes/tokenizers/bert-base-uncased.json",
     ] {
         assert_eq!(
             support::sha256_file(&support::root().join(other)),

@@ -182,7 +182,9 @@ fn run_readme(example: &str, copies: &[&str], tools: &[&str], test: &str) -> Opt
     let loaded = Loaded::from_output(&out);
     if !o.status.success() {
         let err = stderr(&o);
-        let tail = &err[err.len().saturating_sub(12_000)..];
+        // The end of it, cut at a character (`build` prints non-ASCII).
+        let skip = err.chars().count().saturating_sub(12_000);
+        let tail: String = err.chars().skip(skip).collect();
         panic!(
             "{example}/README.md: a command failed ({}); the commands printed:\n{out}\n\
              the commands (bash -x) and their errors:\n{tail}",

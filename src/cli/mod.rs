@@ -38,9 +38,10 @@ pub(crate) struct Cli {
 /// Options shared by commands that read a recipe.
 #[derive(Debug, Args, Clone)]
 pub(crate) struct MatrixArgs {
-    /// Read the compatibility matrix from DIR (holding `matrix/` and `base-images/` data files)
-    /// instead of the copy built into this binary (e.g. one whose base images are mirrored in
-    /// your own registry; set it once for a CI pipeline with INFER_BUILD_MATRIX).
+    /// Read the compatibility matrix from DIR instead of the copy built into this binary. DIR
+    /// is the directory that holds `matrix/` and `base-images/` (as a checkout's root does),
+    /// not `matrix/` itself: a copy of both with your changes, e.g. base images mirrored in your
+    /// own registry. Set it once for a CI pipeline with INFER_BUILD_MATRIX.
     #[arg(long, value_name = "DIR", global = false, env = "INFER_BUILD_MATRIX")]
     pub matrix: Option<PathBuf>,
 }

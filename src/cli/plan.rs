@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::MatrixArgs;
 use crate::error::Error;
 use crate::plan::{BuildPlan, ImagePin, PinnedBy, TargetKind, TargetPlan};
+use crate::recipe::CpuEngine;
 
 #[derive(Debug, Args)]
 pub(crate) struct PlanArgs {
@@ -146,6 +147,36 @@ fn pin_text(p: &ImagePin) -> String {
     }
 }
 
+/// The base image a target's image is built on, as the table shows it. A CPU target's depends on
+/// its engine: tract ships on the target's `base` (`scratch` unless the recipe names one), ONNX
+/// Runtime on the matrix's glibc base; under `engine.cpu = "auto"` the build measures both and
+/// ships the faster, so the table names both (and a note says so, [`auto_base_note`]).
+fn base_text(t: &TargetPlan) -> String {
+    match &t.cpu {
+        Some(cpu) if cpu.onnxruntime_possible() => {
+            let glibc = cpu.glibc_base.as_ref().map_or_else(String::new, pin_text);
+            if cpu.engine == CpuEngine::OnnxRuntime {
+                glibc
+            } else {
+                format!("{} or {glibc}", pin_text(&t.base))
+            }
+        }
+        _ => pin_text(&t.base),
+    }
+}
+
+/// What the table's "A or B" base of an `auto` CPU target means, or `None` for other targets.
+fn auto_base_note(t: &TargetPlan) -> Option<String> {
+    let cpu = t.cpu.as_ref().filter(|c| c.onnxruntime_possible())?;
+    let glibc = cpu.glibc_base.as_ref()?;
+    (cpu.engine == CpuEngine::Auto).then(|| {
+        format!(
+            "engine.cpu = \"auto\": the build measures tract and ONNX Runtime and ships the faster, tract FROM {}, ONNX Runtime on {} (`build` says which; `[engine] cpu` fixes it)",
+            t.base.reference, glibc.reference
+        )
+    })
+}
+
 /// The human table.
 pub(super) fn table(plan: &BuildPlan) -> String {
     let header = [
@@ -169,7 +200,7 @@ pub(super) fn table(plan: &BuildPlan) -> String {
                 t.driver_floor
                     .as_ref()
                     .map_or_else(|| "-".into(), |c| c.to_string()),
-                pin_text(&t.base),
+                base_text(t),
                 t.tag.clone(),
             ]
         })
@@ -204,9 +235,10 @@ pub(super) fn table(plan: &BuildPlan) -> String {
         out.push_str(&line(r));
     }
     // Notes shared by several targets are printed once, with the targets they concern.
+    let auto: Vec<Option<String>> = plan.targets.iter().map(auto_base_note).collect();
     let mut notes: Vec<(&str, Vec<&str>)> = Vec::new();
-    for t in &plan.targets {
-        for n in &t.notes {
+    for (t, auto) in plan.targets.iter().zip(&auto) {
+        for n in t.notes.iter().chain(auto) {
             match notes.iter_mut().find(|(m, _)| *m == n.as_str()) {
                 Some((_, ids)) => ids.push(&t.id),
                 None => notes.push((n, vec![&t.id])),

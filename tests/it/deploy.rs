@@ -12,7 +12,7 @@ use super::support;
 const K8S_VERSION: &str = "1.33.0";
 
 /// True when the test Python has `kubernetes_validate`; prints why the test is skipped if not.
-fn have_validator(test: &str) -> bool {
+pub(super) fn have_validator(test: &str) -> bool {
     let ok = Command::new(support::python())
         .args(["-c", "import kubernetes_validate"])
         .output()
@@ -32,7 +32,7 @@ fn validate(files: &[&Path]) -> (bool, String) {
 }
 
 /// [`validate`] against Kubernetes `version`.
-fn validate_at(files: &[&Path], version: &str) -> (bool, String) {
+pub(super) fn validate_at(files: &[&Path], version: &str) -> (bool, String) {
     let out = Command::new(support::python())
         .args(["-m", "kubernetes_validate", "-k", version, "--strict"])
         .args(files)
@@ -225,7 +225,8 @@ fn py_the_validator_does_reject_a_broken_manifest() {
     assert!(out.contains("bogusField"), "{out}");
 }
 
-/// Every shipped recipe (and the example) through the real CLI, then the strict validator.
+/// Every shipped recipe and every example's recipe or bundle file through the real CLI, then the
+/// strict validator.
 #[test]
 fn py_every_recipe_deploys_to_valid_yaml() {
     if !have_validator("py_every_recipe_deploys_to_valid_yaml") {
@@ -238,11 +239,20 @@ fn py_every_recipe_deploys_to_valid_yaml() {
         .collect();
     recipes.sort();
     assert!(recipes.len() >= 5, "{recipes:?}");
-    recipes.push(support::root().join("examples/mlp/recipe.toml"));
+    // The examples' recipes (the split layout's among them) and bundle file.
+    let mut examples: Vec<std::path::PathBuf> = std::fs::read_dir(support::root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .flat_map(|d| [d.join("recipe.toml"), d.join("bundle.toml")])
+        .filter(|p| p.is_file())
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 5, "{examples:?}");
+    recipes.extend(examples);
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
-    for r in &recipes {
-        let out_dir = dir.path().join(r.file_stem().unwrap());
+    for (i, r) in recipes.iter().enumerate() {
+        let out_dir = dir.path().join(i.to_string());
         let out = support::run(&[
             "deploy",
             r.to_str().unwrap(),

@@ -4,6 +4,7 @@ pub(crate) mod ci_example;
 pub(crate) mod cpu_select;
 pub(crate) mod deploy;
 pub(crate) mod engine;
+pub(crate) mod examples;
 pub(crate) mod faultproxy;
 pub(crate) mod gpu_image;
 pub(crate) mod host_proxy;

@@ -148,6 +148,59 @@ fn json_lists_every_target_with_versions_base_and_tag() {
     assert_eq!(a, b);
 }
 
+/// The table names the base each CPU image is really built on, as `plan --json` has it:
+/// `scratch` under tract, the glibc base under ONNX Runtime, and under `auto` both, with a note
+/// that the build measures the two engines and ships the faster.
+#[test]
+fn the_table_shows_the_base_the_cpu_engine_ships_on() {
+    for engine in ["tract", "onnxruntime", "auto"] {
+        let dir = fixture(&format!(
+            "[targets]\ncpu = true\n[engine]\ncpu = \"{engine}\"\n"
+        ));
+        let v = plan_json(dir.path(), &[]);
+        let t = &v.targets[0];
+        assert_eq!(t.base.reference, "scratch", "{engine}");
+        let glibc = t
+            .cpu
+            .as_ref()
+            .unwrap()
+            .glibc_base
+            .as_ref()
+            .map(|p| p.reference.clone());
+        let o = run_in(dir.path(), &["plan", "r.toml"]);
+        assert!(o.status.success(), "{engine}: {}", stderr(&o));
+        let table = stderr(&o);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("cpu-fp32 "))
+            .unwrap_or_else(|| panic!("{engine}: no cpu-fp32 row in:\n{table}"));
+        let base = row.split_whitespace().nth(5).unwrap();
+        let note = table.lines().find(|l| l.contains("engine.cpu = \"auto\""));
+        match engine {
+            "tract" => {
+                assert_eq!(base, "scratch", "{table}");
+                assert!(note.is_none(), "{table}");
+            }
+            "onnxruntime" => {
+                let glibc = glibc.expect("an ONNX Runtime target has the glibc base");
+                assert_eq!(base, glibc, "{table}");
+                assert!(!row.contains("scratch") && note.is_none(), "{table}");
+            }
+            _ => {
+                let glibc = glibc.expect("auto: ONNX Runtime is a candidate");
+                assert!(row.contains(&format!("scratch or {glibc}")), "{table}");
+                let note = note.unwrap_or_else(|| panic!("no note on auto in:\n{table}"));
+                assert!(
+                    note.starts_with("note (cpu-fp32): ")
+                        && note.contains("tract FROM scratch")
+                        && note.contains(&format!("ONNX Runtime on {glibc}")),
+                    "{table}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_lock_file_beside_the_recipe_pins_base_digests() {
     let dir = fixture(
@@ -371,6 +424,13 @@ fn help_is_available_for_check_and_plan() {
         let o = run(&[cmd, "--help"]);
         assert!(o.status.success());
         assert!(stdout(&o).contains("--matrix"), "{}", stdout(&o));
+        // `--matrix` takes the directory above `matrix/` and `base-images/`, and says so.
+        let help = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            help.contains("DIR is the directory that holds `matrix/` and `base-images/`")
+                && help.contains("not `matrix/` itself"),
+            "{help}"
+        );
     }
     assert!(stdout(&run(&["plan", "--help"])).contains("github-matrix"));
 }

@@ -8,7 +8,7 @@
 //!    queue's room, the texts' length, [`crate::budget`]: the body was already charged as it
 //!    arrived). What can never fit is a 413 naming the bound; what does not fit now, a 503.
 //! 2. **The response cache** (`[response_cache]`): one key for every route, the work's
-//!    content and the options that change the answer ([`key`]).
+//!    content and the options that change the answer (`key`).
 //! 3. **Preparation**: a tensor model's inputs that index a table are checked against it
 //!    ([`crate::signature::check_table_rows`]); a text model's texts are tokenized, each
 //!    its own item, on the server's [`Workers`] (off the connection threads) once they hold
@@ -23,7 +23,7 @@
 //! 6. **Finishing**: the request's items reassembled in order, its options applied
 //!    ([`TextModel::finish`]), the answer stored in the cache (an owned copy, counted whole).
 //!
-//! [`counted`] records every request's outcome on its model's metrics. Nothing here parses a
+//! `counted` records every request's outcome on its model's metrics. Nothing here parses a
 //! protocol or writes a response.
 
 use crate::batcher::{Answer as Outcome, Batcher};

@@ -72,7 +72,7 @@ impl<'de> Deserialize<'de> for Texts {
 }
 
 /// `/predict`'s `inputs`: a text, a list of texts, a pair `[a, b]` or a list of pairs; which
-/// of a list's shapes it is depends on the model ([`PredictInputs::items`]).
+/// of a list's shapes it is depends on the model (`PredictInputs::items`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PredictInputs {
     One(String),

@@ -834,20 +834,19 @@ fn curl(args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// The shipped MiniLM recipe (`recipes/minilm.toml`; its stand-in BERT gathers `input_ids`
-/// from word embeddings of 30522 rows, BERT's vocabulary) builds a CPU image whose
-/// `runtime.toml` bounds `input_ids` by that table (`table_rows`), so the runtime refuses an id
-/// past it; the attention mask indexes nothing and stays unbounded.
+/// The shipped MiniLM recipe (`recipes/minilm.toml`, served from text with BERT's tokenizer; its
+/// stand-in BERT gathers `input_ids` from word embeddings of 30522 rows, BERT's vocabulary)
+/// builds a CPU image whose `runtime.toml` bounds `input_ids` by that table (`table_rows`), so
+/// the runtime refuses an id past it; the attention mask indexes nothing and stays unbounded.
 #[test]
 fn the_minilm_image_bounds_its_token_ids_by_the_embedding_table() {
     let dir = tempfile::tempdir().unwrap();
     let r = dir.path().join("recipe");
     std::fs::create_dir_all(r.join("models")).unwrap();
-    std::fs::copy(
-        root().join("recipes/models/minilm.onnx"),
-        r.join("models/minilm.onnx"),
-    )
-    .unwrap();
+    std::fs::create_dir_all(r.join("tokenizers")).unwrap();
+    for file in ["models/minilm.onnx", "tokenizers/bert-base-uncased.json"] {
+        std::fs::copy(root().join("recipes").join(file), r.join(file)).unwrap();
+    }
     // tract: the CPU engine built here without fetching ONNX Runtime.
     let recipe = std::fs::read_to_string(root().join("recipes/minilm.toml")).unwrap();
     std::fs::write(

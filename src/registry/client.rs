@@ -35,6 +35,7 @@ use ureq::tls::{Certificate, RootCerts, TlsConfig};
 use ureq::SendBody;
 
 use super::auth::{parse_challenge, Challenge, Credential, Keychain};
+use super::host::{Host, RegistryHost};
 use super::{Error, Result};
 
 /// The largest manifest or index read from a registry (what registries themselves accept).
@@ -126,8 +127,8 @@ pub struct ClientOptions {
     pub rate_window: Duration,
     /// Told when the client waits on a registry's rate limit.
     pub notify: Notify,
-    /// `(registry, realm host)` pairs: the registry's credentials may go to that https token
-    /// service on another host (`ENV_REALMS`).
+    /// `(registry, realm host)` pairs (canonical [`RegistryHost`] texts): the registry's
+    /// credentials may go to that https token service on another host (`ENV_REALMS`).
     pub trusted_realms: Vec<(String, String)>,
 }
 
@@ -141,29 +142,24 @@ pub(crate) fn trusted_realms_from(
     };
     let mut out = Vec::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let pair = entry.split_once('=').map(|(r, h)| (r.trim(), h.trim()));
-        match pair {
-            Some((r, h))
-                if !r.is_empty()
-                    && !h.is_empty()
-                    && !r.contains(['/', '@', ' '])
-                    && !h.contains(['/', '@', ' ']) =>
-            {
-                out.push((
-                    super::reference::endpoint_of(&r.to_ascii_lowercase()).to_string(),
-                    h.to_ascii_lowercase(),
-                ))
-            }
-            _ => {
-                return Err(Error::Setting {
-                    name: ENV_REALMS.into(),
-                    reason: format!(
-                        "`{}` is not REGISTRY=REALM_HOST (e.g. registry.gitlab.example.com=gitlab.example.com)",
-                        entry.chars().take(64).collect::<String>()
-                    ),
-                })
-            }
+        let bad = |why: &str| {
+            Error::Setting {
+            name: ENV_REALMS.into(),
+            reason: format!(
+                "`{}` is not REGISTRY=REALM_HOST (e.g. registry.gitlab.example.com=gitlab.example.com){why}",
+                entry.chars().take(64).collect::<String>()
+            ),
         }
+        };
+        let Some((r, h)) = entry.split_once('=').map(|(r, h)| (r.trim(), h.trim())) else {
+            return Err(bad(""));
+        };
+        let host = |text: &str| RegistryHost::parse(text).map_err(|why| bad(&format!(": {why}")));
+        let (r, h) = (host(r)?, host(h)?);
+        out.push((
+            super::reference::endpoint_of(r.as_str()).to_string(),
+            h.to_string(),
+        ));
     }
     Ok(out)
 }
@@ -379,7 +375,7 @@ enum AuthMode {
 /// A client for one registry.
 pub struct Client {
     agent: ureq::Agent,
-    registry: String,
+    registry: RegistryHost,
     base: String,
     credential: Option<Credential>,
     mode: Mutex<AuthMode>,
@@ -404,8 +400,14 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connect to `registry` (`host[:port]`): load credentials and learn the auth scheme.
+    /// Connect to `registry` (`host[:port]`): load credentials and learn the auth scheme. A
+    /// name that is not a host and port ([`RegistryHost`]) is bad input, refused before
+    /// anything is sent.
     pub fn connect(registry: &str, opts: ClientOptions) -> Result<Client> {
+        let registry = RegistryHost::parse(registry).map_err(|reason| Error::BadRegistry {
+            registry: registry.chars().take(256).collect(),
+            reason,
+        })?;
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .user_agent(concat!("infer-build/", env!("CARGO_PKG_VERSION")))
@@ -439,7 +441,7 @@ impl Client {
         trusted_realms_from(&super::env_var)?;
         let credential = match &opts.credential {
             Some(c) => Some(c.clone()),
-            None => opts.keychain.lookup(registry)?,
+            None => opts.keychain.lookup(registry.as_str())?,
         };
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -448,8 +450,8 @@ impl Client {
             | 1;
         let client = Client {
             agent: config.build().new_agent(),
-            registry: registry.to_string(),
             base: format!("{scheme}://{registry}"),
+            registry,
             credential,
             mode: Mutex::new(AuthMode::Anonymous),
             tokens: Mutex::new(HashMap::new()),
@@ -465,7 +467,7 @@ impl Client {
     }
 
     pub fn registry(&self) -> &str {
-        &self.registry
+        self.registry.as_str()
     }
 
     /// A [`RateGuard`] with this client's minimum rate and window, for a body read by the
@@ -486,7 +488,9 @@ impl Client {
     /// credentials: the hint names that host, the `login` to run and the opt-in.
     pub(crate) fn missing_credentials_hint(&self) -> Option<String> {
         if self.credential.is_none() {
-            return Some(super::auth::missing_credentials_hint(&self.registry));
+            return Some(super::auth::missing_credentials_hint(
+                self.registry.as_str(),
+            ));
         }
         let host = self
             .withheld_realm
@@ -536,7 +540,7 @@ impl Client {
         match resp.status().as_u16() {
             200 => Ok(()),
             401 => Err(Error::Unauthorized {
-                registry: self.registry.clone(),
+                registry: self.registry.to_string(),
                 status: 401,
                 what: match self.missing_credentials_hint() {
                     None => "the API version check".into(),
@@ -790,7 +794,7 @@ impl Client {
                         .opts
                         .trusted_realms
                         .iter()
-                        .any(|(r, h)| r == &self.registry && h == &host)
+                        .any(|(r, h)| self.registry == r.as_str() && h == &host)
             })
     }
 
@@ -1019,10 +1023,14 @@ fn scope_key(scopes: &[String]) -> String {
     s.join(" ")
 }
 
-/// The host (and port) of a token realm URL, lowercased; `None` for one with user info.
+/// The host (and port) of a token realm URL, canonical ([`RegistryHost`]); `None` for one with
+/// user info or no host.
 fn realm_host(realm: &str) -> Option<String> {
     let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
-    (!host.is_empty() && !host.contains('@')).then(|| host.to_ascii_lowercase())
+    if host.contains('@') {
+        return None;
+    }
+    RegistryHost::parse(host).ok().map(|h| h.to_string())
 }
 
 pub(crate) fn retryable_status(status: u16) -> bool {
@@ -1171,24 +1179,12 @@ pub(crate) fn origin(url: &str) -> Option<String> {
     if authority.contains('@') || authority.is_empty() {
         return None;
     }
-    let authority = authority.to_ascii_lowercase();
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let (h, after) = rest.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse::<u16>().ok()?,
-            None if after.is_empty() => default_port,
-            None => return None,
-        };
-        (format!("[{h}]"), port)
-    } else {
-        match authority.split_once(':') {
-            Some((h, p)) => (h.to_string(), p.parse::<u16>().ok()?),
-            None => (authority.clone(), default_port),
-        }
+    let (host, port) = super::host::split_port(authority);
+    let host = Host::parse(host).ok()?;
+    let port = match port {
+        Some(p) => super::host::parse_port(p).ok()?,
+        None => default_port,
     };
-    if host.is_empty() || host == "[]" {
-        return None;
-    }
     Some(format!("{scheme}://{host}:{port}"))
 }
 
@@ -1284,7 +1280,20 @@ mod tests {
                 ),
             ]
         );
-        for bad in ["r.io", "=h", "r.io=", "r.io=https://h/x", "u@r.io=h"] {
+        // Both sides canonical: the pair matches the registry and realm however spelled.
+        assert_eq!(
+            trusted_realms_from(&env("127.1:5301=Auth.Example.:443")).unwrap(),
+            vec![("127.0.0.1:5301".to_string(), "auth.example".to_string())]
+        );
+        for bad in [
+            "r.io",
+            "=h",
+            "r.io=",
+            "r.io=https://h/x",
+            "u@r.io=h",
+            "r.io=h:99999",
+            "r.io#x=h",
+        ] {
             let e = trusted_realms_from(&env(bad)).unwrap_err();
             assert!(
                 e.is_bad_input() && e.to_string().contains(ENV_REALMS),
@@ -1366,6 +1375,13 @@ mod tests {
             ("ftp://r.io/", None),
             ("/v2/relative", None),
             ("https://r.io:99999/", None),
+            // One origin however the host is spelled.
+            ("http://127.1:5000/v2/", Some("http://127.0.0.1:5000")),
+            (
+                "http://[::ffff:127.0.0.1]:5000/",
+                Some("http://127.0.0.1:5000"),
+            ),
+            ("https://R.io.:443/", Some("https://r.io:443")),
         ] {
             assert_eq!(origin(url).as_deref(), want, "{url}");
         }

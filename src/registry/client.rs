@@ -17,6 +17,9 @@
 //!   carry any ([`Client::same_origin`]);
 //! - a TLS registry is never left for plain HTTP: `http://` locations, realms and redirects are
 //!   refused;
+//! - a registry never sends the client to a link-local address, a loopback address other than
+//!   its own, or a private address unless it is on a private network itself: the address is
+//!   judged when the name is resolved, before connecting ([`GuardedResolver`]);
 //! - every request has a connect deadline, an idle deadline per read and write, a deadline
 //!   for the answer once the request is sent (never scaled by a size), and a total deadline
 //!   that grows with the bytes it carries; a body that moves slower than the minimum rate
@@ -35,7 +38,7 @@ use ureq::tls::{Certificate, RootCerts, TlsConfig};
 use ureq::SendBody;
 
 use super::auth::{parse_challenge, Challenge, Credential, Keychain};
-use super::host::{Host, RegistryHost};
+use super::host::{redirect_refusal, Host, RegistryHost};
 use super::{Error, Result};
 
 /// The largest manifest or index read from a registry (what registries themselves accept).
@@ -448,8 +451,18 @@ impl Client {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0x9e37_79b9)
             | 1;
+        let resolver = GuardedResolver {
+            registry: registry.host().clone(),
+            shown: registry.to_string(),
+            own: Mutex::new(Vec::new()),
+        };
+        let agent = ureq::Agent::with_parts(
+            config.build(),
+            ureq::unversioned::transport::DefaultConnector::default(),
+            resolver,
+        );
         let client = Client {
-            agent: config.build().new_agent(),
+            agent,
             base: format!("{scheme}://{registry}"),
             registry,
             credential,
@@ -600,6 +613,13 @@ impl Client {
                         reason: downgrade_reason(why),
                     })
                 }
+                // A registry sending the client to an address it may not go to.
+                Err(ureq::Error::Io(e)) if e.get_ref().is_some_and(|i| i.is::<Refused>()) => {
+                    return Err(Error::Protocol {
+                        what: format!("{} {}", req.method, strip_query(&req.url)),
+                        reason: e.to_string(),
+                    })
+                }
                 Err(e) if !last && retryable_error(&e) => self.pause(attempt, None),
                 Err(e) => {
                     return Err(Error::Transport {
@@ -709,6 +729,9 @@ impl Client {
                     }
                     // Not a refusal of the credentials: the realm itself is refused.
                     Err(e @ ureq::Error::RequireHttpsOnly(_)) => return Err(e),
+                    Err(ureq::Error::Io(e)) if e.get_ref().is_some_and(|i| i.is::<Refused>()) => {
+                        return Err(ureq::Error::Io(e))
+                    }
                     Err(_) => return Ok(resp),
                 }
             }
@@ -1031,6 +1054,80 @@ fn realm_host(realm: &str) -> Option<String> {
         return None;
     }
     RegistryHost::parse(host).ok().map(|h| h.to_string())
+}
+
+/// The refusal of an address a registry sent the client to, carried inside the I/O error the
+/// resolver returns (so it is not retried) and shown as the reason.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The name resolver of one registry's agent: the system's, plus the decision on where the
+/// registry may send the client ([`redirect_refusal`]). The registry's own host goes wherever
+/// it resolves (the user named it), and its addresses are remembered; any other host (a
+/// redirect, an upload location, a token realm) is refused when one of its addresses is
+/// link-local, loopback other than the registry's, private while the registry is not, or
+/// not a host address at all. Deciding on the resolved addresses, before connecting, also
+/// covers a name that resolves somewhere it should not. A proxy the user configured is
+/// theirs: it resolves the hosts it is asked for, so through one only the proxy is resolved
+/// here.
+#[derive(Debug)]
+struct GuardedResolver {
+    registry: Host,
+    /// The registry's name, for messages.
+    shown: String,
+    own: Mutex<Vec<std::net::IpAddr>>,
+}
+
+impl ureq::unversioned::resolver::Resolver for GuardedResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> std::result::Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        use ureq::unversioned::resolver::{DefaultResolver, Resolver};
+        let addrs = Resolver::resolve(&DefaultResolver::default(), uri, config, timeout)?;
+        let host = uri.host().unwrap_or("");
+        let port = uri.port_u16();
+        if config
+            .proxy()
+            .is_some_and(|p| p.host() == host && port.unwrap_or(p.port()) == p.port())
+        {
+            return Ok(addrs);
+        }
+        let ips: Vec<std::net::IpAddr> = addrs.iter().map(|a| a.ip()).collect();
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if Host::parse(host).is_ok_and(|h| h == self.registry) {
+            for ip in ips {
+                if !own.contains(&ip) {
+                    own.push(ip);
+                }
+            }
+            return Ok(addrs);
+        }
+        if let Some(why) = ips.iter().find_map(|ip| redirect_refusal(*ip, &own)) {
+            let place = match port {
+                Some(p) => format!("{host}:{p}"),
+                None => host.to_string(),
+            };
+            return Err(ureq::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                Refused(format!(
+                    "the registry {} sent the client to {place}, and {why}: refused before connecting (redirects, upload locations and token realms may not lead to link-local or other loopback addresses, nor to private ones unless the registry is on a private network)",
+                    self.shown
+                )),
+            )));
+        }
+        Ok(addrs)
+    }
 }
 
 pub(crate) fn retryable_status(status: u16) -> bool {

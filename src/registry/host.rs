@@ -13,8 +13,12 @@
 //! `localhost` is a name, not `127.0.0.1`: what it resolves to is the system's choice (`::1`,
 //! `127.0.0.1`, or both, a different socket each), and podman, skopeo and credentials files
 //! treat the two as different registries too.
+//!
+//! [`AddressKind`] and [`redirect_refusal`] decide where a registry may send the client
+//! (redirects, upload locations, token realms): never to a link-local address, to a loopback
+//! address other than the registry's own, or to a private one unless the registry is there.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The HTTPS port: a registry name without a port means it, so `host:443` is `host`.
 pub(crate) const DEFAULT_PORT: u16 = 443;
@@ -272,6 +276,113 @@ impl PartialEq<&str> for RegistryHost {
     }
 }
 
+/// What kind of place an address is, for where a registry may send the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddressKind {
+    /// Routable on the internet.
+    Public,
+    /// 10/8, 172.16/12, 192.168/16, 100.64/10 (shared address space), fc00::/7, fec0::/10.
+    Private,
+    /// 127/8, ::1.
+    Loopback,
+    /// 169.254/16 (cloud metadata services live there), fe80::/10.
+    LinkLocal,
+    /// 0/8, ::, multicast, broadcast: not a host to connect to (0.0.0.0 reaches this machine).
+    Unusable,
+}
+
+impl AddressKind {
+    pub(crate) fn of(addr: IpAddr) -> AddressKind {
+        match addr {
+            IpAddr::V4(a) => Self::of_v4(a),
+            IpAddr::V6(a) => {
+                if let Some(v4) = a.to_ipv4_mapped() {
+                    return Self::of_v4(v4);
+                }
+                let s = a.segments();
+                // NAT64's well-known prefix 64:ff9b::/96 carries an IPv4 address.
+                if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                    let [a, b] = s[6].to_be_bytes();
+                    let [c, d] = s[7].to_be_bytes();
+                    return Self::of_v4(Ipv4Addr::new(a, b, c, d));
+                }
+                if a.is_loopback() {
+                    AddressKind::Loopback
+                } else if a.is_unspecified() || a.is_multicast() {
+                    AddressKind::Unusable
+                } else if s[0] & 0xffc0 == 0xfe80 {
+                    AddressKind::LinkLocal
+                } else if s[0] & 0xfe00 == 0xfc00 || s[0] & 0xffc0 == 0xfec0 {
+                    AddressKind::Private
+                } else {
+                    AddressKind::Public
+                }
+            }
+        }
+    }
+
+    fn of_v4(a: Ipv4Addr) -> AddressKind {
+        let [x, y, ..] = a.octets();
+        if a.is_loopback() {
+            AddressKind::Loopback
+        } else if a.is_link_local() {
+            AddressKind::LinkLocal
+        } else if a.is_private() || (x == 100 && (64..128).contains(&y)) {
+            AddressKind::Private
+        } else if x == 0 || a.is_multicast() || a.is_broadcast() || x >= 240 {
+            AddressKind::Unusable
+        } else {
+            AddressKind::Public
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            AddressKind::Public => "a public address",
+            AddressKind::Private => "a private address",
+            AddressKind::Loopback => "a loopback address",
+            AddressKind::LinkLocal => "a link-local address",
+            AddressKind::Unusable => "not a unicast host address",
+        }
+    }
+}
+
+/// Why the client may not connect to `target` for a registry at `registry` (its addresses, as
+/// resolved; empty when unknown, as through a proxy), or `None` when it may. The registry's own
+/// addresses are always allowed. Otherwise a public address is allowed; a private one only when
+/// the registry itself is at a private address; a loopback, link-local or unusable one never
+/// (a redirect to another loopback address reaches another service of this machine).
+pub(crate) fn redirect_refusal(target: IpAddr, registry: &[IpAddr]) -> Option<String> {
+    let canon = |a: IpAddr| match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
+        v4 => v4,
+    };
+    let target = canon(target);
+    if registry.iter().any(|r| canon(*r) == target) {
+        return None;
+    }
+    let kind = AddressKind::of(target);
+    let registry_private = registry
+        .iter()
+        .any(|r| AddressKind::of(*r) == AddressKind::Private);
+    let why = match kind {
+        AddressKind::Public => return None,
+        AddressKind::Private if registry_private => return None,
+        AddressKind::Private => format!(
+            "{target} is {} and the registry is not on a private network",
+            kind.describe()
+        ),
+        AddressKind::Loopback => format!(
+            "{target} is {} other than the registry's own",
+            kind.describe()
+        ),
+        AddressKind::LinkLocal | AddressKind::Unusable => {
+            format!("{target} is {}", kind.describe())
+        }
+    };
+    Some(why)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,5 +486,84 @@ mod tests {
             v4("0251.0376.0251.0376").as_deref(),
             Some("169.254.169.254")
         );
+    }
+
+    /// The decision on where a registry may send the client, for every range.
+    #[test]
+    fn redirect_targets_are_judged_by_address() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let on = |reg: &[&str]| reg.iter().map(|s| ip(s)).collect::<Vec<_>>();
+        let public = on(&["203.0.113.7"]);
+        let loopback = on(&["127.0.0.1"]);
+        let private = on(&["10.1.2.3"]);
+        for (target, registry, allowed) in [
+            // Public: from anywhere.
+            ("93.184.216.34", &public, true),
+            ("2606:4700::1", &public, true),
+            ("93.184.216.34", &loopback, true),
+            // Link-local (cloud metadata): never, whoever the registry is.
+            ("169.254.169.254", &public, false),
+            ("169.254.169.254", &private, false),
+            ("169.254.169.254", &loopback, false),
+            ("::ffff:169.254.169.254", &public, false),
+            ("64:ff9b::a9fe:a9fe", &public, false),
+            ("fe80::1", &public, false),
+            ("febf::1", &private, false),
+            // Loopback: only the registry's own address.
+            ("127.0.0.1", &loopback, true),
+            ("::ffff:127.0.0.1", &loopback, true),
+            ("127.0.0.2", &loopback, false),
+            ("127.0.0.1", &public, false),
+            ("::1", &public, false),
+            ("::1", &loopback, false),
+            ("127.0.0.1", &private, false),
+            // Private: only when the registry is on a private network.
+            ("10.0.0.1", &public, false),
+            ("172.16.0.1", &public, false),
+            ("172.31.255.255", &public, false),
+            ("192.168.1.1", &public, false),
+            ("100.64.0.1", &public, false),
+            ("100.127.255.255", &public, false),
+            ("fc00::1", &public, false),
+            ("fd12:3456::1", &public, false),
+            ("fec0::1", &public, false),
+            ("10.0.0.1", &loopback, false),
+            ("10.0.0.1", &private, true),
+            ("192.168.1.1", &private, true),
+            ("fd12:3456::1", &private, true),
+            // Just outside the private ranges: public.
+            ("172.32.0.1", &public, true),
+            ("100.128.0.1", &public, true),
+            ("11.0.0.1", &public, true),
+            // Not a host: never.
+            ("0.0.0.0", &public, false),
+            ("0.1.2.3", &loopback, false),
+            ("::", &public, false),
+            ("224.0.0.1", &public, false),
+            ("255.255.255.255", &public, false),
+            ("ff02::1", &public, false),
+        ] {
+            let why = redirect_refusal(ip(target), registry);
+            assert_eq!(
+                why.is_none(),
+                allowed,
+                "{target} from {registry:?}: {why:?}"
+            );
+            if let Some(why) = why {
+                assert!(
+                    why.starts_with(&ip(target).to_string()) || why.contains("is "),
+                    "{why}"
+                );
+            }
+        }
+        // The registry's own address, whatever it is; unknown registry addresses (a proxy):
+        // only public targets.
+        assert_eq!(
+            redirect_refusal(ip("169.254.1.1"), &on(&["169.254.1.1"])),
+            None
+        );
+        assert!(redirect_refusal(ip("127.0.0.1"), &[]).is_some());
+        assert!(redirect_refusal(ip("10.0.0.1"), &[]).is_some());
+        assert_eq!(redirect_refusal(ip("8.8.8.8"), &[]), None);
     }
 }

@@ -133,6 +133,9 @@ pub struct ClientOptions {
     /// `(registry, realm host)` pairs (canonical [`RegistryHost`] texts): the registry's
     /// credentials may go to that https token service on another host (`ENV_REALMS`).
     pub trusted_realms: Vec<(String, String)>,
+    /// When set, no request (nor retry, nor backoff) runs past this instant: a pull gives its
+    /// mirrors one deadline between them, so dead mirrors cannot hold it for long.
+    pub deadline: Option<Instant>,
 }
 
 /// The pairs of [`ENV_REALMS`] from the environment `var` reads; an error names the entry
@@ -234,6 +237,7 @@ impl Default for ClientOptions {
             rate_window: rate_window.unwrap_or(DEFAULT_RATE_WINDOW),
             notify: Notify::default(),
             trusted_realms: trusted_realms_from(&super::env_var).unwrap_or_default(),
+            deadline: None,
         }
     }
 }
@@ -483,6 +487,19 @@ impl Client {
         self.registry.as_str()
     }
 
+    /// Lift [`ClientOptions::deadline`]: a mirror that answered serves the rest of the pull
+    /// under the usual deadlines.
+    pub(crate) fn lift_deadline(&mut self) {
+        self.opts.deadline = None;
+    }
+
+    /// The time left before [`ClientOptions::deadline`], `None` without one.
+    fn time_left(&self) -> Option<Duration> {
+        self.opts
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
     /// A [`RateGuard`] with this client's minimum rate and window, for a body read by the
     /// caller (a blob download).
     pub(crate) fn rate_guard(&self) -> RateGuard {
@@ -571,12 +588,19 @@ impl Client {
         let mut timeouts = 0;
         loop {
             attempt += 1;
+            if self.out_of_time() {
+                return Err(Error::Transport {
+                    method: req.method.to_string(),
+                    url: strip_query(&req.url),
+                    source: Box::new(ureq::Error::Timeout(ureq::Timeout::Global)),
+                });
+            }
             let last = attempt >= self.opts.max_attempts;
             let result = self.attempt(req, scopes);
             if matches!(result, Err(ureq::Error::Timeout(_))) {
                 timeouts += 1;
             }
-            let last = last || timeouts >= MAX_TIMEOUTS;
+            let last = last || timeouts >= MAX_TIMEOUTS || self.out_of_time();
             match result {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
@@ -635,7 +659,7 @@ impl Client {
     /// Sleep before retry number `attempt` (1-based): `Retry-After` when the server gave one
     /// (capped at a minute), else exponential backoff with jitter.
     pub(crate) fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
-        let d = match retry_after {
+        let wait = match retry_after {
             Some(d) => d.min(MAX_RETRY_AFTER),
             None => {
                 let exp = self
@@ -648,7 +672,12 @@ impl Client {
                 half + half.mul_f64(self.random_unit())
             }
         };
-        std::thread::sleep(d);
+        std::thread::sleep(self.time_left().map_or(wait, |left| wait.min(left)));
+    }
+
+    /// True once [`ClientOptions::deadline`] has passed.
+    fn out_of_time(&self) -> bool {
+        self.time_left().is_some_and(|d| d.is_zero())
     }
 
     pub fn max_attempts(&self) -> u32 {
@@ -841,6 +870,9 @@ impl Client {
         let credential = credential.as_ref();
         let mut last_err = None;
         for attempt in 1..=self.opts.max_attempts.min(4) {
+            if self.out_of_time() {
+                break;
+            }
             let resp = match credential {
                 Some(Credential::IdentityToken(refresh)) => {
                     let mut form = vec![
@@ -852,10 +884,17 @@ impl Client {
                     if let Some(s) = service {
                         form.push(("service", s.to_string()));
                     }
-                    self.agent.post(realm).send_form(form)
+                    let mut r = self.agent.post(realm);
+                    if let Some(left) = self.time_left() {
+                        r = r.config().timeout_global(Some(left)).build();
+                    }
+                    r.send_form(form)
                 }
                 other => {
                     let mut r = self.agent.get(realm);
+                    if let Some(left) = self.time_left() {
+                        r = r.config().timeout_global(Some(left)).build();
+                    }
                     if let Some(s) = service {
                         r = r.query("service", s);
                     }
@@ -931,10 +970,15 @@ impl Client {
         // Bodies are also held to the rate over each window ([`RateGuard`]), and the answer
         // must start within `request_timeout` of the request being sent, whatever its size.
         let bytes = req.body.len().saturating_add(req.expect_bytes);
-        let total = self
+        let mut total = self
             .opts
             .request_timeout
             .saturating_add(Duration::from_secs(bytes / self.opts.min_rate.max(1)));
+        let mut answer = self.opts.request_timeout;
+        if let Some(left) = self.time_left() {
+            total = total.min(left);
+            answer = answer.min(left);
+        }
         // A body that stalls on one write for a whole window moved nothing in it.
         let write_idle = self.opts.idle_timeout.min(self.opts.rate_window);
         macro_rules! run {
@@ -943,7 +987,7 @@ impl Client {
                     .agent
                     .configure_request($r)
                     .timeout_global(Some(total))
-                    .timeout_recv_response(Some(self.opts.request_timeout));
+                    .timeout_recv_response(Some(answer));
                 let c = if $with_body {
                     c.timeout_per_write(Some(write_idle))
                 } else {

@@ -218,11 +218,13 @@ impl Registries {
     }
 
     /// The table whose prefix is the longest match of `written` (a reference's canonical
-    /// text, whose host is `host`) and the length it matches, as containers/image's
-    /// `refMatchingPrefix`: a prefix followed by the end, `/`, `:` or `@`; a `*.domain`
-    /// prefix matches a host name under that domain (the match is the host name). Each
-    /// candidate is looked up by key: the cost grows with the reference, not the tables.
-    fn matching(&self, written: &str, host: &Host) -> Option<(&Table, usize)> {
+    /// text, whose registry is `registry`) and where the rest of `written` (what follows the
+    /// prefix) starts, as containers/image's `refMatchingPrefix`: a prefix followed by the end,
+    /// `/`, `:` or `@`; a `*.domain` prefix matches a host name under that domain, any port
+    /// (the rest then follows the registry, port included, so a mirror's location replaces
+    /// both). Each candidate is looked up by key: the cost grows with the reference, not the
+    /// tables.
+    fn matching(&self, written: &str, registry: &RegistryHost) -> Option<(&Table, usize)> {
         let ends = written
             .char_indices()
             .filter(|(_, c)| matches!(c, '/' | ':' | '@'))
@@ -231,7 +233,7 @@ impl Registries {
         let exact = ends
             .filter_map(|n| self.tables.get(&written[..n]).map(|t| (t, n)))
             .max_by_key(|(_, n)| *n);
-        let wildcard = match host {
+        let wildcard = match registry.host() {
             Host::Name(name) => name
                 .char_indices()
                 .filter(|(_, c)| *c == '.')
@@ -240,9 +242,10 @@ impl Registries {
             _ => None,
         };
         match (exact, wildcard) {
-            (Some(e), Some(w)) if w.1 > e.1 => Some(w),
+            (Some(e), Some((w, len))) if len > e.1 => Some((w, registry.as_str().len())),
             (Some(e), _) => Some(e),
-            (None, w) => w,
+            (None, Some((w, _))) => Some((w, registry.as_str().len())),
+            (None, None) => None,
         }
     }
 
@@ -255,7 +258,7 @@ impl Registries {
     /// the primary location. Without a matching table, `r` itself. A blocked name is an error.
     pub fn sources(&self, r: &Reference) -> Result<Sources> {
         let written = r.to_string();
-        let Some((table, matched)) = self.matching(&written, r.registry.host()) else {
+        let Some((table, matched)) = self.matching(&written, &r.registry) else {
             return Ok(Sources {
                 mirrors: Vec::new(),
                 primary: Source {
@@ -733,6 +736,14 @@ blocked = true
             ]
         );
         assert_eq!(places(&c, "corp.example/x:1"), ["corp.example/x:1"]);
+        // A wildcard matches any port of the host; the mirror's location replaces host and port.
+        assert_eq!(
+            places(&c, "REG.corp.example.:8443/ml/base:1"),
+            [
+                "cache.corp.example:5000/ml/base:1 mirror",
+                "reg.corp.example:8443/ml/base:1 insecure"
+            ]
+        );
         let e = c
             .sources(&Reference::parse("blocked.io/evil/x:1").unwrap())
             .unwrap_err();

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::error::Error;
 use crate::registry::auth;
-use crate::registry::ClientOptions;
+use crate::registry::{ClientOptions, RegistryHost};
 
 #[derive(Debug, Args)]
 pub(crate) struct LoginArgs {
@@ -46,19 +46,16 @@ pub(super) fn run(args: LoginArgs) -> Result<(), Error> {
         .strip_prefix("https://")
         .or_else(|| args.registry.strip_prefix("http://"))
         .unwrap_or(&args.registry)
-        .trim_end_matches('/')
+        .trim_end_matches('/');
+    // The canonical name ([`RegistryHost`]): the one key any spelling of it finds.
+    let registry = RegistryHost::parse(registry)
+        .map_err(|why| {
+            Error::Usage(format!(
+                "login {}: give the registry as HOST[:PORT]: {why}",
+                args.registry
+            ))
+        })?
         .to_string();
-    if registry.is_empty()
-        || registry.contains('/')
-        || registry
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(Error::Usage(format!(
-            "login {}: give the registry as HOST[:PORT]",
-            args.registry
-        )));
-    }
     if args.username.is_empty() || args.username.contains(':') {
         return Err(Error::Usage(
             "--username: must not be empty or hold `:`".into(),

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
+use super::host::RegistryHost;
 use super::{Error, Result};
 use crate::process::{Cmd, SystemRunner};
 
@@ -89,10 +90,24 @@ pub struct CredFile {
 
 impl Keychain {
     /// The credentials for `registry` (`host[:port]`), or `None` for anonymous access.
+    /// Keys are matched by their canonical host ([`RegistryHost`]), so any spelling of the
+    /// registry finds its entry; a malformed `registry` or `INFER_BUILD_REGISTRY` is bad input.
     pub fn lookup(&self, registry: &str) -> Result<Option<Credential>> {
+        let host = RegistryHost::parse(registry).map_err(|reason| Error::BadRegistry {
+            registry: registry.chars().take(256).collect(),
+            reason,
+        })?;
+        let registry = host.as_str();
         if !self.ignore_env {
-            if let EnvCredential::For(c) = env_credential(registry, &super::env_var) {
-                return Ok(Some(c));
+            match env_credential(registry, &super::env_var) {
+                EnvCredential::For(c) => return Ok(Some(c)),
+                EnvCredential::Malformed(reason) => {
+                    return Err(Error::Setting {
+                        name: ENV_REGISTRY.into(),
+                        reason,
+                    })
+                }
+                EnvCredential::None | EnvCredential::NotHere(_) => {}
             }
         }
         for file in self.files() {
@@ -156,6 +171,8 @@ pub(crate) enum EnvCredential {
     For(Credential),
     /// They are set but not for this registry; why, for a hint (never a secret).
     NotHere(String),
+    /// `INFER_BUILD_REGISTRY` is not a registry name; why.
+    Malformed(String),
 }
 
 /// The environment credentials (`var` reads the environment) for `registry` (`host[:port]`):
@@ -169,21 +186,32 @@ pub(crate) fn env_credential(
     let Some(username) = var(ENV_USER).filter(|u| !u.is_empty()) else {
         return EnvCredential::None;
     };
-    let bound = var(ENV_REGISTRY).map(|b| b.trim().to_ascii_lowercase());
-    match bound.as_deref().filter(|b| !b.is_empty()) {
-        None => EnvCredential::NotHere(format!(
+    let Some(bound) = var(ENV_REGISTRY).filter(|b| !b.trim().is_empty()) else {
+        return EnvCredential::NotHere(format!(
             "{ENV_USER}/{ENV_PASSWORD} are set but not used: {ENV_REGISTRY} is unset (set it to `{registry}` to use them for this registry)"
-        )),
-        Some(b) if same_registry(b, &registry.to_ascii_lowercase()) => {
-            EnvCredential::For(Credential::Basic {
-                username,
-                password: var(ENV_PASSWORD).unwrap_or_default(),
-            })
+        ));
+    };
+    let b = match key_registry(bound.trim()) {
+        Ok(b) => b,
+        Err(why) => {
+            return EnvCredential::Malformed(format!(
+                "`{}` is not a registry (host[:port]): {why}",
+                bound.chars().take(64).collect::<String>()
+            ))
         }
-        Some(b) => EnvCredential::NotHere(format!(
-            "{ENV_USER}/{ENV_PASSWORD} are for `{}` ({ENV_REGISTRY}), not for `{registry}`",
-            key_host(b)
-        )),
+    };
+    let Ok(registry) = RegistryHost::parse(registry) else {
+        return EnvCredential::NotHere(format!("`{registry}` is not a registry"));
+    };
+    if same_registry(&b, &registry) {
+        EnvCredential::For(Credential::Basic {
+            username,
+            password: var(ENV_PASSWORD).unwrap_or_default(),
+        })
+    } else {
+        EnvCredential::NotHere(format!(
+            "{ENV_USER}/{ENV_PASSWORD} are for `{b}` ({ENV_REGISTRY}), not for `{registry}`"
+        ))
     }
 }
 
@@ -295,9 +323,11 @@ pub(crate) fn store(path: &Path, registry: &str, username: &str, password: &str)
         .map(|o| o.entry("auths").or_insert_with(|| serde_json::json!({})))
         .and_then(|a| a.as_object_mut())
         .ok_or_else(|| fail("`auths` is not an object".into()))?;
-    // One entry per registry: drop spellings of the same host (`https://host/v1/`).
-    auths.retain(|k, _| !same_registry(k, registry));
-    auths.insert(registry.to_string(), serde_json::json!({ "auth": auth }));
+    // One entry per registry: drop spellings of the same host (`https://host/v1/`, case,
+    // the default port, IPv4 forms).
+    let host = RegistryHost::parse(registry).map_err(|why| fail(why.to_string()))?;
+    auths.retain(|k, _| !key_registry(k).is_ok_and(|k| same_registry(&k, &host)));
+    auths.insert(host.to_string(), serde_json::json!({ "auth": auth }));
     let bytes = serde_json::to_vec_pretty(&doc).unwrap_or_default();
     let dir = path
         .parent()
@@ -412,35 +442,35 @@ pub(crate) fn parse_docker_config(text: &str) -> std::result::Result<DockerConfi
     })
 }
 
-/// The host (and port) of a `config.json` key: keys may be `host`, `https://host`,
-/// `https://host/v1/` and the like.
-fn key_host(key: &str) -> &str {
+/// The registry of a `config.json` key (or of `INFER_BUILD_REGISTRY`), canonical: keys may be
+/// `host`, `https://host`, `https://host/v1/` and the like.
+fn key_registry(key: &str) -> std::result::Result<RegistryHost, String> {
     let k = key
         .strip_prefix("https://")
         .or_else(|| key.strip_prefix("http://"))
         .unwrap_or(key);
-    k.split('/').next().unwrap_or(k)
+    RegistryHost::parse(k.split('/').next().unwrap_or(k))
 }
 
-/// True when a credentials-file key names `registry`. Docker Hub has several names.
-pub(crate) fn same_registry(key: &str, registry: &str) -> bool {
-    let host = key_host(key);
-    host == registry
-        || (registry == "registry-1.docker.io" && matches!(host, "index.docker.io" | "docker.io"))
+/// True when the registry `key` names is `registry`. Docker Hub has several names:
+/// `docker.io` (and `index.docker.io`, the same [`RegistryHost`]) stand for its API host.
+pub(crate) fn same_registry(key: &RegistryHost, registry: &RegistryHost) -> bool {
+    key == registry
+        || (*registry == super::reference::DOCKER_HUB_API && *key == super::reference::DOCKER_HUB)
 }
 
 impl DockerConfig {
     /// Where `registry`'s credentials are. An `auths` entry for it that holds nothing usable
     /// is an error (naming the registry, never the value).
     pub(crate) fn source_for(&self, registry: &str) -> std::result::Result<Source, String> {
-        if let Some((_, helper)) = self
-            .cred_helpers
-            .iter()
-            .find(|(k, _)| same_registry(k, registry))
-        {
+        let Ok(registry) = RegistryHost::parse(registry) else {
+            return Ok(Source::None);
+        };
+        let names = |k: &String| key_registry(k).is_ok_and(|k| same_registry(&k, &registry));
+        if let Some((_, helper)) = self.cred_helpers.iter().find(|(k, _)| names(k)) {
             return Ok(Source::Helper(helper.clone()));
         }
-        if let Some((key, entry)) = self.auths.iter().find(|(k, _)| same_registry(k, registry)) {
+        if let Some((key, entry)) = self.auths.iter().find(|(k, _)| names(k)) {
             if let Some(token) = entry.identitytoken.as_deref().filter(|t| !t.is_empty()) {
                 return Ok(Source::Inline(Credential::IdentityToken(token.to_string())));
             }
@@ -681,6 +711,38 @@ mod tests {
         assert!(parse_docker_config("{").is_err());
     }
 
+    /// A credentials-file key finds its registry whatever the spelling on either side, and
+    /// finds no other registry.
+    #[test]
+    fn credentials_keys_match_the_canonical_registry() {
+        let basic = || {
+            Source::Inline(Credential::Basic {
+                username: "bench".into(),
+                password: "s3cret".into(),
+            })
+        };
+        for (key, registry) in [
+            ("127.0.0.1:5301", "127.1:5301"),
+            ("127.0.0.1:5301", "[::ffff:127.0.0.1]:5301"),
+            ("https://127.0.0.01:5301/v1/", "2130706433:5301"),
+            ("LOCALHOST:5301", "localhost:5301"),
+            ("https://Reg.Example.com./v1/", "reg.example.com:443"),
+            ("reg.example.com:443", "REG.example.com"),
+        ] {
+            let config = format!(r#"{{"auths":{{"{key}":{{"auth":"YmVuY2g6czNjcmV0"}}}}}}"#);
+            check_source(&config, registry, basic());
+        }
+        for (key, registry) in [
+            ("127.0.0.1:5301", "localhost:5301"),
+            ("127.0.0.1:5301", "127.0.0.2:5301"),
+            ("reg.example.com", "reg.example.com:8443"),
+            ("bad host?", "bad"),
+        ] {
+            let config = format!(r#"{{"auths":{{"{key}":{{"auth":"YmVuY2g6czNjcmV0"}}}}}}"#);
+            check_source(&config, registry, Source::None);
+        }
+    }
+
     #[test]
     fn malformed_entries_name_the_key_never_the_value() {
         let c = parse_docker_config(r#"{"auths":{"r.io":{"auth":"bm90LWJhc2U2NA-!!"}}}"#).unwrap();
@@ -883,6 +945,20 @@ mod tests {
             env_credential("r.io", &env(&[(ENV_REGISTRY, "r.io")])),
             EnvCredential::None
         );
+        // The bound registry's other spellings are the same registry.
+        let spelled = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "127.1:5301")]);
+        for registry in ["127.0.0.1:5301", "[::ffff:127.0.0.1]:5301"] {
+            assert!(
+                matches!(env_credential(registry, &spelled), EnvCredential::For(_)),
+                "{registry}"
+            );
+        }
+        // A bound that is not a registry is refused, not silently matched or ignored.
+        let malformed = env(&[(ENV_USER, "ci"), (ENV_REGISTRY, "r.io:99999")]);
+        match env_credential("r.io", &malformed) {
+            EnvCredential::Malformed(why) => assert!(why.contains("out of range"), "{why}"),
+            e => panic!("{e:?}"),
+        }
     }
 
     #[test]

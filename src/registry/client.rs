@@ -17,6 +17,9 @@
 //!   carry any ([`Client::same_origin`]);
 //! - a TLS registry is never left for plain HTTP: `http://` locations, realms and redirects are
 //!   refused;
+//! - a registry never sends the client to a link-local address, a loopback address other than
+//!   its own, or a private address unless it is on a private network itself: the address is
+//!   judged when the name is resolved, before connecting ([`GuardedResolver`]);
 //! - every request has a connect deadline, an idle deadline per read and write, a deadline
 //!   for the answer once the request is sent (never scaled by a size), and a total deadline
 //!   that grows with the bytes it carries; a body that moves slower than the minimum rate
@@ -35,6 +38,7 @@ use ureq::tls::{Certificate, RootCerts, TlsConfig};
 use ureq::SendBody;
 
 use super::auth::{parse_challenge, Challenge, Credential, Keychain};
+use super::host::{redirect_refusal, Host, RegistryHost};
 use super::{Error, Result};
 
 /// The largest manifest or index read from a registry (what registries themselves accept).
@@ -126,9 +130,12 @@ pub struct ClientOptions {
     pub rate_window: Duration,
     /// Told when the client waits on a registry's rate limit.
     pub notify: Notify,
-    /// `(registry, realm host)` pairs: the registry's credentials may go to that https token
-    /// service on another host (`ENV_REALMS`).
+    /// `(registry, realm host)` pairs (canonical [`RegistryHost`] texts): the registry's
+    /// credentials may go to that https token service on another host (`ENV_REALMS`).
     pub trusted_realms: Vec<(String, String)>,
+    /// When set, no request (nor retry, nor backoff) runs past this instant: a pull gives its
+    /// mirrors one deadline between them, so dead mirrors cannot hold it for long.
+    pub deadline: Option<Instant>,
 }
 
 /// The pairs of [`ENV_REALMS`] from the environment `var` reads; an error names the entry
@@ -141,29 +148,24 @@ pub(crate) fn trusted_realms_from(
     };
     let mut out = Vec::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let pair = entry.split_once('=').map(|(r, h)| (r.trim(), h.trim()));
-        match pair {
-            Some((r, h))
-                if !r.is_empty()
-                    && !h.is_empty()
-                    && !r.contains(['/', '@', ' '])
-                    && !h.contains(['/', '@', ' ']) =>
-            {
-                out.push((
-                    super::reference::endpoint_of(&r.to_ascii_lowercase()).to_string(),
-                    h.to_ascii_lowercase(),
-                ))
-            }
-            _ => {
-                return Err(Error::Setting {
-                    name: ENV_REALMS.into(),
-                    reason: format!(
-                        "`{}` is not REGISTRY=REALM_HOST (e.g. registry.gitlab.example.com=gitlab.example.com)",
-                        entry.chars().take(64).collect::<String>()
-                    ),
-                })
-            }
+        let bad = |why: &str| {
+            Error::Setting {
+            name: ENV_REALMS.into(),
+            reason: format!(
+                "`{}` is not REGISTRY=REALM_HOST (e.g. registry.gitlab.example.com=gitlab.example.com){why}",
+                entry.chars().take(64).collect::<String>()
+            ),
         }
+        };
+        let Some((r, h)) = entry.split_once('=').map(|(r, h)| (r.trim(), h.trim())) else {
+            return Err(bad(""));
+        };
+        let host = |text: &str| RegistryHost::parse(text).map_err(|why| bad(&format!(": {why}")));
+        let (r, h) = (host(r)?, host(h)?);
+        out.push((
+            super::reference::endpoint_of(r.as_str()).to_string(),
+            h.to_string(),
+        ));
     }
     Ok(out)
 }
@@ -235,6 +237,7 @@ impl Default for ClientOptions {
             rate_window: rate_window.unwrap_or(DEFAULT_RATE_WINDOW),
             notify: Notify::default(),
             trusted_realms: trusted_realms_from(&super::env_var).unwrap_or_default(),
+            deadline: None,
         }
     }
 }
@@ -379,7 +382,7 @@ enum AuthMode {
 /// A client for one registry.
 pub struct Client {
     agent: ureq::Agent,
-    registry: String,
+    registry: RegistryHost,
     base: String,
     credential: Option<Credential>,
     mode: Mutex<AuthMode>,
@@ -404,8 +407,14 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connect to `registry` (`host[:port]`): load credentials and learn the auth scheme.
+    /// Connect to `registry` (`host[:port]`): load credentials and learn the auth scheme. A
+    /// name that is not a host and port ([`RegistryHost`]) is bad input, refused before
+    /// anything is sent.
     pub fn connect(registry: &str, opts: ClientOptions) -> Result<Client> {
+        let registry = RegistryHost::parse(registry).map_err(|reason| Error::BadRegistry {
+            registry: registry.chars().take(256).collect(),
+            reason,
+        })?;
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .user_agent(concat!("infer-build/", env!("CARGO_PKG_VERSION")))
@@ -439,17 +448,27 @@ impl Client {
         trusted_realms_from(&super::env_var)?;
         let credential = match &opts.credential {
             Some(c) => Some(c.clone()),
-            None => opts.keychain.lookup(registry)?,
+            None => opts.keychain.lookup(registry.as_str())?,
         };
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0x9e37_79b9)
             | 1;
+        let resolver = GuardedResolver {
+            registry: registry.host().clone(),
+            shown: registry.to_string(),
+            own: Mutex::new(Vec::new()),
+        };
+        let agent = ureq::Agent::with_parts(
+            config.build(),
+            ureq::unversioned::transport::DefaultConnector::default(),
+            resolver,
+        );
         let client = Client {
-            agent: config.build().new_agent(),
-            registry: registry.to_string(),
+            agent,
             base: format!("{scheme}://{registry}"),
+            registry,
             credential,
             mode: Mutex::new(AuthMode::Anonymous),
             tokens: Mutex::new(HashMap::new()),
@@ -465,7 +484,20 @@ impl Client {
     }
 
     pub fn registry(&self) -> &str {
-        &self.registry
+        self.registry.as_str()
+    }
+
+    /// Lift [`ClientOptions::deadline`]: a mirror that answered serves the rest of the pull
+    /// under the usual deadlines.
+    pub(crate) fn lift_deadline(&mut self) {
+        self.opts.deadline = None;
+    }
+
+    /// The time left before [`ClientOptions::deadline`], `None` without one.
+    fn time_left(&self) -> Option<Duration> {
+        self.opts
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// A [`RateGuard`] with this client's minimum rate and window, for a body read by the
@@ -486,7 +518,9 @@ impl Client {
     /// credentials: the hint names that host, the `login` to run and the opt-in.
     pub(crate) fn missing_credentials_hint(&self) -> Option<String> {
         if self.credential.is_none() {
-            return Some(super::auth::missing_credentials_hint(&self.registry));
+            return Some(super::auth::missing_credentials_hint(
+                self.registry.as_str(),
+            ));
         }
         let host = self
             .withheld_realm
@@ -536,7 +570,7 @@ impl Client {
         match resp.status().as_u16() {
             200 => Ok(()),
             401 => Err(Error::Unauthorized {
-                registry: self.registry.clone(),
+                registry: self.registry.to_string(),
                 status: 401,
                 what: match self.missing_credentials_hint() {
                     None => "the API version check".into(),
@@ -554,12 +588,19 @@ impl Client {
         let mut timeouts = 0;
         loop {
             attempt += 1;
+            if self.out_of_time() {
+                return Err(Error::Transport {
+                    method: req.method.to_string(),
+                    url: strip_query(&req.url),
+                    source: Box::new(ureq::Error::Timeout(ureq::Timeout::Global)),
+                });
+            }
             let last = attempt >= self.opts.max_attempts;
             let result = self.attempt(req, scopes);
             if matches!(result, Err(ureq::Error::Timeout(_))) {
                 timeouts += 1;
             }
-            let last = last || timeouts >= MAX_TIMEOUTS;
+            let last = last || timeouts >= MAX_TIMEOUTS || self.out_of_time();
             match result {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
@@ -596,6 +637,13 @@ impl Client {
                         reason: downgrade_reason(why),
                     })
                 }
+                // A registry sending the client to an address it may not go to.
+                Err(ureq::Error::Io(e)) if e.get_ref().is_some_and(|i| i.is::<Refused>()) => {
+                    return Err(Error::Protocol {
+                        what: format!("{} {}", req.method, strip_query(&req.url)),
+                        reason: e.to_string(),
+                    })
+                }
                 Err(e) if !last && retryable_error(&e) => self.pause(attempt, None),
                 Err(e) => {
                     return Err(Error::Transport {
@@ -611,7 +659,7 @@ impl Client {
     /// Sleep before retry number `attempt` (1-based): `Retry-After` when the server gave one
     /// (capped at a minute), else exponential backoff with jitter.
     pub(crate) fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
-        let d = match retry_after {
+        let wait = match retry_after {
             Some(d) => d.min(MAX_RETRY_AFTER),
             None => {
                 let exp = self
@@ -624,7 +672,12 @@ impl Client {
                 half + half.mul_f64(self.random_unit())
             }
         };
-        std::thread::sleep(d);
+        std::thread::sleep(self.time_left().map_or(wait, |left| wait.min(left)));
+    }
+
+    /// True once [`ClientOptions::deadline`] has passed.
+    fn out_of_time(&self) -> bool {
+        self.time_left().is_some_and(|d| d.is_zero())
     }
 
     pub fn max_attempts(&self) -> u32 {
@@ -705,6 +758,9 @@ impl Client {
                     }
                     // Not a refusal of the credentials: the realm itself is refused.
                     Err(e @ ureq::Error::RequireHttpsOnly(_)) => return Err(e),
+                    Err(ureq::Error::Io(e)) if e.get_ref().is_some_and(|i| i.is::<Refused>()) => {
+                        return Err(ureq::Error::Io(e))
+                    }
                     Err(_) => return Ok(resp),
                 }
             }
@@ -790,7 +846,7 @@ impl Client {
                         .opts
                         .trusted_realms
                         .iter()
-                        .any(|(r, h)| r == &self.registry && h == &host)
+                        .any(|(r, h)| self.registry == r.as_str() && h == &host)
             })
     }
 
@@ -814,6 +870,9 @@ impl Client {
         let credential = credential.as_ref();
         let mut last_err = None;
         for attempt in 1..=self.opts.max_attempts.min(4) {
+            if self.out_of_time() {
+                break;
+            }
             let resp = match credential {
                 Some(Credential::IdentityToken(refresh)) => {
                     let mut form = vec![
@@ -825,10 +884,17 @@ impl Client {
                     if let Some(s) = service {
                         form.push(("service", s.to_string()));
                     }
-                    self.agent.post(realm).send_form(form)
+                    let mut r = self.agent.post(realm);
+                    if let Some(left) = self.time_left() {
+                        r = r.config().timeout_global(Some(left)).build();
+                    }
+                    r.send_form(form)
                 }
                 other => {
                     let mut r = self.agent.get(realm);
+                    if let Some(left) = self.time_left() {
+                        r = r.config().timeout_global(Some(left)).build();
+                    }
                     if let Some(s) = service {
                         r = r.query("service", s);
                     }
@@ -904,10 +970,15 @@ impl Client {
         // Bodies are also held to the rate over each window ([`RateGuard`]), and the answer
         // must start within `request_timeout` of the request being sent, whatever its size.
         let bytes = req.body.len().saturating_add(req.expect_bytes);
-        let total = self
+        let mut total = self
             .opts
             .request_timeout
             .saturating_add(Duration::from_secs(bytes / self.opts.min_rate.max(1)));
+        let mut answer = self.opts.request_timeout;
+        if let Some(left) = self.time_left() {
+            total = total.min(left);
+            answer = answer.min(left);
+        }
         // A body that stalls on one write for a whole window moved nothing in it.
         let write_idle = self.opts.idle_timeout.min(self.opts.rate_window);
         macro_rules! run {
@@ -916,7 +987,7 @@ impl Client {
                     .agent
                     .configure_request($r)
                     .timeout_global(Some(total))
-                    .timeout_recv_response(Some(self.opts.request_timeout));
+                    .timeout_recv_response(Some(answer));
                 let c = if $with_body {
                     c.timeout_per_write(Some(write_idle))
                 } else {
@@ -1019,10 +1090,88 @@ fn scope_key(scopes: &[String]) -> String {
     s.join(" ")
 }
 
-/// The host (and port) of a token realm URL, lowercased; `None` for one with user info.
+/// The host (and port) of a token realm URL, canonical ([`RegistryHost`]); `None` for one with
+/// user info or no host.
 fn realm_host(realm: &str) -> Option<String> {
     let host = realm.split_once("://")?.1.split(['/', '?', '#']).next()?;
-    (!host.is_empty() && !host.contains('@')).then(|| host.to_ascii_lowercase())
+    if host.contains('@') {
+        return None;
+    }
+    RegistryHost::parse(host).ok().map(|h| h.to_string())
+}
+
+/// The refusal of an address a registry sent the client to, carried inside the I/O error the
+/// resolver returns (so it is not retried) and shown as the reason.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The name resolver of one registry's agent: the system's, plus the decision on where the
+/// registry may send the client ([`redirect_refusal`]). The registry's own host goes wherever
+/// it resolves (the user named it), and its addresses are remembered; any other host (a
+/// redirect, an upload location, a token realm) is refused when one of its addresses is
+/// link-local, loopback other than the registry's, private while the registry is not, or
+/// not a host address at all. Deciding on the resolved addresses, before connecting, also
+/// covers a name that resolves somewhere it should not. A proxy the user configured is
+/// theirs: it resolves the hosts it is asked for, so through one only the proxy is resolved
+/// here.
+#[derive(Debug)]
+struct GuardedResolver {
+    registry: Host,
+    /// The registry's name, for messages.
+    shown: String,
+    own: Mutex<Vec<std::net::IpAddr>>,
+}
+
+impl ureq::unversioned::resolver::Resolver for GuardedResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> std::result::Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        use ureq::unversioned::resolver::{DefaultResolver, Resolver};
+        let addrs = Resolver::resolve(&DefaultResolver::default(), uri, config, timeout)?;
+        let host = uri.host().unwrap_or("");
+        let port = uri.port_u16();
+        if config
+            .proxy()
+            .is_some_and(|p| p.host() == host && port.unwrap_or(p.port()) == p.port())
+        {
+            return Ok(addrs);
+        }
+        let ips: Vec<std::net::IpAddr> = addrs.iter().map(|a| a.ip()).collect();
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if Host::parse(host).is_ok_and(|h| h == self.registry) {
+            for ip in ips {
+                if !own.contains(&ip) {
+                    own.push(ip);
+                }
+            }
+            return Ok(addrs);
+        }
+        if let Some(why) = ips.iter().find_map(|ip| redirect_refusal(*ip, &own)) {
+            let place = match port {
+                Some(p) => format!("{host}:{p}"),
+                None => host.to_string(),
+            };
+            return Err(ureq::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                Refused(format!(
+                    "the registry {} sent the client to {place}, and {why}: refused before connecting (redirects, upload locations and token realms may not lead to link-local or other loopback addresses, nor to private ones unless the registry is on a private network)",
+                    self.shown
+                )),
+            )));
+        }
+        Ok(addrs)
+    }
 }
 
 pub(crate) fn retryable_status(status: u16) -> bool {
@@ -1171,24 +1320,12 @@ pub(crate) fn origin(url: &str) -> Option<String> {
     if authority.contains('@') || authority.is_empty() {
         return None;
     }
-    let authority = authority.to_ascii_lowercase();
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let (h, after) = rest.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse::<u16>().ok()?,
-            None if after.is_empty() => default_port,
-            None => return None,
-        };
-        (format!("[{h}]"), port)
-    } else {
-        match authority.split_once(':') {
-            Some((h, p)) => (h.to_string(), p.parse::<u16>().ok()?),
-            None => (authority.clone(), default_port),
-        }
+    let (host, port) = super::host::split_port(authority);
+    let host = Host::parse(host).ok()?;
+    let port = match port {
+        Some(p) => super::host::parse_port(p).ok()?,
+        None => default_port,
     };
-    if host.is_empty() || host == "[]" {
-        return None;
-    }
     Some(format!("{scheme}://{host}:{port}"))
 }
 
@@ -1284,7 +1421,20 @@ mod tests {
                 ),
             ]
         );
-        for bad in ["r.io", "=h", "r.io=", "r.io=https://h/x", "u@r.io=h"] {
+        // Both sides canonical: the pair matches the registry and realm however spelled.
+        assert_eq!(
+            trusted_realms_from(&env("127.1:5301=Auth.Example.:443")).unwrap(),
+            vec![("127.0.0.1:5301".to_string(), "auth.example".to_string())]
+        );
+        for bad in [
+            "r.io",
+            "=h",
+            "r.io=",
+            "r.io=https://h/x",
+            "u@r.io=h",
+            "r.io=h:99999",
+            "r.io#x=h",
+        ] {
             let e = trusted_realms_from(&env(bad)).unwrap_err();
             assert!(
                 e.is_bad_input() && e.to_string().contains(ENV_REALMS),
@@ -1366,6 +1516,13 @@ mod tests {
             ("ftp://r.io/", None),
             ("/v2/relative", None),
             ("https://r.io:99999/", None),
+            // One origin however the host is spelled.
+            ("http://127.1:5000/v2/", Some("http://127.0.0.1:5000")),
+            (
+                "http://[::ffff:127.0.0.1]:5000/",
+                Some("http://127.0.0.1:5000"),
+            ),
+            ("https://R.io.:443/", Some("https://r.io:443")),
         ] {
             assert_eq!(origin(url).as_deref(), want, "{url}");
         }

@@ -23,6 +23,7 @@ use crate::oci::image::Document;
 
 pub(crate) mod auth;
 pub(crate) mod client;
+pub(crate) mod host;
 pub(crate) mod inspect;
 pub(crate) mod layout;
 pub(crate) mod lock;
@@ -35,6 +36,7 @@ pub(crate) mod warmup;
 pub use auth::Keychain;
 pub use client::Notify;
 pub use client::{Client, ClientOptions};
+pub use host::RegistryHost;
 pub use inspect::{inspect, PlainPull, RemoteImage, RemoteManifest};
 pub use lock::lookup as pinned_digest;
 pub use pull::PullOptions;
@@ -50,6 +52,9 @@ pub use warmup::{referrers, Referrer};
 pub enum Error {
     #[error("invalid reference `{reference}`: {reason}")]
     BadReference { reference: String, reason: String },
+    /// A registry name that is not `host[:port]` ([`RegistryHost`]).
+    #[error("invalid registry `{registry}`: {reason}")]
+    BadRegistry { registry: String, reason: String },
     #[error("invalid OCI layout {}: {reason}", path.display())]
     Layout { path: PathBuf, reason: String },
     #[error("cannot read {}", path.display())]
@@ -146,6 +151,7 @@ impl Error {
         matches!(
             self,
             Error::BadReference { .. }
+                | Error::BadRegistry { .. }
                 | Error::Layout { .. }
                 | Error::CaCert { .. }
                 | Error::Credentials { .. }
@@ -256,7 +262,7 @@ fn manifest_refused(
         };
     }
     Error::Unauthorized {
-        registry: r.registry.clone(),
+        registry: r.registry.to_string(),
         status,
         what: match client.missing_credentials_hint() {
             Some(hint) => format!("{doing} {} ({hint})", r.repository),

@@ -9,6 +9,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ureq::http::Method;
 
@@ -38,6 +39,11 @@ pub struct PullOptions {
     /// environment ([`Registries::load`]).
     pub registries: Option<std::sync::Arc<Registries>>,
 }
+
+/// The time a pull gives its registries.conf mirrors, all of them together: a mirror still
+/// unanswered then is stopped, the ones after it are not tried, and the registry itself is
+/// asked. A mirror that answered in time serves the whole pull.
+pub(crate) const MIRROR_BUDGET: Duration = Duration::from_secs(30);
 
 /// The result of a pull.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -146,22 +152,32 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         None => std::sync::Arc::new(Registries::load(None, &super::env_var)?),
     };
     let sources = registries.sources(&r)?;
-    let open = |src: &Source| {
+    let open = |src: &Source, deadline: Option<Instant>| {
         open_source(
             &r,
             src,
             opts,
             &layout,
-            &os,
-            &arch,
+            (&os, &arch),
             pinned_by_lock.as_deref(),
+            deadline,
         )
     };
-    // A mirror that fails is passed over, and said; the primary's error is the answer.
+    // A mirror that fails is passed over, and said; the primary's error is the answer. The
+    // mirrors share one deadline, so dead ones cannot hold the pull for long.
     let mut tried = Vec::new();
     let mut found = None;
+    let deadline = Instant::now() + MIRROR_BUDGET;
     for src in &sources.mirrors {
-        match open(src) {
+        if Instant::now() >= deadline {
+            tried.push(format!(
+                "{}: not tried: the mirrors' time ({:.0} s) was spent",
+                src.place(),
+                MIRROR_BUDGET.as_secs_f64()
+            ));
+            continue;
+        }
+        match open(src, Some(deadline)) {
             Ok(opened) => {
                 found = Some((src, opened));
                 break;
@@ -171,7 +187,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     }
     let (src, opened) = match found {
         Some(found) => found,
-        None => match open(&sources.primary) {
+        None => match open(&sources.primary, None) {
             Ok(opened) => (&sources.primary, opened),
             Err(e) if tried.is_empty() => return Err(e),
             Err(e) => {
@@ -286,18 +302,17 @@ type Known = (Descriptor, Option<Digest>, usize);
 /// HEAD first (registries such as Docker Hub count GETs of manifests against a rate limit,
 /// not HEADs): when the digest it names is already complete in the layout, nothing is
 /// downloaded; else the manifest is fetched by that digest and verified against it.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one pull's fixed context (reference, options, layout, platform, lock) and the source being tried; a private step of pull_with"
-)]
+///
+/// `deadline` (the mirrors' shared one) bounds everything until the manifest is in; a source
+/// that answered serves the blobs under the usual deadlines.
 fn open_source(
     logical: &Reference,
     src: &Source,
     opts: &PullOptions,
     layout: &Layout,
-    os: &str,
-    arch: &str,
+    (os, arch): (&str, &str),
     pinned_by_lock: Option<&Path>,
+    deadline: Option<Instant>,
 ) -> Result<Opened> {
     let mut client_opts = opts.client.clone();
     client_opts.insecure |= src.insecure;
@@ -305,13 +320,15 @@ fn open_source(
         // A mirror is a shortcut: an unreachable one is passed over quickly.
         client_opts.max_attempts = client_opts.max_attempts.min(3);
     }
+    client_opts.deadline = deadline;
     let r = &src.reference;
-    let client = Client::connect(r.endpoint(), client_opts)?;
+    let mut client = Client::connect(r.endpoint(), client_opts)?;
     let scopes = vec![format!("repository:{}:pull", r.repository)];
     let mut want = r.digest.clone();
     if want.is_none() {
         if let Some(d) = super::head_manifest(&client, r, r.manifest_ref(), &scopes)? {
             if let Some(known) = local_image(layout, &d, os, arch) {
+                client.lift_deadline();
                 return Ok(Opened {
                     client,
                     bytes: Vec::new(),
@@ -349,6 +366,7 @@ fn open_source(
             });
         }
     }
+    client.lift_deadline();
     Ok(Opened {
         client,
         bytes,

@@ -525,7 +525,10 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         .as_deref()
         .map(read_locations)
         .unwrap_or_default();
-    let known = known.get(&target.registry).cloned().unwrap_or_default();
+    let known = known
+        .get(target.registry.as_str())
+        .cloned()
+        .unwrap_or_default();
     let blobs: Vec<&Blob> = plan.blobs.values().collect();
     let outcomes = pusher.push_blobs(&blobs, &known)?;
 
@@ -597,11 +600,11 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
 
     if let Some(path) = &locations_file {
         let digests: Vec<String> = plan.blobs.keys().map(Digest::to_string).collect();
-        save_locations(path, &target.registry, &target.repository, &digests);
+        save_locations(path, target.registry.as_str(), &target.repository, &digests);
     }
 
     let mut report = PushReport {
-        registry: target.registry.clone(),
+        registry: target.registry.to_string(),
         repository: target.repository.clone(),
         tags,
         blobs: Vec::new(),

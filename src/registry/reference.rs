@@ -1,14 +1,17 @@
-//! Image references: `REGISTRY[:PORT]/REPO[:TAG][@sha256:HEX]`. Pure parsing, no I/O.
+//! Image references: `REGISTRY[:PORT]/REPO[:TAG][@sha256:HEX]`. Pure parsing, no I/O. The
+//! registry's name is a [`RegistryHost`], canonical.
 
+use super::host::RegistryHost;
 use super::{Error, Result};
 use crate::oci::Digest;
 
 /// A parsed image reference, normalized as Docker and containerd name images: `registry` is
-/// the registry's name as people write it (`docker.io` for Docker Hub), which plans, lock
-/// files and messages show; [`Reference::endpoint`] is the host the client connects to.
+/// the registry's name as people write it (`docker.io` for Docker Hub), in its canonical
+/// spelling ([`RegistryHost`]), which plans, lock files and messages show;
+/// [`Reference::endpoint`] is the host the client connects to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
-    pub registry: String,
+    pub registry: RegistryHost,
     pub repository: String,
     pub tag: Option<String>,
     pub digest: Option<Digest>,
@@ -16,8 +19,6 @@ pub struct Reference {
 
 /// Docker Hub's name in references.
 pub(crate) const DOCKER_HUB: &str = "docker.io";
-/// Docker Hub's older name, normalized to [`DOCKER_HUB`].
-const DOCKER_HUB_LEGACY: &str = "index.docker.io";
 /// The host that serves Docker Hub's registry API.
 pub(crate) const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
@@ -25,8 +26,20 @@ impl Reference {
     /// Parse `reference` as `docker pull` reads it (containerd's `ParseNormalizedNamed`): a
     /// first path component with a `.` or `:`, or `localhost`, or any uppercase letter is a
     /// registry; anything else means Docker Hub, `docker.io`. `index.docker.io` becomes
-    /// `docker.io`, and a Docker Hub name of one component gets the `library/` namespace.
+    /// `docker.io`, and a Docker Hub name of one component gets the `library/` namespace. The
+    /// registry is canonical ([`RegistryHost`]): a host or port that is not one is refused.
     pub fn parse(reference: &str) -> Result<Reference> {
+        Self::parse_as(reference, false)
+    }
+
+    /// [`Reference::parse`] of `HOST[:PORT]/REPO[:TAG][@DIGEST]` whose first component is the
+    /// registry, whatever it looks like (a registries.conf location rewritten into a
+    /// reference: `myreg/app` there is the host `myreg`, not Docker Hub).
+    pub(crate) fn parse_at_host(reference: &str) -> Result<Reference> {
+        Self::parse_as(reference, true)
+    }
+
+    fn parse_as(reference: &str, first_is_host: bool) -> Result<Reference> {
         let bad = |reason: &str| Error::BadReference {
             reference: reference.to_string(),
             reason: reason.to_string(),
@@ -55,24 +68,22 @@ impl Reference {
                 ));
             }
         }
-        let (mut registry, mut repository) = match name.split_once('/') {
+        let (registry, mut repository) = match name.split_once('/') {
             Some((first, path))
-                if first.contains(['.', ':'])
+                if first_is_host
+                    || first.contains(['.', ':', '[', ']'])
                     || first == "localhost"
                     || first.chars().any(|c| c.is_ascii_uppercase()) =>
             {
-                (first.to_string(), path.to_string())
+                let host = RegistryHost::parse(first)
+                    .map_err(|why| bad(&format!("registry `{first}`: {why}")))?;
+                (host, path.to_string())
             }
-            _ => (DOCKER_HUB.to_string(), name.to_string()),
+            _ if first_is_host => return Err(bad("expected HOST[:PORT]/REPOSITORY")),
+            _ => (RegistryHost::docker_hub(), name.to_string()),
         };
-        if registry == DOCKER_HUB_LEGACY {
-            registry = DOCKER_HUB.to_string();
-        }
         if registry == DOCKER_HUB && !repository.contains('/') {
             repository = format!("library/{repository}");
-        }
-        if registry.is_empty() || registry.contains(|c: char| c.is_whitespace()) {
-            return Err(bad("the registry host is empty or has spaces"));
         }
         if !valid_repository(&repository) {
             return Err(bad(
@@ -90,7 +101,7 @@ impl Reference {
     /// The host (and port) the registry API is served from: Docker Hub's is
     /// `registry-1.docker.io` (containerd's `DefaultHost`), every other registry's is its name.
     pub fn endpoint(&self) -> &str {
-        endpoint_of(&self.registry)
+        endpoint_of(self.registry.as_str())
     }
 
     /// The tag or digest used in `/v2/<name>/manifests/<reference>`: the digest when there is
@@ -167,7 +178,7 @@ mod tests {
     fn check(input: &str, expected: Option<(&str, &str, Option<&str>, Option<&str>)>) {
         let got = Reference::parse(input).ok().map(|r| {
             (
-                r.registry,
+                r.registry.to_string(),
                 r.repository,
                 r.tag,
                 r.digest.map(|d| d.to_string()),
@@ -213,6 +224,18 @@ mod tests {
         check("127.0.0.1:5000/x@sha256:123", None);
         check("127.0.0.1:5000/", None);
         check("127.0.0.1:5000/a//b", None);
+        // A registry that is not a host and port is refused, not sent a broken URL.
+        for bad in [
+            "127.0.0.1:5311#x/y:base",
+            "host.io?x=1/y",
+            "r.io:99999/x",
+            "r.io:/x",
+            "[::1/x",
+        ] {
+            let e = Reference::parse(bad).expect_err(bad);
+            assert!(e.is_bad_input(), "{bad}");
+            assert!(e.to_string().contains("registry"), "{bad}: {e}");
+        }
     }
 
     /// Docker Hub's names, as containerd normalizes them (`reference/docker/normalize.go`:
@@ -241,8 +264,12 @@ mod tests {
             ("127.0.0.1:5000/ubuntu", "127.0.0.1:5000", "ubuntu", "127.0.0.1:5000/ubuntu", "127.0.0.1:5000"),
             ("nvcr.io/nvidia/tritonserver", "nvcr.io", "nvidia/tritonserver", "nvcr.io/nvidia/tritonserver", "nvcr.io"),
             ("ghcr.io/org/img", "ghcr.io", "org/img", "ghcr.io/org/img", "ghcr.io"),
-            // An uppercase first component is a host, not a Docker Hub user.
-            ("Foo/bar", "Foo", "bar", "Foo/bar", "Foo"),
+            // An uppercase first component is a host, not a Docker Hub user; hosts are
+            // canonical, lowercase.
+            ("Foo/bar", "foo", "bar", "foo/bar", "foo"),
+            ("LOCALHOST:5301/x", "localhost:5301", "x", "localhost:5301/x", "localhost:5301"),
+            ("127.1:5301/x", "127.0.0.1:5301", "x", "127.0.0.1:5301/x", "127.0.0.1:5301"),
+            ("Index.Docker.IO:443/ubuntu", "docker.io", "library/ubuntu", "docker.io/library/ubuntu", "registry-1.docker.io"),
         ];
         for (written, registry, repository, shown, endpoint) in table {
             let r = Reference::parse(written).unwrap_or_else(|e| panic!("{written}: {e}"));

@@ -18,11 +18,13 @@
 //!
 //! Pure: reading files and deciding sources; no network.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::host::{Host, RegistryHost};
 use super::reference::Reference;
 use super::{Error, Result};
 
@@ -68,17 +70,23 @@ pub(crate) enum PullFromMirror {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Mirror {
+    /// `host[:port][/namespace]`, the host canonical.
     location: String,
     insecure: bool,
     pull_from: PullFromMirror,
 }
 
+/// The most `[[registry.mirror]]` tables one `[[registry]]` may have: each is tried in turn
+/// before the primary location, so a long list of dead mirrors would hold every pull.
+pub(crate) const MAX_MIRRORS: usize = 16;
+
 /// One `[[registry]]` table, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Table {
-    /// The prefix, or `*.domain` for a wildcard.
+    /// The prefix, host canonical ([`RegistryHost`]), or `*.domain` for a wildcard: the key
+    /// tables are merged and matched by.
     prefix: String,
-    /// The physical location (empty for a wildcard: the matched host itself).
+    /// The physical location, host canonical (empty for a wildcard: the matched host itself).
     location: String,
     insecure: bool,
     blocked: bool,
@@ -87,10 +95,11 @@ struct Table {
     file: PathBuf,
 }
 
-/// The merged configuration: every `[[registry]]` table of the files read.
+/// The merged configuration: every `[[registry]]` table of the files read, by prefix (a
+/// later file's table replaces an earlier one of the same prefix).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registries {
-    tables: Vec<Table>,
+    tables: BTreeMap<String, Table>,
     /// The files read, in order (for messages and `--json`).
     pub files: Vec<PathBuf>,
 }
@@ -192,19 +201,51 @@ impl Registries {
 
     /// Parse one file's text (`file` names it in errors).
     pub fn parse(file: &Path, text: &str) -> Result<Self> {
-        Ok(Registries {
-            tables: parse(file, text)?,
+        let mut out = Registries {
             files: vec![file.to_path_buf()],
-        })
+            ..Registries::default()
+        };
+        out.merge(parse(file, text)?);
+        Ok(out)
     }
 
-    /// Add a later file's tables: one with the same prefix replaces the earlier one.
+    /// Add a later file's tables: one with the same prefix replaces the earlier one. By key,
+    /// so merging many files of many tables stays near-linear.
     fn merge(&mut self, tables: Vec<Table>) {
         for t in tables {
-            match self.tables.iter_mut().find(|x| x.prefix == t.prefix) {
-                Some(old) => *old = t,
-                None => self.tables.push(t),
-            }
+            self.tables.insert(t.prefix.clone(), t);
+        }
+    }
+
+    /// The table whose prefix is the longest match of `written` (a reference's canonical
+    /// text, whose registry is `registry`) and where the rest of `written` (what follows the
+    /// prefix) starts, as containers/image's `refMatchingPrefix`: a prefix followed by the end,
+    /// `/`, `:` or `@`; a `*.domain` prefix matches a host name under that domain, any port
+    /// (the rest then follows the registry, port included, so a mirror's location replaces
+    /// both). Each candidate is looked up by key: the cost grows with the reference, not the
+    /// tables.
+    fn matching(&self, written: &str, registry: &RegistryHost) -> Option<(&Table, usize)> {
+        let ends = written
+            .char_indices()
+            .filter(|(_, c)| matches!(c, '/' | ':' | '@'))
+            .map(|(i, _)| i)
+            .chain(std::iter::once(written.len()));
+        let exact = ends
+            .filter_map(|n| self.tables.get(&written[..n]).map(|t| (t, n)))
+            .max_by_key(|(_, n)| *n);
+        let wildcard = match registry.host() {
+            Host::Name(name) => name
+                .char_indices()
+                .filter(|(_, c)| *c == '.')
+                .find_map(|(i, _)| self.tables.get(&format!("*{}", &name[i..])))
+                .map(|t| (t, name.len())),
+            _ => None,
+        };
+        match (exact, wildcard) {
+            (Some(e), Some((w, len))) if len > e.1 => Some((w, registry.as_str().len())),
+            (Some(e), _) => Some(e),
+            (None, Some((w, _))) => Some((w, registry.as_str().len())),
+            (None, None) => None,
         }
     }
 
@@ -217,12 +258,7 @@ impl Registries {
     /// the primary location. Without a matching table, `r` itself. A blocked name is an error.
     pub fn sources(&self, r: &Reference) -> Result<Sources> {
         let written = r.to_string();
-        let Some((table, matched)) = self
-            .tables
-            .iter()
-            .filter_map(|t| match_len(&written, &t.prefix).map(|n| (t, n)))
-            .max_by_key(|(_, n)| *n)
-        else {
+        let Some((table, matched)) = self.matching(&written, &r.registry) else {
             return Ok(Sources {
                 mirrors: Vec::new(),
                 primary: Source {
@@ -241,12 +277,10 @@ impl Registries {
         }
         let rest = &written[matched..];
         let at = |location: &str| -> Result<Reference> {
-            let location = if location.is_empty() {
-                &written[..matched]
-            } else {
-                location
-            };
-            Reference::parse(&format!("{location}{rest}")).map_err(|e| Error::Config {
+            if location.is_empty() {
+                return Ok(r.clone());
+            }
+            Reference::parse_at_host(&format!("{location}{rest}")).map_err(|e| Error::Config {
                 file: table.file.clone(),
                 line: 0,
                 key: "location".into(),
@@ -296,18 +330,6 @@ impl Sources {
     }
 }
 
-/// The length of `written` that `prefix` matches, as containers/image's `refMatchingPrefix`:
-/// the whole prefix followed by the end, `/`, `:` or `@`; a `*.domain` prefix matches a host
-/// ending in `.domain` (the match is the host).
-fn match_len(written: &str, prefix: &str) -> Option<usize> {
-    if let Some(domain) = prefix.strip_prefix('*') {
-        let host = written.split('/').next()?;
-        return (host.len() > domain.len() && host.ends_with(domain)).then_some(host.len());
-    }
-    let rest = written.strip_prefix(prefix)?;
-    (rest.is_empty() || rest.starts_with(['/', ':', '@'])).then_some(prefix.len())
-}
-
 /// The largest registries.conf file read.
 const MAX_FILE: u64 = 1 << 20;
 
@@ -339,7 +361,9 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// A prefix or location as containers/image accepts it: no scheme, no user, no trailing `/`.
+/// A prefix or location as containers/image accepts it: `host[:port][/namespace…]`, no
+/// scheme, no user, no trailing `/`; the host made canonical ([`RegistryHost`]), so every
+/// spelling of a registry is one key.
 fn host_path(value: &str) -> std::result::Result<String, String> {
     let v = value.trim_end_matches('/');
     if v.is_empty() {
@@ -350,10 +374,33 @@ fn host_path(value: &str) -> std::result::Result<String, String> {
             "`{v}` has a URL scheme; write host[:port][/namespace] (set `insecure = true` for plain HTTP)"
         ));
     }
-    if v.contains(['@', ' ', '\t']) && !v.contains("@sha256:") {
+    let (host, path) = match v.find('/') {
+        Some(i) => v.split_at(i),
+        None => (v, ""),
+    };
+    let host = RegistryHost::parse(host)
+        .map_err(|why| format!("`{v}` is not host[:port][/namespace]: {why}"))?;
+    let odd = path
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '?' | '#' | '\\'));
+    if odd.is_some() || (path.contains('@') && !path.contains("@sha256:")) {
         return Err(format!("`{v}` is not host[:port][/namespace]"));
     }
-    Ok(v.to_string())
+    Ok(format!("{host}{path}"))
+}
+
+/// A wildcard prefix, `*.domain`: the domain a host name, canonical.
+fn wildcard(prefix: &str) -> std::result::Result<String, String> {
+    let bad = || format!("`{prefix}`: a wildcard prefix is `*.domain`, a host pattern alone");
+    let domain = prefix.strip_prefix("*.").ok_or_else(bad)?;
+    if domain.contains(['*', '/', ':']) {
+        return Err(bad());
+    }
+    match Host::parse(domain) {
+        Ok(Host::Name(name)) => Ok(format!("*.{name}")),
+        Ok(_) => Err(bad()),
+        Err(why) => Err(format!("`{prefix}`: {why}")),
+    }
 }
 
 #[allow(
@@ -373,6 +420,7 @@ fn parse(file: &Path, text: &str) -> Result<Vec<Table>> {
     })?;
     let mut tables = Vec::new();
     if let Some(v1) = &doc.registries {
+        let v1_span = v1.span();
         if !doc.registry.is_empty() {
             return Err(bad(
                 v1.span(),
@@ -382,28 +430,34 @@ fn parse(file: &Path, text: &str) -> Result<Vec<Table>> {
             ));
         }
         let v1 = v1.get_ref();
-        let mut add = |host: &str, insecure: bool, blocked: bool| match tables
-            .iter_mut()
-            .find(|t: &&mut Table| t.prefix == host)
-        {
-            Some(t) => {
-                t.insecure |= insecure;
-                t.blocked |= blocked;
+        let mut index = BTreeMap::new();
+        let mut add = |key: &str, h: &str, insecure: bool, blocked: bool| -> Result<()> {
+            let host = host_path(h).map_err(|r| bad(v1_span.clone(), key, r))?;
+            match index.get(&host) {
+                Some(&i) => {
+                    let t: &mut Table = &mut tables[i];
+                    t.insecure |= insecure;
+                    t.blocked |= blocked;
+                }
+                None => {
+                    index.insert(host.clone(), tables.len());
+                    tables.push(Table {
+                        prefix: host.clone(),
+                        location: host,
+                        insecure,
+                        blocked,
+                        mirrors: Vec::new(),
+                        file: file.to_path_buf(),
+                    });
+                }
             }
-            None => tables.push(Table {
-                prefix: host.to_string(),
-                location: host.to_string(),
-                insecure,
-                blocked,
-                mirrors: Vec::new(),
-                file: file.to_path_buf(),
-            }),
+            Ok(())
         };
         for h in v1.insecure.iter().flat_map(|l| &l.registries) {
-            add(h.trim_end_matches('/'), true, false);
+            add("registries.insecure", h, true, false)?;
         }
         for h in v1.block.iter().flat_map(|l| &l.registries) {
-            add(h.trim_end_matches('/'), false, true);
+            add("registries.block", h, false, true)?;
         }
         return Ok(tables);
     }
@@ -417,6 +471,9 @@ fn parse(file: &Path, text: &str) -> Result<Vec<Table>> {
             _ => None,
         };
         let prefix = match &reg.prefix {
+            Some(p) if p.get_ref().contains('*') => {
+                wildcard(p.get_ref()).map_err(|r| bad(p.span(), "prefix", r))?
+            }
             Some(p) if !p.get_ref().is_empty() => {
                 host_path(p.get_ref()).map_err(|r| bad(p.span(), "prefix", r))?
             }
@@ -429,20 +486,22 @@ fn parse(file: &Path, text: &str) -> Result<Vec<Table>> {
             })?,
         };
         let wildcard = prefix.starts_with("*.");
-        if prefix.contains('*') && (!wildcard || prefix.contains('/')) {
-            let span = reg.prefix.as_ref().map_or(0..0, |p| p.span());
-            return Err(bad(
-                span,
-                "prefix",
-                format!("`{prefix}`: a wildcard prefix is `*.domain`, a host pattern alone"),
-            ));
-        }
         if wildcard && location.is_some() {
             let span = reg.location.as_ref().map_or(0..0, |l| l.span());
             return Err(bad(
                 span,
                 "location",
                 format!("`{prefix}` is a wildcard prefix: it cannot have a location"),
+            ));
+        }
+        if reg.mirror.len() > MAX_MIRRORS {
+            return Err(bad(
+                table_span.clone(),
+                "mirror",
+                format!(
+                    "`{prefix}` has {} [[registry.mirror]] tables; at most {MAX_MIRRORS} are allowed (each is tried before the registry)",
+                    reg.mirror.len()
+                ),
             ));
         }
         let by_digest_only = reg
@@ -677,12 +736,178 @@ blocked = true
             ]
         );
         assert_eq!(places(&c, "corp.example/x:1"), ["corp.example/x:1"]);
+        // A wildcard matches any port of the host; the mirror's location replaces host and port.
+        assert_eq!(
+            places(&c, "REG.corp.example.:8443/ml/base:1"),
+            [
+                "cache.corp.example:5000/ml/base:1 mirror",
+                "reg.corp.example:8443/ml/base:1 insecure"
+            ]
+        );
         let e = c
             .sources(&Reference::parse("blocked.io/evil/x:1").unwrap())
             .unwrap_err();
         assert!(e.is_bad_input());
         assert!(e.to_string().contains("blocked"), "{e}");
         assert_eq!(places(&c, "blocked.io/good:1"), ["blocked.io/good:1"]);
+    }
+
+    /// `blocked`, mirrors and wildcards match the canonical name: no spelling of a blocked
+    /// registry gets past it (case, trailing dot, default port, IPv4 forms, IPv4-mapped IPv6).
+    #[test]
+    fn every_spelling_of_a_blocked_registry_is_blocked() {
+        let c = conf(
+            r#"
+[[registry]]
+prefix = "127.0.0.1:5301"
+blocked = true
+[[registry]]
+prefix = "localhost:5301"
+blocked = true
+[[registry]]
+prefix = "EVIL.example.com."
+blocked = true
+[[registry]]
+prefix = "*.Wild.Example"
+blocked = true
+[[registry]]
+prefix = "[::FFFF:10.0.0.1]:443/team"
+location = "mirror.local"
+"#,
+        );
+        for spelling in [
+            "127.0.0.1:5301",
+            "127.1:5301",
+            "127.0.0.01:5301",
+            "[::ffff:127.0.0.1]:5301",
+            "2130706433:5301",
+            "0x7f.1:5301",
+            "0177.0.0.1:5301",
+            "localhost:5301",
+            "LOCALHOST:5301",
+            "localhost.:5301",
+            "evil.example.com",
+            "EVIL.example.com",
+            "evil.example.com.:443",
+            "evil.example.com:5000",
+            "a.wild.example",
+            "A.WILD.EXAMPLE",
+            "a.wild.example:443",
+            "a.b.wild.example.",
+        ] {
+            let r = Reference::parse(&format!("{spelling}/x/y:1")).unwrap();
+            let e = c.sources(&r).expect_err(spelling);
+            assert!(matches!(e, Error::Blocked { .. }), "{spelling}: {e}");
+            assert!(e.is_bad_input());
+        }
+        for open in [
+            "127.0.0.2:5301",
+            "127.0.0.1:5302",
+            "wild.example",
+            "evil.example.co",
+        ] {
+            let r = Reference::parse(&format!("{open}/x/y:1")).unwrap();
+            assert!(c.sources(&r).is_ok(), "{open}");
+        }
+        assert_eq!(places(&c, "10.0.0.1/team/x:1"), ["mirror.local/x:1"]);
+        assert_eq!(
+            places(&c, "[::ffff:10.0.0.1]:443/team/x:1"),
+            ["mirror.local/x:1"]
+        );
+    }
+
+    /// Locations and prefixes that are not `host[:port][/namespace]` are refused when the file
+    /// is read, naming the line, instead of making broken URLs at pull time.
+    #[test]
+    fn malformed_locations_are_refused_at_the_line() {
+        for (value, says) in [
+            ("host?x=1", "`?`"),
+            ("host#f", "`#`"),
+            ("host:99999", "out of range"),
+            ("host:0", "out of range"),
+            ("host:", "empty"),
+            ("r.io/ns?x=1", "not host[:port]"),
+            ("r.io/ns#f", "not host[:port]"),
+            ("r.io/n s", "not host[:port]"),
+            ("::1", "brackets"),
+        ] {
+            for key in ["location", "prefix", "mirror.location"] {
+                let text = match key {
+                    "mirror.location" => format!(
+                        "[[registry]]\nprefix = \"r.io\"\n[[registry.mirror]]\nlocation = \"{value}\"\n"
+                    ),
+                    _ => format!("[[registry]]\n{key} = \"{value}\"\n"),
+                };
+                let e = Registries::parse(Path::new("r.conf"), &text).expect_err(&text);
+                let shown = e.to_string();
+                assert!(e.is_bad_input(), "{shown}");
+                assert!(shown.contains(says), "{key} = {value}: {shown}");
+                assert!(shown.contains(&format!("`{key}`")), "{shown}");
+            }
+        }
+        let e = Registries::parse(
+            Path::new("r.conf"),
+            "[registries.block]\nregistries = ['ok.io', 'bad.io:99999']\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn mirrors_per_registry_are_bounded() {
+        let many = |n: usize| {
+            let mut t = String::from("[[registry]]\nprefix = \"r.io\"\n");
+            for i in 0..n {
+                t.push_str(&format!("[[registry.mirror]]\nlocation = \"m{i}.local\"\n"));
+            }
+            t
+        };
+        let c = conf(&many(MAX_MIRRORS));
+        assert_eq!(places(&c, "r.io/x:1").len(), MAX_MIRRORS + 1);
+        let e = Registries::parse(Path::new("r.conf"), &many(MAX_MIRRORS + 1)).unwrap_err();
+        let shown = e.to_string();
+        assert!(e.is_bad_input() && shown.contains("at most 16"), "{shown}");
+        assert!(shown.starts_with("r.conf:1: `mirror`"), "{shown}");
+    }
+
+    /// Tens of thousands of tables in several files merge by key: the last file's table of a
+    /// prefix wins, and lookups do not scan them.
+    #[test]
+    fn many_tables_merge_by_prefix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(".config/containers/registries.conf.d");
+        std::fs::create_dir_all(&dir).unwrap();
+        let main = tmp.path().join("main.conf");
+        let tables = |tag: &str| {
+            let mut t = String::new();
+            for i in 0..12_000 {
+                t.push_str(&format!(
+                    "[[registry]]\nprefix = \"h{i}.example/ns\"\nlocation = \"{tag}{i}.local\"\n"
+                ));
+            }
+            t
+        };
+        std::fs::write(&main, tables("main")).unwrap();
+        for n in 0..3 {
+            std::fs::write(dir.join(format!("{n}.conf")), tables(&format!("drop{n}-"))).unwrap();
+        }
+        let h = tmp.path().display().to_string();
+        let env = move |k: &str| (k == "HOME").then(|| h.clone());
+        let start = std::time::Instant::now();
+        let c = Registries::load(Some(&main), &env).unwrap();
+        assert_eq!(c.tables.len(), 12_000);
+        assert_eq!(
+            places(&c, "h11999.example/ns/x:1"),
+            ["drop2-11999.local/x:1"]
+        );
+        assert_eq!(places(&c, "h7.example/other:1"), ["h7.example/other:1"]);
+        // Quadratic merging took minutes here; linear takes well under a second in release
+        // and a few in a debug build.
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

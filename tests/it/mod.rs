@@ -22,6 +22,7 @@ pub(crate) mod recipe;
 pub(crate) mod registry;
 pub(crate) mod registry_attacks;
 pub(crate) mod registry_interop;
+pub(crate) mod registry_names;
 pub(crate) mod registry_support;
 pub(crate) mod sbom;
 pub(crate) mod slim;

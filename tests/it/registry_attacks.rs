@@ -62,13 +62,13 @@ fn one_target() -> Vec<Target> {
 }
 
 /// An image a hostile registry serves: a manifest with a config and one layer.
-struct Image {
-    manifest: Vec<u8>,
-    blobs: BTreeMap<String, Vec<u8>>,
-    config: String,
+pub(crate) struct Image {
+    pub manifest: Vec<u8>,
+    pub blobs: BTreeMap<String, Vec<u8>>,
+    pub config: String,
 }
 
-fn image(layers: usize) -> Image {
+pub(crate) fn image(layers: usize) -> Image {
     let config =
         br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
             .to_vec();
@@ -92,7 +92,7 @@ fn image(layers: usize) -> Image {
 
 /// A registry serving `img` as `x/img:v1`, with `blob` deciding blob answers (`None` = the
 /// honest one).
-fn serve(
+pub(crate) fn serve(
     img: Image,
     blob: impl Fn(&Seen, &[u8]) -> Option<Reply> + Send + Sync + 'static,
 ) -> impl Fn(&Seen) -> Reply + Send + Sync + 'static {

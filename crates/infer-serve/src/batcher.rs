@@ -54,6 +54,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
 
+/// How far a padded batch looks for requests of a length near its oldest's: this many times
+/// `max_batch_size` requests.
+const NEAREST_WINDOW: usize = 4;
+
 /// How a batch's error starts when the engine panicked on it.
 const PANICKED: &str = "the engine panicked";
 
@@ -505,8 +509,12 @@ impl<G: Grouping> Queue<G> {
                 Cut::Take(n) => {
                     // Busy before the requests stop counting as queued (see `submit`).
                     self.shared.idle.fetch_sub(1, Relaxed);
-                    self.shared.dequeued(n);
-                    return Some(self.take(n));
+                    let jobs = match self.nearest() {
+                        Some(picked) => self.take_picked(&picked),
+                        None => self.take(n),
+                    };
+                    self.shared.dequeued(jobs.len());
+                    return Some(jobs);
                 }
                 Cut::Wait(wait) => wait,
             };
@@ -606,6 +614,73 @@ impl<G: Grouping> Queue<G> {
         if gone > 0 {
             self.shared.dequeued(gone);
         }
+    }
+
+    /// For a padded policy, once a batch is due: the oldest request and, of the requests its
+    /// grouping accepts among the next [`NEAREST_WINDOW`] `x max_batch_size`, those nearest to
+    /// its length, as many as the batch bounds take (their indices in the queue). Items of
+    /// several requests queued together (a text request's texts, longest first) then form
+    /// batches of similar lengths, close to what sorting every text by length would give,
+    /// while the oldest request still goes first. `None`: not padded, or nothing beside it.
+    fn nearest(&self) -> Option<Vec<usize>> {
+        let padding = self.shared.policy.padding.as_ref()?;
+        let first = self.jobs.front()?;
+        let own = Padding::length(&first.inputs);
+        let window = self
+            .shared
+            .policy
+            .max_batch_size
+            .saturating_mul(NEAREST_WINDOW);
+        let mut near: Vec<(usize, usize, usize)> = self
+            .jobs
+            .iter()
+            .enumerate()
+            .skip(1)
+            .take(window)
+            .filter(|(_, job)| self.together(first, job))
+            .map(|(i, job)| (i, job.rows, Padding::length(&job.inputs)))
+            .collect();
+        if near.is_empty() {
+            return None;
+        }
+        near.sort_by_key(|&(i, _, len)| (len.abs_diff(own), i));
+        let order: Vec<(usize, usize, usize)> =
+            std::iter::once((0, first.rows, own)).chain(near).collect();
+        let n = match batch::cut_padded(
+            order.iter().map(|&(_, rows, len)| (rows, len)),
+            self.shared.policy.max_batch_size,
+            padding.bounds,
+            &[],
+            true,
+            false,
+        ) {
+            batch::Cut::Take(n) => n.max(1),
+            batch::Cut::Wait => 1,
+        };
+        Some(order.iter().take(n).map(|&(i, _, _)| i).collect())
+    }
+
+    /// Takes the requests at `picked` (indices in the queue, the oldest first); the others keep
+    /// their order.
+    fn take_picked(&mut self, picked: &[usize]) -> Vec<Job> {
+        let mut chosen = vec![false; self.jobs.len()];
+        for &i in picked {
+            if let Some(c) = chosen.get_mut(i) {
+                *c = true;
+            }
+        }
+        let mut taken: Vec<Option<Job>> = (0..picked.len()).map(|_| None).collect();
+        let mut kept = VecDeque::with_capacity(self.jobs.len().saturating_sub(picked.len()));
+        let slot: std::collections::HashMap<usize, usize> =
+            picked.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+        for (i, job) in std::mem::take(&mut self.jobs).into_iter().enumerate() {
+            match slot.get(&i) {
+                Some(&k) if chosen[i] => taken[k] = Some(job),
+                _ => kept.push_back(job),
+            }
+        }
+        self.jobs = kept;
+        taken.into_iter().flatten().collect()
     }
 
     /// Takes the first `n` requests of the oldest request's group, in arrival order; the
@@ -1028,6 +1103,40 @@ mod tests {
         assert_eq!(sizes.lock().unwrap()[0], 2, "{sizes:?}");
         assert!(sizes.lock().unwrap().contains(&1));
         assert!(t.elapsed() < Duration::from_millis(200));
+    }
+
+    /// Queued requests of two lengths, interleaved: each batch is the oldest request and those
+    /// nearest its length within the padding bound, not an arrival-order prefix that the bound
+    /// cuts at every change of length.
+    #[test]
+    fn a_padded_batch_takes_the_requests_nearest_the_oldests_length() {
+        let p = Policy {
+            padding: Some(Padding {
+                values: vec![0],
+                cut_outputs: vec![true],
+                bounds: batch::Padded {
+                    token_budget: 10_000,
+                    max_padding_percent: 25,
+                },
+            }),
+            ..policy(8, &[], 0, 0)
+        };
+        let (b, sizes) = start_grouped(p, AnyLength, 1, 30);
+        // Hold the instance, then queue the interleaved lengths behind it.
+        let block = b.submit(vec![ids(0, 1)], 1, None).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let lengths = [10, 50, 11, 52, 12, 49, 10, 51];
+        let rxs: Vec<_> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| b.submit(vec![ids(i as i64 + 1, len)], 1, None).unwrap())
+            .collect();
+        wait(block).unwrap();
+        for (i, (rx, &len)) in rxs.into_iter().zip(&lengths).enumerate() {
+            assert_eq!(wait(rx).unwrap().outputs, [ids(i as i64 + 1, len)]);
+        }
+        // The blocking request, then one batch per length.
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 4, 4]);
     }
 
     #[test]

@@ -59,9 +59,12 @@ def withheld(port, n, size):
                 s.sendall(chunk)
                 sent += len(chunk)
             s.sendall(chunk[: size - sent - 1])
+        except OSError:
+            pass  # the server refused the body and stopped reading: its answer is there
+        try:
             answer = s.recv(256)
         except OSError:
-            answer = b"closed"
+            answer = b""
         if answer.startswith(b"HTTP/1.1 503"):
             refused += 1
             s.close()
@@ -73,24 +76,36 @@ def withheld(port, n, size):
     return {"held": len(conns), "refused 503": refused}
 
 
+PROBE = r"""
+import sys, time, urllib.request
+url = sys.argv[1]
+while True:
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as r:
+        r.read()
+    print((time.perf_counter() - t) * 1e3, flush=True)
+    time.sleep(0.02)
+"""
+
+
 class Watch:
-    """Probes liveness and samples the server's resident memory while an attack runs."""
+    """Probes liveness from a process of its own (the attack's clients hold this one's
+    interpreter while they encode bodies) and samples the server's resident memory while an
+    attack runs."""
 
     def __init__(self, port, pid):
         self.port, self.pid = port, pid
         self.worst_ms, self.peak = 0.0, 0
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.probe), threading.Thread(target=self.sample)]
+        self.probe = subprocess.Popen([sys.executable, "-c", PROBE, f"http://127.0.0.1:{port}/v2/health/live"],
+                                      stdout=subprocess.PIPE, text=True)
+        self.threads = [threading.Thread(target=self.read), threading.Thread(target=self.sample)]
         for t in self.threads:
             t.start()
 
-    def probe(self):
-        while not self.stop.is_set():
-            t = time.perf_counter()
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/health/live", timeout=30) as r:
-                r.read()
-            self.worst_ms = max(self.worst_ms, (time.perf_counter() - t) * 1e3)
-            time.sleep(0.02)
+    def read(self):
+        for line in self.probe.stdout:
+            self.worst_ms = max(self.worst_ms, float(line))
 
     def sample(self):
         while not self.stop.is_set():
@@ -101,16 +116,11 @@ class Watch:
 
     def finish(self):
         self.stop.set()
+        self.probe.terminate()
+        self.probe.wait()
         for t in self.threads:
             t.join()
         return self.worst_ms, self.peak
-
-
-def distinct(port, client, words):
-    """250 requests of 32 texts no other request has."""
-    return [post(port, "/embed", json.dumps({"inputs": [f"{client} {k} {i} " + " ".join(words[: 3 + i % 9])
-                                                         for i in range(32)]}).encode())
-            for k in range(250)]
 
 
 def in_parallel(jobs):
@@ -145,28 +155,41 @@ def main():
     proc = subprocess.Popen([serve, "--config", path], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "INFER_GRPC_PORT": "0"})
     words = "the model serves text fast container runtime batch token queue answer engine".split()
+
+    def body(v):
+        return json.dumps(v).encode()
+
+    # Each attack's bodies are made before it starts: (name, bodies, run(bodies)).
     attacks = [
-        ("one 63.9 MiB text, /embed", lambda: [post(port, "/embed", json.dumps({"inputs": "a" * (67_000_000)}).encode())]),
-        ("four 15 MB texts at once, /embed", lambda: in_parallel(
-            [lambda: post(port, "/embed", json.dumps({"inputs": " ".join(words) * 200_000}).encode())] * 4)),
-        ("three 16 MiB texts at once, /tokenize", lambda: in_parallel(
-            [lambda: post(port, "/tokenize", json.dumps({"inputs": "word " * ((16 << 20) // 5)}).encode())] * 3)),
-        ("1M one-letter texts, /tokenize", lambda: [post(port, "/tokenize", json.dumps({"inputs": ["a"] * 1_000_000}).encode())]),
-        ("100,000 texts, /embed", lambda: [post(port, "/embed", json.dumps({"inputs": ["a dog"] * 100_000}).encode())]),
-        ("three /v1/embeddings of 1M short texts at once", lambda: in_parallel(
-            [lambda: post(port, "/v1/embeddings", json.dumps({"model": "minilm", "input": ["a b"] * 1_000_000}).encode())] * 3)),
-        ("20 bodies of 60 MiB withheld before their last byte", lambda: [withheld(port, 20, 60 << 20)]),
-        ("2,000 distinct requests of 32 texts, the cache on", lambda: in_parallel(
-            [lambda c=c: distinct(port, c, words) for c in range(8)])),
+        ("one 63.9 MiB text, /embed", lambda: [body({"inputs": "a" * 67_000_000})],
+         lambda b: [post(port, "/embed", b[0])]),
+        ("four 15 MB texts at once, /embed", lambda: [body({"inputs": " ".join(words) * 200_000})] * 4,
+         lambda b: in_parallel([lambda x=x: post(port, "/embed", x) for x in b])),
+        ("three 16 MiB texts at once, /tokenize", lambda: [body({"inputs": "word " * ((16 << 20) // 5)})] * 3,
+         lambda b: in_parallel([lambda x=x: post(port, "/tokenize", x) for x in b])),
+        ("1M one-letter texts, /tokenize", lambda: [body({"inputs": ["a"] * 1_000_000})],
+         lambda b: [post(port, "/tokenize", b[0])]),
+        ("100,000 texts, /embed", lambda: [body({"inputs": ["a dog"] * 100_000})],
+         lambda b: [post(port, "/embed", b[0])]),
+        ("three /v1/embeddings of 1M short texts at once",
+         lambda: [body({"model": "minilm", "input": ["a b"] * 1_000_000})] * 3,
+         lambda b: in_parallel([lambda x=x: post(port, "/v1/embeddings", x) for x in b])),
+        ("20 bodies of 60 MiB withheld before their last byte", lambda: [],
+         lambda b: [withheld(port, 20, 60 << 20)]),
+        ("2,000 distinct requests of 32 texts, the cache on",
+         lambda: [[body({"inputs": [f"{c} {k} {i} " + " ".join(words[: 3 + i % 9]) for i in range(32)]})
+                   for k in range(250)] for c in range(8)],
+         lambda b: in_parallel([lambda x=x: [post(port, "/embed", y) for y in x] for x in b])),
     ]
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/health/ready", proc, log)
         ready = next(json.loads(l) for l in open(log) if '"ready"' in l)
         print(f"ready; memory budget {BUDGET} bytes, requests {ready.get('requests_memory_bytes')} of it", flush=True)
-        for name, attack in attacks:
+        for name, make, attack in attacks:
+            bodies = make()
             watch = Watch(port, proc.pid)
             t = time.perf_counter()
-            result = attack()
+            result = attack(bodies)
             took = time.perf_counter() - t
             worst, peak = watch.finish()
             flat = []

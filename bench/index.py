@@ -16,7 +16,10 @@ usage: python bench/index.py SERVE CACHE PEER_PYTHON [THREADS] [DURATION]
   SERVE: target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve
   CACHE: target/real-models (tests/it/real_models.py fetch; fetch-ort for the library)
   PEER_PYTHON: a Python with fastapi, uvicorn, tokenizers, onnxruntime, numpy
-  env PEER_URL: also drive an already running peer at this /embed URL (e.g. infinity-emb's)
+  env PEER_URL: also drive an already running peer at this URL (e.g. infinity-emb's
+  /embeddings), with OpenAI's request shape when PEER_MODEL names the model;
+  PADDING: the server's [text] max_padding_percent (default 25, what CPU images get);
+  MAX_BATCH: its max_batch_size (default 16); SERVE_ONLY=1: the server alone (no limit, no peer)
 """
 import json
 import os
@@ -157,14 +160,17 @@ def main():
     with open(lua, "w") as f:
         f.write(LUA)
 
-    limit = engine_alone(onnx, tok_path, flat, threads)
+    serve_only = os.environ.get("SERVE_ONLY") == "1"
+    limit = {} if serve_only else engine_alone(onnx, tok_path, flat, threads)
     for name, v in limit.items():
         print(f"engine alone, {threads} threads, {name}: {v:.0f} texts/s", flush=True)
 
     port = free_port()
     cfg = os.path.join(w, "runtime.toml")
     with open(cfg, "w") as f:
-        f.write(config(onnx, os.path.abspath(lib), tok_path, True, threads=threads, padding=25, port=port))
+        text = config(onnx, os.path.abspath(lib), tok_path, True, threads=threads,
+                      padding=int(os.environ.get("PADDING", "25")), port=port)
+        f.write(text.replace("max_batch_size = 16", f"max_batch_size = {os.environ.get('MAX_BATCH', '16')}"))
     log = os.path.join(w, "serve.log")
     proc = subprocess.Popen([serve, "--config", cfg], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "INFER_GRPC_PORT": "0"})
@@ -182,6 +188,8 @@ def main():
           f"p50 {served[1]:.1f} ms, p99 {served[2]:.1f} ms a request, failures {served[3]}, "
           f"liveness at worst {served[4]:.1f} ms; computed {padded / max(own, 1):.2f}x the texts' own tokens",
           flush=True)
+    if serve_only:
+        return
 
     port = free_port()
     app = os.path.join(w, "peer.py")
@@ -202,7 +210,13 @@ def main():
           f"p50 {peer[1]:.1f} ms, p99 {peer[2]:.1f} ms, failures {peer[3]}", flush=True)
     other = os.environ.get("PEER_URL")
     if other:
-        o = drive(other, bodies, lua, duration)
+        shaped = bodies
+        if os.environ.get("PEER_MODEL"):
+            shaped = os.path.join(w, "bodies.openai")
+            with open(shaped, "w") as f:
+                for r in reqs:
+                    f.write(json.dumps({"model": os.environ["PEER_MODEL"], "input": r}) + "\n")
+        o = drive(other, shaped, lua, duration)
         print(f"{other}, 32 texts a request, 4 connections: {o[0]:.0f} texts/s, p50 {o[1]:.1f} ms, "
               f"p99 {o[2]:.1f} ms, failures {o[3]}", flush=True)
     sorted8 = limit["by length, batches of 8"]

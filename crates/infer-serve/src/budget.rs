@@ -29,7 +29,18 @@ use std::sync::Arc;
 pub struct Budget {
     limit: AtomicU64,
     held: AtomicU64,
+    /// What the process may hold beside the batches, the caches and the headroom, once
+    /// [`Budget::follow`] was called: the limit is then this less what the process holds that no
+    /// request accounts for (its resident set less [`Budget::held`]), refreshed every
+    /// [`FOLLOW_EVERY`]. 0: a fixed limit.
+    room: AtomicU64,
+    /// The resident set when the budget began to follow it (the models loaded, no request in
+    /// flight): the least the process holds beside its requests, whatever they are charged.
+    floor: AtomicU64,
 }
+
+/// How often a following budget reads the process's resident set.
+pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A request's charge against a [`Budget`]; released when dropped.
 #[derive(Debug)]
@@ -44,7 +55,41 @@ impl Budget {
         Arc::new(Budget {
             limit: AtomicU64::new(limit),
             held: AtomicU64::new(0),
+            room: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
         })
+    }
+
+    /// From now on the limit is `room` less what the process holds that no request accounts
+    /// for (the runtime, the engines and their arenas, memory the allocator keeps), as its
+    /// resident set says: read now, and at each [`Budget::refresh`]. So what the process holds
+    /// beyond the estimate at start (an engine's arena grown for a new shape, a runtime
+    /// library's caches) shrinks what requests may hold, and the process stays within its
+    /// budget.
+    pub fn follow(&self, room: u64) {
+        self.room.store(room, Relaxed);
+        let resident = resident_bytes().unwrap_or(0);
+        self.floor
+            .store(resident.saturating_sub(self.held()), Relaxed);
+        self.refresh();
+    }
+
+    /// Sets the limit from the resident set now (see [`Budget::follow`]); nothing when the limit
+    /// is fixed or the resident set cannot be read.
+    pub fn refresh(&self) {
+        let room = self.room.load(Relaxed);
+        if room == 0 {
+            return;
+        }
+        let Some(resident) = resident_bytes() else {
+            return;
+        };
+        // Charges are estimates made before the memory is used (a body charged at its announced
+        // length): the resident set less them is never taken for less than the floor.
+        let unaccounted = resident
+            .saturating_sub(self.held())
+            .max(self.floor.load(Relaxed));
+        self.limit.store(room.saturating_sub(unaccounted), Relaxed);
     }
 
     /// Sets the bytes requests may hold (what stays of `memory_budget_bytes` once the models
@@ -181,5 +226,20 @@ mod tests {
         drop(c);
         assert_eq!(b.held(), 0);
         assert!(resident_bytes().is_some_and(|r| r > 0));
+    }
+
+    #[test]
+    fn a_following_budget_leaves_out_what_the_process_holds() {
+        let resident = resident_bytes().unwrap();
+        let b = Budget::new(0);
+        b.follow(resident + (64 << 20));
+        // What the process holds (this test's binary) is not the requests' to hold.
+        let limit = b.limit();
+        assert!(limit <= 64 << 20 && limit > 32 << 20, "{limit}");
+        // Charges above what is resident never lift the limit past room less the floor.
+        let mut r = b.reservation();
+        r.grow(limit, "a request").unwrap();
+        b.refresh();
+        assert!(b.limit() <= 64 << 20, "{}", b.limit());
     }
 }

@@ -646,10 +646,9 @@ fn the_response_cache_keeps_no_more_than_its_bytes() {
         "[[outputs]]\nname = \"y\"\ndatatype = \"FP32\"\ndims = [-1, 4]",
         &format!("[[outputs]]\nname = \"y\"\ndatatype = \"FP32\"\ndims = [-1, {}]", row / 4),
     );
-    // glibc returns freed buffers of 256 KiB and more to the system at once (not after its
-    // dynamic threshold has grown past them), so the resident set is what the server keeps.
-    let s = Server::start_env(&config, &[("MALLOC_MMAP_THRESHOLD_", "262144")]);
-    s.wait_log("\"ready\"", Duration::from_secs(60));
+    // The runtime's allocator policy gives freed buffers of 1 MiB and more back to the system at
+    // once, so the resident set is what the server keeps.
+    let s = Server::ready(&config);
     let before = memory(s.child.id(), "VmRSS");
     let ask = |wave: usize, j: usize| {
         // Binary output: the answer's 2 MiB as bytes, not JSON numbers.

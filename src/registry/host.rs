@@ -201,7 +201,7 @@ pub(crate) fn split_port(input: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// A registry's name, canonical: the host ([`Host`]) and the port, `None` for the default
+/// A registry's name, canonical: the host (a DNS name or an IP address) and the port, `None` for the default
 /// (443). `docker.io`'s older name `index.docker.io` is `docker.io`. Two spellings of one
 /// registry are equal; the text ([`RegistryHost::as_str`]) is what messages, plans and
 /// reports show.

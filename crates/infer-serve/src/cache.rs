@@ -22,6 +22,9 @@ pub enum Cached {
     Outputs(Vec<Tensor>),
     /// A text API's vectors (or scores) and its token count.
     Vectors(Arc<Vec<Vec<f32>>>, usize),
+    /// An image request's engine outputs, per image, and where its pixels came from: V2 and
+    /// the image route answer from the same entry.
+    Images(Arc<Vec<crate::core::ImageDone>>),
 }
 
 impl Cached {
@@ -40,6 +43,21 @@ impl Cached {
         )
     }
 
+    /// Image outputs to keep: copies of their bytes (see [`Cached::owned_outputs`]).
+    pub fn owned_images(done: &[crate::core::ImageDone]) -> Cached {
+        Cached::Images(Arc::new(
+            done.iter()
+                .map(|d| crate::core::ImageDone {
+                    outputs: match Cached::owned_outputs(&d.outputs) {
+                        Cached::Outputs(o) => o,
+                        _ => Vec::new(),
+                    },
+                    frame: d.frame,
+                })
+                .collect(),
+        ))
+    }
+
     /// The bytes an entry keeps alive, for the bound: every buffer at its capacity, and the
     /// vectors' and tensors' own headers.
     fn size(&self) -> usize {
@@ -52,6 +70,20 @@ impl Cached {
             }
             Cached::Vectors(v, _) => {
                 v.iter().map(|x| x.capacity() * 4 + 24).sum::<usize>() + v.capacity() * 24 + 48
+            }
+            Cached::Images(done) => {
+                done.iter()
+                    .map(|d| {
+                        d.outputs
+                            .iter()
+                            .map(|t| t.data.len() + t.shape.capacity() * 8 + 64)
+                            .sum::<usize>()
+                            + d.outputs.capacity() * 48
+                            + 96
+                    })
+                    .sum::<usize>()
+                    + done.capacity() * 96
+                    + 48
             }
         }
     }

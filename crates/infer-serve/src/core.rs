@@ -35,6 +35,7 @@ use crate::model::Model;
 use crate::server::Server;
 use crate::tensor::Tensor;
 use crate::text::{Encoded, PoolOptions, TextModel, Token};
+use crate::vision::{Found, Frame, Prepared, VisionModel};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ pub enum Work {
     /// Texts, or pairs (a second text), and the options that change their vectors (the text
     /// APIs).
     Texts { items: Vec<Item>, opts: PoolOptions },
+    /// Encoded images (the image route): answered as labels, boxes or vectors.
+    Images { images: Vec<bytes::Bytes> },
 }
 
 /// One request for the core: the model it is for, its work, the timeout it asked for (µs; 0 or
@@ -82,6 +85,8 @@ pub enum Output {
     Tensors(Vec<Tensor>),
     /// One vector (or scores) per text, in the request's order.
     Vectors(Arc<Vec<Vec<f32>>>),
+    /// One answer per image, in the request's order.
+    Found(Arc<Vec<Found>>),
 }
 
 /// An answer, where its time went, and the request's charge against the memory budget, which
@@ -101,6 +106,11 @@ pub struct Timing {
     pub queue: Duration,
     pub inference: Duration,
     pub tokens: usize,
+    /// An image request's decoding, resizing (with normalising) and answering (labels, boxes),
+    /// summed over its images.
+    pub decode: Duration,
+    pub resize: Duration,
+    pub postprocess: Duration,
 }
 
 /// Runs one request through the core (the module docs' steps) and returns its answer.
@@ -114,6 +124,51 @@ pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
     } = req;
     let batcher = batcher(app, model)?;
     let deadline = deadline(model, timeout_us, start);
+    if let Some(vision) = model.vision_arc() {
+        let (images, v2) = match work {
+            Work::Images { images } => (images, false),
+            Work::Tensors { inputs, .. } => (images_of(&inputs)?, true),
+            Work::Texts { .. } => {
+                return Err(ApiError::BadRequest(format!(
+                    "model {:?} takes images, not text (its recipe has a [vision] table)",
+                    model.name()
+                )))
+            }
+        };
+        let w = ImageWork {
+            model,
+            vision: vision.clone(),
+            batcher,
+            deadline,
+            start,
+        };
+        let (done, mut timing) = w.run(app, images, &mut charge).await?;
+        let output = if v2 {
+            Output::Tensors(ImageWork::tensors(&done)?)
+        } else {
+            let t = Instant::now();
+            let found = done
+                .iter()
+                .map(|d| {
+                    let out = d.outputs.get(vision.output_index()).ok_or_else(|| {
+                        ApiError::Internal("the engine answered without its output".into())
+                    })?;
+                    vision.answer(out, &d.frame)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            timing.postprocess = t.elapsed();
+            model
+                .metrics
+                .postprocess_us
+                .add(timing.postprocess.as_micros() as u64);
+            Output::Found(Arc::new(found))
+        };
+        return Ok(Answer {
+            output,
+            timing,
+            charge,
+        });
+    }
     match model.text_arc() {
         Err(_) => {
             let Work::Tensors { inputs, rows } = work else {
@@ -140,6 +195,12 @@ pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
             let (items, opts, v2) = match work {
                 Work::Texts { items, opts } => (items, opts, false),
                 Work::Tensors { inputs, .. } => (texts_of(&inputs)?, PoolOptions::default(), true),
+                Work::Images { .. } => {
+                    return Err(ApiError::BadRequest(format!(
+                        "model {:?} takes text, not images",
+                        model.name()
+                    )))
+                }
             };
             let t = TextWork {
                 model,
@@ -333,6 +394,171 @@ impl TextWork<'_> {
             model.remember(k, Cached::Vectors(vectors.clone(), timing.tokens));
         }
         Ok((vectors, timing))
+    }
+}
+
+/// The encoded images of a V2 request to an image model: its `image` input, one per row.
+fn images_of(inputs: &[Tensor]) -> Result<Vec<bytes::Bytes>, ApiError> {
+    let Some(t) = inputs.first() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for element in crate::tensor::BytesElements::new(&t.data) {
+        let element = element.map_err(|_| {
+            ApiError::BadRequest(format!(
+                "input {:?}: a truncated BYTES element",
+                infer_spec::vision::IMAGE_INPUT
+            ))
+        })?;
+        // The element's bytes, shared with the request's buffer (no copy).
+        let start = at + 4;
+        at = start + element.len();
+        out.push(t.data.slice(start..at));
+    }
+    Ok(out)
+}
+
+/// One image's engine outputs (one row each) and where its pixels came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageDone {
+    pub outputs: Vec<Tensor>,
+    pub frame: Frame,
+}
+
+/// An image request on its way through the core.
+struct ImageWork<'a> {
+    model: &'a Model,
+    vision: Arc<VisionModel>,
+    batcher: &'a Batcher,
+    deadline: Option<Instant>,
+    start: Instant,
+}
+
+impl ImageWork<'_> {
+    /// Admits, looks up, prepares and queues the images, one item each; their outputs in the
+    /// request's order.
+    async fn run(
+        &self,
+        app: &Server,
+        images: Vec<bytes::Bytes>,
+        charge: &mut Reservation,
+    ) -> Result<(Arc<Vec<ImageDone>>, Timing), ApiError> {
+        let (model, vision) = (self.model, &*self.vision);
+        let n = images.len();
+        if n == 0 {
+            return Err(ApiError::BadRequest("no images: send at least one".into()));
+        }
+        let most = vision.config().max_client_batch_size as usize;
+        if n > most {
+            return Err(ApiError::TooLarge(format!(
+                "{n} images in one request, more than the model takes ({most}, vision.max_client_batch_size): send them in several requests"
+            )));
+        }
+        if let Some(room) = self.batcher.queue_room() {
+            if n as u64 > room {
+                return Err(ApiError::TooLarge(format!(
+                    "{n} images in one request, more than model {:?}'s queue ever holds ({room}: batching.max_queue_size {} plus one per instance): send them in several requests",
+                    model.name(),
+                    model.cfg.batching.max_queue_size
+                )));
+            }
+        }
+        // Every header read before anything is decoded: a file declaring more pixels than the
+        // bound is a 400 whatever else the request holds, and the decoding is charged for
+        // what the files declare.
+        let mut need = 0u64;
+        for (i, img) in images.iter().enumerate() {
+            let header = vision.probe(i, img)?;
+            need = need
+                .saturating_add(vision.cost(header))
+                .saturating_add(ITEM_OVERHEAD);
+        }
+        charge.grow(need, &format!("this request of {n} images"))?;
+        let key = model.cache().map(|_| {
+            let mut k = Key::new("images", model.name(), &model.cfg.model.version);
+            k.u64(n as u64);
+            for img in &images {
+                k.bytes(img);
+            }
+            k.finish()
+        });
+        if let Some(Cached::Images(done)) = key.as_ref().and_then(|k| model.cached(k)) {
+            return Ok((done, Timing::default()));
+        }
+        let mut timing = Timing::default();
+        let prepared = self.prepare(app, images).await?;
+        for p in &prepared {
+            timing.decode += p.decode;
+            timing.resize += p.resize;
+        }
+        model
+            .metrics
+            .decode_us
+            .add(timing.decode.as_micros() as u64);
+        model
+            .metrics
+            .resize_us
+            .add(timing.resize.as_micros() as u64);
+        model.metrics.images.add(n as u64);
+        let frames: Vec<Frame> = prepared.iter().map(|p| p.frame).collect();
+        let queued: Vec<(Vec<Tensor>, usize)> =
+            prepared.into_iter().map(|p| (vec![p.input], 1)).collect();
+        let waiting = Instant::now();
+        let receivers = self.batcher.submit_all(queued, self.deadline)?;
+        let mut done = Vec::with_capacity(n);
+        for (rx, frame) in receivers.into_iter().zip(frames) {
+            let answer = wait(app, self.batcher, rx, self.deadline, self.start).await?;
+            timing.inference = timing.inference.max(answer.compute);
+            done.push(ImageDone {
+                outputs: answer.outputs,
+                frame,
+            });
+        }
+        timing.queue = waiting.elapsed().saturating_sub(timing.inference);
+        model
+            .metrics
+            .overhead_hist
+            .observe_duration(self.start.elapsed().saturating_sub(timing.inference));
+        let done = Arc::new(done);
+        if let Some(k) = key {
+            model.remember(k, Cached::owned_images(&done));
+        }
+        Ok((done, timing))
+    }
+
+    /// Decodes and resizes the images on the server's workers (never on a connection's
+    /// thread: one photograph takes milliseconds), the deadline checked before each.
+    async fn prepare(
+        &self,
+        app: &Server,
+        images: Vec<bytes::Bytes>,
+    ) -> Result<Vec<Prepared>, ApiError> {
+        let vision = self.vision.clone();
+        let job = move |watch: &Watch<'_>| -> Result<Vec<Prepared>, ApiError> {
+            let mut out = Vec::with_capacity(images.len());
+            for (i, img) in images.iter().enumerate() {
+                watch.check()?;
+                out.push(vision.prepare(i, img)?);
+            }
+            Ok(out)
+        };
+        match app.workers.as_ref() {
+            Some(w) => w.run(self.deadline, job).await,
+            None => job(&Watch::inline(self.deadline)),
+        }
+    }
+
+    /// The engine's outputs of every image, each output's rows together (V2's answer).
+    fn tensors(done: &[ImageDone]) -> Result<Vec<Tensor>, ApiError> {
+        let outputs = done.first().map_or(0, |d| d.outputs.len());
+        (0..outputs)
+            .map(|o| {
+                let parts: Vec<&Tensor> = done.iter().filter_map(|d| d.outputs.get(o)).collect();
+                Tensor::concat_rows(&parts)
+                    .ok_or_else(|| ApiError::Internal("the images' outputs differ in shape".into()))
+            })
+            .collect()
     }
 }
 

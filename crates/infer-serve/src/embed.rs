@@ -304,7 +304,7 @@ async fn vectors(
     let answer = core::infer(app, req).await?;
     match answer.output {
         Output::Vectors(v) => Ok((v, answer.timing, answer.charge)),
-        Output::Tensors(_) => Err(ApiError::Internal(
+        Output::Tensors(_) | Output::Found(_) => Err(ApiError::Internal(
             "the core answered a text request with tensors".into(),
         )),
     }

@@ -4,7 +4,7 @@
 //! [`ApiError`]. Routes: `/v2/health/{live,ready}`, `/v2`, `/v2/models/{m}[/versions/{v}]` with
 //! `/ready`, `/config`, `/stats`, `/infer`, `/v2/models/stats`, `/v2/repository/...`,
 //! `/metrics`, and the text APIs (`/v1/embeddings`, `/embed`, `/rerank`, `/predict`,
-//! `/tokenize`, [`crate::embed`]). From SIGTERM on every response says `Connection: close`, so
+//! `/tokenize`, [`crate::embed`]) and the image route (`/predictions/{m}`, [`crate::images`]). From SIGTERM on every response says `Connection: close`, so
 //! keep-alive clients reconnect (elsewhere, once the endpoint is gone) instead of sending on a
 //! connection that is about to close.
 
@@ -120,6 +120,10 @@ async fn route(app: &Arc<Server>, req: Request<Incoming>) -> Result<Resp, ApiErr
         ["v1", "embeddings"] | ["embed"] | ["rerank"] | ["predict"] | ["tokenize"] => {
             allow(Method::POST)?;
             text_route(app, segs[0], req).await
+        }
+        ["predictions", name] => {
+            allow(Method::POST)?;
+            image_route(app, name, req).await
         }
         ["v2", "repository", "index"] => {
             allow(Method::POST)?;
@@ -237,6 +241,41 @@ async fn text_route(app: &Server, which: &str, req: Request<Incoming>) -> Result
         headers.insert(name, HeaderValue::from(d.as_millis() as u64));
     }
     headers.insert("x-compute-tokens", HeaderValue::from(t.tokens as u64));
+    Ok(r)
+}
+
+/// `POST /predictions/{model}` ([`crate::images`]), with where the time went in
+/// `Server-Timing` (milliseconds).
+async fn image_route(app: &Server, name: &str, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    let start = Instant::now();
+    let counting = Counting::default();
+    let work = async {
+        let model = counting.for_model(app.model(name)?);
+        core::batcher(app, model)?;
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let (body, charge) = read_body(app, req).await?;
+        crate::images::predictions(app, model, content_type.as_deref(), body, start, charge).await
+    };
+    let reply = core::counted(app, start, &counting, work).await?;
+    let mut r = json_response(StatusCode::OK, reply.body);
+    let t = reply.timing;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let timing = format!(
+        "decode;dur={:.3}, resize;dur={:.3}, queue;dur={:.3}, inference;dur={:.3}, postprocess;dur={:.3}, total;dur={:.3}",
+        ms(t.decode),
+        ms(t.resize),
+        ms(t.queue),
+        ms(t.inference),
+        ms(t.postprocess),
+        ms(start.elapsed())
+    );
+    if let Ok(v) = HeaderValue::from_str(&timing) {
+        r.headers_mut().insert("server-timing", v);
+    }
     Ok(r)
 }
 

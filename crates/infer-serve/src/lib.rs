@@ -60,6 +60,7 @@ pub mod error;
 pub mod fixtures;
 pub mod grpc;
 pub mod http;
+pub mod images;
 pub mod log;
 pub mod metrics;
 pub mod model;
@@ -69,6 +70,7 @@ pub mod start;
 pub mod tensor;
 pub mod text;
 pub mod v2;
+pub mod vision;
 pub mod warmup;
 
 pub use start::{start, Running, StartError};

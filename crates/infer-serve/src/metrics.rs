@@ -238,6 +238,12 @@ pub struct Metrics {
     /// wait for a tokenizer worker included), in µs.
     pub tokenized_texts: Counter,
     pub tokenization_us: Counter,
+    /// Image models: the images prepared, and the time spent decoding them, resizing and
+    /// normalising them, and turning the engine's outputs into answers (labels, boxes), in µs.
+    pub images: Counter,
+    pub decode_us: Counter,
+    pub resize_us: Counter,
+    pub postprocess_us: Counter,
     /// Models whose requests are padded to a common length (text models, padded tensor
     /// models): the tokens their batches computed (rows x the batch's longest sequence) and
     /// the tokens the requests held; the difference is padding.
@@ -381,6 +387,10 @@ impl Metrics {
             cache_evictions: Counter::new(),
             tokenized_texts: Counter::new(),
             tokenization_us: Counter::new(),
+            images: Counter::new(),
+            decode_us: Counter::new(),
+            resize_us: Counter::new(),
+            postprocess_us: Counter::new(),
             padded_tokens: Counter::new(),
             sequence_tokens: Counter::new(),
             engine_load_us: z(),
@@ -659,6 +669,30 @@ impl Metrics {
             "infer_serve_tokenization_duration_us",
             "Cumulative time text requests spent tokenizing, the wait for a tokenizer worker included",
             self.tokenization_us.get(),
+        );
+        counter(
+            o,
+            "infer_serve_images_total",
+            "Images decoded and resized by an image model",
+            self.images.get(),
+        );
+        counter(
+            o,
+            "infer_serve_image_decode_duration_us",
+            "Cumulative time image requests spent decoding their images",
+            self.decode_us.get(),
+        );
+        counter(
+            o,
+            "infer_serve_image_resize_duration_us",
+            "Cumulative time image requests spent resizing and normalising their images",
+            self.resize_us.get(),
+        );
+        counter(
+            o,
+            "infer_serve_postprocess_duration_us",
+            "Cumulative time image requests spent turning the engine's outputs into labels, boxes or vectors",
+            self.postprocess_us.get(),
         );
         counter(
             o,

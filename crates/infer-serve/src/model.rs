@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::signature::Signature;
 use crate::text::TextModel;
+use crate::vision::VisionModel;
 use bytes::Bytes;
 use infer_spec::RuntimeConfig;
 use serde_json::json;
@@ -30,6 +31,8 @@ pub struct Model {
     pub(crate) config_json: serde_json::Value,
     /// The tokenizer and pooling of a text model (`[text]`).
     text: Option<Arc<TextModel>>,
+    /// The decoding, resizing and answers of an image model (`[vision]`).
+    vision: Option<Arc<VisionModel>>,
     /// The response cache (`[response_cache]`), when the model has one.
     cache: Option<crate::cache::ResponseCache>,
     /// What requests carry and responses hold: the engine's tensors, or a text model's.
@@ -45,15 +48,23 @@ impl Model {
 
     /// A slot for a model that may take text ([`TextModel::load`] of the same config).
     pub fn with_text(cfg: RuntimeConfig, metrics: Arc<Metrics>, text: Option<TextModel>) -> Model {
-        let (served_inputs, served_outputs) = match &text {
-            Some(t) => (t.served_inputs().to_vec(), t.served_outputs().to_vec()),
-            None => (cfg.inputs.clone(), cfg.outputs.clone()),
+        // An image model's config was checked with the rest of runtime.toml: its section fits
+        // the engine's tensors, so building it cannot fail here but for a config never checked.
+        let vision = cfg
+            .vision
+            .as_ref()
+            .and_then(|v| VisionModel::new(v, &cfg.inputs, &cfg.outputs).ok());
+        let (served_inputs, served_outputs) = match (&text, &vision) {
+            (Some(t), _) => (t.served_inputs().to_vec(), t.served_outputs().to_vec()),
+            (None, Some(v)) => (v.served_inputs().to_vec(), v.served_outputs().to_vec()),
+            (None, None) => (cfg.inputs.clone(), cfg.outputs.clone()),
         };
         let served = Signature {
             model: &cfg.model,
             inputs: &served_inputs,
             outputs: &served_outputs,
             max_batch_size: cfg.batching.max_batch_size,
+            rows_key: "max_batch_size",
         };
         let tensors = |list: &[infer_spec::TensorSpec]| -> Vec<serde_json::Value> {
             list.iter()
@@ -144,6 +155,7 @@ impl Model {
                 .map(|c| crate::cache::ResponseCache::new(c.max_bytes)),
             cfg,
             text: text.map(Arc::new),
+            vision: vision.map(Arc::new),
             served_inputs,
             served_outputs,
         }
@@ -155,13 +167,27 @@ impl Model {
     }
 
     /// What a request carries and metadata shows: the engine's tensors, or for a text model
-    /// its `text` input and pooled output.
+    /// its `text` input and pooled output, for an image model its `image` input. A text or
+    /// image request's rows are items of the queue, each its own engine row, so they are bounded
+    /// by `max_client_batch_size`, not by the engine's batch.
     pub fn served(&self) -> Signature<'_> {
+        let (max_batch_size, rows_key) = match (&self.text, &self.vision) {
+            (Some(t), _) => (
+                t.config().max_client_batch_size,
+                "text.max_client_batch_size",
+            ),
+            (None, Some(v)) => (
+                v.config().max_client_batch_size,
+                "vision.max_client_batch_size",
+            ),
+            (None, None) => (self.cfg.batching.max_batch_size, "max_batch_size"),
+        };
         Signature {
             model: &self.cfg.model,
             inputs: &self.served_inputs,
             outputs: &self.served_outputs,
-            max_batch_size: self.cfg.batching.max_batch_size,
+            max_batch_size,
+            rows_key,
         }
     }
 
@@ -198,6 +224,15 @@ impl Model {
     /// The tokenizer and pooling, or the 400 that says this model takes tensors.
     pub fn text_model(&self) -> Result<&TextModel, ApiError> {
         self.text_arc().map(|t| &**t)
+    }
+
+    /// The decoding, resizing and answers, for an image model.
+    pub fn vision(&self) -> Option<&VisionModel> {
+        self.vision.as_deref()
+    }
+
+    pub(crate) fn vision_arc(&self) -> Option<&Arc<VisionModel>> {
+        self.vision.as_ref()
     }
 
     pub(crate) fn text_arc(&self) -> Result<&Arc<TextModel>, ApiError> {

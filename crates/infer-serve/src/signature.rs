@@ -25,8 +25,11 @@ pub struct Signature<'a> {
     pub model: &'a ModelSection,
     pub inputs: &'a [TensorSpec],
     pub outputs: &'a [TensorSpec],
-    /// The most rows one request may carry (`batching.max_batch_size`).
+    /// The most rows one request may carry: `batching.max_batch_size`, or for a text or image
+    /// model, whose rows are items of the queue, its `max_client_batch_size`.
     pub max_batch_size: u32,
+    /// The key that bound is, as errors name it.
+    pub rows_key: &'static str,
 }
 
 impl<'a> From<&'a RuntimeConfig> for Signature<'a> {
@@ -38,6 +41,7 @@ impl<'a> From<&'a RuntimeConfig> for Signature<'a> {
             inputs: &cfg.inputs,
             outputs: &cfg.outputs,
             max_batch_size: cfg.batching.max_batch_size,
+            rows_key: "max_batch_size",
         }
     }
 }
@@ -144,7 +148,8 @@ impl<'a> Signature<'a> {
         let max = u64::from(self.max_batch_size);
         if rows > max {
             return Err(format!(
-                "shape {shape:?} has {rows} rows, more than max_batch_size {max}"
+                "shape {shape:?} has {rows} rows, more than {} {max}",
+                self.rows_key
             ));
         }
         for (axis, (&got, &want)) in shape.iter().zip(&spec.dims).enumerate().skip(1) {

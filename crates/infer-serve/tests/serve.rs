@@ -1957,3 +1957,5 @@ fn serve_sheds_slow_and_idle_clients() {
 
 #[path = "serve/bounds.rs"]
 mod bounds;
+#[path = "serve/images.rs"]
+mod images;

@@ -20,6 +20,7 @@ pub mod engine;
 pub mod runtime;
 pub mod samples;
 pub mod text;
+pub mod vision;
 
 pub use dtype::DataType;
 pub use runtime::{

@@ -69,6 +69,10 @@ pub struct RuntimeConfig {
     /// Text in: the tokenizer in front of the engine and the pooling after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<crate::text::Text>,
+    /// Images in: decoding, resizing and normalising in front of the engine, labels, boxes or
+    /// vectors after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<crate::vision::Vision>,
     /// Identical requests answered from memory (opt-in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_cache: Option<ResponseCache>,
@@ -697,6 +701,12 @@ impl RuntimeConfig {
         padding_problems(&mut p, &self.inputs, self.text.is_some());
         if let Some(text) = &self.text {
             p.extend(text.problems(&self.inputs, &self.outputs));
+        }
+        if let Some(vision) = &self.vision {
+            p.extend(vision.problems(&self.inputs, &self.outputs));
+            if self.text.is_some() {
+                p.push("a model takes text ([text]) or images ([vision]), not both".to_owned());
+            }
         }
         if let Some(c) = &self.response_cache {
             if !(1..=MAX_RESPONSE_CACHE_BYTES).contains(&c.max_bytes) {

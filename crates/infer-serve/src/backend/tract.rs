@@ -130,7 +130,7 @@ fn datum(dt: DataType) -> Result<DatumType, String> {
 impl TractEngine {
     pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
         let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
-        let mut model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
+        let model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
         let inputs = cfg
             .inputs
             .iter()
@@ -163,14 +163,29 @@ impl TractEngine {
             engine.inner.plan(&opt)?;
             return Ok(engine);
         }
-        let n = model.sym("N");
-        for (i, &c) in in_order.iter().enumerate() {
-            let mut dims: TVec<TDim> = tvec![n.clone().into()];
-            dims.extend(cfg.inputs[c].row_dims().into_iter().map(TDim::from));
-            let fact = InferenceFact::dt_shape(inputs[c], dims);
-            model = model.with_input_fact(i, fact).map_err(ctx)?;
-        }
-        let model = model.into_optimized().map_err(ctx)?;
+        let fixed = |mut model: InferenceModel| -> Result<TypedModel, String> {
+            let n = model.sym("N");
+            for (i, &c) in in_order.iter().enumerate() {
+                let mut dims: TVec<TDim> = tvec![n.clone().into()];
+                dims.extend(cfg.inputs[c].row_dims().into_iter().map(TDim::from));
+                let fact = InferenceFact::dt_shape(inputs[c], dims);
+                model = model.with_input_fact(i, fact).map_err(ctx)?;
+            }
+            model.into_optimized().map_err(ctx)
+        };
+        let model = match fixed(model) {
+            Ok(m) => m,
+            // The file's shape hints (`value_info`, output shapes) may name symbols the fixed
+            // inputs contradict (an export with dynamic height and width, served at one size):
+            // without them tract infers every shape from the inputs, as the builder did.
+            Err(first) => tract_onnx::onnx()
+                .with_ignore_value_info(true)
+                .with_ignore_output_shapes(true)
+                .model_for_path(path)
+                .map_err(ctx)
+                .and_then(fixed)
+                .map_err(|_| first)?,
+        };
         Self::from_optimized(cfg, path, model, (in_order, out_order))
     }
 

@@ -126,14 +126,14 @@ fn memory(pid: u32, name: &str) -> u64 {
 }
 
 /// Polls `/v2/health/live` every 20 ms until stopped; returns the slowest answer.
-struct Probe {
+pub(super) struct Probe {
     stop: Arc<AtomicBool>,
     worst: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Probe {
-    fn start(addr: &str) -> Probe {
+    pub(super) fn start(addr: &str) -> Probe {
         let stop = Arc::new(AtomicBool::new(false));
         let worst = Arc::new(AtomicU64::new(0));
         let (s, w, addr) = (stop.clone(), worst.clone(), addr.to_owned());
@@ -154,7 +154,7 @@ impl Probe {
     }
 
     /// Stops probing; the slowest liveness answer seen.
-    fn finish(mut self) -> Duration {
+    pub(super) fn finish(mut self) -> Duration {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             t.join().unwrap();
@@ -176,7 +176,7 @@ fn texts(n: usize, words: impl Fn(usize) -> usize) -> String {
     format!("[{}]", list.join(","))
 }
 
-fn assert_refused(r: &Reply, status: u16, says: &[&str]) {
+pub(super) fn assert_refused(r: &Reply, status: u16, says: &[&str]) {
     assert_eq!(r.status, status, "{}", r.text());
     let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
     for s in says {

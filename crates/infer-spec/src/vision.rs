@@ -1,0 +1,515 @@
+//! `[vision]` of `runtime.toml`: how the runtime turns an encoded image (JPEG, PNG, WebP) into
+//! the engine's pixel tensor, and the engine's outputs into answers (labels, boxes, vectors).
+//!
+//! The recipe's `[vision]` table says the same in the builder's words; the builder checks it
+//! against the ONNX and writes this section. The runtime then serves an `image` input (V2
+//! `BYTES`, one encoded image per row, and the image routes' raw or multipart bodies) instead of
+//! the engine's pixel tensor.
+//!
+//! ```toml
+//! [vision]
+//! input = "images"
+//! layout = "nchw"
+//! color = "rgb"
+//! height = 224
+//! width = 224
+//! resize = "crop"
+//! shorter = 256
+//! interpolation = "bilinear"
+//! scale = 0.00392156862745098
+//! mean = [0.485, 0.456, 0.406]
+//! std = [0.229, 0.224, 0.225]
+//! output = "logits"
+//! answer = "classify"
+//! activation = "softmax"
+//! top_k = 5
+//! labels = ["tench", "goldfish", "..."]
+//! ```
+//!
+//! Each step is defined as the Python tools people check against define it, so a model trained
+//! with them sees the same pixels: resizing is PIL's (`Image.resize`, whose bilinear and bicubic
+//! filters widen when shrinking: antialiased), `crop` is torchvision's `Resize(shorter)` then
+//! `CenterCrop`, `letterbox` is Ultralytics' `LetterBox` (centred, padded), and the EXIF
+//! orientation is applied first (`ImageOps.exif_transpose`).
+
+use crate::text::Activation;
+use crate::{DataType, TensorSpec};
+use serde::{Deserialize, Serialize};
+
+/// The served input that carries encoded images (V2 `BYTES`, one image per row).
+pub const IMAGE_INPUT: &str = "image";
+
+/// The default `max_image_bytes`: a 12-megapixel phone photograph is 3 to 8 MB as JPEG.
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 20 << 20;
+/// The largest `max_image_bytes`.
+pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
+/// The default `max_pixels`: 40 megapixels (a 48-megapixel sensor's full frame is refused; its
+/// usual 12-megapixel output is not). PIL warns at 89 megapixels and refuses twice that.
+pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
+/// The largest `max_pixels`.
+pub const MAX_PIXELS: u64 = 1 << 30;
+/// The default `max_client_batch_size` of an image model: images one request may carry.
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: u32 = 64;
+/// The largest `max_client_batch_size`.
+pub const MAX_CLIENT_BATCH_SIZE: u32 = 4096;
+/// The largest side the engine's input may have.
+pub const MAX_SIDE: u32 = 8192;
+
+/// `[vision]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vision {
+    /// The engine input that takes the pixels.
+    pub input: String,
+    /// Where the channels are in the engine's input.
+    pub layout: Layout,
+    /// The channels' order.
+    pub color: Color,
+    /// The engine input's height and width, in pixels.
+    pub height: u32,
+    pub width: u32,
+    /// How an image of any size becomes `height` x `width`.
+    pub resize: Resize,
+    /// `crop`: the shorter side's length before the centre crop (torchvision's `Resize(shorter)`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shorter: u32,
+    /// How pixels are resampled.
+    pub interpolation: Interpolation,
+    /// The value of the pixels `letterbox` and `pad` add, on the 0-255 scale, before `scale`,
+    /// `mean` and `std` apply (114: Ultralytics' grey; 127.5 with mean 0.5 and std 0.5 after
+    /// scale 1/255 makes a normalised 0, as PaddleOCR pads).
+    #[serde(default)]
+    pub pad: f32,
+    /// Each pixel value `v` (0-255) becomes `(v * scale - mean[c]) / std[c]`.
+    pub scale: f32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// The engine output the answer comes from.
+    pub output: String,
+    /// What the output means.
+    pub answer: Answer,
+    /// `classify`: what turns the output into scores.
+    #[serde(default)]
+    pub activation: Activation,
+    /// `classify`: how many labels an answer holds, best first.
+    #[serde(default = "default_top_k")]
+    pub top_k: u32,
+    /// A label per class (output column); empty: the class's index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+    /// `detect`: the least score a box is kept with.
+    #[serde(default = "default_confidence")]
+    pub confidence: f32,
+    /// `detect`: boxes of one class overlapping more than this (intersection over union) keep
+    /// only the best.
+    #[serde(default = "default_iou")]
+    pub iou: f32,
+    /// `detect`: the most boxes one image's answer holds.
+    #[serde(default = "default_max_detections")]
+    pub max_detections: u32,
+    /// `embed`: L2-normalise the vector.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub normalize: bool,
+    /// The most bytes one encoded image may have (413 past it).
+    #[serde(default = "default_max_image_bytes")]
+    pub max_image_bytes: u64,
+    /// The most pixels (width x height, as the file declares them) one image may have: refused
+    /// with 400 before anything is decoded.
+    #[serde(default = "default_max_pixels")]
+    pub max_pixels: u64,
+    /// The most images one request may carry, on every route; more is refused with 413.
+    #[serde(default = "default_max_client_batch_size")]
+    pub max_client_batch_size: u32,
+}
+
+/// Where the channels are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `[batch, channels, height, width]` (PyTorch, ONNX exports of it).
+    Nchw,
+    /// `[batch, height, width, channels]` (TensorFlow, Keras).
+    Nhwc,
+}
+
+/// The channels' order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Color {
+    Rgb,
+    /// OpenCV's order (Caffe models, PaddleOCR).
+    Bgr,
+}
+
+/// How an image becomes the engine's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resize {
+    /// The shorter side to `shorter`, keeping the ratio, then the centre `height` x `width`
+    /// (torchvision's `Resize` + `CenterCrop`, the ImageNet evaluation transform).
+    Crop,
+    /// Scaled to fit `height` x `width` keeping the ratio, centred, the rest `pad` (YOLO).
+    Letterbox,
+    /// Scaled to `height` x `width` whatever the ratio.
+    Stretch,
+    /// Scaled to `height` keeping the ratio, at most `width` wide, placed left, the rest of the
+    /// width `pad` (PaddleOCR's classifier and recogniser).
+    Pad,
+}
+
+/// How pixels are resampled: PIL's filters (bilinear and bicubic widen with the scale when
+/// shrinking, so every source pixel counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interpolation {
+    Nearest,
+    Bilinear,
+    Bicubic,
+}
+
+/// What the engine's output means, and so what an answer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answer {
+    /// Scores per class, `[batch, classes]`: `[{label, score}]`, the `top_k` best.
+    Classify,
+    /// YOLOv8-style rows, `[batch, 4 + classes, boxes]` (centre x, centre y, width, height in
+    /// the engine's input pixels, then a score per class): `[{label, score, box}]` in the
+    /// original image's pixels, after class-aware non-maximum suppression.
+    Detect,
+    /// A vector per image, `[batch, dims]` (or `[batch, dims, 1, 1]`).
+    Embed,
+}
+
+macro_rules! names {
+    ($t:ty { $($v:ident = $s:literal),* $(,)? }) => {
+        impl $t {
+            pub const ALL: &'static [$t] = &[$(<$t>::$v),*];
+            pub fn as_str(self) -> &'static str {
+                match self { $(<$t>::$v => $s),* }
+            }
+            pub fn parse(s: &str) -> Option<$t> {
+                Self::ALL.iter().copied().find(|v| v.as_str() == s)
+            }
+        }
+    };
+}
+names!(Layout { Nchw = "nchw", Nhwc = "nhwc" });
+names!(Color { Rgb = "rgb", Bgr = "bgr" });
+names!(Resize { Crop = "crop", Letterbox = "letterbox", Stretch = "stretch", Pad = "pad" });
+names!(Interpolation { Nearest = "nearest", Bilinear = "bilinear", Bicubic = "bicubic" });
+names!(Answer { Classify = "classify", Detect = "detect", Embed = "embed" });
+
+fn default_top_k() -> u32 {
+    5
+}
+fn default_confidence() -> f32 {
+    0.25
+}
+fn default_iou() -> f32 {
+    0.45
+}
+fn default_max_detections() -> u32 {
+    300
+}
+fn default_max_image_bytes() -> u64 {
+    DEFAULT_MAX_IMAGE_BYTES
+}
+fn default_max_pixels() -> u64 {
+    DEFAULT_MAX_PIXELS
+}
+fn default_max_client_batch_size() -> u32 {
+    DEFAULT_MAX_CLIENT_BATCH_SIZE
+}
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+/// The datatypes a pixel input may take: normalised floats, or raw 0-255 bytes.
+pub fn pixel_datatype(d: DataType) -> bool {
+    matches!(d, DataType::F32 | DataType::F16 | DataType::U8)
+}
+
+impl Vision {
+    /// The engine input's dims for `[batch]` images: `[-1, 3, h, w]` or `[-1, h, w, 3]`.
+    pub fn input_dims(&self) -> Vec<i64> {
+        let (h, w) = (i64::from(self.height), i64::from(self.width));
+        match self.layout {
+            Layout::Nchw => vec![-1, 3, h, w],
+            Layout::Nhwc => vec![-1, h, w, 3],
+        }
+    }
+
+    /// `crop`'s shorter side: `shorter`, or when 0 the crop's shorter side scaled by 256/224
+    /// (torchvision's ImageNet evaluation ratio).
+    pub fn crop_shorter(&self) -> u32 {
+        match self.shorter {
+            0 => self.height.min(self.width) * 8 / 7,
+            s => s,
+        }
+    }
+
+    /// The served signature: an `image` `BYTES` input, one encoded image per row, and the
+    /// engine's outputs as they are (the raw tensors stay available through V2).
+    pub fn served_inputs(&self) -> Vec<TensorSpec> {
+        vec![TensorSpec {
+            name: IMAGE_INPUT.to_owned(),
+            datatype: DataType::Bytes,
+            dims: vec![-1, 1],
+            profile: None,
+            dim_names: Vec::new(),
+            pad: None,
+            table_rows: None,
+        }]
+    }
+
+    /// The classes of a `classify` or `detect` output (its columns, or its rows past the four
+    /// box values), when its dims say.
+    pub fn classes(&self, outputs: &[TensorSpec]) -> Option<usize> {
+        let out = outputs.iter().find(|t| t.name == self.output)?;
+        let d = |i: usize| out.dims.get(i).copied().filter(|&d| d > 0);
+        match self.answer {
+            Answer::Classify => {
+                let rest: Vec<i64> = out.dims.iter().skip(1).copied().collect();
+                match rest.as_slice() {
+                    [c] | [c, 1, 1] if *c > 0 => Some(*c as usize),
+                    _ => None,
+                }
+            }
+            Answer::Detect => d(1).filter(|&r| r > 4).map(|r| r as usize - 4),
+            Answer::Embed => None,
+        }
+    }
+
+    /// How images become tensors and tensors answers, as flat key/value pairs for image
+    /// annotations (keys without the reverse-DNS prefix, sorted), so `inspect` shows them.
+    pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
+        let mut m = std::collections::BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            m.insert(format!("vision.{k}"), v);
+        };
+        put("input", self.input.clone());
+        put("size", format!("{}x{}", self.width, self.height));
+        put("layout", self.layout.as_str().into());
+        put("color", self.color.as_str().into());
+        put("resize", self.resize.as_str().into());
+        if self.resize == Resize::Crop {
+            put("shorter", self.crop_shorter().to_string());
+        }
+        put("interpolation", self.interpolation.as_str().into());
+        put("scale", self.scale.to_string());
+        put("mean", format!("{:?}", self.mean));
+        put("std", format!("{:?}", self.std));
+        put("answer", self.answer.as_str().into());
+        put("output", self.output.clone());
+        match self.answer {
+            Answer::Classify => {
+                put("activation", self.activation.as_str().into());
+                put("top_k", self.top_k.to_string());
+            }
+            Answer::Detect => {
+                put("confidence", self.confidence.to_string());
+                put("iou", self.iou.to_string());
+            }
+            Answer::Embed => put("normalize", self.normalize.to_string()),
+        }
+        if !self.labels.is_empty() {
+            put("labels", self.labels.len().to_string());
+        }
+        m
+    }
+
+    /// Everything wrong with the section against the engine's tensors, each as one sentence.
+    pub fn problems(&self, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Vec<String> {
+        let mut p = Vec::new();
+        if !(1..=MAX_SIDE).contains(&self.height) || !(1..=MAX_SIDE).contains(&self.width) {
+            p.push(format!(
+                "vision: height {} and width {} must be 1 to {MAX_SIDE}",
+                self.height, self.width
+            ));
+        }
+        match inputs.iter().find(|t| t.name == self.input) {
+            None => p.push(format!(
+                "vision.input: the engine has no input {:?} (its inputs are {:?})",
+                self.input,
+                inputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+            )),
+            Some(t) => {
+                if !pixel_datatype(t.datatype) {
+                    p.push(format!(
+                        "vision.input: input {:?} is {}, not FP32, FP16 or UINT8",
+                        t.name, t.datatype
+                    ));
+                }
+                if t.dims != self.input_dims() {
+                    p.push(format!(
+                        "vision.input: input {:?} has dims {:?}, not {:?} ({} {}x{})",
+                        t.name,
+                        t.dims,
+                        self.input_dims(),
+                        self.layout.as_str(),
+                        self.width,
+                        self.height
+                    ));
+                }
+            }
+        }
+        if let Some(other) = inputs.iter().find(|t| t.name != self.input) {
+            p.push(format!(
+                "vision: the engine input {:?} is not the pixels (an image model takes one input)",
+                other.name
+            ));
+        }
+        if self.resize == Resize::Crop && self.crop_shorter() < self.height.min(self.width) {
+            p.push(format!(
+                "vision.shorter {} is less than the crop's shorter side {}",
+                self.shorter,
+                self.height.min(self.width)
+            ));
+        }
+        if !(self.pad.is_finite() && (0.0..=255.0).contains(&self.pad)) {
+            p.push(format!("vision.pad {} is not 0 to 255", self.pad));
+        }
+        let finite = |v: f32| v.is_finite();
+        if !finite(self.scale)
+            || !self.mean.iter().copied().all(finite)
+            || !self.std.iter().all(|&s| finite(s) && s != 0.0)
+        {
+            p.push("vision: scale, mean and std must be finite numbers, std not 0".to_owned());
+        }
+        match outputs.iter().find(|t| t.name == self.output) {
+            None => p.push(format!(
+                "vision.output: the engine has no output {:?} (its outputs are {:?})",
+                self.output,
+                outputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+            )),
+            Some(t) if t.datatype != DataType::F32 && t.datatype != DataType::F16 => {
+                p.push(format!(
+                    "vision.output: output {:?} is {}, not FP32 or FP16",
+                    t.name, t.datatype
+                ))
+            }
+            Some(t) => {
+                let shape = match self.answer {
+                    Answer::Classify => self.classes(outputs).is_some(),
+                    Answer::Detect => t.dims.len() == 3 && self.classes(outputs).is_some(),
+                    Answer::Embed => {
+                        matches!(t.dims.iter().skip(1).collect::<Vec<_>>().as_slice(), [d] | [d, 1, 1] if **d > 0)
+                    }
+                };
+                if !shape {
+                    let want = match self.answer {
+                        Answer::Classify => "[batch, classes]",
+                        Answer::Detect => "[batch, 4 + classes, boxes]",
+                        Answer::Embed => "[batch, dims]",
+                    };
+                    p.push(format!(
+                        "vision.output: output {:?} has dims {:?}, not {want} as answer = {:?} reads it",
+                        t.name,
+                        t.dims,
+                        self.answer.as_str()
+                    ));
+                }
+            }
+        }
+        if let Some(c) = self.classes(outputs) {
+            if !self.labels.is_empty() && self.labels.len() != c {
+                p.push(format!(
+                    "vision.labels: {} labels for {c} classes",
+                    self.labels.len()
+                ));
+            }
+        }
+        if self.top_k == 0 {
+            p.push("vision.top_k must be at least 1".to_owned());
+        }
+        if !(0.0..=1.0).contains(&self.confidence) || !(0.0..=1.0).contains(&self.iou) {
+            p.push("vision: confidence and iou must be 0 to 1".to_owned());
+        }
+        if !(1..=MAX_IMAGE_BYTES).contains(&self.max_image_bytes) {
+            p.push(format!(
+                "vision.max_image_bytes must be 1 to {MAX_IMAGE_BYTES}"
+            ));
+        }
+        if !(1..=MAX_PIXELS).contains(&self.max_pixels) {
+            p.push(format!("vision.max_pixels must be 1 to {MAX_PIXELS}"));
+        }
+        if !(1..=MAX_CLIENT_BATCH_SIZE).contains(&self.max_client_batch_size) {
+            p.push(format!(
+                "vision.max_client_batch_size must be 1 to {MAX_CLIENT_BATCH_SIZE}"
+            ));
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: dims.to_vec(),
+            profile: None,
+            dim_names: Vec::new(),
+            pad: None,
+            table_rows: None,
+        }
+    }
+
+    fn classifier() -> Vision {
+        toml::from_str(
+            "input = \"x\"\nlayout = \"nchw\"\ncolor = \"rgb\"\nheight = 224\nwidth = 224\n\
+             resize = \"crop\"\ninterpolation = \"bilinear\"\nscale = 0.00392156862745098\n\
+             mean = [0.485, 0.456, 0.406]\nstd = [0.229, 0.224, 0.225]\noutput = \"y\"\n\
+             answer = \"classify\"\nactivation = \"softmax\"\n",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_classifier_section_reads_with_its_defaults_and_fits_its_engine() {
+        let v = classifier();
+        assert_eq!(v.crop_shorter(), 256, "224 * 256 / 224");
+        assert_eq!(v.top_k, 5);
+        assert_eq!(v.max_pixels, DEFAULT_MAX_PIXELS);
+        let inputs = [spec("x", DataType::F32, &[-1, 3, 224, 224])];
+        let outputs = [spec("y", DataType::F32, &[-1, 1000])];
+        assert_eq!(v.problems(&inputs, &outputs), Vec::<String>::new());
+        assert_eq!(v.classes(&outputs), Some(1000));
+        let text = toml::to_string(&v).unwrap();
+        assert_eq!(toml::from_str::<Vision>(&text).unwrap(), v, "{text}");
+    }
+
+    #[test]
+    fn each_mismatch_with_the_engine_is_one_sentence_naming_its_key() {
+        let mut v = classifier();
+        v.labels = vec!["a".into(); 3];
+        v.shorter = 100;
+        v.std = [0.0, 1.0, 1.0];
+        let inputs = [
+            spec("x", DataType::I64, &[-1, 224, 224, 3]),
+            spec("z", DataType::F32, &[-1, 1]),
+        ];
+        let outputs = [spec("y", DataType::F32, &[-1, 10, 7])];
+        let p = v.problems(&inputs, &outputs).join("\n");
+        for want in [
+            "vision.input: input \"x\" is INT64",
+            "vision.input: input \"x\" has dims [-1, 224, 224, 3], not [-1, 3, 224, 224]",
+            "the engine input \"z\" is not the pixels",
+            "vision.shorter 100",
+            "std not 0",
+            "vision.output: output \"y\" has dims [-1, 10, 7], not [batch, classes]",
+        ] {
+            assert!(p.contains(want), "{want:?} missing in:\n{p}");
+        }
+        v.answer = Answer::Detect;
+        let p = v.problems(&inputs, &outputs).join("\n");
+        assert!(p.contains("vision.labels: 3 labels for 6 classes"), "{p}");
+    }
+}

@@ -193,6 +193,7 @@ pub(crate) fn runtime_config(
             ..Server::default()
         },
         text: None,
+        vision: None,
         response_cache: recipe
             .response_cache
             .map(|max_bytes| infer_spec::runtime::ResponseCache { max_bytes }),
@@ -202,6 +203,11 @@ pub(crate) fn runtime_config(
         .text
         .as_ref()
         .map(|t| text_section(recipe, t, kind, &cfg))
+        .transpose()?;
+    cfg.vision = recipe
+        .vision
+        .as_ref()
+        .map(|v| vision_section(recipe, v, &cfg))
         .transpose()?;
     let problems = cfg.problems();
     if !problems.is_empty() {
@@ -285,6 +291,35 @@ fn text_section(
         .output
         .as_ref()
         .map_or_else(|| t.at.clone().map(|()| String::new()), Clone::clone);
+    Err(Error::Spec {
+        what: at.diagnostic(&recipe.file, problems.join("; ")).to_string(),
+    })
+}
+
+/// `runtime.toml`'s `[vision]` from the recipe's: the output defaults to the model's first, and
+/// the section is checked against the engine's tensors (errors name the recipe's `[vision]`
+/// table, or its `output` key).
+fn vision_section(
+    recipe: &Recipe,
+    v: &crate::recipe::Vision,
+    cfg: &RuntimeConfig,
+) -> Result<infer_spec::vision::Vision, Error> {
+    let mut section = v.section.clone();
+    if section.output.is_empty() {
+        section.output = cfg
+            .outputs
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+    }
+    let problems = section.problems(&cfg.inputs, &cfg.outputs);
+    if problems.is_empty() {
+        return Ok(section);
+    }
+    let at = v
+        .output
+        .as_ref()
+        .map_or_else(|| v.at.clone().map(|()| String::new()), Clone::clone);
     Err(Error::Spec {
         what: at.diagnostic(&recipe.file, problems.join("; ")).to_string(),
     })
@@ -509,6 +544,9 @@ pub(crate) fn target_spec_at(
             "text.tokenizer".into(),
             format!("/{}", place.in_dir("tokenizer.json")),
         );
+    }
+    if let Some(vision) = &rc.vision {
+        compat.extend(vision.annotations());
     }
     let mut extra = BTreeMap::new();
     if let Some(bytes) = files.engine_profile {

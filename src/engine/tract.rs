@@ -131,7 +131,27 @@ pub(crate) fn typed_from_onnx_at(
     inputs: &[InputSpec],
     at: At,
 ) -> TractResult<TypedModel> {
-    let mut model = tract_onnx::onnx().model_for_read(&mut &bytes[..])?;
+    match typed_with_hints(bytes, inputs, at, true) {
+        Ok(m) => Ok(m),
+        // The file's shape hints (`value_info`, output shapes) may name symbols the declared
+        // inputs fix otherwise (an export with dynamic height and width served at one size:
+        // `batch,16,(height+1)/2,…` against `N,16,160,160`): without them tract infers every
+        // shape from the inputs. The first error stands when that fails too.
+        Err(first) => typed_with_hints(bytes, inputs, at, false).map_err(|_| first),
+    }
+}
+
+/// [`typed_from_onnx_at`], reading the file's shape hints or not (`hints`).
+fn typed_with_hints(
+    bytes: &[u8],
+    inputs: &[InputSpec],
+    at: At,
+    hints: bool,
+) -> TractResult<TypedModel> {
+    let mut model = tract_onnx::onnx()
+        .with_ignore_value_info(!hints)
+        .with_ignore_output_shapes(!hints)
+        .model_for_read(&mut &bytes[..])?;
     let outlets = model.input_outlets()?.to_vec();
     let names: Vec<String> = outlets
         .iter()

@@ -42,6 +42,7 @@ mod check;
 mod diagnostic;
 mod types;
 mod validate;
+mod vision;
 
 pub use diagnostic::{render, sort as sort_diagnostics, Diagnostic, Located, Span};
 pub use types::*;
@@ -134,6 +135,40 @@ pub fn load(path: &Path) -> Result<Recipe, Error> {
         check_file(path, dir, f, &mut diagnostics);
     }
     let mut recipe = recipe;
+    // A labels file, once it is known to be a regular file inside the recipe's directory.
+    if diagnostics.is_empty() {
+        if let Some(r) = recipe.as_mut() {
+            let classes = r.vision.as_ref().and_then(|v| {
+                let output = v.output.as_ref().map(|o| o.value.as_str());
+                vision::classes(&r.model, output, v.section.answer)
+            });
+            if let Some(v) = r.vision.as_mut() {
+                if let Some(p) = &v.labels_file {
+                    let shown = vision::shown(dir, p);
+                    match vision::read_labels(&shown) {
+                        Ok(labels) if classes.is_some_and(|c| c != labels.len()) => {
+                            diagnostics.push(
+                                p.diagnostic(
+                                    path,
+                                    format!(
+                                        "labels file {}: {} labels for {} classes",
+                                        shown.display(),
+                                        labels.len(),
+                                        classes.unwrap_or_default()
+                                    ),
+                                )
+                                .with_hint("one label per line for each class of the output, in the model's class order"),
+                            )
+                        }
+                        Ok(labels) => v.section.labels = labels,
+                        Err(e) => diagnostics.push(
+                            p.diagnostic(path, format!("labels file {}: {e}", shown.display())),
+                        ),
+                    }
+                }
+            }
+        }
+    }
     if let Some(int8) = recipe.as_mut().and_then(|r| r.int8.as_mut()) {
         // What the plan needs to know of the calibration input: a TensorRT calibration cache
         // (a file) or data (a directory) that infer-build can quantize with.
@@ -327,6 +362,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
         FileKind::Samples => "warm-up samples file",
         FileKind::Evaluation => "evaluation data",
         FileKind::Tokenizer => "tokenizer",
+        FileKind::Labels => "labels file",
     };
     let shown = dir.join(&f.path.value);
     let base = if dir.as_os_str().is_empty() {
@@ -355,6 +391,7 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
                 FileKind::Samples => "write the warm-up requests file at this path, or remove `samples` to warm up with synthetic data",
                 FileKind::Evaluation => "put the evaluation batches (*.npy / *.npz) in this directory, or remove `data` to evaluate on the calibration data",
                 FileKind::Tokenizer => "put the model's tokenizer.json (as Hugging Face models ship it) at this path",
+                FileKind::Labels => "write the class names at this path, one per line in the model's class order",
             };
             out.push(diag(format!("{what} not found: {}", shown.display()), hint));
             return;
@@ -383,13 +420,18 @@ fn check_file(recipe: &Path, dir: &Path, f: &FileRef, out: &mut Vec<Diagnostic>)
             let ok = match f.kind {
                 FileKind::Calibration => meta.is_file() || meta.is_dir(),
                 FileKind::Evaluation | FileKind::CalibrationBatches => meta.is_dir(),
-                FileKind::Model | FileKind::Samples | FileKind::Tokenizer => meta.is_file(),
+                FileKind::Model | FileKind::Samples | FileKind::Tokenizer | FileKind::Labels => {
+                    meta.is_file()
+                }
             };
             if !ok {
                 let expected = match f.kind {
                     FileKind::Calibration => "a regular file or a directory",
                     FileKind::Evaluation | FileKind::CalibrationBatches => "a directory",
-                    FileKind::Model | FileKind::Samples | FileKind::Tokenizer => "a regular file",
+                    FileKind::Model
+                    | FileKind::Samples
+                    | FileKind::Tokenizer
+                    | FileKind::Labels => "a regular file",
                 };
                 out.push(diag(
                     format!(

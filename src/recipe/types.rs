@@ -32,6 +32,9 @@ pub struct Recipe {
     pub engine: Engine,
     /// `[text]`: the model takes text (tokenizer in front, pooling after), when present.
     pub text: Option<Text>,
+    /// `[vision]`: the model takes images (decoding and resizing in front, labels, boxes or
+    /// vectors after), when present.
+    pub vision: Option<Vision>,
     /// `[response_cache] max_bytes`: identical requests answered from memory, when present.
     pub response_cache: Option<u64>,
 }
@@ -70,6 +73,23 @@ pub struct Text {
     /// `text.max_client_batch_size`: the most texts (or pairs) one request may carry
     /// (default `infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE`).
     pub max_client_batch_size: u32,
+    /// The table, for errors found once the model's outputs are known.
+    pub at: Located<()>,
+}
+
+/// `[vision]`: how an encoded image becomes the model's pixel tensor and its output an answer.
+/// Written into `runtime.toml` as [`infer_spec::vision::Vision`] once the model's outputs are
+/// known (the default `output` and the label count depend on them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vision {
+    /// The section with every default the recipe alone decides applied; `output` empty when
+    /// the recipe leaves it to the model (its first output), `labels` empty until [`super::load`]
+    /// reads `labels_file`.
+    pub section: infer_spec::vision::Vision,
+    /// `vision.output` as written.
+    pub output: Option<Located<String>>,
+    /// `vision.labels` naming a file beside the recipe (one label per line).
+    pub labels_file: Option<Located<PathBuf>>,
     /// The table, for errors found once the model's outputs are known.
     pub at: Located<()>,
 }

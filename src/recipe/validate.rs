@@ -37,9 +37,11 @@ pub(crate) enum FileKind {
     Tokenizer,
     /// `fp8.calibration`: a directory of batches.
     CalibrationBatches,
+    /// `vision.labels`: a regular file, one label per line.
+    Labels,
 }
 
-const ROOT_KEYS: [&str; 12] = [
+const ROOT_KEYS: [&str; 13] = [
     "model",
     "targets",
     "engine",
@@ -51,6 +53,7 @@ const ROOT_KEYS: [&str; 12] = [
     "image",
     "deploy",
     "text",
+    "vision",
     "response_cache",
 ];
 const TEXT_KEYS: [&str; 17] = [
@@ -220,6 +223,21 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
         (Some(t), Some(m)) => text(cx, t, m, &mut files),
         _ => None,
     };
+    let vision_table = cx.table(&root, "vision");
+    let vision = match (vision_table.as_ref(), model.as_ref()) {
+        (Some(v), Some(m)) => {
+            if let Some(t) = &text_table {
+                cx.error_hint(
+                    v.span,
+                    &v.key,
+                    "a model takes text ([text]) or images ([vision]), not both",
+                    format!("remove [{}] or [{}]", t.key, v.key),
+                );
+            }
+            super::vision::vision(cx, v, m, &mut files)
+        }
+        _ => None,
+    };
 
     let recipe = match (cx.diagnostics.is_empty(), model) {
         (true, Some(model)) => Some(Recipe {
@@ -236,6 +254,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
             deploy,
             engine,
             text,
+            vision,
             response_cache,
         }),
         _ => None,
@@ -247,7 +266,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
 // [text]
 
 /// A string key naming one of a set (`parse` says which), or `unknown KEY "value"` with `hint`.
-fn one_of<T>(
+pub(super) fn one_of<T>(
     cx: &mut Checker<'_>,
     t: &Table<'_, '_>,
     key: &str,
@@ -536,7 +555,7 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
 }
 
 /// A located value's span, or the table's (where a defaulted key would be written).
-fn span_or(table: Option<&Table<'_, '_>>) -> Span {
+pub(super) fn span_or(table: Option<&Table<'_, '_>>) -> Span {
     table.map(|t| t.span).unwrap_or(Span::START)
 }
 
@@ -649,7 +668,11 @@ pub(super) fn valid_version(s: &str) -> bool {
 
 /// Lexical checks of a path the recipe names: relative, not leaving the recipe's directory.
 /// (`load` repeats the containment check on disk, where symbolic links are resolved.)
-fn relative_path(cx: &mut Checker<'_>, p: Located<String>, what: &str) -> Option<Located<PathBuf>> {
+pub(super) fn relative_path(
+    cx: &mut Checker<'_>,
+    p: Located<String>,
+    what: &str,
+) -> Option<Located<PathBuf>> {
     let s = p.value.as_str();
     let problem = if s.is_empty() {
         Some("is empty")

@@ -24,7 +24,13 @@ use serde_json::Value;
 use super::support::{self, have_docker, have_tool, stderr, stdout};
 
 /// The examples with a README a test runs.
-const EXAMPLES: [&str; 4] = ["text-embeddings", "reranker", "bundle", "split-layout"];
+const EXAMPLES: [&str; 5] = [
+    "text-embeddings",
+    "reranker",
+    "bundle",
+    "split-layout",
+    "image-classification",
+];
 
 /// What the READMEs write into an example's directory (the root `.gitignore` lists them): never
 /// copied, so a README that was run in place is tested as a fresh checkout has it.
@@ -238,6 +244,7 @@ fn every_example_readme_is_run_and_its_files_check() {
         "examples/reranker/recipe.toml",
         "examples/bundle/bundle.toml",
         "examples/split-layout/recipe.toml",
+        "examples/image-classification/recipe.toml",
     ] {
         let o = support::run(&["check", file]);
         assert!(o.status.success(), "{file}: {}", stderr(&o));
@@ -303,6 +310,61 @@ fn docker_text_embeddings_example_runs_as_written() {
         "{image:?}"
     );
     assert_eq!(image.layers.len(), 3, "{image:?}");
+}
+
+/// `examples/image-classification`: a classifier from photographs, FROM scratch on tract. The
+/// raw body answers the top 3 labels best first (softmax scores, labels from the labels file),
+/// the form upload of two files one such answer each, and the JSON the README shows (the V2
+/// metadata with its `image` input, the refusal of what is not an image) is what came back.
+#[test]
+fn docker_image_classification_example_runs_as_written() {
+    let test = "docker_image_classification_example_runs_as_written";
+    let Some(run) = run_readme("image-classification", &["image-classification"], &[], test) else {
+        return;
+    };
+    let labels: Vec<String> =
+        std::fs::read_to_string(support::root().join("examples/image-classification/labels.txt"))
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+    let check = |answer: &Value, what: &str| {
+        let a = answer
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: {answer}"));
+        assert_eq!(a.len(), 3, "{what}: {answer}");
+        let scores: Vec<f64> = a.iter().map(|x| x["score"].as_f64().unwrap()).collect();
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{what}: {answer}");
+        assert!(
+            scores.iter().all(|s| (0.0..=1.0).contains(s)),
+            "{what}: {answer}"
+        );
+        for x in a {
+            assert!(
+                labels.contains(&x["label"].as_str().unwrap().to_owned()),
+                "{what}: {x}"
+            );
+        }
+    };
+    let answers = run.json_lines();
+    let one = answers
+        .iter()
+        .find(|v| v[0]["label"].is_string())
+        .unwrap_or_else(|| panic!("no /predictions answer in:\n{}", run.out));
+    check(one, "raw body");
+    let two = answers
+        .iter()
+        .find(|v| v[0][0]["label"].is_string())
+        .unwrap_or_else(|| panic!("no multipart answer in:\n{}", run.out));
+    assert_eq!(two.as_array().map(Vec::len), Some(2), "{two}");
+    check(&two[0], "multipart 0");
+    assert_eq!(two[0], *one, "the same photograph, the same answer");
+    let doc: Inspection = support::inspect(&run.path("image-classification", "out/resnet50"));
+    let image = &doc.images[0];
+    assert_eq!(
+        image.annotations["dev.infer-build.vision.resize"], "crop",
+        "{image:?}"
+    );
 }
 
 /// `examples/reranker`: the cross-encoder from text pairs. `/rerank` answers every passage once,

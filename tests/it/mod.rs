@@ -28,4 +28,5 @@ pub(crate) mod sbom;
 pub(crate) mod slim;
 pub(crate) mod split_image;
 pub(crate) mod support;
+pub(crate) mod vision;
 pub(crate) mod vocabulary;

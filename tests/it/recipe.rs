@@ -261,11 +261,11 @@ cpu = true
         ),
         r#"
 recipe.toml:10:2: batch: unknown table [batch]; did you mean [batching]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [vision], [response_cache]
 recipe.toml:13:2: deployment: unknown table [deployment]; did you mean [deploy]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [vision], [response_cache]
 recipe.toml:16:2: Targets: unknown table [Targets]; did you mean [targets]?
-  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [response_cache]
+  hint: a recipe has the tables [model], [targets], [engine], [int8], [fp8], [accuracy], [batching], [warmup], [image], [deploy], [text], [vision], [response_cache]
 "#,
     );
     // types_tables

@@ -1039,6 +1039,12 @@ fn yolov8n_gpu_recipe(s: &SlimCli) -> GpuRecipe {
         rdir.join("models/yolov8n.onnx"),
     )
     .unwrap();
+    fs::create_dir_all(rdir.join("labels")).unwrap();
+    fs::copy(
+        super::support::root().join("recipes/labels/coco-80.txt"),
+        rdir.join("labels/coco-80.txt"),
+    )
+    .unwrap();
     let plan = super::support::plan(&recipe, &[]);
     let gpu = plan
         .targets

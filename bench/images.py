@@ -22,7 +22,6 @@ usage: python bench/images.py SERVE CACHE PEER_PYTHON [THREADS] [DURATION]
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from text import free_port, wait_http  # noqa: E402
+from text import free_port, load, wait_http  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -145,17 +144,6 @@ def in_process(onnx, paths):
         if best is None or rate > best[0]:
             best = (rate, pre / (pre + run), threads)
     return best
-
-
-def load(url, bodies, lua, duration):
-    out = {}
-    for c in (1, 16):
-        r = subprocess.run(["wrk", "-t1", f"-c{c}", f"-d{duration}s", "-s", lua, url],
-                           env={**os.environ, "BODIES": bodies}, capture_output=True, text=True, check=True)
-        k = {a: int(b) for a, b in re.findall(r"(\w+)=(\d+)", r.stdout.split("RESULT", 1)[1])}
-        out[c] = ((k["requests"] - k["non2xx"]) / (k["duration_us"] / 1e6), k["p50_us"] / 1e3,
-                  k["p99_us"] / 1e3, k["non2xx"] + k["errors"])
-    return out
 
 
 def metrics(port):

@@ -329,7 +329,12 @@ def download_package(cache, req):
             urllib.request.urlretrieve(url, path + PART)
             os.replace(path + PART, path)
         return checked(path, want)
-    wheel, want = WHEELS[req]
+    return download_wheel(cache, req, *WHEELS[req])
+
+
+def download_wheel(cache, req, wheel, want):
+    """The wheel file `wheel` of `req` in `cache`, downloaded once (for its platform when it is a
+    platform wheel, whatever Python runs this) and checked against its sha256 `want`."""
     wpath = os.path.join(cache, wheel)
     if not os.path.exists(wpath):
         tags = wheel[:-len(".whl")].split("-")

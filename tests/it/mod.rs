@@ -1,3 +1,4 @@
+pub(crate) mod architecture;
 pub(crate) mod bench;
 pub(crate) mod bundle_image;
 pub(crate) mod ci_example;

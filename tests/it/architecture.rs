@@ -1,0 +1,270 @@
+//! ARCHITECTURE.md names only what exists, and stays short enough to be read whole.
+//!
+//! Every code span of the document (outside fenced blocks) that looks like a repository path
+//! must exist: relative to the repository root, or to a directory its `###` section's heading
+//! names (`src/grpc/` under `crates/infer-serve/`); a bare file name (`check.rs`) must be in
+//! one of those directories, or anywhere in the sources where the heading names none. Every
+//! span that names a Rust item by path (`core::infer`, `Batcher::submit_all`,
+//! `report::{BuildOutput, Inspection}`) must name something defined in the workspace: its last
+//! identifier appears as an item (`fn`, `struct`, `enum`, `trait`, `mod`, `type`, `const`,
+//! `static`), a field or an enum variant in a `.rs` file of `src/`, `crates/` or `tests/`. A
+//! rename that leaves the document behind fails here, with every stale name listed at once.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The most words (whitespace-separated tokens) the document may have.
+const MAX_WORDS: usize = 4000;
+
+/// Path roots of other crates and tools, whose items are not ours to find.
+const FOREIGN: &[&str] = &["std", "clippy", "toml", "serde", "tokio", "hyper", "ort"];
+
+/// File endings that make a span a file path.
+const FILE_ENDINGS: &[&str] = &[".rs", ".toml", ".md", ".sh", ".py"];
+
+/// Where bare file names and defined items are looked for.
+const SOURCE_DIRS: &[&str] = &["src", "crates", "tests", "fuzz", "scripts"];
+
+/// What a code span names.
+#[derive(Debug)]
+enum Name {
+    /// A path in the repository (a file, or a directory ending in `/`).
+    Path(String),
+    /// A bare file name (`check.rs`).
+    File(String),
+    /// The identifiers a Rust path ends in (one, or the members of a `{…}` group).
+    Items(Vec<String>),
+}
+
+fn is_ident(s: &str) -> bool {
+    s.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// What `span` names, or `None` for anything else (a key, a value, a command, a type alone).
+fn classify(span: &str) -> Option<Name> {
+    let pathlike = !span.is_empty()
+        && !span.starts_with('/')
+        && span
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c));
+    let file = FILE_ENDINGS.iter().any(|e| span.ends_with(e));
+    if pathlike && span.contains('/') && (file || span.ends_with('/')) {
+        return Some(Name::Path(span.to_string()));
+    }
+    if pathlike
+        && file
+        && !span.contains('/')
+        && [".rs", ".py", ".sh"].iter().any(|e| span.ends_with(e))
+    {
+        return Some(Name::File(span.to_string()));
+    }
+    let span = span.strip_suffix("()").unwrap_or(span);
+    if let Some((path, group)) = span.split_once("::{") {
+        let members = group.strip_suffix('}')?;
+        let path: Vec<&str> = path.split("::").collect();
+        let members: Vec<String> = members.split(',').map(|m| m.trim().to_string()).collect();
+        let idents_ok = path
+            .iter()
+            .copied()
+            .chain(members.iter().map(String::as_str))
+            .all(is_ident);
+        return (idents_ok && !FOREIGN.contains(&path[0])).then_some(Name::Items(members));
+    }
+    let parts: Vec<&str> = span.split("::").collect();
+    (parts.len() > 1 && parts.iter().copied().all(is_ident) && !FOREIGN.contains(&parts[0]))
+        .then(|| Name::Items(vec![parts[parts.len() - 1].to_string()]))
+}
+
+/// Each code span of `doc` outside fenced blocks, with the directories its `###` heading names.
+fn spans(doc: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    let mut dirs: Vec<String> = Vec::new();
+    for line in doc.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let pieces = line.split('`').skip(1).step_by(2).map(str::to_string);
+        if line.starts_with('#') {
+            dirs = if line.starts_with("### ") {
+                pieces.filter(|p| p.ends_with('/')).collect()
+            } else {
+                Vec::new()
+            };
+            continue;
+        }
+        out.extend(pieces.map(|p| (p, dirs.clone())));
+    }
+    out
+}
+
+/// Every file under `dirs` (relative to `root`), recursively.
+fn files(root: &Path, dirs: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The identifier `line` defines: an item after its keyword, a field (`name:`) or an enum
+/// variant (`Name,`, `Name(`, `Name {`).
+fn defined(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    if let Some(r) = rest.strip_prefix("pub(") {
+        rest = r.split_once(')').map_or(r, |(_, r)| r).trim_start();
+    } else if let Some(r) = rest.strip_prefix("pub ") {
+        rest = r.trim_start();
+    }
+    for qualifier in ["async ", "unsafe ", "extern \"C\" "] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    let ident_end = |s: &str| s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+    for kw in [
+        "fn ", "struct ", "enum ", "trait ", "mod ", "type ", "const ", "static ",
+    ] {
+        if let Some(r) = rest.strip_prefix(kw) {
+            let r = r.trim_start_matches("fn ").trim_start_matches("mut ");
+            return Some(&r[..ident_end(r).unwrap_or(r.len())]).filter(|n| is_ident(n));
+        }
+    }
+    let end = ident_end(rest)?;
+    let (name, after) = rest.split_at(end);
+    let after = after.trim_start();
+    let field = after.starts_with(':') && !after.starts_with("::");
+    let variant = name.starts_with(|c: char| c.is_ascii_uppercase())
+        && (after.starts_with('(') || after.starts_with('{') || after.starts_with(','));
+    (is_ident(name) && (field || variant)).then_some(name)
+}
+
+/// Every identifier the workspace's Rust sources define.
+fn definitions(root: &Path) -> BTreeSet<String> {
+    files(root, &["src", "crates", "tests"])
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            text.lines()
+                .filter_map(|l| defined(l).map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// What in `doc` names nothing in the repository at `root`, one line per stale name, and how
+/// many paths and items were checked.
+fn stale(doc: &str, root: &Path) -> (Vec<String>, usize) {
+    let defs = definitions(root);
+    let file_names: BTreeSet<String> = files(root, SOURCE_DIRS)
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+        .collect();
+    let under = |dirs: &[String], name: &str| {
+        dirs.iter().any(|d| {
+            root.join(d).join(name).exists() || root.join(d).join("src").join(name).exists()
+        })
+    };
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for (span, dirs) in spans(doc) {
+        let ok = match classify(&span) {
+            None => continue,
+            Some(Name::Path(p)) => root.join(&p).exists() || under(&dirs, &p),
+            Some(Name::File(f)) if dirs.is_empty() => file_names.contains(&f),
+            Some(Name::File(f)) => under(&dirs, &f),
+            Some(Name::Items(names)) => names.iter().all(|n| defs.contains(n)),
+        };
+        checked += 1;
+        if !ok {
+            wrong.push(format!("`{span}` (section directories: {dirs:?})"));
+        }
+    }
+    (wrong, checked)
+}
+
+#[test]
+fn architecture_names_only_what_exists() {
+    let root = super::support::root();
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let words = doc.split_whitespace().count();
+    assert!(
+        words <= MAX_WORDS,
+        "ARCHITECTURE.md has {words} words, at most {MAX_WORDS}: link to docs/ for detail"
+    );
+    let (wrong, checked) = stale(&doc, &root);
+    assert!(
+        checked >= 200,
+        "only {checked} names checked: is the span scan broken?"
+    );
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md names what does not exist (rename it there, or remove it):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_architecture_scan_reports_made_up_names() {
+    let root = super::support::root();
+    let doc = "### `src/recipe/`\n\
+               `check.rs`, `missing.rs`, `src/nowhere/`, `crates/infer-serve/src/core.rs`,\n\
+               `core::infer`, `Batcher::submit_all`, `Document::check_bounds`,\n\
+               `core::no_such_function`, `report::{BuildOutput, NoSuchReport}`,\n\
+               `std::no_such_thing`, `engine.cpu`, `--json`\n\
+               ```\n`src/fenced/`\n```\n";
+    let (wrong, checked) = stale(doc, &root);
+    assert_eq!(checked, 9, "{wrong:?}");
+    let names: Vec<&str> = wrong.iter().map(|w| w.split('`').nth(1).unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "missing.rs",
+            "src/nowhere/",
+            "core::no_such_function",
+            "report::{BuildOutput, NoSuchReport}"
+        ]
+    );
+}
+
+#[test]
+fn the_definition_scan_sees_items_fields_and_variants() {
+    for (line, name) in [
+        ("pub async fn infer(app: &Server) {", "infer"),
+        ("pub(crate) const fn new() -> Self {", "new"),
+        ("    pub(crate) struct Checker<'a> {", "Checker"),
+        ("static ENV: Mutex<()> = Mutex::new(());", "ENV"),
+        ("    pub onnxruntime: Option<LibraryPin>,", "onnxruntime"),
+        ("    Onnxruntime,", "Onnxruntime"),
+        ("    Download { url: String },", "Download"),
+        ("    Usage(String),", "Usage"),
+        ("    public: bool,", "public"),
+    ] {
+        assert_eq!(defined(line), Some(name), "{line}");
+    }
+    for line in [
+        "    check_lock(row, version)?;",
+        "use crate::core::infer;",
+        "    std::process::exit(1);",
+        "// fn infer",
+    ] {
+        assert_eq!(defined(line), None, "{line}");
+    }
+}

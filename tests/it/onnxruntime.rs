@@ -517,9 +517,35 @@ fn py_a_bundle_of_two_text_models_answers_as_each_alone() {
         let _alone = Running(child);
         let alone = embed(&addr, name);
         assert_eq!(alone.as_array().unwrap().len(), 3);
-        assert_eq!(
-            &alone, bundled,
-            "{name}: the bundle's answer differs from the model's alone"
+        // The same vectors, to float rounding: the texts of different lengths may share a padded
+        // batch in one server and not in the other, and ONNX Runtime's sums then round apart in
+        // the last bit.
+        let vectors = |v: &serde_json::Value| -> Vec<Vec<f64>> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    e["embedding"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect()
+                })
+                .collect()
+        };
+        let (a, b) = (vectors(&alone), vectors(bundled));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .flat_map(|(x, y)| {
+                assert_eq!(x.len(), y.len(), "{name}");
+                x.iter().zip(y).map(|(p, q)| (p - q).abs())
+            })
+            .fold(0.0, f64::max);
+        assert!(
+            a.len() == b.len() && worst <= 1e-5,
+            "{name}: the bundle's answer differs from the model's alone by {worst}\n{alone}\n{bundled}"
         );
     }
 }

@@ -481,20 +481,7 @@ fn text(
         .map_or(infer_spec::text::DEFAULT_MAX_CLIENT_BATCH_SIZE, |m| {
             m.value as u32
         });
-    let output = cx.string(t, "output");
-    if let (Some(o), false) = (&output, model.outputs.is_empty()) {
-        if !model.outputs.iter().any(|m| m.name == o.value) {
-            cx.error_hint(
-                o.span,
-                &o.key,
-                format!("the model has no output {:?}", o.value),
-                format!(
-                    "the model's outputs are {:?}",
-                    model.outputs.iter().map(|m| &m.name).collect::<Vec<_>>()
-                ),
-            );
-        }
-    }
+    let output = output_key(cx, t, model);
     Some(Text {
         tokenizer: tokenizer?,
         max_length,
@@ -515,6 +502,30 @@ fn text(
         max_client_batch_size,
         at: Located::new((), span_or(Some(t)), "text"),
     })
+}
+
+/// `output` of a pre-processing table (`[text]`, `[vision]`): a string naming one of the model's
+/// declared outputs (any name when the recipe declares none).
+pub(super) fn output_key(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    model: &Model,
+) -> Option<Located<String>> {
+    let output = cx.string(t, "output");
+    if let (Some(o), false) = (&output, model.outputs.is_empty()) {
+        if !model.outputs.iter().any(|m| m.name == o.value) {
+            cx.error_hint(
+                o.span,
+                &o.key,
+                format!("the model has no output {:?}", o.value),
+                format!(
+                    "the model's outputs are {:?}",
+                    model.outputs.iter().map(|m| &m.name).collect::<Vec<_>>()
+                ),
+            );
+        }
+    }
+    output
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ use toml::de::DeValue;
 use super::check::{Checker, Table};
 use super::diagnostic::Located;
 use super::types::{Model, Vision};
-use super::validate::{one_of, relative_path, span_or, FileKind, FileRef};
+use super::validate::{one_of, output_key, relative_path, span_or, FileKind, FileRef};
 use infer_spec::text::Activation;
 use infer_spec::vision::{self as spec, Answer, Color, Interpolation, Layout, Resize};
 
@@ -247,20 +247,7 @@ pub(super) fn vision(
             "use \"classify\" (labels), \"detect\" (YOLOv8 boxes) or \"embed\" (a vector)",
         ),
     };
-    let output = cx.string(t, "output");
-    if let (Some(o), false) = (&output, model.outputs.is_empty()) {
-        if !model.outputs.iter().any(|m| m.name == o.value) {
-            cx.error_hint(
-                o.span,
-                &o.key,
-                format!("the model has no output {:?}", o.value),
-                format!(
-                    "the model's outputs are {:?}",
-                    model.outputs.iter().map(|m| &m.name).collect::<Vec<_>>()
-                ),
-            );
-        }
-    }
+    let output = output_key(cx, t, model);
     let activation = one_of(
         cx,
         t,

@@ -21,6 +21,10 @@
 #             or dynamic: the binary of glibc-based CPU images, with features `tract` and
 #             `onnxruntime` (libonnxruntime is opened at run time, not linked), linked
 #             dynamically against glibc; CHECK=1 verifies the same as for gpu.
+#   QUICK_LINK  flavours (comma-separated, e.g. dynamic,gpu) whose final link uses thin LTO over
+#             16 codegen units instead of the profile's fat LTO over one: the same code and
+#             features, linked in parallel and sooner, but not the bytes images ship. For test
+#             runs only (scripts/test.sh); the dependencies are the same build either way.
 #
 # The three flavours share one target directory, target/runtime/ (or $CARGO_TARGET_DIR/runtime/):
 # they differ only in infer-serve's own features and in how its binary is linked, so the
@@ -68,6 +72,10 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/runtime
 # compiler wrappers of several dependencies rebuild when it changes (cargo:rerun-if-env-changed),
 # so inheriting it would rebuild the whole runtime, to the same bytes, for every new value.
 export SOURCE_DATE_EPOCH=0
+
+case ",${QUICK_LINK:-}," in
+    *",$flavour,"*) final_flags+=(-C lto=thin -C codegen-units=16) ;;
+esac
 
 args=(rustc --locked -p infer-serve --bin infer-serve --target "$target" --profile "$profile")
 if [[ -n "${FEATURES:-}" ]]; then

@@ -13,6 +13,11 @@ cd "$(dirname "$0")/.."
 # TensorRT's public headers the GPU runtime and the TensorRT lint pass compile against.
 trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
 serve_profile=${INFER_SERVE_PROFILE:-release-serve}
+# The static runtime is linked as images ship it. The glibc ones are only started by the tests
+# (and the GPU one never runs TensorRT here), so their final links use thin LTO over 16 codegen
+# units (build-runtime.sh QUICK_LINK): the same code, linked on both cores in a fraction of a
+# fat link's single-threaded time. Exported: the installs below and in the tests reuse them.
+export QUICK_LINK=${QUICK_LINK-dynamic,gpu}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT
 (

@@ -23,6 +23,7 @@ pub(crate) mod pyenv;
 pub(crate) mod select;
 pub(crate) mod spec;
 pub(crate) mod tensorrt;
+pub(crate) mod timing;
 pub(crate) mod tract;
 pub(crate) mod trtexec;
 

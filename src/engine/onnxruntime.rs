@@ -21,8 +21,8 @@ use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 use tract_onnx::prelude::{TValue, TVec, Tensor};
 
 use super::spec::EngineSpec;
-use super::tract::{sample_inputs, STARTUP_RUNS};
-use super::trtexec::{median_sorted, round_us};
+use super::timing::{median_sorted, round_us, time_batch, STARTUP_RUNS};
+use super::tract::sample_inputs;
 
 /// ONNX Runtime as a candidate engine of a CPU target.
 #[derive(Debug, Clone, PartialEq)]
@@ -295,7 +295,7 @@ pub(crate) fn measure(
         for _ in 0..3 {
             run(&mut s, &names, &inputs)?;
         }
-        batches.push(super::tract::time_batch(b, || {
+        batches.push(time_batch(b, || {
             // As tract's timing: the inputs are made before the clock starts.
             let f = feed(&names, &inputs)?;
             let t = Instant::now();

@@ -24,16 +24,10 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::{bail, format_err};
 
 use super::spec::{EngineSpec, InputSpec};
-use super::trtexec::{median_sorted, round_us};
+use super::timing::{median_of, round_us, time_batch, STARTUP_RUNS};
 
 /// The tract version linked into this binary (checked against Cargo.lock by a test).
 pub(crate) const TRACT_VERSION: &str = "0.23.9";
-
-/// Number of loads per form when measuring start-up.
-pub(crate) const STARTUP_RUNS: usize = 5;
-/// Timed runs per batch size (after warm-up), and the time budget that may cut them short.
-pub(crate) const PROFILE_RUNS: usize = 25;
-pub(crate) const PROFILE_BUDGET_S: f64 = 2.0;
 
 pub(crate) type Runnable = Arc<TypedRunnableModel>;
 
@@ -277,11 +271,6 @@ fn time_ms(f: impl FnOnce() -> TractResult<Runnable>) -> TractResult<(f64, Runna
     Ok((t.elapsed().as_secs_f64() * 1e3, r))
 }
 
-fn median_of(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    median_sorted(&v)
-}
-
 fn outputs_close(a: &TVec<TValue>, b: &TVec<TValue>) -> bool {
     a.len() == b.len()
         && a.iter().zip(b.iter()).all(|(x, y)| {
@@ -302,31 +291,6 @@ fn outputs_close(a: &TVec<TValue>, b: &TVec<TValue>) -> bool {
                 _ => false,
             }
         })
-}
-
-/// T(b) of one batch size: `run` (which prepares its inputs and returns the time of the run
-/// alone) is timed up to [`PROFILE_RUNS`] times, at least 5, within [`PROFILE_BUDGET_S`]; the
-/// median, minimum and maximum in µs. The one timing rule of every CPU engine candidate.
-pub(crate) fn time_batch<E>(
-    batch: u32,
-    mut run: impl FnMut() -> Result<std::time::Duration, E>,
-) -> Result<BatchTiming, E> {
-    let mut us = Vec::with_capacity(PROFILE_RUNS);
-    let start = Instant::now();
-    while us.len() < PROFILE_RUNS
-        && (us.len() < 5 || start.elapsed().as_secs_f64() < PROFILE_BUDGET_S)
-    {
-        us.push(run()?.as_secs_f64() * 1e6);
-    }
-    us.sort_by(f64::total_cmp);
-    Ok(BatchTiming {
-        batch,
-        median_us: round_us(median_sorted(&us)),
-        min_us: round_us(us[0]),
-        max_us: round_us(us[us.len() - 1]),
-        runs: us.len() as u32,
-        layers: Vec::new(),
-    })
 }
 
 /// Build the CPU engine for `spec` from the ONNX `bytes`.

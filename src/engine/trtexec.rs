@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use super::onnx::OnnxSummary;
 use super::spec::TrtSpec;
+use super::timing::{median_sorted, round_us};
 use super::Error;
 
 /// The TensorRT release lines infer-build drives.
@@ -502,21 +503,6 @@ pub(crate) fn parse_layer_profile(bytes: &[u8], top: usize) -> Result<Vec<LayerT
     });
     layers.truncate(top);
     Ok(layers)
-}
-
-/// Median of a sorted, non-empty slice.
-pub(crate) fn median_sorted(v: &[f64]) -> f64 {
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Round to 3 decimals so profiles do not carry float noise.
-pub(crate) fn round_us(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

@@ -33,25 +33,29 @@ trap 'rm -rf "$bg_dir"' EXIT
 ) 2>"$bg_dir/log" &
 bg=$!
 
+# The lints, the docs and the test build run below the runtimes' priority: the runtimes are the
+# longer chain (the static one's fat link alone takes minutes on one core) and the tests wait for
+# them, so they get a core whenever they can use one and this chain takes the rest.
+fg=(nice -n 10)
 cargo fmt --all --check
 # One pass over every crate and target, the runtime's optional backends included: TensorRT (its
 # C++ shim compiled against TensorRT's public headers, no GPU needed) and ONNX Runtime.
-TENSORRT_ROOT="$trt_headers" cargo clippy --workspace --all-targets \
+TENSORRT_ROOT="$trt_headers" "${fg[@]}" cargo clippy --workspace --all-targets \
     --features infer-serve/tensorrt,infer-serve/onnxruntime -- -D warnings
 # The API docs of every crate, with the same features: a broken intra-doc link, or a public
 # item's docs linking to a private one, is an error (it reuses the lints' metadata: seconds).
-TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace \
+TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" "${fg[@]}" cargo doc --no-deps --workspace \
     --features infer-serve/tensorrt,infer-serve/onnxruntime
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
 # turns both on in this one build of the workspace.
-cargo test --workspace --no-run
+"${fg[@]}" cargo test --workspace --no-run
 INFER_SERVE_TEST_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/infer-serve"
 export INFER_SERVE_TEST_BIN
 # Every crate's unit tests run while the runtimes finish building. (Selecting only some test
 # targets would change which dev-dependency features are on, and rebuild: a selection without the
 # builder's `tests` target rebuilt infer-serve and tokenizers, 1m14s. The unit tests' does not.)
-cargo test --workspace --lib --bins
+"${fg[@]}" cargo test --workspace --lib --bins
 
 if ! wait "$bg"; then
     cat "$bg_dir/log" >&2
@@ -73,9 +77,26 @@ export INFER_BUILD_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/infer-build"
 export INFER_BUILD_PROFILE=${INFER_BUILD_PROFILE:-dev}
 TENSORRT_ROOT="$trt_headers" scripts/install.sh --prefix target/install --with-gpu >/dev/null
 
-# Every test target (the builder's tests need the runtimes, infer-trt's the GPU one), then the
-# documentation's examples.
+# Every test target (the builder's tests need the runtimes, infer-trt's the GPU one), each binary
+# run as `cargo test` runs it, from its package's directory: the builder's integration tests
+# (`tests`) INTEGRATION_THREADS at a time (default 3: they wait on Docker, registries and
+# Python more than they compute), the others with libtest's default. Then the documentation's
+# examples.
 late=()
 for f in tests/*.rs crates/*/tests/*.rs; do late+=(--test "$(basename "$f" .rs)"); done
-cargo test --workspace "${late[@]}"
+cargo test --workspace "${late[@]}" --no-run --message-format=json-render-diagnostics \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"], m["manifest_path"], m["executable"], sep="\t")
+' >"$bg_dir/tests"
+while IFS=$'\t' read -r name manifest exe; do
+    threads=()
+    [[ $name == tests ]] && threads=(--test-threads="${INTEGRATION_THREADS:-3}")
+    echo "==> $name ($exe)" >&2
+    (cd "$(dirname "$manifest")" && "$exe" ${threads[@]+"${threads[@]}"})
+done <"$bg_dir/tests"
+[[ -s $bg_dir/tests ]] || { echo "test.sh: no test binaries were built" >&2; exit 1; }
 cargo test --workspace --doc

@@ -12,6 +12,7 @@
 )]
 
 pub mod assemble;
+pub mod attach;
 pub(crate) mod bench;
 pub(crate) mod cache;
 pub(crate) mod cli;

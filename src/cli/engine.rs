@@ -1,20 +1,19 @@
 //! `infer-build engine RECIPE --target ID [--cache DIR] [--matrix DIR] [--json]`: build one
 //! target's engine into the content-addressed engine cache (or find it there).
 //!
-//! Resolves the recipe to its plan, derives the target's [`EngineSpec`](crate::engine::EngineSpec)
-//! and hands it to [`crate::engine::build`] with the real process runner. Human output goes to
-//! stderr; `--json` prints one canonical JSON document to stdout.
+//! The flags as an [`EngineRequest`] for [`crate::pipeline::engine`](fn@crate::pipeline::engine),
+//! which builds it; human output goes to stderr, `--json` prints one canonical JSON document to
+//! stdout.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
 
 use crate::cli::MatrixArgs;
-use crate::engine::{self, Cache};
+use crate::engine;
 use crate::error::Error;
-use crate::process::SystemRunner;
+use crate::pipeline::{EngineBuilt, EngineRequest};
 
 #[derive(Debug, Args)]
 pub(crate) struct EngineArgs {
@@ -38,59 +37,74 @@ pub(crate) struct EngineArgs {
 }
 
 pub(super) fn run(args: EngineArgs) -> Result<(), Error> {
-    let started = Instant::now();
-    let crate::plan::Project {
-        recipe,
-        matrix,
-        lock_path,
-        plan,
-        ..
-    } = crate::plan::Project::load(&args.input, args.matrix.matrix.as_deref())?;
-    let target = plan.require(&args.target)?;
-    let notes = super::stderr_notes();
-    // The same spec `build` makes: ONNX Runtime measured against tract where the CPU target
-    // may ship it, and the ONNX Runtime that may fold the model for tract.
-    let (spec, _) = crate::pipeline::engine_spec(
-        &matrix,
-        &lock_path,
-        args.update_lock,
-        &recipe,
-        target,
-        &notes,
-    )?;
-    let root = engine::cache_root(args.cache.as_deref())?;
-    let cache = Cache::open(&root)?;
-    let prepared = engine::prepare(&spec, &cache, &SystemRunner)?;
-    if let Some(c) = &prepared.converted {
-        if !args.json {
-            eprintln!(
-                "{} {} model of {} ({}) {} in {:.2}s{}",
-                if c.cached { "cached" } else { "converted" },
-                c.precision,
-                spec.target,
-                c.onnx_digest,
-                c.onnx.display(),
-                started.elapsed().as_secs_f64(),
-                if c.env_created {
-                    " (created the converter environment)"
-                } else {
-                    ""
-                }
-            );
-            eprintln!("  converter: {}", c.report.tool());
-            for line in c.report.steps() {
-                eprintln!("  {line}");
+    let req = EngineRequest {
+        input: args.input,
+        matrix: args.matrix.matrix,
+        target: args.target,
+        cache: args.cache,
+        update_lock: args.update_lock,
+    };
+    let built = crate::pipeline::engine(&req, &super::stderr_notes())?;
+    if args.json {
+        print_json(&built)
+    } else {
+        print_human(&built);
+        Ok(())
+    }
+}
+
+/// The engine (and the conversion before it) as lines on standard error.
+fn print_human(built: &EngineBuilt) {
+    if let Some((c, seconds)) = &built.converted {
+        eprintln!(
+            "{} {} model of {} ({}) {} in {seconds:.2}s{}",
+            if c.cached { "cached" } else { "converted" },
+            c.precision,
+            built.target,
+            c.onnx_digest,
+            c.onnx.display(),
+            if c.env_created {
+                " (created the converter environment)"
+            } else {
+                ""
             }
-            eprintln!(
-                "  accuracy against FP32 on {}: passed",
-                engine::evaluation_text(&c.report)
-            );
-            for line in c.report.summary() {
-                eprintln!("  {line}");
-            }
+        );
+        eprintln!("  converter: {}", c.report.tool());
+        for line in c.report.steps() {
+            eprintln!("  {line}");
+        }
+        eprintln!(
+            "  accuracy against FP32 on {}: passed",
+            engine::evaluation_text(&c.report)
+        );
+        for line in c.report.summary() {
+            eprintln!("  {line}");
         }
     }
-    let conversion = prepared.converted.as_ref().map(|c| {
+    let art = &built.artifact;
+    eprintln!(
+        "{} engine {} ({}, {}) {} in {:.2}s",
+        if art.cached { "cached" } else { "built" },
+        art.meta.target,
+        art.meta.format.file_name(),
+        art.meta.engine_digest,
+        art.dir.display(),
+        built.seconds
+    );
+    for b in &art.profile.batches {
+        eprintln!("  T({}) = {:.1} us", b.batch, b.median_us);
+    }
+    if let Some(s) = &art.profile.selection {
+        eprintln!("  {}", crate::pipeline::selection_line(s));
+    }
+    if let Some(line) = crate::pipeline::folded_line(&art.meta) {
+        eprintln!("  {line}");
+    }
+}
+
+/// The engine (and the conversion before it) as one canonical JSON document on standard output.
+fn print_json(built: &EngineBuilt) -> Result<(), Error> {
+    let conversion = built.converted.as_ref().map(|(c, _)| {
         json!({
             "key": c.key,
             "cached": c.cached,
@@ -99,44 +113,22 @@ pub(super) fn run(args: EngineArgs) -> Result<(), Error> {
             "report": c.report,
         })
     });
-    let art = engine::build_prepared(&spec, prepared, &cache, &SystemRunner)?;
-    let elapsed = started.elapsed().as_secs_f64();
-    if args.json {
-        let doc = json!({
-            "target": art.meta.target,
-            "key": art.key,
-            "cached": art.cached,
-            "engine": art.engine.display().to_string(),
-            "engine_digest": art.meta.engine_digest,
-            "dir": art.dir.display().to_string(),
-            "seconds": (elapsed * 1000.0).round() / 1000.0,
-            "meta": art.meta,
-            "profile": art.profile,
-            "conversion": conversion,
-        });
-        println!(
-            "{}",
-            String::from_utf8_lossy(&infer_spec::engine::canonical_json(&doc)).trim_end()
-        );
-    } else {
-        eprintln!(
-            "{} engine {} ({}, {}) {} in {:.2}s",
-            if art.cached { "cached" } else { "built" },
-            art.meta.target,
-            art.meta.format.file_name(),
-            art.meta.engine_digest,
-            art.dir.display(),
-            elapsed
-        );
-        for b in &art.profile.batches {
-            eprintln!("  T({}) = {:.1} us", b.batch, b.median_us);
-        }
-        if let Some(s) = &art.profile.selection {
-            eprintln!("  {}", crate::pipeline::selection_line(s));
-        }
-        if let Some(line) = crate::pipeline::folded_line(&art.meta) {
-            eprintln!("  {line}");
-        }
-    }
+    let art = &built.artifact;
+    let doc = json!({
+        "target": art.meta.target,
+        "key": art.key,
+        "cached": art.cached,
+        "engine": art.engine.display().to_string(),
+        "engine_digest": art.meta.engine_digest,
+        "dir": art.dir.display().to_string(),
+        "seconds": (built.seconds * 1000.0).round() / 1000.0,
+        "meta": art.meta,
+        "profile": art.profile,
+        "conversion": conversion,
+    });
+    println!(
+        "{}",
+        String::from_utf8_lossy(&infer_spec::engine::canonical_json(&doc)).trim_end()
+    );
     Ok(())
 }

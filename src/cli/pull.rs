@@ -10,8 +10,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::registry::pull::PullOptions;
-use crate::registry::{self, Reference};
+use crate::pipeline::PullRequest;
 
 #[derive(Debug, Args)]
 pub(crate) struct PullArgs {
@@ -48,21 +47,16 @@ pub(crate) struct PullArgs {
 }
 
 pub(super) fn run(args: PullArgs) -> Result<(), Error> {
-    let (dest, named_by_digest) =
-        destination(&args, crate::cache::path(crate::cache::Entry::Bases, None))?;
     super::check_credentials_file("--authfile", args.authfile.as_deref())?;
-    let opts = PullOptions {
-        client: super::registry_client(args.insecure, args.ca_cert.clone(), args.authfile.clone()),
+    let req = PullRequest {
+        reference: args.reference.clone(),
+        out: args.out.clone(),
         lock: args.lock.clone(),
         update_lock: args.update_lock,
-        platform: None,
-        name_by_digest: named_by_digest,
-        registries: Some(std::sync::Arc::new(registry::sources::Registries::load(
-            args.registries_conf.as_deref(),
-            &registry::env_var,
-        )?)),
+        registries_conf: args.registries_conf.clone(),
+        client: super::registry_client(args.insecure, args.ca_cert.clone(), args.authfile.clone()),
     };
-    let p = registry::pull_with(&args.reference, &dest, &opts)?;
+    let p = crate::pipeline::pull(&req)?;
     if args.json {
         let doc = json!({
             "reference": p.reference,
@@ -104,79 +98,27 @@ pub(super) fn run(args: PullArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// Where to pull and whether images are named `REF@DIGEST` (the shared cache) or by tag.
-/// Checks the flags before any I/O.
-fn destination(args: &PullArgs, cache: Option<PathBuf>) -> Result<(PathBuf, bool), Error> {
-    let r = Reference::parse(&args.reference)?;
-    if args.update_lock && args.lock.is_none() {
-        return Err(Error::Usage(
-            "--update-lock needs --lock FILE (the lock file to update)".into(),
-        ));
-    }
-    if args.update_lock && r.digest.is_some() {
-        return Err(Error::Usage(format!(
-            "--update-lock: {} names a digest, there is no tag to re-resolve",
-            args.reference
-        )));
-    }
-    match &args.out {
-        Some(out) => Ok((out.clone(), false)),
-        None => cache.map(|c| (c, true)).ok_or_else(|| {
-            Error::Usage(crate::cache::NoCacheDir { flag: "--out DIR" }.to_string())
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
 
-    fn parse(args: &[&str]) -> PullArgs {
-        let cli = crate::cli::Cli::try_parse_from([&["infer-build", "pull"], args].concat())
-            .expect("arguments parse");
-        match cli.command {
-            crate::cli::Command::Pull(a) => a,
-            other => panic!("not pull: {other:?}"),
-        }
-    }
-
     #[test]
-    fn default_destination_is_the_cache_named_by_digest() {
-        let a = parse(&["127.0.0.1:5000/bases/cuda:12"]);
-        let (dest, by_digest) = destination(&a, Some(PathBuf::from("/c/bases"))).unwrap();
-        assert_eq!(dest, PathBuf::from("/c/bases"));
-        assert!(by_digest);
-        let a = parse(&["127.0.0.1:5000/bases/cuda:12", "--out", "x"]);
-        assert_eq!(
-            destination(&a, Some(PathBuf::from("/c"))).unwrap(),
-            (PathBuf::from("x"), false)
-        );
-        let a = parse(&["127.0.0.1:5000/bases/cuda:12"]);
-        let e = destination(&a, None).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
-        assert!(e.to_string().contains("--out DIR"), "{e}");
-    }
-
-    #[test]
-    fn bad_flag_combinations_are_usage_errors() {
-        let d = format!("@sha256:{}", "a".repeat(64));
-        for (args, want) in [
-            (vec!["r.io/a:1", "--update-lock"], "needs --lock"),
-            (
-                vec![&*format!("r.io/a{d}"), "--lock", "l", "--update-lock"],
-                "names a digest",
-            ),
-            (vec!["r.io/A:1"], "invalid reference"),
-            (vec!["r.io/a:-x"], "invalid reference"),
-        ] {
-            let a = parse(&args);
-            let e = destination(&a, Some(PathBuf::from("/c"))).unwrap_err();
-            assert_eq!(e.exit_code(), 2, "{args:?}");
-            assert!(e.to_string().contains(want), "{args:?}: {e}");
-        }
-        let a = parse(&["r.io/a:1", "--lock", "l", "--update-lock", "--insecure"]);
-        assert!(destination(&a, Some(PathBuf::from("/c"))).is_ok());
+    fn flags_parse() {
+        let cli = crate::cli::Cli::try_parse_from([
+            "infer-build",
+            "pull",
+            "r.io/a:1",
+            "--lock",
+            "l",
+            "--update-lock",
+            "--insecure",
+        ])
+        .expect("arguments parse");
+        let crate::cli::Command::Pull(a) = cli.command else {
+            panic!("not pull");
+        };
         assert!(a.insecure && a.update_lock);
+        assert_eq!(a.lock, Some(PathBuf::from("l")));
     }
 }

@@ -1,5 +1,7 @@
 //! `infer-build push`: push an OCI layout to a registry (per-target tags, the index tag and
-//! warm-up artifacts). Progress bars on stderr; `--json` prints the report on stdout.
+//! warm-up artifacts): the flags as a [`PushRequest`] for
+//! [`crate::pipeline::push`](fn@crate::pipeline::push). Progress bars on stderr; `--json`
+//! prints the report on stdout.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,8 +11,9 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::error::Error;
+use crate::pipeline::PushRequest;
 use crate::registry::push::{BlobOutcome, Progress};
-use crate::registry::{self, PushOptions, Reference};
+use crate::registry::PushOptions;
 
 #[derive(Debug, Args)]
 pub(crate) struct PushArgs {
@@ -54,13 +57,6 @@ pub(crate) struct PushArgs {
 }
 
 pub(super) fn run(args: PushArgs) -> Result<(), Error> {
-    let target = Reference::parse(&args.to)?;
-    if target.tag.is_some() || target.digest.is_some() {
-        return Err(Error::Usage(format!(
-            "--to {}: give REGISTRY/REPO without a tag; tags come from the layout",
-            args.to
-        )));
-    }
     super::check_credentials_file("--docker-config", args.docker_config.as_deref())?;
     super::check_credentials_file("--authfile", args.authfile.as_deref())?;
     let bars = Bars::new();
@@ -76,13 +72,22 @@ pub(super) fn run(args: PushArgs) -> Result<(), Error> {
         ),
         jobs: args.jobs,
         chunk_size: args.chunk_size.max(1),
-        warmup: !args.no_warmup,
-        sbom: !args.no_sbom,
         mount_from: args.mount_from.clone(),
         locations_file: None,
         progress: Some(progress),
+        ..PushOptions::default()
     };
-    let report = registry::push(&args.input, &target, &opts);
+    let opts = crate::attach::Attachments {
+        warmup: !args.no_warmup,
+        sbom: !args.no_sbom,
+    }
+    .onto(opts);
+    let req = PushRequest {
+        layout: args.input.clone(),
+        to: args.to.clone(),
+        options: opts,
+    };
+    let report = crate::pipeline::push(&req);
     bars.finish();
     let report = report?;
     for t in &report.tags {
@@ -91,13 +96,14 @@ pub(super) fn run(args: PushArgs) -> Result<(), Error> {
             report.registry, report.repository, t.tag, t.digest
         );
     }
-    for w in &report.warmup {
+    let attached = |group: &str| report.attached.get(group).into_iter().flatten();
+    for w in attached(crate::attach::WARMUP) {
         eprintln!("warm-up {} -> {} ({})", w.digest, w.subject, w.attached_via);
         for m in &w.missing {
             eprintln!("  left out: {m}");
         }
     }
-    for s in &report.sbom {
+    for s in attached(crate::attach::SBOM) {
         eprintln!("sbom {} -> {} ({})", s.digest, s.subject, s.attached_via);
     }
     eprintln!(

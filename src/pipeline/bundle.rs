@@ -13,7 +13,7 @@ use crate::plan::{Project, TargetPlan};
 use crate::recipe::bundle::Bundle;
 use crate::recipe::{Diagnostic, Span};
 
-use super::build::{nonempty, prepare_recipe, Bases, BuildRequest, Prepared, RecipeBuild};
+use super::prepare::{nonempty, prepare_recipe, Bases, BuildRequest, Prepared, RecipeBuild};
 use super::Notes;
 
 /// A bundle file and its recipes' projects, checked to make one image per target before any

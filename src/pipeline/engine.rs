@@ -1,5 +1,6 @@
-//! The engine-spec step `build` and `infer-build engine` share, the engine cache lookup of a
-//! build, the native library an engine stage loads, and the words for an engine choice.
+//! `infer-build engine` (one target's engine built into the engine cache, or found there), the
+//! engine-spec step it shares with `build`, the engine cache lookup of a build, the native
+//! library an engine stage loads, and the words for an engine choice.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,66 @@ use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::CpuEngine;
 
 use super::Notes;
+
+/// What `infer-build engine` builds: one target of a recipe, into an engine cache.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EngineRequest {
+    /// The recipe (TOML).
+    pub input: PathBuf,
+    /// `--matrix DIR`, else the embedded matrix.
+    pub matrix: Option<PathBuf>,
+    /// The target, as `plan` lists it.
+    pub target: String,
+    /// The engine cache (default: the cache root's `engines`).
+    pub cache: Option<PathBuf>,
+    /// Re-resolve what the lock file pins (the ONNX Runtime library).
+    pub update_lock: bool,
+}
+
+/// What [`engine`] made or found.
+pub(crate) struct EngineBuilt {
+    /// The target's id.
+    pub target: String,
+    /// The converted model, for a target whose precision converts it (through the accuracy
+    /// gate), and the seconds from the start to its conversion.
+    pub converted: Option<(crate::engine::convert::Converted, f64)>,
+    /// The engine in the cache.
+    pub artifact: crate::engine::EngineArtifact,
+    /// Seconds from the start to the engine.
+    pub seconds: f64,
+}
+
+/// The engine of `req.target` built into the content-addressed engine cache (or found there):
+/// the same spec `build` makes (ONNX Runtime measured against tract where the CPU target may
+/// ship it, and the ONNX Runtime that may fold the model for tract), the model converted first
+/// where the target's precision asks for it.
+pub(crate) fn engine(req: &EngineRequest, note: &Notes) -> Result<EngineBuilt, Error> {
+    let started = std::time::Instant::now();
+    let crate::plan::Project {
+        recipe,
+        matrix,
+        lock_path,
+        plan,
+        ..
+    } = crate::plan::Project::load(&req.input, req.matrix.as_deref())?;
+    let target = plan.require(&req.target)?;
+    let (spec, _) = engine_spec(&matrix, &lock_path, req.update_lock, &recipe, target, note)?;
+    let root = crate::engine::cache_root(req.cache.as_deref())?;
+    let cache = crate::engine::Cache::open(&root)?;
+    let runner = crate::process::SystemRunner;
+    let prepared = crate::engine::prepare(&spec, &cache, &runner)?;
+    let converted = prepared
+        .converted
+        .clone()
+        .map(|c| (c, started.elapsed().as_secs_f64()));
+    let artifact = crate::engine::build_prepared(&spec, prepared, &cache, &runner)?;
+    Ok(EngineBuilt {
+        target: spec.target.clone(),
+        converted,
+        artifact,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
 
 /// A target's engine spec and, where ONNX Runtime is a candidate, the library files its image
 /// would carry.

@@ -185,14 +185,19 @@ fn source(
     };
     let pull_opts = PullOptions {
         client: req.client.clone(),
-        lock,
-        update_lock: req.update_lock,
+        pin: None,
         platform: None,
         name_by_digest: false,
         registries: None,
     };
     note(&format!("pulling {role} {reference}"));
-    let pulled = registry::pull::pull_with(&reference, &dest, &pull_opts)?;
+    let pulled = super::pull::pull_locked(
+        &reference,
+        &dest,
+        pull_opts,
+        lock.as_deref(),
+        req.update_lock,
+    )?;
     note(&format!(
         "pulled {role} {} ({} bytes downloaded, {} blobs reused)",
         pulled.digest, pulled.bytes_downloaded, pulled.blobs_reused

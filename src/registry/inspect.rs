@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::client::{Client, ClientOptions};
 use super::reference::Reference;
-use super::warmup::{self, Referrer};
+use super::referrers::{self, Referrer};
 use super::{get_manifest, media, parse_document, Error, Result};
 use crate::oci::image::{Descriptor, Document, Platform};
 use crate::oci::Digest;
@@ -57,7 +57,7 @@ pub(crate) fn plain_pull(entries: &[Descriptor]) -> Option<PlainPull> {
     let first = matching.first()?;
     let target = first
         .annotations
-        .get(&format!("{}target", warmup::ANNOTATION_PREFIX))
+        .get(&format!("{}target", crate::oci::ANNOTATION_PREFIX))
         .cloned();
     let note = if matching.len() > 1 {
         format!(
@@ -135,7 +135,7 @@ pub fn inspect(
             tag: None,
             ..reference.clone()
         };
-        Ok(Some(warmup::referrers_with(&client, &r, d)?))
+        Ok(Some(referrers::referrers_with(&client, &r, d)?))
     };
     let mut images = Vec::new();
     if media::is_index(&media_type) {

@@ -3,18 +3,20 @@
 //! It owns the distribution-spec HTTP client (`client`: anonymous, basic and bearer-token auth,
 //! retries with backoff, TLS, deadlines), the credential lookup (`auth`: environment, containers
 //! `auth.json`, Docker's `config.json`, credential helpers, `login`), pushing an OCI layout
-//! (`push`), pulling a base image into a layout (`pull`), the warm-up artifact attached to every per-target image and the referrers
-//! listing (`warmup`), and the small amount of OCI layout reading it needs (`layout`). The
+//! (`push`, with the artifacts its caller attaches), pulling an image into a layout (`pull`, at
+//! a digest its caller may pin), artifacts and the referrers listing (`referrers`), and the
+//! small amount of OCI layout reading it needs (`layout`). The
 //! image model it reads and writes (descriptors, manifests, indexes, artifact manifests) is
 //! `crate::oci::image`'s.
 //!
-//! It does not build images, encode layers or decide tags: it pushes what a layout holds, under
-//! the `org.opencontainers.image.ref.name` names the layout gives. It never prints: progress
+//! It does not build images, encode layers, decide tags, read lock files or know what infer-build
+//! attaches: it pushes what a layout holds, under the `org.opencontainers.image.ref.name` names
+//! the layout gives. It never prints: progress
 //! goes through a callback that the CLI renders. Credentials never appear in errors, logs or
 //! `Debug` output.
 //!
 //! Invariants: every blob is streamed from disk (never a whole layer in memory); a digest is
-//! uploaded at most once per push; every object it creates (warm-up manifest, fallback index)
+//! uploaded at most once per push; every object it creates (artifact manifest, fallback index)
 //! is canonical JSON, so the same inputs give the same digests.
 
 use std::path::PathBuf;
@@ -26,26 +28,26 @@ pub(crate) mod client;
 pub(crate) mod host;
 pub(crate) mod inspect;
 pub(crate) mod layout;
-pub(crate) mod lock;
 pub(crate) mod pull;
 pub(crate) mod push;
 pub(crate) mod reference;
+pub(crate) mod referrers;
 pub(crate) mod sources;
-pub(crate) mod warmup;
 
 pub use auth::Keychain;
 pub use client::Notify;
 pub use client::{Client, ClientOptions};
 pub use host::RegistryHost;
 pub use inspect::{inspect, PlainPull, RemoteImage, RemoteManifest};
-pub use lock::lookup as pinned_digest;
-pub use pull::PullOptions;
 pub use pull::{pull, pull_with, PulledImage};
+pub use pull::{Pin, PullOptions};
 pub use push::Progress;
-pub use push::{push, ArtifactReport, BlobOutcome, BlobReport, PushOptions, PushReport, TagReport};
+pub use push::{
+    push, ArtifactReport, Attacher, BlobOutcome, BlobReport, PushOptions, PushReport, TagReport,
+};
 pub use reference::Reference;
+pub use referrers::{referrers, Referrer};
 pub use sources::Registries;
-pub use warmup::{referrers, Referrer};
 
 /// Errors of the `registry` module.
 #[derive(Debug, thiserror::Error)]
@@ -97,8 +99,6 @@ pub enum Error {
     NotFound { reference: String, reason: String },
     #[error("{what}: {reason}")]
     Protocol { what: String, reason: String },
-    #[error("lock file {}: {reason}", path.display())]
-    Lock { path: PathBuf, reason: String },
     /// A setting from the environment that is not a value it takes.
     #[error("{name}: {reason}")]
     Setting { name: String, reason: String },
@@ -157,7 +157,6 @@ impl Error {
                 | Error::Credentials { .. }
                 | Error::Unauthorized { .. }
                 | Error::NotFound { .. }
-                | Error::Lock { .. }
                 | Error::Setting { .. }
                 | Error::Config { .. }
                 | Error::Blocked { .. }
@@ -174,15 +173,9 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Media types: the OCI ones ([`crate::oci::media`]) and infer-build's artifacts.
+/// Media types (the OCI ones, [`crate::oci::media`]).
 pub(crate) mod media {
     pub(crate) use crate::oci::media::*;
-    /// The `artifactType` of the warm-up manifest.
-    pub(crate) const WARMUP_ARTIFACT: &str = "application/vnd.infer-build.warmup.v1+json";
-    /// The media type of the warm-up manifest's one layer (the JSON document).
-    pub(crate) const WARMUP_LAYER: &str = "application/vnd.infer-build.warmup.v1+json";
-    /// The `artifactType` of the SBOM manifest and the media type of its one layer.
-    pub(crate) const SBOM_ARTIFACT: &str = crate::sbom::MEDIA_TYPE;
 }
 
 /// Parse a manifest or index `what` names, as a protocol error when it is not one.
@@ -314,7 +307,7 @@ pub fn fuzz_registry_response(data: &[u8]) {
             let _ = c.source_for(registry);
         }
     }
-    let _ = warmup::fallback_tag(&text);
+    let _ = referrers::fallback_tag(&text);
 }
 
 /// The process environment as the lookup function that code reading settings takes (tests

@@ -1,11 +1,11 @@
-//! Pull a base image into an OCI layout: a tag resolves through its index to linux/amd64,
-//! every blob is verified by digest while it streams to disk, and the resolved digest can be
-//! pinned in a lock file so the next build uses exactly the same bytes.
+//! Pull an image into an OCI layout: a tag resolves through its index to linux/amd64 (or the
+//! platform asked for), every blob is verified by digest while it streams to disk. The caller
+//! may pin the reference to a digest ([`Pin`], from its lock file: `pipeline::pull` reads and
+//! records lock files, this module never does).
 //!
-//! An image whose digest is already known (named in the reference or pinned by the lock file)
-//! and complete in the destination layout is not fetched again: no connection is made, so a
-//! pinned base builds offline from the shared base cache (`bases` under the
-//! cache root, [`crate::cache`]).
+//! An image whose digest is already known (named in the reference or pinned) and complete in
+//! the destination layout is not fetched again: no connection is made, so a pinned base builds
+//! offline from the shared base cache (`bases` under the cache root, [`crate::cache`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -17,19 +17,26 @@ use super::client::{header, status_error, Client, ClientOptions, Req};
 use super::layout::Layout;
 use super::reference::Reference;
 use super::sources::{Registries, Source};
-use super::{get_manifest, lock, media, parse_document, Error, Result};
+use super::{get_manifest, media, parse_document, Error, Result};
 use crate::oci::image::{Descriptor, Document, Platform};
 use crate::oci::Digest;
-use crate::plan::{ImagePin, PinnedBy};
+
+/// A digest the caller pins a reference to (its lock file's): pulled instead of whatever the
+/// tag names now.
+#[derive(Debug, Clone)]
+pub struct Pin {
+    pub digest: Digest,
+    /// Where the pin comes from (`lock file recipe.lock`), named when the registry no longer
+    /// has the digest.
+    pub source: String,
+}
 
 /// Options of a pull.
 #[derive(Debug, Clone, Default)]
 pub struct PullOptions {
     pub client: ClientOptions,
-    /// The lock file: a pinned digest is used instead of the tag, and a resolved one recorded.
-    pub lock: Option<PathBuf>,
-    /// Re-resolve the tag even when the lock file pins it (`--update-lock`).
-    pub update_lock: bool,
+    /// The digest to pull for a reference without one.
+    pub pin: Option<Pin>,
     /// The platform to pick from an index (default linux/amd64).
     pub platform: Option<(String, String)>,
     /// Name the image in the layout `REFERENCE@DIGEST` (the shared base cache's naming, unique
@@ -64,17 +71,6 @@ pub struct PulledImage {
     pub served_by: Option<Served>,
 }
 
-/// What to pull for a plan's base image: the reference (with `@digest` when the matrix or the
-/// recipe pins it) and whether the lock file pins it. `None` for `scratch` (nothing to pull).
-pub(crate) fn base_request(pin: &ImagePin) -> Option<(String, bool)> {
-    match pin.pinned_by {
-        PinnedBy::None => None,
-        _ if pin.reference == "scratch" => None,
-        PinnedBy::Lock => Some((pin.reference.clone(), true)),
-        PinnedBy::Matrix | PinnedBy::Recipe => Some((pin.pull_reference(), false)),
-    }
-}
-
 /// The name of an image in the shared base cache: the reference without any digest, then
 /// `@` and the platform manifest's digest.
 pub(crate) fn cache_ref_name(reference: &str, digest: &Digest) -> String {
@@ -93,11 +89,11 @@ pub fn pull(reference: &str, dest: &Path) -> Result<PulledImage> {
 )]
 pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<PulledImage> {
     let mut r = Reference::parse(reference)?;
-    let mut pinned_by_lock = None;
-    if r.digest.is_none() && !opts.update_lock {
-        if let Some(lock_path) = &opts.lock {
-            r.digest = lock::lookup(lock_path, reference)?;
-            pinned_by_lock = r.digest.as_ref().map(|_| lock_path.clone());
+    let mut pinned_by = None;
+    if r.digest.is_none() {
+        if let Some(pin) = &opts.pin {
+            r.digest = Some(pin.digest.clone());
+            pinned_by = Some(pin.source.as_str());
         }
     }
     let layout = Layout::open_or_create(dest)?;
@@ -113,11 +109,11 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         } else {
             r.tag
                 .clone()
-                .unwrap_or_else(|| super::warmup::fallback_tag(digest.as_str()))
+                .unwrap_or_else(|| super::referrers::fallback_tag(digest.as_str()))
         }
     };
 
-    // Every pull ends here: the image named in the layout (and pinned in the lock file).
+    // Every pull ends here: the image named in the layout.
     let named = |desc: Descriptor,
                  index_digest: Option<Digest>,
                  bytes_downloaded: u64,
@@ -126,9 +122,6 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
         let ref_name = ref_name_for(&desc.digest);
         let digest = desc.digest.clone();
         layout.set_ref(&ref_name, base_descriptor(desc, reference, &os, &arch))?;
-        if let Some(lock_path) = &opts.lock {
-            lock::record(lock_path, reference, &digest)?;
-        }
         Ok(PulledImage {
             reference: reference.to_string(),
             digest,
@@ -153,15 +146,7 @@ pub fn pull_with(reference: &str, dest: &Path, opts: &PullOptions) -> Result<Pul
     };
     let sources = registries.sources(&r)?;
     let open = |src: &Source, deadline: Option<Instant>| {
-        open_source(
-            &r,
-            src,
-            opts,
-            &layout,
-            (&os, &arch),
-            pinned_by_lock.as_deref(),
-            deadline,
-        )
+        open_source(&r, src, opts, &layout, (&os, &arch), pinned_by, deadline)
     };
     // A mirror that fails is passed over, and said; the primary's error is the answer. The
     // mirrors share one deadline, so dead ones cannot hold the pull for long.
@@ -311,7 +296,7 @@ fn open_source(
     opts: &PullOptions,
     layout: &Layout,
     (os, arch): (&str, &str),
-    pinned_by_lock: Option<&Path>,
+    pinned_by: Option<&str>,
     deadline: Option<Instant>,
 ) -> Result<Opened> {
     let mut client_opts = opts.client.clone();
@@ -343,14 +328,14 @@ fn open_source(
     let (bytes, media_type) = match get_manifest(&client, r, at, &scopes, "pulling") {
         Err(Error::NotFound {
             reference: what, ..
-        }) if pinned_by_lock.is_some() => {
+        }) if pinned_by.is_some() => {
             return Err(Error::NotFound {
                 reference: what,
                 reason: format!(
-                    "the registry no longer has the digest pinned by lock file {} (the image \
-                     was deleted or garbage-collected); re-resolve the tag on purpose with \
-                     --update-lock, or restore the image",
-                    pinned_by_lock.unwrap_or(Path::new("")).display()
+                    "the registry no longer has the digest pinned by {} (the image was deleted \
+                     or garbage-collected); re-resolve the tag on purpose with --update-lock, or \
+                     restore the image",
+                    pinned_by.unwrap_or_default()
                 ),
             });
         }
@@ -636,38 +621,6 @@ impl Drop for TempName<'_> {
 mod tests {
     use super::*;
 
-    fn pin(reference: &str, digest: Option<&str>, by: PinnedBy) -> ImagePin {
-        ImagePin {
-            reference: reference.into(),
-            digest: digest.map(|d| Digest::parse(d).unwrap()),
-            pinned_by: by,
-        }
-    }
-
-    #[test]
-    fn base_request_follows_who_pins_the_digest() {
-        let d = format!("sha256:{}", "b".repeat(64));
-        let r = "nvcr.io/nvidia/cuda:12";
-        // The lock file pins: pull the tag through the lock (it supplies the digest, if any).
-        assert_eq!(
-            base_request(&pin(r, Some(&d), PinnedBy::Lock)),
-            Some((r.to_string(), true))
-        );
-        assert_eq!(
-            base_request(&pin(r, None, PinnedBy::Lock)),
-            Some((r.to_string(), true))
-        );
-        // The matrix or the recipe pins: pull that digest, leave the lock alone.
-        for by in [PinnedBy::Matrix, PinnedBy::Recipe] {
-            assert_eq!(
-                base_request(&pin(r, Some(&d), by)),
-                Some((format!("{r}@{d}"), false))
-            );
-        }
-        assert_eq!(base_request(&pin("scratch", None, PinnedBy::None)), None);
-        assert_eq!(base_request(&pin("scratch", None, PinnedBy::Lock)), None);
-    }
-
     #[test]
     fn cache_names_and_directory() {
         let d = Digest::parse(&format!("sha256:{}", "c".repeat(64))).unwrap();
@@ -700,12 +653,13 @@ mod tests {
         let m = layout
             .put_bytes(&crate::oci::cjson::value_to_vec(&manifest))
             .unwrap();
-        let lock = dir.path().join("r.lock");
         // The registry address does not answer: only the layout can satisfy this pull.
         let reference = "127.0.0.1:9/bases/cuda:12";
-        lock::record(&lock, reference, &m).unwrap();
         let opts = PullOptions {
-            lock: Some(lock.clone()),
+            pin: Some(Pin {
+                digest: m.clone(),
+                source: "lock file r.lock".into(),
+            }),
             name_by_digest: true,
             ..PullOptions::default()
         };

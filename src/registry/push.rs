@@ -1,7 +1,7 @@
 //! Push an OCI layout: blobs (HEAD, mount, monolithic or chunked upload, resume), manifests,
-//! per-target tags, the index tag and the artifacts attached to each per-target image (the
-//! warm-up manifest; the SBOM when the layout has `sbom/<target>.spdx.json`), then read every
-//! tag back.
+//! per-target tags, the index tag and the artifacts the caller attaches to each image
+//! ([`Attach`]: infer-build's warm-up manifests and SBOMs are `crate::attach`'s), then read
+//! every tag back.
 //!
 //! Every digest is uploaded at most once per push, by a bounded pool of worker threads; blobs
 //! stream from the layout's files. Manifests go up children first (registries check that
@@ -23,9 +23,32 @@ use super::client::{
 };
 use super::layout::Layout;
 use super::reference::{valid_tag, Reference};
-use super::{media, parse_document, warmup, Error, Result};
+use super::referrers::{self, Artifact};
+use super::{media, parse_document, Error, Result};
 use crate::oci::annotation::REF_NAME;
 use crate::oci::image::{Descriptor, Document, EMPTY_JSON};
+
+/// What a push attaches to the images of its layout (nothing by default; `infer_build::attach`
+/// sets infer-build's warm-up manifests and SBOMs).
+#[derive(Clone, Default)]
+pub struct Attacher(pub(crate) Option<Arc<dyn Attach>>);
+
+/// What a push attaches to the images of its layout, as referrers (artifact manifests whose
+/// `subject` is the image): the caller's choice. The push uploads them with their blobs, lists
+/// each among its image's referrers (the API, else the fallback tag) and reports them by group.
+pub(crate) trait Attach: Send + Sync {
+    /// The report's groups, each present in the report even when nothing was attached.
+    fn groups(&self) -> &'static [&'static str];
+    /// The artifacts for `image` (a per-target image manifest of `layout`: its bytes and
+    /// document), each with its group.
+    fn artifacts(
+        &self,
+        layout: &Layout,
+        image: &Descriptor,
+        manifest_bytes: &[u8],
+        m: &Document,
+    ) -> Result<Vec<(&'static str, Artifact)>>;
+}
 use crate::oci::Digest;
 
 /// What a push does beyond the defaults.
@@ -37,10 +60,9 @@ pub struct PushOptions {
     /// Blobs larger than this are sent in chunks of this size (or the registry's
     /// `OCI-Chunk-Min-Length`, whichever is larger); smaller ones in one request.
     pub chunk_size: u64,
-    /// Attach a warm-up artifact to every per-target image.
-    pub warmup: bool,
-    /// Attach the layout's SBOMs (`sbom/<target>.spdx.json`) to their images.
-    pub sbom: bool,
+    /// What to attach to the layout's images (nothing by default); `crate::attach`'s
+    /// `Attachments::onto` sets infer-build's.
+    pub attach: Attacher,
     /// Repositories of the same registry to try mounting blobs from.
     pub mount_from: Vec<String>,
     /// The file that remembers which repositories hold which blobs (for mounts); `None` =
@@ -57,8 +79,7 @@ impl Default for PushOptions {
             client: ClientOptions::default(),
             jobs: 4,
             chunk_size: 128 << 20,
-            warmup: true,
-            sbom: true,
+            attach: Attacher::default(),
             mount_from: Vec::new(),
             locations_file: None,
             progress: None,
@@ -107,9 +128,10 @@ pub struct PushReport {
     /// Every tag written, with the digest the registry reports for it.
     pub tags: Vec<TagReport>,
     pub blobs: Vec<BlobReport>,
-    pub warmup: Vec<ArtifactReport>,
-    /// The SBOMs attached (`application/spdx+json`).
-    pub sbom: Vec<ArtifactReport>,
+    /// The artifacts attached to the layout's images, by the attacher's groups (infer-build's:
+    /// `warmup`, the warm-up manifests, and `sbom`, the SBOMs).
+    #[serde(flatten)]
+    pub attached: BTreeMap<String, Vec<ArtifactReport>>,
     /// Manifests of the layout that name a subject (the split layout's ModelPack manifests),
     /// listed among their subject's referrers.
     pub referrers: Vec<ArtifactReport>,
@@ -139,7 +161,7 @@ pub struct BlobReport {
     pub outcome: BlobOutcome,
 }
 
-/// An artifact attached to a per-target image.
+/// An artifact attached to an image.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactReport {
     /// The per-target image manifest it is attached to.
@@ -190,22 +212,10 @@ struct Plan {
     artifacts: Vec<Attached>,
 }
 
-/// Which artifacts to attach to per-target images.
-#[derive(Debug, Clone, Copy)]
-struct Attach {
-    warmup: bool,
-    sbom: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ArtifactKind {
-    Warmup,
-    Sbom,
-}
-
 #[derive(Debug)]
 struct Attached {
-    kind: ArtifactKind,
+    /// The attacher's group.
+    group: &'static str,
     subject: Digest,
     item: ManifestItem,
     missing: Vec<String>,
@@ -228,7 +238,7 @@ fn tag_of(desc: &Descriptor, layout: &Layout) -> Result<Option<String>> {
     Ok(Some(tag.to_string()))
 }
 
-fn plan(layout: &Layout, attach: Attach) -> Result<Plan> {
+fn plan(layout: &Layout, attach: Option<&dyn Attach>) -> Result<Plan> {
     let mut plan = Plan::default();
     let entries = layout.index()?;
     if entries.is_empty() {
@@ -247,7 +257,7 @@ fn visit(
     layout: &Layout,
     desc: &Descriptor,
     plan: &mut Plan,
-    attach: Attach,
+    attach: Option<&dyn Attach>,
     depth: u32,
 ) -> Result<()> {
     if depth > 8 {
@@ -324,16 +334,9 @@ fn visit(
             && m.config
                 .as_ref()
                 .is_some_and(|c| c.media_type != media::EMPTY);
-        // The split layout's parts: a runtime image serves no model of its own (no warm-up);
-        // the model image's warm-up names it; the SBOM describes the combined image.
-        let part = m.annotations.get(crate::assemble::split::PART_ANNOTATION);
-        if attach.warmup && is_image && part.is_none_or(|p| p != "runtime") {
-            let w = warmup::for_image(layout, desc, &bytes, &m)?;
-            plan.attach(ArtifactKind::Warmup, desc, w);
-        }
-        if attach.sbom && is_image && part.is_none() {
-            if let Some(w) = sbom_artifact(layout, desc, &m)? {
-                plan.attach(ArtifactKind::Sbom, desc, w);
+        if let Some(attach) = attach.filter(|_| is_image) {
+            for (group, a) in attach.artifacts(layout, desc, &bytes, &m)? {
+                plan.attach(group, desc, a);
             }
         }
     } else {
@@ -354,7 +357,7 @@ fn visit(
 
 impl Plan {
     /// Queue `w` for attaching to the image `subject`, with its blobs.
-    fn attach(&mut self, kind: ArtifactKind, subject: &Descriptor, w: warmup::WarmupArtifact) {
+    fn attach(&mut self, group: &'static str, subject: &Descriptor, w: Artifact) {
         for (digest, payload) in [
             (w.payload_digest.clone(), w.payload),
             (Digest::of(EMPTY_JSON), EMPTY_JSON.to_vec()),
@@ -366,7 +369,7 @@ impl Plan {
             });
         }
         self.artifacts.push(Attached {
-            kind,
+            group,
             subject: subject.digest.clone(),
             item: ManifestItem {
                 digest: w.manifest_digest,
@@ -378,61 +381,6 @@ impl Plan {
             missing: w.missing,
         });
     }
-}
-
-/// The SBOM artifact of a per-target image: `sbom/<target>.spdx.json` next to the layout's
-/// `index.json` (target from the `dev.infer-build.target` annotation). `None` when the image
-/// has no SBOM; an error when the SBOM describes another image (a stale file).
-fn sbom_artifact(
-    layout: &Layout,
-    desc: &Descriptor,
-    m: &Document,
-) -> Result<Option<warmup::WarmupArtifact>> {
-    let key = format!("{}target", warmup::ANNOTATION_PREFIX);
-    let Some(target) = m
-        .annotations
-        .get(&key)
-        .or_else(|| desc.annotations.get(&key))
-    else {
-        return Ok(None);
-    };
-    let Ok(path) = crate::sbom::path_in_layout(&layout.root, target) else {
-        return Ok(None);
-    };
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&path, e)),
-    };
-    let described = crate::sbom::described_image(&bytes);
-    if described.as_ref() != Some(&desc.digest) {
-        return Err(Error::Layout {
-            path,
-            reason: format!(
-                "this SBOM describes {}, not the layout's image {} for target `{target}`: rebuild the layout with `infer-build build`",
-                described.as_ref().map_or("no image", Digest::as_str),
-                desc.digest
-            ),
-        });
-    }
-    let annotations = BTreeMap::from([
-        (
-            crate::oci::annotation::TITLE.to_string(),
-            format!("{target}.spdx.json"),
-        ),
-        (
-            "dev.infer-build.sbom.subject".to_string(),
-            desc.digest.to_string(),
-        ),
-    ]);
-    Ok(Some(warmup::artifact(
-        desc,
-        media::SBOM_ARTIFACT,
-        media::SBOM_ARTIFACT,
-        bytes,
-        annotations,
-        Vec::new(),
-    )))
 }
 
 /// Hash an open blob (at most its descriptor's size plus one byte) and compare with its digest.
@@ -499,13 +447,7 @@ fn save_locations(path: &Path, registry: &str, repo: &str, digests: &[String]) {
 /// is ignored: tags come from the layout).
 pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result<PushReport> {
     let layout = Layout::open(layout_dir)?;
-    let plan = plan(
-        &layout,
-        Attach {
-            warmup: opts.warmup,
-            sbom: opts.sbom,
-        },
-    )?;
+    let plan = plan(&layout, opts.attach.0.as_deref())?;
     let client = Client::connect(target.endpoint(), opts.client.clone())?;
     let pusher = Pusher {
         client: &client,
@@ -564,8 +506,13 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
             });
         }
     }
-    let mut warmups = Vec::new();
-    let mut sboms = Vec::new();
+    let mut attached: BTreeMap<String, Vec<ArtifactReport>> = opts
+        .attach
+        .0
+        .iter()
+        .flat_map(|a| a.groups())
+        .map(|g| ((*g).to_string(), Vec::new()))
+        .collect();
     for a in &plan.artifacts {
         if pusher.put_manifest(&a.item, a.item.digest.as_str())? {
             written += 1;
@@ -577,10 +524,10 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
             attached_via: via,
             missing: a.missing.clone(),
         };
-        match a.kind {
-            ArtifactKind::Warmup => warmups.push(report),
-            ArtifactKind::Sbom => sboms.push(report),
-        }
+        attached
+            .entry(a.group.to_string())
+            .or_default()
+            .push(report);
     }
 
     // Read every tag back.
@@ -608,8 +555,7 @@ pub fn push(layout_dir: &Path, target: &Reference, opts: &PushOptions) -> Result
         repository: target.repository.clone(),
         tags,
         blobs: Vec::new(),
-        warmup: warmups,
-        sbom: sboms,
+        attached,
         referrers,
         blobs_uploaded: 0,
         blobs_mounted: 0,
@@ -1140,10 +1086,10 @@ impl Pusher<'_> {
         if resp.status().as_u16() == 200 && is_index {
             return Ok("referrers-api".into());
         }
-        let tag = warmup::fallback_tag(subject.as_str());
+        let tag = referrers::fallback_tag(subject.as_str());
         let existing = self.get_manifest_bytes(&tag)?;
-        let desc = warmup::referrer_descriptor(&artifact.bytes, &artifact.digest)?;
-        if let Some((bytes, digest)) = warmup::merge_fallback(existing.as_deref(), desc)? {
+        let desc = referrers::referrer_descriptor(&artifact.bytes, &artifact.digest)?;
+        if let Some((bytes, digest)) = referrers::merge_fallback(existing.as_deref(), desc)? {
             self.put_manifest_raw(&bytes, media::INDEX, &digest, &tag)?;
         }
         Ok(format!("fallback-tag:{tag}"))

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use infer_build::attach::Attachments;
 use infer_build::registry::{
-    self, ClientOptions, Keychain, Progress, PullOptions, PushOptions, PushReport, Reference,
+    self, ClientOptions, Keychain, Pin, Progress, PullOptions, PushOptions, PushReport, Reference,
     RemoteImage,
 };
 use serde_json::Value;
@@ -430,7 +431,7 @@ fn registry_push_skopeo_reads_back_and_second_push_uploads_nothing() {
 
     // Warm-up artifacts, one per target, through the fallback tag (docker-registry 2.8 has no
     // referrers API).
-    assert_eq!(report.warmup.len(), made.targets.len());
+    assert_eq!(report.attached["warmup"].len(), made.targets.len());
     for (tag, digest) in &made.targets {
         let fallback = format!("sha256-{}", &digest[7..]);
         let (ok, raw, e) = skopeo(&[
@@ -568,6 +569,8 @@ fn registry_push_survives_resets_500s_and_429s() {
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
     };
+    // Warm-up manifests attached too, as `infer-build push` does.
+    let opts = Attachments::default().onto(opts);
     let report = registry::push(&made.dir, &target, &opts)
         .unwrap_or_else(|e| panic!("push failed: {e:?}\n{}", reg.log()));
     let s = &proxy.stats;
@@ -732,9 +735,11 @@ fn registry_tls_basic_auth_with_docker_config() {
     assert_eq!(v["Digest"].as_str(), Some(digest.as_str()));
 }
 
+/// The client pulls what a tag names now, or the digest the caller pins it to (a lock file's:
+/// `tests/it/pull.rs` runs the lock file through the CLI).
 #[test]
-fn registry_pull_tag_records_digest_in_lock_file() {
-    let test = "registry_pull_tag_records_digest_in_lock_file";
+fn registry_pull_of_a_tag_and_of_a_pinned_digest() {
+    let test = "registry_pull_of_a_tag_and_of_a_pinned_digest";
     let Some(reg) = Registry::start(test) else {
         return;
     };
@@ -742,7 +747,6 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     let made = make_layout(&tmp.path().join("layout"), "base", &targets()[..1], 4);
     let opts = PushOptions {
         client: plain_opts(tmp.path()),
-        warmup: false,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
     };
@@ -754,10 +758,8 @@ fn registry_pull_tag_records_digest_in_lock_file() {
     .unwrap();
 
     let reference = format!("{}/bases/cuda:base", reg.addr);
-    let lock = tmp.path().join("recipe.lock");
     let pull_opts = PullOptions {
         client: plain_opts(tmp.path()),
-        lock: Some(lock.clone()),
         ..PullOptions::default()
     };
     let dest = tmp.path().join("base-layout");
@@ -768,13 +770,6 @@ fn registry_pull_tag_records_digest_in_lock_file() {
         Some(made.index_digest.as_str())
     );
     assert_eq!(pulled.digest, made.targets[0].1);
-    assert_eq!(
-        registry::pinned_digest(&lock, &reference)
-            .unwrap()
-            .as_ref()
-            .map(|d| d.as_str()),
-        Some(made.targets[0].1.as_str())
-    );
     for d in &made.blobs {
         assert!(
             dest.join("blobs/sha256").join(&d[7..]).is_file(),
@@ -787,7 +782,7 @@ fn registry_pull_tag_records_digest_in_lock_file() {
         assert!(out.contains(&made.targets[0].1));
     }
 
-    // The tag moves; the lock keeps the old digest until --update-lock.
+    // The tag moves; a pin keeps the old digest, without one the new one is pulled.
     let moved = make_layout(&tmp.path().join("layout2"), "base", &targets()[..1], 5);
     registry::push(
         &moved.dir,
@@ -795,21 +790,17 @@ fn registry_pull_tag_records_digest_in_lock_file() {
         &opts,
     )
     .unwrap();
-    let again = registry::pull_with(&reference, &tmp.path().join("l2"), &pull_opts).unwrap();
-    assert_eq!(again.digest, made.targets[0].1);
-    let update = PullOptions {
-        update_lock: true,
+    let pinned = PullOptions {
+        pin: Some(Pin {
+            digest: pulled.digest.clone(),
+            source: "lock file recipe.lock".into(),
+        }),
         ..pull_opts.clone()
     };
-    let updated = registry::pull_with(&reference, &tmp.path().join("l3"), &update).unwrap();
+    let again = registry::pull_with(&reference, &tmp.path().join("l2"), &pinned).unwrap();
+    assert_eq!(again.digest, made.targets[0].1);
+    let updated = registry::pull_with(&reference, &tmp.path().join("l3"), &pull_opts).unwrap();
     assert_eq!(updated.digest, moved.targets[0].1);
-    assert_eq!(
-        registry::pinned_digest(&lock, &reference)
-            .unwrap()
-            .as_ref()
-            .map(|d| d.as_str()),
-        Some(moved.targets[0].1.as_str())
-    );
 }
 
 #[test]
@@ -882,11 +873,11 @@ fn registry_bearer_token_auth_with_scopes() {
     let _ = registry::push(
         &made.dir,
         &Reference::parse(&format!("{}/team-0/mlp", reg.addr)).unwrap(),
-        &PushOptions {
+        &Attachments::default().onto(PushOptions {
             client: client.clone(),
             locations_file: Some(tmp.path().join("locations-0.json")),
             ..PushOptions::default()
-        },
+        }),
     );
     {
         let asked = tokens.requests.lock().unwrap();
@@ -904,11 +895,11 @@ fn registry_bearer_token_auth_with_scopes() {
     )
     .unwrap();
     client.keychain.docker_config = Some(tmp.path().join("docker.json"));
-    let opts = PushOptions {
+    let opts = Attachments::default().onto(PushOptions {
         client,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
-    };
+    });
     let a = Reference::parse(&format!("{}/team-a/mlp", reg.addr)).unwrap();
     let report =
         registry::push(&made.dir, &a, &opts).unwrap_or_else(|e| panic!("{e:?}\n{}", reg.log()));

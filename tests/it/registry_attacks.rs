@@ -274,7 +274,6 @@ fn hostile_upload_location_on_another_origin_gets_no_authorization() {
     let reg = Hostile::start(basic_auth_registry(move |_| elsewhere.clone()));
     let o = PushOptions {
         client: opts(tmp.path(), Some(&basic_creds(&reg.addr))),
-        warmup: false,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
     };
@@ -310,7 +309,6 @@ fn hostile_tls_upload_location_on_plain_http_is_refused() {
             ca_cert: Some(tmp.path().join("ca.pem")),
             ..opts(tmp.path(), Some(&basic_creds(&reg.addr)))
         },
-        warmup: false,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
     };
@@ -435,7 +433,6 @@ fn hostile_silence_and_trickles_are_bounded() {
     });
     let o = PushOptions {
         client: opts(tmp.path(), None),
-        warmup: false,
         jobs: 1,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()
@@ -469,7 +466,6 @@ fn hostile_range_that_never_moves_fails_the_upload() {
     });
     let o = PushOptions {
         client: opts(tmp.path(), None),
-        warmup: false,
         jobs: 1,
         chunk_size: 100,
         locations_file: Some(tmp.path().join("locations.json")),
@@ -528,7 +524,6 @@ fn hostile_push_sends_no_symlinked_or_corrupt_blob() {
     });
     let o = PushOptions {
         client: opts(tmp.path(), None),
-        warmup: false,
         jobs: 1,
         locations_file: Some(tmp.path().join("locations.json")),
         ..PushOptions::default()

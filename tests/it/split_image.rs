@@ -399,15 +399,16 @@ fn push_lists_the_model_images_referrers(s: &SplitBuilds, b: &Built) -> Vec<Stri
     ] {
         assert!(kinds.contains(&kind), "{name}: {kinds:?}");
     }
-    let warmup = report
-        .warmup
+    let warmup = report.attached["warmup"]
         .iter()
         .find(|w| w.subject == model.as_str())
         .unwrap_or_else(|| panic!("{name}: no warm-up manifest for the model image: {report:?}"));
     assert!(warmup.missing.is_empty(), "{name}: {warmup:?}");
     // None for the runtime image: it serves no model of its own.
     assert!(
-        !report.warmup.iter().any(|w| w.subject == s.runtime()),
+        !report.attached["warmup"]
+            .iter()
+            .any(|w| w.subject == s.runtime()),
         "{report:?}"
     );
     sent

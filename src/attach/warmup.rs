@@ -1,5 +1,4 @@
-//! The warm-up artifact attached to every per-target image, the referrers fallback tag, and
-//! listing what is attached to a manifest.
+//! The warm-up artifact attached to every per-target image.
 //!
 //! The artifact is an OCI 1.1 image manifest with `artifactType`
 //! `application/vnd.infer-build.warmup.v1+json`, the empty config descriptor and `subject` =
@@ -14,36 +13,21 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use ureq::http::Method;
 
-use super::client::{header, status_error, Client, ClientOptions, Req};
-use super::layout::Layout;
-use super::reference::Reference;
-use super::{media, parse_document, Error, Result};
-use crate::oci::image::{Descriptor, Document, Manifest};
-use crate::oci::Digest;
+use super::media;
+use crate::oci::image::{Descriptor, Document};
+use crate::oci::ANNOTATION_PREFIX;
+use crate::registry::layout::Layout;
+use crate::registry::referrers::{artifact, Artifact};
+use crate::registry::{Error, Result};
 
 /// Where the runtime configuration lives in an image.
 pub(crate) const RUNTIME_CONFIG_PATH: &str = "etc/infer/runtime.toml";
-/// The prefix of infer-build's annotations (the compatibility tuple).
-pub(crate) const ANNOTATION_PREFIX: &str = "dev.infer-build.";
 /// Annotations under this prefix are start-up timings measured at build time (milliseconds).
 pub(crate) const STARTUP_PREFIX: &str = "dev.infer-build.startup.";
 /// Layers bigger than this are not searched for `runtime.toml` (it sits in a small top layer).
 const MAX_SCAN_LAYER: u64 = 64 << 20;
-
-/// An artifact (warm-up manifest, SBOM) ready to push.
-#[derive(Debug, Clone)]
-pub(crate) struct WarmupArtifact {
-    pub payload: Vec<u8>,
-    pub payload_digest: Digest,
-    pub manifest: Vec<u8>,
-    pub manifest_digest: Digest,
-    /// Fields left out because the image does not carry them.
-    pub missing: Vec<String>,
-}
 
 /// Build the warm-up artifact for the image manifest `desc` (bytes `manifest_bytes`).
 pub(crate) fn for_image(
@@ -51,7 +35,7 @@ pub(crate) fn for_image(
     desc: &Descriptor,
     manifest_bytes: &[u8],
     m: &Document,
-) -> Result<WarmupArtifact> {
+) -> Result<Artifact> {
     let config: Value = match &m.config {
         Some(c) => serde_json::from_slice(&layout.read_small(c)?).unwrap_or(Value::Null),
         None => Value::Null,
@@ -101,7 +85,7 @@ pub(crate) fn build(
     config: &Value,
     runtime_toml: Option<&str>,
     models: &[(String, Option<String>)],
-) -> WarmupArtifact {
+) -> Artifact {
     let mut missing = Vec::new();
     // The tuple: the image's own annotations, then the index entry's, then config labels.
     let mut annotations: BTreeMap<String, String> = BTreeMap::new();
@@ -195,35 +179,6 @@ pub(crate) fn build(
         annotations,
         missing,
     )
-}
-
-/// Pure: the OCI 1.1 artifact manifest ([`Manifest::artifact`]) attached to the image
-/// `subject`, whose one layer holds `payload` (of `layer_media_type`). The warm-up manifest
-/// and the SBOM are both pushed through here.
-pub(crate) fn artifact(
-    subject: &Descriptor,
-    artifact_type: &str,
-    layer_media_type: &str,
-    payload: Vec<u8>,
-    annotations: BTreeMap<String, String>,
-    missing: Vec<String>,
-) -> WarmupArtifact {
-    let payload_digest = Digest::of(&payload);
-    let layer = Descriptor::new(
-        layer_media_type,
-        payload_digest.clone(),
-        payload.len() as u64,
-    );
-    let manifest = Manifest::artifact(subject, artifact_type, layer, annotations);
-    // Plain strings and numbers in a struct of our own: serializing cannot fail.
-    let manifest = crate::oci::image::encode("artifact manifest", &manifest).unwrap_or_default();
-    WarmupArtifact {
-        manifest_digest: Digest::of(&manifest),
-        payload,
-        payload_digest,
-        manifest,
-        missing,
-    }
 }
 
 /// The ports infer-serve answers on in the image: HTTP (`[server] port` of its `runtime.toml`,
@@ -404,217 +359,19 @@ fn text_in_layer<T>(
     Ok(None)
 }
 
-/// The referrers fallback tag of a digest: `sha256-<hex>`.
-pub(crate) fn fallback_tag(digest: &str) -> String {
-    match digest.split_once(':') {
-        // By characters, not bytes: a digest read from elsewhere may not be ASCII.
-        Some((alg, hex)) => format!(
-            "{}-{}",
-            alg.chars().take(32).collect::<String>(),
-            hex.chars().take(64).collect::<String>()
-        ),
-        None => digest.to_string(),
-    }
-}
-
-/// The descriptor of an artifact manifest as it appears in a referrers list: `artifactType`
-/// and annotations copied from the manifest.
-pub(crate) fn referrer_descriptor(manifest: &[u8], digest: &Digest) -> Result<Descriptor> {
-    let m = parse_document(manifest, digest.as_str())?;
-    let mut desc = Descriptor::new(
-        m.media_type.as_deref().unwrap_or(media::MANIFEST),
-        digest.clone(),
-        manifest.len() as u64,
-    );
-    desc.artifact_type = m.artifact_type.or_else(|| m.config.map(|c| c.media_type));
-    desc.annotations = m.annotations;
-    Ok(desc)
-}
-
-/// Add `desc` to the fallback index `existing` (or a new one). `None` when it is already
-/// listed; else the new index bytes and digest. Entries are sorted by digest so the index is
-/// the same whatever order artifacts were attached in.
-pub(crate) fn merge_fallback(
-    existing: Option<&[u8]>,
-    desc: Descriptor,
-) -> Result<Option<(Vec<u8>, Digest)>> {
-    let mut index: Value = match existing {
-        Some(b) => serde_json::from_slice(b).map_err(|e| Error::Protocol {
-            what: "referrers fallback index".into(),
-            reason: format!("not JSON: {e}"),
-        })?,
-        None => json!({"schemaVersion": 2, "mediaType": media::INDEX, "manifests": []}),
-    };
-    let list = index
-        .get_mut("manifests")
-        .and_then(Value::as_array_mut)
-        .ok_or_else(|| Error::Protocol {
-            what: "referrers fallback index".into(),
-            reason: "no `manifests` list".into(),
-        })?;
-    if list
-        .iter()
-        .any(|d| d.get("digest").and_then(Value::as_str) == Some(desc.digest.as_str()))
-    {
-        return Ok(None);
-    }
-    list.push(serde_json::to_value(&desc).unwrap_or(Value::Null));
-    list.sort_by(|a, b| {
-        let d = |v: &Value| {
-            v.get("digest")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        d(a).cmp(&d(b))
-    });
-    let bytes = crate::oci::cjson::value_to_vec(&index);
-    let digest = Digest::of(&bytes);
-    Ok(Some((bytes, digest)))
-}
-
-/// One thing attached to a manifest.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Referrer {
-    pub digest: Digest,
-    pub media_type: String,
-    pub artifact_type: Option<String>,
-    pub size: u64,
-    pub annotations: BTreeMap<String, String>,
-    /// `referrers-api` or `fallback-tag`.
-    pub source: String,
-}
-
-/// What is attached to `reference` (a tag is resolved to its digest first): the referrers
-/// API when the registry has it, else the `sha256-<hex>` fallback tag.
-pub fn referrers(reference: &Reference, opts: &ClientOptions) -> Result<(Digest, Vec<Referrer>)> {
-    let client = Client::connect(reference.endpoint(), opts.clone())?;
-    let scopes = vec![format!("repository:{}:pull", reference.repository)];
-    let digest = match &reference.digest {
-        Some(d) => d.clone(),
-        None => {
-            let url = client.url(&format!(
-                "{}/manifests/{}",
-                reference.repository,
-                reference.manifest_ref()
-            ));
-            let req = Req::new(Method::HEAD, url.clone()).header("accept", media::ACCEPT_MANIFESTS);
-            let resp = client.send(&req, &scopes)?;
-            match resp.status().as_u16() {
-                200 => header(&resp, "docker-content-digest")
-                    .and_then(|d| Digest::parse(d).ok())
-                    .ok_or_else(|| Error::Protocol {
-                        what: format!("HEAD {url}"),
-                        reason: "no Docker-Content-Digest header".into(),
-                    })?,
-                404 => {
-                    return Err(Error::NotFound {
-                        reference: reference.to_string(),
-                        reason: "no such manifest in the registry".into(),
-                    })
-                }
-                s => return Err(status_error(&Method::HEAD, &url, s, resp)),
-            }
-        }
-    };
-    let list = referrers_with(&client, reference, &digest)?;
-    Ok((digest, list))
-}
-
-/// The referrers of `digest` in `reference`'s repository, through an existing client.
-pub(crate) fn referrers_with(
-    client: &Client,
-    reference: &Reference,
-    digest: &Digest,
-) -> Result<Vec<Referrer>> {
-    let scopes = vec![format!("repository:{}:pull", reference.repository)];
-    let url = client.url(&format!("{}/referrers/{digest}", reference.repository));
-    let req = Req::new(Method::GET, url).header("accept", media::INDEX);
-    let mut resp = client.send(&req, &scopes)?;
-    let is_index = header(&resp, "content-type").is_some_and(|c| c.starts_with(media::INDEX));
-    let (bytes, source) = if resp.status().as_u16() == 200 && is_index {
-        (
-            resp.body_mut()
-                .with_config()
-                .limit(4 << 20)
-                .read_to_vec()
-                .unwrap_or_default(),
-            "referrers-api",
-        )
-    } else {
-        let tag = fallback_tag(digest.as_str());
-        let url = client.url(&format!("{}/manifests/{tag}", reference.repository));
-        let req = Req::new(Method::GET, url.clone()).header("accept", media::INDEX);
-        let mut resp = client.send(&req, &scopes)?;
-        match resp.status().as_u16() {
-            200 => (
-                resp.body_mut()
-                    .with_config()
-                    .limit(4 << 20)
-                    .read_to_vec()
-                    .map_err(|e| Error::Transport {
-                        method: "GET".into(),
-                        url: url.clone(),
-                        source: Box::new(e),
-                    })?,
-                "fallback-tag",
-            ),
-            404 => return Ok(Vec::new()),
-            s => return Err(status_error(&Method::GET, &url, s, resp)),
-        }
-    };
-    let index = parse_document(&bytes, "referrers index")?;
-    let list = index
-        .manifests
-        .into_iter()
-        .map(|d| Referrer {
-            digest: d.digest,
-            media_type: d.media_type,
-            artifact_type: d.artifact_type,
-            size: d.size,
-            annotations: d.annotations,
-            source: source.to_string(),
-        })
-        .collect();
-    Ok(list)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::oci::Digest;
 
     fn desc(digest: &str) -> Descriptor {
-        let mut d = Descriptor::new(media::MANIFEST, Digest::parse(digest).unwrap(), 10);
+        let mut d = Descriptor::new(
+            crate::oci::media::MANIFEST,
+            Digest::parse(digest).unwrap(),
+            10,
+        );
         d.artifact_type = Some(media::WARMUP_ARTIFACT.into());
         d
-    }
-
-    #[test]
-    fn fallback_tag_schema() {
-        let hex = "ab".repeat(32);
-        assert_eq!(
-            fallback_tag(&format!("sha256:{hex}")),
-            format!("sha256-{hex}")
-        );
-    }
-
-    #[test]
-    fn merge_fallback_appends_once_and_sorts() {
-        let b = format!("sha256:{}", "b".repeat(64));
-        let a = format!("sha256:{}", "a".repeat(64));
-        let (one, _) = merge_fallback(None, desc(&b)).unwrap().unwrap();
-        let (two, d2) = merge_fallback(Some(&one), desc(&a)).unwrap().unwrap();
-        assert!(merge_fallback(Some(&two), desc(&b)).unwrap().is_none());
-        let v: Value = serde_json::from_slice(&two).unwrap();
-        assert_eq!(v["manifests"][0]["digest"], json!(a));
-        assert_eq!(
-            v["manifests"][1]["artifactType"],
-            json!(media::WARMUP_ARTIFACT)
-        );
-        // Same set, other order: same bytes.
-        let (x, _) = merge_fallback(None, desc(&a)).unwrap().unwrap();
-        let (_, dx) = merge_fallback(Some(&x), desc(&b)).unwrap().unwrap();
-        assert_eq!(d2, dx);
     }
 
     #[test]

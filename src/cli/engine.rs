@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::cli::MatrixArgs;
-use crate::engine;
+use crate::engine::{self, convert::Converted};
 use crate::error::Error;
 use crate::pipeline::{EngineBuilt, EngineRequest};
 
@@ -44,7 +44,13 @@ pub(super) fn run(args: EngineArgs) -> Result<(), Error> {
         cache: args.cache,
         update_lock: args.update_lock,
     };
-    let built = crate::pipeline::engine(&req, &super::stderr_notes())?;
+    let target = req.target.clone();
+    let mut on_converted = |c: &Converted, seconds: f64| {
+        if !args.json {
+            print_conversion(&target, c, seconds);
+        }
+    };
+    let built = crate::pipeline::engine(&req, &super::stderr_notes(), &mut on_converted)?;
     if args.json {
         print_json(&built)
     } else {
@@ -53,34 +59,37 @@ pub(super) fn run(args: EngineArgs) -> Result<(), Error> {
     }
 }
 
-/// The engine (and the conversion before it) as lines on standard error.
-fn print_human(built: &EngineBuilt) {
-    if let Some((c, seconds)) = &built.converted {
-        eprintln!(
-            "{} {} model of {} ({}) {} in {seconds:.2}s{}",
-            if c.cached { "cached" } else { "converted" },
-            c.precision,
-            built.target,
-            c.onnx_digest,
-            c.onnx.display(),
-            if c.env_created {
-                " (created the converter environment)"
-            } else {
-                ""
-            }
-        );
-        eprintln!("  converter: {}", c.report.tool());
-        for line in c.report.steps() {
-            eprintln!("  {line}");
+/// The conversion of the target's model (through the accuracy gate) as lines on standard error,
+/// before its engine is built.
+fn print_conversion(target: &str, c: &Converted, seconds: f64) {
+    eprintln!(
+        "{} {} model of {} ({}) {} in {seconds:.2}s{}",
+        if c.cached { "cached" } else { "converted" },
+        c.precision,
+        target,
+        c.onnx_digest,
+        c.onnx.display(),
+        if c.env_created {
+            " (created the converter environment)"
+        } else {
+            ""
         }
-        eprintln!(
-            "  accuracy against FP32 on {}: passed",
-            engine::evaluation_text(&c.report)
-        );
-        for line in c.report.summary() {
-            eprintln!("  {line}");
-        }
+    );
+    eprintln!("  converter: {}", c.report.tool());
+    for line in c.report.steps() {
+        eprintln!("  {line}");
     }
+    eprintln!(
+        "  accuracy against FP32 on {}: passed",
+        engine::evaluation_text(&c.report)
+    );
+    for line in c.report.summary() {
+        eprintln!("  {line}");
+    }
+}
+
+/// The engine as lines on standard error.
+fn print_human(built: &EngineBuilt) {
     let art = &built.artifact;
     eprintln!(
         "{} engine {} ({}, {}) {} in {:.2}s",

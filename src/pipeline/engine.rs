@@ -29,8 +29,6 @@ pub(crate) struct EngineRequest {
 
 /// What [`engine`] made or found.
 pub(crate) struct EngineBuilt {
-    /// The target's id.
-    pub target: String,
     /// The converted model, for a target whose precision converts it (through the accuracy
     /// gate), and the seconds from the start to its conversion.
     pub converted: Option<(crate::engine::convert::Converted, f64)>,
@@ -43,8 +41,14 @@ pub(crate) struct EngineBuilt {
 /// The engine of `req.target` built into the content-addressed engine cache (or found there):
 /// the same spec `build` makes (ONNX Runtime measured against tract where the CPU target may
 /// ship it, and the ONNX Runtime that may fold the model for tract), the model converted first
-/// where the target's precision asks for it.
-pub(crate) fn engine(req: &EngineRequest, note: &Notes) -> Result<EngineBuilt, Error> {
+/// where the target's precision asks for it. `converted` hears of the conversion (with the
+/// seconds it took from the start) before the engine is built: a build that then fails (no GPU
+/// here) still shows what was converted and gated.
+pub(crate) fn engine(
+    req: &EngineRequest,
+    note: &Notes,
+    converted: &mut dyn FnMut(&crate::engine::convert::Converted, f64),
+) -> Result<EngineBuilt, Error> {
     let started = std::time::Instant::now();
     let crate::plan::Project {
         recipe,
@@ -59,14 +63,16 @@ pub(crate) fn engine(req: &EngineRequest, note: &Notes) -> Result<EngineBuilt, E
     let cache = crate::engine::Cache::open(&root)?;
     let runner = crate::process::SystemRunner;
     let prepared = crate::engine::prepare(&spec, &cache, &runner)?;
-    let converted = prepared
+    let conversion = prepared
         .converted
         .clone()
         .map(|c| (c, started.elapsed().as_secs_f64()));
+    if let Some((c, seconds)) = &conversion {
+        converted(c, *seconds);
+    }
     let artifact = crate::engine::build_prepared(&spec, prepared, &cache, &runner)?;
     Ok(EngineBuilt {
-        target: spec.target.clone(),
-        converted,
+        converted: conversion,
         artifact,
         seconds: started.elapsed().as_secs_f64(),
     })

@@ -33,29 +33,25 @@ trap 'rm -rf "$bg_dir"' EXIT
 ) 2>"$bg_dir/log" &
 bg=$!
 
-# The lints, the docs and the test build run below the runtimes' priority: the runtimes are the
-# longer chain (the static one's fat link alone takes minutes on one core) and the tests wait for
-# them, so they get a core whenever they can use one and this chain takes the rest.
-fg=(nice -n 10)
 cargo fmt --all --check
 # One pass over every crate and target, the runtime's optional backends included: TensorRT (its
 # C++ shim compiled against TensorRT's public headers, no GPU needed) and ONNX Runtime.
-TENSORRT_ROOT="$trt_headers" "${fg[@]}" cargo clippy --workspace --all-targets \
+TENSORRT_ROOT="$trt_headers" cargo clippy --workspace --all-targets \
     --features infer-serve/tensorrt,infer-serve/onnxruntime -- -D warnings
 # The API docs of every crate, with the same features: a broken intra-doc link, or a public
 # item's docs linking to a private one, is an error (it reuses the lints' metadata: seconds).
-TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" "${fg[@]}" cargo doc --no-deps --workspace \
+TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace \
     --features infer-serve/tensorrt,infer-serve/onnxruntime
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
 # turns both on in this one build of the workspace.
-"${fg[@]}" cargo test --workspace --no-run
+cargo test --workspace --no-run
 INFER_SERVE_TEST_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/infer-serve"
 export INFER_SERVE_TEST_BIN
 # Every crate's unit tests run while the runtimes finish building. (Selecting only some test
 # targets would change which dev-dependency features are on, and rebuild: a selection without the
 # builder's `tests` target rebuilt infer-serve and tokenizers, 1m14s. The unit tests' does not.)
-"${fg[@]}" cargo test --workspace --lib --bins
+cargo test --workspace --lib --bins
 
 if ! wait "$bg"; then
     cat "$bg_dir/log" >&2

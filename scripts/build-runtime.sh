@@ -21,7 +21,7 @@
 #             or dynamic: the binary of glibc-based CPU images, with features `tract` and
 #             `onnxruntime` (libonnxruntime is opened at run time, not linked), linked
 #             dynamically against glibc; CHECK=1 verifies the same as for gpu.
-#   QUICK_LINK  flavours (comma-separated, e.g. dynamic,gpu) whose final link uses thin LTO over
+#   QUICK_LINK  flavours (comma-separated, e.g. static,dynamic,gpu) whose final link uses thin LTO over
 #             16 codegen units instead of the profile's fat LTO over one: the same code and
 #             features, linked in parallel and sooner, but not the bytes images ship. For test
 #             runs only (scripts/test.sh); the dependencies are the same build either way.
@@ -73,8 +73,9 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/runtime
 # so inheriting it would rebuild the whole runtime, to the same bytes, for every new value.
 export SOURCE_DATE_EPOCH=0
 
+# The static one is `cpu` or `static`.
 case ",${QUICK_LINK:-}," in
-    *",$flavour,"*) final_flags+=(-C lto=thin -C codegen-units=16) ;;
+    *",$flavour,"* | *",${tag%%-*},"*) final_flags+=(-C lto=thin -C codegen-units=16) ;;
 esac
 
 args=(rustc --locked -p infer-serve --bin infer-serve --target "$target" --profile "$profile")

@@ -6,18 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The runtimes the images carry are built with the profile images ship (fat LTO), all three in
-# their own target directory (target/runtime, where they share their dependencies' build), in
-# the background, while the lints and the test build take the main one: the runtimes' long
-# single-threaded link steps then leave the second core to the other chain.
+# The runtimes the images carry are built with the profile images ship (`release-serve`), all
+# three in their own target directory (target/runtime, where they share their dependencies'
+# build), in the background, while the lints and the test build take the main one.
 # TensorRT's public headers the GPU runtime and the TensorRT lint pass compile against.
 trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
 serve_profile=${INFER_SERVE_PROFILE:-release-serve}
-# The static runtime is linked as images ship it. The glibc ones are only started by the tests
-# (and the GPU one never runs TensorRT here), so their final links use thin LTO over 16 codegen
-# units (build-runtime.sh QUICK_LINK): the same code, linked on both cores in a fraction of a
-# fat link's single-threaded time. Exported: the installs below and in the tests reuse them.
-export QUICK_LINK=${QUICK_LINK-dynamic,gpu}
+# Their final links use thin LTO over 16 codegen units (build-runtime.sh QUICK_LINK) instead of
+# the profile's fat LTO over one: the same code and dependencies' builds, linked on both cores
+# in a fraction of a fat link's single-threaded time (three fat links were the longest chain of
+# this command). The binaries' bytes differ from the ones `scripts/install.sh` and
+# `scripts/example.sh` ship, not what they do; QUICK_LINK= (empty) tests the shipped links.
+# Exported: the installs below and in the tests reuse these builds.
+export QUICK_LINK=${QUICK_LINK-static,dynamic,gpu}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT
 (

@@ -79,43 +79,33 @@ pub fn locate_runtime(
     locate(RuntimeFlavour::Static, flag, env, exe)
 }
 
-/// Which `infer-serve` build: the static one of FROM-scratch images, or the one dynamically
-/// linked against glibc that images with a native engine library carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuntimeFlavour {
-    Static,
-    Dynamic,
-    /// Dynamically linked against glibc with feature `tensorrt`: every GPU image, whether
-    /// TensorRT comes from its base (full) or from its lean library layer.
-    Gpu,
+pub use infer_spec::engines::RuntimeFlavour;
+
+/// The command-line flag, the environment variable and the file name next to infer-build that
+/// locate the `flavour` runtime.
+pub fn flavour_names(flavour: RuntimeFlavour) -> (&'static str, &'static str, &'static str) {
+    match flavour {
+        RuntimeFlavour::Static => ("--runtime", "INFER_SERVE_BIN", "infer-serve"),
+        RuntimeFlavour::Dynamic => (
+            "--runtime-dynamic",
+            "INFER_SERVE_DYNAMIC_BIN",
+            "infer-serve-dynamic",
+        ),
+        RuntimeFlavour::Gpu => ("--runtime-gpu", "INFER_SERVE_GPU_BIN", "infer-serve-gpu"),
+    }
 }
 
-impl RuntimeFlavour {
-    /// The command-line flag, the environment variable and the file name next to infer-build.
-    pub fn names(self) -> (&'static str, &'static str, &'static str) {
-        match self {
-            RuntimeFlavour::Static => ("--runtime", "INFER_SERVE_BIN", "infer-serve"),
-            RuntimeFlavour::Dynamic => (
-                "--runtime-dynamic",
-                "INFER_SERVE_DYNAMIC_BIN",
-                "infer-serve-dynamic",
-            ),
-            RuntimeFlavour::Gpu => ("--runtime-gpu", "INFER_SERVE_GPU_BIN", "infer-serve-gpu"),
+/// How to build the `flavour` runtime, for errors about a missing or unfit binary.
+pub(crate) fn build_hint(flavour: RuntimeFlavour) -> &'static str {
+    match flavour {
+        RuntimeFlavour::Static => {
+            "`scripts/build-runtime.sh` builds the statically linked infer-serve of scratch images"
         }
-    }
-
-    /// How to build this flavour, for errors about a missing or unfit binary.
-    pub(crate) fn build_hint(self) -> &'static str {
-        match self {
-            RuntimeFlavour::Static => {
-                "`scripts/build-runtime.sh` builds the statically linked infer-serve of scratch images"
-            }
-            RuntimeFlavour::Dynamic => {
-                "`FLAVOUR=dynamic scripts/build-runtime.sh` builds the dynamically linked infer-serve of ONNX Runtime images"
-            }
-            RuntimeFlavour::Gpu => {
-                "`FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) builds the infer-serve of GPU images: TensorRT backend, dynamically linked"
-            }
+        RuntimeFlavour::Dynamic => {
+            "`FLAVOUR=dynamic scripts/build-runtime.sh` builds the dynamically linked infer-serve of ONNX Runtime images"
+        }
+        RuntimeFlavour::Gpu => {
+            "`FLAVOUR=gpu scripts/build-runtime.sh` (or `scripts/install.sh --with-gpu`) builds the infer-serve of GPU images: TensorRT backend, dynamically linked"
         }
     }
 }
@@ -128,7 +118,7 @@ pub fn locate(
     env: Option<&str>,
     exe: Option<&Path>,
 ) -> Result<PathBuf, Error> {
-    let (flag_name, env_name, file) = flavour.names();
+    let (flag_name, env_name, file) = flavour_names(flavour);
     let mut looked = Vec::new();
     if let Some(p) = flag {
         return Ok(p.to_path_buf());
@@ -166,7 +156,7 @@ pub fn check_runtime_binary(path: &Path, arch: &str, flavour: RuntimeFlavour) ->
     let bad = |why: String| Error::BadRuntime {
         path: path.into(),
         why,
-        hint: flavour.build_hint().to_owned(),
+        hint: build_hint(flavour).to_owned(),
     };
     let m = fs::metadata(path).map_err(|source| Error::Input {
         path: path.into(),
@@ -203,7 +193,7 @@ pub fn check_runtime_binary(path: &Path, arch: &str, flavour: RuntimeFlavour) ->
         (RuntimeFlavour::Dynamic | RuntimeFlavour::Gpu, false) => Err(bad(format!(
             "is statically linked, so it cannot open {} at run time (`{}` takes the dynamically linked flavour)",
             if flavour == RuntimeFlavour::Gpu { "TensorRT and the NVIDIA driver" } else { "ONNX Runtime" },
-            flavour.names().0
+            flavour_names(flavour).0
         ))),
         _ => Ok(()),
     }
@@ -234,7 +224,7 @@ pub fn check_gpu_runtime_headers(
         why,
         hint: format!(
             "{}, with TENSORRT_ROOT at TensorRT {}.x headers",
-            RuntimeFlavour::Gpu.build_hint(),
+            build_hint(RuntimeFlavour::Gpu),
             tensorrt.major()
         ),
     };
@@ -394,7 +384,7 @@ mod tests {
                 e.contains("statically linked") && e.contains(lib) && e.contains(flag),
                 "{e}"
             );
-            assert!(e.contains(flavour.build_hint()), "{e}");
+            assert!(e.contains(build_hint(flavour)), "{e}");
         }
     }
 

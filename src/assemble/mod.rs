@@ -33,8 +33,8 @@ use crate::oci::{annotation, layout, media, Compression, Digest, ANNOTATION_PREF
 use crate::plan::TargetKind;
 
 pub use inputs::{
-    check_gpu_runtime_headers, check_runtime_binary, headers_newer, locate, locate_runtime,
-    runtime_tensorrt_headers, safe_input, RuntimeFlavour,
+    check_gpu_runtime_headers, check_runtime_binary, flavour_names, headers_newer, locate,
+    locate_runtime, runtime_tensorrt_headers, safe_input, RuntimeFlavour,
 };
 pub use spec::{target_spec, Files};
 

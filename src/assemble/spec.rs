@@ -473,13 +473,14 @@ pub(crate) fn target_spec_at(
     // with its library: it is made as the tract kind, then given both (checked again below).
     // A TensorRT engine names the lean runtime it ships with (the full runtime of a CUDA base
     // is found by its soname).
-    let library = match (kind, &files.library) {
-        (BackendKind::OnnxRuntime | BackendKind::TensorRt, Some(l)) => Some(l.load.clone()),
+    let engine_def = kind.engine();
+    let library = match (engine_def.and_then(|d| d.library), &files.library) {
+        (Some(_), Some(l)) => Some(l.load.clone()),
         _ => None,
     };
     let mut rc = runtime_config(
         recipe,
-        if kind == BackendKind::OnnxRuntime && library.is_some() {
+        if library.is_some() && engine_def.is_some_and(|d| d.library.is_some_and(|l| l.required)) {
             BackendKind::TractOnnx
         } else {
             kind
@@ -495,7 +496,7 @@ pub(crate) fn target_spec_at(
             .as_ref()
             .and_then(|(_, m)| m.cpu.as_ref())
             .and_then(|c| c.threads)
-            .filter(|_| kind == BackendKind::OnnxRuntime);
+            .filter(|_| engine_def.is_some_and(|d| d.threads));
     }
     name_dims(&mut rc, &files.dim_names);
     bound_table_inputs(&mut rc, &files.table_rows);

@@ -155,7 +155,7 @@ fn base_text(t: &TargetPlan) -> String {
     match &t.cpu {
         Some(cpu) if cpu.onnxruntime_possible() => {
             let glibc = cpu.glibc_base.as_ref().map_or_else(String::new, pin_text);
-            if cpu.engine == CpuEngine::OnnxRuntime {
+            if cpu.engine == CpuEngine::ONNXRUNTIME {
                 glibc
             } else {
                 format!("{} or {glibc}", pin_text(&t.base))

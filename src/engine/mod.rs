@@ -262,11 +262,11 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
             // model: either way it can change the engine.
             cpu_engine: match (&spec.onnxruntime, &spec.folding) {
                 (Some(c), _) => Some(if c.forced {
-                    CpuEngine::OnnxRuntime
+                    CpuEngine::ONNXRUNTIME
                 } else {
                     CpuEngine::Auto
                 }),
-                (None, Some(_)) => Some(CpuEngine::Tract),
+                (None, Some(_)) => Some(CpuEngine::TRACT),
                 (None, None) => None,
             },
             onnxruntime: match (&spec.onnxruntime, &spec.folding) {

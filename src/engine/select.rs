@@ -306,7 +306,7 @@ pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 reason,
             })?;
         let selection = EngineSelection {
-            policy: CpuEngine::OnnxRuntime,
+            policy: CpuEngine::ONNXRUNTIME,
             chosen: EngineKind::Onnxruntime,
             reason: "forced by engine.cpu; tract was not measured".into(),
             candidates: rows,

@@ -129,7 +129,7 @@ pub(super) fn ort_candidate(
     else {
         return Ok(None);
     };
-    let forced = cpu.engine == CpuEngine::OnnxRuntime;
+    let forced = cpu.engine == CpuEngine::ONNXRUNTIME;
     let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
     let row = crate::native::resolve(
         matrix,
@@ -187,7 +187,7 @@ pub(super) fn folding(
 ) -> Option<Folding> {
     t.cpu
         .as_ref()
-        .filter(|c| t.kind == TargetKind::Cpu && c.engine == CpuEngine::Tract)?;
+        .filter(|c| t.kind == TargetKind::Cpu && c.engine == CpuEngine::TRACT)?;
     let row = matrix.library("onnxruntime", t.platform, None)?.clone();
     let (t, lock_path, note) = (t.clone(), lock_path.to_path_buf(), note.clone());
     Some(Folding::new(row.version.clone(), move || {

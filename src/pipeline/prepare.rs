@@ -85,7 +85,7 @@ pub(super) fn prepare_recipe(
     // Each runtime flavour is looked for only when a target needs it.
     let exe = std::env::current_exe().ok();
     let runtime = |flavour: assemble::RuntimeFlavour| {
-        let (_, env_name, _) = flavour.names();
+        let (_, env_name, _) = assemble::flavour_names(flavour);
         let env = std::env::var(env_name).ok();
         let flag = match flavour {
             assemble::RuntimeFlavour::Static => req.runtime.as_deref(),
@@ -139,9 +139,6 @@ pub(super) fn prepare_recipe(
         let (spec, ort) = engine_spec(&matrix, &lock_path, req.update_lock, &recipe, t, note)?;
         let ort_files = ort.is_some();
         let engine = cached_engine(req.engines.as_deref(), spec, t, note)?;
-        let ort_engine = engine
-            .as_ref()
-            .is_some_and(|e| e.kind == infer_spec::engine::EngineKind::Onnxruntime);
         if let (Some(e), true) = (&engine, ort_files) {
             if let Some(line) = &e.selection {
                 note(&format!("target {}: {line}", t.id));
@@ -150,48 +147,27 @@ pub(super) fn prepare_recipe(
         if let Some(line) = engine.as_ref().and_then(|e| e.folded.as_ref()) {
             note(&format!("target {}: {line}", t.id));
         }
+        let engine_kind = engine.as_ref().map(|e| e.kind);
+        // A CPU engine that loads a library (ONNX Runtime) ships it beside it, from the plan's
+        // pinned wheel.
+        let cpu_library =
+            ort.filter(|_| !gpu && engine_kind.is_some_and(|k| k.def().library.is_some()));
+        // The runtime build that serves the engine (`EngineDef::runtime`): every GPU image the
+        // dynamically linked one with the TensorRT backend (a static binary cannot dlopen
+        // TensorRT and the driver), whether TensorRT comes from the image's base (full) or the
+        // lean library layer; a CPU image the static one unless its engine loads a library.
+        let flavour = match engine_kind {
+            Some(k) if gpu || cpu_library.is_some() => k.def().runtime,
+            _ if gpu => assemble::RuntimeFlavour::Gpu,
+            _ => assemble::RuntimeFlavour::Static,
+        };
         let (engine, engine_profile) = match engine {
             Some(e) => (Some((e.file, e.meta_json)), Some(e.profile)),
             None => (None, None),
         };
-        if let (Some(lib), true) = (&ort, ort_engine) {
-            let Some(pin) = t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()) else {
-                return Err(Error::Usage(format!(
-                    "target {}: the compatibility matrix has no glibc base image for ONNX Runtime",
-                    t.id
-                )));
-            };
-            let files = assemble::spec::Files {
-                serve_bin: runtime(assemble::RuntimeFlavour::Dynamic)?,
-                model: model.clone(),
-                engine,
-                engine_profile,
-                warmup_samples: samples.clone(),
-                tokenizer: tokenizer.clone(),
-                dim_names: dim_names.clone(),
-                table_rows: table_rows.clone(),
-                base: Some(bases.get_pin(t, pin, &platform)?),
-                library: Some(lib.clone()),
-            };
-            assemble::check_runtime_binary(
-                &files.serve_bin,
-                &platform.architecture,
-                assemble::RuntimeFlavour::Dynamic,
-            )?;
-            targets.push((t.clone(), files));
-            continue;
-        }
-        let lean = t.tensorrt.as_ref().and_then(|trt| trt.lean.as_ref());
-        // Every GPU image serves its engine through the TensorRT backend, which only the
-        // dynamically linked flavour has (a static binary cannot dlopen TensorRT and the driver),
-        // whether TensorRT comes from the image's base (full) or the lean library layer.
-        let flavour = if gpu {
-            assemble::RuntimeFlavour::Gpu
-        } else {
-            assemble::RuntimeFlavour::Static
-        };
         let serve = runtime(flavour)?;
         assemble::check_runtime_binary(&serve, &platform.architecture, flavour)?;
+        let lean = t.tensorrt.as_ref().and_then(|trt| trt.lean.as_ref());
         if let Some(trt) = &t.tensorrt {
             // Read once per runtime binary, not once per GPU target.
             if gpu_headers.as_ref().is_none_or(|(p, _)| *p != serve) {
@@ -206,30 +182,45 @@ pub(super) fn prepare_recipe(
                 note(&warning);
             }
         }
-        let library = match lean {
-            Some(pin) => {
-                if engine.is_none() {
+        let (base, library) = match cpu_library {
+            Some(lib) => {
+                let Some(pin) = t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()) else {
                     return Err(Error::Usage(format!(
-                        "target {}: an image on TensorRT's lean runtime serves a TensorRT engine; \
-                         pass --engines DIR holding the engine `infer-build engine` built for it",
-                        t.id
+                        "target {}: the compatibility matrix has no glibc base image for {}",
+                        t.id,
+                        engine_kind.map_or("its engine", |k| k.def().title)
                     )));
-                }
-                Some(library_files(req, &matrix, &lock_path, t, pin, note)?)
+                };
+                (Some(bases.get_pin(t, pin, &platform)?), Some(lib))
             }
-            None => None,
-        };
-        let base = match (&req.base_layout, gpu) {
-            (_, false) => None,
-            // An explicit layout wins over pulling.
-            (Some(layout), true) => Some(assemble::BaseRef {
-                layout: layout.clone(),
-                tag: req.base_tag.clone(),
-            }),
-            (None, true) => Some(bases.get(t, &platform)?),
+            None => {
+                let library = match lean {
+                    Some(pin) => {
+                        if engine.is_none() {
+                            return Err(Error::Usage(format!(
+                                "target {}: an image on TensorRT's lean runtime serves a TensorRT engine; \
+                                 pass --engines DIR holding the engine `infer-build engine` built for it",
+                                t.id
+                            )));
+                        }
+                        Some(library_files(req, &matrix, &lock_path, t, pin, note)?)
+                    }
+                    None => None,
+                };
+                let base = match (&req.base_layout, gpu) {
+                    (_, false) => None,
+                    // An explicit layout wins over pulling.
+                    (Some(layout), true) => Some(assemble::BaseRef {
+                        layout: layout.clone(),
+                        tag: req.base_tag.clone(),
+                    }),
+                    (None, true) => Some(bases.get(t, &platform)?),
+                };
+                (base, library)
+            }
         };
         let files = assemble::spec::Files {
-            serve_bin: serve.clone(),
+            serve_bin: serve,
             model: model.clone(),
             engine,
             engine_profile,

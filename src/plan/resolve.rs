@@ -642,7 +642,7 @@ fn cpu_plan(
         glibc_base: None,
         onnxruntime: None,
     };
-    if engine == CpuEngine::Tract {
+    if engine == CpuEngine::TRACT {
         return plan;
     }
     plan.glibc_base = glibc_row.map(|r| pin_image(&r.reference, r.digest.as_deref(), lock));
@@ -659,7 +659,7 @@ fn cpu_plan(
             }
         }
     }
-    if engine == CpuEngine::OnnxRuntime {
+    if engine == CpuEngine::ONNXRUNTIME {
         let at = &recipe.engine.cpu;
         if plan.glibc_base.is_none() {
             refusals.push(diag(&recipe.file, at, Refusal {

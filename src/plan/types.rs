@@ -135,7 +135,7 @@ pub struct CpuPlan {
 impl CpuPlan {
     /// True when ONNX Runtime is a candidate (forced, or `auto` with base and library known).
     pub(crate) fn onnxruntime_possible(&self) -> bool {
-        self.engine != crate::recipe::CpuEngine::Tract
+        self.engine != crate::recipe::CpuEngine::TRACT
             && self.glibc_base.is_some()
             && self.onnxruntime.is_some()
     }

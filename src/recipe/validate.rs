@@ -547,7 +547,10 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
                 v.span,
                 &v.key,
                 format!("unknown CPU engine {:?}", v.value),
-                "engines: \"auto\" (measure both, ship the faster), \"tract\", \"onnxruntime\"",
+                format!(
+                    "engines: {} (\"auto\" measures each and ships the faster)",
+                    CpuEngine::expected()
+                ),
             ),
         }
     }

@@ -124,7 +124,9 @@ impl std::fmt::Debug for dyn Reduce {
 /// A text model pools here, so the padded hidden states of a batch (rows x longest x hidden)
 /// are never held past the batch, nor kept alive by one request's slice of them.
 pub trait Reduce: Send + Sync + 'static {
-    fn reduce(&self, outputs: Vec<Tensor>, length: usize) -> Result<Vec<Tensor>, String>;
+    /// An error fails that request alone (a 500: the engine's outputs were not what the model's
+    /// config says).
+    fn reduce(&self, outputs: Vec<Tensor>, length: usize) -> Result<Vec<Tensor>, ApiError>;
 }
 
 /// How requests of different sequence lengths share a batch: every input (`[rows, sequence]`)
@@ -854,9 +856,7 @@ impl Instance {
                     let mine = match (mine, &shared.policy.reduce) {
                         (None, _) => Err(ApiError::Internal("output rows out of range".to_owned())),
                         (Some(outputs), None) => Ok(outputs),
-                        (Some(outputs), Some(r)) => r
-                            .reduce(outputs, Padding::length(&job.inputs))
-                            .map_err(ApiError::Internal),
+                        (Some(outputs), Some(r)) => r.reduce(outputs, Padding::length(&job.inputs)),
                     };
                     offset += job.rows;
                     let _ = job

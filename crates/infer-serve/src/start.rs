@@ -312,9 +312,7 @@ pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
             let share = (cpus / models.len()).max(1) as u32;
             for m in &mut models {
                 let c = &mut m.cfg;
-                if c.engine.kind == infer_spec::BackendKind::OnnxRuntime
-                    && c.engine.threads.is_none()
-                {
+                if c.engine.kind.engine().is_some_and(|d| d.threads) && c.engine.threads.is_none() {
                     c.engine.threads = Some((share / c.batching.instances.max(1)).max(1));
                 }
             }
@@ -397,14 +395,20 @@ pub fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, StartError>
     let p = c.base.join(rel);
     match warmup::read_samples(&p) {
         Ok(text) => Ok(Some((p, text))),
-        Err(warmup::ReadError::Refused(e)) => Err(StartError::bad_config(
+        Err(warmup::Error::Refused(e)) => Err(StartError::bad_config(
             &c.path,
             format!("warmup.samples: {e}"),
         )),
-        Err(warmup::ReadError::Io(e)) => Err(StartError::new(
+        Err(warmup::Error::Io(e)) => Err(StartError::new(
             1,
             "cannot read the warm-up samples",
             vec![("error", json!(format!("warm-up samples {e}")))],
+        )),
+        // `read_samples` reads; it neither decodes nor runs.
+        Err(e) => Err(StartError::new(
+            1,
+            "cannot read the warm-up samples",
+            vec![("error", json!(e.to_string()))],
         )),
     }
 }
@@ -420,7 +424,7 @@ pub fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
             "this node cannot run the engine; not starting",
             vec![
                 ("engine", json!(cfg.engine.kind.as_str())),
-                ("error", json!(e)),
+                ("error", json!(e.to_string())),
             ],
         )
     })?;
@@ -515,8 +519,13 @@ fn load_model(
     let cfg = &c.cfg;
     check_engine_metadata(c, found)?;
     let t = Instant::now();
-    let engine = backend::load(cfg, &c.base)
-        .map_err(|e| StartError::new(1, "cannot load the engine", vec![("error", json!(e))]))?;
+    let engine = backend::load(cfg, &c.base).map_err(|e| {
+        StartError::new(
+            1,
+            "cannot load the engine",
+            vec![("error", json!(e.to_string()))],
+        )
+    })?;
     let load = t.elapsed();
     model
         .metrics
@@ -539,7 +548,7 @@ fn load_model(
             StartError::new(
                 1,
                 "cannot read the warm-up samples",
-                vec![("error", json!(e))],
+                vec![("error", json!(e.to_string()))],
             )
         })?,
         None => warmup::Samples::default(),
@@ -550,7 +559,10 @@ fn load_model(
             StartError::new(
                 1,
                 "cannot create a backend instance",
-                vec![("instance", json!(instance)), ("error", json!(e))],
+                vec![
+                    ("instance", json!(instance)),
+                    ("error", json!(e.to_string())),
+                ],
             )
         })?;
         for (i, inputs) in samples.requests().iter().enumerate() {
@@ -561,7 +573,7 @@ fn load_model(
                     vec![
                         ("instance", json!(instance)),
                         ("sample", json!(i)),
-                        ("error", json!(e)),
+                        ("error", json!(e.to_string())),
                     ],
                 )
             })?;
@@ -575,7 +587,7 @@ fn load_model(
                         ("instance", json!(instance)),
                         ("batch_size", json!(rows)),
                         ("shapes", json!(shapes)),
-                        ("error", json!(e)),
+                        ("error", json!(e.to_string())),
                     ],
                 )
             })?;
@@ -671,7 +683,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
         let threads: usize = config
             .models
             .iter()
-            .filter(|m| m.cfg.engine.kind == infer_spec::BackendKind::OnnxRuntime)
+            .filter(|m| m.cfg.engine.kind.engine().is_some_and(|d| d.threads))
             .map(|m| m.cfg.intra_op_threads(cpus) * m.cfg.batching.instances as usize)
             .sum();
         if threads > cpus {

@@ -468,20 +468,20 @@ impl TextModel {
 
     /// Pools the engine's rows of one queued item (`length` tokens of its own; the rows may be
     /// padded past it by the batch) into one FP32 vector per row, `[rows, hidden]`.
-    fn pool_rows(&self, outputs: &[Tensor], length: usize) -> Result<Tensor, String> {
+    fn pool_rows(&self, outputs: &[Tensor], length: usize) -> Result<Tensor, ApiError> {
         let out = outputs
             .get(self.output)
-            .ok_or("the engine returned too few outputs")?;
+            .ok_or_else(|| ApiError::Internal("the engine returned too few outputs".to_owned()))?;
         let hidden = self.hidden;
         let rows = out.rows();
         let (per_row, seq) = match (self.cfg.pooling, out.shape.as_slice()) {
             (Pooling::None, [_, h]) if *h == hidden => (hidden, 1),
             (_, [_, s, h]) if *h == hidden => (s * hidden, *s),
             (_, shape) => {
-                return Err(format!(
+                return Err(ApiError::Internal(format!(
                 "the engine's output {:?} has shape {shape:?}, not [rows, (sequence,) {hidden}]",
                 self.cfg.output
-            ))
+            )))
             }
         };
         let len = length.clamp(1, seq.max(1));
@@ -534,13 +534,13 @@ impl TextModel {
     /// A pooled `[rows, hidden]` FP32 tensor's rows as vectors.
     pub fn vectors(t: &Tensor) -> Result<Vec<Vec<f32>>, ApiError> {
         let hidden = t.shape.get(1).copied().unwrap_or(0).max(1);
-        let all = floats(t, 0..t.elements()).map_err(ApiError::Internal)?;
+        let all = floats(t, 0..t.elements())?;
         Ok(all.chunks(hidden).map(<[f32]>::to_vec).collect())
     }
 }
 
 impl crate::batcher::Reduce for TextModel {
-    fn reduce(&self, outputs: Vec<Tensor>, length: usize) -> Result<Vec<Tensor>, String> {
+    fn reduce(&self, outputs: Vec<Tensor>, length: usize) -> Result<Vec<Tensor>, ApiError> {
         Ok(vec![self.pool_rows(&outputs, length)?])
     }
 }
@@ -623,15 +623,21 @@ fn activate(a: Activation, v: &mut [f32]) {
 }
 
 /// Elements `range` of an FP32 or FP16 tensor, as f32.
-fn floats(t: &Tensor, range: std::ops::Range<usize>) -> Result<Vec<f32>, String> {
+fn floats(t: &Tensor, range: std::ops::Range<usize>) -> Result<Vec<f32>, ApiError> {
     let size = match t.dtype {
         DataType::F32 | DataType::F16 => t.dtype.size().unwrap_or(4),
-        other => return Err(format!("the engine's output is {other}, not FP32 or FP16")),
+        other => {
+            return Err(ApiError::Internal(format!(
+                "the engine's output is {other}, not FP32 or FP16"
+            )))
+        }
     };
     let bytes = t
         .data
         .get(range.start * size..range.end * size)
-        .ok_or("the engine's output is shorter than its shape")?;
+        .ok_or_else(|| {
+            ApiError::Internal("the engine's output is shorter than its shape".to_owned())
+        })?;
     Ok(match t.dtype {
         DataType::F32 => bytes
             .chunks_exact(4)

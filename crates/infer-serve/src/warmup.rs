@@ -12,7 +12,7 @@
 //! then fills each run of a shape some sample has with that sample's rows (repeated in order
 //! to the batch size); only runs of shapes no sample has get synthetic data.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
@@ -23,14 +23,38 @@ use std::path::Path;
 #[derive(Debug, Default)]
 pub struct Samples(Vec<Vec<Tensor>>);
 
-/// Why the samples file could not be read.
+/// Why warm-up could not run: its samples file, a batch, or the engine's outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReadError {
-    /// Not a regular file (a FIFO, a device, a directory, a socket) or larger than
-    /// [`infer_spec::samples::MAX_BYTES`]: a bad config (exit 2). The message names the path.
+pub enum Error {
+    /// The samples file is not a regular file (a FIFO, a device, a directory, a socket) or is
+    /// larger than [`infer_spec::samples::MAX_BYTES`]: a bad config (exit 2). The message names
+    /// the path.
     Refused(String),
-    /// The file could not be opened or read (missing, unreadable).
+    /// The samples file could not be opened or read (missing, unreadable).
     Io(String),
+    /// A sample request does not decode: the file and the request.
+    Samples(String),
+    /// The engine failed a warm-up batch.
+    Exec(ExecError),
+    /// The engine's outputs do not match `runtime.toml`: which output, what it was.
+    Outputs(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Refused(m) | Error::Io(m) | Error::Samples(m) | Error::Outputs(m) => {
+                f.write_str(m)
+            }
+            Error::Exec(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<ExecError> for Error {
+    fn from(e: ExecError) -> Error {
+        Error::Exec(e)
+    }
 }
 
 /// What a file type is, for an error naming it; `None` for a regular file.
@@ -56,7 +80,7 @@ pub fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
 /// size taken from the open descriptor (not from a second look at the path, which may have
 /// been replaced meanwhile), and read through a bound one byte past the limit, so a file that
 /// grows while it is read is refused rather than read without end.
-pub fn read_samples(path: &Path) -> Result<String, ReadError> {
+pub fn read_samples(path: &Path) -> Result<String, Error> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let max = infer_spec::samples::MAX_BYTES;
@@ -64,18 +88,18 @@ pub fn read_samples(path: &Path) -> Result<String, ReadError> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     let meta = file
         .metadata()
-        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     if let Some(what) = not_regular(meta.file_type()) {
-        return Err(ReadError::Refused(format!(
+        return Err(Error::Refused(format!(
             "{} is {what}, not a regular file",
             path.display()
         )));
     }
     let too_large = |len: u64| {
-        ReadError::Refused(format!(
+        Error::Refused(format!(
             "{} is {len} bytes or more, more than the {max} a samples file may have",
             path.display()
         ))
@@ -86,19 +110,18 @@ pub fn read_samples(path: &Path) -> Result<String, ReadError> {
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(max + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     if bytes.len() as u64 > max {
         return Err(too_large(bytes.len() as u64));
     }
-    String::from_utf8(bytes)
-        .map_err(|_| ReadError::Io(format!("{}: not UTF-8 text", path.display())))
+    String::from_utf8(bytes).map_err(|_| Error::Io(format!("{}: not UTF-8 text", path.display())))
 }
 
 impl Samples {
     /// Decodes the samples file's `text` (read from `path` by [`read_samples`]); the error
     /// names the file and the request.
-    pub fn decode(cfg: &RuntimeConfig, path: &Path, text: &str) -> Result<Samples, String> {
-        let at = |m: String| format!("warm-up samples {}: {m}", path.display());
+    pub fn decode(cfg: &RuntimeConfig, path: &Path, text: &str) -> Result<Samples, Error> {
+        let at = |m: String| Error::Samples(format!("warm-up samples {}: {m}", path.display()));
         let mut out = Vec::new();
         for (i, r) in infer_spec::samples::requests(text)
             .map_err(at)?
@@ -224,7 +247,7 @@ pub fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tenso
 
 /// Runs one warm-up sample at the `opt` shape and checks its outputs; the error names what
 /// was wrong.
-pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Result<(), String> {
+pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Result<(), Error> {
     let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
     run_at(cfg, backend, &Samples::default(), rows, &opt)
 }
@@ -237,7 +260,7 @@ pub fn run_at(
     samples: &Samples,
     rows: usize,
     shapes: &Shapes,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let inputs = samples
         .at(rows, shapes)
         .unwrap_or_else(|| sample_at(cfg, rows, shapes));
@@ -249,20 +272,20 @@ pub fn run_sample(
     cfg: &RuntimeConfig,
     backend: &mut dyn Backend,
     inputs: &[Tensor],
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let rows = inputs.first().map_or(0, Tensor::rows);
     check_outputs(cfg, rows, &backend.execute(inputs)?)
 }
 
 /// Checks a batch's outputs against the config: count, datatypes, rows, and every fixed
 /// dimension (a variable `-1` output dimension takes any size).
-pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Result<(), String> {
+pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Result<(), Error> {
     if outputs.len() != cfg.outputs.len() {
-        return Err(format!(
+        return Err(Error::Outputs(format!(
             "the engine returned {} outputs, runtime.toml lists {}",
             outputs.len(),
             cfg.outputs.len()
-        ));
+        )));
     }
     for (o, spec) in outputs.iter().zip(&cfg.outputs) {
         let fits = o.shape.len() == spec.dims.len()
@@ -275,10 +298,10 @@ pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Re
         if o.dtype != spec.datatype || !fits {
             let mut want: Vec<i64> = vec![rows as i64];
             want.extend(spec.dims.iter().skip(1));
-            return Err(format!(
+            return Err(Error::Outputs(format!(
                 "output {:?} is {} {:?}, runtime.toml says {} {:?}",
                 spec.name, o.dtype, o.shape, spec.datatype, want
-            ));
+            )));
         }
     }
     Ok(())
@@ -300,7 +323,7 @@ mod tests {
             .unwrap();
         assert!(made.success());
         let refused = |p: &Path, needle: &str| match read_samples(p) {
-            Err(ReadError::Refused(m)) => assert!(m.contains(needle), "{m}"),
+            Err(Error::Refused(m)) => assert!(m.contains(needle), "{m}"),
             other => panic!("{}: {other:?}", p.display()),
         };
         refused(&fifo, "is a FIFO, not a regular file");
@@ -317,7 +340,7 @@ mod tests {
         assert_eq!(read_samples(&ok), Ok("{}".to_owned()));
         assert!(matches!(
             read_samples(&dir.path().join("missing.json")),
-            Err(ReadError::Io(_))
+            Err(Error::Io(_))
         ));
     }
 

@@ -34,53 +34,83 @@ pub enum EngineKind {
     Onnxruntime,
 }
 
+/// Its [`name`](crate::engines::EngineDef::name).
 impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            EngineKind::Tract => "tract",
-            EngineKind::Tensorrt => "tensorrt",
-            EngineKind::Onnxruntime => "onnxruntime",
-        })
+        f.write_str(self.def().name)
     }
 }
 
 /// `engine.cpu` of a recipe: which engine a CPU target ships, or how it is chosen. Written into
-/// the engine cache key and the engine profile's selection record in the same spelling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// the engine cache key and the engine profile's selection record in the same spelling (`auto`
+/// or the engine's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CpuEngine {
-    /// Load the model in both, check they agree, ship the faster one that loads.
+    /// Load the model in every CPU engine at hand, check they agree, ship the faster one that
+    /// loads.
     Auto,
-    /// tract (FROM scratch image, static runtime).
-    Tract,
-    /// ONNX Runtime (glibc base, dynamic runtime, the library from a pinned wheel).
-    OnnxRuntime,
+    /// This engine only (one whose [`EngineDef::cpu`](crate::engines::EngineDef::cpu) is set).
+    Only(EngineKind),
 }
 
 impl CpuEngine {
-    /// The recipe's spelling, case-insensitive, with `ort` and `onnx-runtime` for ONNX Runtime.
+    /// `engine.cpu = "tract"`.
+    pub const TRACT: CpuEngine = CpuEngine::Only(EngineKind::Tract);
+    /// `engine.cpu = "onnxruntime"`.
+    pub const ONNXRUNTIME: CpuEngine = CpuEngine::Only(EngineKind::Onnxruntime);
+
+    /// The recipe's spelling, case-insensitive: `auto`, or a CPU engine's name or one of its
+    /// aliases (`ort` and `onnx-runtime` for ONNX Runtime).
     pub fn parse(s: &str) -> Option<CpuEngine> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(CpuEngine::Auto),
-            "tract" => Some(CpuEngine::Tract),
-            "onnxruntime" | "ort" | "onnx-runtime" => Some(CpuEngine::OnnxRuntime),
-            _ => None,
+        let s = s.trim().to_ascii_lowercase();
+        if s == "auto" {
+            return Some(CpuEngine::Auto);
         }
+        EngineKind::cpu_engines()
+            .find(|d| d.name == s || d.aliases.contains(&s.as_str()))
+            .map(|d| CpuEngine::Only(d.kind))
     }
 
     /// The canonical spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             CpuEngine::Auto => "auto",
-            CpuEngine::Tract => "tract",
-            CpuEngine::OnnxRuntime => "onnxruntime",
+            CpuEngine::Only(kind) => kind.def().name,
         }
+    }
+
+    /// What a recipe may write: `auto` and every CPU engine's name, for errors.
+    pub fn expected() -> String {
+        let mut names = vec!["\"auto\"".to_owned()];
+        names.extend(EngineKind::cpu_engines().map(|d| format!("\"{}\"", d.name)));
+        names.join(", ")
     }
 }
 
 impl fmt::Display for CpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for CpuEngine {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The canonical spelling only ([`CpuEngine::as_str`]), as it was written.
+impl<'de> Deserialize<'de> for CpuEngine {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        CpuEngine::parse(&s)
+            .filter(|c| c.as_str() == s)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "unknown engine.cpu `{s}`: expected {}",
+                    CpuEngine::expected()
+                ))
+            })
     }
 }
 
@@ -99,11 +129,7 @@ pub enum TimedBy {
 impl TimedBy {
     /// What times engines of `kind`: each backend times its own engines in the builder.
     pub fn of(kind: EngineKind) -> TimedBy {
-        match kind {
-            EngineKind::Tract => TimedBy::Tract,
-            EngineKind::Onnxruntime => TimedBy::Onnxruntime,
-            EngineKind::Tensorrt => TimedBy::Trtexec,
-        }
+        kind.def().timed_by
     }
 }
 
@@ -130,17 +156,15 @@ pub enum EngineFormat {
 }
 
 /// The `[engine] kind` of `runtime.toml` that runs an engine of this kind and format; `None`
-/// for a pair no backend runs (an inconsistent metadata document). The one place the pairs are
-/// decided: the builder writes `runtime.toml` with it, [`EngineMeta::validate`] checks with it.
+/// for a pair no backend runs (an inconsistent metadata document). The pairs are the engine's
+/// [`formats`](crate::engines::EngineDef::formats): the builder writes `runtime.toml` with
+/// them, [`EngineMeta::validate`] checks with them.
 pub fn backend_kind(kind: EngineKind, format: EngineFormat) -> Option<crate::runtime::BackendKind> {
-    use crate::runtime::BackendKind as Rt;
-    match (kind, format) {
-        (EngineKind::Tract, EngineFormat::Onnx) => Some(Rt::TractOnnx),
-        (EngineKind::Tract, EngineFormat::TractNnefTar) => Some(Rt::TractNnef),
-        (EngineKind::Tensorrt, EngineFormat::TensorrtPlan) => Some(Rt::TensorRt),
-        (EngineKind::Onnxruntime, EngineFormat::Onnx) => Some(Rt::OnnxRuntime),
-        _ => None,
-    }
+    kind.def()
+        .formats
+        .iter()
+        .find(|&&(f, _)| f == format)
+        .map(|&(_, b)| b)
 }
 
 impl EngineFormat {

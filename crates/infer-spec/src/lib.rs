@@ -17,6 +17,7 @@
 pub mod batch;
 pub mod dtype;
 pub mod engine;
+pub mod engines;
 pub mod runtime;
 pub mod samples;
 pub mod text;

@@ -782,30 +782,34 @@ impl RuntimeConfig {
             }
             _ => {}
         }
-        match (e.kind, &e.library) {
-            (BackendKind::OnnxRuntime, None) => p.push(
-                "engine.library is required when engine.kind = \"onnxruntime\" (the path of libonnxruntime)"
-                    .to_owned(),
-            ),
-            (BackendKind::OnnxRuntime | BackendKind::TensorRt, Some(l)) if l.is_empty() => {
+        let def = e.kind.engine();
+        let library = def.and_then(|d| d.library);
+        match (library, &e.library) {
+            (Some(l), None) if l.required => p.push(format!(
+                "engine.library is required when engine.kind = \"{}\" (the path of lib{})",
+                e.kind.as_str(),
+                l.name
+            )),
+            (Some(_), Some(l)) if l.is_empty() => {
                 p.push("engine.library must be non-empty".to_owned())
             }
-            (BackendKind::OnnxRuntime | BackendKind::TensorRt, _) => {}
-            (k, Some(_)) => p.push(format!(
-                "engine.library is only for engine.kind = \"onnxruntime\" or \"tensorrt\", not \"{}\"",
-                k.as_str()
+            (None, Some(_)) => p.push(format!(
+                "engine.library is only for engine.kind = {}, not \"{}\"",
+                crate::engines::backend_names(|d| d.library.is_some()),
+                e.kind.as_str()
             )),
-            (_, None) => {}
+            _ => {}
         }
-        match (e.kind, e.threads) {
-            (BackendKind::OnnxRuntime, Some(t)) if !(1..=MAX_THREADS).contains(&t) => {
+        match (def.is_some_and(|d| d.threads), e.threads) {
+            (true, Some(t)) if !(1..=MAX_THREADS).contains(&t) => {
                 p.push(format!("engine.threads {t} is outside 1..={MAX_THREADS}"))
             }
-            (BackendKind::OnnxRuntime, _) | (_, None) => {}
-            (k, Some(_)) => p.push(format!(
-                "engine.threads is only for engine.kind = \"onnxruntime\", not \"{}\"",
-                k.as_str()
+            (false, Some(_)) => p.push(format!(
+                "engine.threads is only for engine.kind = {}, not \"{}\"",
+                crate::engines::backend_names(|d| d.threads),
+                e.kind.as_str()
             )),
+            _ => {}
         }
         if let Some(sizes) = &self.warmup.batch_sizes {
             for &s in sizes {

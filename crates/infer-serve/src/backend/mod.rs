@@ -6,8 +6,9 @@
 //! dimension, in the config's input order) and return one tensor per model output.
 
 use crate::tensor::Tensor;
-use infer_spec::RuntimeConfig;
-use std::path::Path;
+use infer_spec::engine::Found;
+use infer_spec::{BackendKind, RuntimeConfig};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "onnxruntime")]
@@ -22,7 +23,7 @@ pub mod tract;
 /// A loaded engine, shared by every instance.
 pub trait Engine: Send + Sync {
     /// A new instance (its own execution state) for one backend thread.
-    fn instance(&self) -> Result<Box<dyn Backend>, String>;
+    fn instance(&self) -> Result<Box<dyn Backend>, Error>;
 }
 
 /// One instance: executes one batch at a time on its own thread.
@@ -67,92 +68,67 @@ impl From<ExecError> for String {
     }
 }
 
-/// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.
-pub fn load(cfg: &RuntimeConfig, base: &Path) -> Result<Arc<dyn Engine>, String> {
-    let kind = cfg.engine.kind;
-    #[cfg(feature = "tract")]
-    if kind == infer_spec::BackendKind::TractOnnx {
-        let path = cfg
-            .engine
-            .path
-            .as_deref()
-            .ok_or("engine.path is required for tract-onnx")?;
-        return Ok(Arc::new(tract::TractEngine::load(cfg, &base.join(path))?));
-    }
-    #[cfg(feature = "tract")]
-    if kind == infer_spec::BackendKind::TractNnef {
-        let path = cfg
-            .engine
-            .path
-            .as_deref()
-            .ok_or("engine.path is required for tract-nnef")?;
-        return Ok(Arc::new(tract::TractEngine::load_nnef(
-            cfg,
-            &base.join(path),
-        )?));
-    }
-    #[cfg(feature = "tensorrt")]
-    if kind == infer_spec::BackendKind::TensorRt {
-        let path = cfg
-            .engine
-            .path
-            .as_deref()
-            .ok_or("engine.path is required for tensorrt")?;
-        return Ok(Arc::new(tensorrt::TensorrtEngine::load(
-            cfg,
-            base,
-            &base.join(path),
-        )?));
-    }
-    #[cfg(feature = "onnxruntime")]
-    if kind == infer_spec::BackendKind::OnnxRuntime {
-        let path = cfg
-            .engine
-            .path
-            .as_deref()
-            .ok_or("engine.path is required for onnxruntime")?;
-        let library = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        return Ok(Arc::new(onnxruntime::OrtEngine::load(
-            cfg,
-            &base.join(path),
-            library,
-            cpus,
-        )?));
-    }
-    #[cfg(feature = "synthetic")]
-    if kind == infer_spec::BackendKind::Synthetic {
-        return Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?));
-    }
-    let _ = base;
-    Err(format!(
-        "engine kind \"{}\" is not built into this infer-serve (backends: {})",
-        kind.as_str(),
-        built_features().join(", ")
-    ))
+/// A backend compiled into this build: the `runtime.toml` kinds it runs
+/// ([`EngineDef::formats`](infer_spec::engines::EngineDef::formats)), how it loads an engine
+/// and what it reports of the node. [`COMPILED`] lists them; [`load`], [`node`] and
+/// [`built_features`] read the list and nothing else.
+struct Compiled {
+    kinds: &'static [BackendKind],
+    /// Loads the engine at `path` (`engine.path` resolved against `base`).
+    load: fn(&RuntimeConfig, &Path, &Path) -> Loaded,
+    /// What the node has for it (a library's version, a GPU), for the compatibility check.
+    node: fn(&RuntimeConfig, &Path) -> Result<Found, Error>,
 }
 
-/// What this node has for the configured engine, for the start-up compatibility check: for a
-/// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); for an
-/// ONNX Runtime engine, the CPU and the library's version (an error when it cannot be loaded);
-/// otherwise the CPU only.
-pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Found, String> {
-    #[cfg(feature = "tensorrt")]
-    if cfg.engine.kind == infer_spec::BackendKind::TensorRt {
-        return tensorrt::probe(cfg, base);
-    }
+/// The backends of this build, each behind its feature.
+const COMPILED: &[Compiled] = &[
+    #[cfg(feature = "tract")]
+    Compiled {
+        kinds: &[BackendKind::TractOnnx, BackendKind::TractNnef],
+        load: |cfg, _, path| {
+            Ok(Arc::new(if cfg.engine.kind == BackendKind::TractNnef {
+                tract::TractEngine::load_nnef(cfg, path)?
+            } else {
+                tract::TractEngine::load(cfg, path)?
+            }))
+        },
+        node: cpu_only,
+    },
     #[cfg(feature = "onnxruntime")]
-    if cfg.engine.kind == infer_spec::BackendKind::OnnxRuntime {
-        let lib = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
-        return Ok(infer_spec::engine::Found {
-            gpu: None,
-            tensorrt: None,
-            onnxruntime: Some(lib.version),
-            cpu: infer_spec::engine::FoundCpu::detect(),
-        });
-    }
-    let _ = (cfg, base);
-    Ok(infer_spec::engine::Found {
+    Compiled {
+        kinds: &[BackendKind::OnnxRuntime],
+        load: |cfg, base, path| {
+            let library = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Ok(Arc::new(onnxruntime::OrtEngine::load(
+                cfg, path, library, cpus,
+            )?))
+        },
+        node: |cfg, base| {
+            let lib = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
+            Ok(Found {
+                onnxruntime: Some(lib.version),
+                ..cpu_only(cfg, base)?
+            })
+        },
+    },
+    #[cfg(feature = "synthetic")]
+    Compiled {
+        kinds: &[BackendKind::Synthetic],
+        load: |cfg, _, _| Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?)),
+        node: cpu_only,
+    },
+    #[cfg(feature = "tensorrt")]
+    Compiled {
+        kinds: &[BackendKind::TensorRt],
+        load: |cfg, base, path| Ok(Arc::new(tensorrt::TensorrtEngine::load(cfg, base, path)?)),
+        node: tensorrt::probe,
+    },
+];
+
+/// This node's CPU, for engines that need nothing else.
+fn cpu_only(_: &RuntimeConfig, _: &Path) -> Result<Found, Error> {
+    Ok(Found {
         gpu: None,
         tensorrt: None,
         onnxruntime: None,
@@ -160,21 +136,128 @@ pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<infer_spec::engine::Foun
     })
 }
 
-/// The backend features compiled in.
+fn compiled(kind: BackendKind) -> Result<&'static Compiled, Error> {
+    COMPILED
+        .iter()
+        .find(|c| c.kinds.contains(&kind))
+        .ok_or_else(|| Error::NotBuilt {
+            kind,
+            built: built_features(),
+        })
+}
+
+/// Why the engine `runtime.toml` names cannot be loaded, an instance of it made, or this node
+/// described for it. The variant says what failed; the text is the backend's own words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// `engine.kind` names a backend this build of infer-serve lacks.
+    #[error("engine kind \"{}\" is not built into this infer-serve (backends: {})", kind.as_str(), built.join(", "))]
+    NotBuilt {
+        kind: BackendKind,
+        built: Vec<&'static str>,
+    },
+    /// `engine.path` is missing for a backend that loads a file.
+    #[error("engine.path is required for {}", .0.as_str())]
+    NoPath(BackendKind),
+    /// The library the backend opens (`engine.library`, TensorRT's runtime) is missing, cannot
+    /// be opened, or is not one this build can use.
+    #[error("{0}")]
+    Library(String),
+    /// This node lacks what the engine needs (a GPU, a driver).
+    #[error("{0}")]
+    Node(String),
+    /// The engine file, or its metadata, cannot be read or loaded, or does not match
+    /// `runtime.toml`'s tensors.
+    #[error("{0}")]
+    Engine(String),
+    /// A loaded engine could not make another instance (its execution state).
+    #[error("{0}")]
+    Instance(String),
+}
+
+/// What a backend's loader returns.
+type Loaded = Result<Arc<dyn Engine>, Error>;
+
+/// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.
+pub fn load(cfg: &RuntimeConfig, base: &Path) -> Loaded {
+    let kind = cfg.engine.kind;
+    let backend = compiled(kind)?;
+    let path = match (&cfg.engine.path, kind) {
+        (Some(p), _) => base.join(p),
+        (None, BackendKind::Synthetic) => PathBuf::new(),
+        (None, _) => return Err(Error::NoPath(kind)),
+    };
+    (backend.load)(cfg, base, &path)
+}
+
+/// What this node has for the configured engine, for the start-up compatibility check: for a
+/// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); for an
+/// engine that loads a library (ONNX Runtime), the CPU and the library's version (an error when
+/// it cannot be loaded); otherwise the CPU only.
+pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
+    match compiled(cfg.engine.kind) {
+        Ok(backend) => (backend.node)(cfg, base),
+        // `load` says that the backend is missing.
+        Err(_) => cpu_only(cfg, base),
+    }
+}
+
+/// The backend kinds compiled in (`runtime.toml` spellings).
 pub fn built_features() -> Vec<&'static str> {
-    let mut f = Vec::new();
-    if cfg!(feature = "tract") {
-        f.push("tract-onnx");
-        f.push("tract-nnef");
+    COMPILED
+        .iter()
+        .flat_map(|c| c.kinds.iter().map(|k| k.as_str()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each `runtime.toml` kind has at most one backend, and every backend's kinds belong to one
+    /// engine of the catalog (or are `synthetic`, which runs none).
+    #[test]
+    fn each_kind_has_one_backend_of_one_engine() {
+        let kinds: Vec<BackendKind> = COMPILED.iter().flat_map(|c| c.kinds.to_vec()).collect();
+        for k in &kinds {
+            assert_eq!(
+                kinds.iter().filter(|x| *x == k).count(),
+                1,
+                "{}",
+                k.as_str()
+            );
+        }
+        for c in COMPILED {
+            let engines: Vec<_> = c.kinds.iter().map(|k| k.engine().map(|d| d.kind)).collect();
+            assert!(engines.windows(2).all(|w| w[0] == w[1]), "{engines:?}");
+        }
+        assert_eq!(
+            built_features(),
+            kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>()
+        );
     }
-    if cfg!(feature = "onnxruntime") {
-        f.push("onnxruntime");
+
+    #[test]
+    fn a_kind_this_build_lacks_is_named_with_the_ones_it_has() {
+        if cfg!(feature = "tensorrt") {
+            return;
+        }
+        let mut cfg = crate::fixtures::decoder_model("INT64", false);
+        cfg.engine.kind = BackendKind::TensorRt;
+        let e = load(&cfg, Path::new("/")).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::NotBuilt {
+                    kind: BackendKind::TensorRt,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("is not built into this infer-serve"),
+            "{e}"
+        );
     }
-    if cfg!(feature = "synthetic") {
-        f.push("synthetic");
-    }
-    if cfg!(feature = "tensorrt") {
-        f.push("tensorrt");
-    }
-    f
 }

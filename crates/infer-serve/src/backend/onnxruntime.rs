@@ -19,7 +19,7 @@
               tensors are copied between ONNX Runtime's buffers and the batcher's"
 )]
 
-use super::{Backend, Engine, ExecError};
+use super::{Backend, Engine, Error, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::engine::Version;
@@ -40,12 +40,11 @@ pub struct Library {
 }
 
 /// `engine.library` resolved against the directory of `runtime.toml`.
-pub fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, String> {
-    let rel = cfg
-        .engine
-        .library
-        .as_deref()
-        .ok_or("engine.library is required for onnxruntime")?;
+pub fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, Error> {
+    let rel =
+        cfg.engine.library.as_deref().ok_or_else(|| {
+            Error::Library("engine.library is required for onnxruntime".to_owned())
+        })?;
     let p = base.join(rel);
     // dlopen searches the library path for a bare name; a path with a directory is used as is.
     Ok(if p.is_absolute() {
@@ -57,49 +56,61 @@ pub fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, String>
 
 /// Opens the library at `path` and reads its version, without letting `ort` near it: every
 /// way it can be unusable is an `Err` that names the path.
-pub fn probe(path: &Path) -> Result<Library, String> {
+pub fn probe(path: &Path) -> Result<Library, Error> {
     let shown = path.display();
     if !path.exists() {
-        return Err(format!("the ONNX Runtime library {shown} does not exist"));
+        return Err(Error::Library(format!(
+            "the ONNX Runtime library {shown} does not exist"
+        )));
     }
     // SAFETY: opening a shared library runs its initialisers; the path is the one the image
     // (or the operator) configured as ONNX Runtime, which is the point of this backend.
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
         // libloading says "dlopen failed" and keeps the loader's reason as the source.
         let why = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
-        format!("cannot load the ONNX Runtime library {shown}: {e}{why}")
+        Error::Library(format!(
+            "cannot load the ONNX Runtime library {shown}: {e}{why}"
+        ))
     })?;
     type GetApiBase = unsafe extern "C" fn() -> *const ort::sys::OrtApiBase;
     // SAFETY: `OrtGetApiBase` has this signature in every ONNX Runtime release.
     let get_base = unsafe { lib.get::<GetApiBase>(b"OrtGetApiBase") }.map_err(|_| {
-        format!("{shown} is not an ONNX Runtime library: it does not export OrtGetApiBase")
+        Error::Library(format!(
+            "{shown} is not an ONNX Runtime library: it does not export OrtGetApiBase"
+        ))
     })?;
     // SAFETY: a function without arguments returning a pointer to a static struct.
     let base = unsafe { get_base() };
     if base.is_null() {
-        return Err(format!("{shown}: OrtGetApiBase returned nothing"));
+        return Err(Error::Library(format!(
+            "{shown}: OrtGetApiBase returned nothing"
+        )));
     }
     // SAFETY: `base` points to the library's static `OrtApiBase`; the version string is a
     // static NUL-terminated string owned by the library.
     let text = unsafe {
         let s = ((*base).GetVersionString)();
         if s.is_null() {
-            return Err(format!("{shown}: the library reports no version"));
+            return Err(Error::Library(format!(
+                "{shown}: the library reports no version"
+            )));
         }
         std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned()
     };
-    let version: Version = text
-        .parse()
-        .map_err(|_| format!("{shown}: the library reports the malformed version {text:?}"))?;
+    let version: Version = text.parse().map_err(|_| {
+        Error::Library(format!(
+            "{shown}: the library reports the malformed version {text:?}"
+        ))
+    })?;
     // SAFETY: as above; `GetApi` returns null for an API version the library does not serve.
     let api = unsafe { ((*base).GetApi)(ort::MINOR_VERSION) };
     if version.major() != 1 || api.is_null() {
-        return Err(format!(
+        return Err(Error::Library(format!(
             "{shown} is ONNX Runtime {version}; this runtime needs 1.{} or newer (it was built with ort {}, for ONNX Runtime {})",
             ort::MINOR_VERSION,
             ORT_CRATE,
             TARGET_ONNXRUNTIME
-        ));
+        )));
     }
     // `lib` is closed here; `ort` opens the same file again (the loader shares the mapping).
     Ok(Library {
@@ -112,7 +123,7 @@ pub fn probe(path: &Path) -> Result<Library, String> {
 pub const ORT_CRATE: &str = "2.0.0-rc.15";
 pub const TARGET_ONNXRUNTIME: &str = "1.31";
 
-fn element(dt: DataType) -> Result<TensorElementType, String> {
+fn element(dt: DataType) -> Result<TensorElementType, Error> {
     Ok(match dt {
         DataType::Bool => TensorElementType::Bool,
         DataType::U8 => TensorElementType::Uint8,
@@ -128,9 +139,9 @@ fn element(dt: DataType) -> Result<TensorElementType, String> {
         DataType::F32 => TensorElementType::Float32,
         DataType::F64 => TensorElementType::Float64,
         DataType::Bytes => {
-            return Err(format!(
+            return Err(Error::Engine(format!(
                 "datatype {dt} is not supported by the onnxruntime backend"
-            ))
+            )))
         }
     })
 }
@@ -156,7 +167,7 @@ impl OrtEngine {
         model: &Path,
         library: Library,
         cpus: usize,
-    ) -> Result<OrtEngine, String> {
+    ) -> Result<OrtEngine, Error> {
         let env = environment(&library)?;
         let threads = cfg.intra_op_threads(cpus);
         let session = new_session(&env, model, threads, &library)?;
@@ -165,14 +176,14 @@ impl OrtEngine {
         };
         let (model_in, model_out) = (names(session.inputs()), names(session.outputs()));
         if model_in.len() != cfg.inputs.len() || model_out.len() != cfg.outputs.len() {
-            return Err(format!(
+            return Err(Error::Engine(format!(
                 "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",
                 model.display(),
                 model_in.len(),
                 model_out.len(),
                 cfg.inputs.len(),
                 cfg.outputs.len()
-            ));
+            )));
         }
         let in_names = match_names(&model_in, cfg.inputs.iter().map(|s| s.name.as_str()));
         let out_names = match_names(&model_out, cfg.outputs.iter().map(|s| s.name.as_str()));
@@ -225,7 +236,7 @@ impl OrtEngine {
 /// The process's one ONNX Runtime environment (ONNX Runtime allows one per process), created
 /// from `library` by the first model that loads and shared by every later one (a bundle's
 /// models). A later model naming another library is refused: the process has one ONNX Runtime.
-fn environment(library: &Library) -> Result<ort::environment::Environment, String> {
+fn environment(library: &Library) -> Result<ort::environment::Environment, Error> {
     static ENV: Mutex<Option<(PathBuf, ort::environment::Environment)>> = Mutex::new(None);
     let mut env = ENV
         .lock()
@@ -237,19 +248,19 @@ fn environment(library: &Library) -> Result<ort::environment::Environment, Strin
         if same(path, &library.path) {
             return Ok(e.clone());
         }
-        return Err(format!(
+        return Err(Error::Library(format!(
             "engine.library {}: this process already runs ONNX Runtime from {}, and one process has one ONNX Runtime; every model of a bundle must name the same library",
             library.path.display(),
             path.display()
-        ));
+        )));
     }
     let e = ort::init_from(&library.path)
-        .map_err(|e| format!("cannot load ONNX Runtime: {e}"))?
+        .map_err(|e| Error::Library(format!("cannot load ONNX Runtime: {e}")))?
         .with_name("infer-serve")
         .with_telemetry(false)
         .with_logger(Arc::new(log_line))
         .build()
-        .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+        .map_err(|e| Error::Library(format!("cannot create the ONNX Runtime environment: {e}")))?;
     // The logger above receives every level: let ONNX Runtime drop the chatter itself.
     e.set_log_level(LogLevel::Warning);
     *env = Some((library.path.clone(), e.clone()));
@@ -279,13 +290,13 @@ fn new_session(
     model: &Path,
     threads: usize,
     library: &Library,
-) -> Result<Session, String> {
+) -> Result<Session, Error> {
     let ctx = |e: String| {
-        format!(
+        Error::Engine(format!(
             "ONNX Runtime {} cannot load the model {}: {e}",
             library.version,
             model.display()
-        )
+        ))
     };
     Session::builder(env)
         .map_err(|e| ctx(e.to_string()))?
@@ -316,26 +327,26 @@ fn check_type(
     name: &str,
     found: Option<ValueType>,
     want: TensorElementType,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     match found {
         Some(ValueType::Tensor { ty, .. }) if ty == want => Ok(()),
-        Some(ValueType::Tensor { ty, .. }) => Err(format!(
+        Some(ValueType::Tensor { ty, .. }) => Err(Error::Engine(format!(
             "{}: {what} {name:?} is a tensor of {ty} in the model, runtime.toml says {want}",
             model.display()
-        )),
-        Some(other) => Err(format!(
+        ))),
+        Some(other) => Err(Error::Engine(format!(
             "{}: {what} {name:?} is {other}, not a tensor",
             model.display()
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(Error::Engine(format!(
             "{}: the model has no {what} {name:?}",
             model.display()
-        )),
+        ))),
     }
 }
 
 impl Engine for OrtEngine {
-    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+    fn instance(&self) -> Result<Box<dyn Backend>, Error> {
         let first = self.first.lock().unwrap_or_else(|e| e.into_inner()).take();
         let session = match first {
             Some(s) => s,

@@ -12,7 +12,7 @@
 //! with [`ExecError::DeviceLost`]; one with a row starting with `P` panics, as an engine reading
 //! past a table does.
 
-use super::{Backend, Engine, ExecError};
+use super::{Backend, Engine, Error, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig, TensorSpec};
@@ -69,14 +69,14 @@ pub struct SyntheticEngine {
 }
 
 impl SyntheticEngine {
-    pub fn new(cfg: &RuntimeConfig) -> Result<SyntheticEngine, String> {
+    pub fn new(cfg: &RuntimeConfig) -> Result<SyntheticEngine, Error> {
         let s = cfg
             .engine
             .synthetic
             .as_ref()
-            .ok_or("engine.synthetic is missing")?;
+            .ok_or_else(|| Error::Engine("engine.synthetic is missing".to_owned()))?;
         let faults = match std::env::var(FAULTS_ENV) {
-            Ok(text) => Faults::parse(&text)?,
+            Ok(text) => Faults::parse(&text).map_err(Error::Engine)?,
             Err(_) => Faults::default(),
         };
         Ok(SyntheticEngine {
@@ -91,7 +91,7 @@ impl SyntheticEngine {
 }
 
 impl Engine for SyntheticEngine {
-    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+    fn instance(&self) -> Result<Box<dyn Backend>, Error> {
         Ok(Box::new(SyntheticEngine {
             base_ms: self.base_ms,
             per_row_ms: self.per_row_ms,

@@ -9,7 +9,7 @@
 //! A batch smaller than a static batch dimension is padded with zeros and its outputs trimmed
 //! back to the batch's rows.
 
-use super::{Backend, Engine, ExecError};
+use super::{Backend, Engine, Error, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::engine::{EngineMeta, Found, FoundCpu, GpuMeta};
@@ -31,13 +31,16 @@ pub const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
 /// the full one, by soname (without metadata nothing says the plan is version-compatible, and
 /// only the full runtime runs an ordinary plan); the major is that of the headers infer-serve
 /// was built against.
-fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), String> {
+fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<EngineMeta>), Error> {
     let meta = match &cfg.engine.metadata {
         Some(m) => {
             let p = base.join(m);
-            let bytes =
-                std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            Some(EngineMeta::from_json(&bytes).map_err(|e| format!("{}: {e}", p.display()))?)
+            let bytes = std::fs::read(&p)
+                .map_err(|e| Error::Engine(format!("cannot read {}: {e}", p.display())))?;
+            Some(
+                EngineMeta::from_json(&bytes)
+                    .map_err(|e| Error::Engine(format!("{}: {e}", p.display())))?,
+            )
         }
         None => None,
     };
@@ -56,7 +59,7 @@ fn library_name(cfg: &RuntimeConfig, base: &Path) -> Result<(String, Option<Engi
     }
     let major = header_version()
         .map(version_major)
-        .ok_or_else(|| infer_trt::Error::NoShim.to_string())?;
+        .ok_or_else(|| Error::Library(infer_trt::Error::NoShim.to_string()))?;
     let kind = library_kind(meta.as_ref().and_then(|m| m.gpu.as_ref()));
     Ok((kind.soname(major as u64), meta))
 }
@@ -72,20 +75,21 @@ fn library_kind(gpu: Option<&GpuMeta>) -> LibraryKind {
 /// What this node has for a TensorRT engine: the runtime library's version and GPU 0 (compute
 /// capability, name, driver). Fails, naming what is missing, when the library cannot be opened
 /// or no driver or GPU is visible.
-pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, String> {
+pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
     let (name, _) = library_name(cfg, base)?;
     let lib = TrtLibrary::open(&name).map_err(|e| {
-        format!(
+        Error::Library(format!(
             "no TensorRT runtime library: {e} (this infer-serve's TensorRT backend is compiled against TensorRT {} headers)",
             infer_trt::headers_release().unwrap_or("no")
-        )
+        ))
     })?;
-    lib.check_headers().map_err(|e| e.to_string())?;
+    lib.check_headers()
+        .map_err(|e| Error::Library(e.to_string()))?;
     let gpu = probe_gpu().map_err(|e| {
-        format!(
+        Error::Node(format!(
             "no usable GPU (TensorRT library {name} {} was found): {e}",
             lib.version()
-        )
+        ))
     })?;
     Ok(Found {
         gpu: Some(gpu),
@@ -106,16 +110,16 @@ pub struct TensorrtEngine {
 }
 
 impl TensorrtEngine {
-    pub fn load(cfg: &RuntimeConfig, base: &Path, path: &Path) -> Result<TensorrtEngine, String> {
+    pub fn load(cfg: &RuntimeConfig, base: &Path, path: &Path) -> Result<TensorrtEngine, Error> {
         let (name, meta) = library_name(cfg, base)?;
-        let plan =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let lib = TrtLibrary::open(&name).map_err(|e| e.to_string())?;
-        let runtime = lib.runtime().map_err(|e| e.to_string())?;
+        let plan = std::fs::read(path)
+            .map_err(|e| Error::Engine(format!("cannot read {}: {e}", path.display())))?;
+        let lib = TrtLibrary::open(&name).map_err(|e| Error::Library(e.to_string()))?;
+        let runtime = lib.runtime().map_err(|e| Error::Library(e.to_string()))?;
         let allow_host_code = allow_host_code(meta.as_ref().and_then(|m| m.gpu.as_ref()));
         let plan = runtime
             .deserialize(&plan, allow_host_code)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Engine(e.to_string()))?;
         check_io(plan.io(), &cfg.inputs, &cfg.outputs)?;
         Ok(TensorrtEngine {
             plan,
@@ -140,47 +144,50 @@ pub fn check_io(
     io: &[IoTensor],
     inputs: &[TensorSpec],
     outputs: &[TensorSpec],
-) -> Result<(), String> {
+) -> Result<(), Error> {
     for (specs, input) in [(inputs, true), (outputs, false)] {
         let side = if input { "input" } else { "output" };
         let engine: Vec<&IoTensor> = io.iter().filter(|t| t.input == input).collect();
         for t in &engine {
             let spec = specs.iter().find(|s| s.name == t.name).ok_or_else(|| {
-                format!(
+                Error::Engine(format!(
                     "the engine's {side} `{}` is not in runtime.toml's {side}s",
                     t.name
-                )
+                ))
             })?;
             let v2 = t.dtype.v2().ok_or_else(|| {
-                format!(
+                Error::Engine(format!(
                     "the engine's {side} `{}` is {:?}, which the V2 protocol cannot carry",
                     t.name, t.dtype
-                )
+                ))
             })?;
             if v2 != spec.datatype {
-                return Err(format!(
+                return Err(Error::Engine(format!(
                     "{side} `{}`: the engine's datatype is {v2}, runtime.toml says {}",
                     t.name, spec.datatype
-                ));
+                )));
             }
         }
         if let Some(s) = specs
             .iter()
             .find(|s| !engine.iter().any(|t| t.name == s.name))
         {
-            return Err(format!(
+            return Err(Error::Engine(format!(
                 "runtime.toml's {side} `{}` is not an {side} of the engine",
                 s.name
-            ));
+            )));
         }
     }
     Ok(())
 }
 
 impl Engine for TensorrtEngine {
-    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+    fn instance(&self) -> Result<Box<dyn Backend>, Error> {
         let n = self.instances.fetch_add(1, Ordering::Relaxed);
-        let engine = self.plan.context(n).map_err(|e| e.to_string())?;
+        let engine = self
+            .plan
+            .context(n)
+            .map_err(|e| Error::Instance(e.to_string()))?;
         Ok(Box::new(TensorrtBackend {
             engine,
             inputs: self.inputs.iter().map(|s| s.name.clone()).collect(),
@@ -345,7 +352,7 @@ mod tests {
             io("x", true, TrtDataType::Float, &[-1, 4]),
             io("y", false, TrtDataType::Fp4, &[-1, 4]),
         ];
-        let e = check_io(&fp4, &inputs, &outputs).unwrap_err();
+        let e = check_io(&fp4, &inputs, &outputs).unwrap_err().to_string();
         assert!(e.contains("`y`") && e.contains("Fp4"), "{e}");
         let half = [
             io("x", true, TrtDataType::Half, &[-1, 4]),
@@ -353,6 +360,7 @@ mod tests {
         ];
         assert!(check_io(&half, &inputs, &outputs)
             .unwrap_err()
+            .to_string()
             .contains("FP16"));
         let renamed = [
             io("z", true, TrtDataType::Float, &[-1, 4]),
@@ -360,6 +368,7 @@ mod tests {
         ];
         assert!(check_io(&renamed, &inputs, &outputs)
             .unwrap_err()
+            .to_string()
             .contains("`z`"));
     }
 

@@ -13,7 +13,7 @@
 //! memory stays bounded whatever shapes clients send; clients that bucket or pad their
 //! inputs to a few sizes never wait for an optimisation after warm-up.
 
-use super::{Backend, Engine, ExecError};
+use super::{Backend, Engine, Error, ExecError};
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use infer_spec::{DataType, RuntimeConfig};
@@ -105,7 +105,7 @@ impl Inner {
     }
 }
 
-fn datum(dt: DataType) -> Result<DatumType, String> {
+fn datum(dt: DataType) -> Result<DatumType, Error> {
     Ok(match dt {
         DataType::Bool => DatumType::Bool,
         DataType::U8 => DatumType::U8,
@@ -120,16 +120,16 @@ fn datum(dt: DataType) -> Result<DatumType, String> {
         DataType::F32 => DatumType::F32,
         DataType::F64 => DatumType::F64,
         DataType::BF16 | DataType::Bytes => {
-            return Err(format!(
+            return Err(Error::Engine(format!(
                 "datatype {dt} is not supported by the tract-onnx backend"
-            ))
+            )))
         }
     })
 }
 
 impl TractEngine {
-    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
-        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
+    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
+        let ctx = |e: TractError| Error::Engine(format!("loading {}: {e:#}", path.display()));
         let model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
         let inputs = cfg
             .inputs
@@ -160,10 +160,10 @@ impl TractEngine {
             };
             // Optimise the profile's `opt` shape now: a graph tract cannot run fails at start.
             let opt: ShapeKey = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
-            engine.inner.plan(&opt)?;
+            engine.inner.plan(&opt).map_err(Error::Engine)?;
             return Ok(engine);
         }
-        let fixed = |mut model: InferenceModel| -> Result<TypedModel, String> {
+        let fixed = |mut model: InferenceModel| -> Result<TypedModel, Error> {
             let n = model.sym("N");
             for (i, &c) in in_order.iter().enumerate() {
                 let mut dims: TVec<TDim> = tvec![n.clone().into()];
@@ -192,19 +192,19 @@ impl TractEngine {
     /// Load `model.nnef.tar` as written by `infer-build engine` (the builder's
     /// `engine::tract::nnef()`: tract core, resource and ONNX extensions; both sides must agree).
     /// The builder writes NNEF only for models whose non-batch dimensions are fixed.
-    pub fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, String> {
+    pub fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
         use tract_nnef::framework::Nnef;
         if let Some(s) = cfg.inputs.iter().find(|s| s.is_variable()) {
-            return Err(format!(
+            return Err(Error::Engine(format!(
                 "{}: input {:?} has variable dims {:?}; a tract-nnef engine needs fixed ones (ship the ONNX model as tract-onnx)",
                 path.display(),
                 s.name,
                 s.dims
-            ));
+            )));
         }
-        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
-        let file =
-            std::fs::File::open(path).map_err(|e| format!("loading {}: {e}", path.display()))?;
+        let ctx = |e: TractError| Error::Engine(format!("loading {}: {e:#}", path.display()));
+        let file = std::fs::File::open(path)
+            .map_err(|e| Error::Engine(format!("loading {}: {e}", path.display())))?;
         let nnef: Nnef = tract_nnef::nnef().with_tract_resource().with_onnx();
         let model = nnef
             .model_for_read(&mut std::io::BufReader::new(file))
@@ -224,8 +224,8 @@ impl TractEngine {
         path: &Path,
         model: TypedModel,
         (in_order, out_order): (Vec<usize>, Vec<usize>),
-    ) -> Result<TractEngine, String> {
-        let ctx = |e: TractError| format!("loading {}: {e:#}", path.display());
+    ) -> Result<TractEngine, Error> {
+        let ctx = |e: TractError| Error::Engine(format!("loading {}: {e:#}", path.display()));
         let outputs = outputs(cfg)?;
         if model.inputs.len() != cfg.inputs.len() || model.outputs.len() != cfg.outputs.len() {
             return Err(count_mismatch(
@@ -261,7 +261,7 @@ impl TractEngine {
     }
 }
 
-fn outputs(cfg: &RuntimeConfig) -> Result<Vec<DataType>, String> {
+fn outputs(cfg: &RuntimeConfig) -> Result<Vec<DataType>, Error> {
     cfg.outputs
         .iter()
         .map(|o| datum(o.datatype).map(|_| o.datatype))
@@ -308,17 +308,17 @@ fn io_order(cfg: &RuntimeConfig, model: &InferenceModel) -> (Vec<usize>, Vec<usi
     (in_order, out_order)
 }
 
-fn count_mismatch(cfg: &RuntimeConfig, path: &Path, inputs: usize, outputs: usize) -> String {
-    format!(
+fn count_mismatch(cfg: &RuntimeConfig, path: &Path, inputs: usize, outputs: usize) -> Error {
+    Error::Engine(format!(
         "{}: the model has {inputs} inputs and {outputs} outputs, runtime.toml lists {} and {}",
         path.display(),
         cfg.inputs.len(),
         cfg.outputs.len()
-    )
+    ))
 }
 
 impl Engine for TractEngine {
-    fn instance(&self) -> Result<Box<dyn Backend>, String> {
+    fn instance(&self) -> Result<Box<dyn Backend>, Error> {
         Ok(Box::new(TractBackend {
             inner: self.inner.clone(),
             states: Vec::new(),
@@ -444,7 +444,7 @@ impl TractBackend {
             .zip(&outputs)
             .map(|(o, &dtype)| {
                 let o = o?;
-                let want = datum(dtype)?;
+                let want = datum(dtype).map_err(|e| e.to_string())?;
                 let o = if o.datum_type() == want {
                     o.clone().into_tensor()
                 } else {

@@ -63,14 +63,14 @@ const PANICKED: &str = "the engine panicked";
 
 /// Handler polls that ran out their window, net of answers found (each found answer takes
 /// back 1/[`POLL_MISS_WEIGHT`] of a miss), before handlers stop polling.
-pub const POLL_MISSES: u64 = 3;
+pub(crate) const POLL_MISSES: u64 = 3;
 /// One miss weighs as much as this many found answers.
-pub const POLL_MISS_WEIGHT: u64 = 16;
+pub(crate) const POLL_MISS_WEIGHT: u64 = 16;
 /// How long handlers then stop polling.
-pub const POLL_BACKOFF: Duration = Duration::from_millis(250);
+pub(crate) const POLL_BACKOFF: Duration = Duration::from_millis(250);
 
 /// What a request gets back.
-pub type Outcome = Result<Answer, ApiError>;
+pub(crate) type Outcome = Result<Answer, ApiError>;
 
 /// A request's outputs and its batch's compute time.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,7 @@ pub struct Answer {
 }
 
 /// One queued request.
-pub struct Job {
+pub(crate) struct Job {
     pub inputs: Vec<Tensor>,
     pub rows: usize,
     pub enqueued: Instant,
@@ -191,7 +191,7 @@ pub trait Grouping: Send + 'static {
 /// The rule of models with fixed or per-request shapes: requests go together only when every
 /// input has the same non-batch dimensions.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SameShapes;
+pub(crate) struct SameShapes;
 
 impl Grouping for SameShapes {
     #[inline]
@@ -207,7 +207,7 @@ impl Grouping for SameShapes {
 /// go together when every input has the same dimensions apart from the batch and the sequence
 /// (the second) ones.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AnyLength;
+pub(crate) struct AnyLength;
 
 impl Grouping for AnyLength {
     #[inline]

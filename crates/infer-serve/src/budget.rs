@@ -18,7 +18,7 @@ use crate::error::ApiError;
 /// what the transports hold before a body is charged (an HTTP/2 connection's flow-control window,
 /// the connections' read buffers) and the allocator's own slack: 16 MiB and 1/32 of
 /// `server.memory_budget_bytes`.
-pub fn headroom(memory_budget_bytes: u64) -> u64 {
+pub(crate) fn headroom(memory_budget_bytes: u64) -> u64 {
     (16 << 20) + memory_budget_bytes / 32
 }
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -40,7 +40,7 @@ pub struct Budget {
 }
 
 /// How often a following budget reads the process's resident set.
-pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A request's charge against a [`Budget`]; released when dropped.
 #[derive(Debug)]
@@ -188,7 +188,7 @@ impl Drop for Reservation {
 
 /// The resident set of this process in bytes (`VmRSS` of `/proc/self/status`), `None` where
 /// there is no such file.
-pub fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line

@@ -92,33 +92,33 @@ impl Cached {
 /// A key being written: every field length-prefixed, so no two different requests write the
 /// same bytes.
 #[derive(Debug, Default)]
-pub struct Key(Vec<u8>);
+pub(crate) struct Key(Vec<u8>);
 
 impl Key {
     /// A key for `kind` of work (`"tensors"`, `"texts"`) for model `name` at `version`.
-    pub fn new(kind: &str, name: &str, version: &str) -> Key {
+    pub(crate) fn new(kind: &str, name: &str, version: &str) -> Key {
         let mut k = Key(Vec::with_capacity(256));
         k.str(kind).str(name).str(version);
         k
     }
 
-    pub fn bytes(&mut self, b: &[u8]) -> &mut Key {
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Key {
         self.0.extend_from_slice(&(b.len() as u64).to_le_bytes());
         self.0.extend_from_slice(b);
         self
     }
 
-    pub fn str(&mut self, s: &str) -> &mut Key {
+    pub(crate) fn str(&mut self, s: &str) -> &mut Key {
         self.bytes(s.as_bytes())
     }
 
-    pub fn u64(&mut self, v: u64) -> &mut Key {
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Key {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
 
     /// An input: its name, datatype, shape and bytes.
-    pub fn tensor(&mut self, name: &str, t: &Tensor) -> &mut Key {
+    pub(crate) fn tensor(&mut self, name: &str, t: &Tensor) -> &mut Key {
         self.str(name)
             .str(t.dtype.as_str())
             .u64(t.shape.len() as u64);
@@ -128,7 +128,7 @@ impl Key {
         self.bytes(&t.data)
     }
 
-    pub fn finish(self) -> Vec<u8> {
+    pub(crate) fn finish(self) -> Vec<u8> {
         self.0
     }
 }

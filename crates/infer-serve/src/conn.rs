@@ -51,7 +51,7 @@ impl Closed {
 
 /// One open connection, as its service, its I/O and the accept loop see it.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// Notified on each request (the gRPC drain waits for a first request a while).
     pub seen: Notify,
     /// Requests being handled on this connection (from their headers to their answer).
@@ -74,7 +74,7 @@ pub struct Conn {
 impl Conn {
     /// A connection just accepted; `heads`: reads while no request is in progress start the
     /// header timeout (HTTP/1.1).
-    pub fn new(heads: bool) -> Conn {
+    pub(crate) fn new(heads: bool) -> Conn {
         Conn {
             seen: Notify::new(),
             busy: AtomicUsize::new(0),
@@ -87,7 +87,7 @@ impl Conn {
     }
 
     /// A request arrived: the connection is busy until the guard drops.
-    pub fn request(self: &Arc<Self>) -> Busy {
+    pub(crate) fn request(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Relaxed);
         self.head_since.store(0, Relaxed);
         self.seen.notify_one();
@@ -95,18 +95,18 @@ impl Conn {
     }
 
     /// True when no request is in progress.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.busy.load(Relaxed) == 0
     }
 
     /// When the connection's current idle spell began (`now_ms()` units; smaller is older).
-    pub fn idle_since(&self) -> u64 {
+    pub(crate) fn idle_since(&self) -> u64 {
         self.idle_since.load(Relaxed)
     }
 
     /// Asks the connection to close (the accept loop makes room); its watchdog returns
     /// [`Closed::Evicted`].
-    pub fn evict(&self) {
+    pub(crate) fn evict(&self) {
         self.evicted.store(true, Relaxed);
         self.wake.notify_one();
     }
@@ -120,7 +120,7 @@ impl Conn {
 
     /// Resolves when the connection must close: evicted, headers too slow (from their first
     /// byte), or no request in progress for `idle`.
-    pub async fn watchdog(&self, header: Duration, idle: Duration) -> Closed {
+    pub(crate) async fn watchdog(&self, header: Duration, idle: Duration) -> Closed {
         let (header_ms, idle_ms) = (header.as_millis() as u64, idle.as_millis() as u64);
         loop {
             if self.evicted.load(Relaxed) {
@@ -152,7 +152,7 @@ impl Conn {
 }
 
 /// A request in progress on a [`Conn`].
-pub struct Busy(Arc<Conn>);
+pub(crate) struct Busy(Arc<Conn>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -165,13 +165,13 @@ impl Drop for Busy {
 
 /// A connection's I/O that tells its [`Conn`] when bytes arrive (the header timeout starts
 /// with a request's first byte).
-pub struct Watched<T> {
+pub(crate) struct Watched<T> {
     inner: T,
     conn: Arc<Conn>,
 }
 
 impl<T> Watched<T> {
-    pub fn new(inner: T, conn: Arc<Conn>) -> Watched<T> {
+    pub(crate) fn new(inner: T, conn: Arc<Conn>) -> Watched<T> {
         Watched { inner, conn }
     }
 }
@@ -224,7 +224,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 
 /// What a body says of its size before it has all arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Size {
+pub(crate) enum Size {
     /// Nothing (an HTTP/1.1 chunked body).
     Unknown,
     /// Its length (`Content-Length`, already charged by the caller).
@@ -241,7 +241,7 @@ pub enum Size {
 /// more of it is read. A body of known size is copied, frame by frame, into one buffer of that
 /// size (the transport's buffers go back as it is read); one of unknown size is kept as its
 /// frames and joined at the end, the copy charged while both exist.
-pub async fn read_body(
+pub(crate) async fn read_body(
     body: Incoming,
     limit: usize,
     srv: &Server,

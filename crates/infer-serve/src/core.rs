@@ -43,21 +43,21 @@ use tokio::sync::oneshot;
 
 /// Requests holding fewer text bytes than this are tokenized on the thread that read them:
 /// for a few short texts the hand-off to a worker costs more than the tokenizing.
-pub const INLINE_BYTES: usize = 2048;
+pub(crate) const INLINE_BYTES: usize = 2048;
 
 /// Bodies larger than this are decoded on the [`Workers`] rather than on the connection's
 /// thread: decoding a body of tens of megabytes takes that thread for a good part of a second.
-pub const DECODE_INLINE_BYTES: usize = 256 << 10;
+pub(crate) const DECODE_INLINE_BYTES: usize = 256 << 10;
 
 /// Bytes a queued item costs beyond its tensors (its job, channel and vectors).
 const ITEM_OVERHEAD: u64 = 512;
 
 /// One text, or a pair of texts (a query and a passage, for a pair model).
-pub type Item = (String, Option<String>);
+pub(crate) type Item = (String, Option<String>);
 
 /// The work of one request, as a transport decoded it.
 #[derive(Debug)]
-pub enum Work {
+pub(crate) enum Work {
     /// Tensors in the model's served signature (V2 over HTTP or gRPC): for a text model, its
     /// `text` (and `text_pair`) `BYTES` inputs.
     Tensors { inputs: Vec<Tensor>, rows: usize },
@@ -70,7 +70,7 @@ pub enum Work {
 
 /// One request for the core: the model it is for, its work, the timeout it asked for (µs; 0 or
 /// `None`: the model's default), when it started and what it has been charged so far (its body).
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     pub model: &'a Model,
     pub work: Work,
     pub timeout_us: Option<u64>,
@@ -80,7 +80,7 @@ pub struct Request<'a> {
 
 /// What the core answers.
 #[derive(Debug)]
-pub enum Output {
+pub(crate) enum Output {
     /// The served outputs (V2): one tensor per output.
     Tensors(Vec<Tensor>),
     /// One vector (or scores) per text, in the request's order.
@@ -92,7 +92,7 @@ pub enum Output {
 /// An answer, where its time went, and the request's charge against the memory budget, which
 /// the transport drops once it has encoded the answer.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub output: Output,
     pub timing: Timing,
     pub charge: Reservation,
@@ -101,7 +101,7 @@ pub struct Answer {
 /// Where a request's time went (TEI's response headers `x-tokenization-time`, `x-queue-time`,
 /// `x-inference-time`, and `x-compute-tokens`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Timing {
+pub(crate) struct Timing {
     pub tokenization: Duration,
     pub queue: Duration,
     pub inference: Duration,
@@ -114,7 +114,7 @@ pub struct Timing {
 }
 
 /// Runs one request through the core (the module docs' steps) and returns its answer.
-pub async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
+pub(crate) async fn infer(app: &Server, req: Request<'_>) -> Result<Answer, ApiError> {
     let Request {
         model,
         work,
@@ -676,7 +676,7 @@ async fn prepare(
 /// `/tokenize`: the tokens each text becomes, as the model computes on them; admitted,
 /// charged and run like the texts of an embedding request, without the engine. The charge comes
 /// back with them, to be held until the answer is encoded.
-pub async fn tokenize(
+pub(crate) async fn tokenize(
     app: &Server,
     model: &Model,
     texts: Vec<String>,
@@ -713,7 +713,7 @@ pub async fn tokenize(
 /// Decodes `body` with `decode`: on the calling thread when it is small, else on the server's
 /// workers (see [`DECODE_INLINE_BYTES`]), so that a large body does not hold a connection
 /// thread, and with it the health probes, while it is parsed.
-pub async fn decode<T: Send + 'static>(
+pub(crate) async fn decode<T: Send + 'static>(
     app: &Server,
     body: bytes::Bytes,
     decode: impl FnOnce(&bytes::Bytes) -> Result<T, ApiError> + Send + 'static,

@@ -20,9 +20,13 @@ use std::time::Instant;
 /// A text API's answer: the body, its timing, and the request's charge against the memory
 /// budget (held until the answer is on its way).
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub body: Bytes,
     pub timing: Timing,
+    #[allow(
+        dead_code,
+        reason = "held, not read: dropping it returns the request's bytes to the budget"
+    )]
     pub charge: Option<Reservation>,
 }
 
@@ -38,7 +42,7 @@ thread_local! {
 /// costs no more than one at the bound; anything but a string or a list of strings is refused
 /// in plain words.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Texts(pub Vec<String>);
+pub(crate) struct Texts(pub Vec<String>);
 
 impl<'de> Deserialize<'de> for Texts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Texts, D::Error> {
@@ -74,7 +78,7 @@ impl<'de> Deserialize<'de> for Texts {
 /// `/predict`'s `inputs`: a text, a list of texts, a pair `[a, b]` or a list of pairs; which
 /// of a list's shapes it is depends on the model (`PredictInputs::items`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PredictInputs {
+pub(crate) enum PredictInputs {
     One(String),
     List(Vec<Texts>),
 }
@@ -168,7 +172,7 @@ fn dimensions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> 
 /// `POST /v1/embeddings` (OpenAI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct OpenAiRequest {
+pub(crate) struct OpenAiRequest {
     pub input: Texts,
     pub model: String,
     #[serde(default, deserialize_with = "dimensions")]
@@ -177,13 +181,14 @@ pub struct OpenAiRequest {
     pub encoding_format: Option<String>,
     /// Accepted and ignored, as OpenAI does.
     #[serde(default)]
+    #[allow(dead_code, reason = "accepted and ignored, as OpenAI does")]
     pub user: Option<String>,
 }
 
 /// `POST /embed` (TEI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TeiRequest {
+pub(crate) struct TeiRequest {
     pub inputs: Texts,
     #[serde(default)]
     pub normalize: Option<bool>,
@@ -200,7 +205,7 @@ pub struct TeiRequest {
 /// `POST /tokenize` (TEI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TokenizeRequest {
+pub(crate) struct TokenizeRequest {
     pub inputs: Texts,
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
@@ -209,7 +214,7 @@ pub struct TokenizeRequest {
 /// `POST /rerank` (TEI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RerankRequest {
+pub(crate) struct RerankRequest {
     pub query: String,
     pub texts: Texts,
     #[serde(default)]
@@ -225,7 +230,7 @@ pub struct RerankRequest {
 /// `POST /predict` (TEI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PredictRequest {
+pub(crate) struct PredictRequest {
     pub inputs: PredictInputs,
     #[serde(default)]
     pub raw_scores: bool,
@@ -238,7 +243,7 @@ pub struct PredictRequest {
 /// Parses a text API's request, at most `limit` texts: past it a 413 naming
 /// `text.max_client_batch_size`, before the rest is parsed; a malformed body a 400 saying what
 /// was wrong.
-pub fn parse<T: for<'de> Deserialize<'de>>(
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(
     body: &[u8],
     what: &str,
     limit: usize,

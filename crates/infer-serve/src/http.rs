@@ -60,7 +60,7 @@ fn error_response(e: &ApiError) -> Resp {
 }
 
 /// Routes one request.
-pub async fn handle(app: Arc<Server>, req: Request<Incoming>) -> Resp {
+pub(crate) async fn handle(app: Arc<Server>, req: Request<Incoming>) -> Resp {
     let mut r = match route(&app, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -389,7 +389,7 @@ async fn infer_inner(
 
 /// Accepts HTTP/1.1 connections until `stop` fires, then stops accepting and lets in-flight
 /// requests finish within `exit_timeout`. Returns true when everything finished in time.
-pub async fn serve(
+pub(crate) async fn serve(
     app: Arc<Server>,
     listener: tokio::net::TcpListener,
     stop: tokio::sync::watch::Receiver<bool>,

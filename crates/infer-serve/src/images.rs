@@ -19,14 +19,17 @@ use std::time::Instant;
 const MAX_PARTS: usize = 4096;
 
 /// The answer to an image request: its JSON body and where its time went.
-pub struct Reply {
+pub(crate) struct Reply {
     pub body: Bytes,
     pub timing: Timing,
 }
 
 /// The images of a body: the body itself, or a multipart body's file parts (`content_type`
 /// says which). `multi`: the request sent a multipart body with more than one image.
-pub fn split(content_type: Option<&str>, body: Bytes) -> Result<(Vec<Bytes>, bool), ApiError> {
+pub(crate) fn split(
+    content_type: Option<&str>,
+    body: Bytes,
+) -> Result<(Vec<Bytes>, bool), ApiError> {
     let Some(boundary) = content_type.and_then(multipart_boundary) else {
         return Ok((vec![body], false));
     };
@@ -128,7 +131,7 @@ fn multipart(body: &Bytes, boundary: &str) -> Result<Vec<Part>, ApiError> {
 }
 
 /// `POST /predictions/{model}`: the images of `body` through the core, their answers as JSON.
-pub async fn predictions(
+pub(crate) async fn predictions(
     app: &crate::server::Server,
     model: &Model,
     content_type: Option<&str>,

@@ -289,7 +289,7 @@ pub struct Connections {
     pub open: Gauge,
     /// Refused at `max_connections` (every open one had a request in progress).
     pub refused: Counter,
-    /// Closed by the watchdog, by [`Closed`] reason.
+    /// Closed by the watchdog, by `Closed` reason.
     pub closed: [Counter; 3],
 }
 

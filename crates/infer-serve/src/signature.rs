@@ -286,7 +286,7 @@ impl Inputs<'_> {
 /// every value in `-rows..rows` (ONNX's range for `Gather`), else a 400 naming the input, the
 /// first value out of range, where it is and the bound. Engines read past a table's end
 /// otherwise (tract aborts the process). Runs on both protocols' requests, in the core.
-pub fn check_table_rows(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), ApiError> {
+pub(crate) fn check_table_rows(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), ApiError> {
     for (spec, t) in specs.iter().zip(inputs) {
         let Some(rows) = spec.table_rows else {
             continue;

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Backend instances allowed per CPU: more only make the instances take turns on the cores.
-pub const MAX_INSTANCES_PER_CPU: u64 = 4;
+pub(crate) const MAX_INSTANCES_PER_CPU: u64 = 4;
 
 /// Descriptors kept for everything but client connections (the listeners, the engine's files
 /// and libraries, the runtime's own) when the connection cap is derived from the limit.
@@ -206,7 +206,7 @@ fn allocator_policy(cpus: usize) {
 
 /// One model's config as read: the config, the directory its paths are relative to, and its
 /// path as the logs show it.
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub cfg: RuntimeConfig,
     pub base: PathBuf,
     pub path: String,
@@ -214,7 +214,7 @@ pub struct Loaded {
 
 /// What `runtime.toml` says to serve: the server's settings (with the flags applied) and its
 /// models, one, or a bundle's in the bundle's order.
-pub struct Config {
+pub(crate) struct Config {
     pub server: infer_spec::Server,
     pub models: Vec<Loaded>,
     /// The file read, as the logs show it.
@@ -241,13 +241,13 @@ fn read_text(p: &Path) -> Result<String, StartError> {
 
 /// The most bytes a `runtime.toml` (one model's, or a bundle's) may have: the largest the
 /// builder writes are a few kilobytes (a classifier's labels).
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Step 1: reads `runtime.toml` (one model, or a bundle and each of its models' own file),
 /// applies `--host` and `--port`, and checks what depends on this machine (the rest is
 /// `RuntimeConfig::problems` and `Bundle::problems`). A bundle's models divide the CPUs: a
 /// model without `engine.threads` computes with its share.
-pub fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
+pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
     let path = args.config.display().to_string();
     let text = read_text(&args.config)?;
     let dir = args.config.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -385,7 +385,7 @@ fn check_model_files(m: &Loaded, cpus: usize) -> Result<(), StartError> {
 /// Step 2: the warm-up samples, read now from the open file (a FIFO or a device put there
 /// after [`read_config`]'s check is refused too, and a file over the bound is not read past
 /// it); they are decoded at warm-up. `None` when there are none or warm-up is off.
-pub fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, StartError> {
+pub(crate) fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, StartError> {
     let Some(rel) = &c.cfg.warmup.samples else {
         return Ok(None);
     };
@@ -416,7 +416,7 @@ pub fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, StartError>
 /// Step 3: what this node has for the engine (GPU, driver, TensorRT library for a TensorRT
 /// engine), read before anything else: a node without them fails here, naming what is
 /// missing.
-pub fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
+pub(crate) fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
     let cfg = &c.cfg;
     let found = backend::node(cfg, &c.base).map_err(|e| {
         StartError::new(

@@ -30,15 +30,15 @@ use infer_spec::{DataType, RuntimeConfig, TensorSpec};
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 /// Bytes of text per token of `max_length` a text is first cut at (truncation on).
-pub const SHORT_BYTES_PER_TOKEN: usize = 16;
+pub(crate) const SHORT_BYTES_PER_TOKEN: usize = 16;
 /// Bytes of text per token of `max_length` a text is cut at when the first cut holds too few
 /// tokens; with truncation off, the longest text taken.
-pub const LONG_BYTES_PER_TOKEN: usize = 128;
+pub(crate) const LONG_BYTES_PER_TOKEN: usize = 128;
 
 /// Bytes of memory tokenizing one byte of text takes at its peak (the normalised copy, its
 /// alignments, the pre-tokenized splits and the tokens), measured on all-MiniLM-L6-v2's
 /// WordPiece and WordLlama's BPE (about 77 and 60); what admission charges for it.
-pub const TOKENIZE_BYTES_PER_BYTE: u64 = 96;
+pub(crate) const TOKENIZE_BYTES_PER_BYTE: u64 = 96;
 
 /// What an engine input receives from the tokenizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

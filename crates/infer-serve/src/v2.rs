@@ -7,7 +7,7 @@
 //! binary sizes, `BOOL` bytes and `BYTES` length prefixes. Every problem is a 400 naming the
 //! tensor; no input can make it panic (see the mutation test below and the fuzz target
 //! `fuzz/fuzz_targets/v2_request.rs`). Names, datatypes and shapes are checked against the
-//! model's served [`Signature`] by [`crate::signature::Inputs`], which the gRPC decoder runs
+//! model's served `Signature` by `signature::Inputs`, which the gRPC decoder runs
 //! too; what is left here is the JSON and binary framing.
 
 use crate::error::ApiError;
@@ -125,7 +125,7 @@ pub fn parse_header_length(value: &[u8]) -> Result<usize, ApiError> {
         })
 }
 
-/// Decodes a request body against the model's served signature (`sig`: a [`Signature`], or
+/// Decodes a request body against the model's served signature (`sig`: a `Signature`, or
 /// a `&RuntimeConfig` for a model served as its engine takes it). `header_length` is the
 /// parsed `Inference-Header-Content-Length` (present when binary data follows the JSON; 0
 /// means the whole body is the one input's raw bytes).

@@ -21,11 +21,11 @@ use std::path::Path;
 /// Warm-up samples (`[warmup] samples`): each request of the file decoded exactly as the
 /// server decodes a request body, so a sample the server would refuse stops the start.
 #[derive(Debug, Default)]
-pub struct Samples(Vec<Vec<Tensor>>);
+pub(crate) struct Samples(Vec<Vec<Tensor>>);
 
 /// Why warm-up could not run: its samples file, a batch, or the engine's outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
+pub(crate) enum Error {
     /// The samples file is not a regular file (a FIFO, a device, a directory, a socket) or is
     /// larger than [`infer_spec::samples::MAX_BYTES`]: a bad config (exit 2). The message names
     /// the path.
@@ -58,7 +58,7 @@ impl From<ExecError> for Error {
 }
 
 /// What a file type is, for an error naming it; `None` for a regular file.
-pub fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
+pub(crate) fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     Some(if ft.is_file() {
         return None;
@@ -80,7 +80,7 @@ pub fn not_regular(ft: std::fs::FileType) -> Option<&'static str> {
 /// size taken from the open descriptor (not from a second look at the path, which may have
 /// been replaced meanwhile), and read through a bound one byte past the limit, so a file that
 /// grows while it is read is refused rather than read without end.
-pub fn read_samples(path: &Path) -> Result<String, Error> {
+pub(crate) fn read_samples(path: &Path) -> Result<String, Error> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let max = infer_spec::samples::MAX_BYTES;
@@ -120,7 +120,7 @@ pub fn read_samples(path: &Path) -> Result<String, Error> {
 impl Samples {
     /// Decodes the samples file's `text` (read from `path` by [`read_samples`]); the error
     /// names the file and the request.
-    pub fn decode(cfg: &RuntimeConfig, path: &Path, text: &str) -> Result<Samples, Error> {
+    pub(crate) fn decode(cfg: &RuntimeConfig, path: &Path, text: &str) -> Result<Samples, Error> {
         let at = |m: String| Error::Samples(format!("warm-up samples {}: {m}", path.display()));
         let mut out = Vec::new();
         for (i, r) in infer_spec::samples::requests(text)
@@ -137,23 +137,18 @@ impl Samples {
     }
 
     /// The number of sample requests.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    /// True when there is no sample (warm-up is synthetic).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// The sample requests, as given.
-    pub fn requests(&self) -> &[Vec<Tensor>] {
+    pub(crate) fn requests(&self) -> &[Vec<Tensor>] {
         &self.0
     }
 
     /// `rows` rows of the non-batch `shapes` from the first sample of those shapes, its rows
     /// repeated in order; `None` when no sample has them.
-    pub fn at(&self, rows: usize, shapes: &Shapes) -> Option<Vec<Tensor>> {
+    pub(crate) fn at(&self, rows: usize, shapes: &Shapes) -> Option<Vec<Tensor>> {
         let sample = self.0.iter().find(|inputs| {
             inputs
                 .iter()
@@ -175,12 +170,12 @@ impl Samples {
 }
 
 /// The non-batch dimensions of every input, in the config's input order.
-pub type Shapes = Vec<Vec<usize>>;
+pub(crate) type Shapes = Vec<Vec<usize>>;
 
 /// The warm-up executions in order: `(rows, shapes)` for every warm-up batch size at the
 /// profile's `opt` shape, then, for a model with variable dimensions, one row at `min` and
 /// one at `max` (when they differ from `opt`).
-pub fn runs(cfg: &RuntimeConfig) -> Vec<(usize, Shapes)> {
+pub(crate) fn runs(cfg: &RuntimeConfig) -> Vec<(usize, Shapes)> {
     let at = |f: fn(&infer_spec::TensorSpec) -> Vec<usize>| -> Shapes {
         cfg.inputs.iter().map(f).collect()
     };
@@ -201,13 +196,14 @@ pub fn runs(cfg: &RuntimeConfig) -> Vec<(usize, Shapes)> {
 }
 
 /// Deterministic, valid inputs for a batch of `rows` rows at the profile's `opt` shape.
-pub fn sample(cfg: &RuntimeConfig, rows: usize) -> Vec<Tensor> {
+#[cfg(test)]
+pub(crate) fn sample(cfg: &RuntimeConfig, rows: usize) -> Vec<Tensor> {
     let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
     sample_at(cfg, rows, &opt)
 }
 
 /// Deterministic, valid inputs for a batch of `rows` rows of the given non-batch shapes.
-pub fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tensor> {
+pub(crate) fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tensor> {
     cfg.inputs
         .iter()
         .zip(shapes)
@@ -245,16 +241,9 @@ pub fn sample_at(cfg: &RuntimeConfig, rows: usize, shapes: &Shapes) -> Vec<Tenso
         .collect()
 }
 
-/// Runs one warm-up sample at the `opt` shape and checks its outputs; the error names what
-/// was wrong.
-pub fn run(cfg: &RuntimeConfig, backend: &mut dyn Backend, rows: usize) -> Result<(), Error> {
-    let opt: Shapes = cfg.inputs.iter().map(|s| s.opt_row_dims()).collect();
-    run_at(cfg, backend, &Samples::default(), rows, &opt)
-}
-
 /// Runs one warm-up execution of the given shapes, with the samples' data when one has them
 /// (else synthetic), and checks its outputs.
-pub fn run_at(
+pub(crate) fn run_at(
     cfg: &RuntimeConfig,
     backend: &mut dyn Backend,
     samples: &Samples,
@@ -268,7 +257,7 @@ pub fn run_at(
 }
 
 /// Runs one sample request as given and checks its outputs.
-pub fn run_sample(
+pub(crate) fn run_sample(
     cfg: &RuntimeConfig,
     backend: &mut dyn Backend,
     inputs: &[Tensor],
@@ -279,7 +268,11 @@ pub fn run_sample(
 
 /// Checks a batch's outputs against the config: count, datatypes, rows, and every fixed
 /// dimension (a variable `-1` output dimension takes any size).
-pub fn check_outputs(cfg: &RuntimeConfig, rows: usize, outputs: &[Tensor]) -> Result<(), Error> {
+pub(crate) fn check_outputs(
+    cfg: &RuntimeConfig,
+    rows: usize,
+    outputs: &[Tensor],
+) -> Result<(), Error> {
     if outputs.len() != cfg.outputs.len() {
         return Err(Error::Outputs(format!(
             "the engine returned {} outputs, runtime.toml lists {}",

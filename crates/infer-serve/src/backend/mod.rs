@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(feature = "onnxruntime")]
-pub mod onnxruntime;
+pub(crate) mod onnxruntime;
 #[cfg(feature = "synthetic")]
-pub mod synthetic;
+pub(crate) mod synthetic;
 #[cfg(feature = "tensorrt")]
-pub mod tensorrt;
+pub(crate) mod tensorrt;
 #[cfg(feature = "tract")]
-pub mod tract;
+pub(crate) mod tract;
 
 /// A loaded engine, shared by every instance.
-pub trait Engine: Send + Sync {
+pub(crate) trait Engine: Send + Sync {
     /// A new instance (its own execution state) for one backend thread.
     fn instance(&self) -> Result<Box<dyn Backend>, Error>;
 }
@@ -149,7 +149,7 @@ fn compiled(kind: BackendKind) -> Result<&'static Compiled, Error> {
 /// Why the engine `runtime.toml` names cannot be loaded, an instance of it made, or this node
 /// described for it. The variant says what failed; the text is the backend's own words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// `engine.kind` names a backend this build of infer-serve lacks.
     #[error("engine kind \"{}\" is not built into this infer-serve (backends: {})", kind.as_str(), built.join(", "))]
     NotBuilt {
@@ -179,7 +179,7 @@ pub enum Error {
 type Loaded = Result<Arc<dyn Engine>, Error>;
 
 /// Loads the engine `cfg.engine` names; `base` is the directory `engine.path` is relative to.
-pub fn load(cfg: &RuntimeConfig, base: &Path) -> Loaded {
+pub(crate) fn load(cfg: &RuntimeConfig, base: &Path) -> Loaded {
     let kind = cfg.engine.kind;
     let backend = compiled(kind)?;
     let path = match (&cfg.engine.path, kind) {
@@ -194,7 +194,7 @@ pub fn load(cfg: &RuntimeConfig, base: &Path) -> Loaded {
 /// TensorRT engine, GPU 0 and the TensorRT library (an error when either is missing); for an
 /// engine that loads a library (ONNX Runtime), the CPU and the library's version (an error when
 /// it cannot be loaded); otherwise the CPU only.
-pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
+pub(crate) fn node(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
     match compiled(cfg.engine.kind) {
         Ok(backend) => (backend.node)(cfg, base),
         // `load` says that the backend is missing.
@@ -203,7 +203,7 @@ pub fn node(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
 }
 
 /// The backend kinds compiled in (`runtime.toml` spellings).
-pub fn built_features() -> Vec<&'static str> {
+pub(crate) fn built_features() -> Vec<&'static str> {
     COMPILED
         .iter()
         .flat_map(|c| c.kinds.iter().map(|k| k.as_str()))

@@ -34,13 +34,13 @@ use std::sync::{Arc, Mutex};
 
 /// The ONNX Runtime library `runtime.toml` names, opened and identified.
 #[derive(Debug, Clone)]
-pub struct Library {
+pub(crate) struct Library {
     pub path: PathBuf,
     pub version: Version,
 }
 
 /// `engine.library` resolved against the directory of `runtime.toml`.
-pub fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, Error> {
+pub(crate) fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, Error> {
     let rel =
         cfg.engine.library.as_deref().ok_or_else(|| {
             Error::Library("engine.library is required for onnxruntime".to_owned())
@@ -56,7 +56,7 @@ pub fn library_path(cfg: &RuntimeConfig, base: &Path) -> Result<PathBuf, Error> 
 
 /// Opens the library at `path` and reads its version, without letting `ort` near it: every
 /// way it can be unusable is an `Err` that names the path.
-pub fn probe(path: &Path) -> Result<Library, Error> {
+pub(crate) fn probe(path: &Path) -> Result<Library, Error> {
     let shown = path.display();
     if !path.exists() {
         return Err(Error::Library(format!(
@@ -120,8 +120,8 @@ pub fn probe(path: &Path) -> Result<Library, Error> {
 }
 
 /// The `ort` crate this backend is built with, and the ONNX Runtime release it targets.
-pub const ORT_CRATE: &str = "2.0.0-rc.15";
-pub const TARGET_ONNXRUNTIME: &str = "1.31";
+pub(crate) const ORT_CRATE: &str = "2.0.0-rc.15";
+pub(crate) const TARGET_ONNXRUNTIME: &str = "1.31";
 
 fn element(dt: DataType) -> Result<TensorElementType, Error> {
     Ok(match dt {
@@ -147,7 +147,7 @@ fn element(dt: DataType) -> Result<TensorElementType, Error> {
 }
 
 /// The loaded engine: the environment, the model's tensor names, and a first session.
-pub struct OrtEngine {
+pub(crate) struct OrtEngine {
     env: ort::environment::Environment,
     path: PathBuf,
     threads: usize,
@@ -162,7 +162,7 @@ pub struct OrtEngine {
 
 impl OrtEngine {
     /// Loads `model` with the library [`probe`] identified; `cpus` is what the process may use.
-    pub fn load(
+    pub(crate) fn load(
         cfg: &RuntimeConfig,
         model: &Path,
         library: Library,
@@ -220,16 +220,6 @@ impl OrtEngine {
             outputs,
             first: Mutex::new(Some(session)),
         })
-    }
-
-    /// The library that was loaded.
-    pub fn library(&self) -> &Library {
-        &self.library
-    }
-
-    /// Intra-op threads per instance.
-    pub fn threads(&self) -> usize {
-        self.threads
     }
 }
 

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The environment variable that injects faults (see the module's documentation).
-pub const FAULTS_ENV: &str = "INFER_SERVE_SYNTHETIC_FAULTS";
+pub(crate) const FAULTS_ENV: &str = "INFER_SERVE_SYNTHETIC_FAULTS";
 
 /// The row values that inject a fault.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Faults {
+pub(crate) struct Faults {
     pub batch_error: Option<f64>,
     pub device_lost: Option<f64>,
     pub panic: Option<f64>,
@@ -33,7 +33,7 @@ pub struct Faults {
 
 impl Faults {
     /// Parses `batch_error=V,device_lost=W,panic=P` (each part optional; empty: none).
-    pub fn parse(text: &str) -> Result<Faults, String> {
+    pub(crate) fn parse(text: &str) -> Result<Faults, String> {
         let mut f = Faults::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
@@ -58,7 +58,7 @@ impl Faults {
     }
 }
 
-pub struct SyntheticEngine {
+pub(crate) struct SyntheticEngine {
     base_ms: f64,
     per_row_ms: f64,
     per_token_ms: f64,
@@ -69,7 +69,7 @@ pub struct SyntheticEngine {
 }
 
 impl SyntheticEngine {
-    pub fn new(cfg: &RuntimeConfig) -> Result<SyntheticEngine, Error> {
+    pub(crate) fn new(cfg: &RuntimeConfig) -> Result<SyntheticEngine, Error> {
         let s = cfg
             .engine
             .synthetic

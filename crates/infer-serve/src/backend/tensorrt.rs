@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Environment variable naming the TensorRT runtime library to `dlopen` (a soname or a path),
 /// overriding the choice made from the engine's metadata.
-pub const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
+pub(crate) const LIBRARY_ENV: &str = "INFER_TRT_LIBRARY";
 
 /// The runtime library for this engine: `INFER_TRT_LIBRARY`, else `engine.library` (the lean
 /// runtime a GPU image ships, resolved against the directory of `runtime.toml`), else the
@@ -75,7 +75,7 @@ fn library_kind(gpu: Option<&GpuMeta>) -> LibraryKind {
 /// What this node has for a TensorRT engine: the runtime library's version and GPU 0 (compute
 /// capability, name, driver). Fails, naming what is missing, when the library cannot be opened
 /// or no driver or GPU is visible.
-pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
+pub(crate) fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
     let (name, _) = library_name(cfg, base)?;
     let lib = TrtLibrary::open(&name).map_err(|e| {
         Error::Library(format!(
@@ -101,7 +101,7 @@ pub fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
 
 /// The plan, deserialized once: every instance shares its engine (the weights sit in GPU memory
 /// once) and gets an execution context of its own.
-pub struct TensorrtEngine {
+pub(crate) struct TensorrtEngine {
     plan: TrtPlan,
     /// Instances created so far: the next one's index (TensorRT 8.6 gives each its own profile).
     instances: AtomicUsize,
@@ -110,7 +110,11 @@ pub struct TensorrtEngine {
 }
 
 impl TensorrtEngine {
-    pub fn load(cfg: &RuntimeConfig, base: &Path, path: &Path) -> Result<TensorrtEngine, Error> {
+    pub(crate) fn load(
+        cfg: &RuntimeConfig,
+        base: &Path,
+        path: &Path,
+    ) -> Result<TensorrtEngine, Error> {
         let (name, meta) = library_name(cfg, base)?;
         let plan = std::fs::read(path)
             .map_err(|e| Error::Engine(format!("cannot read {}: {e}", path.display())))?;
@@ -140,7 +144,7 @@ fn allow_host_code(gpu: Option<&GpuMeta>) -> bool {
 
 /// Checks the engine's IO tensors against runtime.toml: the same names, each with a datatype
 /// the V2 protocol can carry and equal to the configured one.
-pub fn check_io(
+pub(crate) fn check_io(
     io: &[IoTensor],
     inputs: &[TensorSpec],
     outputs: &[TensorSpec],

@@ -22,14 +22,14 @@ use std::sync::{Arc, Mutex};
 use tract_onnx::prelude::*;
 
 /// The most per-shape plans a variable-shape model keeps.
-pub const MAX_PLANS: usize = 16;
+pub(crate) const MAX_PLANS: usize = 16;
 /// The most per-shape execution states one instance keeps.
-pub const MAX_STATES: usize = 4;
+pub(crate) const MAX_STATES: usize = 4;
 
 /// The non-batch dimensions of every input: what a per-shape plan is for.
 type ShapeKey = Vec<Vec<usize>>;
 
-pub struct TractEngine {
+pub(crate) struct TractEngine {
     inner: Arc<Inner>,
 }
 
@@ -128,7 +128,7 @@ fn datum(dt: DataType) -> Result<DatumType, Error> {
 }
 
 impl TractEngine {
-    pub fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
+    pub(crate) fn load(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
         let ctx = |e: TractError| Error::Engine(format!("loading {}: {e:#}", path.display()));
         let model = tract_onnx::onnx().model_for_path(path).map_err(ctx)?;
         let inputs = cfg
@@ -192,7 +192,7 @@ impl TractEngine {
     /// Load `model.nnef.tar` as written by `infer-build engine` (the builder's
     /// `engine::tract::nnef()`: tract core, resource and ONNX extensions; both sides must agree).
     /// The builder writes NNEF only for models whose non-batch dimensions are fixed.
-    pub fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
+    pub(crate) fn load_nnef(cfg: &RuntimeConfig, path: &Path) -> Result<TractEngine, Error> {
         use tract_nnef::framework::Nnef;
         if let Some(s) = cfg.inputs.iter().find(|s| s.is_variable()) {
             return Err(Error::Engine(format!(
@@ -253,11 +253,6 @@ impl TractEngine {
                 plans: Mutex::new(Vec::new()),
             }),
         })
-    }
-
-    /// How many per-shape plans are cached (0 for a fixed-shape model).
-    pub fn cached_plans(&self) -> usize {
-        self.inner.plans.lock().map(|p| p.len()).unwrap_or(0)
     }
 }
 

@@ -3,7 +3,7 @@
 //! a request or an [`ApiError`] out; no I/O, no batching, no model.
 //!
 //! Validation is the HTTP decoder's: names, datatypes and shapes go through the served
-//! [`Signature`]'s one check ([`crate::signature::Inputs`]), tensor bytes
+//! `Signature`'s one check (`signature::Inputs`), tensor bytes
 //! (`raw_input_contents`, and typed `contents` once turned into bytes) through
 //! `v2::check_binary`, so both protocols accept and refuse the same tensors with the same
 //! words. No input can make it panic (the mutation test below and the

@@ -7,7 +7,7 @@
 //! gRPC framework, so the size limit, malformed messages and every other failure map to
 //! statuses through [`ApiError::grpc_code`], like HTTP statuses, and the accept loop and drain
 //! are the server's (`server::accept_loop`, with GOAWAY from SIGTERM on). A transport only:
-//! inference goes through [`crate::core`], the path HTTP requests take, with the same
+//! inference goes through `core`, the path HTTP requests take, with the same
 //! admission, memory budget and batcher; [`codec`] decodes with the HTTP decoder's checks.
 //! Owns no model. Streaming RPCs (`ModelStreamInfer`, health `Watch`) and the
 //! repository, shared-memory, trace and log RPCs answer `UNIMPLEMENTED`.
@@ -60,7 +60,7 @@ impl Grpc {
     }
 }
 
-/// Serves gRPC until `stop` fires; the same lifecycle as [`crate::http::serve`], except that
+/// Serves gRPC until `stop` fires; the same lifecycle as `http::serve`, except that
 /// connections get GOAWAY as soon as the drain starts. Returns true when every call finished
 /// within `exit_timeout`.
 pub async fn serve(

@@ -13,7 +13,7 @@
 //!    scores), boxes (YOLOv8 rows decoded, class-aware non-maximum suppression, mapped back to
 //!    the original image's pixels through the resize's [`Frame`]) or a vector.
 
-pub mod resample;
+pub(crate) mod resample;
 
 use crate::error::ApiError;
 use crate::tensor::Tensor;
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 /// The most bytes of EXIF metadata an image may carry: what a JPEG segment holds (64 KiB); a PNG or
 /// WebP of a photograph carries the camera's; more is a file made to cost the server.
-pub const MAX_EXIF_BYTES: usize = 64 << 10;
+pub(crate) const MAX_EXIF_BYTES: usize = 64 << 10;
 
 /// The formats an image may come in.
 const FORMATS: &str = "JPEG, PNG or WebP";

@@ -24,7 +24,7 @@ pub struct Rgb {
 /// The part of a resized image to compute: columns `x..x + width`, rows `y..y + height` of an
 /// image resized to `out_width` x `out_height`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
+pub(crate) struct Window {
     pub out_width: usize,
     pub out_height: usize,
     pub x: usize,
@@ -35,7 +35,7 @@ pub struct Window {
 
 impl Window {
     /// The whole of an image resized to `width` x `height`.
-    pub fn whole(width: usize, height: usize) -> Window {
+    pub(crate) fn whole(width: usize, height: usize) -> Window {
         Window {
             out_width: width,
             out_height: height,
@@ -51,7 +51,7 @@ impl Window {
 const PRECISION_BITS: u32 = 22;
 
 /// `src` resized to `w.out_width` x `w.out_height` with `filter`, only the window `w` of it.
-pub fn resize(src: &Rgb, filter: Interpolation, w: Window) -> Rgb {
+pub(crate) fn resize(src: &Rgb, filter: Interpolation, w: Window) -> Rgb {
     debug_assert!(w.x + w.width <= w.out_width && w.y + w.height <= w.out_height);
     if filter == Interpolation::Nearest {
         return nearest(src, w);

@@ -149,6 +149,13 @@ fn compiled(kind: BackendKind) -> Result<&'static Compiled, Error> {
 /// Why the engine `runtime.toml` names cannot be loaded, an instance of it made, or this node
 /// described for it. The variant says what failed; the text is the backend's own words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(
+    not(feature = "tensorrt"),
+    allow(
+        dead_code,
+        reason = "TensorRT's backend makes them all; the CPU ones only some"
+    )
+)]
 pub(crate) enum Error {
     /// `engine.kind` names a backend this build of infer-serve lacks.
     #[error("engine kind \"{}\" is not built into this infer-serve (backends: {})", kind.as_str(), built.join(", "))]

@@ -109,6 +109,26 @@ fn default_version() -> String {
     "1".to_owned()
 }
 
+/// The output `name` of `outputs` that a pre- or post-processing section (`key`, such as
+/// `text.output`) reads as floats: the problem when it is missing or neither FP32 nor FP16.
+pub(crate) fn float_output<'a>(
+    key: &str,
+    name: &str,
+    outputs: &'a [TensorSpec],
+) -> Result<&'a TensorSpec, String> {
+    match outputs.iter().find(|t| t.name == name) {
+        None => Err(format!(
+            "{key}: the engine has no output {name:?} (its outputs are {:?})",
+            outputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+        )),
+        Some(t) if t.datatype != DataType::F32 && t.datatype != DataType::F16 => Err(format!(
+            "{key}: output {:?} is {}, not FP32 or FP16",
+            t.name, t.datatype
+        )),
+        Some(t) => Ok(t),
+    }
+}
+
 /// `[[inputs]]` / `[[outputs]]`: one tensor of the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -512,19 +512,9 @@ impl Text {
                 other.name
             ));
         }
-        match outputs.iter().find(|t| t.name == self.output) {
-            None => p.push(format!(
-                "text.output: the engine has no output {:?} (its outputs are {:?})",
-                self.output,
-                outputs.iter().map(|t| &t.name).collect::<Vec<_>>()
-            )),
-            Some(t) if t.datatype != DataType::F32 && t.datatype != DataType::F16 => {
-                p.push(format!(
-                    "text.output: output {:?} is {}, not FP32 or FP16",
-                    t.name, t.datatype
-                ))
-            }
-            Some(t) if t.dims.len() != self.pooling.output_rank() => {
+        match crate::runtime::float_output("text.output", &self.output, outputs) {
+            Err(problem) => p.push(problem),
+            Ok(t) if t.dims.len() != self.pooling.output_rank() => {
                 p.push(format!(
                 "text.output: pooling {:?} reads a [batch{}, hidden] output; {:?} has dims {:?}",
                 self.pooling.as_str(),
@@ -533,11 +523,11 @@ impl Text {
                 t.dims
             ))
             }
-            Some(t) if t.dims.last().is_none_or(|&d| d < 1) => p.push(format!(
+            Ok(t) if t.dims.last().is_none_or(|&d| d < 1) => p.push(format!(
                 "text.output: {:?} must have a fixed last (hidden) dimension, has dims {:?}",
                 t.name, t.dims
             )),
-            Some(t) => {
+            Ok(t) => {
                 let width = t.dims.last().copied().unwrap_or(0);
                 if !self.labels.is_empty() && self.labels.len() as i64 != width {
                     p.push(format!(

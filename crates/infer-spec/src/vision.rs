@@ -380,19 +380,9 @@ impl Vision {
         {
             p.push("vision: scale, mean and std must be finite numbers, std not 0".to_owned());
         }
-        match outputs.iter().find(|t| t.name == self.output) {
-            None => p.push(format!(
-                "vision.output: the engine has no output {:?} (its outputs are {:?})",
-                self.output,
-                outputs.iter().map(|t| &t.name).collect::<Vec<_>>()
-            )),
-            Some(t) if t.datatype != DataType::F32 && t.datatype != DataType::F16 => {
-                p.push(format!(
-                    "vision.output: output {:?} is {}, not FP32 or FP16",
-                    t.name, t.datatype
-                ))
-            }
-            Some(t) => {
+        match crate::runtime::float_output("vision.output", &self.output, outputs) {
+            Err(problem) => p.push(problem),
+            Ok(t) => {
                 let shape = match self.answer {
                     Answer::Classify => self.classes(outputs).is_some(),
                     Answer::Detect => t.dims.len() == 3 && self.classes(outputs).is_some(),
@@ -511,5 +501,30 @@ mod tests {
         v.answer = Answer::Detect;
         let p = v.problems(&inputs, &outputs).join("\n");
         assert!(p.contains("vision.labels: 3 labels for 6 classes"), "{p}");
+    }
+
+    /// `[vision]` and `[text]` check the output they read with one rule, naming their own key.
+    #[test]
+    fn the_output_read_must_exist_and_be_fp32_or_fp16() {
+        let v = classifier();
+        let inputs = [spec("x", DataType::F32, &[-1, 3, 224, 224])];
+        let ints = [spec("y", DataType::I64, &[-1, 1000])];
+        let p = v.problems(&inputs, &ints).join("\n");
+        assert!(
+            p.contains("vision.output: output \"y\" is INT64, not FP32 or FP16"),
+            "{p}"
+        );
+        let other = [spec("logits", DataType::F32, &[-1, 1000])];
+        let p = v.problems(&inputs, &other).join("\n");
+        assert!(
+            p.contains(
+                "vision.output: the engine has no output \"y\" (its outputs are [\"logits\"])"
+            ),
+            "{p}"
+        );
+        let half = [spec("y", DataType::F16, &[-1, 1000])];
+        assert_eq!(v.problems(&inputs, &half), Vec::<String>::new());
+        let e = crate::runtime::float_output("text.output", "y", &ints).unwrap_err();
+        assert_eq!(e, "text.output: output \"y\" is INT64, not FP32 or FP16");
     }
 }

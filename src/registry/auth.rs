@@ -444,7 +444,7 @@ pub(crate) fn parse_docker_config(text: &str) -> std::result::Result<DockerConfi
 
 /// The registry of a `config.json` key (or of `INFER_BUILD_REGISTRY`), canonical: keys may be
 /// `host`, `https://host`, `https://host/v1/` and the like.
-fn key_registry(key: &str) -> std::result::Result<RegistryHost, String> {
+fn key_registry(key: &str) -> std::result::Result<RegistryHost, super::host::NameError> {
     let k = key
         .strip_prefix("https://")
         .or_else(|| key.strip_prefix("http://"))

@@ -20,6 +20,44 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// Why a text is not a registry name (`host[:port]`). The message is the reason, without the
+/// input: callers name the input and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("the registry host is empty")]
+    EmptyRegistry,
+    #[error("the host is empty")]
+    EmptyHost,
+    #[error("an IPv6 address ends with `]`")]
+    UnclosedIpv6,
+    #[error("an IPv6 zone (`%…`) is not a registry address")]
+    Ipv6Zone,
+    #[error("`[{0}]` is not an IPv6 address")]
+    NotIpv6(String),
+    #[error("an IPv6 address is written in brackets (`[::1]:5000`)")]
+    Ipv6WithoutBrackets,
+    /// A character no host name has, as [`shown_char`] writes it.
+    #[error("{0} is not allowed in a host name (letters, digits, `-` and `.`, or an IPv6 address in brackets)")]
+    Character(String),
+    #[error("a host name is at most 253 characters")]
+    NameTooLong,
+    #[error("`{0}` ends in a number but is not an IPv4 address")]
+    NotIpv4(String),
+    #[error("`{0}` has an empty label (`..`)")]
+    EmptyLabel(String),
+    #[error("a host name's labels are at most 63 characters")]
+    LabelTooLong,
+    #[error("`{0}`: a host name's labels do not start or end with `-`")]
+    LabelHyphen(String),
+    #[error("the port after `:` is empty")]
+    EmptyPort,
+    /// Not digits (at most 16 characters of it kept).
+    #[error("`{0}` is not a port (1 to 65535)")]
+    NotPort(String),
+    #[error("port {0} is out of range (1 to 65535)")]
+    PortRange(String),
+}
+
 /// The HTTPS port: a registry name without a port means it, so `host:443` is `host`.
 pub(crate) const DEFAULT_PORT: u16 = 443;
 /// Docker Hub's older name, the same registry as `docker.io`.
@@ -36,59 +74,52 @@ pub(crate) enum Host {
 impl Host {
     /// Parse the host part of a registry name or URL authority (no port): see the module
     /// documentation for what is accepted. The error is the reason, without the input.
-    pub(crate) fn parse(input: &str) -> Result<Host, String> {
+    pub(crate) fn parse(input: &str) -> Result<Host, NameError> {
         if let Some(inner) = input.strip_prefix('[') {
-            let inner = inner
-                .strip_suffix(']')
-                .ok_or("an IPv6 address ends with `]`")?;
+            let inner = inner.strip_suffix(']').ok_or(NameError::UnclosedIpv6)?;
             if inner.contains('%') {
-                return Err("an IPv6 zone (`%…`) is not a registry address".into());
+                return Err(NameError::Ipv6Zone);
             }
             let v6: Ipv6Addr = inner
                 .parse()
-                .map_err(|_| format!("`[{inner}]` is not an IPv6 address"))?;
+                .map_err(|_| NameError::NotIpv6(inner.to_owned()))?;
             return Ok(match v6.to_ipv4_mapped() {
                 Some(v4) => Host::V4(v4),
                 None => Host::V6(v6),
             });
         }
         if input.contains(':') {
-            return Err("an IPv6 address is written in brackets (`[::1]:5000`)".into());
+            return Err(NameError::Ipv6WithoutBrackets);
         }
         let name = input.strip_suffix('.').unwrap_or(input);
         if name.is_empty() {
-            return Err("the host is empty".into());
+            return Err(NameError::EmptyHost);
         }
         if let Some(c) = name
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '.'))
         {
-            return Err(format!(
-                "{} is not allowed in a host name (letters, digits, `-` and `.`, or an IPv6 address in brackets)",
-                shown_char(c)
-            ));
+            return Err(NameError::Character(shown_char(c)));
         }
         let name = name.to_ascii_lowercase();
         if name.len() > 253 {
-            return Err("a host name is at most 253 characters".into());
+            return Err(NameError::NameTooLong);
         }
         let labels: Vec<&str> = name.split('.').collect();
         if ends_in_a_number(&labels) {
             return ipv4(&labels)
                 .map(Host::V4)
-                .ok_or_else(|| format!("`{name}` ends in a number but is not an IPv4 address"));
+                .ok_or_else(|| NameError::NotIpv4(name.clone()));
         }
         for label in &labels {
             if label.is_empty() {
-                return Err(format!("`{name}` has an empty label (`..`)"));
+                return Err(NameError::EmptyLabel(name.clone()));
             }
             if label.len() > 63 {
-                return Err("a host name's labels are at most 63 characters".into());
+                return Err(NameError::LabelTooLong);
             }
             if label.starts_with('-') || label.ends_with('-') {
-                return Err(format!(
-                    "`{label}`: a host name's labels do not start or end with `-`"
-                ));
+                return Err(NameError::LabelHyphen((*label).to_owned()));
             }
         }
         Ok(Host::Name(name))
@@ -165,22 +196,17 @@ fn ipv4(labels: &[&str]) -> Option<Ipv4Addr> {
 }
 
 /// A port: 1 to 65535, digits only.
-pub(crate) fn parse_port(text: &str) -> Result<u16, String> {
+pub(crate) fn parse_port(text: &str) -> Result<u16, NameError> {
     if text.is_empty() {
-        return Err("the port after `:` is empty".into());
+        return Err(NameError::EmptyPort);
     }
+    let shown = || text.chars().take(16).collect::<String>();
     if !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "`{}` is not a port (1 to 65535)",
-            text.chars().take(16).collect::<String>()
-        ));
+        return Err(NameError::NotPort(shown()));
     }
     match text.parse::<u32>() {
         Ok(p @ 1..=65535) => Ok(p as u16),
-        _ => Err(format!(
-            "port {} is out of range (1 to 65535)",
-            text.chars().take(16).collect::<String>()
-        )),
+        _ => Err(NameError::PortRange(shown())),
     }
 }
 
@@ -215,12 +241,12 @@ pub struct RegistryHost {
 impl RegistryHost {
     /// Parse `host[:port]`. The error is the reason, without the input (callers name it and
     /// where it came from).
-    pub fn parse(input: &str) -> Result<RegistryHost, String> {
+    pub fn parse(input: &str) -> Result<RegistryHost, NameError> {
         if input.is_empty() {
-            return Err("the registry host is empty".into());
+            return Err(NameError::EmptyRegistry);
         }
         if !input.starts_with('[') && input.matches(':').count() > 1 {
-            return Err("an IPv6 address is written in brackets (`[::1]:5000`)".into());
+            return Err(NameError::Ipv6WithoutBrackets);
         }
         let (host, port) = split_port(input);
         let mut host = Host::parse(host)?;
@@ -387,7 +413,7 @@ pub(crate) fn redirect_refusal(target: IpAddr, registry: &[IpAddr]) -> Option<St
 mod tests {
     use super::*;
 
-    fn canon(input: &str) -> Result<String, String> {
+    fn canon(input: &str) -> Result<String, NameError> {
         RegistryHost::parse(input).map(|h| h.to_string())
     }
 
@@ -463,7 +489,7 @@ mod tests {
             ("09.1.1.1", "IPv4"),
             ("1.256.1", "IPv4"),
         ] {
-            let e = RegistryHost::parse(written).expect_err(written);
+            let e = RegistryHost::parse(written).expect_err(written).to_string();
             assert!(e.contains(says), "{written}: {e}");
         }
     }

@@ -37,7 +37,7 @@ pub(crate) mod sources;
 pub use auth::Keychain;
 pub use client::Notify;
 pub use client::{Client, ClientOptions};
-pub use host::RegistryHost;
+pub use host::{NameError, RegistryHost};
 pub use inspect::{inspect, PlainPull, RemoteImage, RemoteManifest};
 pub use pull::{pull, pull_with, PulledImage};
 pub use pull::{Pin, PullOptions};
@@ -56,7 +56,10 @@ pub enum Error {
     BadReference { reference: String, reason: String },
     /// A registry name that is not `host[:port]` ([`RegistryHost`]).
     #[error("invalid registry `{registry}`: {reason}")]
-    BadRegistry { registry: String, reason: String },
+    BadRegistry {
+        registry: String,
+        reason: host::NameError,
+    },
     #[error("invalid OCI layout {}: {reason}", path.display())]
     Layout { path: PathBuf, reason: String },
     #[error("cannot read {}", path.display())]

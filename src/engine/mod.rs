@@ -37,6 +37,7 @@ use infer_spec::engine::{
 pub use cache::digest_file;
 pub use cache::{Cache, Entry};
 pub use key::{KeyMaterial, TOOL_VERSION};
+pub use onnxruntime::OrtError;
 pub use polygraphy::LOADER_SCRIPT;
 pub use spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
 
@@ -68,10 +69,10 @@ pub enum Error {
     NoCpuEngine {
         target: String,
         tract: String,
-        onnxruntime: String,
+        onnxruntime: OrtError,
     },
     #[error("target {target}: ONNX Runtime does not load the model (engine.cpu = \"onnxruntime\"): {reason}")]
-    Onnxruntime { target: String, reason: String },
+    Onnxruntime { target: String, reason: OrtError },
     #[error("TensorRT {version} is not supported (8.6, 10.x and 11.x are)")]
     UnsupportedTensorrt { version: String },
     #[error("target {target} with TensorRT {tensorrt}: {reason}")]

@@ -25,7 +25,7 @@ use infer_spec::engine::{
     EngineSelection, StartupMeasurement, Version,
 };
 
-use super::onnxruntime::{self, OrtCandidate};
+use super::onnxruntime::{self, OrtCandidate, OrtError};
 use super::spec::EngineSpec;
 use super::{tract, Error};
 
@@ -69,7 +69,7 @@ fn measure_ort(
     c: &OrtCandidate,
     bytes: &[u8],
     reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
-) -> Result<(onnxruntime::OrtMeasured, usize, Vec<CandidateMeasurement>), String> {
+) -> Result<(onnxruntime::OrtMeasured, usize, Vec<CandidateMeasurement>), OrtError> {
     let mut measured = Vec::new();
     for (k, threads) in onnxruntime::thread_counts(c.threads)
         .into_iter()
@@ -91,7 +91,7 @@ fn measure_ort(
     let (_, mut chosen) = measured
         .into_iter()
         .find(|(t, _)| *t == best)
-        .ok_or("no ONNX Runtime measurement")?;
+        .ok_or_else(|| OrtError::Run("no ONNX Runtime measurement".to_owned()))?;
     chosen.outputs = outputs;
     Ok((chosen, best, rows))
 }
@@ -360,7 +360,10 @@ pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
                 policy: CpuEngine::Auto,
                 chosen: EngineKind::Tract,
                 reason: "ONNX Runtime does not load or run the model".into(),
-                candidates: vec![tract_candidate, ort_row(c, c.threads, None, Some(o))],
+                candidates: vec![
+                    tract_candidate,
+                    ort_row(c, c.threads, None, Some(o.to_string())),
+                ],
                 agreement: None,
             };
             Ok(tract_chosen(built, Some(selection)))

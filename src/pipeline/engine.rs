@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::assemble;
-use crate::engine::onnxruntime::{Folding, OrtCandidate};
+use crate::engine::onnxruntime::{Folding, OrtCandidate, OrtError};
 use crate::error::Error;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::CpuEngine;
@@ -191,17 +191,18 @@ pub(super) fn folding(
     let row = matrix.library("onnxruntime", t.platform, None)?.clone();
     let (t, lock_path, note) = (t.clone(), lock_path.to_path_buf(), note.clone());
     Some(Folding::new(row.version.clone(), move || {
-        let lock = crate::plan::lock::read(&lock_path).map_err(|e| e.to_string())?;
+        let library = |e: &dyn std::fmt::Display| OrtError::Library(e.to_string());
+        let lock = crate::plan::lock::read(&lock_path).map_err(|e| library(&e))?;
         crate::native::check_lock(
             &row,
             None,
             lock.as_ref().map(|l| (lock_path.as_path(), l)),
             update_lock,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| library(&e))?;
         ensure_library(&t, &row, &lock_path, true, &note)
             .map(|(load, _)| load)
-            .map_err(|e| e.to_string())
+            .map_err(|e| library(&e))
     }))
 }
 

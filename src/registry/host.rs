@@ -36,7 +36,7 @@ pub enum NameError {
     NotIpv6(String),
     #[error("an IPv6 address is written in brackets (`[::1]:5000`)")]
     Ipv6WithoutBrackets,
-    /// A character no host name has, as [`shown_char`] writes it.
+    /// A character no host name has, quoted, or as its code point (`U+00E9`).
     #[error("{0} is not allowed in a host name (letters, digits, `-` and `.`, or an IPv6 address in brackets)")]
     Character(String),
     #[error("a host name is at most 253 characters")]

@@ -147,17 +147,19 @@ pub(super) fn prepare_recipe(
         if let Some(line) = engine.as_ref().and_then(|e| e.folded.as_ref()) {
             note(&format!("target {}: {line}", t.id));
         }
-        let engine_kind = engine.as_ref().map(|e| e.kind);
+        let engine_def = engine.as_ref().map(|e| e.kind.def());
         // A CPU engine that loads a library (ONNX Runtime) ships it beside it, from the plan's
         // pinned wheel.
-        let cpu_library =
-            ort.filter(|_| !gpu && engine_kind.is_some_and(|k| k.def().library.is_some()));
+        let cpu_library = match engine_def {
+            Some(d) if !gpu && d.library.is_some() => ort.map(|lib| (d, lib)),
+            _ => None,
+        };
         // The runtime build that serves the engine (`EngineDef::runtime`): every GPU image the
         // dynamically linked one with the TensorRT backend (a static binary cannot dlopen
         // TensorRT and the driver), whether TensorRT comes from the image's base (full) or the
         // lean library layer; a CPU image the static one unless its engine loads a library.
-        let flavour = match engine_kind {
-            Some(k) if gpu || cpu_library.is_some() => k.def().runtime,
+        let flavour = match engine_def {
+            Some(d) if gpu || cpu_library.is_some() => d.runtime,
             _ if gpu => assemble::RuntimeFlavour::Gpu,
             _ => assemble::RuntimeFlavour::Static,
         };
@@ -183,12 +185,11 @@ pub(super) fn prepare_recipe(
             }
         }
         let (base, library) = match cpu_library {
-            Some(lib) => {
+            Some((def, lib)) => {
                 let Some(pin) = t.cpu.as_ref().and_then(|c| c.glibc_base.as_ref()) else {
                     return Err(Error::Usage(format!(
                         "target {}: the compatibility matrix has no glibc base image for {}",
-                        t.id,
-                        engine_kind.map_or("its engine", |k| k.def().title)
+                        t.id, def.title
                     )));
                 };
                 (Some(bases.get_pin(t, pin, &platform)?), Some(lib))

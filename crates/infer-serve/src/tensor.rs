@@ -5,6 +5,7 @@
 //! never looks at element types. `BYTES` tensors hold the wire form (4-byte length + bytes per
 //! element).
 
+use crate::error::ApiError;
 use bytes::Bytes;
 use infer_spec::DataType;
 
@@ -25,6 +26,36 @@ impl Tensor {
     /// Elements in the whole tensor.
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Elements `range` of an FP32 or FP16 tensor, as f32: what the text and image answers read
+    /// from the engine's output. Another datatype, or a range past the data, is the engine's
+    /// fault (a 500).
+    pub(crate) fn floats(&self, range: std::ops::Range<usize>) -> Result<Vec<f32>, ApiError> {
+        let size = match self.dtype {
+            DataType::F32 | DataType::F16 => self.dtype.size().unwrap_or(4),
+            other => {
+                return Err(ApiError::Internal(format!(
+                    "the engine's output is {other}, not FP32 or FP16"
+                )))
+            }
+        };
+        let bytes = self
+            .data
+            .get(range.start * size..range.end * size)
+            .ok_or_else(|| {
+                ApiError::Internal("the engine's output is shorter than its shape".to_owned())
+            })?;
+        Ok(match self.dtype {
+            DataType::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            _ => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        })
     }
 
     /// The byte range of rows `start..start + n` for fixed-size types; `None` for `BYTES` or

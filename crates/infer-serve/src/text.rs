@@ -490,11 +490,11 @@ impl TextModel {
             // Only the values a pooling reads are decoded: the row's own tokens.
             let row = r * per_row;
             let v: Vec<f32> = match self.cfg.pooling {
-                Pooling::None | Pooling::Cls => floats(out, row..row + hidden)?,
-                Pooling::Last => floats(out, row + (len - 1) * hidden..row + len * hidden)?,
+                Pooling::None | Pooling::Cls => out.floats(row..row + hidden)?,
+                Pooling::Last => out.floats(row + (len - 1) * hidden..row + len * hidden)?,
                 Pooling::Mean => {
                     let mut sum = vec![0f32; hidden];
-                    for token in floats(out, row..row + len * hidden)?.chunks_exact(hidden) {
+                    for token in out.floats(row..row + len * hidden)?.chunks_exact(hidden) {
                         for (s, x) in sum.iter_mut().zip(token) {
                             *s += x;
                         }
@@ -534,7 +534,7 @@ impl TextModel {
     /// A pooled `[rows, hidden]` FP32 tensor's rows as vectors.
     pub fn vectors(t: &Tensor) -> Result<Vec<Vec<f32>>, ApiError> {
         let hidden = t.shape.get(1).copied().unwrap_or(0).max(1);
-        let all = floats(t, 0..t.elements())?;
+        let all = t.floats(0..t.elements())?;
         Ok(all.chunks(hidden).map(<[f32]>::to_vec).collect())
     }
 }
@@ -620,34 +620,6 @@ fn activate(a: Activation, v: &mut [f32]) {
             v.iter_mut().for_each(|x| *x /= sum);
         }
     }
-}
-
-/// Elements `range` of an FP32 or FP16 tensor, as f32.
-fn floats(t: &Tensor, range: std::ops::Range<usize>) -> Result<Vec<f32>, ApiError> {
-    let size = match t.dtype {
-        DataType::F32 | DataType::F16 => t.dtype.size().unwrap_or(4),
-        other => {
-            return Err(ApiError::Internal(format!(
-                "the engine's output is {other}, not FP32 or FP16"
-            )))
-        }
-    };
-    let bytes = t
-        .data
-        .get(range.start * size..range.end * size)
-        .ok_or_else(|| {
-            ApiError::Internal("the engine's output is shorter than its shape".to_owned())
-        })?;
-    Ok(match t.dtype {
-        DataType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        _ => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-    })
 }
 
 #[cfg(test)]

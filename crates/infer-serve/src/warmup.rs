@@ -24,31 +24,25 @@ use std::path::Path;
 pub(crate) struct Samples(Vec<Vec<Tensor>>);
 
 /// Why warm-up could not run: its samples file, a batch, or the engine's outputs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Error {
     /// The samples file is not a regular file (a FIFO, a device, a directory, a socket) or is
     /// larger than [`infer_spec::samples::MAX_BYTES`]: a bad config (exit 2). The message names
     /// the path.
+    #[error("{0}")]
     Refused(String),
     /// The samples file could not be opened or read (missing, unreadable).
+    #[error("{0}")]
     Io(String),
     /// A sample request does not decode: the file and the request.
+    #[error("{0}")]
     Samples(String),
     /// The engine failed a warm-up batch.
+    #[error("{0}")]
     Exec(ExecError),
     /// The engine's outputs do not match `runtime.toml`: which output, what it was.
+    #[error("{0}")]
     Outputs(String),
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Refused(m) | Error::Io(m) | Error::Samples(m) | Error::Outputs(m) => {
-                f.write_str(m)
-            }
-            Error::Exec(e) => write!(f, "{e}"),
-        }
-    }
 }
 
 impl From<ExecError> for Error {

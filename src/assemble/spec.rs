@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use infer_spec::{
-    BackendKind, EngineSection, ModelSection, RuntimeConfig, Server, TensorSpec, Warmup,
+    BackendKind, EngineSection, MeasuredThreads, ModelSection, RuntimeConfig, Server, TensorSpec,
+    Warmup,
 };
 
 use super::{paths, BaseRef, Error, ImageMeta, ModelSpec, Payload, TargetSpec};
@@ -177,6 +178,7 @@ pub(crate) fn runtime_config(
             metadata: metadata.map(String::from),
             library: None,
             threads: None,
+            measured: None,
             synthetic: None,
         },
         warmup: Warmup {
@@ -491,12 +493,20 @@ pub(crate) fn target_spec_at(
     if library.is_some() {
         rc.engine.kind = kind;
         rc.engine.library = library;
-        // The intra-op threads the engine stage measured faster than the instance's share.
-        rc.engine.threads = metadata
-            .as_ref()
-            .and_then(|(_, m)| m.cpu.as_ref())
-            .and_then(|c| c.threads)
-            .filter(|_| engine_def.is_some_and(|d| d.threads));
+        if engine_def.is_some_and(|d| d.threads) {
+            // The recipe's threads, pinned; the engine stage's measurement, a hint the
+            // runtime takes where an instance's share of the CPUs is the one measured.
+            rc.engine.threads = recipe.engine.threads.as_ref().map(|t| t.value);
+            rc.engine.measured = metadata
+                .as_ref()
+                .and_then(|(_, m)| m.cpu.as_ref())
+                .and_then(|c| {
+                    Some(MeasuredThreads {
+                        threads: c.threads?,
+                        share: c.share?,
+                    })
+                });
+        }
     }
     name_dims(&mut rc, &files.dim_names);
     bound_table_inputs(&mut rc, &files.table_rows);

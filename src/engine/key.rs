@@ -28,10 +28,11 @@ pub enum BackendKey {
         cpu_engine: Option<CpuEngine>,
         #[serde(skip_serializing_if = "Option::is_none")]
         onnxruntime: Option<String>,
-        /// The most intra-op threads an ONNX Runtime candidate was measured with (the thread
-        /// count that ships is chosen up to it).
+        /// The recipe's `[engine] threads`, the one count ONNX Runtime is measured with when
+        /// given. (The counts measured otherwise, from the builder's CPUs, are not in the key:
+        /// the runtime decides the threads where it runs, the measurement is a hint.)
         #[serde(skip_serializing_if = "Option::is_none")]
-        onnxruntime_threads: Option<usize>,
+        threads: Option<u32>,
     },
     Tensorrt {
         /// Version with build number.
@@ -149,7 +150,7 @@ mod tests {
                         tract: "0.23.9".into(),
                         cpu_engine: None,
                         onnxruntime: None,
-                        onnxruntime_threads: None,
+                        threads: None,
                     }
                 }),
             ),

@@ -275,7 +275,11 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
                 (None, Some(f)) => Some(f.version.to_string()),
                 (None, None) => None,
             },
-            onnxruntime_threads: spec.onnxruntime.as_ref().map(|c| c.threads),
+            threads: spec
+                .onnxruntime
+                .as_ref()
+                .filter(|c| c.given)
+                .map(|c| c.threads as u32),
         },
         Toolchain::Tensorrt(trt) => BackendKey::Tensorrt {
             tensorrt: trt.tensorrt.to_string(),
@@ -493,7 +497,8 @@ fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Er
             .map_err(|_| Error::Internal("tract version literal"))?,
         onnxruntime: chosen.onnxruntime,
         folded_by: chosen.folded_by,
-        threads: chosen.threads,
+        threads: chosen.measured.map(|m| m.threads),
+        share: chosen.measured.map(|m| m.share),
         // tract picks its kernels at run time from the CPU it finds (with portable fallbacks),
         // so the stored model requires nothing beyond the architecture; so does ONNX Runtime's
         // CPU provider.

@@ -55,8 +55,11 @@ pub struct OrtCandidate {
     /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
     pub version: Version,
     /// The most intra-op threads one runtime instance may use (its share of the CPUs); the
-    /// engine stage measures [`thread_counts`] up to it.
+    /// engine stage measures [`thread_counts`] up to it. When `given`, the recipe's
+    /// `[engine] threads`, the one count measured.
     pub threads: usize,
+    /// `threads` is the recipe's `[engine] threads`.
+    pub given: bool,
     /// True when the recipe forces ONNX Runtime (`engine.cpu = "onnxruntime"`): tract is
     /// then not tried.
     pub forced: bool,
@@ -289,6 +292,18 @@ fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<O
 
 /// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
 /// below `max`, and `max`.
+impl OrtCandidate {
+    /// The intra-op thread counts the engine stage measures: the recipe's, or
+    /// [`thread_counts`] up to the instance's share.
+    pub(crate) fn counts(&self) -> Vec<usize> {
+        if self.given {
+            vec![self.threads.max(1)]
+        } else {
+            thread_counts(self.threads)
+        }
+    }
+}
+
 pub(crate) fn thread_counts(max: usize) -> Vec<usize> {
     let max = max.max(1);
     let mut out = Vec::new();

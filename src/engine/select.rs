@@ -25,6 +25,8 @@ use infer_spec::engine::{
     EngineSelection, StartupMeasurement, Version,
 };
 
+use infer_spec::MeasuredThreads;
+
 use super::onnxruntime::{self, OrtCandidate, OrtError};
 use super::spec::EngineSpec;
 use super::{tract, Error};
@@ -71,10 +73,7 @@ fn measure_ort(
     reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
 ) -> Result<(onnxruntime::OrtMeasured, usize, Vec<CandidateMeasurement>), OrtError> {
     let mut measured = Vec::new();
-    for (k, threads) in onnxruntime::thread_counts(c.threads)
-        .into_iter()
-        .enumerate()
-    {
+    for (k, threads) in c.counts().into_iter().enumerate() {
         let m = onnxruntime::measure(spec, c, bytes, threads, reference.filter(|_| k == 0))?;
         measured.push((threads, m));
     }
@@ -124,9 +123,9 @@ pub(crate) struct Chosen {
     pub selection: Option<EngineSelection>,
     /// The ONNX Runtime version whose constant folding tract's engine was built from.
     pub folded_by: Option<Version>,
-    /// ONNX Runtime: the intra-op threads to ship when fewer than the instance's share measured
-    /// faster (`CpuMeta::threads`).
-    pub threads: Option<u32>,
+    /// ONNX Runtime: fewer intra-op threads than the instance's share measured faster, and
+    /// that share (`CpuMeta::threads` and `share`).
+    pub measured: Option<MeasuredThreads>,
 }
 
 fn threads_text() -> usize {
@@ -181,7 +180,7 @@ fn tract_chosen(
         ),
         selection,
         folded_by,
-        threads: None,
+        measured: None,
     }
 }
 
@@ -249,16 +248,15 @@ fn ort_chosen(
     (m, threads): (onnxruntime::OrtMeasured, usize),
     mut selection: EngineSelection,
 ) -> Chosen {
-    let counts: Vec<String> = onnxruntime::thread_counts(c.threads)
-        .iter()
-        .map(usize::to_string)
-        .collect();
+    let counts: Vec<String> = c.counts().iter().map(usize::to_string).collect();
     selection.reason.push_str(&format!(
         "; {threads} intra-op thread{} per instance, the fastest of {}{}",
         if threads == 1 { "" } else { "s" },
         counts.join(", "),
-        if threads < c.threads {
-            " (runtime.toml sets engine.threads)"
+        if c.given {
+            " (the recipe's engine.threads)"
+        } else if threads < c.threads {
+            " (a hint: runtime.toml's engine.measured, taken where an instance has the same share of CPUs)"
         } else {
             " (the instance's share of the CPUs)"
         }
@@ -286,7 +284,10 @@ fn ort_chosen(
         ),
         selection: Some(selection),
         folded_by: None,
-        threads: (threads < c.threads).then_some(threads as u32),
+        measured: (!c.given && threads < c.threads).then_some(MeasuredThreads {
+            threads: threads as u32,
+            share: c.threads as u32,
+        }),
     }
 }
 

@@ -103,6 +103,10 @@ pub struct Engine {
     /// `engine.convert`: the tool that makes the FP16 / INT8 / FP8 model of GPU targets
     /// (default `builtin`; span: the key, the table, or the start).
     pub convert: Located<ConvertTool>,
+    /// `engine.threads`: the intra-op threads of each instance of an engine with threads of
+    /// its own (ONNX Runtime), pinned in `runtime.toml`; absent, the runtime decides where it
+    /// runs.
+    pub threads: Option<Located<u32>>,
 }
 
 /// `engine.convert`: which tool converts an FP32 ONNX to the precision a GPU target asks for.

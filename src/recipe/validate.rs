@@ -75,7 +75,7 @@ const TEXT_KEYS: [&str; 17] = [
     "labels",
     "max_client_batch_size",
 ];
-const ENGINE_KEYS: [&str; 2] = ["cpu", "convert"];
+const ENGINE_KEYS: [&str; 3] = ["cpu", "convert", "threads"];
 const MODEL_KEYS: [&str; 6] = [
     "name",
     "version",
@@ -535,6 +535,7 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
     let mut out = Engine {
         cpu: Located::new(CpuEngine::Auto, span_or(t), "engine.cpu"),
         convert: Located::new(ConvertTool::Builtin, span_or(t), "engine.convert"),
+        threads: None,
     };
     let Some(t) = t else {
         return out;
@@ -553,6 +554,23 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
                 ),
             ),
         }
+    }
+    if let Some(v) = cx.int(
+        t,
+        "threads",
+        1,
+        i64::from(infer_spec::runtime::MAX_THREADS),
+        "an integer from 1 to 1024",
+    ) {
+        if out.cpu.value == CpuEngine::TRACT {
+            cx.error_hint(
+                v.span,
+                &v.key,
+                "engine.threads is for engines with threads of their own (ONNX Runtime); tract computes each batch on its instance's thread",
+                "remove it (more instances give tract more cores: [batching] instances), or use engine.cpu = \"auto\" or \"onnxruntime\"",
+            );
+        }
+        out.threads = Some(Located::new(v.value as u32, v.span, v.key.clone()));
     }
     if let Some(v) = cx.string(t, "convert") {
         match ConvertTool::parse(&v.value) {

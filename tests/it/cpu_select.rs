@@ -4,6 +4,7 @@
 //! measurements are in the engine profile. A model neither loads is refused at `build` with
 //! both reasons and no image is written; a model only ONNX Runtime loads goes to ONNX Runtime.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -119,11 +120,17 @@ fn auto_measures_tract_and_onnxruntime_records_both_and_a_rebuild_is_cached() {
     if chosen == "onnxruntime" {
         assert_eq!(doc["meta"]["format"], "onnx");
         assert!(doc["meta"]["cpu"]["onnxruntime"].is_string(), "{doc}");
-        // A count below the instance's share is pinned for the runtime; the share is not.
-        let pinned = doc["meta"]["cpu"]["threads"].as_u64();
+        // A count below the instance's share is recorded, with that share, as a hint for the
+        // runtime (taken only where an instance has the same share); the share is not.
+        let hint = doc["meta"]["cpu"]["threads"].as_u64();
         let share = *threads.last().unwrap();
         let best = best["threads"].as_u64().unwrap();
-        assert_eq!(pinned, (best < share).then_some(best), "{doc}");
+        assert_eq!(hint, (best < share).then_some(best), "{doc}");
+        assert_eq!(
+            doc["meta"]["cpu"]["share"].as_u64(),
+            (best < share).then_some(share),
+            "{doc}"
+        );
     }
 
     // The rebuild costs nothing: the measured choice is cached with the engine.
@@ -133,6 +140,71 @@ fn auto_measures_tract_and_onnxruntime_records_both_and_a_rebuild_is_cached() {
     assert_eq!(doc2["cached"], true);
     assert_eq!(doc2["key"], doc["key"]);
     assert_eq!(doc2["profile"], doc["profile"]);
+}
+
+/// `[engine] threads` pins ONNX Runtime's intra-op threads: the one count measured, in the
+/// engine key (the counts measured otherwise are not), no hint recorded; under
+/// `engine.cpu = "tract"` it is refused at its line.
+#[test]
+fn recipe_threads_are_the_one_count_measured_and_tract_refuses_them() {
+    let f = tempfile::tempdir().unwrap();
+    let recipe = copy_example(f.path(), "onnxruntime");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    assert!(text.contains("[engine]\n"), "{text}");
+    std::fs::write(
+        &recipe,
+        text.replace("[engine]\n", "[engine]\nthreads = 3\n"),
+    )
+    .unwrap();
+    let cache = f.path().join("cache");
+    let o = engine(&recipe, &cache);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let cands = doc["profile"]["selection"]["candidates"]
+        .as_array()
+        .unwrap();
+    let threads: Vec<u64> = cands
+        .iter()
+        .map(|c| c["threads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(threads, [3], "{doc}");
+    assert!(doc["meta"]["cpu"]["threads"].is_null(), "{doc}");
+    assert!(doc["meta"]["cpu"]["share"].is_null(), "{doc}");
+    let reason = doc["profile"]["selection"]["reason"].as_str().unwrap();
+    assert!(reason.contains("the recipe's engine.threads"), "{reason}");
+    // Another count is another key; none (the builder's counts) is a third.
+    std::fs::write(
+        &recipe,
+        text.replace("[engine]\n", "[engine]\nthreads = 1\n"),
+    )
+    .unwrap();
+    let one = engine(&recipe, &cache);
+    assert!(one.status.success(), "{}", stderr(&one));
+    let one: Value = serde_json::from_str(&stdout(&one)).unwrap();
+    std::fs::write(&recipe, &text).unwrap();
+    let none = engine(&recipe, &cache);
+    assert!(none.status.success(), "{}", stderr(&none));
+    let none: Value = serde_json::from_str(&stdout(&none)).unwrap();
+    let keys = BTreeSet::from([&doc["key"], &one["key"], &none["key"]].map(Value::to_string));
+    assert_eq!(keys.len(), 3, "{keys:?}");
+
+    let tract = std::fs::read_to_string(copy_example(f.path(), "tract")).unwrap();
+    let recipe = f.path().join("recipe/recipe.toml");
+    std::fs::write(
+        &recipe,
+        tract.replace("[engine]\n", "[engine]\nthreads = 2\n"),
+    )
+    .unwrap();
+    let o = infer_build().arg("plan").arg(&recipe).output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = tract.lines().position(|l| l == "[engine]").unwrap() + 2;
+    assert!(
+        err.contains(&format!("recipe.toml:{line}:"))
+            && err.contains("engine.threads")
+            && err.contains("tract computes each batch on its instance's thread"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -253,6 +253,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             onnxruntime: Some("1.30.0".parse().unwrap()),
             folded_by: None,
             threads: None,
+            share: None,
             required_features: vec![],
         }),
         conversion: None,
@@ -352,7 +353,9 @@ fn py_a_bundle_serves_the_three_ocr_models_together_like_onnxruntime() {
     let nodes: Vec<_> = log.iter().filter(|v| v["msg"] == "node").collect();
     assert_eq!(nodes.len(), 3, "{log:?}");
     assert!(
-        nodes.iter().all(|v| v["threads_per_instance"] == share),
+        nodes
+            .iter()
+            .all(|v| v["threads_per_instance"] == share && v["threads_from"] == "cpus / instances"),
         "each model computes with its share of {cpus} CPUs ({share}): {nodes:?}"
     );
     let (status, index) = post(&addr, "/v2/repository/index", "");

@@ -835,6 +835,46 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         "the start-up log names {}: {logs}",
         case.engine
     );
+    if case.name == THREADS_CASE {
+        threads_are_decided_where_the_container_runs(&format!(
+            "localhost/infer-build/{name}:1-cpu-fp32"
+        ));
+    }
+}
+
+/// The case whose image is also started under a CPU quota (one is enough: the rule is the
+/// runtime's, the same for every ONNX Runtime image).
+const THREADS_CASE: &str = "ocr-rec";
+
+/// An ONNX Runtime image decides its intra-op threads where it runs: under `docker run
+/// --cpus 1` an instance computes with 1 thread (the container's CPU quota, read from its
+/// cgroup), whatever the builder measured on its CPUs; `INFER_THREADS` overrides the count.
+fn threads_are_decided_where_the_container_runs(tag: &str) {
+    for (args, threads, from) in [
+        (&["--cpus", "1"][..], 1, "cpus / instances"),
+        (
+            &["--cpus", "1", "-e", "INFER_THREADS=3"][..],
+            3,
+            "--threads / INFER_THREADS",
+        ),
+    ] {
+        let c = Container::run_with(tag, args);
+        let ready = c.wait_ready(300);
+        let logs = c.logs();
+        drop(c);
+        if let Err(e) = ready {
+            panic!("{tag} {args:?}: {e}\ncontainer logs:\n{logs}");
+        }
+        let node = logs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["msg"] == "node" && v["onnxruntime"].is_string())
+            .unwrap_or_else(|| panic!("{args:?}: no node line in the container log:\n{logs}"));
+        assert_eq!(node["cpus"], 1, "{args:?}: {node}");
+        assert_eq!(node["cpu_quota"].as_f64(), Some(1.0), "{args:?}: {node}");
+        assert_eq!(node["threads_per_instance"], threads, "{args:?}: {node}");
+        assert_eq!(node["threads_from"], from, "{args:?}: {node}");
+    }
 }
 
 #[test]

@@ -833,6 +833,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             onnxruntime: None,
             folded_by: None,
             threads: None,
+            share: None,
             required_features: vec![],
         }),
         conversion: None,

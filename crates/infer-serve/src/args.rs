@@ -1,7 +1,7 @@
 //! Flags and environment, parsed by hand: `--config PATH` (or `INFER_CONFIG`, default
 //! `/etc/infer/runtime.toml`), `--host ADDR` / `INFER_HOST`, `--port N` / `INFER_PORT`,
 //! `--grpc-port N` / `INFER_GRPC_PORT` (0 = no gRPC; see [`grpc_port`] for the default),
-//! `--busy-poll-us N` / `INFER_BUSY_POLL_US`.
+//! `--busy-poll-us N` / `INFER_BUSY_POLL_US`, `--threads N` / `INFER_THREADS`.
 //! Flags win over the environment, which wins over `runtime.toml`.
 
 use std::path::PathBuf;
@@ -23,6 +23,10 @@ pub struct Args {
     pub grpc_port: Option<u16>,
     /// How long a lone request's handler polls for its answer, in µs (`None`: the default).
     pub busy_poll_us: Option<u64>,
+    /// The intra-op threads of every instance of every model whose engine has threads of its
+    /// own (ONNX Runtime), over `runtime.toml` (`None`: decided at start,
+    /// [`infer_spec::RuntimeConfig::threads`]).
+    pub threads: Option<u32>,
 }
 
 /// The busy-poll window when none is given: long enough for a small model's batch, and off
@@ -51,6 +55,7 @@ pub fn grpc_port(given: Option<u16>, http_port: u16) -> Option<u16> {
 
 pub const USAGE: &str =
     "usage: infer-serve [--config PATH] [--host ADDR] [--port N] [--grpc-port N] [--busy-poll-us N]
+                   [--threads N]
 
 Serves the model described by runtime.toml over the KServe V2 protocol, HTTP and gRPC.
 
@@ -61,6 +66,9 @@ Serves the model described by runtime.toml over the KServe V2 protocol, HTTP and
                   one when the HTTP port is 0)
   --busy-poll-us N  when a request is alone on the server, poll for its answer up to N µs
                   before parking (env INFER_BUSY_POLL_US; default 100 with 2+ CPUs, 0 = off)
+  --threads N     intra-op threads of each instance, for engines with threads of their own
+                  (ONNX Runtime; env INFER_THREADS; default: engine.threads, else the CPUs
+                  this container may use, its CPU quota included, over the instances)
   --help, --version
 ";
 
@@ -79,6 +87,17 @@ pub fn parse(
             .filter(|&us| us <= 1_000_000)
             .ok_or_else(|| format!("{from}: {s:?} is not a number of microseconds up to 1000000"))
     };
+    let threads = |s: &str, from: &str| {
+        s.parse::<u32>()
+            .ok()
+            .filter(|t| (1..=infer_spec::runtime::MAX_THREADS).contains(t))
+            .ok_or_else(|| {
+                format!(
+                    "{from}: {s:?} is not a thread count from 1 to {}",
+                    infer_spec::runtime::MAX_THREADS
+                )
+            })
+    };
     let mut out = Args {
         config: PathBuf::from(
             env("INFER_CONFIG").unwrap_or_else(|| infer_spec::DEFAULT_CONFIG_PATH.to_owned()),
@@ -95,6 +114,10 @@ pub fn parse(
         busy_poll_us: env("INFER_BUSY_POLL_US")
             .filter(|v| !v.is_empty())
             .map(|v| micros(&v, "INFER_BUSY_POLL_US"))
+            .transpose()?,
+        threads: env("INFER_THREADS")
+            .filter(|v| !v.is_empty())
+            .map(|v| threads(&v, "INFER_THREADS"))
             .transpose()?,
     };
     let mut it = args.into_iter();
@@ -115,6 +138,7 @@ pub fn parse(
             "--port" => out.port = Some(port(&value()?, "--port")?),
             "--grpc-port" => out.grpc_port = Some(port(&value()?, "--grpc-port")?),
             "--busy-poll-us" => out.busy_poll_us = Some(micros(&value()?, "--busy-poll-us")?),
+            "--threads" => out.threads = Some(threads(&value()?, "--threads")?),
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
             _ => return Err(format!("unknown argument {a:?}")),
@@ -138,6 +162,18 @@ mod tests {
         assert_eq!(got, expected.map_err(str::to_owned), "{args:?} {env:?}");
     }
 
+    /// The arguments with nothing given.
+    fn defaults() -> Args {
+        Args {
+            config: "/etc/infer/runtime.toml".into(),
+            host: None,
+            port: None,
+            grpc_port: None,
+            busy_poll_us: None,
+            threads: None,
+        }
+    }
+
     fn run(config: &str, host: Option<&str>, port: Option<u16>) -> Result<Command, &'static str> {
         Ok(Command::Run(Args {
             config: config.into(),
@@ -145,6 +181,7 @@ mod tests {
             port,
             grpc_port: None,
             busy_poll_us: None,
+            threads: None,
         }))
     }
 
@@ -179,13 +216,7 @@ mod tests {
         let poll = |us| {
             Ok(Command::Run(Args {
                 busy_poll_us: Some(us),
-                ..Args {
-                    config: "/etc/infer/runtime.toml".into(),
-                    host: None,
-                    port: None,
-                    grpc_port: None,
-                    busy_poll_us: None,
-                }
+                ..defaults()
             }))
         };
         check(
@@ -202,16 +233,37 @@ mod tests {
         assert_eq!(default_busy_poll_us(1), 0);
         assert!(default_busy_poll_us(2) > 0);
         check(&["serve"], &[], Err("unknown argument \"serve\""));
+        let threads = |t| {
+            Ok(Command::Run(Args {
+                threads: t,
+                ..defaults()
+            }))
+        };
+        check(&[], &[("INFER_THREADS", "3")], threads(Some(3)));
+        check(
+            &["--threads=2"],
+            &[("INFER_THREADS", "3")],
+            threads(Some(2)),
+        );
+        check(&[], &[("INFER_THREADS", "")], threads(None));
+        for bad in ["0", "1025", "-1", "two"] {
+            check(
+                &["--threads", bad],
+                &[],
+                Err(&format!(
+                    "--threads: {bad:?} is not a thread count from 1 to 1024"
+                )),
+            );
+        }
+        check(
+            &[],
+            &[("INFER_THREADS", "0")],
+            Err("INFER_THREADS: \"0\" is not a thread count from 1 to 1024"),
+        );
         let grpc = |port| {
             Ok(Command::Run(Args {
                 grpc_port: port,
-                ..Args {
-                    config: "/etc/infer/runtime.toml".into(),
-                    host: None,
-                    port: None,
-                    grpc_port: None,
-                    busy_poll_us: None,
-                }
+                ..defaults()
             }))
         };
         check(&[], &[("INFER_GRPC_PORT", "9001")], grpc(Some(9001)));

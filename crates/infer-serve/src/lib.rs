@@ -31,6 +31,8 @@
 //! - `backend`: the synchronous `backend::Backend` trait; tract (feature `tract`), ONNX
 //!   Runtime (`onnxruntime`), TensorRT (`tensorrt`) and a sleep-based `synthetic` engine
 //!   (feature `synthetic`, tests and benchmarks only).
+//! - `cpus`: the CPUs the process may use where it runs (affinity, the cgroup's CPU quota),
+//!   which the models' threads are decided from at start.
 //! - `warmup`, [`metrics`], [`log`], [`error`] (the one error → status mapping), [`tensor`].
 //!
 //! The library's surface is [`start()`], [`Running`] and [`StartError`], and the modules that
@@ -59,6 +61,7 @@ pub(crate) mod budget;
 pub(crate) mod cache;
 pub(crate) mod conn;
 pub(crate) mod core;
+pub(crate) mod cpus;
 pub(crate) mod embed;
 pub mod error;
 #[cfg(any(test, feature = "fixtures"))]

@@ -18,6 +18,7 @@
 use crate::args::{self, Args};
 use crate::backend::{self, Backend};
 use crate::batcher::{AnyLength, Batcher, Padding, Policy, SameShapes};
+use crate::cpus::Cpus;
 use crate::http;
 use crate::log;
 use crate::metrics::Metrics;
@@ -27,7 +28,7 @@ use crate::text::TextModel;
 use crate::warmup;
 use infer_spec::engine::{check_compat, EngineMeta, Found};
 use infer_spec::runtime::MODEL_CONFIG_FILE;
-use infer_spec::{Bundle, RuntimeConfig, RuntimeFile};
+use infer_spec::{Bundle, RuntimeConfig, RuntimeFile, ThreadsFrom};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -210,6 +211,9 @@ pub(crate) struct Loaded {
     pub cfg: RuntimeConfig,
     pub base: PathBuf,
     pub path: String,
+    /// Where `cfg.engine.threads` came from, for an engine with threads of its own (set by
+    /// [`read_config`], which decides the count on this machine).
+    pub threads_from: Option<ThreadsFrom>,
 }
 
 /// What `runtime.toml` says to serve: the server's settings (with the flags applied) and its
@@ -244,9 +248,10 @@ fn read_text(p: &Path) -> Result<String, StartError> {
 pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Step 1: reads `runtime.toml` (one model, or a bundle and each of its models' own file),
-/// applies `--host` and `--port`, and checks what depends on this machine (the rest is
-/// `RuntimeConfig::problems` and `Bundle::problems`). A bundle's models divide the CPUs: a
-/// model without `engine.threads` computes with its share.
+/// applies `--host`, `--port` and `--threads`, decides each model's threads on this machine,
+/// and checks what depends on it (the rest is `RuntimeConfig::problems` and
+/// `Bundle::problems`). A bundle's models divide the CPUs: each decides its threads
+/// ([`RuntimeConfig::threads`]) on its share.
 pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError> {
     let path = args.config.display().to_string();
     let text = read_text(&args.config)?;
@@ -262,6 +267,7 @@ pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError
                     cfg,
                     base: dir,
                     path: path.clone(),
+                    threads_from: None,
                 }],
             )
         }
@@ -300,6 +306,7 @@ pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError
                     cfg,
                     base,
                     path: shown,
+                    threads_from: None,
                 });
             }
             let twice = Bundle::duplicate_names(models.iter().map(|m| &m.cfg));
@@ -309,13 +316,6 @@ pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError
                     format!("models: more than one model is named {twice:?}; a bundle's models need names of their own"),
                 ));
             }
-            let share = (cpus / models.len()).max(1) as u32;
-            for m in &mut models {
-                let c = &mut m.cfg;
-                if c.engine.kind.engine().is_some_and(|d| d.threads) && c.engine.threads.is_none() {
-                    c.engine.threads = Some((share / c.batching.instances.max(1)).max(1));
-                }
-            }
             (bundle.server_for(models.iter().map(|m| &m.cfg)), models)
         }
     };
@@ -324,6 +324,27 @@ pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError
     }
     if let Some(p) = args.port {
         server.port = p;
+    }
+    let per_model = (cpus / models.len().max(1)).max(1);
+    for m in &mut models {
+        if m.cfg.engine.kind.engine().is_some_and(|d| d.threads) {
+            let (threads, from) = m.cfg.threads(per_model, args.threads);
+            m.cfg.engine.threads = Some((threads as u32).min(infer_spec::runtime::MAX_THREADS));
+            m.threads_from = Some(from);
+        }
+    }
+    if args.threads.is_some() && models.iter().all(|m| m.threads_from.is_none()) {
+        log::log(
+            "warn",
+            "--threads / INFER_THREADS is set, but no model's engine has threads of its own: it changes nothing",
+            &[(
+                "engines",
+                json!(models
+                    .iter()
+                    .map(|m| m.cfg.engine.kind.as_str())
+                    .collect::<Vec<_>>()),
+            )],
+        );
     }
     for m in &mut models {
         if m.cfg.server != server {
@@ -416,7 +437,7 @@ pub(crate) fn read_samples(c: &Loaded) -> Result<Option<(PathBuf, String)>, Star
 /// Step 3: what this node has for the engine (GPU, driver, TensorRT library for a TensorRT
 /// engine), read before anything else: a node without them fails here, naming what is
 /// missing.
-pub(crate) fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
+pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
     let cfg = &c.cfg;
     let found = backend::node(cfg, &c.base).map_err(|e| {
         StartError::new(
@@ -429,6 +450,8 @@ pub(crate) fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
         )
     })?;
     if let Some(v) = &found.onnxruntime {
+        let cpus_quota = cpus.quota;
+        let cpus = cpus.count;
         let threads = cfg.intra_op_threads(cpus);
         let instances = cfg.batching.instances as usize;
         log::info(
@@ -439,8 +462,13 @@ pub(crate) fn probe_node(c: &Loaded, cpus: usize) -> Result<Found, StartError> {
                 ("onnxruntime", json!(v.to_string())),
                 ("library", json!(cfg.engine.library)),
                 ("threads_per_instance", json!(threads)),
+                (
+                    "threads_from",
+                    json!(c.threads_from.map(ThreadsFrom::as_str)),
+                ),
                 ("instances", json!(instances)),
                 ("cpus", json!(cpus)),
+                ("cpu_quota", json!(cpus_quota)),
             ],
         );
         if threads.saturating_mul(instances) > cpus {
@@ -654,7 +682,8 @@ fn bind(
 )]
 pub fn start(args: Args) -> Result<Running, StartError> {
     let started = Instant::now();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let node_cpus = crate::cpus::detect();
+    let cpus = node_cpus.count;
     allocator_policy(cpus);
     let config = read_config(&args, cpus)?;
     let samples: Vec<_> = config
@@ -675,7 +704,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
     let found: Vec<Found> = config
         .models
         .iter()
-        .map(|c| probe_node(c, cpus))
+        .map(|c| probe_node(c, &node_cpus))
         .collect::<Result<_, _>>()?;
     let settings = &config.server;
     if config.models.len() > 1 {
@@ -1017,6 +1046,7 @@ mod tests {
             port: Some(0),
             grpc_port: Some(0),
             busy_poll_us: None,
+            threads: None,
         }
     }
 

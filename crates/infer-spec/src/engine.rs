@@ -596,10 +596,15 @@ pub struct CpuMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folded_by: Option<Version>,
     /// ONNX Runtime engines: the intra-op threads of one instance, when the engine stage
-    /// measured fewer threads than the instance's share of the CPUs to be faster (`runtime.toml`
-    /// then sets `engine.threads`); absent, the runtime gives an instance its share.
+    /// measured fewer threads than the instance's share of the CPUs (`share`) to be faster.
+    /// A hint (`runtime.toml`'s `[engine.measured]`): the runtime takes it only where an
+    /// instance's share is the same, and gives an instance its share otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// The share of the builder's CPUs one instance had where `threads` was measured (the
+    /// most threads tried); present with `threads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<u32>,
     /// CPU features the engine requires, sorted (empty: the architecture's baseline).
     pub required_features: Vec<String>,
 }
@@ -747,6 +752,9 @@ impl EngineMeta {
             }
             if let Some(t) = c.threads {
                 put("onnxruntime.threads", t.to_string());
+            }
+            if let Some(s) = c.share {
+                put("onnxruntime.threads_share", s.to_string());
             }
         }
         if let Some(c) = &self.conversion {
@@ -1460,6 +1468,7 @@ mod tests {
                 onnxruntime: None,
                 folded_by: None,
                 threads: None,
+                share: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
             }),
             conversion: None,

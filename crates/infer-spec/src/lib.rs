@@ -26,6 +26,6 @@ pub mod vision;
 pub use dtype::DataType;
 pub use runtime::{
     BackendKind, Batching, Bundle, BundleModel, ConfigError, DimProfile, EngineSection,
-    ModelSection, QueueDelay, RuntimeConfig, RuntimeFile, Server, Synthetic, TensorSpec, Warmup,
-    DEFAULT_CONFIG_PATH,
+    MeasuredThreads, ModelSection, QueueDelay, RuntimeConfig, RuntimeFile, Server, Synthetic,
+    TensorSpec, ThreadsFrom, Warmup, DEFAULT_CONFIG_PATH,
 };

@@ -450,14 +450,55 @@ pub struct EngineSection {
     /// `tensorrt`, refused for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub library: Option<String>,
-    /// Threads one instance computes a batch with (ONNX Runtime's intra-op threads); absent
-    /// means the CPUs the process may use divided by `batching.instances` (at least 1), so
-    /// that instances never oversubscribe the cores. Only for `onnxruntime`.
+    /// Threads one instance computes a batch with (ONNX Runtime's intra-op threads), set by
+    /// the recipe's `[engine] threads` or by hand; absent, the runtime decides where it runs
+    /// ([`RuntimeConfig::threads`]). Only for `onnxruntime`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// What the build measured: fewer threads than an instance's share of the builder's CPUs
+    /// ran the model faster. A hint, taken where an instance's share is the same. Only for
+    /// `onnxruntime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredThreads>,
     /// Parameters of the `synthetic` engine; required for it, refused for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<Synthetic>,
+}
+
+/// `[engine.measured]`: the intra-op thread count the build measured fastest, and the share
+/// of CPUs one instance had when it was measured (the most threads tried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredThreads {
+    /// The fastest count, fewer than `share`.
+    pub threads: u32,
+    /// The CPUs of one instance where it was measured.
+    pub share: u32,
+}
+
+/// Where an instance's intra-op thread count came from ([`RuntimeConfig::threads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadsFrom {
+    /// The runtime's `--threads` or `INFER_THREADS`.
+    Given,
+    /// `runtime.toml`'s `engine.threads` (the recipe's `[engine] threads`).
+    Config,
+    /// `[engine.measured]`: the build measured fewer threads faster on the same share.
+    Measured,
+    /// The CPUs the process may use over the instances.
+    Share,
+}
+
+impl ThreadsFrom {
+    /// How the start-up log names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreadsFrom::Given => "--threads / INFER_THREADS",
+            ThreadsFrom::Config => "engine.threads",
+            ThreadsFrom::Measured => "engine.measured (the build's measurement, same share)",
+            ThreadsFrom::Share => "cpus / instances",
+        }
+    }
 }
 
 /// `[engine.synthetic]`: a batch of `b` rows of (padded) length `l` takes
@@ -831,6 +872,20 @@ impl RuntimeConfig {
             )),
             _ => {}
         }
+        match (def.is_some_and(|d| d.threads), e.measured) {
+            (true, Some(m)) if !(1..=MAX_THREADS).contains(&m.share) || !(1..m.share).contains(&m.threads) => {
+                p.push(format!(
+                    "engine.measured: threads {} and share {}: a share is 1..={MAX_THREADS} and the threads fewer than it, at least 1",
+                    m.threads, m.share
+                ))
+            }
+            (false, Some(_)) => p.push(format!(
+                "engine.measured is only for engine.kind = {}, not \"{}\"",
+                crate::engines::backend_names(|d| d.threads),
+                e.kind.as_str()
+            )),
+            _ => {}
+        }
         if let Some(sizes) = &self.warmup.batch_sizes {
             for &s in sizes {
                 if s == 0 || s > b.max_batch_size {
@@ -926,6 +981,23 @@ impl RuntimeConfig {
         match self.engine.threads {
             Some(t) => t as usize,
             None => default_intra_op_threads(cpus, self.batching.instances),
+        }
+    }
+
+    /// The threads one instance computes with where the model may use `cpus` CPUs, decided
+    /// where the image runs, first that applies: `given` (the runtime's `--threads` or
+    /// `INFER_THREADS`), `engine.threads`, `[engine.measured]` when an instance's share here
+    /// (`cpus / batching.instances`, at least 1) is the share it was measured on, else that
+    /// share.
+    pub fn threads(&self, cpus: usize, given: Option<u32>) -> (usize, ThreadsFrom) {
+        let share = default_intra_op_threads(cpus, self.batching.instances);
+        match (given, self.engine.threads, self.engine.measured) {
+            (Some(t), _, _) => (t as usize, ThreadsFrom::Given),
+            (None, Some(t), _) => (t as usize, ThreadsFrom::Config),
+            (None, None, Some(m)) if m.share as usize == share => {
+                (m.threads as usize, ThreadsFrom::Measured)
+            }
+            _ => (share, ThreadsFrom::Share),
         }
     }
 
@@ -1720,6 +1792,64 @@ path = "minilm.onnx"
                 "kind = \"tensorrt\"\npath = \"engine.plan\"\nlibrary = \"libnvinfer_lean.so.10\"",
             ),
             Ok(()),
+        );
+    }
+
+    #[test]
+    fn threads_are_decided_where_the_image_runs() {
+        let ort = mlp().replace(
+            "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
+            "kind = \"onnxruntime\"\npath = \"mlp.onnx\"\nlibrary = \"lib/libonnxruntime.so.1.31.0\"\nmeasured = { threads = 1, share = 2 }",
+        );
+        let mut cfg = RuntimeConfig::from_toml_str(&ort).unwrap();
+        assert_eq!(
+            cfg.engine.measured,
+            Some(MeasuredThreads {
+                threads: 1,
+                share: 2
+            })
+        );
+        assert_eq!(
+            RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
+            cfg
+        );
+        // (cpus, instances, given, engine.threads) -> threads, from where
+        for (cpus, instances, given, threads, want) in [
+            // The measurement applies where an instance has the share it was measured on...
+            (2, 1, None, None, (1, ThreadsFrom::Measured)),
+            (4, 2, None, None, (1, ThreadsFrom::Measured)),
+            // ...and nowhere else: a larger or smaller share is the share.
+            (16, 1, None, None, (16, ThreadsFrom::Share)),
+            (1, 1, None, None, (1, ThreadsFrom::Share)),
+            (16, 3, None, None, (5, ThreadsFrom::Share)),
+            // engine.threads wins over both, the flag or environment over everything.
+            (2, 1, None, Some(3), (3, ThreadsFrom::Config)),
+            (16, 1, Some(2), Some(3), (2, ThreadsFrom::Given)),
+            (2, 1, Some(2), None, (2, ThreadsFrom::Given)),
+        ] {
+            cfg.batching.instances = instances;
+            cfg.engine.threads = threads;
+            assert_eq!(
+                cfg.threads(cpus, given),
+                want,
+                "{cpus} cpus, {instances} instances, {given:?}, {threads:?}"
+            );
+        }
+        for (threads, share) in [(2, 2), (0, 2), (3, 2), (1, 2000)] {
+            check(
+                &ort.replace(
+                    "threads = 1, share = 2",
+                    &format!("threads = {threads}, share = {share}"),
+                ),
+                Err(&[&format!("engine.measured: threads {threads} and share {share}: a share is 1..=1024 and the threads fewer than it, at least 1")]),
+            );
+        }
+        check(
+            &mlp().replace(
+                "path = \"mlp.onnx\"",
+                "path = \"mlp.onnx\"\nmeasured = { threads = 1, share = 2 }",
+            ),
+            Err(&["engine.measured is only for engine.kind = \"onnxruntime\", not \"tract-onnx\""]),
         );
     }
 

@@ -163,6 +163,7 @@ impl Request {
                 metadata: None,
                 library: None,
                 threads: None,
+                measured: None,
                 synthetic: Some(parse_synthetic(spec)?),
             };
         }

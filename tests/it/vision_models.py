@@ -982,6 +982,26 @@ def serve_check(http, grpc, name, model, cache, args):
         if not diff <= tol * scale:
             sys.exit(f"V2 over {proto}: {out_name} differs from onnxruntime by {diff} (largest magnitude {scale})")
         print(json.dumps({"ok": True, "model": model, "v2": proto, "images": len(images), "max_abs_diff": diff}))
+        if spec["task"] == "image-classification" and got.ndim == 2:
+            # Triton's classification extension on the same inputs: each image's three largest
+            # values of the same output as "value:index:label", the recipe's labels.
+            labels = labels_file(cache, model)
+            k = 3
+            kept = min(k, got.shape[1])  # a two-class model answers two
+            if proto == "http":
+                out = client_mod.InferRequestedOutput(out_name, binary_data=True, class_count=k)
+            else:
+                out = client_mod.InferRequestedOutput(out_name, class_count=k)
+            cls = client.infer(name, [inp], outputs=[out]).as_numpy(out_name)
+            if cls is None or cls.shape != (len(images), kept):
+                sys.exit(f"V2 classification over {proto}: {None if cls is None else cls.shape}")
+            for r in range(len(images)):
+                order = sorted(range(got.shape[1]), key=lambda i: (-float(got[r][i]), i))[:k]
+                want_cls = [f"{float(got[r][i]):f}:{i}:{labels[i]}" for i in order]
+                have = [v.decode() if isinstance(v, bytes) else v for v in cls[r]]
+                if have != want_cls:
+                    sys.exit(f"V2 classification over {proto}, image {r}: {have}, expected {want_cls}")
+            print(json.dumps({"ok": True, "model": model, "v2": proto, "classification": k}))
 
 
 def compare(served, path, model, cache, overrides):

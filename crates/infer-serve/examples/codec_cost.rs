@@ -68,7 +68,14 @@ fn main() {
     };
     let encode = |binary: bool| {
         median_ns(20_000, || {
-            let sel = [(RequestedOutput { index: 0, binary }, &out)];
+            let sel = [(
+                RequestedOutput {
+                    index: 0,
+                    binary,
+                    classification: None,
+                },
+                &out,
+            )];
             black_box(v2::encode_response(&cfg, None, black_box(&sel)));
         })
     };

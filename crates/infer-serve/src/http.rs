@@ -359,11 +359,9 @@ async fn infer_inner(
             "the core answered a V2 request with vectors".into(),
         ));
     };
-    let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> = request
-        .outputs
-        .iter()
-        .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
-        .collect();
+    let selected = v2::select_outputs(&request.outputs, &outputs, |i| model.labels(i));
+    let selected: Vec<(RequestedOutput, &crate::tensor::Tensor)> =
+        selected.iter().map(|(r, t)| (*r, t.as_ref())).collect();
     let (body, header) = v2::encode_response(model.served(), request.id.as_deref(), &selected);
     let mut r = Response::new(Full::new(Bytes::from(body)));
     match header {

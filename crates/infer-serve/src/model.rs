@@ -166,6 +166,14 @@ impl Model {
         &self.cfg.model.name
     }
 
+    /// The labels of served output `index` for the V2 classification extension: an image
+    /// model's `vision.labels`, on the output its answers read.
+    pub(crate) fn labels(&self, index: usize) -> Option<&[String]> {
+        let v = self.cfg.vision.as_ref()?;
+        (self.served_outputs.get(index)?.name == v.output && !v.labels.is_empty())
+            .then_some(v.labels.as_slice())
+    }
+
     /// What a request carries and metadata shows: the engine's tensors, or for a text model
     /// its `text` input and pooled output, for an image model its `image` input. A text or
     /// image request's rows are items of the queue, each its own engine row, so they are bounded

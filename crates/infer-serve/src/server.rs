@@ -91,7 +91,7 @@ impl Server {
         let server_metadata = json!({
             "name": "infer-serve",
             "version": env!("CARGO_PKG_VERSION"),
-            "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
+            "extensions": ["binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository"],
         });
         let by_name: BTreeMap<String, Model> = models
             .into_iter()

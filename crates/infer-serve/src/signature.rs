@@ -97,12 +97,12 @@ impl<'a> Signature<'a> {
         }
     }
 
-    /// A requested output by name, checked: known, without the classification extension,
-    /// not requested twice (`chosen` so far). Returns its index.
+    /// A requested output by name, checked: known, not requested twice (`chosen` so far),
+    /// and, asked for as a classification, of a numeric datatype. Returns its index.
     pub fn output(
         &self,
         name: &str,
-        classification: bool,
+        classification: Option<u32>,
         chosen: &[RequestedOutput],
     ) -> Result<usize, ApiError> {
         let index = self
@@ -115,9 +115,10 @@ impl<'a> Signature<'a> {
                     "unknown output {name:?} (the model's outputs are {known:?})"
                 ))
             })?;
-        if classification {
+        let dtype = self.outputs[index].datatype;
+        if classification.is_some() && matches!(dtype, DataType::Bool | DataType::Bytes) {
             return Err(bad(format!(
-                "output {name:?}: the classification extension is not supported"
+                "output {name:?}: classification needs numbers, the output is {dtype}"
             )));
         }
         if chosen.iter().any(|r| r.index == index) {
@@ -129,7 +130,11 @@ impl<'a> Signature<'a> {
     /// Every output, in the signature's order (a request that names none).
     pub fn all_outputs(&self, binary: bool) -> Vec<RequestedOutput> {
         (0..self.outputs.len())
-            .map(|index| RequestedOutput { index, binary })
+            .map(|index| RequestedOutput {
+                index,
+                binary,
+                classification: None,
+            })
             .collect()
     }
 

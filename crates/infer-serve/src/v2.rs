@@ -42,11 +42,144 @@ pub struct InferRequest {
     pub rows: usize,
 }
 
-/// One output to return: its index in the config's outputs and whether it goes as binary.
+/// One output to return: its index in the config's outputs, whether it goes as binary, and
+/// the classification extension's count (`parameters.classification`): that many of each row's
+/// largest values as `BYTES` strings, `value:index[:label]`, in place of the tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestedOutput {
     pub index: usize,
     pub binary: bool,
+    pub classification: Option<u32>,
+}
+
+/// The most classes the classification extension returns per row: every class of the largest
+/// outputs real classifiers have (ImageNet-21k's 21,841), with room to spare.
+pub const MAX_CLASSIFICATION: u64 = 1 << 16;
+
+/// The classification extension's count from a request's output parameter: 1 to
+/// [`MAX_CLASSIFICATION`] (0, as Triton's clients send for "none", is no classification).
+pub(crate) fn classification_count(v: Option<u64>, at: &str) -> Result<Option<u32>, ApiError> {
+    match v {
+        None | Some(0) => Ok(None),
+        Some(k) if k <= MAX_CLASSIFICATION => Ok(Some(k as u32)),
+        Some(k) => Err(bad(format!(
+            "{at}parameter \"classification\" {k} is more than {MAX_CLASSIFICATION} classes"
+        ))),
+    }
+}
+
+/// Each requested output's tensor from the model's `outputs`, in the order requested; an
+/// output asked for as a classification becomes its classes ([`classify`]), labelled by
+/// `labels(index)` when the model has labels for that output.
+pub(crate) fn select_outputs<'t, 'l>(
+    requested: &[RequestedOutput],
+    outputs: &'t [Tensor],
+    labels: impl Fn(usize) -> Option<&'l [String]>,
+) -> Vec<(RequestedOutput, std::borrow::Cow<'t, Tensor>)> {
+    requested
+        .iter()
+        .filter_map(|r| {
+            let t = outputs.get(r.index)?;
+            Some(match r.classification {
+                None => (*r, std::borrow::Cow::Borrowed(t)),
+                Some(k) => (
+                    *r,
+                    std::borrow::Cow::Owned(classify(t, k as usize, labels(r.index))),
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Triton's classification extension on one output: for each row (the first dimension), its
+/// `k` largest values, largest first (ties: the lower index first), each as the string
+/// `value:index`, or `value:index:label` when `labels` has as many labels as the row has
+/// classes. Values are written as C's `%f` writes them (six decimals) for floating-point
+/// outputs, as integers for integer ones. The answer is a `BYTES` tensor `[rows, min(k,
+/// classes)]`. The datatype was checked when the request was read
+/// (`Signature::output`): `BOOL` and `BYTES` never get here, and are passed through.
+pub(crate) fn classify(t: &Tensor, k: usize, labels: Option<&[String]>) -> Tensor {
+    let rows = t.rows().max(1);
+    let classes = t.shape.iter().skip(1).product::<usize>();
+    let Some(size) = t.dtype.size() else {
+        return t.clone();
+    };
+    if classes == 0 || t.data.len() != rows * classes * size {
+        return t.clone();
+    }
+    let labels = labels.filter(|l| l.len() == classes);
+    let value = |b: &[u8]| -> f64 {
+        match t.dtype {
+            DataType::U8 => f64::from(b[0]),
+            DataType::I8 => f64::from(b[0] as i8),
+            DataType::U16 => f64::from(u16::from_le_bytes([b[0], b[1]])),
+            DataType::I16 => f64::from(i16::from_le_bytes([b[0], b[1]])),
+            DataType::U32 => f64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::U64 => u64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DataType::I64 => i64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DataType::F16 => f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::BF16 => f64::from(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::F64 => f64::from_le_bytes(b.try_into().unwrap_or_default()),
+            DataType::Bool | DataType::Bytes => 0.0,
+        }
+    };
+    let text = |b: &[u8]| -> String {
+        match t.dtype {
+            DataType::U64 => u64::from_le_bytes(b.try_into().unwrap_or_default()).to_string(),
+            DataType::I64 => i64::from_le_bytes(b.try_into().unwrap_or_default()).to_string(),
+            DataType::U8
+            | DataType::I8
+            | DataType::U16
+            | DataType::I16
+            | DataType::U32
+            | DataType::I32 => format!("{}", value(b)),
+            _ => c_fixed(value(b)),
+        }
+    };
+    let kept = k.min(classes);
+    let mut out = Vec::with_capacity(rows * kept * 24);
+    let mut order: Vec<usize> = Vec::with_capacity(classes);
+    for row in t.data.chunks_exact(classes * size) {
+        let at = |i: usize| &row[i * size..(i + 1) * size];
+        order.clear();
+        order.extend(0..classes);
+        // Largest first; NaN after every number; equal values by index (a stable sort).
+        order.sort_by(|&a, &b| {
+            let (x, y) = (value(at(a)), value(at(b)));
+            match (x.is_nan(), y.is_nan()) {
+                (false, false) => y.total_cmp(&x),
+                (a_nan, b_nan) => a_nan.cmp(&b_nan),
+            }
+        });
+        for &i in &order[..kept] {
+            let mut s = format!("{}:{i}", text(at(i)));
+            if let Some(l) = labels {
+                s.push(':');
+                s.push_str(&l[i]);
+            }
+            out.extend((s.len() as u32).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    Tensor {
+        dtype: DataType::Bytes,
+        shape: vec![rows, kept],
+        data: Bytes::from(out),
+    }
+}
+
+/// `v` as C's `printf("%f")` (and C++'s `std::to_string`) writes it: six decimals, `nan`,
+/// `inf`, `-inf`.
+fn c_fixed(v: f64) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{v:.6}")
+    }
 }
 
 #[derive(Deserialize)]
@@ -221,14 +354,16 @@ pub fn decode_request<'a>(
         Some(list) => {
             let mut out = Vec::with_capacity(list.len());
             for o in list {
-                let classification = o
-                    .parameters
-                    .as_ref()
-                    .is_some_and(|p| p.contains_key("classification"));
-                let index = sig.output(&o.name, classification, &out)?;
                 let at = format!("output {:?}: ", o.name);
+                let classification =
+                    classification_count(param_u64(&o.parameters, "classification", &at)?, &at)?;
+                let index = sig.output(&o.name, classification, &out)?;
                 let binary = param_bool(&o.parameters, "binary_data", &at)?.unwrap_or(binary_all);
-                out.push(RequestedOutput { index, binary });
+                out.push(RequestedOutput {
+                    index,
+                    binary,
+                    classification,
+                });
             }
             out
         }
@@ -936,6 +1071,7 @@ mod tests {
                     RequestedOutput {
                         index: 0,
                         binary: false,
+                        classification: None,
                     },
                     &y,
                 ),
@@ -943,6 +1079,7 @@ mod tests {
                     RequestedOutput {
                         index: 1,
                         binary: false,
+                        classification: None,
                     },
                     &z,
                 ),
@@ -960,6 +1097,7 @@ mod tests {
                 RequestedOutput {
                     index: 0,
                     binary: true,
+                    classification: None,
                 },
                 &y,
             )],
@@ -1008,5 +1146,71 @@ mod tests {
                 Some((state % (body.len() as u64 + 2)) as usize),
             );
         }
+    }
+
+    #[test]
+    fn classification_is_each_rows_largest_as_triton_writes_them() {
+        let strings = |t: &Tensor| -> Vec<String> {
+            let mut out = Vec::new();
+            let mut rest = &t.data[..];
+            while rest.len() >= 4 {
+                let n = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+                out.push(String::from_utf8(rest[4..4 + n].to_vec()).unwrap());
+                rest = &rest[4 + n..];
+            }
+            out
+        };
+        let f32s =
+            |v: &[f32]| Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        // Two rows of four classes: largest first, ties by index, NaN last.
+        let t = Tensor {
+            dtype: DataType::F32,
+            shape: vec![2, 4],
+            data: f32s(&[0.25, 0.5, 0.5, -1.0, f32::NAN, 2.0, f32::NEG_INFINITY, 1e-7]),
+        };
+        let c = classify(&t, 3, None);
+        assert_eq!((c.dtype, c.shape.clone()), (DataType::Bytes, vec![2, 3]));
+        assert_eq!(
+            strings(&c),
+            [
+                "0.500000:1",
+                "0.500000:2",
+                "0.250000:0",
+                "2.000000:1",
+                "0.000000:3",
+                "-inf:2"
+            ]
+        );
+        // More than the classes: every class; labels when there is one per class.
+        let labels: Vec<String> = ["cat", "dog", "eel", "fox"].map(String::from).to_vec();
+        let c = classify(&t, 9, Some(&labels));
+        assert_eq!(c.shape, vec![2, 4]);
+        assert_eq!(strings(&c)[..2], ["0.500000:1:dog", "0.500000:2:eel"]);
+        assert_eq!(strings(&c)[7], "nan:0:cat");
+        let c = classify(&t, 1, Some(&labels[..3]));
+        assert_eq!(strings(&c), ["0.500000:1", "2.000000:1"]);
+        // Integers as integers.
+        let t = Tensor {
+            dtype: DataType::I64,
+            shape: vec![1, 3],
+            data: Bytes::from(
+                [-5i64, 7, i64::MAX]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        };
+        assert_eq!(
+            strings(&classify(&t, 2, None)),
+            [format!("{}:2", i64::MAX), "7:1".into()]
+        );
+        // The count's bounds.
+        assert_eq!(classification_count(None, "").ok(), Some(None));
+        assert_eq!(classification_count(Some(0), "").ok(), Some(None));
+        assert_eq!(
+            classification_count(Some(65536), "").ok(),
+            Some(Some(65536))
+        );
+        assert!(classification_count(Some(65537), "").is_err());
     }
 }

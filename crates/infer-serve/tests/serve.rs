@@ -906,7 +906,7 @@ fn serve_health_metadata_and_routes() {
     check(
         "/v2",
         200,
-        r#""extensions":["binary_tensor_data","model_configuration","statistics","model_repository"]"#,
+        r#""extensions":["binary_tensor_data","classification","model_configuration","statistics","model_repository"]"#,
     );
     check("/v2/models/mlp", 200, r#""platform":"onnx_onnxv1""#);
     check("/v2/models/mlp/versions/1/ready", 200, r#""ready":true"#);

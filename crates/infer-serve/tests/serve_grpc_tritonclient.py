@@ -97,6 +97,24 @@ for rows in (1, 3, 32):
     compare(got, x, f"typed rows {rows}")
     calls += 1
 
+# The classification extension over gRPC: each row's k largest values as "value:index", as
+# Triton answers, beside the raw output of the same inputs.
+for rows in (1, 3):
+    x = rng.standard_normal((rows, 64), dtype=np.float32)
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    raw = c.infer("mlp", [inp]).as_numpy("output")
+    for k in (1, 3, 25):
+        res = c.infer("mlp", [inp], outputs=[grpcclient.InferRequestedOutput("output", class_count=k)])
+        out = res.get_output("output")
+        assert out.datatype == "BYTES" and list(out.shape) == [rows, min(k, 10)], out
+        got = res.as_numpy("output")
+        for r in range(rows):
+            order = sorted(range(10), key=lambda i: (-float(raw[r][i]), i))[:k]
+            want = [f"{float(raw[r][i]):f}:{i}".encode() for i in order]
+            assert list(got[r]) == want, (rows, k, list(got[r]), want)
+        calls += 1
+
 stats = c.get_inference_statistics("mlp")
 s = stats.model_stats[0]
 assert s.name == "mlp" and s.inference_stats.success.count >= calls, stats

@@ -67,6 +67,45 @@ for rows in (1, 3, 32):
             worst = max(worst, diff)
             modes += 1
 
+
+def classes(row, k):
+    """Triton's classification extension on one row: the k largest, "%f:index", largest first."""
+    order = sorted(range(len(row)), key=lambda i: (-float(row[i]), i))[:k]
+    return [f"{float(row[i]):f}:{i}" for i in order]
+
+
+# The classification extension: each row's k largest values as "value:index" strings, as
+# Triton answers (JSON and binary), beside the raw output requested in the same call.
+classified = 0
+for rows in (1, 3):
+    x = rng.standard_normal((rows, 64), dtype=np.float32)
+    for k, binary_out in ((3, True), (3, False), (10, False), (25, True)):
+        inp = httpclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        outputs = [httpclient.InferRequestedOutput("output", binary_data=binary_out, class_count=k)]
+        res = c.infer("mlp", [inp], outputs=outputs)
+        got = res.as_numpy("output")
+        out = res.get_output("output")
+        assert out["datatype"] == "BYTES" and out["shape"] == [rows, min(k, 10)], out
+        raw = c.infer("mlp", [inp]).as_numpy("output")
+        for r in range(rows):
+            want = classes(raw[r], k)
+            strs = [v.decode() if isinstance(v, bytes) else v for v in got[r]]
+            assert strs == want, (rows, k, binary_out, strs, want)
+        classified += 1
+for params, says in (({"classification": -1}, "non-negative integer"),
+                     ({"classification": "3"}, "non-negative integer"),
+                     ({"classification": 1 << 20}, "more than 65536 classes")):
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
+                       "outputs": [{"name": "output", "parameters": params}]})
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"http://{url}/v2/models/mlp/infer", body.encode()))
+        raise AssertionError(f"{params} was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and says in e.read().decode(), (params, e.code)
+
 # A shape the model does not accept comes back as a 400 with a message.
 bad = httpclient.InferInput("input", [1, 63], "FP32")
 bad.set_data_from_numpy(np.zeros((1, 63), np.float32))
@@ -76,4 +115,4 @@ try:
 except InferenceServerException as e:
     assert "does not match" in e.message(), e.message()
 
-print(json.dumps({"ok": True, "max_abs_diff": worst, "infer_calls": modes}))
+print(json.dumps({"ok": True, "max_abs_diff": worst, "infer_calls": modes, "classified": classified}))

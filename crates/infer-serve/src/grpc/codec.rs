@@ -98,19 +98,7 @@ pub fn infer_request(sig: Signature, req: pb::ModelInferRequest) -> Result<Infer
         raw_input_contents: raw,
     } = req;
     sig.check_model(&model_name, &model_version)?;
-    let timeout_us = match parameters
-        .get("timeout")
-        .and_then(|p| p.parameter_choice.as_ref())
-    {
-        None => None,
-        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Some(*v as u64),
-        Some(ParameterChoice::Uint64Param(v)) => Some(*v),
-        Some(other) => {
-            return Err(bad(format!(
-                "parameter \"timeout\" must be a non-negative integer (µs), got {other:?}"
-            )))
-        }
-    };
+    let timeout_us = param_u64(&parameters, "timeout", " (µs)", "")?;
     if !raw.is_empty() && raw.len() != given.len() {
         return Err(bad(format!(
             "raw_input_contents has {} entries but the request has {} inputs (one each, in the inputs' order)",
@@ -162,10 +150,14 @@ pub fn infer_request(sig: Signature, req: pb::ModelInferRequest) -> Result<Infer
     } else {
         let mut out: Vec<RequestedOutput> = Vec::with_capacity(requested.len());
         for o in &requested {
-            let index = sig.output(&o.name, o.parameters.contains_key("classification"), &out)?;
+            let at = format!("output {:?}: ", o.name);
+            let count = param_u64(&o.parameters, "classification", "", &at)?;
+            let classification = v2::classification_count(count, &at)?;
+            let index = sig.output(&o.name, classification, &out)?;
             out.push(RequestedOutput {
                 index,
                 binary: true,
+                classification,
             });
         }
         out
@@ -177,6 +169,24 @@ pub fn infer_request(sig: Signature, req: pb::ModelInferRequest) -> Result<Infer
         timeout_us,
         rows,
     })
+}
+
+/// The non-negative integer parameter `key` of `params` (`int64_param` or `uint64_param`);
+/// the error names it, its `unit` and where it was (`at`).
+fn param_u64(
+    params: &std::collections::BTreeMap<String, pb::InferParameter>,
+    key: &str,
+    unit: &str,
+    at: &str,
+) -> Result<Option<u64>, ApiError> {
+    match params.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
+        Some(other) => Err(bad(format!(
+            "{at}parameter {key:?} must be a non-negative integer{unit}, got {other:?}"
+        ))),
+    }
 }
 
 /// Typed `contents` as the runtime's little-endian tensor bytes. The field must be the one
@@ -545,6 +555,7 @@ mod tests {
                     RequestedOutput {
                         index: 1,
                         binary: true,
+                        classification: None,
                     },
                     &z,
                 ),
@@ -552,6 +563,7 @@ mod tests {
                     RequestedOutput {
                         index: 0,
                         binary: true,
+                        classification: None,
                     },
                     &y,
                 ),

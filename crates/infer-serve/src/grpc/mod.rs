@@ -20,6 +20,7 @@ use crate::core::{self, Output, Work};
 use crate::error::{ApiError, GrpcCode};
 use crate::model::Model;
 use crate::server::{accept_loop, Server, WindDown};
+use crate::v2;
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -200,11 +201,9 @@ impl Grpc {
                             "the core answered a V2 request with vectors".into(),
                         ));
                     };
-                    let selected: Vec<_> = request
-                        .outputs
-                        .iter()
-                        .filter_map(|r| outputs.get(r.index).map(|t| (*r, t)))
-                        .collect();
+                    let selected =
+                        v2::select_outputs(&request.outputs, &outputs, |i| model.labels(i));
+                    let selected: Vec<_> = selected.iter().map(|(r, t)| (*r, t.as_ref())).collect();
                     let out = codec::frame(&codec::encode_infer(
                         model.served(),
                         request.id.as_deref(),

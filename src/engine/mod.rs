@@ -30,8 +30,8 @@ pub(crate) mod trtexec;
 use std::path::{Path, PathBuf};
 
 use infer_spec::engine::{
-    CpuEngine, CpuMeta, EngineFormat, EngineKind, EngineMeta, EngineProfile, GpuMeta, MetaError,
-    TimedBy, META_FILE, META_SCHEMA, PROFILE_FILE,
+    CpuEngine, CpuIsa, CpuMeta, EngineFormat, EngineKind, EngineMeta, EngineProfile, GpuMeta,
+    MetaError, TimedBy, META_FILE, META_SCHEMA, PROFILE_FILE,
 };
 
 pub use cache::digest_file;
@@ -503,6 +503,7 @@ fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Er
         // so the stored model requires nothing beyond the architecture; so does ONNX Runtime's
         // CPU provider.
         required_features: Vec::new(),
+        isa: Some(CpuIsa::detect()),
     };
     Ok(Made {
         kind: chosen.kind,

@@ -255,6 +255,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             threads: None,
             share: None,
             required_features: vec![],
+            isa: None,
         }),
         conversion: None,
     };

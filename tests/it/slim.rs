@@ -835,6 +835,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             threads: None,
             share: None,
             required_features: vec![],
+            isa: None,
         }),
         conversion: None,
     };

@@ -26,7 +26,7 @@ use crate::model::Model;
 use crate::server::Server;
 use crate::text::TextModel;
 use crate::warmup;
-use infer_spec::engine::{check_compat, EngineMeta, Found};
+use infer_spec::engine::{check_compat, CpuIsa, EngineMeta, Found};
 use infer_spec::runtime::MODEL_CONFIG_FILE;
 use infer_spec::{Bundle, RuntimeConfig, RuntimeFile, ThreadsFrom};
 use serde_json::{json, Value};
@@ -525,6 +525,24 @@ fn check_engine_metadata(c: &Loaded, found: &Found) -> Result<(), StartError> {
         "engine matches this node",
         &[("engine", json!(meta.describe()))],
     );
+    // What the engine was measured on is no requirement (its required features are, above):
+    // a node without it runs the engine, slower than the profile the batching plan rests on.
+    if let Some(measured) = meta.cpu.as_ref().and_then(|c| c.isa.as_ref()) {
+        let node = CpuIsa::detect();
+        let missing = measured.missing_on(&node);
+        if !missing.is_empty() {
+            log::log(
+                "warn",
+                "this node's CPU lacks what the engine was measured on: it runs, slower than its profile (T(b), the batching plan, the engine auto chose)",
+                &[
+                    ("model", json!(c.cfg.model.name)),
+                    ("measured_on", json!(measured.name())),
+                    ("node", json!(node.name())),
+                    ("missing", json!(missing)),
+                ],
+            );
+        }
+    }
     Ok(())
 }
 

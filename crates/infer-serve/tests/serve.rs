@@ -1959,3 +1959,89 @@ fn serve_sheds_slow_and_idle_clients() {
 mod bounds;
 #[path = "serve/images.rs"]
 mod images;
+
+/// An engine measured on a CPU with an extension this node lacks starts and serves (what it was
+/// measured on is no requirement), with a warning naming what is missing; one measured on a
+/// CPU like this node's starts without it.
+#[test]
+fn an_engine_measured_on_a_richer_cpu_starts_with_a_warning() {
+    use infer_spec::engine::{
+        CpuIsa, CpuMeta, EngineFormat, EngineKind, EngineMeta, Precision, META_SCHEMA,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = CpuIsa::detect();
+    for (isa, warned) in [
+        (
+            CpuIsa {
+                extensions: vec!["x-no-cpu-has-this".into()],
+                ..node.clone()
+            },
+            true,
+        ),
+        (node.clone(), false),
+    ] {
+        let meta = EngineMeta {
+            schema: META_SCHEMA,
+            kind: EngineKind::Tract,
+            format: EngineFormat::Onnx,
+            target: "cpu-fp32".into(),
+            precision: Precision::Fp32,
+            shape_profile: vec![],
+            onnx_digest: format!("sha256:{}", "1".repeat(64)),
+            engine_digest: format!("sha256:{}", "2".repeat(64)),
+            engine_size: 1,
+            cache_key: "k".into(),
+            builder_version: "0.1.0".into(),
+            gpu: None,
+            cpu: Some(CpuMeta {
+                arch: std::env::consts::ARCH.into(),
+                tract: "0.23.9".parse().unwrap(),
+                onnxruntime: None,
+                folded_by: None,
+                threads: None,
+                share: None,
+                required_features: vec![],
+                isa: Some(isa),
+            }),
+            conversion: None,
+        };
+        let path = dir.path().join("engine.json");
+        std::fs::write(&path, meta.to_canonical_json()).unwrap();
+        let config = mlp_config().replace(
+            "path = \"",
+            &format!("metadata = \"{}\"\npath = \"", path.display()),
+        );
+        let s = Server::start(&config);
+        let mut lines = Vec::new();
+        let end = Instant::now() + Duration::from_secs(60);
+        while let Ok(l) = s
+            .logs
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+        {
+            let ready = l.contains("\"msg\":\"ready\"");
+            lines.push(l);
+            if ready {
+                break;
+            }
+        }
+        let warning = lines
+            .iter()
+            .find(|l| l.contains("lacks what the engine was measured on"));
+        assert_eq!(warning.is_some(), warned, "{lines:#?}");
+        if let Some(w) = warning {
+            let v: serde_json::Value = serde_json::from_str(w).unwrap();
+            assert_eq!(v["level"], "warn", "{w}");
+            assert_eq!(
+                v["missing"],
+                serde_json::json!(["x-no-cpu-has-this"]),
+                "{w}"
+            );
+            assert_eq!(v["node"], node.name(), "{w}");
+        }
+        assert_eq!(
+            s.post("/v2/models/mlp/infer", &[], mlp_json(1).as_bytes())
+                .status,
+            200
+        );
+    }
+}

@@ -607,6 +607,131 @@ pub struct CpuMeta {
     pub share: Option<u32>,
     /// CPU features the engine requires, sorted (empty: the architecture's baseline).
     pub required_features: Vec<String>,
+    /// The instruction set of the CPU the engine was chosen and measured on (its T(b), the
+    /// engine `auto` picked, the thread hint). Nothing requires it: a node without it runs the
+    /// engine, slower than its profile says, and the runtime warns (`CpuIsa::missing_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isa: Option<CpuIsa>,
+}
+
+/// The instruction set a CPU engine's speed depends on: the x86-64 microarchitecture level
+/// (the psABI's `x86-64-v2`, `-v3`, `-v4`) and the extensions CPU inference engines use for
+/// BF16 and INT8 (`avx512-bf16`, `avx512-vnni`, `amx`); elsewhere the architecture alone.
+/// Read from the kernel's CPU flags (`/proc/cpuinfo`), where every extension is listed only
+/// when the kernel also enables it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuIsa {
+    /// Rust target architecture (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// The x86-64 level, 1 to 4; absent elsewhere or where the flags could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<u8>,
+    /// The extensions beyond the level, in [`CpuIsa::EXTENSIONS`]' order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+}
+
+impl CpuIsa {
+    /// The x86-64 levels: the kernel flags each adds to the one below (psABI 1.0, "Micro
+    /// Architecture Levels"; `pni` is SSE3, `abm` brings LZCNT).
+    const LEVELS: [&'static [&'static str]; 3] = [
+        &[
+            "cx16", "lahf_lm", "popcnt", "pni", "ssse3", "sse4_1", "sse4_2",
+        ],
+        &[
+            "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave",
+        ],
+        &["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"],
+    ];
+
+    /// The extensions recorded, by name, with the kernel flags each needs.
+    pub const EXTENSIONS: [(&'static str, &'static [&'static str]); 3] = [
+        ("avx512-vnni", &["avx512_vnni"]),
+        ("avx512-bf16", &["avx512_bf16"]),
+        ("amx", &["amx_tile", "amx_bf16", "amx_int8"]),
+    ];
+
+    /// The CPU this process runs on.
+    pub fn detect() -> CpuIsa {
+        let arch = std::env::consts::ARCH;
+        let flags = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("flags"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, f)| f.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            });
+        match flags {
+            Some(f) => CpuIsa::from_flags(arch, &f),
+            None => CpuIsa {
+                arch: arch.into(),
+                level: None,
+                extensions: Vec::new(),
+            },
+        }
+    }
+
+    /// The instruction set of a CPU of architecture `arch` whose kernel flags are `flags`.
+    pub fn from_flags<S: AsRef<str>>(arch: &str, flags: &[S]) -> CpuIsa {
+        let has = |f: &str| flags.iter().any(|x| x.as_ref() == f);
+        if arch != "x86_64" {
+            return CpuIsa {
+                arch: arch.into(),
+                level: None,
+                extensions: Vec::new(),
+            };
+        }
+        let level = 1 + CpuIsa::LEVELS
+            .iter()
+            .take_while(|need| need.iter().all(|f| has(f)))
+            .count() as u8;
+        CpuIsa {
+            arch: arch.into(),
+            level: Some(level),
+            extensions: CpuIsa::EXTENSIONS
+                .iter()
+                .filter(|(_, need)| need.iter().all(|f| has(f)))
+                .map(|(name, _)| (*name).to_owned())
+                .collect(),
+        }
+    }
+
+    /// `x86-64-v4+avx512-vnni+avx512-bf16`, `aarch64`.
+    pub fn name(&self) -> String {
+        let mut s = match self.level {
+            Some(1) => "x86-64".to_owned(),
+            Some(l) => format!("x86-64-v{l}"),
+            None => self.arch.clone(),
+        };
+        for e in &self.extensions {
+            s.push('+');
+            s.push_str(e);
+        }
+        s
+    }
+
+    /// What this instruction set has that `node`'s lacks: a higher level, extensions; empty
+    /// when the node has all of it, or when either could not be read.
+    pub fn missing_on(&self, node: &CpuIsa) -> Vec<String> {
+        if self.arch != node.arch {
+            return vec![self.arch.clone()];
+        }
+        let mut out = Vec::new();
+        if let (Some(want), Some(have)) = (self.level, node.level) {
+            if want > have {
+                out.push(format!("x86-64-v{want}"));
+            }
+            out.extend(
+                self.extensions
+                    .iter()
+                    .filter(|e| !node.extensions.contains(e))
+                    .cloned(),
+            );
+        }
+        out
+    }
 }
 
 /// The compatibility tuple of one engine, plus the digests that identify it.
@@ -755,6 +880,9 @@ impl EngineMeta {
             }
             if let Some(s) = c.share {
                 put("onnxruntime.threads_share", s.to_string());
+            }
+            if let Some(isa) = &c.isa {
+                put("cpu.isa", isa.name());
             }
         }
         if let Some(c) = &self.conversion {
@@ -1470,6 +1598,7 @@ mod tests {
                 threads: None,
                 share: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
+                isa: None,
             }),
             conversion: None,
         }
@@ -1789,5 +1918,55 @@ mod tests {
         assert!(EngineMeta::from_json(b"{\"schema\":1}").is_err());
         let unknown = text.replacen("{", "{\"extra\":1,", 1);
         assert!(EngineMeta::from_json(unknown.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn cpu_isa_levels_and_extensions_from_kernel_flags() {
+        let v2 = "fpu cx16 lahf_lm popcnt pni ssse3 sse4_1 sse4_2";
+        let v3 = format!("{v2} avx avx2 bmi1 bmi2 f16c fma abm movbe xsave");
+        let v4 = format!("{v3} avx512f avx512bw avx512cd avx512dq avx512vl");
+        let flags = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        let isa = |s: &str| CpuIsa::from_flags("x86_64", &flags(s));
+        assert_eq!(isa("fpu sse sse2").name(), "x86-64");
+        assert_eq!(isa(v2).name(), "x86-64-v2");
+        assert_eq!(isa(&v3).name(), "x86-64-v3");
+        // A level needs every flag of the levels below: AVX-512 without v3's is v2.
+        assert_eq!(
+            isa(&format!("{v2} avx512f avx512bw avx512cd avx512dq avx512vl")).name(),
+            "x86-64-v2"
+        );
+        // This project's test machines (AMD EPYC, Zen 4) and a Sapphire Rapids Xeon.
+        let zen4 = isa(&format!("{v4} avx512_vnni avx512_bf16"));
+        assert_eq!(zen4.name(), "x86-64-v4+avx512-vnni+avx512-bf16");
+        let spr = isa(&format!(
+            "{v4} avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8"
+        ));
+        assert_eq!(spr.name(), "x86-64-v4+avx512-vnni+avx512-bf16+amx");
+        // amx needs all three flags.
+        assert_eq!(
+            isa(&format!("{v4} amx_tile")).extensions,
+            Vec::<String>::new()
+        );
+        // Measured on the Xeon, run on Zen 4: AMX is missing; the other way round nothing is.
+        assert_eq!(spr.missing_on(&zen4), ["amx"]);
+        assert!(zen4.missing_on(&spr).is_empty());
+        assert_eq!(
+            zen4.missing_on(&isa(&v3)),
+            ["x86-64-v4", "avx512-vnni", "avx512-bf16"]
+        );
+        // Unknown flags on either side, or another architecture: nothing to compare by level.
+        let unknown = CpuIsa {
+            arch: "x86_64".into(),
+            level: None,
+            extensions: vec![],
+        };
+        assert!(spr.missing_on(&unknown).is_empty());
+        let arm = CpuIsa::from_flags("aarch64", &flags("fp asimd"));
+        assert_eq!(arm.name(), "aarch64");
+        assert_eq!(zen4.missing_on(&arm), ["x86_64"]);
+        // What the metadata stores reads back.
+        let json = serde_json::to_string(&spr).unwrap();
+        assert_eq!(serde_json::from_str::<CpuIsa>(&json).unwrap(), spr);
+        assert_eq!(CpuIsa::detect().arch, std::env::consts::ARCH);
     }
 }

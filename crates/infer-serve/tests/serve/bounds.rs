@@ -108,7 +108,7 @@ fn words_server(config: &str, tokenizer_json: &str) -> Server {
 }
 
 /// `name` (`VmRSS`, `VmHWM`: the peak) of process `pid`, in bytes.
-fn memory(pid: u32, name: &str) -> u64 {
+pub(super) fn memory(pid: u32, name: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status
         .lines()

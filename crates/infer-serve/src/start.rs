@@ -1100,6 +1100,61 @@ mod tests {
         e.error().map(|v| v.to_string()).unwrap_or_default()
     }
 
+    /// Each model's threads are decided on this machine: the flag or environment, else
+    /// `engine.threads`, else the build's hint on the same share, else the share.
+    #[test]
+    fn threads_are_decided_on_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["model.onnx", "libonnxruntime.so.1.31.0"] {
+            std::fs::write(dir.path().join(f), b"").unwrap();
+        }
+        let ort = |engine: &str| {
+            SYNTHETIC.replace(
+                "kind = \"synthetic\"\n\n[engine.synthetic]\nbase_ms = 1.0\nper_row_ms = 0.0\n",
+                &format!("kind = \"onnxruntime\"\npath = \"model.onnx\"\nlibrary = \"libonnxruntime.so.1.31.0\"\n{engine}"),
+            )
+        };
+        // (engine keys, cpus, --threads) -> (threads, from)
+        for (engine, cpus, given, want) in [
+            ("", 16, None, (16, ThreadsFrom::Share)),
+            ("", 2, Some(3), (3, ThreadsFrom::Given)),
+            ("threads = 4\n", 2, None, (4, ThreadsFrom::Config)),
+            ("threads = 4\n", 2, Some(1), (1, ThreadsFrom::Given)),
+            (
+                "measured = { threads = 1, share = 2 }\n",
+                2,
+                None,
+                (1, ThreadsFrom::Measured),
+            ),
+            (
+                "measured = { threads = 1, share = 2 }\n",
+                8,
+                None,
+                (8, ThreadsFrom::Share),
+            ),
+        ] {
+            let text = ort(engine);
+            assert!(text.contains("onnxruntime"), "{text}");
+            let mut a = args(&config(&dir, &text));
+            a.threads = given;
+            let c = read_config(&a, cpus).unwrap_or_else(|e| panic!("{engine:?}: {e}"));
+            let m = &c.models[0];
+            assert_eq!(
+                (m.cfg.engine.threads, m.threads_from),
+                (Some(want.0), Some(want.1)),
+                "{engine:?} on {cpus} CPUs, --threads {given:?}"
+            );
+        }
+        // An engine without threads of its own is left alone, with or without the flag.
+        let mut a = args(&config(&dir, SYNTHETIC));
+        a.threads = Some(3);
+        let c = read_config(&a, 4).unwrap();
+        assert_eq!(
+            (c.models[0].cfg.engine.threads, c.models[0].threads_from),
+            (None, None)
+        );
+    }
+
     #[test]
     fn a_config_that_cannot_be_read_is_exit_2() {
         let dir = tempfile::tempdir().unwrap();

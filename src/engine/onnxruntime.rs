@@ -290,8 +290,6 @@ fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<O
         .collect()
 }
 
-/// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
-/// below `max`, and `max`.
 impl OrtCandidate {
     /// The intra-op thread counts the engine stage measures: the recipe's, or
     /// [`thread_counts`] up to the instance's share.
@@ -304,6 +302,8 @@ impl OrtCandidate {
     }
 }
 
+/// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
+/// below `max`, and `max`.
 pub(crate) fn thread_counts(max: usize) -> Vec<usize> {
     let max = max.max(1);
     let mut out = Vec::new();

@@ -154,13 +154,13 @@ pub(super) fn ort_candidate(
     // runtime's rule: its CPUs over its instances, the CPUs being this machine's up to those
     // the deployment requests; the engine stage measures the counts up to it, and the fastest
     // is a hint in runtime.toml (the runtime decides where it runs).
-    let here = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // (A quantity `deploy` would refuse counts as the default here.)
-    let requested = crate::deploy::from_plan::requested_cpu_millis(recipe)
-        .unwrap_or(crate::deploy::from_plan::DEFAULT_CPU_MILLIS)
-        .div_ceil(1000) as usize;
     let given = recipe.engine.threads.as_ref().map(|t| t.value as usize);
     let threads = given.unwrap_or_else(|| {
+        let here = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // (A quantity `deploy` would refuse counts as the default here.)
+        let requested = crate::deploy::from_plan::requested_cpu_millis(recipe)
+            .unwrap_or(crate::deploy::from_plan::DEFAULT_CPU_MILLIS)
+            .div_ceil(1000) as usize;
         infer_spec::runtime::default_intra_op_threads(
             here.min(requested),
             recipe.batching.instances,

@@ -168,54 +168,42 @@ mod tests {
 
     #[test]
     fn a_cgroup_v2_quota_bounds_the_cpus() {
-        // Docker's --cpus=1.5 inside the container's own cgroup namespace: "0::/".
-        let t = tree(&[
-            (STATUS, FOUR),
-            ("proc/self/cgroup", "0::/\n"),
-            ("sys/fs/cgroup/cgroup.controllers", "cpu memory\n"),
-            ("sys/fs/cgroup/cpu.max", "150000 100000\n"),
-        ]);
-        assert_eq!(
-            detect_in(t.path()),
-            Cpus {
-                count: 1,
-                allowed: 4,
-                quota: Some(1.5)
-            }
-        );
-        // A pod's limit on a parent, none on the container's own cgroup: the smallest on the way.
-        let t = tree(&[
-            (STATUS, FOUR),
-            ("proc/self/cgroup", "0::/kubepods/pod1/c1\n"),
-            ("sys/fs/cgroup/cgroup.controllers", "cpu\n"),
-            ("sys/fs/cgroup/cpu.max", "max 100000\n"),
-            ("sys/fs/cgroup/kubepods/pod1/cpu.max", "200000 100000\n"),
-            ("sys/fs/cgroup/kubepods/pod1/c1/cpu.max", "max 100000\n"),
-        ]);
-        assert_eq!(detect_in(t.path()).count, 2);
-        // No quota ("max"): the affinity.
-        let t = tree(&[
-            (STATUS, FOUR),
-            ("proc/self/cgroup", "0::/\n"),
-            ("sys/fs/cgroup/cgroup.controllers", "cpu\n"),
-            ("sys/fs/cgroup/cpu.max", "max 100000\n"),
-        ]);
-        assert_eq!(detect_in(t.path()).count, 4);
-        // A quota above the affinity does not add CPUs; one under a CPU leaves one.
-        let t = tree(&[
-            (STATUS, FOUR),
-            ("proc/self/cgroup", "0::/\n"),
-            ("sys/fs/cgroup/cgroup.controllers", "cpu\n"),
-            ("sys/fs/cgroup/cpu.max", "800000 100000\n"),
-        ]);
-        assert_eq!(detect_in(t.path()).count, 4);
-        let t = tree(&[
-            (STATUS, FOUR),
-            ("proc/self/cgroup", "0::/\n"),
-            ("sys/fs/cgroup/cgroup.controllers", "cpu\n"),
-            ("sys/fs/cgroup/cpu.max", "25000 100000\n"),
-        ]);
-        assert_eq!(detect_in(t.path()).count, 1);
+        // (the process's cgroup, cpu.max per directory) -> (CPUs, quota), with 4 CPUs allowed
+        for (cgroup, limits, want) in [
+            // Docker's --cpus=1.5 inside the container's own cgroup namespace: rounded down.
+            ("/", &[("", "150000 100000")][..], (1, Some(1.5))),
+            // A pod's limit on a parent, none on the container's own cgroup: the smallest on
+            // the way.
+            (
+                "/kubepods/pod1/c1",
+                &[
+                    ("", "max 100000"),
+                    ("kubepods/pod1/", "200000 100000"),
+                    ("kubepods/pod1/c1/", "max 100000"),
+                ],
+                (2, Some(2.0)),
+            ),
+            // No quota ("max"): the affinity.
+            ("/", &[("", "max 100000")], (4, None)),
+            // A quota above the affinity adds no CPUs; one under a CPU leaves one.
+            ("/", &[("", "800000 100000")], (4, Some(8.0))),
+            ("/", &[("", "25000 100000")], (1, Some(0.25))),
+        ] {
+            let proc_cgroup = format!("0::{cgroup}\n");
+            let max: Vec<(String, &str)> = limits
+                .iter()
+                .map(|(dir, v)| (format!("sys/fs/cgroup/{dir}cpu.max"), *v))
+                .collect();
+            let mut files = vec![
+                (STATUS, FOUR),
+                ("proc/self/cgroup", proc_cgroup.as_str()),
+                ("sys/fs/cgroup/cgroup.controllers", "cpu memory\n"),
+            ];
+            files.extend(max.iter().map(|(p, v)| (p.as_str(), *v)));
+            let got = detect_in(tree(&files).path());
+            assert_eq!((got.count, got.quota), want, "{cgroup} {limits:?}");
+            assert_eq!(got.allowed, 4);
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::model::Model;
 use crate::server::Server;
 use crate::text::TextModel;
 use crate::warmup;
-use infer_spec::engine::{check_compat, CpuIsa, EngineMeta, Found};
+use infer_spec::engine::{check_compat, EngineMeta, Found};
 use infer_spec::runtime::MODEL_CONFIG_FILE;
 use infer_spec::{Bundle, RuntimeConfig, RuntimeFile, ThreadsFrom};
 use serde_json::{json, Value};
@@ -329,7 +329,7 @@ pub(crate) fn read_config(args: &Args, cpus: usize) -> Result<Config, StartError
     for m in &mut models {
         if m.cfg.engine.kind.engine().is_some_and(|d| d.threads) {
             let (threads, from) = m.cfg.threads(per_model, args.threads);
-            m.cfg.engine.threads = Some((threads as u32).min(infer_spec::runtime::MAX_THREADS));
+            m.cfg.engine.threads = Some(threads as u32);
             m.threads_from = Some(from);
         }
     }
@@ -450,9 +450,9 @@ pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
         )
     })?;
     if let Some(v) = &found.onnxruntime {
-        let cpus_quota = cpus.quota;
+        let (cpus_quota, cpus_allowed) = (cpus.quota, cpus.allowed);
         let cpus = cpus.count;
-        let threads = cfg.intra_op_threads(cpus);
+        let threads = cfg.threads(cpus, None).0;
         let instances = cfg.batching.instances as usize;
         log::info(
             "node",
@@ -469,6 +469,7 @@ pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
                 ("instances", json!(instances)),
                 ("cpus", json!(cpus)),
                 ("cpu_quota", json!(cpus_quota)),
+                ("cpus_allowed", json!(cpus_allowed)),
             ],
         );
         if threads.saturating_mul(instances) > cpus {
@@ -527,9 +528,11 @@ fn check_engine_metadata(c: &Loaded, found: &Found) -> Result<(), StartError> {
     );
     // What the engine was measured on is no requirement (its required features are, above):
     // a node without it runs the engine, slower than the profile the batching plan rests on.
-    if let Some(measured) = meta.cpu.as_ref().and_then(|c| c.isa.as_ref()) {
-        let node = CpuIsa::detect();
-        let missing = measured.missing_on(&node);
+    if let (Some(measured), Some(node)) = (
+        meta.cpu.as_ref().and_then(|c| c.isa.as_ref()),
+        found.cpu.isa.as_ref(),
+    ) {
+        let missing = measured.missing_on(node);
         if !missing.is_empty() {
             log::log(
                 "warn",
@@ -731,7 +734,7 @@ pub fn start(args: Args) -> Result<Running, StartError> {
             .models
             .iter()
             .filter(|m| m.cfg.engine.kind.engine().is_some_and(|d| d.threads))
-            .map(|m| m.cfg.intra_op_threads(cpus) * m.cfg.batching.instances as usize)
+            .map(|m| m.cfg.threads(cpus, None).0 * m.cfg.batching.instances as usize)
             .sum();
         if threads > cpus {
             log::log(

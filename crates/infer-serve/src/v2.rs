@@ -140,21 +140,23 @@ pub(crate) fn classify(t: &Tensor, k: usize, labels: Option<&[String]>) -> Tenso
     };
     let kept = k.min(classes);
     let mut out = Vec::with_capacity(rows * kept * 24);
+    let mut values: Vec<f64> = Vec::with_capacity(classes);
     let mut order: Vec<usize> = Vec::with_capacity(classes);
     for row in t.data.chunks_exact(classes * size) {
-        let at = |i: usize| &row[i * size..(i + 1) * size];
+        values.clear();
+        values.extend(row.chunks_exact(size).map(value));
         order.clear();
         order.extend(0..classes);
         // Largest first; NaN after every number; equal values by index (a stable sort).
         order.sort_by(|&a, &b| {
-            let (x, y) = (value(at(a)), value(at(b)));
+            let (x, y) = (values[a], values[b]);
             match (x.is_nan(), y.is_nan()) {
                 (false, false) => y.total_cmp(&x),
                 (a_nan, b_nan) => a_nan.cmp(&b_nan),
             }
         });
         for &i in &order[..kept] {
-            let mut s = format!("{}:{i}", text(at(i)));
+            let mut s = format!("{}:{i}", text(&row[i * size..(i + 1) * size]));
             if let Some(l) = labels {
                 s.push(':');
                 s.push_str(&l[i]);

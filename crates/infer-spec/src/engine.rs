@@ -997,14 +997,19 @@ pub struct FoundCpu {
     pub arch: String,
     /// Features detected at run time (lowercase names as `is_x86_feature_detected!` spells them).
     pub features: Vec<String>,
+    /// Its instruction set, to compare with what a CPU engine was measured on
+    /// ([`CpuMeta::isa`]); `None` when not read.
+    pub isa: Option<CpuIsa>,
 }
 
 impl FoundCpu {
-    /// The CPU this process runs on, as far as the standard library can tell.
+    /// The CPU this process runs on, as far as the standard library and the kernel's CPU
+    /// flags can tell.
     pub fn detect() -> FoundCpu {
         FoundCpu {
             arch: std::env::consts::ARCH.to_string(),
             features: detect_cpu_features(),
+            isa: Some(CpuIsa::detect()),
         }
     }
 }
@@ -1616,6 +1621,7 @@ mod tests {
             cpu: FoundCpu {
                 arch: "x86_64".into(),
                 features: vec![],
+                isa: None,
             },
         }
     }
@@ -1749,6 +1755,7 @@ mod tests {
             cpu: FoundCpu {
                 arch: "x86_64".into(),
                 features: vec!["avx".into(), "avx2".into(), "fma".into()],
+                isa: None,
             },
             ..Found::default()
         };
@@ -1786,6 +1793,7 @@ mod tests {
             cpu: FoundCpu {
                 arch: "x86_64".into(),
                 features: vec![],
+                isa: None,
             },
             onnxruntime: Some(v("1.31.2")),
             ..Found::default()

@@ -645,7 +645,7 @@ pub enum ConfigError {
 }
 
 /// The threads one instance computes with when `engine.threads` is unset: the `cpus` the
-/// process may use over `instances`, at least 1 (see [`RuntimeConfig::intra_op_threads`]).
+/// process may use over `instances`, at least 1 (see [`RuntimeConfig::threads`]).
 pub fn default_intra_op_threads(cpus: usize, instances: u32) -> usize {
     (cpus / instances.max(1) as usize).max(1)
 }
@@ -974,23 +974,15 @@ impl RuntimeConfig {
             .unwrap_or_else(|| self.engine.kind.platform())
     }
 
-    /// The threads one instance computes with on a machine where the process may use `cpus`
-    /// CPUs: `engine.threads` when given, else `cpus / batching.instances`, at least 1. The
-    /// builder measures T(b) with the same rule, so the profile matches what the image runs.
-    pub fn intra_op_threads(&self, cpus: usize) -> usize {
-        match self.engine.threads {
-            Some(t) => t as usize,
-            None => default_intra_op_threads(cpus, self.batching.instances),
-        }
-    }
-
     /// The threads one instance computes with where the model may use `cpus` CPUs, decided
     /// where the image runs, first that applies: `given` (the runtime's `--threads` or
     /// `INFER_THREADS`), `engine.threads`, `[engine.measured]` when an instance's share here
     /// (`cpus / batching.instances`, at least 1) is the share it was measured on, else that
-    /// share.
+    /// share, at most [`MAX_THREADS`]. The builder measures T(b) on the same share, so the
+    /// profile matches what the image runs on a node like the builder.
     pub fn threads(&self, cpus: usize, given: Option<u32>) -> (usize, ThreadsFrom) {
-        let share = default_intra_op_threads(cpus, self.batching.instances);
+        let share =
+            default_intra_op_threads(cpus, self.batching.instances).min(MAX_THREADS as usize);
         match (given, self.engine.threads, self.engine.measured) {
             (Some(t), _, _) => (t as usize, ThreadsFrom::Given),
             (None, Some(t), _) => (t as usize, ThreadsFrom::Config),
@@ -1750,7 +1742,7 @@ path = "minilm.onnx"
             cfg.engine.library.as_deref(),
             Some("lib/libonnxruntime.so.1.31.0")
         );
-        assert_eq!(cfg.intra_op_threads(16), 2);
+        assert_eq!(cfg.threads(16, None), (2, ThreadsFrom::Config));
         assert_eq!(
             RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
             cfg
@@ -1759,10 +1751,10 @@ path = "minilm.onnx"
         let mut d = cfg.clone();
         d.engine.threads = None;
         d.batching.instances = 3;
-        assert_eq!(d.intra_op_threads(16), 5);
-        assert_eq!(d.intra_op_threads(2), 1);
+        assert_eq!(d.threads(16, None).0, 5);
+        assert_eq!(d.threads(2, None).0, 1);
         d.batching.instances = 1;
-        assert_eq!(d.intra_op_threads(2), 2);
+        assert_eq!(d.threads(2, None).0, 2);
         check(
             &ort.replace("library = \"lib/libonnxruntime.so.1.31.0\"\n", ""),
             Err(&["engine.library is required when engine.kind = \"onnxruntime\" (the path of libonnxruntime)"]),

@@ -99,10 +99,7 @@ const COMPILED: &[Compiled] = &[
         kind: BackendKind::OnnxRuntime,
         load: |cfg, base, path| {
             let library = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok(Arc::new(onnxruntime::OrtEngine::load(
-                cfg, path, library, cpus,
-            )?))
+            Ok(Arc::new(onnxruntime::OrtEngine::load(cfg, path, library)?))
         },
         node: |cfg, base| {
             let lib = onnxruntime::probe(&onnxruntime::library_path(cfg, base)?)?;

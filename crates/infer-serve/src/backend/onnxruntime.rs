@@ -7,8 +7,8 @@
 //! aborts on panics). [`OrtEngine::load`] then creates the one ONNX Runtime environment of the
 //! process (or, for a bundle's later models, shares it) and a first session, which checks the
 //! model against `runtime.toml` (tensors by name, datatypes); each further instance gets its
-//! own session of the same file, with its own intra-op thread pool of
-//! [`RuntimeConfig::intra_op_threads`] threads.
+//! own session of the same file, with its own intra-op thread pool of `engine.threads`
+//! threads, which start-up decides on the node ([`RuntimeConfig::threads`]).
 //!
 //! ONNX Runtime handles variable dimensions itself: batches of any shape within the profile
 //! run on the same session. Inputs are fed and outputs read by name; when the names in
@@ -161,15 +161,19 @@ pub(crate) struct OrtEngine {
 }
 
 impl OrtEngine {
-    /// Loads `model` with the library [`probe`] identified; `cpus` is what the process may use.
+    /// Loads `model` with the library [`probe`] identified, each instance on `engine.threads`
+    /// intra-op threads (decided at start; a config that reaches here without them gets the
+    /// rule's count on the CPUs this process may use).
     pub(crate) fn load(
         cfg: &RuntimeConfig,
         model: &Path,
         library: Library,
-        cpus: usize,
     ) -> Result<OrtEngine, Error> {
         let env = environment(&library)?;
-        let threads = cfg.intra_op_threads(cpus);
+        let threads = match cfg.engine.threads {
+            Some(t) => t as usize,
+            None => cfg.threads(crate::cpus::detect().count, None).0,
+        };
         let session = new_session(&env, model, threads, &library)?;
         let names = |outlets: &[ort::value::Outlet]| -> Vec<String> {
             outlets.iter().map(|o| o.name().to_owned()).collect()

@@ -18,9 +18,10 @@
 #             TENSORRT_ROOT (default ../shared/third_party/tensorrt-headers/$TRT_HEADERS, with
 #             TRT_HEADERS=10.16); CHECK=1 then verifies that it needs nothing beyond glibc,
 #             libstdc++ and libgcc_s;
-#             or dynamic: the binary of glibc-based CPU images, with features `tract` and
-#             `onnxruntime` (libonnxruntime is opened at run time, not linked), linked
-#             dynamically against glibc; CHECK=1 verifies the same as for gpu.
+#             or dynamic: the binary of glibc-based CPU images, with features `tract`,
+#             `onnxruntime` and `openvino` (libonnxruntime and libopenvino_c are opened at run
+#             time, not linked), linked dynamically against glibc; CHECK=1 verifies the same as
+#             for gpu.
 #   QUICK_LINK  flavours (comma-separated, e.g. static,dynamic,gpu) whose final link uses thin LTO over
 #             16 codegen units instead of the profile's fat LTO over one: the same code and
 #             features, linked in parallel and sooner, but not the bytes images ship. For test
@@ -62,7 +63,7 @@ case $flavour in
         ;;
     dynamic)
         tag=dynamic
-        FEATURES=${FEATURES:+$FEATURES,}tract,onnxruntime
+        FEATURES=${FEATURES:+$FEATURES,}tract,onnxruntime,openvino
         ;;
     *) echo "build-runtime: FLAVOUR must be cpu, gpu or dynamic, not $flavour" >&2; exit 2 ;;
 esac

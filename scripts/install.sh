@@ -9,7 +9,7 @@
 # statically linked, and it is built reproducibly (scripts/build-runtime.sh remaps every path
 # that could enter the binary), so two machines with the same toolchain and Cargo.lock ship
 # byte-identical runtimes. `build` finds the runtime next to `infer-build`, so after this script
-# nothing else is needed: no INFER_SERVE_BIN, no --runtime. Images whose engine is ONNX Runtime
+# nothing else is needed: no INFER_SERVE_BIN, no --runtime. Images whose engine is ONNX Runtime or OpenVINO
 # run on a glibc base with the dynamically linked flavour, installed beside it as
 # `infer-serve-dynamic` (FLAVOUR=dynamic scripts/build-runtime.sh). With --with-gpu, the runtime
 # of GPU images (full and lean) is built too (FLAVOUR=gpu scripts/build-runtime.sh:
@@ -60,7 +60,7 @@ trap 'rm -rf "$work"' EXIT
     echo "==> building the image runtime (statically linked infer-serve)" >&2
     "$root/scripts/build-runtime.sh" >"$work/serve"
     if [[ $with_ort == 1 ]]; then
-        echo "==> building the dynamically linked image runtime (tract and ONNX Runtime)" >&2
+        echo "==> building the dynamically linked image runtime (tract, ONNX Runtime and OpenVINO)" >&2
         FLAVOUR=dynamic "$root/scripts/build-runtime.sh" >"$work/serve-dynamic"
     fi
     if [[ $with_gpu == 1 ]]; then

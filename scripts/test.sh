@@ -38,11 +38,11 @@ cargo fmt --all --check
 # One pass over every crate and target, the runtime's optional backends included: TensorRT (its
 # C++ shim compiled against TensorRT's public headers, no GPU needed) and ONNX Runtime.
 TENSORRT_ROOT="$trt_headers" cargo clippy --workspace --all-targets \
-    --features infer-serve/tensorrt,infer-serve/onnxruntime -- -D warnings
+    --features infer-serve/tensorrt,infer-serve/onnxruntime,infer-serve/openvino -- -D warnings
 # The API docs of every crate, with the same features: a broken intra-doc link, or a public
 # item's docs linking to a private one, is an error (it reuses the lints' metadata: seconds).
 TENSORRT_ROOT="$trt_headers" RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace \
-    --features infer-serve/tensorrt,infer-serve/onnxruntime
+    --features infer-serve/tensorrt,infer-serve/onnxruntime,infer-serve/openvino
 # The runtime the tests start on loopback carries the synthetic cost-model backend (never
 # shipped in images) and the ONNX Runtime backend: infer-build's dev-dependency on infer-serve
 # turns both on in this one build of the workspace.

@@ -280,18 +280,18 @@ impl Model {
 
     /// Records in `/v2/models/{m}/config` what the start-up check found on this node: the GPU,
     /// its driver and the TensorRT library (as Triton-style string parameters), and the GPU
-    /// instance group; or the ONNX Runtime library that was loaded. Nothing changes when
-    /// neither was found.
+    /// instance group; or the CPU engine's library that was loaded (ONNX Runtime, OpenVINO).
+    /// Nothing changes when neither was found.
     pub fn set_node(&mut self, found: &infer_spec::engine::Found) {
         let param = |v: String| json!({ "string_value": v });
-        if let Some(v) = &found.onnxruntime {
+        if let Some((engine, v)) = found.library() {
             let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(&self.config) else {
                 return;
             };
-            config["parameters"] = json!({
-                "engine": param("onnxruntime".to_owned()),
-                "onnxruntime": param(v.to_string()),
-            });
+            let mut parameters = serde_json::Map::new();
+            parameters.insert("engine".into(), param(engine.to_owned()));
+            parameters.insert(engine.into(), param(v.to_string()));
+            config["parameters"] = serde_json::Value::Object(parameters);
             self.config = Bytes::from(config.to_string());
             self.config_json = config;
         }
@@ -334,6 +334,7 @@ mod node_tests {
             gpu: None,
             tensorrt: None,
             onnxruntime: None,
+            openvino: None,
             cpu: FoundCpu::detect(),
         });
         assert_eq!(model.config, before, "no GPU found: nothing to add");
@@ -345,6 +346,7 @@ mod node_tests {
             }),
             tensorrt: Some("10.16.1.11".parse().unwrap()),
             onnxruntime: None,
+            openvino: None,
             cpu: FoundCpu::detect(),
         });
         let v: serde_json::Value = serde_json::from_slice(&model.config).unwrap();

@@ -449,7 +449,7 @@ pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
             ],
         )
     })?;
-    if let Some(v) = &found.onnxruntime {
+    if let Some((engine, v)) = found.library() {
         let (cpus_quota, cpus_allowed) = (cpus.quota, cpus.allowed);
         let cpus = cpus.count;
         let threads = cfg.threads(cpus, None).0;
@@ -459,7 +459,7 @@ pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
             &[
                 ("model", json!(cfg.model.name)),
                 ("engine", json!(cfg.engine.kind.as_str())),
-                ("onnxruntime", json!(v.to_string())),
+                (engine, json!(v.to_string())),
                 ("library", json!(cfg.engine.library)),
                 ("threads_per_instance", json!(threads)),
                 (

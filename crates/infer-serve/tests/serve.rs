@@ -1997,6 +1997,7 @@ fn an_engine_measured_on_a_richer_cpu_starts_with_a_warning() {
                 arch: std::env::consts::ARCH.into(),
                 tract: "0.23.9".parse().unwrap(),
                 onnxruntime: None,
+                openvino: None,
                 folded_by: None,
                 threads: None,
                 share: None,

@@ -32,6 +32,9 @@ pub enum EngineKind {
     Tensorrt,
     /// An ONNX model run on the CPU by ONNX Runtime (a shared library loaded at start).
     Onnxruntime,
+    /// An ONNX model compiled at start by OpenVINO's CPU plugin (a shared library loaded at
+    /// start).
+    Openvino,
 }
 
 /// Its [`name`](crate::engines::EngineDef::name).
@@ -58,6 +61,8 @@ impl CpuEngine {
     pub const TRACT: CpuEngine = CpuEngine::Only(EngineKind::Tract);
     /// `engine.cpu = "onnxruntime"`.
     pub const ONNXRUNTIME: CpuEngine = CpuEngine::Only(EngineKind::Onnxruntime);
+    /// `engine.cpu = "openvino"`.
+    pub const OPENVINO: CpuEngine = CpuEngine::Only(EngineKind::Openvino);
 
     /// The recipe's spelling, case-insensitive: `auto`, or a CPU engine's name or one of its
     /// aliases (`ort` and `onnx-runtime` for ONNX Runtime).
@@ -122,6 +127,8 @@ pub enum TimedBy {
     Tract,
     /// ONNX Runtime, in the builder's process.
     Onnxruntime,
+    /// OpenVINO, in the builder's process.
+    Openvino,
     /// trtexec's `--exportTimes` on the builder's GPU.
     Trtexec,
 }
@@ -138,6 +145,7 @@ impl fmt::Display for TimedBy {
         f.write_str(match self {
             TimedBy::Tract => "tract",
             TimedBy::Onnxruntime => "onnxruntime",
+            TimedBy::Openvino => "openvino",
             TimedBy::Trtexec => "trtexec",
         })
     }
@@ -590,6 +598,10 @@ pub struct CpuMeta {
     /// engine, whose runtime loads a library of the same major.minor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<Version>,
+    /// OpenVINO version the engine was measured with; required for an `openvino` engine, whose
+    /// runtime loads a library of the same major.minor (the C API's release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openvino: Option<Version>,
     /// tract engines: the ONNX Runtime version whose constant folding (basic graph
     /// optimisation) rewrote the model before tract loaded it, when tract could not load the
     /// recipe's ONNX as it is. The engine is that folded model.
@@ -816,6 +828,9 @@ impl EngineMeta {
             EngineKind::Onnxruntime => {
                 self.cpu.as_ref().is_some_and(|c| c.onnxruntime.is_some()) && self.gpu.is_none()
             }
+            EngineKind::Openvino => {
+                self.cpu.as_ref().is_some_and(|c| c.openvino.is_some()) && self.gpu.is_none()
+            }
             EngineKind::Tensorrt => self.gpu.is_some() && self.cpu.is_none(),
         };
         let ok = device && backend_kind(self.kind, self.format).is_some();
@@ -875,6 +890,9 @@ impl EngineMeta {
             if let Some(v) = &c.onnxruntime {
                 put("onnxruntime.version", v.to_string());
             }
+            if let Some(v) = &c.openvino {
+                put("openvino.version", v.to_string());
+            }
             if let Some(t) = c.threads {
                 put("onnxruntime.threads", t.to_string());
             }
@@ -926,9 +944,12 @@ impl EngineMeta {
                 s
             }
             (None, Some(c)) => {
-                let mut s = match (&c.onnxruntime, self.kind) {
-                    (Some(v), EngineKind::Onnxruntime) => {
+                let mut s = match (&c.onnxruntime, &c.openvino, self.kind) {
+                    (Some(v), _, EngineKind::Onnxruntime) => {
                         format!("{} with ONNX Runtime {v}", c.arch)
+                    }
+                    (_, Some(v), EngineKind::Openvino) => {
+                        format!("{} with OpenVINO {v}", c.arch)
                     }
                     _ => format!("{} with tract {}", c.arch, c.tract),
                 };
@@ -980,6 +1001,8 @@ pub struct Found {
     pub tensorrt: Option<Version>,
     /// Version of the ONNX Runtime library that was loaded (`GetVersionString`), if any.
     pub onnxruntime: Option<Version>,
+    /// Release of the OpenVINO library that was loaded (`ov_get_openvino_version`), if any.
+    pub openvino: Option<Version>,
     /// The CPU.
     pub cpu: FoundCpu,
 }
@@ -1000,6 +1023,23 @@ pub struct FoundCpu {
     /// Its instruction set, to compare with what a CPU engine was measured on
     /// ([`CpuMeta::isa`]); `None` when not read.
     pub isa: Option<CpuIsa>,
+}
+
+impl Found {
+    /// The CPU engine's library that was loaded, as (the engine's name, its version): ONNX
+    /// Runtime's or OpenVINO's; `None` for engines without one.
+    pub fn library(&self) -> Option<(&'static str, &Version)> {
+        use crate::engine::EngineKind;
+        let name = |k: EngineKind| k.def().name;
+        self.onnxruntime
+            .as_ref()
+            .map(|v| (name(EngineKind::Onnxruntime), v))
+            .or_else(|| {
+                self.openvino
+                    .as_ref()
+                    .map(|v| (name(EngineKind::Openvino), v))
+            })
+    }
 }
 
 impl FoundCpu {
@@ -1055,9 +1095,10 @@ impl fmt::Display for Found {
                 if !self.cpu.features.is_empty() {
                     write!(f, " (features {})", self.cpu.features.join(","))?;
                 }
-                match &self.onnxruntime {
-                    Some(v) => write!(f, " with ONNX Runtime {v}"),
-                    None => Ok(()),
+                match (&self.onnxruntime, &self.openvino) {
+                    (Some(v), _) => write!(f, " with ONNX Runtime {v}"),
+                    (None, Some(v)) => write!(f, " with OpenVINO {v}"),
+                    (None, None) => Ok(()),
                 }
             }
         }
@@ -1110,6 +1151,10 @@ pub enum MismatchReason {
     NoOnnxruntime,
     #[error("ONNX Runtime {found} differs from {built} in major.minor")]
     OnnxruntimeVersion { built: Version, found: Version },
+    #[error("no OpenVINO library was loaded")]
+    NoOpenvino,
+    #[error("OpenVINO {found} differs from {built} in major.minor")]
+    OpenvinoVersion { built: Version, found: Version },
 }
 
 /// How an `infer-serve` built with TensorRT names, inside its binary, the release of the
@@ -1245,6 +1290,21 @@ pub fn check_compat(meta: &EngineMeta, found: &Found) -> Result<(), Mismatch> {
                     .ok_or_else(|| fail(MismatchReason::NoOnnxruntime))?;
                 if !built.same_prefix(found, 2) {
                     return Err(fail(MismatchReason::OnnxruntimeVersion {
+                        built: built.clone(),
+                        found: found.clone(),
+                    }));
+                }
+            }
+        }
+        if meta.kind == EngineKind::Openvino {
+            // `validate` made sure the version is recorded.
+            if let Some(built) = &c.openvino {
+                let found = found
+                    .openvino
+                    .as_ref()
+                    .ok_or_else(|| fail(MismatchReason::NoOpenvino))?;
+                if !built.same_prefix(found, 2) {
+                    return Err(fail(MismatchReason::OpenvinoVersion {
                         built: built.clone(),
                         found: found.clone(),
                     }));
@@ -1599,6 +1659,7 @@ mod tests {
                 arch: "x86_64".into(),
                 tract: v("0.23.9"),
                 onnxruntime: None,
+                openvino: None,
                 folded_by: None,
                 threads: None,
                 share: None,
@@ -1618,6 +1679,7 @@ mod tests {
             }),
             tensorrt: trt.map(v),
             onnxruntime: None,
+            openvino: None,
             cpu: FoundCpu {
                 arch: "x86_64".into(),
                 features: vec![],
@@ -1796,6 +1858,7 @@ mod tests {
                 isa: None,
             },
             onnxruntime: Some(v("1.31.2")),
+            openvino: None,
             ..Found::default()
         };
         check(&m, &f, None);

@@ -80,7 +80,7 @@ pub struct Library {
 }
 
 /// Every engine, in [`EngineKind`]'s order ([`EngineKind::def`] indexes it).
-pub const ENGINES: [EngineDef; 3] = [
+pub const ENGINES: [EngineDef; 4] = [
     EngineDef {
         kind: EngineKind::Tract,
         name: "tract",
@@ -121,6 +121,21 @@ pub const ENGINES: [EngineDef; 3] = [
         formats: &[(EngineFormat::Onnx, BackendKind::OnnxRuntime)],
         library: Some(Library {
             name: "onnxruntime",
+            required: true,
+        }),
+        runtime: RuntimeFlavour::Dynamic,
+        threads: true,
+    },
+    EngineDef {
+        kind: EngineKind::Openvino,
+        name: "openvino",
+        title: "OpenVINO",
+        cpu: true,
+        aliases: &["ov"],
+        timed_by: TimedBy::Openvino,
+        formats: &[(EngineFormat::Onnx, BackendKind::OpenVino)],
+        library: Some(Library {
+            name: "openvino",
             required: true,
         }),
         runtime: RuntimeFlavour::Dynamic,
@@ -190,6 +205,7 @@ mod tests {
             BackendKind::TractNnef,
             BackendKind::TensorRt,
             BackendKind::OnnxRuntime,
+            BackendKind::OpenVino,
         ] {
             let owners = ENGINES
                 .iter()
@@ -225,17 +241,20 @@ mod tests {
         let e = serde_json::from_str::<CpuEngine>("\"ort\"").unwrap_err();
         assert!(
             e.to_string()
-                .contains("\"auto\", \"tract\", \"onnxruntime\""),
+                .contains("\"auto\", \"tract\", \"onnxruntime\", \"openvino\""),
             "{e}"
         );
     }
 
     #[test]
     fn names_in_prose() {
-        assert_eq!(backend_names(|d| d.threads), "\"onnxruntime\"");
+        assert_eq!(
+            backend_names(|d| d.threads),
+            "\"onnxruntime\" or \"openvino\""
+        );
         assert_eq!(
             backend_names(|d| d.library.is_some()),
-            "\"onnxruntime\" or \"tensorrt\""
+            "\"onnxruntime\", \"openvino\" or \"tensorrt\""
         );
         assert_eq!(
             backend_names(|d| d.kind == EngineKind::Tract),

@@ -402,6 +402,10 @@ pub enum BackendKind {
     /// An ONNX model run on CPU by ONNX Runtime, loaded at start from `engine.library`.
     #[serde(rename = "onnxruntime")]
     OnnxRuntime,
+    /// An ONNX model compiled at start by OpenVINO's CPU plugin, loaded from `engine.library`
+    /// (`libopenvino_c.so.<N>`, with the rest of OpenVINO's CPU files beside it).
+    #[serde(rename = "openvino")]
+    OpenVino,
     /// A model-free engine that sleeps `base_ms + per_row_ms · rows` per batch and returns
     /// deterministic outputs; for tests and benchmarks of the batcher only.
     #[serde(rename = "synthetic")]
@@ -416,6 +420,7 @@ impl BackendKind {
             BackendKind::TractNnef => "tract-nnef",
             BackendKind::TensorRt => "tensorrt",
             BackendKind::OnnxRuntime => "onnxruntime",
+            BackendKind::OpenVino => "openvino",
             BackendKind::Synthetic => "synthetic",
         }
     }
@@ -427,6 +432,7 @@ impl BackendKind {
             BackendKind::TractNnef => "tract_nnef",
             BackendKind::TensorRt => "tensorrt_plan",
             BackendKind::OnnxRuntime => "onnxruntime_onnx",
+            BackendKind::OpenVino => "openvino",
             BackendKind::Synthetic => "synthetic",
         }
     }
@@ -1773,8 +1779,8 @@ path = "minilm.onnx"
                 "path = \"mlp.onnx\"\nlibrary = \"x.so\"\nthreads = 1",
             ),
             Err(&[
-                "engine.library is only for engine.kind = \"onnxruntime\" or \"tensorrt\", not \"tract-onnx\"",
-                "engine.threads is only for engine.kind = \"onnxruntime\", not \"tract-onnx\"",
+                "engine.library is only for engine.kind = \"onnxruntime\", \"openvino\" or \"tensorrt\", not \"tract-onnx\"",
+                "engine.threads is only for engine.kind = \"onnxruntime\" or \"openvino\", not \"tract-onnx\"",
             ]),
         );
         // TensorRT may name its runtime library.
@@ -1841,7 +1847,7 @@ path = "minilm.onnx"
                 "path = \"mlp.onnx\"",
                 "path = \"mlp.onnx\"\nmeasured = { threads = 1, share = 2 }",
             ),
-            Err(&["engine.measured is only for engine.kind = \"onnxruntime\", not \"tract-onnx\""]),
+            Err(&["engine.measured is only for engine.kind = \"onnxruntime\" or \"openvino\", not \"tract-onnx\""]),
         );
     }
 

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 #[cfg(feature = "onnxruntime")]
 pub(crate) mod onnxruntime;
+#[cfg(feature = "openvino")]
+pub(crate) mod openvino;
 #[cfg(feature = "synthetic")]
 pub(crate) mod synthetic;
 #[cfg(feature = "tensorrt")]
@@ -109,6 +111,21 @@ const COMPILED: &[Compiled] = &[
             })
         },
     },
+    #[cfg(feature = "openvino")]
+    Compiled {
+        kind: BackendKind::OpenVino,
+        load: |cfg, base, path| {
+            let (lib, _) = openvino::library(cfg, base)?;
+            Ok(Arc::new(openvino::OvEngine::load(cfg, path, lib)?))
+        },
+        node: |cfg, base| {
+            let (_, version) = openvino::library(cfg, base)?;
+            Ok(Found {
+                openvino: Some(version),
+                ..cpu_only(cfg, base)?
+            })
+        },
+    },
     #[cfg(feature = "synthetic")]
     Compiled {
         kind: BackendKind::Synthetic,
@@ -129,6 +146,7 @@ fn cpu_only(_: &RuntimeConfig, _: &Path) -> Result<Found, Error> {
         gpu: None,
         tensorrt: None,
         onnxruntime: None,
+        openvino: None,
         cpu: infer_spec::engine::FoundCpu::detect(),
     })
 }

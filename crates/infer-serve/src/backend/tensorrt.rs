@@ -95,6 +95,7 @@ pub(crate) fn probe(cfg: &RuntimeConfig, base: &Path) -> Result<Found, Error> {
         gpu: Some(gpu),
         tensorrt: Some(lib.version().clone()),
         onnxruntime: None,
+        openvino: None,
         cpu: FoundCpu::detect(),
     })
 }

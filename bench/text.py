@@ -18,7 +18,9 @@ on mixed-length short texts, one text per request.
 usage: python bench/text.py SERVE CACHE PEER_PYTHON [THREADS] [DURATION]
   env PADDING: the server's [text] max_padding_percent (default 25, what CPU images get; 0
   leaves the key out: no bound, and what runtimes before the key read); SERVE_ONLY=1 skips the
-  engine-alone limit and the peer (to compare servers or settings)
+  engine-alone limit and the peer (to compare servers or settings); OPENVINO_LIB=PATH serves
+  with OpenVINO (`kind = "openvino"`, PATH the libopenvino_c.so.N with the rest of OpenVINO's CPU
+  files beside it, as an image has them) instead of ONNX Runtime
   SERVE: target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve
   CACHE: target/real-models (tests/it/real_models.py fetch; fetch-ort for the library)
   PEER_PYTHON: a Python with fastapi, uvicorn, tokenizers, onnxruntime, numpy
@@ -249,7 +251,11 @@ def main():
     port = free_port()
     cfg = os.path.join(w, "runtime.toml")
     with open(cfg, "w") as f:
-        f.write(config(onnx, os.path.abspath(lib), tok, True, threads=threads, padding=pct, port=port))
+        ov = os.environ.get("OPENVINO_LIB")
+        kind, engine_lib = ("openvino", ov) if ov else ("onnxruntime", lib)
+        print(f"infer-serve engine: {kind} ({engine_lib})", flush=True)
+        f.write(config(onnx, os.path.abspath(engine_lib), tok, True, threads=threads, padding=pct, port=port,
+                       kind=kind))
     log = os.path.join(w, "serve.log")
     proc = subprocess.Popen([serve, "--config", cfg], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "INFER_GRPC_PORT": "0"})

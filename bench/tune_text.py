@@ -21,9 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDS = 'datatype = "INT64"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = ["sequence"]'
 
 
-def config(onnx, lib, tok, text, threads=2, padding=25, port=8000):
+def config(onnx, lib, tok, text, threads=2, padding=25, port=8000, kind="onnxruntime"):
     """all-MiniLM-L6-v2's runtime.toml: a text model (`text`: mean pooling, L2-normalised,
-    `max_padding_percent = padding`, 0: none) or a padded tensor model (`pad = 0`)."""
+    `max_padding_percent = padding`, 0: none) or a padded tensor model (`pad = 0`), on the
+    engine `kind` ("onnxruntime" or "openvino") from the library `lib`."""
     inputs = "".join(
         f'[[inputs]]\nname = "{n}"\n{IDS}\n{"" if text else "pad = 0"}\n\n'
         for n in ("input_ids", "attention_mask", "token_type_ids"))
@@ -52,7 +53,7 @@ max_queue_delay_us = 2000
 instances = 1
 
 [engine]
-kind = "onnxruntime"
+kind = "{kind}"
 path = "{onnx}"
 library = "{lib}"
 threads = {threads}

@@ -149,30 +149,42 @@ fn pin_text(p: &ImagePin) -> String {
 
 /// The base image a target's image is built on, as the table shows it. A CPU target's depends on
 /// its engine: tract ships on the target's `base` (`scratch` unless the recipe names one), ONNX
-/// Runtime on the matrix's glibc base; under `engine.cpu = "auto"` the build measures both and
-/// ships the faster, so the table names both (and a note says so, [`auto_base_note`]).
+/// Runtime and OpenVINO on the matrix's glibc base; under `engine.cpu = "auto"` the build
+/// measures them and ships the fastest, so the table names both bases (and a note says so,
+/// [`auto_base_note`]).
 fn base_text(t: &TargetPlan) -> String {
     match &t.cpu {
-        Some(cpu) if cpu.onnxruntime_possible() => {
+        Some(cpu) if library_engines(cpu).next().is_some() => {
             let glibc = cpu.glibc_base.as_ref().map_or_else(String::new, pin_text);
-            if cpu.engine == CpuEngine::ONNXRUNTIME {
-                glibc
-            } else {
+            if cpu.engine == CpuEngine::Auto {
                 format!("{} or {glibc}", pin_text(&t.base))
+            } else {
+                glibc
             }
         }
         _ => pin_text(&t.base),
     }
 }
 
+/// The titles of the library engines (ONNX Runtime, OpenVINO) a CPU target may ship.
+fn library_engines(cpu: &crate::plan::CpuPlan) -> impl Iterator<Item = &'static str> + '_ {
+    infer_spec::engine::EngineKind::cpu_engines()
+        .filter(|d| d.library.is_some() && cpu.possible(d.kind))
+        .map(|d| d.title)
+}
+
 /// What the table's "A or B" base of an `auto` CPU target means, or `None` for other targets.
 fn auto_base_note(t: &TargetPlan) -> Option<String> {
-    let cpu = t.cpu.as_ref().filter(|c| c.onnxruntime_possible())?;
+    let cpu = t.cpu.as_ref()?;
     let glibc = cpu.glibc_base.as_ref()?;
-    (cpu.engine == CpuEngine::Auto).then(|| {
+    let titles: Vec<&str> = library_engines(cpu).collect();
+    (cpu.engine == CpuEngine::Auto && !titles.is_empty()).then(|| {
         format!(
-            "engine.cpu = \"auto\": the build measures tract and ONNX Runtime and ships the faster, tract FROM {}, ONNX Runtime on {} (`build` says which; `[engine] cpu` fixes it)",
-            t.base.reference, glibc.reference
+            "engine.cpu = \"auto\": the build measures tract and {} and ships the fastest, tract FROM {}, {} on {} (`build` says which; `[engine] cpu` fixes it)",
+            titles.join(" and "),
+            t.base.reference,
+            titles.join(" or "),
+            glibc.reference
         )
     })
 }

@@ -162,6 +162,7 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
         toolchain,
         // Filled by the caller that has the library (see `crate::cli::build`).
         onnxruntime: None,
+        openvino: None,
         folding: None,
     })
 }

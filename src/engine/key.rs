@@ -28,6 +28,10 @@ pub enum BackendKey {
         cpu_engine: Option<CpuEngine>,
         #[serde(skip_serializing_if = "Option::is_none")]
         onnxruntime: Option<String>,
+        /// The OpenVINO version when OpenVINO was a candidate (absent otherwise, so the keys
+        /// of engines it never measured are unchanged).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        openvino: Option<String>,
         /// The recipe's `[engine] threads`, the one count ONNX Runtime is measured with when
         /// given. (The counts measured otherwise, from the builder's CPUs, are not in the key:
         /// the runtime decides the threads where it runs, the measurement is a hint.)
@@ -150,6 +154,7 @@ mod tests {
                         tract: "0.23.9".into(),
                         cpu_engine: None,
                         onnxruntime: None,
+                        openvino: None,
                         threads: None,
                     }
                 }),

@@ -18,6 +18,7 @@ pub(crate) mod gpu;
 pub(crate) mod key;
 pub(crate) mod onnx;
 pub(crate) mod onnxruntime;
+pub(crate) mod openvino;
 pub(crate) mod polygraphy;
 pub(crate) mod pyenv;
 pub(crate) mod select;
@@ -39,7 +40,9 @@ pub use cache::{Cache, Entry};
 pub use key::{KeyMaterial, TOOL_VERSION};
 pub use onnxruntime::OrtError;
 pub use polygraphy::LOADER_SCRIPT;
-pub use spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
+pub use spec::{
+    Calibration, DimRanges, EngineSpec, InputSpec, LibraryCandidate, Toolchain, TrtSpec,
+};
 
 use crate::process::Runner;
 use key::{BackendKey, KEY_SCHEME};
@@ -65,14 +68,22 @@ pub enum Error {
         "target {target}: the model does not load in tract with the declared inputs: {reason}"
     )]
     Tract { target: String, reason: String },
-    #[error("target {target}: neither CPU engine loads the model with the declared inputs:\n  tract: {tract}\n  ONNX Runtime: {onnxruntime}")]
+    #[error("target {target}: no CPU engine loads the model with the declared inputs:\n{reasons}")]
     NoCpuEngine {
         target: String,
-        tract: String,
-        onnxruntime: OrtError,
+        /// One line per engine tried, `  tract: why`.
+        reasons: String,
     },
-    #[error("target {target}: ONNX Runtime does not load the model (engine.cpu = \"onnxruntime\"): {reason}")]
-    Onnxruntime { target: String, reason: OrtError },
+    #[error(
+        "target {target}: {title} does not load the model (engine.cpu = \"{name}\"): {reason}"
+    )]
+    Forced {
+        target: String,
+        /// The engine's title and name ([`infer_spec::engines::EngineDef`]).
+        title: &'static str,
+        name: &'static str,
+        reason: String,
+    },
     #[error("TensorRT {version} is not supported (8.6, 10.x and 11.x are)")]
     UnsupportedTensorrt { version: String },
     #[error("target {target} with TensorRT {tensorrt}: {reason}")]
@@ -171,7 +182,7 @@ impl Error {
                 | Error::Input { .. }
                 | Error::Tract { .. }
                 | Error::NoCpuEngine { .. }
-                | Error::Onnxruntime { .. }
+                | Error::Forced { .. }
                 | Error::UnsupportedTensorrt { .. }
                 | Error::Precision { .. }
                 | Error::Flag { .. }
@@ -260,25 +271,24 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
         Toolchain::Cpu => BackendKey::Tract {
             tract: tract::TRACT_VERSION.into(),
             // ONNX Runtime's version when it is a candidate, or (under `tract`) may fold the
-            // model: either way it can change the engine.
-            cpu_engine: match (&spec.onnxruntime, &spec.folding) {
-                (Some(c), _) => Some(if c.forced {
-                    CpuEngine::ONNXRUNTIME
-                } else {
-                    CpuEngine::Auto
-                }),
-                (None, Some(_)) => Some(CpuEngine::TRACT),
-                (None, None) => None,
+            // model, and OpenVINO's when it is a candidate: each can change the engine.
+            cpu_engine: match (&spec.onnxruntime, &spec.openvino, &spec.folding) {
+                (Some(c), _, _) | (None, Some(c), _) if c.forced => Some(CpuEngine::Only(c.kind)),
+                (Some(_), _, _) | (None, Some(_), _) => Some(CpuEngine::Auto),
+                (None, None, Some(_)) => Some(CpuEngine::TRACT),
+                (None, None, None) => None,
             },
             onnxruntime: match (&spec.onnxruntime, &spec.folding) {
                 (Some(c), _) => Some(c.version.to_string()),
                 (None, Some(f)) => Some(f.version.to_string()),
                 (None, None) => None,
             },
+            openvino: spec.openvino.as_ref().map(|c| c.version.to_string()),
             threads: spec
                 .onnxruntime
-                .as_ref()
-                .filter(|c| c.given)
+                .iter()
+                .chain(&spec.openvino)
+                .find(|c| c.given)
                 .map(|c| c.threads as u32),
         },
         Toolchain::Tensorrt(trt) => BackendKey::Tensorrt {
@@ -496,6 +506,7 @@ fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Er
             .parse()
             .map_err(|_| Error::Internal("tract version literal"))?,
         onnxruntime: chosen.onnxruntime,
+        openvino: chosen.openvino,
         folded_by: chosen.folded_by,
         threads: chosen.measured.map(|m| m.threads),
         share: chosen.measured.map(|m| m.share),
@@ -724,6 +735,9 @@ pub(crate) fn differences(
             diff("tract", tract::TRACT_VERSION.into(), c.tract.to_string());
             if let (Some(o), Some(v)) = (&spec.onnxruntime, &c.onnxruntime) {
                 diff("ONNX Runtime", o.version.to_string(), v.to_string());
+            }
+            if let (Some(o), Some(v)) = (&spec.openvino, &c.openvino) {
+                diff("OpenVINO", o.version.to_string(), v.to_string());
             }
             if let (Some(f), Some(v)) = (&spec.folding, &c.folded_by) {
                 diff(

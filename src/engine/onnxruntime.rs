@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use infer_spec::engine::{BatchTiming, Version};
+use infer_spec::engine::Version;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 use tract_onnx::prelude::{TValue, TVec, Tensor};
 
-use super::spec::EngineSpec;
+use super::spec::{EngineSpec, LibraryCandidate};
 
 /// Why ONNX Runtime could not measure or fold a model. The text is ONNX Runtime's own words
 /// with what was being done; the variant says which step failed.
@@ -44,26 +44,8 @@ pub enum OrtError {
 fn load(e: impl std::fmt::Display) -> OrtError {
     OrtError::Load(e.to_string())
 }
-use super::timing::{median_sorted, round_us, time_batch, STARTUP_RUNS};
+use super::timing::{median_sorted, round_us, time_batch, Measured, STARTUP_RUNS};
 use super::tract::sample_inputs;
-
-/// ONNX Runtime as a candidate engine of a CPU target.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OrtCandidate {
-    /// `libonnxruntime.so` on this machine (the library cache).
-    pub library: PathBuf,
-    /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
-    pub version: Version,
-    /// The most intra-op threads one runtime instance may use (its share of the CPUs); the
-    /// engine stage measures [`thread_counts`] up to it. When `given`, the recipe's
-    /// `[engine] threads`, the one count measured.
-    pub threads: usize,
-    /// `threads` is the recipe's `[engine] threads`.
-    pub given: bool,
-    /// True when the recipe forces ONNX Runtime (`engine.cpu = "onnxruntime"`): tract is
-    /// then not tried.
-    pub forced: bool,
-}
 
 /// ONNX Runtime for constant folding only (`engine.cpu = "tract"`): its version (part of the
 /// engine key) and how to get its library, called only when tract cannot load a model as it
@@ -128,14 +110,6 @@ pub(crate) fn fold(library: &Path, bytes: &[u8]) -> Result<Vec<u8>, OrtError> {
 pub(crate) type Output = (Vec<usize>, Vec<f64>);
 
 /// What ONNX Runtime measured.
-pub(crate) struct OrtMeasured {
-    pub startup_ms: f64,
-    pub startup_runs: u32,
-    pub batches: Vec<BatchTiming>,
-    /// Outputs on the reference inputs (as f64, row-major), when asked for.
-    pub outputs: Option<Vec<Output>>,
-}
-
 /// The process's ONNX Runtime environment, from `library`. ONNX Runtime allows one environment
 /// per process, so the first call creates it and later calls share it; a later call for another
 /// library is refused.
@@ -290,42 +264,16 @@ fn run(s: &mut Session, names: &[String], inputs: &TVec<TValue>) -> Result<Vec<O
         .collect()
 }
 
-impl OrtCandidate {
-    /// The intra-op thread counts the engine stage measures: the recipe's, or
-    /// [`thread_counts`] up to the instance's share.
-    pub(crate) fn counts(&self) -> Vec<usize> {
-        if self.given {
-            vec![self.threads.max(1)]
-        } else {
-            thread_counts(self.threads)
-        }
-    }
-}
-
-/// The intra-op thread counts measured for an instance that may use `max` threads: 1, 2, 4, …
-/// below `max`, and `max`.
-pub(crate) fn thread_counts(max: usize) -> Vec<usize> {
-    let max = max.max(1);
-    let mut out = Vec::new();
-    let mut n = 1;
-    while n < max {
-        out.push(n);
-        n *= 2;
-    }
-    out.push(max);
-    out
-}
-
 /// Load `bytes` in ONNX Runtime and measure it for `spec` with `threads` intra-op threads;
 /// `reference` are the inputs (in the model's input order) whose outputs are returned for the
 /// comparison with tract.
 pub(crate) fn measure(
     spec: &EngineSpec,
-    c: &OrtCandidate,
+    c: &LibraryCandidate,
     bytes: &[u8],
     threads: usize,
     reference: Option<&TVec<TValue>>,
-) -> Result<OrtMeasured, OrtError> {
+) -> Result<Measured, OrtError> {
     let env = environment_at(&c.library)?;
     let mut ms = Vec::with_capacity(STARTUP_RUNS);
     let mut s = None;
@@ -357,7 +305,7 @@ pub(crate) fn measure(
             Ok::<_, OrtError>(t.elapsed())
         })?);
     }
-    Ok(OrtMeasured {
+    Ok(Measured {
         startup_ms: round_us(median_sorted(&ms)),
         startup_runs: STARTUP_RUNS as u32,
         batches,

@@ -1,15 +1,18 @@
-//! The CPU engine of a target, chosen by measurement between tract and ONNX Runtime.
+//! The CPU engine of a target, chosen by measurement between tract and the engines that run
+//! from a native library (ONNX Runtime, OpenVINO: the target's [`LibraryCandidate`]s).
 //!
-//! - tract alone (`engine.cpu = "tract"`, or no ONNX Runtime library for the target): tract's
+//! - tract alone (`engine.cpu = "tract"`, or no library engine for the target): tract's
 //!   engine, as [`super::tract::build`] makes it; a model tract cannot load is refused.
-//! - `engine.cpu = "onnxruntime"`: ONNX Runtime alone; a model it cannot load is refused.
-//! - `auto`: both are loaded and measured on the same inputs (start-up, T(b) at every planned
-//!   batch size; tract single-threaded as the runtime runs it, ONNX Runtime with the intra-op
-//!   threads the runtime gives one instance). The outputs of one row at the profile's `opt` are
-//!   compared (`|a - b| <= ATOL + RTOL * |b|`, element-wise). ONNX Runtime ships when it loads,
-//!   agrees with tract, and its summed T(b) over the planned batch sizes is at most
-//!   [`ORT_MARGIN`] of tract's; tract ships otherwise. When only one engine loads, it ships; when neither does, the build is refused
-//!   with both reasons.
+//! - `engine.cpu = "onnxruntime"` or `"openvino"`: that engine alone; a model it cannot load is
+//!   refused.
+//! - `auto`: every engine is loaded and measured on the same inputs (start-up, T(b) at every
+//!   planned batch size; tract single-threaded as the runtime runs it, a library engine at each
+//!   thread count up to the share the runtime gives one instance). The outputs of one row at
+//!   the profile's `opt` are compared with tract's (`|a - b| <= ATOL + RTOL * |b|`,
+//!   element-wise). A library engine may ship when it loads, agrees with tract, and its summed
+//!   T(b) over the planned batch sizes is at most [`ORT_MARGIN`] of tract's; of those the
+//!   fastest ships, tract otherwise. When tract does not load, the fastest library engine that
+//!   does ships; when none loads, the build is refused with every reason.
 //!
 //! Everything measured goes into the profile's `selection`.
 //!
@@ -27,8 +30,10 @@ use infer_spec::engine::{
 
 use infer_spec::MeasuredThreads;
 
-use super::onnxruntime::{self, OrtCandidate, OrtError};
-use super::spec::EngineSpec;
+use super::onnxruntime;
+use super::openvino;
+use super::spec::{EngineSpec, LibraryCandidate};
+use super::timing::Measured;
 use super::{tract, Error};
 
 /// Absolute and relative tolerance of the output comparison between tract and ONNX Runtime
@@ -36,9 +41,9 @@ use super::{tract, Error};
 pub(crate) const ATOL: f64 = 1e-4;
 pub(crate) const RTOL: f64 = 1e-3;
 
-/// ONNX Runtime ships under `auto` only when its summed T(b) is at most this fraction of
-/// tract's. Its image is larger (a glibc base and the library, about 30 MB) and needs a base
-/// pulled from a registry, so a gain within the measurement's noise is not worth it, and the
+/// A library engine (ONNX Runtime, OpenVINO) ships under `auto` only when its summed T(b) is at
+/// most this fraction of tract's. Its image is larger (a glibc base and the library: about 30
+/// MB for ONNX Runtime, 92 MB for OpenVINO) and needs a base pulled from a registry, so a gain within the measurement's noise is not worth it, and the
 /// choice does not flip between builds on noise.
 pub(crate) const ORT_MARGIN: f64 = 0.9;
 
@@ -63,54 +68,6 @@ pub(crate) fn best_threads(sums: &[(usize, f64)]) -> usize {
     best.0
 }
 
-/// ONNX Runtime measured at every count of [`onnxruntime::thread_counts`] up to the candidate's
-/// share of the CPUs (the reference outputs from the first): the fastest count
-/// ([`best_threads`]) with its measurement, and one candidate row per count.
-fn measure_ort(
-    spec: &EngineSpec,
-    c: &OrtCandidate,
-    bytes: &[u8],
-    reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
-) -> Result<(onnxruntime::OrtMeasured, usize, Vec<CandidateMeasurement>), OrtError> {
-    let mut measured = Vec::new();
-    for (k, threads) in c.counts().into_iter().enumerate() {
-        let m = onnxruntime::measure(spec, c, bytes, threads, reference.filter(|_| k == 0))?;
-        measured.push((threads, m));
-    }
-    let sums: Vec<(usize, f64)> = measured
-        .iter()
-        .map(|(t, m)| (*t, sum_us(&m.batches)))
-        .collect();
-    let best = best_threads(&sums);
-    let rows = measured
-        .iter()
-        .map(|(threads, m)| ort_row(c, *threads, Some(m), None))
-        .collect();
-    let outputs = measured.first_mut().and_then(|(_, m)| m.outputs.take());
-    let (_, mut chosen) = measured
-        .into_iter()
-        .find(|(t, _)| *t == best)
-        .ok_or_else(|| OrtError::Run("no ONNX Runtime measurement".to_owned()))?;
-    chosen.outputs = outputs;
-    Ok((chosen, best, rows))
-}
-
-fn ort_row(
-    c: &OrtCandidate,
-    threads: usize,
-    m: Option<&onnxruntime::OrtMeasured>,
-    error: Option<String>,
-) -> CandidateMeasurement {
-    CandidateMeasurement {
-        kind: EngineKind::Onnxruntime,
-        version: c.version.to_string(),
-        threads: threads as u32,
-        startup_ms: m.map(|m| m.startup_ms),
-        batches: m.map(|m| m.batches.clone()).unwrap_or_default(),
-        error,
-    }
-}
-
 /// The chosen CPU engine, ready for the cache.
 pub(crate) struct Chosen {
     pub kind: EngineKind,
@@ -119,12 +76,13 @@ pub(crate) struct Chosen {
     pub startup: StartupMeasurement,
     pub batches: Vec<BatchTiming>,
     pub onnxruntime: Option<Version>,
+    pub openvino: Option<Version>,
     pub measured_on: String,
     pub selection: Option<EngineSelection>,
     /// The ONNX Runtime version whose constant folding tract's engine was built from.
     pub folded_by: Option<Version>,
-    /// ONNX Runtime: fewer intra-op threads than the instance's share measured faster, and
-    /// that share (`CpuMeta::threads` and `share`).
+    /// A library engine: fewer threads than the instance's share measured faster, and that
+    /// share (`CpuMeta::threads` and `share`).
     pub measured: Option<MeasuredThreads>,
 }
 
@@ -169,6 +127,7 @@ fn tract_chosen(
         startup: built.startup,
         batches: built.batches,
         onnxruntime: None,
+        openvino: None,
         measured_on: format!(
             "{} cpu, tract single-threaded, {} cores visible{}",
             std::env::consts::ARCH,
@@ -184,7 +143,7 @@ fn tract_chosen(
     }
 }
 
-/// Compare ONNX Runtime's outputs with tract's.
+/// Compare a library engine's outputs with tract's.
 fn agreement(
     tract_out: &[tract_onnx::prelude::TValue],
     ort_out: &[onnxruntime::Output],
@@ -232,8 +191,75 @@ fn agreement(
     }
 }
 
-/// The rule of `auto` when both engines load: ONNX Runtime ships when its outputs agree with
-/// tract's and its summed T(b) is at most [`ORT_MARGIN`] of tract's.
+/// Engine `c` measured with `threads` threads (the reference outputs when `reference`).
+fn measure_at(
+    spec: &EngineSpec,
+    c: &LibraryCandidate,
+    bytes: &[u8],
+    threads: usize,
+    reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
+) -> Result<Measured, String> {
+    match c.kind {
+        EngineKind::Onnxruntime => {
+            onnxruntime::measure(spec, c, bytes, threads, reference).map_err(|e| e.to_string())
+        }
+        EngineKind::Openvino => {
+            openvino::measure(spec, c, bytes, threads, reference).map_err(|e| e.to_string())
+        }
+        other => Err(format!("{other} does not run from a library")),
+    }
+}
+
+/// Engine `c` measured at every count of its [`LibraryCandidate::counts`] (the reference
+/// outputs from the first): the fastest count ([`best_threads`]) with its measurement, and one
+/// candidate row per count.
+fn measure_library(
+    spec: &EngineSpec,
+    c: &LibraryCandidate,
+    bytes: &[u8],
+    reference: Option<&tract_onnx::prelude::TVec<tract_onnx::prelude::TValue>>,
+) -> Result<(Measured, usize, Vec<CandidateMeasurement>), String> {
+    let mut measured = Vec::new();
+    for (k, threads) in c.counts().into_iter().enumerate() {
+        let m = measure_at(spec, c, bytes, threads, reference.filter(|_| k == 0))?;
+        measured.push((threads, m));
+    }
+    let sums: Vec<(usize, f64)> = measured
+        .iter()
+        .map(|(t, m)| (*t, sum_us(&m.batches)))
+        .collect();
+    let best = best_threads(&sums);
+    let rows = measured
+        .iter()
+        .map(|(threads, m)| library_row(c, *threads, Some(m), None))
+        .collect();
+    let outputs = measured.first_mut().and_then(|(_, m)| m.outputs.take());
+    let (_, mut chosen) = measured
+        .into_iter()
+        .find(|(t, _)| *t == best)
+        .ok_or_else(|| format!("no {} measurement", c.title()))?;
+    chosen.outputs = outputs;
+    Ok((chosen, best, rows))
+}
+
+fn library_row(
+    c: &LibraryCandidate,
+    threads: usize,
+    m: Option<&Measured>,
+    error: Option<String>,
+) -> CandidateMeasurement {
+    CandidateMeasurement {
+        kind: c.kind,
+        version: c.version.to_string(),
+        threads: threads as u32,
+        startup_ms: m.map(|m| m.startup_ms),
+        batches: m.map(|m| m.batches.clone()).unwrap_or_default(),
+        error,
+    }
+}
+
+/// The rule of `auto` for a library engine when tract loads: it may ship when its outputs agree
+/// with tract's and its summed T(b) is at most [`ORT_MARGIN`] of tract's.
 pub(crate) fn ort_ships(tract_sum_us: f64, ort_sum_us: f64, agreed: bool) -> bool {
     agreed && ort_sum_us <= ORT_MARGIN * tract_sum_us
 }
@@ -242,15 +268,15 @@ fn sum_us(b: &[BatchTiming]) -> f64 {
     b.iter().map(|t| t.median_us).sum()
 }
 
-fn ort_chosen(
-    c: &OrtCandidate,
+fn library_chosen(
+    c: &LibraryCandidate,
     bytes: &[u8],
-    (m, threads): (onnxruntime::OrtMeasured, usize),
+    (m, threads): (Measured, usize),
     mut selection: EngineSelection,
 ) -> Chosen {
     let counts: Vec<String> = c.counts().iter().map(usize::to_string).collect();
     selection.reason.push_str(&format!(
-        "; {threads} intra-op thread{} per instance, the fastest of {}{}",
+        "; {threads} thread{} per instance, the fastest of {}{}",
         if threads == 1 { "" } else { "s" },
         counts.join(", "),
         if c.given {
@@ -261,8 +287,9 @@ fn ort_chosen(
             " (the instance's share of the CPUs)"
         }
     ));
+    let version = Some(c.version.clone());
     Chosen {
-        kind: EngineKind::Onnxruntime,
+        kind: c.kind,
         format: EngineFormat::Onnx,
         bytes: bytes.to_vec(),
         startup: StartupMeasurement {
@@ -270,13 +297,22 @@ fn ort_chosen(
             nnef_ms: None,
             chosen: EngineFormat::Onnx,
             runs: m.startup_runs,
-            note: Some("ONNX Runtime session from the onnx model".into()),
+            note: Some(match c.kind {
+                EngineKind::Openvino => {
+                    "OpenVINO: the onnx model read and compiled for the CPU".into()
+                }
+                _ => format!("{} session from the onnx model", c.title()),
+            }),
         },
         batches: m.batches,
-        onnxruntime: Some(c.version.clone()),
+        onnxruntime: version
+            .clone()
+            .filter(|_| c.kind == EngineKind::Onnxruntime),
+        openvino: version.filter(|_| c.kind == EngineKind::Openvino),
         measured_on: format!(
-            "{} cpu, ONNX Runtime {} with {threads} intra-op thread{} (the fastest of {}), {} cores visible",
+            "{} cpu, {} {} with {threads} thread{} (the fastest of {}), {} cores visible",
             std::env::consts::ARCH,
+            c.title(),
             c.version,
             if threads == 1 { "" } else { "s" },
             counts.join(", "),
@@ -291,34 +327,46 @@ fn ort_chosen(
     }
 }
 
+/// A library engine measured under `auto`.
+type Tried<'c> = (
+    &'c LibraryCandidate,
+    Result<(Measured, usize, Vec<CandidateMeasurement>), String>,
+);
+
 /// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
 pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
-    let Some(c) = &spec.onnxruntime else {
+    let libraries: Vec<&LibraryCandidate> = spec.onnxruntime.iter().chain(&spec.openvino).collect();
+    if libraries.is_empty() {
         let built = tract_build(spec, bytes).map_err(|reason| Error::Tract {
             target: spec.target.clone(),
             reason,
         })?;
         return Ok(tract_chosen(built, None));
-    };
-    if c.forced {
+    }
+    if let Some(c) = libraries.iter().find(|c| c.forced) {
         let (m, threads, rows) =
-            measure_ort(spec, c, bytes, None).map_err(|reason| Error::Onnxruntime {
+            measure_library(spec, c, bytes, None).map_err(|reason| Error::Forced {
                 target: spec.target.clone(),
+                title: c.title(),
+                name: c.kind.def().name,
                 reason,
             })?;
         let selection = EngineSelection {
-            policy: CpuEngine::ONNXRUNTIME,
-            chosen: EngineKind::Onnxruntime,
+            policy: CpuEngine::Only(c.kind),
+            chosen: c.kind,
             reason: "forced by engine.cpu; tract was not measured".into(),
             candidates: rows,
             agreement: None,
         };
-        return Ok(ort_chosen(c, bytes, (m, threads), selection));
+        return Ok(library_chosen(c, bytes, (m, threads), selection));
     }
 
     let tract_built = tract_build(spec, bytes);
     let reference = tract_built.as_ref().ok().map(|(b, _)| &b.reference.0);
-    let ort = measure_ort(spec, c, bytes, reference);
+    let tried: Vec<Tried<'_>> = libraries
+        .iter()
+        .map(|c| (*c, measure_library(spec, c, bytes, reference)))
+        .collect();
     let tract_candidate = match &tract_built {
         Ok((b, _)) => CandidateMeasurement {
             kind: EngineKind::Tract,
@@ -340,102 +388,151 @@ pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
             error: Some(e.clone()),
         },
     };
-    match (tract_built, ort) {
-        (Err(t), Err(o)) => Err(Error::NoCpuEngine {
+    let mut candidates = vec![tract_candidate];
+    for (c, r) in &tried {
+        match r {
+            Ok((_, _, rows)) => candidates.extend(rows.iter().cloned()),
+            Err(e) => candidates.push(library_row(c, c.threads, None, Some(e.clone()))),
+        }
+    }
+    match tract_built {
+        Err(t) => without_tract(spec, bytes, t, tried, candidates),
+        Ok(built) => against_tract(bytes, built, tried, candidates),
+    }
+}
+
+/// `auto` when tract does not load the model: the fastest library engine that does ships.
+fn without_tract(
+    spec: &EngineSpec,
+    bytes: &[u8],
+    t: String,
+    tried: Vec<Tried<'_>>,
+    candidates: Vec<CandidateMeasurement>,
+) -> Result<Chosen, Error> {
+    let mut reasons = format!("  tract: {t}");
+    for (c, r) in &tried {
+        if let Err(e) = r {
+            reasons.push_str(&format!("\n  {}: {e}", c.title()));
+        }
+    }
+    let loaded = tried
+        .into_iter()
+        .filter_map(|(c, r)| r.ok().map(|m| (c, m)));
+    let Some((c, (m, threads, _))) =
+        loaded.min_by(|(_, a), (_, b)| sum_us(&a.0.batches).total_cmp(&sum_us(&b.0.batches)))
+    else {
+        return Err(Error::NoCpuEngine {
             target: spec.target.clone(),
-            tract: t,
-            onnxruntime: o,
-        }),
-        (Err(t), Ok((m, threads, rows))) => {
-            let selection = EngineSelection {
-                policy: CpuEngine::Auto,
-                chosen: EngineKind::Onnxruntime,
-                reason: format!("tract does not load the model: {t}"),
-                candidates: [vec![tract_candidate], rows].concat(),
-                agreement: None,
-            };
-            Ok(ort_chosen(c, bytes, (m, threads), selection))
-        }
-        (Ok(built), Err(o)) => {
-            let selection = EngineSelection {
-                policy: CpuEngine::Auto,
-                chosen: EngineKind::Tract,
-                reason: "ONNX Runtime does not load or run the model".into(),
-                candidates: vec![
-                    tract_candidate,
-                    ort_row(c, c.threads, None, Some(o.to_string())),
-                ],
-                agreement: None,
-            };
-            Ok(tract_chosen(built, Some(selection)))
-        }
-        (Ok(built), Ok((m, threads, rows))) => {
-            let b = &built.0;
-            let agree = agreement(
-                &b.reference.1,
-                m.outputs.as_deref().unwrap_or(&[]),
-                format!(
-                    "batch 1 at the profile's opt: {}",
-                    b.reference
-                        .0
-                        .iter()
-                        .map(|t| format!("{:?}", t.shape()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            );
-            let (t_sum, o_sum) = (sum_us(&b.batches), sum_us(&m.batches));
-            let batches: Vec<String> = b.batches.iter().map(|t| t.batch.to_string()).collect();
-            let compared = format!(
-                "sum of T(b) over batch sizes {}: tract {:.1} µs, ONNX Runtime {:.1} µs ({:.2}x; ONNX Runtime ships at {ORT_MARGIN}x or less)",
-                batches.join(", "),
-                t_sum,
-                o_sum,
-                o_sum / t_sum.max(f64::MIN_POSITIVE),
-            );
-            let ort_wins = ort_ships(t_sum, o_sum, agree.agreed);
-            let folded = match &built.1 {
-                Some(v) => {
-                    format!("tract loads the model after ONNX Runtime {v}'s constant folding; ")
-                }
-                None => String::new(),
-            };
-            let reason = folded
-                + &if !agree.agreed {
+            reasons,
+        });
+    };
+    let selection = EngineSelection {
+        policy: CpuEngine::Auto,
+        chosen: c.kind,
+        reason: format!("tract does not load the model: {t}"),
+        candidates,
+        agreement: None,
+    };
+    Ok(library_chosen(c, bytes, (m, threads), selection))
+}
+
+/// `auto` when tract loads the model: each library engine that loads is compared with tract;
+/// of those that agree and are at most [`ORT_MARGIN`] of tract's summed T(b), the fastest
+/// ships, else tract.
+fn against_tract(
+    bytes: &[u8],
+    built: (tract::Built, Option<Version>),
+    tried: Vec<Tried<'_>>,
+    candidates: Vec<CandidateMeasurement>,
+) -> Result<Chosen, Error> {
+    let b = &built.0;
+    let inputs = format!(
+        "batch 1 at the profile's opt: {}",
+        b.reference
+            .0
+            .iter()
+            .map(|t| format!("{:?}", t.shape()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let t_sum = sum_us(&b.batches);
+    let batches: Vec<String> = b.batches.iter().map(|t| t.batch.to_string()).collect();
+    let mut sums = format!("tract {t_sum:.1} µs");
+    let mut clauses = Vec::new();
+    // (candidate, measurement, threads, agreement, ships)
+    let mut judged = Vec::new();
+    for (c, r) in tried {
+        match r {
+            Err(_) => clauses.push(format!("{} does not load or run the model", c.title())),
+            Ok((m, threads, _)) => {
+                let agree = agreement(
+                    &b.reference.1,
+                    m.outputs.as_deref().unwrap_or(&[]),
+                    inputs.clone(),
+                );
+                let sum = sum_us(&m.batches);
+                sums.push_str(&format!(
+                    ", {} {sum:.1} µs ({:.2}x)",
+                    c.title(),
+                    sum / t_sum.max(f64::MIN_POSITIVE)
+                ));
+                let ships = ort_ships(t_sum, sum, agree.agreed);
+                clauses.push(if !agree.agreed {
                     format!(
-                    "the outputs differ beyond the tolerance (max |a-b| {:.3e}, atol {ATOL:e}, rtol {RTOL:e}); tract is kept; {compared}",
-                    agree.max_abs
-                )
-                } else if ort_wins {
-                    format!("ONNX Runtime is faster; {compared}")
+                        "{}'s outputs differ beyond the tolerance (max |a-b| {:.3e}, atol {ATOL:e}, rtol {RTOL:e})",
+                        c.title(),
+                        agree.max_abs
+                    )
+                } else if ships {
+                    format!("{} is faster than tract", c.title())
                 } else {
-                    format!("ONNX Runtime is not enough faster; {compared}")
-                };
-            let candidates = [vec![tract_candidate], rows].concat();
-            let selection = EngineSelection {
-                policy: CpuEngine::Auto,
-                chosen: if ort_wins {
-                    EngineKind::Onnxruntime
-                } else {
-                    EngineKind::Tract
-                },
-                reason,
-                candidates,
-                agreement: Some(agree),
-            };
-            if ort_wins {
-                Ok(ort_chosen(c, bytes, (m, threads), selection))
-            } else {
-                Ok(tract_chosen(built, Some(selection)))
+                    format!("{} is not enough faster than tract", c.title())
+                });
+                judged.push((c, m, threads, agree, ships, sum));
             }
         }
+    }
+    let compared = format!(
+        "sum of T(b) over batch sizes {}: {sums}; an engine ships at {ORT_MARGIN}x of tract's or less",
+        batches.join(", ")
+    );
+    let folded = match &built.1 {
+        Some(v) => format!("tract loads the model after ONNX Runtime {v}'s constant folding; "),
+        None => String::new(),
+    };
+    let winner = judged
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.4)
+        .min_by(|(_, a), (_, b)| a.5.total_cmp(&b.5))
+        .map(|(i, _)| i);
+    let shown = winner.or((!judged.is_empty()).then_some(0));
+    let agreement_shown = shown.map(|i| judged[i].3.clone());
+    let chosen_kind = winner.map_or(EngineKind::Tract, |i| judged[i].0.kind);
+    let verdict = match winner {
+        Some(i) => format!("{} ships", judged[i].0.title()),
+        None => "tract is kept".to_owned(),
+    };
+    let selection = EngineSelection {
+        policy: CpuEngine::Auto,
+        chosen: chosen_kind,
+        reason: format!("{folded}{}; {verdict}; {compared}", clauses.join("; ")),
+        candidates,
+        agreement: agreement_shown,
+    };
+    match winner {
+        Some(i) => {
+            let (c, m, threads, ..) = judged.swap_remove(i);
+            Ok(library_chosen(c, bytes, (m, threads), selection))
+        }
+        None => Ok(tract_chosen(built, Some(selection))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{best_threads, ort_ships};
-    use crate::engine::onnxruntime::thread_counts;
+    use crate::engine::spec::thread_counts;
 
     #[test]
     fn thread_counts_double_up_to_the_instance_share() {

@@ -142,12 +142,66 @@ pub struct EngineSpec {
     pub batch_sizes: Vec<u32>,
     pub toolchain: Toolchain,
     /// ONNX Runtime as a candidate of a CPU target (`engine.cpu` `auto` or `onnxruntime`, with
-    /// the library at hand); `None`: tract only.
-    pub onnxruntime: Option<super::onnxruntime::OrtCandidate>,
+    /// the library at hand); `None`: not measured.
+    pub onnxruntime: Option<LibraryCandidate>,
+    /// OpenVINO as a candidate of a CPU target (`engine.cpu` `auto` or `openvino`, with the
+    /// library at hand); `None`: not measured.
+    pub openvino: Option<LibraryCandidate>,
     /// `engine.cpu = "tract"`: the ONNX Runtime whose constant folding tract is retried on when
     /// it cannot load the model as it is (see `super::onnxruntime::fold`). Under `auto` and
     /// `onnxruntime` the candidate's library serves.
     pub folding: Option<super::onnxruntime::Folding>,
+}
+
+/// A CPU engine that runs from a native library (ONNX Runtime, OpenVINO) as a candidate of a CPU
+/// target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LibraryCandidate {
+    /// Which engine ([`EngineKind::def`](infer_spec::engine::EngineKind::def) has a library).
+    pub kind: infer_spec::engine::EngineKind,
+    /// The library it loads, on this machine (the library cache).
+    pub library: std::path::PathBuf,
+    /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
+    pub version: infer_spec::engine::Version,
+    /// The most threads one runtime instance may use (its share of the CPUs); the engine stage
+    /// measures [`thread_counts`] up to it. When `given`, the recipe's `[engine] threads`, the
+    /// one count measured.
+    pub threads: usize,
+    /// `threads` is the recipe's `[engine] threads`.
+    pub given: bool,
+    /// True when the recipe forces this engine (`engine.cpu` names it): no other is tried.
+    pub forced: bool,
+}
+
+impl LibraryCandidate {
+    /// The thread counts the engine stage measures: the recipe's, or [`thread_counts`] up to
+    /// the instance's share.
+    pub(crate) fn counts(&self) -> Vec<usize> {
+        if self.given {
+            vec![self.threads.max(1)]
+        } else {
+            thread_counts(self.threads)
+        }
+    }
+
+    /// Its title ("ONNX Runtime").
+    pub(crate) fn title(&self) -> &'static str {
+        self.kind.def().title
+    }
+}
+
+/// The thread counts measured for an instance that may use `max` threads: 1, 2, 4, … below
+/// `max`, and `max`.
+pub(crate) fn thread_counts(max: usize) -> Vec<usize> {
+    let max = max.max(1);
+    let mut out = Vec::new();
+    let mut n = 1;
+    while n < max {
+        out.push(n);
+        n *= 2;
+    }
+    out.push(max);
+    out
 }
 
 impl EngineSpec {
@@ -296,6 +350,7 @@ pub(crate) mod tests {
             batch_sizes: vec![16, 8, 32],
             toolchain,
             onnxruntime: None,
+            openvino: None,
             folding: None,
         }
     }

@@ -58,3 +58,14 @@ pub(crate) fn time_batch<E>(
         layers: Vec::new(),
     })
 }
+
+/// What an engine that runs from a native library (ONNX Runtime, OpenVINO) measured in the
+/// builder: start-up (median of [`STARTUP_RUNS`]), T(b) at every planned batch size, and the
+/// outputs of the reference inputs when asked for.
+pub(crate) struct Measured {
+    pub startup_ms: f64,
+    pub startup_runs: u32,
+    pub batches: Vec<BatchTiming>,
+    /// Outputs on the reference inputs, as (shape, values as f64, row-major).
+    pub outputs: Option<Vec<(Vec<usize>, Vec<f64>)>>,
+}

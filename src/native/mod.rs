@@ -13,6 +13,8 @@
 //! wheels/<sha256>.whl       the verified wheel
 //! files/<sha256>            each extracted member, named by its own digest
 //! index/<wheel sha256>.json member → digest and size, written last
+//! dirs/<wheel sha256>/      the members under their own names (hard links of files/), where
+//!                           the builder loads the library from
 //! tmp/                      downloads and extractions in progress
 //! ```
 //!
@@ -85,7 +87,9 @@ pub(crate) type Result<T> = std::result::Result<T, Error>;
 pub(crate) struct Library {
     /// (cached file, absolute path inside the image), in the row's order.
     pub files: Vec<(PathBuf, String)>,
-    /// The cached file of the member the engine loads (what the builder itself dlopens).
+    /// The member the engine loads, in `dirs/<wheel sha256>/` beside the row's other members
+    /// under their own names (what the builder itself dlopens: a library that opens its
+    /// neighbours by name, as OpenVINO does its plugins, finds them there).
     pub load: PathBuf,
     /// True when nothing was downloaded.
     pub offline: bool,
@@ -185,7 +189,7 @@ pub(crate) fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) 
 
     // 1. Complete index and every member verified: nothing to fetch.
     if let Some(lib) = from_index(row, &index, &index_name, &files)? {
-        return Ok(lib);
+        return named(row, &root, lib);
     }
     // 2. The wheel, verified, from the cache or the network.
     let wheel_name = format!("{}.whl", row.sha256);
@@ -236,6 +240,62 @@ pub(crate) fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) 
     })?;
     lib.offline = bytes_downloaded == 0;
     lib.bytes_downloaded = bytes_downloaded;
+    named(row, &root, lib)
+}
+
+/// `lib` with `load` in `dirs/<wheel sha256>/`, where every member lies under its own name: a
+/// hard link of its verified file in `files/` (a copy where the file system has no links).
+/// The directory is kept while each name is still the verified file itself (same inode), and
+/// otherwise made again in `tmp/` and renamed into place; the caller holds the cache lock.
+fn named(row: &RuntimeLibrary, root: &Dir, mut lib: Library) -> Result<Library> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |what: &'static str, p: &Path| crate::oci::Error::io(what, p.to_path_buf());
+    let dirs = root.sub("dirs", true)?;
+    let dir = dirs.path().join(&row.sha256);
+    let base = |image_path: &str| {
+        image_path
+            .rsplit('/')
+            .next()
+            .unwrap_or(image_path)
+            .to_owned()
+    };
+    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(a), Ok(b)) => b.is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    let complete = lib
+        .files
+        .iter()
+        .all(|(file, dest)| same(file, &dir.join(base(dest))));
+    if !complete {
+        let tmp =
+            root.path()
+                .join("tmp")
+                .join(format!("dir-{}-{}", row.sha256, std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).map_err(io("create", &tmp))?;
+        for (file, dest) in &lib.files {
+            let to = tmp.join(base(dest));
+            if std::fs::hard_link(file, &to).is_err() {
+                std::fs::copy(file, &to).map_err(io("copy", &to))?;
+            }
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
+    }
+    let load = row
+        .files
+        .iter()
+        .zip(&lib.files)
+        .find(|(member, _)| **member == row.load)
+        .map(|(_, (_, dest))| dir.join(base(dest)))
+        .ok_or_else(|| Error::Wheel {
+            wheel: row.url.clone(),
+            why: format!("{} is not one of the row's files", row.load),
+        })?;
+    lib.load = load;
     Ok(lib)
 }
 

@@ -5,10 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::assemble;
-use crate::engine::onnxruntime::{Folding, OrtCandidate, OrtError};
+use crate::engine::onnxruntime::{Folding, OrtError};
+use crate::engine::LibraryCandidate;
 use crate::error::Error;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::CpuEngine;
+use infer_spec::engine::EngineKind;
 
 use super::Notes;
 
@@ -78,17 +80,17 @@ pub(crate) fn engine(
     })
 }
 
-/// A target's engine spec and, where ONNX Runtime is a candidate, the library files its image
-/// would carry.
+/// A target's engine spec and, per library engine that is a candidate (ONNX Runtime,
+/// OpenVINO), the library files its image would carry.
 pub(super) type SpecAndLibrary = (
     crate::engine::EngineSpec,
-    Option<assemble::spec::LibraryFiles>,
+    Vec<(EngineKind, assemble::spec::LibraryFiles)>,
 );
 
 /// The engine-spec step `build` and `engine` share: the recipe's spec for target `t`, with
-/// ONNX Runtime as a candidate where the CPU target may ship it (`ort_candidate`: also the
-/// library files an ONNX Runtime image carries) and the ONNX Runtime that may fold the model
-/// for tract (`folding`); `update_lock` re-resolves what the lock file pins.
+/// each library engine as a candidate where the CPU target may ship it ([`candidate`]: also
+/// the library files its image carries) and the ONNX Runtime that may fold the model for tract
+/// (`folding`); `update_lock` re-resolves what the lock file pins.
 pub(crate) fn engine_spec(
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
@@ -98,42 +100,52 @@ pub(crate) fn engine_spec(
     note: &Notes,
 ) -> Result<SpecAndLibrary, Error> {
     let mut spec = crate::engine::adapt::spec(recipe, t)?;
-    let ort = ort_candidate(matrix, lock_path, update_lock, t, recipe, note)?;
-    let (candidate, files) = match ort {
-        Some((c, f)) => (Some(c), Some(f)),
-        None => (None, None),
-    };
-    spec.onnxruntime = candidate;
+    let mut files = Vec::new();
+    for kind in [EngineKind::Onnxruntime, EngineKind::Openvino] {
+        let Some((c, f)) = candidate(kind, matrix, lock_path, update_lock, t, recipe, note)? else {
+            continue;
+        };
+        files.push((kind, f));
+        match kind {
+            EngineKind::Openvino => spec.openvino = Some(c),
+            _ => spec.onnxruntime = Some(c),
+        }
+    }
     spec.folding = folding(matrix, lock_path, update_lock, t, note);
     Ok((spec, files))
 }
 
-/// ONNX Runtime as an engine candidate of CPU target `t` (`engine.cpu` `auto` or
-/// `onnxruntime`, where the matrix has its library and a glibc base): the library from the
-/// pinned wheel (fetched into the library cache, pinned in the lock file), what the engine
-/// stage loads to measure it, and the files an ONNX Runtime image ships. `None`: tract only,
-/// including under `auto` when the library cannot be had (no network and not cached), which is
-/// said on standard error; a forced ONNX Runtime fails instead.
-pub(super) fn ort_candidate(
+/// Library engine `kind` (ONNX Runtime, OpenVINO) as an engine candidate of CPU target `t`
+/// (`engine.cpu` `auto` or its name, where the matrix has its library and a glibc base): the
+/// library from the pinned wheel (fetched into the library cache, pinned in the lock file),
+/// what the engine stage loads to measure it, and the files its image ships. `None`: not a
+/// candidate, including under `auto` when the library cannot be had (no network and not
+/// cached), which is said on standard error; a forced engine fails instead.
+pub(super) fn candidate(
+    kind: EngineKind,
     matrix: &crate::matrix::Matrix,
     lock_path: &Path,
     update_lock: bool,
     t: &TargetPlan,
     recipe: &crate::recipe::Recipe,
     note: &Notes,
-) -> Result<Option<(OrtCandidate, assemble::spec::LibraryFiles)>, Error> {
+) -> Result<Option<(LibraryCandidate, assemble::spec::LibraryFiles)>, Error> {
     let Some(cpu) = t
         .cpu
         .as_ref()
-        .filter(|c| t.kind == TargetKind::Cpu && c.onnxruntime_possible())
+        .filter(|c| t.kind == TargetKind::Cpu && c.possible(kind))
     else {
         return Ok(None);
     };
-    let forced = cpu.engine == CpuEngine::ONNXRUNTIME;
+    let def = kind.def();
+    let Some(library) = def.library else {
+        return Ok(None);
+    };
+    let forced = cpu.engine == CpuEngine::Only(kind);
     let lock = crate::plan::lock::read(lock_path).map_err(crate::plan::Error::from)?;
     let row = crate::native::resolve(
         matrix,
-        "onnxruntime",
+        library.name,
         t.platform,
         None,
         lock.as_ref().map(|l| (lock_path, l)),
@@ -143,8 +155,8 @@ pub(super) fn ort_candidate(
         Ok(got) => got,
         Err(Error::Native(e)) if !forced && !e.is_bad_input() => {
             note(&format!(
-                "target {}: ONNX Runtime is not measured, tract ships (engine.cpu = auto): {e}",
-                t.id
+                "target {}: {} is not measured (engine.cpu = auto): {e}",
+                t.id, def.title
             ));
             return Ok(None);
         }
@@ -167,7 +179,8 @@ pub(super) fn ort_candidate(
         )
     });
     Ok(Some((
-        OrtCandidate {
+        LibraryCandidate {
+            kind,
             library: load,
             version: row.version.clone(),
             threads,

@@ -136,10 +136,11 @@ pub(super) fn prepare_recipe(
     for t in &selected {
         let gpu = t.kind == TargetKind::Gpu;
         let platform = assemble::spec::platform(t);
-        let (spec, ort) = engine_spec(&matrix, &lock_path, req.update_lock, &recipe, t, note)?;
-        let ort_files = ort.is_some();
+        let (spec, mut libraries) =
+            engine_spec(&matrix, &lock_path, req.update_lock, &recipe, t, note)?;
+        let measured = !libraries.is_empty();
         let engine = cached_engine(req.engines.as_deref(), spec, t, note)?;
-        if let (Some(e), true) = (&engine, ort_files) {
+        if let (Some(e), true) = (&engine, measured) {
             if let Some(line) = &e.selection {
                 note(&format!("target {}: {line}", t.id));
             }
@@ -148,10 +149,13 @@ pub(super) fn prepare_recipe(
             note(&format!("target {}: {line}", t.id));
         }
         let engine_def = engine.as_ref().map(|e| e.kind.def());
-        // A CPU engine that loads a library (ONNX Runtime) ships it beside it, from the plan's
-        // pinned wheel.
+        // A CPU engine that loads a library (ONNX Runtime, OpenVINO) ships it beside it, from
+        // the plan's pinned wheel.
         let cpu_library = match engine_def {
-            Some(d) if !gpu && d.library.is_some() => ort.map(|lib| (d, lib)),
+            Some(d) if !gpu && d.library.is_some() => libraries
+                .iter()
+                .position(|(k, _)| *k == d.kind)
+                .map(|i| (d, libraries.swap_remove(i).1)),
             _ => None,
         };
         // The runtime build that serves the engine (`EngineDef::runtime`): every GPU image the

@@ -641,6 +641,7 @@ fn cpu_plan(
         engine,
         glibc_base: None,
         onnxruntime: None,
+        openvino: None,
     };
     if engine == CpuEngine::TRACT {
         return plan;
@@ -657,6 +658,39 @@ fn cpu_plan(
             if have < need {
                 plan.glibc_base = None;
             }
+        }
+    }
+    // OpenVINO where the matrix has it for the platform and the base's glibc is new enough.
+    let openvino = matrix.library("openvino", platform, None);
+    plan.openvino = openvino
+        .filter(|l| {
+            !matches!((glibc_row.and_then(|b| b.glibc.as_ref()), &l.glibc_min),
+                (Some(have), Some(need)) if have < need)
+        })
+        .map(|l| LibraryPin {
+            name: l.name.clone(),
+            version: l.version.clone(),
+            sha256: l.sha256.clone(),
+            path: l.load_path(),
+        });
+    if engine == CpuEngine::OPENVINO {
+        let at = &recipe.engine.cpu;
+        if plan.glibc_base.is_none() {
+            refusals.push(diag(&recipe.file, at, Refusal {
+                rule: "cpu-glibc-base",
+                message: "OpenVINO needs a glibc base image, and the compatibility matrix has none for the CPU target".into(),
+                hint: "add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or use engine.cpu = \"tract\"".into(),
+            }));
+        }
+        if plan.openvino.is_none() {
+            refusals.push(diag(&recipe.file, at, Refusal {
+                rule: "cpu-library",
+                message: format!("the compatibility matrix has no openvino library for {platform}{}", match (openvino, glibc_row.and_then(|b| b.glibc.as_ref())) {
+                    (Some(l), Some(have)) => format!(" that runs on the base's glibc {have} (OpenVINO {} needs {})", l.version, l.glibc_min.as_ref().map_or("-".into(), ToString::to_string)),
+                    _ => String::new(),
+                }),
+                hint: "add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or use engine.cpu = \"auto\"".into(),
+            }));
         }
     }
     if engine == CpuEngine::ONNXRUNTIME {

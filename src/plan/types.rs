@@ -130,14 +130,30 @@ pub struct CpuPlan {
     pub glibc_base: Option<ImagePin>,
     /// The ONNX Runtime library from the matrix; `None` when it has no row for the platform.
     pub onnxruntime: Option<LibraryPin>,
+    /// The OpenVINO library from the matrix; `None` when it has no row for the platform or the
+    /// glibc base is older than it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openvino: Option<LibraryPin>,
 }
 
 impl CpuPlan {
-    /// True when ONNX Runtime is a candidate (forced, or `auto` with base and library known).
-    pub(crate) fn onnxruntime_possible(&self) -> bool {
-        self.engine != crate::recipe::CpuEngine::TRACT
+    /// The pinned library of CPU engine `kind`; `None` for tract and where the matrix has none.
+    pub(crate) fn library(&self, kind: infer_spec::engine::EngineKind) -> Option<&LibraryPin> {
+        use infer_spec::engine::EngineKind;
+        match kind {
+            EngineKind::Onnxruntime => self.onnxruntime.as_ref(),
+            EngineKind::Openvino => self.openvino.as_ref(),
+            EngineKind::Tract | EngineKind::Tensorrt => None,
+        }
+    }
+
+    /// True when engine `kind` (one that loads a library) is a candidate: forced by
+    /// `engine.cpu`, or under `auto`, with its base and library known.
+    pub(crate) fn possible(&self, kind: infer_spec::engine::EngineKind) -> bool {
+        use crate::recipe::CpuEngine;
+        (self.engine == CpuEngine::Auto || self.engine == CpuEngine::Only(kind))
             && self.glibc_base.is_some()
-            && self.onnxruntime.is_some()
+            && self.library(kind).is_some()
     }
 }
 

@@ -566,8 +566,8 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
             cx.error_hint(
                 v.span,
                 &v.key,
-                "engine.threads is for engines with threads of their own (ONNX Runtime); tract computes each batch on its instance's thread",
-                "remove it (more instances give tract more cores: [batching] instances), or use engine.cpu = \"auto\" or \"onnxruntime\"",
+                "engine.threads is for engines with threads of their own (ONNX Runtime, OpenVINO); tract computes each batch on its instance's thread",
+                "remove it (more instances give tract more cores: [batching] instances), or use engine.cpu = \"auto\", \"onnxruntime\" or \"openvino\"",
             );
         }
         out.threads = Some(Located::new(v.value as u32, v.span, v.key.clone()));

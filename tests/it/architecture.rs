@@ -332,6 +332,8 @@ const STRING_ERRORS: &[(&str, &str, StringError)] = {
         ("src/engine/gpu.rs", "parse_query", Parser),
         ("src/engine/onnx.rs", "from_bytes", Parser),
         ("src/engine/pyenv.rs", "last_json", Parser),
+        ("src/engine/select.rs", "measure_at", Reason),
+        ("src/engine/select.rs", "measure_library", Reason),
         ("src/engine/select.rs", "tract_build", Reason),
         ("src/engine/trtexec.rs", "parse_layer_profile", Parser),
         ("src/engine/trtexec.rs", "parse_times", Parser),

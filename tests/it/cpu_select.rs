@@ -54,18 +54,26 @@ fn auto_measures_tract_and_onnxruntime_records_both_and_a_rebuild_is_cached() {
     let sel = &doc["profile"]["selection"];
     assert_eq!(sel["policy"], "auto", "{doc}");
     let cands = sel["candidates"].as_array().unwrap();
-    // tract, then ONNX Runtime at 1, 2, 4, … intra-op threads up to an instance's share of
-    // this machine's CPUs (and of the deployment's request, 2 by default).
+    // tract, then ONNX Runtime and then OpenVINO, each at 1, 2, 4, … threads up to an
+    // instance's share of this machine's CPUs (and of the deployment's request, 2 by default).
     let kinds: Vec<&str> = cands.iter().map(|c| c["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds[0], "tract", "{sel}");
-    assert!(
-        kinds.len() >= 2 && kinds[1..].iter().all(|k| *k == "onnxruntime"),
+    let ort = kinds.iter().filter(|k| **k == "onnxruntime").count();
+    assert!(ort >= 1, "{sel}");
+    assert_eq!(
+        kinds[1..],
+        [vec!["onnxruntime"; ort], vec!["openvino"; ort]].concat(),
         "{sel}"
     );
-    let threads: Vec<u64> = cands[1..]
+    let threads: Vec<u64> = cands[1..=ort]
         .iter()
         .map(|c| c["threads"].as_u64().unwrap())
         .collect();
+    let ov_threads: Vec<u64> = cands[1 + ort..]
+        .iter()
+        .map(|c| c["threads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(threads, ov_threads, "{sel}");
     assert_eq!(threads[0], 1, "{sel}");
     assert!(threads.windows(2).all(|w| w[0] < w[1]), "{sel}");
     let planned: Vec<u64> = doc["profile"]["batches"]
@@ -232,7 +240,7 @@ fn forcing_tract_measures_nothing_else() {
 /// A model with an operator neither engine knows: `build` refuses it with both engines'
 /// reasons (exit 2) and writes no image.
 #[test]
-fn py_a_model_neither_engine_loads_is_refused_at_build_with_both_reasons() {
+fn py_a_model_no_engine_loads_is_refused_at_build_with_every_reason() {
     let py = super::support::python();
     let f = tempfile::tempdir().unwrap();
     let d = f.path().join("recipe");
@@ -301,9 +309,9 @@ max_batch_size = 4
     keep_wheel(&cache);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("neither CPU engine loads the model"), "{err}");
+    assert!(err.contains("no CPU engine loads the model"), "{err}");
     assert!(
-        err.contains("tract:") && err.contains("ONNX Runtime:"),
+        err.contains("tract:") && err.contains("ONNX Runtime:") && err.contains("OpenVINO:"),
         "{err}"
     );
     assert!(err.contains("NoSuchOperator"), "{err}");

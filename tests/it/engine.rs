@@ -184,6 +184,7 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, toolchain: Toolchain) -
         batch_sizes: vec![8, 16, 32],
         toolchain,
         onnxruntime: None,
+        openvino: None,
         folding: None,
     }
 }
@@ -1023,6 +1024,7 @@ fn runtime_check_refuses_a_tampered_tuple() {
         }),
         tensorrt: Some("10.8.0".parse().unwrap()),
         onnxruntime: None,
+        openvino: None,
         cpu: FoundCpu::detect(),
     };
     let meta = EngineMeta::from_json(&fs::read(art.dir.join("meta.json")).unwrap()).unwrap();

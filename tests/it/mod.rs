@@ -14,6 +14,7 @@ pub(crate) mod hostile_registry;
 pub(crate) mod image;
 pub(crate) mod oci;
 pub(crate) mod onnxruntime;
+pub(crate) mod openvino;
 pub(crate) mod ort_image;
 pub(crate) mod plan;
 pub(crate) mod precision;

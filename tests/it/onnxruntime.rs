@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const DET: &str = r#"
+pub(super) const DET: &str = r#"
 [[inputs]]
 name = "x"
 datatype = "FP32"
@@ -27,7 +27,7 @@ datatype = "FP32"
 dims = [-1, 1, -1, -1]
 "#;
 
-const REC: &str = r#"
+pub(super) const REC: &str = r#"
 [[inputs]]
 name = "x"
 datatype = "FP32"
@@ -70,7 +70,7 @@ fn config(dir: &Path, name: &str, tensors: &str, onnx: &Path, library: &Path) ->
 
 /// Starts infer-serve on `config` and waits for `ready`; returns the child, the address and
 /// the log lines seen.
-fn serve(config: &Path) -> (std::process::Child, String, Vec<serde_json::Value>) {
+pub(super) fn serve(config: &Path) -> (std::process::Child, String, Vec<serde_json::Value>) {
     serve_grpc(config, 0)
 }
 
@@ -107,13 +107,13 @@ fn serve_grpc(
 }
 
 /// GET `path` from `addr`: the JSON body.
-fn get(addr: &str, path: &str) -> serde_json::Value {
+pub(super) fn get(addr: &str, path: &str) -> serde_json::Value {
     let (status, body) = support::http_request(addr, "GET", path, "");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {status} {e}: {body}"))
 }
 
 /// Runs infer-serve on `config` to its exit; returns the exit code and what it logged.
-fn run_to_exit(config: &Path) -> (Option<i32>, String) {
+pub(super) fn run_to_exit(config: &Path) -> (Option<i32>, String) {
     let o = Command::new(support::serve_test_binary())
         .arg("--config")
         .arg(config)
@@ -144,7 +144,7 @@ fn fetch(py: &Path) -> (serde_json::Value, PathBuf, String) {
     (models, lib, ort["version"].as_str().unwrap().to_owned())
 }
 
-fn have_python(test: &str) -> Option<PathBuf> {
+pub(super) fn have_python(test: &str) -> Option<PathBuf> {
     let py = python();
     let have = Command::new(&py)
         .args(["-c", "import tritonclient.http, onnxruntime, numpy"])
@@ -251,6 +251,7 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             arch: std::env::consts::ARCH.into(),
             tract: "0.23.9".parse().unwrap(),
             onnxruntime: Some("1.30.0".parse().unwrap()),
+            openvino: None,
             folded_by: None,
             threads: None,
             share: None,

@@ -215,15 +215,25 @@ impl OrtBuild {
     }
 }
 
-/// Put the pinned ONNX Runtime wheel into the library cache under `cache` when a previous run
-/// downloaded it, so only the first run goes to the network.
-pub(crate) fn seed_wheel(cache: &Path) {
-    seed_wheels(cache, &[wheel_sha256()]);
+/// The pinned x86_64 wheels of the CPU engines that run from a library (ONNX Runtime, OpenVINO):
+/// what a build under `engine.cpu = "auto"` fetches.
+fn cpu_wheels() -> Vec<String> {
+    library_rows(|n| n == "onnxruntime" || n == "openvino")
+        .into_iter()
+        .map(|(_, _, sha)| sha)
+        .collect()
 }
 
-/// Keep the ONNX Runtime wheel a build downloaded into `cache` for later runs.
+/// Put the pinned wheels of the CPU library engines (ONNX Runtime, OpenVINO) into the library
+/// cache under `cache` when a previous run downloaded them, so only the first run goes to the
+/// network.
+pub(crate) fn seed_wheel(cache: &Path) {
+    seed_wheels(cache, &cpu_wheels());
+}
+
+/// Keep the CPU library engines' wheels a build downloaded into `cache` for later runs.
 pub(crate) fn keep_wheel(cache: &Path) {
-    keep_wheels(cache, &[wheel_sha256()]);
+    keep_wheels(cache, &cpu_wheels());
 }
 
 /// Copy the wheels of sha256 `shas` that earlier tests kept (`target/wheels/<sha256>.whl`) into
@@ -235,7 +245,11 @@ pub(crate) fn seed_wheels<S: AsRef<str>>(cache: &Path, shas: &[S]) {
         let name = format!("{}.whl", sha.as_ref());
         let shared = shared_dir("wheels").join(&name);
         if shared.is_file() {
-            std::fs::copy(&shared, wheels.join(&name)).unwrap();
+            // A link where the file system allows it: the OpenVINO wheel is 59 MB.
+            let to = wheels.join(&name);
+            if std::fs::hard_link(&shared, &to).is_err() {
+                std::fs::copy(&shared, &to).unwrap();
+            }
         }
     }
 }

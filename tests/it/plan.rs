@@ -193,7 +193,8 @@ fn the_table_shows_the_base_the_cpu_engine_ships_on() {
                 assert!(
                     note.starts_with("note (cpu-fp32): ")
                         && note.contains("tract FROM scratch")
-                        && note.contains(&format!("ONNX Runtime on {glibc}")),
+                        && note.contains("measures tract and ONNX Runtime and OpenVINO")
+                        && note.contains(&format!("ONNX Runtime or OpenVINO on {glibc}")),
                     "{table}"
                 );
             }

@@ -27,6 +27,10 @@ usage:
   real_models.py fetch-ort CACHE_DIR
       Downloads the pinned onnxruntime wheel for x86_64 Linux (once), extracts its
       libonnxruntime and prints {"library": path, "version": version}.
+  real_models.py fetch-openvino CACHE_DIR
+      Downloads the pinned openvino wheel for x86_64 Linux (once), extracts the files a CPU
+      image carries (OV_FILES, matrix/runtime-libraries.toml's row) into one directory and
+      prints {"library": path of libopenvino_c, "version": version}.
   real_models.py bench URL MODEL ONNX INPUT SHAPES_JSON THREADS RUNS [DATATYPE]
       INPUT may name several inputs, comma-separated (the text model's ids and mask): each gets
       the shape and datatype.
@@ -196,6 +200,17 @@ ORT_WHEEL = "onnxruntime-1.31.0-cp311-cp311-manylinux_2_28_x86_64.whl"
 ORT_WHEEL_SHA256 = "d4092b78fc5bab77ce6522393098cdb2535423045ecdcff15cc0d022162d6b66"
 
 
+# OpenVINO's CPU runtime as matrix/runtime-libraries.toml pins it: the wheel and the members an
+# image carries (under their own names, in one directory: the runtime opens the neighbours of
+# libopenvino_c.so by name).
+OV_VERSION = "2026.4.1"
+OV_REQ = f"openvino=={OV_VERSION}"
+OV_WHEEL = "openvino-2026.4.1-22982-cp311-cp311-manylinux_2_28_x86_64.whl"
+OV_WHEEL_SHA256 = "2d22b1da03f7caf74df30e9f6417d0ab2f637e4a38e08e1dcd294d2c37407aaf"
+OV_FILES = ["libopenvino_c.so.2641", "libopenvino.so.2641", "libtbb.so.12",
+            "libopenvino_intel_cpu_plugin.so", "libopenvino_onnx_frontend.so.2641"]
+
+
 # Tests fetch concurrently into one cache: each process writes its own temporary file and renames
 # it into place (atomic; the last rename wins with identical bytes).
 PART = f".{os.getpid()}.part"
@@ -218,6 +233,21 @@ def fetch_ort(cache):
             f.write(z.read(f"onnxruntime/capi/libonnxruntime.so.{ORT_VERSION}"))
         os.replace(lib + PART, lib)
     print(json.dumps({"library": lib, "version": ORT_VERSION}))
+
+
+def fetch_openvino(cache):
+    os.makedirs(cache, exist_ok=True)
+    d = os.path.join(cache, f"openvino-{OV_VERSION}")
+    if not all(os.path.exists(os.path.join(d, f)) for f in OV_FILES):
+        wpath = download_wheel(cache, OV_REQ, OV_WHEEL, OV_WHEEL_SHA256)
+        os.makedirs(d, exist_ok=True)
+        with zipfile.ZipFile(wpath) as z:
+            for f in OV_FILES:
+                out = os.path.join(d, f)
+                with open(out + PART, "wb") as w:
+                    w.write(z.read(f"openvino/libs/{f}"))
+                os.replace(out + PART, out)
+    print(json.dumps({"library": os.path.join(d, OV_FILES[0]), "version": OV_VERSION}))
 
 
 def bench(url, model, onnx_path, input_name, shapes, threads, runs, datatype="FP32"):
@@ -1563,6 +1593,8 @@ if __name__ == "__main__":
         check_table(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "fetch-ort":
         fetch_ort(sys.argv[2])
+    elif sys.argv[1] == "fetch-openvino":
+        fetch_openvino(sys.argv[2])
     elif sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), *sys.argv[9:10])
     elif sys.argv[1] == "body":

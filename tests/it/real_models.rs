@@ -62,10 +62,12 @@ pub(super) struct Case {
     pub(super) recipe: &'static str,
     pub(super) input: &'static str,
     pub(super) datatype: &'static str,
-    /// `[engine] cpu` of the recipe: `auto`, `tract` or `onnxruntime`.
+    /// `[engine] cpu` of the recipe: `auto`, `tract`, `onnxruntime` or `openvino`.
     pub(super) policy: &'static str,
-    /// The CPU engine the image must ship: `tract` (ONNX or NNEF; static runtime, FROM scratch)
-    /// or `onnxruntime` (glibc base, dynamic runtime, pinned library).
+    /// The CPU engine the image must ship: `tract` (ONNX or NNEF; static runtime, FROM scratch),
+    /// `onnxruntime` or `openvino` (glibc base, dynamic runtime, pinned library). Under `auto`,
+    /// `onnxruntime` means an engine that runs from a library, whichever of ONNX Runtime and
+    /// OpenVINO measured faster on this machine.
     engine: &'static str,
     pub(super) shapes: &'static [&'static [usize]],
     /// Sentences instead of shapes (a text model, served from text by its recipe's `[text]`
@@ -705,7 +707,8 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     let Some(py) = python_with_references(test) else {
         return;
     };
-    let ort = case.engine == "onnxruntime";
+    // A library engine's image: the glibc base from a loopback registry and the pinned wheels.
+    let ort = case.engine != "tract";
     if ort {
         for tool in ["skopeo", "umoci", "apt-get", "dpkg-deb"] {
             if !support::have_tool(tool, test) {
@@ -765,16 +768,7 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
             stderr(&o)
         );
     }
-    // `auto` says what it chose and why, with both engines' figures.
-    if case.policy == "auto" {
-        let chosen = format!("CPU engine {} (engine.cpu = auto)", case.engine);
-        assert!(
-            stderr(&o).contains(&chosen),
-            "{}: {}",
-            case.name,
-            stderr(&o)
-        );
-    }
+    let engine = shipped(case, &stderr(&o), ort);
     if ort || case.folds {
         super::ort_image::keep_wheel(&cache);
     }
@@ -831,15 +825,42 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     );
     // The start-up log names the engine the image ships.
     assert!(
-        logs.contains(&format!("\"engine\":\"{}", case.engine)),
-        "the start-up log names {}: {logs}",
-        case.engine
+        logs.contains(&format!("\"engine\":\"{engine}")),
+        "the start-up log names {engine}: {logs}"
     );
     if case.name == THREADS_CASE {
         threads_are_decided_where_the_container_runs(&format!(
             "localhost/infer-build/{name}:1-cpu-fp32"
         ));
     }
+}
+
+/// The engine `case`'s build shipped, by what it printed (`err`): the case's, or under `auto`
+/// whichever of ONNX Runtime and OpenVINO measured faster here, where the case expects an
+/// engine that runs from a library (`library`: both must have been measured).
+fn shipped(case: &Case, err: &str, library: bool) -> &'static str {
+    if case.policy != "auto" {
+        return case.engine;
+    }
+    let accepted: &[&'static str] = match case.engine {
+        "tract" => &["tract"],
+        _ => &["onnxruntime", "openvino"],
+    };
+    let engine = accepted
+        .iter()
+        .copied()
+        .find(|e| err.contains(&format!("CPU engine {e} (engine.cpu = auto)")))
+        .unwrap_or_else(|| panic!("{}: auto shipped none of {accepted:?}: {err}", case.name));
+    if library {
+        for measured in ["  onnxruntime 1.31.0", "  openvino 2026.4.1"] {
+            assert!(
+                err.contains(measured),
+                "{}: auto measured no {measured}: {err}",
+                case.name
+            );
+        }
+    }
+    engine
 }
 
 /// The case whose image is also started under a CPU quota (one is enough: the rule is the
@@ -946,6 +967,38 @@ fn docker_registry_py_a_pair_model_from_minilm_answers_rerank_and_v2_pairs_like_
     docker_serves_like_onnxruntime(
         "docker_registry_py_a_pair_model_from_minilm_answers_rerank_and_v2_pairs_like_its_reference",
         CASES.iter().find(|c| c.name == "minilm-pair").unwrap(),
+    );
+}
+
+/// all-MiniLM-L6-v2 from text, served by OpenVINO (`engine.cpu = "openvino"`).
+const OPENVINO_MINILM: Case = Case {
+    policy: "openvino",
+    engine: "openvino",
+    ..CASES[5]
+};
+
+/// PaddleOCR's detector (variable height and width), served by OpenVINO.
+const OPENVINO_OCR_DET: Case = Case {
+    policy: "openvino",
+    engine: "openvino",
+    ..CASES[0]
+};
+
+#[test]
+fn docker_registry_py_minilm_from_an_openvino_image_serves_text_like_sentence_transformers() {
+    assert_eq!(OPENVINO_MINILM.name, "minilm");
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_minilm_from_an_openvino_image_serves_text_like_sentence_transformers",
+        &OPENVINO_MINILM,
+    );
+}
+
+#[test]
+fn docker_registry_py_ocr_detector_from_an_openvino_image_serves_every_shape_like_onnxruntime() {
+    assert_eq!(OPENVINO_OCR_DET.name, "ocr-det");
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_ocr_detector_from_an_openvino_image_serves_every_shape_like_onnxruntime",
+        &OPENVINO_OCR_DET,
     );
 }
 

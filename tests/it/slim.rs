@@ -831,6 +831,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             arch: "x86_64".into(),
             tract: "0.23.9".parse().unwrap(),
             onnxruntime: None,
+            openvino: None,
             folded_by: None,
             threads: None,
             share: None,

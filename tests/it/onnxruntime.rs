@@ -169,9 +169,42 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
     };
     let (models, lib, version) = fetch(&py);
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, &str, &[&[usize]]); 2] = [
+    serve_and_check(
+        &py,
+        &models,
+        ("onnxruntime", "onnxruntime_onnx", &version),
+        |name, tensors, onnx| config(dir.path(), name, tensors, onnx, &lib),
+    );
+
+    // An engine recorded for another ONNX Runtime minor is refused before anything loads.
+    let onnx = PathBuf::from(models["ocr-det"].as_str().unwrap());
+    let cfg = config(dir.path(), "ocr-det", DET, &onnx, &lib);
+    let meta = cpu_engine_meta(
+        infer_spec::engine::EngineKind::Onnxruntime,
+        infer_spec::engine::CpuMeta {
+            onnxruntime: Some("1.30.0".parse().unwrap()),
+            ..cpu_meta()
+        },
+    );
+    refused_with_metadata(
+        &cfg,
+        &meta,
+        &format!("ONNX Runtime {version} differs from 1.30.0 in major.minor"),
+    );
+}
+
+/// PaddleOCR's detector and recogniser, each served with the `runtime.toml` `config` writes
+/// (for a model name, its tensors and its ONNX): the start-up log, the metadata and the config
+/// name `engine`'s library at its version (`platform` in the metadata), and every shape sent
+/// at once through tritonclient matches onnxruntime in Python.
+pub(super) fn serve_and_check(
+    py: &Path,
+    models: &serde_json::Value,
+    (engine, platform, version): (&str, &str, &str),
+    config: impl Fn(&str, &str, &Path) -> PathBuf,
+) {
+    let cases: [(&str, &str, &[&[usize]]); 2] = [
         (
-            "ocr-det",
             "ocr-det",
             DET,
             &[
@@ -183,7 +216,6 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
         ),
         (
             "ocr-rec",
-            "ocr-rec",
             REC,
             &[
                 &[1, 3, 48, 160],
@@ -193,30 +225,27 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
             ],
         ),
     ];
-    for (name, model, tensors, shapes) in cases {
-        let onnx = PathBuf::from(models[model].as_str().unwrap());
-        let cfg = config(dir.path(), name, tensors, &onnx, &lib);
-        let (mut child, addr, log) = serve(&cfg);
-        // The start-up log, the metadata and the config name the engine and the library.
+    for (name, tensors, shapes) in cases {
+        let onnx = PathBuf::from(models[name].as_str().unwrap());
+        let (mut child, addr, log) = serve(&config(name, tensors, &onnx));
         assert!(
             log.iter()
-                .any(|v| v["msg"] == "node" && v["onnxruntime"] == version.as_str()),
+                .any(|v| v["msg"] == "node" && v[engine] == version),
             "{log:?}"
         );
         let meta = get(&addr, &format!("/v2/models/{name}"));
-        assert_eq!(meta["platform"], "onnxruntime_onnx", "{meta}");
+        assert_eq!(meta["platform"], platform, "{meta}");
         let config = get(&addr, &format!("/v2/models/{name}/config"));
-        assert_eq!(config["backend"], "onnxruntime", "{config}");
+        assert_eq!(config["backend"], engine, "{config}");
         assert_eq!(
-            config["parameters"]["onnxruntime"]["string_value"],
-            version.as_str(),
+            config["parameters"][engine]["string_value"], version,
             "{config}"
         );
         let cases: Vec<serde_json::Value> = shapes
             .iter()
             .map(|s| serde_json::json!({"input": "x", "shape": s}))
             .collect();
-        let o = Command::new(&py)
+        let o = Command::new(py)
             .arg(script())
             .arg("check")
             .arg(&addr)
@@ -230,13 +259,16 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
         assert!(o.status.success(), "{name}: {}\n{}", stdout(&o), stderr(&o));
         eprintln!("{}", stdout(&o).trim());
     }
+}
 
-    // An engine recorded for another ONNX Runtime minor is refused before anything loads.
-    let onnx = PathBuf::from(models["ocr-det"].as_str().unwrap());
-    let cfg = config(dir.path(), "ocr-det", DET, &onnx, &lib);
-    let meta = infer_spec::engine::EngineMeta {
+/// A CPU engine's metadata in the CPU section `cpu` (the rest stand-ins).
+pub(super) fn cpu_engine_meta(
+    kind: infer_spec::engine::EngineKind,
+    cpu: infer_spec::engine::CpuMeta,
+) -> infer_spec::engine::EngineMeta {
+    infer_spec::engine::EngineMeta {
         schema: infer_spec::engine::META_SCHEMA,
-        kind: infer_spec::engine::EngineKind::Onnxruntime,
+        kind,
         format: infer_spec::engine::EngineFormat::Onnx,
         target: "cpu-fp32".into(),
         precision: infer_spec::engine::Precision::Fp32,
@@ -247,36 +279,38 @@ fn py_onnxruntime_serves_real_models_like_onnxruntime_in_python() {
         cache_key: "k".into(),
         builder_version: "0.1.0".into(),
         gpu: None,
-        cpu: Some(infer_spec::engine::CpuMeta {
-            arch: std::env::consts::ARCH.into(),
-            tract: "0.23.9".parse().unwrap(),
-            onnxruntime: Some("1.30.0".parse().unwrap()),
-            openvino: None,
-            folded_by: None,
-            threads: None,
-            share: None,
-            required_features: vec![],
-            isa: None,
-        }),
+        cpu: Some(cpu),
         conversion: None,
-    };
-    std::fs::write(dir.path().join("engine.json"), meta.to_canonical_json()).unwrap();
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+    }
+}
+
+/// A CPU section of this machine's architecture and tract, naming no library.
+pub(super) fn cpu_meta() -> infer_spec::engine::CpuMeta {
+    infer_spec::engine::CpuMeta {
+        arch: std::env::consts::ARCH.into(),
+        tract: "0.23.9".parse().unwrap(),
+        onnxruntime: None,
+        openvino: None,
+        folded_by: None,
+        threads: None,
+        share: None,
+        required_features: vec![],
+        isa: None,
+    }
+}
+
+/// The server on `cfg` given `meta` as its engine metadata exits 1 saying `want`.
+pub(super) fn refused_with_metadata(cfg: &Path, meta: &infer_spec::engine::EngineMeta, want: &str) {
+    let path = cfg.with_extension("engine.json");
+    std::fs::write(&path, meta.to_canonical_json()).unwrap();
+    let text = std::fs::read_to_string(cfg).unwrap().replace(
         "threads = 1\n",
-        &format!(
-            "threads = 1\nmetadata = \"{}\"\n",
-            dir.path().join("engine.json").display()
-        ),
+        &format!("threads = 1\nmetadata = \"{}\"\n", path.display()),
     );
-    std::fs::write(&cfg, text).unwrap();
-    let (code, out) = run_to_exit(&cfg);
+    std::fs::write(cfg, text).unwrap();
+    let (code, out) = run_to_exit(cfg);
     assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains(&format!(
-            "ONNX Runtime {version} differs from 1.30.0 in major.minor"
-        )),
-        "{out}"
-    );
+    assert!(out.contains(want), "{want:?} not in: {out}");
 }
 
 /// A server started by a test, killed when dropped (also when the test fails first).

@@ -8,7 +8,10 @@
 //! recorded for another OpenVINO release stop the server with exit 1 and a message that says
 //! which.
 
-use super::onnxruntime::{get, have_python, run_to_exit, serve, DET, REC};
+use super::onnxruntime::{
+    cpu_engine_meta, cpu_meta, have_python, refused_with_metadata, run_to_exit, serve_and_check,
+    DET,
+};
 use super::real_models::{cache_dir, script};
 use super::support::{stderr, stdout};
 use std::path::{Path, PathBuf};
@@ -57,65 +60,12 @@ fn py_openvino_serves_real_models_like_onnxruntime_in_python() {
     };
     let (models, lib, version) = fetch(&py);
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, &[&[usize]]); 2] = [
-        (
-            "ocr-det",
-            DET,
-            &[
-                &[1, 3, 64, 96],
-                &[2, 3, 96, 64],
-                &[1, 3, 96, 96],
-                &[1, 3, 64, 96],
-            ],
-        ),
-        (
-            "ocr-rec",
-            REC,
-            &[
-                &[1, 3, 48, 160],
-                &[2, 3, 48, 320],
-                &[1, 3, 48, 96],
-                &[3, 3, 48, 160],
-            ],
-        ),
-    ];
-    for (name, tensors, shapes) in cases {
-        let onnx = PathBuf::from(models[name].as_str().unwrap());
-        let cfg = config(dir.path(), name, tensors, &onnx, &lib);
-        let (mut child, addr, log) = serve(&cfg);
-        // The start-up log, the metadata and the config name the engine and the release.
-        assert!(
-            log.iter()
-                .any(|v| v["msg"] == "node" && v["openvino"] == version.as_str()),
-            "{log:?}"
-        );
-        let meta = get(&addr, &format!("/v2/models/{name}"));
-        assert_eq!(meta["platform"], "openvino", "{meta}");
-        let config = get(&addr, &format!("/v2/models/{name}/config"));
-        assert_eq!(config["backend"], "openvino", "{config}");
-        assert_eq!(
-            config["parameters"]["openvino"]["string_value"],
-            version.as_str(),
-            "{config}"
-        );
-        let cases: Vec<serde_json::Value> = shapes
-            .iter()
-            .map(|s| serde_json::json!({"input": "x", "shape": s}))
-            .collect();
-        let o = Command::new(&py)
-            .arg(script())
-            .arg("check")
-            .arg(&addr)
-            .arg(name)
-            .arg(&onnx)
-            .arg(serde_json::to_string(&cases).unwrap())
-            .output()
-            .unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(o.status.success(), "{name}: {}\n{}", stdout(&o), stderr(&o));
-        eprintln!("{}", stdout(&o).trim());
-    }
+    serve_and_check(
+        &py,
+        &models,
+        ("openvino", "openvino", &version),
+        |name, tensors, onnx| config(dir.path(), name, tensors, onnx, &lib),
+    );
 }
 
 #[test]
@@ -189,42 +139,16 @@ fn py_openvino_refuses_what_it_cannot_serve_with_exit_1_and_the_reason() {
     );
 
     // An engine recorded for another OpenVINO release is refused before anything loads.
-    let cfg = config(dir.path(), "ocr-det", DET, &onnx, &lib);
-    let meta = infer_spec::engine::EngineMeta {
-        schema: infer_spec::engine::META_SCHEMA,
-        kind: infer_spec::engine::EngineKind::Openvino,
-        format: infer_spec::engine::EngineFormat::Onnx,
-        target: "cpu-fp32".into(),
-        precision: infer_spec::engine::Precision::Fp32,
-        shape_profile: vec![],
-        onnx_digest: format!("sha256:{}", "1".repeat(64)),
-        engine_digest: format!("sha256:{}", "2".repeat(64)),
-        engine_size: 1,
-        cache_key: "k".into(),
-        builder_version: "0.1.0".into(),
-        gpu: None,
-        cpu: Some(infer_spec::engine::CpuMeta {
-            arch: std::env::consts::ARCH.into(),
-            tract: "0.23.9".parse().unwrap(),
-            onnxruntime: None,
+    let meta = cpu_engine_meta(
+        infer_spec::engine::EngineKind::Openvino,
+        infer_spec::engine::CpuMeta {
             openvino: Some("2025.3.0".parse().unwrap()),
-            folded_by: None,
-            threads: None,
-            share: None,
-            required_features: vec![],
-            isa: None,
-        }),
-        conversion: None,
-    };
-    std::fs::write(dir.path().join("meta.json"), meta.to_canonical_json()).unwrap();
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("threads = 1\n", "threads = 1\nmetadata = \"meta.json\"\n");
-    std::fs::write(&cfg, text).unwrap();
-    refused(
-        &cfg,
-        &[&format!(
-            "OpenVINO {version} differs from 2025.3.0 in major.minor"
-        )],
+            ..cpu_meta()
+        },
+    );
+    refused_with_metadata(
+        &config(dir.path(), "ocr-det", DET, &onnx, &lib),
+        &meta,
+        &format!("OpenVINO {version} differs from 2025.3.0 in major.minor"),
     );
 }

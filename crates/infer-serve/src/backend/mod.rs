@@ -197,6 +197,24 @@ pub(crate) enum Error {
     Instance(String),
 }
 
+/// `Ok` when the model at `model` has as many inputs and outputs as `runtime.toml` lists.
+pub(crate) fn check_counts(
+    cfg: &RuntimeConfig,
+    model: &Path,
+    inputs: usize,
+    outputs: usize,
+) -> Result<(), Error> {
+    if inputs != cfg.inputs.len() || outputs != cfg.outputs.len() {
+        return Err(Error::Engine(format!(
+            "{}: the model has {inputs} inputs and {outputs} outputs, runtime.toml lists {} and {}",
+            model.display(),
+            cfg.inputs.len(),
+            cfg.outputs.len()
+        )));
+    }
+    Ok(())
+}
+
 /// What a backend's loader returns.
 type Loaded = Result<Arc<dyn Engine>, Error>;
 

@@ -179,16 +179,7 @@ impl OrtEngine {
             outlets.iter().map(|o| o.name().to_owned()).collect()
         };
         let (model_in, model_out) = (names(session.inputs()), names(session.outputs()));
-        if model_in.len() != cfg.inputs.len() || model_out.len() != cfg.outputs.len() {
-            return Err(Error::Engine(format!(
-                "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",
-                model.display(),
-                model_in.len(),
-                model_out.len(),
-                cfg.inputs.len(),
-                cfg.outputs.len()
-            )));
-        }
+        super::check_counts(cfg, model, model_in.len(), model_out.len())?;
         let in_names = match_names(&model_in, cfg.inputs.iter().map(|s| s.name.as_str()));
         let out_names = match_names(&model_out, cfg.outputs.iter().map(|s| s.name.as_str()));
         let type_of = |outlets: &[ort::value::Outlet], name: &str| {

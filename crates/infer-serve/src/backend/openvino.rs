@@ -133,16 +133,7 @@ impl OvEngine {
                 ))),
             }
         };
-        if model_in.len() != cfg.inputs.len() || model_out.len() != cfg.outputs.len() {
-            return Err(Error::Engine(format!(
-                "{}: the model has {} inputs and {} outputs, runtime.toml lists {} and {}",
-                model.display(),
-                model_in.len(),
-                model_out.len(),
-                cfg.inputs.len(),
-                cfg.outputs.len()
-            )));
-        }
+        super::check_counts(cfg, model, model_in.len(), model_out.len())?;
         let inputs = cfg
             .inputs
             .iter()

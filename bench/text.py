@@ -20,7 +20,8 @@ usage: python bench/text.py SERVE CACHE PEER_PYTHON [THREADS] [DURATION]
   leaves the key out: no bound, and what runtimes before the key read); SERVE_ONLY=1 skips the
   engine-alone limit and the peer (to compare servers or settings); OPENVINO_LIB=PATH serves
   with OpenVINO (`kind = "openvino"`, PATH the libopenvino_c.so.N with the rest of OpenVINO's CPU
-  files beside it, as an image has them) instead of ONNX Runtime
+  files beside it, as an image has them) instead of ONNX Runtime, and OPENVINO_PRECISION=bf16
+  computes in BF16 (engine.precision)
   SERVE: target/runtime/x86_64-unknown-linux-gnu/release-serve/dynamic/infer-serve
   CACHE: target/real-models (tests/it/real_models.py fetch; fetch-ort for the library)
   PEER_PYTHON: a Python with fastapi, uvicorn, tokenizers, onnxruntime, numpy
@@ -254,8 +255,11 @@ def main():
         ov = os.environ.get("OPENVINO_LIB")
         kind, engine_lib = ("openvino", ov) if ov else ("onnxruntime", lib)
         print(f"infer-serve engine: {kind} ({engine_lib})", flush=True)
+        precision = os.environ.get("OPENVINO_PRECISION") if ov else None
+        if precision:
+            print(f"infer-serve engine.precision: {precision}", flush=True)
         f.write(config(onnx, os.path.abspath(engine_lib), tok, True, threads=threads, padding=pct, port=port,
-                       kind=kind))
+                       kind=kind, precision=precision))
     log = os.path.join(w, "serve.log")
     proc = subprocess.Popen([serve, "--config", cfg], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "INFER_GRPC_PORT": "0"})

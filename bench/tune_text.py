@@ -21,10 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDS = 'datatype = "INT64"\ndims = [-1, -1]\nprofile = { min = [1], opt = [16], max = [256] }\ndim_names = ["sequence"]'
 
 
-def config(onnx, lib, tok, text, threads=2, padding=25, port=8000, kind="onnxruntime"):
+def config(onnx, lib, tok, text, threads=2, padding=25, port=8000, kind="onnxruntime", precision=None):
     """all-MiniLM-L6-v2's runtime.toml: a text model (`text`: mean pooling, L2-normalised,
     `max_padding_percent = padding`, 0: none) or a padded tensor model (`pad = 0`), on the
-    engine `kind` ("onnxruntime" or "openvino") from the library `lib`."""
+    engine `kind` ("onnxruntime" or "openvino") from the library `lib`, computing in `precision`
+    (OpenVINO's engine.precision; None: the engine's default)."""
     inputs = "".join(
         f'[[inputs]]\nname = "{n}"\n{IDS}\n{"" if text else "pad = 0"}\n\n'
         for n in ("input_ids", "attention_mask", "token_type_ids"))
@@ -57,6 +58,7 @@ kind = "{kind}"
 path = "{onnx}"
 library = "{lib}"
 threads = {threads}
+{f'precision = "{precision}"' if precision else ""}
 
 {tail}
 [server]

@@ -179,6 +179,7 @@ pub(crate) fn runtime_config(
             library: None,
             threads: None,
             measured: None,
+            precision: None,
             synthetic: None,
         },
         warmup: Warmup {

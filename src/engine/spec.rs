@@ -164,7 +164,7 @@ pub struct LibraryCandidate {
     /// Its version (the matrix row, checked against the wheel's sha256 by the library cache).
     pub version: infer_spec::engine::Version,
     /// The most threads one runtime instance may use (its share of the CPUs); the engine stage
-    /// measures [`thread_counts`] up to it. When `given`, the recipe's `[engine] threads`, the
+    /// measures the counts `thread_counts` gives up to it. When `given`, the recipe's `[engine] threads`, the
     /// one count measured.
     pub threads: usize,
     /// `threads` is the recipe's `[engine] threads`.

@@ -9,8 +9,8 @@
 //! which.
 
 use super::onnxruntime::{
-    cpu_engine_meta, cpu_meta, have_python, refused_with_metadata, run_to_exit, serve_and_check,
-    DET,
+    cpu_engine_meta, cpu_meta, have_python, refused_with_metadata, run_to_exit, serve,
+    serve_and_check, DET, REC,
 };
 use super::real_models::{cache_dir, script};
 use super::support::{stderr, stdout};
@@ -151,4 +151,53 @@ fn py_openvino_refuses_what_it_cannot_serve_with_exit_1_and_the_reason() {
         &meta,
         &format!("OpenVINO {version} differs from 2025.3.0 in major.minor"),
     );
+}
+
+/// `engine.precision = "bf16"`: OpenVINO computes in BF16 where the CPU has it (AVX-512 BF16 or
+/// AMX, read from the kernel's flags), so PaddleOCR's recogniser answers within BF16's error of
+/// onnxruntime's FP32 and no longer within FP32's; on a CPU without it OpenVINO computes FP32
+/// and the answers stay within FP32's error.
+#[test]
+fn py_openvino_computes_in_bf16_where_the_cpu_has_it() {
+    let test = "py_openvino_computes_in_bf16_where_the_cpu_has_it";
+    let Some(py) = have_python(test) else {
+        return;
+    };
+    let (models, lib, _) = fetch(&py);
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = PathBuf::from(models["ocr-rec"].as_str().unwrap());
+    let cfg = config(dir.path(), "ocr-rec", REC, &onnx, &lib);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("threads = 1\n", "threads = 1\nprecision = \"bf16\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let (mut child, addr, log) = serve(&cfg);
+    assert!(
+        log.iter()
+            .any(|v| v["msg"] == "node" && v["precision"] == "bf16"),
+        "{log:?}"
+    );
+    let cases =
+        r#"[{"input": "x", "shape": [1, 3, 48, 160]}, {"input": "x", "shape": [2, 3, 48, 320]}]"#;
+    let o = Command::new(&py)
+        .arg(script())
+        .args(["check", &addr, "ocr-rec"])
+        .arg(&onnx)
+        .arg(cases)
+        .env("CHECK_TOL", "0.2")
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    let got: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let diff = got["max_abs_diff"].as_f64().unwrap();
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let bf16 = flags.contains(" avx512_bf16") || flags.contains(" amx_bf16");
+    eprintln!("bf16 on this CPU: {bf16}; max |diff| against FP32 onnxruntime: {diff:e}");
+    if bf16 {
+        assert!(diff > 1e-3, "computed in FP32? max |diff| {diff:e}");
+    } else {
+        assert!(diff <= 1e-3, "max |diff| {diff:e}");
+    }
 }

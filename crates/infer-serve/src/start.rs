@@ -461,6 +461,10 @@ pub(crate) fn probe_node(c: &Loaded, cpus: &Cpus) -> Result<Found, StartError> {
                 ("engine", json!(cfg.engine.kind.as_str())),
                 (engine, json!(v.to_string())),
                 ("library", json!(cfg.engine.library)),
+                (
+                    "precision",
+                    json!(cfg.engine.precision.map(|p| p.to_string())),
+                ),
                 ("threads_per_instance", json!(threads)),
                 (
                     "threads_from",

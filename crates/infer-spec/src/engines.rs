@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineFormat, EngineKind, TimedBy};
+use crate::engine::{EngineFormat, EngineKind, Precision, TimedBy};
 use crate::runtime::BackendKind;
 
 /// Which `infer-serve` build serves an engine: the one image carries.
@@ -67,6 +67,9 @@ pub struct EngineDef {
     /// It computes on an intra-op pool of its own, sized by `runtime.toml`'s `engine.threads` (the
     /// server divides the CPUs between instances and models when the key is absent).
     pub threads: bool,
+    /// The precisions it computes an FP32 model in as a setting at start (`runtime.toml`'s
+    /// `engine.precision`; the first is the default); empty: the engine file fixes it.
+    pub precisions: &'static [Precision],
 }
 
 /// The native library an engine's backend opens.
@@ -95,6 +98,7 @@ pub const ENGINES: [EngineDef; 4] = [
         library: None,
         runtime: RuntimeFlavour::Static,
         threads: false,
+        precisions: &[],
     },
     EngineDef {
         kind: EngineKind::Tensorrt,
@@ -110,6 +114,7 @@ pub const ENGINES: [EngineDef; 4] = [
         }),
         runtime: RuntimeFlavour::Gpu,
         threads: false,
+        precisions: &[],
     },
     EngineDef {
         kind: EngineKind::Onnxruntime,
@@ -125,6 +130,7 @@ pub const ENGINES: [EngineDef; 4] = [
         }),
         runtime: RuntimeFlavour::Dynamic,
         threads: true,
+        precisions: &[],
     },
     EngineDef {
         kind: EngineKind::Openvino,
@@ -140,6 +146,8 @@ pub const ENGINES: [EngineDef; 4] = [
         }),
         runtime: RuntimeFlavour::Dynamic,
         threads: true,
+        // OpenVINO's INFERENCE_PRECISION_HINT on the CPU plugin.
+        precisions: &[Precision::Fp32, Precision::Bf16, Precision::Fp16],
     },
 ];
 

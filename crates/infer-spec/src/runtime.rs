@@ -466,6 +466,11 @@ pub struct EngineSection {
     /// `onnxruntime`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<MeasuredThreads>,
+    /// The precision the engine computes in, for an engine that takes it as a setting at start
+    /// (OpenVINO's inference precision: `fp32`, `bf16` where the CPU has it, `fp16`); inputs and
+    /// outputs keep the model's types. Only for `openvino`; absent: `fp32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::engine::Precision>,
     /// Parameters of the `synthetic` engine; required for it, refused for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<Synthetic>,
@@ -875,6 +880,24 @@ impl RuntimeConfig {
                 "engine.threads is only for engine.kind = {}, not \"{}\"",
                 crate::engines::backend_names(|d| d.threads),
                 e.kind.as_str()
+            )),
+            _ => {}
+        }
+        match (def.map_or(&[][..], |d| d.precisions), e.precision) {
+            (_, None) => {}
+            ([], Some(_)) => p.push(format!(
+                "engine.precision is only for engine.kind = {}, not \"{}\"",
+                crate::engines::backend_names(|d| !d.precisions.is_empty()),
+                e.kind.as_str()
+            )),
+            (allowed, Some(x)) if !allowed.contains(&x) => p.push(format!(
+                "engine.precision \"{x}\" is not one {} computes in: {}",
+                e.kind.as_str(),
+                allowed
+                    .iter()
+                    .map(|a| format!("\"{a}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
             _ => {}
         }
@@ -1732,6 +1755,37 @@ path = "minilm.onnx"
                 "server.body_min_bytes_per_s 2147483648 is more than 1073741824 (1 GiB/s)",
                 "server.max_connections 0 is outside 1..=1048576",
             ]),
+        );
+    }
+
+    #[test]
+    fn openvino_engine_computes_in_the_precision_it_is_given() {
+        let ov = mlp().replace(
+            "kind = \"tract-onnx\"\npath = \"mlp.onnx\"",
+            "kind = \"openvino\"\npath = \"mlp.onnx\"\nlibrary = \"lib/libopenvino_c.so.2641\"\nprecision = \"bf16\"",
+        );
+        let cfg = RuntimeConfig::from_toml_str(&ov).unwrap();
+        assert_eq!(cfg.engine.kind, BackendKind::OpenVino);
+        assert_eq!(cfg.platform(), "openvino");
+        assert_eq!(cfg.engine.precision, Some(crate::engine::Precision::Bf16));
+        assert_eq!(
+            RuntimeConfig::from_toml_str(&cfg.to_toml_string()).unwrap(),
+            cfg
+        );
+        check(
+            &ov.replace("precision = \"bf16\"", "precision = \"int8\""),
+            Err(&["engine.precision \"int8\" is not one openvino computes in: \"fp32\", \"bf16\", \"fp16\""]),
+        );
+        check(
+            &mlp().replace(
+                "path = \"mlp.onnx\"",
+                "path = \"mlp.onnx\"\nprecision = \"bf16\"",
+            ),
+            Err(&["engine.precision is only for engine.kind = \"openvino\", not \"tract-onnx\""]),
+        );
+        check(
+            &ov.replace("precision = \"bf16\"", "precision = \"bf17\""),
+            Err(&["unknown variant `bf17`"]),
         );
     }
 

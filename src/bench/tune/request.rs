@@ -164,6 +164,7 @@ impl Request {
                 library: None,
                 threads: None,
                 measured: None,
+                precision: None,
                 synthetic: Some(parse_synthetic(spec)?),
             };
         }

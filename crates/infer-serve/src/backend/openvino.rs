@@ -79,7 +79,8 @@ pub(crate) struct OvEngine {
 
 impl OvEngine {
     /// Compiles `model` for `batching.instances` streams of `engine.threads` threads each (a
-    /// config that reaches here without threads gets the rule's count on this node's CPUs).
+    /// config that reaches here without threads gets the rule's count on this node's CPUs), in
+    /// `engine.precision` (FP32 when absent).
     pub(crate) fn load(
         cfg: &RuntimeConfig,
         model: &Path,
@@ -92,7 +93,7 @@ impl OvEngine {
         let config = Config {
             streams: cfg.batching.instances.max(1) as usize,
             threads,
-            precision: Precision::Fp32,
+            precision: cfg.engine.precision.unwrap_or(Precision::Fp32),
             cache_dir: None,
         };
         let ctx = |e: infer_openvino::Error| {

@@ -145,8 +145,10 @@ pub(crate) fn measure(
         infer_openvino::Library::open(&c.library).map_err(|e| OvError::Library(e.to_string()))?;
     let dir =
         tempfile::tempdir().map_err(|e| OvError::Load(format!("a temporary directory: {e}")))?;
+    // OpenVINO reads a model from a file: the bytes go into a fresh private directory.
     let model = dir.path().join("model.onnx");
-    std::fs::write(&model, bytes)
+    crate::oci::Dir::open(dir.path())
+        .and_then(|d| d.write_atomic("model.onnx", bytes, None))
         .map_err(|e| OvError::Load(format!("{}: {e}", model.display())))?;
     let mut ms = Vec::with_capacity(STARTUP_RUNS);
     let mut compiled = None;

@@ -245,13 +245,14 @@ pub(crate) fn ensure(row: &RuntimeLibrary, cache: &Path, opts: &fetch::Options) 
 
 /// `lib` with `load` in `dirs/<wheel sha256>/`, where every member lies under its own name: a
 /// hard link of its verified file in `files/` (a copy where the file system has no links).
-/// The directory is kept while each name is still the verified file itself (same inode), and
-/// otherwise made again in `tmp/` and renamed into place; the caller holds the cache lock.
+/// The directory is kept while each name is still the verified file itself (a regular file, the
+/// same inode), and otherwise made again in `tmp/` and renamed into place, every step through a
+/// directory handle; the caller holds the cache lock.
 fn named(row: &RuntimeLibrary, root: &Dir, mut lib: Library) -> Result<Library> {
     use std::os::unix::fs::MetadataExt;
-    let io = |what: &'static str, p: &Path| crate::oci::Error::io(what, p.to_path_buf());
+    let files = root.sub("files", true)?;
     let dirs = root.sub("dirs", true)?;
-    let dir = dirs.path().join(&row.sha256);
+    let tmp = root.sub("tmp", true)?;
     let base = |image_path: &str| {
         image_path
             .rsplit('/')
@@ -263,34 +264,47 @@ fn named(row: &RuntimeLibrary, root: &Dir, mut lib: Library) -> Result<Library> 
         (Ok(a), Ok(b)) => b.is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
     };
-    let complete = lib
-        .files
-        .iter()
-        .all(|(file, dest)| same(file, &dir.join(base(dest))));
+    let complete = match dirs.sub_if_exists(&row.sha256) {
+        Ok(Some(d)) => lib
+            .files
+            .iter()
+            .all(|(file, dest)| same(file, &d.path().join(base(dest)))),
+        _ => false,
+    };
     if !complete {
-        let tmp =
-            root.path()
-                .join("tmp")
-                .join(format!("dir-{}-{}", row.sha256, std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir(&tmp).map_err(io("create", &tmp))?;
+        let name = format!("dir-{}-{}", row.sha256, std::process::id());
+        if let Some(old) = tmp.sub_if_exists(&name)? {
+            old.clear()?;
+            tmp.remove_dir(&name)?;
+        }
+        let stage = tmp.sub(&name, true)?;
         for (file, dest) in &lib.files {
-            let to = tmp.join(base(dest));
-            if std::fs::hard_link(file, &to).is_err() {
-                std::fs::copy(file, &to).map_err(io("copy", &to))?;
+            let hex = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let to = base(dest);
+            if files.link(hex, &stage, &to).is_err() {
+                let bytes = files.read(hex, MAX_MEMBER, "a library file")?;
+                stage.write_atomic(&to, &bytes, None)?;
             }
         }
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))?;
+        if let Ok(Some(old)) = dirs.sub_if_exists(&row.sha256) {
+            old.clear()?;
+            dirs.remove_dir(&row.sha256)?;
+        } else {
+            // A non-directory at the name (a link, a file) goes too.
+            dirs.remove(&row.sha256)?;
         }
-        std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
+        tmp.rename(&name, &dirs, &row.sha256)?;
+        dirs.sync();
     }
     let load = row
         .files
         .iter()
         .zip(&lib.files)
         .find(|(member, _)| **member == row.load)
-        .map(|(_, (_, dest))| dir.join(base(dest)))
+        .map(|(_, (_, dest))| dirs.path().join(&row.sha256).join(base(dest)))
         .ok_or_else(|| Error::Wheel {
             wheel: row.url.clone(),
             why: format!("{} is not one of the row's files", row.load),

@@ -198,6 +198,7 @@ pub(crate) enum Error {
 }
 
 /// `Ok` when the model at `model` has as many inputs and outputs as `runtime.toml` lists.
+#[cfg(any(feature = "onnxruntime", feature = "openvino"))]
 pub(crate) fn check_counts(
     cfg: &RuntimeConfig,
     model: &Path,

@@ -101,9 +101,19 @@ fn py_openvino_refuses_what_it_cannot_serve_with_exit_1_and_the_reason() {
     // A file by that name that is not a shared library, beside the real neighbours.
     let foreign = dir.path().join("foreign");
     std::fs::create_dir_all(&foreign).unwrap();
+    // (Other tests may be fetching into the same directory: their temporary `.part` files come
+    // and go, so only the finished libraries are copied.)
     for entry in std::fs::read_dir(lib.parent().unwrap()).unwrap() {
         let p = entry.unwrap().path();
-        std::fs::copy(&p, foreign.join(p.file_name().unwrap())).unwrap();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.contains(".part") {
+            continue;
+        }
+        match std::fs::copy(&p, foreign.join(&name)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("{name}: {e}"),
+        }
     }
     std::fs::write(foreign.join(lib.file_name().unwrap()), b"not a library").unwrap();
     refused(

@@ -135,17 +135,18 @@ fn py_openvino_refuses_what_it_cannot_serve_with_exit_1_and_the_reason() {
         &["OpenVINO 2026.4.1 cannot load the model", "garbage.onnx"],
     );
 
-    // runtime.toml naming an input the model lacks: the model's names are listed.
+    // runtime.toml giving an input another datatype than the model's. (Names that are not the
+    // model's are matched by position, as for the other backends.)
     refused(
         &config(
             dir.path(),
             "ocr-det",
-            &DET.replace("name = \"x\"", "name = \"pixels\""),
+            &DET.replacen("datatype = \"FP32\"", "datatype = \"INT64\"", 1),
             &onnx,
             &lib,
         ),
         // (The log line is JSON: the quotes come escaped.)
-        &["the model has no input \\\"pixels\\\" (it has [\\\"x\\\"])"],
+        &["input \\\"x\\\" is a tensor of F32 in the model, runtime.toml says INT64"],
     );
 
     // An engine recorded for another OpenVINO release is refused before anything loads.

@@ -135,22 +135,32 @@ impl OvEngine {
             }
         };
         super::check_counts(cfg, model, model_in.len(), model_out.len())?;
+        // By name when every name runtime.toml gives is one of the model's (OpenVINO reports
+        // one name per tensor, which may be another of its names than the graph's), else by
+        // position, as the other backends match them.
+        let pick = |ports: &[infer_openvino::Port], specs: &[infer_spec::TensorSpec]| {
+            if specs.iter().all(|s| ports.iter().any(|p| p.name == s.name)) {
+                specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+            } else {
+                ports.iter().map(|p| p.name.clone()).collect()
+            }
+        };
         let inputs = cfg
             .inputs
             .iter()
-            .map(|s| {
-                Ok((
-                    s.name.clone(),
-                    check("input", &model_in, &s.name, s.datatype)?,
-                ))
+            .zip(pick(&model_in, &cfg.inputs))
+            .map(|(s, name)| {
+                let e = check("input", &model_in, &name, s.datatype)?;
+                Ok((name, e))
             })
             .collect::<Result<_, Error>>()?;
         let outputs = cfg
             .outputs
             .iter()
-            .map(|s| {
-                check("output", &model_out, &s.name, s.datatype)?;
-                Ok((s.name.clone(), s.datatype))
+            .zip(pick(&model_out, &cfg.outputs))
+            .map(|(s, name)| {
+                check("output", &model_out, &name, s.datatype)?;
+                Ok((name, s.datatype))
             })
             .collect::<Result<_, Error>>()?;
         Ok(OvEngine {

@@ -459,7 +459,7 @@ fn against_tract(
     let batches: Vec<String> = b.batches.iter().map(|t| t.batch.to_string()).collect();
     let mut sums = format!("tract {t_sum:.1} µs");
     let mut clauses = Vec::new();
-    // (candidate, measurement, threads, agreement, ships)
+    // (candidate, measurement, threads, agreement with tract, ships by the margin, summed T(b))
     let mut judged = Vec::new();
     for (c, r) in tried {
         match r {

@@ -508,6 +508,14 @@ pub(crate) fn target_spec_at(
                     })
                 });
         }
+        // A CPU target beyond FP32 (`cpu-bf16`): the precision the engine was gated in,
+        // the one it computes in where the node's CPU has it.
+        rc.engine.precision = metadata
+            .as_ref()
+            .filter(|(_, m)| m.precision != infer_spec::engine::Precision::Fp32)
+            .and_then(|(_, m)| m.cpu.as_ref())
+            .and_then(|c| c.gate.as_ref())
+            .map(|g| g.computed_in);
     }
     name_dims(&mut rc, &files.dim_names);
     bound_table_inputs(&mut rc, &files.table_rows);

@@ -1,4 +1,5 @@
-//! The accuracy gate: a converted model's figures (see [`super::convert::Report`]) against
+//! The accuracy gate: a converted model's figures (see [`super::convert::Report`]), or a CPU
+//! engine's in a lower precision (see [`super::openvino::gate`]), against
 //! per-precision thresholds, defaults here, each overridable in the recipe's `[accuracy]`.
 //! Pure.
 //!
@@ -10,7 +11,7 @@
 
 use infer_spec::engine::Precision;
 
-use super::convert::Report;
+use super::convert::OutputFigures;
 
 /// Limits a converted model must meet.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,8 +25,8 @@ pub struct Thresholds {
 }
 
 impl Thresholds {
-    /// The defaults: FP16 keeps outputs within 5% of their range and top-1 on at least 99% of
-    /// rows; INT8 within 35% (small softmax heads move by a third of their range under INT8
+    /// The defaults: FP16 and BF16 keep outputs within 5% of their range and top-1 on at least
+    /// 99% of rows; INT8 within 35% (small softmax heads move by a third of their range under INT8
     /// while ranking the same) with top-1 on at least 95% of rows; FP8 (E4M3, 3 mantissa bits:
     /// up to 6% error per value before accumulation) within 40% with top-1 on at least 95%.
     pub(crate) fn default_for(p: Precision) -> Thresholds {
@@ -50,9 +51,9 @@ impl Thresholds {
 }
 
 /// The figures that break a threshold, one phrase each; empty when the model passes.
-pub(crate) fn failures(report: &Report, t: &Thresholds) -> Vec<String> {
+pub(crate) fn failures(outputs: &[OutputFigures], t: &Thresholds) -> Vec<String> {
     let mut out = Vec::new();
-    for o in &report.outputs {
+    for o in outputs {
         match o.max_abs {
             None => out.push(format!("{}: non-finite values", o.name)),
             Some(a) => {
@@ -87,22 +88,15 @@ pub(crate) fn failures(report: &Report, t: &Thresholds) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::convert::OutputFigures;
 
-    fn report(max_abs: Option<f64>, max_rel: Option<f64>, top1: Option<f64>) -> Report {
-        Report {
-            versions: Default::default(),
-            options: serde_json::Value::Null,
-            evaluation: serde_json::Value::Null,
-            outputs: vec![OutputFigures {
-                name: "prob".into(),
-                max_abs,
-                max_rel,
-                top1_agreement: top1,
-                rows: top1.map(|_| 32),
-            }],
-            seconds: Default::default(),
-        }
+    fn report(max_abs: Option<f64>, max_rel: Option<f64>, top1: Option<f64>) -> Vec<OutputFigures> {
+        vec![OutputFigures {
+            name: "prob".into(),
+            max_abs,
+            max_rel,
+            top1_agreement: top1,
+            rows: top1.map(|_| 32),
+        }]
     }
 
     #[test]

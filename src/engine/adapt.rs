@@ -5,7 +5,7 @@ use infer_spec::engine::{ComputeCapability, HardwareCompat, Precision};
 
 use super::accuracy::Thresholds;
 use super::convert::ConvertSpec;
-use super::spec::{Calibration, DimRanges, EngineSpec, InputSpec, Toolchain, TrtSpec};
+use super::spec::{Calibration, DimRanges, EngineSpec, Gate, InputSpec, Toolchain, TrtSpec};
 use super::Error;
 use crate::plan::{TargetKind, TargetPlan};
 use crate::recipe::Recipe;
@@ -24,14 +24,11 @@ fn precision(target: &str, p: Precision) -> Result<Precision, Error> {
     })
 }
 
-/// The conversion of a target: `[int8]` / `[fp8]` method and calibration data, `[accuracy]`
-/// data and limits over the per-precision defaults.
-fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
-    let int8 = recipe.int8.as_ref();
-    let fp8 = recipe.fp8.as_ref();
+/// The accuracy gate's limits of precision `p`: `[accuracy.<p>]` over the defaults.
+fn thresholds(recipe: &Recipe, p: Precision) -> Thresholds {
     let mut thresholds = Thresholds::default_for(p);
     let key = match p {
-        Precision::Int8 | Precision::Fp8 => p,
+        Precision::Int8 | Precision::Fp8 | Precision::Bf16 => p,
         _ => Precision::Fp16,
     };
     if let Some(l) = recipe.accuracy.limits.get(&key) {
@@ -39,6 +36,15 @@ fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
         thresholds.max_rel = l.max_rel.unwrap_or(thresholds.max_rel);
         thresholds.min_top1 = l.min_top1.unwrap_or(thresholds.min_top1);
     }
+    thresholds
+}
+
+/// The conversion of a target: `[int8]` / `[fp8]` method and calibration data, `[accuracy]`
+/// data and limits over the per-precision defaults.
+fn convert_spec(recipe: &Recipe, p: Precision) -> ConvertSpec {
+    let int8 = recipe.int8.as_ref();
+    let fp8 = recipe.fp8.as_ref();
+    let thresholds = thresholds(recipe, p);
     let tool = recipe.engine.convert.value;
     ConvertSpec {
         tool,
@@ -150,10 +156,26 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
             Toolchain::Tensorrt(t)
         }
     };
+    // A CPU target computes the FP32 model in its precision at run time: no engine is built at
+    // it, the engine is gated against itself in FP32.
+    let cpu_precision =
+        target.kind == TargetKind::Cpu && Precision::CPU.contains(&target.precision);
+    let gate = (cpu_precision && target.precision != Precision::Fp32).then(|| Gate {
+        thresholds: thresholds(recipe, target.precision),
+        evaluation: recipe
+            .accuracy
+            .data
+            .as_ref()
+            .map(|d| recipe.resolve(&d.value)),
+    });
     Ok(EngineSpec {
         model: recipe.model.name.clone(),
         target: id.into(),
-        precision: precision(id, target.precision)?,
+        precision: if cpu_precision {
+            target.precision
+        } else {
+            precision(id, target.precision)?
+        },
         onnx: recipe.model_path(),
         inputs,
         max_batch: b.max_batch_size,
@@ -164,5 +186,6 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
         onnxruntime: None,
         openvino: None,
         folding: None,
+        gate,
     })
 }

@@ -481,8 +481,15 @@ impl Report {
 
     /// One line per output: `name: max abs …, max rel …, top-1 …`.
     pub(crate) fn summary(&self) -> Vec<String> {
+        summary(&self.outputs)
+    }
+}
+
+/// One line per output's figures, for messages.
+pub(crate) fn summary(outputs: &[OutputFigures]) -> Vec<String> {
+    {
         let f = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.3e}"));
-        self.outputs
+        outputs
             .iter()
             .map(|o| {
                 let mut s = format!(

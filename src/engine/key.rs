@@ -4,7 +4,8 @@
 //! In the key: the ONNX bytes' digest, the target id, the precision, the shape profile, the
 //! profiled batch sizes, the backend (tract version; or TensorRT version and build, CUDA, SM,
 //! driver floor and the full trtexec argument vector with paths replaced by placeholders), the
-//! calibration input's digest, and infer-build's own version. Not in the key: file paths, the
+//! calibration input's digest, a CPU target's accuracy gate (limits and evaluation data digest),
+//! and infer-build's own version. Not in the key: file paths, the
 //! cache location, the clock, the environment.
 
 use infer_spec::engine::{canonical_json, CpuEngine, InputProfile, Precision};
@@ -66,6 +67,10 @@ pub struct KeyMaterial {
     /// the source ONNX, the tool and versions, the options and the calibration data).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conversion: Option<String>,
+    /// A CPU target beyond FP32: the accuracy gate's limits and its evaluation data's digest
+    /// (`generated` without data), so a changed limit or data gates again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
 }
 
 impl KeyMaterial {
@@ -107,6 +112,7 @@ mod tests {
                 calibration: None,
             },
             conversion: None,
+            gate: None,
         }
     }
 
@@ -146,6 +152,10 @@ mod tests {
             (
                 "conversion",
                 Box::new(|m| m.conversion = Some("c0ffee".into())),
+            ),
+            (
+                "gate",
+                Box::new(|m| m.gate = Some("max_rel=0.05 evaluation=generated".into())),
             ),
             (
                 "backend",

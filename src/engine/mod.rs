@@ -14,6 +14,7 @@ pub(crate) mod accuracy;
 pub(crate) mod adapt;
 pub(crate) mod cache;
 pub(crate) mod convert;
+pub(crate) mod evaluation;
 pub(crate) mod gpu;
 pub(crate) mod key;
 pub(crate) mod onnx;
@@ -154,6 +155,10 @@ pub enum Error {
         evaluation: String,
         figures: String,
     },
+    /// The builder's CPU cannot compute in the target's precision (BF16 without AVX-512 BF16 or
+    /// AMX): the target is built on a machine that can, as a GPU target is on its GPU.
+    #[error("target {target}: {reason}")]
+    CpuPrecision { target: String, reason: String },
     #[error("target {target} needs a GPU to build its TensorRT engine ({reason}); run `infer-build engine` on a {sm} GPU runner{}", if converted.is_empty() { String::new() } else { format!(" (the converted model is cached: {converted})") })]
     NoGpu {
         target: String,
@@ -319,6 +324,23 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
             }) => Some(convert::key(spec, c, onnx_digest)?),
             _ => None,
         },
+        gate: spec
+            .gate
+            .as_ref()
+            .map(|g| -> Result<String, Error> {
+                let t = &g.thresholds;
+                Ok(format!(
+                    "max_abs={:?} max_rel={:?} min_top1={:?} evaluation={}",
+                    t.max_abs,
+                    t.max_rel,
+                    t.min_top1,
+                    match &g.evaluation {
+                        Some(d) => calibration_digest(&Calibration::Data(d.clone()))?,
+                        None => "generated".into(),
+                    }
+                ))
+            })
+            .transpose()?,
     })
 }
 
@@ -359,7 +381,7 @@ pub(crate) fn prepare(
                 &pyenv::root_for(cache),
                 runner,
             )?;
-            let failures = accuracy::failures(&conv.report, &c.thresholds);
+            let failures = accuracy::failures(&conv.report.outputs, &c.thresholds);
             if !failures.is_empty() {
                 return Err(Error::Accuracy {
                     target: spec.target.clone(),
@@ -515,6 +537,7 @@ fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Er
         // CPU provider.
         required_features: Vec::new(),
         isa: Some(CpuIsa::detect()),
+        gate: chosen.gate,
     };
     Ok(Made {
         kind: chosen.kind,
@@ -589,7 +612,6 @@ fn make_tensorrt(
 
 /// The metadata record of a conversion.
 pub(crate) fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::ConversionMeta {
-    let fmt = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.4e}"));
     infer_spec::engine::ConversionMeta {
         converted_digest: c.onnx_digest.clone(),
         tool: c.report.options["tool"].as_str().unwrap_or("?").to_string(),
@@ -597,19 +619,25 @@ pub(crate) fn conversion_meta(c: &convert::Converted) -> infer_spec::engine::Con
         cache_key: c.key.clone(),
         steps: c.report.steps(),
         evaluation: evaluation_text(&c.report),
-        accuracy: c
-            .report
-            .outputs
-            .iter()
-            .map(|o| {
-                let mut s = format!("max_abs={} max_rel={}", fmt(o.max_abs), fmt(o.max_rel));
-                if let Some(t) = o.top1_agreement {
-                    s.push_str(&format!(" top1={t:.4}"));
-                }
-                (o.name.clone(), s)
-            })
-            .collect(),
+        accuracy: figures_meta(&c.report.outputs),
     }
+}
+
+/// Per output, `max_abs=… max_rel=… [top1=…]`: the figures as engine metadata records them.
+pub(crate) fn figures_meta(
+    outputs: &[convert::OutputFigures],
+) -> std::collections::BTreeMap<String, String> {
+    let fmt = |v: Option<f64>| v.map_or("non-finite".to_string(), |v| format!("{v:.4e}"));
+    outputs
+        .iter()
+        .map(|o| {
+            let mut s = format!("max_abs={} max_rel={}", fmt(o.max_abs), fmt(o.max_rel));
+            if let Some(t) = o.top1_agreement {
+                s.push_str(&format!(" top1={t:.4}"));
+            }
+            (o.name.clone(), s)
+        })
+        .collect()
 }
 
 /// Find the engine for `spec` in `dir` — an engine cache root, or a directory holding entries

@@ -4,7 +4,8 @@
 //! will use, and run the same inputs as tract to compare outputs. [`super::select`] decides.
 //!
 //! The model is compiled as infer-serve's OpenVINO backend compiles it for one instance: one
-//! stream of `threads` threads, FP32 inference precision, latency hint.
+//! stream of `threads` threads, latency hint, the target's precision as the inference precision
+//! (FP32; BF16 for a `cpu-bf16` target, which [`gate`] checks against FP32 on the same inputs).
 
 use std::path::Path;
 use std::time::Instant;
@@ -12,6 +13,7 @@ use std::time::Instant;
 use infer_openvino::{Compiled, Config, Element, Input, Precision};
 use tract_onnx::prelude::{DatumType, TValue, TVec, Tensor};
 
+use super::convert::OutputFigures;
 use super::onnxruntime::Output;
 use super::spec::{EngineSpec, LibraryCandidate};
 use super::timing::{median_sorted, round_us, time_batch, Measured, STARTUP_RUNS};
@@ -30,6 +32,17 @@ pub(crate) enum OvError {
     /// The model compiles but fails on the inputs, or returns what cannot be compared.
     #[error("{0}")]
     Run(String),
+    /// The evaluation data cannot be read or does not fit the model's inputs.
+    #[error("{0}")]
+    Evaluation(String),
+    /// The CPU plugin compiled the model in another precision than asked (BF16 on a CPU
+    /// without AVX-512 BF16 or AMX).
+    #[error("OpenVINO compiles the model in {got} on this machine's CPU ({isa}), not {asked}: {asked} needs AVX-512 BF16 or AMX; build this target on a CPU that has them, as a GPU target is built on its GPU")]
+    Precision {
+        asked: Precision,
+        got: String,
+        isa: String,
+    },
 }
 
 /// A tract tensor as OpenVINO's element type and its bytes (native endianness).
@@ -114,21 +127,178 @@ fn to_f64(o: infer_openvino::Output) -> Result<Output, OvError> {
     Ok((shape, values))
 }
 
-/// The model compiled for one instance of `threads` threads.
+/// The model compiled for one instance of `threads` threads in `precision`; refused when the
+/// CPU plugin computes in another.
 fn compile(
     lib: &'static infer_openvino::Library,
     model: &Path,
     threads: usize,
+    precision: Precision,
 ) -> Result<Compiled, OvError> {
     let config = Config {
         streams: 1,
         threads,
-        precision: Precision::Fp32,
+        precision,
         cache_dir: None,
     };
-    lib.core()
+    let compiled = lib
+        .core()
         .and_then(|core| core.compile(model, &config))
-        .map_err(|e| OvError::Load(e.to_string()))
+        .map_err(|e| OvError::Load(e.to_string()))?;
+    if precision != Precision::Fp32 {
+        let got = compiled
+            .inference_precision()
+            .map_err(|e| OvError::Load(e.to_string()))?;
+        if got != Some(precision) {
+            return Err(OvError::Precision {
+                asked: precision,
+                got: got.map_or_else(|| "another precision".to_owned(), |p| p.to_string()),
+                isa: infer_spec::engine::CpuIsa::detect().name(),
+            });
+        }
+    }
+    Ok(compiled)
+}
+
+/// `bytes` in a fresh private directory as `model.onnx` (OpenVINO reads a model from a file).
+fn model_file(bytes: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), OvError> {
+    let dir =
+        tempfile::tempdir().map_err(|e| OvError::Load(format!("a temporary directory: {e}")))?;
+    let model = dir.path().join("model.onnx");
+    crate::oci::Dir::open(dir.path())
+        .and_then(|d| d.write_atomic("model.onnx", bytes, None))
+        .map_err(|e| OvError::Load(format!("{}: {e}", model.display())))?;
+    Ok((dir, model))
+}
+
+/// The accuracy gate's figures of `spec`'s precision against FP32, both compiled by OpenVINO
+/// with `threads` threads, on `batches` (in the model's input order); one per output, by
+/// the converter's rules (`max_abs`, `max_rel` over the FP32 output's largest magnitude,
+/// top-1 agreement of `[N, C]` outputs with C ≥ 2).
+pub(crate) fn gate(
+    spec: &EngineSpec,
+    c: &LibraryCandidate,
+    bytes: &[u8],
+    threads: usize,
+    evaluation: Option<&Path>,
+) -> Result<(Vec<OutputFigures>, String), OvError> {
+    let lib =
+        infer_openvino::Library::open(&c.library).map_err(|e| OvError::Library(e.to_string()))?;
+    let (_dir, model) = model_file(bytes)?;
+    let reference = compile(lib, &model, threads, Precision::Fp32)?;
+    let reduced = compile(lib, &model, threads, spec.precision)?;
+    let (ins, outs) = reference
+        .ports()
+        .map_err(|e| OvError::Load(e.to_string()))?;
+    let names: Vec<String> = ins.into_iter().map(|p| p.name).collect();
+    let out_names: Vec<String> = outs.into_iter().map(|p| p.name).collect();
+    let (batches, text) = super::evaluation::batches(&spec.inputs, &names, evaluation)
+        .map_err(OvError::Evaluation)?;
+    let mut want_req = reference
+        .request()
+        .map_err(|e| OvError::Load(e.to_string()))?;
+    let mut got_req = reduced
+        .request()
+        .map_err(|e| OvError::Load(e.to_string()))?;
+    let mut figures = Figures::new(&out_names);
+    for batch in &batches {
+        let want = run(&mut want_req, &names, &out_names, batch)?;
+        let got = run(&mut got_req, &names, &out_names, batch)?;
+        figures.add(&want, &got)?;
+    }
+    Ok((figures.finish(), text))
+}
+
+/// Running figures of each output over the evaluation batches.
+struct Figures {
+    names: Vec<String>,
+    /// (largest |got - want| or infinite, largest |want|, rows compared, rows agreeing,
+    /// classification-shaped in every batch)
+    stats: Vec<(f64, f64, u64, u64, bool)>,
+}
+
+impl Figures {
+    fn new(names: &[String]) -> Figures {
+        Figures {
+            names: names.to_vec(),
+            stats: vec![(0.0, 0.0, 0, 0, true); names.len()],
+        }
+    }
+
+    fn add(&mut self, want: &[Output], got: &[Output]) -> Result<(), OvError> {
+        for ((name, s), ((ws, w), (gs, g))) in self
+            .names
+            .iter()
+            .zip(&mut self.stats)
+            .zip(want.iter().zip(got))
+        {
+            if ws != gs || w.len() != g.len() {
+                return Err(OvError::Run(format!(
+                    "output {name}: shape {gs:?} in {}, {ws:?} in FP32",
+                    "the reduced precision"
+                )));
+            }
+            for (&a, &b) in g.iter().zip(w) {
+                let d = if a.is_finite() {
+                    (a - b).abs()
+                } else {
+                    f64::INFINITY
+                };
+                s.0 = s.0.max(d);
+                s.1 = s.1.max(b.abs());
+            }
+            let classification = ws.len() == 2 && ws[1] >= 2;
+            s.4 &= classification;
+            if classification {
+                let cols = ws[1];
+                for (wr, gr) in w.chunks_exact(cols).zip(g.chunks_exact(cols)) {
+                    s.2 += 1;
+                    s.3 += u64::from(argmax(wr) == argmax(gr));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Vec<OutputFigures> {
+        self.names
+            .into_iter()
+            .zip(self.stats)
+            .map(|(name, (max_abs, ref_max, rows, agree, cls))| {
+                let rel = if ref_max > 0.0 {
+                    max_abs / ref_max
+                } else if max_abs == 0.0 {
+                    0.0
+                } else {
+                    f64::INFINITY
+                };
+                OutputFigures {
+                    name,
+                    max_abs: max_abs.is_finite().then_some(max_abs),
+                    max_rel: (max_abs.is_finite() && rel.is_finite()).then_some(rel),
+                    top1_agreement: cls.then(|| {
+                        if rows == 0 {
+                            1.0
+                        } else {
+                            agree as f64 / rows as f64
+                        }
+                    }),
+                    rows: cls.then_some(rows),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The index of a row's largest value (the first of equals), as numpy's `argmax`.
+fn argmax(row: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
 }
 
 /// Compile `bytes` with OpenVINO and measure it for `spec` with `threads` threads; `reference`
@@ -143,18 +313,12 @@ pub(crate) fn measure(
 ) -> Result<Measured, OvError> {
     let lib =
         infer_openvino::Library::open(&c.library).map_err(|e| OvError::Library(e.to_string()))?;
-    let dir =
-        tempfile::tempdir().map_err(|e| OvError::Load(format!("a temporary directory: {e}")))?;
-    // OpenVINO reads a model from a file: the bytes go into a fresh private directory.
-    let model = dir.path().join("model.onnx");
-    crate::oci::Dir::open(dir.path())
-        .and_then(|d| d.write_atomic("model.onnx", bytes, None))
-        .map_err(|e| OvError::Load(format!("{}: {e}", model.display())))?;
+    let (_dir, model) = model_file(bytes)?;
     let mut ms = Vec::with_capacity(STARTUP_RUNS);
     let mut compiled = None;
     for _ in 0..STARTUP_RUNS {
         let t = Instant::now();
-        let made = compile(lib, &model, threads)?;
+        let made = compile(lib, &model, threads, spec.precision)?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         compiled = Some(made);
     }

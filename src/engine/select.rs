@@ -25,14 +25,14 @@
 
 use infer_spec::engine::{
     Agreement, BatchTiming, CandidateMeasurement, CpuEngine, EngineFormat, EngineKind,
-    EngineSelection, StartupMeasurement, Version,
+    EngineSelection, GateMeta, StartupMeasurement, Version,
 };
 
 use infer_spec::MeasuredThreads;
 
 use super::onnxruntime;
 use super::openvino;
-use super::spec::{EngineSpec, LibraryCandidate};
+use super::spec::{EngineSpec, Gate, LibraryCandidate};
 use super::timing::Measured;
 use super::{tract, Error};
 
@@ -84,6 +84,8 @@ pub(crate) struct Chosen {
     /// A library engine: fewer threads than the instance's share measured faster, and that
     /// share (`CpuMeta::threads` and `share`).
     pub measured: Option<MeasuredThreads>,
+    /// A CPU target beyond FP32: the accuracy gate it passed.
+    pub gate: Option<GateMeta>,
 }
 
 fn threads_text() -> usize {
@@ -140,6 +142,7 @@ fn tract_chosen(
         selection,
         folded_by,
         measured: None,
+        gate: None,
     }
 }
 
@@ -324,6 +327,7 @@ fn library_chosen(
             threads: threads as u32,
             share: c.threads as u32,
         }),
+        gate: None,
     }
 }
 
@@ -335,6 +339,9 @@ type Tried<'c> = (
 
 /// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
 pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
+    if let Some(gate) = &spec.gate {
+        return gated(spec, bytes, gate);
+    }
     let libraries: Vec<&LibraryCandidate> = spec.onnxruntime.iter().chain(&spec.openvino).collect();
     if libraries.is_empty() {
         let built = tract_build(spec, bytes).map_err(|reason| Error::Tract {
@@ -399,6 +406,95 @@ pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
         Err(t) => without_tract(spec, bytes, t, tried, candidates),
         Ok(built) => against_tract(bytes, built, tried, candidates),
     }
+}
+
+/// A CPU target beyond FP32 (`cpu-bf16`): the library engine that computes in its precision
+/// (OpenVINO: the plan allows no other), measured in it at its thread counts, then gated
+/// against itself in FP32 on the evaluation inputs (one thread); refused when the builder's CPU
+/// cannot compute in the precision or the gate fails.
+fn gated(spec: &EngineSpec, bytes: &[u8], gate: &Gate) -> Result<Chosen, Error> {
+    let Some(c) = spec
+        .onnxruntime
+        .iter()
+        .chain(&spec.openvino)
+        .find(|c| c.kind.def().computes(spec.precision))
+    else {
+        return Err(Error::NoCpuEngine {
+            target: spec.target.clone(),
+            reasons: format!(
+                "  {} on the CPU runs on {}, which is not at hand for this target",
+                spec.precision,
+                EngineKind::cpu_engines()
+                    .filter(|d| d.library.is_some() && d.computes(spec.precision))
+                    .map(|d| d.title)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        });
+    };
+    let forced = |reason: String| Error::Forced {
+        target: spec.target.clone(),
+        title: c.title(),
+        name: c.kind.def().name,
+        reason,
+    };
+    // The gate first, with one thread (the figures do not depend on the machine's cores): a
+    // CPU that cannot compute in the precision stops here, before any measurement.
+    let (figures, evaluation) = match c.kind {
+        EngineKind::Openvino => openvino::gate(spec, c, bytes, 1, gate.evaluation.as_deref())
+            .map_err(|e| match e {
+                openvino::OvError::Precision { .. } => Error::CpuPrecision {
+                    target: spec.target.clone(),
+                    reason: e.to_string(),
+                },
+                openvino::OvError::Evaluation(reason) => Error::Input {
+                    target: spec.target.clone(),
+                    input: "[accuracy] data".into(),
+                    reason,
+                },
+                e => forced(e.to_string()),
+            })?,
+        other => return Err(forced(format!("{other} has no accuracy gate"))),
+    };
+    let t = &gate.thresholds;
+    let failures = super::accuracy::failures(&figures, t);
+    let against = format!("{} {} in FP32, 1 thread", c.title(), c.version);
+    if !failures.is_empty() {
+        return Err(Error::Accuracy {
+            target: spec.target.clone(),
+            precision: spec.precision.to_string(),
+            failures: failures.join("; "),
+            evaluation: format!("{evaluation} ({against})"),
+            figures: super::convert::summary(&figures).join("\n  "),
+        });
+    }
+    let (m, threads, rows) = measure_library(spec, c, bytes, None).map_err(forced)?;
+    let selection = EngineSelection {
+        policy: CpuEngine::Only(c.kind),
+        chosen: c.kind,
+        reason: format!(
+            "{} computes in {}, which only it does; tract was not measured; the accuracy gate passed against {against} on {evaluation}",
+            c.title(),
+            spec.precision
+        ),
+        candidates: rows,
+        agreement: None,
+    };
+    let mut chosen = library_chosen(c, bytes, (m, threads), selection);
+    chosen.gate = Some(GateMeta {
+        computed_in: spec.precision,
+        against,
+        evaluation,
+        accuracy: super::figures_meta(&figures),
+        limits: {
+            let mut l = format!("max_rel={:.4e} min_top1={:.4}", t.max_rel, t.min_top1);
+            if let Some(a) = t.max_abs {
+                l.push_str(&format!(" max_abs={a:.4e}"));
+            }
+            l
+        },
+    });
+    Ok(chosen)
 }
 
 /// `auto` when tract does not load the model: the fastest library engine that does ships.

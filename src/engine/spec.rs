@@ -151,6 +151,18 @@ pub struct EngineSpec {
     /// it cannot load the model as it is (see `super::onnxruntime::fold`). Under `auto` and
     /// `onnxruntime` the candidate's library serves.
     pub folding: Option<super::onnxruntime::Folding>,
+    /// A CPU target of a precision beyond FP32 (`cpu-bf16`): the accuracy gate its engine
+    /// passes against the same engine in FP32.
+    pub gate: Option<Gate>,
+}
+
+/// The accuracy gate of a CPU engine that computes the FP32 model in a lower precision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    /// `[accuracy.<precision>]` over the defaults.
+    pub thresholds: super::accuracy::Thresholds,
+    /// `[accuracy] data`: a directory of `*.npy` / `*.npz` batches; generated inputs otherwise.
+    pub evaluation: Option<PathBuf>,
 }
 
 /// A CPU engine that runs from a native library (ONNX Runtime, OpenVINO) as a candidate of a CPU
@@ -352,6 +364,7 @@ pub(crate) mod tests {
             onnxruntime: None,
             openvino: None,
             folding: None,
+            gate: None,
         }
     }
 

@@ -18,7 +18,7 @@ pub(crate) fn tune_base(path: &Path, synthetic: bool) -> Result<crate::bench::tu
     let (config, slo_ms, peak_qps) = match kind {
         InputKind::Recipe => {
             let recipe = crate::recipe::load(path)?;
-            if !recipe.targets.cpu && !synthetic {
+            if recipe.targets.cpu.is_empty() && !synthetic {
                 return Err(BenchError::TuneInput(format!(
                     "a CPU target in {}: tuning runs its ONNX model on tract here (set `cpu = true` under [targets], or pass --synthetic)",
                     path.display()

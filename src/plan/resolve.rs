@@ -13,6 +13,7 @@ use crate::matrix::{
     Release, Version,
 };
 use crate::recipe::{self, CpuEngine, Diagnostic, Located, Recipe};
+use infer_spec::engine::EngineKind;
 
 use super::lock::{self, Lock};
 use super::rules::{self, Ask, Choice};
@@ -138,12 +139,13 @@ pub fn resolve(
             }
         }
     }
-    if recipe.targets.cpu {
+    for p in &recipe.targets.cpu {
         targets.push(cpu_target(
             recipe,
             matrix,
             lock,
             override_row,
+            p,
             &mut refusals,
         ));
     }
@@ -319,6 +321,7 @@ fn cpu_target(
     matrix: &Matrix,
     lock: Option<&Lock>,
     override_row: Option<&BaseImage>,
+    precision: &Located<Precision>,
     refusals: &mut Vec<Diagnostic>,
 ) -> TargetPlan {
     let base_override = recipe.image.base.as_ref();
@@ -352,11 +355,18 @@ fn cpu_target(
             }
         }
     };
-    let cpu = cpu_plan(recipe, matrix, lock, override_row, refusals);
+    let cpu = cpu_plan(recipe, matrix, lock, override_row, precision, refusals);
+    let mut notes = Vec::new();
+    if precision.value == Precision::Bf16 {
+        notes.push(format!(
+            "{} computes the FP32 model in BF16 (its inference precision) on CPUs with AVX-512 BF16 or AMX, checked against FP32 by the accuracy gate; the engine is built on such a CPU, and a node without them runs it in FP32, slower, with a warning",
+            cpu.engine.as_str()
+        ));
+    }
     TargetPlan {
-        id: "cpu-fp32".into(),
+        id: format!("cpu-{}", precision.value),
         kind: TargetKind::Cpu,
-        precision: Precision::Fp32,
+        precision: precision.value,
         platform: Platform::X86_64,
         oci_platform: Platform::X86_64.oci().into(),
         gpu: None,
@@ -369,7 +379,7 @@ fn cpu_target(
         base,
         tag: String::new(),
         image: String::new(),
-        notes: Vec::new(),
+        notes,
     }
 }
 
@@ -629,9 +639,20 @@ fn cpu_plan(
     matrix: &Matrix,
     lock: Option<&Lock>,
     override_row: Option<&BaseImage>,
+    precision: &Located<Precision>,
     refusals: &mut Vec<Diagnostic>,
 ) -> CpuPlan {
-    let engine = recipe.engine.cpu.value;
+    // A precision beyond FP32 narrows `auto` to the engines that compute in it (the recipe
+    // refuses a forced engine that does not).
+    let mut engine = recipe.engine.cpu.value;
+    let able: Vec<EngineKind> = EngineKind::cpu_engines()
+        .filter(|d| d.computes(precision.value))
+        .map(|d| d.kind)
+        .collect();
+    if precision.value != Precision::Fp32 && engine == CpuEngine::Auto && able.len() == 1 {
+        engine = CpuEngine::Only(able[0]);
+    }
+    let narrowed = engine != recipe.engine.cpu.value;
     let platform = Platform::X86_64;
     let glibc_row = override_row
         .filter(|r| r.role == ImageRole::Cpu && r.glibc.is_some())
@@ -674,23 +695,51 @@ fn cpu_plan(
             path: l.load_path(),
         });
     if engine == CpuEngine::OPENVINO {
-        let at = &recipe.engine.cpu;
+        let at = if narrowed {
+            precision.clone().map(|_| CpuEngine::OPENVINO)
+        } else {
+            recipe.engine.cpu.clone()
+        };
+        let at = &at;
         if plan.glibc_base.is_none() {
             refusals.push(diag(&recipe.file, at, Refusal {
                 rule: "cpu-glibc-base",
-                message: "OpenVINO needs a glibc base image, and the compatibility matrix has none for the CPU target".into(),
-                hint: "add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or use engine.cpu = \"tract\"".into(),
+                message: format!("{}OpenVINO needs a glibc base image, and the compatibility matrix has none for the CPU target", if narrowed { format!("{} on the CPU runs on OpenVINO: ", precision.value) } else { String::new() }),
+                hint: format!("add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or {}", if narrowed { format!("remove \"{}\" from targets.cpu", precision.value) } else { "use engine.cpu = \"tract\"".into() }),
             }));
         }
         if plan.openvino.is_none() {
-            refusals.push(diag(&recipe.file, at, Refusal {
-                rule: "cpu-library",
-                message: format!("the compatibility matrix has no openvino library for {platform}{}", match (openvino, glibc_row.and_then(|b| b.glibc.as_ref())) {
-                    (Some(l), Some(have)) => format!(" that runs on the base's glibc {have} (OpenVINO {} needs {})", l.version, l.glibc_min.as_ref().map_or("-".into(), ToString::to_string)),
-                    _ => String::new(),
-                }),
-                hint: "add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or use engine.cpu = \"auto\"".into(),
-            }));
+            refusals.push(diag(
+                &recipe.file,
+                at,
+                Refusal {
+                    rule: "cpu-library",
+                    message: format!(
+                        "{}the compatibility matrix has no openvino library for {platform}{}",
+                        if narrowed {
+                            format!("{} on the CPU runs on OpenVINO, and ", precision.value)
+                        } else {
+                            String::new()
+                        },
+                        match (openvino, glibc_row.and_then(|b| b.glibc.as_ref())) {
+                            (Some(l), Some(have)) => format!(
+                                " that runs on the base's glibc {have} (OpenVINO {} needs {})",
+                                l.version,
+                                l.glibc_min.as_ref().map_or("-".into(), ToString::to_string)
+                            ),
+                            _ => String::new(),
+                        }
+                    ),
+                    hint: format!(
+                        "add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or {}",
+                        if narrowed {
+                            format!("remove \"{}\" from targets.cpu", precision.value)
+                        } else {
+                            "use engine.cpu = \"auto\"".into()
+                        }
+                    ),
+                },
+            ));
         }
     }
     if engine == CpuEngine::ONNXRUNTIME {

@@ -188,10 +188,10 @@ impl Recipe {
         }
     }
 
-    /// How many targets the recipe asks for: one per GPU × precision, plus the CPU target.
+    /// How many targets the recipe asks for: one per GPU × precision, plus one per CPU precision.
     /// (The plan may merge GPUs that share an SM into one target; this counts what is written.)
     pub fn requested_target_count(&self) -> usize {
-        self.targets.gpus.len() * self.targets.precision.len() + usize::from(self.targets.cpu)
+        self.targets.gpus.len() * self.targets.precision.len() + self.targets.cpu.len()
     }
 }
 
@@ -249,8 +249,10 @@ pub struct Targets {
     /// Precisions to build for each GPU, in recipe order, no duplicates. Defaults to `["fp16"]`
     /// when there are GPUs (span: the `[targets]` table).
     pub precision: Vec<Located<Precision>>,
-    /// Whether to build the CPU target (fp32, tract). Defaults to true when `gpus` is empty.
-    pub cpu: bool,
+    /// The CPU targets' precisions, in recipe order, no duplicates, each one of
+    /// [`Precision::CPU`]: `cpu = true` is `["fp32"]`, `false` none. Defaults to `["fp32"]` when
+    /// `gpus` is empty.
+    pub cpu: Vec<Located<Precision>>,
     /// TensorRT version pin (`"10"`, `"10.8"`, `"10.8.0"`): newest matching release.
     pub tensorrt: Option<Located<Version>>,
     /// CUDA version pin (`"12"`, `"12.8"`).

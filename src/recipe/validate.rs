@@ -98,7 +98,7 @@ const TARGETS_KEYS: [&str; 7] = [
 ];
 const INT8_KEYS: [&str; 3] = ["calibration", "qdq", "method"];
 const FP8_KEYS: [&str; 2] = ["calibration", "method"];
-const ACCURACY_KEYS: [&str; 4] = ["data", "fp16", "int8", "fp8"];
+const ACCURACY_KEYS: [&str; 5] = ["data", "fp16", "int8", "fp8", "bf16"];
 const LIMIT_KEYS: [&str; 3] = ["max_abs", "max_rel", "min_top1"];
 const BATCHING_KEYS: [&str; 7] = [
     "max_batch_size",
@@ -170,6 +170,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     };
     let engine_table = cx.table(&root, "engine");
     let engine = engine(cx, engine_table.as_ref());
+    check_cpu_precisions(cx, &targets, &engine);
     let tool = engine.convert.value;
     let int8_table = cx.table(&root, "int8");
     let int8 = int8_table.as_ref().map(|t| int8(cx, t, tool, &mut files));
@@ -584,6 +585,40 @@ fn engine(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Engine {
         }
     }
     out
+}
+
+/// A CPU precision other than FP32 needs an engine that computes in it: `engine.cpu` may not
+/// force one that does not.
+fn check_cpu_precisions(cx: &mut Checker<'_>, targets: &Targets, engine: &Engine) {
+    let CpuEngine::Only(kind) = engine.cpu.value else {
+        return;
+    };
+    let def = kind.def();
+    for p in targets.cpu.iter().filter(|p| !def.computes(p.value)) {
+        let able: Vec<&str> = infer_spec::engine::EngineKind::cpu_engines()
+            .filter(|d| d.computes(p.value))
+            .map(|d| d.name)
+            .collect();
+        cx.error_hint(
+            p.span,
+            &p.key,
+            format!(
+                "{} computes in fp32 only (engine.cpu = {:?} at line {}), and this CPU target asks for {}",
+                def.title,
+                engine.cpu.value.as_str(),
+                engine.cpu.span.line,
+                p.value
+            ),
+            format!(
+                "use engine.cpu = \"auto\" or {}, or remove {:?} from `cpu`",
+                able.iter()
+                    .map(|n| format!("\"{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+                p.value.as_str()
+            ),
+        );
+    }
 }
 
 /// A located value's span, or the table's (where a defaulted key would be written).
@@ -1112,6 +1147,69 @@ fn show_dims(d: &[Located<i64>]) -> String {
 // ---------------------------------------------------------------------------------------------
 // [targets]
 
+/// A list of precisions at `t.key` (each one of `allowed`, none twice) into `out`; the list's
+/// span when the key is present.
+fn precision_list(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    key: &str,
+    allowed: &[Precision],
+    example: &str,
+    out: &mut Vec<Located<Precision>>,
+) -> Option<Span> {
+    let (arr, key, span) = cx.array(t, key, "an array of precisions", example)?;
+    let names: Vec<&str> = allowed.iter().map(|p| p.as_str()).collect();
+    for (i, item) in arr.iter().enumerate() {
+        let item_key = format!("{key}[{i}]");
+        let item_span = cx.span_of(item);
+        let DeValue::String(s) = item.get_ref() else {
+            cx.expected(
+                item,
+                &item_key,
+                &format!("a precision ({})", names.join(", ")),
+            );
+            continue;
+        };
+        let Some(p) = Precision::parse(s).filter(|p| allowed.contains(p)) else {
+            let mut message = match Precision::parse(s) {
+                Some(p) if key == "targets.cpu" => {
+                    format!("precision {p} is not built for the CPU target")
+                }
+                _ => format!("unknown precision {s:?}"),
+            };
+            if let Some(c) = closest(s, &names).filter(|c| !c.eq_ignore_ascii_case(s)) {
+                message.push_str(&format!("; did you mean `{c}`?"));
+            }
+            cx.error_hint(
+                item_span,
+                &item_key,
+                message,
+                format!("precisions: {}", names.join(", ")),
+            );
+            continue;
+        };
+        if out.iter().any(|q| q.value == p) {
+            cx.error_hint(
+                item_span,
+                &item_key,
+                format!("precision {s:?} is listed twice"),
+                "remove the duplicate",
+            );
+            continue;
+        }
+        out.push(Located::new(p, item_span, item_key));
+    }
+    if arr.is_empty() && key == "targets.precision" {
+        cx.error_hint(
+            span,
+            &key,
+            "the precision list is empty",
+            "list at least one, such as [\"fp16\"]",
+        );
+    }
+    Some(span)
+}
+
 #[allow(
     clippy::too_many_lines,
     reason = "the `[targets]` keys in file order, like every table of the recipe: a list of checks"
@@ -1120,7 +1218,7 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
     let mut out = Targets {
         gpus: Vec::new(),
         precision: Vec::new(),
-        cpu: true,
+        cpu: vec![Located::new(Precision::Fp32, Span::START, "targets.cpu")],
         tensorrt: None,
         cuda: None,
         version_compatible: None,
@@ -1169,85 +1267,82 @@ fn targets(cx: &mut Checker<'_>, t: Option<&Table<'_, '_>>) -> Targets {
         .get("gpus")
         .and_then(|g| g.get_ref().as_array())
         .map_or(0, |a| a.len());
-    let precision_given = match cx.array(
+    let precision_given = precision_list(
+        cx,
         t,
         "precision",
-        "an array of precisions",
+        &Precision::REQUESTABLE,
         "[\"fp16\", \"int8\"]",
-    ) {
-        Some((arr, key, span)) => {
-            for (i, item) in arr.iter().enumerate() {
-                let item_key = format!("{key}[{i}]");
-                let item_span = cx.span_of(item);
-                let names: Vec<&str> = Precision::REQUESTABLE.iter().map(|p| p.as_str()).collect();
-                let DeValue::String(s) = item.get_ref() else {
-                    cx.expected(
-                        item,
-                        &item_key,
-                        &format!("a precision ({})", names.join(", ")),
-                    );
-                    continue;
-                };
-                let Some(p) = Precision::parse(s).filter(|p| Precision::REQUESTABLE.contains(p))
-                else {
-                    let mut message = format!("unknown precision {s:?}");
-                    if let Some(c) = closest(s, &names) {
-                        message.push_str(&format!("; did you mean `{c}`?"));
-                    }
-                    cx.error_hint(
-                        item_span,
-                        &item_key,
-                        message,
-                        format!("precisions: {}", names.join(", ")),
-                    );
-                    continue;
-                };
-                if out.precision.iter().any(|q| q.value == p) {
-                    cx.error_hint(
-                        item_span,
-                        &item_key,
-                        format!("precision {s:?} is listed twice"),
-                        "remove the duplicate",
-                    );
-                    continue;
-                }
-                out.precision.push(Located::new(p, item_span, item_key));
-            }
-            if arr.is_empty() {
-                cx.error_hint(
-                    span,
-                    &key,
-                    "the precision list is empty",
-                    "list at least one, such as [\"fp16\"]",
-                );
-            }
-            Some(span)
-        }
-        None => None,
-    };
+        &mut out.precision,
+    );
     if let Some(span) = precision_given {
         if gpus_written == 0 {
             cx.error_hint(
                 span,
                 "targets.precision",
                 "precision applies to GPU targets, and `gpus` lists none",
-                "add `gpus = [...]`, or remove `precision` (the CPU target is always fp32)",
+                "add `gpus = [...]`, or remove `precision` (the CPU target's precisions are `cpu = [\"fp32\", \"bf16\"]`)",
             );
         }
     } else if !out.gpus.is_empty() {
         out.precision
             .push(Located::new(Precision::Fp16, t.span, "targets.precision"));
     }
-    let cpu = cx.bool(t, "cpu");
-    out.cpu = cpu.as_ref().map(|c| c.value).unwrap_or(out.gpus.is_empty());
-    if let Some(cpu) = &cpu {
-        if !cpu.value && gpus_written == 0 {
-            cx.error_hint(
-                cpu.span,
-                &cpu.key,
-                "no targets: `gpus` lists none and `cpu = false`",
-                "add GPUs (`gpus = [\"L4\"]`) or set `cpu = true`",
-            );
+    // `cpu`: true / false, or the CPU target's precisions (`["fp32", "bf16"]`).
+    let cpu_is_list = t
+        .inner
+        .get("cpu")
+        .is_some_and(|v| matches!(v.get_ref(), DeValue::Array(_)));
+    if cpu_is_list {
+        let mut list = Vec::new();
+        if let Some(span) = precision_list(
+            cx,
+            t,
+            "cpu",
+            &Precision::CPU,
+            "[\"fp32\", \"bf16\"]",
+            &mut list,
+        ) {
+            if list.is_empty() && gpus_written == 0 {
+                cx.error_hint(
+                    span,
+                    "targets.cpu",
+                    "no targets: `gpus` lists none and `cpu` lists no precision",
+                    "add GPUs (`gpus = [\"L4\"]`) or a CPU precision (`cpu = [\"fp32\"]`)",
+                );
+            }
+        }
+        out.cpu = list;
+    } else {
+        let cpu = match t.inner.get("cpu").map(|v| (v, v.get_ref())) {
+            Some((v, other))
+                if !matches!(other, DeValue::Boolean(_))
+                    && !matches!(other, DeValue::String(s) if s.as_ref() == "true" || s.as_ref() == "false") =>
+            {
+                cx.expected(
+                    v,
+                    "targets.cpu",
+                    "true, false or a list of CPU precisions such as [\"fp32\", \"bf16\"]",
+                );
+                None
+            }
+            _ => cx.bool(t, "cpu"),
+        };
+        let on = cpu.as_ref().map(|c| c.value).unwrap_or(out.gpus.is_empty());
+        out.cpu = match (&cpu, on) {
+            (_, false) => Vec::new(),
+            (Some(c), true) => vec![Located::new(Precision::Fp32, c.span, c.key.clone())],
+            (None, true) => vec![Located::new(Precision::Fp32, t.span, "targets.cpu")],
+        };
+        if let Some(cpu) = &cpu {
+            if !cpu.value && gpus_written == 0 {
+                cx.error_hint(
+                    cpu.span,
+                    &cpu.key,
+                    "no targets: `gpus` lists none and `cpu = false`",
+                    "add GPUs (`gpus = [\"L4\"]`) or set `cpu = true`",
+                );
+            }
         }
     }
     for name in ["tensorrt", "cuda"] {
@@ -1518,6 +1613,7 @@ fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -
         ("fp16", Precision::Fp16),
         ("int8", Precision::Int8),
         ("fp8", Precision::Fp8),
+        ("bf16", Precision::Bf16),
     ] {
         let Some(lt) = cx.table(t, name) else {
             continue;
@@ -2036,11 +2132,13 @@ fn check_tag_template(cx: &mut Checker<'_>, tag: &Located<String>, targets: &Tar
     }
     if ok
         && !used.contains(&"target")
-        && targets.gpus.len() * targets.precision.len() + usize::from(targets.cpu) > 1
+        && targets.gpus.len() * targets.precision.len() + targets.cpu.len() > 1
     {
-        let gpu_targets = targets.gpus.len() + usize::from(targets.cpu);
+        let gpu_targets = targets.gpus.len() + usize::from(!targets.cpu.is_empty());
         let needs_gpu = gpu_targets > 1 && !used.contains(&"sm") && !used.contains(&"gpu");
-        let needs_precision = targets.precision.len() > 1 && !used.contains(&"precision");
+        let needs_precision = ((!targets.gpus.is_empty() && targets.precision.len() > 1)
+            || targets.cpu.len() > 1)
+            && !used.contains(&"precision");
         if needs_gpu || needs_precision {
             cx.error_hint(
                 tag.span,

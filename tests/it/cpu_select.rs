@@ -462,3 +462,200 @@ fn an_onnxruntime_image_without_a_reachable_base_says_how_to_build_without_one()
     );
     assert!(!f.path().join("out/index.json").exists());
 }
+
+/// The example as a recipe of two CPU targets, `cpu-fp32` and `cpu-bf16`, under `auto`.
+fn bf16_recipe(dir: &Path, extra: &str) -> PathBuf {
+    let recipe = copy_example(dir, "auto");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    assert!(text.contains("[targets]\ncpu = true\n"));
+    std::fs::write(
+        &recipe,
+        text.replace(
+            "[targets]\ncpu = true\n",
+            "[targets]\ncpu = [\"fp32\", \"bf16\"]\n",
+        ) + extra,
+    )
+    .unwrap();
+    recipe
+}
+
+/// The kernel lists `avx512_bf16` or `amx_bf16` among the CPU's flags.
+fn cpu_computes_bf16() -> bool {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    flags
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| {
+            l.split_whitespace()
+                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
+        })
+}
+
+fn engine_at(recipe: &Path, cache: &Path, target: &str) -> Output {
+    seed_wheel(cache);
+    let o = infer_build()
+        .arg("engine")
+        .arg(recipe)
+        .args(["--target", target, "--json"])
+        .env("INFER_BUILD_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    keep_wheel(cache);
+    o
+}
+
+/// `cpu = ["fp32", "bf16"]`: the plan has a target per precision, `cpu-bf16` narrowed to
+/// OpenVINO (the one engine that computes in BF16) with a note saying what it needs. Its
+/// engine is OpenVINO measured in BF16 and gated against itself in FP32, the figures in the
+/// metadata; a limit the model cannot meet refuses the target with the figures (exit 2), and
+/// the limit is in the cache key (the same recipe is served from the cache, a changed limit
+/// gates again). A CPU that cannot compute in BF16 refuses the target instead, saying why.
+#[test]
+fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
+    let f = tempfile::tempdir().unwrap();
+    let recipe = bf16_recipe(f.path(), "");
+    let o = infer_build()
+        .arg("plan")
+        .arg(&recipe)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ids: Vec<&str> = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["cpu-fp32", "cpu-bf16"], "{plan}");
+    let bf16 = &plan["targets"][1];
+    assert_eq!(bf16["precision"], "bf16", "{bf16}");
+    assert_eq!(bf16["tag"], "1.0.0-cpu-bf16", "{bf16}");
+    assert_eq!(bf16["cpu"]["engine"], "openvino", "{bf16}");
+    assert_eq!(plan["targets"][0]["cpu"]["engine"], "auto", "{plan}");
+    assert!(
+        bf16["notes"][0]
+            .as_str()
+            .is_some_and(|n| n.contains("AVX-512 BF16 or AMX")),
+        "{bf16}"
+    );
+
+    let cache = f.path().join("cache");
+    let o = engine_at(&recipe, &cache, "cpu-bf16");
+    if !cpu_computes_bf16() {
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("needs AVX-512 BF16 or AMX"),
+            "{}",
+            stderr(&o)
+        );
+        eprintln!("this CPU cannot compute in BF16: the cpu-bf16 target was refused as documented");
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["cached"], false);
+    let meta = &doc["meta"];
+    assert_eq!(meta["kind"], "openvino", "{meta}");
+    assert_eq!(meta["precision"], "bf16", "{meta}");
+    let gate = &meta["cpu"]["gate"];
+    assert_eq!(gate["computed_in"], "bf16", "{meta}");
+    assert!(
+        gate["against"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("OpenVINO 2026.4.1 in FP32")),
+        "{gate}"
+    );
+    assert_eq!(
+        gate["evaluation"], "generated inputs, 8 batches of one row",
+        "{gate}"
+    );
+    let figures = gate["accuracy"]["output"].as_str().unwrap();
+    let max_rel: f64 = figures
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("max_rel="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // BF16 keeps 8 bits of mantissa: the MLP's outputs move, within the default 5%.
+    assert!(max_rel > 0.0 && max_rel < 0.05, "{figures}");
+    let sel = &doc["profile"]["selection"];
+    assert_eq!(sel["policy"], "openvino", "{sel}");
+    assert!(
+        sel["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["kind"] == "openvino"),
+        "{sel}"
+    );
+    // The same recipe again: from the cache.
+    let o = engine_at(&recipe, &cache, "cpu-bf16");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(again["cached"], true);
+
+    // A limit below what BF16 can keep: refused with the figures, nothing cached.
+    let strict = bf16_recipe(
+        &f.path().join("strict"),
+        "\n[accuracy.bf16]\nmax_rel = 1e-9\n",
+    );
+    let o = engine_at(&strict, &cache, "cpu-bf16");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for must in [
+        "target cpu-bf16: the bf16 model fails the accuracy gate",
+        "output: max rel",
+        "> 1.000e-9",
+        "OpenVINO 2026.4.1 in FP32",
+        "generated inputs",
+    ] {
+        assert!(err.contains(must), "{must}: {err}");
+    }
+}
+
+/// `[accuracy] data`: the gate runs on the user's batches (`*.npy` written by numpy, in file
+/// name order) instead of generated inputs, and says so.
+#[test]
+fn py_the_bf16_gate_runs_on_the_recipes_evaluation_data() {
+    if !cpu_computes_bf16() {
+        eprintln!("skipping: this CPU cannot compute in BF16 (no avx512_bf16 or amx_bf16 flag), so the cpu-bf16 target is refused before its gate");
+        return;
+    }
+    let py = super::support::python();
+    let f = tempfile::tempdir().unwrap();
+    let recipe = bf16_recipe(f.path(), "\n[accuracy]\ndata = \"eval\"\n");
+    let eval = recipe.parent().unwrap().join("eval");
+    std::fs::create_dir_all(&eval).unwrap();
+    let o = Command::new(&py)
+        .arg("-c")
+        .arg(
+            "import sys, numpy as np\n\
+             r = np.random.default_rng(7)\n\
+             for i in range(3):\n    np.save(f'{sys.argv[1]}/{i}.npy', r.standard_normal((4, 64)).astype('float32'))\n",
+        )
+        .arg(&eval)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = engine_at(&recipe, &f.path().join("cache"), "cpu-bf16");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gate = &doc["meta"]["cpu"]["gate"];
+    assert!(
+        gate["evaluation"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("[accuracy] data ") && e.ends_with(", 3 batches")),
+        "{gate}"
+    );
+    // A file that is not an array: the target is refused naming it.
+    std::fs::write(eval.join("3.npy"), b"not numpy").unwrap();
+    let o = engine_at(&recipe, &f.path().join("cache"), "cpu-bf16");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("3.npy") && err.contains("not an .npy array"),
+        "{err}"
+    );
+}

@@ -489,3 +489,66 @@ fn docker_py_split_layout_example_runs_as_written() {
     assert!(ok, "{out}");
     assert_eq!(out.matches("passed").count(), 4, "{out}");
 }
+
+/// `recipe` with each table `snippet` writes (`[name]` to the next header) in place of the
+/// recipe's own, or added at the end.
+fn with_tables(recipe: &str, snippet: &str) -> String {
+    let tables = |text: &str| -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if line.starts_with('[') {
+                out.push((line.trim().to_string(), String::new()));
+            }
+            if let Some((_, body)) = out.last_mut() {
+                body.push_str(line);
+                body.push('\n');
+            }
+        }
+        out
+    };
+    let mut text = recipe.to_string();
+    for (header, body) in tables(snippet) {
+        match tables(&text).into_iter().find(|(h, _)| *h == header) {
+            Some((_, old)) => text = text.replacen(&old, &body, 1),
+            None => text = format!("{text}\n{body}"),
+        }
+    }
+    text
+}
+
+/// The recipe changes a README shows as TOML (not run as commands) apply to its example's
+/// recipe and pass `check`, and say what the README says they do: text-embeddings' `cpu-bf16`
+/// section plans a BF16 target beside the FP32 one, on OpenVINO.
+#[test]
+fn readme_recipe_snippets_apply_and_check() {
+    let snippets = fenced(&readme("text-embeddings"), "toml");
+    assert_eq!(snippets.len(), 1, "{snippets:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("text-embeddings");
+    copy_example(&support::root().join("examples/text-embeddings"), &copy);
+    let recipe = copy.join("recipe.toml");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let changed = with_tables(&text, &snippets[0]);
+    assert!(changed.contains("cpu = [\"fp32\", \"bf16\"]"), "{changed}");
+    assert!(!changed.contains("cpu = \"tract\""), "{changed}");
+    std::fs::write(&recipe, changed).unwrap();
+    let o = support::run(&["plan", recipe.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let targets: Vec<(&str, &str)> = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["tag"].as_str().unwrap(),
+                t["cpu"]["engine"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [("1.0.0-cpu-fp32", "auto"), ("1.0.0-cpu-bf16", "openvino")],
+        "{plan}"
+    );
+}

@@ -296,6 +296,7 @@ pub(super) fn cpu_meta() -> infer_spec::engine::CpuMeta {
         share: None,
         required_features: vec![],
         isa: None,
+        gate: None,
     }
 }
 

@@ -620,3 +620,37 @@ fn deploy_asks_for_the_smallest_mig_slice_that_holds_the_model() {
         stderr(&o)
     );
 }
+
+/// A `cpu-bf16` target needs OpenVINO, the one CPU engine that computes in BF16: a matrix
+/// without its library refuses the target at the precision, saying why.
+#[test]
+fn a_bf16_cpu_target_without_openvino_in_the_matrix_is_refused_at_the_precision() {
+    let dir = fixture("[targets]\ncpu = [\"fp32\", \"bf16\"]\n");
+    // The copy has no matrix/runtime-libraries.toml: no ONNX Runtime, no OpenVINO.
+    let m = matrix_copy(dir.path(), |_, t| t);
+    let o = run_in(
+        dir.path(),
+        &["plan", "r.toml", "--matrix", m.to_str().unwrap()],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let text = std::fs::read_to_string(dir.path().join("r.toml")).unwrap();
+    let line = text.lines().position(|l| l.starts_with("cpu = [")).unwrap() + 1;
+    assert!(
+        err.contains(&format!("r.toml:{line}:"))
+            && err.contains("targets.cpu[1]")
+            && err.contains("bf16 on the CPU runs on OpenVINO, and the compatibility matrix has no openvino library for x86_64")
+            && err.contains("[rule: cpu-library]")
+            && err.contains("or remove \"bf16\" from targets.cpu"),
+        "{err}"
+    );
+    // The FP32 target alone plans with the same matrix.
+    std::fs::write(
+        dir.path().join("r.toml"),
+        text.replace("cpu = [\"fp32\", \"bf16\"]", "cpu = [\"fp32\"]"),
+    )
+    .unwrap();
+    let v = plan_json(dir.path(), &["--matrix", m.to_str().unwrap()]);
+    assert_eq!(v.targets.len(), 1);
+    assert_eq!(v.targets[0].id, "cpu-fp32");
+}

@@ -51,6 +51,7 @@ usage:
       (env CHECK_TOL: another tolerance, for an engine computing in BF16).
       Prints one JSON summary line; exits non-zero on the first mismatch.
   real_models.py check-text URL MODEL CACHE_DIR CASES_JSON GRPC_URL [POOLING NORMALIZE [bundle]]
+      (env CHECK_TOL: another tolerance than 1e-4, for an engine computing in BF16.)
       (`bundle`: the server serves other models too: TEI's routes, which name no model, must
       answer 400 pointing to /v1/embeddings, used in their place.)
       For a text model served from text (the recipe's [text] table): every case of CASES_JSON
@@ -1335,7 +1336,7 @@ def check_text(url, model, cache, cases, grpc_url, pooling="none", normalize=Fal
             raise AssertionError(f"{protocol} {texts}: shape {None if got is None else got.shape}, reference {want.shape}")
         return float(np.abs(got - want).max())
 
-    tol = 1e-4
+    tol = float(os.environ.get("CHECK_TOL", "1e-4"))
     results = all_in_flight(model, jobs, one, tol)
 
     # Long texts (thousands of bytes in one request) are tokenized on the tokenizer workers

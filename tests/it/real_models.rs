@@ -77,6 +77,11 @@ pub(super) struct Case {
     pub(super) pooling: (&'static str, bool),
     /// tract loads the model only after `infer-build` folded it with ONNX Runtime.
     folds: bool,
+    /// The CPU target's precision (`targets.cpu`): `fp32`, or `bf16` (OpenVINO computing in
+    /// BF16, gated against FP32 at build time; answers checked within `tolerance`).
+    precision: &'static str,
+    /// `CHECK_TOL` of the check against the reference; empty: the check's own.
+    tolerance: &'static str,
 }
 
 /// The three inputs of a BERT encoder (ids, attention mask, token types: `[batch, sequence]`
@@ -133,6 +138,8 @@ shape = [-1, 1, -1, -1]
         texts: &[],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "ocr-cls",
@@ -145,6 +152,8 @@ shape = [-1, 1, -1, -1]
         texts: &[],
         pooling: ("none", false),
         folds: true,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "magika",
@@ -165,6 +174,8 @@ shape = [-1, 214]
         texts: &[],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "ocr-rec",
@@ -177,6 +188,8 @@ shape = [-1, 214]
         texts: &[],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "wordllama",
@@ -218,6 +231,8 @@ normalize = false
         ],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "minilm",
@@ -254,6 +269,8 @@ normalize = true
         ],
         pooling: ("mean", true),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "categorium",
@@ -295,6 +312,8 @@ labels = ["adult", "animals", "autos", "beauty", "business", "eletronics", "ente
         ],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "minilm-pair",
@@ -337,6 +356,8 @@ activation = "sigmoid"
         ],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
     Case {
         name: "minilm-tensors",
@@ -366,6 +387,8 @@ shape = [-1, -1, 384]
         texts: &[],
         pooling: ("none", false),
         folds: false,
+        precision: "fp32",
+        tolerance: "",
     },
 ];
 
@@ -675,6 +698,9 @@ pub(super) fn check_served(
     if mode == "check-text" {
         check.arg(case.pooling.0).arg(case.pooling.1.to_string());
     }
+    if !case.tolerance.is_empty() {
+        check.env("CHECK_TOL", case.tolerance);
+    }
     let o = check.output().map_err(|e| e.to_string())?;
     if o.status.success() {
         Ok(stdout(&o))
@@ -722,6 +748,13 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
     let name = case.name.replace('.', "-");
     let archive = dir.path().join("image.tar");
     let mut cmd = build(dir.path(), case.name, case.recipe, case.policy, &onnx);
+    let target = format!("cpu-{}", case.precision);
+    if case.precision != "fp32" {
+        let recipe = dir.path().join("recipe/recipe.toml");
+        let text = std::fs::read_to_string(&recipe).unwrap();
+        let text = text.replace("cpu = true\n", &format!("cpu = [\"{}\"]\n", case.precision));
+        std::fs::write(&recipe, text).unwrap();
+    }
     if !case.texts.is_empty() {
         std::fs::copy(
             cache_dir().join(format!("{}.tokenizer.json", case.name)),
@@ -758,6 +791,9 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         }
     }
     let o = cmd.output().unwrap();
+    if refused_without_bf16(test, case, &o) {
+        return;
+    }
     assert!(o.status.success(), "{}: {}", case.name, stderr(&o));
     drop(registry);
     if case.folds {
@@ -797,9 +833,12 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
             case.name
         );
     }
+    if case.precision != "fp32" {
+        gate_annotated(case, &archive);
+    }
     let c = Container::load_and_run(
         &archive,
-        &format!("localhost/infer-build/{name}:1-cpu-fp32"),
+        &format!("localhost/infer-build/{name}:1-{target}"),
     );
     let result = c
         .wait_ready(300)
@@ -828,18 +867,64 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
         logs.contains(&format!("\"engine\":\"{engine}")),
         "the start-up log names {engine}: {logs}"
     );
+    if case.precision != "fp32" {
+        assert!(
+            logs.contains(&format!("\"precision\":\"{}\"", case.precision))
+                && !logs.contains("cannot compute in the engine's precision"),
+            "the node line names the precision, computed as asked: {logs}"
+        );
+    }
     if case.name == THREADS_CASE {
         threads_are_decided_where_the_container_runs(&format!(
-            "localhost/infer-build/{name}:1-cpu-fp32"
+            "localhost/infer-build/{name}:1-{target}"
         ));
     }
+}
+
+/// A `cpu-bf16` case on a CPU that cannot compute in BF16: the build (its output `o`) must have
+/// been refused as a GPU target without its GPU is, saying why; true when it was.
+fn refused_without_bf16(test: &str, case: &Case, o: &std::process::Output) -> bool {
+    if case.precision != "bf16" || cpu_computes_bf16() {
+        return false;
+    }
+    assert!(
+        !o.status.success() && stderr(o).contains("needs AVX-512 BF16 or AMX"),
+        "{}: {}",
+        case.name,
+        stderr(o)
+    );
+    eprintln!("{test}: this CPU has no AVX-512 BF16 or AMX: the cpu-bf16 build was refused as documented; nothing to serve");
+    true
+}
+
+/// The gate's figures travel with the engine: the image's annotations say it computes in the
+/// case's precision, gated against OpenVINO in FP32, with each output's figures.
+fn gate_annotated(case: &Case, archive: &Path) {
+    let doc = support::inspect(archive);
+    let ann = &doc.images[0].annotations;
+    let get = |k: &str| ann.get(&format!("dev.infer-build.{k}")).cloned();
+    assert_eq!(get("precision").as_deref(), Some(case.precision), "{ann:?}");
+    assert_eq!(
+        get("gate.computed_in").as_deref(),
+        Some(case.precision),
+        "{ann:?}"
+    );
+    assert!(
+        get("gate.against").is_some_and(|a| a.starts_with("OpenVINO 2026.4.1 in FP32")),
+        "{ann:?}"
+    );
+    assert!(
+        ann.keys()
+            .any(|k| k.starts_with("dev.infer-build.accuracy.")),
+        "{ann:?}"
+    );
 }
 
 /// The engine `case`'s build shipped, by what it printed (`err`): the case's, or under `auto`
 /// whichever of ONNX Runtime and OpenVINO measured faster here, where the case expects an
 /// engine that runs from a library (`library`: both must have been measured).
 fn shipped(case: &Case, err: &str, library: bool) -> &'static str {
-    if case.policy != "auto" {
+    if case.policy != "auto" || case.precision != "fp32" {
         return case.engine;
     }
     let accepted: &[&'static str] = match case.engine {
@@ -977,6 +1062,28 @@ const OPENVINO_MINILM: Case = Case {
     ..CASES[5]
 };
 
+/// all-MiniLM-L6-v2 from text in a `cpu-bf16` image: `auto` narrowed to OpenVINO, the only
+/// engine that computes in BF16, its answers within BF16's error of sentence-transformers'.
+const OPENVINO_MINILM_BF16: Case = Case {
+    policy: "auto",
+    engine: "openvino",
+    precision: "bf16",
+    tolerance: "0.02",
+    ..CASES[5]
+};
+
+/// The kernel lists `avx512_bf16` or `amx_bf16` among the CPU's flags.
+fn cpu_computes_bf16() -> bool {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    flags
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| {
+            l.split_whitespace()
+                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
+        })
+}
+
 /// PaddleOCR's detector (variable height and width), served by OpenVINO.
 const OPENVINO_OCR_DET: Case = Case {
     policy: "openvino",
@@ -990,6 +1097,18 @@ fn docker_registry_py_minilm_from_an_openvino_image_serves_text_like_sentence_tr
     docker_serves_like_onnxruntime(
         "docker_registry_py_minilm_from_an_openvino_image_serves_text_like_sentence_transformers",
         &OPENVINO_MINILM,
+    );
+}
+
+/// A `cpu-bf16` target: the build measures OpenVINO in BF16, gates it against FP32 (the
+/// figures in the image's annotations), and the image computes in BF16 and answers every
+/// client within BF16's error; where the CPU cannot compute in BF16 the build is refused.
+#[test]
+fn docker_registry_py_minilm_in_a_cpu_bf16_image_passes_the_gate_and_serves_text() {
+    assert_eq!(OPENVINO_MINILM_BF16.name, "minilm");
+    docker_serves_like_onnxruntime(
+        "docker_registry_py_minilm_in_a_cpu_bf16_image_passes_the_gate_and_serves_text",
+        &OPENVINO_MINILM_BF16,
     );
 }
 

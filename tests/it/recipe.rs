@@ -47,7 +47,10 @@ fn minimal_recipe_gets_defaults() {
     assert_eq!(r.model.inputs.len(), 1);
     assert_eq!(r.model.inputs[0].datatype, DataType::F32);
     assert_eq!(r.model.inputs[0].shape, vec![-1, 4]);
-    assert!(r.targets.cpu);
+    assert_eq!(
+        r.targets.cpu.iter().map(|p| p.value).collect::<Vec<_>>(),
+        [Precision::Fp32]
+    );
     assert!(r.targets.gpus.is_empty());
     assert_eq!(r.batching.max_batch_size, recipe::DEFAULT_MAX_BATCH_SIZE);
     assert_eq!(r.image.user, recipe::DEFAULT_USER);
@@ -568,7 +571,7 @@ recipe.toml:12:14: targets.precision[0]: unknown precision "fp61"; did you mean 
 recipe.toml:12:30: targets.precision[2]: precision "fp16" is listed twice
   hint: remove the duplicate
 recipe.toml:12:38: targets.precision[3]: expected a precision (fp32, fp16, bf16, int8, fp8, fp4), found integer 8
-recipe.toml:13:7: targets.cpu: expected a boolean (true or false), found string "yes"
+recipe.toml:13:7: targets.cpu: expected true, false or a list of CPU precisions such as ["fp32", "bf16"], found string "yes"
 recipe.toml:14:12: targets.tensorrt: expected a version string, found float 10.10
   hint: quote it: `tensorrt = "10.10"` (as a number, 10.10 would read as 10.1)
 recipe.toml:15:8: targets.cuda: invalid version "twelve"
@@ -594,10 +597,93 @@ tensorrt = "10.8"
 recipe.toml:11:7: targets.cpu: no targets: `gpus` lists none and `cpu = false`
   hint: add GPUs (`gpus = ["L4"]`) or set `cpu = true`
 recipe.toml:12:13: targets.precision: precision applies to GPU targets, and `gpus` lists none
-  hint: add `gpus = [...]`, or remove `precision` (the CPU target is always fp32)
+  hint: add `gpus = [...]`, or remove `precision` (the CPU target's precisions are `cpu = ["fp32", "bf16"]`)
 recipe.toml:13:12: targets.tensorrt: `tensorrt` pins a GPU toolchain, and `gpus` lists none
   hint: add `gpus = [...]`, or remove `tensorrt`
 "#,
+    );
+}
+
+#[test]
+fn cpu_precisions_are_a_list_and_bf16_needs_an_engine_that_computes_in_it() {
+    // A list of precisions: one CPU target each, in recipe order.
+    let r = parse_ok(&format!(
+        "{BASE}{}",
+        "\n[targets]\ncpu = [\"bf16\", \"fp32\"]\n\n[image]\ntag = \"{version}-{target}\"\n"
+    ));
+    assert_eq!(
+        r.targets.cpu.iter().map(|p| p.value).collect::<Vec<_>>(),
+        [Precision::Bf16, Precision::Fp32]
+    );
+    assert_eq!(r.requested_target_count(), 2);
+    // cpu_list_errors
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+cpu = ["fp32", "int8", "bf61", "fp32", 16]
+"#
+        ),
+        r#"
+recipe.toml:11:16: targets.cpu[1]: precision int8 is not built for the CPU target
+  hint: precisions: fp32, bf16
+recipe.toml:11:24: targets.cpu[2]: unknown precision "bf61"; did you mean `bf16`?
+  hint: precisions: fp32, bf16
+recipe.toml:11:32: targets.cpu[3]: precision "fp32" is listed twice
+  hint: remove the duplicate
+recipe.toml:11:40: targets.cpu[4]: expected a precision (fp32, bf16), found integer 16
+"#,
+    );
+    // cpu_empty
+    check(
+        &format!("{BASE}\n[targets]\ncpu = []\n"),
+        r#"
+recipe.toml:11:7: targets.cpu: no targets: `gpus` lists none and `cpu` lists no precision
+  hint: add GPUs (`gpus = ["L4"]`) or a CPU precision (`cpu = ["fp32"]`)
+"#,
+    );
+    // bf16_on_tract
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+cpu = ["fp32", "bf16"]
+
+[engine]
+cpu = "onnxruntime"
+"#
+        ),
+        r#"
+recipe.toml:11:16: targets.cpu[1]: ONNX Runtime computes in fp32 only (engine.cpu = "onnxruntime" at line 14), and this CPU target asks for bf16
+  hint: use engine.cpu = "auto" or "openvino", or remove "bf16" from `cpu`
+"#,
+    );
+    // two_cpu_targets_one_tag
+    check(
+        &format!(
+            "{BASE}{}",
+            r#"
+[targets]
+cpu = ["fp32", "bf16"]
+
+[image]
+tag = "{version}-{sm}"
+"#
+        ),
+        r#"
+recipe.toml:14:7: image.tag: the tag template gives every target the same tag
+  hint: include {target}, or {sm} (or {gpu}) and {precision}, such as "{version}-{target}"
+"#,
+    );
+    // ...which {precision} tells apart.
+    check(
+        &format!(
+            "{BASE}{}",
+            "\n[targets]\ncpu = [\"fp32\", \"bf16\"]\n\n[image]\ntag = \"{version}-{sm}-{precision}\"\n"
+        ),
+        "ok",
     );
 }
 

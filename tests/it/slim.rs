@@ -837,6 +837,7 @@ fn engine_meta(path: &Path, tensorrt: &str, version_compatible: bool, gpu: bool)
             share: None,
             required_features: vec![],
             isa: None,
+            gate: None,
         }),
         conversion: None,
     };

@@ -183,6 +183,8 @@ struct Api {
         *mut *mut Opaque,
     ) -> Status,
     compiled_model_free: unsafe extern "C" fn(*mut Opaque),
+    compiled_model_get_property:
+        unsafe extern "C" fn(*const Opaque, *const c_char, *mut *mut c_char) -> Status,
     compiled_model_inputs_size: unsafe extern "C" fn(*const Opaque, *mut usize) -> Status,
     compiled_model_outputs_size: unsafe extern "C" fn(*const Opaque, *mut usize) -> Status,
     compiled_model_input_by_index:
@@ -324,6 +326,7 @@ impl Api {
             model_free: sym!("ov_model_free"),
             core_compile_model_props: sym!("ov_core_compile_model_props"),
             compiled_model_free: sym!("ov_compiled_model_free"),
+            compiled_model_get_property: sym!("ov_compiled_model_get_property"),
             compiled_model_inputs_size: sym!("ov_compiled_model_inputs_size"),
             compiled_model_outputs_size: sym!("ov_compiled_model_outputs_size"),
             compiled_model_input_by_index: sym!("ov_compiled_model_input_by_index"),
@@ -530,6 +533,40 @@ pub struct Port {
 }
 
 impl Compiled {
+    /// A property of the compiled model as OpenVINO prints it (`INFERENCE_PRECISION_HINT`:
+    /// `f32`, `bf16`).
+    pub fn property(&self, key: &str) -> Result<String, Error> {
+        let api = &self.lib.api;
+        let k = c_string(key, "property")?;
+        let mut value: *mut c_char = std::ptr::null_mut();
+        // SAFETY: `value` is written on success, OpenVINO's copy freed with ov_free.
+        unsafe {
+            api.check(
+                (api.compiled_model_get_property)(self.ptr, k.as_ptr(), &mut value),
+                || format!("the compiled model's {key}"),
+            )?;
+            if value.is_null() {
+                return Ok(String::new());
+            }
+            let text = CStr::from_ptr(value).to_string_lossy().into_owned();
+            (api.free)(value);
+            Ok(text)
+        }
+    }
+
+    /// The precision the CPU plugin computes in, as it decided at compile time: the requested
+    /// one where the CPU has it, else what it fell back to (BF16 on a CPU without AVX-512 BF16
+    /// or AMX computes in FP32). `None` for a value this crate does not name.
+    pub fn inference_precision(&self) -> Result<Option<Precision>, Error> {
+        let v = self.property("INFERENCE_PRECISION_HINT")?;
+        Ok(match v.trim().to_ascii_lowercase().as_str() {
+            "f32" => Some(Precision::Fp32),
+            "bf16" => Some(Precision::Bf16),
+            "f16" => Some(Precision::Fp16),
+            _ => None,
+        })
+    }
+
     /// The model's inputs and outputs, in the graph's order.
     pub fn ports(&self) -> Result<(Vec<Port>, Vec<Port>), Error> {
         Ok((self.side(true)?, self.side(false)?))

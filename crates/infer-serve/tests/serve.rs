@@ -2003,6 +2003,7 @@ fn an_engine_measured_on_a_richer_cpu_starts_with_a_warning() {
                 share: None,
                 required_features: vec![],
                 isa: Some(isa),
+                gate: None,
             }),
             conversion: None,
         };

@@ -225,6 +225,19 @@ impl Precision {
         Precision::Fp4,
     ];
 
+    /// The precisions of CPU targets (`targets.cpu`): FP32 on every CPU engine, BF16 on
+    /// OpenVINO (its inference precision, on CPUs with AVX-512 BF16 or AMX).
+    pub const CPU: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
+
+    /// The instruction-set extensions ([`CpuIsa::EXTENSIONS`]) a CPU computes this precision
+    /// in, any one of them: BF16 needs AVX-512 BF16 or AMX; the others none.
+    pub const fn cpu_extensions(self) -> &'static [&'static str] {
+        match self {
+            Precision::Bf16 => &["avx512-bf16", "amx"],
+            _ => &[],
+        }
+    }
+
     /// True for the precisions the engine stage builds engines at (fp32, fp16, int8, fp8).
     pub const fn engine_buildable(self) -> bool {
         matches!(
@@ -624,6 +637,28 @@ pub struct CpuMeta {
     /// engine, slower than its profile says, and the runtime warns (`CpuIsa::missing_on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isa: Option<CpuIsa>,
+    /// A CPU target of a precision beyond FP32 (`cpu-bf16`): the accuracy gate's figures of the
+    /// engine computing in it against the same engine in FP32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateMeta>,
+}
+
+/// The accuracy gate of an engine that computes an FP32 model in a lower precision at run time
+/// (OpenVINO's BF16 inference precision): what it was compared with, on what, and the figures.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateMeta {
+    /// The precision the engine computed in on the builder, as the engine reported it after
+    /// compiling (`bf16`).
+    pub computed_in: Precision,
+    /// The reference: the same engine and model in FP32.
+    pub against: String,
+    /// What the figures were measured on (`generated inputs, 8 batches`, `[accuracy] data, …`).
+    pub evaluation: String,
+    /// Per output: `max_abs=… max_rel=… [top1=…]`, as [`ConversionMeta::accuracy`].
+    pub accuracy: std::collections::BTreeMap<String, String>,
+    /// The limits it passed: `max_rel=… min_top1=… [max_abs=…]`.
+    pub limits: String,
 }
 
 /// The instruction set a CPU engine's speed depends on: the x86-64 microarchitecture level
@@ -849,8 +884,9 @@ impl EngineMeta {
     /// reverse-DNS prefix, sorted): `precision`, `engine.kind`, `engine.format`, `engine.digest`,
     /// `onnx.digest`, `shape_profile`, and `gpu.sm`, `gpu.builder`, `trt.version`, `cuda.version`,
     /// `driver.floor`, `trt.hardware_compat`, `trt.version_compatible`, `trt.lean_excluded` for
-    /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` (and `onnxruntime.version`) for
-    /// CPU engines.
+    /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` (and `onnxruntime.version`,
+    /// `openvino.version`, `cpu.isa`, and a gated precision's `gate.*` and `accuracy.*`) for CPU
+    /// engines.
     pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::new();
         let mut put = |k: &str, v: String| {
@@ -901,6 +937,15 @@ impl EngineMeta {
             }
             if let Some(isa) = &c.isa {
                 put("cpu.isa", isa.name());
+            }
+            if let Some(g) = &c.gate {
+                put("gate.computed_in", g.computed_in.to_string());
+                put("gate.against", g.against.clone());
+                put("gate.evaluation", g.evaluation.clone());
+                put("gate.limits", g.limits.clone());
+                for (output, figures) in &g.accuracy {
+                    put(&format!("accuracy.{output}"), figures.clone());
+                }
             }
         }
         if let Some(c) = &self.conversion {
@@ -1665,6 +1710,7 @@ mod tests {
                 share: None,
                 required_features: features.iter().map(|s| s.to_string()).collect(),
                 isa: None,
+                gate: None,
             }),
             conversion: None,
         }

@@ -151,6 +151,13 @@ pub const ENGINES: [EngineDef; 4] = [
     },
 ];
 
+impl EngineDef {
+    /// True when it computes an FP32 model in `p`: FP32 always, else one of [`Self::precisions`].
+    pub fn computes(&self, p: Precision) -> bool {
+        p == Precision::Fp32 || self.precisions.contains(&p)
+    }
+}
+
 impl EngineKind {
     /// This engine's row of [`ENGINES`].
     pub const fn def(self) -> &'static EngineDef {

@@ -108,6 +108,25 @@ impl OvEngine {
             .map_err(ctx)?
             .compile(model, &config)
             .map_err(ctx)?;
+        // OpenVINO computes in BF16 only where the CPU has AVX-512 BF16 or AMX; elsewhere it
+        // falls back to FP32: right answers, slower than the build measured (docs/engines.md).
+        if config.precision != Precision::Fp32 {
+            let got = compiled.inference_precision().map_err(ctx)?;
+            if got != Some(config.precision) {
+                crate::log::log(
+                    "warn",
+                    "this CPU cannot compute in the engine's precision: OpenVINO computes in another, slower than the build measured",
+                    &[
+                        ("precision", serde_json::json!(config.precision.to_string())),
+                        (
+                            "computes_in",
+                            serde_json::json!(got.map_or_else(|| "unknown".to_owned(), |p| p.to_string())),
+                        ),
+                        ("cpu", serde_json::json!(infer_spec::engine::CpuIsa::detect().name())),
+                    ],
+                );
+            }
+        }
         let (model_in, model_out) = compiled.ports().map_err(ctx)?;
         let check = |what: &str,
                      ports: &[infer_openvino::Port],

@@ -156,6 +156,10 @@ pub struct DeploySpec {
     pub digest: Option<String>,
     /// `None` for CPU targets.
     pub gpu: Option<GpuSelector>,
+    /// CPU targets: the instruction-set extensions ([`infer_spec::engine::CpuIsa::EXTENSIONS`])
+    /// the engine computes fastest with, any one of them (`cpu-bf16`: `avx512-bf16`, `amx`);
+    /// nodes that have one are preferred, none required (the runtime runs slower elsewhere).
+    pub cpu_prefers: Vec<String>,
     pub gpu_count: u32,
     /// How each replica gets its GPU (GPU targets).
     pub gpu_share: GpuShare,
@@ -470,6 +474,57 @@ fn node_affinity(gpu: &GpuSelector) -> Node {
         .into()
 }
 
+/// The Node Feature Discovery label of an instruction-set extension of
+/// [`infer_spec::engine::CpuIsa::EXTENSIONS`] (`feature.node.kubernetes.io/cpu-cpuid.*`).
+fn nfd_label(extension: &str) -> Option<&'static str> {
+    Some(match extension {
+        "avx512-bf16" => "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16",
+        "amx" => "feature.node.kubernetes.io/cpu-cpuid.AMXBF16",
+        "avx512-vnni" => "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI",
+        _ => return None,
+    })
+}
+
+/// A preference for nodes with any of `extensions`: one term each, equal weights.
+fn cpu_affinity(extensions: &[String]) -> Option<Node> {
+    let terms: Vec<Node> = extensions
+        .iter()
+        .filter_map(|e| nfd_label(e))
+        .map(|label| {
+            Map::new()
+                .kv("weight", 100u32)
+                .kv(
+                    "preference",
+                    Map::new().kv(
+                        "matchExpressions",
+                        vec![Map::new()
+                            .kv("key", label)
+                            .kv("operator", "In")
+                            .kv("values", vec![Node::str("true")])
+                            .into()],
+                    ),
+                )
+                .into()
+        })
+        .collect();
+    if terms.is_empty() {
+        return None;
+    }
+    let why = format!(
+        "the engine computes fastest on CPUs with {}: preferred, not required (elsewhere it runs, slower, and the runtime warns); Node Feature Discovery labels the nodes",
+        extensions.join(" or ")
+    );
+    Some(
+        Map::new()
+            .kv_c(
+                &[why],
+                "nodeAffinity",
+                Map::new().kv("preferredDuringSchedulingIgnoredDuringExecution", terms),
+            )
+            .into(),
+    )
+}
+
 fn gpu_tolerations() -> Node {
     vec![Map::new()
         .kv("key", "nvidia.com/gpu")
@@ -634,6 +689,8 @@ pub fn deployment(spec: &DeploySpec) -> Node {
         pod_spec = pod_spec
             .kv("affinity", node_affinity(gpu))
             .kv("tolerations", gpu_tolerations());
+    } else if let Some(a) = cpu_affinity(&spec.cpu_prefers) {
+        pod_spec = pod_spec.kv("affinity", a);
     }
     pod_spec = pod_spec
         .kv_c(&grace_why, "terminationGracePeriodSeconds", grace)
@@ -859,6 +916,7 @@ pub(crate) fn prepull(spec: &DeploySpec) -> Node {
             .kv("affinity", node_affinity(gpu))
             .kv("tolerations", gpu_tolerations());
     }
+    // A CPU preference places nothing: the pre-pull runs on every node that may serve.
     pod_spec = pod_spec
         .kv("automountServiceAccountToken", false)
         .kv("securityContext", pod_security(spec.run_as_user))
@@ -1000,6 +1058,7 @@ mod tests {
             tag: "1.4.0-sm89-fp16".into(),
             digest: None,
             gpu: Some(GpuSelector::Compute { major: 8, minor: 9 }),
+            cpu_prefers: Vec::new(),
             gpu_count: 1,
             gpu_share: GpuShare::Whole,
             cpu_millis: 4000,
@@ -1049,6 +1108,40 @@ mod tests {
         check_startup(Some(0.4), 3.0, 6, "raised to the 30 s floor");
         // No measurement: the stated default, 300 s.
         check_startup(None, 3.0, 60, "no start-up time measured");
+    }
+
+    #[test]
+    fn a_bf16_cpu_target_prefers_nodes_that_compute_in_bf16() {
+        let cpu = |prefers: &[&str]| DeploySpec {
+            target: "cpu-bf16".into(),
+            gpu: None,
+            gpu_count: 0,
+            cpu_prefers: prefers.iter().map(|p| (*p).to_owned()).collect(),
+            ..spec()
+        };
+        let yaml = render(&cpu(&["avx512-bf16", "amx"])).unwrap();
+        let at = yaml
+            .find("preferredDuringSchedulingIgnoredDuringExecution")
+            .unwrap();
+        let after = &yaml[at..];
+        let avx = after
+            .find("key: \"feature.node.kubernetes.io/cpu-cpuid.AVX512BF16\"")
+            .unwrap();
+        let amx = after
+            .find("key: \"feature.node.kubernetes.io/cpu-cpuid.AMXBF16\"")
+            .unwrap();
+        assert!(avx < amx, "{yaml}");
+        // The Deployment prefers; the pre-pull DaemonSet places nothing.
+        assert_eq!(yaml.matches("weight: 100").count(), 2, "{yaml}");
+        assert_eq!(yaml.matches("affinity:").count(), 1, "{yaml}");
+        assert!(
+            yaml.contains("avx512-bf16 or amx: preferred, not required"),
+            "{yaml}"
+        );
+        assert!(!yaml.contains("requiredDuringScheduling"), "{yaml}");
+        assert!(!yaml.contains("nvidia.com/gpu"), "{yaml}");
+        // An FP32 CPU target prefers nothing: no affinity at all.
+        assert!(!render(&cpu(&[])).unwrap().contains("affinity"));
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn spec() -> DeploySpec {
         tag: "1.4.0-trt10.8-sm89-fp16".into(),
         digest: None,
         gpu: Some(GpuSelector::Compute { major: 8, minor: 9 }),
+        cpu_prefers: Vec::new(),
         gpu_count: 1,
         gpu_share: deploy::GpuShare::Whole,
         cpu_millis: 4000,

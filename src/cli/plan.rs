@@ -200,9 +200,20 @@ pub(super) fn table(plan: &BuildPlan) -> String {
         .map(|t| {
             [
                 t.id.clone(),
-                t.gpu
-                    .as_ref()
-                    .map_or_else(|| "cpu".into(), |g| g.products.join(", ")),
+                t.gpu.as_ref().map_or_else(
+                    // A CPU target that computes fast with some CPU features names them.
+                    || match t.cpu.as_ref().map(|c| &c.features) {
+                        Some(f) if !f.is_empty() => format!(
+                            "cpu ({})",
+                            f.iter()
+                                .map(|f| f.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(" or ")
+                        ),
+                        _ => "cpu".into(),
+                    },
+                    |g| g.products.join(", "),
+                ),
                 t.tensorrt
                     .as_ref()
                     .map_or_else(|| "-".into(), |r| r.version.to_string()),

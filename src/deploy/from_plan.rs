@@ -217,16 +217,12 @@ pub(crate) fn spec(
         tag: found.tag.clone().unwrap_or_else(|| target.tag.clone()),
         digest,
         gpu,
-        cpu_prefers: if gpu_target {
-            Vec::new()
-        } else {
-            target
-                .precision
-                .cpu_extensions()
-                .iter()
-                .map(|e| (*e).to_owned())
-                .collect()
-        },
+        cpu_prefers: target
+            .cpu
+            .iter()
+            .flat_map(|c| &c.features)
+            .map(|f| (f.name.clone(), f.nfd_label.clone()))
+            .collect(),
         gpu_count: u32::from(gpu_target),
         gpu_share: found.gpu_share.clone(),
         cpu_millis: cpu,

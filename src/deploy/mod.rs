@@ -156,10 +156,11 @@ pub struct DeploySpec {
     pub digest: Option<String>,
     /// `None` for CPU targets.
     pub gpu: Option<GpuSelector>,
-    /// CPU targets: the instruction-set extensions ([`infer_spec::engine::CpuIsa::EXTENSIONS`])
-    /// the engine computes fastest with, any one of them (`cpu-bf16`: `avx512-bf16`, `amx`);
-    /// nodes that have one are preferred, none required (the runtime runs slower elsewhere).
-    pub cpu_prefers: Vec<String>,
+    /// CPU targets: the CPU features the engine computes fastest with, any one of them, as
+    /// (name, Node Feature Discovery label) (`cpu-bf16`: `avx512-bf16`, `amx`; the plan's, from
+    /// `matrix/cpus.toml`); nodes that have one are preferred, none required (the runtime runs
+    /// slower elsewhere).
+    pub cpu_prefers: Vec<(String, String)>,
     pub gpu_count: u32,
     /// How each replica gets its GPU (GPU targets).
     pub gpu_share: GpuShare,
@@ -474,23 +475,15 @@ fn node_affinity(gpu: &GpuSelector) -> Node {
         .into()
 }
 
-/// The Node Feature Discovery label of an instruction-set extension of
-/// [`infer_spec::engine::CpuIsa::EXTENSIONS`] (`feature.node.kubernetes.io/cpu-cpuid.*`).
-fn nfd_label(extension: &str) -> Option<&'static str> {
-    Some(match extension {
-        "avx512-bf16" => "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16",
-        "amx" => "feature.node.kubernetes.io/cpu-cpuid.AMXBF16",
-        "avx512-vnni" => "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI",
-        _ => return None,
-    })
-}
-
-/// A preference for nodes with any of `extensions`: one term each, equal weights.
-fn cpu_affinity(extensions: &[String]) -> Option<Node> {
-    let terms: Vec<Node> = extensions
+/// A preference for nodes with any of `features` (name, Node Feature Discovery label): one
+/// term each, equal weights.
+fn cpu_affinity(features: &[(String, String)]) -> Option<Node> {
+    if features.is_empty() {
+        return None;
+    }
+    let terms: Vec<Node> = features
         .iter()
-        .filter_map(|e| nfd_label(e))
-        .map(|label| {
+        .map(|(_, label)| {
             Map::new()
                 .kv("weight", 100u32)
                 .kv(
@@ -498,7 +491,7 @@ fn cpu_affinity(extensions: &[String]) -> Option<Node> {
                     Map::new().kv(
                         "matchExpressions",
                         vec![Map::new()
-                            .kv("key", label)
+                            .kv("key", label.as_str())
                             .kv("operator", "In")
                             .kv("values", vec![Node::str("true")])
                             .into()],
@@ -507,12 +500,10 @@ fn cpu_affinity(extensions: &[String]) -> Option<Node> {
                 .into()
         })
         .collect();
-    if terms.is_empty() {
-        return None;
-    }
+    let names: Vec<&str> = features.iter().map(|(n, _)| n.as_str()).collect();
     let why = format!(
         "the engine computes fastest on CPUs with {}: preferred, not required (elsewhere it runs, slower, and the runtime warns); Node Feature Discovery labels the nodes",
-        extensions.join(" or ")
+        names.join(" or ")
     );
     Some(
         Map::new()
@@ -1112,14 +1103,24 @@ mod tests {
 
     #[test]
     fn a_bf16_cpu_target_prefers_nodes_that_compute_in_bf16() {
-        let cpu = |prefers: &[&str]| DeploySpec {
+        let cpu = |prefers: &[(&str, &str)]| DeploySpec {
             target: "cpu-bf16".into(),
             gpu: None,
             gpu_count: 0,
-            cpu_prefers: prefers.iter().map(|p| (*p).to_owned()).collect(),
+            cpu_prefers: prefers
+                .iter()
+                .map(|(n, l)| ((*n).to_owned(), (*l).to_owned()))
+                .collect(),
             ..spec()
         };
-        let yaml = render(&cpu(&["avx512-bf16", "amx"])).unwrap();
+        let yaml = render(&cpu(&[
+            (
+                "avx512-bf16",
+                "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16",
+            ),
+            ("amx", "feature.node.kubernetes.io/cpu-cpuid.AMXBF16"),
+        ]))
+        .unwrap();
         let at = yaml
             .find("preferredDuringSchedulingIgnoredDuringExecution")
             .unwrap();

@@ -44,6 +44,7 @@ type Check = fn(&Matrix, &mut Vec<Problem>);
 const CHECKS: &[(&str, Check)] = &[
     ("sources", sources),
     ("libraries", libraries),
+    ("cpu-features", cpu_features),
     ("unique-keys", unique_keys),
     ("releases", releases),
     ("toolkits", toolkits),
@@ -81,6 +82,67 @@ fn sources(m: &Matrix, out: &mut Vec<Problem>) {
     }
     for r in &m.images {
         check_sources(out, &r.origin, &format!("image {}", r.reference), &r.source);
+    }
+}
+
+/// CPU features: a source, a name the runtime reads with the same kernel flags (so the plan, the
+/// build's record and the node check mean one thing), a CPU precision, a Node Feature Discovery
+/// label, one row per name and platform.
+fn cpu_features(m: &Matrix, out: &mut Vec<Problem>) {
+    use infer_spec::engine::{CpuIsa, Precision};
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &m.cpu_features {
+        let what = format!("CPU feature {} ({})", f.name, f.platform);
+        check_sources(out, &f.origin, &what, &f.source);
+        if !seen.insert((f.name.clone(), f.platform)) {
+            out.push(problem(
+                &f.origin,
+                "name",
+                format!("{what} is listed twice"),
+            ));
+        }
+        match CpuIsa::EXTENSIONS.iter().find(|(n, _)| *n == f.name) {
+            None => out.push(problem(
+                &f.origin,
+                "name",
+                format!(
+                    "{what}: infer-serve reads no feature of that name (it reads {})",
+                    CpuIsa::EXTENSIONS
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+            Some((_, flags)) if f.kernel_flags.iter().map(String::as_str).ne(flags.iter().copied()) => {
+                out.push(problem(
+                    &f.origin,
+                    "kernel_flags",
+                    format!(
+                        "{what}: kernel_flags {:?} differ from the flags infer-serve reads for it, {flags:?}",
+                        f.kernel_flags
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+        if let Some(p) = f.computes.iter().find(|p| !Precision::CPU.contains(p)) {
+            out.push(problem(
+                &f.origin,
+                "computes",
+                format!("{what}: {p} is not a CPU target precision"),
+            ));
+        }
+        if !f
+            .nfd_label
+            .starts_with("feature.node.kubernetes.io/cpu-cpuid.")
+        {
+            out.push(problem(
+                &f.origin,
+                "nfd_label",
+                format!("{what}: nfd_label must be a Node Feature Discovery cpuid label (feature.node.kubernetes.io/cpu-cpuid.*)"),
+            ));
+        }
     }
 }
 

@@ -26,6 +26,9 @@ pub(crate) const IMAGES_FILE: &str = "base-images/images.toml";
 /// Native runtime libraries taken from pinned wheels. Optional in a `--matrix DIR` (absent: no
 /// library rows, so no engine that needs one is offered).
 pub(crate) const LIBRARIES_FILE: &str = "matrix/runtime-libraries.toml";
+/// CPU instruction-set features of CPU targets. Optional in a `--matrix DIR` (absent: no rows,
+/// so plans name no feature and deployments prefer no node).
+pub(crate) const CPUS_FILE: &str = "matrix/cpus.toml";
 
 const EMBEDDED: [(&str, &str); 4] = [
     (TENSORRT_FILE, include_str!("../../matrix/tensorrt.toml")),
@@ -34,6 +37,7 @@ const EMBEDDED: [(&str, &str); 4] = [
     (IMAGES_FILE, include_str!("../../base-images/images.toml")),
 ];
 const EMBEDDED_LIBRARIES: &str = include_str!("../../matrix/runtime-libraries.toml");
+const EMBEDDED_CPUS: &str = include_str!("../../matrix/cpus.toml");
 
 /// Where a piece of data came from: file (as shown to users) and 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -352,6 +356,30 @@ impl RuntimeLibrary {
     }
 }
 
+/// A CPU instruction-set feature (`matrix/cpus.toml`, `[[feature]]`): what a CPU target's
+/// engine computes fast with, how the kernel lists it and how Node Feature Discovery labels it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuFeature {
+    /// The name of [`infer_spec::engine::CpuIsa::EXTENSIONS`] (`avx512-bf16`, `amx`).
+    pub name: String,
+    pub platform: Platform,
+    /// The kernel's CPU flags, all present where the CPU has it.
+    pub kernel_flags: Vec<String>,
+    /// Node Feature Discovery's label (`feature.node.kubernetes.io/cpu-cpuid.AVX512BF16`).
+    pub nfd_label: String,
+    /// The CPU target precisions it computes at speed.
+    pub computes: Vec<Precision>,
+    /// Which CPUs have it, in words.
+    pub cpus: String,
+    pub source: Vec<String>,
+    pub confirmed: bool,
+    #[serde(default)]
+    pub notes: Option<String>,
+    #[serde(skip)]
+    pub origin: Option<Origin>,
+}
+
 /// The whole compatibility matrix.
 #[derive(Debug, Clone)]
 pub struct Matrix {
@@ -364,6 +392,8 @@ pub struct Matrix {
     pub images: Vec<BaseImage>,
     /// Native runtime libraries from pinned wheels.
     pub libraries: Vec<RuntimeLibrary>,
+    /// CPU instruction-set features of CPU targets.
+    pub cpu_features: Vec<CpuFeature>,
     /// Where the data came from: `embedded` or the `--matrix` directory.
     pub origin: String,
 }
@@ -392,6 +422,13 @@ struct GpusFile {
 struct LibrariesFile {
     #[serde(default)]
     library: Vec<toml::Spanned<RuntimeLibrary>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CpusFile {
+    #[serde(default)]
+    feature: Vec<toml::Spanned<CpuFeature>>,
 }
 
 #[derive(Deserialize)]
@@ -472,6 +509,8 @@ pub struct Sources<'a> {
     pub images: &'a str,
     /// `matrix/runtime-libraries.toml` (empty text: no rows).
     pub libraries: &'a str,
+    /// `matrix/cpus.toml` (empty text: no rows).
+    pub cpus: &'a str,
     /// Prefix shown before file names in messages (the `--matrix` directory), or empty.
     pub root: String,
 }
@@ -485,6 +524,7 @@ impl Matrix {
             gpus: EMBEDDED[2].1,
             images: EMBEDDED[3].1,
             libraries: EMBEDDED_LIBRARIES,
+            cpus: EMBEDDED_CPUS,
             root: String::new(),
         })
     }
@@ -498,12 +538,13 @@ impl Matrix {
                 format!("{}/{}", src.root.trim_end_matches('/'), f)
             }
         };
-        let (trt_name, cuda_name, gpus_name, images_name, libs_name) = (
+        let (trt_name, cuda_name, gpus_name, images_name, libs_name, cpus_name) = (
             name(TENSORRT_FILE),
             name(CUDA_FILE),
             name(GPUS_FILE),
             name(IMAGES_FILE),
             name(LIBRARIES_FILE),
+            name(CPUS_FILE),
         );
         let mut problems = Vec::new();
 
@@ -514,7 +555,9 @@ impl Matrix {
             parse_file::<ImagesFile>(&images_name, src.images).map_err(|p| problems.push(p));
         let libs =
             parse_file::<LibrariesFile>(&libs_name, src.libraries).map_err(|p| problems.push(p));
-        let (Ok(trt), Ok(cuda), Ok(gpus), Ok(images), Ok(libs)) = (trt, cuda, gpus, images, libs)
+        let cpus = parse_file::<CpusFile>(&cpus_name, src.cpus).map_err(|p| problems.push(p));
+        let (Ok(trt), Ok(cuda), Ok(gpus), Ok(images), Ok(libs), Ok(cpus)) =
+            (trt, cuda, gpus, images, libs, cpus)
         else {
             return Err(Error::Invalid { problems });
         };
@@ -533,6 +576,9 @@ impl Matrix {
         let libraries = unspan(&libs_name, src.libraries, libs.library, |r, o| {
             r.origin = Some(o)
         });
+        let cpu_features = unspan(&cpus_name, src.cpus, cpus.feature, |r, o| {
+            r.origin = Some(o)
+        });
         // Newest first: resolution walks these in order and takes the first that fits.
         releases.sort_by(|a, b| b.version.cmp(&a.version));
         toolkits.sort_by(|a, b| b.version.cmp(&a.version));
@@ -544,6 +590,7 @@ impl Matrix {
             gpus,
             images,
             libraries,
+            cpu_features,
             origin: if src.root.is_empty() {
                 "embedded".into()
             } else {
@@ -615,6 +662,15 @@ impl Matrix {
         })
     }
 
+    /// The CPU features on `platform` that compute `precision` at speed, in the file's order
+    /// (any one of them will do); empty for FP32.
+    pub fn cpu_features_for(&self, precision: Precision, platform: Platform) -> Vec<&CpuFeature> {
+        self.cpu_features
+            .iter()
+            .filter(|f| f.platform == platform && f.computes.contains(&precision))
+            .collect()
+    }
+
     /// The default glibc-based CPU base image (for engines that need a dynamic runtime).
     pub(crate) fn glibc_cpu_base(&self) -> Option<&BaseImage> {
         self.images
@@ -664,19 +720,22 @@ pub fn load_dir(dir: &Path) -> Result<Matrix, Error> {
         read(GPUS_FILE)?,
         read(IMAGES_FILE)?,
     );
-    let libraries = match read(LIBRARIES_FILE) {
-        Ok(t) => t,
+    let optional = |f: &str| match read(f) {
+        Ok(t) => Ok(t),
         Err(Error::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            String::new()
+            Ok(String::new())
         }
-        Err(e) => return Err(e),
+        Err(e) => Err(e),
     };
+    let libraries = optional(LIBRARIES_FILE)?;
+    let cpus = optional(CPUS_FILE)?;
     Matrix::from_sources(&Sources {
         tensorrt: &tensorrt,
         cuda: &cuda,
         gpus: &gpus,
         images: &images,
         libraries: &libraries,
+        cpus: &cpus,
         root: dir.display().to_string(),
     })
 }

@@ -26,6 +26,11 @@ fn with_file(file: &str, text: &str) -> Result<Matrix, Error> {
         } else {
             EMBEDDED_LIBRARIES
         },
+        cpus: if file == CPUS_FILE {
+            text
+        } else {
+            EMBEDDED_CPUS
+        },
         root: String::new(),
     })
 }
@@ -267,4 +272,52 @@ fn library_rows_are_checked() {
     // Absent from a --matrix DIR: no rows.
     let m = with_file(LIBRARIES_FILE, "").unwrap();
     assert!(m.libraries.is_empty());
+}
+
+#[test]
+fn cpu_features_name_what_the_runtime_reads() {
+    let m = embedded();
+    let bf16: Vec<&str> = m
+        .cpu_features_for(Precision::Bf16, Platform::X86_64)
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(bf16, ["avx512-bf16", "amx"]);
+    assert!(m
+        .cpu_features_for(Precision::Fp32, Platform::X86_64)
+        .is_empty());
+    // Every row agrees with the flags infer-serve reads: a name or flags that drift are refused.
+    for (edit, want) in [
+        (
+            ("name = \"amx\"", "name = \"amx2\""),
+            "CPU feature amx2 (x86_64): infer-serve reads no feature of that name",
+        ),
+        (
+            (
+                "kernel_flags = [\"avx512_bf16\"]",
+                "kernel_flags = [\"avx512bf16\"]",
+            ),
+            "kernel_flags [\"avx512bf16\"] differ from the flags infer-serve reads for it",
+        ),
+        (
+            ("computes = [\"bf16\"]", "computes = [\"fp16\"]"),
+            "fp16 is not a CPU target precision",
+        ),
+        (
+            (
+                "nfd_label = \"feature.node.kubernetes.io/cpu-cpuid.AMXBF16\"",
+                "nfd_label = \"amx\"",
+            ),
+            "nfd_label must be a Node Feature Discovery cpuid label",
+        ),
+    ] {
+        let text = EMBEDDED_CPUS.replacen(edit.0, edit.1, 1);
+        assert_ne!(text, EMBEDDED_CPUS, "{edit:?}");
+        let p = problems(with_file(CPUS_FILE, &text));
+        assert!(
+            p.iter()
+                .any(|p| p.starts_with("matrix/cpus.toml:") && p.contains(want)),
+            "{p:?}"
+        );
+    }
 }

@@ -355,12 +355,30 @@ fn cpu_target(
             }
         }
     };
-    let cpu = cpu_plan(recipe, matrix, lock, override_row, precision, refusals);
+    let mut cpu = cpu_plan(recipe, matrix, lock, override_row, precision, refusals);
+    let features = matrix.cpu_features_for(precision.value, Platform::X86_64);
+    cpu.features = features
+        .iter()
+        .map(|f| CpuFeaturePin {
+            name: f.name.clone(),
+            nfd_label: f.nfd_label.clone(),
+        })
+        .collect();
     let mut notes = Vec::new();
-    if precision.value == Precision::Bf16 {
+    if precision.value != Precision::Fp32 {
+        let names: Vec<&str> = features.iter().map(|f| f.name.as_str()).collect();
         notes.push(format!(
-            "{} computes the FP32 model in BF16 (its inference precision) on CPUs with AVX-512 BF16 or AMX, checked against FP32 by the accuracy gate; the engine is built on such a CPU, and a node without them runs it in FP32, slower, with a warning",
-            cpu.engine.as_str()
+            "{} computes the FP32 model in {} (its inference precision), checked against FP32 by the accuracy gate; {}",
+            cpu.engine.as_str(),
+            precision.value,
+            if names.is_empty() {
+                "the matrix names no CPU feature that computes it (matrix/cpus.toml): where the build's CPU cannot, the target is refused".to_owned()
+            } else {
+                format!(
+                    "at speed on CPUs with {} (matrix/cpus.toml): the engine is built on such a CPU, and a node without one runs it in FP32, slower, with a warning",
+                    names.join(" or ")
+                )
+            }
         ));
     }
     TargetPlan {
@@ -663,6 +681,7 @@ fn cpu_plan(
         glibc_base: None,
         onnxruntime: None,
         openvino: None,
+        features: Vec::new(),
     };
     if engine == CpuEngine::TRACT {
         return plan;

@@ -134,6 +134,19 @@ pub struct CpuPlan {
     /// glibc base is older than it needs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openvino: Option<LibraryPin>,
+    /// A precision beyond FP32: the CPU features (`matrix/cpus.toml`) it computes at speed
+    /// with, any one of them; empty for FP32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<CpuFeaturePin>,
+}
+
+/// A CPU feature a CPU target's engine computes fast with (`matrix/cpus.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuFeaturePin {
+    /// `avx512-bf16`, `amx` (the engine metadata's `cpu.isa` names).
+    pub name: String,
+    /// Node Feature Discovery's label of nodes that have it.
+    pub nfd_label: String,
 }
 
 impl CpuPlan {

@@ -534,11 +534,62 @@ fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
     assert_eq!(bf16["tag"], "1.0.0-cpu-bf16", "{bf16}");
     assert_eq!(bf16["cpu"]["engine"], "openvino", "{bf16}");
     assert_eq!(plan["targets"][0]["cpu"]["engine"], "auto", "{plan}");
+    // The CPU features it computes fast with, from matrix/cpus.toml, in the plan and its note.
+    let features: Vec<(&str, &str)> = bf16["cpu"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap(),
+                f["nfd_label"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        features,
+        [
+            (
+                "avx512-bf16",
+                "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16"
+            ),
+            ("amx", "feature.node.kubernetes.io/cpu-cpuid.AMXBF16")
+        ],
+        "{bf16}"
+    );
+    assert!(
+        plan["targets"][0]["cpu"].get("features").is_none(),
+        "{plan}"
+    );
     assert!(
         bf16["notes"][0]
             .as_str()
-            .is_some_and(|n| n.contains("AVX-512 BF16 or AMX")),
+            .is_some_and(|n| n.contains("on CPUs with avx512-bf16 or amx (matrix/cpus.toml)")),
         "{bf16}"
+    );
+    // The deployment prefers nodes with one of them.
+    let k8s = f.path().join("k8s");
+    let o = infer_build()
+        .arg("deploy")
+        .arg(&recipe)
+        .args(["--target", "cpu-bf16", "--out"])
+        .arg(&k8s)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let yaml: String = std::fs::read_dir(&k8s)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    for label in [
+        "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16",
+        "feature.node.kubernetes.io/cpu-cpuid.AMXBF16",
+    ] {
+        assert!(yaml.contains(label), "{yaml}");
+    }
+    assert!(
+        yaml.contains("preferredDuringSchedulingIgnoredDuringExecution"),
+        "{yaml}"
     );
 
     let cache = f.path().join("cache");

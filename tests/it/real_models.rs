@@ -1068,7 +1068,7 @@ const OPENVINO_MINILM_BF16: Case = Case {
     policy: "auto",
     engine: "openvino",
     precision: "bf16",
-    tolerance: "0.02",
+    tolerance: "0.005",
     ..CASES[5]
 };
 

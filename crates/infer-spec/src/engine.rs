@@ -229,15 +229,6 @@ impl Precision {
     /// OpenVINO (its inference precision, on CPUs with AVX-512 BF16 or AMX).
     pub const CPU: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
 
-    /// The instruction-set extensions ([`CpuIsa::EXTENSIONS`]) a CPU computes this precision
-    /// in, any one of them: BF16 needs AVX-512 BF16 or AMX; the others none.
-    pub const fn cpu_extensions(self) -> &'static [&'static str] {
-        match self {
-            Precision::Bf16 => &["avx512-bf16", "amx"],
-            _ => &[],
-        }
-    }
-
     /// True for the precisions the engine stage builds engines at (fp32, fp16, int8, fp8).
     pub const fn engine_buildable(self) -> bool {
         matches!(

@@ -116,6 +116,7 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
         .copied()
         .max()
         .unwrap_or(b.max_batch_size);
+    let mut convert = None;
     let toolchain = match target.kind {
         TargetKind::Cpu => Toolchain::Cpu,
         TargetKind::Gpu => {
@@ -142,7 +143,7 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
             t.hardware_compat = trt.hardware_compat.unwrap_or(HardwareCompat::None);
             t.lean_runtime = trt.version_compatible;
             if trt.precision_mode == crate::plan::PrecisionMode::Convert {
-                t.convert = Some(convert_spec(recipe, precision(id, target.precision)?));
+                convert = Some(convert_spec(recipe, precision(id, target.precision)?));
             } else if target.precision == Precision::Int8 {
                 if let Some(c) = recipe.int8.as_ref().and_then(|i| i.calibration.as_ref()) {
                     let path = recipe.resolve(&c.value);
@@ -156,17 +157,38 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
             Toolchain::Tensorrt(t)
         }
     };
-    // A CPU target computes the FP32 model in its precision at run time: no engine is built at
-    // it, the engine is gated against itself in FP32.
+    // A CPU target computes the FP32 model in its precision at run time (BF16), or the INT8
+    // Q/DQ model infer-build makes from calibration data: either is gated against the same
+    // engine on the FP32 model.
     let cpu_precision =
         target.kind == TargetKind::Cpu && Precision::CPU.contains(&target.precision);
+    if cpu_precision && target.precision == Precision::Int8 {
+        if let Some(c) = recipe.int8.as_ref().and_then(|i| i.calibration.as_ref()) {
+            let path = recipe.resolve(&c.value);
+            if !path.is_dir() {
+                return Err(Error::Input {
+                    target: id.into(),
+                    input: c.value.display().to_string(),
+                    reason: "a cpu-int8 target quantises the model from calibration batches (a directory of *.npy / *.npz); a TensorRT calibration cache serves GPU targets only".into(),
+                });
+            }
+        }
+        convert = Some(convert_spec(recipe, Precision::Int8));
+    }
+    // The gate's inputs as the converter takes them: `[accuracy] data`, else the calibration
+    // data of a target that has some, else generated.
     let gate = (cpu_precision && target.precision != Precision::Fp32).then(|| Gate {
         thresholds: thresholds(recipe, target.precision),
-        evaluation: recipe
-            .accuracy
-            .data
+        evaluation: convert
             .as_ref()
-            .map(|d| recipe.resolve(&d.value)),
+            .and_then(|c: &ConvertSpec| c.evaluation.clone().or_else(|| c.calibration.clone()))
+            .or_else(|| {
+                recipe
+                    .accuracy
+                    .data
+                    .as_ref()
+                    .map(|d| recipe.resolve(&d.value))
+            }),
     });
     Ok(EngineSpec {
         model: recipe.model.name.clone(),
@@ -186,6 +208,7 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
         onnxruntime: None,
         openvino: None,
         folding: None,
+        convert,
         gate,
     })
 }

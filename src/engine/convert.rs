@@ -519,7 +519,7 @@ mod tests {
 
     fn spec(precision: Precision, calib: Option<PathBuf>) -> (EngineSpec, ConvertSpec) {
         let v = |s: &str| s.parse().unwrap();
-        let mut t = TrtSpec::new(
+        let t = TrtSpec::new(
             v("11.4.0.106"),
             v("13.0"),
             infer_spec::engine::ComputeCapability::new(8, 9),
@@ -532,8 +532,8 @@ mod tests {
             evaluation: None,
             thresholds: super::super::accuracy::Thresholds::default_for(precision),
         };
-        t.convert = Some(c.clone());
         let mut s = mlp_spec(Toolchain::Tensorrt(t));
+        s.convert = Some(c.clone());
         s.precision = precision;
         s.target = format!("sm89-{precision}");
         (s, c)

@@ -182,7 +182,7 @@ fn read_dir(
         out.push(batch);
     }
     let text = format!(
-        "[accuracy] data {}, {} batch{}",
+        "data {}, {} batch{}",
         dir.display(),
         out.len(),
         if out.len() == 1 { "" } else { "es" }

@@ -318,12 +318,11 @@ pub fn key_material(spec: &EngineSpec, onnx_digest: &str) -> Result<KeyMaterial,
         shape_profile: spec.shape_profile()?,
         batch_sizes: spec.planned_batches(),
         backend,
-        conversion: match &spec.toolchain {
-            Toolchain::Tensorrt(TrtSpec {
-                convert: Some(c), ..
-            }) => Some(convert::key(spec, c, onnx_digest)?),
-            _ => None,
-        },
+        conversion: spec
+            .convert
+            .as_ref()
+            .map(|c| convert::key(spec, c, onnx_digest))
+            .transpose()?,
         gate: spec
             .gate
             .as_ref()
@@ -369,10 +368,8 @@ pub(crate) fn prepare(
             tensorrt::refuse_data_dependent(&spec.target, &summary)?;
         }
     }
-    let converted = match &spec.toolchain {
-        Toolchain::Tensorrt(TrtSpec {
-            convert: Some(c), ..
-        }) => {
+    let converted = match &spec.convert {
+        Some(c) => {
             let conv = convert::convert(
                 spec,
                 c,
@@ -451,7 +448,7 @@ pub(crate) fn build_prepared(
 
     let shape_profile = spec.shape_profile()?;
     let made = match &spec.toolchain {
-        Toolchain::Cpu => make_cpu(spec, &onnx_bytes, &dir)?,
+        Toolchain::Cpu => make_cpu(spec, &onnx_bytes, converted.as_ref(), &dir)?,
         Toolchain::Tensorrt(trt) => make_tensorrt(
             spec,
             trt,
@@ -518,9 +515,18 @@ struct Made {
     log: String,
 }
 
-/// A CPU engine: tract or ONNX Runtime as `engine.cpu` and the measurements decide.
-fn make_cpu(spec: &EngineSpec, onnx_bytes: &[u8], dir: &Path) -> Result<Made, Error> {
-    let chosen = select::choose(spec, onnx_bytes)?;
+/// A CPU engine: tract, ONNX Runtime or OpenVINO as `engine.cpu`, the target's precision and
+/// the measurements decide; of the converted model when the target converts (`cpu-int8`).
+fn make_cpu(
+    spec: &EngineSpec,
+    onnx_bytes: &[u8],
+    converted: Option<&convert::Converted>,
+    dir: &Path,
+) -> Result<Made, Error> {
+    let chosen = match converted {
+        Some(c) => select::choose(spec, &read(&c.onnx)?, Some(onnx_bytes))?,
+        None => select::choose(spec, onnx_bytes, None)?,
+    };
     cache::write_atomic(&dir.join(chosen.format.file_name()), &chosen.bytes)?;
     let cpu = CpuMeta {
         arch: std::env::consts::ARCH.into(),

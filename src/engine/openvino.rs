@@ -160,6 +160,21 @@ fn compile(
     Ok(compiled)
 }
 
+/// The inference precision OpenVINO is asked for on a target of precision `p`: BF16 (and
+/// FP16) are a setting of the FP32 model; an INT8 target's model is Q/DQ, computed with FP32 as
+/// the precision of what is not quantised.
+pub(crate) fn hint(p: Precision) -> Precision {
+    if infer_spec::engine::EngineKind::Openvino
+        .def()
+        .precisions
+        .contains(&p)
+    {
+        p
+    } else {
+        Precision::Fp32
+    }
+}
+
 /// `bytes` in a fresh private directory as `model.onnx` (OpenVINO reads a model from a file).
 fn model_file(bytes: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), OvError> {
     let dir =
@@ -171,22 +186,24 @@ fn model_file(bytes: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), O
     Ok((dir, model))
 }
 
-/// The accuracy gate's figures of `spec`'s precision against FP32, both compiled by OpenVINO
-/// with `threads` threads, on `batches` (in the model's input order); one per output, by
-/// the converter's rules (`max_abs`, `max_rel` over the FP32 output's largest magnitude,
-/// top-1 agreement of `[N, C]` outputs with C ≥ 2).
+/// The accuracy gate's figures of the engine at `spec`'s precision (`bytes`: the model it runs,
+/// FP32 or Q/DQ, compiled with [`hint`]) against `fp32` (the recipe's model) in FP32, both
+/// compiled by OpenVINO with `threads` threads, on the evaluation batches (in the model's input
+/// order); one per output, by the converter's rules (`max_abs`, `max_rel` over the FP32
+/// output's largest magnitude, top-1 agreement of `[N, C]` outputs with C ≥ 2).
 pub(crate) fn gate(
     spec: &EngineSpec,
     c: &LibraryCandidate,
-    bytes: &[u8],
+    (fp32, bytes): (&[u8], &[u8]),
     threads: usize,
     evaluation: Option<&Path>,
 ) -> Result<(Vec<OutputFigures>, String), OvError> {
     let lib =
         infer_openvino::Library::open(&c.library).map_err(|e| OvError::Library(e.to_string()))?;
     let (_dir, model) = model_file(bytes)?;
-    let reference = compile(lib, &model, threads, Precision::Fp32)?;
-    let reduced = compile(lib, &model, threads, spec.precision)?;
+    let (_fp32_dir, fp32_model) = model_file(fp32)?;
+    let reference = compile(lib, &fp32_model, threads, Precision::Fp32)?;
+    let reduced = compile(lib, &model, threads, hint(spec.precision))?;
     let (ins, outs) = reference
         .ports()
         .map_err(|e| OvError::Load(e.to_string()))?;
@@ -318,7 +335,7 @@ pub(crate) fn measure(
     let mut compiled = None;
     for _ in 0..STARTUP_RUNS {
         let t = Instant::now();
-        let made = compile(lib, &model, threads, spec.precision)?;
+        let made = compile(lib, &model, threads, hint(spec.precision))?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         compiled = Some(made);
     }

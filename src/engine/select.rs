@@ -337,10 +337,15 @@ type Tried<'c> = (
     Result<(Measured, usize, Vec<CandidateMeasurement>), String>,
 );
 
-/// Choose and build the CPU engine of `spec` from the ONNX `bytes`.
-pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
+/// Choose and build the CPU engine of `spec` from the ONNX `bytes`; `fp32`: the recipe's model
+/// when `bytes` is its conversion (a `cpu-int8` target's Q/DQ model), the reference of the gate.
+pub(crate) fn choose(
+    spec: &EngineSpec,
+    bytes: &[u8],
+    fp32: Option<&[u8]>,
+) -> Result<Chosen, Error> {
     if let Some(gate) = &spec.gate {
-        return gated(spec, bytes, gate);
+        return gated(spec, (fp32.unwrap_or(bytes), bytes), gate);
     }
     let libraries: Vec<&LibraryCandidate> = spec.onnxruntime.iter().chain(&spec.openvino).collect();
     if libraries.is_empty() {
@@ -408,11 +413,12 @@ pub(crate) fn choose(spec: &EngineSpec, bytes: &[u8]) -> Result<Chosen, Error> {
     }
 }
 
-/// A CPU target beyond FP32 (`cpu-bf16`): the library engine that computes in its precision
-/// (OpenVINO: the plan allows no other), measured in it at its thread counts, then gated
-/// against itself in FP32 on the evaluation inputs (one thread); refused when the builder's CPU
-/// cannot compute in the precision or the gate fails.
-fn gated(spec: &EngineSpec, bytes: &[u8], gate: &Gate) -> Result<Chosen, Error> {
+/// A CPU target beyond FP32 (`cpu-bf16`, `cpu-int8`): the library engine that computes in its
+/// precision (OpenVINO: the plan allows no other) on `bytes` (the recipe's model, or its INT8
+/// Q/DQ conversion), gated against itself on `fp32`, the recipe's model, in FP32 on the
+/// evaluation inputs (one thread), then measured at its thread counts; refused when the
+/// builder's CPU cannot compute in the precision or the gate fails.
+fn gated(spec: &EngineSpec, (fp32, bytes): (&[u8], &[u8]), gate: &Gate) -> Result<Chosen, Error> {
     let Some(c) = spec
         .onnxruntime
         .iter()
@@ -441,19 +447,22 @@ fn gated(spec: &EngineSpec, bytes: &[u8], gate: &Gate) -> Result<Chosen, Error> 
     // The gate first, with one thread (the figures do not depend on the machine's cores): a
     // CPU that cannot compute in the precision stops here, before any measurement.
     let (figures, evaluation) = match c.kind {
-        EngineKind::Openvino => openvino::gate(spec, c, bytes, 1, gate.evaluation.as_deref())
-            .map_err(|e| match e {
-                openvino::OvError::Precision { .. } => Error::CpuPrecision {
-                    target: spec.target.clone(),
-                    reason: e.to_string(),
-                },
-                openvino::OvError::Evaluation(reason) => Error::Input {
-                    target: spec.target.clone(),
-                    input: "[accuracy] data".into(),
-                    reason,
-                },
-                e => forced(e.to_string()),
-            })?,
+        EngineKind::Openvino => {
+            openvino::gate(spec, c, (fp32, bytes), 1, gate.evaluation.as_deref()).map_err(|e| {
+                match e {
+                    openvino::OvError::Precision { .. } => Error::CpuPrecision {
+                        target: spec.target.clone(),
+                        reason: e.to_string(),
+                    },
+                    openvino::OvError::Evaluation(reason) => Error::Input {
+                        target: spec.target.clone(),
+                        input: "[accuracy] data".into(),
+                        reason,
+                    },
+                    e => forced(e.to_string()),
+                }
+            })?
+        }
         other => return Err(forced(format!("{other} has no accuracy gate"))),
     };
     let t = &gate.thresholds;

@@ -76,9 +76,6 @@ pub struct TrtSpec {
     pub trtexec: String,
     /// The polygraphy program (default `polygraphy`).
     pub polygraphy: String,
-    /// Convert the ONNX to the target precision before the build (TensorRT 11: FP16, INT8
-    /// Q/DQ), gated on accuracy; see `super::convert`.
-    pub convert: Option<super::convert::ConvertSpec>,
 }
 
 impl TrtSpec {
@@ -101,7 +98,6 @@ impl TrtSpec {
             workspace_mib: None,
             trtexec: "trtexec".into(),
             polygraphy: "polygraphy".into(),
-            convert: None,
         }
     }
 }
@@ -151,8 +147,12 @@ pub struct EngineSpec {
     /// it cannot load the model as it is (see `super::onnxruntime::fold`). Under `auto` and
     /// `onnxruntime` the candidate's library serves.
     pub folding: Option<super::onnxruntime::Folding>,
-    /// A CPU target of a precision beyond FP32 (`cpu-bf16`): the accuracy gate its engine
-    /// passes against the same engine in FP32.
+    /// Convert the ONNX to the target's precision before the engine is built (TensorRT 11:
+    /// FP16, INT8 Q/DQ; a `cpu-int8` target: INT8 Q/DQ), gated on accuracy; see
+    /// `super::convert`.
+    pub convert: Option<super::convert::ConvertSpec>,
+    /// A CPU target of a precision beyond FP32 (`cpu-bf16`, `cpu-int8`): the accuracy gate its
+    /// engine passes against the same engine on the FP32 model.
     pub gate: Option<Gate>,
 }
 
@@ -364,6 +364,7 @@ pub(crate) mod tests {
             onnxruntime: None,
             openvino: None,
             folding: None,
+            convert: None,
             gate: None,
         }
     }

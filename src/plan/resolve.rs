@@ -367,17 +367,21 @@ fn cpu_target(
     let mut notes = Vec::new();
     if precision.value != Precision::Fp32 {
         let names: Vec<&str> = features.iter().map(|f| f.name.as_str()).collect();
+        let int8 = precision.value == Precision::Int8;
         notes.push(format!(
-            "{} computes the FP32 model in {} (its inference precision), checked against FP32 by the accuracy gate; {}",
-            cpu.engine.as_str(),
-            precision.value,
-            if names.is_empty() {
-                "the matrix names no CPU feature that computes it (matrix/cpus.toml): where the build's CPU cannot, the target is refused".to_owned()
+            "{}, checked against FP32 by the accuracy gate; {}",
+            if int8 {
+                format!("infer-build quantises the model to INT8 Q/DQ from [int8] calibration data and {} computes it with INT8 kernels", cpu.engine.as_str())
             } else {
-                format!(
+                format!("{} computes the FP32 model in {} (its inference precision)", cpu.engine.as_str(), precision.value)
+            },
+            match (names.is_empty(), int8) {
+                (true, _) => "the matrix names no CPU feature that computes it at speed (matrix/cpus.toml)".to_owned(),
+                (false, true) => format!("at speed on CPUs with {} (matrix/cpus.toml), slower elsewhere", names.join(" or ")),
+                (false, false) => format!(
                     "at speed on CPUs with {} (matrix/cpus.toml): the engine is built on such a CPU, and a node without one runs it in FP32, slower, with a warning",
                     names.join(" or ")
-                )
+                ),
             }
         ));
     }

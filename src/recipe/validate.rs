@@ -175,6 +175,20 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let int8_table = cx.table(&root, "int8");
     let int8 = int8_table.as_ref().map(|t| int8(cx, t, tool, &mut files));
     check_int8_needed(cx, &targets, int8_table.as_ref());
+    if let (Some(p), Some(i)) = (
+        targets.cpu.iter().find(|p| p.value == Precision::Int8),
+        int8.as_ref().filter(|i| i.qdq.value),
+    ) {
+        cx.error_hint(
+            i.qdq.span,
+            &i.qdq.key,
+            format!(
+                "a cpu-int8 target (targets.cpu at line {}) quantises a plain model from calibration data; a Q/DQ model is not taken for it yet",
+                p.span.line
+            ),
+            "set `qdq = false` with `calibration = \"calibration/\"`, or remove \"int8\" from targets.cpu",
+        );
+    }
     let fp8_table = cx.table(&root, "fp8");
     let fp8 = fp8_table.as_ref().map(|t| fp8(cx, t, tool, &mut files));
     check_fp8_needed(cx, &targets, fp8_table.as_ref());
@@ -1646,6 +1660,16 @@ fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -
 }
 
 fn check_int8_needed(cx: &mut Checker<'_>, targets: &Targets, table: Option<&Table<'_, '_>>) {
+    if let Some(p) = targets.cpu.iter().find(|p| p.value == Precision::Int8) {
+        if table.is_none() {
+            cx.error_hint(
+                p.span,
+                &p.key,
+                "a cpu-int8 target is quantised from calibration data, and the recipe has no [int8] table",
+                "add `[int8]` with `calibration = \"calibration/\"` (a directory of *.npy / *.npz batches)",
+            );
+        }
+    }
     let Some(p) = targets
         .precision
         .iter()

@@ -186,6 +186,7 @@ fn spec(onnx: PathBuf, width: i64, precision: Precision, toolchain: Toolchain) -
         onnxruntime: None,
         openvino: None,
         folding: None,
+        convert: None,
         gate: None,
     }
 }

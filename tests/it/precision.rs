@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-fn pyenv_root() -> PathBuf {
+pub(super) fn pyenv_root() -> PathBuf {
     std::env::var_os("INFER_BUILD_PYENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| support::root().join("target/convert-pyenv"))

@@ -915,7 +915,7 @@ fn gate_annotated(case: &Case, archive: &Path) {
     );
     assert!(
         ann.keys()
-            .any(|k| k.starts_with("dev.infer-build.accuracy.")),
+            .any(|k| k.starts_with("dev.infer-build.gate.accuracy.")),
         "{ann:?}"
     );
 }

@@ -622,17 +622,33 @@ fn cpu_precisions_are_a_list_and_bf16_needs_an_engine_that_computes_in_it() {
             "{BASE}{}",
             r#"
 [targets]
-cpu = ["fp32", "int8", "bf61", "fp32", 16]
+cpu = ["fp32", "fp16", "bf61", "fp32", 16]
 "#
         ),
         r#"
-recipe.toml:11:16: targets.cpu[1]: precision int8 is not built for the CPU target
-  hint: precisions: fp32, bf16
+recipe.toml:11:16: targets.cpu[1]: precision fp16 is not built for the CPU target
+  hint: precisions: fp32, bf16, int8
 recipe.toml:11:24: targets.cpu[2]: unknown precision "bf61"; did you mean `bf16`?
-  hint: precisions: fp32, bf16
+  hint: precisions: fp32, bf16, int8
 recipe.toml:11:32: targets.cpu[3]: precision "fp32" is listed twice
   hint: remove the duplicate
-recipe.toml:11:40: targets.cpu[4]: expected a precision (fp32, bf16), found integer 16
+recipe.toml:11:40: targets.cpu[4]: expected a precision (fp32, bf16, int8), found integer 16
+"#,
+    );
+    // cpu_int8_without_calibration
+    check(
+        &format!("{BASE}\n[targets]\ncpu = [\"int8\"]\n"),
+        r#"
+recipe.toml:11:8: targets.cpu[0]: a cpu-int8 target is quantised from calibration data, and the recipe has no [int8] table
+  hint: add `[int8]` with `calibration = "calibration/"` (a directory of *.npy / *.npz batches)
+"#,
+    );
+    // cpu_int8_of_a_qdq_model
+    check(
+        &format!("{BASE}\n[targets]\ncpu = [\"int8\"]\n\n[int8]\nqdq = true\n"),
+        r#"
+recipe.toml:14:7: int8.qdq: a cpu-int8 target (targets.cpu at line 11) quantises a plain model from calibration data; a Q/DQ model is not taken for it yet
+  hint: set `qdq = false` with `calibration = "calibration/"`, or remove "int8" from targets.cpu
 "#,
     );
     // cpu_empty

@@ -225,9 +225,10 @@ impl Precision {
         Precision::Fp4,
     ];
 
-    /// The precisions of CPU targets (`targets.cpu`): FP32 on every CPU engine, BF16 on
-    /// OpenVINO (its inference precision, on CPUs with AVX-512 BF16 or AMX).
-    pub const CPU: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
+    /// The precisions of CPU targets (`targets.cpu`): FP32 on every CPU engine; BF16 on
+    /// OpenVINO (its inference precision, on CPUs with AVX-512 BF16 or AMX); INT8 on OpenVINO,
+    /// from the Q/DQ model infer-build quantises with calibration data.
+    pub const CPU: [Precision; 3] = [Precision::Fp32, Precision::Bf16, Precision::Int8];
 
     /// True for the precisions the engine stage builds engines at (fp32, fp16, int8, fp8).
     pub const fn engine_buildable(self) -> bool {
@@ -876,7 +877,7 @@ impl EngineMeta {
     /// `onnx.digest`, `shape_profile`, and `gpu.sm`, `gpu.builder`, `trt.version`, `cuda.version`,
     /// `driver.floor`, `trt.hardware_compat`, `trt.version_compatible`, `trt.lean_excluded` for
     /// TensorRT, or `cpu.arch`, `cpu.features`, `tract.version` (and `onnxruntime.version`,
-    /// `openvino.version`, `cpu.isa`, and a gated precision's `gate.*` and `accuracy.*`) for CPU
+    /// `openvino.version`, `cpu.isa`, and a gated precision's `gate.*`) for CPU
     /// engines.
     pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::new();
@@ -935,7 +936,7 @@ impl EngineMeta {
                 put("gate.evaluation", g.evaluation.clone());
                 put("gate.limits", g.limits.clone());
                 for (output, figures) in &g.accuracy {
-                    put(&format!("accuracy.{output}"), figures.clone());
+                    put(&format!("gate.accuracy.{output}"), figures.clone());
                 }
             }
         }

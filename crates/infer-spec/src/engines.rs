@@ -70,6 +70,9 @@ pub struct EngineDef {
     /// The precisions it computes an FP32 model in as a setting at start (`runtime.toml`'s
     /// `engine.precision`; the first is the default); empty: the engine file fixes it.
     pub precisions: &'static [Precision],
+    /// A CPU target of precision INT8 may ship it: it computes a Q/DQ model's quantised
+    /// operators with integer kernels (a `cpu-int8` target's engine is that model).
+    pub int8_qdq: bool,
 }
 
 /// The native library an engine's backend opens.
@@ -99,6 +102,7 @@ pub const ENGINES: [EngineDef; 4] = [
         runtime: RuntimeFlavour::Static,
         threads: false,
         precisions: &[],
+        int8_qdq: false,
     },
     EngineDef {
         kind: EngineKind::Tensorrt,
@@ -115,6 +119,7 @@ pub const ENGINES: [EngineDef; 4] = [
         runtime: RuntimeFlavour::Gpu,
         threads: false,
         precisions: &[],
+        int8_qdq: false,
     },
     EngineDef {
         kind: EngineKind::Onnxruntime,
@@ -131,6 +136,7 @@ pub const ENGINES: [EngineDef; 4] = [
         runtime: RuntimeFlavour::Dynamic,
         threads: true,
         precisions: &[],
+        int8_qdq: false,
     },
     EngineDef {
         kind: EngineKind::Openvino,
@@ -148,13 +154,20 @@ pub const ENGINES: [EngineDef; 4] = [
         threads: true,
         // OpenVINO's INFERENCE_PRECISION_HINT on the CPU plugin.
         precisions: &[Precision::Fp32, Precision::Bf16, Precision::Fp16],
+        // Its CPU plugin runs QuantizeLinear/DequantizeLinear pairs as INT8 kernels. (ONNX
+        // Runtime does too, but its symmetric-INT8 CPU kernels ran MiniLM 3x slower than FP32
+        // on the test machine, docs/BENCHMARKS.md: not a candidate.)
+        int8_qdq: true,
     },
 ];
 
 impl EngineDef {
-    /// True when it computes an FP32 model in `p`: FP32 always, else one of [`Self::precisions`].
+    /// True when a CPU target of precision `p` may ship it: FP32 always, INT8 where it runs
+    /// Q/DQ models ([`Self::int8_qdq`]), else one of [`Self::precisions`].
     pub fn computes(&self, p: Precision) -> bool {
-        p == Precision::Fp32 || self.precisions.contains(&p)
+        p == Precision::Fp32
+            || self.precisions.contains(&p)
+            || (p == Precision::Int8 && self.int8_qdq)
     }
 }
 

@@ -842,6 +842,7 @@ fn py_a_cpu_int8_target_is_openvino_on_the_quantised_model_gated_against_fp32() 
         .unwrap();
     // INT8 moves the outputs more than BF16, within the default 35%.
     assert!(max_rel > 1e-3 && max_rel < 0.35, "{figures}");
+    served_like_fp32(&py, &recipe, Path::new(doc["engine"].as_str().unwrap()));
 
     // A limit below what INT8 keeps: refused with the figures.
     let text = std::fs::read_to_string(&recipe).unwrap();
@@ -854,4 +855,44 @@ fn py_a_cpu_int8_target_is_openvino_on_the_quantised_model_gated_against_fp32() 
             && err.contains("> 1.000e-6"),
         "{err}"
     );
+}
+
+/// The runtime serves `engine` (the MLP's Q/DQ model) on OpenVINO's library as a `cpu-int8`
+/// image's `runtime.toml` says (no precision: INT8 is in the model), and answers within INT8's
+/// error of onnxruntime on the recipe's FP32 model, through tritonclient.
+fn served_like_fp32(py: &Path, recipe: &Path, engine: &Path) {
+    let script = super::real_models::script();
+    let o = Command::new(py)
+        .arg(&script)
+        .arg("fetch-openvino")
+        .arg(super::real_models::cache_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ov: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let dir = recipe.parent().unwrap();
+    let config = dir.join("int8.runtime.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\nname = \"mlp\"\n\n[[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [-1, 64]\n\n[[outputs]]\nname = \"output\"\ndatatype = \"FP32\"\ndims = [-1, 10]\n\n\
+             [batching]\nmax_batch_size = 32\ninstances = 1\n\n[engine]\nkind = \"openvino\"\npath = \"{}\"\nlibrary = \"{}\"\n\n\
+             [server]\nhost = \"127.0.0.1\"\nport = 0\n",
+            engine.display(),
+            ov["library"].as_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (mut child, addr, _) = super::onnxruntime::serve(&config);
+    let o = Command::new(py)
+        .arg(&script)
+        .args(["check", &addr, "mlp"])
+        .arg(dir.join("mlp.onnx"))
+        .arg(r#"[{"input": "input", "shape": [1, 64]}, {"input": "input", "shape": [7, 64]}]"#)
+        .env("CHECK_TOL", "0.02")
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
 }

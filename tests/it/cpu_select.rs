@@ -507,16 +507,35 @@ fn bf16_recipe(dir: &Path, extra: &str) -> PathBuf {
     recipe
 }
 
-/// The kernel lists `avx512_bf16` or `amx_bf16` among the CPU's flags.
-fn cpu_computes_bf16() -> bool {
-    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    flags
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .is_some_and(|l| {
-            l.split_whitespace()
-                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
-        })
+/// The MLP's gate (`meta.cpu.gate`): against OpenVINO on the FP32 model, its output's
+/// `max_rel`.
+fn gate_max_rel(gate: &Value) -> f64 {
+    assert!(
+        gate["against"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("OpenVINO 2026.4.1 in FP32")),
+        "{gate}"
+    );
+    gate["accuracy"]["output"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("max_rel="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// `infer-build plan RECIPE --json`, which must succeed.
+fn plan_json(recipe: &Path) -> Value {
+    let o = infer_build()
+        .arg("plan")
+        .arg(recipe)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
 }
 
 fn engine_at(recipe: &Path, cache: &Path, target: &str) -> Output {
@@ -542,14 +561,7 @@ fn engine_at(recipe: &Path, cache: &Path, target: &str) -> Output {
 fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
     let f = tempfile::tempdir().unwrap();
     let recipe = bf16_recipe(f.path(), "");
-    let o = infer_build()
-        .arg("plan")
-        .arg(&recipe)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let plan = plan_json(&recipe);
     let ids: Vec<&str> = plan["targets"]
         .as_array()
         .unwrap()
@@ -622,7 +634,7 @@ fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
 
     let cache = f.path().join("cache");
     let o = engine_at(&recipe, &cache, "cpu-bf16");
-    if !cpu_computes_bf16() {
+    if !super::support::cpu_computes_bf16() {
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert!(
             stderr(&o).contains("needs AVX-512 BF16 or AMX"),
@@ -640,25 +652,13 @@ fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
     assert_eq!(meta["precision"], "bf16", "{meta}");
     let gate = &meta["cpu"]["gate"];
     assert_eq!(gate["computed_in"], "bf16", "{meta}");
-    assert!(
-        gate["against"]
-            .as_str()
-            .is_some_and(|a| a.starts_with("OpenVINO 2026.4.1 in FP32")),
-        "{gate}"
-    );
     assert_eq!(
         gate["evaluation"], "generated inputs, 8 batches of one row",
         "{gate}"
     );
-    let figures = gate["accuracy"]["output"].as_str().unwrap();
-    let max_rel: f64 = figures
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("max_rel="))
-        .unwrap()
-        .parse()
-        .unwrap();
     // BF16 keeps 8 bits of mantissa: the MLP's outputs move, within the default 5%.
-    assert!(max_rel > 0.0 && max_rel < 0.05, "{figures}");
+    let max_rel = gate_max_rel(gate);
+    assert!(max_rel > 0.0 && max_rel < 0.05, "{gate}");
     let sel = &doc["profile"]["selection"];
     assert_eq!(sel["policy"], "openvino", "{sel}");
     assert!(
@@ -698,7 +698,7 @@ fn a_cpu_bf16_target_is_openvino_in_bf16_gated_against_fp32() {
 /// name order) instead of generated inputs, and says so.
 #[test]
 fn py_the_bf16_gate_runs_on_the_recipes_evaluation_data() {
-    if !cpu_computes_bf16() {
+    if !super::support::cpu_computes_bf16() {
         eprintln!("skipping: this CPU cannot compute in BF16 (no avx512_bf16 or amx_bf16 flag), so the cpu-bf16 target is refused before its gate");
         return;
     }
@@ -769,14 +769,7 @@ fn py_a_cpu_int8_target_is_openvino_on_the_quantised_model_gated_against_fp32() 
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = infer_build()
-        .arg("plan")
-        .arg(&recipe)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plan: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let plan = plan_json(&recipe);
     let t = &plan["targets"][0];
     assert_eq!(t["id"], "cpu-int8", "{plan}");
     assert_eq!(t["cpu"]["engine"], "openvino", "{t}");
@@ -827,21 +820,9 @@ fn py_a_cpu_int8_target_is_openvino_on_the_quantised_model_gated_against_fp32() 
             .is_some_and(|e| e.starts_with("data ") && e.ends_with("calib, 4 batches")),
         "{gate}"
     );
-    assert!(
-        gate["against"]
-            .as_str()
-            .is_some_and(|a| a.starts_with("OpenVINO 2026.4.1 in FP32")),
-        "{gate}"
-    );
-    let figures = gate["accuracy"]["output"].as_str().unwrap();
-    let max_rel: f64 = figures
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("max_rel="))
-        .unwrap()
-        .parse()
-        .unwrap();
     // INT8 moves the outputs more than BF16, within the default 35%.
-    assert!(max_rel > 1e-3 && max_rel < 0.35, "{figures}");
+    let max_rel = gate_max_rel(gate);
+    assert!(max_rel > 1e-3 && max_rel < 0.35, "{gate}");
     served_like_fp32(&py, &recipe, Path::new(doc["engine"].as_str().unwrap()));
 
     // A limit below what INT8 keeps: refused with the figures.

@@ -884,7 +884,7 @@ fn docker_serves_like_onnxruntime(test: &str, case: &Case) {
 /// A `cpu-bf16` case on a CPU that cannot compute in BF16: the build (its output `o`) must have
 /// been refused as a GPU target without its GPU is, saying why; true when it was.
 fn refused_without_bf16(test: &str, case: &Case, o: &std::process::Output) -> bool {
-    if case.precision != "bf16" || cpu_computes_bf16() {
+    if case.precision != "bf16" || support::cpu_computes_bf16() {
         return false;
     }
     assert!(
@@ -1071,18 +1071,6 @@ const OPENVINO_MINILM_BF16: Case = Case {
     tolerance: "0.005",
     ..CASES[5]
 };
-
-/// The kernel lists `avx512_bf16` or `amx_bf16` among the CPU's flags.
-fn cpu_computes_bf16() -> bool {
-    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    flags
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .is_some_and(|l| {
-            l.split_whitespace()
-                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
-        })
-}
 
 /// PaddleOCR's detector (variable height and width), served by OpenVINO.
 const OPENVINO_OCR_DET: Case = Case {

@@ -545,3 +545,16 @@ pub(crate) fn inspect(path: &Path) -> Inspection {
     let path = path.to_str().expect("UTF-8 path");
     cli_json(&root(), &["inspect", "--json", path])
 }
+
+/// The kernel lists `avx512_bf16` or `amx_bf16` among the CPU's flags: OpenVINO computes in BF16
+/// here (a `cpu-bf16` target builds; elsewhere it is refused).
+pub(crate) fn cpu_computes_bf16() -> bool {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    flags
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| {
+            l.split_whitespace()
+                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
+        })
+}

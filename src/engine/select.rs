@@ -456,7 +456,7 @@ fn gated(spec: &EngineSpec, (fp32, bytes): (&[u8], &[u8]), gate: &Gate) -> Resul
                     },
                     openvino::OvError::Evaluation(reason) => Error::Input {
                         target: spec.target.clone(),
-                        input: "[accuracy] data".into(),
+                        input: "evaluation data".into(),
                         reason,
                     },
                     e => forced(e.to_string()),

@@ -515,9 +515,8 @@ pub(crate) fn target_spec_at(
             .filter(|(_, m)| m.precision != infer_spec::engine::Precision::Fp32)
             .and_then(|(_, m)| m.cpu.as_ref())
             .and_then(|c| c.gate.as_ref())
-            .map(|g| g.computed_in)
             // INT8 is in the model (Q/DQ), not a setting.
-            .filter(|p| engine_def.is_some_and(|d| d.precisions.contains(p)));
+            .and_then(|g| engine_def.and_then(|d| d.setting(g.computed_in)));
     }
     name_dims(&mut rc, &files.dim_names);
     bound_table_inputs(&mut rc, &files.table_rows);

@@ -219,10 +219,9 @@ pub(crate) fn spec(
         gpu,
         cpu_prefers: target
             .cpu
-            .iter()
-            .flat_map(|c| &c.features)
-            .map(|f| (f.name.clone(), f.nfd_label.clone()))
-            .collect(),
+            .as_ref()
+            .map(|c| c.features.clone())
+            .unwrap_or_default(),
         gpu_count: u32::from(gpu_target),
         gpu_share: found.gpu_share.clone(),
         cpu_millis: cpu,

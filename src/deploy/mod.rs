@@ -156,11 +156,10 @@ pub struct DeploySpec {
     pub digest: Option<String>,
     /// `None` for CPU targets.
     pub gpu: Option<GpuSelector>,
-    /// CPU targets: the CPU features the engine computes fastest with, any one of them, as
-    /// (name, Node Feature Discovery label) (`cpu-bf16`: `avx512-bf16`, `amx`; the plan's, from
-    /// `matrix/cpus.toml`); nodes that have one are preferred, none required (the runtime runs
-    /// slower elsewhere).
-    pub cpu_prefers: Vec<(String, String)>,
+    /// CPU targets: the CPU features the engine computes fastest with, any one of them
+    /// (`cpu-bf16`: `avx512-bf16`, `amx`; the plan's, from `matrix/cpus.toml`); nodes that have
+    /// one are preferred, none required (the runtime runs slower elsewhere).
+    pub cpu_prefers: Vec<crate::plan::CpuFeaturePin>,
     pub gpu_count: u32,
     /// How each replica gets its GPU (GPU targets).
     pub gpu_share: GpuShare,
@@ -475,15 +474,15 @@ fn node_affinity(gpu: &GpuSelector) -> Node {
         .into()
 }
 
-/// A preference for nodes with any of `features` (name, Node Feature Discovery label): one
+/// A preference for nodes with any of `features` (their Node Feature Discovery labels): one
 /// term each, equal weights.
-fn cpu_affinity(features: &[(String, String)]) -> Option<Node> {
+fn cpu_affinity(features: &[crate::plan::CpuFeaturePin]) -> Option<Node> {
     if features.is_empty() {
         return None;
     }
     let terms: Vec<Node> = features
         .iter()
-        .map(|(_, label)| {
+        .map(|f| {
             Map::new()
                 .kv("weight", 100u32)
                 .kv(
@@ -491,7 +490,7 @@ fn cpu_affinity(features: &[(String, String)]) -> Option<Node> {
                     Map::new().kv(
                         "matchExpressions",
                         vec![Map::new()
-                            .kv("key", label.as_str())
+                            .kv("key", f.nfd_label.as_str())
                             .kv("operator", "In")
                             .kv("values", vec![Node::str("true")])
                             .into()],
@@ -500,7 +499,7 @@ fn cpu_affinity(features: &[(String, String)]) -> Option<Node> {
                 .into()
         })
         .collect();
-    let names: Vec<&str> = features.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = features.iter().map(|f| f.name.as_str()).collect();
     let why = format!(
         "the engine computes fastest on CPUs with {}: preferred, not required (elsewhere it runs, slower, and the runtime warns); Node Feature Discovery labels the nodes",
         names.join(" or ")
@@ -1109,7 +1108,10 @@ mod tests {
             gpu_count: 0,
             cpu_prefers: prefers
                 .iter()
-                .map(|(n, l)| ((*n).to_owned(), (*l).to_owned()))
+                .map(|(n, l)| crate::plan::CpuFeaturePin {
+                    name: (*n).to_owned(),
+                    nfd_label: (*l).to_owned(),
+                })
                 .collect(),
             ..spec()
         };

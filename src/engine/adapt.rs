@@ -179,16 +179,12 @@ pub(crate) fn spec(recipe: &Recipe, target: &TargetPlan) -> Result<EngineSpec, E
     // data of a target that has some, else generated.
     let gate = (cpu_precision && target.precision != Precision::Fp32).then(|| Gate {
         thresholds: thresholds(recipe, target.precision),
-        evaluation: convert
+        evaluation: recipe
+            .accuracy
+            .data
             .as_ref()
-            .and_then(|c: &ConvertSpec| c.evaluation.clone().or_else(|| c.calibration.clone()))
-            .or_else(|| {
-                recipe
-                    .accuracy
-                    .data
-                    .as_ref()
-                    .map(|d| recipe.resolve(&d.value))
-            }),
+            .map(|d| recipe.resolve(&d.value))
+            .or_else(|| convert.as_ref().and_then(|c| c.calibration.clone())),
     });
     Ok(EngineSpec {
         model: recipe.model.name.clone(),

@@ -1,5 +1,6 @@
-//! The inputs an in-process accuracy gate runs (a CPU engine computing in BF16 against itself in
-//! FP32): the recipe's `[accuracy] data` as the converter reads it (`*.npy` for a single-input
+//! The inputs an in-process accuracy gate runs (a CPU engine computing in BF16, or in INT8 on the
+//! quantised model, against itself on the FP32 model): the recipe's `[accuracy] data` (a
+//! `cpu-int8` target's calibration data without it) as the converter reads it (`*.npy` for a single-input
 //! model, `*.npz` with one array per input, in file-name order, each cast to the input's type),
 //! or [`GENERATED_SAMPLES`](super::convert::GENERATED_SAMPLES) generated batches of one row by
 //! the converter's rules (floats uniform in [-1, 1], integers 0 to 9, a text model's attention

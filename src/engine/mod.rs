@@ -262,7 +262,7 @@ pub(crate) fn calibration_digest(c: &Calibration) -> Result<String, Error> {
                 return Err(Error::Input {
                     target: "-".into(),
                     input: dir.display().to_string(),
-                    reason: "the calibration directory holds no files".into(),
+                    reason: "the directory holds no files (calibration and evaluation data are batches in files)".into(),
                 });
             }
             Ok(crate::oci::Digest::of(files.join("\n").as_bytes()).to_string())

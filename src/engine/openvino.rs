@@ -164,15 +164,10 @@ fn compile(
 /// FP16) are a setting of the FP32 model; an INT8 target's model is Q/DQ, computed with FP32 as
 /// the precision of what is not quantised.
 pub(crate) fn hint(p: Precision) -> Precision {
-    if infer_spec::engine::EngineKind::Openvino
+    infer_spec::engine::EngineKind::Openvino
         .def()
-        .precisions
-        .contains(&p)
-    {
-        p
-    } else {
-        Precision::Fp32
-    }
+        .setting(p)
+        .unwrap_or(Precision::Fp32)
 }
 
 /// `bytes` in a fresh private directory as `model.onnx` (OpenVINO reads a model from a file).
@@ -229,16 +224,37 @@ pub(crate) fn gate(
 /// Running figures of each output over the evaluation batches.
 struct Figures {
     names: Vec<String>,
-    /// (largest |got - want| or infinite, largest |want|, rows compared, rows agreeing,
-    /// classification-shaped in every batch)
-    stats: Vec<(f64, f64, u64, u64, bool)>,
+    stats: Vec<Stats>,
+}
+
+/// One output's figures so far.
+#[derive(Clone, Copy)]
+struct Stats {
+    /// Largest |got - want| (infinite once `got` is not finite).
+    max_abs: f64,
+    /// Largest |want|.
+    ref_max: f64,
+    /// Rows compared for top-1, and those whose arg-max agrees.
+    rows: u64,
+    agree: u64,
+    /// `[N, C]` with C ≥ 2 in every batch.
+    classification: bool,
 }
 
 impl Figures {
     fn new(names: &[String]) -> Figures {
         Figures {
             names: names.to_vec(),
-            stats: vec![(0.0, 0.0, 0, 0, true); names.len()],
+            stats: vec![
+                Stats {
+                    max_abs: 0.0,
+                    ref_max: 0.0,
+                    rows: 0,
+                    agree: 0,
+                    classification: true,
+                };
+                names.len()
+            ],
         }
     }
 
@@ -251,8 +267,7 @@ impl Figures {
         {
             if ws != gs || w.len() != g.len() {
                 return Err(OvError::Run(format!(
-                    "output {name}: shape {gs:?} in {}, {ws:?} in FP32",
-                    "the reduced precision"
+                    "output {name}: shape {gs:?} in the reduced precision, {ws:?} in FP32"
                 )));
             }
             for (&a, &b) in g.iter().zip(w) {
@@ -261,16 +276,16 @@ impl Figures {
                 } else {
                     f64::INFINITY
                 };
-                s.0 = s.0.max(d);
-                s.1 = s.1.max(b.abs());
+                s.max_abs = s.max_abs.max(d);
+                s.ref_max = s.ref_max.max(b.abs());
             }
             let classification = ws.len() == 2 && ws[1] >= 2;
-            s.4 &= classification;
+            s.classification &= classification;
             if classification {
                 let cols = ws[1];
                 for (wr, gr) in w.chunks_exact(cols).zip(g.chunks_exact(cols)) {
-                    s.2 += 1;
-                    s.3 += u64::from(argmax(wr) == argmax(gr));
+                    s.rows += 1;
+                    s.agree += u64::from(argmax(wr) == argmax(gr));
                 }
             }
         }
@@ -281,7 +296,14 @@ impl Figures {
         self.names
             .into_iter()
             .zip(self.stats)
-            .map(|(name, (max_abs, ref_max, rows, agree, cls))| {
+            .map(|(name, s)| {
+                let Stats {
+                    max_abs,
+                    ref_max,
+                    rows,
+                    agree,
+                    classification: cls,
+                } = s;
                 let rel = if ref_max > 0.0 {
                     max_abs / ref_max
                 } else if max_abs == 0.0 {

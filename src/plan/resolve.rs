@@ -718,51 +718,38 @@ fn cpu_plan(
             path: l.load_path(),
         });
     if engine == CpuEngine::OPENVINO {
-        let at = if narrowed {
-            precision.clone().map(|_| CpuEngine::OPENVINO)
+        // Forced by the recipe's engine.cpu, or by a precision only OpenVINO computes in: the
+        // refusal points at what forced it and says how out of it.
+        let (at, why, way_out) = if narrowed {
+            (
+                precision.clone().map(|_| CpuEngine::OPENVINO),
+                format!("{} on the CPU runs on OpenVINO: ", precision.value),
+                Some(format!("remove \"{}\" from targets.cpu", precision.value)),
+            )
         } else {
-            recipe.engine.cpu.clone()
+            (recipe.engine.cpu.clone(), String::new(), None)
         };
-        let at = &at;
         if plan.glibc_base.is_none() {
-            refusals.push(diag(&recipe.file, at, Refusal {
+            refusals.push(diag(&recipe.file, &at, Refusal {
                 rule: "cpu-glibc-base",
-                message: format!("{}OpenVINO needs a glibc base image, and the compatibility matrix has none for the CPU target", if narrowed { format!("{} on the CPU runs on OpenVINO: ", precision.value) } else { String::new() }),
-                hint: format!("add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or {}", if narrowed { format!("remove \"{}\" from targets.cpu", precision.value) } else { "use engine.cpu = \"tract\"".into() }),
+                message: format!("{why}OpenVINO needs a glibc base image, and the compatibility matrix has none for the CPU target"),
+                hint: format!("add a role = \"cpu\" image with glibc and default = true to base-images/images.toml and pass --matrix DIR, or {}", way_out.clone().unwrap_or_else(|| "use engine.cpu = \"tract\"".into())),
             }));
         }
         if plan.openvino.is_none() {
-            refusals.push(diag(
-                &recipe.file,
-                at,
-                Refusal {
-                    rule: "cpu-library",
-                    message: format!(
-                        "{}the compatibility matrix has no openvino library for {platform}{}",
-                        if narrowed {
-                            format!("{} on the CPU runs on OpenVINO, and ", precision.value)
-                        } else {
-                            String::new()
-                        },
-                        match (openvino, glibc_row.and_then(|b| b.glibc.as_ref())) {
-                            (Some(l), Some(have)) => format!(
-                                " that runs on the base's glibc {have} (OpenVINO {} needs {})",
-                                l.version,
-                                l.glibc_min.as_ref().map_or("-".into(), ToString::to_string)
-                            ),
-                            _ => String::new(),
-                        }
-                    ),
-                    hint: format!(
-                        "add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or {}",
-                        if narrowed {
-                            format!("remove \"{}\" from targets.cpu", precision.value)
-                        } else {
-                            "use engine.cpu = \"auto\"".into()
-                        }
-                    ),
-                },
-            ));
+            let glibc = match (openvino, glibc_row.and_then(|b| b.glibc.as_ref())) {
+                (Some(l), Some(have)) => format!(
+                    " that runs on the base's glibc {have} (OpenVINO {} needs {})",
+                    l.version,
+                    l.glibc_min.as_ref().map_or("-".into(), ToString::to_string)
+                ),
+                _ => String::new(),
+            };
+            refusals.push(diag(&recipe.file, &at, Refusal {
+                rule: "cpu-library",
+                message: format!("{why}the compatibility matrix has no openvino library for {platform}{glibc}"),
+                hint: format!("add a row to matrix/runtime-libraries.toml and pass --matrix DIR, or {}", way_out.unwrap_or_else(|| "use engine.cpu = \"auto\"".into())),
+            }));
         }
     }
     if engine == CpuEngine::ONNXRUNTIME {

@@ -174,21 +174,7 @@ pub(crate) fn validate(cx: &mut Checker<'_>, doc: &DeTable<'_>, file: &Path) -> 
     let tool = engine.convert.value;
     let int8_table = cx.table(&root, "int8");
     let int8 = int8_table.as_ref().map(|t| int8(cx, t, tool, &mut files));
-    check_int8_needed(cx, &targets, int8_table.as_ref());
-    if let (Some(p), Some(i)) = (
-        targets.cpu.iter().find(|p| p.value == Precision::Int8),
-        int8.as_ref().filter(|i| i.qdq.value),
-    ) {
-        cx.error_hint(
-            i.qdq.span,
-            &i.qdq.key,
-            format!(
-                "a cpu-int8 target (targets.cpu at line {}) quantises a plain model from calibration data; a Q/DQ model is not taken for it yet",
-                p.span.line
-            ),
-            "set `qdq = false` with `calibration = \"calibration/\"`, or remove \"int8\" from targets.cpu",
-        );
-    }
+    check_int8_needed(cx, &targets, int8_table.as_ref(), int8.as_ref());
     let fp8_table = cx.table(&root, "fp8");
     let fp8 = fp8_table.as_ref().map(|t| fp8(cx, t, tool, &mut files));
     check_fp8_needed(cx, &targets, fp8_table.as_ref());
@@ -1659,7 +1645,14 @@ fn accuracy(cx: &mut Checker<'_>, t: &Table<'_, '_>, files: &mut Vec<FileRef>) -
     Accuracy { data, limits }
 }
 
-fn check_int8_needed(cx: &mut Checker<'_>, targets: &Targets, table: Option<&Table<'_, '_>>) {
+/// INT8 targets need `[int8]`: calibration data or a Q/DQ model for GPU targets, calibration
+/// data for a `cpu-int8` target (which quantises a plain model).
+fn check_int8_needed(
+    cx: &mut Checker<'_>,
+    targets: &Targets,
+    table: Option<&Table<'_, '_>>,
+    int8: Option<&Int8>,
+) {
     if let Some(p) = targets.cpu.iter().find(|p| p.value == Precision::Int8) {
         if table.is_none() {
             cx.error_hint(
@@ -1667,6 +1660,17 @@ fn check_int8_needed(cx: &mut Checker<'_>, targets: &Targets, table: Option<&Tab
                 &p.key,
                 "a cpu-int8 target is quantised from calibration data, and the recipe has no [int8] table",
                 "add `[int8]` with `calibration = \"calibration/\"` (a directory of *.npy / *.npz batches)",
+            );
+        }
+        if let Some(i) = int8.filter(|i| i.qdq.value) {
+            cx.error_hint(
+                i.qdq.span,
+                &i.qdq.key,
+                format!(
+                    "a cpu-int8 target (targets.cpu at line {}) quantises a plain model from calibration data; a Q/DQ model is not taken for it yet",
+                    p.span.line
+                ),
+                "set `qdq = false` with `calibration = \"calibration/\"`, or remove \"int8\" from targets.cpu",
             );
         }
     }

@@ -13,6 +13,16 @@ use serde_json::Value;
 use super::ort_image::{keep_wheel, seed_wheel};
 use super::support::{infer_build, root, stderr, stdout};
 
+/// A measured candidate's (or profile's) summed T(b): the medians over its batch sizes, µs.
+fn sum(c: &Value) -> f64 {
+    c["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["median_us"].as_f64().unwrap())
+        .sum()
+}
+
 /// `infer-build engine RECIPE --target cpu-fp32 --json` with its own cache root.
 fn engine(recipe: &Path, cache: &Path) -> Output {
     seed_wheel(cache);
@@ -100,14 +110,6 @@ fn auto_measures_tract_and_onnxruntime_records_both_and_a_rebuild_is_cached() {
     // What shipped is what was chosen, and its T(b) is the chosen candidate's.
     let chosen = sel["chosen"].as_str().unwrap();
     assert_eq!(doc["meta"]["kind"], chosen);
-    let sum = |c: &Value| -> f64 {
-        c["batches"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b["median_us"].as_f64().unwrap())
-            .sum()
-    };
     // ONNX Runtime's count: more threads only when at most 0.95x the best fewer threads'
     // summed T(b) (`select::THREADS_MARGIN`).
     let mut best = &cands[1];
@@ -413,14 +415,6 @@ fn py_a_model_only_onnxruntime_loads_goes_to_onnxruntime_under_auto() {
     assert_eq!(sel["chosen"], kind);
     // The shipped engine's best row is the least summed T(b) of all library rows, but for the
     // margin more threads need to ship (select::THREADS_MARGIN, 0.95).
-    let sum = |c: &Value| -> f64 {
-        c["batches"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b["median_us"].as_f64().unwrap())
-            .sum()
-    };
     let best = |k: &str| {
         sel["candidates"]
             .as_array()

@@ -639,7 +639,7 @@ fn a_bf16_cpu_target_without_openvino_in_the_matrix_is_refused_at_the_precision(
     assert!(
         err.contains(&format!("r.toml:{line}:"))
             && err.contains("targets.cpu[1]")
-            && err.contains("bf16 on the CPU runs on OpenVINO, and the compatibility matrix has no openvino library for x86_64")
+            && err.contains("bf16 on the CPU runs on OpenVINO: the compatibility matrix has no openvino library for x86_64")
             && err.contains("[rule: cpu-library]")
             && err.contains("or remove \"bf16\" from targets.cpu"),
         "{err}"

@@ -629,23 +629,25 @@ pub struct CpuMeta {
     /// engine, slower than its profile says, and the runtime warns (`CpuIsa::missing_on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isa: Option<CpuIsa>,
-    /// A CPU target of a precision beyond FP32 (`cpu-bf16`): the accuracy gate's figures of the
-    /// engine computing in it against the same engine in FP32.
+    /// A CPU target of a precision beyond FP32 (`cpu-bf16`, `cpu-int8`): the accuracy gate's
+    /// figures of the engine computing in it against the same engine on the FP32 model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateMeta>,
 }
 
-/// The accuracy gate of an engine that computes an FP32 model in a lower precision at run time
-/// (OpenVINO's BF16 inference precision): what it was compared with, on what, and the figures.
+/// The accuracy gate of a CPU engine computing in a lower precision than the recipe's FP32
+/// model (OpenVINO's BF16 inference precision, or its INT8 kernels on the Q/DQ model
+/// infer-build made): what it was compared with, on what, and the figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GateMeta {
-    /// The precision the engine computed in on the builder, as the engine reported it after
-    /// compiling (`bf16`).
+    /// The precision the engine computed in on the builder: for BF16, as OpenVINO reported it
+    /// after compiling; for INT8, the Q/DQ model's.
     pub computed_in: Precision,
     /// The reference: the same engine and model in FP32.
     pub against: String,
-    /// What the figures were measured on (`generated inputs, 8 batches`, `[accuracy] data, …`).
+    /// What the figures were measured on (`generated inputs, 8 batches of one row`,
+    /// `data DIR, 3 batches`).
     pub evaluation: String,
     /// Per output: `max_abs=… max_rel=… [top1=…]`, as [`ConversionMeta::accuracy`].
     pub accuracy: std::collections::BTreeMap<String, String>,

@@ -165,9 +165,14 @@ impl EngineDef {
     /// True when a CPU target of precision `p` may ship it: FP32 always, INT8 where it runs
     /// Q/DQ models ([`Self::int8_qdq`]), else one of [`Self::precisions`].
     pub fn computes(&self, p: Precision) -> bool {
-        p == Precision::Fp32
-            || self.precisions.contains(&p)
-            || (p == Precision::Int8 && self.int8_qdq)
+        p == Precision::Fp32 || self.setting(p).is_some() || (p == Precision::Int8 && self.int8_qdq)
+    }
+
+    /// `p` as this engine's `runtime.toml` `engine.precision`: `p` when it is one of
+    /// [`Self::precisions`], else `None` (the engine's default, FP32; an INT8 target's
+    /// precision is in its Q/DQ model, not a setting).
+    pub fn setting(&self, p: Precision) -> Option<Precision> {
+        self.precisions.contains(&p).then_some(p)
     }
 }
 

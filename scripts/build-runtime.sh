@@ -22,10 +22,13 @@
 #             `onnxruntime` and `openvino` (libonnxruntime and libopenvino_c are opened at run
 #             time, not linked), linked dynamically against glibc; CHECK=1 verifies the same as
 #             for gpu.
-#   QUICK_LINK  flavours (comma-separated, e.g. static,dynamic,gpu) whose final link uses thin LTO over
-#             16 codegen units instead of the profile's fat LTO over one: the same code and
-#             features, linked in parallel and sooner, but not the bytes images ship. For test
-#             runs only (scripts/test.sh); the dependencies are the same build either way.
+#   QUICK=1   a test build: the profile's optimisation level, but every crate in 16 codegen units
+#             and no link-time optimisation (CARGO_PROFILE_<PROFILE>_LTO=false,
+#             _CODEGEN_UNITS=16), so each flavour's final link is a plain link of code compiled
+#             once, not a whole-program optimisation. The same code and features, other bytes
+#             and a slower runtime (tract's kernels are not inlined across crates): for test runs
+#             only (scripts/test.sh), never for images you ship. Cargo keeps a quick and a full
+#             build of each dependency side by side, so switching back compiles nothing again.
 #
 # The three flavours share one target directory, target/runtime/ (or $CARGO_TARGET_DIR/runtime/):
 # they differ only in infer-serve's own features and in how its binary is linked, so the
@@ -74,10 +77,11 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}/runtime
 # so inheriting it would rebuild the whole runtime, to the same bytes, for every new value.
 export SOURCE_DATE_EPOCH=0
 
-# The static one is `cpu` or `static`.
-case ",${QUICK_LINK:-}," in
-    *",$flavour,"* | *",${tag%%-*},"*) final_flags+=(-C lto=thin -C codegen-units=16) ;;
-esac
+if [[ ${QUICK:-0} == 1 ]]; then
+    # Cargo reads a profile's settings from CARGO_PROFILE_<NAME>_* (upper case, `-` as `_`).
+    profile_env=CARGO_PROFILE_$(tr 'a-z-' 'A-Z_' <<<"$profile")
+    export "${profile_env}_LTO=false" "${profile_env}_CODEGEN_UNITS=16"
+fi
 
 args=(rustc --locked -p infer-serve --bin infer-serve --target "$target" --profile "$profile")
 if [[ -n "${FEATURES:-}" ]]; then

@@ -12,13 +12,13 @@ cd "$(dirname "$0")/.."
 # TensorRT's public headers the GPU runtime and the TensorRT lint pass compile against.
 trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
 serve_profile=${INFER_SERVE_PROFILE:-release-serve}
-# Their final links use thin LTO over 16 codegen units (build-runtime.sh QUICK_LINK) instead of
-# the profile's fat LTO over one: the same code and dependencies' builds, linked on both cores
-# in a fraction of a fat link's single-threaded time (three fat links were the longest chain of
-# this command). The binaries' bytes differ from the ones `scripts/install.sh` and
-# `scripts/example.sh` ship, not what they do; QUICK_LINK= (empty) tests the shipped links.
-# Exported: the installs below and in the tests reuse these builds.
-export QUICK_LINK=${QUICK_LINK-static,dynamic,gpu}
+# They are quick builds (build-runtime.sh QUICK=1): release-serve's optimisation level, without
+# link-time optimisation, every crate in 16 codegen units. With LTO the dependencies leave LLVM
+# bitcode and each flavour's final link optimises and compiles the whole program again: three such
+# links (fat, or thin over 16 units) were the longest chain of this command. The binaries' bytes differ from the ones
+# `scripts/install.sh` and `scripts/example.sh` ship, and they run tract slower, not what they do;
+# QUICK=0 tests the shipped builds. Exported: the installs below and in the tests reuse these builds.
+export QUICK=${QUICK-1}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT
 (

@@ -333,6 +333,9 @@ pub(super) fn vision(
     }
     let (layout, height, width) = size?;
     let answer = answer?;
+    if answer == Answer::Embed {
+        embed_output(cx, t, model, output.as_ref().map(|o| o.value.as_str()));
+    }
     if let (Some(classes), Some((_, key, span))) = (
         classes(model, output.as_ref().map(|o| o.value.as_str()), answer),
         cx.get(t, "labels"),
@@ -377,6 +380,32 @@ pub(super) fn vision(
         labels_file,
         at: Located::new((), at, "vision"),
     })
+}
+
+/// `embed` answers from a vector (`[batch, dims]`) or a feature map it pools (`[batch, C, H, W]`,
+/// channels last under `layout = "nhwc"`): an output the recipe declares with another rank is
+/// refused at `answer`.
+fn embed_output(cx: &mut Checker<'_>, t: &Table<'_, '_>, model: &Model, output: Option<&str>) {
+    let out = match output {
+        Some(name) => model.outputs.iter().find(|o| o.name == name),
+        None => model.outputs.first(),
+    };
+    let Some(out) = out else { return };
+    if matches!(out.shape.len(), 2 | 4) {
+        return;
+    }
+    if let Some((_, key, span)) = cx.get(t, "answer") {
+        cx.error_hint(
+            span,
+            &key,
+            format!(
+                "\"embed\" answers from a vector [batch, dims] or a feature map [batch, C, H, W], but output {:?} has {} dimensions",
+                out.name,
+                out.shape.len()
+            ),
+            "name the model's pooled output in [vision] output (a feature map is averaged over its positions)",
+        );
+    }
 }
 
 /// The classes of the answer's output as the recipe declares it (its columns, or its rows past

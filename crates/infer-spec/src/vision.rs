@@ -177,7 +177,8 @@ pub enum Answer {
     /// the engine's input pixels, then a score per class): `[{label, score, box}]` in the
     /// original image's pixels, after class-aware non-maximum suppression.
     Detect,
-    /// A vector per image, `[batch, dims]` (or `[batch, dims, 1, 1]`).
+    /// A vector per image, `[batch, dims]`, or a feature map `[batch, C, H, W]` (`[batch, H, W,
+    /// C]` under NHWC) the runtime averages over its positions.
     Embed,
 }
 
@@ -386,15 +387,22 @@ impl Vision {
                 let shape = match self.answer {
                     Answer::Classify => self.classes(outputs).is_some(),
                     Answer::Detect => t.dims.len() == 3 && self.classes(outputs).is_some(),
-                    Answer::Embed => {
-                        matches!(t.dims.iter().skip(1).collect::<Vec<_>>().as_slice(), [d] | [d, 1, 1] if **d > 0)
-                    }
+                    // A vector, or a feature map the runtime pools: its channels known.
+                    Answer::Embed => match (t.dims.as_slice(), self.layout) {
+                        ([_, d], _)
+                        | ([_, d, _, _], Layout::Nchw)
+                        | ([_, _, _, d], Layout::Nhwc) => *d > 0,
+                        _ => false,
+                    },
                 };
                 if !shape {
                     let want = match self.answer {
                         Answer::Classify => "[batch, classes]",
                         Answer::Detect => "[batch, 4 + classes, boxes]",
-                        Answer::Embed => "[batch, dims]",
+                        Answer::Embed => match self.layout {
+                            Layout::Nchw => "[batch, dims] or [batch, C, H, W]",
+                            Layout::Nhwc => "[batch, dims] or [batch, H, W, C]",
+                        },
                     };
                     p.push(format!(
                         "vision.output: output {:?} has dims {:?}, not {want} as answer = {:?} reads it",
@@ -501,6 +509,41 @@ mod tests {
         v.answer = Answer::Detect;
         let p = v.problems(&inputs, &outputs).join("\n");
         assert!(p.contains("vision.labels: 3 labels for 6 classes"), "{p}");
+    }
+
+    /// `embed` reads a vector or a feature map with its channels known, where the layout puts
+    /// them; nothing else.
+    #[test]
+    fn an_embedding_reads_a_vector_or_a_feature_map() {
+        let mut v = classifier();
+        v.answer = Answer::Embed;
+        let inputs = [spec("x", DataType::F32, &[-1, 3, 224, 224])];
+        for dims in [
+            &[-1, 1280][..],
+            &[-1, 1280, 7, 7],
+            &[-1, 1280, 1, 1],
+            &[-1, 1280, -1, -1],
+        ] {
+            let outputs = [spec("y", DataType::F32, dims)];
+            assert_eq!(
+                v.problems(&inputs, &outputs),
+                Vec::<String>::new(),
+                "{dims:?}"
+            );
+        }
+        for dims in [&[-1, 49, 1280][..], &[-1, -1], &[-1, -1, 7, 7]] {
+            let outputs = [spec("y", DataType::F32, dims)];
+            let p = v.problems(&inputs, &outputs).join("\n");
+            assert!(
+                p.contains("not [batch, dims] or [batch, C, H, W] as answer = \"embed\""),
+                "{dims:?}: {p}"
+            );
+        }
+        // Channels last under NHWC.
+        v.layout = Layout::Nhwc;
+        let inputs = [spec("x", DataType::F32, &[-1, 224, 224, 3])];
+        let outputs = [spec("y", DataType::F32, &[-1, 7, 7, 1280])];
+        assert_eq!(v.problems(&inputs, &outputs), Vec::<String>::new());
     }
 
     /// `[vision]` and `[text]` check the output they read with one rule, naming their own key.

@@ -438,7 +438,7 @@ impl VisionModel {
                 Ok(Found::Boxes(self.detect(&values, rows, frame)))
             }
             Answer::Embed => {
-                let mut v = values;
+                let mut v = pool(values, &output.shape, self.cfg.layout);
                 if self.cfg.normalize {
                     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
                     v.iter_mut().for_each(|x| *x /= norm);
@@ -567,6 +567,38 @@ fn activate(a: Activation, v: &mut [f32]) {
     }
 }
 
+/// An `embed` answer's vector from one image's output row (`shape` with the batch of one first):
+/// a vector (`[1, dims]`) as it is; a feature map (`[1, C, H, W]`, or `[1, H, W, C]` when the
+/// input's layout is NHWC) averaged over its H x W positions (global average pooling), summed
+/// in f64.
+fn pool(values: Vec<f32>, shape: &[usize], layout: Layout) -> Vec<f32> {
+    let [_, a, b, c] = *shape else {
+        return values;
+    };
+    let (channels, positions) = match layout {
+        Layout::Nchw => (a, b * c),
+        Layout::Nhwc => (c, a * b),
+    };
+    if positions <= 1 || values.len() != channels * positions {
+        return values;
+    }
+    let n = positions as f64;
+    (0..channels)
+        .map(|k| {
+            let sum: f64 = match layout {
+                Layout::Nchw => values[k * positions..(k + 1) * positions]
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .sum(),
+                Layout::Nhwc => (0..positions)
+                    .map(|p| f64::from(values[p * channels + k]))
+                    .sum(),
+            };
+            (sum / n) as f32
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,6 +695,22 @@ mod tests {
         assert_eq!(p[..6].to_vec(), vec![3.0, 3.0, 3.0, 7.0, 7.0, 7.0]);
         assert_eq!(p[24..27].to_vec(), vec![2.0; 3]);
         assert_eq!(p[48..51].to_vec(), vec![1.0; 3]);
+    }
+
+    #[test]
+    fn embed_pools_a_feature_map_over_its_positions_and_keeps_a_vector() {
+        // Two channels over 2 x 2 positions: NCHW holds each channel's four values together.
+        let nchw = vec![1.0, 2.0, 3.0, 6.0, 10.0, 10.0, 10.0, 30.0];
+        assert_eq!(pool(nchw, &[1, 2, 2, 2], Layout::Nchw), vec![3.0, 15.0]);
+        // NHWC interleaves them: position by position, channel by channel.
+        let nhwc = vec![1.0, 10.0, 2.0, 10.0, 3.0, 10.0, 6.0, 30.0];
+        assert_eq!(pool(nhwc, &[1, 2, 2, 2], Layout::Nhwc), vec![3.0, 15.0]);
+        // A vector, and a map of one position, are the vector.
+        assert_eq!(pool(vec![1.0, 2.0], &[1, 2], Layout::Nchw), vec![1.0, 2.0]);
+        assert_eq!(
+            pool(vec![1.0, 2.0], &[1, 2, 1, 1], Layout::Nchw),
+            vec![1.0, 2.0]
+        );
     }
 
     #[test]

@@ -14,10 +14,11 @@ trt_headers=${TENSORRT_ROOT:-$PWD/../shared/third_party/tensorrt-headers/10.16}
 serve_profile=${INFER_SERVE_PROFILE:-release-serve}
 # They are quick builds (build-runtime.sh QUICK=1): release-serve's optimisation level, without
 # link-time optimisation, every crate in 16 codegen units. With LTO the dependencies leave LLVM
-# bitcode and each flavour's final link optimises and compiles the whole program again: three such
-# links (fat, or thin over 16 units) were the longest chain of this command. The binaries' bytes differ from the ones
-# `scripts/install.sh` and `scripts/example.sh` ship, and they run tract slower, not what they do;
-# QUICK=0 tests the shipped builds. Exported: the installs below and in the tests reuse these builds.
+# bitcode and each flavour's final link optimises and compiles the whole program again: three
+# such links (fat, or thin over 16 units) were the longest chain of this command. The binaries'
+# bytes differ from the ones `scripts/install.sh` and `scripts/example.sh` ship, and they run
+# tract slower, not what they do; QUICK=0 tests the shipped builds. Exported: the installs below
+# and in the tests reuse these builds.
 export QUICK=${QUICK-1}
 bg_dir=$(mktemp -d)
 trap 'rm -rf "$bg_dir"' EXIT

@@ -8,7 +8,7 @@ use toml::de::DeValue;
 
 use super::check::{Checker, Table};
 use super::diagnostic::Located;
-use super::types::{Model, Vision};
+use super::types::{Model, Tensor, Vision};
 use super::validate::{one_of, output_key, relative_path, span_or, FileKind, FileRef};
 use infer_spec::text::Activation;
 use infer_spec::vision::{self as spec, Answer, Color, Interpolation, Layout, Resize};
@@ -334,7 +334,13 @@ pub(super) fn vision(
     let (layout, height, width) = size?;
     let answer = answer?;
     if answer == Answer::Embed {
-        embed_output(cx, t, model, output.as_ref().map(|o| o.value.as_str()));
+        embed_output(
+            cx,
+            t,
+            model,
+            output.as_ref().map(|o| o.value.as_str()),
+            layout,
+        );
     }
     if let (Some(classes), Some((_, key, span))) = (
         classes(model, output.as_ref().map(|o| o.value.as_str()), answer),
@@ -382,16 +388,19 @@ pub(super) fn vision(
     })
 }
 
-/// `embed` answers from a vector (`[batch, dims]`) or a feature map it pools (`[batch, C, H, W]`,
-/// channels last under `layout = "nhwc"`): an output the recipe declares with another rank is
-/// refused at `answer`.
-fn embed_output(cx: &mut Checker<'_>, t: &Table<'_, '_>, model: &Model, output: Option<&str>) {
-    let out = match output {
-        Some(name) => model.outputs.iter().find(|o| o.name == name),
-        None => model.outputs.first(),
+/// `embed` reads a vector or a feature map (`spec::embeds`, the rule the builder applies to the
+/// engine's output): an output the recipe declares otherwise is refused at `answer`.
+fn embed_output(
+    cx: &mut Checker<'_>,
+    t: &Table<'_, '_>,
+    model: &Model,
+    output: Option<&str>,
+    layout: Layout,
+) {
+    let Some(out) = answer_output(model, output) else {
+        return;
     };
-    let Some(out) = out else { return };
-    if matches!(out.shape.len(), 2 | 4) {
+    if spec::embeds(&out.shape, layout) {
         return;
     }
     if let Some((_, key, span)) = cx.get(t, "answer") {
@@ -399,22 +408,28 @@ fn embed_output(cx: &mut Checker<'_>, t: &Table<'_, '_>, model: &Model, output: 
             span,
             &key,
             format!(
-                "\"embed\" answers from a vector [batch, dims] or a feature map [batch, C, H, W], but output {:?} has {} dimensions",
+                "\"embed\" answers from {}, but output {:?} has shape {:?}",
+                spec::embed_shapes(layout),
                 out.name,
-                out.shape.len()
+                out.shape
             ),
             "name the model's pooled output in [vision] output (a feature map is averaged over its positions)",
         );
     }
 }
 
+/// The output the answer reads, as the recipe declares it: `output`, else the first.
+fn answer_output<'m>(model: &'m Model, output: Option<&str>) -> Option<&'m Tensor> {
+    match output {
+        Some(name) => model.outputs.iter().find(|o| o.name == name),
+        None => model.outputs.first(),
+    }
+}
+
 /// The classes of the answer's output as the recipe declares it (its columns, or its rows past
 /// the four box values), when it does.
 pub(super) fn classes(model: &Model, output: Option<&str>, answer: Answer) -> Option<usize> {
-    let out = match output {
-        Some(name) => model.outputs.iter().find(|o| o.name == name)?,
-        None => model.outputs.first()?,
-    };
+    let out = answer_output(model, output)?;
     let d = *out.shape.get(1)?;
     match answer {
         Answer::Classify if d > 0 => Some(d as usize),

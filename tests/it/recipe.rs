@@ -1069,7 +1069,7 @@ recipe.toml:34:1: vision.colour: unknown key `colour` in [vision]; did you mean 
             "embed",
             "",
             r#"
-recipe.toml:24:10: vision.answer: "embed" answers from a vector [batch, dims] or a feature map [batch, C, H, W], but output "tokens" has 3 dimensions
+recipe.toml:24:10: vision.answer: "embed" answers from [batch, dims] or [batch, C, H, W], but output "tokens" has shape [-1, 49, 1280]
   hint: name the model's pooled output in [vision] output (a feature map is averaged over its positions)
 "#,
         ),

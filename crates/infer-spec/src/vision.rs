@@ -229,6 +229,24 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+/// Whether `embed` reads an output of `dims`: a vector `[batch, dims]`, or a feature map the
+/// runtime pools, its channels known where `layout` puts them (`[batch, C, H, W]` or
+/// `[batch, H, W, C]`).
+pub fn embeds(dims: &[i64], layout: Layout) -> bool {
+    match (dims, layout) {
+        ([_, d], _) | ([_, d, _, _], Layout::Nchw) | ([_, _, _, d], Layout::Nhwc) => *d > 0,
+        _ => false,
+    }
+}
+
+/// The shapes [`embeds`] takes, in words.
+pub fn embed_shapes(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Nchw => "[batch, dims] or [batch, C, H, W]",
+        Layout::Nhwc => "[batch, dims] or [batch, H, W, C]",
+    }
+}
+
 /// The datatypes a pixel input may take: normalised floats, or raw 0-255 bytes.
 pub fn pixel_datatype(d: DataType) -> bool {
     matches!(d, DataType::F32 | DataType::F16 | DataType::U8)
@@ -387,22 +405,13 @@ impl Vision {
                 let shape = match self.answer {
                     Answer::Classify => self.classes(outputs).is_some(),
                     Answer::Detect => t.dims.len() == 3 && self.classes(outputs).is_some(),
-                    // A vector, or a feature map the runtime pools: its channels known.
-                    Answer::Embed => match (t.dims.as_slice(), self.layout) {
-                        ([_, d], _)
-                        | ([_, d, _, _], Layout::Nchw)
-                        | ([_, _, _, d], Layout::Nhwc) => *d > 0,
-                        _ => false,
-                    },
+                    Answer::Embed => embeds(&t.dims, self.layout),
                 };
                 if !shape {
                     let want = match self.answer {
                         Answer::Classify => "[batch, classes]",
                         Answer::Detect => "[batch, 4 + classes, boxes]",
-                        Answer::Embed => match self.layout {
-                            Layout::Nchw => "[batch, dims] or [batch, C, H, W]",
-                            Layout::Nhwc => "[batch, dims] or [batch, H, W, C]",
-                        },
+                        Answer::Embed => embed_shapes(self.layout),
                     };
                     p.push(format!(
                         "vision.output: output {:?} has dims {:?}, not {want} as answer = {:?} reads it",

@@ -143,23 +143,28 @@ pub fn load(path: &Path) -> Result<Recipe, Error> {
                 vision::classes(&r.model, output, v.section.answer)
             });
             if let Some(v) = r.vision.as_mut() {
+                let answer = v.section.answer;
                 if let Some(p) = &v.labels_file {
                     let shown = vision::shown(dir, p);
+                    let misfit = |n: usize| {
+                        classes.filter(|&c| !infer_spec::vision::labels_fit(answer, c, n))
+                    };
                     match vision::read_labels(&shown) {
-                        Ok(labels) if classes.is_some_and(|c| c != labels.len()) => {
-                            diagnostics.push(
-                                p.diagnostic(
-                                    path,
-                                    format!(
-                                        "labels file {}: {} labels for {} classes",
-                                        shown.display(),
-                                        labels.len(),
-                                        classes.unwrap_or_default()
-                                    ),
-                                )
-                                .with_hint("one label per line for each class of the output, in the model's class order"),
+                        Ok(labels) if misfit(labels.len()).is_some() => diagnostics.push(
+                            p.diagnostic(
+                                path,
+                                format!(
+                                    "labels file {}: {}",
+                                    shown.display(),
+                                    infer_spec::vision::labels_misfit(
+                                        answer,
+                                        classes.unwrap_or_default(),
+                                        labels.len()
+                                    )
+                                ),
                             )
-                        }
+                            .with_hint(vision::labels_hint(answer)),
+                        ),
                         Ok(labels) => v.section.labels = labels,
                         Err(e) => diagnostics.push(
                             p.diagnostic(path, format!("labels file {}: {e}", shown.display())),

@@ -32,8 +32,8 @@ pub struct Recipe {
     pub engine: Engine,
     /// `[text]`: the model takes text (tokenizer in front, pooling after), when present.
     pub text: Option<Text>,
-    /// `[vision]`: the model takes images (decoding and resizing in front, labels, boxes or
-    /// vectors after), when present.
+    /// `[vision]`: the model takes images (decoding and resizing in front, labels, boxes,
+    /// vectors or text lines after), when present.
     pub vision: Option<Vision>,
     /// `[response_cache] max_bytes`: identical requests answered from memory, when present.
     pub response_cache: Option<u64>,

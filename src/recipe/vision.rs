@@ -13,7 +13,7 @@ use super::validate::{one_of, output_key, relative_path, span_or, FileKind, File
 use infer_spec::text::Activation;
 use infer_spec::vision::{self as spec, Answer, Color, Interpolation, Layout, Resize};
 
-pub(super) const VISION_KEYS: [&str; 21] = [
+pub(super) const VISION_KEYS: [&str; 22] = [
     "input",
     "layout",
     "color",
@@ -35,6 +35,7 @@ pub(super) const VISION_KEYS: [&str; 21] = [
     "normalize",
     "max_image_bytes",
     "max_pixels",
+    "width_multiple",
 ];
 
 /// The keys that bound requests, read with the rest.
@@ -94,7 +95,8 @@ pub(super) fn vision(
         );
     }
     let layout_key = one_of(cx, t, "layout", Layout::parse, "use \"nchw\" or \"nhwc\"");
-    // [batch, 3, h, w] or [batch, h, w, 3], fixed sizes; the layout from where the 3 is.
+    // [batch, 3, h, w] or [batch, h, w, 3], fixed sizes, or a dynamic width within the
+    // profile (`pad` only); the layout from where the 3 is.
     let mut size = None;
     if let Some(i) = input {
         if !spec::pixel_datatype(i.datatype) {
@@ -109,29 +111,18 @@ pub(super) fn vision(
                 "an image input is fp32, fp16 or uint8",
             );
         }
-        let dims = &i.shape;
-        let fixed = |d: i64| (1..=i64::from(spec::MAX_SIDE)).contains(&d);
-        let guess = match dims.as_slice() {
-            [_, 3, h, w] if fixed(*h) && fixed(*w) && layout_key != Some(Layout::Nhwc) => {
-                Some((Layout::Nchw, *h as u32, *w as u32))
-            }
-            [_, h, w, 3] if fixed(*h) && fixed(*w) && layout_key != Some(Layout::Nchw) => {
-                Some((Layout::Nhwc, *h as u32, *w as u32))
-            }
-            _ => None,
-        };
-        match guess {
+        match pixel_shape(i, layout_key) {
             Some(g) => size = Some(g),
             None => cx.error_hint(
                 where_,
                 "vision.input",
                 format!(
-                    "input {:?} has shape {:?}: not [batch, 3, height, width] or [batch, height, width, 3] with fixed sizes{}",
+                    "input {:?} has shape {:?}: not [batch, 3, height, width] or [batch, height, width, 3] with fixed sizes, or a dynamic width within its profile{}",
                     i.name,
-                    dims,
+                    i.shape,
                     layout_key.map_or(String::new(), |l| format!(" ({})", l.as_str()))
                 ),
-                "export the model with a fixed image size (the batch dimension may stay -1)",
+                "export the model with a fixed image size (the batch dimension may stay -1), or a text-line recogniser with a dynamic width and a profile for it",
             ),
         }
     }
@@ -244,7 +235,7 @@ pub(super) fn vision(
             t,
             "answer",
             Answer::parse,
-            "use \"classify\" (labels), \"detect\" (YOLOv8 boxes) or \"embed\" (a vector)",
+            "use \"classify\" (labels), \"detect\" (YOLOv8 boxes), \"embed\" (a vector) or \"text\" (a text line's characters, CTC)",
         ),
     };
     let output = output_key(cx, t, model);
@@ -255,7 +246,12 @@ pub(super) fn vision(
         Activation::parse,
         "use \"softmax\" (single-label), \"sigmoid\" (multi-label) or \"none\" (the model's scores as they are)",
     )
-    .unwrap_or(Activation::Softmax);
+    // A recogniser's graph ends in its softmax (PaddleOCR's exports do).
+    .unwrap_or(if answer == Some(Answer::Text) {
+        Activation::None
+    } else {
+        Activation::Softmax
+    });
     let top_k = cx
         .int(t, "top_k", 1, 100_000, "a count of labels")
         .map_or(5, |k| k.value as u32);
@@ -301,6 +297,13 @@ pub(super) fn vision(
             ),
         )
         .map_or(spec::DEFAULT_MAX_CLIENT_BATCH_SIZE, |b| b.value as u32);
+    let width_multiple = cx.int(
+        t,
+        "width_multiple",
+        1,
+        i64::from(spec::MAX_SIDE),
+        "a width in pixels",
+    );
     // Labels: a list, or a file beside the recipe read by `load`.
     let mut labels = Vec::new();
     let mut labels_file = None;
@@ -331,8 +334,60 @@ pub(super) fn vision(
             ),
         }
     }
-    let (layout, height, width) = size?;
+    let (layout, height, width, max_width) = size?;
+    let dynamic = max_width != 0;
+    if dynamic && resize.is_some_and(|r| r != Resize::Pad) {
+        if let Some((_, key, span)) = cx.get(t, "resize") {
+            cx.error_hint(
+                span,
+                &key,
+                format!(
+                    "input {:?} has a dynamic width: only resize = \"pad\" fills it",
+                    input?.name
+                ),
+                "use resize = \"pad\" (the height fixed, the width the image's own), or fix the width in the input's shape",
+            );
+        }
+    }
+    let width_multiple = match width_multiple {
+        Some(m) if !dynamic => {
+            cx.error_hint(
+                m.span,
+                &m.key,
+                "width_multiple applies to an input with a dynamic width only",
+                "remove it",
+            );
+            0
+        }
+        Some(m) => m.value as u32,
+        None if dynamic => DEFAULT_WIDTH_MULTIPLE,
+        None => 0,
+    };
     let answer = answer?;
+    if answer == Answer::Text && labels.is_empty() && labels_file.is_none() {
+        cx.error_hint(
+            at,
+            "vision.labels",
+            "answer = \"text\" needs the characters of the recogniser's classes",
+            "labels = \"characters.txt\": one character per line, the dictionary the model was trained with (PaddleOCR's dict file)",
+        );
+    }
+    if answer == Answer::Text {
+        let out = answer_output(model, output.as_ref().map(|o| o.value.as_str()));
+        if let (Some(out), Some((_, key, span))) = (out, cx.get(t, "answer")) {
+            if !matches!(out.shape.as_slice(), [_, _, c] if *c > 1) {
+                cx.error_hint(
+                    span,
+                    &key,
+                    format!(
+                        "\"text\" answers from CTC probabilities [batch, steps, classes], but output {:?} has shape {:?}",
+                        out.name, out.shape
+                    ),
+                    "name the recogniser's output in [vision] output, its classes fixed",
+                );
+            }
+        }
+    }
     if answer == Answer::Embed {
         embed_output(
             cx,
@@ -346,12 +401,12 @@ pub(super) fn vision(
         classes(model, output.as_ref().map(|o| o.value.as_str()), answer),
         cx.get(t, "labels"),
     ) {
-        if !labels.is_empty() && labels.len() != classes {
+        if !labels.is_empty() && !spec::labels_fit(answer, classes, labels.len()) {
             cx.error_hint(
                 span,
                 &key,
-                format!("{} labels for {classes} classes", labels.len()),
-                "give one label per class of the output, in the model's class order",
+                spec::labels_misfit(answer, classes, labels.len()),
+                labels_hint(answer),
             );
         }
     }
@@ -362,6 +417,8 @@ pub(super) fn vision(
             color,
             height,
             width,
+            max_width,
+            width_multiple,
             resize: resize?,
             shorter,
             interpolation,
@@ -386,6 +443,52 @@ pub(super) fn vision(
         labels_file,
         at: Located::new((), at, "vision"),
     })
+}
+
+/// The canvas width multiple of a dynamic width when the recipe names none: PaddleOCR's
+/// recognisers see a step per 8 pixels, and widths of 32 share batches often enough.
+pub(super) const DEFAULT_WIDTH_MULTIPLE: u32 = 32;
+
+/// How to write labels that fit, for a hint.
+pub(super) fn labels_hint(answer: Answer) -> &'static str {
+    match answer {
+        Answer::Text => "one character per line, in the order of the output's classes after the blank (PaddleOCR's dict file as it is)",
+        _ => "give one label per class of the output, in the model's class order",
+    }
+}
+
+/// The layout, height, width and widest width of a pixel input: `[batch, 3, h, w]` or
+/// `[batch, h, w, 3]`, the sizes fixed (widest 0), or the width dynamic with the profile's range
+/// (least, widest); `layout` decides a shape that could be either.
+fn pixel_shape(i: &Tensor, layout: Option<Layout>) -> Option<(Layout, u32, u32, u32)> {
+    let side = |d: i64| {
+        (1..=i64::from(spec::MAX_SIDE))
+            .contains(&d)
+            .then_some(d as u32)
+    };
+    // A dynamic dimension's range: the profile's min and max at `at` (after the batch).
+    let range = |at: usize| -> Option<(u32, u32)> {
+        let p = i.profile.as_ref()?;
+        let (lo, hi) = (side(*p.min.get(at)?)?, side(*p.max.get(at)?)?);
+        Some((lo, hi))
+    };
+    let dim = |d: i64, at: usize| -> Option<(u32, u32)> {
+        match d {
+            -1 => range(at),
+            d => side(d).map(|s| (s, 0)),
+        }
+    };
+    match (i.shape.as_slice(), layout) {
+        ([_, 3, h, w], None | Some(Layout::Nchw)) => {
+            let (h, (w, widest)) = (side(*h)?, dim(*w, 2)?);
+            Some((Layout::Nchw, h, w, widest))
+        }
+        ([_, h, w, 3], None | Some(Layout::Nhwc)) => {
+            let (h, (w, widest)) = (side(*h)?, dim(*w, 1)?);
+            Some((Layout::Nhwc, h, w, widest))
+        }
+        _ => None,
+    }
 }
 
 /// `embed` reads a vector or a feature map (`spec::embeds`, the rule the builder applies to the
@@ -426,14 +529,18 @@ fn answer_output<'m>(model: &'m Model, output: Option<&str>) -> Option<&'m Tenso
     }
 }
 
-/// The classes of the answer's output as the recipe declares it (its columns, or its rows past
-/// the four box values), when it does.
+/// The classes of the answer's output as the recipe declares it (its columns, its rows past
+/// the four box values, or a CTC output's last dimension), when it does.
 pub(super) fn classes(model: &Model, output: Option<&str>, answer: Answer) -> Option<usize> {
     let out = answer_output(model, output)?;
     let d = *out.shape.get(1)?;
     match answer {
         Answer::Classify if d > 0 => Some(d as usize),
         Answer::Detect if d > 4 => Some(d as usize - 4),
+        Answer::Text => match out.shape.as_slice() {
+            [_, _, c] if *c > 1 => Some(*c as usize),
+            _ => None,
+        },
         _ => None,
     }
 }

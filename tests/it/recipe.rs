@@ -1060,7 +1060,7 @@ recipe.toml:29:7: vision.std: expected three numbers, none 0 (one per channel, i
 recipe.toml:32:9: vision.top_k: expected a count of labels, found integer 0
 recipe.toml:33:10: vision.labels: expected a file beside the recipe with one label per line, or a list of labels, found integer 3
 recipe.toml:34:1: vision.colour: unknown key `colour` in [vision]; did you mean `color`?
-  hint: valid keys in [vision]: input, layout, color, resize, shorter, interpolation, pad, scale, mean, std, answer, output, activation, top_k, labels, confidence, iou, max_detections, normalize, max_image_bytes, max_pixels, max_client_batch_size
+  hint: valid keys in [vision]: input, layout, color, resize, shorter, interpolation, pad, scale, mean, std, answer, output, activation, top_k, labels, confidence, iou, max_detections, normalize, max_image_bytes, max_pixels, width_multiple, max_client_batch_size
 "#,
     );
     // With the pixels found: an embedding from a sequence, labels that miss a class.
@@ -1094,6 +1094,75 @@ recipe.toml:26:10: vision.labels: 2 labels for 3 classes
             expected,
         );
     }
+}
+
+const RECOGNISER_BASE: &str = r#"[model]
+name = "m"
+version = "1"
+onnx = "m.onnx"
+
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, -1]
+profile = { min = [3, 48, 64], opt = [3, 48, 320], max = [3, 48, 1280] }
+
+[model.outputs.probs]
+datatype = "fp32"
+shape = [-1, -1, 5]
+
+[model.outputs.logits]
+datatype = "fp32"
+shape = [-1, 5]
+"#;
+
+/// A text-line recogniser: a dynamic width within the profile, padded to a multiple; CTC
+/// classes are the blank, the characters and perhaps a space.
+#[test]
+fn vision_recogniser() {
+    let r = parse_ok(&format!(
+        "{RECOGNISER_BASE}\n[vision]\nresize = \"pad\"\nanswer = \"text\"\noutput = \"probs\"\nlabels = [\"a\", \"b\", \"c\"]\n"
+    ));
+    let v = r.vision.unwrap().section;
+    assert_eq!(
+        (v.height, v.width, v.max_width, v.width_multiple),
+        (48, 64, 1280, 32)
+    );
+    assert_eq!(v.activation, infer_spec::text::Activation::None);
+    // Four characters: no space class.
+    parse_ok(&format!(
+        "{RECOGNISER_BASE}\n[vision]\nresize = \"pad\"\nanswer = \"text\"\noutput = \"probs\"\nlabels = [\"a\", \"b\", \"c\", \"d\"]\nwidth_multiple = 8\n"
+    ));
+    check(
+        &format!(
+            "{RECOGNISER_BASE}\n[vision]\nresize = \"crop\"\nanswer = \"text\"\noutput = \"probs\"\nlabels = [\"a\"]\n"
+        ),
+        r#"
+recipe.toml:20:10: vision.resize: input "x" has a dynamic width: only resize = "pad" fills it
+  hint: use resize = "pad" (the height fixed, the width the image's own), or fix the width in the input's shape
+recipe.toml:23:10: vision.labels: 1 character for 5 classes: a CTC output's classes are the blank, then one per character, then perhaps a space (4 or 3 characters)
+  hint: one character per line, in the order of the output's classes after the blank (PaddleOCR's dict file as it is)
+"#,
+    );
+    check(
+        &format!(
+            "{RECOGNISER_BASE}\n[vision]\nresize = \"pad\"\nanswer = \"text\"\noutput = \"logits\"\n"
+        ),
+        r#"
+recipe.toml:19:2: vision.labels: answer = "text" needs the characters of the recogniser's classes
+  hint: labels = "characters.txt": one character per line, the dictionary the model was trained with (PaddleOCR's dict file)
+recipe.toml:21:10: vision.answer: "text" answers from CTC probabilities [batch, steps, classes], but output "logits" has shape [-1, 5]
+  hint: name the recogniser's output in [vision] output, its classes fixed
+"#,
+    );
+    check(
+        &format!(
+            "{VISION_BASE}\n[vision]\nresize = \"pad\"\nanswer = \"classify\"\noutput = \"logits\"\nwidth_multiple = 32\n"
+        ),
+        r#"
+recipe.toml:26:18: vision.width_multiple: width_multiple applies to an input with a dynamic width only
+  hint: remove it
+"#,
+    );
 }
 
 #[test]

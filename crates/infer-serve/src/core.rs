@@ -64,7 +64,7 @@ pub(crate) enum Work {
     /// Texts, or pairs (a second text), and the options that change their vectors (the text
     /// APIs).
     Texts { items: Vec<Item>, opts: PoolOptions },
-    /// Encoded images (the image route): answered as labels, boxes or vectors.
+    /// Encoded images (the image route): answered as labels, boxes, vectors or text lines.
     Images { images: Vec<bytes::Bytes> },
 }
 
@@ -536,12 +536,7 @@ impl ImageWork<'_> {
     ) -> Result<Vec<Prepared>, ApiError> {
         let vision = self.vision.clone();
         let job = move |watch: &Watch<'_>| -> Result<Vec<Prepared>, ApiError> {
-            let mut out = Vec::with_capacity(images.len());
-            for (i, img) in images.iter().enumerate() {
-                watch.check()?;
-                out.push(vision.prepare(i, img)?);
-            }
-            Ok(out)
+            vision.prepare_all(&images, || watch.check())
         };
         match app.workers.as_ref() {
             Some(w) => w.run(self.deadline, job).await,

@@ -1,5 +1,5 @@
 //! The image route, `POST /predictions/{model}` (TorchServe's path): an image model's images
-//! in the body, its answers (labels, boxes or vectors, [`crate::vision::Found`]) out as JSON.
+//! in the body, its answers (labels, boxes, vectors or text lines, [`crate::vision::Found`]) out as JSON.
 //! A transport only: the body is read and split here, everything else is [`crate::core`]'s.
 //!
 //! The body is the image file itself (any `Content-Type` but multipart: what `curl

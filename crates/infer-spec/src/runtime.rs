@@ -69,8 +69,8 @@ pub struct RuntimeConfig {
     /// Text in: the tokenizer in front of the engine and the pooling after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<crate::text::Text>,
-    /// Images in: decoding, resizing and normalising in front of the engine, labels, boxes or
-    /// vectors after it.
+    /// Images in: decoding, resizing and normalising in front of the engine, labels, boxes,
+    /// vectors or text lines after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<crate::vision::Vision>,
     /// Identical requests answered from memory (opt-in).

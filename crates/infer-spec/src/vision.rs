@@ -65,9 +65,19 @@ pub struct Vision {
     pub layout: Layout,
     /// The channels' order.
     pub color: Color,
-    /// The engine input's height and width, in pixels.
+    /// The engine input's height and width, in pixels. With a dynamic width (`max_width` not
+    /// 0), `width` is the least width of the canvas (the input profile's `min`).
     pub height: u32,
     pub width: u32,
+    /// `pad` into an input whose width is dynamic: the most the canvas may be (the input
+    /// profile's `max`). 0: the width is fixed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_width: u32,
+    /// With a dynamic width: the canvas width is the resized width rounded up to a multiple of
+    /// this, at least `width`, at most `max_width`, and the same for every image of a request
+    /// (its widest), as PaddleOCR pads a batch to its widest line.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub width_multiple: u32,
     /// How an image of any size becomes `height` x `width`.
     pub resize: Resize,
     /// `crop`: the shorter side's length before the centre crop (torchvision's `Resize(shorter)`).
@@ -152,8 +162,9 @@ pub enum Resize {
     Letterbox,
     /// Scaled to `height` x `width` whatever the ratio.
     Stretch,
-    /// Scaled to `height` keeping the ratio, at most `width` wide, placed left, the rest of the
-    /// width `pad` (PaddleOCR's classifier and recogniser).
+    /// Scaled to `height` keeping the ratio, at most `width` wide (`max_width` when the width is
+    /// dynamic), placed left, the rest of the width `pad` (PaddleOCR's classifier and
+    /// recogniser).
     Pad,
 }
 
@@ -180,6 +191,12 @@ pub enum Answer {
     /// A vector per image, `[batch, dims]`, or a feature map `[batch, C, H, W]` (`[batch, H, W,
     /// C]` under NHWC) the runtime averages over its positions.
     Embed,
+    /// A text line's characters, CTC probabilities `[batch, steps, classes]` (PaddleOCR's
+    /// recognisers): `{text, score}`, decoded greedily (the best class of each step, repeats
+    /// merged, the blank, class 0, dropped), the score the mean of the kept steps' best
+    /// probabilities. `labels` are the characters of classes 1, 2, ...; an output with one
+    /// class more than the blank and the labels ends in a space (PaddleOCR's `use_space_char`).
+    Text,
 }
 
 macro_rules! names {
@@ -199,7 +216,7 @@ names!(Layout { Nchw = "nchw", Nhwc = "nhwc" });
 names!(Color { Rgb = "rgb", Bgr = "bgr" });
 names!(Resize { Crop = "crop", Letterbox = "letterbox", Stretch = "stretch", Pad = "pad" });
 names!(Interpolation { Nearest = "nearest", Bilinear = "bilinear", Bicubic = "bicubic" });
-names!(Answer { Classify = "classify", Detect = "detect", Embed = "embed" });
+names!(Answer { Classify = "classify", Detect = "detect", Embed = "embed", Text = "text" });
 
 fn default_top_k() -> u32 {
     5
@@ -247,6 +264,28 @@ pub fn embed_shapes(layout: Layout) -> &'static str {
     }
 }
 
+/// Whether `labels` labels fit an output of `classes` classes under `answer`: one per class,
+/// except `text`'s, which are the characters after the CTC blank, a space perhaps after them.
+pub fn labels_fit(answer: Answer, classes: usize, labels: usize) -> bool {
+    match answer {
+        Answer::Text => labels + 1 == classes || labels + 2 == classes,
+        _ => labels == classes,
+    }
+}
+
+/// `labels` labels for `classes` classes, in words, for an error (`labels_fit` false).
+pub fn labels_misfit(answer: Answer, classes: usize, labels: usize) -> String {
+    match answer {
+        Answer::Text => format!(
+            "{labels} character{} for {classes} classes: a CTC output's classes are the blank, then one per character, then perhaps a space ({} or {} characters)",
+            if labels == 1 { "" } else { "s" },
+            classes.saturating_sub(1),
+            classes.saturating_sub(2)
+        ),
+        _ => format!("{labels} labels for {classes} classes"),
+    }
+}
+
 /// The datatypes a pixel input may take: normalised floats, or raw 0-255 bytes.
 pub fn pixel_datatype(d: DataType) -> bool {
     matches!(d, DataType::F32 | DataType::F16 | DataType::U8)
@@ -255,11 +294,44 @@ pub fn pixel_datatype(d: DataType) -> bool {
 impl Vision {
     /// The engine input's dims for `[batch]` images: `[-1, 3, h, w]` or `[-1, h, w, 3]`.
     pub fn input_dims(&self) -> Vec<i64> {
-        let (h, w) = (i64::from(self.height), i64::from(self.width));
+        let h = i64::from(self.height);
+        let w = if self.dynamic_width() {
+            -1
+        } else {
+            i64::from(self.width)
+        };
         match self.layout {
             Layout::Nchw => vec![-1, 3, h, w],
             Layout::Nhwc => vec![-1, h, w, 3],
         }
+    }
+
+    /// Whether the engine input's width is dynamic (`pad` to the image's own width).
+    pub fn dynamic_width(&self) -> bool {
+        self.max_width != 0
+    }
+
+    /// The widest canvas an image may become: `max_width`, else `width`.
+    pub fn widest(&self) -> u32 {
+        if self.dynamic_width() {
+            self.max_width
+        } else {
+            self.width
+        }
+    }
+
+    /// The canvas width of an image resized to `resized` pixels wide under a dynamic width:
+    /// rounded up to `width_multiple`, at least `width`, at most `max_width`. A fixed width is
+    /// `width` whatever the image.
+    pub fn canvas_width(&self, resized: u32) -> u32 {
+        if !self.dynamic_width() {
+            return self.width;
+        }
+        let m = self.width_multiple.max(1);
+        resized
+            .div_ceil(m)
+            .saturating_mul(m)
+            .clamp(self.width, self.max_width)
     }
 
     /// `crop`'s shorter side: `shorter`, or when 0 the crop's shorter side scaled by 256/224
@@ -300,6 +372,9 @@ impl Vision {
             }
             Answer::Detect => d(1).filter(|&r| r > 4).map(|r| r as usize - 4),
             Answer::Embed => None,
+            Answer::Text => (out.dims.len() == 3)
+                .then(|| d(2).filter(|&c| c > 1).map(|c| c as usize))
+                .flatten(),
         }
     }
 
@@ -311,7 +386,15 @@ impl Vision {
             m.insert(format!("vision.{k}"), v);
         };
         put("input", self.input.clone());
-        put("size", format!("{}x{}", self.width, self.height));
+        if self.dynamic_width() {
+            put(
+                "size",
+                format!("{}..{}x{}", self.width, self.max_width, self.height),
+            );
+            put("width_multiple", self.width_multiple.max(1).to_string());
+        } else {
+            put("size", format!("{}x{}", self.width, self.height));
+        }
         put("layout", self.layout.as_str().into());
         put("color", self.color.as_str().into());
         put("resize", self.resize.as_str().into());
@@ -334,6 +417,7 @@ impl Vision {
                 put("iou", self.iou.to_string());
             }
             Answer::Embed => put("normalize", self.normalize.to_string()),
+            Answer::Text => {}
         }
         if !self.labels.is_empty() {
             put("labels", self.labels.len().to_string());
@@ -349,6 +433,22 @@ impl Vision {
                 "vision: height {} and width {} must be 1 to {MAX_SIDE}",
                 self.height, self.width
             ));
+        }
+        if self.dynamic_width() {
+            if self.resize != Resize::Pad {
+                p.push(format!(
+                    "vision: a dynamic width needs resize = \"pad\", not {:?}",
+                    self.resize.as_str()
+                ));
+            }
+            if !(self.width..=MAX_SIDE).contains(&self.max_width) {
+                p.push(format!(
+                    "vision.max_width {} must be {} (width) to {MAX_SIDE}",
+                    self.max_width, self.width
+                ));
+            }
+        } else if self.width_multiple != 0 {
+            p.push("vision.width_multiple applies to a dynamic width only".to_owned());
         }
         match inputs.iter().find(|t| t.name == self.input) {
             None => p.push(format!(
@@ -373,6 +473,24 @@ impl Vision {
                         self.width,
                         self.height
                     ));
+                } else if self.dynamic_width() {
+                    // The canvas widths are the profile's range: the engine is built and warmed
+                    // for them.
+                    let at = match self.layout {
+                        Layout::Nchw => 2,
+                        Layout::Nhwc => 1,
+                    };
+                    let range = t
+                        .profile
+                        .as_ref()
+                        .and_then(|r| Some((*r.min.get(at)?, *r.max.get(at)?)));
+                    let want = (i64::from(self.width), i64::from(self.max_width));
+                    if range != Some(want) {
+                        p.push(format!(
+                            "vision: widths {}..={} are not input {:?}'s profile ({range:?})",
+                            want.0, want.1, t.name
+                        ));
+                    }
                 }
             }
         }
@@ -406,12 +524,14 @@ impl Vision {
                     Answer::Classify => self.classes(outputs).is_some(),
                     Answer::Detect => t.dims.len() == 3 && self.classes(outputs).is_some(),
                     Answer::Embed => embeds(&t.dims, self.layout),
+                    Answer::Text => self.classes(outputs).is_some(),
                 };
                 if !shape {
                     let want = match self.answer {
                         Answer::Classify => "[batch, classes]",
                         Answer::Detect => "[batch, 4 + classes, boxes]",
                         Answer::Embed => embed_shapes(self.layout),
+                        Answer::Text => "[batch, steps, classes]",
                     };
                     p.push(format!(
                         "vision.output: output {:?} has dims {:?}, not {want} as answer = {:?} reads it",
@@ -423,12 +543,19 @@ impl Vision {
             }
         }
         if let Some(c) = self.classes(outputs) {
-            if !self.labels.is_empty() && self.labels.len() != c {
+            let n = self.labels.len();
+            if n != 0 && !labels_fit(self.answer, c, n) {
                 p.push(format!(
-                    "vision.labels: {} labels for {c} classes",
-                    self.labels.len()
+                    "vision.labels: {}",
+                    labels_misfit(self.answer, c, n)
                 ));
             }
+        }
+        if self.answer == Answer::Text && self.labels.is_empty() {
+            p.push(
+                "vision.labels: answer = \"text\" needs the characters (the recogniser's dictionary)"
+                    .to_owned(),
+            );
         }
         if self.top_k == 0 {
             p.push("vision.top_k must be at least 1".to_owned());
@@ -553,6 +680,79 @@ mod tests {
         let inputs = [spec("x", DataType::F32, &[-1, 224, 224, 3])];
         let outputs = [spec("y", DataType::F32, &[-1, 7, 7, 1280])];
         assert_eq!(v.problems(&inputs, &outputs), Vec::<String>::new());
+    }
+
+    fn recogniser() -> Vision {
+        let mut v = classifier();
+        (v.height, v.width, v.max_width, v.width_multiple) = (48, 64, 1280, 32);
+        (v.resize, v.answer, v.color) = (Resize::Pad, Answer::Text, Color::Bgr);
+        v.labels = vec!["a".into(), "b".into()];
+        v
+    }
+
+    fn with_profile(mut t: TensorSpec, min: i64, max: i64) -> TensorSpec {
+        t.profile = Some(crate::runtime::DimProfile {
+            min: vec![3, 48, min],
+            opt: vec![3, 48, 320],
+            max: vec![3, 48, max],
+        });
+        t
+    }
+
+    /// A recogniser's input has a dynamic width: the canvas is the image's own width rounded up
+    /// to the multiple, within the input profile's range; its CTC output has a blank, the
+    /// characters and perhaps a space.
+    #[test]
+    fn a_recogniser_pads_to_a_multiple_within_its_profile_and_reads_ctc_classes() {
+        let v = recogniser();
+        assert_eq!(v.input_dims(), vec![-1, 3, 48, -1]);
+        let x = with_profile(spec("x", DataType::F32, &[-1, 3, 48, -1]), 64, 1280);
+        for (classes, ok) in [(3, true), (4, true), (2, false), (5, false)] {
+            let y = [spec("y", DataType::F32, &[-1, -1, classes])];
+            let p = v.problems(std::slice::from_ref(&x), &y);
+            assert_eq!(p.is_empty(), ok, "{classes} classes: {p:?}");
+        }
+        let y = [spec("y", DataType::F32, &[-1, -1, 5])];
+        let p = v.problems(std::slice::from_ref(&x), &y).join("\n");
+        assert!(
+            p.contains(
+                "vision.labels: 2 characters for 5 classes: a CTC output's classes are the blank"
+            ),
+            "{p}"
+        );
+        assert_eq!(
+            [1, 64, 65, 100, 1270, 5000].map(|w| v.canvas_width(w)),
+            [64, 64, 96, 128, 1280, 1280]
+        );
+        // The widths must be the profile's; a dynamic width pads, and has characters.
+        let narrow = with_profile(spec("x", DataType::F32, &[-1, 3, 48, -1]), 32, 1280);
+        let y = [spec("y", DataType::F32, &[-1, -1, 4])];
+        let p = v.problems(&[narrow], &y).join("\n");
+        assert!(
+            p.contains("vision: widths 64..=1280 are not input \"x\"'s profile (Some((32, 1280)))"),
+            "{p}"
+        );
+        let mut w = v.clone();
+        (w.resize, w.labels) = (Resize::Crop, Vec::new());
+        let p = w.problems(std::slice::from_ref(&x), &y).join("\n");
+        assert!(
+            p.contains("a dynamic width needs resize = \"pad\", not \"crop\""),
+            "{p}"
+        );
+        assert!(p.contains("answer = \"text\" needs the characters"), "{p}");
+        let text = toml::to_string(&v).unwrap();
+        assert_eq!(toml::from_str::<Vision>(&text).unwrap(), v, "{text}");
+        // A fixed width takes no multiple.
+        let mut f = classifier();
+        f.width_multiple = 8;
+        let x = [spec("x", DataType::F32, &[-1, 3, 224, 224])];
+        let p = f
+            .problems(&x, &[spec("y", DataType::F32, &[-1, 10])])
+            .join("\n");
+        assert!(
+            p.contains("width_multiple applies to a dynamic width only"),
+            "{p}"
+        );
     }
 
     /// `[vision]` and `[text]` check the output they read with one rule, naming their own key.

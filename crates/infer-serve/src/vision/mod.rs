@@ -1,6 +1,6 @@
 //! Images in (`[vision]` of `runtime.toml`): an encoded image (JPEG, PNG, WebP) becomes one row
-//! of the engine's pixel tensor, and the engine's output for it an answer (labels, boxes or a
-//! vector). The core ([`crate::core`]) admits, charges and queues; this module owns the pixels:
+//! of the engine's pixel tensor, and the engine's output for it an answer (labels, boxes, a
+//! vector or a text line). The core ([`crate::core`]) admits, charges and queues; this module owns the pixels:
 //!
 //! 1. [`VisionModel::probe`]: the format and the size the file declares, read from its header,
 //!    so a request is refused (400) before anything is decoded when an image holds more than
@@ -11,7 +11,13 @@
 //!    and std, the channel order and layout, into the engine input's datatype.
 //! 3. [`VisionModel::answer`]: the engine's output row for one image as labels (top-k of the
 //!    scores), boxes (YOLOv8 rows decoded, class-aware non-maximum suppression, mapped back to
-//!    the original image's pixels through the resize's [`Frame`]) or a vector.
+//!    the original image's pixels through the resize's [`Frame`]), a vector, or a text line
+//!    (CTC probabilities decoded greedily, as PaddleOCR's `CTCLabelDecode`).
+//!
+//! A text-line recogniser's input has a dynamic width: each image is resized to the height,
+//! its width kept in ratio, and padded on the right to the canvas width of the request's widest
+//! image ([`Vision::canvas_width`]: a multiple of `width_multiple` within the input profile),
+//! so a request's rows share one shape, as PaddleOCR pads a batch to its widest line.
 
 pub(crate) mod resample;
 
@@ -91,6 +97,16 @@ pub enum Found {
     Boxes(Vec<Detection>),
     /// `embed`: the image's vector.
     Vector(Vec<f32>),
+    /// `text`: the line's characters.
+    Text(Read),
+}
+
+/// A text line read (PaddleOCR's `(text, score)`): the characters, and the mean of the best
+/// probabilities of the steps they were read from (0 when none was).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Read {
+    pub text: String,
+    pub score: f32,
 }
 
 /// A class and its score (Hugging Face's image-classification answer).
@@ -172,10 +188,10 @@ impl VisionModel {
         &self.served_outputs
     }
 
-    /// The bytes one engine row takes.
+    /// The bytes one engine row takes at most (the widest canvas under a dynamic width).
     pub fn row_bytes(&self) -> u64 {
         u64::from(self.cfg.height)
-            * u64::from(self.cfg.width)
+            * u64::from(self.cfg.widest())
             * 3
             * self.dtype.size().unwrap_or(4) as u64
     }
@@ -267,6 +283,65 @@ impl VisionModel {
         })
     }
 
+    /// A request's images, each prepared into one engine row; `check` runs before each (the
+    /// deadline). Under a dynamic width every row takes the canvas width of the widest image,
+    /// so the images are all decoded first (the request was charged for holding them:
+    /// [`VisionModel::cost`] per image); a fixed width prepares them one at a time.
+    pub fn prepare_all(
+        &self,
+        images: &[Bytes],
+        check: impl Fn() -> Result<(), ApiError>,
+    ) -> Result<Vec<Prepared>, ApiError> {
+        if !self.cfg.dynamic_width() {
+            return images
+                .iter()
+                .enumerate()
+                .map(|(i, img)| {
+                    check()?;
+                    self.prepare(i, img)
+                })
+                .collect();
+        }
+        let mut decoded = Vec::with_capacity(images.len());
+        for (i, img) in images.iter().enumerate() {
+            check()?;
+            let started = Instant::now();
+            let rgb = self.decode(i, img)?;
+            decoded.push((rgb, started.elapsed()));
+        }
+        let canvas = decoded
+            .iter()
+            .map(|(rgb, _)| self.canvas_width(rgb.width, rgb.height))
+            .max()
+            .unwrap_or(self.cfg.width as usize);
+        let mut out = Vec::with_capacity(images.len());
+        for (rgb, decode) in decoded {
+            check()?;
+            let started = Instant::now();
+            let (input, frame) = self.tensor_at(&rgb, canvas);
+            out.push(Prepared {
+                input,
+                frame,
+                decode,
+                resize: started.elapsed(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The canvas width an image of `width` x `height` (oriented) needs: `[vision] width`, or
+    /// under a dynamic width its own resized width rounded up ([`Vision::canvas_width`]).
+    pub fn canvas_width(&self, width: usize, height: usize) -> usize {
+        let resized = self.pad_width(width, height, self.cfg.widest() as usize);
+        self.cfg.canvas_width(resized as u32) as usize
+    }
+
+    /// `pad`'s resized width (PaddleOCR): `ceil(H * w / h)`, 1 to `most`.
+    fn pad_width(&self, width: usize, height: usize, most: usize) -> usize {
+        let th = self.cfg.height as f64;
+        ((th * width as f64 / height as f64).ceil() as usize).clamp(1, most)
+    }
+
     /// The image as 8-bit RGB, its EXIF orientation applied.
     pub fn decode(&self, i: usize, bytes: &[u8]) -> Result<Rgb, ApiError> {
         let (mut decoder, _) = self.decoder(i, bytes)?;
@@ -294,8 +369,14 @@ impl VisionModel {
 
     /// `img` resized as `[vision] resize` says, placed on the engine's canvas, normalised.
     pub fn tensor(&self, img: &Rgb) -> (Tensor, Frame) {
-        let (h, w) = (self.cfg.height as usize, self.cfg.width as usize);
-        let (window, left, top, gain_x, gain_y) = self.geometry(img.width, img.height);
+        self.tensor_at(img, self.canvas_width(img.width, img.height))
+    }
+
+    /// [`VisionModel::tensor`] on a canvas `w` wide (`[vision] width`, or under a dynamic width
+    /// at least the image's [`VisionModel::canvas_width`]).
+    fn tensor_at(&self, img: &Rgb, w: usize) -> (Tensor, Frame) {
+        let h = self.cfg.height as usize;
+        let (window, left, top, gain_x, gain_y) = self.geometry(img.width, img.height, w);
         let resized = resample::resize(img, self.cfg.interpolation, window);
         let frame = Frame {
             width: img.width as u32,
@@ -360,10 +441,11 @@ impl VisionModel {
         )
     }
 
-    /// For an image of `width` x `height`: the window of the resized image to compute, where it
-    /// goes on the canvas (left, top), and the scale from the original to the resized image.
-    fn geometry(&self, width: usize, height: usize) -> (Window, usize, usize, f64, f64) {
-        let (th, tw) = (self.cfg.height as usize, self.cfg.width as usize);
+    /// For an image of `width` x `height` on a canvas `tw` wide: the window of the resized image
+    /// to compute, where it goes on the canvas (left, top), and the scale from the original to
+    /// the resized image.
+    fn geometry(&self, width: usize, height: usize, tw: usize) -> (Window, usize, usize, f64, f64) {
+        let th = self.cfg.height as usize;
         let (wf, hf) = (width as f64, height as f64);
         let gains = |ow: usize, oh: usize| (ow as f64 / wf, oh as f64 / hf);
         match self.cfg.resize {
@@ -421,7 +503,7 @@ impl VisionModel {
             }
             Resize::Pad => {
                 // PaddleOCR: the height to H, the width ceil(H * w / h) at most W, placed left.
-                let rw = ((th as f64 * wf / hf).ceil() as usize).clamp(1, tw);
+                let rw = self.pad_width(width, height, tw);
                 let (gx, gy) = gains(rw, th);
                 (Window::whole(rw, th), 0, 0, gx, gy)
             }
@@ -445,7 +527,52 @@ impl VisionModel {
                 }
                 Ok(Found::Vector(v))
             }
+            Answer::Text => {
+                let classes = output.shape.last().copied().unwrap_or(0);
+                Ok(Found::Text(self.read(values, classes)))
+            }
         }
+    }
+
+    /// CTC probabilities (`values` of `[steps, classes]`) to a text line, as PaddleOCR's
+    /// `CTCLabelDecode`: each step's best class (the first of equal ones), a class repeating the
+    /// step before it merged, the blank (class 0) dropped, class `c` the label `c - 1` (past
+    /// the labels: a space, PaddleOCR's `use_space_char`); the score the mean of the kept
+    /// steps' best values, after the activation.
+    pub fn read(&self, mut values: Vec<f32>, classes: usize) -> Read {
+        if classes == 0 || values.len() % classes != 0 {
+            return Read {
+                text: String::new(),
+                score: 0.0,
+            };
+        }
+        let mut text = String::new();
+        let (mut sum, mut kept) = (0f64, 0usize);
+        let mut before = None;
+        for step in values.chunks_exact_mut(classes) {
+            activate(self.cfg.activation, step);
+            let (mut best, mut class) = (step[0], 0);
+            for (c, &p) in step.iter().enumerate().skip(1) {
+                if p > best {
+                    (best, class) = (p, c);
+                }
+            }
+            if class != 0 && before != Some(class) {
+                match self.cfg.labels.get(class - 1) {
+                    Some(l) => text.push_str(l),
+                    None => text.push(' '),
+                }
+                sum += f64::from(best);
+                kept += 1;
+            }
+            before = Some(class);
+        }
+        let score = if kept == 0 {
+            0.0
+        } else {
+            (sum / kept as f64) as f32
+        };
+        Read { text, score }
     }
 
     fn label(&self, class: usize) -> String {
@@ -762,6 +889,104 @@ mod tests {
                 xmax: 28.0,
                 ymax: 24.0
             }
+        );
+    }
+
+    #[test]
+    fn text_decodes_ctc_steps_as_paddleocr_does() {
+        let mut m = model("resize = \"pad\"\nanswer = \"text\"\nactivation = \"none\"\n");
+        m.cfg.labels = vec!["a".into(), "b".into()];
+        // Classes: the blank, "a", "b", then a space. Steps' best: a a _ a b ' ' ' ' _.
+        let best = [1, 1, 0, 1, 2, 3, 3, 0];
+        let probs = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.9, 0.3];
+        let mut values = Vec::new();
+        for (&c, &p) in best.iter().zip(&probs) {
+            let mut step = vec![(1.0 - p) / 3.0; 4];
+            step[c] = p;
+            values.extend(step);
+        }
+        let got = m.read(values.clone(), 4);
+        assert_eq!(got.text, "aab ");
+        // The kept steps: 0 (a), 3 (a), 4 (b), 5 (space).
+        let want = (0.9 + 0.6 + 0.5 + 0.4) / 4.0;
+        assert!((got.score - want).abs() < 1e-6, "{}", got.score);
+        // Nothing but blanks reads nothing, with PaddleOCR's score 0.
+        let blank = m.read(vec![0.9, 0.05, 0.03, 0.02], 4);
+        assert_eq!((blank.text.as_str(), blank.score), ("", 0.0));
+        let out = Tensor {
+            dtype: DataType::F32,
+            shape: vec![1, 8, 4],
+            data: Bytes::from(
+                values
+                    .iter()
+                    .flat_map(|v: &f32| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        };
+        let frame = Frame {
+            width: 1,
+            height: 1,
+            gain_x: 1.0,
+            gain_y: 1.0,
+            left: 0.0,
+            top: 0.0,
+        };
+        let json = serde_json::to_string(&m.answer(&out, &frame).unwrap()).unwrap();
+        assert!(
+            json.starts_with("{\"text\":\"aab \",\"score\":0.6"),
+            "{json}"
+        );
+    }
+
+    fn png(width: u32, height: u32) -> Bytes {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::RgbImage::from_pixel(width, height, image::Rgb([9, 9, 9]))
+            .write_to(&mut out, image::ImageFormat::Png)
+            .unwrap();
+        Bytes::from(out.into_inner())
+    }
+
+    /// A dynamic width: each image resized to the height, its width in ratio, and a request's
+    /// images padded to the canvas of its widest (a multiple, within the profile's range).
+    #[test]
+    fn a_dynamic_width_pads_a_requests_images_to_its_widest() {
+        let mut m =
+            model("resize = \"pad\"\nmax_width = 40\nwidth_multiple = 4\nanswer = \"classify\"\n");
+        assert_eq!(m.cfg.input_dims(), vec![-1, 3, 4, -1]);
+        // 3 x 4 stays 3 wide, rounded up to 4, the canvas its least, 6 (where the profile
+        // starts); 18 x 4 is 18, rounded up to 20; 16 x 2 becomes 32 x 4.
+        assert_eq!(m.canvas_width(3, 4), 6);
+        assert_eq!(m.canvas_width(18, 4), 20);
+        assert_eq!(m.canvas_width(16, 2), 32);
+        assert_eq!(m.canvas_width(400, 4), 40, "at most max_width");
+        let shapes = |imgs: &[Bytes], m: &VisionModel| -> Vec<Vec<usize>> {
+            m.prepare_all(imgs, || Ok(()))
+                .unwrap()
+                .into_iter()
+                .map(|p| p.input.shape)
+                .collect()
+        };
+        assert_eq!(shapes(&[png(3, 4)], &m), vec![vec![1, 3, 4, 6]]);
+        assert_eq!(
+            shapes(&[png(3, 4), png(18, 4)], &m),
+            vec![vec![1, 3, 4, 20]; 2]
+        );
+        // The narrow image's columns past its own width are the pad value.
+        let p = m.prepare_all(&[png(3, 4), png(18, 4)], || Ok(())).unwrap();
+        let row = pixels(&p[0].input)[..20].to_vec();
+        assert_eq!(row[..3].to_vec(), vec![9.0; 3]);
+        assert_eq!(row[3..].to_vec(), vec![0.0; 17]);
+        // The deadline is checked before each image.
+        let e = m
+            .prepare_all(&[png(3, 4)], || Err(ApiError::NotReady))
+            .unwrap_err();
+        assert!(matches!(e, ApiError::NotReady), "{e:?}");
+        // A fixed width pads every image to it.
+        m.cfg.max_width = 0;
+        m.cfg.width_multiple = 0;
+        assert_eq!(
+            shapes(&[png(3, 4), png(18, 4)], &m),
+            vec![vec![1, 3, 4, 6]; 2]
         );
     }
 

@@ -9,7 +9,10 @@
 //!   by the server, L2-normalised);
 //! - NudeNet's YOLOv8n detector (320 x 320, 18 classes), `resize = "letterbox"`, boxes after
 //!   class-aware non-maximum suppression, mapped back to the photograph's pixels;
-//! - PaddleOCR's text direction classifier (48 x 192, BGR), `resize = "pad"`.
+//! - PaddleOCR's text direction classifier (48 x 192, BGR), `resize = "pad"`;
+//! - PaddleOCR's PP-OCRv4 text-line recogniser (height 48, the width dynamic), `resize = "pad"`
+//!   to the request's widest line, `answer = "text"` (CTC decoding with its dictionary), on
+//!   lines of a scanned page.
 //!
 //! Each: `infer-build build` makes the CPU image (tract, the static runtime, FROM scratch) as an
 //! oci-archive, `docker load`, `docker run`; the container must answer ready, and
@@ -56,6 +59,9 @@ struct Case {
     photos: &'static [&'static str],
     /// tract needs ONNX Runtime's basic optimisation first (from the library cache).
     folds: bool,
+    /// The CPU engine (`[engine] cpu`): "tract" (FROM scratch, the static runtime) or
+    /// "onnxruntime" (the glibc base, pushed to a registry on loopback, and the dynamic runtime).
+    engine: &'static str,
 }
 
 const EFFICIENTNET: Case = Case {
@@ -89,6 +95,7 @@ labels = "labels.txt"
         "rocket.jpg",
     ],
     folds: false,
+    engine: "tract",
 };
 
 /// EfficientNet-Lite0 without its classifier: the server pools the head's 7 x 7 feature map
@@ -115,6 +122,7 @@ normalize = true
 "#,
     photos: &["coffee.png", "chelsea-exif6.png", "rocket.jpg"],
     folds: false,
+    engine: "tract",
 };
 
 const NUDENET: Case = Case {
@@ -144,6 +152,7 @@ labels = "labels.txt"
         "astronaut-tie.png",
     ],
     folds: false,
+    engine: "tract",
 };
 
 const OCR_CLS: Case = Case {
@@ -170,31 +179,68 @@ labels = ["0", "180"]
 "#,
     photos: &["page-title.png", "page-title-180.png", "page-word.png"],
     folds: true,
+    engine: "tract",
+};
+
+/// PaddleOCR's PP-OCRv4 text-line recogniser: the width dynamic (the profile's 64 to 1280),
+/// each request's lines padded to its widest rounded up to 32, CTC probabilities decoded into
+/// the line's characters with the dictionary the graph carries (written beside the recipe).
+const OCR_REC: Case = Case {
+    model: "ocr-rec",
+    tables: r#"
+[model.inputs.x]
+datatype = "fp32"
+shape = [-1, 3, 48, -1]
+profile = { min = [3, 48, 64], opt = [3, 48, 320], max = [3, 48, 1280] }
+
+[model.outputs."softmax_11.tmp_0"]
+datatype = "fp32"
+shape = [-1, -1, 6625]
+
+[vision]
+resize = "pad"
+color = "bgr"
+pad = 127.5
+mean = [0.5, 0.5, 0.5]
+std = [0.5, 0.5, 0.5]
+width_multiple = 32
+answer = "text"
+labels = "labels.txt"           # the dictionary: the 6623 characters after the CTC blank
+"#,
+    photos: &[
+        "page-title.png",
+        "page-word.png",
+        "page-line.png",
+        "page-last.png",
+    ],
+    folds: false,
+    // tract cannot load it with a dynamic width: its attention reshapes by a shape computed
+    // from the width ("shape input is variable").
+    engine: "onnxruntime",
 };
 
 /// Builds the case's image, runs it, checks every photograph through every route, then sends
-/// hostile images and checks the server still answers.
-fn serves_photographs_like_the_reference(test: &str, case: &Case) {
+/// hostile images and checks the server still answers; `serve-check`'s report (one JSON line
+/// per check), or None when a tool is missing.
+fn serves_photographs_like_the_reference(test: &str, case: &Case) -> Option<String> {
     if !support::have_docker(test) {
-        return;
+        return None;
     }
-    let Some(py) = python_with_references(test) else {
-        return;
-    };
+    let py = python_with_references(test)?;
     let have_pil = Command::new(&py)
         .args(["-c", "import PIL"])
         .status()
         .is_ok_and(|s| s.success());
     if !have_pil {
         eprintln!("skipping {test}: {} lacks Pillow", py.display());
-        return;
+        return None;
     }
     let fetched = fetch(&py);
     let onnx = PathBuf::from(fetched[case.model].as_str().unwrap());
     let dir = tempfile::tempdir().unwrap();
     let recipe_dir = dir.path().join("recipe");
     let recipe =
-        super::real_models::write_recipe(&recipe_dir, case.model, case.tables, "tract", &onnx);
+        super::real_models::write_recipe(&recipe_dir, case.model, case.tables, case.engine, &onnx);
     if let Some(labels) = fetched[format!("{}.labels", case.model)].as_str() {
         let txt = Path::new(labels).with_extension("txt");
         std::fs::copy(&txt, recipe_dir.join("labels.txt")).unwrap();
@@ -210,13 +256,29 @@ fn serves_photographs_like_the_reference(test: &str, case: &Case) {
         .arg(static_runtime())
         .arg("--output")
         .arg(format!("oci-archive:{}", archive.display()));
-    if case.folds {
+    // Kept alive until the build has pulled the base.
+    let mut registry = None;
+    if case.engine == "onnxruntime" {
+        let reg = super::registry_support::Registry::start(test)?;
+        let base = super::ort_image::push_glibc_base(&reg);
+        let matrix = super::ort_image::matrix_with_glibc_base(dir.path(), &base);
+        cmd.arg("--insecure")
+            .arg("--matrix")
+            .arg(matrix)
+            .arg("--runtime-dynamic")
+            .arg(super::real_models::dynamic_runtime())
+            .env("DOCKER_CONFIG", dir.path().join("docker"));
+        registry = Some(reg);
+    }
+    let library = case.folds || case.engine == "onnxruntime";
+    if library {
         super::ort_image::seed_wheel(&cache);
         cmd.env("INFER_BUILD_CACHE_DIR", &cache);
     }
     let o = cmd.output().unwrap();
     assert!(o.status.success(), "{}: {}", case.model, stderr(&o));
-    if case.folds {
+    drop(registry);
+    if library {
         super::ort_image::keep_wheel(&cache);
     }
     // `inspect` shows how the image turns images into answers.
@@ -266,7 +328,10 @@ fn serves_photographs_like_the_reference(test: &str, case: &Case) {
     let logs = c.logs();
     drop(c);
     match result {
-        Ok(out) => eprintln!("{}", out.trim()),
+        Ok(out) => {
+            eprintln!("{}", out.trim());
+            Some(out)
+        }
         Err(e) => panic!("{}: {e}\ncontainer logs:\n{logs}", case.model),
     }
 }
@@ -352,6 +417,28 @@ fn docker_py_yolov8_detector_finds_the_reference_boxes_in_photographs() {
         "docker_py_yolov8_detector_finds_the_reference_boxes_in_photographs",
         &NUDENET,
     );
+}
+
+/// The recogniser reads the scanned page's lines as PIL, onnxruntime and PaddleOCR's decoding
+/// do, and what it reads is the page's text.
+#[test]
+fn docker_py_ocr_recogniser_reads_text_lines_of_any_width_like_paddleocr() {
+    let Some(out) = serves_photographs_like_the_reference(
+        "docker_py_ocr_recogniser_reads_text_lines_of_any_width_like_paddleocr",
+        &OCR_REC,
+    ) else {
+        return;
+    };
+    for line in [
+        "Region-based segmentation",
+        "Let us first determine markers of the coins and the",
+        "histogram of grey values:",
+    ] {
+        assert!(
+            out.contains(&format!("\"text\": \"{line}\"")),
+            "{line:?} not read:\n{out}"
+        );
+    }
 }
 
 #[test]

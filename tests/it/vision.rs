@@ -93,6 +93,7 @@ labels = "labels.txt"
         "astronaut-tie.png",
         "chelsea-exif6.png",
         "rocket.jpg",
+        "coffee-420.jpg",
     ],
     folds: false,
     engine: "tract",
@@ -120,7 +121,12 @@ std = [128.0, 128.0, 128.0]
 answer = "embed"
 normalize = true
 "#,
-    photos: &["coffee.png", "chelsea-exif6.png", "rocket.jpg"],
+    photos: &[
+        "coffee.png",
+        "chelsea-exif6.png",
+        "rocket.jpg",
+        "coffee-420.jpg",
+    ],
     folds: false,
     engine: "tract",
 };
@@ -364,9 +370,14 @@ fn hostile(c: &Container, name: &str) -> Result<(), String> {
     let crc = crc32fast::hash(&bomb[12..29]);
     bomb[29..33].copy_from_slice(&crc.to_be_bytes());
     let truncated = png[..png.len().min(2000)].to_vec();
-    let cases: [(&[u8], &str); 4] = [
+    // A photograph's JPEG cut in half: libjpeg would pad it with grey; PIL refuses it, so does the
+    // server.
+    let jpeg = std::fs::read(cache_dir().join("photos/rocket.jpg")).unwrap();
+    let half = jpeg[..jpeg.len() / 2].to_vec();
+    let cases: [(&[u8], &str); 5] = [
         (&bomb, "vision.max_pixels"),
         (&truncated, "cannot be decoded"),
+        (&half, "cannot be decoded (truncated"),
         (
             b"GIF89a\x01\x00\x01\x00\x00\x00\x00;",
             "not a format this model takes",

@@ -19,6 +19,7 @@
 //! image ([`Vision::canvas_width`]: a multiple of `width_multiple` within the input profile),
 //! so a request's rows share one shape, as PaddleOCR pads a batch to its widest line.
 
+mod jpeg;
 pub(crate) mod resample;
 
 use crate::error::ApiError;
@@ -208,15 +209,16 @@ impl VisionModel {
     /// The encoded image's format and declared size, from its header: a 400 when it is none of
     /// the formats, malformed, or larger than `max_pixels`.
     pub fn probe(&self, i: usize, bytes: &[u8]) -> Result<Header, ApiError> {
-        let (_, header) = self.decoder(i, bytes)?;
+        let (_, header, _) = self.decoder(i, bytes)?;
         Ok(header)
     }
 
+    /// The file's decoder (its header read), declared size and format.
     fn decoder<'b>(
         &self,
         i: usize,
         bytes: &'b [u8],
-    ) -> Result<(impl image::ImageDecoder + 'b, Header), ApiError> {
+    ) -> Result<(impl image::ImageDecoder + 'b, Header, image::ImageFormat), ApiError> {
         let bad = |why: String| ApiError::BadRequest(format!("image {i}: {why}"));
         if bytes.is_empty() {
             return Err(bad("empty: send the image file's bytes".into()));
@@ -231,9 +233,10 @@ impl VisionModel {
         let mut reader = image::ImageReader::new(Cursor::new(bytes))
             .with_guessed_format()
             .map_err(|e| bad(format!("unreadable ({e})")))?;
-        match reader.format() {
-            Some(image::ImageFormat::Jpeg | image::ImageFormat::Png | image::ImageFormat::WebP) => {
-            }
+        let format = match reader.format() {
+            Some(
+                f @ (image::ImageFormat::Jpeg | image::ImageFormat::Png | image::ImageFormat::WebP),
+            ) => f,
             Some(f) => {
                 return Err(bad(format!(
                     "{} is not a format this model takes: send {FORMATS}",
@@ -241,7 +244,7 @@ impl VisionModel {
                 )))
             }
             None => return Err(bad(format!("not a {FORMATS} image"))),
-        }
+        };
         let mut limits = image::Limits::default();
         limits.max_alloc = Some(
             self.cfg
@@ -265,7 +268,7 @@ impl VisionModel {
                 self.cfg.max_pixels
             )));
         }
-        Ok((decoder, header))
+        Ok((decoder, header, format))
     }
 
     /// Image `i` of its request decoded, oriented, resized and normalised into one engine row.
@@ -342,9 +345,10 @@ impl VisionModel {
         ((th * width as f64 / height as f64).ceil() as usize).clamp(1, most)
     }
 
-    /// The image as 8-bit RGB, its EXIF orientation applied.
+    /// The image as 8-bit RGB, its EXIF orientation applied. A JPEG's pixels are libjpeg-turbo's
+    /// ([`jpeg`]: PIL's), a PNG's and a WebP's `image`'s (exact formats: the same everywhere).
     pub fn decode(&self, i: usize, bytes: &[u8]) -> Result<Rgb, ApiError> {
-        let (mut decoder, _) = self.decoder(i, bytes)?;
+        let (mut decoder, header, format) = self.decoder(i, bytes)?;
         let exif = image::ImageDecoder::exif_metadata(&mut decoder)
             .ok()
             .flatten()
@@ -356,8 +360,29 @@ impl VisionModel {
         }
         let orientation = image::ImageDecoder::orientation(&mut decoder)
             .unwrap_or(image::metadata::Orientation::NoTransforms);
-        let mut img = image::DynamicImage::from_decoder(decoder)
-            .map_err(|e| ApiError::BadRequest(format!("image {i}: cannot be decoded ({e})")))?;
+        let broken =
+            |why: String| ApiError::BadRequest(format!("image {i}: cannot be decoded ({why})"));
+        let libjpeg = match format {
+            image::ImageFormat::Jpeg => jpeg::decode_rgb(bytes, broken)?,
+            _ => None,
+        };
+        let mut img = match libjpeg {
+            Some((width, height, pixels)) => {
+                if (width, height) != (header.width, header.height) {
+                    return Err(broken(format!(
+                        "{width} x {height} pixels decoded, its header declares {} x {}",
+                        header.width, header.height
+                    )));
+                }
+                image::RgbImage::from_raw(width, height, pixels)
+                    .map(image::DynamicImage::ImageRgb8)
+                    .ok_or_else(|| broken("its pixels do not fill its size".into()))?
+            }
+            // PNG, WebP, and a CMYK JPEG (libjpeg gives no RGB of it).
+            None => {
+                image::DynamicImage::from_decoder(decoder).map_err(|e| broken(e.to_string()))?
+            }
+        };
         img.apply_orientation(orientation);
         let rgb = img.into_rgb8();
         Ok(Rgb {

@@ -341,6 +341,21 @@ pub(crate) fn infer_requests(
     seed: u64,
     lengths: Lengths,
 ) -> Result<Vec<Variant>, Error> {
+    // An image model's `image` input takes encoded files, which bench has none of: refused by
+    // name rather than sent texts the server would answer 400 to.
+    if let Some(t) = meta
+        .inputs
+        .iter()
+        .find(|t| t.datatype == "BYTES" && t.name == infer_spec::vision::IMAGE_INPUT)
+    {
+        return Err(Error::Metadata {
+            model: meta.name.clone(),
+            why: format!(
+                "its input `{}` takes encoded images (a [vision] model) and bench sends tensors and texts, not photographs: load it with your own images on POST /predictions/{} (wrk, hey, or a V2 client)",
+                t.name, meta.name
+            ),
+        });
+    }
     let shape = shape_of(meta);
     let count = if shape == Shape::Fixed { 1 } else { VARIANTS };
     let mut rng = Rng::new(seed ^ 0x6c65_6e67_7468_7321);
@@ -686,5 +701,25 @@ mod tests {
                 .to_string();
             assert!(e.contains(frag), "{body}: {e}");
         }
+    }
+
+    /// An image model's `image` input is refused with what to do instead, not sent texts.
+    #[test]
+    fn an_image_model_is_refused_by_name() {
+        let m = parse_metadata(
+            "effnet",
+            br#"{"name":"effnet","inputs":[{"name":"image","datatype":"BYTES","shape":[-1,1]}],
+                "outputs":[{"name":"logits","datatype":"FP32","shape":[-1,1000]}]}"#,
+        )
+        .unwrap();
+        let lengths = Lengths { min: 4, max: 8 };
+        let e = infer_requests(&ep(), &m, 1, Protocol::Json, 1, lengths)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("model `effnet`: its input `image` takes encoded images")
+                && e.contains("POST /predictions/effnet"),
+            "{e}"
+        );
     }
 }

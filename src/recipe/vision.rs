@@ -364,18 +364,19 @@ pub(super) fn vision(
         None => 0,
     };
     let answer = answer?;
-    if answer == Answer::Text && labels.is_empty() && labels_file.is_none() {
-        cx.error_hint(
-            at,
-            "vision.labels",
-            "answer = \"text\" needs the characters of the recogniser's classes",
-            "labels = \"characters.txt\": one character per line, the dictionary the model was trained with (PaddleOCR's dict file)",
-        );
-    }
+    let output_name = output.as_ref().map(|o| o.value.as_str());
     if answer == Answer::Text {
-        let out = answer_output(model, output.as_ref().map(|o| o.value.as_str()));
+        if labels.is_empty() && labels_file.is_none() {
+            cx.error_hint(
+                at,
+                "vision.labels",
+                "answer = \"text\" needs the characters of the recogniser's classes",
+                "labels = \"characters.txt\": one character per line, the dictionary the model was trained with (PaddleOCR's dict file)",
+            );
+        }
+        let out = answer_output(model, output_name);
         if let (Some(out), Some((_, key, span))) = (out, cx.get(t, "answer")) {
-            if !matches!(out.shape.as_slice(), [_, _, c] if *c > 1) {
+            if spec::ctc_classes(&out.shape).is_none() {
                 cx.error_hint(
                     span,
                     &key,
@@ -389,18 +390,11 @@ pub(super) fn vision(
         }
     }
     if answer == Answer::Embed {
-        embed_output(
-            cx,
-            t,
-            model,
-            output.as_ref().map(|o| o.value.as_str()),
-            layout,
-        );
+        embed_output(cx, t, model, output_name, layout);
     }
-    if let (Some(classes), Some((_, key, span))) = (
-        classes(model, output.as_ref().map(|o| o.value.as_str()), answer),
-        cx.get(t, "labels"),
-    ) {
+    if let (Some(classes), Some((_, key, span))) =
+        (classes(model, output_name, answer), cx.get(t, "labels"))
+    {
         if !labels.is_empty() && !spec::labels_fit(answer, classes, labels.len()) {
             cx.error_hint(
                 span,
@@ -537,10 +531,7 @@ pub(super) fn classes(model: &Model, output: Option<&str>, answer: Answer) -> Op
     match answer {
         Answer::Classify if d > 0 => Some(d as usize),
         Answer::Detect if d > 4 => Some(d as usize - 4),
-        Answer::Text => match out.shape.as_slice() {
-            [_, _, c] if *c > 1 => Some(*c as usize),
-            _ => None,
-        },
+        Answer::Text => spec::ctc_classes(&out.shape),
         _ => None,
     }
 }

@@ -286,6 +286,15 @@ pub fn labels_misfit(answer: Answer, classes: usize, labels: usize) -> String {
     }
 }
 
+/// The classes of a CTC output of `dims` (`[batch, steps, classes]`, the classes fixed and
+/// more than the blank), the shape `text` reads.
+pub fn ctc_classes(dims: &[i64]) -> Option<usize> {
+    match dims {
+        [_, _, c] if *c > 1 => Some(*c as usize),
+        _ => None,
+    }
+}
+
 /// The datatypes a pixel input may take: normalised floats, or raw 0-255 bytes.
 pub fn pixel_datatype(d: DataType) -> bool {
     matches!(d, DataType::F32 | DataType::F16 | DataType::U8)
@@ -372,9 +381,7 @@ impl Vision {
             }
             Answer::Detect => d(1).filter(|&r| r > 4).map(|r| r as usize - 4),
             Answer::Embed => None,
-            Answer::Text => (out.dims.len() == 3)
-                .then(|| d(2).filter(|&c| c > 1).map(|c| c as usize))
-                .flatten(),
+            Answer::Text => ctc_classes(&out.dims),
         }
     }
 
